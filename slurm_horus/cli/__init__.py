@@ -1,0 +1,1 @@
+"""Thin click front ends; the work happens in the stage modules."""

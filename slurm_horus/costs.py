@@ -1,0 +1,371 @@
+"""Stage 2a: what each node of a graph costs: FLOPs, parameters, bytes moved, kernels, memory kept.
+
+FLOPs count 2 per multiply-accumulate (the convention of published model figures). Every op gets
+a category; an op without a cost rule still gets its tensor sizes and is reported by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .graph import DTYPE_BYTES, Graph, TensorInfo
+
+# Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size",
+                      "Constant", "Optional", "OptionalGetElement"})
+# Element-wise ops and their FLOPs per output element (transcendentals cost more than a multiply).
+ELEMENTWISE = {
+    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Relu", "Neg", "Abs", "Max", "Min", "Sum", "Mean",
+                     "Where", "Clip", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                     "Not", "And", "Or", "Xor", "Sign", "Floor", "Ceil", "Round", "Reciprocal",
+                     "PRelu", "LeakyRelu", "ThresholdedRelu", "Mod", "BitShift", "IsNaN", "IsInf",
+                     "Sqrt", "Pow", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"), 1),
+    **dict.fromkeys(("Exp", "Log", "Sigmoid", "Tanh", "Erf", "Softplus", "Softsign", "Elu", "Selu",
+                     "Celu", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
+                     "Acosh", "Atanh", "HardSigmoid"), 4),
+    **dict.fromkeys(("HardSwish", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "Swish"), 6),
+    "Mish": 8,
+    **dict.fromkeys(("Dropout", "Cast", "CastLike", "Trilu", "Bernoulli",
+                     "RandomNormalLike", "RandomUniformLike"), 0),
+}
+# Element-wise ops whose gradient needs their output (the rest need their inputs).
+SAVES_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Exp", "Sqrt", "Softmax", "LogSoftmax",
+                          "Elu", "Selu", "Celu", "HardSigmoid"})
+# Ops whose gradient needs nothing of their inputs' values (only shapes).
+SAVES_NOTHING = frozenset({"Add", "Sub", "Neg", "Sum", "Cast", "CastLike", "Concat", "Split",
+                           "Slice", "Transpose", "Pad", "Expand", "Tile", "Resize", "Upsample",
+                           "AveragePool", "GlobalAveragePool", "ReduceMean", "ReduceSum",
+                           "DepthToSpace", "SpaceToDepth", "ConstantOfShape", "Range",
+                           "Trilu", "Equal", "Less", "Greater", "Not", "And", "Or"})
+NORMS = {"BatchNormalization": 4, "LayerNormalization": 8, "InstanceNormalization": 8,
+         "GroupNormalization": 8, "LpNormalization": 3, "LRN": 6, "MeanVarianceNormalization": 8,
+         "SkipLayerNormalization": 9, "SimplifiedLayerNormalization": 6, "RMSNormalization": 6,
+         "SkipSimplifiedLayerNormalization": 7, "EmbedLayerNormalization": 9}
+REDUCES = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+                     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+                     "ArgMax", "ArgMin", "TopK", "CumSum"})
+DATA_MOVEMENT = frozenset({"Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements",
+                           "GatherND", "Scatter", "ScatterElements", "ScatterND", "Expand", "Tile",
+                           "Pad", "DepthToSpace", "SpaceToDepth", "ConstantOfShape", "Range",
+                           "NonZero", "OneHot", "Compress", "ReverseSequence", "Resize", "Upsample",
+                           "EyeLike", "Unique", "SequenceConstruct", "SplitToSequence",
+                           "ConcatFromSequence", "SequenceAt"})
+RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention",
+                       "PackedAttention", "DecoderMaskedMultiHeadAttention"})
+CATEGORIES = ("conv", "matmul", "attention", "rnn", "norm", "pool", "elementwise", "reduce",
+              "softmax", "data", "view", "shape", "other")
+# Shape arithmetic (tiny integer tensors) runs on the host in the frameworks that train models.
+SHAPE_TENSOR_MAX_ELEMENTS = 64
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """What one node costs at the graph's bound dimensions."""
+
+    name: str
+    op_type: str
+    category: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    flops: int
+    params: int
+    param_bytes: int
+    out_bytes: int
+    read_bytes: int
+    write_bytes: int
+    kernels: int
+    saved: tuple[str, ...]  # tensors the backward pass keeps (deduplicated across nodes later)
+    extra_saved_bytes: int  # backward state that is no graph tensor (masks, indices, RNN reserve)
+    has_rule: bool
+
+
+def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
+    """The trainable parameters, keyed by the tensor name their consumers read.
+
+    An exporter that deduplicated identical initializers feeds each extra copy through an
+    Identity node: each Identity output is its own parameter. An initializer read directly by
+    several nodes (tied weights) is one parameter. Scalars, integer tensors and batch-norm
+    running statistics are constants, not parameters.
+    """
+    candidates = {name: info for name, info in graph.initializers.items()
+                  if info.is_float and info.numel > 1}
+    params: dict[str, TensorInfo] = {}
+    for node in graph.nodes:
+        if node.op_type == "Identity" and node.input and node.input[0] in candidates:
+            candidates[node.output[0]] = candidates[node.input[0]]
+            params[node.output[0]] = candidates[node.input[0]]
+            continue
+        for i, name in enumerate(node.input):
+            running_stat = node.op_type == "BatchNormalization" and i >= 3
+            if name in graph.initializers and name in candidates and not running_stat:
+                params[name] = candidates[name]
+    return params
+
+
+def node_costs(graph: Graph) -> list[NodeCost]:
+    """Cost every node of `graph`, attributing each parameter to the first node that reads it."""
+    params = parameter_tensors(graph)
+    claimed: set[str] = set()
+    constants = set(graph.initializers)
+    out = []
+    for node in graph.nodes:
+        if node.op_type == "Identity" and node.output and node.output[0] in params:
+            continue  # a parameter copy, costed where it is used
+        if node.op_type == "Constant":
+            constants.update(node.output)
+        out.append(_cost(node, graph, params, claimed, constants))
+    return out
+
+
+def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str]) -> NodeCost:
+    op = node.op_type
+    infos = [graph.info(n) if n else None for n in node.input]
+    outs = [graph.info(n) for n in node.output if n]
+    out_bytes = sum(o.nbytes for o in outs if o)
+    own_params = [n for n in node.input if n in params and n not in claimed]
+    claimed.update(own_params)
+    n_params = sum(params[n].numel for n in own_params)
+    param_bytes = sum(params[n].nbytes for n in own_params)
+    category = categorize(op, outs)
+    attrs = {a.name: a for a in node.attribute}
+    flops, has_rule = _flops(op, category, infos, outs, attrs)
+    if category in ("view", "shape"):
+        read = write = kernels = 0
+    else:
+        read = sum(i.nbytes for i in infos if i)
+        write = out_bytes
+        kernels = _kernels(op, category, infos, attrs, node)
+    activations = [n for n in node.input if n and n not in constants and n not in params]
+    saved, extra = _saved_for_backward(op, category, node, activations, infos, outs, attrs, params)
+    return NodeCost(name=node.name or f"{op}:{node.output[0] if node.output else ''}",
+                    op_type=op, category=category, inputs=tuple(n for n in node.input if n),
+                    outputs=tuple(n for n in node.output if n), flops=int(flops), params=n_params,
+                    param_bytes=param_bytes, out_bytes=out_bytes, read_bytes=read,
+                    write_bytes=write, kernels=kernels, saved=tuple(saved),
+                    extra_saved_bytes=int(extra), has_rule=has_rule)
+
+
+def categorize(op: str, outs: list[TensorInfo | None]) -> str:
+    """The op family a node belongs to, used for op-mix features and kernel estimates."""
+    if op in ("Conv", "ConvTranspose", "FusedConv", "QLinearConv", "ConvInteger", "NhwcConv"):
+        return "conv"
+    if op in ("Gemm", "MatMul", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Einsum",
+              "FusedGemm", "MatMulNBits"):
+        return "matmul"
+    if op in ATTENTION:
+        return "attention"
+    if op in RNN_GATES:
+        return "rnn"
+    if op in NORMS:
+        return "norm"
+    if "Pool" in op:
+        return "pool"
+    if op in ("Softmax", "LogSoftmax", "Hardmax"):
+        return "softmax"
+    if op in VIEW_OPS:
+        return "view"
+    if outs and all(o is not None and not o.is_float and o.known
+                    and o.numel <= SHAPE_TENSOR_MAX_ELEMENTS for o in outs):
+        return "shape"
+    if op in ELEMENTWISE:
+        return "elementwise"
+    if op in REDUCES:
+        return "reduce"
+    if op in DATA_MOVEMENT:
+        return "data"
+    return "other"
+
+
+def _shape(info: TensorInfo | None) -> tuple[int, ...] | None:
+    if info is None or info.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else 1 for d in info.shape)
+
+
+def _numel(info: TensorInfo | None) -> int:
+    return info.numel if info is not None else 0
+
+
+def _ints(attrs, name, default=()):
+    a = attrs.get(name)
+    return tuple(a.ints) if a is not None else default
+
+
+def _int(attrs, name, default=0):
+    a = attrs.get(name)
+    return a.i if a is not None else default
+
+
+def _flops(op, category, infos, outs, attrs) -> tuple[int, bool]:
+    """Forward FLOPs of one node and whether a rule covered it."""
+    y = outs[0] if outs else None
+    x = infos[0] if infos else None
+    n_out = _numel(y)
+    if category in ("view", "shape"):
+        return 0, True
+    if category == "conv":
+        w_index = 3 if op == "QLinearConv" else 1
+        w = _shape(infos[w_index]) if len(infos) > w_index else None
+        if w is None or y is None:
+            return 0, False
+        per_out = math.prod(w[1:])
+        if op == "ConvTranspose":  # each input element scatters into Cout/g * kernel outputs
+            macs = _numel(x) * per_out
+        else:
+            macs = n_out * per_out
+        has_bias = len(infos) > 2 and infos[2] is not None and op in ("Conv", "ConvTranspose")
+        return 2 * macs + (n_out if has_bias else 0), True
+    if category == "matmul":
+        return _matmul_flops(op, infos, y, attrs)
+    if category == "attention":
+        return _attention_flops(op, infos, attrs)
+    if category == "rnn":
+        return _rnn_flops(op, infos, attrs)
+    if category == "norm":
+        return NORMS[op] * _numel(x), True
+    if category == "pool":
+        if op.startswith("Global"):
+            return _numel(x), True
+        kernel = _ints(attrs, "kernel_shape", (1,))
+        return n_out * math.prod(kernel), True
+    if category == "softmax":
+        return 5 * _numel(x), True
+    if category == "elementwise":
+        return ELEMENTWISE[op] * n_out, True
+    if category == "reduce":
+        return _numel(x), True
+    if category == "data":
+        return (4 * n_out if op in ("Resize", "Upsample") else 0), True
+    return 0, False
+
+
+def _matmul_flops(op, infos, y, attrs) -> tuple[int, bool]:
+    if op == "Einsum":
+        return _einsum_flops(infos, attrs)
+    b_index = 3 if op == "QLinearMatMul" else 1
+    a = _shape(infos[0]) if infos else None
+    b = _shape(infos[b_index]) if len(infos) > b_index else None
+    if a is None or b is None or y is None or not a:
+        return 0, False
+    if op in ("Gemm", "FusedGemm"):
+        k = a[0] if _int(attrs, "transA") else a[-1]
+        macs = _numel(y) * k
+        bias = _numel(y) if len(infos) > 2 and infos[2] is not None else 0
+        return 2 * macs + bias, True
+    if op == "MatMulNBits":
+        k = _int(attrs, "K", a[-1])
+    else:
+        k = a[-1]
+    return 2 * _numel(y) * k, True
+
+
+def _einsum_flops(infos, attrs) -> tuple[int, bool]:
+    eq = attrs["equation"].s.decode() if "equation" in attrs else ""
+    lhs = eq.replace(" ", "").split("->")[0].split(",")
+    sizes: dict[str, int] = {}
+    for term, info in zip(lhs, infos):
+        shape = _shape(info)
+        if shape is None or "." in term or len(term) != len(shape):
+            return 0, False
+        sizes.update(zip(term, shape))
+    return 2 * math.prod(sizes.values()), True
+
+
+def _attention_flops(op, infos, attrs) -> tuple[int, bool]:
+    """Scores (Q K^T) and context (P V) matmuls, softmax, and packed projections if present."""
+    q = _shape(infos[0]) if infos else None
+    if q is None:
+        return 0, False
+    heads = max(_int(attrs, "num_heads", 1), 1)
+    flops = 0
+    if op == "Attention" and len(infos) > 1 and infos[1] is not None and len(q) == 3 \
+            and len(_shape(infos[1]) or ()) == 2:
+        w = _shape(infos[1])  # com.microsoft Attention: packed QKV projection [hidden, 3*hidden]
+        batch, seq, _ = q
+        flops += 2 * batch * seq * math.prod(w)
+        hidden = w[1] // 3
+        return flops + 4 * batch * seq * seq * hidden + 5 * batch * heads * seq * seq, True
+    k = _shape(infos[1]) if len(infos) > 1 else None
+    v = _shape(infos[2]) if len(infos) > 2 else None
+    k = k or q
+    v = v or k
+    if len(q) == 4:  # [batch, heads, seq, head_dim]
+        batch, heads, sq, dq = q
+        skv, dv = k[-2], v[-1]
+    else:  # [batch, seq, heads * head_dim]
+        batch, sq, dq = q[0], q[-2], q[-1] // heads
+        skv, dv = k[-2], v[-1] // heads
+    flops = 2 * batch * heads * sq * skv * (dq + dv) + 5 * batch * heads * sq * skv
+    return flops, True
+
+
+def _rnn_flops(op, infos, attrs) -> tuple[int, bool]:
+    x = _shape(infos[0]) if infos else None
+    w = _shape(infos[1]) if len(infos) > 1 else None
+    if x is None or w is None or len(x) != 3 or len(w) != 3:
+        return 0, False
+    seq, batch = (x[1], x[0]) if _int(attrs, "layout") else (x[0], x[1])
+    directions, gates_h, inputs = w
+    hidden = gates_h // RNN_GATES[op]
+    per_step = 2 * batch * gates_h * (inputs + hidden) + 2 * batch * gates_h + 10 * batch * hidden
+    return directions * seq * per_step, True
+
+
+def _kernels(op, category, infos, attrs, node) -> int:
+    """GPU kernel launches for one node, as an eager framework issues them."""
+    if category == "rnn":
+        x = _shape(infos[0]) if infos else None
+        seq = (x[1] if _int(attrs, "layout") else x[0]) if x and len(x) == 3 else 1
+        w = _shape(infos[1]) if len(infos) > 1 else None
+        directions = w[0] if w else 1
+        return 2 * seq * directions
+    if category == "conv" and len(node.input) > 2 and node.input[2]:
+        return 2  # convolution and bias add are separate kernels in cuDNN's common paths
+    if category == "attention":
+        return 4
+    return 1
+
+
+def _saved_for_backward(op, category, node, activations, infos, outs, attrs, params):
+    """Names of tensors kept for the backward pass, and bytes kept that are no graph tensor."""
+    extra = 0
+    if category in ("view", "shape") or op in SAVES_NOTHING:
+        return [], 0
+    if category in ("conv", "matmul", "attention"):
+        saved = list(activations)
+        if category == "attention":  # the softmax probabilities stay too
+            q = _shape(infos[0]) if infos else None
+            if q:
+                heads = q[1] if len(q) == 4 else max(_int(attrs, "num_heads", 1), 1)
+                extra = q[0] * heads * q[-2] * q[-2] * 4
+        return saved, extra
+    if category == "rnn":
+        x = _shape(infos[0]) or (1, 1, 1)
+        w = _shape(infos[1]) if len(infos) > 1 else None
+        gates = w[1] if w else 0
+        directions = w[0] if w else 1
+        hidden = gates // RNN_GATES[op] if gates else 0
+        # cuDNN's training reserve: every step's gates and cell/hidden states
+        extra = x[0] * x[1] * directions * (gates + 2 * hidden) * 4
+        return list(activations) + [n for n in node.output if n], extra
+    if category in ("norm",):
+        return activations[:1], 0
+    if category == "pool":
+        if op in ("MaxPool", "GlobalMaxPool", "MaxRoiPool", "LpPool"):
+            extra = _numel(outs[0] if outs else None) * 8  # argmax indices (int64)
+            return activations[:1], extra
+        return [], 0
+    if op == "Dropout":
+        return [], _numel(infos[0] if infos else None)  # the boolean mask
+    if op in SAVES_OUTPUT or category == "softmax":
+        return [n for n in node.output[:1] if n], 0
+    if op == "Gather":  # an embedding lookup keeps its indices
+        return activations[1:2], 0
+    if category == "elementwise" or category == "reduce":
+        if op in ("Mul", "Div") and len(activations) < 2 and not any(n in params for n in node.input):
+            return [], 0  # scaling by a constant needs no saved tensor
+        return list(activations), 0
+    return [], 0
+

@@ -1,0 +1,183 @@
+"""Stage 2b: a graph's costs summed into a stable, versioned, named feature vector.
+
+The vector is the predictor's input and is stored in the ledger, so its names and meaning only
+change together with FEATURE_VERSION.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from .costs import CATEGORIES, NodeCost, node_costs
+from .graph import Graph, load_graph
+
+FEATURE_VERSION = 1
+MIX_CATEGORIES = ("conv", "matmul", "attention", "rnn", "norm", "pool", "elementwise", "reduce",
+                  "softmax", "data")
+FEATURE_NAMES = (
+    "batch_size", "flops", "params", "param_bytes", "activation_bytes", "saved_activation_bytes",
+    "peak_live_bytes", "max_activation_bytes", "input_bytes", "read_bytes", "write_bytes",
+    "kernels", "depth", "n_nodes", "n_unknown_ops", "arithmetic_intensity", "flops_per_kernel",
+    *(f"frac_flops_{c}" for c in MIX_CATEGORIES),
+    *(f"n_{c}" for c in MIX_CATEGORIES),
+)
+
+
+@dataclass
+class OpSummary:
+    """Totals for one op type, for the per-op table."""
+
+    count: int = 0
+    flops: int = 0
+    params: int = 0
+    activation_bytes: int = 0
+
+
+@dataclass
+class FeatureReport:
+    """Features of one model at bound dimensions, with the per-node breakdown behind them."""
+
+    model: str
+    sha256: str
+    values: dict[str, float]
+    nodes: list[NodeCost]
+    by_op: dict[str, OpSummary]
+    unknown_ops: list[str]
+    unknown_dims: list[str]
+    bound_dims: dict[str, int]
+    missing_external_data: list[str] = field(default_factory=list)
+    version: int = FEATURE_VERSION
+
+    def vector(self) -> list[float]:
+        return [float(self.values[n]) for n in FEATURE_NAMES]
+
+    def to_dict(self, nodes: bool = False) -> dict:
+        d = {
+            "model": self.model, "sha256": self.sha256, "feature_version": self.version,
+            "params": int(self.values["params"]), "flops": int(self.values["flops"]),
+            "activation_bytes": int(self.values["activation_bytes"]),
+            "features": dict(self.values),
+            "by_op": {k: asdict(v) for k, v in self.by_op.items()},
+            "unknown_ops": self.unknown_ops, "unknown_dims": self.unknown_dims,
+            "bound_dims": self.bound_dims, "missing_external_data": self.missing_external_data,
+        }
+        if nodes:
+            d["nodes"] = [asdict(n) for n in self.nodes]
+        return d
+
+
+def extract_features(model: str | os.PathLike, batch_size: int | None = None,
+                     dims: dict[str, int] | None = None) -> FeatureReport:
+    """Load `model`, bind its dimensions and compute its feature vector."""
+    graph = load_graph(model, batch_size=batch_size, dims=dims)
+    return features_of(graph, batch_size)
+
+
+def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
+    costs = node_costs(graph)
+    by_op: dict[str, OpSummary] = {}
+    flops_by_cat: Counter = Counter()
+    count_by_cat: Counter = Counter()
+    for c in costs:
+        s = by_op.setdefault(c.op_type, OpSummary())
+        s.count += 1
+        s.flops += c.flops
+        s.params += c.params
+        s.activation_bytes += _activation_bytes(c)
+        flops_by_cat[c.category] += c.flops
+        count_by_cat[c.category] += 1
+    flops = sum(c.flops for c in costs)
+    read = sum(c.read_bytes for c in costs)
+    write = sum(c.write_bytes for c in costs)
+    kernels = sum(c.kernels for c in costs)
+    saved = {n for c in costs for n in c.saved}
+    if batch_size is None:
+        batch_size = next(iter(graph.bound_dims.values()), 1)
+    values: dict[str, float] = {
+        "batch_size": batch_size,
+        "flops": flops,
+        "params": sum(c.params for c in costs),
+        "param_bytes": sum(c.param_bytes for c in costs),
+        "activation_bytes": sum(_activation_bytes(c) for c in costs),
+        "saved_activation_bytes": sum(_nbytes(graph, n) for n in saved)
+        + sum(c.extra_saved_bytes for c in costs),
+        "peak_live_bytes": peak_live_bytes(graph),
+        "max_activation_bytes": max((_activation_bytes(c) for c in costs), default=0),
+        "input_bytes": sum(_nbytes(graph, n) for n in graph.graph_inputs),
+        "read_bytes": read,
+        "write_bytes": write,
+        "kernels": kernels,
+        "depth": graph_depth(costs),
+        "n_nodes": len(costs),
+        "n_unknown_ops": sum(1 for c in costs if not c.has_rule),
+        "arithmetic_intensity": flops / max(read + write, 1),
+        "flops_per_kernel": flops / max(kernels, 1),
+    }
+    for cat in MIX_CATEGORIES:
+        values[f"frac_flops_{cat}"] = flops_by_cat[cat] / flops if flops else 0.0
+        values[f"n_{cat}"] = count_by_cat[cat]
+    assert set(values) == set(FEATURE_NAMES) and set(flops_by_cat) <= set(CATEGORIES)
+    return FeatureReport(
+        model=str(graph.path), sha256=graph.sha256, values=values, nodes=costs, by_op=by_op,
+        unknown_ops=sorted({c.op_type for c in costs if not c.has_rule}),
+        unknown_dims=graph.unknown_dims, bound_dims=graph.bound_dims,
+        missing_external_data=graph.missing_external_data)
+
+
+def _activation_bytes(c: NodeCost) -> int:
+    return 0 if c.category in ("view", "shape") else c.out_bytes
+
+
+def _nbytes(graph: Graph, name: str) -> int:
+    info = graph.info(name)
+    return info.nbytes if info else 0
+
+
+def graph_depth(costs: list[NodeCost]) -> int:
+    """Longest chain of kernel-launching nodes: the serial part no parallelism can hide."""
+    depth: dict[str, int] = {}
+    best = 0
+    for cost in costs:
+        d = max((depth.get(i, 0) for i in cost.inputs), default=0) + (1 if cost.kernels else 0)
+        for o in cost.outputs:
+            depth[o] = d
+        best = max(best, d)
+    return best
+
+
+def peak_live_bytes(graph: Graph) -> int:
+    """Largest total of activations alive at once in a forward pass (inference working set).
+
+    Each tensor lives from the node that makes it to its last reader; view ops alias their input.
+    Parameters are not counted (they are accounted separately).
+    """
+    alias: dict[str, str] = {}
+    last_use: dict[str, int] = {}
+    init = set(graph.initializers)
+    for step, node in enumerate(graph.nodes):
+        for name in node.input:
+            if name and name not in init:
+                root = alias.get(name, name)
+                last_use[root] = step
+        if node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity") \
+                and node.input and node.input[0] not in init:
+            alias[node.output[0]] = alias.get(node.input[0], node.input[0])
+    for name in graph.graph_outputs:
+        last_use[alias.get(name, name)] = len(graph.nodes)
+    live = sum(_nbytes(graph, n) for n in graph.graph_inputs)
+    peak = live
+    freed_at: dict[int, list[str]] = {}
+    for name, step in last_use.items():
+        freed_at.setdefault(step, []).append(name)
+    for n in graph.graph_inputs:
+        last_use.setdefault(n, -1)
+    for step, node in enumerate(graph.nodes):
+        for o in node.output:
+            if o and o not in alias:
+                live += _nbytes(graph, o) if o in last_use else 0
+        peak = max(peak, live)
+        for name in freed_at.get(step, ()):
+            live -= _nbytes(graph, name)
+    return peak

@@ -1,0 +1,274 @@
+"""Stage 1: load an ONNX model's graph (never its weights) and give every tensor a concrete shape.
+
+Only shapes matter for prediction, so weight data is never read: models whose weights live in
+external files, whose external files are missing, or that are larger than protobuf's 2 GB limit all
+load the same way. External-data locations are still checked, so a model cannot point us at files
+outside its own folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ModelError
+
+# protobuf cannot parse a message above 2 GiB; bigger models must keep weights in external files.
+MAX_PROTO_BYTES = 2**31 - 1
+# A dimension above this is a mistake, not a model (int32 indexing limits real kernels anyway).
+MAX_DIM = 2**31 - 1
+# A tensor this large (elements) cannot exist on any GPU; refuse rather than report nonsense.
+MAX_TENSOR_ELEMENTS = 2**44
+BATCH_DIM_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*batch.*)$", re.IGNORECASE)
+
+# ONNX TensorProto data types -> bytes per element (strings and unknown types count as 0).
+DTYPE_BYTES = {
+    1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8,
+    14: 8, 15: 16, 16: 2, 17: 1, 18: 1, 19: 1, 20: 1, 21: 1, 22: 1, 23: 1,
+}
+FLOAT_DTYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20, 23})
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Element type and shape of one tensor; a dimension is an int, or a str/None where unknown."""
+
+    dtype: int
+    shape: tuple[int | str | None, ...] | None
+
+    @property
+    def known(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Element count, treating unknown dimensions as 1 (callers check `known` when it matters)."""
+        n = 1
+        for d in self.shape or ():
+            n *= d if isinstance(d, int) and d >= 0 else 1
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES.get(self.dtype, 0)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+
+@dataclass
+class Graph:
+    """A shape-inferred ONNX graph: nodes in topological order plus what is known of each tensor."""
+
+    path: Path
+    nodes: list  # onnx.NodeProto, topologically sorted
+    tensors: dict[str, TensorInfo]
+    initializers: dict[str, TensorInfo]
+    graph_inputs: list[str]
+    graph_outputs: list[str]
+    bound_dims: dict[str, int]
+    unknown_dims: list[str]
+    missing_external_data: list[str] = field(default_factory=list)
+    opset: int = 0
+    producer: str = ""
+    sha256: str = ""
+
+    def info(self, name: str) -> TensorInfo | None:
+        return self.tensors.get(name)
+
+
+def load_graph(path: str | os.PathLike, batch_size: int | None = None,
+               dims: dict[str, int] | None = None) -> Graph:
+    """Read `path`, bind symbolic dimensions and infer every tensor's shape.
+
+    `batch_size` binds dimensions named like a batch and, failing that, the leading symbolic
+    dimension of each graph input; `dims` binds dimensions by name and wins over `batch_size`.
+    """
+    import onnx
+
+    path = Path(path)
+    dims = _check_dims(batch_size, dims)
+    model, sha256 = _read_model(path, onnx)
+    missing = _check_external_data(model, path.parent.resolve(), onnx)
+    graph = model.graph
+    if not graph.node:
+        raise ModelError(f"{path}: the graph has no nodes")
+    nodes = _topological_order(graph, path)
+    bound = _bind_inputs(graph, batch_size, dims)
+    inferred = _infer_shapes(model, path, onnx)
+    tensors = _collect_tensors(inferred.graph, onnx)
+    initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
+    tensors.update(initializers)
+    for name, info in tensors.items():
+        if info.known and info.numel > MAX_TENSOR_ELEMENTS:
+            raise ModelError(f"{path}: tensor '{name}' would have {info.numel:.3g} elements; "
+                             "the model's dimensions are not plausible")
+    unknown = sorted({d for t in tensors.values() for d in (t.shape or ()) if isinstance(d, str)})
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    return Graph(path=path, nodes=nodes, tensors=tensors, initializers=initializers,
+                 graph_inputs=[i.name for i in graph.input if i.name not in initializers],
+                 graph_outputs=[o.name for o in graph.output], bound_dims=bound,
+                 unknown_dims=unknown, missing_external_data=missing, opset=opset,
+                 producer=model.producer_name, sha256=sha256)
+
+
+def _check_dims(batch_size, dims):
+    if batch_size is not None and not 1 <= batch_size <= MAX_DIM:
+        raise ModelError(f"batch size must be between 1 and {MAX_DIM}, got {batch_size}")
+    dims = dict(dims or {})
+    for name, value in dims.items():
+        if not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+            raise ModelError(f"dimension '{name}' must be between 1 and {MAX_DIM}, got {value}")
+    return dims
+
+
+def _read_model(path: Path, onnx):
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise ModelError(f"{path}: {e.strerror or e}") from None
+    if not path.is_file():
+        raise ModelError(f"{path}: not a regular file")
+    if size == 0:
+        raise ModelError(f"{path}: the file is empty")
+    if size > MAX_PROTO_BYTES:
+        raise ModelError(f"{path}: {size / 2**30:.1f} GiB is above protobuf's 2 GiB limit; "
+                         "save the model with external data (onnx.save_model(..., "
+                         "save_as_external_data=True))")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ModelError(f"{path}: {e.strerror or e}") from None
+    try:  # parsing bytes (not onnx.load) guarantees no external file is ever opened
+        model = onnx.ModelProto.FromString(data)
+    except Exception as e:  # protobuf raises DecodeError and friends for non-ONNX bytes
+        raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise ModelError(f"{path}: not an ONNX model (no graph or IR version)")
+    return model, hashlib.sha256(data).hexdigest()
+
+
+def _all_tensors(graph):
+    """Every TensorProto in the graph: initializers, Constant values and subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _all_tensors(sub)
+
+
+def _check_external_data(model, folder: Path, onnx) -> list[str]:
+    """Refuse external-data locations outside the model's folder; list the files that are absent.
+
+    The files are never opened: their existence is all we look at.
+    """
+    missing = set()
+    for tensor in _all_tensors(model.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        target = (folder / location).resolve()
+        if (not location or os.path.isabs(location) or ".." in Path(location).parts
+                or not target.is_relative_to(folder)):
+            raise ModelError(f"tensor '{tensor.name}': external-data path '{location}' points "
+                             "outside the model's folder; refusing it")
+        if not target.exists():
+            missing.add(location)
+    return sorted(missing)
+
+
+def _topological_order(graph, path: Path) -> list:
+    """Nodes in dependency order; a cycle is an error, never an infinite loop.
+
+    Exporters write nodes in order already, so the file's order is kept where it is valid;
+    otherwise Kahn's algorithm runs, preferring file order among ready nodes.
+    """
+    import heapq
+
+    producers = {}
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if out:
+                producers.setdefault(out, i)
+    if all(producers.get(n, -1) < i for i, node in enumerate(graph.node) for n in node.input):
+        return list(graph.node)
+    consumers: dict[int, list[int]] = {}
+    indegree = [0] * len(graph.node)
+    for i, node in enumerate(graph.node):
+        for name in {n for n in node.input if n in producers}:
+            consumers.setdefault(producers[name], []).append(i)
+            indegree[i] += 1
+    heap = [i for i, d in enumerate(indegree) if d == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        i = heapq.heappop(heap)
+        order.append(i)
+        for j in consumers.get(i, ()):
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                heapq.heappush(heap, j)
+    if len(order) != len(graph.node):
+        stuck = next(graph.node[i] for i, d in enumerate(indegree) if d > 0)
+        raise ModelError(f"{path}: the graph has a cycle (through node "
+                         f"'{stuck.name or stuck.op_type}')")
+    return [graph.node[i] for i in order]
+
+
+def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
+    """Write the user's values into the graph inputs' symbolic dimensions (in place)."""
+    bound = {}
+    init_names = {t.name for t in graph.initializer}
+    for inp in graph.input:
+        if inp.name in init_names or not inp.type.HasField("tensor_type"):
+            continue
+        for pos, dim in enumerate(inp.type.tensor_type.shape.dim):
+            name = dim.dim_param if dim.HasField("dim_param") else None
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            value = dims.get(name) if name else None
+            if value is None and batch_size is not None and (
+                    (name and BATCH_DIM_NAMES.match(name)) or pos == 0):
+                value = batch_size
+            if value is not None:
+                dim.dim_value = value  # clears dim_param (oneof)
+                bound[name or f"{inp.name}[{pos}]"] = value
+    return bound
+
+
+def _infer_shapes(model, path: Path, onnx):
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
+                                                 data_prop=True)
+    except Exception as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"{path}: shape inference failed: {first_line[:300]}") from None
+
+
+def _collect_tensors(graph, onnx) -> dict[str, TensorInfo]:
+    tensors = {}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        t = vi.type
+        if not t.HasField("tensor_type"):
+            continue
+        tt = t.tensor_type
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else
+                          (d.dim_param or None) for d in tt.shape.dim)
+        tensors[vi.name] = TensorInfo(tt.elem_type, shape)
+    for node in graph.node:  # Constant nodes' values have exact shapes even where inference is silent
+        if node.op_type == "Constant" and node.output and node.output[0] not in tensors:
+            for attr in node.attribute:
+                if attr.name == "value":
+                    tensors[node.output[0]] = TensorInfo(attr.t.data_type, tuple(attr.t.dims))
+    return tensors
