@@ -1,0 +1,201 @@
+"""Stage 3a: the cold-start estimator, physics only, no training data needed.
+
+Peak memory is what nvidia-smi shows for a PyTorch process: CUDA context and libraries, plus the
+caching allocator's reserve, which holds weights, gradients, optimizer state, the activations the
+backward pass keeps, and transient buffers. Utilization is the fraction of a step in which a
+kernel runs: per-op roofline time on the GPU, set against the host's per-kernel launch cost and
+the input pipeline, which dominate small models. docs/cold-start.md explains each term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import HorusError
+from .features import FeatureReport
+from .gpus import GPU
+
+TASKS = ("train", "infer")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+PRECISIONS = ("fp32", "fp16", "bf16", "amp")
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How the job runs the model: what the graph alone cannot say."""
+
+    batch_size: int = 1
+    task: str = "train"
+    optimizer: str = "adam"
+    precision: str = "fp32"
+    cpus_per_task: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise HorusError(f"batch size must be a positive integer, got {self.batch_size}")
+        for value, allowed, what in ((self.task, TASKS, "task"),
+                                     (self.optimizer, OPTIMIZERS, "optimizer"),
+                                     (self.precision, PRECISIONS, "precision")):
+            if value not in allowed:
+                raise HorusError(f"unknown {what} '{value}'; choose one of {', '.join(allowed)}")
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            raise HorusError(f"cpus per task must be positive, got {self.cpus_per_task}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What one job will use on one GPU type."""
+
+    gpu: str
+    util_pct: float
+    mem_mib: float
+    mem_mib_p90: float
+    predictor: str
+    confidence: str = "cold-start"
+    breakdown: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu, "util_pct": round(self.util_pct, 1),
+                "mem_mib": round(self.mem_mib), "mem_mib_p90": round(self.mem_mib_p90),
+                "predictor": self.predictor, "confidence": self.confidence,
+                "breakdown": self.breakdown}
+
+
+@dataclass(frozen=True)
+class ColdStartParams:
+    """The estimator's constants; each is a physical quantity, documented in docs/cold-start.md."""
+
+    context_mib: float = 1300.0       # CUDA context, cuBLAS/cuDNN handles and kernels (nvidia-smi)
+    reserve_factor: float = 1.10      # caching allocator: rounding, segments, fragmentation
+    activation_factor: float = 1.0    # graph's saved tensors -> what autograd really keeps
+    workspace_factor: float = 1.0     # conv/GEMM workspace and backward transients, x largest tensor
+    p90_factor: float = 1.15          # upper quantile of actual/predicted, for safe packing
+    p90_extra_mib: float = 256.0
+    launch_us: float = 9.0            # host cost of one eager kernel launch (dispatch included)
+    kernel_min_us: float = 2.5        # shortest kernel the GPU runs
+    compute_efficiency: float = 0.55  # fraction of peak FLOP/s large kernels reach
+    memory_efficiency: float = 0.75   # fraction of peak bandwidth streaming kernels reach
+    step_overhead_us: float = 400.0   # per step: data loader, loss.item() sync, zero_grad
+    input_gbs: float = 3.0            # host->device input copy incl. collation (GB/s)
+
+
+class ColdStartEstimator:
+    """Predicts utilization and peak memory from features, GPU type and workload alone."""
+
+    name = "cold-start"
+
+    def __init__(self, params: ColdStartParams | None = None):
+        self.params = params or ColdStartParams()
+
+    def predict(self, report: FeatureReport, gpu: GPU, workload: Workload) -> Prediction:
+        mem, mem_parts = self.memory_mib(report, gpu, workload)
+        util, util_parts = self.utilization_pct(report, gpu, workload)
+        p = self.params
+        return Prediction(gpu=gpu.name, util_pct=util, mem_mib=mem,
+                          mem_mib_p90=mem * p.p90_factor + p.p90_extra_mib,
+                          predictor=self.name, confidence="cold-start",
+                          breakdown={**mem_parts, **util_parts})
+
+    # --- memory -------------------------------------------------------------------------------
+
+    def memory_mib(self, report: FeatureReport, gpu: GPU, w: Workload) -> tuple[float, dict]:
+        p = self.params
+        v = report.values
+        params = v["params"]
+        act_scale = _activation_scale(w.precision)
+        if w.task == "train":
+            weights = params * _weight_bytes(w.precision)
+            grads = params * (2 if w.precision in ("fp16", "bf16") else 4)
+            optimizer = params * _optimizer_bytes(w.optimizer, w.precision)
+            activations = v["saved_activation_bytes"] * act_scale * p.activation_factor
+            transient = p.workspace_factor * 2 * v["max_activation_bytes"] * act_scale
+            # Peak is either the end of the forward pass (all saved activations alive, gradients
+            # not yet allocated) or the optimizer step (gradients plus its temporaries).
+            forward_peak = weights + optimizer + activations + transient
+            step_peak = weights + optimizer + grads + _optimizer_temp(w.optimizer, params)
+            backward_peak = weights + optimizer + grads + 0.5 * activations + transient
+            allocated = max(forward_peak, step_peak, backward_peak)
+            parts = {"weights_mib": weights / MIB, "grads_mib": grads / MIB,
+                     "optimizer_mib": optimizer / MIB, "activations_mib": activations / MIB,
+                     "transient_mib": transient / MIB}
+        else:
+            weights = params * (4 if w.precision == "fp32" else 2)
+            live = v["peak_live_bytes"] * act_scale
+            transient = p.workspace_factor * v["max_activation_bytes"] * act_scale
+            allocated = weights + live + transient
+            parts = {"weights_mib": weights / MIB, "activations_mib": live / MIB,
+                     "transient_mib": transient / MIB}
+        total = p.context_mib + allocated * p.reserve_factor / MIB
+        parts["context_mib"] = p.context_mib
+        return total, {k: round(x, 1) for k, x in parts.items()}
+
+    # --- utilization --------------------------------------------------------------------------
+
+    def utilization_pct(self, report: FeatureReport, gpu: GPU, w: Workload) -> tuple[float, dict]:
+        p = self.params
+        matmul_peak = gpu.peak_flops("fp32" if w.precision == "fp32" else _tensor_precision(w, gpu))
+        conv_peak = gpu.peak_flops("tf32" if w.precision == "fp32" else _tensor_precision(w, gpu))
+        other_peak = gpu.peak_flops("fp32")
+        bandwidth = gpu.mem_bw_bytes_per_s * p.memory_efficiency
+        byte_scale = _activation_scale(w.precision)
+        gpu_s = 0.0
+        kernels = 0
+        train = w.task == "train"
+        for node in report.nodes:
+            if not node.kernels:
+                continue
+            peak = (conv_peak if node.category == "conv" else
+                    matmul_peak if node.category in ("matmul", "attention", "rnn") else other_peak)
+            compute = node.flops / (peak * p.compute_efficiency)
+            memory = (node.read_bytes + node.write_bytes) * byte_scale / bandwidth
+            fwd = max(compute, memory, node.kernels * p.kernel_min_us * 1e-6)
+            heavy = node.category in ("conv", "matmul", "attention", "rnn")
+            gpu_s += fwd * (3.0 if train and heavy else 2.0 if train else 1.0)
+            kernels += node.kernels * (3 if train and heavy else 2 if train else 1)
+        if train:
+            opt_kernels, opt_s = _optimizer_time(w.optimizer, report.values["params"], bandwidth, p)
+            kernels += opt_kernels
+            gpu_s += opt_s
+        host_s = kernels * p.launch_us * 1e-6
+        input_s = report.values["input_bytes"] * byte_scale / (p.input_gbs * 1e9)
+        step_s = max(gpu_s, host_s) + p.step_overhead_us * 1e-6 + input_s
+        util = 100.0 * gpu_s / step_s if step_s > 0 else 0.0
+        return min(util, 99.0), {"gpu_ms_per_step": round(gpu_s * 1e3, 3),
+                                 "host_ms_per_step": round(host_s * 1e3, 3),
+                                 "kernels_per_step": kernels}
+
+
+def _tensor_precision(w: Workload, gpu: GPU) -> str:
+    if w.precision == "bf16" and not gpu.has_bf16:
+        raise HorusError(f"GPU type '{gpu.name}' does not support bf16")
+    return "fp16" if w.precision in ("amp", "fp16") else "bf16"
+
+
+def _activation_scale(precision: str) -> float:
+    """Activation bytes relative to fp32: autocast keeps some ops (softmax, norms) in fp32."""
+    return {"fp32": 1.0, "amp": 0.6, "fp16": 0.5, "bf16": 0.5}[precision]
+
+
+def _weight_bytes(precision: str) -> float:
+    """Weights per parameter: amp keeps fp32 masters plus autocast's cached half copies."""
+    return {"fp32": 4, "amp": 6, "fp16": 2, "bf16": 2}[precision]
+
+
+def _optimizer_bytes(optimizer: str, precision: str) -> float:
+    states = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}[optimizer]
+    return states * (2 if precision in ("fp16", "bf16") else 4)
+
+
+def _optimizer_temp(optimizer: str, params: float) -> float:
+    """The foreach Adam step materialises sqrt(v) for every parameter at once."""
+    return params * 4 if optimizer in ("adam", "adamw") else 0.0
+
+
+def _optimizer_time(optimizer: str, params: float, bandwidth: float, p: ColdStartParams):
+    """Kernels and seconds of one optimizer step (multi-tensor, memory bound)."""
+    passes = {"sgd": 3, "momentum": 5, "adam": 12, "adamw": 13}[optimizer]
+    kernels = {"sgd": 2, "momentum": 4, "adam": 12, "adamw": 13}[optimizer]
+    seconds = max(passes * params * 4 / bandwidth, kernels * p.kernel_min_us * 1e-6)
+    return kernels, seconds
+

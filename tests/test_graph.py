@@ -1,0 +1,168 @@
+"""Graph loading: external data, dimension binding, parameter counting rules, bad input."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
+from onnx import TensorProto, helper
+
+from graphs import external_tensor, mlp, save
+from slurm_horus.errors import ModelError
+from slurm_horus.features import extract_features
+from slurm_horus.graph import load_graph
+
+
+def test_binds_batch_and_counts_mlp(tmp_path):
+    r = extract_features(mlp(tmp_path / "m.onnx"), batch_size=4)
+    assert r.bound_dims == {"batch": 4}
+    assert r.values["params"] == 16 * 32 + 32 + 32 * 8 + 8
+    assert r.values["flops"] == 2 * 4 * (16 * 32 + 32 * 8) + 2 * 4 * (32 + 8)  # matmul, add+relu
+    assert r.unknown_dims == []
+
+
+def test_unbound_dimension_is_named(tmp_path):
+    r = extract_features(mlp(tmp_path / "m.onnx", batch="tokens"))
+    assert r.unknown_dims == ["tokens"]
+    r = extract_features(mlp(tmp_path / "m.onnx", batch="tokens"), dims={"tokens": 3})
+    assert r.unknown_dims == [] and r.bound_dims == {"tokens": 3}
+
+
+def test_missing_external_data_is_fine(tmp_path):
+    r = extract_features(mlp(tmp_path / "m.onnx", location="weights.bin"), batch_size=2)
+    assert r.missing_external_data == ["weights.bin"]
+    assert r.values["params"] == 16 * 32 + 32 + 32 * 8 + 8
+
+
+def test_model_above_2gb_loads_from_its_graph(tmp_path):
+    """1.5 G parameters (6 GB of fp32) described by a graph of a few hundred bytes."""
+    w = external_tensor("w", [50_000, 30_000], "big.bin")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 50_000])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 30_000])], [w])
+    r = extract_features(save(graph, tmp_path / "big.onnx"), batch_size=8)
+    assert r.values["params"] == 1_500_000_000
+    assert r.values["param_bytes"] == 6_000_000_000
+    assert r.values["flops"] == 2 * 8 * 50_000 * 30_000
+
+
+@pytest.mark.parametrize("location", ["../secret.bin", "/etc/passwd", "a/../../x.bin"])
+def test_external_data_outside_folder_is_refused(tmp_path, location):
+    path = mlp(tmp_path / "m.onnx", location=location)
+    with pytest.raises(ModelError, match="outside the model's folder"):
+        load_graph(path, batch_size=1)
+
+
+def test_external_data_symlink_escaping_folder_is_refused(tmp_path):
+    (tmp_path / "model").mkdir()
+    os.symlink("/etc", tmp_path / "model" / "link")
+    path = mlp(tmp_path / "model" / "m.onnx", location="link/passwd")
+    with pytest.raises(ModelError, match="outside"):
+        load_graph(path, batch_size=1)
+
+
+def test_identity_copies_count_as_separate_parameters_and_tied_weights_once(tmp_path):
+    """Deduplicated initializers (via Identity) are separate parameters; direct reuse is tying."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8], [0.0] * 64)
+    nodes = [helper.make_node("Identity", ["w"], ["w_copy"]),
+             helper.make_node("MatMul", ["x", "w"], ["h1"]),
+             helper.make_node("MatMul", ["h1", "w_copy"], ["h2"]),
+             helper.make_node("MatMul", ["h2", "w"], ["y"])]  # w again: tied with the first use
+    graph = helper.make_graph(
+        nodes, "tied", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [w])
+    r = extract_features(save(graph, tmp_path / "t.onnx"), batch_size=1)
+    assert r.values["params"] == 2 * 64
+
+
+def test_batchnorm_running_statistics_are_not_parameters(tmp_path):
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, [4], [1.0] * 4)
+             for n in ("scale", "bias", "mean", "var")]
+    graph = helper.make_graph(
+        [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"])],
+        "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 5, 5])], inits)
+    r = extract_features(save(graph, tmp_path / "bn.onnx"), batch_size=2)
+    assert r.values["params"] == 8
+
+
+def test_op_without_rule_is_listed_not_fatal(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("MyCustomOp", ["x"], ["y"], domain="com.example"),
+         helper.make_node("Relu", ["y"], ["z"])], "custom",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    (tmp_path / "c.onnx").write_bytes(model.SerializeToString())
+    r = extract_features(tmp_path / "c.onnx", batch_size=2)
+    assert r.unknown_ops == ["MyCustomOp"]
+    assert r.values["n_unknown_ops"] == 1
+
+
+# --- bad input through the CLI: one line on stderr, non-zero exit, bounded time and memory ---
+
+def _cycle(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Relu", ["a"], ["b"])],
+        "cycle", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 4])])
+    return save(graph, tmp_path / "cycle.onnx")
+
+
+def _empty_graph(tmp_path):
+    graph = helper.make_graph([], "empty", [], [])
+    return save(graph, tmp_path / "emptygraph.onnx")
+
+
+def _absurd(tmp_path):
+    return mlp(tmp_path / "absurd.onnx", batch=10**12)
+
+
+def _truncated(tmp_path):
+    data = mlp(tmp_path / "full.onnx").read_bytes()
+    (tmp_path / "trunc.onnx").write_bytes(data[: len(data) // 2])
+    return tmp_path / "trunc.onnx"
+
+
+BAD_INPUTS = {
+    "zero_bytes": (lambda p: (p / "zero.onnx").write_bytes(b"") and None or p / "zero.onnx",
+                   [], "empty"),
+    "random_bytes": (lambda p: (p / "rand.onnx").write_bytes(os.urandom(4096)) and None
+                     or p / "rand.onnx", [], "ONNX"),
+    "truncated": (_truncated, [], "ONNX"),
+    "cycle": (_cycle, [], "cycle"),
+    "empty_graph": (_empty_graph, [], "no nodes"),
+    "absurd_fixed_dims": (_absurd, ["-b", "1"], "not plausible|between"),
+    "absurd_dim_flag": (lambda p: mlp(p / "m.onnx"), ["--dim", "batch=1e12"], "between"),
+    "negative_batch": (lambda p: mlp(p / "m.onnx"), ["-b", "-3"], "batch size"),
+    "external_dotdot": (lambda p: mlp(p / "m.onnx", location="../../etc/shadow"), ["-b", "1"],
+                        "outside"),
+    "missing_file": (lambda p: p / "nope.onnx", [], "No such file"),
+    "directory": (lambda p: p, [], "not a regular file|directory"),
+}
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_gets_one_line_error(tmp_path, case):
+    make, args, pattern = BAD_INPUTS[case]
+    path = make(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "slurm_horus.cli.horus", "features", str(path),
+                           *args], capture_output=True, text=True, timeout=60,
+                          preexec_fn=_limit_memory)
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    import re
+    assert re.search(pattern, lines[0]), lines[0]
