@@ -232,10 +232,14 @@ class _Builder:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise HorusError(f"GPU catalog {origin}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+            raise HorusError(
+                f"GPU catalog {origin}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from None
         if isinstance(data, dict):
             if "gpus" not in data:
-                raise HorusError(f"GPU catalog {origin}: expected a list of GPU entries or an object with a 'gpus' list")
+                raise HorusError(
+                    f"GPU catalog {origin}: expected a list of GPU entries or an object with a 'gpus' list"
+                )
             data = data["gpus"]
         if not isinstance(data, list):
             raise HorusError(f"GPU catalog {origin}: 'gpus' must be a list of GPU entries")

@@ -17,7 +17,7 @@ def main():
 
 
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", metavar="MODEL.onnx")
 @click.option("--batch-size", "-b", type=int, help=BATCH_HELP)
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help=DIM_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -67,3 +67,69 @@ def _print_feature_table(report) -> None:
 
 def _fmt_dims(dims: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in dims.items()) or "none"
+
+
+@main.command()
+@click.argument("model", metavar="MODEL.onnx")
+@click.option("--batch-size", "-b", type=int, required=True, help=BATCH_HELP)
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help=DIM_HELP)
+@click.option("--task", type=click.Choice(["train", "infer"]), default="train", show_default=True)
+@click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam", "adamw"]),
+              default="adam", show_default=True, help="Optimizer (training only).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "amp"]), default="fp32",
+              show_default=True, help="amp = torch.autocast mixed precision.")
+@click.option("--cpus-per-task", type=int, help="CPUs the job gets (feeds the input pipeline).")
+@click.option("--gpu", "gpu_types", multiple=True, metavar="TYPE",
+              help="GPU type or Slurm gres type name (repeatable; default: every catalog type).")
+@click.option("--model-dir", envvar="HORUS_MODEL_DIR", help="Learned-model registry folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one object with one --gpu).")
+@one_line_errors("horus predict")
+def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, gpu_types,
+            model_dir, as_json):
+    """Predict GPU utilization and peak GPU memory of MODEL per GPU type."""
+    from ..coldstart import Workload
+    from ..features import extract_features
+    from ..gpus import default_catalog
+    from ..predict import choose_predictor, predict_for
+
+    workload = Workload(batch_size=batch_size, task=task, optimizer=optimizer,
+                        precision=precision, cpus_per_task=cpus_per_task)
+    catalog = default_catalog()
+    gpus = [catalog.get(t) for t in gpu_types] if gpu_types else list(catalog)
+    if not gpu_types and precision == "bf16":
+        gpus = [g for g in gpus if g.has_bf16]
+    report = extract_features(model, batch_size=batch_size, dims=parse_dims(dims))
+    choice = choose_predictor(model_dir)
+    predictions = predict_for(report, gpus, workload, choice)
+    if as_json:
+        rows = [dict(p.to_dict(), fits=p.mem_mib_p90 <= g.mem_mib)
+                for p, g in zip(predictions, gpus)]
+        extra = {"model": report.model, "workload": workload.__dict__, "note": choice.note,
+                 "unknown_dims": report.unknown_dims, "unknown_ops": report.unknown_ops}
+        print_json({**rows[0], **extra} if len(rows) == 1 else {"predictions": rows, **extra})
+        return
+    _print_prediction_table(report, workload, predictions, gpus, choice.note)
+
+
+def _print_prediction_table(report, workload, predictions, gpus, note) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"{report.model}  batch {workload.batch_size}, {workload.task}, "
+                        f"{workload.optimizer}, {workload.precision}", title_justify="left")
+    for col in ("GPU", "util %", "memory MiB", "p90 MiB", "GPU MiB", "fits", "predictor"):
+        table.add_column(col, justify="left" if col in ("GPU", "predictor") else "right")
+    for p, g in zip(predictions, gpus):
+        fits = p.mem_mib_p90 <= g.mem_mib
+        table.add_row(g.name, f"{p.util_pct:.1f}", f"{p.mem_mib:,.0f}", f"{p.mem_mib_p90:,.0f}",
+                      f"{g.mem_mib:,}", "yes" if fits else "[red]no[/red]", p.predictor)
+    console.print(table)
+    console.print(note)
+    if report.unknown_dims:
+        console.print(f"[yellow]unknown dimensions (bind with --dim NAME=VALUE): "
+                      f"{', '.join(report.unknown_dims)}[/yellow]")
+
+
+if __name__ == "__main__":
+    main()

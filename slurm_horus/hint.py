@@ -1,0 +1,187 @@
+"""The horus hint: a job's predicted GPU use, carried in its Slurm ``--comment``.
+
+Format (one whitespace-free token, after the user's own comment if any)::
+
+    horus:v1;<gtype>=<util_pct>/<mem_mib>/<mem_p90_mib>;<gtype>=...
+    horus:v1;a100=45.2/5230/6010;t4=80.1/5100/5900
+
+The grammar is the one ``etc/job_submit.lua`` accepts (keep both in step):
+
+* gtype: a Slurm gres type name, ``[a-z0-9_-]{1,32}``, each at most once, at most 16 types;
+* numbers: plain non-negative decimals (``45``, ``45.25``): at most 9 digits before and
+  9 after the point; no sign, exponent, ``nan`` or ``inf``;
+* util in 0..100 (percent); memory values in MiB, at most 99,999,999;
+* the token is at most 600 characters; the whole comment at most 65,536 bytes.
+
+encode_hint() rounds UP (util to 0.1 %, memory to whole MiB), so a prediction is never
+understated by the encoding.  The hook also rounds up what it reads.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from decimal import ROUND_CEILING, Decimal
+
+from slurm_horus.errors import HorusError
+
+__all__ = [
+    "HINT_PREFIX",
+    "MAX_COMMENT_BYTES",
+    "MAX_TOKEN_LEN",
+    "MAX_TYPES",
+    "MAX_MEM_MIB",
+    "encode_hint",
+    "attach_hint",
+    "parse_hint",
+    "find_hint_token",
+]
+
+HINT_PREFIX = "horus:v1;"
+MAX_TOKEN_LEN = 600
+MAX_TYPES = 16
+MAX_MEM_MIB = 99_999_999
+MAX_COMMENT_BYTES = 65_536
+
+_GTYPE_RE = re.compile(r"[a-z0-9_-]{1,32}")
+_NUMBER_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
+_ENTRY_RE = re.compile(r"([a-z0-9_-]+)=([^/]+)/([^/]+)/([^/]+)")
+# Lua's %s in the C locale: ASCII whitespace only (not Python's Unicode \s).
+_WS = " \t\n\r\v\f"
+_TOKEN_START_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus:")
+_HORUS_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus:[^ \t\n\r\v\f]*")
+
+Prediction = tuple[float, float, float]
+
+
+def _number(value: object, what: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
+        raise HorusError(f"{what}: not a number: {value!r}")
+    if isinstance(value, Decimal):
+        d = value
+    else:
+        f = float(value)
+        if not math.isfinite(f):
+            raise HorusError(f"{what}: not a finite number: {value!r}")
+        d = Decimal(repr(f)) if isinstance(value, float) else Decimal(int(value))
+    if not d.is_finite():
+        raise HorusError(f"{what}: not a finite number: {value!r}")
+    if d < 0:
+        raise HorusError(f"{what}: negative: {value!r}")
+    return d
+
+
+def _fmt(d: Decimal, places: int) -> str:
+    q = d.quantize(Decimal(1).scaleb(-places), rounding=ROUND_CEILING)
+    return format(q, "f")
+
+
+def encode_hint(predictions: dict[str, tuple[float, float, float]]) -> str:
+    """Encode {gtype: (util_pct, mem_mib, mem_p90_mib)} as a hint token.
+
+    Types are written in sorted order; util is rounded up to 0.1 %, memory up to whole MiB.
+    Raises HorusError for a bad type name or value, or a token longer than 600 characters.
+    """
+    if not isinstance(predictions, dict) or not predictions:
+        raise HorusError("hint: no GPU type predicted")
+    if len(predictions) > MAX_TYPES:
+        raise HorusError(f"hint: {len(predictions)} GPU types, at most {MAX_TYPES}")
+    parts = []
+    for gtype in sorted(predictions):
+        if not isinstance(gtype, str) or not _GTYPE_RE.fullmatch(gtype):
+            raise HorusError(f"hint: bad GPU type name {gtype!r} (need [a-z0-9_-]{{1,32}})")
+        pred = predictions[gtype]
+        if not isinstance(pred, (tuple, list)) or len(pred) != 3:
+            raise HorusError(f"hint: {gtype}: need (util_pct, mem_mib, mem_p90_mib)")
+        util = _number(pred[0], f"hint: {gtype} utilization")
+        mem = _number(pred[1], f"hint: {gtype} memory")
+        p90 = _number(pred[2], f"hint: {gtype} p90 memory")
+        if util > 100:
+            raise HorusError(f"hint: {gtype} utilization {pred[0]!r} above 100 %")
+        for name, v, raw in (("memory", mem, pred[1]), ("p90 memory", p90, pred[2])):
+            if v > MAX_MEM_MIB:
+                raise HorusError(f"hint: {gtype} {name} {raw!r} MiB above {MAX_MEM_MIB}")
+        parts.append(f"{gtype}={_fmt(util, 1)}/{_fmt(mem, 0)}/{_fmt(p90, 0)}")
+    token = HINT_PREFIX + ";".join(parts)
+    if len(token) > MAX_TOKEN_LEN:
+        raise HorusError(f"hint: {len(token)} characters, at most {MAX_TOKEN_LEN}")
+    return token
+
+
+def find_hint_token(comment: str | None) -> str | None:
+    """The horus token in a comment (a whitespace-delimited word starting with "horus:"),
+    or None if there is none.  Raises HorusError if there are several or the comment is
+    too long, as the hook would ignore the hint then."""
+    if not comment or "horus:" not in comment:
+        return None
+    if len(comment.encode("utf-8", "surrogatepass")) > MAX_COMMENT_BYTES:
+        raise HorusError(f"comment longer than {MAX_COMMENT_BYTES} bytes")
+    tokens = _HORUS_TOKEN_RE.findall(comment)
+    if len(tokens) > 1:
+        raise HorusError("more than one horus: token in the comment")
+    return tokens[0] if tokens else None
+
+
+def _parse_token(token: str) -> dict[str, Prediction]:
+    if len(token) > MAX_TOKEN_LEN:
+        raise HorusError(f"hint longer than {MAX_TOKEN_LEN} characters")
+    if not token.startswith(HINT_PREFIX):
+        if re.match(r"horus:v[0-9]+;", token):
+            raise HorusError("unsupported hint version")
+        raise HorusError("malformed hint header")
+    body = token[len(HINT_PREFIX):]
+    if not body:
+        raise HorusError("hint lists no GPU type")
+    entries = body.split(";")
+    if len(entries) > MAX_TYPES:
+        raise HorusError(f"hint lists more than {MAX_TYPES} GPU types")
+    out: dict[str, Prediction] = {}
+    for n, entry in enumerate(entries, 1):
+        m = _ENTRY_RE.fullmatch(entry)
+        if not m:
+            raise HorusError(f"malformed entry #{n}")
+        gtype, us, ms, ps = m.groups()
+        if len(gtype) > 32:
+            raise HorusError(f"GPU type name too long in entry #{n}")
+        if gtype in out:
+            raise HorusError(f"GPU type repeated in entry #{n}")
+        vals = []
+        for what, s in (("utilization", us), ("memory", ms), ("p90 memory", ps)):
+            if not _NUMBER_RE.fullmatch(s):
+                raise HorusError(f"bad {what} in entry #{n}")
+            vals.append(Decimal(s))
+        if vals[0] > 100:
+            raise HorusError(f"bad utilization in entry #{n}")
+        if vals[1] > MAX_MEM_MIB or vals[2] > MAX_MEM_MIB:
+            raise HorusError(f"bad memory in entry #{n}")
+        out[gtype] = (float(vals[0]), float(vals[1]), float(vals[2]))
+    return out
+
+
+def attach_hint(comment: str | None, token: str) -> str:
+    """The comment to submit: the user's comment without any earlier horus token, then a
+    space, then ``token``.  Raises HorusError for a bad token or a too long result."""
+    _parse_token(token)  # validate what we attach
+    if any(c in token for c in _WS):
+        raise HorusError("hint token contains whitespace")
+    user = _HORUS_TOKEN_RE.sub("", comment or "").strip(_WS)
+    result = f"{user} {token}" if user else token
+    if len(result.encode("utf-8", "surrogatepass")) > MAX_COMMENT_BYTES:
+        raise HorusError(f"comment with hint longer than {MAX_COMMENT_BYTES} bytes")
+    return result
+
+
+def parse_hint(comment: str | None, *, strict: bool = False) -> dict[str, Prediction] | None:
+    """{gtype: (util_pct, mem_mib, mem_p90_mib)} from a job's comment, or None when it has
+    no hint.  A malformed hint also gives None (the hook ignores it), unless strict=True,
+    which raises HorusError with the reason."""
+    try:
+        token = find_hint_token(comment)
+        if token is None:
+            return None
+        return _parse_token(token)
+    except HorusError:
+        if strict:
+            raise
+        return None

@@ -1,0 +1,134 @@
+"""Versioned store of learned models: list, add, promote, rollback, each an atomic file rename.
+
+Layout of the registry folder: `vNNNN.json` (one model each, never rewritten) and `current.json`
+({"serving": "vNNNN", "history": [...]}) which says which version serves. Readers never see a
+half-written file: everything is written to a temporary file and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import HorusError
+from .learned import LearnedModel
+
+ENV_VAR = "HORUS_MODEL_DIR"
+DEFAULT_DIR = Path("/var/lib/slurm-horus/models")
+VERSION_RE = re.compile(r"^v(\d{4,})$")
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get(ENV_VAR) or DEFAULT_DIR)
+
+
+class Registry:
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root else default_dir()
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def versions(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        found = [p.stem for p in self.root.glob("v*.json") if VERSION_RE.match(p.stem)]
+        return sorted(found, key=lambda v: int(v[1:]))
+
+    def state(self) -> dict:
+        path = self.root / "current.json"
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {"serving": None, "history": []}
+        except (OSError, ValueError) as e:
+            raise HorusError(f"{path}: unreadable registry state ({e})") from None
+        if not isinstance(state, dict) or "serving" not in state:
+            raise HorusError(f"{path}: not a registry state file")
+        return state
+
+    def serving(self) -> str | None:
+        return self.state().get("serving")
+
+    def load(self, version: str) -> LearnedModel:
+        if not VERSION_RE.match(version or ""):
+            raise HorusError(f"not a model version: '{version}' (expected e.g. v0003)")
+        path = self.root / f"{version}.json"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise HorusError(f"model {version} is not in the registry at {self.root}") from None
+        except OSError as e:
+            raise HorusError(f"{path}: {e.strerror}") from None
+        return LearnedModel.from_json(data, source=str(path))
+
+    def list(self) -> list[dict]:
+        """One entry per version: its metrics, size of training data and whether it serves."""
+        serving = self.serving()
+        out = []
+        for v in self.versions():
+            try:
+                model = self.load(v)
+                out.append({"version": v, "serving": v == serving, "metrics": model.metrics,
+                            "meta": model.meta, "valid": True})
+            except HorusError as e:
+                out.append({"version": v, "serving": v == serving, "valid": False,
+                            "error": str(e)})
+        return out
+
+    # --- writing (admin) -------------------------------------------------------------------
+
+    def add(self, model: LearnedModel) -> str:
+        """Store a new version (not serving yet); returns its name."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        while True:
+            versions = self.versions()
+            number = int(versions[-1][1:]) + 1 if versions else 1
+            version = f"v{number:04d}"
+            model.meta.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            tmp = self._write_temp(model.to_json())
+            try:
+                os.link(tmp, self.root / f"{version}.json")  # fails if another writer took it
+                return version
+            except FileExistsError:
+                continue
+            finally:
+                os.unlink(tmp)
+
+    def promote(self, version: str) -> None:
+        self.load(version)  # refuse to serve a file that does not load
+        state = self.state()
+        history = list(state.get("history", []))
+        if state.get("serving"):
+            history.append(state["serving"])
+        self._write_state({"serving": version, "history": history[-50:],
+                           "changed": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+    def rollback(self) -> str:
+        """Serve the previously serving version again."""
+        state = self.state()
+        history = list(state.get("history", []))
+        if not history:
+            raise HorusError("nothing to roll back to: no earlier serving version")
+        previous = history.pop()
+        self.load(previous)
+        self._write_state({"serving": previous, "history": history,
+                           "changed": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        return previous
+
+    def _write_state(self, state: dict) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self._write_temp(json.dumps(state, indent=1))
+        os.replace(tmp, self.root / "current.json")
+
+    def _write_temp(self, text: str) -> str:
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        return tmp
