@@ -333,7 +333,11 @@ def _saved_for_backward(op, category, node, activations, infos, outs, attrs, par
     extra = 0
     if category in ("view", "shape") or op in SAVES_NOTHING:
         return [], 0
-    if category in ("conv", "matmul", "attention"):
+    if category == "conv":
+        # Inference exports fold batch norm into the convolution; in training that norm keeps
+        # the convolution's output as its input, so the output is kept too.
+        return list(activations) + [n for n in node.output[:1] if n], 0
+    if category in ("matmul", "attention"):
         saved = list(activations)
         if category == "attention":  # the softmax probabilities stay too
             q = _shape(infos[0]) if infos else None

@@ -1,0 +1,604 @@
+--[[
+slurm-horus job_submit.lua: turn a job's predicted GPU use (a "horus:" hint in
+its --comment, written by hsubmit) into a GRES shard request, so that Slurm can
+co-pack jobs whose predicted utilization and memory fit together on one GPU.
+
+Written for Lua 5.1 (what Debian's slurmctld links); also fine on 5.2..5.4.
+Admin-facing description: docs/hint-and-policy.md.  Policy: horus_policy.conf
+next to this file (or the file named by the HORUS_POLICY environment variable).
+
+Rules this file keeps:
+  * a job without a hint is never touched (no field is even written);
+  * every loop and every string it parses is bounded before it is parsed;
+  * user text is never used as a Lua pattern and never echoed back;
+  * any internal error leaves the job exactly as submitted (pcall + plan/apply).
+]]
+
+-- Limits of the hint format (must match slurm_horus/hint.py).
+local MAX_COMMENT = 65536     -- a comment longer than this holding "horus:" is a bad hint
+local MAX_TOKEN = 600         -- hint token length
+local MAX_TYPES = 16          -- GPU types in one hint
+local MAX_TYPE_LEN = 32       -- gres type name length
+local MAX_MEM_MIB = 99999999  -- largest memory value in a hint (MiB)
+local MAX_GRES_LEN = 1024     -- longer tres_per_* strings: job left alone
+local MAX_GRES_ITEMS = 32
+local MAX_POLICY_BYTES = 65536
+local MAX_POLICY_LINES = 1000
+
+-- Built-in policy: used for every key the policy file does not set validly.
+-- No GPU types are known by default, so without a policy file nothing is packed.
+local DEFAULTS = {
+	shards_per_gpu = 100,
+	pack_limit_pct = 90,
+	exclusive_util_milli = 70000,  -- exclusive_util_pct = 70, in 1/1000 %
+	memory = "p90",
+	min_shards = 1,
+	on_bad_hint = "ignore",
+	type_via = "features",
+}
+
+-- Where this file lives: the policy file is looked for next to it.
+local HOOK_DIR = "."
+do
+	local info = debug.getinfo(1, "S")
+	local src = info and info.source
+	if type(src) == "string" and string.sub(src, 1, 1) == "@" then
+		HOOK_DIR = string.match(string.sub(src, 2), "^(.*)/[^/]*$") or "."
+	end
+end
+
+-------------------------------------------------------------------------------
+-- Small helpers
+-------------------------------------------------------------------------------
+
+local function log_info(msg) slurm.log_info("%s", msg) end
+local function log_error(msg) slurm.log_error("%s", msg) end
+-- slurm.log_user runs string.format: never pass text as the format itself.
+local function tell_user(msg) slurm.log_user("%s", msg) end
+
+-- Log a line once per distinct text (bounded memory).
+local logged, logged_count = {}, 0
+local function log_once(msg)
+	if logged[msg] then return end
+	if logged_count >= 64 then logged, logged_count = {}, 0 end
+	logged[msg] = true
+	logged_count = logged_count + 1
+	log_info(msg)
+end
+
+-- ceil(a / b) for non-negative integers below 2^53 (exact, no rounding).
+local function ceil_div(a, b)
+	local q = math.floor(a / b)
+	if q * b < a then q = q + 1 end
+	return q
+end
+
+-- Parse a plain non-negative decimal ("45", "45.25") scaled by 10^digits and
+-- rounded UP (so a prediction is never understated).  Anything else
+-- ("1e3", "-1", "nan", "inf", "0x10", " 5") gives nil.
+local function decimal_up(s, digits)
+	if type(s) ~= "string" or #s > 19 then return nil end
+	local i, f = string.match(s, "^(%d+)%.(%d+)$")
+	if not i then
+		i, f = string.match(s, "^(%d+)$"), ""
+	end
+	if not i or #i > 9 or #f > 9 then return nil end
+	local v = tonumber(i) * 10 ^ digits
+	if digits > 0 then
+		v = v + tonumber(string.sub(f .. string.rep("0", digits), 1, digits))
+	end
+	if string.find(string.sub(f, digits + 1), "[1-9]") then v = v + 1 end
+	return v
+end
+
+-- 45200 (milli-percent) -> "45.2"
+local function fmt_milli(m)
+	local s = string.format("%d.%03d", math.floor(m / 1000), m % 1000)
+	s = string.gsub(s, "0+$", "")
+	s = string.gsub(s, "%.$", "")
+	return s
+end
+
+local function is_gtype(s)
+	return type(s) == "string" and #s >= 1 and #s <= MAX_TYPE_LEN
+		and string.find(s, "^[a-z0-9_%-]+$") ~= nil
+end
+
+-- Slurm reports unset numbers as NO_VAL (or nil here); treat those as unset.
+local function is_set_number(v)
+	return type(v) == "number" and v ~= slurm.NO_VAL and v ~= slurm.NO_VAL16
+		and v ~= slurm.NO_VAL64 and v ~= 4294967294 and v ~= 65534
+end
+
+-------------------------------------------------------------------------------
+-- Policy file
+-------------------------------------------------------------------------------
+
+local policy_cache = { path = nil, text = nil, policy = nil }
+
+local function policy_path()
+	local p = os.getenv("HORUS_POLICY")
+	if p and p ~= "" then return p end
+	return HOOK_DIR .. "/horus_policy.conf"
+end
+
+-- Parse the policy text; returns the policy table and a list of warnings.
+local function parse_policy(text)
+	local pol, warn = {}, {}
+	for k, v in pairs(DEFAULTS) do pol[k] = v end
+	local gpus, order = {}, nil
+	local function bad(key, why) warn[#warn + 1] = "policy: " .. key .. ": " .. why .. ", using default" end
+
+	local nlines, pos, len = 0, 1, #text
+	while pos <= len do
+		local nl = string.find(text, "\n", pos, true)
+		local line = string.sub(text, pos, (nl or (len + 1)) - 1)
+		pos = (nl or len) + 1
+		nlines = nlines + 1
+		if nlines > MAX_POLICY_LINES then
+			warn[#warn + 1] = "policy: more than 1000 lines, rest ignored"
+			break
+		end
+		line = string.gsub(line, "#.*$", "")
+		if #line > 1024 then
+			warn[#warn + 1] = "policy: line " .. nlines .. " too long, ignored"
+		elseif string.find(line, "%S") then
+			local key, val = string.match(line, "^%s*([%w_%.%-]+)%s*=%s*(.-)%s*$")
+			if not key then
+				warn[#warn + 1] = "policy: unreadable line " .. nlines
+			elseif key == "shards_per_gpu" then
+				local n = decimal_up(val, 0)
+				if n and n >= 1 and n <= 10000 and string.find(val, "^%d+$") then pol.shards_per_gpu = n
+				else bad(key, "need an integer 1..10000") end
+			elseif key == "pack_limit_pct" then
+				local n = decimal_up(val, 0)
+				if n and n >= 1 and n <= 100 and string.find(val, "^%d+$") then pol.pack_limit_pct = n
+				else bad(key, "need an integer 1..100") end
+			elseif key == "exclusive_util_pct" then
+				local n = decimal_up(val, 3)
+				if n and n <= 100000 then pol.exclusive_util_milli = n
+				else bad(key, "need a number 0..100") end
+			elseif key == "memory" then
+				if val == "p90" or val == "expected" then pol.memory = val
+				else bad(key, "need p90 or expected") end
+			elseif key == "min_shards" then
+				local n = decimal_up(val, 0)
+				if n and n >= 1 and string.find(val, "^%d+$") then pol.min_shards = n
+				else bad(key, "need an integer >= 1") end
+			elseif key == "on_bad_hint" then
+				if val == "ignore" or val == "reject" then pol.on_bad_hint = val
+				else bad(key, "need ignore or reject") end
+			elseif key == "type_via" then
+				if val == "features" or val == "gres" then pol.type_via = val
+				else bad(key, "need features or gres") end
+			elseif key == "type_order" then
+				order = {}
+				for name in string.gmatch(val, "[^,%s]+") do
+					if #order >= MAX_TYPES then break end
+					if is_gtype(name) then order[#order + 1] = name
+					else warn[#warn + 1] = "policy: type_order: bad type name ignored" end
+				end
+			else
+				local gt = string.match(key, "^gpu%.(.+)%.mem_mib$")
+				if gt then
+					local n = decimal_up(val, 0)
+					if not is_gtype(gt) then
+						warn[#warn + 1] = "policy: " .. key .. ": bad type name, ignored"
+					elseif n and n >= 1 and n <= MAX_MEM_MIB and string.find(val, "^%d+$") then
+						gpus[gt] = n
+					else
+						warn[#warn + 1] = "policy: " .. key .. ": need an integer MiB, type ignored"
+					end
+				else
+					warn[#warn + 1] = "policy: unknown key " .. key .. " ignored"
+				end
+			end
+		end
+	end
+	if pol.min_shards > pol.shards_per_gpu then
+		bad("min_shards", "larger than shards_per_gpu")
+		pol.min_shards = DEFAULTS.min_shards
+	end
+
+	-- type_order: only types with a known memory; default: all types by memory size.
+	local final = {}
+	if order then
+		for _, t in ipairs(order) do
+			if gpus[t] then final[#final + 1] = t
+			else warn[#warn + 1] = "policy: type_order: " .. t .. " has no gpu." .. t .. ".mem_mib, ignored" end
+		end
+	else
+		for t in pairs(gpus) do final[#final + 1] = t end
+		table.sort(final, function(a, b)
+			if gpus[a] ~= gpus[b] then return gpus[a] < gpus[b] end
+			return a < b
+		end)
+	end
+	pol.gpus, pol.type_order = gpus, final
+	return pol, warn
+end
+
+local function builtin_policy()
+	local pol = parse_policy("")
+	return pol
+end
+
+-- Read the policy (re-read at each submission; parsed again only when the text changes).
+local function load_policy()
+	local path = policy_path()
+	local f = io.open(path, "r")
+	if not f then
+		log_once("horus: policy file " .. path .. " not readable, using built-in defaults (no GPU types: nothing is packed)")
+		return builtin_policy()
+	end
+	local text = f:read(MAX_POLICY_BYTES + 1)
+	f:close()
+	if type(text) ~= "string" then text = "" end
+	if #text > MAX_POLICY_BYTES then
+		log_once("horus: policy file " .. path .. " larger than 64 KiB, using built-in defaults")
+		return builtin_policy()
+	end
+	if policy_cache.path == path and policy_cache.text == text then
+		return policy_cache.policy
+	end
+	local pol, warn = parse_policy(text)
+	for _, w in ipairs(warn) do log_once("horus: " .. path .. ": " .. w) end
+	policy_cache.path, policy_cache.text, policy_cache.policy = path, text, pol
+	return pol
+end
+
+-------------------------------------------------------------------------------
+-- Hint: find and parse "horus:v1;<type>=<util>/<mem>/<mem_p90>;..."
+-------------------------------------------------------------------------------
+
+local function is_space(c)
+	return c == " " or c == "\t" or c == "\n" or c == "\r" or c == "\v" or c == "\f"
+end
+
+-- Returns: token (string) | nil, and an error text when a hint is present but bad.
+-- (nil, nil) means there is no hint at all.
+local function find_hint(comment)
+	if type(comment) ~= "string" then return nil, nil end
+	if not string.find(comment, "horus:", 1, true) then return nil, nil end
+	if #comment > MAX_COMMENT then return nil, "comment longer than 65536 bytes" end
+	-- A hint token starts with "horus:" at the start of the comment or after whitespace.
+	local start, count, init = nil, 0, 1
+	while init <= #comment do  -- at most #comment/6 rounds
+		local p = string.find(comment, "horus:", init, true)
+		if not p then break end
+		if p == 1 or is_space(string.sub(comment, p - 1, p - 1)) then
+			count, start = count + 1, p
+		end
+		init = p + 6
+	end
+	if count == 0 then return nil, nil end
+	if count > 1 then return nil, "more than one horus: token" end
+	local stop = string.find(comment, "[ \t\n\r\v\f]", start)
+	local tok = string.sub(comment, start, stop and (stop - 1) or #comment)
+	return tok, nil
+end
+
+-- Parse a token into { [gtype] = {util_milli=, mem=, p90=} }, or nil and a reason.
+local function parse_hint(tok)
+	if #tok > MAX_TOKEN then return nil, "hint longer than 600 characters" end
+	if string.sub(tok, 1, 9) ~= "horus:v1;" then
+		if string.find(tok, "^horus:v%d+;") then return nil, "unsupported hint version" end
+		return nil, "malformed hint header"
+	end
+	local body = string.sub(tok, 10)
+	if body == "" then return nil, "hint lists no GPU type" end
+	local preds, n, pos = {}, 0, 1
+	while true do
+		local semi = string.find(body, ";", pos, true)
+		local entry = string.sub(body, pos, semi and (semi - 1) or #body)
+		n = n + 1
+		if n > MAX_TYPES then return nil, "hint lists more than 16 GPU types" end
+		local g, us, ms, ps = string.match(entry, "^([a-z0-9_%-]+)=([^/]+)/([^/]+)/([^/]+)$")
+		if not g then return nil, "malformed entry #" .. n end
+		if #g > MAX_TYPE_LEN then return nil, "GPU type name too long in entry #" .. n end
+		if preds[g] then return nil, "GPU type repeated in entry #" .. n end
+		local u, m, p = decimal_up(us, 3), decimal_up(ms, 0), decimal_up(ps, 0)
+		if not u or u > 100000 then return nil, "bad utilization in entry #" .. n end
+		if not m or m > MAX_MEM_MIB then return nil, "bad memory in entry #" .. n end
+		if not p or p > MAX_MEM_MIB then return nil, "bad p90 memory in entry #" .. n end
+		preds[g] = { util_milli = u, mem = m, p90 = p }
+		if not semi then break end
+		pos = semi + 1
+	end
+	return preds, nil
+end
+
+-------------------------------------------------------------------------------
+-- GPU request: find exactly one GPU on one node in tres_per_node / tres_per_job
+-------------------------------------------------------------------------------
+
+-- Split "gres:gpu:a100:1,gres:nvme:1" into entries; nil if unusually long.
+local function split_list(s)
+	if s == nil or s == "" then return {} end
+	if type(s) ~= "string" or #s > MAX_GRES_LEN then return nil end
+	local items = {}
+	for item in string.gmatch(s, "[^,]+") do
+		if #items >= MAX_GRES_ITEMS then return nil end
+		items[#items + 1] = item
+	end
+	return items
+end
+
+-- Parse one entry. Returns {prefix=, name=, gtype=, count=} or nil if unreadable.
+-- prefix keeps the spelling: "gres:" (<= 23.02), "gres/" (>= 23.11) or "".
+local function parse_entry(e)
+	local prefix, rest = "", e
+	local head = string.sub(e, 1, 5)
+	if head == "gres:" or head == "gres/" then prefix, rest = head, string.sub(e, 6) end
+	local name, tail = string.match(rest, "^([%w_%-%.]+)(.*)$")
+	if not name then return nil end
+	local r = { prefix = prefix, name = name }
+	if tail == "" then
+		r.count = 1
+	else
+		local a, b = string.match(tail, "^:([^:]+):([^:]+)$")
+		if a then
+			r.gtype, r.count = a, (string.find(b, "^%d+$") and tonumber(b)) or nil
+		else
+			a = string.match(tail, "^:([^:]+)$")
+			if not a then return nil end
+			if string.find(a, "^%d+$") then r.count = tonumber(a)
+			elseif string.find(a, "^%d") then return nil  -- "1k": a count with a suffix
+			else r.gtype, r.count = a, 1 end
+		end
+		if not r.count then return nil end
+	end
+	return r
+end
+
+local function mentions_gpu(s)
+	return type(s) == "string" and (string.find(s, "gpu", 1, true) ~= nil)
+end
+
+-- Find the job's single-GPU request. Returns a request table or nil and a reason.
+-- request = { field = "tres_per_node"|"tres_per_job", items = {...}, index = i, entry = parsed }
+local function find_gpu_request(job)
+	local found, gpus = nil, 0
+	for _, field in ipairs({ "tres_per_node", "tres_per_job" }) do
+		local items = split_list(job[field])
+		if not items then return nil, "unusual " .. field .. " string" end
+		for i, item in ipairs(items) do
+			local e = parse_entry(item)
+			if not e then
+				if mentions_gpu(item) then return nil, "unreadable GPU request" end
+			elseif e.name == "shard" or e.name == "mps" then
+				return nil, "job already asks for shared GPU resources"
+			elseif e.name == "gpu" then
+				gpus = gpus + e.count
+				if e.count > 0 then found = { field = field, items = items, index = i, entry = e } end
+			end
+		end
+	end
+	if mentions_gpu(job.tres_per_task) or mentions_gpu(job.tres_per_socket) then
+		return nil, "GPUs requested per task or per socket"
+	end
+	if gpus == 0 then return nil, "no GPU requested" end
+	if gpus > 1 then return nil, "multi-GPU request" end
+	if is_set_number(job.min_nodes) and job.min_nodes > 1 then return nil, "multi-node job" end
+	if is_set_number(job.max_nodes) and job.max_nodes > 1 then return nil, "multi-node job" end
+	return found, nil
+end
+
+-------------------------------------------------------------------------------
+-- Policy decision for one GPU type
+-------------------------------------------------------------------------------
+
+-- kind: "shared" (with shards), "exclusive" (whole GPU) or "nofit" (memory over the limit).
+local function evaluate(pol, gtype, pred)
+	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
+	local mem = (pol.memory == "p90") and pred.p90 or pred.mem
+	local r = { gtype = gtype, util_milli = pred.util_milli, mem = mem }
+	-- Shares of one GPU measured against the pack limit, rounded up to whole shards:
+	--   util share: S * util / P          memory share: S * mem / (G * P / 100)
+	local n_util = ceil_div(S * pred.util_milli, P * 1000)
+	local n_mem = ceil_div(S * mem * 100, G * P)
+	if n_mem > S then
+		r.kind = "nofit"
+		r.why = string.format("memory %d MiB > %d%% of %s's %d MiB", mem, P, gtype, G)
+	elseif pred.util_milli >= pol.exclusive_util_milli then
+		r.kind = "exclusive"
+		r.why = string.format("util %s%% >= %s%%", fmt_milli(pred.util_milli), fmt_milli(pol.exclusive_util_milli))
+	elseif n_util > S then
+		r.kind = "exclusive"
+		r.why = string.format("util %s%% > pack limit %d%%", fmt_milli(pred.util_milli), P)
+	else
+		r.kind = "shared"
+		r.shards = math.max(n_util, n_mem, pol.min_shards)
+	end
+	return r
+end
+
+-------------------------------------------------------------------------------
+-- Plan: decide what to change (pure: reads job, writes nothing)
+-------------------------------------------------------------------------------
+
+-- Existing --constraint: only a plain AND list can take "&<type>".
+local function feature_tokens(features)
+	if features == nil or features == "" then return {} end
+	if type(features) ~= "string" or #features > 1024 then return nil end
+	if not string.find(features, "^[%w_%-%.&]+$") then return nil end
+	local toks = {}
+	for t in string.gmatch(features, "[^&]+") do toks[#toks + 1] = t end
+	return toks
+end
+
+-- The one place that decides HOW the GPU type of a shard job is enforced.
+-- type_via = features: gres "shard:N" + constraint "&<type>" (works on 22.05);
+-- type_via = gres:     gres "shard:<type>:N" (if typed shards are verified to work).
+local function shard_request(pol, prefix, gtype, shards, features)
+	if pol.type_via == "gres" then
+		return prefix .. "shard:" .. gtype .. ":" .. shards, nil
+	end
+	local toks = feature_tokens(features)
+	if toks == nil then return nil, nil, "cannot add GPU type to a complex --constraint" end
+	for _, t in ipairs(toks) do
+		if t == gtype then return prefix .. "shard:" .. shards, nil end  -- already constrained
+	end
+	if #toks == 0 then return prefix .. "shard:" .. shards, gtype end
+	return prefix .. "shard:" .. shards, features .. "&" .. gtype
+end
+
+-- Build the plan. plan = { rc=, set = {field=value}, note=, user= }
+local function make_plan(job, pol)
+	local tok, herr = find_hint(job.comment)
+	if not tok and not herr then return nil end  -- no hint: untouched
+
+	local preds
+	if tok then preds, herr = parse_hint(tok) end
+	if not preds then
+		if pol.on_bad_hint == "reject" then
+			return { rc = slurm.ERROR, user = "horus: job rejected: bad resource hint in --comment (" .. herr ..
+				"). Resubmit with hsubmit, or remove the horus: token from the comment." }
+		end
+		return { rc = slurm.SUCCESS, set = {}, note = "horus: ignored hint (" .. herr .. ")" }
+	end
+
+	local function unchanged(why)
+		return { rc = slurm.SUCCESS, set = {}, note = "horus: unchanged (" .. why .. ")" }
+	end
+
+	local req, why = find_gpu_request(job)
+	if not req then return unchanged(why) end
+	if mentions_gpu(job.cpus_per_tres) or mentions_gpu(job.mem_per_tres) then
+		return unchanged("--cpus-per-gpu/--mem-per-gpu set")
+	end
+	if is_set_number(job.ntasks_per_tres) and job.ntasks_per_tres > 0 then
+		return unchanged("--ntasks-per-gpu set")
+	end
+	if #pol.type_order == 0 then return unchanged("policy knows no GPU types") end
+
+	-- Which type: the one the user asked for (--gres type or a type named in a
+	-- plain --constraint), else the policy's preference.
+	local toks = feature_tokens(job.features)
+	if toks == nil then return unchanged("cannot combine with a complex --constraint") end
+	local asked, ftype = req.entry.gtype, nil
+	if asked and not is_gtype(asked) then return unchanged("unusual GPU type name in request") end
+	for _, t in ipairs(toks) do
+		if pol.gpus[t] then
+			if ftype and ftype ~= t then return unchanged("--constraint names several GPU types") end
+			ftype = t
+		end
+	end
+	if asked and ftype and asked ~= ftype then
+		return unchanged("GPU types in --gres and --constraint differ")
+	end
+	asked = asked or ftype
+	local choice
+	if asked then
+		if not pol.gpus[asked] then return unchanged("policy does not know type " .. asked) end
+		if not preds[asked] then return unchanged("hint has no prediction for " .. asked) end
+		choice = evaluate(pol, asked, preds[asked])
+		if choice.kind == "nofit" then choice.kind = "exclusive" end  -- user's type is kept, whole GPU
+	else
+		local exclusive
+		for _, t in ipairs(pol.type_order) do
+			if preds[t] then
+				local r = evaluate(pol, t, preds[t])
+				if r.kind == "shared" then choice = r break end
+				if r.kind == "exclusive" and not exclusive then exclusive = r end
+			end
+		end
+		choice = choice or exclusive
+		if not choice then return unchanged("no GPU type fits the prediction") end
+	end
+
+	local e, set = req.entry, {}
+	local items = {}
+	for i, v in ipairs(req.items) do items[i] = v end
+
+	if choice.kind == "exclusive" then
+		local note = "horus: exclusive " .. choice.gtype .. " (" .. choice.why .. ")"
+		if not req.entry.gtype then  -- gres:gpu:1 -> gres:gpu:<type>:1, in the same field
+			items[req.index] = e.prefix .. "gpu:" .. choice.gtype .. ":1"
+			set[req.field] = table.concat(items, ",")
+		end
+		return { rc = slurm.SUCCESS, set = set, note = note }
+	end
+
+	-- Shared: the GPU request becomes a shard request in tres_per_node.
+	local gres, features, err = shard_request(pol, e.prefix, choice.gtype, choice.shards, job.features)
+	if not gres then return unchanged(err) end
+	if req.field == "tres_per_node" then
+		items[req.index] = gres
+		set.tres_per_node = table.concat(items, ",")
+	else  -- --gpus=1: drop it from tres_per_job, add the shards per node
+		table.remove(items, req.index)
+		set.tres_per_job = table.concat(items, ",")  -- "" clears the field
+		local node = job.tres_per_node
+		if type(node) == "string" and node ~= "" then set.tres_per_node = node .. "," .. gres
+		else set.tres_per_node = gres end
+	end
+	if features then set.features = features end
+	local note = string.format("horus: shared %s shards=%d/%d (util %s%%, mem %d MiB %s)",
+		choice.gtype, choice.shards, pol.shards_per_gpu, fmt_milli(choice.util_milli),
+		choice.mem, pol.memory)
+	return { rc = slurm.SUCCESS, set = set, note = note }
+end
+
+-------------------------------------------------------------------------------
+-- Apply the plan (the only place that writes to job_desc)
+-------------------------------------------------------------------------------
+
+local APPLY_ORDER = { "tres_per_job", "tres_per_node", "features" }
+
+local function apply_plan(job, plan)
+	if plan.note then
+		local old = job.admin_comment
+		if type(old) == "string" and old ~= "" then plan.set.admin_comment = old .. "; " .. plan.note
+		else plan.set.admin_comment = plan.note end
+	end
+	local saved, done = {}, {}
+	local ok, err = pcall(function()
+		for _, f in ipairs(APPLY_ORDER) do
+			if plan.set[f] then saved[f] = job[f] end
+		end
+		for _, f in ipairs(APPLY_ORDER) do
+			if plan.set[f] then job[f] = plan.set[f]; done[#done + 1] = f end
+		end
+		if plan.set.admin_comment then job.admin_comment = plan.set.admin_comment end
+	end)
+	if not ok then
+		-- Put back what was written so the job stays as submitted.
+		for _, f in ipairs(done) do pcall(function() job[f] = saved[f] or "" end) end
+		error(err, 0)
+	end
+end
+
+-------------------------------------------------------------------------------
+-- Slurm entry points
+-------------------------------------------------------------------------------
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+	local ok, res = pcall(function()
+		local comment = job_desc.comment
+		-- Fast path: no "horus:" anywhere -> no hint -> nothing is read or written.
+		if type(comment) ~= "string" or not string.find(comment, "horus:", 1, true) then
+			return slurm.SUCCESS
+		end
+		local plan = make_plan(job_desc, load_policy())
+		if not plan then return slurm.SUCCESS end
+		if plan.rc ~= slurm.SUCCESS then
+			log_info(plan.user)
+			tell_user(plan.user)
+			return plan.rc
+		end
+		log_info(plan.note)
+		tell_user(plan.note)
+		apply_plan(job_desc, plan)  -- last step: on failure it restores what it wrote
+		return slurm.SUCCESS
+	end)
+	if ok then return res end
+	log_error("horus: internal error, job left as submitted: " .. tostring(res))
+	return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+	return slurm.SUCCESS
+end
+
+return slurm.SUCCESS

@@ -1,0 +1,74 @@
+"""`horus-admin`: the admin's tools (learned-model registry; later sync, retrain, simulate)."""
+
+from __future__ import annotations
+
+import click
+
+from .common import one_line_errors, print_json
+
+MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
+                         help="Registry folder (default /var/lib/slurm-horus/models).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="slurm-horus")
+def main():
+    """Administer slurm-horus."""
+
+
+@main.group()
+def models():
+    """The learned-model registry: list, promote, rollback."""
+
+
+@models.command("list")
+@MODEL_DIR
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors("horus-admin models list")
+def models_list(model_dir, as_json):
+    """List model versions with their held-out accuracy; * marks the serving one."""
+    from ..registry import Registry
+
+    entries = Registry(model_dir).list()
+    if as_json:
+        print_json(entries)
+        return
+    if not entries:
+        click.echo("no models: the cold-start estimator serves")
+    for e in entries:
+        mark = "*" if e["serving"] else " "
+        if not e["valid"]:
+            click.echo(f"{mark} {e['version']}  INVALID: {e['error']}")
+            continue
+        m = e["metrics"]
+        click.echo(f"{mark} {e['version']}  rows={e['meta'].get('rows', '?')}  "
+                   f"mem_mdape={m.get('mem_mdape_pct', float('nan')):.1f}%  "
+                   f"util_rmsle={m.get('util_rmsle', float('nan')):.3f}  "
+                   f"util_mae={m.get('util_mae_pct', float('nan')):.1f}pp  "
+                   f"{e['meta'].get('created', '')}")
+
+
+@models.command()
+@click.argument("version")
+@MODEL_DIR
+@one_line_errors("horus-admin models promote")
+def promote(version, model_dir):
+    """Serve VERSION from now on."""
+    from ..registry import Registry
+
+    Registry(model_dir).promote(version)
+    click.echo(f"serving {version}")
+
+
+@models.command()
+@MODEL_DIR
+@one_line_errors("horus-admin models rollback")
+def rollback(model_dir):
+    """Serve the previously serving version again."""
+    from ..registry import Registry
+
+    click.echo(f"serving {Registry(model_dir).rollback()}")
+
+
+if __name__ == "__main__":
+    main()

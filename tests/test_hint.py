@@ -1,0 +1,175 @@
+"""slurm_horus.hint: encoding, attaching and parsing the horus hint."""
+
+from __future__ import annotations
+
+import math
+import random
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from slurm_horus.errors import HorusError
+from slurm_horus.hint import (
+    MAX_TOKEN_LEN,
+    attach_hint,
+    encode_hint,
+    find_hint_token,
+    parse_hint,
+)
+
+HOOK = Path(__file__).resolve().parent.parent / "etc" / "job_submit.lua"
+POLICY = Path(__file__).resolve().parent.parent / "etc" / "horus_policy.conf"
+
+
+def test_encode_example():
+    tok = encode_hint({"t4": (80.1, 5100, 5900), "a100": (45.2, 5230, 6010)})
+    assert tok == "horus:v1;a100=45.2/5230/6010;t4=80.1/5100/5900"
+
+
+def test_encode_rounds_up_never_down():
+    tok = encode_hint({"t4": (45.21, 5100.01, 5900.5)})
+    assert tok == "horus:v1;t4=45.3/5101/5901"
+    assert encode_hint({"t4": (0, 0, 0)}) == "horus:v1;t4=0.0/0/0"
+    assert encode_hint({"t4": (99.99, 1e-9, 1)}) == "horus:v1;t4=100.0/1/1"
+    assert encode_hint({"t4": (Decimal("12.34"), 7, 8)}) == "horus:v1;t4=12.4/7/8"
+
+
+@pytest.mark.parametrize(
+    "preds",
+    [
+        {},
+        {"T4": (1, 1, 1)},
+        {"t 4": (1, 1, 1)},
+        {"a" * 33: (1, 1, 1)},
+        {"t4;x": (1, 1, 1)},
+        {"t4": (1, 1)},
+        {"t4": (-1, 1, 1)},
+        {"t4": (1, -1, 1)},
+        {"t4": (100.01, 1, 1)},
+        {"t4": (math.nan, 1, 1)},
+        {"t4": (1, math.inf, 1)},
+        {"t4": (1, 1, -math.inf)},
+        {"t4": (1, 100_000_000, 1)},
+        {"t4": ("5", 1, 1)},
+        {"t4": (True, 1, 1)},
+        {"t4": (None, 1, 1)},
+        {"t4": (Decimal("NaN"), 1, 1)},
+        {f"g{i}": (1, 1, 1) for i in range(17)},
+        {("x" * 30 + f"{i:02d}"): (100, 99_999_999, 99_999_999) for i in range(16)},  # > 600
+    ],
+)
+def test_encode_rejects_bad_values(preds):
+    with pytest.raises(HorusError):
+        encode_hint(preds)
+
+
+def test_encode_limits_are_inclusive():
+    tok = encode_hint({f"g{i}": (100, 99_999_999, 99_999_999) for i in range(16)})
+    assert len(tok) <= MAX_TOKEN_LEN
+    assert len(parse_hint(tok)) == 16
+
+
+def test_round_trip_random():
+    rng = random.Random(7)
+    for _ in range(300):
+        preds = {
+            f"{rng.choice(['t4', 'a100', 'h100', 'l4', 'rtx_6000', 'mi-250'])}": (
+                rng.uniform(0, 100), rng.uniform(0, 90_000), rng.uniform(0, 90_000))
+            for _ in range(rng.randint(1, 4))
+        }
+        comment = attach_hint(rng.choice([None, "", "my run", "a\tb  c"]), encode_hint(preds))
+        back = parse_hint(comment)
+        assert set(back) == set(preds)
+        for t, (u, m, p) in preds.items():
+            bu, bm, bp = back[t]
+            assert u <= bu <= u + 0.1 + 1e-9
+            assert m <= bm < m + 1 and p <= bp < p + 1
+
+
+def test_attach_keeps_user_comment_and_replaces_old_hint():
+    tok = encode_hint({"t4": (10, 100, 200)})
+    assert attach_hint(None, tok) == tok
+    assert attach_hint("", tok) == tok
+    assert attach_hint("my run 3", tok) == "my run 3 " + tok
+    old = encode_hint({"a100": (50, 100, 200)})
+    assert attach_hint(f"my run {old}", tok) == "my run " + tok
+    assert attach_hint(f"{old} my run", tok) == "my run " + tok
+    assert attach_hint("see xhorus:abc", tok) == "see xhorus:abc " + tok  # not a token
+    assert parse_hint(attach_hint(f"a {old}\nb {old}", tok)) == {"t4": (10.0, 100.0, 200.0)}
+
+
+def test_attach_rejects_bad_token_and_huge_comment():
+    with pytest.raises(HorusError):
+        attach_hint("x", "horus:v1;t4=nan/1/1")
+    with pytest.raises(HorusError):
+        attach_hint("x", "not a hint")
+    with pytest.raises(HorusError):
+        attach_hint("x" * 70_000, encode_hint({"t4": (1, 1, 1)}))
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        None,
+        "",
+        "just text",
+        "xhorus:v1;t4=1/1/1",
+    ],
+)
+def test_parse_no_hint(comment):
+    assert parse_hint(comment) is None
+    assert find_hint_token(comment) is None
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "horus:garbage",
+        "horus:v2;t4=1/1/1",
+        "horus:v1;",
+        "horus:v1;t4=nan/1/1",
+        "horus:v1;t4=1e2/1/1",
+        "horus:v1;t4=-1/1/1",
+        "horus:v1;t4=101/1/1",
+        "horus:v1;t4=1/1/1;t4=1/1/1",
+        "horus:v1;t4=1/1/1;",
+        "horus:v1;t4=1/1/1 horus:v1;a100=1/1/1",
+        "horus:v1;T4=1/1/1",
+        "horus:v1;t4=\u0665/1/1",
+        "horus:v1;" + ";".join(f"g{i}=1/1/1" for i in range(17)),
+        "horus:v1;t4=1/1/" + "1" * 700,
+        "x" * 70_000 + " horus:v1;t4=1/1/1",
+    ],
+)
+def test_parse_malformed(comment):
+    assert parse_hint(comment) is None
+    with pytest.raises(HorusError):
+        parse_hint(comment, strict=True)
+
+
+def test_parse_whitespace_is_ascii_only_like_lua():
+    # U+00A0 is not whitespace for Lua's %s, so "horus:" after it is not a token start.
+    assert parse_hint("note\u00a0horus:v1;t4=1/1/1") is None
+    assert parse_hint("note\vhorus:v1;t4=1/1/1") == {"t4": (1.0, 1.0, 1.0)}
+
+
+def test_python_and_lua_agree_on_validity():
+    """parse_hint() and the hook accept exactly the same hints."""
+    pytest.importorskip("lupa")
+    from slurm_horus.policy import decide
+
+    samples = [
+        "horus:v1;t4=1/1/1", "horus:v1;t4=100/99999999/99999999", "horus:v1;t4=0.000000001/0/0",
+        "horus:v1;t4=100.0000000001/1/1", "horus:v1;t4=5/100000000/1", "horus:v1;t4=1.5.5/1/1",
+        "horus:v1;t4=1//1", "horus:v1;" + "a" * 32 + "=1/1/1", "horus:v1;" + "a" * 33 + "=1/1/1",
+        "horus:v1;t4=1/1/1;a100=2/2/2", "horus:v1;t4=0000000001/1/1", "horus:v1;t4=01/1/1",
+        "horus:v1;t4=1/1/1\thorus:v1;t4=1/1/1", "pre\nhorus:v1;t4=1/1/1 post",
+        "horus:v1;t_4-x=1/1/1", "horus:V1;t4=1/1/1", "horus:v1;t4=1/1/1/",
+    ]
+    for c in samples:
+        py_ok = parse_hint(c) is not None
+        d = decide({"comment": c, "tres_per_node": "gres:gpu:h100:1"}, policy_path=POLICY,
+                   hook_path=HOOK)
+        lua_ok = "ignored hint" not in (d.admin_comment or "")
+        assert py_ok == lua_ok, c

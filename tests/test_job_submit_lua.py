@@ -1,0 +1,559 @@
+"""The real etc/job_submit.lua, run in Lua 5.1 through slurm_horus.policy (lupa)."""
+
+from __future__ import annotations
+
+import random
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lupa")
+
+from slurm_horus.policy import Decision, HookCache, HookRuntime, decide  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+HOOK = REPO / "etc" / "job_submit.lua"
+POLICY = REPO / "etc" / "horus_policy.conf"
+
+LIGHT = "horus:v1;t4=20/3000/3500;a100=10/3000/3500"  # t4: 26 shards (memory-bound)
+BIG_MEM = "horus:v1;t4=20/14000/14500;a100=10/14000/14500"  # > 90 % of a t4
+HEAVY = "horus:v1;t4=85/3000/3500;a100=75/3000/3500"  # >= 70 % everywhere
+HEAVY_T4 = "horus:v1;t4=85/3000/3500;a100=40/3000/3500"  # heavy on t4 only
+
+
+def run(job: dict, policy: Path | str = POLICY, **kw) -> Decision:
+    return decide(job, policy_path=policy, hook_path=HOOK, **kw)
+
+
+def write_policy(tmp_path: Path, text: str, name: str = "policy.conf") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+BASE_POLICY = """
+shards_per_gpu = 100
+pack_limit_pct = 90
+exclusive_util_pct = 70
+memory = p90
+min_shards = 1
+on_bad_hint = ignore
+gpu.a100.mem_mib = 40960
+gpu.t4.mem_mib = 15360
+type_order = t4, a100
+"""
+
+
+# --------------------------------------------------------------------------- policy cases
+
+CASES = [
+    # (id, job, expected action, gpu_type, shards, expected changed fields)
+    (
+        "light job shared on first type of type_order",
+        {"comment": LIGHT, "tres_per_node": "gres:gpu:1"},
+        "shared", "t4", 26,
+        {"tres_per_node": "gres:shard:26", "features": "t4"},
+    ),
+    (
+        "memory does not fit t4 -> a100",
+        {"comment": BIG_MEM, "tres_per_node": "gres:gpu:1"},
+        "shared", "a100", 40,
+        {"tres_per_node": "gres:shard:40", "features": "a100"},
+    ),
+    (
+        "heavy job exclusive on the first type",
+        {"comment": HEAVY, "tres_per_node": "gres:gpu:1"},
+        "exclusive", "t4", None,
+        {"tres_per_node": "gres:gpu:t4:1"},
+    ),
+    (
+        "heavy on t4 only: sharing an a100 is preferred",
+        {"comment": HEAVY_T4, "tres_per_node": "gres:gpu:1"},
+        "shared", "a100", 45,
+        {"tres_per_node": "gres:shard:45", "features": "a100"},
+    ),
+    (
+        "explicit type honoured although t4 comes first",
+        {"comment": LIGHT, "tres_per_node": "gres:gpu:a100:1"},
+        "shared", "a100", 12,
+        {"tres_per_node": "gres:shard:12", "features": "a100"},
+    ),
+    (
+        "explicit type that breaks the policy stays exclusive on it",
+        {"comment": BIG_MEM, "tres_per_node": "gres:gpu:t4:1"},
+        "exclusive", "t4", None,
+        {},
+    ),
+    (
+        "explicit heavy type stays as asked",
+        {"comment": HEAVY, "tres_per_node": "gres:gpu:a100:1"},
+        "exclusive", "a100", None,
+        {},
+    ),
+    (
+        "23.11 spelling kept",
+        {"comment": LIGHT, "tres_per_node": "gres/gpu:1"},
+        "shared", "t4", 26,
+        {"tres_per_node": "gres/shard:26", "features": "t4"},
+    ),
+    (
+        "23.11 spelling, typed",
+        {"comment": LIGHT, "tres_per_node": "gres/gpu:a100:1"},
+        "shared", "a100", 12,
+        {"tres_per_node": "gres/shard:12", "features": "a100"},
+    ),
+    (
+        "23.11 spelling, exclusive gets the type",
+        {"comment": HEAVY, "tres_per_node": "gres/gpu:1"},
+        "exclusive", "t4", None,
+        {"tres_per_node": "gres/gpu:t4:1"},
+    ),
+    (
+        "other GRES preserved, in order",
+        {"comment": LIGHT, "tres_per_node": "gres:nvme:1,gres:gpu:1,gres:fpga:2"},
+        "shared", "t4", 26,
+        {"tres_per_node": "gres:nvme:1,gres:shard:26,gres:fpga:2", "features": "t4"},
+    ),
+    (
+        "--gpus=1 (tres_per_job, 22.05 spelling)",
+        {"comment": LIGHT, "tres_per_job": "gres:gpu:1"},
+        "shared", "t4", 26,
+        {"tres_per_job": None, "tres_per_node": "gres:shard:26", "features": "t4"},
+    ),
+    (
+        "--gpus=1 (tres_per_job, 23.11 spelling) with other per-node GRES",
+        {"comment": LIGHT, "tres_per_job": "gres/gpu:1", "tres_per_node": "gres/nvme:1"},
+        "shared", "t4", 26,
+        {"tres_per_job": None, "tres_per_node": "gres/nvme:1,gres/shard:26", "features": "t4"},
+    ),
+    (
+        "--gpus=1 exclusive stays in tres_per_job with the type",
+        {"comment": HEAVY, "tres_per_job": "gres:gpu:1"},
+        "exclusive", "t4", None,
+        {"tres_per_job": "gres:gpu:t4:1"},
+    ),
+    (
+        "existing plain constraint gets &type",
+        {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "features": "ib&fast"},
+        "shared", "t4", 26,
+        {"tres_per_node": "gres:shard:26", "features": "ib&fast&t4"},
+    ),
+    (
+        "type named in --constraint counts as asked",
+        {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "features": "ib&a100"},
+        "shared", "a100", 12,
+        {"tres_per_node": "gres:shard:12"},
+    ),
+    (
+        "NO_VAL node counts mean unset",
+        {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "min_nodes": 4294967294,
+         "max_nodes": 4294967294},
+        "shared", "t4", 26,
+        {"tres_per_node": "gres:shard:26", "features": "t4"},
+    ),
+    (
+        "-N1 is one node",
+        {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "min_nodes": 1, "max_nodes": 1},
+        "shared", "t4", 26,
+        {"tres_per_node": "gres:shard:26", "features": "t4"},
+    ),
+    (
+        "a gpu:0 entry is not the request",
+        {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "tres_per_job": "gres:gpu:0"},
+        "shared", "t4", 26,
+        {"tres_per_node": "gres:shard:26", "features": "t4"},
+    ),
+    (
+        "user's own comment before the token",
+        {"comment": "my experiment 7 " + LIGHT, "tres_per_node": "gres:gpu:1"},
+        "shared", "t4", 26,
+        {"tres_per_node": "gres:shard:26", "features": "t4"},
+    ),
+]
+
+UNCHANGED_CASES = [
+    ("multi-GPU", {"comment": LIGHT, "tres_per_node": "gres:gpu:2"}, "multi-GPU"),
+    ("multi-GPU typed", {"comment": LIGHT, "tres_per_node": "gres/gpu:a100:4"}, "multi-GPU"),
+    ("--gpus=2", {"comment": LIGHT, "tres_per_job": "gres:gpu:2"}, "multi-GPU"),
+    ("gpu per node and per job", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
+                                  "tres_per_job": "gres:gpu:1"}, "multi-GPU"),
+    ("multi-node", {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "min_nodes": 2}, "multi-node"),
+    ("node range", {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "min_nodes": 1,
+                    "max_nodes": 3}, "multi-node"),
+    ("no GPU", {"comment": LIGHT, "tres_per_node": "gres:nvme:1"}, "no GPU requested"),
+    ("no GRES at all", {"comment": LIGHT}, "no GPU requested"),
+    ("already shards", {"comment": LIGHT, "tres_per_node": "gres:shard:10"}, "shared GPU"),
+    ("gpus per task", {"comment": LIGHT, "tres_per_task": "gres:gpu:1"}, "per task"),
+    ("cpus per gpu", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
+                      "cpus_per_tres": "gres:gpu:4"}, "--cpus-per-gpu"),
+    ("ntasks per gpu", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
+                        "ntasks_per_tres": 2}, "--ntasks-per-gpu"),
+    ("unknown type asked", {"comment": LIGHT, "tres_per_node": "gres:gpu:h100:1"},
+     "does not know type h100"),
+    ("asked type not predicted", {"comment": "horus:v1;t4=20/3000/3500",
+                                  "tres_per_node": "gres:gpu:a100:1"}, "no prediction for a100"),
+    ("no predicted type known", {"comment": "horus:v1;h100=20/3000/3500",
+                                 "tres_per_node": "gres:gpu:1"}, "no GPU type fits"),
+    ("memory fits nowhere", {"comment": "horus:v1;t4=20/50000/50000;a100=20/50000/50000",
+                             "tres_per_node": "gres:gpu:1"}, "no GPU type fits"),
+    ("complex constraint", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
+                            "features": "[ib|eth]"}, "complex --constraint"),
+    ("two types in constraint", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
+                                 "features": "t4&a100"}, "several GPU types"),
+    ("gres and constraint differ", {"comment": LIGHT, "tres_per_node": "gres:gpu:t4:1",
+                                    "features": "a100"}, "differ"),
+    ("odd type name", {"comment": LIGHT, "tres_per_node": "gres:gpu:A%s\n:1"}, "unusual GPU type"),
+    ("odd count", {"comment": LIGHT, "tres_per_node": "gres:gpu:1k"}, "unreadable GPU request"),
+]
+
+
+def _changed(before: dict, after: dict) -> dict:
+    keys = set(before) | set(after)
+    return {k: after.get(k) for k in keys if before.get(k) != after.get(k) and k != "admin_comment"}
+
+
+@pytest.mark.parametrize("name,job,action,gtype,shards,changes", CASES, ids=[c[0] for c in CASES])
+def test_policy_cases(name, job, action, gtype, shards, changes):
+    d = run(job)
+    assert d.rc == 0
+    assert (d.action, d.gpu_type, d.shards) == (action, gtype, shards), d.admin_comment
+    assert _changed(job, d.job_desc) == changes
+    assert d.admin_comment.startswith("horus: " + action)
+    assert "\n" not in d.admin_comment
+    assert d.user_messages == [d.admin_comment]
+    # the comment (with the hint) is never touched
+    assert d.job_desc["comment"] == job["comment"]
+
+
+@pytest.mark.parametrize("name,job,reason", UNCHANGED_CASES, ids=[c[0] for c in UNCHANGED_CASES])
+def test_unhandled_requests_get_only_a_note(name, job, reason):
+    d = run(job)
+    assert d.rc == 0 and d.action == "unchanged"
+    assert d.admin_comment.startswith("horus: unchanged (") and reason in d.admin_comment
+    assert d.written == ("admin_comment",)
+    assert _changed(job, d.job_desc) == {}
+    assert d.user_messages == [d.admin_comment]
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        {"tres_per_node": "gres:gpu:1"},
+        {"comment": "just my note", "tres_per_node": "gres:gpu:1", "features": "ib"},
+        {"comment": "mentions xhorus:v1;t4=1/1/1 inside a word", "tres_per_job": "gres/gpu:1"},
+        {"comment": "", "tres_per_node": "gres:gpu:2", "min_nodes": 2, "max_nodes": 2,
+         "admin_comment": "set by admin", "time_limit": 60, "partition": "gpu"},
+        {"comment": "x" * 1_000_000, "tres_per_node": "gres:gpu:1"},
+    ],
+    ids=["no comment", "plain comment", "horus: inside a word", "multi", "1MB no hint"],
+)
+def test_no_hint_leaves_job_exactly_as_submitted(job):
+    d = run(job)
+    assert d.rc == 0
+    assert d.written == ()
+    assert d.job_desc == job
+    assert d.user_messages == [] and d.log == []
+    assert d.action == "unchanged" and d.admin_comment == job.get("admin_comment")
+
+
+def test_admin_comment_is_appended_not_replaced():
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "admin_comment": "vip"})
+    assert d.admin_comment.startswith("vip; horus: shared t4 ")
+    assert d.action == "shared" and d.note.startswith("horus: shared t4")
+
+
+def test_type_via_gres(tmp_path):
+    pol = write_policy(tmp_path, BASE_POLICY + "type_via = gres\n")
+    # A complex --constraint is refused whatever type_via says (it might name a GPU type).
+    d = run({"comment": LIGHT, "tres_per_node": "gres/gpu:1", "features": "[a|b]"}, pol)
+    assert d.action == "unchanged"
+    d = run({"comment": LIGHT, "tres_per_node": "gres/gpu:1"}, pol)
+    assert d.action == "shared"
+    assert d.job_desc["tres_per_node"] == "gres/shard:t4:26"
+    assert "features" not in d.job_desc
+
+
+def test_memory_expected_and_min_shards(tmp_path):
+    job = {"comment": "horus:v1;t4=1/1000/9000", "tres_per_node": "gres:gpu:1"}
+    assert run(job).shards == 66  # p90: ceil(100*9000/(15360*0.9))
+    pol = write_policy(tmp_path, BASE_POLICY + "memory = expected\nmin_shards = 10\n")
+    assert run(job, pol).shards == 10  # expected 1000 MiB -> 8 shards, raised to min 10
+    pol = write_policy(tmp_path, BASE_POLICY + "memory = expected\n", "p2.conf")
+    assert run(job, pol).shards == 8
+
+
+def test_exclusive_threshold_is_inclusive():
+    at = run({"comment": "horus:v1;t4=70/100/100", "tres_per_node": "gres:gpu:t4:1"})
+    below = run({"comment": "horus:v1;t4=69.999/100/100", "tres_per_node": "gres:gpu:t4:1"})
+    assert at.action == "exclusive" and below.action == "shared"
+    assert below.shards == 78  # ceil(100 * 69.999 / 90)
+
+
+def test_exclusive_above_pack_limit(tmp_path):
+    pol = write_policy(tmp_path, BASE_POLICY.replace("exclusive_util_pct = 70",
+                                                     "exclusive_util_pct = 95"))
+    d = run({"comment": "horus:v1;t4=92/100/100", "tres_per_node": "gres:gpu:1"}, pol)
+    assert d.action == "exclusive" and "pack limit" in d.admin_comment
+
+
+# --------------------------------------------------------------------------- bad hints
+
+BAD_HINTS = {
+    "garbage": "horus:garbage",
+    "empty body": "horus:v1;",
+    "unknown version": "horus:v2;t4=1/1/1",
+    "no version": "horus:;t4=1/1/1",
+    "negative util": "horus:v1;t4=-5/100/100",
+    "negative mem": "horus:v1;t4=5/-100/100",
+    "nan": "horus:v1;t4=nan/100/100",
+    "NaN mem": "horus:v1;t4=5/NaN/100",
+    "inf": "horus:v1;t4=inf/100/100",
+    "exponent": "horus:v1;t4=1e1/100/100",
+    "hex": "horus:v1;t4=0x10/100/100",
+    "util over 100": "horus:v1;t4=100.001/100/100",
+    "huge number": "horus:v1;t4=5/99999999999999999999999/100",
+    "mem over limit": "horus:v1;t4=5/100000000/100",
+    "too many digits": "horus:v1;t4=5.1234567891/100/100",
+    "too many types": "horus:v1;" + ";".join(f"g{i}=1/1/1" for i in range(17)),
+    "too long": "horus:v1;t4=1/1/1;" + "a" * 32 + "=" + "1" * 600 + "/1/1",
+    "duplicate type": "horus:v1;t4=1/1/1;t4=2/2/2",
+    "uppercase type": "horus:v1;T4=1/1/1",
+    "type name 33 chars": "horus:v1;" + "a" * 33 + "=1/1/1",
+    "lua pattern chars": "horus:v1;%d+=.*/(.-)/[^/]",
+    "pattern chars in numbers": "horus:v1;t4=%d/.-/%s",
+    "trailing semicolon": "horus:v1;t4=1/1/1;",
+    "empty entry": "horus:v1;t4=1/1/1;;a100=1/1/1",
+    "four numbers": "horus:v1;t4=1/1/1/1",
+    "two numbers": "horus:v1;t4=1/1",
+    "missing number": "horus:v1;t4=1//1",
+    "leading dot": "horus:v1;t4=.5/1/1",
+    "trailing dot": "horus:v1;t4=5./1/1",
+    "sign": "horus:v1;t4=+5/1/1",
+    "unicode digits": "horus:v1;t4=\u0665/1/1",
+    "control chars": "horus:v1;t4=5\x00/1/1",
+    "two tokens": "horus:v1;t4=1/1/1 horus:v1;a100=1/1/1",
+    "percent signs": "horus:v1;t4=50%/1%s%d/1",
+}
+
+
+@pytest.mark.parametrize("comment", list(BAD_HINTS.values()), ids=list(BAD_HINTS))
+@pytest.mark.parametrize("gres", ["gres:gpu:1", "gres/gpu:t4:1"])
+def test_bad_hint_is_ignored(comment, gres):
+    job = {"comment": "user text " + comment, "tres_per_node": gres}
+    d = run(job)
+    assert d.rc == 0 and d.action == "unchanged"
+    assert d.admin_comment.startswith("horus: ignored hint (")
+    assert d.written == ("admin_comment",)
+    assert {k: v for k, v in d.job_desc.items() if k != "admin_comment"} == job
+    assert len(d.user_messages) == 1 and d.user_messages[0].startswith("horus: ignored hint")
+    assert not [m for m in d.log if m[0] == "error"]
+
+
+def test_bad_hint_rejected_by_policy(tmp_path):
+    pol = write_policy(tmp_path, BASE_POLICY.replace("on_bad_hint = ignore", "on_bad_hint = reject"))
+    job = {"comment": "horus:v1;t4=nan/1/1", "tres_per_node": "gres:gpu:1"}
+    d = run(job, pol)
+    assert d.rc == -1 and d.action == "rejected"
+    assert d.written == ()
+    assert "rejected" in d.user_messages[0] and "bad utilization" in d.user_messages[0]
+    # valid hints and jobs without one are not affected by on_bad_hint
+    assert run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, pol).action == "shared"
+    none = run({"comment": "hello", "tres_per_node": "gres:gpu:1"}, pol)
+    assert none.rc == 0 and none.written == ()
+
+
+# --------------------------------------------------------------------------- policy file
+
+def test_missing_policy_file_uses_safe_defaults_and_logs_once(tmp_path):
+    missing = tmp_path / "nope.conf"
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1"}
+    cache = HookCache()
+    d1 = decide(job, policy_path=missing, hook_path=HOOK, cache=cache)
+    assert d1.rc == 0 and d1.action == "unchanged"
+    assert "policy knows no GPU types" in d1.admin_comment
+    assert [m for m in d1.log if "not readable" in m[1]]
+    d2 = decide(job, policy_path=missing, hook_path=HOOK, cache=cache)
+    assert d2.action == "unchanged"
+    assert not [m for m in d2.log if "not readable" in m[1]]  # logged once
+
+
+def test_policy_next_to_hook_and_env(tmp_path, monkeypatch):
+    hook = tmp_path / "job_submit.lua"
+    hook.write_text(HOOK.read_text())
+    write_policy(tmp_path, BASE_POLICY.replace("type_order = t4, a100", "type_order = a100, t4"),
+                 "horus_policy.conf")
+    monkeypatch.delenv("HORUS_POLICY", raising=False)
+    d = decide({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, hook_path=hook)
+    assert d.gpu_type == "a100"
+    other = write_policy(tmp_path, BASE_POLICY, "other.conf")
+    monkeypatch.setenv("HORUS_POLICY", str(other))
+    d = decide({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, hook_path=hook)
+    assert d.gpu_type == "t4"
+
+
+def test_bad_policy_values_fall_back_to_defaults(tmp_path):
+    pol = write_policy(tmp_path, """
+shards_per_gpu = lots
+pack_limit_pct = 150
+exclusive_util_pct = -1
+memory = max
+min_shards = 0
+on_bad_hint = explode
+type_via = magic
+gpu.T4.mem_mib = 100
+gpu.t4.mem_mib = 15360
+gpu.v100.mem_mib = 1e5
+what = ever
+this line is junk
+type_order = t4, v100, %d+
+""")
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, pol)
+    assert d.rc == 0 and (d.action, d.gpu_type, d.shards) == ("shared", "t4", 26)
+    warnings = " | ".join(m[1] for m in d.log)
+    for key in ("shards_per_gpu", "pack_limit_pct", "exclusive_util_pct", "memory", "min_shards",
+                "on_bad_hint", "type_via", "gpu.T4.mem_mib", "gpu.v100.mem_mib", "what",
+                "unreadable line", "v100 has no"):
+        assert key in warnings, key
+
+
+def test_type_order_defaults_to_memory_size(tmp_path):
+    pol = write_policy(tmp_path, "gpu.big.mem_mib = 81920\ngpu.small.mem_mib = 16384\n")
+    d = run({"comment": "horus:v1;big=10/1000/1000;small=10/1000/1000",
+             "tres_per_node": "gres:gpu:1"}, pol)
+    assert d.gpu_type == "small"
+
+
+# --------------------------------------------------------------------------- robustness
+
+HOSTILE = {
+    "1MB of horus: tokens": "horus: " * (1_000_000 // 7),
+    "1MB of horus: without spaces": "horus:" * (1_000_000 // 6),
+    "1MB comment then valid hint": "a" * 1_000_000 + " " + LIGHT,
+    "1MB of semicolons": "horus:v1;" + ";" * 1_000_000,
+    "1MB of entries": "horus:v1;" + "t4=1/1/1;" * 110_000,
+    "64KiB - 1 of spaces then hint": " " * 65_000 + LIGHT,
+    "60KiB of horus: tokens (under the limit)": "horus: " * (60_000 // 7),
+    "60KiB token-like word": "horus:v1;" + "t" * 60_000,
+}
+
+
+@pytest.mark.parametrize("comment", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_hostile_comment_is_fast_and_harmless(comment):
+    job = {"comment": comment, "tres_per_node": "gres:gpu:1"}
+    t0 = time.monotonic()
+    d = run(job)
+    assert time.monotonic() - t0 < 5
+    assert d.rc == 0
+    if d.action != "shared":  # only the last case carries a usable hint
+        assert d.written == ("admin_comment",)
+        assert d.admin_comment.startswith("horus: ignored hint")
+
+
+def test_internal_error_leaves_job_unchanged():
+    rt = HookRuntime(HOOK)
+    rt._g._horus_fail_field = "features"  # make the 2nd write fail, after tres_per_node
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1,gres:nvme:1"}
+    d = rt.submit(job, policy_path=POLICY)
+    assert d.rc == 0
+    assert d.job_desc == job
+    assert [m for m in d.log if m[0] == "error" and "left as submitted" in m[1]]
+
+
+def test_modify_is_a_no_op():
+    rt = HookRuntime(HOOK)
+    assert rt._g.slurm_job_modify(rt._lua.table(), rt._lua.table(), rt._lua.table(), 0) == 0
+
+
+@pytest.mark.parametrize("lua", ["lua51", "lua54"])
+def test_runs_on_lua_versions(lua):
+    pytest.importorskip(f"lupa.{lua}")
+    rt = HookRuntime(HOOK, lua=lua)
+    d = rt.submit({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, policy_path=POLICY)
+    assert (d.action, d.gpu_type, d.shards) == ("shared", "t4", 26)
+    assert d.job_desc["tres_per_node"] == "gres:shard:26"
+
+
+def test_only_lua51_syntax():
+    src = HOOK.read_text()
+    for bad in ("goto ", "//", "utf8.", "<const>", "<close>", "table.unpack", "math.tointeger"):
+        assert bad not in src.replace("-- ", ""), bad
+
+
+def test_cache_reloads_on_change(tmp_path):
+    hook = tmp_path / "job_submit.lua"
+    hook.write_text(HOOK.read_text())
+    cache = HookCache(maxsize=2)
+    a = cache.get(hook)
+    assert cache.get(hook) is a
+    hook.write_text(HOOK.read_text() + "\n-- changed\n")
+    assert cache.get(hook) is not a
+
+
+# --------------------------------------------------------------------------- packing property
+
+def _rand_decimal(rng: random.Random, hi: int, frac_digits: int) -> str:
+    whole = rng.randint(0, hi)
+    if frac_digits == 0 or whole == hi:
+        return str(whole)
+    return f"{whole}.{''.join(rng.choice('0123456789') for _ in range(rng.randint(1, frac_digits)))}"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packing_property(tmp_path, seed):
+    """Any jobs whose shards sum to <= S on one GPU have summed predicted utilization <= P %
+    and summed predicted memory <= P % of the GPU: checked exactly (Fractions of the hint's
+    decimals), per job (shards/S >= each share) and on random first-fit packings."""
+    rng = random.Random(seed)
+    S = rng.choice([4, 7, 10, 100, 400, 1000])
+    P = rng.choice([50, 73, 90, 100])
+    excl = rng.choice([60, 70.5, 100])
+    memkind = rng.choice(["p90", "expected"])
+    gpus = {"t4": rng.choice([15360, 16000]), "a100": rng.choice([40960, 81920]), "x": 24576}
+    pol = write_policy(tmp_path, "\n".join([
+        f"shards_per_gpu = {S}", f"pack_limit_pct = {P}", f"exclusive_util_pct = {excl}",
+        f"memory = {memkind}", "min_shards = 1",
+        *(f"gpu.{t}.mem_mib = {m}" for t, m in gpus.items()),
+        "type_order = " + ", ".join(rng.sample(sorted(gpus), 3)),
+    ]))
+    rt = HookRuntime(HOOK)
+    placed: dict[str, list[tuple[int, Fraction, Fraction]]] = {t: [] for t in gpus}
+    for _ in range(150):
+        preds = {}
+        for t in rng.sample(sorted(gpus), rng.randint(1, 3)):
+            hi = gpus[t] if rng.random() < 0.8 else gpus[t] * 2
+            preds[t] = (_rand_decimal(rng, 100, rng.choice([0, 1, 4, 9])),
+                        _rand_decimal(rng, hi // 3, rng.choice([0, 2, 9])),
+                        _rand_decimal(rng, hi, rng.choice([0, 3])))
+        token = "horus:v1;" + ";".join(f"{t}={u}/{m}/{p}" for t, (u, m, p) in preds.items())
+        gres = rng.choice(["gres:gpu:1", "gres/gpu:1", "gres:gpu:%s:1" % rng.choice(sorted(gpus))])
+        d = rt.submit({"comment": token, "tres_per_node": gres}, policy_path=pol)
+        assert d.rc == 0
+        if d.action != "shared":
+            continue
+        t = d.gpu_type
+        assert d.shards_per_gpu == S and 1 <= d.shards <= S
+        u = Fraction(preds[t][0])
+        mem = Fraction(preds[t][2] if memkind == "p90" else preds[t][1])
+        assert u < Fraction(str(excl))
+        share = Fraction(d.shards, S)
+        assert share >= u / P, (token, d.admin_comment)
+        assert share >= mem * 100 / (gpus[t] * P), (token, d.admin_comment)
+        placed[t].append((d.shards, u, mem))
+    # first-fit onto GPUs, in random orders: every GPU's sums stay within the pack limit
+    for t, jobs in placed.items():
+        for _ in range(3):
+            rng.shuffle(jobs)
+            bins: list[list] = []
+            for j in jobs:
+                for b in bins:
+                    if sum(x[0] for x in b) + j[0] <= S:
+                        b.append(j)
+                        break
+                else:
+                    bins.append([j])
+            for b in bins:
+                assert sum(x[1] for x in b) <= P
+                assert sum(x[2] for x in b) <= Fraction(gpus[t] * P, 100)
+    assert sum(len(v) for v in placed.values()) > 20  # the test did exercise sharing
