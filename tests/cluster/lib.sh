@@ -1,0 +1,62 @@
+# Shared settings for tests/cluster/{up,down,env.sh}. Sourced, not executed.
+# shellcheck shell=bash
+D="${HORUS_CLUSTER_DIR:-/tmp/horus-cluster}"
+CLUSTER="${HORUS_CLUSTER_NAME:-horus}"
+_PB="${HORUS_CLUSTER_PORT_BASE:-16800}"
+PORT_CTLD=$((_PB + 17))
+PORT_DBD=$((_PB + 19))
+PORT_SLURMD_A=$((_PB + 21))
+PORT_SLURMD_T=$((_PB + 22))
+PORT_MYSQL=$((_PB + 6))
+MUNGE_SOCKET="$D/munge/munge.socket.2"
+MYSQL_SOCKET="$D/run/mysqld.sock"
+NODES=(gpu-a100 gpu-t4)
+
+log() { echo "[horus-cluster] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# fail MSG LOGFILE... : error with the tail of each log
+fail() {
+    local msg="$1"; shift
+    log "ERROR: $msg"
+    local f
+    for f in "$@"; do
+        [ -f "$f" ] || continue
+        echo "----- tail -n 30 $f" >&2
+        tail -n 30 "$f" >&2
+    done
+    exit 1
+}
+
+# is_running PIDFILE: the pid in PIDFILE is alive
+is_running() {
+    local pid
+    [ -s "$1" ] || return 1
+    pid="$(tr -dc 0-9 < "$1")"
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}
+
+# wait_for WHAT SECONDS LOGFILE CMD...: retry CMD until it succeeds
+wait_for() {
+    local what="$1" secs="$2" logf="$3"; shift 3
+    local deadline=$(( $(date +%s) + secs ))
+    until "$@" >/dev/null 2>&1; do
+        [ "$(date +%s)" -lt "$deadline" ] || fail "$what not ready after ${secs}s" "$logf"
+        sleep 0.3
+    done
+}
+
+# mkfake FILE: character device standing in for a GPU
+mkfake() {
+    if [ ! -c "$1" ]; then rm -f "$1"; mknod "$1" c 1 3; fi
+}
+
+# write_if_changed FILE < content: keep the file (and its mtime) when identical
+write_if_changed() {
+    local f="$1" tmp
+    tmp="$(mktemp "$f.XXXXXX")"
+    cat > "$tmp"
+    if [ -f "$f" ] && cmp -s "$tmp" "$f"; then rm -f "$tmp"; return 0; fi
+    if [ -f "$f" ]; then log "NOTE: $f changed; running daemons keep the old one (down && up to apply)"; fi
+    chmod 644 "$tmp"; mv -f "$tmp" "$f"
+}

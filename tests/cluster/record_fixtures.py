@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Record real Slurm interactions from the local test cluster as fixtures.
+
+    tests/cluster/up && python3 tests/cluster/record_fixtures.py [OUTDIR]
+
+OUTDIR defaults to tests/fixtures/slurm. For each interaction it writes NAME.stdout (exact bytes),
+NAME.stderr (only when non-empty) and an entry in index.json (command, exit code, notes).
+Job ids, times and host names are whatever the cluster gave: tests must not hard-code them
+except by reading index.json.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "tests" / "fixtures" / "slurm"
+STATE = Path(os.environ.get("HORUS_CLUSTER_DIR", "/tmp/horus-cluster"))
+os.environ["SLURM_CONF"] = str(STATE / "etc" / "slurm.conf")
+
+index = {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "fixtures": []}
+
+
+JOBDIR = STATE / "jobs"  # cwd of every command: jobs' slurm-N.out land here, not in the repo
+
+
+def sh(args):
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=JOBDIR)
+
+
+def record(name, args, notes, **extra):
+    p = sh(args)
+    (OUT / f"{name}.stdout").write_bytes(p.stdout)
+    err = OUT / f"{name}.stderr"
+    if p.stderr:
+        err.write_bytes(p.stderr)
+    elif err.exists():
+        err.unlink()
+    entry = {
+        "name": name,
+        "command": args,
+        "exit_code": p.returncode,
+        "stdout": f"{name}.stdout",
+        "stderr": f"{name}.stderr" if p.stderr else None,
+        "notes": notes,
+    }
+    entry.update(extra)
+    index["fixtures"].append(entry)
+    print(f"{name}: rc={p.returncode} stdout={len(p.stdout)}B stderr={len(p.stderr)}B", file=sys.stderr)
+    return p
+
+
+def job_state(jobid):
+    p = sh(["squeue", "-h", "-j", str(jobid), "-o", "%T"])
+    return p.stdout.decode().strip()
+
+
+def wait_running(jobid, timeout=30):
+    end = time.time() + timeout
+    while time.time() < end:
+        if job_state(jobid) == "RUNNING":
+            return
+        time.sleep(0.3)
+    raise SystemExit(f"job {jobid} not RUNNING after {timeout}s")
+
+
+def wait_sacct_done(jobid, timeout=60):
+    end = time.time() + timeout
+    while time.time() < end:
+        p = sh(["sacct", "-n", "-X", "-P", "-j", str(jobid), "-o", "State"])
+        if p.stdout.decode().strip() == "COMPLETED":
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"job {jobid} not COMPLETED in sacct after {timeout}s")
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    JOBDIR.mkdir(parents=True, exist_ok=True)
+    hook = STATE / "etc" / "job_submit.lua"
+    index["job_submit_lua"] = (os.path.relpath(os.readlink(hook), REPO) if hook.is_symlink()
+                              else "pass-through placeholder")
+    index["slurm_version"] = sh(["sinfo", "--version"]).stdout.decode().strip()
+    index["note"] = ("comments carry no 'horus:' hint, so the repo's job_submit.lua (if linked) "
+                     "leaves every job as submitted: these are plain Slurm outputs")
+    index["cluster"] = "tests/cluster/up: nodes gpu-a100 (gpu:a100:4,shard:400) and gpu-t4 (gpu:t4:2,shard:200)"
+
+    # --- sbatch: normal, --parsable, errors
+    p = record("sbatch_submit", ["sbatch", "--gres=shard:30", "--comment=fixture-running",
+                                 "--job-name=horus-shard", "--wrap", "sleep 120"],
+               "normal submission; stdout 'Submitted batch job N\\n'")
+    running = int(p.stdout.split()[-1])
+    p = record("sbatch_parsable", ["sbatch", "--parsable", "--gres=shard:20", "--comment=fixture-done",
+                                   "--job-name=horus-done", "--wrap", "sleep 2"],
+               "--parsable: stdout 'N\\n' (no ';cluster' suffix on a single cluster)")
+    done = int(p.stdout.decode().split(";")[0])
+    p = record("sbatch_parsable_gpu", ["sbatch", "--parsable", "--gres=gpu:1", "--partition=a100",
+                                       "--job-name=horus-wholegpu", "--wrap", "sleep 120"],
+               "a whole-GPU job running next to the shard job (shows in node/partition views)")
+    whole = int(p.stdout.decode().split(";")[0])
+    record("sbatch_invalid_partition", ["sbatch", "--partition=nosuch", "--gres=shard:30", "--wrap", "true"],
+           "invalid partition: exit 1, message on stderr, nothing on stdout")
+    record("sbatch_invalid_gres_type", ["sbatch", "--gres=shard:v100:30", "--wrap", "true"],
+           "shard type no node has: exit 1; still consumes a job id, which squeue --json then lists as FAILED")
+    record("sbatch_gpu_and_shard", ["sbatch", "--gres=gpu:1,shard:10", "--wrap", "true"],
+           "gpu and shard in one request: rejected")
+    record("sbatch_shard_too_big", ["sbatch", "--gres=shard:150", "--partition=a100", "--wrap", "true"],
+           "more shards than one GPU holds (100 per A100 here): accepted, then pending forever (shards of a job come from one GPU)")
+    record("sbatch_typed_shard", ["sbatch", "--parsable", "--gres=shard:t4:10", "--wrap", "sleep 1"],
+           "typed shard request (type copied from the gpu lines) is accepted and lands on gpu-t4")
+
+    wait_running(running)
+    wait_running(whole)
+    idx = {"running_shard_job": running, "finished_shard_job": done, "running_gpu_job": whole}
+    index["job_ids"] = idx
+
+    # --- running job views
+    record("scontrol_show_job_running_shard", ["scontrol", "-d", "show", "job", str(running)],
+           "running shard job; detail line has GRES=shard:30(IDX:k)", job_id=running)
+    record("scontrol_show_job_running_gpu", ["scontrol", "-d", "show", "job", str(whole)],
+           "running whole-GPU job; detail line has GRES=gpu:a100:1(IDX:k)", job_id=whole)
+    record("squeue_json", ["squeue", "--json"],
+           "22.05 squeue --json: all jobs the controller remembers (also finished ones, filters ignored); "
+           "running shard job has gres_detail", job_id=running)
+    record("squeue_text", ["squeue", "-o", "%i|%T|%P|%N|%b|%f|%r|%k"],
+           "squeue with format id|state|partition|nodes|tres_per_node|features|reason|comment")
+
+    # --- node / partition views (while the two jobs run)
+    record("sinfo_json", ["sinfo", "--json"], "both nodes; one shard job and one gpu:1 job running")
+    record("scontrol_show_node", ["scontrol", "show", "node", "gpu-a100,gpu-t4"],
+           "both nodes (GresUsed for shards is wrong on 22.05)")
+    record("scontrol_show_node_detail", ["scontrol", "-d", "show", "node"], "all nodes, -d")
+    record("scontrol_show_partition", ["scontrol", "show", "partition"], "partitions gpu (default), a100, t4")
+    record("sinfo_text", ["sinfo", "-N", "-o", "%N|%P|%T|%G|%f|%C"], "node|partition|state|gres|features|cpus A/I/O/T")
+
+    # --- finished job in accounting
+    wait_sacct_done(done)
+    record("sacct_json_finished_shard", ["sacct", "--json", "-j", str(done)],
+           "finished shard job; tres.allocated has {type: gres, name: shard, count: 20}; comment.job",
+           job_id=done)
+    record("sacct_text_finished_shard",
+           ["sacct", "-P", "-j", str(done), "-o",
+            "JobID,JobName,State,ExitCode,Partition,NodeList,AllocTRES,ReqTRES,Comment,AdminComment,Elapsed"],
+           "sacct -P (pipe-separated) for the finished shard job", job_id=done)
+
+    subprocess.run(["scancel", "-u", "root"], cwd=JOBDIR)
+    (OUT / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    print(f"wrote {len(index['fixtures'])} fixtures to {OUT}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
