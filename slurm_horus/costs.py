@@ -86,11 +86,11 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
 
     An exporter that deduplicated identical initializers feeds each extra copy through an
     Identity node: each Identity output is its own parameter. An initializer read directly by
-    several nodes (tied weights) is one parameter. Scalars, integer tensors and batch-norm
+    several nodes (tied weights) is one parameter. Scalars (rank 0), integer tensors and batch-norm
     running statistics are constants, not parameters.
     """
     candidates = {name: info for name, info in graph.initializers.items()
-                  if info.is_float and info.numel > 1}
+                  if info.is_float and info.shape}
     params: dict[str, TensorInfo] = {}
     for node in graph.nodes:
         if node.op_type == "Identity" and node.input and node.input[0] in candidates:

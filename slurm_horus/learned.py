@@ -49,7 +49,7 @@ def input_row(report_values: dict, gpu: GPU, w: Workload, cold: Prediction) -> l
     tensor = gpu.fp16_tflops
     row += [math.log(gpu.fp32_tflops), math.log(tensor), math.log(gpu.mem_bw_gbs),
             math.log(gpu.mem_mib), float(gpu.sm_count), float(w.task == "train"),
-            float(w.cpus_per_task) if w.cpus_per_task else math.nan,
+            float(w.cpus_per_task or 0),  # 0: not requested
             *(float(w.optimizer == o) for o in OPTIMIZERS),
             *(float(w.precision == p) for p in PRECISIONS),
             math.log(cold.mem_mib), math.log1p(cold.util_pct),

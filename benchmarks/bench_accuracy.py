@@ -1,0 +1,125 @@
+"""Accuracy of the predictors on the GPUMemNet measurements (../shared/datasets/gpumemnet).
+
+    python benchmarks/bench_accuracy.py            # both tables
+    python benchmarks/bench_accuracy.py --real     # real models only (cold start)
+    python benchmarks/bench_accuracy.py --mlp      # 3,000 MLP runs: cold start and learned (80/20)
+
+The GPU is treated as an A100 40 GB; training with Adam in fp32, as in the data set. Prints a
+Markdown table for BENCHMARKS.md. Skips (exit 0) with a message when the data is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+_spec = importlib.util.spec_from_file_location("gpumemnet", ROOT / "benchmarks" / "gpumemnet.py")
+gm = importlib.util.module_from_spec(_spec)
+sys.modules["gpumemnet"] = gm
+_spec.loader.exec_module(gm)
+
+from slurm_horus.coldstart import ColdStartEstimator, Workload  # noqa: E402
+from slurm_horus.features import extract_features  # noqa: E402
+from slurm_horus.gpus import get_gpu  # noqa: E402
+from slurm_horus.learned import accuracy, input_row, train_holdout  # noqa: E402
+
+GPU = "a100-40gb"
+ZOO = ROOT / "tests" / "data"
+# Sequence lengths the data set does not state: each model's standard maximum.
+SEQ = {"BERT_base": 512, "BERT_large": 512, "xlnet_base": 512, "xlnet_large": 512,
+       "gpt2_large": 1024, "gpt2_xl": 1024}
+
+
+def real_models() -> None:
+    zoo = {e.get("gpumemnet_name"): e for e in json.loads((ZOO / "zoo.json").read_text())}
+    est, gpu = ColdStartEstimator(), get_gpu(GPU)
+    print("| model | batch | measured MiB | slurm-horus cold start | error | Horus formula | "
+          "error |")
+    print("|---|---|---|---|---|---|---|")
+    ours, theirs, skipped = [], [], []
+    for row in gm.real_model_rows():
+        entry = zoo.get(row["name"])
+        if entry is None:
+            skipped.append(row["name"])
+            continue
+        dims = dict(entry["dims"], batch=row["batch_size"])
+        if "seq" in dims:
+            dims["seq"] = SEQ.get(row["name"], dims["seq"])
+        report = extract_features(ZOO / entry["file"], dims=dims)
+        pred = est.predict(report, gpu, Workload(batch_size=row["batch_size"])).mem_mib
+        e_ours = (pred - row["mem_mib"]) / row["mem_mib"]
+        e_horus = (row["horus"] - row["mem_mib"]) / row["mem_mib"]
+        ours.append(abs(e_ours))
+        theirs.append(abs(e_horus))
+        print(f"| {row['name']} | {row['batch_size']} | {row['mem_mib']:,.0f} | {pred:,.0f} | "
+              f"{100 * e_ours:+.1f} % | {row['horus']:,.0f} | {100 * e_horus:+.1f} % |")
+    print(f"\nMedian absolute relative error over {len(ours)} runs: slurm-horus cold start "
+          f"**{100 * statistics.median(ours):.1f} %**, Horus formula "
+          f"{100 * statistics.median(theirs):.1f} % (same rows).")
+    if skipped:
+        print(f"Not in the test corpus, skipped: {', '.join(sorted(set(skipped)))}")
+
+
+def _mlp_point(row: dict):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "mlp.onnx"
+        gm.build_mlp_onnx(row, path)
+        report = extract_features(path, batch_size=row["batch_size"])
+    gpu, w = get_gpu(GPU), Workload(batch_size=row["batch_size"])
+    cold = ColdStartEstimator().predict(report, gpu, w)
+    return input_row(report.values, gpu, w, cold), cold.mem_mib, cold.util_pct
+
+
+def mlp(seed: int = 0) -> None:
+    rows = gm.mlp_rows()
+    with ProcessPoolExecutor(2) as pool:
+        points = list(pool.map(_mlp_point, rows, chunksize=50))
+    X = [p[0] for p in points]
+    cold_mem = [p[1] for p in points]
+    cold_util = [p[2] for p in points]
+    mem = [r["mem_mib"] for r in rows]
+    util = [r["util_pct"] for r in rows]
+    model, test = train_holdout(X, mem, util, cold_mem, test_fraction=0.2, seed=seed)
+    cold_test = accuracy([cold_mem[i] for i in test], [mem[i] for i in test],
+                         [cold_util[i] for i in test], [util[i] for i in test])
+    learned = model.metrics
+    print(f"MLP training runs: {len(rows)} ({len(rows) - len(test)} train / {len(test)} held out, "
+          f"seed {seed}); metrics on the held-out runs.\n")
+    print("| predictor | memory median abs. rel. error | utilization RMSLE | utilization MAE |")
+    print("|---|---|---|---|")
+    for name, m in (("cold start", cold_test), ("learned (80/20)", learned)):
+        print(f"| {name} | {m['mem_mdape_pct']:.2f} % | {m['util_rmsle']:.3f} | "
+              f"{m['util_mae_pct']:.2f} pp |")
+    print(f"\nLearned p90 memory margin: x{2.718281828 ** model.mem_log_q90:.3f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real", action="store_true")
+    parser.add_argument("--mlp", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if gm.data_dir() is None:
+        print(f"skipped: GPUMemNet data not found ({gm.DataMissing.__doc__ or ''} "
+              "expected ../shared/datasets/gpumemnet or $HORUS_GPUMEMNET_DIR)")
+        return 0
+    both = not (args.real or args.mlp)
+    if args.real or both:
+        real_models()
+    if args.mlp or both:
+        print()
+        mlp(args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
