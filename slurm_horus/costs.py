@@ -101,25 +101,116 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
             running_stat = node.op_type == "BatchNormalization" and i >= 3
             if name in graph.initializers and name in candidates and not running_stat:
                 params[name] = candidates[name]
+    for name in _folded_tied_embeddings(graph, params):
+        del params[name]
     return params
+
+
+def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list[str]:
+    """Output layers tied to the input embedding, as an exporter leaves them after folding.
+
+    A tied language-model head reads the embedding matrix (V, D) transposed; constant folding
+    turns that Transpose into a new anonymous initializer ('onnx::...') of shape (D, V), read by
+    a MatMul with no bias (GPT-2, T5). It is the same parameter and counts once. An untied head
+    of the same shape has its own bias, so a MatMul followed by an Add of a (V,) parameter is
+    left alone; an untied head without a bias is the case this rule cannot tell apart.
+    """
+    embeddings = {params[n.input[0]].shape for n in graph.nodes
+                  if n.op_type == "Gather" and n.input and n.input[0] in params
+                  and len(params[n.input[0]].shape) == 2}
+    consumers: dict[str, list] = {}
+    for node in graph.nodes:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def has_bias(matmul) -> bool:
+        return any(c.op_type == "Add" and any(i in params for i in c.input)
+                   for o in matmul.output for c in consumers.get(o, ()))
+
+    tied = []
+    for name, info in params.items():
+        if not (name.startswith("onnx::") and len(info.shape) == 2
+                and info.shape[0] != info.shape[1] and tuple(reversed(info.shape)) in embeddings):
+            continue
+        users = consumers.get(name, [])
+        if users and all(u.op_type == "MatMul" and not has_bias(u) for u in users):
+            tied.append(name)
+    return tied
 
 
 def node_costs(graph: Graph) -> list[NodeCost]:
     """Cost every node of `graph`, attributing each parameter to the first node that reads it."""
     params = parameter_tensors(graph)
     claimed: set[str] = set()
-    constants = set(graph.initializers)
+    constants = set(graph.initializers) | {o for n in graph.nodes if n.op_type == "Constant"
+                                           for o in n.output}
+    ctx = _BackwardContext(graph, params, constants)
     out = []
     for node in graph.nodes:
         if node.op_type == "Identity" and node.output and node.output[0] in params:
             continue  # a parameter copy, costed where it is used
-        if node.op_type == "Constant":
-            constants.update(node.output)
-        out.append(_cost(node, graph, params, claimed, constants))
+        out.append(_cost(node, graph, params, claimed, constants, ctx))
     return out
 
 
-def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str]) -> NodeCost:
+class _BackwardContext:
+    """What autograd keeps depends on a node's neighbours; this looks at them once per graph.
+
+    - An exported activation function is often a chain of element-wise ops on one tensor
+      (GELU = Div, Erf, Add, Mul, Mul; SiLU = Sigmoid, Mul): the framework runs it as one op
+      that keeps only that tensor, its `root`.
+    - Attention probabilities (a Softmax whose output reaches a MatMul through masking or
+      dropout) are not kept by the fused attention kernels PyTorch uses for training
+      (scaled_dot_product_attention); they are recomputed in the backward pass.
+    - A convolution followed by neither a norm nor another convolution in an inference export
+      had its batch norm folded into it; in training that norm keeps the convolution's output a
+      second time.
+    """
+
+    PROB_PASSTHROUGH = frozenset({"Where", "Dropout", "Cast", "IsNaN", "Add"})
+
+    def __init__(self, graph: Graph, params, constants):
+        consumers: dict[str, list] = {}
+        for node in graph.nodes:
+            for name in node.input:
+                consumers.setdefault(name, []).append(node)
+        self.root: dict[str, str] = {}
+        for node in graph.nodes:
+            if node.op_type in ELEMENTWISE and node.output:
+                acts = [n for n in node.input if n and n not in constants and n not in params]
+                roots = {self.root.get(a, a) for a in acts}
+                if len(roots) == 1:
+                    self.root[node.output[0]] = roots.pop()
+        # Only chains of two or more ops are fused activations; a lone ReLU keeps its own rule.
+        self.fused: set[str] = set()
+        for node in graph.nodes:
+            out = node.output[0] if node.output else None
+            if out in self.root:
+                inner = [a for a in node.input if a in self.root
+                         and self.root[a] == self.root[out]]
+                if inner:
+                    self.fused.update([out, *inner])
+        self.probs: set[str] = set()
+        for node in graph.nodes:
+            if node.op_type == "Softmax" and node.output:
+                chain, frontier = [], [node.output[0]]
+                while frontier and len(chain) < 8:
+                    name = frontier.pop()
+                    chain.append(name)
+                    for c in consumers.get(name, ()):
+                        if c.op_type == "MatMul":
+                            self.probs.update(chain)
+                        elif c.op_type in self.PROB_PASSTHROUGH and c.output:
+                            frontier.append(c.output[0])
+        self.folded_norm = {
+            node.output[0] for node in graph.nodes
+            if node.op_type in ("Conv", "ConvTranspose") and node.output
+            and not any(c.op_type in NORMS or categorize(c.op_type, []) == "conv"
+                        for c in consumers.get(node.output[0], ()))}
+
+
+def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
+          ctx: _BackwardContext) -> NodeCost:
     op = node.op_type
     infos = [graph.info(n) if n else None for n in node.input]
     outs = [graph.info(n) for n in node.output if n]
@@ -138,7 +229,9 @@ def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str]) ->
         write = out_bytes
         kernels = _kernels(op, category, infos, attrs, node)
     activations = [n for n in node.input if n and n not in constants and n not in params]
-    saved, extra = _saved_for_backward(op, category, node, activations, infos, outs, attrs, params)
+    saved, extra = _saved_for_backward(op, category, node, activations, infos, outs, attrs, params,
+                                       ctx)
+    saved = [n for n in saved if n not in ctx.probs]
     return NodeCost(name=node.name or f"{op}:{node.output[0] if node.output else ''}",
                     op_type=op, category=category, inputs=tuple(n for n in node.input if n),
                     outputs=tuple(n for n in node.output if n), flops=int(flops), params=n_params,
@@ -328,15 +421,16 @@ def _kernels(op, category, infos, attrs, node) -> int:
     return 1
 
 
-def _saved_for_backward(op, category, node, activations, infos, outs, attrs, params):
+def _saved_for_backward(op, category, node, activations, infos, outs, attrs, params, ctx):
     """Names of tensors kept for the backward pass, and bytes kept that are no graph tensor."""
     extra = 0
     if category in ("view", "shape") or op in SAVES_NOTHING:
         return [], 0
     if category == "conv":
-        # Inference exports fold batch norm into the convolution; in training that norm keeps
-        # the convolution's output as its input, so the output is kept too.
-        return list(activations) + [n for n in node.output[:1] if n], 0
+        folded = node.output and node.output[0] in ctx.folded_norm
+        return list(activations), (outs[0].nbytes if folded and outs and outs[0] else 0)
+    if category == "elementwise" and node.output and node.output[0] in ctx.fused:
+        return [ctx.root[node.output[0]]], 0
     if category in ("matmul", "attention"):
         saved = list(activations)
         if category == "attention":  # the softmax probabilities stay too

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelError
+from .shapefold import fold_shapes
 
 # protobuf cannot parse a message above 2 GiB; bigger models must keep weights in external files.
 MAX_PROTO_BYTES = 2**31 - 1
@@ -22,6 +23,7 @@ MAX_PROTO_BYTES = 2**31 - 1
 MAX_DIM = 2**31 - 1
 # A tensor this large (elements) cannot exist on any GPU; refuse rather than report nonsense.
 MAX_TENSOR_ELEMENTS = 2**44
+MAX_FOLD_ROUNDS = 4  # shape arithmetic chains resolve in a round or two; bound the work
 BATCH_DIM_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*batch.*)$", re.IGNORECASE)
 
 # ONNX TensorProto data types -> bytes per element (strings and unknown types count as 0).
@@ -97,10 +99,19 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     graph = model.graph
     if not graph.node:
         raise ModelError(f"{path}: the graph has no nodes")
-    nodes = _topological_order(graph, path)
+    _topological_order(graph, path)  # refuse cycles before any work
     bound = _bind_inputs(graph, batch_size, dims)
+    _bind_annotations(graph, {**bound, **dims})
     inferred = _infer_shapes(model, path, onnx)
     tensors = _collect_tensors(inferred.graph, onnx)
+    for _ in range(MAX_FOLD_ROUNDS):
+        if not any(isinstance(d, str) or d is None for t in tensors.values() for d in t.shape or ()):
+            break
+        if not fold_shapes(model, lambda n: _known_shape(tensors, n)):
+            break
+        inferred = _infer_shapes(model, path, onnx)
+        tensors = _collect_tensors(inferred.graph, onnx)
+    nodes = _topological_order(model.graph, path)
     initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
     tensors.update(initializers)
     for name, info in tensors.items():
@@ -243,6 +254,25 @@ def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
                 dim.dim_value = value  # clears dim_param (oneof)
                 bound[name or f"{inp.name}[{pos}]"] = value
     return bound
+
+
+def _bind_annotations(graph, values: dict[str, int]) -> None:
+    """Exporters annotate intermediate tensors with the same symbolic names: bind those too,
+    and forget symbolic expressions (e.g. 'Min(512, seq)') so inference can recompute them."""
+    for vi in (*graph.value_info, *graph.output):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param"):
+                if dim.dim_param in values:
+                    dim.dim_value = values[dim.dim_param]
+                else:
+                    dim.Clear()
+
+
+def _known_shape(tensors: dict, name: str):
+    info = tensors.get(name)
+    return tuple(info.shape) if info is not None and info.known else None
 
 
 def _infer_shapes(model, path: Path, onnx):

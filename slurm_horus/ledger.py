@@ -1,0 +1,797 @@
+"""Stage 5: the ledger, where predictions meet measured use.
+
+SQLAlchemy Core over any database URL: SQLite by default (WAL, busy timeout), MariaDB/MySQL via
+``mysql+pymysql://...``. The DDL lives in ``sql/schema.sql`` and the reporting views in
+``sql/views.sql``; both are executed from those files, so what admins read is what is tested.
+
+Writes from the submit path never raise: ``record_submission_safely`` falls back to a local spool
+(one JSON file per record, written atomically) which the next successful write, or
+``horus-admin sync``, replays. Every write is an upsert keyed by (cluster, job id[, source]), so
+replaying twice, or syncing the same window again, counts nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import HorusError
+
+ENV_URL = "HORUS_LEDGER_URL"
+ENV_SPOOL = "HORUS_SPOOL"
+DEFAULT_URL = "sqlite:////var/lib/slurm-horus/ledger.db"
+SCHEMA_VERSION = 2
+SOURCES = ("sacct", "probe", "import")
+# Which measurement wins for utilization/memory, and for placement facts (node, state, ...).
+UTIL_ORDER = ("probe", "sacct", "import")
+PLACE_ORDER = ("sacct", "probe", "import")
+BUSY_TIMEOUT_S = 30.0
+
+USAGE_FIELDS = ("util_mean", "util_max", "mem_peak_mib", "elapsed_s", "state", "node", "gpu_type",
+                "gpu_index", "shards", "colocated", "start_time", "end_time")
+JOB_FIELDS = ("has_submission", "user_name", "account", "submit_time", "model_family", "predictor",
+              "gpu_type", "gpu_index", "node", "shards", "state", "elapsed_s", "start_time",
+              "end_time", "pred_util_pct", "pred_mem_mib", "act_util_pct", "act_util_max",
+              "act_mem_mib", "colocated", "sources")
+
+
+def sql_dir() -> Path:
+    """Folder holding schema.sql and views.sql ($HORUS_SQL_DIR, else the repository's sql/)."""
+    env = os.environ.get("HORUS_SQL_DIR")
+    if env:
+        return Path(env)
+    for cand in (Path(__file__).resolve().parent / "sql",
+                 Path(__file__).resolve().parent.parent / "sql",
+                 Path(sys.prefix) / "share" / "slurm-horus" / "sql"):
+        if (cand / "schema.sql").is_file():
+            return cand
+    raise HorusError("ledger: sql/schema.sql not found (set HORUS_SQL_DIR)")
+
+
+def split_sql(text: str) -> list[str]:
+    """Statements of a .sql file: `--` comments dropped, split at `;` ending a line."""
+    lines = [ln.split("--", 1)[0].rstrip() for ln in text.splitlines()]
+    out, cur = [], []
+    for ln in lines:
+        if not ln.strip():
+            continue
+        cur.append(ln)
+        if ln.endswith(";"):
+            stmt = "\n".join(cur).rstrip(";").strip()
+            if stmt:
+                out.append(stmt)
+            cur = []
+    if cur and "\n".join(cur).strip():
+        out.append("\n".join(cur).strip())
+    return out
+
+
+def default_url() -> str:
+    return os.environ.get(ENV_URL) or DEFAULT_URL
+
+
+def spool_dir() -> Path:
+    env = os.environ.get(ENV_SPOOL)
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "slurm-horus" / "spool"
+
+
+def mask_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<ledger url>"
+
+
+# --------------------------------------------------------------------------- tables (Core)
+
+def _tables():
+    from sqlalchemy import (BigInteger, Column, Float, Integer, MetaData, String, Table, Text)
+
+    md = MetaData()
+    t = {}
+    t["schema_version"] = Table("schema_version", md, Column("version", Integer, primary_key=True),
+                                Column("applied", BigInteger))
+    t["submissions"] = Table(
+        "submissions", md,
+        Column("cluster", String(64), primary_key=True), Column("job_id", BigInteger, primary_key=True),
+        Column("user_name", String(64)), Column("account", String(64)),
+        Column("submit_time", BigInteger), Column("model_path", Text),
+        Column("model_sha256", String(64)), Column("model_family", String(64)),
+        Column("feature_version", Integer), Column("features", Text), Column("workload", Text),
+        Column("gpu_types", Text), Column("predictions", Text), Column("hint", Text),
+        Column("policy_decision", Text), Column("predictor", String(64)))
+    t["usage"] = Table(
+        "usage", md,
+        Column("cluster", String(64), primary_key=True), Column("job_id", BigInteger, primary_key=True),
+        Column("source", String(16), primary_key=True),
+        Column("util_mean", Float), Column("util_max", Float), Column("mem_peak_mib", Float),
+        Column("elapsed_s", BigInteger), Column("state", String(32)), Column("node", String(128)),
+        Column("gpu_type", String(64)), Column("gpu_index", Integer), Column("shards", Integer),
+        Column("colocated", Text), Column("start_time", BigInteger), Column("end_time", BigInteger),
+        Column("recorded", BigInteger))
+    t["predictor_versions"] = Table(
+        "predictor_versions", md, Column("version", String(32), primary_key=True),
+        Column("created", BigInteger), Column("metrics", Text), Column("n_rows", Integer),
+        Column("promoted", Integer))
+    t["jobs"] = Table(
+        "jobs", md,
+        Column("cluster", String(64), primary_key=True), Column("job_id", BigInteger, primary_key=True),
+        Column("has_submission", Integer), Column("user_name", String(64)),
+        Column("account", String(64)), Column("submit_time", BigInteger),
+        Column("model_family", String(64)), Column("predictor", String(64)),
+        Column("gpu_type", String(64)), Column("gpu_index", Integer), Column("node", String(128)),
+        Column("shards", Integer), Column("state", String(32)), Column("elapsed_s", BigInteger),
+        Column("start_time", BigInteger), Column("end_time", BigInteger),
+        Column("pred_util_pct", Float), Column("pred_mem_mib", Float),
+        Column("act_util_pct", Float), Column("act_util_max", Float), Column("act_mem_mib", Float),
+        Column("colocated", Text), Column("sources", String(64)))
+    t["ledger_state"] = Table("ledger_state", md, Column("name", String(64), primary_key=True),
+                              Column("value", Text))
+    return md, t
+
+
+_TABLES = None
+
+
+def tables() -> dict:
+    global _TABLES
+    if _TABLES is None:
+        _TABLES = _tables()
+    return _TABLES[1]
+
+
+# --------------------------------------------------------------------------- migrations
+
+def _migrate_1_to_2(conn) -> None:
+    """v1 had no placement columns in usage and no jobs/ledger_state tables."""
+    cols = {"gpu_index": "INTEGER", "shards": "INTEGER", "colocated": "TEXT",
+            "start_time": "BIGINT", "end_time": "BIGINT", "recorded": "BIGINT"}
+    have = _columns(conn, "usage")
+    for name, typ in cols.items():
+        if name not in have:
+            conn.exec_driver_sql(f"ALTER TABLE `usage` ADD COLUMN {name} {typ}")
+    if "promoted" not in _columns(conn, "predictor_versions"):
+        conn.exec_driver_sql("ALTER TABLE predictor_versions ADD COLUMN promoted INTEGER NOT NULL DEFAULT 0")
+    for stmt in split_sql((sql_dir() / "schema.sql").read_text()):
+        conn.exec_driver_sql(stmt)  # CREATE ... IF NOT EXISTS: adds jobs, ledger_state, indices
+    keys = [(r[0], r[1]) for r in conn.exec_driver_sql(
+        "SELECT cluster, job_id FROM submissions UNION SELECT cluster, job_id FROM `usage`")]
+    refresh_jobs(conn, keys)
+
+
+MIGRATIONS = {2: _migrate_1_to_2}
+
+
+def _columns(conn, table: str) -> set[str]:
+    from sqlalchemy import inspect
+
+    return {c["name"] for c in inspect(conn).get_columns(table)}
+
+
+# --------------------------------------------------------------------------- upsert helper
+
+def upsert(conn, table, rows: list[dict], keys: tuple[str, ...]) -> None:
+    """INSERT ... ON CONFLICT/DUPLICATE KEY UPDATE for SQLite, MariaDB/MySQL and PostgreSQL."""
+    if not rows:
+        return
+    name = conn.dialect.name
+    cols = list(rows[0].keys())
+    upd = [c for c in cols if c not in keys]
+    if name == "sqlite" or name == "postgresql":
+        if name == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        stmt = insert(table)
+        stmt = (stmt.on_conflict_do_update(index_elements=list(keys),
+                                           set_={c: stmt.excluded[c] for c in upd})
+                if upd else stmt.on_conflict_do_nothing(index_elements=list(keys)))
+    elif name in ("mysql", "mariadb"):
+        from sqlalchemy.dialects.mysql import insert
+
+        stmt = insert(table)
+        stmt = stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in (upd or cols[:1])})
+    else:  # generic: delete + insert
+        from sqlalchemy import and_, delete
+
+        for r in rows:
+            conn.execute(delete(table).where(and_(*(table.c[k] == r[k] for k in keys))))
+        conn.execute(table.insert(), rows)
+        return
+    for i in range(0, len(rows), 5000):
+        conn.execute(stmt, rows[i:i + 5000])
+
+
+# --------------------------------------------------------------------------- jobs (merged view)
+
+def _loads(s, default=None):
+    if s is None or s == "":
+        return default
+    try:
+        return json.loads(s)
+    except (TypeError, ValueError):
+        return default
+
+
+def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
+    """One jobs row from a submission row (or None) and usage rows by source."""
+    def first(field, order):
+        for src in order:
+            u = usages.get(src)
+            if u is not None and u.get(field) is not None:
+                return u[field]
+        return None
+
+    row = {f: None for f in JOB_FIELDS}
+    row["has_submission"] = 1 if sub else 0
+    preds = {}
+    if sub:
+        for f in ("user_name", "account", "submit_time", "model_family", "predictor"):
+            row[f] = sub.get(f)
+        preds = _loads(sub.get("predictions"), {}) or {}
+    for f in ("gpu_type", "gpu_index", "node", "shards", "state", "elapsed_s", "start_time",
+              "end_time", "colocated"):
+        row[f] = first(f, PLACE_ORDER)
+    row["act_util_pct"] = first("util_mean", UTIL_ORDER)
+    row["act_util_max"] = first("util_max", UTIL_ORDER)
+    row["act_mem_mib"] = first("mem_peak_mib", UTIL_ORDER)
+    if row["gpu_type"] is None and isinstance(preds, dict) and len(preds) == 1:
+        row["gpu_type"] = next(iter(preds))
+    p = preds.get(row["gpu_type"]) if isinstance(preds, dict) and row["gpu_type"] else None
+    if isinstance(p, dict):
+        row["pred_util_pct"] = p.get("util_pct")
+        row["pred_mem_mib"] = p.get("mem_mib")
+        if not row["predictor"]:
+            row["predictor"] = p.get("predictor")
+    row["sources"] = ",".join(s for s in SOURCES if s in usages) or None
+    return row
+
+
+def refresh_jobs(conn, keys: Iterable[tuple[str, int]]) -> None:
+    """Recompute the jobs rows of these (cluster, job id) keys from submissions and usage."""
+    from sqlalchemy import and_, or_, select
+
+    t = tables()
+    keys = sorted(set((str(c), int(j)) for c, j in keys))
+    if not keys:
+        return
+    sub_cols = [t["submissions"].c[c] for c in ("cluster", "job_id", "user_name", "account",
+                                                 "submit_time", "model_family", "predictor",
+                                                 "predictions")]
+    out = []
+    for i in range(0, len(keys), 500):
+        chunk = keys[i:i + 500]
+        by_cluster: dict[str, list[int]] = {}
+        for c, j in chunk:
+            by_cluster.setdefault(c, []).append(j)
+        cond_s = or_(*(and_(t["submissions"].c.cluster == c, t["submissions"].c.job_id.in_(js))
+                       for c, js in by_cluster.items()))
+        cond_u = or_(*(and_(t["usage"].c.cluster == c, t["usage"].c.job_id.in_(js))
+                       for c, js in by_cluster.items()))
+        subs = {(r.cluster, int(r.job_id)): r._asdict()
+                for r in conn.execute(select(*sub_cols).where(cond_s))}
+        usages: dict[tuple, dict] = {}
+        for r in conn.execute(select(t["usage"]).where(cond_u)):
+            usages.setdefault((r.cluster, int(r.job_id)), {})[r.source] = r._asdict()
+        for key in chunk:
+            if key not in subs and key not in usages:
+                continue
+            row = merge_job(subs.get(key), usages.get(key, {}))
+            row["cluster"], row["job_id"] = key
+            out.append(row)
+    upsert(conn, t["jobs"], out, ("cluster", "job_id"))
+
+
+# --------------------------------------------------------------------------- spool
+
+class Spool:
+    """Records that could not reach the ledger: one JSON file each, replayed later."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root else spool_dir()
+
+    def put(self, kind: str, data: dict) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        name = f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = self.root / f".{name}.tmp"
+        final = self.root / f"{name}.jsonl"
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"kind": kind, "data": data, "spooled": time.time()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        return final
+
+    def pending(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return sorted(self.root.glob("*.jsonl"))
+
+    def replay(self, ledger: "Ledger") -> int:
+        """Apply every spooled record to ``ledger``; returns how many were applied."""
+        n = 0
+        for path in self.pending():
+            claimed = path.with_suffix(f".claim-{os.getpid()}")
+            try:
+                os.rename(path, claimed)  # another replayer may have taken it
+            except OSError:
+                continue
+            try:
+                recs = [json.loads(ln) for ln in claimed.read_text().splitlines() if ln.strip()]
+            except (OSError, ValueError):
+                os.rename(claimed, path.with_suffix(".bad"))
+                continue
+            try:
+                for rec in recs:
+                    ledger._apply(rec["kind"], rec["data"])
+            except Exception:
+                os.rename(claimed, path)  # retry next time
+                raise
+            os.unlink(claimed)
+            n += len(recs)
+        return n
+
+
+# --------------------------------------------------------------------------- the ledger
+
+class Ledger:
+    """The job ledger. ``Ledger()`` opens $HORUS_LEDGER_URL or the site default, creating or
+    migrating the schema as needed."""
+
+    def __init__(self, url: str | None = None, *, busy_timeout: float = BUSY_TIMEOUT_S,
+                 spool: Spool | str | None = None, replay: bool = True):
+        self.url = url or default_url()
+        self.spool = spool if isinstance(spool, Spool) else Spool(spool)
+        self._replay = replay
+        self.engine = _make_engine(self.url, busy_timeout)
+        self._setup()
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        from sqlalchemy import inspect
+
+        t = tables()
+        with self.engine.begin() as conn:
+            names = set(inspect(conn).get_table_names())
+            if "schema_version" not in names and "submissions" not in names:
+                for stmt in split_sql((sql_dir() / "schema.sql").read_text()):
+                    conn.exec_driver_sql(stmt)
+                conn.execute(t["schema_version"].insert(),
+                             [{"version": SCHEMA_VERSION, "applied": int(time.time())}])
+                self._create_views(conn)
+                return
+            version = self._version(conn, names)
+            if version > SCHEMA_VERSION:
+                raise HorusError(f"ledger {mask_url(self.url)}: schema version {version} is newer "
+                                 f"than this slurm-horus ({SCHEMA_VERSION}); upgrade slurm-horus")
+            if version < SCHEMA_VERSION:
+                for v in range(version + 1, SCHEMA_VERSION + 1):
+                    MIGRATIONS[v](conn)
+                    conn.execute(t["schema_version"].insert(),
+                                 [{"version": v, "applied": int(time.time())}])
+                self._create_views(conn)
+            elif self._views_stale(conn):
+                self._create_views(conn)
+
+    @staticmethod
+    def _version(conn, names) -> int:
+        if "schema_version" not in names:
+            return 1
+        v = conn.exec_driver_sql("SELECT MAX(version) FROM schema_version").scalar()
+        return int(v or 1)
+
+    @staticmethod
+    def _views_text() -> str:
+        return (sql_dir() / "views.sql").read_text()
+
+    def _views_stale(self, conn) -> bool:
+        import hashlib
+
+        h = hashlib.sha256(self._views_text().encode()).hexdigest()[:16]
+        cur = conn.exec_driver_sql(
+            "SELECT value FROM ledger_state WHERE name = 'views_sha'").scalar()
+        return cur != h
+
+    def _create_views(self, conn) -> None:
+        import hashlib
+
+        text = self._views_text()
+        for stmt in split_sql(text):
+            conn.exec_driver_sql(stmt)
+        h = hashlib.sha256(text.encode()).hexdigest()[:16]
+        upsert(conn, tables()["ledger_state"], [{"name": "views_sha", "value": h}], ("name",))
+
+    def schema_version(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.exec_driver_sql("SELECT MAX(version) FROM schema_version").scalar())
+
+    # --- writing -------------------------------------------------------------------------
+
+    def _apply(self, kind: str, data: dict) -> None:
+        if kind == "submission":
+            self._write_submissions([data])
+        elif kind == "usage":
+            self._write_usage([data])
+        else:
+            raise HorusError(f"unknown spooled record kind {kind!r}")
+
+    def _after_write(self) -> None:
+        if self._replay and self.spool.pending():
+            try:
+                self.spool.replay(self)
+            except Exception:
+                pass  # stays spooled; horus-admin sync retries
+
+    def record_submission(self, *, job_id: int, cluster: str = "", user: str | None = None,
+                          account: str | None = None, submit_time: float | None = None,
+                          model_path: str | None = None, model_sha256: str | None = None,
+                          model_family: str | None = None, feature_version: int | None = None,
+                          features: dict | None = None, workload: dict | None = None,
+                          gpu_types: list | None = None, predictions: dict | None = None,
+                          hint: str | None = None, policy_decision: Any = None,
+                          predictor: str | None = None) -> None:
+        """Store (or replace) one submission. Raises on database errors (see the _safely one)."""
+        rec = submission_record(**{k: v for k, v in locals().items() if k != "self"})
+        self._write_submissions([rec])
+        self._after_write()
+
+    def record_usage(self, *, job_id: int, source: str, cluster: str = "", **fields) -> None:
+        """Store (or replace) one measurement of a job from ``source``."""
+        rec = usage_record(job_id=job_id, source=source, cluster=cluster, **fields)
+        self._write_usage([rec])
+        self._after_write()
+
+    def record_usages(self, records: list[dict], recompute_keys: Iterable = ()) -> None:
+        """Bulk form of record_usage (sync): one transaction."""
+        recs = [usage_record(**r) for r in records]
+        self._write_usage(recs, extra_keys=recompute_keys)
+
+    def record_submissions(self, records: list[dict]) -> None:
+        self._write_submissions([submission_record(**r) for r in records])
+
+    def _write_submissions(self, recs: list[dict]) -> None:
+        t = tables()
+        with self.engine.begin() as conn:
+            upsert(conn, t["submissions"], recs, ("cluster", "job_id"))
+            refresh_jobs(conn, [(r["cluster"], r["job_id"]) for r in recs])
+
+    def _write_usage(self, recs: list[dict], extra_keys: Iterable = ()) -> None:
+        t = tables()
+        with self.engine.begin() as conn:
+            upsert(conn, t["usage"], recs, ("cluster", "job_id", "source"))
+            refresh_jobs(conn, [(r["cluster"], r["job_id"]) for r in recs] + list(extra_keys))
+
+    def set_state(self, name: str, value: str) -> None:
+        with self.engine.begin() as conn:
+            upsert(conn, tables()["ledger_state"], [{"name": name, "value": value}], ("name",))
+
+    def get_state(self, name: str) -> str | None:
+        from sqlalchemy import select
+
+        t = tables()["ledger_state"]
+        with self.engine.connect() as conn:
+            return conn.execute(select(t.c.value).where(t.c.name == name)).scalar()
+
+    def record_predictor_version(self, version: str, metrics: dict, n_rows: int,
+                                 promoted: bool) -> None:
+        with self.engine.begin() as conn:
+            upsert(conn, tables()["predictor_versions"],
+                   [{"version": version, "created": int(time.time()),
+                     "metrics": json.dumps(metrics, default=str), "n_rows": int(n_rows),
+                     "promoted": int(bool(promoted))}], ("version",))
+
+    # --- reading -------------------------------------------------------------------------
+
+    def submissions_exist(self, cluster: str, job_ids: list[int]) -> set[int]:
+        from sqlalchemy import select
+
+        t = tables()["submissions"]
+        found: set[int] = set()
+        with self.engine.connect() as conn:
+            for i in range(0, len(job_ids), 900):
+                chunk = job_ids[i:i + 900]
+                found |= {int(r[0]) for r in conn.execute(
+                    select(t.c.job_id).where(t.c.cluster == cluster, t.c.job_id.in_(chunk)))}
+        return found
+
+    def jobs(self, *, job_ids: Iterable[int] | None = None, users: Iterable[str] | None = None,
+             accounts: Iterable[str] | None = None, states: Iterable[str] | None = None,
+             start: float | None = None, end: float | None = None, cluster: str | None = None,
+             submitted_only: bool = False, limit: int | None = None) -> list[dict]:
+        """Jobs (submission joined with the best measurement), oldest first, as dicts."""
+        from sqlalchemy import select
+
+        stmt = select(tables()["jobs"])
+        stmt = job_filters(stmt, job_ids=job_ids, users=users, accounts=accounts, states=states,
+                           start=start, end=end, cluster=cluster, submitted_only=submitted_only)
+        j = tables()["jobs"]
+        stmt = stmt.order_by(j.c.submit_time, j.c.cluster, j.c.job_id)
+        if limit:
+            stmt = stmt.limit(limit)
+        with self.engine.connect() as conn:
+            return [r._asdict() for r in conn.execute(stmt)]
+
+    def submission(self, cluster: str, job_id: int) -> dict | None:
+        from sqlalchemy import select
+
+        t = tables()["submissions"]
+        with self.engine.connect() as conn:
+            r = conn.execute(select(t).where(t.c.cluster == cluster, t.c.job_id == int(job_id))).first()
+        return r._asdict() if r else None
+
+    def usage(self, cluster: str, job_id: int) -> dict[str, dict]:
+        from sqlalchemy import select
+
+        t = tables()["usage"]
+        with self.engine.connect() as conn:
+            return {r.source: r._asdict() for r in conn.execute(
+                select(t).where(t.c.cluster == cluster, t.c.job_id == int(job_id)))}
+
+    def predictor_versions(self) -> list[dict]:
+        from sqlalchemy import select
+
+        t = tables()["predictor_versions"]
+        with self.engine.connect() as conn:
+            return [r._asdict() for r in conn.execute(select(t).order_by(t.c.version))]
+
+    def count(self, table: str) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.exec_driver_sql(
+                f"SELECT COUNT(*) FROM {'`usage`' if table == 'usage' else table}").scalar())
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def job_filters(stmt, *, job_ids=None, users=None, accounts=None, states=None, start=None,
+                end=None, cluster=None, submitted_only=False):
+    """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window)."""
+    from sqlalchemy import func, or_
+
+    j = tables()["jobs"]
+    if job_ids:
+        stmt = stmt.where(j.c.job_id.in_([int(x) for x in job_ids]))
+    if users:
+        stmt = stmt.where(j.c.user_name.in_(list(users)))
+    if accounts:
+        stmt = stmt.where(j.c.account.in_(list(accounts)))
+    if states:
+        conds = []
+        for s in states:
+            conds.append(func.upper(j.c.state).like(s.upper() + "%"))
+        stmt = stmt.where(or_(*conds))
+    if cluster:
+        stmt = stmt.where(j.c.cluster == cluster)
+    when = func.coalesce(j.c.end_time, j.c.submit_time)
+    if start is not None:
+        stmt = stmt.where(when >= int(start))
+    if end is not None:
+        stmt = stmt.where(func.coalesce(j.c.submit_time, j.c.start_time, j.c.end_time) <= int(end))
+    if submitted_only:
+        stmt = stmt.where(j.c.has_submission == 1)
+    return stmt
+
+
+def _make_engine(url: str, busy_timeout: float):
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    try:
+        u = make_url(url)
+    except Exception:
+        raise HorusError(f"ledger: not a database URL: {url!r}") from None
+    if u.get_backend_name() == "sqlite":
+        db = u.database
+        if db and db != ":memory:" and not db.startswith("file:"):
+            Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(u, poolclass=NullPool,
+                               connect_args={"timeout": busy_timeout, "isolation_level": None})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _rec):
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            try:
+                cur.execute("PRAGMA journal_mode = WAL")
+            except Exception:
+                pass
+            cur.execute("PRAGMA synchronous = NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn):
+            # BEGIN IMMEDIATE: take the write lock up front so writers queue on the busy timeout
+            # instead of failing on a read-to-write upgrade.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        return engine
+    kwargs: dict = {"pool_pre_ping": True}
+    if u.get_backend_name() in ("mysql", "mariadb"):
+        kwargs["connect_args"] = {"connect_timeout": max(1, int(min(busy_timeout, 10)))}
+    try:
+        return create_engine(u, **kwargs)
+    except ModuleNotFoundError as e:
+        raise HorusError(f"ledger: database driver missing for {u.drivername} ({e.name}); "
+                         "for MariaDB: pip install pymysql") from None
+
+
+# --------------------------------------------------------------------------- records
+
+def _json(v):
+    if v is None or isinstance(v, str):
+        return v
+    return json.dumps(v, sort_keys=True, default=_jdefault)
+
+
+def _jdefault(o):
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if hasattr(o, "__dict__"):
+        return o.__dict__
+    return str(o)
+
+
+def _pred_dict(p) -> dict:
+    if isinstance(p, dict):
+        return p
+    d = p.to_dict() if hasattr(p, "to_dict") else dict(p)
+    return d
+
+
+def submission_record(*, job_id, cluster="", user=None, account=None, submit_time=None,
+                      model_path=None, model_sha256=None, model_family=None,
+                      feature_version=None, features=None, workload=None, gpu_types=None,
+                      predictions=None, hint=None, policy_decision=None, predictor=None) -> dict:
+    try:
+        job_id = int(str(job_id).split(";")[0])
+    except ValueError:
+        raise HorusError(f"ledger: bad job id {job_id!r}") from None
+    preds = {str(k): _pred_dict(v) for k, v in (predictions or {}).items()}
+    if predictor is None and preds:
+        predictor = next(iter(preds.values())).get("predictor")
+    if model_family is None and model_path:
+        model_family = family_of(model_path)
+    if workload is not None and not isinstance(workload, (dict, str)):
+        from dataclasses import asdict, is_dataclass
+
+        workload = asdict(workload) if is_dataclass(workload) else dict(workload)
+    return {"cluster": cluster or "", "job_id": job_id, "user_name": user, "account": account,
+            "submit_time": int(submit_time if submit_time is not None else time.time()),
+            "model_path": str(model_path) if model_path else None, "model_sha256": model_sha256,
+            "model_family": model_family, "feature_version": feature_version,
+            "features": _json(features), "workload": _json(workload),
+            "gpu_types": _json(list(gpu_types) if gpu_types is not None else sorted(preds) or None),
+            "predictions": _json(preds), "hint": hint, "policy_decision": _json(policy_decision),
+            "predictor": predictor}
+
+
+def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, mem_peak_mib=None,
+                 elapsed_s=None, state=None, node=None, gpu_type=None, gpu_index=None,
+                 shards=None, colocated=None, start_time=None, end_time=None,
+                 recorded=None) -> dict:
+    if source not in SOURCES:
+        raise HorusError(f"ledger: usage source must be one of {', '.join(SOURCES)}, not {source!r}")
+    if isinstance(colocated, (list, tuple, set)):
+        colocated = ",".join(str(x) for x in sorted(colocated, key=lambda x: int(x))) or None
+
+    def f(x):
+        return None if x is None else float(x)
+
+    def i(x):
+        return None if x is None else int(x)
+    return {"cluster": cluster or "", "job_id": int(job_id), "source": source,
+            "util_mean": f(util_mean), "util_max": f(util_max), "mem_peak_mib": f(mem_peak_mib),
+            "elapsed_s": i(elapsed_s), "state": state, "node": node, "gpu_type": gpu_type,
+            "gpu_index": i(gpu_index), "shards": i(shards), "colocated": colocated,
+            "start_time": i(start_time), "end_time": i(end_time),
+            "recorded": int(recorded if recorded is not None else time.time())}
+
+
+def family_of(model_path: str) -> str:
+    """A model's family from its file name: 'resnet50_bs64.onnx' -> 'resnet50'."""
+    import re
+
+    stem = Path(str(model_path)).name
+    stem = re.sub(r"\.onnx$", "", stem, flags=re.I)
+    stem = re.split(r"[._-](?:bs|b|batch|v|ep|epoch|step)?\d*$", stem)[0] or stem
+    return stem.lower()[:64]
+
+
+# --------------------------------------------------------------------------- never-raising writers
+
+def _safely(kind: str, data: dict, url: str | None, spool: str | None, timeout: float) -> bool:
+    try:
+        ledger = Ledger(url, busy_timeout=timeout, spool=spool)
+        try:
+            ledger._apply(kind, data)
+            ledger._after_write()
+        finally:
+            ledger.close()
+        return True
+    except BaseException as e:  # noqa: BLE001 - the submit path must never fail here
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        try:
+            Spool(spool).put(kind, data)
+        except Exception as e2:
+            try:
+                sys.stderr.write(f"slurm-horus: warning: ledger record lost ({e2})\n")
+            except Exception:
+                pass
+        return False
+
+
+def record_submission_safely(*, url: str | None = None, spool: str | None = None,
+                             timeout: float = 3.0, **kwargs) -> bool:
+    """record_submission for hsubmit: never raises. True if written, False if spooled."""
+    try:
+        data = submission_record(**kwargs)
+    except Exception as e:
+        try:
+            sys.stderr.write(f"slurm-horus: warning: not recorded in the ledger ({e})\n")
+        except Exception:
+            pass
+        return False
+    return _safely("submission", data, url, spool, timeout)
+
+
+def record_usage_safely(*, url: str | None = None, spool: str | None = None,
+                        timeout: float = 10.0, **kwargs) -> bool:
+    """record_usage for horus-probe: never raises. True if written, False if spooled."""
+    try:
+        data = usage_record(**kwargs)
+    except Exception:
+        return False
+    return _safely("usage", data, url, spool, timeout)
+
+
+def submission_from_plan(plan, job_id, cluster: str = "", decision=None) -> dict:
+    """record_submission keyword arguments from an hsubmit Plan (see slurm_horus.submit)."""
+    import getpass
+
+    report = getattr(plan, "report", None)
+    preds = {}
+    workload = None
+    try:
+        from .submit import _workload
+
+        workload = _workload(plan)
+    except Exception:
+        pass
+    for g, p in (getattr(plan, "predictions", None) or {}).items():
+        d = _pred_dict(p)
+        try:  # the cold-start figures retrain needs as inputs
+            from .coldstart import ColdStartEstimator
+            from .gpus import default_catalog
+
+            cold = ColdStartEstimator().predict(report, default_catalog().get(g), workload)
+            d["cold"] = {"util_pct": cold.util_pct, "mem_mib": cold.mem_mib,
+                         "gpu_ms_per_step": cold.breakdown.get("gpu_ms_per_step", 0.0),
+                         "host_ms_per_step": cold.breakdown.get("host_ms_per_step", 0.0)}
+        except Exception:
+            pass
+        preds[g] = d
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = os.environ.get("USER")
+    return dict(job_id=job_id, cluster=cluster, user=user,
+                account=plan.request("account") if hasattr(plan, "request") else None,
+                model_path=os.path.abspath(str(plan.model)) if getattr(plan, "model", None) else None,
+                model_sha256=getattr(report, "sha256", None),
+                feature_version=getattr(report, "version", None),
+                features=getattr(report, "values", None), workload=workload,
+                gpu_types=sorted(getattr(plan, "gpu_types", {}) or preds),
+                predictions=preds, hint=getattr(plan, "hint", None), policy_decision=decision)

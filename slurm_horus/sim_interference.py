@@ -1,0 +1,99 @@
+"""Interference model of the cluster simulator: how fast co-located jobs run.
+
+Each job on a shared GPU runs at ``speed = f(sum of the TRUE solo utilizations of all jobs on
+that GPU)``, relative to its speed alone.  ``f`` is piecewise linear through the medians of the
+Lucid pair measurements (1,388 pairs of training jobs on an RTX 3090, grouped by the sum of their
+solo utilizations; see docs/simulator.md and shared/notes/colocation.md), extended to very high
+sums so that the worst case is Horus' reported 3.2x slowdown:
+
+    sum of utils (%)   0     75    87.5   112.5  137.5  162.5  187.5  400
+    per-job speed      1.00  1.00  0.97   0.935  0.846  0.73   0.65   1/3.2
+
+Each Lucid bin's median is placed at the bin's middle (the ">175 %" bin at 187.5 %); beyond the
+last point the speed stays constant.  A job alone on its GPU always runs at speed 1.0.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from .errors import HorusError
+
+__all__ = ["Interference", "LUCID_POINTS", "parse_points"]
+
+LUCID_POINTS: tuple[tuple[float, float], ...] = (
+    (0.0, 1.0),
+    (75.0, 1.0),
+    (87.5, 0.97),
+    (112.5, 0.935),
+    (137.5, 0.846),
+    (162.5, 0.73),
+    (187.5, 0.65),
+    (400.0, 1.0 / 3.2),
+)
+
+
+@dataclass(frozen=True)
+class Interference:
+    """Per-job speed of co-located jobs as a piecewise-linear function of their summed util.
+
+    points: (sum_util_pct, speed) pairs, sums strictly increasing, speeds in (0, 1].
+    mem_bw_penalty: optional extra slowdown per additional co-located job (0 = off): the speed
+    is multiplied by (1 - mem_bw_penalty) ** (jobs_on_gpu - 1), a crude memory-bandwidth term.
+    """
+
+    points: tuple[tuple[float, float], ...] = LUCID_POINTS
+    mem_bw_penalty: float = 0.0
+
+    def __post_init__(self):
+        pts = tuple((float(x), float(y)) for x, y in self.points)
+        if len(pts) < 1:
+            raise HorusError("interference: need at least one point")
+        for i, (x, y) in enumerate(pts):
+            if not (0.0 < y <= 1.0):
+                raise HorusError(f"interference: speed {y} at {x} % is not in (0, 1]")
+            if x < 0 or (i and x <= pts[i - 1][0]):
+                raise HorusError("interference: utilization sums must be >= 0 and increasing")
+        if not (0.0 <= self.mem_bw_penalty < 1.0):
+            raise HorusError("interference: mem_bw_penalty must be in [0, 1)")
+        object.__setattr__(self, "points", pts)
+        object.__setattr__(self, "_xs", [p[0] for p in pts])
+
+    def speed(self, sum_util_pct: float, n_jobs: int = 2) -> float:
+        """Per-job speed (0..1] of each of ``n_jobs`` co-located jobs whose solo utils sum to
+        ``sum_util_pct``.  One job alone runs at 1.0."""
+        if n_jobs <= 1:
+            return 1.0
+        pts, xs = self.points, self._xs
+        if sum_util_pct <= xs[0]:
+            s = pts[0][1]
+        elif sum_util_pct >= xs[-1]:
+            s = pts[-1][1]
+        else:
+            i = bisect.bisect_right(xs, sum_util_pct)
+            (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+            s = y0 + (y1 - y0) * (sum_util_pct - x0) / (x1 - x0)
+        if self.mem_bw_penalty:
+            s *= (1.0 - self.mem_bw_penalty) ** (n_jobs - 1)
+        return s
+
+
+def parse_points(text: str) -> tuple[tuple[float, float], ...]:
+    """``"0:1,75:1,100:0.9,200:0.5"`` -> ((0, 1), (75, 1), (100, 0.9), (200, 0.5))."""
+    pts = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        x, sep, y = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            pts.append((float(x), float(y)))
+        except ValueError:
+            raise HorusError(f"interference: expected sum:speed pairs like 100:0.9, got '{item}'") from None
+    if not pts:
+        raise HorusError("interference: no points given")
+    Interference(tuple(pts))  # validate
+    return tuple(pts)

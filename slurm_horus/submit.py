@@ -1,0 +1,334 @@
+"""The hsubmit flow as a library: read the job's request, predict, attach the hint, submit.
+
+    plan = prepare(argv)                 # split args, read #SBATCH/#HORUS, find the request
+    plan = predict(plan)                 # features + per-GPU-type predictions + hint (lazy onnx)
+    explain_text(plan)                   # what --explain prints (runs the real hook in-process)
+    plan.sbatch_argv                     # what goes to sbatch
+
+Nothing here parses Slurm output itself: that is ``slurm_parse``; running commands is ``slurm``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import slurm_parse as sp
+from .errors import HorusError
+
+__all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error",
+           "merged_comment"]
+
+CONF_PATH = "/etc/slurm-horus/horus.conf"
+
+# sbatch input environment variables that set request fields we read (22.05).
+_ENV_OPTS = {
+    "partition": "SBATCH_PARTITION", "gres": "SBATCH_GRES", "gpus": "SBATCH_GPUS",
+    "constraint": "SBATCH_CONSTRAINT", "gpus-per-node": "SBATCH_GPUS_PER_NODE",
+    "gpus-per-task": "SBATCH_GPUS_PER_TASK", "gpus-per-socket": "SBATCH_GPUS_PER_SOCKET",
+    "cpus-per-gpu": "SBATCH_CPUS_PER_GPU", "mem-per-gpu": "SBATCH_MEM_PER_GPU",
+}
+
+
+@dataclass
+class Plan:
+    argv: list[str]
+    split: sp.SplitArgs
+    script_text: str | None = None          # the batch script, if read
+    stdin_script: bytes | None = None       # the script read from stdin (must be re-fed to sbatch)
+    script_opts: list[sp.SbatchOpt] = field(default_factory=list)
+    horus: dict[str, object] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    # filled by predict()
+    partition: str | None = None
+    gpu_types: dict[str, int] = field(default_factory=dict)
+    report: object = None
+    predictions: dict[str, object] = field(default_factory=dict)
+    predictor_note: str = ""
+    hint: str | None = None
+    comment: str | None = None
+
+    @property
+    def model(self) -> str | None:
+        return self.horus.get("model")  # type: ignore[return-value]
+
+    @property
+    def explain(self) -> bool:
+        return bool(self.horus.get("explain"))
+
+    def request(self, name: str) -> str | None:
+        """A request field as sbatch resolves it: command line > environment > #SBATCH."""
+        v = sp.last_value(self.split.parsed, name)
+        if v is not None:
+            return v
+        env = _ENV_OPTS.get(name)
+        if env and self.env.get(env):
+            return self.env[env]
+        return sp.last_value(self.script_opts, name)
+
+    def user_comment(self) -> str | None:
+        v = sp.last_value(self.split.parsed, "comment")
+        return v if v is not None else sp.last_value(self.script_opts, "comment")
+
+    @property
+    def sbatch_argv(self) -> list[str]:
+        if self.comment is not None and self.hint is not None:
+            return self.split.sbatch_argv(replace_comment=self.comment)
+        return self.split.sbatch_argv()
+
+
+def _horus_dict(pairs: list[tuple[str, str | None]], into: dict) -> None:
+    for name, value in pairs:
+        if name == "dim":
+            into.setdefault("dim", []).append(value)
+        elif name == "explain":
+            into["explain"] = True
+        else:
+            into[name] = value
+
+
+def prepare(argv: list[str], env: dict[str, str] | None = None,
+            stdin=None, read_stdin: bool | None = None) -> Plan:
+    """Split ``argv`` and read the script's directives.  ``stdin`` (a binary file) is read for
+    the script only when there is no script path and no --wrap, and a model was asked on the
+    command line (or ``read_stdin`` says so)."""
+    env = dict(os.environ if env is None else env)
+    split = sp.split_args(argv)
+    if split.errors:
+        raise HorusError(split.errors[0])
+    plan = Plan(list(argv), split, env=env)
+    cmd_horus: dict = {}
+    _horus_dict(split.horus, cmd_horus)
+    wrap = sp.has_flag(split.parsed, "wrap")
+    text = None
+    if not wrap:
+        if split.script:
+            try:
+                with open(split.script, "rb") as f:
+                    text = f.read(4 << 20).decode("utf-8", "replace")
+            except OSError:
+                text = None  # sbatch will say what is wrong with it
+        else:
+            want = ("model" in cmd_horus or "explain" in cmd_horus) if read_stdin is None else read_stdin
+            if want and stdin is not None:
+                data = stdin.read()
+                plan.stdin_script = data
+                text = data.decode("utf-8", "replace")
+    plan.script_text = text
+    horus: dict = {}
+    if text is not None:
+        sb, hz = sp.script_directives(text)
+        plan.script_opts = sp.parse_sbatch_tokens(sb)
+        pairs, errs = sp.horus_directives(hz)
+        for e in errs:
+            plan.warnings.append(f"{e} (ignored)")
+        _horus_dict(pairs, horus)
+    # the command line wins; --dim values add up with #HORUS ones, the command line's last
+    dims = horus.pop("dim", []) + cmd_horus.pop("dim", [])
+    horus.update(cmd_horus)
+    if dims:
+        horus["dim"] = dims
+    plan.horus = horus
+    return plan
+
+
+def merged_comment(user: str | None, hint: str) -> str:
+    from .hint import attach_hint
+
+    return attach_hint(user, hint)
+
+
+def _workload(plan: Plan):
+    from .coldstart import Workload
+
+    h = plan.horus
+    bs = h.get("batch-size")
+    try:
+        batch = int(bs) if bs is not None else 1
+    except ValueError:
+        raise HorusError(f"--batch-size: '{bs}' is not an integer") from None
+    cpt = plan.request("cpus-per-task")
+    try:
+        cpus = int(cpt) if cpt else None
+    except ValueError:
+        cpus = None
+    return Workload(batch_size=batch, task=str(h.get("task") or "train"),
+                    optimizer=str(h.get("optimizer") or "adam"),
+                    precision=str(h.get("precision") or "fp32"), cpus_per_task=cpus)
+
+
+def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
+            partition: str | None = None) -> Plan:
+    """Features, predictions per GPU type of the target partition, the hint and the merged
+    comment.  ``gpu_types`` / ``partition`` skip asking Slurm (tests).  Raises HorusError."""
+    from .cli.common import parse_dims
+    from .features import extract_features
+    from .gpus import default_catalog
+    from .hint import encode_hint
+    from .predict import choose_predictor, predict_for
+
+    model = plan.model
+    if not model:
+        raise HorusError("no --model")
+    path = Path(str(model))
+    if not path.is_file():
+        raise HorusError(f"model {model}: no such file")
+    if not os.access(path, os.R_OK):
+        raise HorusError(f"model {model}: not readable")
+    workload = _workload(plan)
+    dims = parse_dims(tuple(plan.horus.get("dim", [])))  # type: ignore[arg-type]
+    try:
+        report = extract_features(path, batch_size=workload.batch_size, dims=dims)
+    except HorusError as e:
+        msg = str(e)
+        raise HorusError(msg if str(model) in msg else f"model {model}: {msg}") from None
+    except Exception as e:  # onnx/protobuf failures on a non-ONNX file
+        raise HorusError(f"model {model}: not a readable ONNX model ({type(e).__name__})") from None
+    plan.report = report
+    if gpu_types is None:
+        from . import slurm
+
+        plan.partition, gpu_types = slurm.partition_gpu_types(partition or plan.request("partition"))
+    else:
+        plan.partition = partition or plan.request("partition")
+    plan.gpu_types = dict(gpu_types)
+    if not gpu_types:
+        raise HorusError(f"partition {plan.partition}: no typed GPUs (Gres=gpu:<type>:N)")
+    catalog = default_catalog()
+    gpus, names = [], []
+    for gtype in sorted(gpu_types):
+        gpu = catalog.find(gtype)
+        if gpu is None:
+            plan.warnings.append(f"GPU type {gtype} not in the GPU catalog: no prediction for it")
+            continue
+        gpus.append(gpu)
+        names.append(gtype)
+    if not gpus:
+        raise HorusError(f"partition {plan.partition}: no GPU type the catalog knows")
+    choice = choose_predictor(plan.horus.get("horus-model-dir"))
+    plan.predictor_note = choice.note
+    preds = predict_for(report, gpus, workload, choice)
+    plan.predictions = dict(zip(names, preds))
+    plan.hint = encode_hint({
+        g: (min(max(p.util_pct, 0.0), 100.0), max(p.mem_mib, 0.0), max(p.mem_mib_p90, p.mem_mib, 0.0))
+        for g, p in plan.predictions.items()
+    })
+    plan.comment = merged_comment(plan.user_comment(), plan.hint)
+    return plan
+
+
+def job_desc_of(plan: Plan) -> dict:
+    """The job_desc fields slurmctld 22.05's job_submit hook sees for this request."""
+    tpn = [sp.gres_to_tres(plan.request("gres"))]
+    gpn = plan.request("gpus-per-node")
+    if gpn:
+        tpn.append(sp.gpus_to_tres(gpn))
+    jd: dict = {
+        "tres_per_node": ",".join(t for t in tpn if t) or None,
+        "tres_per_job": sp.gpus_to_tres(plan.request("gpus")),
+        "tres_per_task": sp.gpus_to_tres(plan.request("gpus-per-task")),
+        "tres_per_socket": sp.gpus_to_tres(plan.request("gpus-per-socket")),
+        "features": plan.request("constraint"),
+        "partition": plan.partition or plan.request("partition"),
+        "comment": plan.comment if plan.hint else plan.user_comment(),
+    }
+    cpg = plan.request("cpus-per-gpu")
+    if cpg:
+        jd["cpus_per_tres"] = f"gres:gpu:{cpg}"
+    mpg = plan.request("mem-per-gpu")
+    if mpg:
+        jd["mem_per_tres"] = f"gres:gpu:{mpg}"
+    nodes = plan.request("nodes")
+    if nodes:
+        lo, _, hi = nodes.partition("-")
+        try:
+            jd["min_nodes"] = int(lo)
+            if hi:
+                jd["max_nodes"] = int(hi)
+        except ValueError:
+            pass
+    return {k: v for k, v in jd.items() if v is not None}
+
+
+def _hook_paths(env: dict[str, str]) -> tuple[str | None, str | None]:
+    """(hook, policy) slurmctld uses: next to $SLURM_CONF (else /etc/slurm/slurm.conf) when there;
+    else the defaults of policy.find_hook()."""
+    conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    d = Path(conf).parent
+    hook = d / "job_submit.lua"
+    pol = d / "horus_policy.conf"
+    return (str(hook) if hook.is_file() else None,
+            str(pol) if pol.is_file() else (env.get("HORUS_POLICY") or None))
+
+
+def decision_of(plan: Plan):
+    from .policy import decide
+
+    hook, pol = _hook_paths(plan.env)
+    return decide(job_desc_of(plan), policy_path=pol, hook_path=hook)
+
+
+def explain_text(plan: Plan) -> str:
+    lines = []
+    r = plan.report
+    if r is not None:
+        v = r.values
+        lines.append(f"model: {plan.model} (batch {int(v.get('batch_size', 1))}"
+                     + (f", dims {r.bound_dims}" if r.bound_dims else "") + ")")
+        lines.append(f"features: {v['flops'] / 1e9:.2f} GFLOP/step, {v['params'] / 1e6:.2f} M params, "
+                     f"{v['activation_bytes'] / 2**20:.0f} MiB activations, "
+                     f"{int(v['kernels'])} kernels, depth {int(v['depth'])}")
+        w = _workload(plan)
+        lines.append(f"workload: task={w.task} optimizer={w.optimizer} precision={w.precision}"
+                     f" cpus_per_task={w.cpus_per_task or '-'}")
+        lines.append(f"partition: {plan.partition}  GPU types: "
+                     + ", ".join(f"{t} x{n}" for t, n in sorted(plan.gpu_types.items())))
+        lines.append(f"predictor: {plan.predictor_note}")
+        for g, p in plan.predictions.items():
+            lines.append(f"  {g:>8}: util {p.util_pct:5.1f} %  mem {p.mem_mib:8.0f} MiB"
+                         f"  p90 {p.mem_mib_p90:8.0f} MiB  ({p.predictor})")
+        lines.append(f"hint: {plan.hint}")
+    else:
+        lines.append("no model: the job is submitted unchanged")
+    jd = job_desc_of(plan)
+    lines.append("job_desc: " + " ".join(f"{k}={v!r}" for k, v in jd.items()))
+    d = decision_of(plan)
+    lines.append(f"decision: {d.note or d.action}")
+    changed = {k: v for k, v in d.job_desc.items() if jd.get(k) != v}
+    changed.update({k: None for k in jd if k not in d.job_desc})
+    if changed:
+        lines.append("slurmctld would submit: " + " ".join(f"{k}={v!r}" for k, v in changed.items()))
+    for m in d.user_messages:
+        lines.append(f"hook says: {m}")
+    lines.append("sbatch " + " ".join(_quote(a) for a in plan.sbatch_argv))
+    return "\n".join(lines)
+
+
+def _quote(a: str) -> str:
+    import shlex
+
+    return shlex.quote(a)
+
+
+def on_prediction_error(env: dict[str, str] | None = None) -> str:
+    """'submit' (default) or 'refuse': $HORUS_ON_PREDICTION_ERROR, else
+    ``on_prediction_error`` in /etc/slurm-horus/horus.conf ($HORUS_CONF)."""
+    env = os.environ if env is None else env
+    v = (env.get("HORUS_ON_PREDICTION_ERROR") or "").strip().lower()
+    if not v:
+        try:
+            with open(env.get("HORUS_CONF") or CONF_PATH) as f:
+                for line in f:
+                    key, sep, val = line.split("#", 1)[0].partition("=")
+                    if sep and key.strip() == "on_prediction_error":
+                        v = val.strip().lower()
+        except OSError:
+            pass
+    return "refuse" if v == "refuse" else "submit"
+
+
+def warn(msg: str) -> None:
+    sys.stderr.write(f"hsubmit: warning: {msg}\n")
