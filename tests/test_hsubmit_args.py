@@ -1,0 +1,227 @@
+"""hsubmit's argument splitting, #SBATCH/#HORUS parsing and comment merging (pure, no Slurm)."""
+
+import io
+
+import pytest
+
+from slurm_horus import slurm_parse as sp
+from slurm_horus import submit as sub
+from slurm_horus.errors import HorusError
+from slurm_horus.hint import parse_hint
+
+
+def split(*argv):
+    return sp.split_args(list(argv))
+
+
+def test_no_horus_options_is_identity():
+    argv = ["-p", "gpu", "--gres=gpu:1", "-J", "name", "--wrap", "sleep 60"]
+    s = split(*argv)
+    assert s.horus == [] and s.sbatch_argv() == argv and s.rest == []
+
+
+def test_horus_options_exact_and_equals_forms():
+    s = split("--model", "m.onnx", "--batch-size=32", "--dim", "seq=128", "--dim=x=2",
+              "--task", "infer", "--optimizer=sgd", "--precision", "amp", "--explain",
+              "--horus-model-dir", "/reg", "-p", "gpu", "job.sh")
+    assert s.horus == [("model", "m.onnx"), ("batch-size", "32"), ("dim", "seq=128"),
+                       ("dim", "x=2"), ("task", "infer"), ("optimizer", "sgd"),
+                       ("precision", "amp"), ("explain", None), ("horus-model-dir", "/reg")]
+    assert s.sbatch_opts == ["-p", "gpu"] and s.rest == ["job.sh"]
+
+
+@pytest.mark.parametrize("tok", ["--batch=x", "--batch", "--mod=x", "--tas=1", "--tasks-per-node=2",
+                                 "--expl", "--model-dir=x", "--precis=fp16"])
+def test_prefixes_and_lookalikes_go_to_sbatch(tok):
+    s = split(tok, "--wrap", "true")
+    assert s.horus == []
+    assert s.sbatch_argv() == [tok, "--wrap", "true"]
+
+
+def test_sbatch_batch_option_takes_a_value():
+    # --batch is sbatch's (batch step node features) with a required value
+    s = split("--batch", "haswell", "--model", "m.onnx", "run.sh")
+    assert s.sbatch_opts == ["--batch", "haswell"] and s.horus == [("model", "m.onnx")]
+    assert sp.last_value(s.parsed, "batch") == "haswell"
+
+
+def test_separate_values_are_not_the_script():
+    s = split("-p", "gpu", "-J", "name", "--gres", "gpu:1", "-c", "4", "--part", "a100",
+              "--model", "m.onnx", "job.sh", "arg1")
+    assert s.rest == ["job.sh", "arg1"]
+    assert sp.last_value(s.parsed, "partition") == "a100"      # --part is a prefix of --partition
+    assert sp.last_value(s.parsed, "gres") == "gpu:1"
+    assert sp.last_value(s.parsed, "job-name") == "name"
+    assert sp.last_value(s.parsed, "cpus-per-task") == "4"
+
+
+def test_short_clusters_and_attached_values():
+    s = split("-Hpgpu", "-vv", "-Jx", "-c2", "script.sh")
+    names = [(o.name, o.value) for o in s.parsed]
+    assert ("hold", None) in names and ("partition", "gpu") in names
+    assert ("job-name", "x") in names and ("cpus-per-task", "2") in names
+    assert s.rest == ["script.sh"]
+
+
+def test_required_value_takes_next_token_whatever_it_is():
+    s = split("-J", "--model", "x.sh")  # like getopt: --model is the job name
+    assert s.horus == [] and s.rest == ["x.sh"] and sp.last_value(s.parsed, "job-name") == "--model"
+
+
+def test_script_args_looking_like_horus_options_are_left_alone():
+    s = split("--model", "m.onnx", "train.sh", "--model", "other", "--batch-size", "3", "--explain")
+    assert s.horus == [("model", "m.onnx")]
+    assert s.rest == ["train.sh", "--model", "other", "--batch-size", "3", "--explain"]
+
+
+def test_wrap_with_separate_value_and_double_dash():
+    s = split("--wrap", "python train.py --model x", "--model", "m.onnx")
+    assert sp.last_value(s.parsed, "wrap") == "python train.py --model x"
+    assert s.horus == [("model", "m.onnx")] and s.rest == []
+    s = split("--", "--model", "x")
+    assert s.horus == [] and s.rest == ["--model", "x"]
+
+
+def test_optional_value_options_do_not_eat_the_script():
+    s = split("--exclusive", "job.sh", "--nice", "a")
+    assert s.rest == ["job.sh", "--nice", "a"]
+    s = split("--nice=5", "--exclusive=user", "--propagate", "job.sh")
+    assert s.rest == ["job.sh"]
+
+
+def test_missing_horus_value_is_an_error():
+    assert split("--model").errors
+
+
+def test_option_table_matches_sbatch_help():
+    # every long option in sbatch 22.05's --help takes the kind of value it shows there
+    for name in ("partition", "gres", "gpus", "constraint", "comment", "wrap", "job-name",
+                 "cpus-per-task", "batch", "output", "chdir", "export", "array", "time"):
+        assert sp.SBATCH_LONG_OPTS[name] == "required"
+    for name in ("parsable", "hold", "wait", "test-only", "contiguous"):
+        assert sp.SBATCH_LONG_OPTS[name] == "none"
+    assert sp.resolve_long("part") == "partition"
+    assert sp.resolve_long("tas") is None   # tasks-per-node? not an option; --task is not sbatch's
+    assert sp.resolve_long("ntasks-per") is None  # ambiguous
+    assert sp.resolve_long("cpus-per-t") == "cpus-per-task"
+
+
+SCRIPT = """#!/bin/bash
+# a comment
+#SBATCH -p a100 --gres=gpu:1
+#SBATCH --comment="my run"   # trailing comment
+#HORUS --model=/m/resnet.onnx --batch-size 16
+#HORUS --dim seq=128
+
+#SBATCH --job-name=x
+echo hello
+#SBATCH --partition=t4
+#HORUS --task=infer
+"""
+
+
+def test_script_directives_only_leading_block():
+    sb, hz = sp.script_directives(SCRIPT)
+    assert sb == ["-p", "a100", "--gres=gpu:1", "--comment=my run", "--job-name=x"]
+    assert hz == ["--model=/m/resnet.onnx", "--batch-size", "16", "--dim", "seq=128"]
+    opts = sp.parse_sbatch_tokens(sb)
+    assert sp.last_value(opts, "partition") == "a100"
+    assert sp.last_value(opts, "comment") == "my run"
+
+
+def test_indented_sbatch_is_not_a_directive_and_command_stops():
+    sb, _ = sp.script_directives("#!/bin/sh\n  #SBATCH -p x\n#SBATCH -p y\n  \nls\n#SBATCH -p z\n")
+    assert sb == ["-p", "y"]
+
+
+def test_prepare_merges_horus_lines_command_line_wins(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    plan = sub.prepare(["--batch-size", "64", "-c", "3", str(script), "--model", "ignored"], env={})
+    assert plan.model == "/m/resnet.onnx" and plan.horus["batch-size"] == "64"
+    assert plan.horus["dim"] == ["seq=128"] and "task" not in plan.horus
+    assert plan.request("partition") == "a100" and plan.request("cpus-per-task") == "3"
+    assert plan.user_comment() == "my run"
+
+
+def test_request_precedence_cmdline_env_script(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -p a100\nls\n")
+    assert sub.prepare([str(script)], env={}).request("partition") == "a100"
+    assert sub.prepare([str(script)], env={"SBATCH_PARTITION": "t4"}).request("partition") == "t4"
+    assert sub.prepare(["-p", "gpu", str(script)], env={"SBATCH_PARTITION": "t4"}).request("partition") == "gpu"
+
+
+def test_stdin_script_read_only_with_a_model():
+    data = b"#!/bin/sh\n#SBATCH -p t4\n#HORUS --batch-size=4\nls\n"
+    plan = sub.prepare(["--model", "m.onnx"], env={}, stdin=io.BytesIO(data))
+    assert plan.stdin_script == data and plan.request("partition") == "t4"
+    assert plan.horus["batch-size"] == "4"
+    plan = sub.prepare(["-p", "gpu"], env={}, stdin=io.BytesIO(data))
+    assert plan.stdin_script is None
+
+
+HINT = "horus:v1;a100=10.0/2000/2500;t4=20.0/2000/2500"
+
+
+def test_comment_merging_single_comment_passed():
+    s = split("--comment", "mine", "-p", "gpu", "--comm=second", "--wrap", "true")
+    out = s.sbatch_argv(replace_comment=sub.merged_comment("second", HINT))
+    assert out == ["-p", "gpu", "--wrap", "true", f"--comment=second {HINT}"]
+    assert sum(a.startswith("--comm") for a in out) == 1
+
+
+def test_comment_merging_replaces_old_hint():
+    c = sub.merged_comment("run 3 horus:v1;t4=1/1/1", HINT)
+    assert c == f"run 3 {HINT}" and parse_hint(c)["t4"] == (20.0, 2000.0, 2500.0)
+    assert sub.merged_comment(None, HINT) == HINT
+
+
+def test_predict_offline_and_job_desc(tmp_path):
+    zoo = "tests/data/zoo/small_cnn.onnx"
+    plan = sub.prepare(["--model", zoo, "--batch-size", "8", "--task", "infer",
+                        "--gres=gpu:1", "--comment", "hello", "-C", "fast", "--wrap", "true"], env={})
+    sub.predict(plan, gpu_types={"a100": 4, "t4": 2}, partition="gpu")
+    assert set(parse_hint(plan.comment)) == {"a100", "t4"}
+    assert plan.comment.startswith("hello horus:v1;")
+    jd = sub.job_desc_of(plan)
+    assert jd["tres_per_node"] == "gres:gpu:1" and jd["features"] == "fast"
+    assert jd["comment"] == plan.comment
+    argv = plan.sbatch_argv
+    assert argv.count(f"--comment={plan.comment}") == 1 and "hello" not in argv
+
+
+def test_job_desc_gpus_and_nodes():
+    plan = sub.prepare(["--gpus=a100:1", "-N", "1-2", "--cpus-per-gpu=4", "--wrap", "x"], env={})
+    jd = sub.job_desc_of(plan)
+    assert jd["tres_per_job"] == "gres:gpu:a100:1" and jd["min_nodes"] == 1 and jd["max_nodes"] == 2
+    assert jd["cpus_per_tres"] == "gres:gpu:4"
+
+
+def test_bad_model_raises_horus_error(tmp_path):
+    bad = tmp_path / "x.onnx"
+    bad.write_text("not onnx")
+    for m in (str(bad), str(tmp_path / "missing.onnx")):
+        plan = sub.prepare(["--model", m, "--wrap", "true"], env={})
+        with pytest.raises(HorusError):
+            sub.predict(plan, gpu_types={"t4": 1}, partition="gpu")
+
+
+def test_on_prediction_error_setting(tmp_path):
+    assert sub.on_prediction_error({}) in ("submit", "refuse")
+    assert sub.on_prediction_error({"HORUS_ON_PREDICTION_ERROR": "refuse"}) == "refuse"
+    conf = tmp_path / "horus.conf"
+    conf.write_text("# admin\non_prediction_error = refuse\n")
+    assert sub.on_prediction_error({"HORUS_CONF": str(conf)}) == "refuse"
+    conf.write_text("on_prediction_error = submit\n")
+    assert sub.on_prediction_error({"HORUS_CONF": str(conf)}) == "submit"
+
+
+def test_hsubmit_start_is_lazy():
+    import subprocess
+    import sys
+    code = ("import sys; import slurm_horus.cli.hsubmit as h, slurm_horus.submit, slurm_horus.slurm;"
+            "p = slurm_horus.submit.prepare(['-p', 'gpu', '--wrap', 'true'], env={});"
+            "print(sorted(m for m in ('onnx', 'sklearn', 'click', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
