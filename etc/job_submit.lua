@@ -35,6 +35,7 @@ local DEFAULTS = {
 	min_shards = 1,
 	on_bad_hint = "ignore",
 	type_via = "features",
+	type_choice = "order",
 }
 
 -- Where this file lives: the policy file is looked for next to it.
@@ -171,6 +172,9 @@ local function parse_policy(text)
 			elseif key == "type_via" then
 				if val == "features" or val == "gres" then pol.type_via = val
 				else bad(key, "need features or gres") end
+			elseif key == "type_choice" then
+				if val == "order" or val == "any" then pol.type_choice = val
+				else bad(key, "need order or any") end
 			elseif key == "type_order" then
 				order = {}
 				for name in string.gmatch(val, "[^,%s]+") do
@@ -495,8 +499,21 @@ local function make_plan(job, pol)
 		choice = evaluate(pol, asked, preds[asked])
 		if choice.kind == "nofit" then choice.kind = "exclusive" end  -- user's type is kept, whole GPU
 	else
+		-- type_choice = any: a job that can share every type the policy knows asks for the
+		-- largest of its per-type shard counts with no type, so Slurm may place it on any of
+		-- them (it fits the policy on each); otherwise the first type in type_order is pinned.
+		if pol.type_choice == "any" then
+			local worst
+			for _, t in ipairs(pol.type_order) do
+				local r = preds[t] and evaluate(pol, t, preds[t])
+				if not r or r.kind ~= "shared" then worst = nil break end
+				if not worst or r.shards > worst.shards then worst = r end
+			end
+			if worst then choice = { kind = "shared", any = true, gtype = worst.gtype,
+				shards = worst.shards, util_milli = worst.util_milli, mem = worst.mem } end
+		end
 		local exclusive
-		for _, t in ipairs(pol.type_order) do
+		for _, t in ipairs(choice and {} or pol.type_order) do
 			if preds[t] then
 				local r = evaluate(pol, t, preds[t])
 				if r.kind == "shared" then choice = r break end
@@ -521,7 +538,12 @@ local function make_plan(job, pol)
 	end
 
 	-- Shared: the GPU request becomes a shard request in tres_per_node.
-	local gres, features, err = shard_request(pol, e.prefix, choice.gtype, choice.shards, job.features)
+	local gres, features, err
+	if choice.any then
+		gres = e.prefix .. "shard:" .. choice.shards
+	else
+		gres, features, err = shard_request(pol, e.prefix, choice.gtype, choice.shards, job.features)
+	end
 	if not gres then return unchanged(err) end
 	if req.field == "tres_per_node" then
 		items[req.index] = gres
@@ -534,9 +556,10 @@ local function make_plan(job, pol)
 		else set.tres_per_node = gres end
 	end
 	if features then set.features = features end
-	local note = string.format("horus: shared %s shards=%d/%d (util %s%%, mem %d MiB %s)",
-		choice.gtype, choice.shards, pol.shards_per_gpu, fmt_milli(choice.util_milli),
-		choice.mem, pol.memory)
+	local note = string.format("horus: shared %s shards=%d/%d (util %s%%, mem %d MiB %s%s)",
+		choice.any and "any" or choice.gtype, choice.shards, pol.shards_per_gpu,
+		fmt_milli(choice.util_milli), choice.mem, pol.memory,
+		choice.any and (" on " .. choice.gtype .. ", the most of any type") or "")
 	return { rc = slurm.SUCCESS, set = set, note = note }
 end
 

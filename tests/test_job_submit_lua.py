@@ -11,11 +11,17 @@ import pytest
 
 pytest.importorskip("lupa")
 
+import tempfile  # noqa: E402
+
 from slurm_horus.policy import Decision, HookCache, HookRuntime, decide  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "etc" / "job_submit.lua"
-POLICY = REPO / "etc" / "horus_policy.conf"
+SHIPPED_POLICY = REPO / "etc" / "horus_policy.conf"
+# Most cases check pinned type choice; the shipped policy's `type_choice = any` has its own tests.
+_ORDER_DIR = Path(tempfile.mkdtemp(prefix="horus-policy-"))
+POLICY = _ORDER_DIR / "horus_policy.conf"
+POLICY.write_text(SHIPPED_POLICY.read_text().replace("type_choice = any", "type_choice = order"))
 
 LIGHT = "horus:v1;t4=20/3000/3500;a100=10/3000/3500"  # t4: 26 shards (memory-bound)
 BIG_MEM = "horus:v1;t4=20/14000/14500;a100=10/14000/14500"  # > 90 % of a t4
@@ -557,3 +563,42 @@ def test_packing_property(tmp_path, seed):
                 assert sum(x[1] for x in b) <= P
                 assert sum(x[2] for x in b) <= Fraction(gpus[t] * P, 100)
     assert sum(len(v) for v in placed.values()) > 20  # the test did exercise sharing
+
+
+# --- type_choice = any (the shipped policy) -------------------------------------------------
+
+def test_shipped_policy_lets_a_light_job_run_on_any_type():
+    """Shards are the largest per-type need (t4: 26), with no type pinned."""
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, policy=SHIPPED_POLICY)
+    assert d.action == "shared" and d.shards == 26
+    assert d.job_desc["tres_per_node"] == "gres:shard:26"
+    assert not d.job_desc.get("features")
+    assert "the most of any type" in d.admin_comment
+
+
+def test_any_falls_back_to_pinning_when_a_type_cannot_share():
+    d = run({"comment": BIG_MEM, "tres_per_node": "gres:gpu:1"}, policy=SHIPPED_POLICY)
+    assert d.action == "shared" and d.gpu_type == "a100" and d.job_desc["features"] == "a100"
+    d = run({"comment": HEAVY_T4, "tres_per_node": "gres:gpu:1"}, policy=SHIPPED_POLICY)
+    assert d.gpu_type == "a100" and d.job_desc["features"] == "a100"
+
+
+def test_any_keeps_the_users_type():
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:a100:1"}, policy=SHIPPED_POLICY)
+    assert d.gpu_type == "a100" and d.shards == 12  # util 10 % of a 90 % limit
+
+
+def test_any_shards_respect_the_policy_on_every_type():
+    """Packing property for untyped requests: the count covers each type's own need."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        u_t4, u_a100 = round(rng.uniform(0, 60), 1), round(rng.uniform(0, 60), 1)
+        m = round(rng.uniform(100, 13000))
+        token = f"horus:v1;t4={u_t4:.1f}/{m:.0f}/{m:.0f};a100={u_a100:.1f}/{m:.0f}/{m:.0f}"
+        d = run({"comment": token, "tres_per_node": "gres:gpu:1"}, policy=SHIPPED_POLICY)
+        if d.action == "shared" and d.gpu_type == "any":
+            for util, mem_gpu in ((u_t4, 15360), (u_a100, 40960)):
+                assert d.shards / 100 >= min(util, 100) / 90 - 1e-9
+                assert d.shards / 100 >= m / (mem_gpu * 0.9) - 1e-9
