@@ -68,7 +68,8 @@ def test_parameters_match_pytorch(name):
     2C affine parameters by C convolution biases (ResNet-50: 25,557,032 -> 25,530,472)."""
     entry = BY_NAME[name]
     params = _report(entry).values["params"]
-    assert params == pytest.approx(entry["torch_params"], rel=0.015)
+    in_graph = entry["torch_params"] - entry.get("training_only_params", 0)
+    assert params == pytest.approx(in_graph, rel=0.015)
 
 
 RNN_MODELS = {"lstm_lm", "gru_lm"}  # PyTorch counts some CPU RNN kernels and not others
@@ -169,7 +170,10 @@ ONNX_TOOL_MODELS = [n for n in ("resnet50", "mobilenet_v2", "efficientnet_b0", "
 
 @pytest.mark.parametrize("name", ONNX_TOOL_MODELS)
 def test_agrees_with_onnx_tool(name, tmp_path):
-    """Parameters exactly; MACs within 2 % (onnx-tool counts element-wise ops as MACs)."""
+    """Parameters to 0.1 %; convolution and matmul MACs to 2 %. Element-wise ops are compared
+    by neither: their cost conventions differ (onnx-tool counts a Sigmoid as 16 MACs an
+    element, we count 4 FLOPs). Nor is ConvTranspose: onnx-tool counts twice the MACs PyTorch's
+    own counter reports for it (U-Net: 4.30 G against 2.15 G), and ours match PyTorch's."""
     onnx_tool = pytest.importorskip("onnx_tool")
     import numpy as np
 
@@ -180,6 +184,9 @@ def test_agrees_with_onnx_tool(name, tmp_path):
                           dtype=np.float32) for k, shape in entry["inputs"].items()}
     model.graph.shape_infer(inputs)
     model.graph.profile()
+    heavy = ("Conv", "Gemm", "MatMul")
+    theirs = sum(n.macs[0] for n in model.graph.nodemap.values() if n.op_type in heavy)
     ours = _report(entry)
     assert ours.values["params"] == pytest.approx(model.graph.params, rel=0.001)
-    assert ours.values["flops"] / 2 == pytest.approx(model.graph.macs[0], rel=0.02)
+    assert sum(n.flops for n in ours.nodes if n.op_type in heavy) / 2 == pytest.approx(
+        theirs, rel=0.02)
