@@ -71,6 +71,13 @@ def split_sql(text: str) -> list[str]:
     return out
 
 
+def exec_script(conn, text: str) -> None:
+    """Run every statement of a .sql text (escaping % for format-paramstyle drivers)."""
+    pct = conn.dialect.paramstyle in ("format", "pyformat")
+    for stmt in split_sql(text):
+        conn.exec_driver_sql(stmt.replace("%", "%%") if pct else stmt)
+
+
 def default_url() -> str:
     return os.environ.get(ENV_URL) or DEFAULT_URL
 
@@ -163,8 +170,7 @@ def _migrate_1_to_2(conn) -> None:
             conn.exec_driver_sql(f"ALTER TABLE `usage` ADD COLUMN {name} {typ}")
     if "promoted" not in _columns(conn, "predictor_versions"):
         conn.exec_driver_sql("ALTER TABLE predictor_versions ADD COLUMN promoted INTEGER NOT NULL DEFAULT 0")
-    for stmt in split_sql((sql_dir() / "schema.sql").read_text()):
-        conn.exec_driver_sql(stmt)  # CREATE ... IF NOT EXISTS: adds jobs, ledger_state, indices
+    exec_script(conn, (sql_dir() / "schema.sql").read_text())  # adds jobs, ledger_state, indices
     keys = [(r[0], r[1]) for r in conn.exec_driver_sql(
         "SELECT cluster, job_id FROM submissions UNION SELECT cluster, job_id FROM `usage`")]
     refresh_jobs(conn, keys)
@@ -366,8 +372,7 @@ class Ledger:
         with self.engine.begin() as conn:
             names = set(inspect(conn).get_table_names())
             if "schema_version" not in names and "submissions" not in names:
-                for stmt in split_sql((sql_dir() / "schema.sql").read_text()):
-                    conn.exec_driver_sql(stmt)
+                exec_script(conn, (sql_dir() / "schema.sql").read_text())
                 conn.execute(t["schema_version"].insert(),
                              [{"version": SCHEMA_VERSION, "applied": int(time.time())}])
                 self._create_views(conn)
@@ -408,8 +413,7 @@ class Ledger:
         import hashlib
 
         text = self._views_text()
-        for stmt in split_sql(text):
-            conn.exec_driver_sql(stmt)
+        exec_script(conn, text)
         h = hashlib.sha256(text.encode()).hexdigest()[:16]
         upsert(conn, tables()["ledger_state"], [{"name": "views_sha", "value": h}], ("name",))
 
@@ -610,6 +614,14 @@ def _make_engine(url: str, busy_timeout: float):
                 pass
             cur.execute("PRAGMA synchronous = NORMAL")
             cur.close()
+            try:
+                dbapi_conn.execute("SELECT ln(1)")
+            except Exception:  # SQLite built without math functions
+                import math
+
+                dbapi_conn.create_function(
+                    "ln", 1, lambda x: math.log(x) if x is not None and x > 0 else None,
+                    deterministic=True)
 
         @event.listens_for(engine, "begin")
         def _begin(conn):

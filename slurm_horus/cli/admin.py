@@ -70,5 +70,16 @@ def rollback(model_dir):
     click.echo(f"serving {Registry(model_dir).rollback()}")
 
 
+def _register_subcommands() -> None:
+    from .admin_ledger import register as register_ledger
+    from .admin_simulate import register as register_simulate
+
+    register_ledger(main)
+    register_simulate(main)
+
+
+_register_subcommands()
+
+
 if __name__ == "__main__":
     main()

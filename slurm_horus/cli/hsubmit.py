@@ -91,12 +91,36 @@ def _main(argv: list[str]) -> int:
                 pass
         sys.stdout.write(sub.explain_text(plan) + "\n")
         return 0
-    if plan.stdin_script is not None:
-        return slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script).returncode
+    if plan.hint is None:  # nothing predicted: sbatch exactly as the user asked
+        if plan.stdin_script is not None:
+            return slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script).returncode
+        sys.stdout.flush()
+        sys.stderr.flush()
+        slurm.exec_sbatch(plan.sbatch_argv)
+        return 1
+    result = slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script, capture=True)
+    sys.stdout.buffer.write(result.stdout)
+    sys.stderr.buffer.write(result.stderr)
     sys.stdout.flush()
-    sys.stderr.flush()
-    slurm.exec_sbatch(plan.sbatch_argv)
-    return 1
+    if result.returncode == 0:
+        _record(plan, result.stdout.decode(errors="replace"))
+    return result.returncode
+
+
+def _record(plan, sbatch_stdout: str) -> None:
+    """Write the submission to the ledger; never fails the submission (it spools instead)."""
+    from ..slurm_parse import parse_sbatch_stdout
+
+    try:
+        job = parse_sbatch_stdout(sbatch_stdout)
+        if not job:
+            return
+        job_id, _, cluster = job.partition(";")
+        from ..ledger import record_submission_safely, submission_from_plan
+
+        record_submission_safely(**submission_from_plan(plan, job_id, cluster))
+    except Exception as e:  # the job is in; a lost ledger record must not look like a failure
+        _err(f"warning: submission not recorded in the ledger ({type(e).__name__})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,111 @@
+"""Ledger benchmarks: hacct --summary over 1M rows, sync of 10k sacct jobs, retrain on 100k rows.
+
+    python3 benchmarks/bench_ledger.py [--rows 1000000] [--sync-jobs 10000] [--train-rows 100000]
+Targets (2 cores): summary <= 2 s, sync <= 10 s, retrain <= 60 s. Results: RESULTS-ledger.md.
+"""
+
+import argparse
+import json
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from slurm_horus.ledger import Ledger  # noqa: E402
+
+
+def fill(url_path: str, n: int) -> None:
+    """n jobs (submissions + sacct usage + jobs rows) straight into SQLite (setup, not timed)."""
+    Ledger(f"sqlite:///{url_path}")
+    con = sqlite3.connect(url_path)
+    rng = random.Random(0)
+    fams = ["resnet50", "bert", "gpt2", "vit", "unet", "lstm", "t5", "vgg16"]
+    types = ["a100", "t4", "h100", "l4"]
+    users = [f"user{i}" for i in range(60)]
+    rows = []
+    for i in range(n):
+        pu, pm = rng.uniform(5, 95), rng.uniform(500, 40000)
+        measured = rng.random() < 0.9
+        au = min(100, max(0, pu + rng.gauss(0, 10))) if measured else None
+        am = pm * rng.lognormvariate(0, 0.2) if measured else None
+        rows.append(("c", i, 1, users[i % 60], "acct", 1700000000 + i * 3, fams[i % 8], "cold-start",
+                     types[i % 4], i % 4, f"n{i % 50}", 25, "COMPLETED", 600, 1700000000 + i * 3,
+                     1700000600 + i * 3, pu, pm, au, au, am, None, "sacct"))
+    con.executemany("INSERT INTO jobs VALUES (" + ",".join("?" * 23) + ")", rows)
+    con.commit()
+    con.close()
+
+
+def sacct_json(n: int) -> str:
+    fx = json.loads((Path(__file__).resolve().parent.parent / "tests/fixtures/sacct/"
+                     "sacct_25.11_v0.0.44.json").read_text())
+    proto = fx["jobs"][0]
+    jobs = []
+    for i in range(n):
+        j = json.loads(json.dumps(proto))
+        j["job_id"] = 100000 + i
+        j["nodes"] = f"node{i % 40}"
+        j["gres_detail"] = [f"shard:25(IDX:{i % 4})"]
+        j["time"]["start"] = 1760000000 + i * 30
+        j["time"]["end"] = j["time"]["start"] + 600
+        j["comment"]["job"] = "horus:v1;h100-sxm=50.0/8000/9000"
+        jobs.append(j)
+    fx["jobs"] = jobs
+    return json.dumps(fx)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--sync-jobs", type=int, default=10_000)
+    ap.add_argument("--train-rows", type=int, default=100_000)
+    ap.add_argument("--skip", default="")
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ledger-"))
+    out = {}
+    if "summary" not in a.skip:
+        fill(str(tmp / "big.db"), a.rows)
+        from slurm_horus.report import summary
+
+        L = Ledger(f"sqlite:///{tmp / 'big.db'}")
+        t = time.perf_counter()
+        s = summary(L)
+        out["summary_s"] = round(time.perf_counter() - t, 2)
+        out["summary_jobs"] = s["all"]["jobs"]
+        print(f"hacct --summary over {a.rows} rows: {out['summary_s']} s", flush=True)
+    if "sync" not in a.skip:
+        from slurm_horus.usage import sync
+
+        data = sacct_json(a.sync_jobs)
+        L = Ledger(f"sqlite:///{tmp / 'sync.db'}", spool=str(tmp / "sp"))
+        t = time.perf_counter()
+        res = sync(L, sacct_json=data, all_jobs=True)
+        out["sync_s"] = round(time.perf_counter() - t, 2)
+        print(f"sync of {a.sync_jobs} sacct jobs: {out['sync_s']} s ({res['recorded']} recorded)",
+              flush=True)
+    if "retrain" not in a.skip:
+        from test_retrain import write_csv
+
+        from slurm_horus.registry import Registry
+        from slurm_horus.retrain import import_csv, retrain
+
+        write_csv(tmp / "train.csv", n=a.train_rows)
+        L = Ledger(f"sqlite:///{tmp / 'train.db'}")
+        t = time.perf_counter()
+        import_csv(L, str(tmp / "train.csv"))
+        out["import_s"] = round(time.perf_counter() - t, 2)
+        t = time.perf_counter()
+        res = retrain(L, Registry(tmp / "models"))
+        out["retrain_s"] = round(time.perf_counter() - t, 2)
+        print(f"import of {a.train_rows} CSV rows: {out['import_s']} s; retrain (5-fold CV + "
+              f"final fit, 200 rounds): {out['retrain_s']} s, promoted={res['promoted']}", flush=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

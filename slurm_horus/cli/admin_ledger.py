@@ -1,0 +1,118 @@
+"""`horus-admin sync | retrain | import`: the ledger's admin commands.
+
+The lead wires them into horus-admin with ``register(main)`` (see slurm_horus/cli/admin.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import one_line_errors, print_json
+
+LEDGER = click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
+                      help="Ledger database URL (default $HORUS_LEDGER_URL or "
+                           "sqlite:////var/lib/slurm-horus/ledger.db).")
+MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
+                         help="Registry folder (default /var/lib/slurm-horus/models).")
+
+
+@click.command("sync")
+@LEDGER
+@click.option("-S", "--since", help="Window start (default: the last sync, else 1 day ago).")
+@click.option("-E", "--until", help="Window end (default now).")
+@click.option("--all", "all_jobs", is_flag=True,
+              help="Also record jobs not submitted through hsubmit that used gres shard/gpu.")
+@click.option("--from-file", type=click.Path(dir_okay=False),
+              help="Read sacct --json output from this file instead of running sacct.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors("horus-admin sync")
+def sync(url, since, until, all_jobs, from_file, as_json):
+    """Record finished jobs' actual use from sacct (idempotent); replay spooled records."""
+    from ..errors import HorusError
+    from ..ledger import Ledger
+    from ..usage import sync as do_sync
+    from .hacct import parse_time
+
+    ledger = Ledger(url)
+    data = None
+    if from_file:
+        try:
+            with open(from_file, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise HorusError(f"{from_file}: {e.strerror}") from None
+    res = do_sync(ledger, sacct_json=data, since=parse_time(since, "--since"),
+                  until=parse_time(until, "--until"), all_jobs=all_jobs)
+    if as_json:
+        print_json(res)
+    else:
+        click.echo(f"sync: {res['recorded']} jobs recorded of {res['jobs_seen']} finished, "
+                   f"{res['new_submissions']} new from hints, {res['replayed']} spooled "
+                   f"records replayed")
+
+
+@click.command("retrain")
+@LEDGER
+@MODEL_DIR
+@click.option("--import", "import_csv", type=click.Path(dir_okay=False),
+              help="First import measurements from this CSV (see `horus-admin import`).")
+@click.option("--folds", type=click.IntRange(2, 20), default=5, show_default=True)
+@click.option("--max-iter", type=click.IntRange(10, 2000), default=200, show_default=True,
+              help="Boosting rounds per ensemble.")
+@click.option("--force", is_flag=True, help="Promote even if not better than the serving model.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors("horus-admin retrain")
+def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
+    """Train the learned predictor on measured jobs; promote it only if it beats the serving one."""
+    from ..ledger import Ledger
+    from ..registry import Registry
+    from ..retrain import import_csv as do_import, retrain as do_retrain
+
+    ledger = Ledger(url)
+    if import_csv:
+        n = do_import(ledger, import_csv)["rows"]
+        if not as_json:
+            click.echo(f"imported {n} rows from {import_csv}")
+    res = do_retrain(ledger, Registry(model_dir), folds=folds, force=force, seed=seed,
+                     max_iter=max_iter, progress=sys.stderr.isatty() and not as_json,
+                     log=lambda m: click.echo(m, err=True))
+    if as_json:
+        print_json(res)
+        return
+    cv, base = res["cv"], res["baseline"]
+    click.echo(f"trained {res['version']} on {res['rows']} jobs ({res['skipped']} unusable), "
+               f"{folds}-fold CV")
+    click.echo(f"  new     : mem median rel err {cv['mem_mdape_pct']:.1f}%  util RMSLE "
+               f"{cv['util_rmsle']:.3f}  util MAE {cv['util_mae_pct']:.1f} pp")
+    click.echo(f"  serving : mem median rel err {base['mem_mdape_pct']:.1f}%  util RMSLE "
+               f"{base['util_rmsle']:.3f}  util MAE {base['util_mae_pct']:.1f} pp "
+               f"({res['baseline_version']})")
+    if res["promoted"]:
+        click.echo(f"promoted {res['version']}" + ("" if res["better"] else " (--force)"))
+    else:
+        click.echo(f"kept {res['baseline_version']}: {res['version']} is not better "
+                   "(stored; --force or `horus-admin models promote` to serve it)")
+
+
+@click.command("import")
+@click.argument("csv_file", type=click.Path(dir_okay=False))
+@LEDGER
+@one_line_errors("horus-admin import")
+def import_(csv_file, url):
+    """Load measured jobs from CSV: gpu_type, util_pct, mem_mib, and model (ONNX path) or
+    features (JSON), optional batch_size, task, optimizer, precision, cpus_per_task,
+    util_max_pct, user, model_family, cold_util_pct, cold_mem_mib (see docs/ledger.md)."""
+    from ..ledger import Ledger
+    from ..retrain import import_csv
+
+    n = import_csv(Ledger(url), csv_file)["rows"]
+    click.echo(f"imported {n} rows")
+
+
+def register(main_group: click.Group) -> None:
+    """Add sync, retrain and import to horus-admin."""
+    for cmd in (sync, retrain, import_):
+        main_group.add_command(cmd)

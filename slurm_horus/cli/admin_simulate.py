@@ -1,0 +1,156 @@
+"""`horus-admin simulate`: compare placement policies on a simulated GPU cluster.
+
+Wired into `horus-admin` by ``register(main)``; the work is in slurm_horus.simulate.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .common import one_line_errors, print_json
+
+SUMMARY = (("makespan_s", "makespan (s)", "{:,.0f}"), ("mean_jct_s", "mean JCT (s)", "{:,.0f}"),
+           ("median_jct_s", "median JCT (s)", "{:,.0f}"), ("p95_jct_s", "p95 JCT (s)", "{:,.0f}"),
+           ("mean_wait_s", "mean wait (s)", "{:,.0f}"), ("gpu_util", "GPU util", "{:.3f}"),
+           ("gpus_busy_frac", "GPUs busy", "{:.3f}"), ("mean_slowdown", "slowdown", "{:.3f}"),
+           ("oom_failures", "OOM failures", "{}"), ("timeouts", "timeouts", "{}"),
+           ("shared_starts", "shared starts", "{}"), ("sim_cpu_s", "sim CPU (s)", "{:.2f}"))
+
+
+def _read(path: str, what: str) -> str:
+    from ..errors import HorusError
+
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise HorusError(f"{what} {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise HorusError(f"{what} {path}: not a text file") from None
+
+
+def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf):
+    from ..errors import HorusError
+    from ..simulate import cluster_from_json, cluster_from_slurm_conf, homogeneous_cluster
+
+    if cluster_file and slurm_conf:
+        raise HorusError("give --cluster or --slurm-conf, not both")
+    if cluster_file:
+        return cluster_from_json(_read(cluster_file, "cluster file"))
+    if slurm_conf:
+        gres = _read(gres_conf, "gres.conf") if gres_conf else None
+        return cluster_from_slurm_conf(_read(slurm_conf, "slurm.conf"), gres)
+    return homogeneous_cluster(gpus, gpu_type.lower(), gpus_per_node)
+
+
+def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo):
+    from ..errors import HorusError
+    from ..sim_traces import ModelMix, from_rows, from_sacct_json, generate_trace
+
+    if sacct and ledger:
+        raise HorusError("give --sacct or --ledger, not both")
+    mix = ModelMix(zoo)
+    if sacct:
+        return from_sacct_json(_read(sacct, "sacct file"), cluster.gpu_types, seed=seed, trace_mix=trace,
+                               sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
+                               max_gpus_per_job=cluster.max_gpus_per_node)
+    if ledger:
+        try:
+            rows = json.loads(_read(ledger, "ledger file"))
+        except ValueError as e:
+            raise HorusError(f"ledger file {ledger}: not JSON ({e})") from None
+        if isinstance(rows, dict):
+            rows = rows.get("rows")
+        if not isinstance(rows, list):
+            raise HorusError(f"ledger file {ledger}: expected a JSON list of rows")
+        return from_rows(rows, cluster.gpu_types)
+    return generate_trace(trace, jobs, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load,
+                          sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
+                          max_gpus_per_job=cluster.max_gpus_per_node)
+
+
+def register(main_group: click.Group) -> None:
+    """Add the `simulate` command to ``main_group`` (horus-admin)."""
+
+    @main_group.command("simulate")
+    @click.option("--jobs", "n_jobs", type=int, default=2000, show_default=True, help="Jobs to generate.")
+    @click.option("--trace", type=click.Choice(["philly", "helios", "pai"]), default="philly",
+                  show_default=True, help="Workload to generate (or model mix for --sacct).")
+    @click.option("--gpus", type=int, default=64, show_default=True, help="Homogeneous cluster size.")
+    @click.option("--gpu-type", default="a100", show_default=True, help="GPU type of --gpus.")
+    @click.option("--gpus-per-node", type=int, default=8, show_default=True)
+    @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
+                  help='Cluster JSON: {"nodes": [{"name", "gpu_type", "gpus", "count"}]}.')
+    @click.option("--slurm-conf", type=click.Path(dir_okay=False), help="Read nodes' Gres from slurm.conf.")
+    @click.option("--gres-conf", type=click.Path(dir_okay=False), help="gres.conf for untyped GPUs.")
+    @click.option("--sacct", type=click.Path(dir_okay=False), help="Replay a `sacct --json` dump.")
+    @click.option("--ledger", type=click.Path(dir_okay=False),
+                  help="Replay ledger rows (JSON list of {submit_time, elapsed_s, gpus, pred_util, "
+                       "pred_mem, true_util, true_mem}).")
+    @click.option("--seed", type=int, default=0, show_default=True)
+    @click.option("--load", type=float, default=1.0, show_default=True,
+                  help="Offered load: arrivals x exclusive GPU-seconds / capacity.")
+    @click.option("--sigma-util", type=float, default=0.25, show_default=True,
+                  help="Lognormal sigma of true/predicted utilization.")
+    @click.option("--sigma-mem", type=float, default=0.15, show_default=True,
+                  help="Lognormal sigma of true/predicted memory.")
+    @click.option("--policies", default=",".join(("exclusive", "naive", "horus", "oracle")),
+                  show_default=True, help="Comma-separated policies to run.")
+    @click.option("--naive-shards", type=int, default=50, show_default=True,
+                  help="Shards per 1-GPU job under the naive policy.")
+    @click.option("--policy-file", type=click.Path(dir_okay=False),
+                  help="horus_policy.conf to use (default: next to job_submit.lua).")
+    @click.option("--bf-window", type=int, default=100, show_default=True,
+                  help="Waiting jobs the backfill pass looks at (bf_max_job_test).")
+    @click.option("--bf-interval", type=float, default=0.0, show_default=True,
+                  help="Seconds between backfill passes (0: at every event).")
+    @click.option("--oom-delay", type=float, default=60.0, show_default=True,
+                  help="Seconds an OOM-failing job holds its GPU before it dies.")
+    @click.option("--interference", "itf_points",
+                  help='Speed curve "sum:speed,..." (default: Lucid medians, see docs/simulator.md).')
+    @click.option("--mem-bw-penalty", type=float, default=0.0, show_default=True,
+                  help="Extra slowdown factor per additional co-located job.")
+    @click.option("--zoo", type=click.Path(file_okay=False), help="Folder of the mix's ONNX models.")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object keyed by policy.")
+    @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG bar chart.")
+    @one_line_errors("horus-admin simulate")
+    def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
+                     sacct, ledger, seed, load, sigma_util, sigma_mem, policies, naive_shards, policy_file,
+                     bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, zoo, as_json, plot):
+        """Simulate a GPU cluster running a job trace under several placement policies."""
+        from ..errors import HorusError
+        from ..sim_interference import LUCID_POINTS, Interference, parse_points
+        from ..simulate import run_policies, write_png
+
+        if bf_window < 0 or bf_interval < 0 or oom_delay < 0:
+            raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
+        if sigma_util < 0 or sigma_mem < 0:
+            raise HorusError("--sigma-util and --sigma-mem must be >= 0")
+        pols = [p.strip() for p in policies.split(",") if p.strip()]
+        if not pols:
+            raise HorusError("--policies: none given")
+        itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
+        cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf)
+        jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo)
+        results = run_policies(cluster, jobs, pols, policy_path=policy_file, naive_shards=naive_shards,
+                               interference=itf, bf_window=bf_window, bf_interval=bf_interval,
+                               oom_delay_s=oom_delay)
+        legend = write_png(plot, results) if plot else None
+        if as_json:
+            print_json(results)
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        src = f"sacct {sacct}" if sacct else f"ledger {ledger}" if ledger else f"{trace} trace, seed {seed}"
+        table = Table(title=f"{len(jobs)} jobs ({src}) on {cluster.describe()}")
+        table.add_column("metric")
+        for p in results:
+            table.add_column(p, justify="right")
+        for key, label, fmt in SUMMARY:
+            table.add_row(label, *(fmt.format(results[p][key]) for p in results))
+        Console().print(table)
+        if legend:
+            click.echo(f"wrote {plot}: " + "; ".join(legend))

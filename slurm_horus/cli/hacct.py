@@ -1,0 +1,121 @@
+"""`hacct`: sacct for predictions - each job's predicted vs actual GPU use, from the ledger."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+
+import click
+
+from .common import one_line_errors
+
+_REL_RE = re.compile(r"^now(?:-(\d+)(days?|hours?|minutes?|seconds?|[dhms])?)?$")
+
+
+def parse_time(s: str | None, what: str) -> int | None:
+    """sacct-like times: YYYY-MM-DD[THH:MM[:SS]], epoch seconds, now, now-2days, now-3hours."""
+    from ..errors import HorusError
+
+    if s is None:
+        return None
+    s = s.strip()
+    m = _REL_RE.match(s.lower())
+    if m:
+        n = int(m.group(1) or 0)
+        unit = (m.group(2) or "s")[0]
+        return int(time.time()) - n * {"d": 86400, "h": 3600, "m": 60, "s": 1}[unit]
+    if s.isdigit() and len(s) >= 9:
+        return int(s)
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%Y-%m-%d %H:%M:%S"):
+        try:
+            return int(time.mktime(time.strptime(s, fmt)))
+        except ValueError:
+            continue
+    raise HorusError(f"{what}: bad time '{s}' (YYYY-MM-DD[THH:MM[:SS]], now, now-2days)")
+
+
+def _split(values) -> list[str]:
+    out = []
+    for v in values or ():
+        out += [x.strip() for x in v.split(",") if x.strip()]
+    return out
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
+@click.option("-u", "--user", "users", multiple=True, help="Users (comma-separated).")
+@click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")
+@click.option("-S", "--starttime", help="Jobs ending (or submitted) at or after this time.")
+@click.option("-E", "--endtime", help="Jobs submitted at or before this time.")
+@click.option("-s", "--state", "states", multiple=True,
+              help="States, e.g. CD,F,TO,CA,OOM (comma-separated).")
+@click.option("-o", "--format", "fmt", help="Columns, e.g. JobID,User,PredMem,ActMem%8; "
+              "'-o help' lists them.")
+@click.option("-P", "--parsable2", is_flag=True, help="'|'-separated, no trailing '|'.")
+@click.option("-n", "--noheader", is_flag=True, help="No header line.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per job, in a list.")
+@click.option("--summary", is_flag=True, help="Accuracy: MAE, RMSLE, median relative error, "
+              "coverage by model family, GPU type and user, and jobs far above prediction.")
+@click.option("--plot", "plot", is_flag=False, flag_value="-", default=None,
+              metavar="[FILE.png]", help="Predicted vs actual and error over time; "
+              "in the terminal, and as a PNG when a file is named.")
+@click.option("-M", "--cluster", help="Only this cluster.")
+@click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
+              help="Ledger database URL (default $HORUS_LEDGER_URL or the site ledger).")
+@one_line_errors("hacct")
+def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, noheader, as_json,
+         summary, plot, cluster, url):
+    """Predicted vs actual GPU use of jobs (sacct-style)."""
+    from .. import report
+    from ..errors import HorusError
+    from ..usage import STATE_ABBREV
+
+    if fmt and fmt.strip().lower() == "help":
+        click.echo(" ".join(report.COLUMNS.values()))
+        return
+    cols = report.parse_format(fmt)
+    try:
+        job_ids = [int(x.split(".")[0]) for x in _split(jobs)]
+    except ValueError:
+        raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}") from None
+    state_list = [STATE_ABBREV.get(s.upper(), s.upper()) for s in _split(states)]
+    filters = dict(job_ids=job_ids or None, users=_split(users) or None,
+                   accounts=_split(accounts) or None, states=state_list or None,
+                   start=parse_time(starttime, "-S/--starttime"),
+                   end=parse_time(endtime, "-E/--endtime"), cluster=cluster)
+    from ..ledger import Ledger
+
+    ledger = Ledger(url, replay=False)
+    if summary:
+        s = report.summary(ledger, **filters)
+        if as_json:
+            from .common import print_json
+
+            print_json(s)
+        else:
+            click.echo(report.summary_text(s), nl=False)
+        return
+    if plot is not None:
+        points = report.plot_points(ledger, **filters)
+        click.echo(report.text_plot(points), nl=False)
+        if plot != "-":
+            report.write_png(plot, points)
+            click.echo(f"wrote {plot}")
+        return
+    rows = ledger.jobs(**filters)
+    if as_json:
+        import json
+
+        click.echo(json.dumps([report.job_json(r) for r in rows], indent=1))
+        return
+    if sys.stdout.isatty() and not parsable2:
+        from rich.console import Console
+
+        Console().print(report.rich_table(rows, cols, noheader))
+        return
+    click.echo(report.plain_table(rows, cols, parsable2, noheader), nl=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,466 @@
+"""hacct's data: per-job predicted vs actual use, the accuracy summary (SQL aggregation), plots.
+
+Errors are actual minus predicted: ``UtilErr`` in percentage points, ``MemErr`` in percent of the
+prediction (positive: the job used more than predicted). The summary's median relative error is
+the median of |predicted - actual| / actual memory, from a histogram computed in SQL (0.5 % bins
+below 100 %, 10 % bins up to 1000 %), so a million rows take one scan.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+
+# name -> (header, json key). Order here is the order of `hacct -o help`.
+COLUMNS = {
+    "jobid": "JobID", "cluster": "Cluster", "user": "User", "account": "Account",
+    "family": "Family", "gputype": "GPUType", "gpuidx": "GPUIdx", "node": "Node",
+    "shards": "Shards", "predutil": "PredUtil", "actutil": "ActUtil", "maxutil": "MaxUtil",
+    "utilerr": "UtilErr", "predmem": "PredMem", "actmem": "ActMem", "memerr": "MemErr",
+    "colocated": "CoLocated", "state": "State", "elapsed": "Elapsed", "submit": "Submit",
+    "predictor": "Predictor", "sources": "Sources",
+}
+DEFAULT_FORMAT = ("JobID,User,GPUType,GPUIdx,Shards,PredUtil,ActUtil,UtilErr,PredMem,ActMem,"
+                  "MemErr,CoLocated,State,Elapsed,Predictor")
+FAR_UTIL_PP = 25.0     # actual utilization this many points above the prediction
+FAR_MEM_FACTOR = 1.25  # actual memory this many times the prediction
+
+
+def elapsed_str(s) -> str:
+    if s is None:
+        return ""
+    s = int(s)
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:{sec:02d}" if d else f"{h:02d}:{m:02d}:{sec:02d}"
+
+
+def _errs(r: dict) -> tuple[float | None, float | None]:
+    ue = me = None
+    if r.get("act_util_pct") is not None and r.get("pred_util_pct") is not None:
+        ue = r["act_util_pct"] - r["pred_util_pct"]
+    if r.get("act_mem_mib") is not None and r.get("pred_mem_mib"):
+        me = 100.0 * (r["act_mem_mib"] - r["pred_mem_mib"]) / r["pred_mem_mib"]
+    return ue, me
+
+
+def _f1(x):
+    return "" if x is None else f"{x:.1f}"
+
+
+def _signed(x):
+    return "" if x is None else f"{x:+.1f}"
+
+
+def _mib(x):
+    return "" if x is None else f"{x:.0f}"
+
+
+def cell(r: dict, col: str) -> str:
+    """One column of one job as sacct would print it (empty when unknown)."""
+    import time
+
+    ue, me = _errs(r)
+    c = col.lower()
+    if c == "jobid":
+        return str(r["job_id"])
+    if c == "cluster":
+        return r.get("cluster") or ""
+    if c == "user":
+        return r.get("user_name") or ""
+    if c == "account":
+        return r.get("account") or ""
+    if c == "family":
+        return r.get("model_family") or ""
+    if c == "gputype":
+        return r.get("gpu_type") or ""
+    if c == "gpuidx":
+        return "" if r.get("gpu_index") is None else str(r["gpu_index"])
+    if c == "node":
+        return r.get("node") or ""
+    if c == "shards":
+        return "" if r.get("shards") is None else str(r["shards"])
+    if c == "predutil":
+        return _f1(r.get("pred_util_pct"))
+    if c == "actutil":
+        return _f1(r.get("act_util_pct"))
+    if c == "maxutil":
+        return _f1(r.get("act_util_max"))
+    if c == "utilerr":
+        return _signed(ue)
+    if c == "predmem":
+        return _mib(r.get("pred_mem_mib"))
+    if c == "actmem":
+        return _mib(r.get("act_mem_mib"))
+    if c == "memerr":
+        return _signed(me)
+    if c == "colocated":
+        return r.get("colocated") or ""
+    if c == "state":
+        return r.get("state") or ""
+    if c == "elapsed":
+        return elapsed_str(r.get("elapsed_s"))
+    if c == "submit":
+        t = r.get("submit_time")
+        return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    if c == "predictor":
+        return r.get("predictor") or ""
+    if c == "sources":
+        return r.get("sources") or ""
+    raise KeyError(col)
+
+
+def parse_format(fmt: str | None) -> list[tuple[str, int | None]]:
+    """'JobID,User%12' -> [('jobid', None), ('user', 12)]; unknown names raise HorusError."""
+    from .errors import HorusError
+
+    out = []
+    for part in (fmt or DEFAULT_FORMAT).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, width = part.partition("%")
+        key = name.strip().lower()
+        if key not in COLUMNS:
+            raise HorusError(f"unknown field '{name}' (valid: {', '.join(COLUMNS.values())})")
+        try:
+            w = int(width) if width else None
+        except ValueError:
+            raise HorusError(f"bad width in '{part}'") from None
+        out.append((key, w))
+    if not out:
+        raise HorusError("empty --format")
+    return out
+
+
+def job_json(r: dict) -> dict:
+    ue, me = _errs(r)
+    co = [int(x) for x in (r.get("colocated") or "").split(",") if x.strip()]
+    return {"job_id": r["job_id"], "cluster": r.get("cluster"), "user": r.get("user_name"),
+            "account": r.get("account"), "model_family": r.get("model_family"),
+            "gpu_type": r.get("gpu_type"), "gpu_index": r.get("gpu_index"),
+            "node": r.get("node"), "shards": r.get("shards"), "state": r.get("state"),
+            "elapsed_s": r.get("elapsed_s"), "submit_time": r.get("submit_time"),
+            "pred_util_pct": _round(r.get("pred_util_pct")),
+            "pred_mem_mib": _round(r.get("pred_mem_mib")),
+            "actual_util_pct": _round(r.get("act_util_pct")),
+            "actual_util_max_pct": _round(r.get("act_util_max")),
+            "actual_mem_mib": _round(r.get("act_mem_mib")),
+            "util_err_pp": _round(ue), "mem_err_pct": _round(me), "colocated": co,
+            "predictor": r.get("predictor"), "sources": r.get("sources")}
+
+
+def _round(x, n=2):
+    return None if x is None else round(float(x), n)
+
+
+def plain_table(rows: list[dict], cols: list[tuple[str, int | None]], parsable: bool,
+                noheader: bool) -> str:
+    heads = [COLUMNS[c] for c, _ in cols]
+    body = [[cell(r, c) for c, _ in cols] for r in rows]
+    lines = []
+    if parsable:
+        if not noheader:
+            lines.append("|".join(heads))
+        lines += ["|".join(b) for b in body]
+        return "\n".join(lines) + ("\n" if lines else "")
+    widths = []
+    for i, (c, w) in enumerate(cols):
+        widths.append(w if w else max([len(heads[i])] + [len(b[i]) for b in body]))
+    if not noheader:
+        lines.append(" ".join(h[:w].rjust(w) for h, w in zip(heads, widths)))
+        lines.append(" ".join("-" * w for w in widths))
+    for b in body:
+        lines.append(" ".join(v[:w].rjust(w) if len(v) <= w else v[:w - 1] + "+"
+                              for v, w in zip(b, widths)))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def rich_table(rows: list[dict], cols, noheader: bool):
+    from rich.table import Table
+
+    t = Table(show_header=not noheader, header_style="bold", box=None, pad_edge=False)
+    for c, _ in cols:
+        t.add_column(COLUMNS[c], justify="left" if c in ("user", "state", "predictor", "gputype",
+                                                           "node", "family", "colocated")
+                     else "right", no_wrap=True)
+    for r in rows:
+        vals = []
+        for c, _ in cols:
+            v = cell(r, c)
+            if c in ("utilerr", "memerr") and v:
+                x = float(v)
+                far = x > (FAR_UTIL_PP if c == "utilerr" else (FAR_MEM_FACTOR - 1) * 100)
+                v = f"[red]{v}[/red]" if far else v
+            vals.append(v)
+        t.add_row(*vals)
+    return t
+
+
+# --------------------------------------------------------------------------- summary
+
+def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
+    """Accuracy by model family, GPU type and user; one aggregating scan plus a top-N query."""
+    from sqlalchemy import Integer, and_, case, cast, func, literal, select
+
+    from .ledger import job_filters, tables
+
+    j = tables()["jobs"]
+    has_util = and_(j.c.act_util_pct.isnot(None), j.c.pred_util_pct.isnot(None))
+    has_mem = and_(j.c.act_mem_mib > 0, j.c.pred_mem_mib > 0)
+    measured = case((or_(j.c.act_util_pct.isnot(None), j.c.act_mem_mib.isnot(None)), 1), else_=0)
+    abs_u = func.abs(j.c.act_util_pct - j.c.pred_util_pct)
+    logu = (func.ln(1.0 + j.c.pred_util_pct) - func.ln(1.0 + j.c.act_util_pct))
+    logm = (func.ln(1.0 + j.c.pred_mem_mib) - func.ln(1.0 + j.c.act_mem_mib))
+    rel = func.abs(j.c.pred_mem_mib - j.c.act_mem_mib) / j.c.act_mem_mib
+    bucket = case((~has_mem, literal(-1)),
+                  (rel < 1.0, cast(rel * 200, Integer)),
+                  (rel < 10.0, 200 + cast((rel - 1.0) * 10, Integer)),
+                  else_=literal(290))
+    far = case((or_(and_(has_util, j.c.act_util_pct - j.c.pred_util_pct > FAR_UTIL_PP),
+                    and_(has_mem, j.c.act_mem_mib > j.c.pred_mem_mib * FAR_MEM_FACTOR)), 1),
+               else_=0)
+    stmt = select(
+        j.c.model_family, j.c.gpu_type, j.c.user_name, bucket.label("b"),
+        func.count().label("n"), func.sum(measured).label("measured"),
+        func.sum(case((has_util, 1), else_=0)).label("nu"),
+        func.sum(case((has_util, abs_u), else_=0)).label("su"),
+        func.sum(case((has_util, logu * logu), else_=0)).label("squ"),
+        func.sum(case((has_mem, logm * logm), else_=0)).label("sqm"),
+        func.sum(far).label("far"),
+    )
+    stmt = job_filters(stmt, submitted_only=True, **filters)
+    stmt = stmt.group_by(j.c.model_family, j.c.gpu_type, j.c.user_name, bucket)
+    groups: dict[str, dict] = {"all": {}, "model_family": {}, "gpu_type": {}, "user": {}}
+    with ledger.engine.connect() as conn:
+        result = conn.execute(stmt).all()
+        for fam, gt, user, b, n, meas, nu, su, squ, sqm, nfar in result:
+            for dim, key in (("all", "all"), ("model_family", fam), ("gpu_type", gt),
+                             ("user", user)):
+                g = groups[dim].setdefault(key if key is not None else "-", _acc())
+                g["jobs"] += int(n)
+                g["measured"] += int(meas or 0)
+                g["nu"] += int(nu or 0)
+                g["su"] += float(su or 0.0)
+                g["squ"] += float(squ or 0.0)
+                g["sqm"] += float(sqm or 0.0)
+                g["far"] += int(nfar or 0)
+                if b is not None and b >= 0:
+                    g["hist"][int(b)] = g["hist"].get(int(b), 0) + int(n)
+        far_rows = _far_jobs(conn, filters, far_limit)
+    out = {}
+    for dim, gs in groups.items():
+        out[dim] = {k: _finish(v) for k, v in sorted(gs.items(), key=lambda kv: str(kv[0]))}
+    out["all"] = out["all"].get("all", _finish(_acc()))
+    out["far_exceeding"] = far_rows
+    out["thresholds"] = {"util_pp": FAR_UTIL_PP, "mem_factor": FAR_MEM_FACTOR}
+    return out
+
+
+def or_(*a):
+    from sqlalchemy import or_ as _or
+
+    return _or(*a)
+
+
+def _acc():
+    return {"jobs": 0, "measured": 0, "nu": 0, "su": 0.0, "squ": 0.0, "sqm": 0.0, "far": 0,
+            "hist": {}}
+
+
+def _bucket_bounds(b: int) -> tuple[float, float]:
+    if b < 200:
+        return b / 200, (b + 1) / 200
+    if b < 290:
+        return 1.0 + (b - 200) / 10, 1.0 + (b - 199) / 10
+    return 10.0, 10.0
+
+
+def _median_from_hist(hist: dict[int, int]) -> float | None:
+    total = sum(hist.values())
+    if not total:
+        return None
+    half = total / 2
+    cum = 0
+    for b in sorted(hist):
+        c = hist[b]
+        if cum + c >= half:
+            lo, hi = _bucket_bounds(b)
+            return lo + (hi - lo) * ((half - cum) / c)
+        cum += c
+    return None
+
+
+def _finish(g: dict) -> dict:
+    nm = sum(g["hist"].values())
+    med = _median_from_hist(g["hist"])
+    return {"jobs": g["jobs"], "measured": g["measured"],
+            "coverage_pct": round(100.0 * g["measured"] / g["jobs"], 2) if g["jobs"] else None,
+            "util_mae_pp": round(g["su"] / g["nu"], 3) if g["nu"] else None,
+            "util_rmsle": round(math.sqrt(g["squ"] / g["nu"]), 4) if g["nu"] else None,
+            "mem_rmsle": round(math.sqrt(g["sqm"] / nm), 4) if nm else None,
+            "mem_median_rel_err_pct": round(med * 100, 2) if med is not None else None,
+            "far_exceeding": g["far"]}
+
+
+def _far_jobs(conn, filters: dict, limit: int) -> list[dict]:
+    from sqlalchemy import and_, case, func, select
+
+    from .ledger import job_filters, tables
+
+    j = tables()["jobs"]
+    ratio = case((j.c.pred_mem_mib > 0, j.c.act_mem_mib / j.c.pred_mem_mib), else_=0)
+    uerr = func.coalesce(j.c.act_util_pct - j.c.pred_util_pct, 0)
+    cond = or_(and_(j.c.act_mem_mib.isnot(None), j.c.pred_mem_mib > 0,
+                    j.c.act_mem_mib > j.c.pred_mem_mib * FAR_MEM_FACTOR),
+               and_(j.c.act_util_pct.isnot(None), j.c.pred_util_pct.isnot(None),
+                    j.c.act_util_pct - j.c.pred_util_pct > FAR_UTIL_PP))
+    stmt = select(j).where(cond)
+    stmt = job_filters(stmt, submitted_only=True, **filters)
+    stmt = stmt.order_by(ratio.desc(), uerr.desc(), j.c.job_id).limit(limit)
+    return [job_json(r._asdict()) for r in conn.execute(stmt)]
+
+
+def summary_text(s: dict) -> str:
+    def line(name, g):
+        f = lambda x, fmt: "-" if x is None else fmt.format(x)  # noqa: E731
+        return (f"{str(name)[:24]:<24} {g['jobs']:>9} {f(g['coverage_pct'], '{:.1f}%'):>8} "
+                f"{f(g['util_mae_pp'], '{:.1f}'):>8} {f(g['util_rmsle'], '{:.3f}'):>8} "
+                f"{f(g['mem_median_rel_err_pct'], '{:.1f}%'):>9} {f(g['mem_rmsle'], '{:.3f}'):>8} "
+                f"{g['far_exceeding']:>6}")
+    head = (f"{'':<24} {'Jobs':>9} {'Coverage':>8} {'UtilMAE':>8} {'UtilRMSLE':>8} "
+            f"{'MemMdRE':>9} {'MemRMSLE':>8} {'Far':>6}")
+    out = [head, line("all", s["all"])]
+    for dim, title in (("model_family", "by model family"), ("gpu_type", "by GPU type"),
+                       ("user", "by user")):
+        out.append(f"-- {title}")
+        out += [line(k, g) for k, g in s[dim].items()]
+    far = s["far_exceeding"]
+    out.append(f"-- jobs whose actual use far exceeds the prediction (util > +"
+               f"{FAR_UTIL_PP:.0f} pp or memory > x{FAR_MEM_FACTOR}): {len(far)} shown")
+    for r in far:
+        out.append(f"{r['job_id']:>10} {r['user'] or '':<10} {r['gpu_type'] or '':<10} "
+                   f"util {r['pred_util_pct']}->{r['actual_util_pct']}  "
+                   f"mem {r['pred_mem_mib']}->{r['actual_mem_mib']} MiB")
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- plots
+
+def plot_points(ledger, limit: int = 20000, **filters) -> list[tuple]:
+    """(submit_time, pred_util, act_util, pred_mem, act_mem) of measured jobs."""
+    from sqlalchemy import or_ as _or, select
+
+    from .ledger import job_filters, tables
+
+    j = tables()["jobs"]
+    stmt = select(j.c.submit_time, j.c.pred_util_pct, j.c.act_util_pct, j.c.pred_mem_mib,
+                  j.c.act_mem_mib).where(_or(j.c.act_util_pct.isnot(None),
+                                             j.c.act_mem_mib.isnot(None)))
+    stmt = job_filters(stmt, submitted_only=True, **filters)
+    stmt = stmt.order_by(j.c.submit_time.desc()).limit(limit)
+    with ledger.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(stmt)][::-1]
+
+
+def text_plot(points: list[tuple], width: int = 60, height: int = 18) -> str:
+    """Predicted (x) vs actual (y) utilization as characters, then |error| over time."""
+    pts = [(p[1], p[2]) for p in points if p[1] is not None and p[2] is not None]
+    out = [f"predicted (x) vs actual (y) GPU utilization, {len(pts)} jobs, '.' = exact"]
+    grid = [[" "] * width for _ in range(height)]
+    for i in range(min(width, height * 4)):
+        x = i * (width - 1) // max(width - 1, 1)
+        y = height - 1 - int(round(x / (width - 1) * (height - 1)))
+        grid[y][x] = "."
+    counts: dict[tuple[int, int], int] = {}
+    for px, py in pts:
+        x = min(max(int(px / 100 * (width - 1)), 0), width - 1)
+        y = height - 1 - min(max(int(py / 100 * (height - 1)), 0), height - 1)
+        counts[(x, y)] = counts.get((x, y), 0) + 1
+    for (x, y), n in counts.items():
+        grid[y][x] = "o" if n == 1 else ("O" if n < 10 else "#")
+    for i, row in enumerate(grid):
+        label = "100" if i == 0 else ("  0" if i == height - 1 else "   ")
+        out.append(f"{label} |" + "".join(row))
+    out.append("    +" + "-" * width)
+    out.append("     0" + " " * (width - 8) + "100")
+    errs = [(p[0], abs(p[2] - p[1])) for p in points
+            if p[0] is not None and p[1] is not None and p[2] is not None]
+    if errs:
+        out.append("")
+        out.append("mean |utilization error| (pp) over time")
+        t0, t1 = errs[0][0], errs[-1][0]
+        nb = min(12, len(errs))
+        span = max(t1 - t0, 1)
+        bins: list[list[float]] = [[] for _ in range(nb)]
+        for t, e in errs:
+            bins[min(int((t - t0) / span * nb), nb - 1)].append(e)
+        import time
+
+        for k, b in enumerate(bins):
+            if not b:
+                continue
+            mean = sum(b) / len(b)
+            day = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t0 + span * k / nb))
+            out.append(f"{day}  {'#' * int(round(mean / 2)):<50} {mean:5.1f} ({len(b)})")
+    return "\n".join(out) + "\n"
+
+
+def write_png(path: str, points: list[tuple], width: int = 640, height: int = 320) -> None:
+    """Two panels without text: left predicted vs actual utilization (grey diagonal = exact),
+    right |util error| (blue) and |memory error| % (orange, clipped at 100) over time."""
+    W, H = width, height
+    img = bytearray(b"\xff" * (W * H * 3))
+
+    def px(x, y, c):
+        if 0 <= x < W and 0 <= y < H:
+            i = (y * W + x) * 3
+            img[i:i + 3] = bytes(c)
+
+    def box(x0, y0, x1, y1):
+        for x in range(x0, x1 + 1):
+            px(x, y0, (0, 0, 0)); px(x, y1, (0, 0, 0))  # noqa: E702
+        for y in range(y0, y1 + 1):
+            px(x0, y, (0, 0, 0)); px(x1, y, (0, 0, 0))  # noqa: E702
+
+    pad = 20
+    half = W // 2
+    L = (pad, pad, half - pad, H - pad)
+    R = (half + pad, pad, W - pad, H - pad)
+    box(*L)
+    box(*R)
+    lw, lh = L[2] - L[0], L[3] - L[1]
+    for k in range(min(lw, lh)):
+        px(L[0] + int(k * lw / min(lw, lh)), L[3] - int(k * lh / min(lw, lh)), (170, 170, 170))
+    for p in points:
+        if p[1] is None or p[2] is None:
+            continue
+        x = L[0] + int(min(max(p[1], 0), 100) / 100 * lw)
+        y = L[3] - int(min(max(p[2], 0), 100) / 100 * lh)
+        for dx in (-1, 0, 1):
+            for dy in (-1, 0, 1):
+                px(x + dx, y + dy, (200, 30, 30))
+    ts = [p[0] for p in points if p[0] is not None]
+    if ts:
+        t0, span = min(ts), max(max(ts) - min(ts), 1)
+        rw, rh = R[2] - R[0], R[3] - R[1]
+        for p in points:
+            if p[0] is None:
+                continue
+            x = R[0] + int((p[0] - t0) / span * rw)
+            if p[1] is not None and p[2] is not None:
+                px(x, R[3] - int(min(abs(p[2] - p[1]), 100) / 100 * rh), (30, 80, 200))
+            if p[3] and p[4] is not None:
+                e = min(abs(p[4] - p[3]) / p[3] * 100, 100)
+                px(x, R[3] - int(e / 100 * rh), (240, 140, 20))
+    raw = b"".join(b"\x00" + bytes(img[y * W * 3:(y + 1) * W * 3]) for y in range(H))
+
+    def chunk(tag, data):
+        return (struct.pack(">I", len(data)) + tag + data
+                + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", W, H, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+    with open(path, "wb") as f:
+        f.write(png)

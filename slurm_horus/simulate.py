@@ -1,0 +1,943 @@
+"""Discrete-event simulation of a Slurm GPU cluster under several placement policies.
+
+Policies (see docs/simulator.md):
+
+* ``exclusive``: Slurm's default, one job per GPU;
+* ``naive``: every 1-GPU job asks for a fixed number of shards (default 50 of 100);
+* ``horus``: the job's PREDICTED util/mem go into a hint and the real ``etc/job_submit.lua``
+  (through :func:`slurm_horus.policy.decide`, once per distinct hint and request) decides
+  shared (type, shards) / exclusive / unchanged;
+* ``oracle``: the same hook fed the TRUE util/mem.
+
+Scheduling as Slurm does it: priority = submit time (FIFO); the main scheduler starts jobs in
+priority order and stops at the first that does not fit; EASY backfill then reserves the
+resources of that first job at the earliest time running jobs' time limits free them, and
+starts later jobs of a bounded window (``bf_window``, like ``bf_max_job_test``) that fit now
+and either end (by their time limit) before that reservation or stay off the reserved GPUs.
+Multi-GPU jobs take whole GPUs on one node.  Co-located jobs slow each other down
+(:mod:`slurm_horus.sim_interference`); a job whose true memory does not fit next to the jobs
+already on its GPU fails with OOM ``oom_delay_s`` after its start and is requeued once, on a
+whole GPU (as CARMA does).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+import math
+import os
+import re
+import struct
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .errors import HorusError
+from .sim_interference import Interference
+from .sim_traces import SimJob
+
+__all__ = [
+    "POLICIES", "NodeSpec", "ClusterSpec", "homogeneous_cluster", "cluster_from_json",
+    "cluster_from_slurm_conf", "expand_hostlist", "Request", "HorusDecider", "build_requests",
+    "Simulator", "simulate", "run_policies", "write_png",
+]
+
+POLICIES = ("exclusive", "naive", "horus", "oracle")
+INF = float("inf")
+
+
+# --------------------------------------------------------------------------------------------
+# Cluster
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    gpu_type: str
+    gpus: int
+    mem_mib: float | None = None  # GPU memory; default: the GPU catalog's figure for gpu_type
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    nodes: tuple[NodeSpec, ...]
+
+    def __post_init__(self):
+        if not self.nodes:
+            raise HorusError("cluster: no node with GPUs")
+        for n in self.nodes:
+            if not isinstance(n.gpus, int) or n.gpus < 1:
+                raise HorusError(f"cluster: node {n.name}: need a positive GPU count")
+            if not re.fullmatch(r"[a-z0-9_-]{1,32}", n.gpu_type or ""):
+                raise HorusError(f"cluster: node {n.name}: bad GPU type {n.gpu_type!r}")
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return list(dict.fromkeys(n.gpu_type for n in self.nodes))
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        return max(n.gpus for n in self.nodes)
+
+    def mem_mib(self, gpu_type: str) -> float:
+        for n in self.nodes:
+            if n.gpu_type == gpu_type and n.mem_mib:
+                return float(n.mem_mib)
+        from .gpus import get_gpu
+        return float(get_gpu(gpu_type).mem_mib)
+
+    def describe(self) -> str:
+        parts = []
+        for t in self.gpu_types:
+            g = sum(n.gpus for n in self.nodes if n.gpu_type == t)
+            k = sum(1 for n in self.nodes if n.gpu_type == t)
+            parts.append(f"{g} {t} on {k} nodes")
+        return ", ".join(parts)
+
+
+def homogeneous_cluster(gpus: int, gpu_type: str = "a100", per_node: int = 8) -> ClusterSpec:
+    """``gpus`` GPUs of one type, ``per_node`` per node (the last node takes the rest)."""
+    if gpus < 1 or per_node < 1:
+        raise HorusError("--gpus and --gpus-per-node must be positive")
+    nodes, left, i = [], gpus, 0
+    while left > 0:
+        k = min(per_node, left)
+        nodes.append(NodeSpec(f"n{i:04d}", gpu_type, k))
+        left -= k
+        i += 1
+    return ClusterSpec(tuple(nodes))
+
+
+def cluster_from_json(text: str) -> ClusterSpec:
+    """``{"nodes": [{"name": "g01", "gpu_type": "a100", "gpus": 8, "count": 1, "mem_mib": ...}]}``
+    (``count``: that many identical nodes, named name-0, name-1, ...; default 1)."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise HorusError(f"cluster file: not JSON ({e})") from None
+    raw = data.get("nodes") if isinstance(data, dict) else data
+    if not isinstance(raw, list) or not raw:
+        raise HorusError("cluster file: need {\"nodes\": [{\"name\", \"gpu_type\", \"gpus\"}, ...]}")
+    nodes = []
+    for i, e in enumerate(raw, 1):
+        if not isinstance(e, dict):
+            raise HorusError(f"cluster file: node #{i} is not an object")
+        try:
+            gpus, count = e["gpus"], e.get("count", 1)
+            gtype = str(e["gpu_type"]).lower()
+        except KeyError as k:
+            raise HorusError(f"cluster file: node #{i}: missing {k}") from None
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or isinstance(count, bool) \
+                or not isinstance(count, int) or count < 1:
+            raise HorusError(f"cluster file: node #{i}: gpus and count must be positive integers")
+        mem = e.get("mem_mib")
+        if mem is not None and (not isinstance(mem, (int, float)) or mem <= 0):
+            raise HorusError(f"cluster file: node #{i}: bad mem_mib")
+        name = str(e.get("name") or f"node{i}")
+        for c in range(count):
+            nodes.append(NodeSpec(name if count == 1 else f"{name}-{c}", gtype, gpus, mem))
+    return ClusterSpec(tuple(nodes))
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Slurm hostlist: ``gpu[01-03,07],login1`` -> gpu01 gpu02 gpu03 gpu07 login1."""
+    items, depth, cur = [], 0, ""
+    for ch in expr:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    out: list[str] = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", item)
+        if not m:
+            out.append(item)
+            continue
+        head, ranges, tail = m.groups()
+        for part in ranges.split(","):
+            a, sep, b = part.partition("-")
+            if not a.isdigit() or (sep and not b.isdigit()):
+                raise HorusError(f"hostlist: cannot read '{item}'")
+            lo, hi = int(a), int(b) if sep else int(a)
+            if hi < lo or hi - lo > 100000:
+                raise HorusError(f"hostlist: bad range in '{item}'")
+            for k in range(lo, hi + 1):
+                out.extend(expand_hostlist(f"{head}{str(k).zfill(len(a))}{tail}"))
+    return out
+
+
+def _conf_lines(text: str) -> list[dict[str, str]]:
+    recs = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        rec = {}
+        for tok in line.split():
+            k, sep, v = tok.partition("=")
+            if sep:
+                rec[k.lower()] = v
+        if rec:
+            recs.append(rec)
+    return recs
+
+
+def cluster_from_slurm_conf(text: str, gres_conf: str | None = None) -> ClusterSpec:
+    """Nodes with GPUs of a slurm.conf (``NodeName=... Gres=gpu:a100:4,shard:400``).  Untyped
+    ``gpu:N`` takes its type from gres.conf (``Name=gpu Type=a100``) when given."""
+    from .slurm_parse import parse_gres
+
+    gres_types: dict[str, str] = {}
+    default_type = None
+    for rec in _conf_lines(gres_conf or ""):
+        if rec.get("name") == "gpu" and rec.get("type"):
+            t = rec["type"].lower()
+            if "nodename" in rec:
+                for h in expand_hostlist(rec["nodename"]):
+                    gres_types[h] = t
+            else:
+                default_type = t
+    defaults: dict[str, str] = {}
+    nodes = []
+    for rec in _conf_lines(text):
+        if "nodename" not in rec:
+            continue
+        if rec["nodename"].upper() == "DEFAULT":
+            defaults.update({k: v for k, v in rec.items() if k != "nodename"})
+            continue
+        full = {**defaults, **rec}
+        gres = full.get("gres")
+        if not gres:
+            continue
+        gpus = [g for g in parse_gres(gres) if g["name"] == "gpu"]
+        for host in expand_hostlist(rec["nodename"]):
+            for g in gpus:
+                t = g["type"] or gres_types.get(host) or default_type
+                if not t:
+                    raise HorusError(f"slurm.conf: node {host}: untyped GPUs and no Type in gres.conf")
+                if g["count"] > 0:
+                    nodes.append(NodeSpec(host, t.lower(), int(g["count"])))
+    if not nodes:
+        raise HorusError("slurm.conf: no NodeName line with Gres=gpu:...")
+    return ClusterSpec(tuple(nodes))
+
+
+# --------------------------------------------------------------------------------------------
+# Requests: what each job asks Slurm for under each policy
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    """types: indices of the cluster's GPU types the job may run on, in preference order;
+    shards: shards per GPU (== S: whole GPUs); gpus: GPUs on one node."""
+
+    types: tuple[int, ...]
+    shards: int
+    gpus: int
+
+
+def _eligible_types(job: SimJob, types: list[str], mem: list[float]) -> tuple[int, ...]:
+    """Types a user would submit to: those whose memory holds the job's predicted p90 (else the
+    largest), in the cluster's order."""
+    ok = tuple(i for i, t in enumerate(types) if job.pred[t][2] <= mem[i])
+    return ok or (max(range(len(types)), key=lambda i: mem[i]),)
+
+
+def _policy_text(base: str, types: list[str], mem: list[float]) -> str:
+    """The base policy for the simulated cluster: gpu.<type>.mem_mib added for its types the
+    policy does not know, and type_order restricted to its types (the base order first, the
+    added ones after; without a type_order in the base: by memory, as the hook's default)."""
+    known = set(re.findall(r"^\s*gpu\.([a-z0-9_-]+)\.mem_mib\s*=", base, re.M))
+    extra = [f"gpu.{t}.mem_mib = {int(m)}" for t, m in zip(types, mem) if t not in known]
+    orders = re.findall(r"^\s*type_order\s*=\s*([^#\n]*)", base, re.M)
+    listed = [x for x in re.split(r"[,\s]+", orders[-1]) if x] if orders else \
+        [t for _, t in sorted(zip(mem, types))]
+    order = [t for t in listed if t in types] + [t for t in types if t not in listed]
+    extra.append("type_order = " + ", ".join(order))
+    return base.rstrip("\n") + "\n# added by horus-admin simulate for the simulated cluster\n" + \
+        "\n".join(extra) + "\n"
+
+
+class HorusDecider:
+    """The real job_submit.lua hook, asked once per distinct (hint, request).
+
+    policy_path: the base policy (default: $HORUS_POLICY, else horus_policy.conf next to the
+    hook); GPU types of the cluster that it does not know are added with their memory, into
+    a temporary copy.  Use as a context manager (the copy is removed on exit).
+    """
+
+    def __init__(self, types: list[str], mem: list[float], policy_path: str | os.PathLike | None = None,
+                 hook_path: str | os.PathLike | None = None, decide_fn: Callable | None = None):
+        from .policy import decide, find_hook
+
+        self.types, self.mem = list(types), list(mem)
+        self.hook = find_hook(hook_path)
+        self._decide = decide_fn or decide
+        if policy_path is None:
+            policy_path = os.environ.get("HORUS_POLICY") or (self.hook.parent / "horus_policy.conf")
+        try:
+            base = Path(policy_path).read_text()
+        except OSError as e:
+            raise HorusError(f"policy file {policy_path}: {e.strerror or e}") from None
+        self._tmp = tempfile.TemporaryDirectory(prefix="horus-sim-")
+        self.policy_path = Path(self._tmp.name) / "horus_policy.conf"
+        self.policy_path.write_text(_policy_text(base, self.types, self.mem))
+        self.cache: dict[tuple[str, str], tuple[str, str | None, int | None]] = {}
+        self.calls = 0
+        self.shards_per_gpu = self._probe_shards()
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _probe_shards(self) -> int:
+        """S, read from what the hook does with a tiny job (no re-parsing of the policy)."""
+        from .hint import encode_hint
+
+        for t in self.types:
+            d = self.decide_raw(encode_hint({t: (0.1, 1, 1)}), "gres:gpu:1")
+            if d[0] == "shared" and d[3]:
+                return int(d[3])
+        raise HorusError("the policy shares no GPU type of the simulated cluster "
+                         "(check gpu.<type>.mem_mib in the policy file)")
+
+    def decide_raw(self, hint: str, tres: str) -> tuple[str, str | None, int | None, int | None]:
+        key = (hint, tres)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        d = self._decide({"comment": hint, "tres_per_node": tres},
+                         policy_path=self.policy_path, hook_path=self.hook)
+        self.calls += 1
+        out = (d.action, d.gpu_type, d.shards, d.shards_per_gpu)
+        self.cache[key] = out
+        return out
+
+    def decide(self, preds: Mapping[str, tuple[float, float, float]], gpus: int = 1):
+        """(action, gpu_type, shards) for a job with these predictions asking for ``gpus`` GPUs."""
+        from .hint import encode_hint
+
+        hint = encode_hint({t: preds[t] for t in self.types})
+        a, t, s, _ = self.decide_raw(hint, f"gres:gpu:{gpus}")
+        return a, t, s
+
+
+def _ceil_to(x: float, q: float) -> float:
+    return math.ceil(x / q - 1e-9) * q if q > 0 else x
+
+
+def build_requests(jobs: Sequence[SimJob], policy: str, types: list[str], mem: list[float],
+                   shards_per_gpu: int, *, naive_shards: int = 50, decider: HorusDecider | None = None,
+                   oracle_util_q: float = 1.0, oracle_mem_q: float = 256.0) -> tuple[list[Request | None], dict]:
+    """Each job's request under ``policy``; None for a job Slurm would reject.  The oracle's
+    hint is the truth rounded UP to ``oracle_util_q`` % and ``oracle_mem_q`` MiB (fewer distinct
+    hints, never an understatement)."""
+    S = shards_per_gpu
+    tindex = {t: i for i, t in enumerate(types)}
+    reqs: list[Request | None] = []
+    stats = {"shared": 0, "exclusive": 0, "unchanged": 0, "rejected": 0}
+    if policy in ("horus", "oracle") and decider is None:
+        raise HorusError(f"policy {policy} needs the job_submit hook")
+    for j in jobs:
+        elig = _eligible_types(j, types, mem)
+        if policy == "exclusive" or (policy == "naive" and j.gpus > 1):
+            reqs.append(Request(elig, S, j.gpus))
+            stats["exclusive"] += 1
+        elif policy == "naive":
+            reqs.append(Request(elig, min(S, max(1, naive_shards)), 1))
+            stats["shared"] += 1
+        elif policy in ("horus", "oracle"):
+            if policy == "horus":
+                preds = j.pred
+            else:
+                preds = {}
+                for t in types:
+                    u, m = j.true[t]
+                    mq = _ceil_to(m, oracle_mem_q)
+                    preds[t] = (min(100.0, _ceil_to(u, oracle_util_q)), mq, mq)
+            action, gtype, shards = decider.decide(preds, j.gpus)
+            stats[action] = stats.get(action, 0) + 1
+            if action == "rejected":
+                reqs.append(None)
+            elif action == "shared" and gtype == "any" and "any" not in tindex:
+                # type_choice = any: shards with no type, on whichever type frees up first
+                reqs.append(Request(tuple(range(len(types))), int(shards), 1))
+            elif action == "shared" and gtype in tindex:
+                reqs.append(Request((tindex[gtype],), int(shards), 1))
+            elif action == "exclusive" and gtype in tindex:
+                reqs.append(Request((tindex[gtype],), S, j.gpus))
+            else:
+                reqs.append(Request(elig, S, j.gpus))
+        else:
+            raise HorusError(f"unknown policy '{policy}'; choose from {', '.join(POLICIES)}")
+    return reqs, stats
+
+
+# --------------------------------------------------------------------------------------------
+# The simulator
+# --------------------------------------------------------------------------------------------
+
+_FINISH, _ARRIVE, _TICK = 0, 1, 2
+
+
+class Simulator:
+    """One policy on one cluster and trace.  ``run()`` returns the metrics (a dict)."""
+
+    def __init__(self, cluster: ClusterSpec, jobs: Sequence[SimJob], requests: Sequence[Request | None],
+                 shards_per_gpu: int = 100, *, interference: Interference | None = None,
+                 bf_window: int = 100, bf_interval: float = 0.0, oom_delay_s: float = 60.0,
+                 backfill: bool = True):
+        if len(jobs) != len(requests):
+            raise HorusError("one request per job needed")
+        self.cluster, self.jobs, self.reqs = cluster, list(jobs), list(requests)
+        self.S = int(shards_per_gpu)
+        self.itf = interference or Interference()
+        self.bf_window, self.bf_interval = int(bf_window), float(bf_interval)
+        self.oom_delay = float(oom_delay_s)
+        self.backfill = backfill
+        self.types = cluster.gpu_types
+        self.tmem = [cluster.mem_mib(t) for t in self.types]
+
+    # -- resource bookkeeping ----------------------------------------------------------------
+
+    def _setup(self):
+        S, types = self.S, self.types
+        tix = {t: i for i, t in enumerate(types)}
+        self.gtype, self.gnode, self.gmem_cap = [], [], []
+        self.node_gpus, self.node_type, self.gslot = [], [], []
+        for n, node in enumerate(self.cluster.nodes):
+            ids = []
+            for _ in range(node.gpus):
+                g = len(self.gtype)
+                self.gtype.append(tix[node.gpu_type])
+                self.gnode.append(n)
+                self.gmem_cap.append(self.tmem[tix[node.gpu_type]])
+                self.gslot.append(len(ids))
+                ids.append(g)
+            self.node_gpus.append(ids)
+            self.node_type.append(tix[node.gpu_type])
+        G = len(self.gtype)
+        self.G = G
+        self.maxk = max(len(x) for x in self.node_gpus)
+        # ff[node, slot]: when that GPU is entirely free by its jobs' limits (-inf idle, +inf: no GPU)
+        self.ff = np.full((len(self.node_gpus), self.maxk), INF)
+        for n, ids in enumerate(self.node_gpus):
+            self.ff[n, :len(ids)] = -INF
+        self.type_nodes = [np.array([n for n in range(len(self.node_gpus)) if self.node_type[n] == t],
+                                    dtype=np.intp) for t in range(len(types))]
+        self.free = [S] * G
+        self.n_avail = G  # GPUs with at least one free shard
+        self.gjobs: list[list[int]] = [[] for _ in range(G)]
+        self.gutil = [0.0] * G
+        self.gmemu = [0.0] * G
+        self.ghealthy = [0] * G
+        self.gspeed = [1.0] * G
+        self.gcontrib = [0.0] * G
+        self.node_idle = [set(ids) for ids in self.node_gpus]
+        self.part = [[set() for _ in range(S)] for _ in types]     # [type][free] partially used
+        self.nodeb = [[set() for _ in range(self.maxk + 1)] for _ in types]  # [type][idle count]
+        for n, ids in enumerate(self.node_gpus):
+            self.nodeb[self.node_type[n]][len(ids)].add(n)
+        # the per-type util / mem of each job, indexed by type index
+        self.jtrue = [[j.true[t] for t in types] for j in self.jobs]
+
+    def _set_free(self, g: int, new: int) -> None:
+        old = self.free[g]
+        if old == new:
+            return
+        S, t, n = self.S, self.gtype[g], self.gnode[g]
+        if old == 0:
+            self.n_avail += 1
+        elif new == 0:
+            self.n_avail -= 1
+        if 0 < old < S:
+            self.part[t][old].discard(g)
+        elif old == S:
+            idle = self.node_idle[n]
+            k = len(idle)
+            self.nodeb[t][k].discard(n)
+            idle.discard(g)
+            if k > 1:
+                self.nodeb[t][k - 1].add(n)
+        if new == S:
+            idle = self.node_idle[n]
+            k = len(idle)
+            if k:
+                self.nodeb[t][k].discard(n)
+            idle.add(g)
+            self.nodeb[t][k + 1].add(n)
+        elif new > 0:
+            self.part[t][new].add(g)
+        self.free[g] = new
+
+    def _place(self, req: Request, exclude: set | None) -> list[int] | None:
+        """GPUs for ``req`` now (best fit), avoiding ``exclude``; None if it does not fit."""
+        S = self.S
+        for t in req.types:
+            if req.gpus == 1 and req.shards < S:
+                part = self.part[t]
+                for f in range(req.shards, S):
+                    for g in part[f]:
+                        if exclude is None or g not in exclude:
+                            return [g]
+            k = req.gpus
+            nodeb = self.nodeb[t]
+            for c in range(k, self.maxk + 1):
+                for n in nodeb[c]:
+                    idle = self.node_idle[n]
+                    if exclude is not None:
+                        idle = idle - exclude
+                        if len(idle) < k:
+                            continue
+                    return sorted(idle)[:k]
+        return None
+
+    # -- time accounting ---------------------------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        dt = now - self.t_last
+        if dt > 0:
+            self.acc_util += self.cur_util * dt
+            self.acc_busy += self.cur_busy * dt
+            self.t_last = now
+
+    def _refresh(self, g: int, now: float, new_job: int = -1) -> None:
+        """Recompute the speed of GPU g's jobs after its job set changed; re-plan their ends."""
+        jobs = self.gjobs[g]
+        sp = self.itf.speed(self.gutil[g], self.ghealthy[g])
+        self.gspeed[g] = sp
+        c = min(1.0, self.gutil[g] * sp / 100.0)
+        self.cur_util += c - self.gcontrib[g]
+        self.gcontrib[g] = c
+        for j in jobs:
+            if self.failing[j]:
+                continue
+            alloc = self.alloc[j]
+            s = sp if len(alloc) == 1 else min(self.gspeed[x] for x in alloc)
+            if s == self.speed[j] and j != new_job:
+                continue
+            self.remaining[j] -= (now - self.last[j]) * self.speed[j]
+            self.last[j] = now
+            self.speed[j] = s
+            self.version[j] += 1
+            end = now + max(self.remaining[j], 0.0) / s
+            if end > self.limit_end[j]:
+                end = self.limit_end[j]
+            self._push(end, _FINISH, j, self.version[j])
+
+    def _push(self, t: float, kind: int, j: int, ver: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, j, ver))
+
+    # -- job life ----------------------------------------------------------------------------
+
+    def _start(self, j: int, alloc: list[int], now: float) -> None:
+        req = self.cur_req[j]
+        t = self.gtype[alloc[0]]
+        u, m = self.jtrue[j][t]
+        for g in alloc:
+            if not self.gjobs[g]:
+                self.cur_busy += 1
+            self._set_free(g, self.free[g] - req.shards)
+            self.gjobs[g].append(j)
+        self.alloc[j] = alloc
+        self.start[j] = now
+        if self.first_start[j] < 0:
+            self.first_start[j] = now
+        self.started += 1
+        if req.shards < self.S:
+            self.shared_starts += 1
+        oom = any(self.gmemu[g] + m > self.gmem_cap[g] for g in alloc)
+        if oom:
+            self.failing[j] = True
+            self.version[j] += 1
+            end = now + self.oom_delay
+            self.limit_end[j] = end
+            self._push(end, _FINISH, j, self.version[j])
+        else:
+            self.failing[j] = False
+            self.remaining[j] = self.jobs[j].duration
+            self.last[j] = now
+            self.speed[j] = 0.0  # forces a (re)plan in _refresh
+            self.limit_end[j] = now + self.jobs[j].limit
+            for g in alloc:
+                self.gutil[g] += u
+                self.gmemu[g] += m
+                self.ghealthy[g] += 1
+        bisect.insort(self.ends, (self.limit_end[j], j))
+        for g in alloc:
+            self._set_ff(g)
+            self._refresh(g, now, new_job=j)
+
+    def _release(self, j: int, now: float) -> None:
+        alloc, req = self.alloc[j], self.cur_req[j]
+        t = self.gtype[alloc[0]]
+        u, m = self.jtrue[j][t]
+        i = bisect.bisect_left(self.ends, (self.limit_end[j], j))
+        if i < len(self.ends) and self.ends[i][1] == j:
+            del self.ends[i]
+        for g in alloc:
+            self.gjobs[g].remove(j)
+            if not self.gjobs[g]:
+                self.cur_busy -= 1
+            self._set_free(g, self.free[g] + req.shards)
+            if not self.failing[j]:
+                self.gutil[g] -= u
+                self.gmemu[g] -= m
+                self.ghealthy[g] -= 1
+                if self.ghealthy[g] == 0:
+                    self.gutil[g] = self.gmemu[g] = 0.0  # no float drift
+        for g in alloc:
+            self._set_ff(g)
+            self._refresh(g, now)
+        self.alloc[j] = None
+        self.freed = True
+
+    def _finish(self, j: int, now: float) -> None:
+        if self.failing[j]:
+            self.oom_failures += 1
+            t = self.gtype[self.alloc[j][0]]
+            self._release(j, now)
+            if not self.requeued[j]:
+                # requeued once, on a whole GPU of the type it ran on (as CARMA does)
+                self.requeued[j] = True
+                self.cur_req[j] = Request((t,), self.S, self.cur_req[j].gpus)
+                self._enqueue(j)
+            else:
+                self.failed[j] = True
+                self.end[j] = now
+            return
+        self.remaining[j] -= (now - self.last[j]) * self.speed[j]
+        self.last[j] = now
+        if self.remaining[j] > 1e-6 * max(1.0, self.jobs[j].duration):
+            self.timeouts += 1
+            self.timed_out[j] = True
+        self.end[j] = now
+        self._release(j, now)
+
+    def _enqueue(self, j: int) -> None:
+        key = (self.jobs[j].submit, j)
+        i = bisect.bisect_right(self.qkeys, key)
+        self.qkeys.insert(i, key)
+        self.queue.insert(i, j)
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def _set_ff(self, g: int) -> None:
+        """Time GPU g is entirely free again by its jobs' time limits (-inf: idle now)."""
+        jobs = self.gjobs[g]
+        self.ff[self.gnode[g], self.gslot[g]] = max(self.limit_end[x] for x in jobs) if jobs else -INF
+
+    def _reservation(self, h: int, now: float) -> tuple[float, set]:
+        """EASY: earliest time (by running jobs' time limits) and GPUs at which job h fits."""
+        req, S = self.cur_req[h], self.S
+        if req.gpus > 1 or req.shards >= S:
+            # whole GPUs on one node: per node, the k-th GPU to become entirely free
+            k, best, best_set = req.gpus, INF, set()
+            for t in req.types:
+                nodes = self.type_nodes[t]
+                sub = self.ff[nodes]
+                kth = np.partition(sub, k - 1, axis=1)[:, k - 1] if k > 1 else sub.min(axis=1)
+                i = int(np.argmin(kth))
+                if kth[i] < best:
+                    best = float(kth[i])
+                    order = np.argsort(sub[i], kind="stable")[:k]
+                    ids = self.node_gpus[int(nodes[i])]
+                    best_set = {ids[int(x)] for x in order}
+            return max(best, now), best_set
+        # shards on one GPU: release running jobs in order of their limits
+        types = set(req.types)
+        extra: dict[int, int] = {}
+        for end, j in self.ends:
+            sh = self.cur_req[j].shards
+            for g in self.alloc[j]:
+                if self.gtype[g] not in types:
+                    continue
+                e = extra.get(g, 0) + sh
+                extra[g] = e
+                if self.free[g] + e >= req.shards:
+                    return end, {g}
+        return INF, set()
+
+    def _schedule(self, now: float, backfill_now: bool) -> None:
+        q = self.queue
+        if not self.n_avail:
+            return  # nothing free: nothing can start (flags kept for the next pass)
+        if q and (self.freed or q[0] != self.last_head):
+            while q:
+                j = q[0]
+                alloc = self._place(self.cur_req[j], None)
+                if alloc is None:
+                    break
+                del q[0]
+                del self.qkeys[0]
+                self._start(j, alloc, now)
+        if not q or not self.backfill or not backfill_now or len(q) < 2:
+            self.n_new = 0 if not q else self.n_new
+            if not q:
+                self.last_head = -1
+            return
+        head = q[0]
+        if self.freed or head != self.last_head:
+            # something may fit now that did not before: the whole window again
+            self.bf_passes += 1
+            self.res = self._reservation(head, now)
+            first = 1
+        else:
+            # only new arrivals (appended at the end) can fit: resources only shrank since
+            first = max(1, len(q) - self.n_new)
+        self.freed = False
+        self.last_head = head
+        self.n_new = 0
+        shadow, reserved = self.res
+        memo: dict[tuple, int] = {}
+        idx, last = first, self.bf_window
+        nomemo = self.S + 1
+        limit = self.jlimit
+        horizon = shadow - now
+        while idx < len(q) and idx <= last:
+            j = q[idx]
+            req = self.cur_req[j]
+            if limit[j] <= horizon:
+                excl, key = None, (req.types, req.gpus, True)
+            else:
+                excl, key = reserved, (req.types, req.gpus, False)
+            if memo.get(key, nomemo) <= req.shards:
+                idx += 1
+                continue
+            alloc = self._place(req, excl)
+            if alloc is None:
+                memo[key] = req.shards
+                idx += 1
+                continue
+            del q[idx]
+            del self.qkeys[idx]
+            last -= 1
+            self.backfilled += 1
+            self._start(j, alloc, now)
+            if not self.n_avail:
+                break
+
+    # -- main loop ---------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        t_wall, t_cpu = time.perf_counter(), time.process_time()
+        self._setup()
+        N = len(self.jobs)
+        self.cur_req = list(self.reqs)
+        self.jlimit = [j.limit for j in self.jobs]
+        self.alloc: list[list[int] | None] = [None] * N
+        self.start = [-1.0] * N
+        self.first_start = [-1.0] * N
+        self.end = [-1.0] * N
+        self.remaining = [0.0] * N
+        self.last = [0.0] * N
+        self.speed = [0.0] * N
+        self.version = [0] * N
+        self.limit_end = [0.0] * N
+        self.failing = [False] * N
+        self.requeued = [False] * N
+        self.failed = [False] * N
+        self.timed_out = [False] * N
+        self.queue: list[int] = []
+        self.qkeys: list[tuple[float, int]] = []
+        self.ends: list[tuple[float, int]] = []
+        self.events: list[tuple] = []
+        self.seq = 0
+        self.oom_failures = self.timeouts = self.backfilled = self.bf_passes = 0
+        self.started = self.shared_starts = 0
+        self.cur_util = 0.0
+        self.cur_busy = 0
+        self.acc_util = self.acc_busy = 0.0
+        self.freed, self.last_head, self.n_new, self.res = False, -1, 0, (INF, set())
+        rejected = 0
+        unschedulable = 0
+        for i, j in enumerate(self.jobs):
+            r = self.reqs[i]
+            if r is None:
+                rejected += 1
+                continue
+            fits = any(len(ids) >= r.gpus and self.gtype[ids[0]] in r.types for ids in self.node_gpus)
+            if not fits:
+                self.cur_req[i] = None
+                unschedulable += 1
+                continue
+            self.events.append((j.submit, _ARRIVE, i, i, 0))
+        self.seq = N
+        heapq.heapify(self.events)
+        t0 = min((j.submit for j in self.jobs), default=0.0)
+        self.t_last = t0
+        last_bf, tick_pending = -INF, False
+        ev = self.events
+        while ev:
+            now = ev[0][0]
+            self._advance(now)
+            while ev and ev[0][0] == now:
+                _, kind, _, j, ver = heapq.heappop(ev)
+                if kind == _FINISH:
+                    if ver == self.version[j] and self.alloc[j] is not None:
+                        self._finish(j, now)
+                elif kind == _ARRIVE:
+                    self._enqueue(j)
+                    self.n_new += 1
+                else:
+                    tick_pending = False
+            bf = self.bf_interval <= 0 or now - last_bf >= self.bf_interval
+            if bf:
+                last_bf = now
+            self._schedule(now, bf)
+            if self.queue and not bf and not tick_pending and self.backfill:
+                self._push(last_bf + self.bf_interval, _TICK, -1, 0)
+                tick_pending = True
+        out = self._metrics(t0, rejected, unschedulable, time.perf_counter() - t_wall)
+        out["sim_cpu_s"] = time.process_time() - t_cpu
+        return out
+
+    def _metrics(self, t0: float, rejected: int, unschedulable: int, wall: float) -> dict[str, Any]:
+        done = [i for i in range(len(self.jobs)) if self.end[i] >= 0 and not self.failed[i]]
+        jct = sorted(self.end[i] - self.jobs[i].submit for i in done)
+        waits = [self.start[i] - self.jobs[i].submit for i in done]
+        slow = [(self.end[i] - self.start[i]) / self.jobs[i].duration for i in done
+                if not self.timed_out[i]]
+        t_end = max((self.end[i] for i in range(len(self.jobs)) if self.end[i] >= 0), default=t0)
+        span = max(t_end - t0, 0.0)
+
+        def pct(xs: list[float], p: float) -> float:
+            if not xs:
+                return 0.0
+            k = (len(xs) - 1) * p
+            lo, hi = math.floor(k), math.ceil(k)
+            return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+        G = self.G
+        return {
+            "jobs": len(self.jobs),
+            "completed": len(done),
+            "makespan_s": span,
+            "mean_jct_s": sum(jct) / len(jct) if jct else 0.0,
+            "median_jct_s": pct(jct, 0.5),
+            "p95_jct_s": pct(jct, 0.95),
+            "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
+            "gpu_util": self.acc_util / (G * span) if span > 0 else 0.0,
+            "gpus_busy": self.acc_busy / span if span > 0 else 0.0,
+            "gpus_busy_frac": self.acc_busy / (G * span) if span > 0 else 0.0,
+            "mean_slowdown": sum(slow) / len(slow) if slow else 1.0,
+            "oom_failures": self.oom_failures,
+            "failed_jobs": sum(self.failed),
+            "timeouts": self.timeouts,
+            "rejected": rejected,
+            "unschedulable": unschedulable,
+            "shared_starts": self.shared_starts,
+            "backfilled": self.backfilled,
+            "sim_wall_s": wall,
+        }
+
+
+def simulate(cluster: ClusterSpec, jobs: Sequence[SimJob], policy: str, *,
+             decider: HorusDecider | None = None, shards_per_gpu: int = 100, naive_shards: int = 50,
+             **kw) -> dict[str, Any]:
+    """Run one policy; returns its metrics plus the request statistics (``decisions``)."""
+    types = cluster.gpu_types
+    mem = [cluster.mem_mib(t) for t in types]
+    if decider is not None:
+        shards_per_gpu = decider.shards_per_gpu
+    t = time.process_time()
+    reqs, stats = build_requests(jobs, policy, types, mem, shards_per_gpu,
+                                 naive_shards=naive_shards, decider=decider)
+    t_req = time.process_time() - t
+    out = Simulator(cluster, jobs, reqs, shards_per_gpu, **kw).run()
+    out["decisions"] = stats
+    out["request_cpu_s"] = t_req
+    return out
+
+
+def run_policies(cluster: ClusterSpec, jobs: Sequence[SimJob], policies: Iterable[str] = POLICIES, *,
+                 policy_path: str | os.PathLike | None = None, hook_path: str | os.PathLike | None = None,
+                 naive_shards: int = 50, **kw) -> dict[str, dict[str, Any]]:
+    """Every policy on the same trace: {policy: metrics}.  One hook runtime serves all."""
+    policies = list(policies)
+    for p in policies:
+        if p not in POLICIES:
+            raise HorusError(f"unknown policy '{p}'; choose from {', '.join(POLICIES)}")
+    types = cluster.gpu_types
+    mem = [cluster.mem_mib(t) for t in types]
+    with HorusDecider(types, mem, policy_path, hook_path) as decider:
+        S = decider.shards_per_gpu
+        if not 1 <= naive_shards <= S:
+            raise HorusError(f"--naive-shards must be in 1..{S}")
+        results = {}
+        for p in policies:
+            results[p] = simulate(cluster, jobs, p, decider=decider if p in ("horus", "oracle") else None,
+                                  shards_per_gpu=S, naive_shards=naive_shards, **kw)
+        return results
+
+
+# --------------------------------------------------------------------------------------------
+# A tiny PNG bar chart (no matplotlib): one panel per metric, one bar per policy
+# --------------------------------------------------------------------------------------------
+
+COLORS = {"exclusive": (120, 120, 120), "naive": (230, 140, 30), "horus": (40, 100, 220),
+          "oracle": (40, 170, 80)}
+PLOT_METRICS = ("makespan_s", "mean_jct_s", "mean_wait_s", "gpu_util", "gpus_busy_frac", "oom_failures")
+
+
+def _png(width: int, height: int, rows: list[bytearray]) -> bytes:
+    raw = b"".join(b"\x00" + bytes(r) for r in rows)
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def write_png(path: str | os.PathLike, results: Mapping[str, Mapping[str, Any]],
+              metrics: Sequence[str] = PLOT_METRICS) -> list[str]:
+    """Grouped bars: one panel per metric (scaled to that metric's largest value), one bar per
+    policy in COLORS.  Returns the legend lines (the PNG has no text)."""
+    pols = list(results)
+    pw, ph, bw, gap, m = 150, 200, 24, 8, 10
+    width, height = m + len(metrics) * (pw + m), ph + 2 * m
+    rows = [bytearray(b"\xff" * (3 * width)) for _ in range(height)]
+
+    def rect(x0, y0, x1, y1, c):
+        for y in range(max(0, y0), min(height, y1)):
+            r = rows[y]
+            for x in range(max(0, x0), min(width, x1)):
+                r[3 * x:3 * x + 3] = bytes(c)
+
+    legend = []
+    for k, metric in enumerate(metrics):
+        x0 = m + k * (pw + m)
+        rect(x0, m + ph - 1, x0 + pw, m + ph, (0, 0, 0))  # baseline
+        vals = [float(results[p].get(metric, 0) or 0) for p in pols]
+        top = max(vals) if vals and max(vals) > 0 else 1.0
+        for i, (p, v) in enumerate(zip(pols, vals)):
+            h = int(round((ph - 10) * v / top))
+            bx = x0 + gap + i * (bw + gap)
+            rect(bx, m + ph - 1 - h, bx + bw, m + ph - 1, COLORS.get(p, (0, 0, 0)))
+        legend.append(f"panel {k + 1}: {metric} (max {top:.4g})")
+    Path(path).write_bytes(_png(width, height, rows))
+    legend.append("bars left to right: " + ", ".join(f"{p} rgb{COLORS.get(p, (0, 0, 0))}" for p in pols))
+    return legend

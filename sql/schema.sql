@@ -1,0 +1,98 @@
+-- slurm-horus ledger schema, version 2 (see slurm_horus/ledger.py: SCHEMA_VERSION, MIGRATIONS).
+-- Portable DDL: the same file runs on SQLite (>= 3.25) and MariaDB/MySQL. `usage` is quoted with
+-- backticks because USAGE is a reserved word in MariaDB (SQLite accepts backticks too).
+-- Times are Unix epoch seconds (UTC); memory in MiB; utilization in percent of one GPU.
+
+CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER NOT NULL PRIMARY KEY,
+    applied BIGINT NOT NULL
+);
+
+-- One row per job submitted through hsubmit: what was predicted, from what.
+CREATE TABLE IF NOT EXISTS submissions (
+    cluster VARCHAR(64) NOT NULL,
+    job_id BIGINT NOT NULL,
+    user_name VARCHAR(64),
+    account VARCHAR(64),
+    submit_time BIGINT,
+    model_path TEXT,
+    model_sha256 VARCHAR(64),
+    model_family VARCHAR(64),
+    feature_version INTEGER,
+    features TEXT,            -- JSON {feature name: value}
+    workload TEXT,            -- JSON {batch_size, task, optimizer, precision, cpus_per_task}
+    gpu_types TEXT,           -- JSON [gres type, ...] the job may run on
+    predictions TEXT,         -- JSON {gres type: {util_pct, mem_mib, mem_mib_p90, predictor, cold: {...}}}
+    hint TEXT,
+    policy_decision TEXT,
+    predictor VARCHAR(64),
+    PRIMARY KEY (cluster, job_id)
+);
+
+-- Measured use, one row per (cluster, job, source): a re-sync replaces, never adds.
+CREATE TABLE IF NOT EXISTS `usage` (
+    cluster VARCHAR(64) NOT NULL,
+    job_id BIGINT NOT NULL,
+    source VARCHAR(16) NOT NULL,      -- 'sacct' | 'probe' | 'import'
+    util_mean DOUBLE PRECISION,
+    util_max DOUBLE PRECISION,
+    mem_peak_mib DOUBLE PRECISION,
+    elapsed_s BIGINT,
+    state VARCHAR(32),
+    node VARCHAR(128),
+    gpu_type VARCHAR(64),
+    gpu_index INTEGER,
+    shards INTEGER,
+    colocated TEXT,                   -- comma-separated job ids sharing the GPU in time
+    start_time BIGINT,
+    end_time BIGINT,
+    recorded BIGINT,
+    PRIMARY KEY (cluster, job_id, source)
+);
+
+CREATE TABLE IF NOT EXISTS predictor_versions (
+    version VARCHAR(32) NOT NULL PRIMARY KEY,
+    created BIGINT NOT NULL,
+    metrics TEXT,                     -- JSON: cross-validated metrics, baseline, promoted or not
+    n_rows INTEGER,
+    promoted INTEGER NOT NULL DEFAULT 0
+);
+
+-- One row per job: submission and the best measurement merged (probe > sacct > import for
+-- utilization and memory). Maintained by the ledger on every write; what hacct and the views read.
+CREATE TABLE IF NOT EXISTS jobs (
+    cluster VARCHAR(64) NOT NULL,
+    job_id BIGINT NOT NULL,
+    has_submission INTEGER NOT NULL DEFAULT 0,
+    user_name VARCHAR(64),
+    account VARCHAR(64),
+    submit_time BIGINT,
+    model_family VARCHAR(64),
+    predictor VARCHAR(64),
+    gpu_type VARCHAR(64),
+    gpu_index INTEGER,
+    node VARCHAR(128),
+    shards INTEGER,
+    state VARCHAR(32),
+    elapsed_s BIGINT,
+    start_time BIGINT,
+    end_time BIGINT,
+    pred_util_pct DOUBLE PRECISION,
+    pred_mem_mib DOUBLE PRECISION,
+    act_util_pct DOUBLE PRECISION,
+    act_util_max DOUBLE PRECISION,
+    act_mem_mib DOUBLE PRECISION,
+    colocated TEXT,
+    sources VARCHAR(64),
+    PRIMARY KEY (cluster, job_id)
+);
+
+CREATE TABLE IF NOT EXISTS ledger_state (
+    name VARCHAR(64) NOT NULL PRIMARY KEY,
+    value TEXT
+);
+
+CREATE INDEX IF NOT EXISTS ix_jobs_submit ON jobs (submit_time);
+CREATE INDEX IF NOT EXISTS ix_jobs_user ON jobs (user_name);
+CREATE INDEX IF NOT EXISTS ix_jobs_end ON jobs (end_time);
+CREATE INDEX IF NOT EXISTS ix_usage_node ON `usage` (node, end_time);

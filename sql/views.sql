@@ -1,0 +1,66 @@
+-- Reporting views over the ledger, for admins' plain SQL (SQLite and MariaDB alike).
+-- The ledger (re)creates them from this file when it is set up or migrated.
+-- Errors are actual minus predicted: util in percentage points, memory relative to the prediction.
+--   SELECT * FROM v_accuracy_by_family;        SELECT * FROM v_gpu_util_daily WHERE gpu_type='a100';
+
+DROP VIEW IF EXISTS v_job_errors;
+CREATE VIEW v_job_errors AS
+SELECT cluster, job_id, user_name, account, model_family, gpu_type, gpu_index, node, shards,
+       state, submit_time, end_time, predictor,
+       pred_util_pct, act_util_pct, pred_mem_mib, act_mem_mib,
+       act_util_pct - pred_util_pct AS util_err_pp,
+       CASE WHEN pred_mem_mib > 0 AND act_mem_mib IS NOT NULL
+            THEN 100.0 * (act_mem_mib - pred_mem_mib) / pred_mem_mib END AS mem_err_pct
+FROM jobs
+WHERE has_submission = 1;
+
+DROP VIEW IF EXISTS v_accuracy_by_family;
+CREATE VIEW v_accuracy_by_family AS
+SELECT model_family,
+       COUNT(*) AS jobs,
+       COUNT(act_util_pct) AS util_measured,
+       COUNT(act_mem_mib) AS mem_measured,
+       AVG(ABS(util_err_pp)) AS util_mae_pp,
+       AVG(ABS(mem_err_pct)) AS mem_mean_abs_err_pct,
+       SUM(CASE WHEN mem_err_pct > 20 THEN 1 ELSE 0 END) AS mem_underpredicted_20pct
+FROM v_job_errors
+GROUP BY model_family;
+
+DROP VIEW IF EXISTS v_accuracy_by_gpu_type;
+CREATE VIEW v_accuracy_by_gpu_type AS
+SELECT gpu_type,
+       COUNT(*) AS jobs,
+       COUNT(act_util_pct) AS util_measured,
+       COUNT(act_mem_mib) AS mem_measured,
+       AVG(ABS(util_err_pp)) AS util_mae_pp,
+       AVG(ABS(mem_err_pct)) AS mem_mean_abs_err_pct,
+       SUM(CASE WHEN mem_err_pct > 20 THEN 1 ELSE 0 END) AS mem_underpredicted_20pct
+FROM v_job_errors
+GROUP BY gpu_type;
+
+DROP VIEW IF EXISTS v_accuracy_by_user;
+CREATE VIEW v_accuracy_by_user AS
+SELECT user_name,
+       COUNT(*) AS jobs,
+       COUNT(act_util_pct) AS util_measured,
+       COUNT(act_mem_mib) AS mem_measured,
+       AVG(ABS(util_err_pp)) AS util_mae_pp,
+       AVG(ABS(mem_err_pct)) AS mem_mean_abs_err_pct,
+       SUM(CASE WHEN mem_err_pct > 20 THEN 1 ELSE 0 END) AS mem_underpredicted_20pct
+FROM v_job_errors
+GROUP BY user_name;
+
+-- Utilization per physical GPU (cluster, node, index) and UTC day of the job's end.
+DROP VIEW IF EXISTS v_gpu_util_daily;
+CREATE VIEW v_gpu_util_daily AS
+SELECT cluster, node, gpu_index, gpu_type,
+       end_time - (end_time % 86400) AS day_start,
+       COUNT(*) AS jobs,
+       SUM(shards) AS shards_total,
+       AVG(act_util_pct) AS mean_util_pct,
+       MAX(act_util_max) AS max_util_pct,
+       MAX(act_mem_mib) AS max_mem_mib,
+       SUM(elapsed_s) AS busy_s
+FROM jobs
+WHERE end_time IS NOT NULL AND node IS NOT NULL
+GROUP BY cluster, node, gpu_index, gpu_type, end_time - (end_time % 86400);

@@ -1,0 +1,131 @@
+"""hacct: golden -P and --json outputs from a ledger with fixed rows; summary; plots."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_horus.cli.hacct import main
+from slurm_horus.ledger import Ledger
+
+
+@pytest.fixture
+def url(tmp_path):
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u, spool=str(tmp_path / "sp"))
+    rows = [  # job, user, family, pred util/mem, act util/mem, idx, shards, coloc
+        (101, "alice", "resnet50", 40.0, 5000.0, 45.0, 5230.0, 0, 30, [102]),
+        (102, "bob", "bert", 65.0, 30000.0, 70.0, 36260.0, 0, 50, [101]),
+        (103, "alice", "resnet50", 20.0, 2000.0, None, None, 1, 20, []),
+    ]
+    for jid, user, fam, pu, pm, au, am, idx, sh, co in rows:
+        L.record_submission(job_id=jid, cluster="c", user=user, account="ml",
+                            submit_time=1700000000 + jid, model_family=fam,
+                            predictions={"a100": {"util_pct": pu, "mem_mib": pm,
+                                                  "predictor": "cold-start"}})
+        if au is not None:
+            L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=au, util_max=99,
+                           mem_peak_mib=am, gpu_index=idx, shards=sh, colocated=co,
+                           state="COMPLETED", elapsed_s=3725, node="gpu-a100",
+                           start_time=1700000200, end_time=1700003925)
+    return u
+
+
+GOLDEN_P = """\
+JobID|User|GPUType|GPUIdx|Shards|PredUtil|ActUtil|UtilErr|PredMem|ActMem|MemErr|CoLocated|State|Elapsed|Predictor
+101|alice|a100|0|30|40.0|45.0|+5.0|5000|5230|+4.6|102|COMPLETED|01:02:05|cold-start
+102|bob|a100|0|50|65.0|70.0|+5.0|30000|36260|+20.9|101|COMPLETED|01:02:05|cold-start
+103|alice|a100|||20.0|||2000||||||cold-start
+"""
+
+
+def test_golden_parsable(url):
+    r = CliRunner().invoke(main, ["--ledger", url, "-P"])
+    assert r.exit_code == 0, r.output
+    assert r.output == GOLDEN_P
+
+
+def test_golden_parsable_filters_noheader_format(url):
+    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-u", "alice", "-s", "CD",
+                                  "-o", "JobID,User,Family,ActMem,Node"])
+    assert r.output == "101|alice|resnet50|5230|gpu-a100\n"
+    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-j", "102,103", "-o", "jobid"])
+    assert r.output == "102\n103\n"
+
+
+GOLDEN_JSON = [
+    {"job_id": 101, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
+     "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "shards": 30, "state": "COMPLETED",
+     "elapsed_s": 3725, "submit_time": 1700000101, "pred_util_pct": 40.0, "pred_mem_mib": 5000.0,
+     "actual_util_pct": 45.0, "actual_util_max_pct": 99.0, "actual_mem_mib": 5230.0,
+     "util_err_pp": 5.0, "mem_err_pct": 4.6, "colocated": [102], "predictor": "cold-start",
+     "sources": "sacct"},
+    {"job_id": 102, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
+     "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "shards": 50, "state": "COMPLETED",
+     "elapsed_s": 3725, "submit_time": 1700000102, "pred_util_pct": 65.0, "pred_mem_mib": 30000.0,
+     "actual_util_pct": 70.0, "actual_util_max_pct": 99.0, "actual_mem_mib": 36260.0,
+     "util_err_pp": 5.0, "mem_err_pct": 20.87, "colocated": [101], "predictor": "cold-start",
+     "sources": "sacct"},
+    {"job_id": 103, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
+     "gpu_type": "a100", "gpu_index": None, "node": None, "shards": None, "state": None,
+     "elapsed_s": None, "submit_time": 1700000103, "pred_util_pct": 20.0, "pred_mem_mib": 2000.0,
+     "actual_util_pct": None, "actual_util_max_pct": None, "actual_mem_mib": None,
+     "util_err_pp": None, "mem_err_pct": None, "colocated": [], "predictor": "cold-start",
+     "sources": None},
+]
+
+
+def test_golden_json(url):
+    r = CliRunner().invoke(main, ["--ledger", url, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == GOLDEN_JSON
+
+
+def test_plain_text_when_piped(url):
+    r = CliRunner().invoke(main, ["--ledger", url, "-o", "JobID,User,ActMem"])
+    assert r.output.splitlines()[:3] == ["JobID  User ActMem", "----- ----- ------",
+                                         "  101 alice   5230"]
+
+
+def test_summary(url):
+    r = CliRunner().invoke(main, ["--ledger", url, "--summary", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert s["all"]["jobs"] == 3 and s["all"]["measured"] == 2
+    assert s["all"]["coverage_pct"] == pytest.approx(66.67)
+    assert s["all"]["util_mae_pp"] == 5.0
+    assert s["model_family"]["resnet50"]["coverage_pct"] == 50.0
+    assert s["user"]["bob"]["far_exceeding"] == 0
+    # median of |pred-act|/act over {0.0440, 0.1727}: between them
+    assert 4.0 < s["all"]["mem_median_rel_err_pct"] < 17.5
+    r = CliRunner().invoke(main, ["--ledger", url, "--summary"])
+    assert "by model family" in r.output and "resnet50" in r.output
+
+
+def test_far_exceeding(tmp_path):
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u)
+    L.record_submission(job_id=1, cluster="c", user="x", predictions={"t4": {"util_pct": 10,
+                                                                           "mem_mib": 1000}})
+    L.record_usage(job_id=1, cluster="c", source="probe", util_mean=90, mem_peak_mib=4000)
+    r = CliRunner().invoke(main, ["--ledger", u, "--summary", "--json"])
+    s = json.loads(r.output)
+    assert s["all"]["far_exceeding"] == 1 and s["far_exceeding"][0]["job_id"] == 1
+
+
+def test_plot_png(url, tmp_path):
+    png = tmp_path / "p.png"
+    r = CliRunner().invoke(main, ["--ledger", url, "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert "predicted (x) vs actual (y)" in r.output
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and b"IEND" in data[-12:]
+    r = CliRunner().invoke(main, ["--ledger", url, "--plot"])
+    assert r.exit_code == 0 and "mean |utilization error|" in r.output
+
+
+def test_bad_input_one_line(url):
+    for args in (["-o", "JobID,Bogus"], ["-S", "yesterday-ish"], ["-j", "abc"]):
+        r = CliRunner().invoke(main, ["--ledger", url, *args])
+        assert r.exit_code != 0 and r.output.startswith("hacct: error:"), r.output
+        assert len(r.output.strip().splitlines()) == 1
