@@ -84,21 +84,24 @@ def wait_running(ids, timeout=20):
     return jobs
 
 
-# predicted on t4 (the policy's first type): 13, 74, 13, 76, 13 shards -> fit the two T4s (first fit)
+# shards (the largest per-type need, t4's): 13, 74, 13, 76, 13 -> fit the two T4s (first fit)
 LIGHT = [("small_cnn.onnx", "8"), ("mobilenet_v2.onnx", "8"), ("small_cnn.onnx", "16"),
          ("mobilenet_v2.onnx", "16"), ("small_cnn.onnx", "4")]
 
 
 def test_packing_on_real_slurm(workdir):
-    light = [hsubmit(workdir, "--model", str(ZOO / m), "--batch-size", b, "--task", "infer",
-                     "--gres=gpu:1", "-J", f"light{i}", "--wrap", "sleep 60").stdout.strip()
-             for i, (m, b) in enumerate(LIGHT)]
-    heavy = hsubmit(workdir, "--model", str(ZOO / "vgg16.onnx"), "--batch-size", "128",
-                    "--gres=gpu:1", "-J", "heavy", "--wrap", "sleep 60").stdout.strip()
+    # Whole-GPU jobs first: they take the four A100s (first fit), so the light jobs, which the
+    # shipped policy lets run on any type (type_choice = any), must share the two T4s.
     multi = hsubmit(workdir, "--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8",
                     "-p", "a100", "--gres=gpu:2", "-J", "multi", "--wrap", "sleep 60").stdout.strip()
     plain = hsubmit(workdir, "--gres=gpu:1", "--comment", "plain job", "-p", "a100",
                     "--wrap", "sleep 60").stdout.strip()
+    heavy = hsubmit(workdir, "--model", str(ZOO / "vgg16.onnx"), "--batch-size", "128",
+                    "--gres=gpu:1", "-J", "heavy", "--wrap", "sleep 60").stdout.strip()
+    wait_running([multi, plain, heavy])
+    light = [hsubmit(workdir, "--model", str(ZOO / m), "--batch-size", b, "--task", "infer",
+                     "--gres=gpu:1", "-J", f"light{i}", "--wrap", "sleep 60").stdout.strip()
+             for i, (m, b) in enumerate(LIGHT)]
     ids = light + [heavy, multi, plain]
     assert all(i.isdigit() for i in ids), ids
     jobs = wait_running(ids)
