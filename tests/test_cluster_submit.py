@@ -225,3 +225,25 @@ def test_passthrough_and_errors(workdir):
     job = show(f.stdout.strip())
     assert job["JobName"] == "fromscript" and job["Comment"].startswith("scripted horus:v1;")
     assert job["Command"].endswith("job.sh --model x --batch-size 3")
+
+
+def test_submission_reaches_the_ledger_in_the_background(workdir, tmp_path):
+    """hsubmit returns once sbatch has answered; a detached child records the submission."""
+    import os
+
+    from slurm_horus.ledger import Ledger
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    env = {**os.environ, "HORUS_LEDGER_URL": url, "HORUS_SPOOL": str(tmp_path / "spool")}
+    cp = subprocess.run([*HSUBMIT, "--parsable", "--model", str(ZOO / "small_cnn.onnx"),
+                         "--batch-size", "8", "--gres=gpu:1", "--wrap", "sleep 30"],
+                        capture_output=True, text=True, cwd=workdir, env=env)
+    assert cp.returncode == 0, cp.stderr
+    job_id = int(cp.stdout.strip().split(";")[0])
+    deadline, sub = time.time() + 30, None
+    while time.time() < deadline and sub is None:
+        time.sleep(0.5)
+        if (tmp_path / "ledger.db").exists():
+            sub = Ledger(url).submission("", job_id) or Ledger(url).submission("horus", job_id)
+    assert sub is not None, "submission never recorded"
+    assert "horus:v1" in (sub.get("hint") or "")

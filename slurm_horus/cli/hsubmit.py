@@ -108,19 +108,34 @@ def _main(argv: list[str]) -> int:
 
 
 def _record(plan, sbatch_stdout: str) -> None:
-    """Write the submission to the ledger; never fails the submission (it spools instead)."""
+    """Write the submission to the ledger from a detached child, so the user does not wait.
+
+    The job is already in; the ledger (or, when it is unreachable, the local spool) gets the
+    record a moment later. Set HORUS_LEDGER_SYNC=1 to write before returning (tests, scripts).
+    """
     from ..slurm_parse import parse_sbatch_stdout
 
-    try:
-        job = parse_sbatch_stdout(sbatch_stdout)
-        if not job:
+    job = parse_sbatch_stdout(sbatch_stdout)
+    if not job:
+        return
+    job_id, _, cluster = job.partition(";")
+    if not os.environ.get("HORUS_LEDGER_SYNC"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() > 0:
             return
-        job_id, _, cluster = job.partition(";")
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+    try:
         from ..ledger import record_submission_safely, submission_from_plan
 
         record_submission_safely(**submission_from_plan(plan, job_id, cluster))
     except Exception as e:  # the job is in; a lost ledger record must not look like a failure
         _err(f"warning: submission not recorded in the ledger ({type(e).__name__})")
+    if not os.environ.get("HORUS_LEDGER_SYNC"):
+        os._exit(0)
 
 
 if __name__ == "__main__":

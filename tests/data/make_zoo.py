@@ -260,7 +260,8 @@ SPECS = [
     _hf("t5_small", "encoder-decoder", "T5ForConditionalGeneration", "T5Config", 32128,
         ("input_ids", "attention_mask", "decoder_input_ids"), {"logits": DEC_SEQ, "encoder_last_hidden_state": SEQ},
         dict(use_cache=False), dims={"batch": 1, "seq": 128, "dec_seq": 128}, published_params=60 * M,
-        source="Raffel et al. 2020 (t5-small)", note=f"encoder input [batch, seq], decoder input [batch, dec_seq]; {TIED}"),
+        source="Raffel et al. 2020 (t5-small)",
+        note=f"encoder input [batch, seq], decoder input [batch, dec_seq]; {TIED}"),
     _text("lstm_lm", "rnn", lambda: RNNLM(nn.LSTM, 10000, 650, 650, 2), 10000, ["input_ids"], LOGITS, RNN_DIMS,
           note="Zaremba et al. 2014 medium PTB LSTM (vocab 10000, 2x650, untied), unrolled 35 steps. FlopCounterMode "
                "does not see the fused LSTM kernel: torch_flops_fwd is the decoder only; the LSTM adds "
@@ -413,8 +414,9 @@ def main() -> int:
             with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
                 entries[name] = pool.submit(build_one, name).result()
             e = entries[name]
-            print(f"{name:16} {e['exporter']:11} {e['onnx_bytes'] / 1024:8.0f} KiB  params {e['torch_params'] / M:8.1f}M"
-                  f"  fwd {e['torch_flops_fwd'] / G:8.1f} GFLOP  {time.time() - start:5.0f}s", flush=True)
+            print(f"{name:16} {e['exporter']:11} {e['onnx_bytes'] / 1024:8.0f} KiB"
+                  f"  params {e['torch_params'] / M:8.1f}M  fwd {e['torch_flops_fwd'] / G:8.1f} GFLOP"
+                  f"  {time.time() - start:5.0f}s", flush=True)
         except Exception:  # report it and go on with the others
             failed.append(name)
             print(f"{name:16} FAILED after {time.time() - start:.0f}s\n{traceback.format_exc()}", flush=True)
