@@ -502,15 +502,25 @@ local function make_plan(job, pol)
 		-- type_choice = any: a job that can share every type the policy knows asks for the
 		-- largest of its per-type shard counts with no type, so Slurm may place it on any of
 		-- them (it fits the policy on each); otherwise the first type in type_order is pinned.
+		-- A job that needs a whole GPU of every type (and fits each) keeps its untyped
+		-- request, so it too may start wherever a GPU frees up.
 		if pol.type_choice == "any" then
-			local worst
+			local worst, whole, fits, n_shared = nil, nil, true, 0
 			for _, t in ipairs(pol.type_order) do
 				local r = preds[t] and evaluate(pol, t, preds[t])
-				if not r or r.kind ~= "shared" then worst = nil break end
-				if not worst or r.shards > worst.shards then worst = r end
+				if not r or r.kind == "nofit" then fits = false break end
+				if r.kind == "exclusive" then whole = whole or r
+				else
+					n_shared = n_shared + 1
+					if not worst or r.shards > worst.shards then worst = r end
+				end
 			end
-			if worst then choice = { kind = "shared", any = true, gtype = worst.gtype,
-				shards = worst.shards, util_milli = worst.util_milli, mem = worst.mem } end
+			if fits and whole and n_shared == 0 then
+				choice = { kind = "exclusive", any = true, gtype = whole.gtype, why = whole.why }
+			elseif fits and worst and not whole then
+				choice = { kind = "shared", any = true, gtype = worst.gtype, shards = worst.shards,
+					util_milli = worst.util_milli, mem = worst.mem }
+			end
 		end
 		local exclusive
 		for _, t in ipairs(choice and {} or pol.type_order) do
@@ -529,8 +539,9 @@ local function make_plan(job, pol)
 	for i, v in ipairs(req.items) do items[i] = v end
 
 	if choice.kind == "exclusive" then
-		local note = "horus: exclusive " .. choice.gtype .. " (" .. choice.why .. ")"
-		if not req.entry.gtype then  -- gres:gpu:1 -> gres:gpu:<type>:1, in the same field
+		local note = "horus: exclusive " .. (choice.any and "any" or choice.gtype) .. " (" ..
+			choice.why .. (choice.any and (" on " .. choice.gtype) or "") .. ")"
+		if not req.entry.gtype and not choice.any then  -- gres:gpu:1 -> gres:gpu:<type>:1
 			items[req.index] = e.prefix .. "gpu:" .. choice.gtype .. ":1"
 			set[req.field] = table.concat(items, ",")
 		end

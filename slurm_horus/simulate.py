@@ -299,6 +299,7 @@ class HorusDecider:
         self.policy_path = Path(self._tmp.name) / "horus_policy.conf"
         self.policy_path.write_text(_policy_text(base, self.types, self.mem))
         self.cache: dict[tuple[str, str], tuple[str, str | None, int | None]] = {}
+        self._by_pred: dict[tuple, tuple[str, str | None, int | None]] = {}
         self.calls = 0
         self.shards_per_gpu = self._probe_shards()
 
@@ -338,9 +339,13 @@ class HorusDecider:
         """(action, gpu_type, shards) for a job with these predictions asking for ``gpus`` GPUs."""
         from .hint import encode_hint
 
-        hint = encode_hint({t: preds[t] for t in self.types})
-        a, t, s, _ = self.decide_raw(hint, f"gres:gpu:{gpus}")
-        return a, t, s
+        key = (tuple(preds[t] for t in self.types), gpus)
+        hit = self._by_pred.get(key)
+        if hit is None:
+            hint = encode_hint({t: preds[t] for t in self.types})
+            a, t, s, _ = self.decide_raw(hint, f"gres:gpu:{gpus}")
+            hit = self._by_pred[key] = (a, t, s)
+        return hit
 
 
 def _ceil_to(x: float, q: float) -> float:

@@ -602,3 +602,12 @@ def test_any_shards_respect_the_policy_on_every_type():
             for util, mem_gpu in ((u_t4, 15360), (u_a100, 40960)):
                 assert d.shards / 100 >= min(util, 100) / 90 - 1e-9
                 assert d.shards / 100 >= m / (mem_gpu * 0.9) - 1e-9
+
+
+def test_any_leaves_a_job_heavy_everywhere_untyped():
+    """Heavy on every type: a whole GPU, any type (not pinned to the first in type_order)."""
+    d = run({"comment": HEAVY, "tres_per_node": "gres:gpu:1"}, policy=SHIPPED_POLICY)
+    assert d.action == "exclusive" and d.gpu_type == "any"
+    assert d.job_desc["tres_per_node"] == "gres:gpu:1" and not d.job_desc.get("features")
+    d = run({"comment": HEAVY, "tres_per_node": "gres:gpu:1"})  # type_choice = order
+    assert d.gpu_type == "t4" and d.job_desc["tres_per_node"] == "gres:gpu:t4:1"

@@ -71,10 +71,12 @@ def rollback(model_dir):
 
 
 def _register_subcommands() -> None:
+    from .admin_calibrate import register as register_calibrate
     from .admin_ledger import register as register_ledger
     from .admin_simulate import register as register_simulate
 
     register_ledger(main)
+    register_calibrate(main)
     register_simulate(main)
 
 

@@ -52,10 +52,11 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
     if sacct and ledger:
         raise HorusError("give --sacct or --ledger, not both")
     mix = ModelMix(zoo)
+    mem_cap = 0.97 * max(cluster.mem_mib(t) for t in cluster.gpu_types)
     if sacct:
         return from_sacct_json(_read(sacct, "sacct file"), cluster.gpu_types, seed=seed, trace_mix=trace,
                                sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
-                               max_gpus_per_job=cluster.max_gpus_per_node)
+                               max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
     if ledger:
         try:
             rows = json.loads(_read(ledger, "ledger file"))
@@ -68,7 +69,7 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
         return from_rows(rows, cluster.gpu_types)
     return generate_trace(trace, jobs, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load,
                           sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
-                          max_gpus_per_job=cluster.max_gpus_per_node)
+                          max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
 
 
 def register(main_group: click.Group) -> None:

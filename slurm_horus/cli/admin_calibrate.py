@@ -1,0 +1,106 @@
+"""`horus-admin calibrate`: measure models on this site's GPUs, write `horus-admin import` rows.
+
+Wired into horus-admin with ``register(main)`` (see slurm_horus/cli/admin.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import one_line_errors
+
+
+def _csv_list(value: str | None, what: str, cast=str) -> list:
+    from ..errors import HorusError
+
+    items = [v.strip() for v in (value or "").split(",") if v.strip()]
+    try:
+        out = [cast(v) for v in items]
+    except ValueError:
+        raise HorusError(f"{what}: expected a comma-separated list, got {value!r}") from None
+    if not out:
+        raise HorusError(f"{what}: empty list")
+    return out
+
+
+@click.command("calibrate")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="CSV to append rows to (the `horus-admin import` format).")
+@click.option("--ledger", "url", envvar="HORUS_LEDGER_URL", default=None,
+              help="Also record each row in this ledger (as `horus-admin import` would).")
+@click.option("--models", help="Comma-separated model names (default: a ~10 minute set; "
+                                "--list-models shows all).")
+@click.option("--batch-sizes", default="8,32,128", show_default=True)
+@click.option("--tasks", default="train,infer", show_default=True)
+@click.option("--seconds", type=click.FloatRange(0.5, 3600), default=20.0, show_default=True,
+              help="Measured time per run (after 3 warm-up steps).")
+@click.option("--device", default="cuda:0", show_default=True)
+@click.option("--gpu-type", help="Catalog name of the GPU (default: from the device name).")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Where exported ONNX graphs are kept (default: next to --out).")
+@click.option("--resume", is_flag=True, help="Continue --out: skip runs already in it.")
+@click.option("--list-models", is_flag=True, help="List the models calibrate can build here.")
+@one_line_errors("horus-admin calibrate")
+def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, cache_dir, resume,
+              list_models):
+    """Run real PyTorch models (random weights, synthetic data) on a GPU, measure utilization
+    and memory via NVML, and append one import-format row per (model, batch size, task).
+    Needs `pip install 'slurm-horus[calibrate,probe]'` and a CUDA GPU."""
+    from ..calibrate import (NvmlSampler, TorchRunner, calibrate as do_calibrate,
+                             default_models, model_specs, plan, require_torch_gpu)
+    from ..coldstart import TASKS
+    from ..errors import HorusError
+
+    bs = _csv_list(batch_sizes, "--batch-sizes", int)
+    if any(b < 1 for b in bs):
+        raise HorusError("--batch-sizes: must be positive integers")
+    ts = _csv_list(tasks, "--tasks")
+    if bad := [t for t in ts if t not in TASKS]:
+        raise HorusError(f"--tasks: unknown {', '.join(bad)} (choose from {', '.join(TASKS)})")
+    if list_models:
+        try:
+            specs = model_specs()
+        except ImportError:
+            raise HorusError("calibrate needs PyTorch: pip install 'slurm-horus[calibrate]'") from None
+        for name, spec in specs.items():
+            click.echo(f"{name:22} {spec.family:20} {spec.needs or 'torch'}")
+        return
+    require_torch_gpu(device)  # the clear one-line error before anything else
+    runner = TorchRunner(device, gpu_type)
+    available = list(runner.specs)
+    names = _csv_list(models, "--models") if models else default_models(available)
+    if unknown := [m for m in names if m not in runner.specs]:
+        raise HorusError(f"--models: unknown or not buildable here: {', '.join(unknown)} "
+                         f"(available: {', '.join(available)}; resnet50 etc. need torchvision, "
+                         "bert_base/gpt2 need transformers)")
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        raise HorusError("calibrate samples the GPU through NVML: "
+                         "pip install 'slurm-horus[probe]' (nvidia-ml-py)") from None
+    ledger = None
+    if url:
+        from ..ledger import Ledger
+
+        ledger = Ledger(url)
+    runs = plan(names, bs, ts)
+    tty = sys.stderr.isatty()
+    click.echo(f"calibrate: {len(runs)} runs on {runner.gpu_name} ({runner.gpu_type}), "
+               f"{seconds:g} s each -> {out}", err=True)
+    res = do_calibrate(runner, runs, out, sampler_factory=lambda: NvmlSampler(runner.nvml_id),
+                       seconds=seconds, cache_dir=cache_dir, resume=resume, ledger=ledger,
+                       progress=tty, log=(lambda m: None) if tty else
+                       (lambda m: click.echo(m, err=True)))
+    click.echo(f"calibrate: {len(res.done)} runs written, {len(res.skipped)} already done, "
+               f"{len(res.failed)} failed -> {out}")
+    for r, why in res.failed:
+        click.echo(f"  {r.model} b{r.batch_size} {r.task}: {why}", err=True)
+    if res.done and not ledger:
+        click.echo(f"next: horus-admin import {out} && horus-admin retrain")
+
+
+def register(main_group: click.Group) -> None:
+    """Add calibrate to horus-admin."""
+    main_group.add_command(calibrate)

@@ -1,0 +1,392 @@
+"""The cluster simulator: hand-worked schedules, the hook in the loop, traces, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from slurm_horus.errors import HorusError
+from slurm_horus.hint import encode_hint
+from slurm_horus.policy import decide
+from slurm_horus.sim_interference import LUCID_POINTS, Interference, parse_points
+from slurm_horus.sim_traces import (SimJob, TRACES, ModelMix, from_rows, from_sacct_json,
+                                    generate_trace, lognormal_params)
+from slurm_horus.simulate import (ClusterSpec, HorusDecider, NodeSpec, Request, Simulator,
+                                  build_requests, cluster_from_json, cluster_from_slurm_conf,
+                                  expand_hostlist, homogeneous_cluster, run_policies,
+                                  write_png)
+
+A100 = 40960.0
+
+
+def job(i, submit, duration, util=10.0, mem=2000.0, gpus=1, limit=None, p90=None, true=None):
+    tu, tm = true if true is not None else (util, mem)
+    return SimJob(i, submit, duration, gpus, limit if limit is not None else 2 * duration, "test",
+                  {"a100": (util, mem, p90 if p90 is not None else mem)}, {"a100": (tu, tm)})
+
+
+def one_node(gpus):
+    return ClusterSpec((NodeSpec("n0", "a100", gpus),))
+
+
+def by_id(sim, jobs):
+    return {j.id: (sim.start[j.id], sim.end[j.id]) for j in jobs}
+
+
+def run(cluster, jobs, reqs, **kw):
+    sim = Simulator(cluster, jobs, reqs, 100, **kw)
+    return sim, sim.run()
+
+
+# -- hand-worked schedules --------------------------------------------------------------------
+
+def test_three_jobs_one_gpu_exclusive_run_one_after_another():
+    jobs = [job(0, 0, 100), job(1, 0, 200), job(2, 0, 300)]
+    sim, m = run(one_node(1), jobs, [Request((0,), 100, 1)] * 3)
+    assert by_id(sim, jobs) == {0: (0, 100), 1: (100, 300), 2: (300, 600)}
+    assert m["makespan_s"] == pytest.approx(600)
+    assert m["mean_jct_s"] == pytest.approx((100 + 300 + 600) / 3)
+    assert m["mean_wait_s"] == pytest.approx((0 + 100 + 300) / 3)
+    assert m["gpu_util"] == pytest.approx(0.10)  # 10 % util, GPU busy the whole time
+    assert m["gpus_busy_frac"] == pytest.approx(1.0)
+    assert m["mean_slowdown"] == pytest.approx(1.0)
+    # the same through the policy layer
+    r = run_policies(one_node(1), jobs, ["exclusive"])["exclusive"]
+    assert r["makespan_s"] == pytest.approx(600) and r["oom_failures"] == 0
+
+
+def test_two_light_jobs_share_a_gpu_under_horus_with_lucid_slowdown():
+    jobs = [job(0, 0, 1000, util=40, mem=2000), job(1, 0, 1000, util=40, mem=2000)]
+    res = run_policies(one_node(1), jobs, ["exclusive", "horus", "oracle"])
+    speed = Interference().speed(80.0, 2)
+    assert speed == pytest.approx(1.0 - 0.03 * 5 / 12.5)  # between 75 % (1.00) and 87.5 % (0.97)
+    h = res["horus"]
+    assert h["decisions"]["shared"] == 2 and h["shared_starts"] == 2
+    assert h["makespan_s"] == pytest.approx(1000 / speed)
+    assert h["mean_jct_s"] == pytest.approx(1000 / speed)
+    assert h["mean_wait_s"] == 0
+    assert h["mean_slowdown"] == pytest.approx(1 / speed)
+    assert h["gpu_util"] == pytest.approx(min(1.0, 0.8 * speed))
+    e = res["exclusive"]
+    assert e["makespan_s"] == pytest.approx(2000) and e["mean_jct_s"] == pytest.approx(1500)
+    assert res["oracle"]["makespan_s"] == pytest.approx(1000 / speed)
+
+
+def test_slowdown_changes_when_a_co_located_job_leaves():
+    # 60 + 60 = 120 % -> speed s while both run; the short one leaves, the long one speeds up.
+    jobs = [job(0, 0, 100, util=60), job(1, 0, 1000, util=60)]
+    sim, m = run(one_node(1), jobs, [Request((0,), 40, 1)] * 2)
+    s = Interference().speed(120, 2)
+    t0 = 100 / s
+    assert sim.end[0] == pytest.approx(t0)
+    assert sim.end[1] == pytest.approx(t0 + (1000 - 100))
+
+
+def test_backfill_short_job_jumps_ahead_without_delaying_the_reservation():
+    # 2 GPUs on one node.  A holds GPU 0 (limit 2000).  B needs both GPUs: reserved at 2000 on
+    # GPUs {0, 1}.  D (long) would run past 2000 on GPU 1: not backfilled.  C ends (by its limit)
+    # before 2000: backfilled at once on GPU 1.
+    jobs = [job(0, 0, 1000, limit=2000), job(1, 1, 100, gpus=2, limit=200),
+            job(2, 2, 5000, limit=10000), job(3, 3, 500, limit=1000)]
+    reqs = [Request((0,), 100, 1), Request((0,), 100, 2), Request((0,), 100, 1), Request((0,), 100, 1)]
+    sim, m = run(one_node(2), jobs, reqs)
+    assert by_id(sim, jobs) == {0: (0, 1000), 1: (1000, 1100), 2: (1100, 6100), 3: (3, 503)}
+    assert m["backfilled"] == 1
+    # without backfill, C waits behind B and D
+    sim2, _ = run(one_node(2), jobs, reqs, backfill=False)
+    assert by_id(sim2, jobs)[3] == (1100, 1600)
+
+
+def test_backfill_window_bounds_the_jobs_looked_at():
+    jobs = [job(0, 0, 1000, limit=2000), job(1, 1, 100, gpus=2), job(2, 2, 5000, limit=10000),
+            job(3, 3, 500, limit=1000)]
+    reqs = [Request((0,), 100, 1), Request((0,), 100, 2), Request((0,), 100, 1), Request((0,), 100, 1)]
+    sim, _ = run(one_node(2), jobs, reqs, bf_window=1)  # only D is looked at: C is not backfilled
+    assert sim.start[3] == 1100
+
+
+def test_oom_counted_and_job_requeued_once_on_a_whole_gpu():
+    jobs = [job(0, 0, 1000, mem=25000), job(1, 0, 1000, mem=25000)]
+    sim, m = run(one_node(1), jobs, [Request((0,), 50, 1)] * 2, oom_delay_s=60)
+    assert m["oom_failures"] == 1 and m["failed_jobs"] == 0
+    assert by_id(sim, jobs) == {0: (0, 1000), 1: (1000, 2000)}
+    assert sim.cur_req[1].shards == 100  # requeued exclusively
+    r = run_policies(one_node(1), jobs, ["naive"])["naive"]
+    assert r["oom_failures"] == 1
+
+
+def test_job_larger_than_the_gpu_fails_twice_then_is_lost():
+    jobs = [job(0, 0, 100, mem=50000, true=(10, 50000))]
+    sim, m = run(one_node(1), jobs, [Request((0,), 100, 1)])
+    assert m["oom_failures"] == 2 and m["failed_jobs"] == 1 and m["completed"] == 0
+
+
+def test_true_memory_above_prediction_ooms_under_horus_but_not_oracle():
+    # predicted 8 GB each (packed), truly 24 GB each: the second one OOMs under horus.
+    jobs = [job(i, 0, 1000, util=20, mem=8000, true=(20, 24000)) for i in range(2)]
+    res = run_policies(one_node(1), jobs, ["horus", "oracle"])
+    assert res["horus"]["oom_failures"] == 1
+    assert res["oracle"]["oom_failures"] == 0
+
+
+def test_timeout_when_interference_pushes_a_job_past_its_limit():
+    itf = Interference(((0, 1.0), (100, 0.4)))
+    jobs = [job(0, 0, 1000, util=90, limit=1200), job(1, 0, 1000, util=90, limit=1200)]
+    sim, m = run(one_node(1), jobs, [Request((0,), 50, 1)] * 2, interference=itf)
+    assert m["timeouts"] == 2 and sim.end[0] == pytest.approx(1200)
+
+
+# -- the hook in the loop -----------------------------------------------------------------------
+
+def test_simulator_decisions_equal_the_lua_hook():
+    preds = [(5, 1500, 1800), (20, 3000, 3500), (40, 9000, 12000), (69.9, 2000, 2500), (70, 2000, 2500),
+             (85, 30000, 36000), (10, 38000, 39000), (33.3, 17000, 20000), (0.5, 100, 200)]
+    jobs = [job(i, 0, 100, util=u, mem=m, p90=p) for i, (u, m, p) in enumerate(preds)]
+    with HorusDecider(["a100"], [A100]) as d:
+        reqs, stats = build_requests(jobs, "horus", ["a100"], [A100], d.shards_per_gpu, decider=d)
+        assert d.calls <= len(preds) + 1
+    for j, r in zip(jobs, reqs):
+        hint = encode_hint({"a100": j.pred["a100"]})
+        ref = decide({"comment": hint, "tres_per_node": "gres:gpu:1"})
+        if ref.action == "shared":
+            assert (r.types, r.shards) == ((0,), ref.shards)
+        else:
+            assert r.shards == 100, (j.pred, ref.action)
+    assert stats["shared"] >= 4 and stats["exclusive"] >= 2
+
+
+POLICY = """shards_per_gpu = 100
+pack_limit_pct = 90
+exclusive_util_pct = 70
+memory = p90
+gpu.a100.mem_mib = 40960
+gpu.t4.mem_mib = 15360
+type_order = t4, a100
+"""
+
+
+def test_decider_adds_cluster_types_the_policy_does_not_know(tmp_path):
+    base = tmp_path / "horus_policy.conf"
+    base.write_text(POLICY)
+    c = ClusterSpec((NodeSpec("n0", "h100", 4), NodeSpec("n1", "t4", 4)))
+    types = c.gpu_types
+    mem = [c.mem_mib(t) for t in types]
+    with HorusDecider(types, mem, policy_path=base) as d:
+        text = d.policy_path.read_text()
+        assert "gpu.h100.mem_mib" in text and text.splitlines()[-1] == "type_order = t4, h100"
+        a, t, s = d.decide({"h100": (20, 3000, 3500), "t4": (20, 3000, 3500)})
+        assert (a, t, s) == ("shared", "t4", 26)  # the documented t4 example
+        a, t, s = d.decide({"h100": (20, 30000, 35000), "t4": (20, 30000, 35000)})
+        assert a == "shared" and t == "h100"
+
+
+def test_type_choice_any_lets_a_shard_job_run_on_every_type(tmp_path):
+    base = tmp_path / "horus_policy.conf"
+    base.write_text(POLICY + "type_choice = any\n")
+    types, mem = ["a100", "t4"], [A100, 15360.0]
+    light = SimJob(0, 0, 100, 1, 200, "x", {"a100": (10, 2000, 2500), "t4": (20, 2000, 2500)},
+                   {"a100": (10, 2000), "t4": (20, 2000)})
+    with HorusDecider(types, mem, policy_path=base) as d:
+        assert d.decide(light.pred) == ("shared", "any", 23)  # max(a100 12, t4 23)
+        reqs, _ = build_requests([light], "horus", types, mem, 100, decider=d)
+    assert reqs[0] == Request((0, 1), 23, 1)
+
+
+def test_multi_gpu_jobs_keep_whole_gpus_under_every_policy():
+    jobs = [job(0, 0, 100, util=5, gpus=4)]
+    c = homogeneous_cluster(8, per_node=8)
+    for p, r in run_policies(c, jobs).items():
+        assert r["shared_starts"] == 0 and r["makespan_s"] == pytest.approx(100), p
+
+
+# -- traces, determinism -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mix():
+    return ModelMix()
+
+
+def test_lognormal_fit_matches_the_quantiles():
+    mu, s = lognormal_params(1124, 39630)
+    assert math.exp(mu) == pytest.approx(1124)
+    assert math.exp(mu + 1.6448536 * s) == pytest.approx(39630, rel=1e-6)
+
+
+@pytest.mark.parametrize("trace", sorted(TRACES))
+def test_generated_trace_statistics(trace, mix):
+    jobs = generate_trace(trace, 3000, ["a100"], 64, seed=3, mix=mix)
+    single = sum(j.gpus == 1 for j in jobs) / len(jobs)
+    assert single == pytest.approx(TRACES[trace].single_gpu_share, abs=0.03)
+    assert all(j.limit >= 1.2 * j.duration for j in jobs)
+    assert all(0 <= j.true["a100"][0] <= 100 and j.true["a100"][1] <= 0.97 * A100 + 1e-6 for j in jobs)
+    assert len({j.model for j in jobs}) >= 5
+    assert [j.submit for j in jobs] == sorted(j.submit for j in jobs)
+
+
+def test_pai_mix_is_lighter_than_philly(mix):
+    mean = lambda js: sum(j.true["a100"][0] for j in js) / len(js)
+    assert mean(generate_trace("pai", 2000, ["a100"], 64, seed=1, mix=mix)) < \
+        mean(generate_trace("philly", 2000, ["a100"], 64, seed=1, mix=mix)) - 10
+
+
+def test_deterministic_for_a_seed(mix):
+    c = homogeneous_cluster(16)
+    a = generate_trace("helios", 400, c.gpu_types, c.total_gpus, seed=7, mix=mix)
+    b = generate_trace("helios", 400, c.gpu_types, c.total_gpus, seed=7, mix=mix)
+    assert a == b
+    assert a != generate_trace("helios", 400, c.gpu_types, c.total_gpus, seed=8, mix=mix)
+    strip = lambda r: {p: {k: v for k, v in m.items() if not k.endswith(("wall_s", "cpu_s"))} for p, m in r.items()}
+    assert strip(run_policies(c, a)) == strip(run_policies(c, b))
+
+
+def test_from_rows_ledger_interface():
+    rows = [{"submit_time": 100, "elapsed_s": 50, "gpus": 1, "pred_util": 30, "pred_mem": 4000,
+             "true_util": 35, "true_mem": 4500},
+            {"submit_time": 90, "elapsed_s": 20, "gpus": 2, "pred_util": 80, "pred_mem": 9000,
+             "true_util": 70, "true_mem": 8000, "pred_mem_p90": 10000, "limit_s": 600}]
+    jobs = from_rows(rows, ["a100", "t4"])
+    assert [j.submit for j in jobs] == [0, 10]
+    assert jobs[0].gpus == 2 and jobs[0].limit == 600 and jobs[0].pred["t4"] == (80, 9000, 10000)
+    assert jobs[1].true["a100"] == (35, 4500) and jobs[1].limit == 100
+    with pytest.raises(HorusError, match="row 1: missing true_mem"):
+        from_rows([{k: 1 for k in ("submit_time", "elapsed_s", "gpus", "pred_util", "pred_mem",
+                                   "true_util")}], ["a100"])
+
+
+def test_from_sacct_json(mix):
+    doc = {"jobs": [
+        {"job_id": 1, "time": {"submission": 1000, "elapsed": 300, "limit": 60},
+         "tres": {"allocated": [{"type": "cpu", "count": 4}, {"type": "gres", "name": "gpu", "count": 2}]}},
+        {"job_id": 2, "time": {"submission": {"set": True, "infinite": False, "number": 1010},
+                               "elapsed": 100, "limit": {"set": True, "infinite": False, "number": 5}},
+         "tres": {"allocated": [{"type": "gres", "name": "shard", "count": 30}]}},
+        {"job_id": 3, "time": {"submission": 1020, "elapsed": 100}, "tres": {"allocated": []}},
+    ]}
+    jobs = from_sacct_json(json.dumps(doc), ["a100"], seed=1, mix=mix)
+    assert [(j.submit, j.duration, j.gpus, j.limit) for j in jobs] == [(0, 300, 2, 3600), (10, 100, 1, 300)]
+    with pytest.raises(HorusError):
+        from_sacct_json("{}", ["a100"], mix=mix)
+
+
+# -- cluster specs, interference, png ----------------------------------------------------------
+
+def test_cluster_from_slurm_conf_and_gres_conf():
+    conf = """
+NodeName=DEFAULT CPUs=32 RealMemory=256000
+NodeName=gpu[01-03] Gres=gpu:a100:4,shard:400 Feature=a100
+NodeName=t4n[1-2],t4x Gres=gpu:4  # untyped
+NodeName=login CPUs=4
+"""
+    gres = "NodeName=t4n[1-2],t4x Name=gpu Type=t4 File=/dev/nvidia[0-3]\n"
+    c = cluster_from_slurm_conf(conf, gres)
+    assert c.gpu_types == ["a100", "t4"] and c.total_gpus == 24 and len(c.nodes) == 6
+    with pytest.raises(HorusError, match="untyped"):
+        cluster_from_slurm_conf(conf)
+    assert expand_hostlist("g[08-10,2],x") == ["g08", "g09", "g10", "g2", "x"]
+
+
+def test_cluster_from_json():
+    c = cluster_from_json('{"nodes": [{"name": "a", "gpu_type": "a100", "gpus": 8, "count": 2},'
+                          ' {"name": "t", "gpu_type": "t4", "gpus": 4, "mem_mib": 15000}]}')
+    assert c.total_gpus == 20 and c.mem_mib("t4") == 15000
+    with pytest.raises(HorusError):
+        cluster_from_json('{"nodes": [{"name": "a", "gpus": 8}]}')
+
+
+def test_interference_curve_through_lucid_medians():
+    f = Interference()
+    assert f.speed(190, 1) == 1.0  # alone: full speed
+    for x, y in LUCID_POINTS:
+        assert f.speed(x, 2) == pytest.approx(y)
+    assert f.speed(1000, 4) == pytest.approx(1 / 3.2)
+    assert parse_points("0:1, 100:0.5") == ((0, 1), (100, 0.5))
+    with pytest.raises(HorusError):
+        parse_points("0:1,50:1.5")
+
+
+def test_png_is_a_valid_image(tmp_path):
+    res = {"exclusive": {"makespan_s": 10, "gpu_util": 0.5}, "horus": {"makespan_s": 8, "gpu_util": 0.7}}
+    p = tmp_path / "x.png"
+    write_png(p, res, metrics=("makespan_s", "gpu_util"))
+    data = p.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and b"IHDR" in data[:16] and data.endswith(b"IEND\xaeB`\x82")
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def cli():
+    from slurm_horus.cli.admin_simulate import register
+
+    @click.group()
+    def main():
+        pass
+
+    register(main)
+    return main
+
+
+def test_cli_json_keys(cli, tmp_path):
+    r = CliRunner().invoke(cli, ["simulate", "--jobs", "200", "--gpus", "16", "--seed", "1", "--json",
+                                 "--plot", str(tmp_path / "p.png")])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert list(out) == ["exclusive", "naive", "horus", "oracle"]
+    for m in out.values():
+        for k in ("makespan_s", "mean_jct_s", "mean_wait_s", "gpu_util", "oom_failures", "median_jct_s",
+                  "p95_jct_s", "gpus_busy", "mean_slowdown"):
+            assert k in m
+        assert 0 <= m["gpu_util"] <= 1
+    assert (tmp_path / "p.png").stat().st_size > 100
+
+
+def test_cli_table_and_errors(cli, tmp_path):
+    r = CliRunner().invoke(cli, ["simulate", "--jobs", "50", "--gpus", "8", "--trace", "pai"])
+    assert r.exit_code == 0 and "makespan" in r.output and "horus" in r.output
+    for args, msg in ((["--policies", "bogus"], "unknown policy"),
+                      (["--cluster", str(tmp_path / "none.json")], "cluster file"),
+                      (["--gpus", "0"], "must be positive"),
+                      (["--interference", "x"], "interference")):
+        r = CliRunner().invoke(cli, ["simulate", "--jobs", "10", *args])
+        assert r.exit_code == 2, (args, r.output)
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and msg in lines[0], r.output
+
+
+def test_cli_replays_ledger_and_sacct_on_a_slurm_conf_cluster(cli, tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("NodeName=g[1-2] Gres=gpu:t4:4,shard:400 Features=t4\n")
+    rows = [{"submit_time": i * 10, "elapsed_s": 100, "gpus": 1, "pred_util": 30, "pred_mem": 3000,
+             "true_util": 30, "true_mem": 3000} for i in range(12)]
+    ledger = tmp_path / "ledger.json"
+    ledger.write_text(json.dumps(rows))
+    r = CliRunner().invoke(cli, ["simulate", "--slurm-conf", str(conf), "--ledger", str(ledger), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["exclusive"]["jobs"] == 12 and out["horus"]["shared_starts"] == 12
+    # 12 jobs of 100 s, 10 s apart, 8 GPUs: jobs 8-11 wait for jobs 0-3 (ends 100..130) -> 230
+    assert out["exclusive"]["makespan_s"] == pytest.approx(230)
+    assert out["horus"]["makespan_s"] == pytest.approx(210) and out["horus"]["mean_wait_s"] == 0
+    sacct = tmp_path / "sacct.json"
+    sacct.write_text(json.dumps({"jobs": [
+        {"time": {"submission": 100 + i, "elapsed": 60},
+         "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}} for i in range(5)]}))
+    r = CliRunner().invoke(cli, ["simulate", "--slurm-conf", str(conf), "--sacct", str(sacct), "--json",
+                                 "--policies", "exclusive,horus"])
+    assert r.exit_code == 0, r.output
+    assert list(json.loads(r.output)) == ["exclusive", "horus"]
+    r = CliRunner().invoke(cli, ["simulate", "--sacct", str(sacct), "--ledger", str(ledger)])
+    assert r.exit_code == 2 and "not both" in r.output
+
+
+def test_bf_interval_spaces_backfill_passes():
+    # as the backfill test above, but backfill runs every 30 s: C waits for the pass at t=30
+    jobs = [job(0, 0, 1000, limit=2000), job(1, 1, 100, gpus=2, limit=200),
+            job(2, 2, 5000, limit=10000), job(3, 3, 500, limit=1000)]
+    reqs = [Request((0,), 100, 1), Request((0,), 100, 2), Request((0,), 100, 1), Request((0,), 100, 1)]
+    sim, m = run(one_node(2), jobs, reqs, bf_interval=30)
+    assert by_id(sim, jobs)[3] == (30, 530) and by_id(sim, jobs)[1] == (1000, 1100)
