@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .errors import ModelError
@@ -45,7 +46,7 @@ class TensorInfo:
     def known(self) -> bool:
         return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
-    @property
+    @cached_property
     def numel(self) -> int:
         """Element count, treating unknown dimensions as 1 (callers check `known` when it matters)."""
         n = 1
@@ -53,7 +54,7 @@ class TensorInfo:
             n *= d if isinstance(d, int) and d >= 0 else 1
         return n
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return self.numel * DTYPE_BYTES.get(self.dtype, 0)
 
@@ -183,15 +184,19 @@ def _check_external_data(model, folder: Path, onnx) -> list[str]:
     The files are never opened: their existence is all we look at.
     """
     missing = set()
+    checked: set[str] = set()  # most tensors share one data file: resolve each location once
     for tensor in _all_tensors(model.graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if location in checked:
+            continue
         target = (folder / location).resolve()
         if (not location or os.path.isabs(location) or ".." in Path(location).parts
                 or not target.is_relative_to(folder)):
             raise ModelError(f"tensor '{tensor.name}': external-data path '{location}' points "
                              "outside the model's folder; refusing it")
+        checked.add(location)
         if not target.exists():
             missing.add(location)
     return sorted(missing)
