@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from slurm_horus.ledger import Ledger  # noqa: E402
+from slurm_horus.ledger import Ledger, mem_err_bucket  # noqa: E402
 
 
 def fill(url_path: str, n: int) -> None:
@@ -35,8 +35,9 @@ def fill(url_path: str, n: int) -> None:
         am = pm * rng.lognormvariate(0, 0.2) if measured else None
         rows.append(("c", i, 1, users[i % 60], "acct", 1700000000 + i * 3, fams[i % 8], "cold-start",
                      types[i % 4], i % 4, f"n{i % 50}", 25, "COMPLETED", 600, 1700000000 + i * 3,
-                     1700000600 + i * 3, pu, pm, au, au, am, None, "sacct"))
-    con.executemany("INSERT INTO jobs VALUES (" + ",".join("?" * 23) + ")", rows)
+                     1700000600 + i * 3, pu, pm, au, au, am, None, "sacct",
+                     mem_err_bucket(pm, am)))
+    con.executemany("INSERT INTO jobs VALUES (" + ",".join("?" * 24) + ")", rows)
     con.commit()
     con.close()
 

@@ -25,7 +25,7 @@ from .errors import HorusError
 ENV_URL = "HORUS_LEDGER_URL"
 ENV_SPOOL = "HORUS_SPOOL"
 DEFAULT_URL = "sqlite:////var/lib/slurm-horus/ledger.db"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SOURCES = ("sacct", "probe", "import")
 # Which measurement wins for utilization/memory, and for placement facts (node, state, ...).
 UTIL_ORDER = ("probe", "sacct", "import")
@@ -37,7 +37,7 @@ USAGE_FIELDS = ("util_mean", "util_max", "mem_peak_mib", "elapsed_s", "state", "
 JOB_FIELDS = ("has_submission", "user_name", "account", "submit_time", "model_family", "predictor",
               "gpu_type", "gpu_index", "node", "shards", "state", "elapsed_s", "start_time",
               "end_time", "pred_util_pct", "pred_mem_mib", "act_util_pct", "act_util_max",
-              "act_mem_mib", "colocated", "sources")
+              "act_mem_mib", "colocated", "sources", "mem_err_bucket")
 
 
 def sql_dir() -> Path:
@@ -142,7 +142,8 @@ def _tables():
         Column("start_time", BigInteger), Column("end_time", BigInteger),
         Column("pred_util_pct", Float), Column("pred_mem_mib", Float),
         Column("act_util_pct", Float), Column("act_util_max", Float), Column("act_mem_mib", Float),
-        Column("colocated", Text), Column("sources", String(64)))
+        Column("colocated", Text), Column("sources", String(64)),
+        Column("mem_err_bucket", Integer))
     t["ledger_state"] = Table("ledger_state", md, Column("name", String(64), primary_key=True),
                               Column("value", Text))
     return md, t
@@ -176,7 +177,29 @@ def _migrate_1_to_2(conn) -> None:
     refresh_jobs(conn, keys)
 
 
-MIGRATIONS = {2: _migrate_1_to_2}
+def _migrate_2_to_3(conn) -> None:
+    """v3 stores each job's memory-error histogram bin, so hacct --summary reads an index."""
+    if "mem_err_bucket" not in _columns(conn, "jobs"):
+        conn.exec_driver_sql("ALTER TABLE jobs ADD COLUMN mem_err_bucket INTEGER")
+    exec_script(conn, (sql_dir() / "schema.sql").read_text())  # adds ix_jobs_accuracy
+    keys = [(r[0], r[1]) for r in conn.exec_driver_sql("SELECT cluster, job_id FROM jobs")]
+    refresh_jobs(conn, keys)
+
+
+MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3}
+
+
+def mem_err_bucket(pred_mem_mib, act_mem_mib) -> int:
+    """Histogram bin of |predicted - actual| / actual memory: 0.5 % bins below 100 %, 10 % bins
+    to 1000 %, one bin above; -1 where either value is missing."""
+    if not pred_mem_mib or not act_mem_mib or pred_mem_mib <= 0 or act_mem_mib <= 0:
+        return -1
+    rel = abs(pred_mem_mib - act_mem_mib) / act_mem_mib
+    if rel < 1.0:
+        return int(rel * 200)
+    if rel < 10.0:
+        return 200 + int((rel - 1.0) * 10)
+    return 290
 
 
 def _columns(conn, table: str) -> set[str]:
@@ -261,6 +284,7 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         if not row["predictor"]:
             row["predictor"] = p.get("predictor")
     row["sources"] = ",".join(s for s in SOURCES if s in usages) or None
+    row["mem_err_bucket"] = mem_err_bucket(row["pred_mem_mib"], row["act_mem_mib"])
     return row
 
 

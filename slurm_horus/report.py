@@ -203,7 +203,7 @@ def rich_table(rows: list[dict], cols, noheader: bool):
 
 def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
     """Accuracy by model family, GPU type and user; one aggregating scan plus a top-N query."""
-    from sqlalchemy import Integer, and_, case, cast, func, literal, select
+    from sqlalchemy import and_, case, func, select
 
     from .ledger import job_filters, tables
 
@@ -214,11 +214,7 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
     abs_u = func.abs(j.c.act_util_pct - j.c.pred_util_pct)
     logu = (func.ln(1.0 + j.c.pred_util_pct) - func.ln(1.0 + j.c.act_util_pct))
     logm = (func.ln(1.0 + j.c.pred_mem_mib) - func.ln(1.0 + j.c.act_mem_mib))
-    rel = func.abs(j.c.pred_mem_mib - j.c.act_mem_mib) / j.c.act_mem_mib
-    bucket = case((~has_mem, literal(-1)),
-                  (rel < 1.0, cast(rel * 200, Integer)),
-                  (rel < 10.0, 200 + cast((rel - 1.0) * 10, Integer)),
-                  else_=literal(290))
+    bucket = j.c.mem_err_bucket  # filled when the jobs row is written (ledger.mem_err_bucket)
     far = case((or_(and_(has_util, j.c.act_util_pct - j.c.pred_util_pct > FAR_UTIL_PP),
                     and_(has_mem, j.c.act_mem_mib > j.c.pred_mem_mib * FAR_MEM_FACTOR)), 1),
                else_=0)
@@ -232,7 +228,8 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
         func.sum(far).label("far"),
     )
     stmt = job_filters(stmt, submitted_only=True, **filters)
-    stmt = stmt.group_by(j.c.model_family, j.c.gpu_type, j.c.user_name, bucket)
+    stmt = stmt.group_by(j.c.has_submission, j.c.model_family, j.c.gpu_type, j.c.user_name,
+                         bucket)
     groups: dict[str, dict] = {"all": {}, "model_family": {}, "gpu_type": {}, "user": {}}
     with ledger.engine.connect() as conn:
         result = conn.execute(stmt).all()

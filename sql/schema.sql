@@ -1,4 +1,4 @@
--- slurm-horus ledger schema, version 2 (see slurm_horus/ledger.py: SCHEMA_VERSION, MIGRATIONS).
+-- slurm-horus ledger schema, version 3 (see slurm_horus/ledger.py: SCHEMA_VERSION, MIGRATIONS).
 -- Portable DDL: the same file runs on SQLite (>= 3.25) and MariaDB/MySQL. `usage` is quoted with
 -- backticks because USAGE is a reserved word in MariaDB (SQLite accepts backticks too).
 -- Times are Unix epoch seconds (UTC); memory in MiB; utilization in percent of one GPU.
@@ -84,6 +84,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     act_mem_mib DOUBLE PRECISION,
     colocated TEXT,
     sources VARCHAR(64),
+    mem_err_bucket INTEGER,  -- histogram bin of |pred - actual| / actual memory (ledger.mem_err_bucket)
     PRIMARY KEY (cluster, job_id)
 );
 
@@ -95,4 +96,7 @@ CREATE TABLE IF NOT EXISTS ledger_state (
 CREATE INDEX IF NOT EXISTS ix_jobs_submit ON jobs (submit_time);
 CREATE INDEX IF NOT EXISTS ix_jobs_user ON jobs (user_name);
 CREATE INDEX IF NOT EXISTS ix_jobs_end ON jobs (end_time);
+-- Covering index for hacct --summary: groups stream out in index order, no sort of all jobs.
+CREATE INDEX IF NOT EXISTS ix_jobs_accuracy ON jobs (has_submission, model_family, gpu_type,
+    user_name, mem_err_bucket, pred_util_pct, act_util_pct, pred_mem_mib, act_mem_mib);
 CREATE INDEX IF NOT EXISTS ix_usage_node ON `usage` (node, end_time);
