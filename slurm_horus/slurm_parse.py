@@ -78,7 +78,7 @@ SHORT_WITH_VALUE = frozenset("aAbBcCdDeFGiJLmMnNopqStwx")
 # Horus's options: name -> takes a value.  Exact names only.
 HORUS_OPTS: dict[str, bool] = {
     "model": True, "batch-size": True, "dim": True, "task": True, "optimizer": True,
-    "precision": True, "explain": False, "horus-model-dir": True,
+    "precision": True, "explain": False, "horus-model-dir": True, "horus-probe": False,
 }
 
 
@@ -126,18 +126,26 @@ class SplitArgs:
     def horus_values(self, name: str) -> list[str]:
         return [v for n, v in self.horus if n == name and v is not None]
 
-    def sbatch_argv(self, replace_comment: str | None = None) -> list[str]:
-        """sbatch's arguments; with replace_comment every --comment is dropped and a single
-        ``--comment=<replace_comment>`` is put right before the script."""
+    def sbatch_argv(self, replace_comment: str | None = None, replace_wrap: str | None = None,
+                    replace_script: str | None = None, add: tuple[str, ...] = ()) -> list[str]:
+        """sbatch's arguments. With replace_comment (replace_wrap) every --comment (--wrap) is
+        dropped and a single ``--comment=...`` (``--wrap=...``) is put right before the script;
+        replace_script swaps the script path (its arguments stay); ``add`` goes before it."""
         opts = self.sbatch_opts
-        if replace_comment is not None:
+        replaced = {n: v for n, v in (("comment", replace_comment), ("wrap", replace_wrap))
+                    if v is not None}
+        if replaced:
             keep = [True] * len(opts)
             for o in self.parsed:
-                if o.name == "comment":
+                if o.name in replaced:
                     for i in range(o.start, o.end):
                         keep[i] = False
-            opts = [t for t, k in zip(opts, keep) if k] + [f"--comment={replace_comment}"]
-        return list(opts) + list(self.rest)
+            opts = [t for t, k in zip(opts, keep) if k]
+            opts += [f"--{n}={v}" for n, v in replaced.items()]
+        rest = list(self.rest)
+        if replace_script is not None and rest:
+            rest[0] = replace_script
+        return list(opts) + list(add) + rest
 
 
 def _scan(argv: list[str], horus: list | None) -> tuple[list[str], list[SbatchOpt], int, list[str], bool]:
@@ -277,6 +285,21 @@ def script_directives(text: str) -> tuple[list[str], list[str]]:
             if s and not s.startswith("#"):
                 break
     return sb, hz
+
+
+def insert_after_directives(text: str, line: str) -> str:
+    """`text` with `line` added right after the leading block sbatch reads directives from, so
+    every #SBATCH line still counts and `line` runs before the script's first command."""
+    lines = text.splitlines(keepends=True)
+    at = len(lines)
+    for i, current in enumerate(lines):
+        s = current.lstrip()
+        if s and not s.startswith("#"):
+            at = i
+            break
+    if at and not lines[at - 1].endswith("\n"):
+        lines[at - 1] += "\n"
+    return "".join(lines[:at] + [line + "\n"] + lines[at:])
 
 
 def horus_directives(tokens: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:

@@ -50,6 +50,7 @@ class Plan:
     predictor_note: str = ""
     hint: str | None = None
     comment: str | None = None
+    probe_args: dict = field(default_factory=dict)  # set by with_probe()
 
     @property
     def model(self) -> str | None:
@@ -75,17 +76,16 @@ class Plan:
 
     @property
     def sbatch_argv(self) -> list[str]:
-        if self.comment is not None and self.hint is not None:
-            return self.split.sbatch_argv(replace_comment=self.comment)
-        return self.split.sbatch_argv()
+        comment = self.comment if self.comment is not None and self.hint is not None else None
+        return self.split.sbatch_argv(replace_comment=comment, **self.probe_args)
 
 
 def _horus_dict(pairs: list[tuple[str, str | None]], into: dict) -> None:
     for name, value in pairs:
         if name == "dim":
             into.setdefault("dim", []).append(value)
-        elif name == "explain":
-            into["explain"] = True
+        elif name in ("explain", "horus-probe"):
+            into[name] = True
         else:
             into[name] = value
 
@@ -332,3 +332,36 @@ def on_prediction_error(env: dict[str, str] | None = None) -> str:
 
 def warn(msg: str) -> None:
     sys.stderr.write(f"hsubmit: warning: {msg}\n")
+
+
+# Started first in the job: samples the batch shell's process tree ($$ is that shell even in
+# the background list) and is skipped quietly where horus-probe is not installed.
+PROBE_LINE = ("command -v horus-probe >/dev/null 2>&1 && horus-probe --pid $$ >/dev/null 2>&1 &"
+              "  # slurm-horus: record this job's own GPU use")
+
+
+def with_probe(plan: Plan) -> str | None:
+    """Make the job start horus-probe before its own commands (--horus-probe).
+
+    --wrap and a script on stdin are rewritten in place; a script file is copied with the probe
+    line added after its #SBATCH block. Returns that copy's path (delete it once sbatch has
+    returned), else None. The job keeps the script's name as its default job name.
+    """
+    import tempfile
+
+    wrap = sp.last_value(plan.split.parsed, "wrap")
+    if wrap is not None:
+        plan.probe_args = {"replace_wrap": f"{PROBE_LINE.split('  #')[0]} {wrap}"}
+        return None
+    if plan.stdin_script is not None:
+        text = plan.stdin_script.decode("utf-8", "replace")
+        plan.stdin_script = sp.insert_after_directives(text, PROBE_LINE).encode()
+        return None
+    if plan.split.script is None or plan.script_text is None:
+        raise HorusError("--horus-probe: cannot read the batch script")
+    fd, path = tempfile.mkstemp(prefix="hsubmit-", suffix=".sh")
+    with os.fdopen(fd, "w") as f:
+        f.write(sp.insert_after_directives(plan.script_text, PROBE_LINE))
+    add = () if plan.request("job-name") else (f"--job-name={Path(plan.split.script).name}",)
+    plan.probe_args = {"replace_script": path, "add": add}
+    return path

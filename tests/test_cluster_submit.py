@@ -247,3 +247,20 @@ def test_submission_reaches_the_ledger_in_the_background(workdir, tmp_path):
             sub = Ledger(url).submission("", job_id) or Ledger(url).submission("horus", job_id)
     assert sub is not None, "submission never recorded"
     assert "horus:v1" in (sub.get("hint") or "")
+
+
+def test_horus_probe_starts_with_the_job_and_never_harms_it(workdir):
+    """No NVML on this machine: the probe must exit quietly and the job finish with code 0."""
+    cp = hsubmit(workdir, "--horus-probe", "--gres=gpu:1", "-o", "out.txt",
+                 "--wrap", "echo job-ran; sleep 1")
+    job_id = cp.stdout.strip().split(";")[0]
+    script = sh("scontrol", "write", "batch_script", job_id, "-").stdout
+    assert "horus-probe --pid $$" in script and "echo job-ran" in script
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        state = show(job_id).get("JobState")
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            break
+        time.sleep(0.5)
+    assert state == "COMPLETED" and show(job_id)["ExitCode"] == "0:0"
+    assert (workdir / "out.txt").read_text().strip() == "job-ran"

@@ -225,3 +225,44 @@ def test_hsubmit_start_is_lazy():
             "print(sorted(m for m in ('onnx', 'sklearn', 'click', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- --horus-probe --------------------------------------------------------------------------
+
+def test_probe_line_goes_after_the_directive_block():
+    from slurm_horus.slurm_parse import insert_after_directives, script_directives
+
+    script = "#!/bin/bash\n#SBATCH -J x\n# note\n#SBATCH --gres=gpu:1\npython train.py\n#SBATCH -p late\n"
+    out = insert_after_directives(script, "PROBE")
+    assert out.splitlines()[4] == "PROBE" and out.splitlines()[5] == "python train.py"
+    assert script_directives(out) == script_directives(script)
+    assert insert_after_directives("#!/bin/sh\n#SBATCH -J x", "PROBE").endswith("#SBATCH -J x\nPROBE\n")
+
+
+def test_probe_with_wrap_script_file_and_stdin(tmp_path, monkeypatch):
+    from slurm_horus import submit as sub
+
+    plan = sub.prepare(["--horus-probe", "--gres=gpu:1", "--wrap", "python t.py"], env={})
+    assert sub.with_probe(plan) is None
+    argv = plan.sbatch_argv
+    assert "--horus-probe" not in argv and argv.count("--wrap=" + sub.PROBE_LINE.split("  #")[0]
+                                                      + " python t.py") == 1
+    assert "python t.py" not in argv  # the original --wrap value was replaced, not repeated
+
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --gres=gpu:1\npython t.py \"$@\"\n")
+    plan = sub.prepare(["--horus-probe", str(script), "--epochs", "3"], env={})
+    copy = sub.with_probe(plan)
+    try:
+        argv = plan.sbatch_argv
+        assert argv[-3:] == [copy, "--epochs", "3"] and "--job-name=train.sh" in argv
+        assert "horus-probe --pid $$" in open(copy).read().splitlines()[2]
+    finally:
+        import os
+        os.unlink(copy)
+
+    import io
+    plan = sub.prepare(["--horus-probe", "--model", "m.onnx"], env={},
+                       stdin=io.BytesIO(b"#!/bin/sh\n#SBATCH -n 1\nsrun hostname\n"))
+    assert sub.with_probe(plan) is None
+    assert b"horus-probe --pid $$" in plan.stdin_script.splitlines()[2]

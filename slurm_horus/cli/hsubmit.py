@@ -10,6 +10,7 @@ the script, the command line wins):
     --dim NAME=VALUE       bind another symbolic dimension (repeatable)
     --task train|infer     --optimizer sgd|momentum|adam|adamw   --precision fp32|fp16|bf16|amp
     --horus-model-dir DIR  learned-model registry
+    --horus-probe          start horus-probe first in the job (records its own GPU use)
     --explain              print features, predictions, hint and the hook's decision; submit nothing
 
 Everything else goes to sbatch unchanged; sbatch's output and exit code are hsubmit's.
@@ -61,28 +62,17 @@ def _main(argv: list[str]) -> int:
     for w in plan.warnings:
         sub.warn(w)
     shown = len(plan.warnings)
+    if plan.horus.get("horus-probe") and not plan.explain:
+        if plan.model and not _predict_or_warn(plan, sub, shown):
+            return 1
+        return _submit_with_probe(plan, sub, slurm)
     if not plan.model and not plan.explain:
         if plan.stdin_script is not None:
             return slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script).returncode
         slurm.exec_sbatch(plan.sbatch_argv)  # does not return
         return 1
-    if plan.model:
-        if plan.split.hetjob:
-            err = HorusError("heterogeneous job: no prediction attached")
-        else:
-            err = None
-            try:
-                sub.predict(plan)
-            except HorusError as e:
-                err = e
-        for w in plan.warnings[shown:]:
-            sub.warn(w)
-        if err is not None:
-            plan.hint = plan.comment = None
-            if sub.on_prediction_error() == "refuse":
-                _err(f"error: {err}; job refused (on_prediction_error = refuse)")
-                return 1
-            sub.warn(f"{err}; submitting the job unchanged")
+    if plan.model and not _predict_or_warn(plan, sub, shown):
+        return 1
     if plan.explain:
         if plan.partition is None:
             try:
@@ -103,6 +93,47 @@ def _main(argv: list[str]) -> int:
     sys.stderr.buffer.write(result.stderr)
     sys.stdout.flush()
     if result.returncode == 0:
+        _record(plan, result.stdout.decode(errors="replace"))
+    return result.returncode
+
+
+def _predict_or_warn(plan, sub, shown: int) -> bool:
+    """Predict and attach the hint. On failure warn and go on without a hint (the job is still
+    submitted), or return False when the site refuses such jobs."""
+    from ..errors import HorusError
+
+    if plan.split.hetjob:
+        err = HorusError("heterogeneous job: no prediction attached")
+    else:
+        err = None
+        try:
+            sub.predict(plan)
+        except HorusError as e:
+            err = e
+    for w in plan.warnings[shown:]:
+        sub.warn(w)
+    if err is not None:
+        plan.hint = plan.comment = None
+        if sub.on_prediction_error() == "refuse":
+            _err(f"error: {err}; job refused (on_prediction_error = refuse)")
+            return False
+        sub.warn(f"{err}; submitting the job unchanged")
+    return True
+
+
+def _submit_with_probe(plan, sub, slurm) -> int:
+    """--horus-probe: submit a copy of the job that starts horus-probe first; the temporary
+    script copy is removed once sbatch has answered."""
+    copy = sub.with_probe(plan)
+    try:
+        result = slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script, capture=True)
+    finally:
+        if copy:
+            os.unlink(copy)
+    sys.stdout.buffer.write(result.stdout)
+    sys.stderr.buffer.write(result.stderr)
+    sys.stdout.flush()
+    if result.returncode == 0 and plan.hint:
         _record(plan, result.stdout.decode(errors="replace"))
     return result.returncode
 
