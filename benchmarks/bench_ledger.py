@@ -1,7 +1,7 @@
 """Ledger benchmarks: hacct --summary over 1M rows, sync of 10k sacct jobs, retrain on 100k rows.
 
     python3 benchmarks/bench_ledger.py [--rows 1000000] [--sync-jobs 10000] [--train-rows 100000]
-Targets (2 cores): summary <= 2 s, sync <= 10 s, retrain <= 60 s. Results: RESULTS-ledger.md.
+Targets (2 cores): summary <= 2 s, sync <= 10 s, retrain <= 60 s. Results: BENCHMARKS.md, section 5.
 """
 
 import argparse

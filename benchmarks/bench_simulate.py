@@ -1,4 +1,4 @@
-"""Reproduction table and scale timing of `horus-admin simulate` (benchmarks/RESULTS-simulate.md).
+"""Reproduction table and scale timing of `horus-admin simulate` (results in BENCHMARKS.md, section 6).
 
     python benchmarks/bench_simulate.py                 # everything (about 2-4 minutes on 2 cores)
     python benchmarks/bench_simulate.py --skip-scale    # only the 2000-job tables
