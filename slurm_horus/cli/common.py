@@ -27,6 +27,9 @@ def one_line_errors(prog: str):
                 sys.exit(e.exit_code)
             except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
                 raise
+            except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(141)
             except KeyboardInterrupt:
                 click.echo(f"{prog}: interrupted", err=True)
                 sys.exit(130)
