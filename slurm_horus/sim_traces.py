@@ -335,6 +335,24 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
 ROW_KEYS = ("submit_time", "elapsed_s", "gpus", "pred_util", "pred_mem", "true_util", "true_mem")
 
 
+def rows_from_ledger_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """from_rows input from ledger `jobs` rows: the jobs with both a prediction and a
+    measurement (hsubmit jobs ask for one GPU, shared or whole)."""
+    rows = []
+    for j in jobs:
+        vals = (j.get("submit_time"), j.get("elapsed_s"), j.get("pred_util_pct"),
+                j.get("pred_mem_mib"), j.get("act_util_pct"), j.get("act_mem_mib"))
+        if any(v is None for v in vals) or not j["elapsed_s"]:
+            continue
+        rows.append({"submit_time": j["submit_time"], "elapsed_s": j["elapsed_s"], "gpus": 1,
+                     "pred_util": j["pred_util_pct"], "pred_mem": j["pred_mem_mib"],
+                     "true_util": j["act_util_pct"], "true_mem": j["act_mem_mib"],
+                     "model": j.get("model_family") or "ledger"})
+    if not rows:
+        raise HorusError("the ledger has no job with both a prediction and a measurement")
+    return rows
+
+
 def from_rows(rows: Iterable[Mapping[str, Any]], gpu_types: Iterable[str], *,
               limit_factor: float = 2.0, limit_cap_s: float = 7 * 86400.0) -> list[SimJob]:
     """Jobs from ledger-like rows: dicts with ``submit_time`` (s, any origin), ``elapsed_s``,

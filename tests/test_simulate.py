@@ -390,3 +390,29 @@ def test_bf_interval_spaces_backfill_passes():
     reqs = [Request((0,), 100, 1), Request((0,), 100, 2), Request((0,), 100, 1), Request((0,), 100, 1)]
     sim, m = run(one_node(2), jobs, reqs, bf_interval=30)
     assert by_id(sim, jobs)[3] == (30, 530) and by_id(sim, jobs)[1] == (1000, 1100)
+
+
+def test_replays_a_real_ledger(tmp_path):
+    """--ledger URL: the measured jobs of the site's own ledger become the trace."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from slurm_horus.cli.admin import main as admin
+    from slurm_horus.ledger import Ledger
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    led = Ledger(url, spool=str(tmp_path / "spool"))
+    for i in range(12):
+        led.record_submission(job_id=i, cluster="c", user="u", submit_time=1000 + 60 * i,
+                              predictions={"a100": {"util_pct": 30.0, "mem_mib": 4000.0,
+                                                    "mem_mib_p90": 4500.0}},
+                              hint="horus:v1;a100=30/4000/4500")
+        led.record_usage(job_id=i, cluster="c", source="sacct", util_mean=35.0,
+                         mem_peak_mib=4200.0, elapsed_s=600, state="COMPLETED", gpu_type="a100",
+                         start_time=1000 + 60 * i, end_time=1600 + 60 * i)
+    res = CliRunner().invoke(admin, ["simulate", "--ledger", url, "--gpus", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    out = _json.loads(res.output)
+    assert set(out) >= {"exclusive", "horus"}
+    assert out["horus"]["mean_wait_s"] <= out["exclusive"]["mean_wait_s"]

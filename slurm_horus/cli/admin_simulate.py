@@ -57,6 +57,12 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
         return from_sacct_json(_read(sacct, "sacct file"), cluster.gpu_types, seed=seed, trace_mix=trace,
                                sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
                                max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
+    if ledger and "://" in ledger:  # the site's ledger itself (an SQLAlchemy URL)
+        from ..ledger import Ledger
+        from ..sim_traces import rows_from_ledger_jobs
+
+        return from_rows(rows_from_ledger_jobs(Ledger(ledger).jobs(submitted_only=True)),
+                         cluster.gpu_types)
     if ledger:
         try:
             rows = json.loads(_read(ledger, "ledger file"))
@@ -87,9 +93,10 @@ def register(main_group: click.Group) -> None:
     @click.option("--slurm-conf", type=click.Path(dir_okay=False), help="Read nodes' Gres from slurm.conf.")
     @click.option("--gres-conf", type=click.Path(dir_okay=False), help="gres.conf for untyped GPUs.")
     @click.option("--sacct", type=click.Path(dir_okay=False), help="Replay a `sacct --json` dump.")
-    @click.option("--ledger", type=click.Path(dir_okay=False),
-                  help="Replay ledger rows (JSON list of {submit_time, elapsed_s, gpus, pred_util, "
-                       "pred_mem, true_util, true_mem}).")
+    @click.option("--ledger", metavar="URL|FILE",
+                  help="Replay the measured jobs of a ledger (its SQLAlchemy URL, e.g. "
+                       "sqlite:////var/lib/slurm-horus/ledger.db), or a JSON list of rows "
+                       "{submit_time, elapsed_s, gpus, pred_util, pred_mem, true_util, true_mem}.")
     @click.option("--seed", type=int, default=0, show_default=True)
     @click.option("--load", type=float, default=1.0, show_default=True,
                   help="Offered load: arrivals x exclusive GPU-seconds / capacity.")
