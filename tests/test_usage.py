@@ -12,7 +12,7 @@ import pytest
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.usage import (colocations, gpu_use_from_tres_strings, parse_gres_detail,
-                               parse_sacct_json, size_mib, sync)
+                               parse_sacct_json, run_sacct, size_mib, sync)
 
 FIX = Path(__file__).parent / "fixtures"
 F2302 = FIX / "sacct" / "sacct_23.02_v0.0.39.json"
@@ -138,16 +138,17 @@ def test_sync_from_real_cluster(tmp_path):
         cluster = out.stdout.strip().split(";")[1] if ";" in out.stdout else "horus"
         L.record_submission(job_id=jid, cluster=cluster, user="root",
                             predictions={"a100": {"util_pct": 10, "mem_mib": 500}})
+    # Wait until both jobs appear finished in a time-window query, which is what sync runs:
+    # slurmdbd fills in a short job's start a moment after `sacct -j` already says COMPLETED.
     deadline = time.time() + 90
     while time.time() < deadline:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j",
-                              ",".join(map(str, ids))], capture_output=True, text=True, timeout=30)
-        states = [ln.split("|")[1] for ln in out.stdout.splitlines() if "|" in ln]
-        if len(states) == 2 and all(s == "COMPLETED" for s in states):
+        seen = [j for j in parse_sacct_json(run_sacct(time.time() - 3600, time.time()))
+                if j["job_id"] in ids and j["state"] == "COMPLETED"]
+        if len(seen) == 2:
             break
         time.sleep(1)
     else:
-        pytest.fail(f"jobs {ids} did not complete: {out.stdout}")
+        pytest.fail(f"jobs {ids} did not show up finished in sacct")
     res = sync(L, since=time.time() - 3600)
     assert res["recorded"] == 2
     jobs = {j["job_id"]: j for j in L.jobs()}
