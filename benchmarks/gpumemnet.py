@@ -163,7 +163,6 @@ def build_mlp_onnx(row: dict, path: str | os.PathLike) -> dict:
     trainable float elements (Gemm, BN scale/bias, PReLU slope; not BN running statistics).
     Raises LayerMismatch when a tuple's parameter count disagrees with the layer rebuilt.
     """
-    import onnx
     from onnx import TensorProto, helper
 
     nodes, inits = [], []

@@ -464,7 +464,7 @@ class TorchRunner:
         except t.cuda.OutOfMemoryError as e:
             raise OutOfMemory(str(e).splitlines()[0] if str(e) else "CUDA out of memory") from None
         finally:
-            del model, opt, x
+            model = opt = x = None  # drop the references before emptying the cache
             import gc
 
             gc.collect()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .graph import DTYPE_BYTES, Graph, TensorInfo
+from .graph import Graph, TensorInfo
 
 # Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size",
