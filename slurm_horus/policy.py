@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -135,8 +136,8 @@ def _repo_root() -> Path:
 
 
 def find_hook(hook_path: str | os.PathLike[str] | None = None) -> Path:
-    """The hook file: explicit path, else $HORUS_HOOK, else the repo's etc/job_submit.lua,
-    else the installed package copy slurm_horus/data/job_submit.lua."""
+    """The hook file: explicit path, else $HORUS_HOOK, else the repository's etc/job_submit.lua,
+    else the installed copy in <prefix>/share/slurm-horus/etc (pyproject's data-files)."""
     if hook_path is not None:
         candidates = [Path(hook_path)]
     elif os.environ.get("HORUS_HOOK"):
@@ -144,7 +145,7 @@ def find_hook(hook_path: str | os.PathLike[str] | None = None) -> Path:
     else:
         candidates = [
             _repo_root() / "etc" / "job_submit.lua",
-            Path(__file__).resolve().parent / "data" / "job_submit.lua",
+            Path(sys.prefix) / "share" / "slurm-horus" / "etc" / "job_submit.lua",
         ]
     for c in candidates:
         if c.is_file():
