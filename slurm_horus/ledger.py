@@ -385,7 +385,14 @@ class Ledger:
         self.spool = spool if isinstance(spool, Spool) else Spool(spool)
         self._replay = replay
         self.engine = _make_engine(self.url, busy_timeout)
-        self._setup()
+        from sqlalchemy.exc import DBAPIError
+
+        try:
+            self._setup()
+        except DBAPIError as e:  # unreachable server, bad credentials, unwritable file, ...
+            reason = str(e.orig).strip().splitlines()[0] if e.orig else type(e).__name__
+            raise HorusError(f"ledger {mask_url(self.url)}: cannot open it ({reason[:200]})") \
+                from None
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -661,6 +668,9 @@ def _make_engine(url: str, busy_timeout: float):
     except ModuleNotFoundError as e:
         raise HorusError(f"ledger: database driver missing for {u.drivername} ({e.name}); "
                          "for MariaDB: pip install pymysql") from None
+    except Exception as e:  # e.g. NoSuchModuleError for an unknown dialect
+        raise HorusError(f"ledger: cannot use database URL {mask_url(url)} "
+                         f"({type(e).__name__})") from None
 
 
 # --------------------------------------------------------------------------- records
