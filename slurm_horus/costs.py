@@ -118,10 +118,7 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
     embeddings = {params[n.input[0]].shape for n in graph.nodes
                   if n.op_type == "Gather" and n.input and n.input[0] in params
                   and len(params[n.input[0]].shape) == 2}
-    consumers: dict[str, list] = {}
-    for node in graph.nodes:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = graph.consumers
 
     def has_bias(matmul) -> bool:
         return any(c.op_type == "Add" and any(i in params for i in c.input)
@@ -170,10 +167,7 @@ class _BackwardContext:
     PROB_PASSTHROUGH = frozenset({"Where", "Dropout", "Cast", "IsNaN", "Add"})
 
     def __init__(self, graph: Graph, params, constants):
-        consumers: dict[str, list] = {}
-        for node in graph.nodes:
-            for name in node.input:
-                consumers.setdefault(name, []).append(node)
+        consumers = graph.consumers
         self.root: dict[str, str] = {}
         for node in graph.nodes:
             if node.op_type in ELEMENTWISE and node.output:

@@ -83,6 +83,15 @@ class Graph:
     def info(self, name: str) -> TensorInfo | None:
         return self.tensors.get(name)
 
+    @cached_property
+    def consumers(self) -> dict[str, list]:
+        """Tensor name -> the nodes that read it, in order."""
+        out: dict[str, list] = {}
+        for node in self.nodes:
+            for name in node.input:
+                out.setdefault(name, []).append(node)
+        return out
+
 
 def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                dims: dict[str, int] | None = None) -> Graph:
