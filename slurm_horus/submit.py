@@ -187,6 +187,11 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         raise HorusError(msg if str(model) in msg else f"model {model}: {msg}") from None
     except Exception as e:  # onnx/protobuf failures on a non-ONNX file
         raise HorusError(f"model {model}: not a readable ONNX model ({type(e).__name__})") from None
+    if report.unknown_dims:  # sizes taken as 1 would understate the job: attach no hint
+        named = [d for d in report.unknown_dims if not d.startswith("unk__")]
+        names = named or report.unknown_dims
+        raise HorusError(f"model {model}: dimension(s) {', '.join(names[:5])} unbound; add "
+                         f"--dim NAME=VALUE (e.g. --dim {names[0]}=512)")
     plan.report = report
     if gpu_types is None:
         from . import slurm
@@ -292,7 +297,7 @@ def explain_text(plan: Plan) -> str:
                          f"  p90 {p.mem_mib_p90:8.0f} MiB  ({p.predictor})")
         lines.append(f"hint: {plan.hint}")
     else:
-        lines.append("no model: the job is submitted unchanged")
+        lines.append("no prediction (no usable --model): the job is submitted unchanged")
     jd = job_desc_of(plan)
     lines.append("job_desc: " + " ".join(f"{k}={v!r}" for k, v in jd.items()))
     d = decision_of(plan)

@@ -266,3 +266,21 @@ def test_probe_with_wrap_script_file_and_stdin(tmp_path, monkeypatch):
                        stdin=io.BytesIO(b"#!/bin/sh\n#SBATCH -n 1\nsrun hostname\n"))
     assert sub.with_probe(plan) is None
     assert b"horus-probe --pid $$" in plan.stdin_script.splitlines()[2]
+
+
+def test_unbound_model_dimension_attaches_no_hint():
+    """A sequence length left unbound would be costed as 1: no prediction rather than a wrong one."""
+    from pathlib import Path
+
+    import pytest
+
+    from slurm_horus import submit as sub
+    from slurm_horus.errors import HorusError
+
+    bert = Path(__file__).parent / "data" / "zoo" / "bert_base.onnx"
+    plan = sub.prepare(["--model", str(bert), "--batch-size", "8", "--wrap", "true"], env={})
+    with pytest.raises(HorusError, match=r"dimension\(s\) seq unbound; add --dim"):
+        sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")
+    plan = sub.prepare(["--model", str(bert), "--batch-size", "8", "--dim", "seq=128",
+                        "--wrap", "true"], env={})
+    assert sub.predict(plan, gpu_types={"a100": 4}, partition="gpu").hint.startswith("horus:v1;a100=")
