@@ -102,6 +102,10 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     choice = choose_predictor(model_dir)
     predictions = predict_for(report, gpus, workload, choice)
     if as_json:
+        if report.unknown_dims:
+            click.echo(f"horus predict: warning: unbound dimensions taken as 1: "
+                       f"{', '.join(report.unknown_dims[:5])} (bind with --dim NAME=VALUE)",
+                       err=True)
         rows = [dict(p.to_dict(), fits=p.mem_mib_p90 <= g.mem_mib)
                 for p, g in zip(predictions, gpus)]
         extra = {"model": report.model, "workload": workload.__dict__, "note": choice.note,
