@@ -59,10 +59,17 @@ def _print_feature_table(report) -> None:
         console.print(f"[yellow]no cost rule for: {', '.join(report.unknown_ops)}[/yellow]")
     if report.unknown_dims:
         console.print(f"[yellow]unknown dimensions (bind with --dim NAME=VALUE): "
-                      f"{', '.join(report.unknown_dims)}[/yellow]")
+                      f"{_few(report.unknown_dims)}[/yellow]")
     if report.missing_external_data:
         console.print(f"weights not present (not needed): "
                       f"{', '.join(report.missing_external_data)}")
+
+
+def _few(names: list[str], n: int = 6) -> str:
+    """The names users can bind first (not ONNX's generated unk__N), at most n of them."""
+    ordered = sorted(names, key=lambda d: d.startswith("unk__"))
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(ordered[:n]) + more
 
 
 def _fmt_dims(dims: dict[str, int]) -> str:
@@ -104,7 +111,7 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     if as_json:
         if report.unknown_dims:
             click.echo(f"horus predict: warning: unbound dimensions taken as 1: "
-                       f"{', '.join(report.unknown_dims[:5])} (bind with --dim NAME=VALUE)",
+                       f"{_few(report.unknown_dims)} (bind with --dim NAME=VALUE)",
                        err=True)
         rows = [dict(p.to_dict(), fits=p.mem_mib_p90 <= g.mem_mib)
                 for p, g in zip(predictions, gpus)]
@@ -132,7 +139,7 @@ def _print_prediction_table(report, workload, predictions, gpus, note) -> None:
     console.print(note)
     if report.unknown_dims:
         console.print(f"[yellow]unknown dimensions (bind with --dim NAME=VALUE): "
-                      f"{', '.join(report.unknown_dims)}[/yellow]")
+                      f"{_few(report.unknown_dims)}[/yellow]")
 
 
 if __name__ == "__main__":
