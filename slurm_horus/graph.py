@@ -109,7 +109,9 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     graph = model.graph
     if not graph.node:
         raise ModelError(f"{path}: the graph has no nodes")
-    _topological_order(graph, path)  # refuse cycles before any work
+    # Refuse cycles before any work. Folding below rewrites nodes in place into input-less
+    # Constants, so this order stays valid to the end.
+    nodes = _topological_order(graph, path)
     bound = _bind_inputs(graph, batch_size, dims)
     _bind_annotations(graph, {**bound, **dims})
     inferred = _infer_shapes(model, path, onnx)
@@ -121,7 +123,6 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
             break
         inferred = _infer_shapes(model, path, onnx)
         tensors = _collect_tensors(inferred.graph, onnx)
-    nodes = _topological_order(model.graph, path)
     initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
     tensors.update(initializers)
     for name, info in tensors.items():
