@@ -202,6 +202,15 @@ def mem_err_bucket(pred_mem_mib, act_mem_mib) -> int:
     return 290
 
 
+def mem_err_bucket_bounds(b: int) -> tuple[float, float]:
+    """The relative-error interval a mem_err_bucket bin stands for (its inverse)."""
+    if b < 200:
+        return b / 200, (b + 1) / 200
+    if b < 290:
+        return 1.0 + (b - 200) / 10, 1.0 + (b - 199) / 10
+    return 10.0, 10.0
+
+
 def _columns(conn, table: str) -> set[str]:
     from sqlalchemy import inspect
 

@@ -2,8 +2,9 @@
 
 Errors are actual minus predicted: ``UtilErr`` in percentage points, ``MemErr`` in percent of the
 prediction (positive: the job used more than predicted). The summary's median relative error is
-the median of |predicted - actual| / actual memory, from a histogram computed in SQL (0.5 % bins
-below 100 %, 10 % bins up to 1000 %), so a million rows take one scan.
+the median of |predicted - actual| / actual memory, from a histogram counted in SQL over the bin
+each job row stores (ledger.mem_err_bucket: 0.5 % bins below 100 %, 10 % bins up to 1000 %), so
+a million rows take one scan of an index.
 """
 
 from __future__ import annotations
@@ -267,15 +268,9 @@ def _acc():
             "hist": {}}
 
 
-def _bucket_bounds(b: int) -> tuple[float, float]:
-    if b < 200:
-        return b / 200, (b + 1) / 200
-    if b < 290:
-        return 1.0 + (b - 200) / 10, 1.0 + (b - 199) / 10
-    return 10.0, 10.0
-
-
 def _median_from_hist(hist: dict[int, int]) -> float | None:
+    from .ledger import mem_err_bucket_bounds
+
     total = sum(hist.values())
     if not total:
         return None
@@ -284,7 +279,7 @@ def _median_from_hist(hist: dict[int, int]) -> float | None:
     for b in sorted(hist):
         c = hist[b]
         if cum + c >= half:
-            lo, hi = _bucket_bounds(b)
+            lo, hi = mem_err_bucket_bounds(b)
             return lo + (hi - lo) * ((half - cum) / c)
         cum += c
     return None
