@@ -825,13 +825,14 @@ def submission_from_plan(plan, job_id, cluster: str = "", decision=None) -> dict
         workload = _workload(plan)
     except Exception:
         pass
+    from .coldstart import ColdStartEstimator
+    from .gpus import default_catalog
+
     for g, p in (getattr(plan, "predictions", None) or {}).items():
         d = _pred_dict(p)
-        try:  # the cold-start figures retrain needs as inputs
-            from .coldstart import ColdStartEstimator
-            from .gpus import default_catalog
-
-            cold = ColdStartEstimator().predict(report, default_catalog().get(g), workload)
+        try:  # the cold-start figures retrain needs as inputs (the prediction itself if it is one)
+            cold = p if getattr(p, "predictor", None) == ColdStartEstimator.name else \
+                ColdStartEstimator().predict(report, default_catalog().get(g), workload)
             d["cold"] = {"util_pct": cold.util_pct, "mem_mib": cold.mem_mib,
                          "gpu_ms_per_step": cold.breakdown.get("gpu_ms_per_step", 0.0),
                          "host_ms_per_step": cold.breakdown.get("host_ms_per_step", 0.0)}
