@@ -6,7 +6,7 @@
 (c) packing: a mixed batch of 12 jobs submitted exclusive (sbatch --gres=gpu:1) vs via hsubmit
 
     python benchmarks/bench_hsubmit.py [--runs 10] [--throughput 500]
-All jobs are cancelled at the end.  Prints a markdown summary.
+Each part cancels its own jobs (and only those) when it is done.  Prints a markdown summary.
 """
 
 from __future__ import annotations
@@ -37,43 +37,50 @@ def run(cmd, cwd):
     return dt, cp.stdout.strip()
 
 
-def scancel_all():
-    subprocess.run(["scancel", "-u", str(os.getuid())], capture_output=True)
+def cancel(ids):
+    """Cancel this benchmark's own jobs (never anyone else's) and wait until they are gone."""
+    ids = [i for i in ids if i]
+    if not ids:
+        return
+    subprocess.run(["scancel", *ids], capture_output=True)
     for _ in range(60):
-        if not subprocess.run(["squeue", "-h", "-t", "PD,R,CG"], capture_output=True,
-                              text=True).stdout.strip():
+        if not subprocess.run(["squeue", "-h", "-t", "PD,R,CG", "-j", ",".join(ids)],
+                              capture_output=True, text=True).stdout.strip():
             return
         time.sleep(0.5)
 
 
 def bench_latency(runs, cwd):
-    job = ["--gres=gpu:1", "-o", "/dev/null", "-H", "--wrap", "true"]
+    job = ["--parsable", "--gres=gpu:1", "-o", "/dev/null", "-H", "--wrap", "true"]
     hs = ["hsubmit", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "32", *job]
     sb = ["sbatch", *job]
-    t_hs, t_sb = [], []
+    t_hs, t_sb, ids = [], [], []
     for _ in range(runs):
-        t_hs.append(run(hs, cwd)[0])
-        t_sb.append(run(sb, cwd)[0])
-    scancel_all()
+        for cmd, times in ((hs, t_hs), (sb, t_sb)):
+            dt, out = run(cmd, cwd)
+            times.append(dt)
+            ids.append(sp.parse_sbatch_stdout(out))
+    cancel(ids)
     return statistics.median(t_hs), statistics.median(t_sb)
 
 
 def bench_throughput(n, cwd, rounds=4, workers=4):
     """Submissions per second, alternating rounds without and with a hint; lists per kind."""
     def submit(comment):
-        args = ["sbatch", "-H", "-o", "/dev/null", "--gres=gpu:1", "--wrap", "true"]
+        args = ["sbatch", "--parsable", "-H", "-o", "/dev/null", "--gres=gpu:1", "--wrap", "true"]
         if comment:
             args.insert(1, f"--comment={comment}")
-        subprocess.run(args, capture_output=True, cwd=cwd, check=True)
+        cp = subprocess.run(args, capture_output=True, text=True, cwd=cwd, check=True)
+        return sp.parse_sbatch_stdout(cp.stdout)
 
     out = {"no hint": [], "hint": []}
     for _ in range(rounds):
         for label, comment in (("no hint", None), ("hint", HINT)):
             t = time.perf_counter()
             with ThreadPoolExecutor(workers) as ex:
-                list(ex.map(lambda _: submit(comment), range(n)))
+                ids = list(ex.map(lambda _: submit(comment), range(n)))
             out[label].append(n / (time.perf_counter() - t))
-            scancel_all()
+            cancel(ids)
     return out
 
 
@@ -113,7 +120,7 @@ def bench_packing(cwd):
             ids.append(run(cmd, cwd)[1])
         time.sleep(4)
         res[mode] = occupancy(ids)
-        scancel_all()
+        cancel(ids)
     return res
 
 
@@ -125,7 +132,6 @@ def main():
     a = ap.parse_args()
     if not os.environ.get("SLURM_CONF"):
         raise SystemExit("SLURM_CONF unset: bash tests/cluster/up; source tests/cluster/env.sh")
-    scancel_all()
     with tempfile.TemporaryDirectory() as cwd:
         hs, sb = bench_latency(a.runs, cwd)
         print(f"(a) submit latency, median of {a.runs}: hsubmit {hs:.3f} s, sbatch {sb:.3f} s, "
@@ -140,7 +146,6 @@ def main():
         pk = bench_packing(cwd)
         for mode, (r, g) in pk.items():
             print(f"(c) {mode:>9}: {r} of {len(MIX)} jobs running on {g} GPUs")
-    scancel_all()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from slurm_horus.ledger import Ledger, mem_err_bucket  # noqa: E402
+from slurm_horus.ledger import Ledger, mem_err_bucket, under_claim  # noqa: E402
 
 
 def fill(url_path: str, n: int) -> None:
@@ -36,8 +36,13 @@ def fill(url_path: str, n: int) -> None:
         rows.append(("c", i, 1, users[i % 60], "acct", 1700000000 + i * 3, fams[i % 8], "cold-start",
                      types[i % 4], i % 4, f"n{i % 50}", 25, "COMPLETED", 600, 1700000000 + i * 3,
                      1700000600 + i * 3, pu, pm, au, au, am, None, "sacct",
-                     mem_err_bucket(pm, am)))
-    con.executemany("INSERT INTO jobs VALUES (" + ",".join("?" * 24) + ")", rows)
+                     mem_err_bucket(pm, am), None, pm * 1.15,
+                     under_claim(pu, pm * 1.15, au, am)[0]))
+    cols = ("cluster, job_id, has_submission, user_name, account, submit_time, model_family, "
+            "predictor, gpu_type, gpu_index, node, shards, state, elapsed_s, start_time, end_time, "
+            "pred_util_pct, pred_mem_mib, act_util_pct, act_util_max, act_mem_mib, colocated, "
+            "sources, mem_err_bucket, gpus, pred_mem_p90_mib, under_claim")
+    con.executemany(f"INSERT INTO jobs ({cols}) VALUES (" + ",".join("?" * 27) + ")", rows)
     con.commit()
     con.close()
 

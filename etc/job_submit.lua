@@ -7,8 +7,14 @@ Written for Lua 5.1 (what Debian's slurmctld links); also fine on 5.2..5.4.
 Admin-facing description: docs/hint-and-policy.md.  Policy: horus_policy.conf
 next to this file (or the file named by the HORUS_POLICY environment variable).
 
+It also enforces the site's trust policy on jobs that try to share a GPU
+without being costed: raw shard requests (raw_shards) and users or accounts
+with a record of under-claiming (the record file written by horus-admin sync).
+
 Rules this file keeps:
-  * a job without a hint is never touched (no field is even written);
+  * a job without a hint and without a shard request is never touched (no field
+    is even written);
+  * files are read with a size bound and never waited on (no locks, no retries);
   * every loop and every string it parses is bounded before it is parsed;
   * user text is never used as a Lua pattern and never echoed back;
   * any internal error leaves the job exactly as submitted (pcall + plan/apply).
@@ -24,6 +30,8 @@ local MAX_GRES_LEN = 1024     -- longer tres_per_* strings: job left alone
 local MAX_GRES_ITEMS = 32
 local MAX_POLICY_BYTES = 65536
 local MAX_POLICY_LINES = 1000
+local MAX_RECORD_BYTES = 65536  -- claim record: only the first 64 KiB are read
+local MAX_RECORD_LINE = 256
 
 -- Built-in policy: used for every key the policy file does not set validly.
 -- No GPU types are known by default, so without a policy file nothing is packed.
@@ -36,6 +44,11 @@ local DEFAULTS = {
 	on_bad_hint = "ignore",
 	type_via = "features",
 	type_choice = "order",
+	raw_shards = "allow",          -- shard request without a valid hint: allow | whole | refuse
+	min_mem_mib = 512,             -- hint memory below this is costed as this
+	record_file = "/var/lib/slurm-horus/record",
+	underclaim_limit = 3,          -- under-claims that send a user/account to whole GPUs; 0 = off
+	underclaim_window_days = 30,   -- used by horus-admin sync (the hook only validates it)
 }
 
 -- Where this file lives: the policy file is looked for next to it.
@@ -175,6 +188,24 @@ local function parse_policy(text)
 			elseif key == "type_choice" then
 				if val == "order" or val == "any" then pol.type_choice = val
 				else bad(key, "need order or any") end
+			elseif key == "raw_shards" then
+				if val == "allow" or val == "whole" or val == "refuse" then pol.raw_shards = val
+				else bad(key, "need allow, whole or refuse") end
+			elseif key == "min_mem_mib" then
+				local n = decimal_up(val, 0)
+				if n and n <= MAX_MEM_MIB and string.find(val, "^%d+$") then pol.min_mem_mib = n
+				else bad(key, "need an integer MiB") end
+			elseif key == "record_file" then
+				if #val <= 1000 and string.find(val, "^/[^%c]*$") then pol.record_file = val
+				else bad(key, "need an absolute path") end
+			elseif key == "underclaim_limit" then
+				local n = decimal_up(val, 0)
+				if n and n <= 1000000 and string.find(val, "^%d+$") then pol.underclaim_limit = n
+				else bad(key, "need an integer 0..1000000") end
+			elseif key == "underclaim_window_days" then
+				local n = decimal_up(val, 0)
+				if n and n >= 1 and n <= 36500 and string.find(val, "^%d+$") then pol.underclaim_window_days = n
+				else bad(key, "need an integer 1..36500") end
 			elseif key == "type_order" then
 				order = {}
 				for name in string.gmatch(val, "[^,%s]+") do
@@ -249,6 +280,102 @@ local function load_policy()
 	for _, w in ipairs(warn) do log_once("horus: " .. path .. ": " .. w) end
 	policy_cache.path, policy_cache.text, policy_cache.policy = path, text, pol
 	return pol
+end
+
+-------------------------------------------------------------------------------
+-- Claim record (written by horus-admin sync):
+--   user <uid> <name> <under_claims> <jobs_with_claims>
+--   account - <name> <under_claims> <jobs_with_claims>
+-- Read only when a job would share a GPU; at most 64 KiB; a missing or garbled
+-- file (or line) is skipped, never an error.
+-------------------------------------------------------------------------------
+
+local record_cache = { path = nil, text = nil, users = nil, accounts = nil }
+
+local function record_name_ok(s)
+	return #s <= 64 and string.find(s, "^[%w_%.%-@]+$") ~= nil
+end
+
+local function parse_record(text, path)
+	local users, accounts, garbled = {}, {}, 0
+	local pos, len = 1, #text
+	while pos <= len do
+		local nl = string.find(text, "\n", pos, true)
+		local line = string.sub(text, pos, (nl or (len + 1)) - 1)
+		pos = (nl or len) + 1
+		if #line > MAX_RECORD_LINE then
+			garbled = garbled + 1
+		elseif not string.find(line, "^%s*#") and string.find(line, "%S") then
+			local kind, id, name, uc, nj = string.match(line,
+				"^%s*(%a+)%s+(%S+)%s+(%S+)%s+(%d+)%s+(%d+)%s*$")
+			if kind == "user" and string.find(id, "^%d+$") and #id <= 10 and #uc <= 9 and #nj <= 9 then
+				local uid, n = tonumber(id), tonumber(uc)
+				local old = users[uid]
+				if not old or n > old.uc then
+					users[uid] = { uc = n, jobs = tonumber(nj), name = record_name_ok(name) and name or nil }
+				end
+			elseif kind == "account" and id == "-" and record_name_ok(name) and #uc <= 9 and #nj <= 9 then
+				local key, n = string.lower(name), tonumber(uc)
+				local old = accounts[key]
+				if not old or n > old.uc then accounts[key] = { uc = n, jobs = tonumber(nj), name = name } end
+			else
+				garbled = garbled + 1
+			end
+		end
+	end
+	if garbled > 0 then
+		log_once("horus: record " .. path .. ": " .. garbled .. " unreadable line(s) skipped")
+	end
+	return users, accounts
+end
+
+-- The record's entries, or nil when there is no usable record.
+local function load_record(path)
+	local f = io.open(path, "r")
+	if not f then
+		log_once("horus: record " .. path .. " not readable: the under-claim limit applies to no one")
+		return nil
+	end
+	local ok, text = pcall(f.read, f, MAX_RECORD_BYTES + 1)
+	pcall(f.close, f)
+	if not ok or type(text) ~= "string" then
+		log_once("horus: record " .. path .. " unreadable: the under-claim limit applies to no one")
+		return nil
+	end
+	if #text > MAX_RECORD_BYTES then
+		log_once("horus: record " .. path .. " larger than 64 KiB: only its first 64 KiB are read")
+		text = string.sub(text, 1, MAX_RECORD_BYTES)
+		text = string.match(text, "^(.*)\n") or ""  -- drop the cut last line
+	end
+	if record_cache.path ~= path or record_cache.text ~= text then
+		local users, accounts = parse_record(text, path)
+		record_cache.path, record_cache.text = path, text
+		record_cache.users, record_cache.accounts = users, accounts
+	end
+	return record_cache
+end
+
+-- Why the job must not share a GPU (its user's or account's record), or nil.
+local function record_verdict(pol, job, uid)
+	local limit = pol.underclaim_limit
+	if limit == 0 then return nil end
+	local rec = load_record(pol.record_file)
+	if not rec then return nil end
+	local u = type(uid) == "number" and rec.users[uid]
+	if u and u.uc >= limit then
+		return string.format("claim record: user %s has %d under-claims in %d jobs, limit %d",
+			u.name and (u.name .. string.format(" (uid %d)", uid)) or string.format("uid %d", uid),
+			u.uc, u.jobs, limit)
+	end
+	local acct = job.account
+	if type(acct) == "string" and acct ~= "" and #acct <= 64 then
+		local a = rec.accounts[string.lower(acct)]
+		if a and a.uc >= limit then
+			return string.format("claim record: account %s has %d under-claims in %d jobs, limit %d",
+				a.name, a.uc, a.jobs, limit)
+		end
+	end
+	return nil
 end
 
 -------------------------------------------------------------------------------
@@ -389,6 +516,68 @@ local function find_gpu_request(job)
 end
 
 -------------------------------------------------------------------------------
+-- Shard requests the hook did not compute (raw_shards, claim record)
+-------------------------------------------------------------------------------
+
+local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
+
+local function mentions_shard(s)
+	return type(s) == "string" and (string.find(s, "shard", 1, true) ~= nil)
+end
+
+-- Cheap test, run on every submission: may the job ask for shards?
+local function asks_for_shards(job)
+	for _, f in ipairs(TRES_FIELDS) do
+		if mentions_shard(job[f]) then return true end
+	end
+	return false
+end
+
+-- The whole-GPU equivalent of the job's shard request, as { field = new value }:
+-- per node, shard[:<type>]:N becomes gpu[:<type>]:ceil(N / shards_per_gpu) in the
+-- same spelling (a job's shards on a node come from one GPU, so N <= shards_per_gpu
+-- is one GPU), other GRES kept in place, gpu:0 / shard:0 entries dropped.  Returns (nil, why) when the request
+-- cannot be converted, (nil, nil) when it asks for no shard after all (shard:0).
+-- Third value: the shard type, if the request named one.
+local function whole_gpu_request(job, pol)
+	local set, found, gtype = {}, false, nil
+	for _, field in ipairs(TRES_FIELDS) do
+		local items = split_list(job[field])
+		if not items then
+			if mentions_shard(job[field]) then return nil, "unusual " .. field .. " string" end
+		else
+			local out, changed = {}, false
+			for _, item in ipairs(items) do
+				local e = parse_entry(item)
+				if not e then
+					if mentions_shard(item) or mentions_gpu(item) then return nil, "unreadable GRES request" end
+					out[#out + 1] = item
+				elseif (e.name == "gpu" or e.name == "shard") and e.count == 0 then
+					changed = true  -- asks for nothing
+				elseif e.name == "gpu" then
+					return nil, "GPUs and shards asked together"
+				elseif e.name == "shard" then
+					if field ~= "tres_per_node" then return nil, "shards asked per job, task or socket" end
+					if e.gtype and not is_gtype(e.gtype) then return nil, "unusual GPU type name in request" end
+					if e.count > 999999999 then return nil, "unusual shard count" end
+					local n = ceil_div(e.count, pol.shards_per_gpu)
+					out[#out + 1] = e.prefix .. "gpu:" .. (e.gtype and (e.gtype .. ":") or "") .. string.format("%d", n)
+					changed, found, gtype = true, true, gtype or e.gtype
+				else
+					out[#out + 1] = item
+				end
+			end
+			if changed then set[field] = table.concat(out, ",") end  -- "" clears the field
+		end
+	end
+	if not found then return nil, nil end
+	if mentions_shard(job.cpus_per_tres) or mentions_shard(job.mem_per_tres) then
+		return nil, "CPUs or memory asked per shard"
+	end
+	return set, nil, gtype
+end
+
+-------------------------------------------------------------------------------
 -- Policy decision for one GPU type
 -------------------------------------------------------------------------------
 
@@ -396,6 +585,7 @@ end
 local function evaluate(pol, gtype, pred)
 	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
 	local mem = (pol.memory == "p90") and pred.p90 or pred.mem
+	if mem < pol.min_mem_mib then mem = pol.min_mem_mib end  -- a CUDA context alone costs more
 	local r = { gtype = gtype, util_milli = pred.util_milli, mem = mem }
 	-- Shares of one GPU measured against the pack limit, rounded up to whole shards:
 	--   util share: S * util / P          memory share: S * mem / (G * P / 100)
@@ -447,24 +637,17 @@ local function shard_request(pol, prefix, gtype, shards, features)
 	return prefix .. "shard:" .. shards, features .. "&" .. gtype
 end
 
--- Build the plan. plan = { rc=, set = {field=value}, note=, user= }
-local function make_plan(job, pol)
-	local tok, herr = find_hint(job.comment)
-	if not tok and not herr then return nil end  -- no hint: untouched
+local function unchanged(why)
+	return { rc = slurm.SUCCESS, set = {}, note = "horus: unchanged (" .. why .. ")", kind = "unchanged", why = why }
+end
 
-	local preds
-	if tok then preds, herr = parse_hint(tok) end
-	if not preds then
-		if pol.on_bad_hint == "reject" then
-			return { rc = slurm.ERROR, user = "horus: job rejected: bad resource hint in --comment (" .. herr ..
-				"). Resubmit with hsubmit, or remove the horus: token from the comment." }
-		end
-		return { rc = slurm.SUCCESS, set = {}, note = "horus: ignored hint (" .. herr .. ")" }
-	end
+local function rejected(msg)
+	return { rc = slurm.ERROR, user = "horus: job rejected: " .. msg }
+end
 
-	local function unchanged(why)
-		return { rc = slurm.SUCCESS, set = {}, note = "horus: unchanged (" .. why .. ")" }
-	end
+-- The plan for a job with a valid hint (preds).
+-- plan = { rc=, set = {field=value}, note=, user=, kind=, why= }
+local function hint_plan(job, pol, uid, preds)
 
 	local req, why = find_gpu_request(job)
 	if not req then return unchanged(why) end
@@ -534,6 +717,16 @@ local function make_plan(job, pol)
 		if not choice then return unchanged("no GPU type fits the prediction") end
 	end
 
+	-- A user or account with a record of under-claiming does not share: the job
+	-- keeps the whole GPU it asked for (of the type it named, if any).
+	if choice.kind == "shared" then
+		local verdict = record_verdict(pol, job, uid)
+		if verdict then
+			return { rc = slurm.SUCCESS, set = {}, kind = "exclusive",
+				note = "horus: exclusive " .. (asked or "any") .. " (" .. verdict .. ": whole GPU, no shards)" }
+		end
+	end
+
 	local e, set = req.entry, {}
 	local items = {}
 	for i, v in ipairs(req.items) do items[i] = v end
@@ -545,7 +738,7 @@ local function make_plan(job, pol)
 			items[req.index] = e.prefix .. "gpu:" .. choice.gtype .. ":1"
 			set[req.field] = table.concat(items, ",")
 		end
-		return { rc = slurm.SUCCESS, set = set, note = note }
+		return { rc = slurm.SUCCESS, set = set, note = note, kind = "exclusive" }
 	end
 
 	-- Shared: the GPU request becomes a shard request in tres_per_node.
@@ -567,18 +760,96 @@ local function make_plan(job, pol)
 		else set.tres_per_node = gres end
 	end
 	if features then set.features = features end
+	-- gpu:0 entries ask for nothing; beside shards they would only make Slurm doubt the job.
+	for _, f in ipairs({ "tres_per_node", "tres_per_job" }) do
+		local list = split_list(set[f] or job[f])
+		if list then
+			local keep, dropped = {}, false
+			for _, item in ipairs(list) do
+				local pe = parse_entry(item)
+				if pe and pe.name == "gpu" and pe.count == 0 then dropped = true
+				else keep[#keep + 1] = item end
+			end
+			if dropped then set[f] = table.concat(keep, ",") end
+		end
+	end
 	local note = string.format("horus: shared %s shards=%d/%d (util %s%%, mem %d MiB %s%s)",
 		choice.any and "any" or choice.gtype, choice.shards, pol.shards_per_gpu,
 		fmt_milli(choice.util_milli), choice.mem, pol.memory,
 		choice.any and (" on " .. choice.gtype .. ", the most of any type") or "")
-	return { rc = slurm.SUCCESS, set = set, note = note }
+	return { rc = slurm.SUCCESS, set = set, note = note, kind = "shared" }
+end
+
+-- The plan for a job that asks for shards itself (conv: its whole-GPU equivalent,
+-- or nil and cerr when there is none).  preds: its valid hint, if any.
+local function shard_plan(job, pol, uid, preds, herr, conv, cerr, ctype)
+	local mode, verdict = pol.raw_shards, nil
+	if mode == "allow" then
+		verdict = record_verdict(pol, job, uid)
+		if not verdict then  -- allowed: as before, the job runs as submitted
+			if herr then return { rc = slurm.SUCCESS, set = {}, note = "horus: ignored hint (" .. herr .. ")" } end
+			if preds then return unchanged("job already asks for shared GPU resources") end
+			return nil
+		end
+	end
+	if not preds then
+		if mode == "refuse" and not verdict then
+			return rejected("it asks for GPU shards without a valid horus hint (policy raw_shards = refuse)." ..
+				" Submit it with hsubmit, or ask for whole GPUs (--gres=gpu:1).")
+		end
+		if not conv then
+			return rejected("its GPU shard request cannot be turned into whole GPUs (" .. cerr .. ")." ..
+				" Submit it with hsubmit, or ask for whole GPUs (--gres=gpu:1).")
+		end
+		local why = verdict or ("shards asked without a valid hint, raw_shards = " .. mode)
+		return { rc = slurm.SUCCESS, set = conv, kind = "exclusive",
+			note = "horus: exclusive " .. (ctype or "any") .. " (" .. why .. ": whole GPU, no shards)" }
+	end
+	-- A valid hint: the shards are costed from it, as for a one-GPU request.
+	if not conv then
+		return rejected("its GPU shard request cannot be costed from its hint (" .. cerr .. ")." ..
+			" Submit it with hsubmit --gres=gpu:1, or ask for whole GPUs.")
+	end
+	local view = setmetatable({}, { __index = function(_, k)
+		if conv[k] ~= nil then return conv[k] end
+		return job[k]
+	end })
+	local plan = hint_plan(view, pol, uid, preds)
+	local set = {}
+	for k, v in pairs(conv) do set[k] = v end
+	for k, v in pairs(plan.set) do set[k] = v end
+	local note = plan.note
+	if plan.kind == "unchanged" then
+		note = "horus: exclusive " .. (ctype or "any") .. " (shards asked: whole GPU, hint not applied: " .. plan.why .. ")"
+	end
+	return { rc = slurm.SUCCESS, set = set, note = note, kind = plan.kind }
+end
+
+-- Build the plan, or nil to leave the job untouched.
+local function make_plan(job, pol, uid)
+	local tok, herr = find_hint(job.comment)
+	local preds
+	if tok then preds, herr = parse_hint(tok) end
+	if herr and pol.on_bad_hint == "reject" then
+		return rejected("bad resource hint in --comment (" .. herr ..
+			"). Resubmit with hsubmit, or remove the horus: token from the comment.")
+	end
+	if asks_for_shards(job) then
+		local conv, cerr, ctype = whole_gpu_request(job, pol)
+		if conv or cerr then return shard_plan(job, pol, uid, preds, herr, conv, cerr, ctype) end
+	end
+	if not tok and not herr then return nil end  -- no hint: untouched
+	if not preds then
+		return { rc = slurm.SUCCESS, set = {}, note = "horus: ignored hint (" .. herr .. ")" }
+	end
+	return hint_plan(job, pol, uid, preds)
 end
 
 -------------------------------------------------------------------------------
 -- Apply the plan (the only place that writes to job_desc)
 -------------------------------------------------------------------------------
 
-local APPLY_ORDER = { "tres_per_job", "tres_per_node", "features" }
+local APPLY_ORDER = { "tres_per_job", "tres_per_task", "tres_per_socket", "tres_per_node", "features" }
 
 local function apply_plan(job, plan)
 	if plan.note then
@@ -610,11 +881,13 @@ end
 function slurm_job_submit(job_desc, part_list, submit_uid)
 	local ok, res = pcall(function()
 		local comment = job_desc.comment
-		-- Fast path: no "horus:" anywhere -> no hint -> nothing is read or written.
-		if type(comment) ~= "string" or not string.find(comment, "horus:", 1, true) then
+		-- Fast path: no "horus:" anywhere (no hint) and no shard request -> nothing
+		-- is read or written.
+		if (type(comment) ~= "string" or not string.find(comment, "horus:", 1, true))
+			and not asks_for_shards(job_desc) then
 			return slurm.SUCCESS
 		end
-		local plan = make_plan(job_desc, load_policy())
+		local plan = make_plan(job_desc, load_policy(), submit_uid)
 		if not plan then return slurm.SUCCESS end
 		if plan.rc ~= slurm.SUCCESS then
 			log_info(plan.user)
@@ -631,7 +904,37 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 	return slurm.SUCCESS
 end
 
+-- An update of a pending job that asks for shards (scontrol update job=.. Gres=shard:N)
+-- gets the same raw_shards / claim record treatment, except root's.  Nothing else
+-- is looked at.  Only the GRES fields are written: an AdminComment change by a
+-- user would make Slurm deny the whole update.
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+	local ok, res = pcall(function()
+		if modify_uid == 0 or not asks_for_shards(job_desc) then return slurm.SUCCESS end
+		local pol = load_policy()
+		local conv, cerr = whole_gpu_request(job_desc, pol)
+		if not conv and not cerr then return slurm.SUCCESS end
+		local verdict
+		if pol.raw_shards == "allow" then
+			local acct = job_desc.account
+			if acct == nil and job_rec ~= nil then acct = job_rec.account end
+			verdict = record_verdict(pol, { account = acct }, modify_uid)
+			if not verdict then return slurm.SUCCESS end
+		end
+		if pol.raw_shards == "refuse" or not conv then
+			log_info(string.format("horus: update by uid %d refused: shards asked (%s)", modify_uid,
+				conv and "raw_shards = refuse" or cerr))
+			return slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
+		end
+		log_info(string.format("horus: update by uid %d: shards asked, whole GPU instead (%s)", modify_uid,
+			verdict or "raw_shards = whole"))
+		for _, f in ipairs(TRES_FIELDS) do
+			if conv[f] then job_desc[f] = conv[f] end
+		end
+		return slurm.SUCCESS
+	end)
+	if ok then return res end
+	log_error("horus: internal error in job_modify, update left as requested: " .. tostring(res))
 	return slurm.SUCCESS
 end
 

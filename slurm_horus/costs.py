@@ -1,7 +1,9 @@
 """Stage 2a: what each node of a graph costs: FLOPs, parameters, bytes moved, kernels, memory kept.
 
 FLOPs count 2 per multiply-accumulate (the convention of published model figures). Every op gets
-a category; an op without a cost rule still gets its tensor sizes and is reported by name.
+a category; an op without a cost rule (any op of a custom domain, whatever its name, is one) is
+reported by name and costed conservatively: at least one FLOP per output element, and its inputs
+and outputs kept for the backward pass, since we cannot know what it needs.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention",
                        "PackedAttention", "DecoderMaskedMultiHeadAttention"})
 CATEGORIES = ("conv", "matmul", "attention", "rnn", "norm", "pool", "elementwise", "reduce",
               "softmax", "data", "view", "shape", "other")
+# Domains whose ops the rules below know by name (ONNX and onnxruntime's contrib ops).
+RULE_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
 # Shape arithmetic (tiny integer tensors) runs on the host in the frameworks that train models.
 SHAPE_TENSOR_MAX_ELEMENTS = 64
 
@@ -170,7 +174,7 @@ class _BackwardContext:
         consumers = graph.consumers
         self.root: dict[str, str] = {}
         for node in graph.nodes:
-            if node.op_type in ELEMENTWISE and node.output:
+            if op_name(node) in ELEMENTWISE and node.output:
                 acts = [n for n in node.input if n and n not in constants and n not in params]
                 roots = {self.root.get(a, a) for a in acts}
                 if len(roots) == 1:
@@ -186,26 +190,26 @@ class _BackwardContext:
                     self.fused.update([out, *inner])
         self.probs: set[str] = set()
         for node in graph.nodes:
-            if node.op_type == "Softmax" and node.output:
+            if op_name(node) == "Softmax" and node.output:
                 chain, frontier = [], [node.output[0]]
                 while frontier and len(chain) < 8:
                     name = frontier.pop()
                     chain.append(name)
                     for c in consumers.get(name, ()):
-                        if c.op_type == "MatMul":
+                        if op_name(c) == "MatMul":
                             self.probs.update(chain)
-                        elif c.op_type in self.PROB_PASSTHROUGH and c.output:
+                        elif op_name(c) in self.PROB_PASSTHROUGH and c.output:
                             frontier.append(c.output[0])
         self.folded_norm = {
             node.output[0] for node in graph.nodes
-            if node.op_type in ("Conv", "ConvTranspose") and node.output
-            and not any(c.op_type in NORMS or categorize(c.op_type, []) == "conv"
+            if op_name(node) in ("Conv", "ConvTranspose") and node.output
+            and not any(categorize(op_name(c), []) in ("norm", "conv")
                         for c in consumers.get(node.output[0], ()))}
 
 
 def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
           ctx: _BackwardContext) -> NodeCost:
-    op = node.op_type
+    op = op_name(node)
     infos = [graph.info(n) if n else None for n in node.input]
     outs = [graph.info(n) for n in node.output if n]
     out_bytes = sum(o.nbytes for o in outs if o)
@@ -234,8 +238,16 @@ def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
                     extra_saved_bytes=int(extra), has_rule=has_rule)
 
 
+def op_name(node) -> str:
+    """The name rules know an op by; ops of other domains keep theirs ('com.acme.Relu'), so a
+    custom op is never taken for the standard op it shares a name with."""
+    return node.op_type if node.domain in RULE_DOMAINS else f"{node.domain}.{node.op_type}"
+
+
 def categorize(op: str, outs: list[TensorInfo | None]) -> str:
     """The op family a node belongs to, used for op-mix features and kernel estimates."""
+    if "." in op:  # a custom domain's op: no rule applies
+        return "other"
     if op in ("Conv", "ConvTranspose", "FusedConv", "QLinearConv", "ConvInteger", "NhwcConv"):
         return "conv"
     if op in ("Gemm", "MatMul", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Einsum",
@@ -325,7 +337,7 @@ def _flops(op, category, infos, outs, attrs) -> tuple[int, bool]:
         return _numel(x), True
     if category == "data":
         return (4 * n_out if op in ("Resize", "Upsample") else 0), True
-    return 0, False
+    return n_out, False
 
 
 def _matmul_flops(op, infos, y, attrs) -> tuple[int, bool]:
@@ -420,6 +432,8 @@ def _saved_for_backward(op, category, node, activations, infos, outs, attrs, par
     extra = 0
     if category in ("view", "shape") or op in SAVES_NOTHING:
         return [], 0
+    if category == "other":  # no rule: keep what any backward could need
+        return list(activations) + [n for n in node.output if n], 0
     if category == "conv":
         folded = node.output and node.output[0] in ctx.folded_norm
         return list(activations), (outs[0].nbytes if folded and outs and outs[0] else 0)

@@ -48,7 +48,20 @@ class FeatureReport:
     unknown_dims: list[str]
     bound_dims: dict[str, int]
     missing_external_data: list[str] = field(default_factory=list)
+    assumed_shapes: list[str] = field(default_factory=list)
     version: int = FEATURE_VERSION
+
+    def warnings(self) -> list[str]:
+        """What makes these figures guesses, one line each: every command that reads a model
+        prints them, since an op we cannot cost would otherwise hide a whole network's cost."""
+        out = []
+        if self.unknown_ops:
+            out.append(f"no cost rule for {_few(self.unknown_ops)}: costed conservatively (one "
+                       "FLOP per output element, inputs and outputs kept for the backward pass)")
+        if self.assumed_shapes:
+            out.append(f"shape of {_few(self.assumed_shapes)} assumed equal to its op's largest "
+                       "input (ONNX cannot infer it)")
+        return out
 
     def vector(self) -> list[float]:
         return [float(self.values[n]) for n in FEATURE_NAMES]
@@ -62,6 +75,7 @@ class FeatureReport:
             "by_op": {k: asdict(v) for k, v in self.by_op.items()},
             "unknown_ops": self.unknown_ops, "unknown_dims": self.unknown_dims,
             "bound_dims": self.bound_dims, "missing_external_data": self.missing_external_data,
+            "assumed_shapes": self.assumed_shapes, "warnings": self.warnings(),
         }
         if nodes:
             d["nodes"] = [asdict(n) for n in self.nodes]
@@ -123,7 +137,12 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         model=str(graph.path), sha256=graph.sha256, values=values, nodes=costs, by_op=by_op,
         unknown_ops=sorted({c.op_type for c in costs if not c.has_rule}),
         unknown_dims=graph.unknown_dims, bound_dims=graph.bound_dims,
-        missing_external_data=graph.missing_external_data)
+        missing_external_data=graph.missing_external_data, assumed_shapes=graph.assumed_shapes)
+
+
+def _few(names: list[str], n: int = 4) -> str:
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
 
 
 def _activation_bytes(c: NodeCost) -> int:

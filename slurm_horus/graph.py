@@ -4,6 +4,10 @@ Only shapes matter for prediction, so weight data is never read: models whose we
 external files, whose external files are missing, or that are larger than protobuf's 2 GB limit all
 load the same way. External-data locations are still checked, so a model cannot point us at files
 outside its own folder.
+
+Ops that ONNX cannot infer (custom domains, unknown ops) would leave every tensor after them
+without a shape, and a whole network would cost nothing: their outputs are assumed to have the
+shape and type of their largest input (listed in `Graph.assumed_shapes`), so shapes keep flowing.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ MAX_DIM = 2**31 - 1
 # A tensor this large (elements) cannot exist on any GPU; refuse rather than report nonsense.
 MAX_TENSOR_ELEMENTS = 2**44
 MAX_FOLD_ROUNDS = 4  # shape arithmetic chains resolve in a round or two; bound the work
+# Each round of inference carries shapes past one more op it cannot infer; bound the work.
+MAX_SHAPE_ROUNDS = 32
 BATCH_DIM_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*batch.*)$", re.IGNORECASE)
 
 # ONNX TensorProto data types -> bytes per element (strings and unknown types count as 0).
@@ -76,6 +82,7 @@ class Graph:
     bound_dims: dict[str, int]
     unknown_dims: list[str]
     missing_external_data: list[str] = field(default_factory=list)
+    assumed_shapes: list[str] = field(default_factory=list)  # outputs of ops ONNX cannot infer
     opset: int = 0
     producer: str = ""
     sha256: str = ""
@@ -112,20 +119,28 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     # Refuse cycles before any work. Folding below rewrites nodes in place into input-less
     # Constants, so this order stays valid to the end.
     nodes = _topological_order(graph, path)
+    _check_static_dims(graph, path)
     bound = _bind_inputs(graph, batch_size, dims)
+    _check_input_dims(graph, path)
     _bind_annotations(graph, {**bound, **dims})
+    initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
     inferred = _infer_shapes(model, path, onnx)
     tensors = _collect_tensors(inferred.graph, onnx)
-    for _ in range(MAX_FOLD_ROUNDS):
-        if not any(isinstance(d, str) or d is None for t in tensors.values() for d in t.shape or ()):
-            break
-        if not fold_shapes(model, lambda n: _known_shape(tensors, n)):
+    assumed: set[str] = set()
+    for round_ in range(MAX_SHAPE_ROUNDS):
+        changed = _assume_opaque_outputs(graph, nodes, {**tensors, **initializers}, assumed, onnx)
+        if round_ < MAX_FOLD_ROUNDS and any(isinstance(d, str) or d is None
+                                            for t in tensors.values() for d in t.shape or ()):
+            changed += fold_shapes(model, lambda n: _known_shape(tensors, n))
+        if not changed:
             break
         inferred = _infer_shapes(model, path, onnx)
         tensors = _collect_tensors(inferred.graph, onnx)
-    initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
     tensors.update(initializers)
     for name, info in tensors.items():
+        if any(isinstance(d, int) and d < 0 for d in info.shape or ()):
+            raise ModelError(f"{path}: tensor '{name}' would have a negative dimension "
+                             f"{info.shape}; the model's dimensions are not plausible")
         if info.known and info.numel > MAX_TENSOR_ELEMENTS:
             raise ModelError(f"{path}: tensor '{name}' would have {info.numel:.3g} elements; "
                              "the model's dimensions are not plausible")
@@ -134,7 +149,8 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     return Graph(path=path, nodes=nodes, tensors=tensors, initializers=initializers,
                  graph_inputs=[i.name for i in graph.input if i.name not in initializers],
                  graph_outputs=[o.name for o in graph.output], bound_dims=bound,
-                 unknown_dims=unknown, missing_external_data=missing, opset=opset,
+                 unknown_dims=unknown, missing_external_data=missing,
+                 assumed_shapes=sorted(assumed), opset=opset,
                  producer=model.producer_name, sha256=sha256)
 
 
@@ -146,6 +162,33 @@ def _check_dims(batch_size, dims):
         if not isinstance(value, int) or not 1 <= value <= MAX_DIM:
             raise ModelError(f"dimension '{name}' must be between 1 and {MAX_DIM}, got {value}")
     return dims
+
+
+def _check_static_dims(graph, path: Path) -> None:
+    """A negative size written in the file is never a model: refuse it before it turns into
+    negative FLOPs or bytes."""
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        if vi.type.HasField("tensor_type"):
+            for dim in vi.type.tensor_type.shape.dim:
+                if dim.HasField("dim_value") and dim.dim_value < 0:
+                    raise ModelError(f"{path}: tensor '{vi.name}' has a negative dimension "
+                                     f"({dim.dim_value})")
+    for t in graph.initializer:
+        if any(d < 0 for d in t.dims):
+            raise ModelError(f"{path}: initializer '{t.name}' has a negative dimension "
+                             f"({min(t.dims)})")
+
+
+def _check_input_dims(graph, path: Path) -> None:
+    """A graph input still of size zero after binding describes no job at all."""
+    init_names = {t.name for t in graph.initializer}
+    for inp in graph.input:
+        if inp.name in init_names or not inp.type.HasField("tensor_type"):
+            continue
+        for pos, dim in enumerate(inp.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value == 0:
+                raise ModelError(f"{path}: input '{inp.name}' has size 0 at dimension {pos}; "
+                                 "bind it (--batch-size, --dim) or export it with a real size")
 
 
 def _read_model(path: Path, onnx):
@@ -260,7 +303,7 @@ def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
         for pos, dim in enumerate(inp.type.tensor_type.shape.dim):
             name = dim.dim_param if dim.HasField("dim_param") else None
             if dim.HasField("dim_value") and dim.dim_value > 0:
-                continue
+                continue  # a static size; 0 means unknown to some exporters, bound below
             value = dims.get(name) if name else None
             if value is None and batch_size is not None and (
                     (name and BATCH_DIM_NAMES.match(name)) or pos == 0):
@@ -283,6 +326,32 @@ def _bind_annotations(graph, values: dict[str, int]) -> None:
                     dim.dim_value = values[dim.dim_param]
                 else:
                     dim.Clear()
+
+
+def _assume_opaque_outputs(graph, nodes, tensors: dict[str, TensorInfo], assumed: set[str],
+                           onnx) -> int:
+    """Give each shapeless output of an op ONNX has no schema for the shape and type of the op's
+    largest input (written into `graph.value_info` for the next inference); returns how many."""
+    declared = {vi.name: vi for vi in (*graph.value_info, *graph.output)}
+    count = 0
+    for node in nodes:
+        if onnx.defs.has(node.op_type, "" if node.domain == "ai.onnx" else node.domain):
+            continue
+        known = [tensors[n] for n in node.input if n in tensors and tensors[n].known]
+        if not known:
+            continue
+        largest = max(known, key=lambda info: info.nbytes)
+        for name in node.output:
+            info = tensors.get(name)
+            if not name or (info is not None and info.shape is not None):
+                continue
+            dtype = info.dtype if info is not None and info.dtype else largest.dtype
+            vi = declared.get(name) or graph.value_info.add()
+            vi.CopyFrom(onnx.helper.make_tensor_value_info(name, dtype, largest.shape))
+            tensors[name] = TensorInfo(dtype, largest.shape)  # the next op in this pass sees it
+            assumed.add(name)
+            count += 1
+    return count
 
 
 def _known_shape(tensors: dict, name: str):

@@ -15,6 +15,16 @@ The grammar is the one ``etc/job_submit.lua`` accepts (keep both in step):
 
 encode_hint() rounds UP (util to 0.1 %, memory to whole MiB), so a prediction is never
 understated by the encoding.  The hook also rounds up what it reads.
+
+After the hint, the workload token tells ``horus-admin sync`` what the job ran, so that it can
+recompute the features itself (the hook never reads it; ``horus-job:`` is not ``horus:``)::
+
+    horus-job:v1;sha=<64 hex>;bs=<int>;task=<train|infer>;opt=<name>;prec=<name>;dims=<n>:<int>,...;model=<path>
+
+Every field but ``sha`` is optional; the order is fixed. The model's absolute path and the
+dimension names are percent-encoded (``%``, ``;``, whitespace, non-ASCII; names also ``,:=``).
+Slurm refuses a comment over 1,024 characters: attach_tokens() drops ``model=``, then ``dims=``,
+then the workload token, then the hint, to stay within it.
 """
 
 from __future__ import annotations
@@ -36,6 +46,11 @@ __all__ = [
     "attach_hint",
     "parse_hint",
     "find_hint_token",
+    "JOB_PREFIX",
+    "MAX_SLURM_COMMENT",
+    "encode_workload",
+    "parse_workload",
+    "attach_tokens",
 ]
 
 HINT_PREFIX = "horus:v1;"
@@ -43,6 +58,9 @@ MAX_TOKEN_LEN = 600
 MAX_TYPES = 16
 MAX_MEM_MIB = 99_999_999
 MAX_COMMENT_BYTES = 65_536
+JOB_PREFIX = "horus-job:v1;"
+MAX_SLURM_COMMENT = 1024  # slurmctld: strlen(comment) > 1024 is refused
+JOB_FIELDS = ("sha", "bs", "task", "opt", "prec", "dims", "model")
 
 _GTYPE_RE = re.compile(r"[a-z0-9_-]{1,32}")
 _NUMBER_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
@@ -51,6 +69,9 @@ _ENTRY_RE = re.compile(r"([a-z0-9_-]+)=([^/]+)/([^/]+)/([^/]+)")
 _WS = " \t\n\r\v\f"
 _TOKEN_START_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus:")
 _HORUS_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus:[^ \t\n\r\v\f]*")
+_JOB_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus-job:[^ \t\n\r\v\f]*")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+_INT_RE = re.compile(r"[1-9][0-9]{0,17}")
 
 Prediction = tuple[float, float, float]
 
@@ -160,16 +181,145 @@ def _parse_token(token: str) -> dict[str, Prediction]:
 
 
 def attach_hint(comment: str | None, token: str) -> str:
-    """The comment to submit: the user's comment without any earlier horus token, then a
-    space, then ``token``.  Raises HorusError for a bad token or a too long result."""
+    """The comment to submit: the user's comment without any earlier horus or workload token,
+    then a space, then ``token``.  Raises HorusError for a bad token or a too long result."""
     _parse_token(token)  # validate what we attach
     if any(c in token for c in _WS):
         raise HorusError("hint token contains whitespace")
-    user = _HORUS_TOKEN_RE.sub("", comment or "").strip(_WS)
+    user = _JOB_TOKEN_RE.sub("", _HORUS_TOKEN_RE.sub("", comment or "")).strip(_WS)
     result = f"{user} {token}" if user else token
     if len(result.encode("utf-8", "surrogatepass")) > MAX_COMMENT_BYTES:
         raise HorusError(f"comment with hint longer than {MAX_COMMENT_BYTES} bytes")
     return result
+
+
+def attach_tokens(comment: str | None, hint: str, job: dict | None = None, *,
+                  limit: int = MAX_SLURM_COMMENT) -> str | None:
+    """The user's comment, the hint and the workload token ``job`` (encode_workload's fields),
+    within ``limit`` bytes: ``model``, then ``dims``, then the workload token are dropped to fit;
+    None when even the hint does not fit (submit without it)."""
+    base = attach_hint(comment, hint)
+    if job:
+        job = dict(job)
+        for drop in (None, "model", "dims"):
+            job.pop(drop, None)
+            full = f"{base} {encode_workload(job)}"
+            if _nbytes(full) <= limit:
+                return full
+    return base if _nbytes(base) <= limit else None
+
+
+def _nbytes(s: str) -> int:
+    return len(s.encode("utf-8", "surrogatepass"))
+
+
+def _pct(s: str, extra: str = "") -> str:
+    """Percent-encode %, ;, whitespace, control and non-ASCII characters (and ``extra``)."""
+    return "".join("".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+                   if c in "%;" or c in extra or not 33 <= ord(c) < 127 else c for c in s)
+
+
+def _unpct(s: str, what: str) -> str:
+    from urllib.parse import unquote
+
+    try:
+        return unquote(s, errors="strict")
+    except UnicodeDecodeError:
+        raise HorusError(f"workload token: {what} is not UTF-8") from None
+
+
+def encode_workload(job: dict) -> str:
+    """The workload token for {sha, bs, task, opt, prec, dims: {name: int}, model}: sha
+    required, other fields optional. Raises HorusError for a bad value."""
+    parts = []
+    for key in JOB_FIELDS:
+        v = job.get(key)
+        if v is None or v == {}:
+            if key == "sha":
+                raise HorusError("workload token: no model sha256")
+            continue
+        if key == "sha":
+            if not isinstance(v, str) or not _SHA_RE.fullmatch(v):
+                raise HorusError(f"workload token: bad sha256 {v!r}")
+        elif key == "bs":
+            if isinstance(v, bool) or not isinstance(v, int) or not _INT_RE.fullmatch(str(v)):
+                raise HorusError(f"workload token: bad batch size {v!r}")
+        elif key == "task":
+            if v not in ("train", "infer"):
+                raise HorusError(f"workload token: bad task {v!r}")
+        elif key in ("opt", "prec"):
+            if not isinstance(v, str) or not _GTYPE_RE.fullmatch(v):
+                raise HorusError(f"workload token: bad {key} {v!r}")
+        elif key == "dims":
+            items = []
+            for name, n in sorted(v.items()):
+                if not name or isinstance(n, bool) or not isinstance(n, int) \
+                        or not _INT_RE.fullmatch(str(n)):
+                    raise HorusError(f"workload token: bad dimension {name!r}={n!r}")
+                items.append(f"{_pct(name, ',:=')}:{n}")
+            v = ",".join(items)
+        elif key == "model":
+            if not isinstance(v, str) or not v.startswith("/"):
+                raise HorusError(f"workload token: model path {v!r} is not absolute")
+            v = _pct(v)
+        parts.append(f"{key}={v}")
+    return JOB_PREFIX + ";".join(parts)
+
+
+def _parse_job_token(token: str) -> dict:
+    if not token.startswith(JOB_PREFIX):
+        raise HorusError("unsupported workload token version" if re.match(r"horus-job:v[0-9]+;", token)
+                         else "malformed workload token header")
+    out: dict = {}
+    pos = 0
+    for part in token[len(JOB_PREFIX):].split(";"):
+        key, sep, v = part.partition("=")
+        if not sep or key not in JOB_FIELDS or JOB_FIELDS.index(key) < pos:
+            raise HorusError(f"workload token: unexpected field {part[:40]!r}")
+        pos = JOB_FIELDS.index(key) + 1
+        ok = {"sha": lambda: _SHA_RE.fullmatch(v), "bs": lambda: _INT_RE.fullmatch(v),
+              "task": lambda: v in ("train", "infer"), "opt": lambda: _GTYPE_RE.fullmatch(v),
+              "prec": lambda: _GTYPE_RE.fullmatch(v), "dims": lambda: True,
+              "model": lambda: v.startswith("/")}[key]()
+        if not ok:
+            raise HorusError(f"workload token: bad {key}")
+        if key == "bs":
+            out[key] = int(v)
+        elif key == "dims":
+            dims = {}
+            for item in v.split(","):
+                name, sep, n = item.rpartition(":")
+                name = _unpct(name, "a dimension name")
+                if not sep or not name or name in dims or not _INT_RE.fullmatch(n):
+                    raise HorusError("workload token: bad dims")
+                dims[name] = int(n)
+            out[key] = dims
+        elif key == "model":
+            out[key] = _unpct(v, "the model path")
+        else:
+            out[key] = v
+    if "sha" not in out:
+        raise HorusError("workload token: no sha")
+    return out
+
+
+def parse_workload(comment: str | None, *, strict: bool = False) -> dict | None:
+    """The workload token's fields from a job's comment ({sha, bs, task, opt, prec, dims,
+    model}, those present), or None when there is none, several, or a malformed one
+    (strict=True raises HorusError with the reason instead)."""
+    try:
+        if not comment or "horus-job:" not in comment:
+            return None
+        if _nbytes(comment) > MAX_COMMENT_BYTES:
+            raise HorusError(f"comment longer than {MAX_COMMENT_BYTES} bytes")
+        tokens = _JOB_TOKEN_RE.findall(comment)
+        if len(tokens) > 1:
+            raise HorusError("more than one horus-job: token in the comment")
+        return _parse_job_token(tokens[0]) if tokens else None
+    except HorusError:
+        if strict:
+            raise
+        return None
 
 
 def parse_hint(comment: str | None, *, strict: bool = False) -> dict[str, Prediction] | None:

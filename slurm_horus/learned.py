@@ -7,7 +7,9 @@ extrapolate to wild values: a tree's output is bounded by what it saw. Memory is
 log-ratio to the cold-start estimate, so the physics carries what the data lacks.
 
 A trained model is saved as plain JSON (the trees' arrays) and evaluated here with numpy alone:
-no pickle is ever loaded, and predicting does not import scikit-learn.
+no pickle is ever loaded, and predicting does not import scikit-learn. A model file serves every
+job of a site, so loading one checks it whole: every array's type and range, trees that are
+trees, and sane answers on a small built-in probe set; anything else is refused, never served.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from .coldstart import OPTIMIZERS, PRECISIONS, ColdStartEstimator, Prediction, Workload
 from .errors import HorusError
@@ -27,6 +30,20 @@ MAX_MODEL_BYTES = 64 * 2**20
 # Features whose training range defines "like what the model has seen".
 RANGE_FEATURES = ("log_flops", "log_params", "log_saved_activation_bytes", "log_batch_size")
 RANGE_MARGIN = 1.0  # natural-log units (x e) beyond the training range still trusted
+# Bounds of a sane model. Its outputs are logs (memory: of the ratio to the cold-start estimate;
+# utilization: log1p of a percentage), so no baseline, leaf or sum of them goes near +-MAX_LOG;
+# the learned memory stays within MAX_MEM_RATIO of the physics either way; utilization within
+# 0..100 %, give or take UTIL_SLACK points above and UTIL_LOG_SLACK below (in log1p units: trees
+# fitted to log1p(util) >= 0 undershoot 0 a little, a model whose answers sit far below is broken).
+MAX_LOG = 30.0
+MAX_MEM_RATIO = 10.0
+UTIL_SLACK = 2.0
+UTIL_LOG_SLACK = 0.5
+# The probe set every model must answer sanely: (batch, GFLOP per step, M params, MiB kept for
+# the backward pass, kernels, main op family), a tiny CNN, ResNet-50 and BERT-base alike.
+PROBE_JOBS = ((1, 0.05, 0.1, 2, 30, "conv"), (32, 262, 25.6, 2600, 470, "conv"),
+              (32, 700, 110, 6000, 900, "matmul"))
+PROBE_GPUS = ("a100", "t4")
 
 
 def input_names() -> list[str]:
@@ -58,12 +75,51 @@ def input_row(report_values: dict, gpu: GPU, w: Workload, cold: Prediction) -> l
     return row
 
 
+TREE_KEYS = ("feature", "threshold", "missing_left", "left", "right", "leaf", "value")
+
+
+def _tree_arrays(t, n_inputs: int) -> tuple:
+    """One tree's arrays, checked: numbers of the right kind, split features that exist, and
+    children after their parent (so every path ends at a leaf)."""
+    import numpy as np
+
+    if not isinstance(t, dict) or set(TREE_KEYS) - set(t):
+        raise HorusError("malformed tree in model file")
+    a = {k: np.asarray(t[k]) for k in TREE_KEYS}
+    n = len(a["value"]) if a["value"].ndim == 1 else 0
+    if n == 0 or any(v.ndim != 1 or len(v) != n for v in a.values()):
+        raise HorusError("malformed tree in model file")
+    for k, kinds in (("feature", "iu"), ("left", "iu"), ("right", "iu"), ("missing_left", "biu"),
+                     ("leaf", "biu"), ("threshold", "iuf"), ("value", "iuf")):
+        if a[k].dtype.kind not in kinds:
+            raise HorusError(f"malformed tree in model file ('{k}' holds "
+                             f"{'non-numbers' if kinds != 'iu' else 'non-integers'})")
+    leaf, nodes = a["leaf"].astype(bool), np.arange(n)
+    split = ~leaf
+    if not ((a["feature"][split] >= 0) & (a["feature"][split] < n_inputs)).all():
+        raise HorusError("malformed tree in model file (feature index out of range "
+                         f"0..{n_inputs - 1})")
+    if not all(((c[split] > nodes[split]) & (c[split] < n)).all() for c in (a["left"], a["right"])):
+        raise HorusError("malformed tree in model file (child index out of range)")
+    value = a["value"].astype(float)
+    if not np.isfinite(value).all() or np.isnan(a["threshold"].astype(float)[split]).any():
+        raise HorusError("malformed tree in model file (NaN or infinite values)")
+    feature = np.where(split, a["feature"], 0)  # a leaf's feature is never read; keep it valid
+    return (feature, a["threshold"].astype(float), a["missing_left"].astype(bool),
+            a["left"].astype(int), a["right"].astype(int), leaf, value)
+
+
 @dataclass
 class TreeEnsemble:
     """Additive regression trees as arrays; predict() walks them with numpy."""
 
     baseline: float
     trees: list[dict]
+
+    @cached_property
+    def arrays(self) -> list[tuple]:
+        """The trees as checked numpy arrays, built once (see _tree_arrays)."""
+        return [_tree_arrays(t, len(input_names())) for t in self.trees]
 
     @classmethod
     def from_sklearn(cls, est) -> "TreeEnsemble":
@@ -82,15 +138,18 @@ class TreeEnsemble:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TreeEnsemble":
-        trees = d["trees"]
-        keys = ("feature", "threshold", "missing_left", "left", "right", "leaf", "value")
-        for t in trees:
-            n = len(t["value"])
-            if any(len(t[k]) != n for k in keys) or n == 0:
-                raise HorusError("malformed tree in model file")
-            if any(not 0 <= c < n for c in (*t["left"], *t["right"]) if c):
-                raise HorusError("malformed tree in model file (child index out of range)")
-        return cls(baseline=float(d["baseline"]), trees=trees)
+        """Refuses anything but checked trees whose outputs, in the worst case, stay finite."""
+        baseline, trees = d["baseline"], d["trees"]
+        if type(baseline) not in (int, float) or not abs(baseline) <= MAX_LOG:
+            raise HorusError(f"baseline {baseline!r} is not a number within +-{MAX_LOG:g}")
+        if not isinstance(trees, list):
+            raise HorusError("malformed model file (trees is not a list)")
+        ensemble = cls(baseline=float(baseline), trees=trees)
+        reach = abs(ensemble.baseline) + sum(float(abs(value[leaf]).max())
+                                             for *_, leaf, value in ensemble.arrays)
+        if reach > MAX_LOG:
+            raise HorusError(f"trees can add up to {reach:.3g}, beyond +-{MAX_LOG:g}")
+        return ensemble
 
     def to_dict(self) -> dict:
         return {"baseline": self.baseline, "trees": self.trees}
@@ -101,19 +160,16 @@ class TreeEnsemble:
         X = np.asarray(X, dtype=float)
         out = np.full(len(X), self.baseline)
         rows = np.arange(len(X))
-        for t in self.trees:
-            feature, threshold = np.asarray(t["feature"]), np.asarray(t["threshold"], dtype=float)
-            left, right = np.asarray(t["left"]), np.asarray(t["right"])
-            leaf, miss = np.asarray(t["leaf"], dtype=bool), np.asarray(t["missing_left"], bool)
+        for feature, threshold, miss, left, right, leaf, value in self.arrays:
             idx = np.zeros(len(X), dtype=int)
-            for _ in range(len(t["value"])):  # bounded: a path is never longer than the tree
+            for _ in range(len(value)):  # bounded: a path is never longer than the tree
                 active = ~leaf[idx]
                 if not active.any():
                     break
                 x = X[rows, feature[idx]]
                 go_left = np.where(np.isnan(x), miss[idx], x <= threshold[idx])
                 idx = np.where(active, np.where(go_left, left[idx], right[idx]), idx)
-            out += np.asarray(t["value"], dtype=float)[idx]
+            out += value[idx]
         return out
 
 
@@ -147,7 +203,7 @@ class LearnedModel:
             text = text.decode("utf-8", errors="replace")
         try:
             d = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly nested arrays
             raise HorusError(f"{source}: corrupt model file (invalid JSON)") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise HorusError(f"{source}: not a slurm-horus model file")
@@ -157,12 +213,33 @@ class LearnedModel:
         if d.get("feature_version") != FEATURE_VERSION or d.get("inputs") != input_names():
             raise HorusError(f"{source}: trained on another feature version; retrain it")
         try:
-            return cls(mem=TreeEnsemble.from_dict(d["mem"]), util=TreeEnsemble.from_dict(d["util"]),
-                       ranges={k: (float(a), float(b)) for k, (a, b) in d["ranges"].items()},
-                       mem_log_q90=float(d["mem_log_q90"]), metrics=dict(d.get("metrics", {})),
-                       meta=dict(d.get("meta", {})))
-        except (KeyError, TypeError, ValueError) as e:
+            model = cls(mem=TreeEnsemble.from_dict(d["mem"]),
+                        util=TreeEnsemble.from_dict(d["util"]),
+                        ranges={k: (float(a), float(b)) for k, (a, b) in d["ranges"].items()},
+                        mem_log_q90=float(d["mem_log_q90"]), metrics=dict(d.get("metrics", {})),
+                        meta=dict(d.get("meta", {})))
+            model.check()
+        except HorusError as e:
+            raise HorusError(f"{source}: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
             raise HorusError(f"{source}: corrupt model file ({type(e).__name__}: {e})") from None
+        return model
+
+    def check(self) -> None:
+        """Refuse a model whose ranges or p90 margin are not sane, or whose answers on the probe
+        set are out of bounds (see PROBE_JOBS)."""
+        import numpy as np
+
+        names = input_names()
+        for name, (lo, hi) in self.ranges.items():
+            if name not in names or not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+                raise HorusError(f"bad training range for '{name}': {lo}..{hi}")
+        if not abs(self.mem_log_q90) <= math.log(MAX_MEM_RATIO):
+            raise HorusError(f"p90 memory margin {self.mem_log_q90!r} (log) is out of bounds")
+        rows = np.asarray(probe_rows(), dtype=float)
+        why = out_of_bounds(self.util.predict(rows), self.mem.predict(rows))
+        if why:
+            raise HorusError(f"predicts {why} on the built-in probe set")
 
     def familiar(self, row: list[float]) -> bool:
         """Whether a row's key features lie within (a margin of) the training data."""
@@ -172,6 +249,48 @@ class LearnedModel:
             if not (lo - RANGE_MARGIN <= x <= hi + RANGE_MARGIN):
                 return False
         return True
+
+
+def out_of_bounds(util_log, mem_log) -> str | None:
+    """What is insane in raw model outputs (arrays: log1p(utilization %), log(memory /
+    cold-start)), or None."""
+    import numpy as np
+
+    util, mem = np.asarray(util_log, float), np.asarray(mem_log, float)
+    bad = ~((util >= -UTIL_LOG_SLACK) & (util <= math.log1p(100 + UTIL_SLACK)))  # NaN is bad
+    with np.errstate(over="ignore"):
+        if bad.any():
+            return f"utilization {np.expm1(util[bad][0]):.4g} %"
+        bad = ~(np.abs(mem) <= math.log(MAX_MEM_RATIO))
+        if bad.any():
+            return f"memory {np.exp(mem[bad][0]):.3g} x the cold-start estimate"
+    return None
+
+
+def probe_rows() -> list[list[float]]:
+    """Input rows of the probe set: PROBE_JOBS on PROBE_GPUS, trained and served."""
+    from .gpus import get_gpu
+
+    cold = ColdStartEstimator()
+    rows = []
+    for batch, gflop, mparams, kept_mib, kernels, family in PROBE_JOBS:
+        flops, params, kept = gflop * 1e9, mparams * 1e6, kept_mib * 2**20
+        traffic = 3.5 * kept + 4 * params
+        values = dict.fromkeys(FEATURE_NAMES, 0.0)
+        values.update(batch_size=batch, flops=flops, params=params, param_bytes=4 * params,
+                      activation_bytes=1.5 * kept, saved_activation_bytes=kept,
+                      peak_live_bytes=kept / 4, max_activation_bytes=kept / 20,
+                      input_bytes=batch * 602_112, read_bytes=2 * kept + 4 * params,
+                      write_bytes=1.5 * kept, kernels=kernels, depth=kernels // 2,
+                      n_nodes=kernels, arithmetic_intensity=flops / traffic,
+                      flops_per_kernel=flops / kernels, **{f"frac_flops_{family}": 1.0,
+                                                           f"n_{family}": kernels // 3})
+        report = FeatureReport(model="probe", sha256="", values=values, nodes=[], by_op={},
+                               unknown_ops=[], unknown_dims=[], bound_dims={})
+        for gpu in map(get_gpu, PROBE_GPUS):
+            for w in (Workload(batch_size=batch), Workload(batch_size=batch, task="infer")):
+                rows.append(input_row(values, gpu, w, cold.predict(report, gpu, w)))
+    return rows
 
 
 class LearnedEstimator:
@@ -187,15 +306,22 @@ class LearnedEstimator:
         cold = self.cold.predict(report, gpu, workload)
         row = input_row(report.values, gpu, workload, cold)
         if not self.model.familiar(row):
-            return Prediction(gpu=cold.gpu, util_pct=cold.util_pct, mem_mib=cold.mem_mib,
-                              mem_mib_p90=cold.mem_mib_p90, predictor=self.cold.name,
-                              confidence="low: unlike the training data, cold-start used",
-                              breakdown=cold.breakdown)
-        mem = cold.mem_mib * math.exp(float(self.model.mem.predict([row])[0]))
-        util = min(max(math.expm1(float(self.model.util.predict([row])[0])), 0.0), 100.0)
+            return self._fallback(cold, "unlike the training data")
+        mem_log = float(self.model.mem.predict([row])[0])
+        util_log = float(self.model.util.predict([row])[0])
+        if out_of_bounds([util_log], [mem_log]):
+            return self._fallback(cold, "learned model out of bounds")
+        mem = cold.mem_mib * math.exp(mem_log)
+        util = min(max(math.expm1(util_log), 0.0), 100.0)
         return Prediction(gpu=cold.gpu, util_pct=util, mem_mib=mem,
                           mem_mib_p90=mem * math.exp(max(self.model.mem_log_q90, 0.0)),
                           predictor=self.name, confidence="learned", breakdown=cold.breakdown)
+
+
+    def _fallback(self, cold: Prediction, why: str) -> Prediction:
+        return Prediction(gpu=cold.gpu, util_pct=cold.util_pct, mem_mib=cold.mem_mib,
+                          mem_mib_p90=cold.mem_mib_p90, predictor=self.cold.name,
+                          confidence=f"low: {why}, cold-start used", breakdown=cold.breakdown)
 
 
 def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,

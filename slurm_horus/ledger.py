@@ -1,13 +1,16 @@
 """Stage 5: the ledger, where predictions meet measured use.
 
-SQLAlchemy Core over any database URL: SQLite by default (WAL, busy timeout), MariaDB/MySQL via
-``mysql+pymysql://...``. The DDL lives in ``sql/schema.sql`` and the reporting views in
-``sql/views.sql``; both are executed from those files, so what admins read is what is tested.
+SQLAlchemy Core over any database URL: SQLite by default (rollback journal, so that users who
+may only read the file can), MariaDB/MySQL via ``mysql+pymysql://...``. The DDL lives in
+``sql/schema.sql`` and the reporting views in ``sql/views.sql``; both are executed from those
+files, so what admins read is what is tested.
 
-Writes from the submit path never raise: ``record_submission_safely`` falls back to a local spool
-(one JSON file per record, written atomically) which the next successful write, or
-``horus-admin sync``, replays. Every write is an upsert keyed by (cluster, job id[, source]), so
-replaying twice, or syncing the same window again, counts nothing twice.
+Only the site writes the ledger: ``horus-admin sync`` (from sacct) and horus-probe run as root.
+Users read it (``Ledger(url, readonly=True)``). The probe's writes never raise:
+``record_usage_safely`` falls back to a root-only spool (one JSON file per record, written
+atomically) that the next write or ``horus-admin sync`` replays. Every write is an upsert keyed
+by (cluster, job id[, source]), so replaying twice, or syncing the same window again, counts
+nothing twice. Every connection has connect and read timeouts (``db_timeout``).
 """
 
 from __future__ import annotations
@@ -18,26 +21,36 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from .errors import HorusError
 
 ENV_URL = "HORUS_LEDGER_URL"
 ENV_SPOOL = "HORUS_SPOOL"
+ENV_DB_TIMEOUT = "HORUS_DB_TIMEOUT"
 DEFAULT_URL = "sqlite:////var/lib/slurm-horus/ledger.db"
-SCHEMA_VERSION = 3
+DEFAULT_SPOOL = "/var/spool/slurm-horus"
+SCHEMA_VERSION = 4
 SOURCES = ("sacct", "probe", "import")
 # Which measurement wins for utilization/memory, and for placement facts (node, state, ...).
 UTIL_ORDER = ("probe", "sacct", "import")
 PLACE_ORDER = ("sacct", "probe", "import")
+# Measurements users cannot forge: Slurm's accounting and the probe slurmd starts as root.
+TRUSTED_ORDER = ("probe", "sacct")
 BUSY_TIMEOUT_S = 30.0
+DB_TIMEOUT_S = 10.0
+# Under-claim audit: measured use above the claim by more than noise (design: issue 10).
+UNDERCLAIM_MEM = (1.10, 256.0)   # act_mem_mib > claimed mem_p90 * 1.10 + 256
+UNDERCLAIM_UTIL = (1.25, 10.0)   # act_util_pct > claimed util * 1.25 + 10
+REFRESH_ADVICE = "ask an admin to run horus-admin sync"
 
 USAGE_FIELDS = ("util_mean", "util_max", "mem_peak_mib", "elapsed_s", "state", "node", "gpu_type",
-                "gpu_index", "shards", "colocated", "start_time", "end_time")
+                "gpu_index", "gpus", "shards", "colocated", "start_time", "end_time")
 JOB_FIELDS = ("has_submission", "user_name", "account", "submit_time", "model_family", "predictor",
-              "gpu_type", "gpu_index", "node", "shards", "state", "elapsed_s", "start_time",
-              "end_time", "pred_util_pct", "pred_mem_mib", "act_util_pct", "act_util_max",
-              "act_mem_mib", "colocated", "sources", "mem_err_bucket")
+              "gpu_type", "gpu_index", "node", "gpus", "shards", "state", "elapsed_s",
+              "start_time", "end_time", "pred_util_pct", "pred_mem_mib", "pred_mem_p90_mib",
+              "act_util_pct", "act_util_max", "act_mem_mib", "colocated", "sources",
+              "mem_err_bucket", "under_claim", "claim_flags")
 
 
 def sql_dir() -> Path:
@@ -83,11 +96,18 @@ def default_url() -> str:
 
 
 def spool_dir() -> Path:
-    env = os.environ.get(ENV_SPOOL)
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "slurm-horus" / "spool"
+    """$HORUS_SPOOL, else the root-only /var/spool/slurm-horus."""
+    return Path(os.environ.get(ENV_SPOOL) or DEFAULT_SPOOL)
+
+
+def db_timeout() -> float:
+    """Seconds a database server may take to connect or answer ($HORUS_DB_TIMEOUT, default 10):
+    a server that accepts TCP and never answers must not hang a command."""
+    try:
+        t = float(os.environ.get(ENV_DB_TIMEOUT) or DB_TIMEOUT_S)
+    except ValueError:
+        t = DB_TIMEOUT_S
+    return t if t > 0 else DB_TIMEOUT_S
 
 
 def mask_url(url: str) -> str:
@@ -117,7 +137,8 @@ def _tables():
         Column("model_sha256", String(64)), Column("model_family", String(64)),
         Column("feature_version", Integer), Column("features", Text), Column("workload", Text),
         Column("gpu_types", Text), Column("predictions", Text), Column("hint", Text),
-        Column("policy_decision", Text), Column("predictor", String(64)))
+        Column("policy_decision", Text), Column("predictor", String(64)),
+        Column("uid", BigInteger))
     t["usage"] = Table(
         "usage", md,
         Column("cluster", String(64), primary_key=True), Column("job_id", BigInteger, primary_key=True),
@@ -126,7 +147,7 @@ def _tables():
         Column("elapsed_s", BigInteger), Column("state", String(32)), Column("node", String(128)),
         Column("gpu_type", String(64)), Column("gpu_index", Integer), Column("shards", Integer),
         Column("colocated", Text), Column("start_time", BigInteger), Column("end_time", BigInteger),
-        Column("recorded", BigInteger))
+        Column("recorded", BigInteger), Column("gpus", Integer))
     t["predictor_versions"] = Table(
         "predictor_versions", md, Column("version", String(32), primary_key=True),
         Column("created", BigInteger), Column("metrics", Text), Column("n_rows", Integer),
@@ -143,7 +164,9 @@ def _tables():
         Column("pred_util_pct", Float), Column("pred_mem_mib", Float),
         Column("act_util_pct", Float), Column("act_util_max", Float), Column("act_mem_mib", Float),
         Column("colocated", Text), Column("sources", String(64)),
-        Column("mem_err_bucket", Integer))
+        Column("mem_err_bucket", Integer), Column("gpus", Integer),
+        Column("pred_mem_p90_mib", Float), Column("under_claim", Integer),
+        Column("claim_flags", String(16)))
     t["ledger_state"] = Table("ledger_state", md, Column("name", String(64), primary_key=True),
                               Column("value", Text))
     return md, t
@@ -161,32 +184,74 @@ def tables() -> dict:
 
 # --------------------------------------------------------------------------- migrations
 
-def _migrate_1_to_2(conn) -> None:
-    """v1 had no placement columns in usage and no jobs/ledger_state tables."""
-    cols = {"gpu_index": "INTEGER", "shards": "INTEGER", "colocated": "TEXT",
-            "start_time": "BIGINT", "end_time": "BIGINT", "recorded": "BIGINT"}
-    have = _columns(conn, "usage")
+# Each step only adds what its version lacks to tables that exist; missing tables, indices and
+# the jobs rows come from schema.sql and refresh_jobs once all steps ran (_finish_migration),
+# so that the Core tables, which describe the newest version, are only used on a complete schema.
+
+def _add_columns(conn, table: str, cols: dict[str, str]) -> None:
+    from sqlalchemy import inspect
+
+    if table not in inspect(conn).get_table_names():
+        return
+    have = _columns(conn, table)
     for name, typ in cols.items():
         if name not in have:
-            conn.exec_driver_sql(f"ALTER TABLE `usage` ADD COLUMN {name} {typ}")
-    if "promoted" not in _columns(conn, "predictor_versions"):
-        conn.exec_driver_sql("ALTER TABLE predictor_versions ADD COLUMN promoted INTEGER NOT NULL DEFAULT 0")
-    exec_script(conn, (sql_dir() / "schema.sql").read_text())  # adds jobs, ledger_state, indices
+            conn.exec_driver_sql(f"ALTER TABLE `{table}` ADD COLUMN {name} {typ}")
+
+
+def _migrate_1_to_2(conn) -> None:
+    """v1 had no placement columns in usage and no jobs/ledger_state tables."""
+    _add_columns(conn, "usage", {"gpu_index": "INTEGER", "shards": "INTEGER", "colocated": "TEXT",
+                                 "start_time": "BIGINT", "end_time": "BIGINT",
+                                 "recorded": "BIGINT"})
+    _add_columns(conn, "predictor_versions", {"promoted": "INTEGER NOT NULL DEFAULT 0"})
+
+
+def _migrate_2_to_3(conn) -> None:
+    """v3 stores each job's memory-error histogram bin, so hacct --summary reads an index."""
+    _add_columns(conn, "jobs", {"mem_err_bucket": "INTEGER"})
+
+
+def _migrate_3_to_4(conn) -> None:
+    """v4: whole GPUs apart from shards, the under-claim audit, the job owner's uid."""
+    _add_columns(conn, "usage", {"gpus": "INTEGER"})
+    _add_columns(conn, "jobs", {"gpus": "INTEGER", "pred_mem_p90_mib": "DOUBLE PRECISION",
+                                "under_claim": "INTEGER", "claim_flags": "VARCHAR(16)"})
+    _add_columns(conn, "submissions", {"uid": "BIGINT"})
+    # the summary's covering index now holds under_claim (ix_jobs_summary in schema.sql)
+    if conn.dialect.name in ("mysql", "mariadb"):
+        if "ix_jobs_accuracy" in {i["name"] for i in _indexes(conn, "jobs")}:
+            conn.exec_driver_sql("DROP INDEX ix_jobs_accuracy ON jobs")
+    else:
+        conn.exec_driver_sql("DROP INDEX IF EXISTS ix_jobs_accuracy")
+
+
+def _finish_migration(conn) -> None:
+    """New tables and indices, then every jobs row merged again under the new rules."""
+    exec_script(conn, (sql_dir() / "schema.sql").read_text())
     keys = [(r[0], r[1]) for r in conn.exec_driver_sql(
         "SELECT cluster, job_id FROM submissions UNION SELECT cluster, job_id FROM `usage`")]
     refresh_jobs(conn, keys)
 
 
-def _migrate_2_to_3(conn) -> None:
-    """v3 stores each job's memory-error histogram bin, so hacct --summary reads an index."""
-    if "mem_err_bucket" not in _columns(conn, "jobs"):
-        conn.exec_driver_sql("ALTER TABLE jobs ADD COLUMN mem_err_bucket INTEGER")
-    exec_script(conn, (sql_dir() / "schema.sql").read_text())  # adds ix_jobs_accuracy
-    keys = [(r[0], r[1]) for r in conn.exec_driver_sql("SELECT cluster, job_id FROM jobs")]
-    refresh_jobs(conn, keys)
+MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4}
 
 
-MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3}
+def under_claim(claim_util, claim_mem_p90, act_util, act_mem) -> tuple[int | None, str | None]:
+    """(1, flags) when trusted measured use exceeds the claim beyond noise, (0, None) when it
+    does not, (None, None) when there is no claim or no measurement to compare."""
+    flags, compared = [], False
+    if claim_mem_p90 is not None and act_mem is not None:
+        compared = True
+        if act_mem > claim_mem_p90 * UNDERCLAIM_MEM[0] + UNDERCLAIM_MEM[1]:
+            flags.append("mem")
+    if claim_util is not None and act_util is not None:
+        compared = True
+        if act_util > claim_util * UNDERCLAIM_UTIL[0] + UNDERCLAIM_UTIL[1]:
+            flags.append("util")
+    if not compared:
+        return None, None
+    return (1, ",".join(flags)) if flags else (0, None)
 
 
 def mem_err_bucket(pred_mem_mib, act_mem_mib) -> int:
@@ -215,6 +280,12 @@ def _columns(conn, table: str) -> set[str]:
     from sqlalchemy import inspect
 
     return {c["name"] for c in inspect(conn).get_columns(table)}
+
+
+def _indexes(conn, table: str) -> list[dict]:
+    from sqlalchemy import inspect
+
+    return inspect(conn).get_indexes(table)
 
 
 # --------------------------------------------------------------------------- upsert helper
@@ -278,8 +349,8 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         for f in ("user_name", "account", "submit_time", "model_family", "predictor"):
             row[f] = sub.get(f)
         preds = _loads(sub.get("predictions"), {}) or {}
-    for f in ("gpu_type", "gpu_index", "node", "shards", "state", "elapsed_s", "start_time",
-              "end_time", "colocated"):
+    for f in ("gpu_type", "gpu_index", "node", "gpus", "shards", "state", "elapsed_s",
+              "start_time", "end_time", "colocated"):
         row[f] = first(f, PLACE_ORDER)
     row["act_util_pct"] = first("util_mean", UTIL_ORDER)
     row["act_util_max"] = first("util_max", UTIL_ORDER)
@@ -290,10 +361,16 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
     if isinstance(p, dict):
         row["pred_util_pct"] = p.get("util_pct")
         row["pred_mem_mib"] = p.get("mem_mib")
+        row["pred_mem_p90_mib"] = p.get("mem_mib_p90")
         if not row["predictor"]:
             row["predictor"] = p.get("predictor")
     row["sources"] = ",".join(s for s in SOURCES if s in usages) or None
     row["mem_err_bucket"] = mem_err_bucket(row["pred_mem_mib"], row["act_mem_mib"])
+    claim_mem = row["pred_mem_p90_mib"] if row["pred_mem_p90_mib"] is not None \
+        else row["pred_mem_mib"]
+    row["under_claim"], row["claim_flags"] = under_claim(
+        row["pred_util_pct"], claim_mem, first("util_mean", TRUSTED_ORDER),
+        first("mem_peak_mib", TRUSTED_ORDER))
     return row
 
 
@@ -334,6 +411,31 @@ def refresh_jobs(conn, keys: Iterable[tuple[str, int]]) -> None:
 
 # --------------------------------------------------------------------------- spool
 
+class Replay(NamedTuple):
+    """What a spool replay did: records applied, files quarantined (renamed .bad) and files or
+    folders skipped as untrusted; ``problems`` has one line about each of the latter two."""
+    applied: int
+    quarantined: int
+    skipped: int
+    problems: list
+
+
+def _trusted(st, uids: tuple[int, ...], *, folder: bool) -> str | None:
+    """Why a spool folder or file must not be replayed, or None: only root (or the replaying
+    uid) may have put records there, since replayed usage counts as measured."""
+    import stat
+
+    if folder and not stat.S_ISDIR(st.st_mode):
+        return "not a folder"
+    if not folder and not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid not in uids:
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"group/other-writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
 class Spool:
     """Records that could not reach the ledger: one JSON file each, replayed later."""
 
@@ -345,7 +447,8 @@ class Spool:
         name = f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp = self.root / f".{name}.tmp"
         final = self.root / f"{name}.jsonl"
-        with open(tmp, "w") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
             f.write(json.dumps({"kind": kind, "data": data, "spooled": time.time()}) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -353,14 +456,36 @@ class Spool:
         return final
 
     def pending(self) -> list[Path]:
-        if not self.root.is_dir():
+        try:
+            return sorted(self.root.glob("*.jsonl"))
+        except OSError:  # a spool this user may not read is not theirs to replay
             return []
-        return sorted(self.root.glob("*.jsonl"))
 
-    def replay(self, ledger: "Ledger") -> int:
-        """Apply every spooled record to ``ledger``; returns how many were applied."""
-        n = 0
+    def replay(self, ledger: "Ledger") -> Replay:
+        """Apply every trusted spooled record to ``ledger``. A record that cannot be applied
+        (bad JSON, bad job id, unknown kind) is renamed ``.bad`` and the rest go on; a
+        database error stops the replay and leaves the file for next time."""
+        from sqlalchemy.exc import DBAPIError
+
+        uids = tuple({0, os.geteuid()})
+        applied = quarantined = skipped = 0
+        problems: list[str] = []
+        try:
+            why = _trusted(os.lstat(self.root), uids, folder=True)
+        except FileNotFoundError:
+            return Replay(0, 0, 0, [])
+        if why:
+            n = len(self.pending())
+            return Replay(0, 0, n, [f"{self.root}: not replayed, {why}"] if n else [])
         for path in self.pending():
+            try:
+                why = _trusted(os.lstat(path), uids, folder=False)
+            except FileNotFoundError:  # another replayer took it
+                continue
+            if why:
+                skipped += 1
+                problems.append(f"{path}: skipped, {why}")
+                continue
             claimed = path.with_suffix(f".claim-{os.getpid()}")
             try:
                 os.rename(path, claimed)  # another replayer may have taken it
@@ -368,40 +493,60 @@ class Spool:
                 continue
             try:
                 recs = [json.loads(ln) for ln in claimed.read_text().splitlines() if ln.strip()]
-            except (OSError, ValueError):
-                os.rename(claimed, path.with_suffix(".bad"))
-                continue
-            try:
                 for rec in recs:
                     ledger._apply(rec["kind"], rec["data"])
-            except Exception:
+            except DBAPIError:
                 os.rename(claimed, path)  # retry next time
                 raise
+            except Exception as e:  # noqa: BLE001 - whatever is wrong with it, it is this file
+                os.rename(claimed, path.with_suffix(".bad"))
+                quarantined += 1
+                reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                problems.append(f"{path}: quarantined as .bad ({type(e).__name__}: {reason})")
+                continue
             os.unlink(claimed)
-            n += len(recs)
-        return n
+            applied += len(recs)
+        return Replay(applied, quarantined, skipped, problems)
 
 
 # --------------------------------------------------------------------------- the ledger
 
 class Ledger:
     """The job ledger. ``Ledger()`` opens $HORUS_LEDGER_URL or the site default, creating or
-    migrating the schema as needed."""
+    migrating the schema as needed (the site's writers). ``Ledger(url, readonly=True)`` is for
+    readers such as hacct: SQLite opened ``mode=ro``, nothing created, migrated or written."""
 
     def __init__(self, url: str | None = None, *, busy_timeout: float = BUSY_TIMEOUT_S,
-                 spool: Spool | str | None = None, replay: bool = True):
+                 spool: Spool | str | None = None, replay: bool = True, readonly: bool = False):
         self.url = url or default_url()
+        self.readonly = readonly
         self.spool = spool if isinstance(spool, Spool) else Spool(spool)
-        self._replay = replay
-        self.engine = _make_engine(self.url, busy_timeout)
+        self._replay = replay and not readonly
+        self.engine = _make_engine(self.url, busy_timeout, readonly)
         from sqlalchemy.exc import DBAPIError
 
         try:
-            self._setup()
+            self._check_readable() if readonly else self._setup()
         except DBAPIError as e:  # unreachable server, bad credentials, unwritable file, ...
+            self.engine.dispose()
             reason = str(e.orig).strip().splitlines()[0] if e.orig else type(e).__name__
             raise HorusError(f"ledger {mask_url(self.url)}: cannot open it ({reason[:200]})") \
                 from None
+        except HorusError:
+            self.engine.dispose()
+            raise
+
+    def sqlite_path(self) -> Path | None:
+        """The database file of a SQLite ledger (None for a server)."""
+        return _sqlite_file(self.url)
+
+    def writable(self) -> bool:
+        """Whether this process may write the ledger: root, or write access to a SQLite file
+        (a server's grants are not known: False)."""
+        if self.readonly:
+            path = self.sqlite_path()
+            return os.geteuid() == 0 or (path is not None and os.access(path, os.W_OK))
+        return True
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -426,9 +571,27 @@ class Ledger:
                     MIGRATIONS[v](conn)
                     conn.execute(t["schema_version"].insert(),
                                  [{"version": v, "applied": int(time.time())}])
+                _finish_migration(conn)
                 self._create_views(conn)
             elif self._views_stale(conn):
                 self._create_views(conn)
+
+    def _check_readable(self) -> None:
+        """A reader needs a ledger at this schema version: it cannot create or migrate one."""
+        from sqlalchemy import inspect
+
+        with self.engine.connect() as conn:
+            names = set(inspect(conn).get_table_names())
+            if "jobs" not in names:
+                raise HorusError(f"ledger {mask_url(self.url)}: no ledger tables yet; "
+                                 f"{REFRESH_ADVICE}")
+            version = self._version(conn, names)
+        if version < SCHEMA_VERSION:
+            raise HorusError(f"ledger {mask_url(self.url)}: schema version {version} is older "
+                             f"than this slurm-horus ({SCHEMA_VERSION}); {REFRESH_ADVICE}")
+        if version > SCHEMA_VERSION:
+            raise HorusError(f"ledger {mask_url(self.url)}: schema version {version} is newer "
+                             f"than this slurm-horus ({SCHEMA_VERSION}); upgrade slurm-horus")
 
     @staticmethod
     def _version(conn, names) -> int:
@@ -464,12 +627,12 @@ class Ledger:
     # --- writing -------------------------------------------------------------------------
 
     def _apply(self, kind: str, data: dict) -> None:
-        if kind == "submission":
-            self._write_submissions([data])
-        elif kind == "usage":
-            self._write_usage([data])
-        else:
+        """One spooled record, validated again: the file may be old, damaged or edited."""
+        if kind != "usage":
             raise HorusError(f"unknown spooled record kind {kind!r}")
+        if not isinstance(data, dict):
+            raise HorusError("spooled record data is not an object")
+        self._write_usage([usage_record(**data)])
 
     def _after_write(self) -> None:
         if self._replay and self.spool.pending():
@@ -485,8 +648,8 @@ class Ledger:
                           features: dict | None = None, workload: dict | None = None,
                           gpu_types: list | None = None, predictions: dict | None = None,
                           hint: str | None = None, policy_decision: Any = None,
-                          predictor: str | None = None) -> None:
-        """Store (or replace) one submission. Raises on database errors (see the _safely one)."""
+                          predictor: str | None = None, uid: int | None = None) -> None:
+        """Store (or replace) one submission. Raises on database errors."""
         rec = submission_record(**{k: v for k, v in locals().items() if k != "self"})
         self._write_submissions([rec])
         self._after_write()
@@ -538,6 +701,28 @@ class Ledger:
 
     # --- reading -------------------------------------------------------------------------
 
+    def under_claims(self, since: float) -> list[dict]:
+        """Per user (name, uid) and account: jobs ending (or submitted) since ``since`` whose
+        claim was checked against a trusted measurement, and how many of them under-claimed.
+        What ``horus-admin sync`` writes into the hook's record file."""
+        from sqlalchemy import and_, case, func, select
+
+        t = tables()
+        j, s = t["jobs"], t["submissions"]
+        stmt = (select(j.c.user_name, s.c.uid, j.c.account,
+                       func.sum(case((j.c.under_claim == 1, 1), else_=0)).label("under_claims"),
+                       func.count().label("jobs"))
+                .select_from(j.outerjoin(s, and_(s.c.cluster == j.c.cluster,
+                                                 s.c.job_id == j.c.job_id)))
+                .where(j.c.under_claim.isnot(None),
+                       func.coalesce(j.c.end_time, j.c.submit_time) >= int(since))
+                .group_by(j.c.user_name, s.c.uid, j.c.account)
+                .order_by(j.c.user_name, j.c.account))
+        with self.engine.connect() as conn:
+            return [{"user_name": r.user_name, "uid": None if r.uid is None else int(r.uid),
+                     "account": r.account, "under_claims": int(r.under_claims or 0),
+                     "jobs": int(r.jobs)} for r in conn.execute(stmt)]
+
     def submissions_exist(self, cluster: str, job_ids: list[int]) -> set[int]:
         from sqlalchemy import select
 
@@ -553,13 +738,15 @@ class Ledger:
     def jobs(self, *, job_ids: Iterable[int] | None = None, users: Iterable[str] | None = None,
              accounts: Iterable[str] | None = None, states: Iterable[str] | None = None,
              start: float | None = None, end: float | None = None, cluster: str | None = None,
-             submitted_only: bool = False, limit: int | None = None) -> list[dict]:
+             submitted_only: bool = False, under_claims: bool = False,
+             limit: int | None = None) -> list[dict]:
         """Jobs (submission joined with the best measurement), oldest first, as dicts."""
         from sqlalchemy import select
 
         stmt = select(tables()["jobs"])
         stmt = job_filters(stmt, job_ids=job_ids, users=users, accounts=accounts, states=states,
-                           start=start, end=end, cluster=cluster, submitted_only=submitted_only)
+                           start=start, end=end, cluster=cluster, submitted_only=submitted_only,
+                           under_claims=under_claims)
         j = tables()["jobs"]
         stmt = stmt.order_by(j.c.submit_time, j.c.cluster, j.c.job_id)
         if limit:
@@ -600,8 +787,9 @@ class Ledger:
 
 
 def job_filters(stmt, *, job_ids=None, users=None, accounts=None, states=None, start=None,
-                end=None, cluster=None, submitted_only=False):
-    """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window)."""
+                end=None, cluster=None, submitted_only=False, under_claims=False):
+    """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window),
+    and hacct's --under-claims."""
     from sqlalchemy import func, or_
 
     j = tables()["jobs"]
@@ -625,10 +813,66 @@ def job_filters(stmt, *, job_ids=None, users=None, accounts=None, states=None, s
         stmt = stmt.where(func.coalesce(j.c.submit_time, j.c.start_time, j.c.end_time) <= int(end))
     if submitted_only:
         stmt = stmt.where(j.c.has_submission == 1)
+    if under_claims:
+        stmt = stmt.where(j.c.under_claim == 1)
     return stmt
 
 
-def _make_engine(url: str, busy_timeout: float):
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a sqlite:/// URL (None for servers and in-memory databases)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        u = make_url(url)
+    except Exception:
+        return None
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:" \
+            or u.database.startswith("file:"):
+        return None
+    return Path(u.database).expanduser()
+
+
+def _create_site_dirs(folder: Path) -> None:
+    """Create missing folders 0755 whatever the umask; existing ones keep their mode."""
+    missing = []
+    d = folder
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o755)
+            os.chmod(d, 0o755)
+        except FileExistsError:
+            pass
+
+
+def _create_site_file(path: Path) -> None:
+    """Create the ledger's folders 0755 and its file 0644 whatever the umask, so that users
+    can read what only the site writes. Existing ones keep the mode the admin gave them."""
+    _create_site_dirs(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+
+
+def _sqlite_functions(dbapi_conn) -> None:
+    try:
+        dbapi_conn.execute("SELECT ln(1)")
+    except Exception:  # SQLite built without math functions
+        import math
+
+        dbapi_conn.create_function(
+            "ln", 1, lambda x: math.log(x) if x is not None and x > 0 else None,
+            deterministic=True)
+
+
+def _make_engine(url: str, busy_timeout: float, readonly: bool = False):
     from sqlalchemy import create_engine, event
     from sqlalchemy.engine import make_url
     from sqlalchemy.pool import NullPool
@@ -638,9 +882,11 @@ def _make_engine(url: str, busy_timeout: float):
     except Exception:
         raise HorusError(f"ledger: not a database URL: {url!r}") from None
     if u.get_backend_name() == "sqlite":
-        db = u.database
-        if db and db != ":memory:" and not db.startswith("file:"):
-            Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        path = _sqlite_file(url)
+        if readonly and path is not None:
+            return _readonly_sqlite(path, busy_timeout)
+        if path is not None:
+            _create_site_file(path)
         engine = create_engine(u, poolclass=NullPool,
                                connect_args={"timeout": busy_timeout, "isolation_level": None})
 
@@ -648,20 +894,13 @@ def _make_engine(url: str, busy_timeout: float):
         def _pragmas(dbapi_conn, _rec):
             cur = dbapi_conn.cursor()
             cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-            try:
-                cur.execute("PRAGMA journal_mode = WAL")
+            try:  # a rollback journal, not WAL: WAL readers need write access to -shm
+                cur.execute("PRAGMA journal_mode = DELETE")
             except Exception:
                 pass
-            cur.execute("PRAGMA synchronous = NORMAL")
+            cur.execute("PRAGMA synchronous = FULL")
             cur.close()
-            try:
-                dbapi_conn.execute("SELECT ln(1)")
-            except Exception:  # SQLite built without math functions
-                import math
-
-                dbapi_conn.create_function(
-                    "ln", 1, lambda x: math.log(x) if x is not None and x > 0 else None,
-                    deterministic=True)
+            _sqlite_functions(dbapi_conn)
 
         @event.listens_for(engine, "begin")
         def _begin(conn):
@@ -669,9 +908,16 @@ def _make_engine(url: str, busy_timeout: float):
             # instead of failing on a read-to-write upgrade.
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         return engine
+    t = db_timeout()
     kwargs: dict = {"pool_pre_ping": True}
     if u.get_backend_name() in ("mysql", "mariadb"):
-        kwargs["connect_args"] = {"connect_timeout": max(1, int(min(busy_timeout, 10)))}
+        kwargs["connect_args"] = {"connect_timeout": max(1, int(round(t))), "read_timeout": t,
+                                  "write_timeout": t}
+    elif u.get_backend_name() == "postgresql":
+        kwargs["connect_args"] = (
+            {"timeout": t} if u.get_driver_name() == "pg8000" else
+            {"connect_timeout": max(1, int(round(t))),
+             "options": f"-c statement_timeout={int(t * 1000)}"})
     try:
         return create_engine(u, **kwargs)
     except ModuleNotFoundError as e:
@@ -680,6 +926,28 @@ def _make_engine(url: str, busy_timeout: float):
     except Exception as e:  # e.g. NoSuchModuleError for an unknown dialect
         raise HorusError(f"ledger: cannot use database URL {mask_url(url)} "
                          f"({type(e).__name__})") from None
+
+
+def _readonly_sqlite(path: Path, busy_timeout: float):
+    """A SQLite ledger opened ``mode=ro``: works with read permission alone, never writes."""
+    import sqlite3
+    from urllib.parse import quote
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    if not path.exists():
+        raise HorusError(f"ledger {path}: not found; {REFRESH_ADVICE}")
+    if not os.access(path, os.R_OK):
+        raise HorusError(f"ledger {path}: not readable by you, and no extract of your jobs "
+                         f"beside it; {REFRESH_ADVICE}")
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+
+    def connect():
+        con = sqlite3.connect(uri, uri=True, timeout=busy_timeout, check_same_thread=False)
+        _sqlite_functions(con)
+        return con
+    return create_engine("sqlite://", creator=connect, poolclass=NullPool)
 
 
 # --------------------------------------------------------------------------- records
@@ -708,7 +976,8 @@ def _pred_dict(p) -> dict:
 def submission_record(*, job_id, cluster="", user=None, account=None, submit_time=None,
                       model_path=None, model_sha256=None, model_family=None,
                       feature_version=None, features=None, workload=None, gpu_types=None,
-                      predictions=None, hint=None, policy_decision=None, predictor=None) -> dict:
+                      predictions=None, hint=None, policy_decision=None, predictor=None,
+                      uid=None) -> dict:
     try:
         job_id = int(str(job_id).split(";")[0])
     except ValueError:
@@ -729,13 +998,14 @@ def submission_record(*, job_id, cluster="", user=None, account=None, submit_tim
             "features": _json(features), "workload": _json(workload),
             "gpu_types": _json(list(gpu_types) if gpu_types is not None else sorted(preds) or None),
             "predictions": _json(preds), "hint": hint, "policy_decision": _json(policy_decision),
-            "predictor": predictor}
+            "predictor": predictor, "uid": None if uid is None else int(uid)}
 
 
 def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, mem_peak_mib=None,
                  elapsed_s=None, state=None, node=None, gpu_type=None, gpu_index=None,
-                 shards=None, colocated=None, start_time=None, end_time=None,
+                 gpus=None, shards=None, colocated=None, start_time=None, end_time=None,
                  recorded=None) -> dict:
+    """A usage row: ``gpus`` whole GPUs allocated (gres/gpu), ``shards`` shards (gres/shard)."""
     if source not in SOURCES:
         raise HorusError(f"ledger: usage source must be one of {', '.join(SOURCES)}, not {source!r}")
     if isinstance(colocated, (list, tuple, set)):
@@ -749,7 +1019,8 @@ def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, m
     return {"cluster": cluster or "", "job_id": int(job_id), "source": source,
             "util_mean": f(util_mean), "util_max": f(util_max), "mem_peak_mib": f(mem_peak_mib),
             "elapsed_s": i(elapsed_s), "state": state, "node": node, "gpu_type": gpu_type,
-            "gpu_index": i(gpu_index), "shards": i(shards), "colocated": colocated,
+            "gpu_index": i(gpu_index), "gpus": i(gpus), "shards": i(shards),
+            "colocated": colocated,
             "start_time": i(start_time), "end_time": i(end_time),
             "recorded": int(recorded if recorded is not None else time.time())}
 
@@ -764,43 +1035,7 @@ def family_of(model_path: str) -> str:
     return stem.lower()[:64]
 
 
-# --------------------------------------------------------------------------- never-raising writers
-
-def _safely(kind: str, data: dict, url: str | None, spool: str | None, timeout: float) -> bool:
-    try:
-        ledger = Ledger(url, busy_timeout=timeout, spool=spool)
-        try:
-            ledger._apply(kind, data)
-            ledger._after_write()
-        finally:
-            ledger.close()
-        return True
-    except BaseException as e:  # noqa: BLE001 - the submit path must never fail here
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        try:
-            Spool(spool).put(kind, data)
-        except Exception as e2:
-            try:
-                sys.stderr.write(f"slurm-horus: warning: ledger record lost ({e2})\n")
-            except Exception:
-                pass
-        return False
-
-
-def record_submission_safely(*, url: str | None = None, spool: str | None = None,
-                             timeout: float = 3.0, **kwargs) -> bool:
-    """record_submission for hsubmit: never raises. True if written, False if spooled."""
-    try:
-        data = submission_record(**kwargs)
-    except Exception as e:
-        try:
-            sys.stderr.write(f"slurm-horus: warning: not recorded in the ledger ({e})\n")
-        except Exception:
-            pass
-        return False
-    return _safely("submission", data, url, spool, timeout)
-
+# --------------------------------------------------------------------------- never-raising writer
 
 def record_usage_safely(*, url: str | None = None, spool: str | None = None,
                         timeout: float = 10.0, **kwargs) -> bool:
@@ -809,45 +1044,103 @@ def record_usage_safely(*, url: str | None = None, spool: str | None = None,
         data = usage_record(**kwargs)
     except Exception:
         return False
-    return _safely("usage", data, url, spool, timeout)
-
-
-def submission_from_plan(plan, job_id, cluster: str = "", decision=None) -> dict:
-    """record_submission keyword arguments from an hsubmit Plan (see slurm_horus.submit)."""
-    import getpass
-
-    report = getattr(plan, "report", None)
-    preds = {}
-    workload = None
     try:
-        from .submit import _workload
+        ledger = Ledger(url, busy_timeout=timeout, spool=spool)
+        try:
+            ledger._apply("usage", data)
+            ledger._after_write()
+        finally:
+            ledger.close()
+        return True
+    except BaseException as e:  # noqa: BLE001 - the job's epilog must never fail here
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        try:
+            Spool(spool).put("usage", data)
+        except Exception as e2:
+            try:
+                sys.stderr.write(f"slurm-horus: warning: ledger record lost ({e2})\n")
+            except Exception:
+                pass
+        return False
 
-        workload = _workload(plan)
-    except Exception:
-        pass
-    from .coldstart import ColdStartEstimator
-    from .gpus import default_catalog
 
-    for g, p in (getattr(plan, "predictions", None) or {}).items():
-        d = _pred_dict(p)
-        try:  # the cold-start figures retrain needs as inputs (the prediction itself if it is one)
-            cold = p if getattr(p, "predictor", None) == ColdStartEstimator.name else \
-                ColdStartEstimator().predict(report, default_catalog().get(g), workload)
-            d["cold"] = {"util_pct": cold.util_pct, "mem_mib": cold.mem_mib,
-                         "gpu_ms_per_step": cold.breakdown.get("gpu_ms_per_step", 0.0),
-                         "host_ms_per_step": cold.breakdown.get("host_ms_per_step", 0.0)}
-        except Exception:
-            pass
-        preds[g] = d
+# --------------------------------------------------------------------------- readers
+
+def user_extract(url: str | None, user: str) -> Path | None:
+    """Where ``horus-admin sync`` puts ``user``'s extract of a SQLite ledger: users/<user>.db
+    beside it (None for a server ledger or a name that is no plain file name)."""
+    path = _sqlite_file(url or default_url())
+    if path is None or not user or "/" in user or user.startswith("."):
+        return None
+    return path.parent / "users" / f"{user}.db"
+
+
+def open_reader(url: str | None = None, user: str | None = None) -> Ledger:
+    """The ledger for a reader (hacct): read-only, and where the site keeps the main SQLite file
+    private (0640 root:root), the user's own extract instead."""
+    url = url or default_url()
+    path = _sqlite_file(url)
+    if path is not None and path.exists() and not os.access(path, os.R_OK):
+        ext = user_extract(url, user or current_user())
+        if ext is not None and ext.exists() and os.access(ext, os.R_OK):
+            return Ledger(f"sqlite:///{ext}", readonly=True)
+    return Ledger(url, readonly=True)
+
+
+def current_user() -> str:
+    import pwd
+
     try:
-        user = getpass.getuser()
-    except Exception:
-        user = os.environ.get("USER")
-    return dict(job_id=job_id, cluster=cluster, user=user,
-                account=plan.request("account") if hasattr(plan, "request") else None,
-                model_path=os.path.abspath(str(plan.model)) if getattr(plan, "model", None) else None,
-                model_sha256=getattr(report, "sha256", None),
-                feature_version=getattr(report, "version", None),
-                features=getattr(report, "values", None), workload=workload,
-                gpu_types=sorted(getattr(plan, "gpu_types", {}) or preds),
-                predictions=preds, hint=getattr(plan, "hint", None), policy_decision=decision)
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
+    """Per-user SQLite extracts for sites where Slurm's PrivateData hides others' jobs:
+    ``<folder>/<user>.db``, the ledger schema with only that user's jobs rows, owned by root
+    and the user's primary group, mode 0640, each replaced atomically. Users unknown to this
+    host (no primary group) or with names that are not file names are skipped.
+    Returns {"written": n, "skipped": [names]}."""
+    import pwd
+
+    from sqlalchemy import select
+
+    folder = Path(folder)
+    _create_site_dirs(folder)
+    j = tables()["jobs"]
+    with ledger.engine.connect() as conn:
+        users = sorted(r[0] for r in conn.execute(select(j.c.user_name).distinct())
+                       if r[0] is not None)
+    written, skipped = 0, []
+    for user in users:
+        try:
+            gid = pwd.getpwnam(user).pw_gid
+        except KeyError:
+            gid = None
+        if gid is None or "/" in user or user.startswith("."):
+            skipped.append(user)
+            continue
+        tmp = folder / f".{user}.db.{os.getpid()}.tmp"
+        tmp.unlink(missing_ok=True)  # left by a crashed run of this pid
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.fchown(fd, 0 if os.geteuid() == 0 else -1, gid)
+            os.fchmod(fd, 0o640)
+        finally:
+            os.close(fd)
+        try:
+            ext = Ledger(f"sqlite:///{tmp}", replay=False)
+            try:
+                with ledger.engine.connect() as src, ext.engine.begin() as dst:
+                    rows = src.execute(select(j).where(j.c.user_name == user))
+                    upsert(dst, j, [r._asdict() for r in rows], ("cluster", "job_id"))
+            finally:
+                ext.close()
+            os.replace(tmp, folder / f"{user}.db")
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        written += 1
+    return {"written": written, "skipped": skipped}

@@ -31,7 +31,7 @@ from typing import Any
 
 from slurm_horus.errors import HorusError
 
-__all__ = ["Decision", "HookRuntime", "HookCache", "decide", "find_hook"]
+__all__ = ["Decision", "HookRuntime", "HookCache", "decide", "find_hook", "policy_file", "policy_value"]
 
 SLURM_SUCCESS = 0
 SLURM_ERROR = -1
@@ -191,8 +191,12 @@ class HookRuntime:
         self,
         job_desc: dict[str, Any],
         policy_path: str | os.PathLike[str] | None = None,
-        submit_uid: int = 1000,
+        submit_uid: int | None = None,
     ) -> Decision:
+        """Run slurm_job_submit on a copy of ``job_desc``; submit_uid defaults to this process's uid
+        (what slurmctld passes for a job submitted by the caller: the claim record is keyed by it)."""
+        if submit_uid is None:
+            submit_uid = os.getuid()
         fields = {k: v for k, v in job_desc.items() if v is not None}
         for k, v in fields.items():
             if not isinstance(v, (str, int, float, bool)):
@@ -290,13 +294,124 @@ def decide(
     policy_path: str | os.PathLike[str] | None = None,
     hook_path: str | os.PathLike[str] | None = None,
     *,
-    submit_uid: int = 1000,
+    submit_uid: int | None = None,
     cache: HookCache | None = None,
 ) -> Decision:
     """Run the real job_submit hook on ``job_desc`` (not modified) and report what it did.
 
     policy_path: the policy file to use (as if slurmctld had HORUS_POLICY set); default:
     $HORUS_POLICY, else horus_policy.conf next to the hook.  hook_path: see find_hook().
+    submit_uid: the submitting user's uid (default: this process's), which the hook looks up in
+    the claim record named by the policy's ``record_file``; put the job's ``account`` in job_desc
+    for the account's record to apply.
     """
     rt = (cache or _default_cache).get(find_hook(hook_path))
     return rt.submit(dict(job_desc), policy_path=policy_path, submit_uid=submit_uid)
+
+
+# --------------------------------------------------------------------------- policy file values
+# The same line grammar and validation as parse_policy() in job_submit.lua, for the keys
+# other tools need (horus-admin sync: record_file, underclaim_window_days).
+
+_POLICY_MAX_BYTES = 65536
+_POLICY_MAX_LINES = 1000
+_POLICY_LINE_RE = re.compile(r"^[ \t\r\n\v\f]*([A-Za-z0-9_.\-]+)[ \t\r\n\v\f]*=[ \t\r\n\v\f]*(.*?)[ \t\r\n\v\f]*$",
+                             re.S)
+
+
+def _int_in(lo: int, hi: int):
+    def ok(v: str) -> bool:
+        return bool(re.fullmatch(r"[0-9]{1,9}", v)) and lo <= int(v) <= hi
+    return ok
+
+
+def _decimal_le(hi: int):
+    def ok(v: str) -> bool:
+        m = re.fullmatch(r"([0-9]{1,9})(?:\.([0-9]{1,9}))?", v)
+        return bool(m) and float(v) <= hi
+    return ok
+
+
+def _one_of(*names: str):
+    return lambda v: v in names
+
+
+_MAX_MEM_MIB = 99999999
+# key -> validator of the hook (an invalid value makes the hook use its built-in default)
+_POLICY_KEYS = {
+    "shards_per_gpu": _int_in(1, 10000),
+    "pack_limit_pct": _int_in(1, 100),
+    "exclusive_util_pct": _decimal_le(100),
+    "memory": _one_of("p90", "expected"),
+    "min_shards": _int_in(1, 999999999),
+    "on_bad_hint": _one_of("ignore", "reject"),
+    "type_via": _one_of("features", "gres"),
+    "type_choice": _one_of("order", "any"),
+    "type_order": lambda v: True,
+    "raw_shards": _one_of("allow", "whole", "refuse"),
+    "min_mem_mib": _int_in(0, _MAX_MEM_MIB),
+    "record_file": lambda v: len(v) <= 1000 and v.startswith("/")
+    and not re.search(r"[\x00-\x1f\x7f]", v),
+    "underclaim_limit": _int_in(0, 1000000),
+    "underclaim_window_days": _int_in(1, 36500),
+}
+_GPU_MEM_KEY = re.compile(r"gpu\.([a-z0-9_\-]{1,32})\.mem_mib")
+
+
+def policy_file(path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None,
+                hook_path: str | os.PathLike[str] | None = None) -> Path:
+    """The policy file the hook reads (its policy_path()): ``path`` if given, else $HORUS_POLICY,
+    else horus_policy.conf next to the job_submit.lua that slurmctld loads (the directory of
+    $SLURM_CONF, default /etc/slurm), else next to find_hook()'s hook.
+
+    slurmctld's own environment is not visible from here: a site that sets HORUS_POLICY for
+    slurmctld sets it for the admin tools too (or passes ``path``)."""
+    if path is not None:
+        return Path(path)
+    env = os.environ if env is None else env
+    if env.get("HORUS_POLICY"):
+        return Path(env["HORUS_POLICY"])
+    if hook_path is not None:
+        return Path(hook_path).parent / "horus_policy.conf"
+    conf_dir = Path(env.get("SLURM_CONF") or "/etc/slurm/slurm.conf").parent
+    if (conf_dir / "job_submit.lua").is_file():
+        return conf_dir / "horus_policy.conf"
+    try:
+        return find_hook().parent / "horus_policy.conf"
+    except HorusError:
+        return conf_dir / "horus_policy.conf"
+
+
+def policy_value(key: str, default: str | None = None,
+                 path: str | os.PathLike[str] | None = None) -> str | None:
+    """The value job_submit.lua reads for ``key`` from its policy file (see policy_file()):
+    the last ``key = value`` line with a value the hook accepts (``#`` comments stripped, value
+    trimmed), or ``default`` when the file is missing, unreadable, over 64 KiB, or sets no
+    acceptable value for the key (the hook then uses its built-in default: pass that as
+    ``default``)."""
+    p = policy_file(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(_POLICY_MAX_BYTES + 1)
+    except OSError:
+        return default
+    if len(data) > _POLICY_MAX_BYTES:
+        return default
+    text = data.decode("utf-8", "surrogateescape")
+    check = _POLICY_KEYS.get(key)
+    if check is None and _GPU_MEM_KEY.fullmatch(key):
+        check = _int_in(1, _MAX_MEM_MIB)
+    value = default
+    for n, line in enumerate(text.split("\n"), 1):
+        if n > _POLICY_MAX_LINES:
+            break
+        line = line.split("#", 1)[0]
+        if len(line) > 1024:
+            continue
+        m = _POLICY_LINE_RE.match(line)
+        if not m or m.group(1) != key:
+            continue
+        v = m.group(2)
+        if check is None or check(v):
+            value = v  # an invalid value changes nothing: the hook logs it and keeps what it had
+    return value

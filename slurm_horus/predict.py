@@ -15,6 +15,7 @@ from .registry import Registry
 class PredictorChoice:
     estimator: object
     note: str  # why this predictor serves, shown to users
+    warning: str | None = None  # why the site's learned model was refused, when it was
 
 
 def choose_predictor(model_dir=None) -> PredictorChoice:
@@ -29,9 +30,9 @@ def choose_predictor(model_dir=None) -> PredictorChoice:
 
         return PredictorChoice(LearnedEstimator(registry.load(version), version),
                                f"learned model {version} from {registry.root}")
-    except HorusError as e:
-        return PredictorChoice(ColdStartEstimator(),
-                               f"learned model unusable ({e}); the cold-start estimator serves")
+    except HorusError as e:  # a refused model never stops a prediction: cold start serves
+        why = f"learned model refused ({e}); the cold-start estimator serves"
+        return PredictorChoice(ColdStartEstimator(), why, warning=why)
 
 
 def predict_for(report: FeatureReport, gpus: list[GPU], workload: Workload,

@@ -3,6 +3,10 @@
 Layout of the registry folder: `vNNNN.json` (one model each, never rewritten) and `current.json`
 ({"serving": "vNNNN", "history": [...]}) which says which version serves. Readers never see a
 half-written file: everything is written to a temporary file and renamed into place.
+
+The serving model answers for every user of a site, so the registry is read only where nobody
+but root (or the user reading it) can write: the folder, its parents (a sticky /tmp is fine)
+and the files must be owned by root or the reader and not writable by group or others.
 """
 
 from __future__ import annotations
@@ -10,12 +14,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from pathlib import Path
 
 from .errors import HorusError
-from .learned import LearnedModel
+from .learned import MAX_MODEL_BYTES, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
 DEFAULT_DIR = Path("/var/lib/slurm-horus/models")
@@ -24,6 +29,14 @@ VERSION_RE = re.compile(r"^v(\d{4,})$")
 
 def default_dir() -> Path:
     return Path(os.environ.get(ENV_VAR) or DEFAULT_DIR)
+
+
+def _check_trusted(path: Path, st: os.stat_result, sticky_ok: bool = False) -> None:
+    if st.st_uid not in (0, os.getuid()):
+        raise HorusError(f"{path} is owned by uid {st.st_uid}, neither root nor you: "
+                         "not trusted")
+    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        raise HorusError(f"{path} is writable by group or others: not trusted")
 
 
 class Registry:
@@ -41,12 +54,14 @@ class Registry:
     def state(self) -> dict:
         path = self.root / "current.json"
         try:
-            state = json.loads(path.read_text())
+            state = json.loads(self._read(path))
         except FileNotFoundError:
             return {"serving": None, "history": []}
         except (OSError, ValueError) as e:
             raise HorusError(f"{path}: unreadable registry state ({e})") from None
-        if not isinstance(state, dict) or "serving" not in state:
+        if not (isinstance(state, dict) and "serving" in state
+                and (state["serving"] is None or isinstance(state["serving"], str))
+                and isinstance(state.get("history", []), list)):
             raise HorusError(f"{path}: not a registry state file")
         return state
 
@@ -58,12 +73,21 @@ class Registry:
             raise HorusError(f"not a model version: '{version}' (expected e.g. v0003)")
         path = self.root / f"{version}.json"
         try:
-            data = path.read_bytes()
+            data = self._read(path)
         except FileNotFoundError:
             raise HorusError(f"model {version} is not in the registry at {self.root}") from None
         except OSError as e:
             raise HorusError(f"{path}: {e.strerror}") from None
         return LearnedModel.from_json(data, source=str(path))
+
+    def _read(self, path: Path) -> bytes:
+        """A registry file's bytes, refused unless it and its folders are trusted (see above)."""
+        with open(path, "rb") as f:
+            root = self.root.resolve()
+            for folder in (root, *root.parents):
+                _check_trusted(folder, folder.stat(), sticky_ok=folder != root)
+            _check_trusted(path, os.fstat(f.fileno()))
+            return f.read(MAX_MODEL_BYTES + 1)
 
     def list(self) -> list[dict]:
         """One entry per version: its metrics, size of training data and whether it serves."""

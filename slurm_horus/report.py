@@ -5,6 +5,11 @@ prediction (positive: the job used more than predicted). The summary's median re
 the median of |predicted - actual| / actual memory, from a histogram counted in SQL over the bin
 each job row stores (ledger.mem_err_bucket: 0.5 % bins below 100 %, 10 % bins up to 1000 %), so
 a million rows take one scan of an index.
+
+A job has either whole GPUs (``gpus``, gres/gpu) or shards of one (``shards``, gres/shard):
+``Alloc`` shows ``2 GPU`` or ``25 shards``. ``UnderClaim`` is the claim audit that the ledger
+computes (ledger.under_claim): ``mem``, ``util`` or ``mem,util`` when trusted measured use
+exceeded the job's hint, ``no`` when it did not, empty when there was nothing to compare.
 """
 
 from __future__ import annotations
@@ -17,12 +22,12 @@ import zlib
 COLUMNS = {
     "jobid": "JobID", "cluster": "Cluster", "user": "User", "account": "Account",
     "family": "Family", "gputype": "GPUType", "gpuidx": "GPUIdx", "node": "Node",
-    "shards": "Shards", "predutil": "PredUtil", "actutil": "ActUtil", "maxutil": "MaxUtil",
+    "alloc": "Alloc", "gpus": "GPUs", "shards": "Shards", "predutil": "PredUtil", "actutil": "ActUtil", "maxutil": "MaxUtil",
     "utilerr": "UtilErr", "predmem": "PredMem", "actmem": "ActMem", "memerr": "MemErr",
     "colocated": "CoLocated", "state": "State", "elapsed": "Elapsed", "submit": "Submit",
-    "predictor": "Predictor", "sources": "Sources",
+    "predictor": "Predictor", "sources": "Sources", "underclaim": "UnderClaim",
 }
-DEFAULT_FORMAT = ("JobID,User,GPUType,GPUIdx,Shards,PredUtil,ActUtil,UtilErr,PredMem,ActMem,"
+DEFAULT_FORMAT = ("JobID,User,GPUType,GPUIdx,Alloc,PredUtil,ActUtil,UtilErr,PredMem,ActMem,"
                   "MemErr,CoLocated,State,Elapsed,Predictor")
 FAR_UTIL_PP = 25.0     # actual utilization this many points above the prediction
 FAR_MEM_FACTOR = 1.25  # actual memory this many times the prediction
@@ -59,6 +64,21 @@ def _mib(x):
     return "" if x is None else f"{x:.0f}"
 
 
+def alloc_str(r: dict) -> str:
+    """'2 GPU' for whole GPUs, '25 shards' for shards of one, '' when unknown."""
+    if r.get("gpus"):
+        return f"{r['gpus']} GPU"
+    if r.get("shards"):
+        return f"{r['shards']} shard" + ("s" if r["shards"] != 1 else "")
+    return ""
+
+
+def under_claim_str(r: dict) -> str:
+    if r.get("under_claim") is None:
+        return ""
+    return (r.get("claim_flags") or "yes") if r["under_claim"] else "no"
+
+
 def cell(r: dict, col: str) -> str:
     """One column of one job as sacct would print it (empty when unknown)."""
     import time
@@ -81,6 +101,10 @@ def cell(r: dict, col: str) -> str:
         return "" if r.get("gpu_index") is None else str(r["gpu_index"])
     if c == "node":
         return r.get("node") or ""
+    if c == "alloc":
+        return alloc_str(r)
+    if c == "gpus":
+        return "" if r.get("gpus") is None else str(r["gpus"])
     if c == "shards":
         return "" if r.get("shards") is None else str(r["shards"])
     if c == "predutil":
@@ -110,6 +134,8 @@ def cell(r: dict, col: str) -> str:
         return r.get("predictor") or ""
     if c == "sources":
         return r.get("sources") or ""
+    if c == "underclaim":
+        return under_claim_str(r)
     raise KeyError(col)
 
 
@@ -142,7 +168,8 @@ def job_json(r: dict) -> dict:
     return {"job_id": r["job_id"], "cluster": r.get("cluster"), "user": r.get("user_name"),
             "account": r.get("account"), "model_family": r.get("model_family"),
             "gpu_type": r.get("gpu_type"), "gpu_index": r.get("gpu_index"),
-            "node": r.get("node"), "shards": r.get("shards"), "state": r.get("state"),
+            "node": r.get("node"), "gpus": r.get("gpus"), "shards": r.get("shards"),
+            "state": r.get("state"),
             "elapsed_s": r.get("elapsed_s"), "submit_time": r.get("submit_time"),
             "pred_util_pct": _round(r.get("pred_util_pct")),
             "pred_mem_mib": _round(r.get("pred_mem_mib")),
@@ -150,7 +177,10 @@ def job_json(r: dict) -> dict:
             "actual_util_max_pct": _round(r.get("act_util_max")),
             "actual_mem_mib": _round(r.get("act_mem_mib")),
             "util_err_pp": _round(ue), "mem_err_pct": _round(me), "colocated": co,
-            "predictor": r.get("predictor"), "sources": r.get("sources")}
+            "predictor": r.get("predictor"), "sources": r.get("sources"),
+            "pred_mem_p90_mib": _round(r.get("pred_mem_p90_mib")),
+            "under_claim": None if r.get("under_claim") is None else bool(r["under_claim"]),
+            "claim_flags": r.get("claim_flags")}
 
 
 def _round(x, n=2):
@@ -185,7 +215,8 @@ def rich_table(rows: list[dict], cols, noheader: bool):
     t = Table(show_header=not noheader, header_style="bold", box=None, pad_edge=False)
     for c, _ in cols:
         t.add_column(COLUMNS[c], justify="left" if c in ("user", "state", "predictor", "gputype",
-                                                           "node", "family", "colocated")
+                                                           "node", "family", "colocated",
+                                                           "underclaim")
                      else "right", no_wrap=True)
     for r in rows:
         vals = []
@@ -195,6 +226,8 @@ def rich_table(rows: list[dict], cols, noheader: bool):
                 x = float(v)
                 far = x > (FAR_UTIL_PP if c == "utilerr" else (FAR_MEM_FACTOR - 1) * 100)
                 v = f"[red]{v}[/red]" if far else v
+            elif c == "underclaim" and r.get("under_claim"):
+                v = f"[red]{v}[/red]"
             vals.append(v)
         t.add_row(*vals)
     return t
@@ -203,7 +236,8 @@ def rich_table(rows: list[dict], cols, noheader: bool):
 # --------------------------------------------------------------------------- summary
 
 def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
-    """Accuracy by model family, GPU type and user; one aggregating scan plus a top-N query."""
+    """Accuracy and under-claims by model family, GPU type and user; one aggregating scan
+    plus a top-N query."""
     from sqlalchemy import and_, case, func, select
 
     from .ledger import job_filters, tables
@@ -227,6 +261,8 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
         func.sum(case((has_util, logu * logu), else_=0)).label("squ"),
         func.sum(case((has_mem, logm * logm), else_=0)).label("sqm"),
         func.sum(far).label("far"),
+        func.count(j.c.under_claim).label("audited"),
+        func.sum(case((j.c.under_claim == 1, 1), else_=0)).label("under"),
     )
     stmt = job_filters(stmt, submitted_only=True, **filters)
     stmt = stmt.group_by(j.c.has_submission, j.c.model_family, j.c.gpu_type, j.c.user_name,
@@ -234,7 +270,7 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
     groups: dict[str, dict] = {"all": {}, "model_family": {}, "gpu_type": {}, "user": {}}
     with ledger.engine.connect() as conn:
         result = conn.execute(stmt).all()
-        for fam, gt, user, b, n, meas, nu, su, squ, sqm, nfar in result:
+        for fam, gt, user, b, n, meas, nu, su, squ, sqm, nfar, naud, nunder in result:
             for dim, key in (("all", "all"), ("model_family", fam), ("gpu_type", gt),
                              ("user", user)):
                 g = groups[dim].setdefault(key if key is not None else "-", _acc())
@@ -245,6 +281,8 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
                 g["squ"] += float(squ or 0.0)
                 g["sqm"] += float(sqm or 0.0)
                 g["far"] += int(nfar or 0)
+                g["audited"] += int(naud or 0)
+                g["under"] += int(nunder or 0)
                 if b is not None and b >= 0:
                     g["hist"][int(b)] = g["hist"].get(int(b), 0) + int(n)
         far_rows = _far_jobs(conn, filters, far_limit)
@@ -265,7 +303,7 @@ def or_(*a):
 
 def _acc():
     return {"jobs": 0, "measured": 0, "nu": 0, "su": 0.0, "squ": 0.0, "sqm": 0.0, "far": 0,
-            "hist": {}}
+            "audited": 0, "under": 0, "hist": {}}
 
 
 def _median_from_hist(hist: dict[int, int]) -> float | None:
@@ -294,7 +332,8 @@ def _finish(g: dict) -> dict:
             "util_rmsle": round(math.sqrt(g["squ"] / g["nu"]), 4) if g["nu"] else None,
             "mem_rmsle": round(math.sqrt(g["sqm"] / nm), 4) if nm else None,
             "mem_median_rel_err_pct": round(med * 100, 2) if med is not None else None,
-            "far_exceeding": g["far"]}
+            "far_exceeding": g["far"], "claims_audited": g["audited"],
+            "under_claims": g["under"]}
 
 
 def _far_jobs(conn, filters: dict, limit: int) -> list[dict]:
@@ -321,9 +360,9 @@ def summary_text(s: dict) -> str:
         return (f"{str(name)[:24]:<24} {g['jobs']:>9} {f(g['coverage_pct'], '{:.1f}%'):>8} "
                 f"{f(g['util_mae_pp'], '{:.1f}'):>8} {f(g['util_rmsle'], '{:.3f}'):>8} "
                 f"{f(g['mem_median_rel_err_pct'], '{:.1f}%'):>9} {f(g['mem_rmsle'], '{:.3f}'):>8} "
-                f"{g['far_exceeding']:>6}")
+                f"{g['far_exceeding']:>6} {g['under_claims']:>10}")
     head = (f"{'':<24} {'Jobs':>9} {'Coverage':>8} {'UtilMAE':>8} {'UtilRMSLE':>8} "
-            f"{'MemMdRE':>9} {'MemRMSLE':>8} {'Far':>6}")
+            f"{'MemMdRE':>9} {'MemRMSLE':>8} {'Far':>6} {'UnderClaim':>10}")
     out = [head, line("all", s["all"])]
     for dim, title in (("model_family", "by model family"), ("gpu_type", "by GPU type"),
                        ("user", "by user")):

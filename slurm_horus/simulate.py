@@ -262,7 +262,8 @@ def _eligible_types(job: SimJob, types: list[str], mem: list[float]) -> tuple[in
 def _policy_text(base: str, types: list[str], mem: list[float]) -> str:
     """The base policy for the simulated cluster: gpu.<type>.mem_mib added for its types the
     policy does not know, and type_order restricted to its types (the base order first, the
-    added ones after; without a type_order in the base: by memory, as the hook's default)."""
+    added ones after; without a type_order in the base: by memory, as the hook's default), and no
+    claim record."""
     known = set(re.findall(r"^\s*gpu\.([a-z0-9_-]+)\.mem_mib\s*=", base, re.M))
     extra = [f"gpu.{t}.mem_mib = {int(m)}" for t, m in zip(types, mem) if t not in known]
     orders = re.findall(r"^\s*type_order\s*=\s*([^#\n]*)", base, re.M)
@@ -270,6 +271,7 @@ def _policy_text(base: str, types: list[str], mem: list[float]) -> str:
         [t for _, t in sorted(zip(mem, types))]
     order = [t for t in listed if t in types] + [t for t in types if t not in listed]
     extra.append("type_order = " + ", ".join(order))
+    extra.append("underclaim_limit = 0")  # the site's claim record is not the simulated jobs'
     return base.rstrip("\n") + "\n# added by horus-admin simulate for the simulated cluster\n" + \
         "\n".join(extra) + "\n"
 

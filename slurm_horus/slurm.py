@@ -15,7 +15,8 @@ from . import slurm_parse as sp
 from .errors import HorusError
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
-           "default_partition", "sbatch", "exec_sbatch", "show_job", "pyslurm_available"]
+           "default_partition", "sbatch", "exec_sbatch", "show_job", "private_jobs",
+           "pyslurm_available"]
 
 TIMEOUT_S = 30
 
@@ -60,6 +61,16 @@ def partition_gpu_types(partition: str | None) -> tuple[str, dict[str, int]]:
     if not partition:
         partition = default_partition()
     return partition, sp.partition_gpu_types(scontrol_nodes(), partition)
+
+
+def private_jobs(unknown: bool) -> bool:
+    """Whether Slurm's PrivateData hides other users' jobs; ``unknown`` when Slurm cannot say
+    (hacct assumes private: never a leak; sync assumes not: never a file-mode change on a guess)."""
+    try:
+        conf = sp.parse_scontrol_config(run(["scontrol", "show", "config"]))
+    except HorusError:
+        return unknown
+    return "jobs" in conf.get("PrivateData", "").lower().split(",")
 
 
 def show_job(job_id: str | int) -> dict | None:

@@ -27,7 +27,8 @@ __all__ = [
     "SBATCH_LONG_OPTS", "SBATCH_SHORT_OPTS", "HORUS_OPTS", "SplitArgs", "resolve_long",
     "split_args", "parse_sbatch_tokens", "script_directives", "last_value",
     "parse_scontrol_records", "parse_gres", "gpu_types_of_node", "partition_gpu_types",
-    "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_pipe_table",
+    "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config", "parse_pipe_table",
+    "job_gpus_on_node", "parse_listpids", "job_state",
     "sinfo_json_nodes", "squeue_json_jobs", "gres_to_tres", "gpus_to_tres",
 ]
 
@@ -525,4 +526,106 @@ def squeue_json_jobs(text: str) -> list[dict]:
             "tres_per_node": j.get("tres_per_node"), "comment": j.get("comment"),
             "features": j.get("features"), "gres": gres,
         })
+    return out
+
+
+# --------------------------------------------------------------------------- horus-probe (Prolog)
+
+def _hostlist_has(expr: str | None, node: str) -> bool:
+    """Whether a Slurm hostlist (``gpu-a100``, ``gpu[01-03,07],login1``) names ``node``."""
+    if not expr:
+        return False
+    items, depth, cur = [], 0, ""
+    for ch in expr:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    for item in (i.strip() for i in items):
+        m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", item)
+        if not m:
+            if item == node:
+                return True
+            continue
+        head, ranges, tail = m.groups()
+        if not (node.startswith(head) and node.endswith(tail)):
+            continue
+        mid = node[len(head):len(node) - len(tail)] if tail else node[len(head):]
+        if not mid.isdigit():
+            continue
+        for part in ranges.split(","):
+            a, sep, b = part.partition("-")
+            if not a.isdigit() or (sep and not b.isdigit()):
+                continue
+            lo, hi = int(a), int(b) if sep else int(a)
+            if lo <= int(mid) <= hi and (len(mid) == len(a) or not a.startswith("0")):
+                return True
+    return False
+
+
+def job_gpus_on_node(job: dict, node: str | None) -> dict | None:
+    """The GPUs a job holds on ``node``, from a ``scontrol -d show job`` record (22.05: the
+    detail line ``Nodes=gpu-t4 ... GRES=shard:7(IDX:0)`` / ``GRES=gpu:a100:2(IDX:1-2)``).
+
+    Returns {"indices": [node-local GPU indices], "type": gres type or None, "shards": shard count
+    or None, "gpus": whole-GPU count or None}, or None when the job has no GPU or shard there.
+    The type comes from the detail's ``gpu:TYPE:N``, else from ``TresPerNode=gres:shard:TYPE:N``;
+    an untyped shard job's type is the node's (``gpu_types_of_node``), which the caller looks up.
+    With ``node`` None a single-node job's only detail line is used.
+    """
+    details = job.get("_details") or []
+    if node is not None:
+        details = [d for d in details if _hostlist_has(d.get("Nodes"), node)]
+    elif len(details) != 1:
+        return None
+    if not details:
+        return None
+    gres = [g for g in parse_gres(details[0].get("GRES")) if g["name"] in ("gpu", "shard")]
+    if not gres:
+        return None
+    indices: list[int] = []
+    gtype = None
+    shards = gpus = None
+    for g in gres:
+        indices.extend(i for i in (g["idx"] or []) if i not in indices)
+        gtype = gtype or g["type"]
+        if g["name"] == "shard":
+            shards = (shards or 0) + g["count"]
+        else:
+            gpus = (gpus or 0) + g["count"]
+    if gtype is None:
+        for g in parse_gres(job.get("TresPerNode")):
+            if g["name"] in ("gpu", "shard") and g["type"]:
+                gtype = g["type"]
+                break
+    return {"indices": sorted(indices), "type": gtype, "shards": shards, "gpus": gpus}
+
+
+def parse_listpids(text: str) -> list[int]:
+    """Process ids from ``scontrol listpids JOBID [NODE]`` (header ``PID JOBID STEPID ...``)."""
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        if f and f[0].isdigit() and int(f[0]) > 1:
+            out.append(int(f[0]))
+    return out
+
+
+def job_state(job: dict) -> str | None:
+    """``JobState`` of a ``scontrol show job`` record (``RUNNING``, ``COMPLETING``, ...)."""
+    s = job.get("JobState")
+    return s.split()[0] if s else None
+
+
+def parse_scontrol_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` (``Key = Value`` lines) as a dict; other lines are skipped."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
     return out

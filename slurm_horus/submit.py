@@ -18,8 +18,7 @@ from pathlib import Path
 from . import slurm_parse as sp
 from .errors import HorusError
 
-__all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error",
-           "merged_comment"]
+__all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error"]
 
 CONF_PATH = "/etc/slurm-horus/horus.conf"
 
@@ -50,7 +49,6 @@ class Plan:
     predictor_note: str = ""
     hint: str | None = None
     comment: str | None = None
-    probe_args: dict = field(default_factory=dict)  # set by with_probe()
 
     @property
     def model(self) -> str | None:
@@ -77,7 +75,7 @@ class Plan:
     @property
     def sbatch_argv(self) -> list[str]:
         comment = self.comment if self.comment is not None and self.hint is not None else None
-        return self.split.sbatch_argv(replace_comment=comment, **self.probe_args)
+        return self.split.sbatch_argv(replace_comment=comment)
 
 
 def _horus_dict(pairs: list[tuple[str, str | None]], into: dict) -> None:
@@ -132,13 +130,9 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     if dims:
         horus["dim"] = dims
     plan.horus = horus
+    if horus.get("horus-probe"):  # drop-in scripts keep working
+        plan.warnings.append("--horus-probe is ignored: the site's Prolog measures every job")
     return plan
-
-
-def merged_comment(user: str | None, hint: str) -> str:
-    from .hint import attach_hint
-
-    return attach_hint(user, hint)
 
 
 def _workload(plan: Plan):
@@ -151,10 +145,10 @@ def _workload(plan: Plan):
     except ValueError:
         raise HorusError(f"--batch-size: '{bs}' is not an integer") from None
     cpt = plan.request("cpus-per-task")
-    try:
-        cpus = int(cpt) if cpt else None
+    try:  # Slurm's default is one CPU per task; sync records the CPUs Slurm allocated
+        cpus = int(cpt) if cpt else 1
     except ValueError:
-        cpus = None
+        cpus = 1
     return Workload(batch_size=batch, task=str(h.get("task") or "train"),
                     optimizer=str(h.get("optimizer") or "adam"),
                     precision=str(h.get("precision") or "fp32"), cpus_per_task=cpus)
@@ -167,7 +161,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     from .cli.common import parse_dims
     from .features import extract_features
     from .gpus import default_catalog
-    from .hint import encode_hint
+    from .hint import MAX_SLURM_COMMENT, attach_tokens, encode_hint
     from .predict import choose_predictor, predict_for
 
     model = plan.model
@@ -193,6 +187,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         raise HorusError(f"model {model}: dimension(s) {', '.join(names[:5])} unbound; add "
                          f"--dim NAME=VALUE (e.g. --dim {names[0]}=512)")
     plan.report = report
+    plan.warnings.extend(report.warnings())
     if gpu_types is None:
         from . import slurm
 
@@ -214,6 +209,8 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     if not gpus:
         raise HorusError(f"partition {plan.partition}: no GPU type the catalog knows")
     choice = choose_predictor(plan.horus.get("horus-model-dir"))
+    if choice.warning:
+        plan.warnings.append(choice.warning)
     plan.predictor_note = choice.note
     preds = predict_for(report, gpus, workload, choice)
     plan.predictions = dict(zip(names, preds))
@@ -221,7 +218,15 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         g: (min(max(p.util_pct, 0.0), 100.0), max(p.mem_mib, 0.0), max(p.mem_mib_p90, p.mem_mib, 0.0))
         for g, p in plan.predictions.items()
     })
-    plan.comment = merged_comment(plan.user_comment(), plan.hint)
+    # what sync needs to recompute the features itself, as the admin
+    job = {"sha": report.sha256, "bs": workload.batch_size, "task": workload.task,
+           "opt": workload.optimizer, "prec": workload.precision, "dims": dims,
+           "model": os.path.abspath(str(model))}
+    plan.comment = attach_tokens(plan.user_comment(), plan.hint, job)
+    if plan.comment is None:
+        plan.hint = None
+        plan.warnings.append(f"no room for the hint in Slurm's {MAX_SLURM_COMMENT}-character "
+                             "comment beside yours: submitting the job without it")
     return plan
 
 
@@ -239,6 +244,7 @@ def job_desc_of(plan: Plan) -> dict:
         "features": plan.request("constraint"),
         "partition": plan.partition or plan.request("partition"),
         "comment": plan.comment if plan.hint else plan.user_comment(),
+        "account": plan.request("account") or plan.env.get("SBATCH_ACCOUNT") or None,
     }
     cpg = plan.request("cpus-per-gpu")
     if cpg:
@@ -258,15 +264,14 @@ def job_desc_of(plan: Plan) -> dict:
     return {k: v for k, v in jd.items() if v is not None}
 
 
-def _hook_paths(env: dict[str, str]) -> tuple[str | None, str | None]:
-    """(hook, policy) slurmctld uses: next to $SLURM_CONF (else /etc/slurm/slurm.conf) when there;
-    else the defaults of policy.find_hook()."""
-    conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    d = Path(conf).parent
-    hook = d / "job_submit.lua"
-    pol = d / "horus_policy.conf"
-    return (str(hook) if hook.is_file() else None,
-            str(pol) if pol.is_file() else (env.get("HORUS_POLICY") or None))
+def _hook_paths(env: dict[str, str]) -> tuple[str | None, str]:
+    """(hook, policy) slurmctld uses: the job_submit.lua next to $SLURM_CONF (else
+    /etc/slurm/slurm.conf) when there, and the policy the hook itself would read."""
+    from .policy import policy_file
+
+    hook = Path(env.get("SLURM_CONF") or "/etc/slurm/slurm.conf").parent / "job_submit.lua"
+    hook_path = str(hook) if hook.is_file() else None
+    return hook_path, str(policy_file(env=env, hook_path=hook_path))
 
 
 def decision_of(plan: Plan):
@@ -337,36 +342,3 @@ def on_prediction_error(env: dict[str, str] | None = None) -> str:
 
 def warn(msg: str) -> None:
     sys.stderr.write(f"hsubmit: warning: {msg}\n")
-
-
-# Started first in the job: samples the batch shell's process tree ($$ is that shell even in
-# the background list) and is skipped quietly where horus-probe is not installed.
-PROBE_LINE = ("command -v horus-probe >/dev/null 2>&1 && horus-probe --pid $$ >/dev/null 2>&1 &"
-              "  # slurm-horus: record this job's own GPU use")
-
-
-def with_probe(plan: Plan) -> str | None:
-    """Make the job start horus-probe before its own commands (--horus-probe).
-
-    --wrap and a script on stdin are rewritten in place; a script file is copied with the probe
-    line added after its #SBATCH block. Returns that copy's path (delete it once sbatch has
-    returned), else None. The job keeps the script's name as its default job name.
-    """
-    import tempfile
-
-    wrap = sp.last_value(plan.split.parsed, "wrap")
-    if wrap is not None:
-        plan.probe_args = {"replace_wrap": f"{PROBE_LINE.split('  #')[0]} {wrap}"}
-        return None
-    if plan.stdin_script is not None:
-        text = plan.stdin_script.decode("utf-8", "replace")
-        plan.stdin_script = sp.insert_after_directives(text, PROBE_LINE).encode()
-        return None
-    if plan.split.script is None or plan.script_text is None:
-        raise HorusError("--horus-probe: cannot read the batch script")
-    fd, path = tempfile.mkstemp(prefix="hsubmit-", suffix=".sh")
-    with os.fdopen(fd, "w") as f:
-        f.write(sp.insert_after_directives(plan.script_text, PROBE_LINE))
-    add = () if plan.request("job-name") else (f"--job-name={Path(plan.split.script).name}",)
-    plan.probe_args = {"replace_script": path, "add": add}
-    return path

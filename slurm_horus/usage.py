@@ -1,5 +1,9 @@
 """Actual GPU use from Slurm accounting: parse ``sacct --json`` and sync it into the ledger.
 
+``sync`` builds every ledger row from what Slurm stores and authenticates (user, account,
+cluster, placement, TRES, the comment with the user's claims, AdminComment with the hook's
+decision) and recomputes features itself; ``publish`` then writes the hook's claim record.
+
 Layouts handled: openapi v0.0.38 (22.05: scalar ``state.current``, plain numbers) and the
 data_parser layouts v0.0.39 .. v0.0.44 (23.02 .. 25.11: ``state.current`` a list, numbers
 possibly ``{"set", "infinite", "number"}``). GPU use comes from the steps' TRESUsageIn
@@ -10,7 +14,9 @@ and horus-probe is the source). Text forms (``gres/gpumem=36266M``, raw bytes) p
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import time
 from typing import Any, Iterable
@@ -161,9 +167,11 @@ def parse_job(j: dict) -> dict:
             if m:
                 gtype = m.group(1)
                 break
-    comment = j.get("comment")
+    comment = admin = j.get("comment")
     if isinstance(comment, dict):
-        comment = comment.get("job")
+        comment, admin = comment.get("job"), comment.get("administrator")
+    else:
+        admin = None
     nodes = j.get("nodes")
     if isinstance(nodes, list):
         nodes = ",".join(nodes)
@@ -184,9 +192,11 @@ def parse_job(j: dict) -> dict:
         "node": nodes,
         "shards": _int(shards),
         "gpus": _int(gpus),
+        "cpus": _int(num(alloc.get("cpu"))),
         "gpu_type": gtype,
         "gpu_index": gidx,
         "comment": comment,
+        "admin_comment": admin or None,
         **use,
     }
 
@@ -263,11 +273,18 @@ def node_gpu_types() -> dict[str, str]:
 def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float | None = None,
          until: float | None = None, all_jobs: bool = False, node_types: dict | None = None,
          cluster: str | None = None) -> dict:
-    """Record finished jobs from sacct into the ledger. Idempotent. Returns counts."""
-    from .hint import parse_hint
+    """Record finished jobs from sacct into the ledger, keyed by the cluster sacct reports.
+    Idempotent. Returns counts.
+
+    A job is recorded when its comment carries a hint or a workload token, when the ledger
+    already knows it (a probe measured it), or, with ``all_jobs``, when it used a GPU. Its
+    submission row holds Slurm's facts, the comment's claims and the hook's decision
+    (AdminComment); features are recomputed here (see ModelFeatures), never taken from the user.
+    """
+    from .hint import find_hint_token, parse_hint, parse_workload
 
     now = time.time()
-    replayed = ledger.spool.replay(ledger) if ledger.spool.pending() else 0
+    replay = ledger.spool.replay(ledger)
     ran_sacct = sacct_json is None
     if ran_sacct:
         if since is None:
@@ -282,29 +299,18 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     if cluster:
         parsed = [j for j in parsed if j["cluster"] == cluster]
     node_types = node_types or {}
-    by_cluster: dict[str, list[int]] = {}
+    known = _known_jobs(ledger, parsed)
+    models = ModelFeatures()
+    chosen, subs = [], []
     for j in parsed:
-        by_cluster.setdefault(j["cluster"], []).append(j["job_id"])
-    known = {(c, i) for c, ids in by_cluster.items() for i in ledger.submissions_exist(c, ids)}
-    chosen = []
-    new_subs = []
-    for j in parsed:
-        key = (j["cluster"], j["job_id"])
-        gpu_job = bool(j["shards"] or j["gpus"])
-        if key in known:
-            chosen.append(j)
-        elif all_jobs and gpu_job:
-            chosen.append(j)
-            hint = parse_hint(j.get("comment"))
-            if hint:  # submitted with a hint but not through hsubmit's ledger write
-                new_subs.append({"job_id": j["job_id"], "cluster": j["cluster"], "user": j["user"],
-                                 "account": j["account"], "submit_time": j["submit_time"],
-                                 "hint": j["comment"], "predictor": "hint",
-                                 "predictions": {g: {"util_pct": u, "mem_mib": m,
-                                                     "mem_mib_p90": p, "predictor": "hint"}
-                                                 for g, (u, m, p) in hint.items()}})
-    if new_subs:
-        ledger.record_submissions(new_subs)
+        hint, claim = parse_hint(j["comment"]), parse_workload(j["comment"])
+        if not (hint or claim or (j["cluster"], j["job_id"]) in known
+                or (all_jobs and (j["shards"] or j["gpus"]))):
+            continue
+        chosen.append(j)
+        subs.append(submission_of(j, hint and find_hint_token(j["comment"]), hint, claim, models))
+    ledger.record_submissions(subs)
+    _drop_legacy(ledger, chosen)
     # co-location: this batch plus what the ledger already has on those nodes in that window
     others = []
     if chosen:
@@ -323,7 +329,7 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
                         "util_mean": j["util_mean"], "util_max": j["util_max"],
                         "mem_peak_mib": j["mem_peak_mib"], "elapsed_s": j["elapsed_s"],
                         "state": j["state"], "node": j["node"], "gpu_type": gtype,
-                        "gpu_index": j["gpu_index"], "shards": j["shards"] or j["gpus"],
+                        "gpu_index": j["gpu_index"], "shards": j["shards"], "gpus": j["gpus"],
                         "colocated": sorted(co.get((j["cluster"], j["job_id"]), ())) or None,
                         "start_time": j["start_time"], "end_time": j["end_time"],
                         "recorded": int(now)})
@@ -342,8 +348,211 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         _update_colocated(ledger, changed)
     if ran_sacct:
         ledger.set_state("last_sync", str(int(until or now)))
-    return {"jobs_seen": len(parsed), "recorded": len(records), "new_submissions": len(new_subs),
-            "replayed": replayed, "colocated_updates": len(changed)}
+    return {"jobs_seen": len(parsed), "recorded": len(records),
+            "claims": sum(1 for s in subs if s["hint"] or s["model_sha256"]),
+            "features": sum(1 for s in subs if s["features"]), "replayed": replay.applied,
+            "quarantined": replay.quarantined, "skipped": replay.skipped,
+            "problems": replay.problems, "colocated_updates": len(changed)}
+
+
+def submission_of(j: dict, hint_token: str | None, hint: dict | None, claim: dict | None,
+                  models: "ModelFeatures") -> dict:
+    """The submission row of a finished job: Slurm's facts, the comment's claims (predictor
+    "hint"), the hook's decision, and features only where ``models`` could recompute them."""
+    uid, gids = _owner(j["user"])
+    preds = {g: {"util_pct": u, "mem_mib": m, "mem_mib_p90": p, "predictor": "hint"}
+             for g, (u, m, p) in (hint or {}).items()}
+    rec = {"job_id": j["job_id"], "cluster": j["cluster"], "user": j["user"], "uid": uid,
+           "account": j["account"], "submit_time": j["submit_time"], "hint": hint_token,
+           "policy_decision": j.get("admin_comment"), "gpu_types": sorted(preds) or None,
+           "predictions": preds, "predictor": "hint" if preds else None,
+           "model_path": None, "model_sha256": None, "workload": None, "features": None,
+           "feature_version": None}
+    if not claim:
+        return rec
+    workload = {"batch_size": claim.get("bs", 1), "task": claim.get("task", "train"),
+                "optimizer": claim.get("opt", "adam"), "precision": claim.get("prec", "fp32"),
+                "cpus_per_task": j.get("cpus"), "dims": claim.get("dims", {})}
+    rec.update(model_path=claim.get("model"), model_sha256=claim["sha"], workload=workload)
+    report = models.get(claim, workload, uid, gids)
+    if report is not None:
+        rec.update(features=report.values, feature_version=report.version)
+        for g, d in preds.items():
+            cold = models.cold(report, workload, g)
+            if cold:
+                d["cold"] = cold
+    return rec
+
+
+def _owner(user: str | None) -> tuple[int | None, set[int]]:
+    """(uid, group ids) of a user name, from the name service; (None, set()) if unknown."""
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(user or "")
+    except KeyError:
+        return None, set()
+    try:
+        gids = set(os.getgrouplist(pw.pw_name, pw.pw_gid))
+    except OSError:
+        gids = {pw.pw_gid}
+    return pw.pw_uid, gids
+
+
+def _may(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
+    """Would ``uid`` (in ``gids``) get permission ``bit`` (4 read, 1 search) on this inode?"""
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        return bool(st.st_mode & (bit << 6))
+    if st.st_gid in gids:
+        return bool(st.st_mode & (bit << 3))
+    return bool(st.st_mode & bit)
+
+
+def open_as_owner(path: str, uid: int | None, gids: set[int]) -> int | None:
+    """An fd on the regular file ``path`` if ``uid`` could read it (mode bits of the file, search
+    bits of every folder above it), else None. Checked on the opened inode, so a file swapped
+    after the check is not the one read."""
+    import stat
+
+    if uid is None or not os.path.isabs(path):
+        return None
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO or a device as root
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        real = os.readlink(f"/proc/self/fd/{fd}") if os.path.isdir("/proc/self/fd") \
+            else os.path.realpath(path)
+        ok = stat.S_ISREG(st.st_mode) and _may(st, uid, gids, 4)
+        parent = os.path.dirname(real)
+        while ok:
+            ok = _may(os.stat(parent), uid, gids, 1)
+            if parent == os.path.dirname(parent):
+                break
+            parent = os.path.dirname(parent)
+    except OSError:
+        ok = False
+    if not ok:
+        os.close(fd)
+        return None
+    return fd
+
+
+class ModelFeatures:
+    """Features and cold-start figures of the model a job claims, computed as the admin from
+    the file only when the job's owner can read it and its sha256 is the claimed one; cached
+    by (sha, workload) for one sync."""
+
+    def __init__(self):
+        self._sha: dict[tuple, str] = {}
+        self._found: dict[tuple, object] = {}
+        self._cold: dict[tuple, dict | None] = {}
+
+    def get(self, claim: dict, workload: dict, uid: int | None, gids: set[int]):
+        """The FeatureReport, or None."""
+        fd = open_as_owner(claim.get("model") or "", uid, gids)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if ident not in self._sha:
+                self._sha[ident] = _sha256(fd)
+            if self._sha[ident] != claim["sha"]:
+                return None
+            key = (claim["sha"], json.dumps(workload, sort_keys=True))
+            if key not in self._found:
+                self._found[key] = _features(f"/proc/self/fd/{fd}", claim["sha"], workload)
+            return self._found[key]
+        finally:
+            os.close(fd)
+
+    def cold(self, report, workload: dict, gtype: str) -> dict | None:
+        """The cold-start figures retraining takes as inputs, for a GPU type the catalog knows."""
+        from .coldstart import ColdStartEstimator
+        from .gpus import default_catalog
+
+        key = (report.sha256, json.dumps(workload, sort_keys=True), gtype)
+        if key not in self._cold:
+            gpu = default_catalog().find(gtype)
+            c = ColdStartEstimator().predict(report, gpu, _workload(workload)) if gpu else None
+            self._cold[key] = c and {
+                "util_pct": c.util_pct, "mem_mib": c.mem_mib,
+                "gpu_ms_per_step": c.breakdown.get("gpu_ms_per_step", 0.0),
+                "host_ms_per_step": c.breakdown.get("host_ms_per_step", 0.0)}
+        return self._cold[key]
+
+
+def _sha256(fd: int) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _workload(d: dict):
+    from .coldstart import Workload
+
+    return Workload(batch_size=d["batch_size"], task=d["task"], optimizer=d["optimizer"],
+                    precision=d["precision"])
+
+
+def _features(path: str, sha: str, workload: dict):
+    """The model's FeatureReport; None if it does not load, has unbound dimensions, or
+    changed under us."""
+    from .features import extract_features
+
+    try:
+        report = extract_features(path, batch_size=_workload(workload).batch_size,
+                                  dims=workload["dims"])
+    except Exception:  # any file the user names: a bad one gives no features, never a failure
+        return None
+    return report if report.sha256 == sha and not report.unknown_dims else None
+
+
+def _known_jobs(ledger, jobs: list[dict]) -> set[tuple[str, int]]:
+    """(cluster, job id) of these jobs that the ledger already has (e.g. a probe measured)."""
+    from sqlalchemy import select
+
+    from .ledger import tables
+
+    t = tables()["jobs"]
+    by_cluster: dict[str, list[int]] = {}
+    for j in jobs:
+        by_cluster.setdefault(j["cluster"], []).append(j["job_id"])
+    found = set()
+    with ledger.engine.connect() as conn:
+        for c, ids in by_cluster.items():
+            for i in range(0, len(ids), 900):
+                found |= {(c, int(r[0])) for r in conn.execute(
+                    select(t.c.job_id).where(t.c.cluster == c, t.c.job_id.in_(ids[i:i + 900])))}
+    return found
+
+
+def _drop_legacy(ledger, jobs: list[dict]) -> None:
+    """Drop the rows that hsubmit and user-run probes wrote before 0.2 under cluster "" (what
+    ``sbatch --parsable`` says on a single-cluster site) for jobs now recorded under the name
+    sacct reports: they were the user's own writes, and would make a second row per job."""
+    from sqlalchemy import delete
+
+    from .ledger import tables
+
+    if len({j["cluster"] for j in jobs}) != 1 or not jobs[0]["cluster"]:
+        return
+    ids = [j["job_id"] for j in jobs]
+    with ledger.engine.begin() as conn:
+        for name in ("submissions", "usage", "jobs"):
+            t = tables()[name]
+            for i in range(0, len(ids), 900):
+                conn.execute(delete(t).where(t.c.cluster == "", t.c.job_id.in_(ids[i:i + 900])))
 
 
 def _ledger_jobs_on(ledger, nodes: set, start: int, end: int) -> list[dict]:
@@ -372,3 +581,75 @@ def _update_colocated(ledger, changed: list) -> None:
             conn.execute(update(u).where(u.c.cluster == c, u.c.job_id == jid, u.c.source == "sacct")
                          .values(colocated=value))
         refresh_jobs(conn, [k for k, _ in changed])
+
+
+RECORD_HEADER = "# slurm-horus claim record: written by horus-admin sync, read by job_submit.lua\n"
+_NAME_OK = re.compile(r"[^\s#]{1,128}")
+
+
+def claim_record(rows: list[dict]) -> tuple[str, int, int]:
+    """(text, users, accounts) of the hook's record file from Ledger.under_claims rows, most
+    under-claims first, since the hook reads only the first 64 KiB."""
+    users: dict[str, list] = {}
+    accounts: dict[str, list] = {}
+    for r in rows:
+        for into, name in ((users, r["user_name"]), (accounts, r["account"])):
+            if name and _NAME_OK.fullmatch(name):
+                e = into.setdefault(name, [None, 0, 0])
+                e[0] = e[0] if r["uid"] is None else r["uid"]
+                e[1] += r["under_claims"]
+                e[2] += r["jobs"]
+
+    def order(kv):
+        return (-kv[1][1], kv[0])
+    lines = [f"user {'-' if uid is None else uid} {name} {n} {m}\n"
+             for name, (uid, n, m) in sorted(users.items(), key=order)]
+    lines += [f"account - {name} {n} {m}\n" for name, (_, n, m) in sorted(accounts.items(), key=order)]
+    return RECORD_HEADER + "".join(lines), len(users), len(accounts)
+
+
+def write_atomically(path: str | os.PathLike, text: str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``text`` in one rename (readers see the old or the new file)."""
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".record-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def publish(ledger, *, policy: str | None = None, now: float | None = None) -> dict:
+    """After a sync: the hook's record file (policy ``record_file``, counting under-claims over
+    ``underclaim_window_days``) and, where Slurm keeps jobs private, each user's extract of a
+    SQLite ledger, with the main file closed to users (0640 root:root)."""
+    from . import slurm
+    from .ledger import write_user_extracts
+    from .policy import policy_value
+
+    path = policy_value("record_file", "/var/lib/slurm-horus/record", policy)
+    try:
+        days = float(policy_value("underclaim_window_days", "30", policy))
+    except (TypeError, ValueError):
+        days = 30.0
+    text, users, accounts = claim_record(
+        ledger.under_claims((now or time.time()) - days * 86400))
+    write_atomically(path, text)
+    out = {"record_file": path, "record_users": users, "record_accounts": accounts,
+           "extracts": None}
+    db = ledger.sqlite_path()
+    if db is not None and slurm.private_jobs(unknown=False):
+        out["extracts"] = write_user_extracts(ledger, db.parent / "users")["written"]
+        if os.geteuid() == 0:
+            os.chown(db, 0, 0)
+        os.chmod(db, 0o640)
+    return out

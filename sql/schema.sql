@@ -1,4 +1,4 @@
--- slurm-horus ledger schema, version 3 (see slurm_horus/ledger.py: SCHEMA_VERSION, MIGRATIONS).
+-- slurm-horus ledger schema, version 4 (see slurm_horus/ledger.py: SCHEMA_VERSION, MIGRATIONS).
 -- Portable DDL: the same file runs on SQLite (>= 3.25) and MariaDB/MySQL. `usage` is quoted with
 -- backticks because USAGE is a reserved word in MariaDB (SQLite accepts backticks too).
 -- Times are Unix epoch seconds (UTC); memory in MiB; utilization in percent of one GPU.
@@ -8,7 +8,8 @@ CREATE TABLE IF NOT EXISTS schema_version (
     applied BIGINT NOT NULL
 );
 
--- One row per job submitted through hsubmit: what was predicted, from what.
+-- One row per job with a claim, built by `horus-admin sync` from what sacct returns: the hint
+-- and workload token of the job's comment are the user's claims; features are recomputed by sync.
 CREATE TABLE IF NOT EXISTS submissions (
     cluster VARCHAR(64) NOT NULL,
     job_id BIGINT NOT NULL,
@@ -26,6 +27,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     hint TEXT,
     policy_decision TEXT,
     predictor VARCHAR(64),
+    uid BIGINT,               -- the job owner's uid (sacct / getpwnam), for the hook's record file
     PRIMARY KEY (cluster, job_id)
 );
 
@@ -42,11 +44,12 @@ CREATE TABLE IF NOT EXISTS `usage` (
     node VARCHAR(128),
     gpu_type VARCHAR(64),
     gpu_index INTEGER,
-    shards INTEGER,
+    shards INTEGER,                   -- gres/shard allocated (NULL for whole-GPU jobs)
     colocated TEXT,                   -- comma-separated job ids sharing the GPU in time
     start_time BIGINT,
     end_time BIGINT,
     recorded BIGINT,
+    gpus INTEGER,                     -- whole GPUs allocated (gres/gpu)
     PRIMARY KEY (cluster, job_id, source)
 );
 
@@ -60,6 +63,9 @@ CREATE TABLE IF NOT EXISTS predictor_versions (
 
 -- One row per job: submission and the best measurement merged (probe > sacct > import for
 -- utilization and memory). Maintained by the ledger on every write; what hacct and the views read.
+-- under_claim: 1 when a trusted measurement (probe or sacct) exceeds the claim
+-- (memory > p90 * 1.10 + 256 MiB or utilization > util * 1.25 + 10), 0 when not, NULL when there
+-- is no claim or no trusted measurement; claim_flags says which: 'mem', 'util' or 'mem,util'.
 CREATE TABLE IF NOT EXISTS jobs (
     cluster VARCHAR(64) NOT NULL,
     job_id BIGINT NOT NULL,
@@ -85,6 +91,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     colocated TEXT,
     sources VARCHAR(64),
     mem_err_bucket INTEGER,  -- histogram bin of |pred - actual| / actual memory (ledger.mem_err_bucket)
+    gpus INTEGER,
+    pred_mem_p90_mib DOUBLE PRECISION,
+    under_claim INTEGER,
+    claim_flags VARCHAR(16),
     PRIMARY KEY (cluster, job_id)
 );
 
@@ -97,6 +107,7 @@ CREATE INDEX IF NOT EXISTS ix_jobs_submit ON jobs (submit_time);
 CREATE INDEX IF NOT EXISTS ix_jobs_user ON jobs (user_name);
 CREATE INDEX IF NOT EXISTS ix_jobs_end ON jobs (end_time);
 -- Covering index for hacct --summary: groups stream out in index order, no sort of all jobs.
-CREATE INDEX IF NOT EXISTS ix_jobs_accuracy ON jobs (has_submission, model_family, gpu_type,
-    user_name, mem_err_bucket, pred_util_pct, act_util_pct, pred_mem_mib, act_mem_mib);
+CREATE INDEX IF NOT EXISTS ix_jobs_summary ON jobs (has_submission, model_family, gpu_type,
+    user_name, mem_err_bucket, pred_util_pct, act_util_pct, pred_mem_mib, act_mem_mib,
+    under_claim);
 CREATE INDEX IF NOT EXISTS ix_usage_node ON `usage` (node, end_time);

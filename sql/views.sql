@@ -5,9 +5,10 @@
 
 DROP VIEW IF EXISTS v_job_errors;
 CREATE VIEW v_job_errors AS
-SELECT cluster, job_id, user_name, account, model_family, gpu_type, gpu_index, node, shards,
-       state, submit_time, end_time, predictor,
-       pred_util_pct, act_util_pct, pred_mem_mib, act_mem_mib,
+SELECT cluster, job_id, user_name, account, model_family, gpu_type, gpu_index, node, gpus,
+       shards, state, submit_time, end_time, predictor,
+       pred_util_pct, act_util_pct, pred_mem_mib, pred_mem_p90_mib, act_mem_mib,
+       under_claim, claim_flags,
        act_util_pct - pred_util_pct AS util_err_pp,
        CASE WHEN pred_mem_mib > 0 AND act_mem_mib IS NOT NULL
             THEN 100.0 * (act_mem_mib - pred_mem_mib) / pred_mem_mib END AS mem_err_pct
@@ -50,12 +51,26 @@ SELECT user_name,
 FROM v_job_errors
 GROUP BY user_name;
 
+-- The claim audit per user and account: jobs whose claim met a trusted measurement, and how
+-- many of them under-claimed (what horus-admin sync counts into the hook's record file).
+DROP VIEW IF EXISTS v_under_claims;
+CREATE VIEW v_under_claims AS
+SELECT user_name, account,
+       COUNT(*) AS jobs_audited,
+       SUM(under_claim) AS under_claims,
+       SUM(CASE WHEN claim_flags LIKE '%mem%' THEN 1 ELSE 0 END) AS mem_under_claims,
+       SUM(CASE WHEN claim_flags LIKE '%util%' THEN 1 ELSE 0 END) AS util_under_claims
+FROM jobs
+WHERE under_claim IS NOT NULL
+GROUP BY user_name, account;
+
 -- Utilization per physical GPU (cluster, node, index) and UTC day of the job's end.
 DROP VIEW IF EXISTS v_gpu_util_daily;
 CREATE VIEW v_gpu_util_daily AS
 SELECT cluster, node, gpu_index, gpu_type,
        end_time - (end_time % 86400) AS day_start,
        COUNT(*) AS jobs,
+       SUM(gpus) AS gpus_total,
        SUM(shards) AS shards_total,
        AVG(act_util_pct) AS mean_util_pct,
        MAX(act_util_max) AS max_util_pct,

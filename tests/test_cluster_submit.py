@@ -2,10 +2,14 @@
 
 Submits light (packable) and heavy predicted jobs through hsubmit and checks what slurmctld did:
 shared GPUs, shard sums, memory sums, whole GPUs for heavy jobs, untouched multi-GPU and no-model
-jobs, --explain == slurmctld, and sacct's shard TRES and AdminComment.
+jobs, --explain == slurmctld, sacct's shard TRES and AdminComment, Slurm's comment limit, and the
+loop through Slurm itself: hsubmit -> the job ends -> horus-admin sync -> hacct.
+Each test cancels only the jobs it submitted.
 """
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +26,8 @@ pytestmark = pytest.mark.cluster
 
 ZOO = Path(__file__).parent / "data" / "zoo"
 HSUBMIT = [sys.executable, "-m", "slurm_horus.cli.hsubmit"]
+ADMIN = [sys.executable, "-m", "slurm_horus.cli.admin"]
+HACCT = [sys.executable, "-m", "slurm_horus.cli.hacct"]
 GPU_MEM = {"a100": 40960, "t4": 15360}  # the policy's gpu.<type>.mem_mib (etc/horus_policy.conf)
 
 
@@ -48,23 +54,29 @@ def sh(*args, check=True, **kw):
     return subprocess.run(list(args), capture_output=True, text=True, check=check, **kw)
 
 
-def scancel_all():
-    subprocess.run(["scancel", "-u", str(os.getuid())], capture_output=True)
-    for _ in range(40):
-        if not sh("squeue", "-h", "-t", "PD,R,CG", "-u", str(os.getuid())).stdout.strip():
-            return
-        time.sleep(0.25)
+MINE: list[str] = []  # job ids the running test submitted: the only ones it may cancel
+
+
+def track(sbatch_stdout: str) -> str:
+    m = re.search(r"(\d+)", sbatch_stdout)
+    assert m, sbatch_stdout
+    MINE.append(m.group(1))
+    return m.group(1)
 
 
 @pytest.fixture()
 def workdir(tmp_path):
-    scancel_all()
     yield tmp_path
-    scancel_all()
+    if MINE:
+        subprocess.run(["scancel", *MINE], capture_output=True)
+        MINE.clear()
 
 
-def hsubmit(workdir, *args, check=True):
-    cp = subprocess.run([*HSUBMIT, "--parsable", *args], capture_output=True, text=True, cwd=workdir)
+def hsubmit(workdir, *args, check=True, env=None):
+    cp = subprocess.run([*HSUBMIT, "--parsable", *args], capture_output=True, text=True,
+                        cwd=workdir, env=env)
+    if cp.returncode == 0:
+        track(cp.stdout)
     if check:
         assert cp.returncode == 0, cp.stderr
     return cp
@@ -180,16 +192,17 @@ def test_explain_agrees_with_slurmctld(workdir):
         ["--model", str(ZOO / "resnet50.onnx"), "--batch-size", "32", "--gpus=1", "-p", "a100"],
     ]
     for args in cases:
-        exp = subprocess.run([*HSUBMIT, *args, "--explain", "--wrap", "sleep 30"],
+        name = f"explain-{os.getpid()}-{time.time_ns()}"
+        exp = subprocess.run([*HSUBMIT, *args, "-J", name, "--explain", "--wrap", "sleep 30"],
                              capture_output=True, text=True, cwd=workdir)
         assert exp.returncode == 0, exp.stderr
+        assert not sh("squeue", "-h", "-n", name).stdout.strip(), "--explain submitted a job"
         decision = next(ln for ln in exp.stdout.splitlines() if ln.startswith("decision: "))
-        assert not sh("squeue", "-h", "-u", str(os.getuid())).stdout.strip() or True
         jid = hsubmit(workdir, *args, "--wrap", "sleep 30").stdout.strip()
         job = show(jid)
         assert decision[len("decision: "):] == job["AdminComment"], (decision, job["AdminComment"])
         hint_line = next(ln for ln in exp.stdout.splitlines() if ln.startswith("hint: "))
-        assert job["Comment"].endswith(hint_line[len("hint: "):])
+        assert hint_line[len("hint: "):] in job["Comment"].split()  # the workload token follows
         if "--comment" in args:
             assert job["Comment"].startswith("mine horus:v1;")
         if "shared" in decision:
@@ -206,11 +219,12 @@ def test_passthrough_and_errors(workdir):
     c = subprocess.run([*HSUBMIT, "--model", str(ZOO / "small_cnn.onnx"), "--gres=gpu:1",
                         "--wrap", "true"], capture_output=True, text=True, cwd=workdir)
     assert c.returncode == 0 and c.stdout.startswith("Submitted batch job ")
+    track(c.stdout)
     # a bad model: warning, job submitted unchanged
     bad = workdir / "bad.onnx"
     bad.write_text("garbage")
     d = hsubmit(workdir, "--model", str(bad), "--gres=gpu:1", "--wrap", "true")
-    assert "hsubmit: warning:" in d.stderr and len(d.stderr.strip().splitlines()) == 1
+    assert "hsubmit: warning:" in d.stderr and len(ours(d.stderr)) == 1
     assert show(d.stdout.strip())["TresPerNode"] == "gres:gpu:1"
     # ... or refused
     e = subprocess.run([*HSUBMIT, "--model", str(bad), "--wrap", "true"], capture_output=True,
@@ -227,40 +241,91 @@ def test_passthrough_and_errors(workdir):
     assert job["Command"].endswith("job.sh --model x --batch-size 3")
 
 
-def test_submission_reaches_the_ledger_in_the_background(workdir, tmp_path):
-    """hsubmit returns once sbatch has answered; a detached child records the submission."""
-    import os
-
-    from slurm_horus.ledger import Ledger
-
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    env = {**os.environ, "HORUS_LEDGER_URL": url, "HORUS_SPOOL": str(tmp_path / "spool")}
-    cp = subprocess.run([*HSUBMIT, "--parsable", "--model", str(ZOO / "small_cnn.onnx"),
-                         "--batch-size", "8", "--gres=gpu:1", "--wrap", "sleep 30"],
-                        capture_output=True, text=True, cwd=workdir, env=env)
-    assert cp.returncode == 0, cp.stderr
-    job_id = int(cp.stdout.strip().split(";")[0])
-    deadline, sub = time.time() + 30, None
-    while time.time() < deadline and sub is None:
-        time.sleep(0.5)
-        if (tmp_path / "ledger.db").exists():
-            sub = Ledger(url).submission("", job_id) or Ledger(url).submission("horus", job_id)
-    assert sub is not None, "submission never recorded"
-    assert "horus:v1" in (sub.get("hint") or "")
+def test_long_comment_never_refused(workdir):
+    """Slurm refuses a comment over 1,024 characters: hsubmit keeps within it."""
+    model = ["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8", "--gres=gpu:1"]
+    cp = hsubmit(workdir, *model, "--comment", "c" * 1000, "--wrap", "true")
+    (warning,) = ours(cp.stderr)
+    assert warning.startswith("hsubmit: warning: ") and "no room for the hint" in warning
+    assert show(cp.stdout.strip())["Comment"] == "c" * 1000
+    cp = hsubmit(workdir, *model, "--comment", "c" * 900, "--wrap", "true")
+    comment = show(cp.stdout.strip())["Comment"]
+    assert not ours(cp.stderr) and len(comment) <= 1024 and parse_hint(comment)
 
 
-def test_horus_probe_starts_with_the_job_and_never_harms_it(workdir):
-    """No NVML on this machine: the probe must exit quietly and the job finish with code 0."""
-    cp = hsubmit(workdir, "--horus-probe", "--gres=gpu:1", "-o", "out.txt",
-                 "--wrap", "echo job-ran; sleep 1")
+def ours(stderr: str) -> list[str]:
+    """hsubmit's own lines (sbatch passes on what the hook tells the user too)."""
+    return [ln for ln in stderr.splitlines() if ln.startswith("hsubmit:")]
+
+
+def test_hsubmit_writes_nothing_and_ignores_horus_probe(workdir, tmp_path):
+    """The prediction travels in the comment only: no ledger, no spool, as any user."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HORUS_LEDGER_URL": f"sqlite:///{home / 'ledger.db'}",
+           "HORUS_SPOOL": str(home / "spool"), "HOME": str(home)}
+    cp = hsubmit(workdir, "--horus-probe", "--model", str(ZOO / "small_cnn.onnx"),
+                 "--gres=gpu:1", "-o", "out.txt", "--wrap", "echo job-ran", env=env)
+    (warning,) = ours(cp.stderr)
+    assert "--horus-probe is ignored" in warning
     job_id = cp.stdout.strip().split(";")[0]
-    script = sh("scontrol", "write", "batch_script", job_id, "-").stdout
-    assert "horus-probe --pid $$" in script and "echo job-ran" in script
-    deadline = time.time() + 30
+    assert "horus-probe" not in sh("scontrol", "write", "batch_script", job_id, "-").stdout
+    assert wait_finished(job_id) == "COMPLETED"
+    assert (workdir / "out.txt").read_text().strip() == "job-ran"
+    assert not list(home.iterdir())
+
+
+def wait_finished(job_id, timeout=60):
+    deadline = time.time() + timeout
     while time.time() < deadline:
         state = show(job_id).get("JobState")
         if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
-            break
+            return state
         time.sleep(0.5)
-    assert state == "COMPLETED" and show(job_id)["ExitCode"] == "0:0"
-    assert (workdir / "out.txt").read_text().strip() == "job-ran"
+    return state
+
+
+def test_the_loop_through_slurm(workdir, tmp_path):
+    """hsubmit -> the job ends -> one horus-admin sync (as root) -> hacct shows the job with its
+    prediction, placement and state, and the ledger holds features sync recomputed itself."""
+    from slurm_horus.features import extract_features
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.usage import parse_sacct_json, run_sacct
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    policy = tmp_path / "policy.conf"
+    policy.write_text(f"record_file = {tmp_path / 'record'}\n")
+    env = {**os.environ, "HORUS_LEDGER_URL": url, "HORUS_SPOOL": str(tmp_path / "spool"),
+           "HORUS_POLICY": str(policy)}
+    model = ZOO / "small_cnn.onnx"
+    jid = hsubmit(workdir, "--model", str(model), "--batch-size", "8", "--gres=gpu:1",
+                  "--wrap", "sleep 1", env=env).stdout.strip().split(";")[0]
+    assert wait_finished(jid) == "COMPLETED"
+    # slurmdbd fills in a short job's times a moment after scontrol says COMPLETED: wait until
+    # the job shows up finished in the time-window query sync runs
+    deadline = time.time() + 90
+    while not [j for j in parse_sacct_json(run_sacct(time.time() - 3600, time.time()))
+               if str(j["job_id"]) == jid and j["state"] == "COMPLETED" and j["end_time"]]:
+        assert time.time() < deadline, f"job {jid} never showed up finished in sacct"
+        time.sleep(1)
+    cp = subprocess.run([*ADMIN, "sync", "-S", "now-1hours"], capture_output=True, text=True,
+                        env=env)
+    assert cp.returncode == 0 and cp.stdout.startswith("sync: "), cp.stdout + cp.stderr
+    cp = subprocess.run([*HACCT, "--json", "-j", jid], capture_output=True, text=True, env=env)
+    assert cp.returncode == 0, cp.stderr
+    (job,) = json.loads(cp.stdout)
+    for key in ("pred_util_pct", "pred_mem_mib", "gpu_type", "state", "elapsed_s"):
+        assert job[key] is not None, (key, job)
+    assert job["state"] == "COMPLETED" and job["predictor"] == "hint"
+    cluster = sh("scontrol", "show", "config").stdout
+    assert job["cluster"] == re.search(r"^ClusterName\s*=\s*(\S+)", cluster, re.M).group(1)
+    assert (job["shards"] is None) != (job["gpus"] is None)
+    sub = Ledger(url).submission(job["cluster"], int(jid))
+    assert json.loads(sub["features"]) == extract_features(model, batch_size=8).values
+    assert sub["uid"] == 0 and sub["user_name"] == "root" and sub["policy_decision"]
+    assert (tmp_path / "record").read_text().startswith("# slurm-horus claim record")
+    # a second sync (and one with --all) records nothing twice
+    for extra in ([], ["--all"]):
+        subprocess.run([*ADMIN, "sync", "-S", "now-1hours", *extra], capture_output=True, env=env,
+                       check=True)
+    assert len([s for s in Ledger(url).jobs(job_ids=[int(jid)])]) == 1

@@ -101,8 +101,9 @@ def test_op_without_rule_is_listed_not_fatal(tmp_path):
     model.ir_version = 8
     (tmp_path / "c.onnx").write_bytes(model.SerializeToString())
     r = extract_features(tmp_path / "c.onnx", batch_size=2)
-    assert r.unknown_ops == ["MyCustomOp"]
+    assert r.unknown_ops == ["com.example.MyCustomOp"]  # named with its domain
     assert r.values["n_unknown_ops"] == 1
+    assert r.assumed_shapes == ["y"] and r.by_op["Relu"].flops == 2 * 4  # costed past it
 
 
 # --- bad input through the CLI: one line on stderr, non-zero exit, bounded time and memory ---

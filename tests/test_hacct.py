@@ -1,4 +1,5 @@
-"""hacct: golden -P and --json outputs from a ledger with fixed rows; summary; plots."""
+"""hacct: golden -P and --json outputs from a ledger with fixed rows; summary; plots; whole
+GPUs vs shards; the claim audit; PrivateData."""
 
 import json
 
@@ -32,9 +33,9 @@ def url(tmp_path):
 
 
 GOLDEN_P = """\
-JobID|User|GPUType|GPUIdx|Shards|PredUtil|ActUtil|UtilErr|PredMem|ActMem|MemErr|CoLocated|State|Elapsed|Predictor
-101|alice|a100|0|30|40.0|45.0|+5.0|5000|5230|+4.6|102|COMPLETED|01:02:05|cold-start
-102|bob|a100|0|50|65.0|70.0|+5.0|30000|36260|+20.9|101|COMPLETED|01:02:05|cold-start
+JobID|User|GPUType|GPUIdx|Alloc|PredUtil|ActUtil|UtilErr|PredMem|ActMem|MemErr|CoLocated|State|Elapsed|Predictor
+101|alice|a100|0|30 shards|40.0|45.0|+5.0|5000|5230|+4.6|102|COMPLETED|01:02:05|cold-start
+102|bob|a100|0|50 shards|65.0|70.0|+5.0|30000|36260|+20.9|101|COMPLETED|01:02:05|cold-start
 103|alice|a100|||20.0|||2000||||||cold-start
 """
 
@@ -55,23 +56,26 @@ def test_golden_parsable_filters_noheader_format(url):
 
 GOLDEN_JSON = [
     {"job_id": 101, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
-     "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "shards": 30, "state": "COMPLETED",
+     "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 30,
+     "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000101, "pred_util_pct": 40.0, "pred_mem_mib": 5000.0,
      "actual_util_pct": 45.0, "actual_util_max_pct": 99.0, "actual_mem_mib": 5230.0,
      "util_err_pp": 5.0, "mem_err_pct": 4.6, "colocated": [102], "predictor": "cold-start",
-     "sources": "sacct"},
+     "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": False, "claim_flags": None},
     {"job_id": 102, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
-     "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "shards": 50, "state": "COMPLETED",
+     "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 50,
+     "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000102, "pred_util_pct": 65.0, "pred_mem_mib": 30000.0,
      "actual_util_pct": 70.0, "actual_util_max_pct": 99.0, "actual_mem_mib": 36260.0,
      "util_err_pp": 5.0, "mem_err_pct": 20.87, "colocated": [101], "predictor": "cold-start",
-     "sources": "sacct"},
+     "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": True, "claim_flags": "mem"},
     {"job_id": 103, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
-     "gpu_type": "a100", "gpu_index": None, "node": None, "shards": None, "state": None,
+     "gpu_type": "a100", "gpu_index": None, "node": None, "gpus": None, "shards": None,
+     "state": None,
      "elapsed_s": None, "submit_time": 1700000103, "pred_util_pct": 20.0, "pred_mem_mib": 2000.0,
      "actual_util_pct": None, "actual_util_max_pct": None, "actual_mem_mib": None,
      "util_err_pp": None, "mem_err_pct": None, "colocated": [], "predictor": "cold-start",
-     "sources": None},
+     "sources": None, "pred_mem_p90_mib": None, "under_claim": None, "claim_flags": None},
 ]
 
 
@@ -96,10 +100,12 @@ def test_summary(url):
     assert s["all"]["util_mae_pp"] == 5.0
     assert s["model_family"]["resnet50"]["coverage_pct"] == 50.0
     assert s["user"]["bob"]["far_exceeding"] == 0
+    assert (s["all"]["claims_audited"], s["all"]["under_claims"]) == (2, 1)
+    assert s["user"]["bob"]["under_claims"] == 1 and s["user"]["alice"]["under_claims"] == 0
     # median of |pred-act|/act over {0.0440, 0.1727}: between them
     assert 4.0 < s["all"]["mem_median_rel_err_pct"] < 17.5
     r = CliRunner().invoke(main, ["--ledger", url, "--summary"])
-    assert "by model family" in r.output and "resnet50" in r.output
+    assert "by model family" in r.output and "resnet50" in r.output and "UnderClaim" in r.output
 
 
 def test_far_exceeding(tmp_path):
@@ -129,3 +135,54 @@ def test_bad_input_one_line(url):
         r = CliRunner().invoke(main, ["--ledger", url, *args])
         assert r.exit_code != 0 and r.output.startswith("hacct: error:"), r.output
         assert len(r.output.strip().splitlines()) == 1
+
+
+def test_whole_gpus_and_under_claims(tmp_path):
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u)
+    for jid, gpus, shards, mem in ((1, 2, None, 500.0), (2, None, 1, 900.0), (3, None, 25, 4000.0)):
+        L.record_submission(job_id=jid, cluster="c", user="x", submit_time=1700000000 + jid,
+                            predictions={"t4": {"util_pct": 10, "mem_mib": 800,
+                                                "mem_mib_p90": 1000, "predictor": "hint"}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", gpus=gpus, shards=shards,
+                       mem_peak_mib=mem)
+    r = CliRunner().invoke(main, ["--ledger", u, "-P", "-n", "-o",
+                                  "JobID,Alloc,GPUs,Shards,UnderClaim"])
+    assert r.output == "1|2 GPU|2||no\n2|1 shard||1|no\n3|25 shards||25|mem\n"
+    r = CliRunner().invoke(main, ["--ledger", u, "--json", "--under-claims"])
+    (job,) = json.loads(r.output)
+    assert (job["job_id"], job["gpus"], job["shards"]) == (3, None, 25)
+    assert job["under_claim"] is True and job["claim_flags"] == "mem"
+    assert job["pred_mem_p90_mib"] == 1000
+    r = CliRunner().invoke(main, ["--ledger", u, "--json"])
+    assert json.loads(r.output)[0]["gpus"] == 2
+
+
+PRIVATE = "ClusterName             = horus\nPrivateData             = accounts,jobs\n"
+
+
+def test_private_data_shows_a_reader_only_their_own_jobs(url, monkeypatch):
+    from slurm_horus import slurm
+    from slurm_horus.ledger import current_user
+
+    me = current_user()
+    Ledger(url).record_submission(job_id=104, cluster="c", user=me,
+                                  predictions={"a100": {"util_pct": 1}})
+    monkeypatch.setattr(Ledger, "writable", lambda self: False)  # an ordinary user
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: PRIVATE)
+    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID,User"])
+    assert r.output == f"104|{me}\n"
+    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID", "-u", "bob"])
+    assert r.output == "104\n"  # -u cannot show others' jobs
+    r = CliRunner().invoke(main, ["--ledger", url, "--summary", "--json"])
+    assert json.loads(r.output)["all"]["jobs"] == 1
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: "PrivateData = none\n")
+    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID"])
+    assert r.output == "101\n102\n103\n104\n"
+
+
+def test_reader_of_old_or_missing_ledger_gets_one_line(tmp_path):
+    r = CliRunner().invoke(main, ["--ledger", f"sqlite:///{tmp_path}/none.db"])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1
+    assert "ask an admin to run horus-admin sync" in r.output
+    assert not (tmp_path / "none.db").exists()

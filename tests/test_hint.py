@@ -173,3 +173,88 @@ def test_python_and_lua_agree_on_validity():
                    hook_path=HOOK)
         lua_ok = "ignored hint" not in (d.admin_comment or "")
         assert py_ok == lua_ok, c
+
+
+# --- the workload token --------------------------------------------------------------------
+
+SHA = "0123456789abcdef" * 4
+JOB = {"sha": SHA, "bs": 32, "task": "train", "opt": "adamw", "prec": "amp",
+       "dims": {"seq": 512, "odd, name:=x": 3}, "model": "/home/ann/my models/ré;s%.onnx"}
+
+
+def test_workload_token_round_trip_and_encoding():
+    from slurm_horus.hint import encode_workload, parse_workload
+
+    tok = encode_workload(JOB)
+    assert tok == ("horus-job:v1;sha=" + SHA + ";bs=32;task=train;opt=adamw;prec=amp;"
+                   "dims=odd%2C%20name%3A%3Dx:3,seq:512;model=/home/ann/my%20models/r%C3%A9%3Bs%25.onnx")
+    assert parse_workload(f"mine {HINT_T4} {tok}", strict=True) == JOB
+    assert parse_workload(encode_workload({"sha": SHA})) == {"sha": SHA}
+    # the hook's token is "horus:": the workload token is never taken for a hint
+    assert parse_hint(tok) is None and parse_hint(f"{HINT_T4} {tok}") == {"t4": (1.0, 2.0, 3.0)}
+
+
+HINT_T4 = "horus:v1;t4=1/2/3"
+
+
+@pytest.mark.parametrize("comment", [
+    "horus-job:v1;bs=3",                                   # sha is required
+    f"horus-job:v1;bs=3;sha={SHA}",                        # fixed order
+    f"horus-job:v1;sha={SHA};bs=3;bs=4",                   # each field once
+    f"horus-job:v1;sha={SHA};bs=0",
+    f"horus-job:v1;sha={SHA};bs=-1",
+    f"horus-job:v1;sha={SHA};task=eval",
+    f"horus-job:v1;sha={SHA};model=relative/m.onnx",
+    f"horus-job:v1;sha={SHA};dims=seq",
+    f"horus-job:v1;sha={SHA};color=red",
+    f"horus-job:v1;sha={SHA.upper()}",
+    f"horus-job:v2;sha={SHA}",
+    f"horus-job:v1;sha={SHA} horus-job:v1;sha={SHA}",      # several: none is believed
+    f"horus-job:v1;sha={SHA};model=/a%FF.onnx",            # not UTF-8
+])
+def test_workload_token_malformed(comment):
+    from slurm_horus.hint import parse_workload
+
+    assert parse_workload(comment) is None
+    with pytest.raises(HorusError):
+        parse_workload(comment, strict=True)
+
+
+def test_workload_encoder_refuses_what_it_cannot_write():
+    from slurm_horus.hint import encode_workload
+
+    for bad in ({}, {"sha": "x"}, {"sha": SHA, "bs": 0}, {"sha": SHA, "task": "eval"},
+                {"sha": SHA, "model": "rel.onnx"}, {"sha": SHA, "dims": {"s": -1}},
+                {"sha": SHA, "opt": "Adam"}):
+        with pytest.raises(HorusError):
+            encode_workload(bad)
+
+
+def test_attach_tokens_drop_order_and_limit():
+    from slurm_horus.hint import attach_tokens, encode_workload, parse_workload
+
+    full = attach_tokens("old horus:v1;t4=9/9/9 horus-job:v1;sha=" + SHA, HINT_T4, JOB)
+    assert full == f"old {HINT_T4} {encode_workload(JOB)}"  # earlier tokens replaced
+    n = len(full.encode())
+    no_model = {k: v for k, v in JOB.items() if k != "model"}
+    no_dims = {k: v for k, v in no_model.items() if k != "dims"}
+    assert parse_workload(attach_tokens(None, HINT_T4, JOB, limit=n)) == JOB
+    assert parse_workload(attach_tokens(None, HINT_T4, JOB, limit=n - 5)) == no_model
+    short = len(f"{HINT_T4} {encode_workload(no_model)}")
+    assert parse_workload(attach_tokens(None, HINT_T4, JOB, limit=short - 1)) == no_dims
+    assert attach_tokens(None, HINT_T4, JOB, limit=len(HINT_T4) + 5) == HINT_T4
+    assert attach_tokens("é" * 10, HINT_T4, JOB, limit=len(HINT_T4) + 15) is None  # bytes count
+    assert attach_tokens(None, HINT_T4, None) == HINT_T4
+
+
+def test_hook_ignores_the_workload_token():
+    pytest.importorskip("lupa")
+    from slurm_horus.hint import encode_workload
+    from slurm_horus.policy import decide
+
+    hint = "horus:v1;t4=20/3000/3500"
+    alone = decide({"comment": hint, "tres_per_node": "gres:gpu:1"}, policy_path=POLICY,
+                   hook_path=HOOK)
+    both = decide({"comment": f"{hint} {encode_workload(JOB)}", "tres_per_node": "gres:gpu:1"},
+                  policy_path=POLICY, hook_path=HOOK)
+    assert alone.action == both.action == "shared" and alone.shards == both.shards

@@ -1,13 +1,14 @@
 """hsubmit's argument splitting, #SBATCH/#HORUS parsing and comment merging (pure, no Slurm)."""
 
 import io
+from pathlib import Path
 
 import pytest
 
 from slurm_horus import slurm_parse as sp
 from slurm_horus import submit as sub
 from slurm_horus.errors import HorusError
-from slurm_horus.hint import parse_hint
+from slurm_horus.hint import MAX_SLURM_COMMENT, attach_hint, parse_hint, parse_workload
 
 
 def split(*argv):
@@ -166,15 +167,15 @@ HINT = "horus:v1;a100=10.0/2000/2500;t4=20.0/2000/2500"
 
 def test_comment_merging_single_comment_passed():
     s = split("--comment", "mine", "-p", "gpu", "--comm=second", "--wrap", "true")
-    out = s.sbatch_argv(replace_comment=sub.merged_comment("second", HINT))
+    out = s.sbatch_argv(replace_comment=attach_hint("second", HINT))
     assert out == ["-p", "gpu", "--wrap", "true", f"--comment=second {HINT}"]
     assert sum(a.startswith("--comm") for a in out) == 1
 
 
 def test_comment_merging_replaces_old_hint():
-    c = sub.merged_comment("run 3 horus:v1;t4=1/1/1", HINT)
+    c = attach_hint("run 3 horus:v1;t4=1/1/1", HINT)
     assert c == f"run 3 {HINT}" and parse_hint(c)["t4"] == (20.0, 2000.0, 2500.0)
-    assert sub.merged_comment(None, HINT) == HINT
+    assert attach_hint(None, HINT) == HINT
 
 
 def test_predict_offline_and_job_desc(tmp_path):
@@ -189,6 +190,33 @@ def test_predict_offline_and_job_desc(tmp_path):
     assert jd["comment"] == plan.comment
     argv = plan.sbatch_argv
     assert argv.count(f"--comment={plan.comment}") == 1 and "hello" not in argv
+    # the workload token follows the hint: what sync needs to recompute the features
+    job = parse_workload(plan.comment, strict=True)
+    assert job == {"sha": plan.report.sha256, "bs": 8, "task": "infer", "opt": "adam",
+                   "prec": "fp32", "model": str(Path(zoo).resolve())}
+    assert plan.comment.index("horus:v1;") < plan.comment.index("horus-job:v1;")
+
+
+@pytest.mark.parametrize("user_len, kept", [(0, "model"), (830, "dims"), (855, "sha"),
+                                             (950, "hint"), (1000, None)])
+def test_comment_never_passes_slurms_limit(user_len, kept):
+    """Dropped to fit, in order: model=, dims=, the workload token, the hint (job submitted)."""
+    zoo = "tests/data/zoo/bert_base.onnx"
+    argv = ["--model", zoo, "--batch-size", "8", "--dim", "seq=128", "--wrap", "true"]
+    if user_len:
+        argv += ["--comment", "c" * user_len]
+    plan = sub.prepare(argv, env={})
+    sub.predict(plan, gpu_types={"a100": 4, "t4": 2}, partition="gpu")
+    if kept is None:
+        assert plan.hint is None and any("no room for the hint" in w for w in plan.warnings)
+        assert plan.sbatch_argv[-2:] == ["--comment", "c" * user_len]  # as the user gave it
+        return
+    assert len(plan.comment.encode()) <= MAX_SLURM_COMMENT
+    job = parse_workload(plan.comment) or {}
+    assert ("model" in job) == (kept == "model")
+    assert ("dims" in job) == (kept in ("model", "dims"))
+    assert ("sha" in job) == (kept != "hint")
+    assert parse_hint(plan.comment) and not plan.warnings
 
 
 def test_job_desc_gpus_and_nodes():
@@ -229,43 +257,33 @@ def test_hsubmit_start_is_lazy():
 
 # --- --horus-probe --------------------------------------------------------------------------
 
-def test_probe_line_goes_after_the_directive_block():
-    from slurm_horus.slurm_parse import insert_after_directives, script_directives
-
-    script = "#!/bin/bash\n#SBATCH -J x\n# note\n#SBATCH --gres=gpu:1\npython train.py\n#SBATCH -p late\n"
-    out = insert_after_directives(script, "PROBE")
-    assert out.splitlines()[4] == "PROBE" and out.splitlines()[5] == "python train.py"
-    assert script_directives(out) == script_directives(script)
-    assert insert_after_directives("#!/bin/sh\n#SBATCH -J x", "PROBE").endswith("#SBATCH -J x\nPROBE\n")
-
-
-def test_probe_with_wrap_script_file_and_stdin(tmp_path, monkeypatch):
-    from slurm_horus import submit as sub
-
+def test_horus_probe_is_accepted_and_ignored():
+    """The site's Prolog measures jobs now: drop-in scripts keep working, with one warning."""
     plan = sub.prepare(["--horus-probe", "--gres=gpu:1", "--wrap", "python t.py"], env={})
-    assert sub.with_probe(plan) is None
-    argv = plan.sbatch_argv
-    assert "--horus-probe" not in argv and argv.count("--wrap=" + sub.PROBE_LINE.split("  #")[0]
-                                                      + " python t.py") == 1
-    assert "python t.py" not in argv  # the original --wrap value was replaced, not repeated
+    assert plan.sbatch_argv == ["--gres=gpu:1", "--wrap", "python t.py"]
+    assert len(plan.warnings) == 1 and "--horus-probe is ignored" in plan.warnings[0]
 
-    script = tmp_path / "train.sh"
-    script.write_text("#!/bin/bash\n#SBATCH --gres=gpu:1\npython t.py \"$@\"\n")
-    plan = sub.prepare(["--horus-probe", str(script), "--epochs", "3"], env={})
-    copy = sub.with_probe(plan)
-    try:
-        argv = plan.sbatch_argv
-        assert argv[-3:] == [copy, "--epochs", "3"] and "--job-name=train.sh" in argv
-        assert "horus-probe --pid $$" in open(copy).read().splitlines()[2]
-    finally:
-        import os
-        os.unlink(copy)
 
-    import io
-    plan = sub.prepare(["--horus-probe", "--model", "m.onnx"], env={},
-                       stdin=io.BytesIO(b"#!/bin/sh\n#SBATCH -n 1\nsrun hostname\n"))
-    assert sub.with_probe(plan) is None
-    assert b"horus-probe --pid $$" in plan.stdin_script.splitlines()[2]
+def test_hsubmit_writes_nothing_but_the_comment(tmp_path, monkeypatch):
+    """No ledger, no spool, no child process: the prediction travels in the comment only."""
+    import sys
+
+    from slurm_horus import slurm
+    from slurm_horus.cli import hsubmit
+
+    seen = []
+    monkeypatch.setattr(slurm, "exec_sbatch", lambda argv: seen.append(argv))
+    monkeypatch.setattr(slurm, "partition_gpu_types", lambda p: ("gpu", {"t4": 2}))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO()))
+    monkeypatch.setenv("HORUS_LEDGER_URL", f"sqlite:///{tmp_path}/ledger.db")
+    monkeypatch.setenv("HORUS_SPOOL", str(tmp_path / "spool"))
+    monkeypatch.setattr("os.fork", lambda: pytest.fail("hsubmit forked"))
+    rc = hsubmit.main(["--horus-probe", "--model", "tests/data/zoo/small_cnn.onnx",
+                       "--gres=gpu:1", "--wrap", "true"])
+    (argv,) = seen
+    assert rc == 1 and not list(tmp_path.iterdir())  # rc: exec_sbatch returned (mocked)
+    (comment,) = [a for a in argv if a.startswith("--comment=")]
+    assert parse_hint(comment[10:]) and parse_workload(comment[10:])["bs"] == 1
 
 
 def test_unbound_model_dimension_attaches_no_hint():

@@ -21,7 +21,11 @@ SHIPPED_POLICY = REPO / "etc" / "horus_policy.conf"
 # Most cases check pinned type choice; the shipped policy's `type_choice = any` has its own tests.
 _ORDER_DIR = Path(tempfile.mkdtemp(prefix="horus-policy-"))
 POLICY = _ORDER_DIR / "horus_policy.conf"
-POLICY.write_text(SHIPPED_POLICY.read_text().replace("type_choice = any", "type_choice = order"))
+# Never the site's claim record: tests give their own (see tests/test_job_submit_record.py).
+NO_RECORD = _ORDER_DIR / "no-record"
+POLICY.write_text(SHIPPED_POLICY.read_text().replace("type_choice = any", "type_choice = order")
+                  .replace("record_file = /var/lib/slurm-horus/record", f"record_file = {NO_RECORD}"))
+TEST_UID = 54321  # a uid no claim record on this machine names
 
 LIGHT = "horus:v1;t4=20/3000/3500;a100=10/3000/3500"  # t4: 26 shards (memory-bound)
 BIG_MEM = "horus:v1;t4=20/14000/14500;a100=10/14000/14500"  # > 90 % of a t4
@@ -30,6 +34,7 @@ HEAVY_T4 = "horus:v1;t4=85/3000/3500;a100=40/3000/3500"  # heavy on t4 only
 
 
 def run(job: dict, policy: Path | str = POLICY, **kw) -> Decision:
+    kw.setdefault("submit_uid", TEST_UID)
     return decide(job, policy_path=policy, hook_path=HOOK, **kw)
 
 
@@ -166,10 +171,10 @@ CASES = [
         {"tres_per_node": "gres:shard:26", "features": "t4"},
     ),
     (
-        "a gpu:0 entry is not the request",
+        "a gpu:0 entry is not the request (and is dropped beside shards)",
         {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "tres_per_job": "gres:gpu:0"},
         "shared", "t4", 26,
-        {"tres_per_node": "gres:shard:26", "features": "t4"},
+        {"tres_per_node": "gres:shard:26", "features": "t4", "tres_per_job": None},
     ),
     (
         "user's own comment before the token",
@@ -190,7 +195,6 @@ UNCHANGED_CASES = [
                     "max_nodes": 3}, "multi-node"),
     ("no GPU", {"comment": LIGHT, "tres_per_node": "gres:nvme:1"}, "no GPU requested"),
     ("no GRES at all", {"comment": LIGHT}, "no GPU requested"),
-    ("already shards", {"comment": LIGHT, "tres_per_node": "gres:shard:10"}, "shared GPU"),
     ("gpus per task", {"comment": LIGHT, "tres_per_task": "gres:gpu:1"}, "per task"),
     ("cpus per gpu", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
                       "cpus_per_tres": "gres:gpu:4"}, "--cpus-per-gpu"),

@@ -1,4 +1,4 @@
-"""Ledger: schema, views, upserts, migration, spool, concurrency, MariaDB."""
+"""Ledger: schema, views, upserts, migration, claim audit, spool, concurrency, MariaDB."""
 
 import json
 import multiprocessing as mp
@@ -8,8 +8,9 @@ import subprocess
 
 import pytest
 
-from slurm_horus.ledger import (SCHEMA_VERSION, Ledger, Spool, record_submission_safely,
-                                record_usage_safely)
+from slurm_horus.errors import HorusError
+from slurm_horus.ledger import (SCHEMA_VERSION, Ledger, Spool, record_usage_safely, under_claim,
+                                write_user_extracts)
 
 PRED = {"a100": {"util_pct": 50.0, "mem_mib": 1000.0, "mem_mib_p90": 1200.0,
                  "predictor": "cold-start"}}
@@ -36,11 +37,12 @@ def test_submission_usage_merge_and_views(tmp_path):
     assert job["node"] == "n1" and job["shards"] == 30 and job["sources"] == "sacct,probe"
     assert job["pred_util_pct"] == 50 and job["pred_mem_mib"] == 1000
     con = sqlite3.connect(tmp_path / "ledger.db")
-    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # readers need no -shm
     fam = con.execute("SELECT model_family, jobs, util_mae_pp, mem_underpredicted_20pct "
                       "FROM v_accuracy_by_family").fetchall()
     assert fam == [("resnet50", 1, 9.0, 1)]
-    for v in ("v_accuracy_by_gpu_type", "v_accuracy_by_user", "v_gpu_util_daily", "v_job_errors"):
+    for v in ("v_accuracy_by_gpu_type", "v_accuracy_by_user", "v_gpu_util_daily", "v_job_errors",
+              "v_under_claims"):
         con.execute(f"SELECT * FROM {v}").fetchall()
     assert L.schema_version() == SCHEMA_VERSION
 
@@ -90,24 +92,19 @@ def test_migrate_v1_file(tmp_path):
     assert con.execute("SELECT jobs FROM v_accuracy_by_user").fetchall() == [(1,)]
 
 
-def test_unreachable_ledger_spools_then_replays(tmp_path, monkeypatch):
+def test_unusable_ledger_spools_then_replays(tmp_path, monkeypatch):
     spool = tmp_path / "spool"
     monkeypatch.setenv("HORUS_SPOOL", str(spool))
-    bad = "mysql+pymysql://x:y@127.0.0.1:1/nodb"  # nothing listens on port 1
-    pytest.importorskip("pymysql")
-    assert record_submission_safely(url=bad, job_id=11, cluster="c", predictions=PRED,
-                                    timeout=1) is False
-    # a directory where the database file should be: unusable SQLite
-    (tmp_path / "isdir.db").mkdir()
+    (tmp_path / "isdir.db").mkdir()  # a directory where the database file should be
     assert record_usage_safely(url=f"sqlite:///{tmp_path}/isdir.db", job_id=11, cluster="c",
-                               source="probe", util_mean=5, mem_peak_mib=10) is False
-    assert len(Spool(spool).pending()) == 2
+                               source="probe", util_mean=5, mem_peak_mib=10, gpus=1) is False
+    assert len(Spool(spool).pending()) == 1
     # the next successful write replays everything
-    assert record_submission_safely(url=_url(tmp_path), job_id=12, cluster="c", predictions=PRED)
+    assert record_usage_safely(url=_url(tmp_path), job_id=12, cluster="c", source="probe",
+                               util_mean=6)
     assert Spool(spool).pending() == []
-    L = Ledger(_url(tmp_path))
-    got = {j["job_id"]: j for j in L.jobs()}
-    assert set(got) == {11, 12} and got[11]["act_util_pct"] == 5
+    got = {j["job_id"]: j for j in Ledger(_url(tmp_path)).jobs()}
+    assert set(got) == {11, 12} and got[11]["act_util_pct"] == 5 and got[11]["gpus"] == 1
 
 
 def test_locked_ledger_spools(tmp_path, monkeypatch):
@@ -116,16 +113,197 @@ def test_locked_ledger_spools(tmp_path, monkeypatch):
     con = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
     con.execute("BEGIN EXCLUSIVE")
     try:
-        assert record_submission_safely(url=_url(tmp_path), job_id=5, cluster="c",
-                                        timeout=0.3) is False
+        assert record_usage_safely(url=_url(tmp_path), job_id=5, cluster="c", source="probe",
+                                   util_mean=1, timeout=0.3) is False
     finally:
         con.execute("ROLLBACK")
         con.close()
-    from slurm_horus.usage import sync
+    L = Ledger(_url(tmp_path))
+    assert Spool().replay(L) == (1, 0, 0, [])
+    assert [j["job_id"] for j in L.jobs()] == [5]
 
-    res = sync(Ledger(_url(tmp_path)), sacct_json='{"jobs": []}')
-    assert res["replayed"] == 1
-    assert [j["job_id"] for j in Ledger(_url(tmp_path)).jobs()] == [5]
+
+def _spool_file(spool, name, text):
+    spool.mkdir(mode=0o700, exist_ok=True)
+    (spool / name).write_text(text)
+    os.chmod(spool / name, 0o600)
+
+
+def test_bad_spool_records_quarantined_rest_replayed(tmp_path):
+    spool = tmp_path / "spool"
+    S = Spool(spool)
+    S.put("usage", {"cluster": "c", "job_id": 1, "source": "probe", "util_mean": 10})
+    _spool_file(spool, "00000000000000000002-1-a.jsonl",
+                json.dumps({"kind": "usage", "data": {"job_id": "12;x", "source": "probe"}}))
+    _spool_file(spool, "00000000000000000003-1-b.jsonl", "{not json")
+    _spool_file(spool, "00000000000000000004-1-c.jsonl",
+                json.dumps({"kind": "submission", "data": {"job_id": 4}}))
+    _spool_file(spool, "00000000000000000005-1-d.jsonl",
+                json.dumps({"kind": "usage", "data": {"job_id": 5, "source": "probe",
+                                                      "bogus": 1}}))
+    S.put("usage", {"cluster": "c", "job_id": 6, "source": "probe", "util_mean": 60})
+    L = Ledger(_url(tmp_path))
+    r = S.replay(L)
+    assert (r.applied, r.quarantined, r.skipped) == (2, 4, 0)
+    assert len(r.problems) == 4 and all("quarantined" in p for p in r.problems)
+    assert sorted(p.name for p in spool.glob("*.bad")) == [
+        "00000000000000000002-1-a.bad", "00000000000000000003-1-b.bad",
+        "00000000000000000004-1-c.bad", "00000000000000000005-1-d.bad"]
+    assert sorted(j["job_id"] for j in L.jobs()) == [1, 6]
+    assert S.replay(L) == (0, 0, 0, [])  # quarantined files are not retried
+
+
+def test_spool_replay_trusts_only_a_private_folder_and_own_files(tmp_path):
+    spool = tmp_path / "spool"
+    S = Spool(spool)
+    S.put("usage", {"cluster": "c", "job_id": 1, "source": "probe", "util_mean": 10})
+    L = Ledger(_url(tmp_path))
+    os.chmod(spool, 0o777)  # anyone could have dropped a "measurement" here
+    r = S.replay(L)
+    assert (r.applied, r.skipped) == (0, 1) and "group/other-writable" in r.problems[0]
+    os.chmod(spool, 0o700)
+    other = spool / "00000000000000000002-1-x.jsonl"
+    other.write_text(json.dumps({"kind": "usage", "data": {"job_id": 2, "source": "probe",
+                                                           "util_mean": 99}}))
+    os.chmod(other, 0o666)
+    if os.geteuid() == 0:
+        os.chown(other, 65534, 65534)  # another user's file
+    r = S.replay(L)
+    assert (r.applied, r.quarantined, r.skipped) == (1, 0, 1)
+    assert "00000000000000000002-1-x.jsonl: skipped" in r.problems[0]
+    assert [j["job_id"] for j in L.jobs()] == [1] and other.exists()
+
+
+def test_under_claim_rule():
+    assert under_claim(None, None, 50, 5000) == (None, None)        # no claim
+    assert under_claim(40, 1000, None, None) == (None, None)        # no measurement
+    assert under_claim(40, 1000, 60, 1356) == (0, None)             # within 1.25x+10, 1.1x+256
+    assert under_claim(40, 1000, 60.1, 1356.1) == (1, "mem,util")
+    assert under_claim(40, 1000, None, 1400) == (1, "mem")
+    assert under_claim(40, None, 61, 9999) == (1, "util")
+
+
+def test_merge_gpus_p90_and_under_claim_from_trusted_sources_only(tmp_path):
+    L = Ledger(_url(tmp_path))
+    hint = {"a100": {"util_pct": 10.0, "mem_mib": 800.0, "mem_mib_p90": 1000.0,
+                     "predictor": "hint"}}
+    for jid in (1, 2, 3, 4):
+        L.record_submission(job_id=jid, cluster="c", user="eve", account="lab", uid=1234,
+                            predictions=hint, submit_time=1700000000)
+    L.record_usage(job_id=1, cluster="c", source="sacct", gpus=1, state="COMPLETED",
+                   end_time=1700000100)
+    L.record_usage(job_id=2, cluster="c", source="probe", mem_peak_mib=5000, util_mean=12,
+                   shards=2, end_time=1700000100)
+    L.record_usage(job_id=3, cluster="c", source="import", mem_peak_mib=5000, util_mean=90)
+    L.record_usage(job_id=4, cluster="c", source="sacct", util_mean=20, mem_peak_mib=900,
+                   end_time=1700000100)
+    j = {r["job_id"]: r for r in L.jobs()}
+    assert j[1]["gpus"] == 1 and j[1]["shards"] is None and j[1]["under_claim"] is None
+    assert j[2]["pred_mem_p90_mib"] == 1000 and j[2]["shards"] == 2
+    assert (j[2]["under_claim"], j[2]["claim_flags"]) == (1, "mem")
+    assert j[3]["under_claim"] is None  # imported figures are no trusted measurement
+    assert (j[4]["under_claim"], j[4]["claim_flags"]) == (0, None)
+    assert L.under_claims(since=1700000000) == [
+        {"user_name": "eve", "uid": 1234, "account": "lab", "under_claims": 1, "jobs": 2}]
+    assert L.under_claims(since=1700000101) == []
+    assert [r["job_id"] for r in L.jobs(under_claims=True)] == [2]
+
+
+V3_DDL = """
+CREATE TABLE schema_version (version INTEGER NOT NULL PRIMARY KEY, applied BIGINT NOT NULL);
+CREATE TABLE submissions (cluster VARCHAR(64) NOT NULL, job_id BIGINT NOT NULL, user_name VARCHAR(64),
+  account VARCHAR(64), submit_time BIGINT, model_path TEXT, model_sha256 VARCHAR(64),
+  model_family VARCHAR(64), feature_version INTEGER, features TEXT, workload TEXT, gpu_types TEXT,
+  predictions TEXT, hint TEXT, policy_decision TEXT, predictor VARCHAR(64), PRIMARY KEY (cluster, job_id));
+CREATE TABLE `usage` (cluster VARCHAR(64) NOT NULL, job_id BIGINT NOT NULL, source VARCHAR(16) NOT NULL,
+  util_mean DOUBLE PRECISION, util_max DOUBLE PRECISION, mem_peak_mib DOUBLE PRECISION,
+  elapsed_s BIGINT, state VARCHAR(32), node VARCHAR(128), gpu_type VARCHAR(64), gpu_index INTEGER,
+  shards INTEGER, colocated TEXT, start_time BIGINT, end_time BIGINT, recorded BIGINT,
+  PRIMARY KEY (cluster, job_id, source));
+CREATE TABLE predictor_versions (version VARCHAR(32) NOT NULL PRIMARY KEY, created BIGINT NOT NULL,
+  metrics TEXT, n_rows INTEGER, promoted INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE jobs (cluster VARCHAR(64) NOT NULL, job_id BIGINT NOT NULL,
+  has_submission INTEGER NOT NULL DEFAULT 0, user_name VARCHAR(64), account VARCHAR(64),
+  submit_time BIGINT, model_family VARCHAR(64), predictor VARCHAR(64), gpu_type VARCHAR(64),
+  gpu_index INTEGER, node VARCHAR(128), shards INTEGER, state VARCHAR(32), elapsed_s BIGINT,
+  start_time BIGINT, end_time BIGINT, pred_util_pct DOUBLE PRECISION, pred_mem_mib DOUBLE PRECISION,
+  act_util_pct DOUBLE PRECISION, act_util_max DOUBLE PRECISION, act_mem_mib DOUBLE PRECISION,
+  colocated TEXT, sources VARCHAR(64), mem_err_bucket INTEGER, PRIMARY KEY (cluster, job_id));
+CREATE TABLE ledger_state (name VARCHAR(64) NOT NULL PRIMARY KEY, value TEXT);
+CREATE INDEX ix_jobs_accuracy ON jobs (has_submission, model_family, gpu_type,
+    user_name, mem_err_bucket, pred_util_pct, act_util_pct, pred_mem_mib, act_mem_mib);
+INSERT INTO schema_version VALUES (1, 1700000000);
+INSERT INTO schema_version VALUES (2, 1700000000);
+INSERT INTO schema_version VALUES (3, 1700000000);
+"""
+
+
+def test_migrate_v3_file(tmp_path):
+    db = tmp_path / "v3.db"
+    con = sqlite3.connect(db)
+    con.executescript(V3_DDL)
+    con.execute("INSERT INTO submissions (cluster, job_id, user_name, submit_time, predictions) "
+                "VALUES ('c', 3, 'ann', 1700000000, ?)", (json.dumps(PRED),))
+    con.execute("INSERT INTO usage (cluster, job_id, source, util_mean, mem_peak_mib, end_time) "
+                "VALUES ('c', 3, 'sacct', 80, 2000, 1700000100)")
+    con.commit()
+    con.close()
+    with pytest.raises(HorusError, match="older than this slurm-horus.*horus-admin sync"):
+        Ledger(f"sqlite:///{db}", readonly=True)  # a reader cannot migrate it
+    L = Ledger(f"sqlite:///{db}")
+    assert L.schema_version() == SCHEMA_VERSION == 4
+    (job,) = L.jobs()
+    assert job["pred_mem_p90_mib"] == 1200 and (job["under_claim"], job["claim_flags"]) == \
+        (1, "mem,util")  # 2000 > 1200 * 1.1 + 256 and 80 > 50 * 1.25 + 10
+    con = sqlite3.connect(db)
+    idx = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert "ix_jobs_summary" in idx and "ix_jobs_accuracy" not in idx
+    L.record_usage(job_id=3, cluster="c", source="sacct", gpus=2)
+    assert Ledger(f"sqlite:///{db}", readonly=True).jobs()[0]["gpus"] == 2
+
+
+def test_readonly_reader_writes_nothing(tmp_path):
+    with pytest.raises(HorusError, match="not found; ask an admin to run horus-admin sync"):
+        Ledger(_url(tmp_path), readonly=True)
+    assert not (tmp_path / "ledger.db").exists()  # and nothing was created
+    W = Ledger(_url(tmp_path))
+    W.record_usage(job_id=1, cluster="c", source="sacct", shards=3)
+    W.close()
+    R = Ledger(_url(tmp_path), readonly=True)
+    assert R.jobs()[0]["shards"] == 3
+    with pytest.raises(Exception, match="readonly"):
+        R.record_usage(job_id=2, cluster="c", source="sacct")
+    assert not list(tmp_path.glob("ledger.db-*"))  # no WAL, no journal left behind
+
+
+def test_new_ledger_file_and_folders_are_world_readable(tmp_path):
+    old = os.umask(0o077)
+    try:
+        Ledger(f"sqlite:///{tmp_path}/a/b/ledger.db").close()
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "a" / "b" / "ledger.db").stat().st_mode & 0o777 == 0o644
+
+
+def test_user_extracts(tmp_path):
+    import pwd
+
+    me = pwd.getpwuid(os.getuid())
+    L = Ledger(_url(tmp_path))
+    L.record_submission(job_id=1, cluster="c", user=me.pw_name, predictions=PRED)
+    L.record_submission(job_id=2, cluster="c", user="no-such-user-xyz", predictions=PRED)
+    L.record_usage(job_id=3, cluster="c", source="sacct")  # no user known
+    res = write_user_extracts(L, tmp_path / "users")
+    assert res == {"written": 1, "skipped": ["no-such-user-xyz"]}
+    ext = tmp_path / "users" / f"{me.pw_name}.db"
+    st = ext.stat()
+    assert st.st_mode & 0o777 == 0o640 and st.st_gid == me.pw_gid
+    if os.geteuid() == 0:
+        assert st.st_uid == 0
+    assert [j["job_id"] for j in Ledger(f"sqlite:///{ext}", readonly=True).jobs()] == [1]
+    assert not [p for p in (tmp_path / "users").iterdir() if p.name.startswith(".")]
 
 
 def _writer(args):
@@ -134,8 +312,9 @@ def _writer(args):
     ok = 0
     for i in range(n):
         if k % 2:
-            ok += record_submission_safely(url=url, job_id=k * 1000 + i, cluster="c",
-                                           predictions=PRED, timeout=20)
+            Ledger(url, replay=False).record_submission(job_id=k * 1000 + i, cluster="c",
+                                                        predictions=PRED)
+            ok += 1
         else:
             ok += record_usage_safely(url=url, job_id=k * 1000 + i, cluster="c", source="probe",
                                       util_mean=i, mem_peak_mib=100, timeout=20)

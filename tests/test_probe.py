@@ -71,3 +71,185 @@ def test_no_nvml_exits_zero_quietly(tmp_path):
         "'1'])", "'1', '--', 'sh', '-c', 'exit 4'])")], env=env, capture_output=True, text=True,
         timeout=60)
     assert r.returncode == 4
+
+
+# --------------------------------------------------------------------------- root-only probe
+
+import json  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from slurm_horus import probe as pr  # noqa: E402
+from slurm_horus.cli.probe import main as probe_main  # noqa: E402
+
+FIX = Path(__file__).parent / "fixtures" / "slurm"
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the Prolog probe runs as root")
+
+
+def test_fake_sampler_reads_the_jobs_file(tmp_path):
+    s = pr.FakeSampler(str(tmp_path), 12, ["3"])
+    assert s.index == 3 and s.needs_pids is False
+    with pytest.raises(LookupError):
+        s.sample(set())  # no file yet: no sample
+    (tmp_path / "12.json").write_text('{"util_pct": 140, "mem_mib": 2048}')
+    assert s.sample(set()) == (100.0, 2048.0)  # clamped to one GPU
+    (tmp_path / "12.json").write_text('{"mem_mib": 10}')
+    assert s.sample(set()) == (None, 10.0)
+
+
+def test_fake_sampler_refuses_links_and_fifos(tmp_path):
+    (tmp_path / "secret").write_text('{"util_pct": 1, "mem_mib": 1}')
+    (tmp_path / "5.json").symlink_to(tmp_path / "secret")
+    with pytest.raises(LookupError):
+        pr.FakeSampler(str(tmp_path), 5).sample(set())
+    os.mkfifo(tmp_path / "6.json")
+    with pytest.raises(LookupError):  # does not block on a FIFO
+        pr.FakeSampler(str(tmp_path), 6).sample(set())
+
+
+def test_sampler_choice_nvml_by_default():
+    assert pr.sampler_factory_from_env({}) is pr.NvmlSampler
+    assert pr.sampler_factory_from_env({"HORUS_PROBE_SAMPLER": "nvml"}) is pr.NvmlSampler
+    s = pr.sampler_factory_from_env({"HORUS_PROBE_SAMPLER": "fake:/x"}, 9)(["1"])
+    assert isinstance(s, pr.FakeSampler) and s.path == "/x/9.json"
+    with pytest.raises(ValueError):
+        pr.sampler_factory_from_env({"HORUS_PROBE_SAMPLER": "fake:"})
+
+
+def test_not_root_refuses_to_record(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "geteuid", lambda: 1234)
+    for args in (["--prolog"], ["--epilog"], ["--pid", "1"], []):
+        r = CliRunner().invoke(probe_main, args, env={"SLURM_JOB_ID": "5"})
+        assert r.exit_code == 2, args
+        assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+        assert "refusing to record as uid 1234" in r.stderr
+    # an in-job `horus-probe -- CMD` still runs the command, unmeasured, with its exit code
+    r = CliRunner().invoke(probe_main, ["--", "sh", "-c", "exit 4"])
+    assert r.exit_code == 4 and "refusing" in r.stderr
+
+
+def _fake_scontrol(tmp_path, job_fixture, listpids_fixture):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "scontrol").write_text(f"""#!/bin/sh
+case "$1 $2 $3" in
+  "-d show job") cat '{job_fixture}' ;;
+  "show node "*) cat '{FIX / "scontrol_show_node.stdout"}' ;;
+  listpids*) cat '{listpids_fixture}' ;;
+  *) exit 1 ;;
+esac
+""")
+    (bin_ / "scontrol").chmod(0o755)
+    return str(bin_)
+
+
+def _prolog_env(tmp_path, job_id, node):
+    return dict(os.environ, SLURM_JOB_ID=str(job_id), SLURMD_NODENAME=node,
+                SLURM_CLUSTER_NAME="horus", HORUS_PROBE_SAMPLER=f"fake:{tmp_path}/fake",
+                HORUS_PROBE_RUN_DIR=str(tmp_path / "run"), HORUS_PROBE_INTERVAL="0.3",
+                HORUS_PROBE_LOG=str(tmp_path / "probe.log"),
+                HORUS_LEDGER_URL=f"sqlite:///{tmp_path}/ledger.db",
+                HORUS_SPOOL=str(tmp_path / "spool"), PYTHONPATH=os.getcwd())
+
+
+@root_only
+def test_prolog_detaches_and_epilog_makes_it_record(tmp_path):
+    """The recorded shard job on gpu-t4 (untyped: its type comes from the node's Gres)."""
+    meta = json.loads((FIX / "probe" / "index.json").read_text())["fixtures"]
+    job_id = meta["scontrol_show_job_shard_t4"]["job_id"]
+    env = _prolog_env(tmp_path, job_id, "gpu-t4")
+    env["PATH"] = _fake_scontrol(tmp_path, FIX / "probe" / "scontrol_show_job_shard_t4.stdout",
+                                 FIX / "probe" / "scontrol_listpids_shard_t4.stdout") \
+        + ":" + env["PATH"]
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / f"{job_id}.json").write_text('{"util_pct": 37.5, "mem_mib": 4100}')
+    t0 = time.time()
+    # stdout/stderr are pipes: returning means the detached probe holds none of them
+    r = subprocess.run([sys.executable, "-m", "slurm_horus.cli.probe", "--prolog"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == r.stderr == ""
+    assert time.time() - t0 < 10
+    pidf = tmp_path / "run" / f"{job_id}.gpu-t4.pid"
+    for _ in range(100):
+        if pidf.exists():
+            break
+        time.sleep(0.1)
+    assert pidf.exists(), (tmp_path / "probe.log").read_text()
+    assert oct((tmp_path / "run").stat().st_mode & 0o777) == "0o700"
+    pid = int(pidf.read_text().split()[0])
+    with open(f"/proc/{pid}/stat") as f:  # a new session (not slurmd's), and not its leader
+        sid = int(f.read().rsplit(")", 1)[1].split()[3])
+    assert sid not in (pid, os.getsid(0))
+    assert sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2"]  # /dev/null, nothing else
+    assert {os.readlink(f"/proc/{pid}/fd/{k}") for k in "012"} == {os.devnull}
+    time.sleep(1.2)
+    r = subprocess.run([sys.executable, "-m", "slurm_horus.cli.probe", "--epilog"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == r.stderr == ""
+    assert not pidf.exists()
+    u = Ledger(env["HORUS_LEDGER_URL"]).usage("horus", job_id)["probe"]
+    assert u["util_mean"] == 37.5 and u["mem_peak_mib"] == 4100
+    assert (u["gpu_index"], u["gpu_type"], u["node"], u["shards"]) == (0, "t4", "gpu-t4", 7)
+
+
+@root_only
+def test_prolog_without_gpu_or_without_fake_file_records_nothing(tmp_path):
+    env = _prolog_env(tmp_path, 424242, "gpu-a100")
+    job = (FIX / "probe" / "scontrol_show_job_gpu_a100_x2.stdout").read_text()
+    meta = json.loads((FIX / "probe" / "index.json").read_text())["fixtures"]
+    job_id = meta["scontrol_show_job_gpu_a100_x2"]["job_id"]
+    env["SLURM_JOB_ID"] = str(job_id)
+    env["PATH"] = _fake_scontrol(tmp_path, FIX / "probe" / "scontrol_show_job_gpu_a100_x2.stdout",
+                                 FIX / "probe" / "scontrol_listpids_gpu_a100_x2.stdout") \
+        + ":" + env["PATH"]
+    assert "IDX:1-2" in job
+    # no fake file: the probe runs but samples nothing, and records nothing
+    rc = pr.prolog(env, detach=False, interval=0.1,
+                   sampler_factory=lambda ids: _Stopper(ids, env, job_id))
+    assert rc == 0
+    assert "no samples: nothing recorded" in (tmp_path / "probe.log").read_text()
+    assert not (tmp_path / "ledger.db").exists()
+    # the same job seen from a node where it has nothing: not probed at all
+    env["SLURMD_NODENAME"] = "gpu-t4"
+    pr.prolog(env, detach=False)
+    assert "not probed" in (tmp_path / "probe.log").read_text()
+
+
+class _Stopper(pr.FakeSampler):
+    """No file: every sample fails; removes the pid file (as the Epilog would) after 3 tries."""
+
+    def __init__(self, ids, env, job_id):
+        super().__init__(env["HORUS_PROBE_SAMPLER"][5:], job_id, ids)
+        assert ids == ["1", "2"] and self.index is None  # two GPUs: no single index
+        self.n, self.pidf = 0, pr.pid_file(env, str(job_id), env["SLURMD_NODENAME"])
+
+    def sample(self, pids):
+        self.n += 1
+        if self.n == 3:
+            os.unlink(self.pidf)
+        return super().sample(pids)
+
+
+def test_epilog_without_probe_is_quick_and_quiet(tmp_path):
+    env = _prolog_env(tmp_path, 99, "gpu-t4")
+    t0 = time.time()
+    assert pr.epilog(env) == 0 and time.time() - t0 < 1
+    assert pr.prolog(dict(env, SLURM_JOB_ID=""), detach=False) == 0
+
+
+def test_shipped_prolog_epilog_always_exit_zero(tmp_path):
+    for name in ("horus-prolog", "horus-epilog"):
+        script = Path(__file__).parent.parent / "etc" / name
+        assert os.access(script, os.X_OK)
+        r = subprocess.run([str(script)], env={"PATH": "/usr/bin:/bin",
+                                                "HORUS_PROBE": "false",
+                                                "HORUS_PROBE_EPILOG_WAIT": "x"},
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and r.stdout == r.stderr == ""
+        r = subprocess.run([str(script)], env={"PATH": "/usr/bin:/bin",
+                                                "HORUS_PROBE": str(tmp_path / "missing")},
+                           capture_output=True, timeout=30)
+        assert r.returncode == 0

@@ -117,3 +117,41 @@ def test_foreign_model_file_refused(tmp_path):
     res = retrain(L, reg, max_iter=10, log=logs.append)
     assert res["baseline_version"] == "cold-start" and "unusable" in logs[0]
     assert res["version"] == "v0003"
+
+
+def test_retrain_learns_from_sync_built_rows(tmp_path):
+    """Jobs recorded by horus-admin sync alone (claims from the comment, features recomputed
+    from the model file, use from sacct's TRES) are rows retrain can train on."""
+    import hashlib
+    from pathlib import Path
+
+    from slurm_horus.hint import encode_workload
+    from slurm_horus.retrain import retrain, training_set
+    from slurm_horus.usage import sync
+
+    zoo = Path(__file__).parent / "data" / "zoo"
+    jobs, rng = [], random.Random(1)
+    for i in range(28):
+        model = zoo / ("small_cnn.onnx", "mobilenet_v2.onnx", "resnet50.onnx")[i % 3]
+        bs = (4, 8, 16, 32, 64, 128, 256, 2)[i % 8]
+        sha = hashlib.sha256(model.read_bytes()).hexdigest()
+        comment = ("horus:v1;a100=20/3000/3500;t4=40/3000/3500 "
+                   + encode_workload({"sha": sha, "bs": bs, "task": "train", "model": str(model)}))
+        util, mem = min(95, 5 + 10 * math.log2(bs) + rng.gauss(0, 2)), 900 + 30 * bs
+        jobs.append({"job_id": 500 + i, "user": "root", "account": "ml", "cluster": "c",
+                     "comment": {"job": comment, "administrator": "horus: shared"},
+                     "time": {"elapsed": 60, "submission": 1, "start": 2 + i * 100,
+                              "end": 62 + i * 100},
+                     "tres": {"allocated": [{"type": "gres", "name": "shard", "count": 20}]},
+                     "nodes": ("gpu-a100", "gpu-t4")[i % 2], "state": {"current": "COMPLETED"},
+                     "steps": [{"time": {"elapsed": 60}, "tres": {"requested": {
+                         "max": [{"type": "gres", "name": "gpuutil", "count": util},
+                                 {"type": "gres", "name": "gpumem", "count": int(mem * 2 ** 20)}],
+                         "average": [{"type": "gres", "name": "gpuutil", "count": util}]}}}]})
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    res = sync(L, sacct_json={"jobs": jobs}, node_types={"gpu-a100": "a100", "gpu-t4": "t4"})
+    assert res["recorded"] == res["features"] == 28
+    ts = training_set(L)
+    assert len(ts.X) == 28 and ts.skipped == 0
+    out = retrain(L, Registry(tmp_path / "models"), folds=4, max_iter=10, log=lambda m: None)
+    assert out["rows"] == 28 and out["version"] == "v0001"

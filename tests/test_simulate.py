@@ -177,7 +177,8 @@ def test_decider_adds_cluster_types_the_policy_does_not_know(tmp_path):
     mem = [c.mem_mib(t) for t in types]
     with HorusDecider(types, mem, policy_path=base) as d:
         text = d.policy_path.read_text()
-        assert "gpu.h100.mem_mib" in text and text.splitlines()[-1] == "type_order = t4, h100"
+        assert "gpu.h100.mem_mib" in text and "\ntype_order = t4, h100\n" in text
+        assert text.splitlines()[-1] == "underclaim_limit = 0"
         a, t, s = d.decide({"h100": (20, 3000, 3500), "t4": (20, 3000, 3500)})
         assert (a, t, s) == ("shared", "t4", 26)  # the documented t4 example
         a, t, s = d.decide({"h100": (20, 30000, 35000), "t4": (20, 30000, 35000)})

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -77,8 +78,8 @@ def test_colocations_respect_gpu_index():
 def test_sync_fixture_2511_all_and_idempotent(tmp_path):
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
     res = sync(L, sacct_json=F2511.read_text(), all_jobs=True)
-    # 201 and 202 carry hints -> submissions from the hint; 203 has no hint but used shards
-    assert res["recorded"] == 3 and res["new_submissions"] == 2
+    # 201 and 202 carry hints (claims); 203 has no hint but used shards (--all)
+    assert res["recorded"] == 3 and res["claims"] == 2 and res["features"] == 0
     again = sync(L, sacct_json=F2511.read_text(), all_jobs=True)
     assert again["recorded"] == 3
     assert L.count("usage") == 3 and L.count("jobs") == 3
@@ -89,16 +90,22 @@ def test_sync_fixture_2511_all_and_idempotent(tmp_path):
     assert jobs[203]["colocated"] is None  # other GPU (IDX:0)
 
 
-def test_sync_only_ledger_jobs_by_default(tmp_path):
+def test_sync_by_default_jobs_with_claims_or_known(tmp_path):
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
-    L.record_submission(job_id=102, cluster="gpucl", user="bob",
-                        predictions={"a100": {"util_pct": 65, "mem_mib": 30000}})
     res = sync(L, sacct_json=F2302.read_text(), node_types={"gpu-a100": "a100"})
-    assert res["recorded"] == 1
-    (j,) = L.jobs()
-    assert j["job_id"] == 102 and j["gpu_type"] == "a100" and j["shards"] == 50
+    assert res["recorded"] == 2 and L.count("jobs") == 2  # 101, 102 carry hints; 103 not
+    j = {j["job_id"]: j for j in L.jobs()}[102]
+    assert j["gpu_type"] == "a100" and j["shards"] == 50 and j["gpus"] is None
     assert j["act_util_pct"] == 70 and j["act_util_max"] == 100
     assert j["act_mem_mib"] == pytest.approx(36260.48, abs=0.01)
+    assert j["user_name"] == "bob" and j["pred_util_pct"] == 65 and j["predictor"] == "hint"
+    # a job the ledger already knows (a probe measured it) is recorded without a hint
+    L.record_usage(job_id=103, cluster="gpucl", source="probe", util_mean=15.0, mem_peak_mib=900)
+    assert sync(L, sacct_json=F2302.read_text())["recorded"] == 3
+    j = {j["job_id"]: j for j in L.jobs()}[103]
+    assert j["user_name"] == "alice" and j["sources"] == "sacct,probe"
+    assert j["act_util_pct"] == 15.0 and j["state"] == "FAILED"  # the probe's use wins
+    assert L.count("jobs") == 3 and L.count("submissions") == 3
 
 
 def test_sync_cli_from_file(tmp_path):
@@ -107,11 +114,217 @@ def test_sync_cli_from_file(tmp_path):
     from slurm_horus.cli.admin_ledger import sync as sync_cmd
 
     url = f"sqlite:///{tmp_path}/l.db"
-    r = CliRunner().invoke(sync_cmd, ["--ledger", url, "--from-file", str(F2302), "--all", "--json"])
+    policy = _policy(tmp_path)
+    r = CliRunner().invoke(sync_cmd, ["--ledger", url, "--from-file", str(F2302), "--all",
+                                      "--policy", policy, "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["recorded"] == 3
+    r = CliRunner().invoke(sync_cmd, ["--ledger", url, "--from-file", str(F2302), "--policy",
+                                      policy])
+    assert r.exit_code == 0, r.output
+    # 103 (no hint) is known to the ledger since the --all run: recorded again
+    assert r.output.startswith("sync: 3 of 3 finished jobs recorded (2 with claims, 0 with ")
     r = CliRunner().invoke(sync_cmd, ["--ledger", url, "--from-file", str(tmp_path / "nope")])
     assert r.exit_code != 0 and "error" in r.output
+
+
+def _policy(tmp_path) -> str:
+    """A policy that sends the claim record into tmp_path (never the machine's own)."""
+    pol = tmp_path / "policy.conf"
+    pol.write_text(f"record_file = {tmp_path / 'record'}\nunderclaim_window_days = 30\n")
+    return str(pol)
+
+
+ZOO = Path(__file__).parent / "data" / "zoo"
+T0 = int(time.time()) - 3600
+
+
+def _job(jid, comment="", *, user="root", admin="", shards=None, gpus=None, util=None, mem=None,
+         node="gpu-a100", start=T0):
+    """One finished job as sacct --json (data_parser v0.0.39) prints it."""
+    alloc = [{"type": "cpu", "name": None, "count": 1}]
+    alloc += [{"type": "gres", "name": n, "count": c} for n, c in (("shard", shards), ("gpu", gpus)) if c]
+    steps = []
+    if util is not None:
+        steps = [{"time": {"elapsed": 100}, "tres": {"requested": {
+            "max": [{"type": "gres", "name": "gpuutil", "count": util},
+                    {"type": "gres", "name": "gpumem", "count": int(mem * 2 ** 20)}],
+            "average": [{"type": "gres", "name": "gpuutil", "count": util}]}}}]
+    return {"job_id": jid, "user": user, "account": "ml", "cluster": "gpucl",
+            "comment": {"job": comment, "administrator": admin, "system": ""},
+            "time": {"elapsed": 100, "submission": start - 10, "start": start, "end": start + 100},
+            "tres": {"allocated": alloc}, "nodes": node, "state": {"current": ["COMPLETED"]},
+            "steps": steps}
+
+
+def _claim(model, bs=8, **extra):
+    """A hint and a workload token as hsubmit writes them, for ``model``."""
+    import hashlib
+
+    from slurm_horus.hint import encode_workload
+
+    sha = hashlib.sha256(Path(model).read_bytes()).hexdigest()
+    return (f"mine horus:v1;a100=30/4000/4500;t4=60/4000/4500 " +
+            encode_workload({"sha": sha, "bs": bs, "task": "train", "opt": "adam", "prec": "fp32",
+                             "model": str(model), **extra}))
+
+
+def test_sync_builds_rows_from_slurm_facts_and_claims(tmp_path):
+    """Facts from sacct, claims from the comment, features recomputed only from a file whose
+    sha256 is the claimed one; one row per job however often and however it is synced."""
+    model = tmp_path / "small_cnn.onnx"
+    shutil.copy(ZOO / "small_cnn.onnx", model)
+    changed = tmp_path / "changed.onnx"
+    shutil.copy(ZOO / "mobilenet_v2.onnx", changed)
+    lie = _claim(changed).replace("model=" + str(changed), "model=" + str(model))
+    jobs = [_job(301, _claim(model), admin="horus: shared a100 shards=30", shards=30,
+                 util=35, mem=4200),
+            _job(302, lie, shards=20),                  # the sha is not the file's
+            _job(303, _claim(model, bs=16), gpus=1),    # a whole GPU
+            _job(304, "", shards=10),                   # no claim: only with --all
+            _job(305, "", node="cpu-1")]                # no GPU: never
+    data = {"jobs": jobs}
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    res = sync(L, sacct_json=data, node_types={"gpu-a100": "a100"})
+    assert (res["recorded"], res["claims"], res["features"]) == (3, 3, 2)
+    s = L.submission("gpucl", 301)
+    assert s["user_name"] == "root" and s["uid"] == 0 and s["account"] == "ml"
+    assert s["submit_time"] == T0 - 10 and s["policy_decision"] == "horus: shared a100 shards=30"
+    assert s["hint"] == "horus:v1;a100=30/4000/4500;t4=60/4000/4500"
+    assert s["model_path"] == str(model) and s["model_family"] == "small_cnn"
+    wl = json.loads(s["workload"])
+    assert wl["batch_size"] == 8 and wl["optimizer"] == "adam"
+    feats = json.loads(s["features"])
+    from slurm_horus.features import extract_features
+
+    assert feats == extract_features(model, batch_size=8).values and s["feature_version"] == 1
+    preds = json.loads(s["predictions"])
+    assert preds["a100"]["util_pct"] == 30 and preds["a100"]["predictor"] == "hint"
+    assert preds["a100"]["cold"]["mem_mib"] > 0 and preds["t4"]["cold"]["util_pct"] > 0
+    assert L.submission("gpucl", 302)["features"] is None  # a claim, kept as a claim
+    assert L.submission("gpucl", 302)["model_sha256"] is not None
+    j = {r["job_id"]: r for r in L.jobs()}
+    assert j[301]["shards"] == 30 and j[301]["gpus"] is None and j[301]["pred_util_pct"] == 30
+    assert j[301]["act_util_pct"] == 35 and j[301]["gpu_type"] == "a100"
+    assert j[303]["gpus"] == 1 and j[303]["shards"] is None
+    assert json.loads(L.submission("gpucl", 303)["workload"])["batch_size"] == 16
+    # again, and with --all: nothing twice
+    assert sync(L, sacct_json=data, all_jobs=True)["recorded"] == 4
+    assert sync(L, sacct_json=data, all_jobs=True)["recorded"] == 4
+    assert L.count("jobs") == 4 and L.count("submissions") == 4 and L.count("usage") == 4
+    assert L.submission("gpucl", 304)["hint"] is None and j[301]["cluster"] == "gpucl"
+
+
+@pytest.fixture()
+def open_dir():
+    """A folder under /tmp that every user may search (pytest's own tmp_path is 0700)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="horus-test-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+def test_sync_drops_rows_users_wrote_under_an_empty_cluster(tmp_path):
+    """Before 0.2 hsubmit keyed its own rows by cluster "" (sbatch --parsable's): once sacct's
+    row exists, one row per job remains."""
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    L.record_submission(job_id=701, cluster="", user="root", features={"flops": 1.0})
+    L.record_usage(job_id=701, cluster="", source="probe", util_mean=1.0)
+    L.record_submission(job_id=702, cluster="", user="root")  # not in this sync: kept
+    sync(L, sacct_json={"jobs": [_job(701, "horus:v1;a100=30/4000/4500", shards=30)]})
+    assert sorted((j["cluster"], j["job_id"]) for j in L.jobs()) == [("", 702), ("gpucl", 701)]
+    assert L.count("usage") == 1 and L.count("submissions") == 2
+
+
+def test_features_only_for_what_the_jobs_owner_can_read(tmp_path, open_dir):
+    import pwd
+
+    model = open_dir / "m.onnx"
+    shutil.copy(ZOO / "small_cnn.onnx", model)
+    nobody = pwd.getpwnam("nobody")
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    data = {"jobs": [_job(401, _claim(model), user="nobody", shards=10)]}
+    for mode, readable in ((0o600, 0), (0o644, 1)):
+        os.chmod(model, mode)
+        assert sync(L, sacct_json=data)["features"] == readable, oct(mode)
+    assert L.submission("gpucl", 401)["uid"] == nobody.pw_uid
+    os.chmod(open_dir, 0o700)  # the file is readable, the folder is not searchable
+    assert sync(L, sacct_json=data)["features"] == 0
+
+
+def test_open_as_owner_follows_unix_permissions(open_dir):
+    from slurm_horus.usage import open_as_owner
+
+    tmp_path = open_dir
+    d = tmp_path / "d"
+    d.mkdir()
+    f = d / "m.onnx"
+    f.write_bytes(b"x")
+    os.chown(f, 5000, 6000)
+    me, group, other = (5000, {5000}), (5001, {6000}), (5002, {5002})
+
+    def can(uid_gids, path=f):
+        fd = open_as_owner(str(path), uid_gids[0], uid_gids[1])
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
+    for mode, want in ((0o400, (True, False, False)), (0o040, (False, True, False)),
+                       (0o004, (False, False, True)), (0o604, (True, False, True))):
+        os.chmod(f, mode)
+        assert (can(me), can(group), can(other)) == want, oct(mode)
+    os.chmod(f, 0o444)
+    os.chmod(d, 0o750)                      # the folder: owner root, group root
+    assert not can(other) and can((0, set()))
+    os.chmod(d, 0o755)
+    (tmp_path / "link").symlink_to(f)       # a link is judged by what it points to
+    os.chmod(f, 0o400)
+    assert not can(other, tmp_path / "link") and can(me, tmp_path / "link")
+    os.mkfifo(tmp_path / "fifo")            # never opened (would block) nor read
+    assert not can((0, set()), tmp_path / "fifo")
+    assert not can((0, set()), "relative/m.onnx") and not can((None, set()))
+
+
+def test_claim_record_counts_users_and_accounts():
+    from slurm_horus.usage import RECORD_HEADER, claim_record
+
+    rows = [{"user_name": "ann", "uid": 1001, "account": "ml", "under_claims": 1, "jobs": 4},
+            {"user_name": "ann", "uid": None, "account": "cv", "under_claims": 2, "jobs": 2},
+            {"user_name": "bob", "uid": 1002, "account": "ml", "under_claims": 0, "jobs": 3},
+            {"user_name": "bad name", "uid": 7, "account": None, "under_claims": 9, "jobs": 9}]
+    text, users, accounts = claim_record(rows)
+    assert text == RECORD_HEADER + ("user 1001 ann 3 6\nuser 1002 bob 0 3\n"
+                                    "account - cv 2 2\naccount - ml 1 7\n")
+    assert (users, accounts) == (2, 2)
+
+
+def test_sync_cli_reports_quarantined_spool_and_writes_the_record(tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_horus.cli.admin_ledger import sync as sync_cmd
+    from slurm_horus.ledger import Spool
+
+    spool = Spool(os.environ["HORUS_SPOOL"])
+    spool.put("usage", {"job_id": "not-a-number", "source": "probe"})
+    spool.put("usage", {"job_id": 601, "cluster": "gpucl", "source": "probe", "util_mean": 90.0,
+                        "mem_peak_mib": 40000.0})
+    sacct = tmp_path / "sacct.json"
+    sacct.write_text(json.dumps({"jobs": [
+        _job(601, "horus:v1;a100=65/30000/34000", user="bob", shards=50),
+        _job(602, "horus:v1;a100=95/50000/50000", user="bob", shards=90, util=50, mem=1000)]}))
+    url = f"sqlite:///{tmp_path}/l.db"
+    r = CliRunner().invoke(
+        sync_cmd, ["--ledger", url, "--from-file", str(sacct), "--policy", _policy(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "1 replayed, 1 quarantined, 0 skipped" in r.stdout
+    (warning,) = r.stderr.splitlines()
+    assert warning.startswith("horus-admin sync: warning: ") and "quarantined as .bad" in warning
+    record = (tmp_path / "record").read_text().splitlines()
+    assert record[0].startswith("# slurm-horus claim record") and oct(
+        os.stat(tmp_path / "record").st_mode & 0o777) == "0o644"
+    # bob's job 601 claimed 34000 MiB p90 and 65 %; the probe measured 40000 MiB and 90 %
+    assert record[1:] == ["user - bob 1 2", "account - ml 1 2"]
 
 
 def _cluster_ok() -> bool:
@@ -125,35 +338,43 @@ def _cluster_ok() -> bool:
 
 @pytest.mark.cluster
 def test_sync_from_real_cluster(tmp_path):
+    """Jobs sbatch'ed with a hint (no hsubmit, nothing written beforehand) are recorded under the
+    cluster name sacct reports, once however often sync runs."""
     if not _cluster_ok():
         pytest.skip("SLURM_CONF unset or the local cluster is down (tests/cluster/up)")
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
     ids = []
-    for shards in (10, 15):
-        out = subprocess.run(["sbatch", "--parsable", f"--gres=shard:{shards}", "-p", "a100",
-                              "-o", str(tmp_path / "out-%j"), "--wrap", "sleep 1"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=30, check=True)
-        jid = int(out.stdout.strip().split(";")[0])
-        ids.append(jid)
-        cluster = out.stdout.strip().split(";")[1] if ";" in out.stdout else "horus"
-        L.record_submission(job_id=jid, cluster=cluster, user="root",
-                            predictions={"a100": {"util_pct": 10, "mem_mib": 500}})
-    # Wait until both jobs appear finished in a time-window query, which is what sync runs:
-    # slurmdbd fills in a short job's start a moment after `sacct -j` already says COMPLETED.
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        seen = [j for j in parse_sacct_json(run_sacct(time.time() - 3600, time.time()))
-                if j["job_id"] in ids and j["state"] == "COMPLETED"]
-        if len(seen) == 2:
-            break
-        time.sleep(1)
-    else:
-        pytest.fail(f"jobs {ids} did not show up finished in sacct")
+    try:
+        for util in (10, 15):
+            out = subprocess.run(["sbatch", "--parsable", "--gres=gpu:1", "-p", "a100",
+                                  f"--comment=horus:v1;a100={util}/500/600",
+                                  "-o", str(tmp_path / "out-%j"), "--wrap", "sleep 1"],
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=30, check=True)
+            ids.append(int(out.stdout.strip().split(";")[0]))
+        # Wait until both jobs appear finished in a time-window query, which is what sync runs:
+        # slurmdbd fills in a short job's start a moment after `sacct -j` already says COMPLETED.
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            seen = [j for j in parse_sacct_json(run_sacct(time.time() - 3600, time.time()))
+                    if j["job_id"] in ids and j["state"] == "COMPLETED"]
+            if len(seen) == 2:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"jobs {ids} did not show up finished in sacct")
+    finally:
+        subprocess.run(["scancel", *map(str, ids)], capture_output=True)
+    conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    cluster = re.search(r"^ClusterName\s*=\s*(\S+)", conf, re.M).group(1)
+    assert seen[0]["cluster"] == cluster  # never "" (what sbatch --parsable says)
     res = sync(L, since=time.time() - 3600)
-    assert res["recorded"] == 2
-    jobs = {j["job_id"]: j for j in L.jobs()}
-    assert {jobs[i]["shards"] for i in ids} == {10, 15}
+    assert res["recorded"] >= 2
+    jobs = {j["job_id"]: j for j in L.jobs(job_ids=ids)}
+    assert {jobs[i]["pred_util_pct"] for i in ids} == {10, 15}
+    assert all(jobs[i]["cluster"] == cluster and jobs[i]["shards"] and jobs[i]["gpus"] is None
+               for i in ids)
     assert all(jobs[i]["state"] == "COMPLETED" and jobs[i]["node"] == "gpu-a100" for i in ids)
     assert all(jobs[i]["gpu_type"] == "a100" for i in ids)
     assert L.get_state("last_sync") is not None
-    assert sync(L, since=time.time() - 3600)["recorded"] == 2 and L.count("usage") == 2
+    sync(L, since=time.time() - 3600, all_jobs=True)
+    assert len(L.jobs(job_ids=ids)) == 2 and L.count("jobs") == L.count("submissions")

@@ -23,16 +23,20 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
 @click.option("-S", "--since", help="Window start (default: the last sync, else 1 day ago).")
 @click.option("-E", "--until", help="Window end (default now).")
 @click.option("--all", "all_jobs", is_flag=True,
-              help="Also record jobs not submitted through hsubmit that used gres shard/gpu.")
+              help="Also record GPU jobs whose comment carries no hint or workload token.")
 @click.option("--from-file", type=click.Path(dir_okay=False),
               help="Read sacct --json output from this file instead of running sacct.")
+@click.option("--policy", envvar="HORUS_POLICY",
+              help="Policy file naming record_file and underclaim_window_days (default: the "
+                   "hook's).")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors("horus-admin sync")
-def sync(url, since, until, all_jobs, from_file, as_json):
-    """Record finished jobs' actual use from sacct (idempotent); replay spooled records."""
+def sync(url, since, until, all_jobs, from_file, policy, as_json):
+    """Record finished jobs from sacct (idempotent), replay the probes' spool, then write the
+    hook's claim record (and users' extracts where Slurm keeps jobs private)."""
     from ..errors import HorusError
     from ..ledger import Ledger
-    from ..usage import sync as do_sync
+    from ..usage import publish, sync as do_sync
     from .hacct import parse_time
 
     ledger = Ledger(url)
@@ -45,12 +49,18 @@ def sync(url, since, until, all_jobs, from_file, as_json):
             raise HorusError(f"{from_file}: {e.strerror}") from None
     res = do_sync(ledger, sacct_json=data, since=parse_time(since, "--since"),
                   until=parse_time(until, "--until"), all_jobs=all_jobs)
+    res.update(publish(ledger, policy=policy))
     if as_json:
         print_json(res)
-    else:
-        click.echo(f"sync: {res['recorded']} jobs recorded of {res['jobs_seen']} finished, "
-                   f"{res['new_submissions']} new from hints, {res['replayed']} spooled "
-                   f"records replayed")
+        return
+    for p in res["problems"]:
+        click.echo(f"horus-admin sync: warning: {p}", err=True)
+    extracts = "" if res["extracts"] is None else f", {res['extracts']} user extracts"
+    click.echo(f"sync: {res['recorded']} of {res['jobs_seen']} finished jobs recorded "
+               f"({res['claims']} with claims, {res['features']} with features recomputed); "
+               f"spool: {res['replayed']} replayed, {res['quarantined']} quarantined, "
+               f"{res['skipped']} skipped; {res['record_file']}: {res['record_users']} users, "
+               f"{res['record_accounts']} accounts{extracts}")
 
 
 @click.command("retrain")

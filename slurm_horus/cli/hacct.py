@@ -1,4 +1,9 @@
-"""`hacct`: sacct for predictions - each job's predicted vs actual GPU use, from the ledger."""
+"""`hacct`: sacct for predictions - each job's predicted vs actual GPU use, from the ledger.
+
+Users only read the ledger (opened read-only; where the site keeps the main file private, their
+own extract). Like sacct, where Slurm's PrivateData contains `jobs`, a user who cannot write the
+ledger sees only their own jobs.
+"""
 
 from __future__ import annotations
 
@@ -60,12 +65,15 @@ def _split(values) -> list[str]:
 @click.option("--plot", "plot", is_flag=False, flag_value="-", default=None,
               metavar="[FILE.png]", help="Predicted vs actual and error over time; "
               "in the terminal, and as a PNG when a file is named.")
+@click.option("--under-claims", "under_claims", is_flag=True,
+              help="Only jobs whose measured use exceeded their hint (the claim audit).")
 @click.option("-M", "--cluster", help="Only this cluster.")
 @click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
-              help="Ledger database URL (default $HORUS_LEDGER_URL or the site ledger).")
+              help="Ledger database URL (default $HORUS_LEDGER_URL or the site ledger); "
+              "opened read-only.")
 @one_line_errors("hacct")
 def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, noheader, as_json,
-         summary, plot, cluster, url):
+         summary, plot, under_claims, cluster, url):
     """Predicted vs actual GPU use of jobs (sacct-style)."""
     from .. import report
     from ..errors import HorusError
@@ -83,10 +91,15 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
     filters = dict(job_ids=job_ids or None, users=_split(users) or None,
                    accounts=_split(accounts) or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
-                   end=parse_time(endtime, "-E/--endtime"), cluster=cluster)
-    from ..ledger import Ledger
+                   end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
+                   under_claims=under_claims)
+    from .. import slurm
+    from ..ledger import current_user, open_reader
 
-    ledger = Ledger(url, replay=False)
+    me = current_user()
+    ledger = open_reader(url, me)
+    if not ledger.writable() and slurm.private_jobs(unknown=True):
+        filters["users"] = [me]
     if summary:
         s = report.summary(ledger, **filters)
         if as_json:

@@ -29,6 +29,8 @@ def features(model, batch_size, dims, as_json, nodes):
 
     report = extract_features(model, batch_size=batch_size, dims=parse_dims(dims))
     if as_json:
+        for warning in report.warnings():
+            click.echo(f"horus features: warning: {warning}", err=True)
         print_json(report.to_dict(nodes=nodes))
         return
     _print_feature_table(report)
@@ -36,6 +38,7 @@ def features(model, batch_size, dims, as_json, nodes):
 
 def _print_feature_table(report) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -55,8 +58,8 @@ def _print_feature_table(report) -> None:
                   f"kernels: {int(v['kernels'])}   memory traffic: "
                   f"{human(v['read_bytes'] + v['write_bytes'], 'B')}   "
                   f"kept for backward: {human(v['saved_activation_bytes'], 'B')}")
-    if report.unknown_ops:
-        console.print(f"[yellow]no cost rule for: {', '.join(report.unknown_ops)}[/yellow]")
+    for warning in report.warnings():
+        console.print(f"[yellow]warning: {escape(warning)}[/yellow]")
     if report.unknown_dims:
         console.print(f"[yellow]unknown dimensions (bind with --dim NAME=VALUE): "
                       f"{_few(report.unknown_dims)}[/yellow]")
@@ -108,6 +111,8 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     report = extract_features(model, batch_size=batch_size, dims=parse_dims(dims))
     choice = choose_predictor(model_dir)
     predictions = predict_for(report, gpus, workload, choice)
+    for warning in [*report.warnings(), *filter(None, [choice.warning])]:
+        click.echo(f"horus predict: warning: {warning}", err=True)
     if as_json:
         if report.unknown_dims:
             click.echo(f"horus predict: warning: unbound dimensions taken as 1: "

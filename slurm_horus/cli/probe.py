@@ -1,31 +1,61 @@
-"""`horus-probe`: record a job's own GPU use (per-process NVML samples) in the ledger."""
+"""`horus-probe`: record a job's GPU use (per-process NVML samples) in the ledger, as root."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
+NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jobs "
+            "(slurmd's Prolog runs `horus-probe --prolog`, see docs/ledger.md)")
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"],
                                  "ignore_unknown_options": True})
+@click.option("--prolog", "mode", flag_value="prolog",
+              help="From slurmd's Prolog (root): probe $SLURM_JOB_ID's GPUs on this node in the "
+                   "background until --epilog; returns at once.")
+@click.option("--epilog", "mode", flag_value="epilog",
+              help="From slurmd's Epilog (root): stop this job's probe, which then records.")
 @click.option("--pid", type=int, help="Watch this process tree (default: the parent process).")
-@click.option("--interval", type=click.FloatRange(0.5, 3600), default=5.0, show_default=True,
-              help="Seconds between samples.")
+@click.option("--interval", type=click.FloatRange(0.2, 3600), envvar="HORUS_PROBE_INTERVAL",
+              default=5.0, show_default=True, help="Seconds between samples.")
 @click.option("--job-id", envvar="SLURM_JOB_ID", help="Job id (default $SLURM_JOB_ID).")
-@click.option("--cluster", envvar="SLURM_CLUSTER_NAME", help="Cluster (default $SLURM_CLUSTER_NAME).")
+@click.option("--cluster", envvar="SLURM_CLUSTER_NAME",
+              help="Cluster (default $SLURM_CLUSTER_NAME).")
 @click.option("--ledger", "url", envvar="HORUS_LEDGER_URL", help="Ledger database URL.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def main(pid, interval, job_id, cluster, url, command):
-    """Sample the GPU use of a process tree until it ends, then write mean/max utilization and
-    peak memory to the ledger. `horus-probe -- CMD ...` runs CMD and exits with its code.
-    Without NVML it does nothing and exits 0 (never harms the job)."""
-    try:
-        from ..probe import run_probe
+def main(mode, pid, interval, job_id, cluster, url, command):
+    """Measure a job's GPU use and write mean/max utilization and peak memory to the ledger.
 
-        rc = run_probe(pid=pid, command=list(command) or None, interval=interval, job_id=job_id,
-                       cluster=cluster, url=url)
-    except Exception:  # never a traceback into a job's log
+    Sites install it in slurmd's Prolog/Epilog (etc/horus-prolog, etc/horus-epilog): measured use
+    comes only from a probe running as root. Only root records: anyone else gets a one-line error
+    and exit code 2 (`horus-probe -- CMD` still runs CMD, unmeasured, and returns its code).
+    Without NVML (or a GPU) it records nothing and prints nothing."""
+    uid = os.geteuid()
+    if uid != 0:
+        click.echo(NOT_ROOT.format(uid=uid), err=True)
+        if command and not mode:
+            import subprocess
+
+            try:
+                sys.exit(subprocess.call(list(command)))
+            except OSError as e:
+                click.echo(f"horus-probe: {command[0]}: {e.strerror}", err=True)
+                sys.exit(127)
+        sys.exit(2)
+    try:
+        from .. import probe
+
+        if mode == "prolog":
+            rc = probe.prolog(interval=interval, url=url)
+        elif mode == "epilog":
+            rc = probe.epilog()
+        else:
+            rc = probe.run_probe(pid=pid, command=list(command) or None, interval=interval,
+                                 job_id=job_id, cluster=cluster, url=url)
+    except Exception:  # never a traceback into a job's log or slurmd's
         rc = 0
     sys.exit(rc)
 

@@ -11,6 +11,13 @@ PORT_MYSQL=$((_PB + 6))
 MUNGE_SOCKET="$D/munge/munge.socket.2"
 MYSQL_SOCKET="$D/run/mysqld.sock"
 NODES=(gpu-a100 gpu-t4)
+# Ordinary (non-root) test users made by up, with user-private groups and homes.
+TEST_USERS=(horus-alice horus-bob)
+# Root-owned horus folders of the test cluster (see README: "Ordinary users and the probe").
+LEDGER_DIR="$D/ledger"          # 0755 root: the test ledger (sqlite) written by the Prolog's probe
+FAKEGPU_DIR="$D/fakegpu"        # 1777: test jobs write <jobid>.json here (fake sampler, tests only)
+HORUS_SPOOL_DIR="$D/horus-spool" # 0700 root: the probe's fallback spool
+PROBE_RUN_DIR="$D/run/horus-probe" # 0700 root: pid files of running probes
 
 log() { echo "[horus-cluster] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -51,12 +58,30 @@ mkfake() {
     if [ ! -c "$1" ]; then rm -f "$1"; mknod "$1" c 1 3; fi
 }
 
-# write_if_changed FILE < content: keep the file (and its mtime) when identical
+# write_if_changed FILE [MODE] < content: keep the file (and its mtime) when identical.
+# CHANGED_FILES lists the existing files that were rewritten (up applies them to running daemons).
+CHANGED_FILES=()
 write_if_changed() {
-    local f="$1" tmp
+    local f="$1" mode="${2:-644}" tmp
     tmp="$(mktemp "$f.XXXXXX")"
     cat > "$tmp"
-    if [ -f "$f" ] && cmp -s "$tmp" "$f"; then rm -f "$tmp"; return 0; fi
-    if [ -f "$f" ]; then log "NOTE: $f changed; running daemons keep the old one (down && up to apply)"; fi
-    chmod 644 "$tmp"; mv -f "$tmp" "$f"
+    if [ -f "$f" ] && cmp -s "$tmp" "$f"; then rm -f "$tmp"; chmod "$mode" "$f"; return 0; fi
+    if [ -f "$f" ]; then CHANGED_FILES+=("$f"); fi
+    chmod "$mode" "$tmp"; mv -f "$tmp" "$f"
+}
+
+# allow_traverse DIR: give "others" the search (x) bit on DIR and each folder above it that lacks
+# it (only x: nothing becomes listable or readable that was not). Prints what it changed.
+allow_traverse() {
+    local p="" part
+    local IFS=/
+    for part in $1; do
+        [ -n "$part" ] || continue
+        p="$p/$part"
+        [ -d "$p" ] || return 0
+        if [ "$(( 0$(stat -c %a "$p") & 1 ))" = 0 ]; then
+            chmod o+x "$p"
+            log "NOTE: chmod o+x $p (ordinary users must reach the Python and the repository)"
+        fi
+    done
 }

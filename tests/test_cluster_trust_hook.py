@@ -1,0 +1,120 @@
+"""The job-submit hook's trust policy on the real local Slurm 22.05 cluster (tests/cluster/up;
+source tests/cluster/env.sh): slurmctld loads etc/job_submit.lua and the shipped
+etc/horus_policy.conf (raw_shards = whole, min_mem_mib = 512) through symlinks.
+
+Every job is submitted held (--hold): the hook has decided by then, and a held job takes no GPU
+from the other tests running on the cluster. Each test cancels only the jobs it submitted. The
+shipped policy file and the site's claim record are never changed here (other tests run beside
+these); refuse mode and the claim record are covered in Lua by tests/test_job_submit_trust.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def _cluster_ok():
+    if not os.environ.get("SLURM_CONF"):
+        return "SLURM_CONF unset: start the cluster (bash tests/cluster/up; source tests/cluster/env.sh)"
+    if not shutil.which("sbatch"):
+        return "sbatch not installed"
+    try:
+        cp = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+    except Exception as e:  # noqa: BLE001
+        return f"scontrol ping failed: {e}"
+    if cp.returncode != 0 or "UP" not in cp.stdout:
+        return "slurmctld not up"
+    return None
+
+
+_why = _cluster_ok()
+if _why:
+    pytestmark = [pytest.mark.cluster, pytest.mark.skip(reason=_why)]
+
+SHA = "c" * 64
+
+
+@pytest.fixture()
+def submit():
+    mine: list[str] = []
+
+    def sbatch(*args: str):
+        cp = subprocess.run(["sbatch", "--hold", "--parsable", "-J", "horus-trust-test", *args,
+                             "--wrap", "true"], capture_output=True, text=True, timeout=60)
+        if cp.returncode == 0:
+            jid = cp.stdout.strip().split(";")[0]
+            mine.append(jid)
+            return jid, cp.stderr
+        return None, cp.stderr
+
+    yield sbatch
+    if mine:
+        subprocess.run(["scancel", *mine], capture_output=True, timeout=60)
+
+
+def show(jid: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", jid], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    fields = {}
+    for key in ("TresPerNode", "AdminComment", "Comment"):  # alone on their line
+        m = re.search(rf"(?:^|\s){key}=(.*?)\s*$", out, re.M)
+        fields[key] = m.group(1) if m else None
+    m = re.search(r"(?:^|\s)Features=(\S*)", out, re.M)
+    fields["Features"] = m.group(1) if m else None
+    return fields
+
+
+def _record_says_whole(admin: str | None) -> bool:
+    """The site's claim record (written by other tests' horus-admin sync) may list this uid."""
+    return bool(admin) and "claim record:" in admin
+
+
+@pytest.mark.parametrize("gres,whole", [("shard:3", "gres:gpu:1"), ("shard:a100:30", "gres:gpu:a100:1"),
+                                        ("shard:250", "gres:gpu:3")])
+def test_raw_shard_request_gets_whole_gpus(submit, gres, whole):
+    jid, err = submit(f"--gres={gres}")
+    assert jid, err
+    f = show(jid)
+    assert f["TresPerNode"] == whole
+    assert "whole GPU, no shards" in f["AdminComment"]
+    assert "horus: exclusive" in err  # the user is told
+
+
+def test_forged_tiny_hint_is_costed_at_the_memory_floor(submit):
+    jid, err = submit("--gres=gpu:1", "--comment", "horus:v1;t4=1/1/1")
+    assert jid, err
+    f = show(jid)
+    if _record_says_whole(f["AdminComment"]):
+        assert f["TresPerNode"] == "gres:gpu:1"
+        return
+    # 512 MiB on a 15360 MiB t4 at a 90 % pack limit: 4 shards (1 MiB alone would give 2)
+    assert f["TresPerNode"] == "gres:shard:4", f
+    assert "mem 512 MiB" in f["AdminComment"]
+
+
+def test_workload_token_is_kept_and_ignored(submit):
+    comment = f"my run horus:v1;t4=1/1/1 horus-job:v1;sha={SHA};bs=8;task=train;model=/x/horus:v1%3Bt4=9/9/9"
+    jid, err = submit("--gres=gpu:1", "--comment", comment)
+    assert jid, err
+    f = show(jid)
+    assert f["Comment"] == comment
+    assert "ignored hint" not in (f["AdminComment"] or "")
+    if not _record_says_whole(f["AdminComment"]):
+        assert f["TresPerNode"] == "gres:shard:4"
+
+
+def test_valid_hint_beside_own_shard_request_is_costed_from_the_hint(submit):
+    jid, err = submit("--gres=shard:1", "--comment", "horus:v1;t4=20/3000/3500")
+    assert jid, err
+    f = show(jid)
+    if _record_says_whole(f["AdminComment"]):
+        assert f["TresPerNode"] == "gres:gpu:1"
+        return
+    assert f["TresPerNode"] == "gres:shard:26" and f["Features"] == "t4"

@@ -1,0 +1,507 @@
+"""The hook's trust policy, on the real etc/job_submit.lua in Lua 5.1 (lupa): raw shard requests
+(raw_shards), the memory floor of a hint (min_mem_mib), the claim record written by
+`horus-admin sync` (record_file, underclaim_limit), the workload token it must ignore, the
+job_modify path, and slurm_horus.policy.policy_value()."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lupa")
+
+from slurm_horus.policy import Decision, HookCache, HookRuntime, decide, policy_file, policy_value  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+HOOK = REPO / "etc" / "job_submit.lua"
+SHIPPED = REPO / "etc" / "horus_policy.conf"
+
+UID = 54321
+LIGHT = "horus:v1;t4=20/3000/3500;a100=10/3000/3500"  # t4: 26 shards (memory-bound)
+HEAVY = "horus:v1;t4=85/3000/3500;a100=75/3000/3500"
+JOB_TOKEN = ("horus-job:v1;sha=" + "ab" * 32 + ";bs=8;task=train;opt=adam;prec=fp32;dims=batch:8;"
+             "model=/home/u/models/horus:v1%3Ba100=1/1/1%20x.onnx")
+
+BASE = """
+shards_per_gpu = 100
+pack_limit_pct = 90
+exclusive_util_pct = 70
+memory = p90
+min_shards = 1
+on_bad_hint = ignore
+gpu.a100.mem_mib = 40960
+gpu.t4.mem_mib = 15360
+type_order = t4, a100
+"""
+
+
+@pytest.fixture()
+def site(tmp_path):
+    """write(policy_extra, record=None) -> policy path; the record file lives in tmp_path."""
+    record = tmp_path / "record"
+
+    def write(extra: str = "", record_text: str | None = None, name: str = "policy.conf") -> Path:
+        if record_text is not None:
+            record.write_text(record_text)
+        p = tmp_path / name
+        p.write_text(BASE + f"record_file = {record}\n" + extra)
+        return p
+
+    write.record = record
+    return write
+
+
+def run(job: dict, policy: Path, uid: int = UID, **kw) -> Decision:
+    return decide(job, policy_path=policy, hook_path=HOOK, submit_uid=uid, **kw)
+
+
+def changed(before: dict, d: Decision) -> dict:
+    after = d.job_desc
+    keys = set(before) | set(after)
+    return {k: after.get(k) for k in keys if before.get(k) != after.get(k) and k != "admin_comment"}
+
+
+# A valid GRES request as slurmctld 22.05 / 23.11+ would take it.
+_GRES_ITEM = re.compile(r"(gres[:/])?[a-z0-9_]+(:[a-z0-9_\-]+)?(:[0-9]+)?")
+
+
+def assert_valid_gres(s: str | None):
+    if s is None:
+        return
+    items = s.split(",")
+    assert all(_GRES_ITEM.fullmatch(i) for i in items), s
+    names = [i.split("/")[-1].split(":")[1 if i.startswith("gres:") else 0] for i in items]
+    assert not ("gpu" in names and "shard" in names), s
+
+
+# --------------------------------------------------------------------------- raw_shards
+
+RAW = [
+    # (id, tres_per_node, whole-GPU equivalent)
+    ("22.05 spelling", "gres:shard:3", "gres:gpu:1"),
+    ("23.11 spelling", "gres/shard:3", "gres/gpu:1"),
+    ("typed 22.05", "gres:shard:a100:30", "gres:gpu:a100:1"),
+    ("typed 25.11", "gres/shard:t4:70", "gres/gpu:t4:1"),
+    ("bare name", "shard", "gpu:1"),
+    ("a whole GPU's worth", "gres:shard:100", "gres:gpu:1"),
+    ("more than one GPU's shards", "gres:shard:150", "gres:gpu:2"),
+    ("other GRES kept in place", "gres:nvme:1,gres:shard:5,gres:fpga:2", "gres:nvme:1,gres:gpu:1,gres:fpga:2"),
+]
+
+
+@pytest.mark.parametrize("name,gres,whole", RAW, ids=[r[0] for r in RAW])
+def test_raw_shards_whole_gives_whole_gpus(site, name, gres, whole):
+    pol = site("raw_shards = whole\n")
+    job = {"tres_per_node": gres, "comment": "my own note", "partition": "gpu"}
+    d = run(job, pol)
+    assert d.rc == 0 and d.action == "exclusive"
+    assert changed(job, d) == {"tres_per_node": whole}
+    assert d.job_desc["comment"] == job["comment"]
+    assert "shards asked without a valid hint, raw_shards = whole" in d.admin_comment
+    assert d.user_messages == [d.admin_comment]
+    typed = re.search(r"shard:([a-z0-9]+):", gres)
+    assert d.gpu_type == (typed.group(1) if typed else "any")
+
+
+@pytest.mark.parametrize("gres", ["gres:shard:3", "gres/shard:a100:30"])
+def test_raw_shards_refuse(site, gres):
+    pol = site("raw_shards = refuse\n")
+    d = run({"tres_per_node": gres}, pol)
+    assert d.rc != 0 and d.action == "rejected"
+    assert d.written == ()
+    assert len(d.user_messages) == 1
+    msg = d.user_messages[0]
+    assert msg.startswith("horus: job rejected:") and "raw_shards = refuse" in msg and "hsubmit" in msg
+
+
+@pytest.mark.parametrize("extra", ["", "raw_shards = allow\n", "raw_shards = sometimes\n"],
+                         ids=["built-in default", "allow", "invalid value -> allow"])
+def test_raw_shards_allow_leaves_job_untouched(site, extra):
+    pol = site(extra)
+    job = {"tres_per_node": "gres:shard:3"}
+    d = run(job, pol)
+    assert d.rc == 0 and d.written == () and d.job_desc == job and d.user_messages == []
+    if "sometimes" in extra:
+        assert any("raw_shards" in m[1] for m in d.log)
+
+
+def test_jobs_without_shards_or_hint_are_never_touched_in_any_mode(site):
+    for mode in ("allow", "whole", "refuse"):
+        pol = site(f"raw_shards = {mode}\n", name=f"{mode}.conf")
+        for job in ({"tres_per_node": "gres:gpu:1"}, {"tres_per_job": "gres/gpu:2"},
+                    {"tres_per_node": "gres:nvme:1", "comment": "x"},
+                    {"tres_per_node": "gres:shard:0"}, {}):
+            d = run(job, pol)
+            assert d.rc == 0 and d.written == () and d.job_desc == job, (mode, job)
+
+
+UNCONVERTIBLE = [
+    ("shards per task", {"tres_per_task": "gres/shard:2"}, "per job, task or socket"),
+    ("shards per job", {"tres_per_job": "gres:shard:2"}, "per job, task or socket"),
+    ("gpu and shard together", {"tres_per_node": "gres:gpu:1,gres:shard:2"}, "together"),
+    ("count with a suffix", {"tres_per_node": "gres:shard:2k"}, "unreadable"),
+    ("odd type", {"tres_per_node": "gres:shard:A%s:2"}, "unusual GPU type"),
+    ("huge count", {"tres_per_node": "gres:shard:99999999999999999999"}, "unusual shard count"),
+    ("overlong field", {"tres_per_node": "gres:shard:1," + "x" * 2000}, "unusual tres_per_node"),
+]
+
+
+@pytest.mark.parametrize("name,job,why", UNCONVERTIBLE, ids=[u[0] for u in UNCONVERTIBLE])
+def test_unconvertible_shard_request_is_refused_not_mangled(site, name, job, why):
+    pol = site("raw_shards = whole\n")
+    d = run(job, pol)
+    assert d.rc != 0 and d.written == ()
+    assert "cannot be turned into whole GPUs" in d.user_messages[0] and why in d.user_messages[0]
+    # with allow, the same job is left to Slurm
+    allow = run(job, site("raw_shards = allow\n", name="allow.conf"))
+    assert allow.rc == 0 and allow.written == ()
+
+
+def test_bad_hint_with_shards_is_a_raw_request(site):
+    pol = site("raw_shards = whole\n")
+    job = {"comment": "horus:v1;t4=nan/1/1", "tres_per_node": "gres:shard:1"}
+    d = run(job, pol)
+    assert d.rc == 0 and changed(job, d) == {"tres_per_node": "gres:gpu:1"}
+    assert "without a valid hint" in d.admin_comment
+    # on_bad_hint = reject still wins
+    rej = run(job, site("raw_shards = whole\non_bad_hint = reject\n", name="rej.conf"))
+    assert rej.rc != 0 and "bad resource hint" in rej.user_messages[0]
+    # allow: as before, the bad hint is noted and the job runs as submitted
+    allow = run(job, site("raw_shards = allow\n", name="allow.conf"))
+    assert allow.rc == 0 and changed(job, allow) == {}
+    assert allow.admin_comment.startswith("horus: ignored hint (")
+
+
+@pytest.mark.parametrize("mode", ["whole", "refuse"])
+def test_valid_hint_with_own_shard_request_is_costed_from_the_hint(site, mode):
+    """A forged low shard count beside a valid hint is replaced by the hint's own shard count."""
+    pol = site(f"raw_shards = {mode}\n")
+    d = run({"comment": LIGHT, "tres_per_node": "gres:shard:1"}, pol)
+    assert d.rc == 0 and (d.action, d.gpu_type, d.shards) == ("shared", "t4", 26)
+    assert d.job_desc["tres_per_node"] == "gres:shard:26" and d.job_desc["features"] == "t4"
+    d = run({"comment": HEAVY, "tres_per_node": "gres/shard:a100:5"}, pol)
+    assert d.rc == 0 and d.action == "exclusive" and d.job_desc["tres_per_node"] == "gres/gpu:a100:1"
+    # the hint cannot handle it (several GPUs): whole GPUs, with the reason
+    d = run({"comment": LIGHT, "tres_per_node": "gres:shard:250"}, pol)
+    assert d.rc == 0 and d.action == "exclusive" and d.job_desc["tres_per_node"] == "gres:gpu:3"
+    assert "hint not applied: multi-GPU request" in d.admin_comment
+    # allow: the user's shard request stands, as before
+    a = run({"comment": LIGHT, "tres_per_node": "gres:shard:1"}, site("raw_shards = allow\n", name="a.conf"))
+    assert a.action == "unchanged" and a.job_desc["tres_per_node"] == "gres:shard:1"
+
+
+def test_shipped_policy_converts_raw_shards():
+    assert policy_value("raw_shards", path=SHIPPED) == "whole"
+    d = decide({"tres_per_node": "gres:shard:3"}, policy_path=SHIPPED, hook_path=HOOK, submit_uid=UID)
+    assert d.rc == 0 and d.job_desc["tres_per_node"] == "gres:gpu:1"
+
+
+def test_random_shard_requests_never_become_invalid(site):
+    rng = random.Random(10)
+    pols = [site(f"raw_shards = {m}\n", name=f"{m}.conf") for m in ("allow", "whole", "refuse")]
+    parts = ["gres:shard:3", "gres/shard:a100:7", "shard", "gres:nvme:1", "gres:gpu:1", "gres:shard:0",
+             "gres:shard:150", "gres/shard:t4:1", "shard:x:y:z", "gres:shard:", ":", "gres:gpu:t4:2",
+             "gres:shard:%s", "gres:mps:50", "gres:gpu:0", "gres/shard:a100:0"]
+    comments = [None, "", "note", LIGHT, HEAVY, "horus:v1;bad", "x " + LIGHT + " " + JOB_TOKEN]
+    for _ in range(400):
+        job = {"tres_per_node": ",".join(rng.sample(parts, rng.randint(1, 3)))}
+        if rng.random() < 0.3:
+            job["tres_per_task"] = rng.choice(["gres/shard:2", "gres:gpu:1", "gres/nvme:1", "gres:gpu:0"])
+        c = rng.choice(comments)
+        if c is not None:
+            job["comment"] = c
+        for pol in pols:
+            d = run(job, pol)
+            assert not [m for m in d.log if m[0] == "error"], (job, d.log)
+            if d.rc != 0:
+                assert d.written == () and d.user_messages
+                continue
+            if "tres_per_node" in d.written:  # what the hook wrote is valid (the user's own items stay)
+                out = d.job_desc.get("tres_per_node")
+                new = [i for i in (out or "").split(",") if i not in (job["tres_per_node"] or "").split(",")]
+                assert_valid_gres(",".join(new) or None)
+                names = {re.sub(r"^gres[:/]", "", i).split(":")[0] for i in out.split(",")}
+                assert not {"gpu", "shard"} <= names, (job, out)
+            if d.job_desc.get("comment") != job.get("comment"):
+                raise AssertionError("comment changed")
+
+
+# --------------------------------------------------------------------------- min_mem_mib
+
+def test_tiny_hint_memory_is_costed_as_the_floor(site):
+    job = {"comment": "horus:v1;t4=1/1/1", "tres_per_node": "gres:gpu:1"}
+    d = run(job, site())  # built-in default 512
+    assert (d.action, d.shards) == ("shared", 4)  # ceil(100 * 512 / (15360 * 0.9)) = 4
+    assert "mem 512 MiB p90" in d.admin_comment
+    assert run(job, site("min_mem_mib = 0\n", name="off.conf")).shards == 2  # util 1 % -> 2
+    assert run(job, site("min_mem_mib = 4096\n", name="4g.conf")).shards == 30
+    e = run(job, site("memory = expected\n", name="exp.conf"))
+    assert e.shards == 4 and "mem 512 MiB expected" in e.admin_comment
+    # above the floor nothing changes
+    assert run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, site("min_mem_mib = 3000\n", name="m.conf")).shards == 26
+
+
+def test_issue_forged_hint_on_a100_is_costed_as_512_mib():
+    d = decide({"comment": "horus:v1;a100=1/1/1", "tres_per_node": "gres:gpu:1"}, policy_path=SHIPPED,
+               hook_path=HOOK, submit_uid=UID)
+    assert d.action == "shared" and "mem 512 MiB" in d.admin_comment
+
+
+def test_bad_min_mem_values(site):
+    for i, v in enumerate(("-1", "1e3", "lots", "512.5", "100000000")):
+        d = run({"comment": "horus:v1;t4=1/1/1", "tres_per_node": "gres:gpu:1"},
+                site(f"min_mem_mib = {v}\n", name=f"b{i}.conf"))
+        assert d.shards == 4, v  # default 512
+        assert any("min_mem_mib" in m[1] for m in d.log), v
+
+
+# --------------------------------------------------------------------------- claim record
+
+RECORD = """# slurm-horus claim record: written by horus-admin sync, read by job_submit.lua
+user 54321 alice 4 9
+user 1002 bob 1 12
+account - physics 3 20
+account - chem 0 5
+"""
+
+
+def test_repeat_under_claimer_gets_a_whole_gpu(site):
+    pol = site(record_text=RECORD)
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1"}
+    d = run(job, pol, uid=54321)
+    assert d.rc == 0 and d.action == "exclusive" and d.gpu_type == "any"
+    assert changed(job, d) == {}  # keeps the whole GPU it asked for
+    assert "claim record: user alice (uid 54321) has 4 under-claims in 9 jobs, limit 3" in d.admin_comment
+    assert d.user_messages == [d.admin_comment]
+    # its own type is kept
+    d = run({"comment": LIGHT, "tres_per_node": "gres/gpu:a100:1"}, pol, uid=54321)
+    assert d.action == "exclusive" and d.gpu_type == "a100" and d.job_desc["tres_per_node"] == "gres/gpu:a100:1"
+    # under the limit: shares as usual
+    assert run(job, pol, uid=1002).action == "shared"
+    assert run(job, pol, uid=7).action == "shared"
+    # a job that would not share anyway is decided as before
+    assert "util" in run({"comment": HEAVY, "tres_per_node": "gres:gpu:1"}, pol, uid=54321).admin_comment
+
+
+def test_account_record(site):
+    pol = site(record_text=RECORD)
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1"}
+    d = run({**job, "account": "Physics"}, pol, uid=7)
+    assert d.action == "exclusive" and "claim record: account physics has 3 under-claims" in d.admin_comment
+    assert run({**job, "account": "chem"}, pol, uid=7).action == "shared"
+    assert run(job, pol, uid=7).action == "shared"  # no --account: the default one is unknown here
+
+
+def test_limit_setting(site):
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1"}
+    assert run(job, site("underclaim_limit = 0\n", RECORD), uid=54321).action == "shared"
+    assert run(job, site("underclaim_limit = 5\n", RECORD, name="5.conf"), uid=54321).action == "shared"
+    assert run(job, site("underclaim_limit = 1\n", RECORD, name="1.conf"), uid=1002).action == "exclusive"
+    d = run(job, site("underclaim_limit = many\n", RECORD, name="bad.conf"), uid=54321)
+    assert d.action == "exclusive"  # invalid -> default 3
+    assert any("underclaim_limit" in m[1] for m in d.log)
+
+
+def test_under_claimer_raw_shards_even_when_allowed(site):
+    pol = site("raw_shards = allow\n", RECORD)
+    job = {"tres_per_node": "gres:shard:2"}
+    d = run(job, pol, uid=54321)
+    assert d.rc == 0 and d.job_desc["tres_per_node"] == "gres:gpu:1"
+    assert "claim record: user alice" in d.admin_comment
+    assert run(job, pol, uid=1002).written == ()  # others: allowed, untouched
+    # valid hint + own shard request + bad record: whole GPU
+    d = run({"comment": LIGHT, "tres_per_node": "gres:shard:2"}, pol, uid=54321)
+    assert d.job_desc["tres_per_node"] == "gres:gpu:1" and d.action == "exclusive"
+    # refuse mode refuses it
+    d = run(job, site("raw_shards = refuse\n", RECORD, name="r.conf"), uid=54321)
+    assert d.rc != 0
+
+
+GARBLED = {
+    "missing": None,
+    "empty": "",
+    "binary": "\x00\xff\xfe user 54321",
+    "wrong field count": "user 54321 alice 4\nuser 54321 alice 4 9 extra\n",
+    "non-numeric": "user alice alice 4 9\nuser 54321 alice four 9\nuser -54321 alice 4 9\n",
+    "huge numbers": "user 54321 alice 99999999999999999999 9\n",
+    "long line": "user 54321 " + "a" * 5000 + " 4 9\n",
+    "unknown kind": "group 54321 alice 4 9\naccount 54321 alice 4 9\n",
+    "percent signs": "user 54321 %s%n%d 4 9\n",
+}
+
+
+@pytest.mark.parametrize("text", list(GARBLED.values()), ids=list(GARBLED))
+def test_garbled_or_missing_record_applies_no_limit(site, text):
+    pol = site()
+    if text is not None:
+        site.record.write_bytes(text.encode("latin-1"))
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, pol, uid=54321)
+    if text == "user 54321 %s%n%d 4 9\n":  # a name it will not print: still matched by uid
+        assert d.action == "exclusive" and "uid 54321 has 4" in d.admin_comment
+        return
+    assert d.rc == 0 and d.action == "shared"
+    assert not [m for m in d.log if m[0] == "error"]
+
+
+def test_record_that_is_a_directory(site, tmp_path):
+    d_ = tmp_path / "recdir"
+    d_.mkdir()
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, site(f"record_file = {d_}\n"), uid=54321)
+    assert d.rc == 0 and d.action == "shared"
+
+
+def test_good_lines_survive_garbled_ones_and_duplicates_take_the_max(site):
+    text = "garbage here\nuser 54321 alice 1 9\n\n   # comment\nuser 54321 alice 5 9\nuser 54321 alice 0 9\n"
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, site(record_text=text), uid=54321)
+    assert d.action == "exclusive" and "5 under-claims" in d.admin_comment
+    assert any("1 unreadable line" in m[1] for m in d.log)
+
+
+def test_only_the_first_64_kib_are_read_and_fast(site):
+    filler = "".join(f"user {100000 + i} u{i} 0 1\n" for i in range(4000))  # ~ 80 KiB
+    assert len(filler) > 65536
+    at = filler[:65000].rfind("\n") + 1
+    early = filler[:at] + "user 54321 alice 4 9\n" + filler[at:]
+    late = filler + "user 54321 alice 4 9\n"
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1"}
+    t0 = time.perf_counter()
+    d_early = run(job, site(record_text=early), uid=54321)
+    assert d_early.action == "exclusive"
+    assert any("larger than 64 KiB" in m[1] for m in d_early.log)
+    assert time.perf_counter() - t0 < 1.0
+    d_late = run(job, site(record_text=late, name="late.conf"), uid=54321)
+    assert d_late.action == "shared"
+    # the line cut at 64 KiB is not read as a shorter number
+    boundary = "x" * (65536 - len("user 54321 alice 1")) + "\n"
+    text = boundary[:-1][: 65536 - 30] + "\nuser 54321 alice 1" + "2" * 20 + " 9\n"
+    assert run(job, site(record_text=text, name="b.conf"), uid=54321).rc == 0
+
+
+def test_record_changes_are_seen_at_the_next_submission(site):
+    cache = HookCache()
+    pol = site(record_text="user 54321 alice 0 1\n")
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1"}
+    assert decide(job, policy_path=pol, hook_path=HOOK, submit_uid=54321, cache=cache).action == "shared"
+    site.record.write_text("user 54321 alice 3 4\n")
+    assert decide(job, policy_path=pol, hook_path=HOOK, submit_uid=54321, cache=cache).action == "exclusive"
+    site.record.unlink()
+    assert decide(job, policy_path=pol, hook_path=HOOK, submit_uid=54321, cache=cache).action == "shared"
+
+
+def test_record_is_not_read_for_jobs_that_would_not_share(site, monkeypatch):
+    """No record read for jobs without hint/shards (fast path): a FIFO there would block a read."""
+    fifo = site.record
+    os.mkfifo(fifo)
+    pol = site()
+    for job in ({"tres_per_node": "gres:gpu:1"}, {"comment": HEAVY, "tres_per_node": "gres:gpu:1"},
+                {"comment": LIGHT, "tres_per_node": "gres:gpu:2"}):
+        assert run(job, pol, uid=54321).rc == 0
+
+
+# --------------------------------------------------------------------------- workload token
+
+@pytest.mark.parametrize("comment", [
+    LIGHT + " " + JOB_TOKEN,
+    "my run " + LIGHT + " " + JOB_TOKEN,
+    JOB_TOKEN + " " + LIGHT,
+])
+def test_workload_token_is_ignored(site, comment):
+    pol = site()
+    d = run({"comment": comment, "tres_per_node": "gres:gpu:1"}, pol)
+    assert (d.action, d.gpu_type, d.shards) == ("shared", "t4", 26)
+    assert d.job_desc["comment"] == comment  # never stripped
+
+
+def test_workload_token_alone_is_not_a_hint(site):
+    pol = site("on_bad_hint = reject\nraw_shards = refuse\n")
+    job = {"comment": JOB_TOKEN, "tres_per_node": "gres:gpu:1"}
+    d = run(job, pol)
+    assert d.rc == 0 and d.written == () and d.job_desc == job
+
+
+# --------------------------------------------------------------------------- job_modify
+
+def modify(rt: HookRuntime, fields: dict, uid: int, policy: Path, rec: dict | None = None):
+    g = rt._g
+    g._horus_reset()
+    g._horus_policy_override = str(policy)
+    try:
+        job, backing, _ = g._horus_make_job(rt._lua.table_from(fields))
+        jr = rt._lua.table_from(rec or {})
+        rc = g.slurm_job_modify(job, jr, rt._lua.table(), uid)
+        return rc, dict(backing.items())
+    finally:
+        g._horus_policy_override = None
+
+
+def test_modify_to_shards_by_a_user(site):
+    rt = HookRuntime(HOOK)
+    whole, refuse, allow = site("raw_shards = whole\n"), site("raw_shards = refuse\n", name="r.conf"), \
+        site("raw_shards = allow\n", RECORD, name="a.conf")
+    assert modify(rt, {"tres_per_node": "gres:shard:1"}, 1002, whole) == (0, {"tres_per_node": "gres:gpu:1"})
+    rc, _ = modify(rt, {"tres_per_node": "gres:shard:1"}, 1002, refuse)
+    assert rc != 0
+    assert modify(rt, {"tres_per_node": "gres:shard:1"}, 0, refuse) == (0, {"tres_per_node": "gres:shard:1"})
+    assert modify(rt, {"tres_per_node": "gres:shard:1"}, 1002, allow) == (0, {"tres_per_node": "gres:shard:1"})
+    assert modify(rt, {"tres_per_node": "gres:shard:1"}, 54321, allow)[1] == {"tres_per_node": "gres:gpu:1"}
+    rc, f = modify(rt, {"tres_per_node": "gres:shard:1"}, 7, allow, rec={"account": "physics"})
+    assert f == {"tres_per_node": "gres:gpu:1"}
+    # other updates are not looked at
+    assert modify(rt, {"time_limit": 30}, 1002, refuse) == (0, {"time_limit": 30})
+
+
+# --------------------------------------------------------------------------- policy_value
+
+def test_policy_value_reads_what_the_hook_reads(site, tmp_path):
+    pol = site("""
+record_file = relative/path
+record_file = /first
+underclaim_window_days = 7   # a comment
+underclaim_window_days = 0
+raw_shards = whole
+""")
+    assert policy_value("record_file", path=pol) == "/first"  # "relative/path" is invalid: skipped
+    assert policy_value("underclaim_window_days", "30", path=pol) == "7"  # 0 is invalid: 7 stays
+    assert policy_value("raw_shards", path=pol) == "whole"
+    assert policy_value("underclaim_limit", "3", path=pol) == "3"
+    assert policy_value("gpu.t4.mem_mib", path=pol) == "15360"
+    assert policy_value("record_file", "/d", path=tmp_path / "missing") == "/d"
+    big = tmp_path / "big.conf"
+    big.write_text("record_file = /x\n" + "#" * 70000)
+    assert policy_value("record_file", "/d", path=big) == "/d"
+
+
+def test_policy_value_record_file_is_the_one_the_hook_uses(site, tmp_path, monkeypatch):
+    other = tmp_path / "elsewhere"
+    other.write_text(RECORD)
+    pol = site(f"record_file = {other}\n")
+    monkeypatch.setenv("HORUS_POLICY", str(pol))
+    assert policy_file() == pol
+    assert policy_value("record_file") == str(other)
+    d = decide({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, hook_path=HOOK, submit_uid=54321)
+    assert d.action == "exclusive" and "claim record" in d.admin_comment
+
+
+def test_policy_file_next_to_the_controllers_hook(tmp_path, monkeypatch):
+    monkeypatch.delenv("HORUS_POLICY", raising=False)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    (tmp_path / "job_submit.lua").write_text(HOOK.read_text())
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert policy_file() == tmp_path / "horus_policy.conf"
+    (tmp_path / "horus_policy.conf").write_text("underclaim_window_days = 12\n")
+    assert policy_value("underclaim_window_days", "30") == "12"
+    monkeypatch.setenv("HORUS_POLICY", str(tmp_path / "x.conf"))
+    assert policy_file() == tmp_path / "x.conf"
+    assert policy_value("underclaim_window_days", "30") == "30"
+
+
+def test_decide_defaults_to_the_callers_uid(site):
+    pol = site(record_text=f"user {os.getuid()} me 9 9\n")
+    d = decide({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, policy_path=pol, hook_path=HOOK)
+    assert d.action == "exclusive" and "claim record" in d.admin_comment

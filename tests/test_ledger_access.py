@@ -1,0 +1,213 @@
+"""Who may read and write the ledger: an ordinary user reads a root-owned ledger (or their own
+extract where the site keeps jobs private) and cannot write it; a database server that never
+answers fails within seconds and the probe's record is spooled, not lost."""
+
+import json
+import os
+import pwd
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_horus.cli.hacct import main as hacct
+from slurm_horus.errors import HorusError
+from slurm_horus.ledger import Ledger, Spool, record_usage_safely, write_user_extracts
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- a server that never answers
+
+@pytest.fixture
+def silent_server():
+    """127.0.0.1:PORT accepting TCP and never sending a byte; stops itself after 90 s."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.5)
+    held, stop = [], threading.Event()
+    deadline = time.monotonic() + 90
+
+    def serve():
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+        for c in held:
+            c.close()
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join(5)
+
+
+def test_silent_database_fails_fast_and_probe_record_is_spooled(silent_server, tmp_path,
+                                                                 monkeypatch):
+    pytest.importorskip("pymysql")
+    url = f"mysql+pymysql://u:p@127.0.0.1:{silent_server}/db"
+    t0 = time.monotonic()
+    with pytest.raises(HorusError, match="cannot open it"):
+        Ledger(url)  # the default timeout
+    assert time.monotonic() - t0 < 15
+    t0 = time.monotonic()
+    r = CliRunner().invoke(hacct, ["--ledger", url])
+    assert time.monotonic() - t0 < 15
+    assert r.exit_code != 0 and r.output.startswith("hacct: error:")
+    assert len(r.output.strip().splitlines()) == 1
+    monkeypatch.setenv("HORUS_DB_TIMEOUT", "2")
+    spool = tmp_path / "spool"
+    t0 = time.monotonic()
+    assert record_usage_safely(url=url, spool=str(spool), job_id=77, cluster="c",
+                               source="probe", util_mean=33, mem_peak_mib=1000) is False
+    assert time.monotonic() - t0 < 6
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    assert Spool(spool).replay(L).applied == 1
+    assert L.jobs()[0]["act_util_pct"] == 33
+
+
+# --------------------------------------------------------------------------- an ordinary user
+
+def _python_for(user: pwd.struct_passwd, root: Path) -> tuple[str, dict]:
+    """A Python interpreter and environment with which ``user`` can import slurm_horus: this
+    one if they may run it, else the system's same-version Python over a copy of the packages
+    hacct needs (the test's own may live under a private home)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/", "LANG": "C.UTF-8",
+           "PYTHONPATH": str(REPO)}
+    probe = [sys.executable, "-c", "import sqlalchemy, click"]
+    if subprocess.run(probe, user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=env,
+                      capture_output=True).returncode == 0:
+        return sys.executable, env
+    exe = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}",
+                       path="/usr/bin:/usr/local/bin")
+    if exe is None:
+        pytest.skip("no Python the ordinary user may run")
+    site = root / "site"
+    import click
+    import sqlalchemy
+    import typing_extensions
+
+    for mod in (sqlalchemy, click):
+        shutil.copytree(Path(mod.__file__).parent, site / mod.__name__,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(typing_extensions.__file__, site)
+    subprocess.run(["chmod", "-R", "a+rX", str(site)], check=True)
+    env["PYTHONPATH"] = f"{site}:{REPO}"
+    return exe, env
+
+
+@pytest.fixture(scope="module")
+def ordinary_user():
+    """horus-alice where the local cluster has her, else a throwaway user removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    made = None
+    try:
+        user = pwd.getpwnam("horus-alice")
+    except KeyError:
+        made = f"horus-t{os.getpid()}"
+        cp = subprocess.run(["useradd", "-M", "-U", "-s", "/usr/sbin/nologin", made],
+                            capture_output=True, text=True)
+        if cp.returncode != 0:
+            pytest.skip(f"useradd: {cp.stderr.strip()}")
+        user = pwd.getpwnam(made)
+    root = Path(tempfile.mkdtemp(prefix="horus-access-"))
+    os.chmod(root, 0o755)
+    try:
+        yield user, root, _python_for(user, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if made:
+            subprocess.run(["userdel", made], capture_output=True)
+
+
+def _as(user, py, *args, path_first=None):
+    exe, env = py
+    env = dict(env)
+    if path_first:
+        env["PATH"] = f"{path_first}:{env['PATH']}"
+    return subprocess.run([exe, *args], user=user.pw_uid, group=user.pw_gid, extra_groups=[],
+                          env=env, capture_output=True, text=True, timeout=60, cwd="/")
+
+
+def _fake_scontrol(folder: Path, private: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    script = folder / "scontrol"
+    script.write_text(f"#!/bin/sh\necho 'ClusterName = horus'\necho 'PrivateData = {private}'\n")
+    os.chmod(script, 0o755)
+    os.chmod(folder, 0o755)
+    return folder
+
+
+def _site_ledger(root: Path, user: str) -> str:
+    url = f"sqlite:///{root}/lib/ledger.db"
+    L = Ledger(url)
+    for jid, name in ((1, user), (2, "someone-else")):
+        L.record_submission(job_id=jid, cluster="horus", user=name, submit_time=1700000000 + jid,
+                            predictions={"t4": {"util_pct": 10.0, "mem_mib": 500.0}})
+        L.record_usage(job_id=jid, cluster="horus", source="sacct", state="COMPLETED",
+                       shards=3)
+    L.close()
+    return url
+
+
+def test_ordinary_user_reads_root_ledger_and_cannot_write_it(ordinary_user):
+    user, root, py = ordinary_user
+    url = _site_ledger(root / "a", user.pw_name)
+    db = root / "a" / "lib" / "ledger.db"
+    assert db.stat().st_uid == 0 and db.stat().st_mode & 0o777 == 0o644
+    public = _fake_scontrol(root / "a" / "public-bin", "none")
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "--json",
+            path_first=public)
+    assert r.returncode == 0, r.stderr
+    assert sorted(j["job_id"] for j in json.loads(r.stdout)) == [1, 2]
+    private = _fake_scontrol(root / "a" / "private-bin", "accounts,jobs")
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "--json",
+            path_first=private)
+    assert r.returncode == 0, r.stderr
+    assert [(j["job_id"], j["user"]) for j in json.loads(r.stdout)] == [(1, user.pw_name)]
+    before = db.read_bytes()
+    write = ("import sys; from slurm_horus.ledger import Ledger\n"
+             "try:\n"
+             f"    Ledger({url!r}).record_usage(job_id=2, cluster='horus', source='probe',"
+             " util_mean=1)\n"
+             "except Exception as e:\n"
+             "    print(type(e).__name__, e); sys.exit(3)\n")
+    r = _as(user, py, "-c", write)
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    r = _as(user, py, "-c", f"import sqlite3; sqlite3.connect({str(db)!r})"
+                            ".execute('DELETE FROM jobs').connection.commit()")
+    assert r.returncode != 0 and "readonly" in r.stderr
+    assert db.read_bytes() == before
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT COUNT(*) FROM usage WHERE source = 'probe'").fetchone() == (0,)
+
+
+def test_private_ledger_falls_back_to_the_users_extract(ordinary_user):
+    user, root, py = ordinary_user
+    url = _site_ledger(root / "b", user.pw_name)
+    db = root / "b" / "lib" / "ledger.db"
+    res = write_user_extracts(Ledger(url), db.parent / "users")
+    assert user.pw_name not in res["skipped"]
+    os.chmod(db, 0o640)  # what sync does where PrivateData hides jobs
+    private = _fake_scontrol(root / "b" / "bin", "jobs")
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-P", "-n", "-o",
+            "JobID,User,Alloc", path_first=private)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"1|{user.pw_name}|3 shards\n"
+    ext = db.parent / "users" / f"{user.pw_name}.db"
+    r = _as(user, py, "-c", f"import sqlite3; sqlite3.connect({str(ext)!r})"
+                            ".execute('DELETE FROM jobs').connection.commit()")
+    assert r.returncode != 0 and "readonly" in r.stderr
