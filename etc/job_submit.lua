@@ -173,8 +173,8 @@ local function parse_policy(text)
 				if n and n <= 100000 then pol.exclusive_util_milli = n
 				else bad(key, "need a number 0..100") end
 			elseif key == "memory" then
-				if val == "p90" or val == "expected" then pol.memory = val
-				else bad(key, "need p90 or expected") end
+				if val == "p90" or val == "p95" or val == "p99" or val == "expected" then pol.memory = val
+				else bad(key, "need expected, p90, p95 or p99") end
 			elseif key == "min_shards" then
 				local n = decimal_up(val, 0)
 				if n and n >= 1 and string.find(val, "^%d+$") then pol.min_shards = n
@@ -379,7 +379,7 @@ local function record_verdict(pol, job, uid)
 end
 
 -------------------------------------------------------------------------------
--- Hint: find and parse "horus:v1;<type>=<util>/<mem>/<mem_p90>;..."
+-- Hint: find and parse "horus:v1;<type>=<util>/<mem>/<mem_p90>[/<mem_p95>[/<mem_p99>]];..."
 -------------------------------------------------------------------------------
 
 local function is_space(c)
@@ -409,7 +409,8 @@ local function find_hint(comment)
 	return tok, nil
 end
 
--- Parse a token into { [gtype] = {util_milli=, mem=, p90=} }, or nil and a reason.
+-- Parse a token into { [gtype] = {util_milli=, mem=, p90=, p95=, p99=} } (p95, p99: nil
+-- when the entry lacks them), or nil and a reason.
 local function parse_hint(tok)
 	if #tok > MAX_TOKEN then return nil, "hint longer than 600 characters" end
 	if string.sub(tok, 1, 9) ~= "horus:v1;" then
@@ -424,7 +425,14 @@ local function parse_hint(tok)
 		local entry = string.sub(body, pos, semi and (semi - 1) or #body)
 		n = n + 1
 		if n > MAX_TYPES then return nil, "hint lists more than 16 GPU types" end
-		local g, us, ms, ps = string.match(entry, "^([a-z0-9_%-]+)=([^/]+)/([^/]+)/([^/]+)$")
+		local g, us, ms, ps, s95, s99 = string.match(entry,
+			"^([a-z0-9_%-]+)=([^/]+)/([^/]+)/([^/]+)/([^/]+)/([^/]+)$")
+		if not g then
+			g, us, ms, ps, s95 = string.match(entry, "^([a-z0-9_%-]+)=([^/]+)/([^/]+)/([^/]+)/([^/]+)$")
+		end
+		if not g then
+			g, us, ms, ps = string.match(entry, "^([a-z0-9_%-]+)=([^/]+)/([^/]+)/([^/]+)$")
+		end
 		if not g then return nil, "malformed entry #" .. n end
 		if #g > MAX_TYPE_LEN then return nil, "GPU type name too long in entry #" .. n end
 		if preds[g] then return nil, "GPU type repeated in entry #" .. n end
@@ -432,7 +440,10 @@ local function parse_hint(tok)
 		if not u or u > 100000 then return nil, "bad utilization in entry #" .. n end
 		if not m or m > MAX_MEM_MIB then return nil, "bad memory in entry #" .. n end
 		if not p or p > MAX_MEM_MIB then return nil, "bad p90 memory in entry #" .. n end
-		preds[g] = { util_milli = u, mem = m, p90 = p }
+		local p95, p99 = s95 and decimal_up(s95, 0), s99 and decimal_up(s99, 0)
+		if s95 and (not p95 or p95 > MAX_MEM_MIB) then return nil, "bad p95 memory in entry #" .. n end
+		if s99 and (not p99 or p99 > MAX_MEM_MIB) then return nil, "bad p99 memory in entry #" .. n end
+		preds[g] = { util_milli = u, mem = m, p90 = p, p95 = p95, p99 = p99 }
 		if not semi then break end
 		pos = semi + 1
 	end
@@ -584,9 +595,12 @@ end
 -- kind: "shared" (with shards), "exclusive" (whole GPU) or "nofit" (memory over the limit).
 local function evaluate(pol, gtype, pred)
 	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
-	local mem = (pol.memory == "p90") and pred.p90 or pred.mem
+	-- memory = p95 / p99 on a hint without that bound: its p90
+	local field = pol.memory
+	if field ~= "expected" and not pred[field] then field = "p90" end
+	local mem = (field == "expected") and pred.mem or pred[field]
 	if mem < pol.min_mem_mib then mem = pol.min_mem_mib end  -- a CUDA context alone costs more
-	local r = { gtype = gtype, util_milli = pred.util_milli, mem = mem }
+	local r = { gtype = gtype, util_milli = pred.util_milli, mem = mem, mem_field = field }
 	-- Shares of one GPU measured against the pack limit, rounded up to whole shards:
 	--   util share: S * util / P          memory share: S * mem / (G * P / 100)
 	local n_util = ceil_div(S * pred.util_milli, P * 1000)
@@ -702,7 +716,7 @@ local function hint_plan(job, pol, uid, preds)
 				choice = { kind = "exclusive", any = true, gtype = whole.gtype, why = whole.why }
 			elseif fits and worst and not whole then
 				choice = { kind = "shared", any = true, gtype = worst.gtype, shards = worst.shards,
-					util_milli = worst.util_milli, mem = worst.mem }
+					util_milli = worst.util_milli, mem = worst.mem, mem_field = worst.mem_field }
 			end
 		end
 		local exclusive
@@ -775,7 +789,7 @@ local function hint_plan(job, pol, uid, preds)
 	end
 	local note = string.format("horus: shared %s shards=%d/%d (util %s%%, mem %d MiB %s%s)",
 		choice.any and "any" or choice.gtype, choice.shards, pol.shards_per_gpu,
-		fmt_milli(choice.util_milli), choice.mem, pol.memory,
+		fmt_milli(choice.util_milli), choice.mem, choice.mem_field,
 		choice.any and (" on " .. choice.gtype .. ", the most of any type") or "")
 	return { rc = slurm.SUCCESS, set = set, note = note, kind = "shared" }
 end

@@ -19,6 +19,13 @@ TASKS = ("train", "infer")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 PRECISIONS = ("fp32", "fp16", "bf16", "amp")
 MIB = 2**20
+# Resident threads per SM by compute capability (CUDA C Programming Guide, "Technical
+# Specifications per Compute Capability"); the driver reserves stack for each of them.
+MAX_THREADS_PER_SM = {"3.5": 2048, "3.7": 2048, "5.0": 2048, "5.2": 2048, "6.0": 2048,
+                      "6.1": 2048, "7.0": 2048, "7.2": 2048, "7.5": 1024, "8.0": 2048,
+                      "8.6": 1536, "8.7": 2048, "8.9": 1536, "9.0": 2048, "10.0": 2048,
+                      "12.0": 1536}
+STACK_BYTES_PER_THREAD = 1024  # cudaLimitStackSize default
 
 
 @dataclass(frozen=True)
@@ -54,24 +61,37 @@ class Prediction:
     predictor: str
     confidence: str = "cold-start"
     breakdown: dict = field(default_factory=dict)
+    # calibrated on the site's held-out jobs (predict.Calibration); None where not calibrated
+    mem_mib_p95: float | None = None
+    mem_mib_p99: float | None = None
+    util_pct_p90: float | None = None
 
     def to_dict(self) -> dict:
-        return {"gpu": self.gpu, "util_pct": round(self.util_pct, 1),
-                "mem_mib": round(self.mem_mib), "mem_mib_p90": round(self.mem_mib_p90),
-                "predictor": self.predictor, "confidence": self.confidence,
-                "breakdown": self.breakdown}
+        out = {"gpu": self.gpu, "util_pct": round(self.util_pct, 1),
+               "mem_mib": round(self.mem_mib), "mem_mib_p90": round(self.mem_mib_p90),
+               "predictor": self.predictor, "confidence": self.confidence,
+               "breakdown": self.breakdown}
+        for name in ("mem_mib_p95", "mem_mib_p99"):
+            if getattr(self, name) is not None:
+                out[name] = round(getattr(self, name))
+        if self.util_pct_p90 is not None:
+            out["util_pct_p90"] = round(self.util_pct_p90, 1)
+        return out
 
 
 @dataclass(frozen=True)
 class ColdStartParams:
     """The estimator's constants; each is a physical quantity, documented in docs/cold-start.md."""
 
-    context_mib: float = 1300.0       # CUDA context, cuBLAS/cuDNN handles and kernels (nvidia-smi)
-    reserve_factor: float = 1.10      # caching allocator: rounding, segments, fragmentation
-    activation_factor: float = 1.0    # graph's saved tensors -> what autograd really keeps
-    workspace_factor: float = 1.0     # conv/GEMM workspace and backward transients, x largest tensor
-    p90_factor: float = 1.15          # upper quantile of actual/predicted, for safe packing
-    p90_extra_mib: float = 256.0
+    # Memory constants: fitted on the clean rows of GPUMemNet's timm runs (benchmarks/
+    # bench_coldstart.py --fit), each within a physical range; docs/cold-start.md says which.
+    context_mib: float = 1535.0       # CUDA context, cuBLAS/cuDNN handles and kernels, less the
+    #                                   per-SM stack reservation `fixed_overhead_mib` adds
+    reserve_factor: float = 1.022     # caching allocator: rounding, segments, fragmentation
+    activation_factor: float = 0.95   # graph's saved tensors -> what autograd really keeps
+    workspace_factor: float = 2.37    # conv/GEMM workspace and backward transients, x largest tensor
+    p90_factor: float = 1.15          # 90th percentile of measured/predicted (same fit)
+    p90_extra_mib: float = 0.0
     # Utilization constants: each bounded to a physically plausible range and then fitted on the
     # training part of the GPUMemNet MLP runs (A100, PyTorch eager; docs/cold-start.md).
     launch_us: float = 15.0           # host cost of one eager kernel (dispatch, autograd)
@@ -101,6 +121,17 @@ class ColdStartEstimator:
 
     # --- memory -------------------------------------------------------------------------------
 
+    def fixed_overhead_mib(self, gpu: GPU) -> float:
+        """What a CUDA process holds before its first tensor, on this GPU type.
+
+        The driver reserves each thread's local memory (stack, 1 KiB by default,
+        cudaLimitStackSize) for every thread the GPU can keep resident: SMs x max threads per SM
+        (CUDA C Programming Guide, compute capabilities table): 216 MiB on an A100, 128 MiB on an
+        RTX 3090. The rest (context, loaded kernels, cuBLAS/cuDNN handles) is `context_mib`.
+        """
+        threads = MAX_THREADS_PER_SM.get(gpu.compute_capability, 2048)
+        return self.params.context_mib + gpu.sm_count * threads * STACK_BYTES_PER_THREAD / MIB
+
     def memory_mib(self, report: FeatureReport, gpu: GPU, w: Workload) -> tuple[float, dict]:
         p = self.params
         v = report.values
@@ -128,8 +159,9 @@ class ColdStartEstimator:
             allocated = weights + live + transient
             parts = {"weights_mib": weights / MIB, "activations_mib": live / MIB,
                      "transient_mib": transient / MIB}
-        total = p.context_mib + allocated * p.reserve_factor / MIB
-        parts["context_mib"] = p.context_mib
+        fixed = self.fixed_overhead_mib(gpu)
+        total = fixed + allocated * p.reserve_factor / MIB
+        parts["context_mib"] = fixed
         return total, {k: round(x, 1) for k, x in parts.items()}
 
     # --- utilization --------------------------------------------------------------------------

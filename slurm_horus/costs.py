@@ -31,9 +31,10 @@ ELEMENTWISE = {
     **dict.fromkeys(("Dropout", "Cast", "CastLike", "Trilu", "Bernoulli",
                      "RandomNormalLike", "RandomUniformLike"), 0),
 }
-# Element-wise ops whose gradient needs their output (the rest need their inputs).
+# Element-wise ops whose gradient needs their output (the rest need their inputs). Clip is
+# ReLU6 as exported; models run it in place (hardtanh_), whose backward keeps `result`.
 SAVES_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Exp", "Sqrt", "Softmax", "LogSoftmax",
-                          "Elu", "Selu", "Celu", "HardSigmoid"})
+                          "Elu", "Selu", "Celu", "HardSigmoid", "Clip"})
 # Ops whose gradient needs nothing of their inputs' values (only shapes).
 SAVES_NOTHING = frozenset({"Add", "Sub", "Neg", "Sum", "Cast", "CastLike", "Concat", "Split",
                            "Slice", "Transpose", "Pad", "Expand", "Tile", "Resize", "Upsample",
@@ -60,6 +61,8 @@ CATEGORIES = ("conv", "matmul", "attention", "rnn", "norm", "pool", "elementwise
               "softmax", "data", "view", "shape", "other")
 # Domains whose ops the rules below know by name (ONNX and onnxruntime's contrib ops).
 RULE_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
+# Names the legacy ONNX exporter gives initializers it creates itself (folded constants).
+FOLDED_PREFIX = "onnx::"
 # Shape arithmetic (tiny integer tensors) runs on the host in the frameworks that train models.
 SHAPE_TENSOR_MAX_ELEMENTS = 64
 
@@ -163,9 +166,16 @@ class _BackwardContext:
     - Attention probabilities (a Softmax whose output reaches a MatMul through masking or
       dropout) are not kept by the fused attention kernels PyTorch uses for training
       (scaled_dot_product_attention); they are recomputed in the backward pass.
-    - A convolution followed by neither a norm nor another convolution in an inference export
-      had its batch norm folded into it; in training that norm keeps the convolution's output a
-      second time.
+    - A convolution whose bias the exporter made up had a batch norm folded into it: the legacy
+      exporter's eval-mode Conv+BatchNorm fusion (torch/csrc/jit/passes/onnx/eval_peephole.cpp,
+      fuseConvBatchNorm) writes the fused weight and bias as new initializers, which it names
+      'onnx::Conv_N', while a bias the model has keeps its parameter name ('features.0.bias').
+      In training that norm exists, and cuDNN batch norm keeps its input (derivatives.yaml:
+      cudnn_batch_norm saves `input`), so the convolution's output is kept, apart from the
+      norm's output, which the graph's tensor stands for (an activation after it that keeps its
+      input, SiLU or GELU, keeps that one too). A convolution with
+      a bias of its own (VGG) or none keeps only its input; a graph exported in training mode
+      shows its BatchNormalization nodes, whose rule keeps the same tensor.
     """
 
     PROB_PASSTHROUGH = frozenset({"Where", "Dropout", "Cast", "IsNaN", "Add"})
@@ -202,9 +212,8 @@ class _BackwardContext:
                             frontier.append(c.output[0])
         self.folded_norm = {
             node.output[0] for node in graph.nodes
-            if op_name(node) in ("Conv", "ConvTranspose") and node.output
-            and not any(categorize(op_name(c), []) in ("norm", "conv")
-                        for c in consumers.get(node.output[0], ()))}
+            if op_name(node) in ("Conv", "ConvTranspose") and len(node.input) > 2 and node.output
+            and node.input[2].startswith(FOLDED_PREFIX) and node.input[2] in graph.initializers}
 
 
 def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
@@ -434,7 +443,7 @@ def _saved_for_backward(op, category, node, activations, infos, outs, attrs, par
         return [], 0
     if category == "other":  # no rule: keep what any backward could need
         return list(activations) + [n for n in node.output if n], 0
-    if category == "conv":
+    if category == "conv":  # a folded norm keeps its input, a tensor of its own in training
         folded = node.output and node.output[0] in ctx.folded_norm
         return list(activations), (outs[0].nbytes if folded and outs and outs[0] else 0)
     if category == "elementwise" and node.output and node.output[0] in ctx.fused:

@@ -2,8 +2,12 @@
 
 Format (one whitespace-free token, after the user's own comment if any)::
 
-    horus:v1;<gtype>=<util_pct>/<mem_mib>/<mem_p90_mib>;<gtype>=...
+    horus:v1;<gtype>=<util_pct>/<mem_mib>/<mem_p90_mib>[/<mem_p95_mib>[/<mem_p99_mib>]];...
     horus:v1;a100=45.2/5230/6010;t4=80.1/5100/5900
+    horus:v1;a100=45.2/5230/6010/6400/7100
+
+The p95 and p99 memory bounds are optional (older hints have only the p90); the policy's
+``memory = p95 | p99`` falls back to the p90 where a hint lacks them.
 
 The grammar is the one ``etc/job_submit.lua`` accepts (keep both in step):
 
@@ -64,7 +68,8 @@ JOB_FIELDS = ("sha", "bs", "task", "opt", "prec", "dims", "model")
 
 _GTYPE_RE = re.compile(r"[a-z0-9_-]{1,32}")
 _NUMBER_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
-_ENTRY_RE = re.compile(r"([a-z0-9_-]+)=([^/]+)/([^/]+)/([^/]+)")
+_ENTRY_RE = re.compile(r"([a-z0-9_-]+)=([^/]+)/([^/]+)/([^/]+)(?:/([^/]+))?(?:/([^/]+))?")
+BOUND_NAMES = ("p90", "p95", "p99")
 # Lua's %s in the C locale: ASCII whitespace only (not Python's Unicode \s).
 _WS = " \t\n\r\v\f"
 _TOKEN_START_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus:")
@@ -73,7 +78,7 @@ _JOB_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus-job:[^ \t\n\r\v\f]*")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _INT_RE = re.compile(r"[1-9][0-9]{0,17}")
 
-Prediction = tuple[float, float, float]
+Prediction = tuple[float, ...]  # (util_pct, mem_mib, mem_p90_mib[, mem_p95_mib[, mem_p99_mib]])
 
 
 def _number(value: object, what: str) -> Decimal:
@@ -98,8 +103,9 @@ def _fmt(d: Decimal, places: int) -> str:
     return format(q, "f")
 
 
-def encode_hint(predictions: dict[str, tuple[float, float, float]]) -> str:
-    """Encode {gtype: (util_pct, mem_mib, mem_p90_mib)} as a hint token.
+def encode_hint(predictions: dict[str, tuple]) -> str:
+    """Encode {gtype: (util_pct, mem_mib, mem_p90_mib[, mem_p95_mib[, mem_p99_mib]])} as a hint
+    token.
 
     Types are written in sorted order; util is rounded up to 0.1 %, memory up to whole MiB.
     Raises HorusError for a bad type name or value, or a token longer than 600 characters.
@@ -113,17 +119,19 @@ def encode_hint(predictions: dict[str, tuple[float, float, float]]) -> str:
         if not isinstance(gtype, str) or not _GTYPE_RE.fullmatch(gtype):
             raise HorusError(f"hint: bad GPU type name {gtype!r} (need [a-z0-9_-]{{1,32}})")
         pred = predictions[gtype]
-        if not isinstance(pred, (tuple, list)) or len(pred) != 3:
-            raise HorusError(f"hint: {gtype}: need (util_pct, mem_mib, mem_p90_mib)")
+        if not isinstance(pred, (tuple, list)) or not 3 <= len(pred) <= 5:
+            raise HorusError(f"hint: {gtype}: need (util_pct, mem_mib, mem_p90_mib"
+                             "[, mem_p95_mib[, mem_p99_mib]])")
         util = _number(pred[0], f"hint: {gtype} utilization")
-        mem = _number(pred[1], f"hint: {gtype} memory")
-        p90 = _number(pred[2], f"hint: {gtype} p90 memory")
         if util > 100:
             raise HorusError(f"hint: {gtype} utilization {pred[0]!r} above 100 %")
-        for name, v, raw in (("memory", mem, pred[1]), ("p90 memory", p90, pred[2])):
+        mems = []
+        for name, raw in zip(("memory", *(f"{b} memory" for b in BOUND_NAMES)), pred[1:]):
+            v = _number(raw, f"hint: {gtype} {name}")
             if v > MAX_MEM_MIB:
                 raise HorusError(f"hint: {gtype} {name} {raw!r} MiB above {MAX_MEM_MIB}")
-        parts.append(f"{gtype}={_fmt(util, 1)}/{_fmt(mem, 0)}/{_fmt(p90, 0)}")
+            mems.append(_fmt(v, 0))
+        parts.append(f"{gtype}={_fmt(util, 1)}/" + "/".join(mems))
     token = HINT_PREFIX + ";".join(parts)
     if len(token) > MAX_TOKEN_LEN:
         raise HorusError(f"hint: {len(token)} characters, at most {MAX_TOKEN_LEN}")
@@ -162,21 +170,24 @@ def _parse_token(token: str) -> dict[str, Prediction]:
         m = _ENTRY_RE.fullmatch(entry)
         if not m:
             raise HorusError(f"malformed entry #{n}")
-        gtype, us, ms, ps = m.groups()
+        gtype, *fields = m.groups()
         if len(gtype) > 32:
             raise HorusError(f"GPU type name too long in entry #{n}")
         if gtype in out:
             raise HorusError(f"GPU type repeated in entry #{n}")
         vals = []
-        for what, s in (("utilization", us), ("memory", ms), ("p90 memory", ps)):
+        for what, s in zip(("utilization", "memory", *(f"{b} memory" for b in BOUND_NAMES)),
+                           fields):
+            if s is None:
+                break
             if not _NUMBER_RE.fullmatch(s):
                 raise HorusError(f"bad {what} in entry #{n}")
             vals.append(Decimal(s))
         if vals[0] > 100:
             raise HorusError(f"bad utilization in entry #{n}")
-        if vals[1] > MAX_MEM_MIB or vals[2] > MAX_MEM_MIB:
+        if any(v > MAX_MEM_MIB for v in vals[1:]):
             raise HorusError(f"bad memory in entry #{n}")
-        out[gtype] = (float(vals[0]), float(vals[1]), float(vals[2]))
+        out[gtype] = tuple(float(v) for v in vals)
     return out
 
 
@@ -323,7 +334,8 @@ def parse_workload(comment: str | None, *, strict: bool = False) -> dict | None:
 
 
 def parse_hint(comment: str | None, *, strict: bool = False) -> dict[str, Prediction] | None:
-    """{gtype: (util_pct, mem_mib, mem_p90_mib)} from a job's comment, or None when it has
+    """{gtype: (util_pct, mem_mib, mem_p90_mib[, p95[, p99]])} from a job's comment (the
+    fields the hint has), or None when it has
     no hint.  A malformed hint also gives None (the hook ignores it), unless strict=True,
     which raises HorusError with the reason."""
     try:

@@ -6,7 +6,7 @@ compute-bound above), trees need no feature scaling, train on 100k rows in secon
 extrapolate to wild values: a tree's output is bounded by what it saw. Memory is learned as a
 log-ratio to the cold-start estimate, so the physics carries what the data lacks.
 
-A trained model is saved as plain JSON (the trees' arrays) and evaluated here with numpy alone:
+A trained model is saved as plain JSON (the trees' arrays, packed as base64 numbers) and evaluated here with numpy alone:
 no pickle is ever loaded, and predicting does not import scikit-learn. A model file serves every
 job of a site, so loading one checks it whole: every array's type and range, trees that are
 trees, and sane answers on a small built-in probe set; anything else is refused, never served.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import lru_cache
 
 from .coldstart import OPTIMIZERS, PRECISIONS, ColdStartEstimator, Prediction, Workload
 from .errors import HorusError
@@ -25,7 +25,8 @@ from .features import FEATURE_NAMES, FEATURE_VERSION, FeatureReport
 from .gpus import GPU
 
 FORMAT = "slurm-horus-learned"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: packed trees; 1 (lists of numbers) still loads
+READABLE_VERSIONS = (1, 2)
 MAX_MODEL_BYTES = 64 * 2**20
 # Features whose training range defines "like what the model has seen".
 RANGE_FEATURES = ("log_flops", "log_params", "log_saved_activation_bytes", "log_batch_size")
@@ -46,13 +47,19 @@ PROBE_JOBS = ((1, 0.05, 0.1, 2, 30, "conv"), (32, 262, 25.6, 2600, 470, "conv"),
 PROBE_GPUS = ("a100", "t4")
 
 
-def input_names() -> list[str]:
+@lru_cache(maxsize=1)
+def _input_names() -> tuple[str, ...]:
     names = [f"log_{n}" if _is_size(n) else n for n in FEATURE_NAMES]
     names += ["gpu_log_fp32", "gpu_log_tensor", "gpu_log_bw", "gpu_log_mem", "gpu_sm",
               "task_train", "cpus_per_task",
               *(f"opt_{o}" for o in OPTIMIZERS), *(f"prec_{p}" for p in PRECISIONS),
               "cold_log_mem", "cold_log1p_util", "cold_log_gpu_ms", "cold_log_host_ms"]
-    return names
+    return tuple(names)
+
+
+def input_names() -> list[str]:
+    """The model's input columns, in order (computed once: every load and check asks)."""
+    return list(_input_names())
 
 
 def _is_size(name: str) -> bool:
@@ -76,50 +83,114 @@ def input_row(report_values: dict, gpu: GPU, w: Workload, cold: Prediction) -> l
 
 
 TREE_KEYS = ("feature", "threshold", "missing_left", "left", "right", "leaf", "value")
+KINDS = {"feature": "iu", "left": "iu", "right": "iu", "missing_left": "biu", "leaf": "biu",
+         "threshold": "iuf", "value": "iuf"}
+# The packed (format 2) layout: each array as little-endian bytes, base64 in the JSON file, so a
+# 300-tree model parses in a few milliseconds instead of a quarter of a million JSON numbers.
+PACKED = {"sizes": "<i4", "feature": "<i4", "threshold": "<f8", "missing_left": "|u1",
+          "left": "<i4", "right": "<i4", "leaf": "|u1", "value": "<f8"}
 
 
-def _tree_arrays(t, n_inputs: int) -> tuple:
-    """One tree's arrays, checked: numbers of the right kind, split features that exist, and
-    children after their parent (so every path ends at a leaf)."""
+@dataclass(frozen=True)
+class FlatTrees:
+    """Every tree of an ensemble in one set of arrays: tree k's nodes start at roots[k] and its
+    children indices are global, so all trees are walked at once (one numpy step per level)."""
+
+    sizes: object
+    roots: object
+    feature: object
+    threshold: object
+    missing_left: object
+    left: object
+    right: object
+    leaf: object
+    value: object
+    depth: int  # the longest path: how many steps a walk can take
+
+
+def _from_lists(trees) -> tuple:
+    """(sizes, columns) of trees stored as lists (format 1, and scikit-learn's nodes)."""
     import numpy as np
 
-    if not isinstance(t, dict) or set(TREE_KEYS) - set(t):
-        raise HorusError("malformed tree in model file")
-    a = {k: np.asarray(t[k]) for k in TREE_KEYS}
-    n = len(a["value"]) if a["value"].ndim == 1 else 0
-    if n == 0 or any(v.ndim != 1 or len(v) != n for v in a.values()):
-        raise HorusError("malformed tree in model file")
-    for k, kinds in (("feature", "iu"), ("left", "iu"), ("right", "iu"), ("missing_left", "biu"),
-                     ("leaf", "biu"), ("threshold", "iuf"), ("value", "iuf")):
-        if a[k].dtype.kind not in kinds:
+    if not isinstance(trees, list) or not trees:
+        raise HorusError("malformed model file (no trees)")
+    cols: dict[str, list] = {k: [] for k in TREE_KEYS}
+    sizes = []
+    for t in trees:
+        if not isinstance(t, dict) or set(TREE_KEYS) - set(t):
+            raise HorusError("malformed tree in model file")
+        n = len(t["value"]) if isinstance(t["value"], list) else 0
+        if n == 0 or any(not isinstance(t[k], list) or len(t[k]) != n for k in TREE_KEYS):
+            raise HorusError("malformed tree in model file")
+        sizes.append(n)
+        for k in TREE_KEYS:
+            cols[k] += t[k]
+    try:
+        return np.asarray(sizes), {k: np.asarray(v) for k, v in cols.items()}
+    except (ValueError, TypeError):  # ragged or nested lists
+        raise HorusError("malformed tree in model file") from None
+
+
+def _from_packed(packed) -> tuple:
+    """(sizes, columns) of packed trees (format 2)."""
+    import base64
+    import binascii
+
+    import numpy as np
+
+    if not isinstance(packed, dict) or set(PACKED) - set(packed):
+        raise HorusError("malformed model file (packed trees)")
+    try:
+        a = {k: np.frombuffer(base64.b64decode(packed[k], validate=True), dtype=dt)
+             for k, dt in PACKED.items()}
+    except (TypeError, ValueError, binascii.Error):
+        raise HorusError("malformed model file (packed trees are not base64 arrays)") from None
+    sizes = a.pop("sizes")
+    if not len(sizes) or (sizes < 1).any() or any(len(v) != sizes.sum() for v in a.values()):
+        raise HorusError("malformed model file (packed tree sizes)")
+    return sizes, a
+
+
+def _flat_trees(sizes, a: dict, n_inputs: int) -> FlatTrees:
+    """Trees' arrays (children numbered within their tree), checked all at once: numbers of
+    the right kind, split features that exist, and children after their parent within their own
+    tree (so every path ends at a leaf)."""
+    import numpy as np
+
+    for k, kinds in KINDS.items():
+        if a[k].ndim != 1 or a[k].dtype.kind not in kinds:
             raise HorusError(f"malformed tree in model file ('{k}' holds "
                              f"{'non-numbers' if kinds != 'iu' else 'non-integers'})")
-    leaf, nodes = a["leaf"].astype(bool), np.arange(n)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    roots = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    start = np.repeat(roots, sizes)          # each node's tree's first node
+    end = start + np.repeat(sizes, sizes)    # and one past its last
+    nodes = np.arange(len(start))
+    leaf = a["leaf"].astype(bool)
     split = ~leaf
     if not ((a["feature"][split] >= 0) & (a["feature"][split] < n_inputs)).all():
         raise HorusError("malformed tree in model file (feature index out of range "
                          f"0..{n_inputs - 1})")
-    if not all(((c[split] > nodes[split]) & (c[split] < n)).all() for c in (a["left"], a["right"])):
-        raise HorusError("malformed tree in model file (child index out of range)")
-    value = a["value"].astype(float)
-    if not np.isfinite(value).all() or np.isnan(a["threshold"].astype(float)[split]).any():
+    left, right = a["left"].astype(np.int64) + start, a["right"].astype(np.int64) + start
+    for child in (left, right):
+        if not ((child[split] > nodes[split]) & (child[split] < end[split])).all():
+            raise HorusError("malformed tree in model file (child index out of range)")
+    value, threshold = a["value"].astype(float), a["threshold"].astype(float)
+    if not np.isfinite(value).all() or np.isnan(threshold[split]).any():
         raise HorusError("malformed tree in model file (NaN or infinite values)")
+    left, right = np.where(split, left, nodes), np.where(split, right, nodes)  # leaves stay put
     feature = np.where(split, a["feature"], 0)  # a leaf's feature is never read; keep it valid
-    return (feature, a["threshold"].astype(float), a["missing_left"].astype(bool),
-            a["left"].astype(int), a["right"].astype(int), leaf, value)
+    return FlatTrees(sizes=sizes, roots=roots, feature=feature, threshold=threshold,
+                     missing_left=a["missing_left"].astype(bool), left=left, right=right,
+                     leaf=leaf, value=value, depth=int(sizes.max()))
 
 
 @dataclass
 class TreeEnsemble:
-    """Additive regression trees as arrays; predict() walks them with numpy."""
+    """Additive regression trees as checked arrays; predict() walks them all at once."""
 
     baseline: float
-    trees: list[dict]
-
-    @cached_property
-    def arrays(self) -> list[tuple]:
-        """The trees as checked numpy arrays, built once (see _tree_arrays)."""
-        return [_tree_arrays(t, len(input_names())) for t in self.trees]
+    flat: FlatTrees
 
     @classmethod
     def from_sklearn(cls, est) -> "TreeEnsemble":
@@ -134,43 +205,54 @@ class TreeEnsemble:
                 ("missing_left", "missing_go_to_left"), ("left", "left"), ("right", "right"),
                 ("leaf", "is_leaf"), ("value", "value"))})
         baseline = float(est._baseline_prediction.ravel()[0])
-        return cls(baseline=baseline, trees=trees)
+        return cls(baseline=baseline, flat=_flat_trees(*_from_lists(trees), len(input_names())))
 
     @classmethod
     def from_dict(cls, d: dict) -> "TreeEnsemble":
-        """Refuses anything but checked trees whose outputs, in the worst case, stay finite."""
-        baseline, trees = d["baseline"], d["trees"]
+        """Refuses anything but checked trees whose outputs, in the worst case, stay finite.
+        Reads packed trees (format 2) and lists of trees (format 1)."""
+        import numpy as np
+
+        baseline = d["baseline"]
         if type(baseline) not in (int, float) or not abs(baseline) <= MAX_LOG:
             raise HorusError(f"baseline {baseline!r} is not a number within +-{MAX_LOG:g}")
-        if not isinstance(trees, list):
-            raise HorusError("malformed model file (trees is not a list)")
-        ensemble = cls(baseline=float(baseline), trees=trees)
-        reach = abs(ensemble.baseline) + sum(float(abs(value[leaf]).max())
-                                             for *_, leaf, value in ensemble.arrays)
+        parts = _from_packed(d["packed"]) if "packed" in d else _from_lists(d["trees"])
+        f = _flat_trees(*parts, len(input_names()))
+        reach = abs(baseline) + float(
+            np.maximum.reduceat(np.where(f.leaf, np.abs(f.value), 0.0), f.roots).sum())
         if reach > MAX_LOG:
             raise HorusError(f"trees can add up to {reach:.3g}, beyond +-{MAX_LOG:g}")
-        return ensemble
+        return cls(baseline=float(baseline), flat=f)
 
     def to_dict(self) -> dict:
-        return {"baseline": self.baseline, "trees": self.trees}
+        """The packed form (children numbered within their tree, as in the list form)."""
+        import base64
+
+        import numpy as np
+
+        f = self.flat
+        start = np.repeat(f.roots, f.sizes)
+        cols = {"sizes": f.sizes, "feature": f.feature, "threshold": f.threshold,
+                "missing_left": f.missing_left, "left": f.left - start,
+                "right": f.right - start, "leaf": f.leaf, "value": f.value}
+        return {"baseline": self.baseline, "packed": {
+            k: base64.b64encode(np.ascontiguousarray(cols[k], dtype=dt).tobytes()).decode()
+            for k, dt in PACKED.items()}}
 
     def predict(self, X):
         import numpy as np
 
         X = np.asarray(X, dtype=float)
-        out = np.full(len(X), self.baseline)
-        rows = np.arange(len(X))
-        for feature, threshold, miss, left, right, leaf, value in self.arrays:
-            idx = np.zeros(len(X), dtype=int)
-            for _ in range(len(value)):  # bounded: a path is never longer than the tree
-                active = ~leaf[idx]
-                if not active.any():
-                    break
-                x = X[rows, feature[idx]]
-                go_left = np.where(np.isnan(x), miss[idx], x <= threshold[idx])
-                idx = np.where(active, np.where(go_left, left[idx], right[idx]), idx)
-            out += value[idx]
-        return out
+        f = self.flat
+        idx = np.broadcast_to(f.roots, (len(X), len(f.roots))).copy()  # one walker per tree
+        rows = np.arange(len(X))[:, None]
+        for _ in range(f.depth):  # bounded: a path is never longer than its tree
+            if f.leaf[idx].all():
+                break
+            x = X[rows, f.feature[idx]]
+            go_left = np.where(np.isnan(x), f.missing_left[idx], x <= f.threshold[idx])
+            idx = np.where(go_left, f.left[idx], f.right[idx])  # a leaf points at itself
+        return self.baseline + f.value[idx].sum(axis=1)
 
 
 @dataclass
@@ -207,7 +289,7 @@ class LearnedModel:
             raise HorusError(f"{source}: corrupt model file (invalid JSON)") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise HorusError(f"{source}: not a slurm-horus model file")
-        if d.get("format_version") != FORMAT_VERSION:
+        if d.get("format_version") not in READABLE_VERSIONS:
             raise HorusError(f"{source}: model format version {d.get('format_version')} is not "
                              f"supported (expected {FORMAT_VERSION})")
         if d.get("feature_version") != FEATURE_VERSION or d.get("inputs") != input_names():
@@ -303,20 +385,25 @@ class LearnedEstimator:
         self.name = f"learned:{version}"
 
     def predict(self, report: FeatureReport, gpu: GPU, workload: Workload) -> Prediction:
+        return self.predict_with_cold(report, gpu, workload)[0]
+
+    def predict_with_cold(self, report: FeatureReport, gpu: GPU,
+                          workload: Workload) -> tuple[Prediction, Prediction]:
+        """The prediction and the cold-start one it corrects (history needs both)."""
         cold = self.cold.predict(report, gpu, workload)
         row = input_row(report.values, gpu, workload, cold)
         if not self.model.familiar(row):
-            return self._fallback(cold, "unlike the training data")
+            return self._fallback(cold, "unlike the training data"), cold
         mem_log = float(self.model.mem.predict([row])[0])
         util_log = float(self.model.util.predict([row])[0])
         if out_of_bounds([util_log], [mem_log]):
-            return self._fallback(cold, "learned model out of bounds")
+            return self._fallback(cold, "learned model out of bounds"), cold
         mem = cold.mem_mib * math.exp(mem_log)
         util = min(max(math.expm1(util_log), 0.0), 100.0)
         return Prediction(gpu=cold.gpu, util_pct=util, mem_mib=mem,
                           mem_mib_p90=mem * math.exp(max(self.model.mem_log_q90, 0.0)),
-                          predictor=self.name, confidence="learned", breakdown=cold.breakdown)
-
+                          predictor=self.name, confidence="learned",
+                          breakdown=cold.breakdown), cold
 
     def _fallback(self, cold: Prediction, why: str) -> Prediction:
         return Prediction(gpu=cold.gpu, util_pct=cold.util_pct, mem_mib=cold.mem_mib,

@@ -30,7 +30,7 @@ ENV_SPOOL = "HORUS_SPOOL"
 ENV_DB_TIMEOUT = "HORUS_DB_TIMEOUT"
 DEFAULT_URL = "sqlite:////var/lib/slurm-horus/ledger.db"
 DEFAULT_SPOOL = "/var/spool/slurm-horus"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SOURCES = ("sacct", "probe", "import")
 # Which measurement wins for utilization/memory, and for placement facts (node, state, ...).
 UTIL_ORDER = ("probe", "sacct", "import")
@@ -43,6 +43,9 @@ DB_TIMEOUT_S = 10.0
 UNDERCLAIM_MEM = (1.10, 256.0)   # act_mem_mib > claimed mem_p90 * 1.10 + 256
 UNDERCLAIM_UTIL = (1.25, 10.0)   # act_util_pct > claimed util * 1.25 + 10
 REFRESH_ADVICE = "ask an admin to run horus-admin sync"
+# A GPU job that never used its GPU is a failed measurement (docs/definitions.md): utilization
+# exactly 0 with memory unknown or at most a bare CUDA context (the hook's min_mem_mib floor).
+BARE_CONTEXT_MIB = 512.0
 
 USAGE_FIELDS = ("util_mean", "util_max", "mem_peak_mib", "elapsed_s", "state", "node", "gpu_type",
                 "gpu_index", "gpus", "shards", "colocated", "start_time", "end_time")
@@ -50,7 +53,7 @@ JOB_FIELDS = ("has_submission", "user_name", "account", "submit_time", "model_fa
               "gpu_type", "gpu_index", "node", "gpus", "shards", "state", "elapsed_s",
               "start_time", "end_time", "pred_util_pct", "pred_mem_mib", "pred_mem_p90_mib",
               "act_util_pct", "act_util_max", "act_mem_mib", "colocated", "sources",
-              "mem_err_bucket", "under_claim", "claim_flags")
+              "mem_err_bucket", "under_claim", "claim_flags", "failed_measurement")
 
 
 def sql_dir() -> Path:
@@ -166,7 +169,7 @@ def _tables():
         Column("colocated", Text), Column("sources", String(64)),
         Column("mem_err_bucket", Integer), Column("gpus", Integer),
         Column("pred_mem_p90_mib", Float), Column("under_claim", Integer),
-        Column("claim_flags", String(16)))
+        Column("claim_flags", String(16)), Column("failed_measurement", Integer))
     t["ledger_state"] = Table("ledger_state", md, Column("name", String(64), primary_key=True),
                               Column("value", Text))
     return md, t
@@ -234,7 +237,29 @@ def _finish_migration(conn) -> None:
     refresh_jobs(conn, keys)
 
 
-MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4}
+def _migrate_4_to_5(conn) -> None:
+    """v5 flags failed measurements; the summary's covering index gains the flag and the p90."""
+    _add_columns(conn, "jobs", {"failed_measurement": "INTEGER"})
+    if conn.dialect.name in ("mysql", "mariadb"):
+        if "ix_jobs_summary" in {i["name"] for i in _indexes(conn, "jobs")}:
+            conn.exec_driver_sql("DROP INDEX ix_jobs_summary ON jobs")
+    else:
+        conn.exec_driver_sql("DROP INDEX IF EXISTS ix_jobs_summary")
+
+
+MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4, 5: _migrate_4_to_5}
+
+
+def failed_measurement(act_util, act_mem) -> int | None:
+    """1 when a measurement shows a job that never used its GPU (utilization exactly 0, memory
+    unknown or at most BARE_CONTEXT_MIB), 0 for a usable one, None when nothing was measured.
+    Flagged rows stay in the ledger but count in no accuracy figure and train nothing."""
+    if act_util is None and act_mem is None:
+        return None
+    if act_util is not None and float(act_util) == 0.0 and \
+            (act_mem is None or float(act_mem) <= BARE_CONTEXT_MIB):
+        return 1
+    return 0
 
 
 def under_claim(claim_util, claim_mem_p90, act_util, act_mem) -> tuple[int | None, str | None]:
@@ -365,7 +390,9 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         if not row["predictor"]:
             row["predictor"] = p.get("predictor")
     row["sources"] = ",".join(s for s in SOURCES if s in usages) or None
-    row["mem_err_bucket"] = mem_err_bucket(row["pred_mem_mib"], row["act_mem_mib"])
+    row["failed_measurement"] = failed_measurement(row["act_util_pct"], row["act_mem_mib"])
+    row["mem_err_bucket"] = -1 if row["failed_measurement"] else \
+        mem_err_bucket(row["pred_mem_mib"], row["act_mem_mib"])
     claim_mem = row["pred_mem_p90_mib"] if row["pred_mem_p90_mib"] is not None \
         else row["pred_mem_mib"]
     row["under_claim"], row["claim_flags"] = under_claim(

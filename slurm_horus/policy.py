@@ -342,7 +342,7 @@ _POLICY_KEYS = {
     "shards_per_gpu": _int_in(1, 10000),
     "pack_limit_pct": _int_in(1, 100),
     "exclusive_util_pct": _decimal_le(100),
-    "memory": _one_of("p90", "expected"),
+    "memory": _one_of("expected", "p90", "p95", "p99"),
     "min_shards": _int_in(1, 999999999),
     "on_bad_hint": _one_of("ignore", "reject"),
     "type_via": _one_of("features", "gres"),

@@ -1,41 +1,130 @@
-"""Stage 3: choose the predictor (the serving learned model, else cold start) and predict per GPU."""
+"""Stage 3: choose the predictor and predict per GPU type.
+
+The site's measured runs (the registry's history.json) answer first where they know the graph;
+the serving learned model, else the cold-start estimator, answers otherwise, corrected by the
+site's offsets for the GPU type. A refused model or history never stops a prediction: what is
+left serves, and the user is told why.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from .coldstart import ColdStartEstimator, Prediction, Workload
 from .errors import HorusError
 from .features import FeatureReport
 from .gpus import GPU
-from .registry import Registry
+from .registry import CALIBRATION_FILE, Registry
+
+QUANTILES = ("0.9", "0.95", "0.99")
+
+
+class Calibration:
+    """The bounds' split-conformal quantiles (registry calibration.json, written by retrain):
+    per GPU type (or "*") and predictor source, the quantiles of log(actual / predicted) memory
+    and of actual - predicted utilization on held-out jobs (docs/definitions.md)."""
+
+    def __init__(self, data: dict, serving: str | None):
+        if not isinstance(data, dict) or data.get("version") != 1 \
+                or not isinstance(data.get("quantiles"), dict):
+            raise HorusError("calibration.json: not a version-1 calibration file")
+        self.model = data.get("model")
+        self.serving = serving
+        self.quantiles = {}
+        for gtype, by_source in data["quantiles"].items():
+            if not isinstance(by_source, dict):
+                raise HorusError(f"calibration.json: {gtype!r}: expected an object")
+            for source, e in by_source.items():
+                self.quantiles[(str(gtype), str(source))] = (
+                    _checked(e, "mem_log_q", -2.0, 3.0), _checked(e, "util_q", -100.0, 100.0))
+
+    def apply(self, p: Prediction) -> Prediction:
+        """p with calibrated bounds where this GPU type and predictor source have them."""
+        source = p.predictor.split(":", 1)[0]
+        if source == "learned" and p.predictor != f"learned:{self.model}":
+            return p  # calibrated for another model version
+        entry = self.quantiles.get((p.gpu, source)) or self.quantiles.get(("*", source))
+        if entry is None:
+            return p
+        mem_q, util_q = entry
+        mem = {q: max(p.mem_mib * math.exp(v), p.mem_mib) for q, v in mem_q.items()}
+        return replace(p, mem_mib_p90=mem.get("0.9", p.mem_mib_p90),
+                       mem_mib_p95=mem.get("0.95"), mem_mib_p99=mem.get("0.99"),
+                       util_pct_p90=(min(max(p.util_pct + util_q["0.9"], p.util_pct), 100.0)
+                                     if "0.9" in util_q else None))
+
+
+def _checked(entry, key: str, lo: float, hi: float) -> dict[str, float]:
+    if not isinstance(entry, dict) or not isinstance(entry.get(key), dict):
+        raise HorusError(f"calibration.json: an entry lacks {key}")
+    out = {}
+    for q, v in entry[key].items():
+        if q not in QUANTILES or isinstance(v, bool) or not isinstance(v, (int, float)) \
+                or not lo <= v <= hi:
+            raise HorusError(f"calibration.json: {key} {q!r}={v!r} out of bounds")
+        out[q] = float(v)
+    return out
 
 
 @dataclass
 class PredictorChoice:
     estimator: object
     note: str  # why this predictor serves, shown to users
-    warning: str | None = None  # why the site's learned model was refused, when it was
+    warning: str | None = None  # why the site's learned model, history or calibration was refused
+    calibration: Calibration | None = None
 
 
 def choose_predictor(model_dir=None) -> PredictorChoice:
-    """The registry's serving model, or the cold-start estimator (saying why)."""
+    """History over the registry's serving model, else over the cold-start estimator, with the
+    site's calibrated bounds."""
     registry = Registry(model_dir)
+    choice = _choose(registry)
+    try:
+        stored = registry.load_json(CALIBRATION_FILE)
+        if stored is not None:
+            choice.calibration = Calibration(stored, registry.serving())
+    except HorusError as e:
+        why = f"calibration refused ({e}); bounds are the predictors' own"
+        choice.warning = "; ".join(w for w in (choice.warning, why) if w)
+    return choice
+
+
+def _choose(registry: Registry) -> PredictorChoice:
+    warnings = []
     try:
         version = registry.serving()
         if version is None:
-            return PredictorChoice(ColdStartEstimator(),
-                                   "no trained model: the cold-start estimator serves alone")
-        from .learned import LearnedEstimator
+            base = ColdStartEstimator()
+            note = "no trained model: the cold-start estimator serves"
+        else:
+            from .learned import LearnedEstimator
 
-        return PredictorChoice(LearnedEstimator(registry.load(version), version),
-                               f"learned model {version} from {registry.root}")
-    except HorusError as e:  # a refused model never stops a prediction: cold start serves
-        why = f"learned model refused ({e}); the cold-start estimator serves"
-        return PredictorChoice(ColdStartEstimator(), why, warning=why)
+            base = LearnedEstimator(registry.load(version), version)
+            note = f"learned model {version} from {registry.root}"
+    except HorusError as e:
+        base = ColdStartEstimator()
+        note = f"learned model refused ({e}); the cold-start estimator serves"
+        warnings.append(note)
+    try:
+        stored = registry.load_history()
+        if stored is None:
+            alone = " alone" if isinstance(base, ColdStartEstimator) and not warnings else ""
+            return PredictorChoice(base, note + alone + " (no site history)", *warnings[:1])
+        from .history import HistoryPredictor
+
+        history = HistoryPredictor.from_dict(stored, base=base, source=str(registry.root))
+        return PredictorChoice(history, note + f"; site history of {len(history.graphs)} "
+                               "graph(s) first", *warnings[:1])
+    except HorusError as e:
+        why = f"site history refused ({e}); predictions ignore it"
+        return PredictorChoice(base, note + f"; {why}", "; ".join([*warnings, why]))
 
 
 def predict_for(report: FeatureReport, gpus: list[GPU], workload: Workload,
                 choice: PredictorChoice | None = None) -> list[Prediction]:
     choice = choice or choose_predictor()
-    return [choice.estimator.predict(report, gpu, workload) for gpu in gpus]
+    preds = [choice.estimator.predict(report, gpu, workload) for gpu in gpus]
+    if choice.calibration is None:
+        return preds
+    return [choice.calibration.apply(p) for p in preds]

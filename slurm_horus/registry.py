@@ -1,7 +1,10 @@
 """Versioned store of learned models: list, add, promote, rollback, each an atomic file rename.
 
-Layout of the registry folder: `vNNNN.json` (one model each, never rewritten) and `current.json`
-({"serving": "vNNNN", "history": [...]}) which says which version serves. Readers never see a
+Layout of the registry folder: `vNNNN.json` (one model each, never rewritten), `current.json`
+({"serving": "vNNNN", "history": [...]}) which says which version serves, `history.json`
+(the site's measured runs and offsets, see history.py; rewritten by each export),
+`calibration.json` (the bounds' conformal quantiles, see retrain.py) and `rows-vNNNN.json` (the
+rows each version was trained on). Readers never see a
 half-written file: everything is written to a temporary file and renamed into place.
 
 The serving model answers for every user of a site, so the registry is read only where nobody
@@ -25,6 +28,8 @@ from .learned import MAX_MODEL_BYTES, LearnedModel
 ENV_VAR = "HORUS_MODEL_DIR"
 DEFAULT_DIR = Path("/var/lib/slurm-horus/models")
 VERSION_RE = re.compile(r"^v(\d{4,})$")
+HISTORY_FILE = "history.json"
+CALIBRATION_FILE = "calibration.json"
 
 
 def default_dir() -> Path:
@@ -79,6 +84,27 @@ class Registry:
         except OSError as e:
             raise HorusError(f"{path}: {e.strerror}") from None
         return LearnedModel.from_json(data, source=str(path))
+
+    def load_json(self, name: str) -> dict | list | None:
+        """A registry JSON file's content (None when there is none), under the same trust
+        checks as models; its fields are the caller's to check."""
+        path = self.root / name
+        try:
+            data = self._read(path)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise HorusError(f"{path}: {e.strerror}") from None
+        if len(data) > MAX_MODEL_BYTES:
+            raise HorusError(f"{path}: file too large")
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError):
+            raise HorusError(f"{path}: corrupt file (invalid JSON)") from None
+
+    def load_history(self) -> dict | None:
+        """history.json (fields checked by HistoryPredictor.from_dict)."""
+        return self.load_json(HISTORY_FILE)
 
     def _read(self, path: Path) -> bytes:
         """A registry file's bytes, refused unless it and its folders are trusted (see above)."""
@@ -142,6 +168,14 @@ class Registry:
         self._write_state({"serving": previous, "history": history,
                            "changed": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         return previous
+
+    def save_json(self, name: str, obj) -> None:
+        """Replace a registry JSON file atomically (readers see the old or the new file, whole)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.replace(self._write_temp(json.dumps(obj, separators=(",", ":"))), self.root / name)
+
+    def save_history(self, history: dict) -> None:
+        self.save_json(HISTORY_FILE, history)
 
     def _write_state(self, state: dict) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,14 @@
 """hacct's data: per-job predicted vs actual use, the accuracy summary (SQL aggregation), plots.
 
-Errors are actual minus predicted: ``UtilErr`` in percentage points, ``MemErr`` in percent of the
-prediction (positive: the job used more than predicted). The summary's median relative error is
-the median of |predicted - actual| / actual memory, from a histogram counted in SQL over the bin
-each job row stores (ledger.mem_err_bucket: 0.5 % bins below 100 %, 10 % bins up to 1000 %), so
-a million rows take one scan of an index.
+Errors follow docs/definitions.md: predicted minus actual, so a negative error is a job that used
+more than predicted. ``UtilErr`` is in percentage points of GPU utilization, ``MemErr`` in percent
+of the actual peak memory: 100 (predicted - actual) / actual. The summary's median relative
+error is the median of |predicted - actual| / actual memory, from a histogram counted in SQL
+over the bin each job row stores (ledger.mem_err_bucket: 0.5 % bins below 100 %, 10 % bins up
+to 1000 %), so a million rows take one scan of an index. ``p90_coverage_pct`` is the share of
+measured jobs whose peak memory stayed at or below the predicted p90 (the bound packing uses).
+Failed measurements (ledger.failed_measurement) count in no accuracy figure; ``excluded`` says
+how many there were.
 
 A job has either whole GPUs (``gpus``, gres/gpu) or shards of one (``shards``, gres/shard):
 ``Alloc`` shows ``2 GPU`` or ``25 shards``. ``UnderClaim`` is the claim audit that the ledger
@@ -44,11 +48,12 @@ def elapsed_str(s) -> str:
 
 
 def _errs(r: dict) -> tuple[float | None, float | None]:
+    """(utilization error in pp, memory error in % of actual): predicted minus actual."""
     ue = me = None
     if r.get("act_util_pct") is not None and r.get("pred_util_pct") is not None:
-        ue = r["act_util_pct"] - r["pred_util_pct"]
-    if r.get("act_mem_mib") is not None and r.get("pred_mem_mib"):
-        me = 100.0 * (r["act_mem_mib"] - r["pred_mem_mib"]) / r["pred_mem_mib"]
+        ue = r["pred_util_pct"] - r["act_util_pct"]
+    if r.get("act_mem_mib") and r.get("pred_mem_mib") is not None:
+        me = 100.0 * (r["pred_mem_mib"] - r["act_mem_mib"]) / r["act_mem_mib"]
     return ue, me
 
 
@@ -223,8 +228,8 @@ def rich_table(rows: list[dict], cols, noheader: bool):
         for c, _ in cols:
             v = cell(r, c)
             if c in ("utilerr", "memerr") and v:
-                x = float(v)
-                far = x > (FAR_UTIL_PP if c == "utilerr" else (FAR_MEM_FACTOR - 1) * 100)
+                x = float(v)  # far: actual use far above the prediction (see FAR_*)
+                far = x < (-FAR_UTIL_PP if c == "utilerr" else (1 / FAR_MEM_FACTOR - 1) * 100)
                 v = f"[red]{v}[/red]" if far else v
             elif c == "underclaim" and r.get("under_claim"):
                 v = f"[red]{v}[/red]"
@@ -243,8 +248,10 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
     from .ledger import job_filters, tables
 
     j = tables()["jobs"]
-    has_util = and_(j.c.act_util_pct.isnot(None), j.c.pred_util_pct.isnot(None))
-    has_mem = and_(j.c.act_mem_mib > 0, j.c.pred_mem_mib > 0)
+    ok = func.coalesce(j.c.failed_measurement, 0) == 0
+    has_util = and_(j.c.act_util_pct.isnot(None), j.c.pred_util_pct.isnot(None), ok)
+    has_mem = and_(j.c.act_mem_mib > 0, j.c.pred_mem_mib > 0, ok)
+    has_p90 = and_(j.c.act_mem_mib > 0, j.c.pred_mem_p90_mib > 0, ok)
     measured = case((or_(j.c.act_util_pct.isnot(None), j.c.act_mem_mib.isnot(None)), 1), else_=0)
     abs_u = func.abs(j.c.act_util_pct - j.c.pred_util_pct)
     logu = (func.ln(1.0 + j.c.pred_util_pct) - func.ln(1.0 + j.c.act_util_pct))
@@ -254,8 +261,12 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
                     and_(has_mem, j.c.act_mem_mib > j.c.pred_mem_mib * FAR_MEM_FACTOR)), 1),
                else_=0)
     stmt = select(
-        j.c.model_family, j.c.gpu_type, j.c.user_name, bucket.label("b"),
+        j.c.model_family, j.c.gpu_type, j.c.user_name, j.c.predictor, bucket.label("b"),
         func.count().label("n"), func.sum(measured).label("measured"),
+        func.sum(case((j.c.failed_measurement == 1, 1), else_=0)).label("failed"),
+        func.sum(case((has_p90, 1), else_=0)).label("np90"),
+        func.sum(case((and_(has_p90, j.c.act_mem_mib <= j.c.pred_mem_p90_mib), 1),
+                      else_=0)).label("inp90"),
         func.sum(case((has_util, 1), else_=0)).label("nu"),
         func.sum(case((has_util, abs_u), else_=0)).label("su"),
         func.sum(case((has_util, logu * logu), else_=0)).label("squ"),
@@ -266,16 +277,23 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
     )
     stmt = job_filters(stmt, submitted_only=True, **filters)
     stmt = stmt.group_by(j.c.has_submission, j.c.model_family, j.c.gpu_type, j.c.user_name,
-                         bucket)
-    groups: dict[str, dict] = {"all": {}, "model_family": {}, "gpu_type": {}, "user": {}}
+                         j.c.predictor, bucket)
+    groups: dict[str, dict] = {"all": {}, "model_family": {}, "gpu_type": {}, "user": {},
+                               "predictor": {}, "gpu_type_predictor": {}}
     with ledger.engine.connect() as conn:
         result = conn.execute(stmt).all()
-        for fam, gt, user, b, n, meas, nu, su, squ, sqm, nfar, naud, nunder in result:
+        for (fam, gt, user, pred, b, n, meas, nfail, np90, inp90, nu, su, squ, sqm, nfar, naud,
+             nunder) in result:
+            source = predictor_source(pred)
             for dim, key in (("all", "all"), ("model_family", fam), ("gpu_type", gt),
-                             ("user", user)):
+                             ("user", user), ("predictor", source),
+                             ("gpu_type_predictor", f"{gt or '-'} {source or '-'}")):
                 g = groups[dim].setdefault(key if key is not None else "-", _acc())
                 g["jobs"] += int(n)
                 g["measured"] += int(meas or 0)
+                g["failed"] += int(nfail or 0)
+                g["np90"] += int(np90 or 0)
+                g["inp90"] += int(inp90 or 0)
                 g["nu"] += int(nu or 0)
                 g["su"] += float(su or 0.0)
                 g["squ"] += float(squ or 0.0)
@@ -301,8 +319,14 @@ def or_(*a):
     return _or(*a)
 
 
+def predictor_source(predictor: str | None) -> str | None:
+    """The predictor source a prediction came from: 'learned:v0003' -> 'learned'."""
+    return predictor.split(":", 1)[0] if predictor else None
+
+
 def _acc():
-    return {"jobs": 0, "measured": 0, "nu": 0, "su": 0.0, "squ": 0.0, "sqm": 0.0, "far": 0,
+    return {"jobs": 0, "measured": 0, "failed": 0, "np90": 0, "inp90": 0, "nu": 0, "su": 0.0,
+            "squ": 0.0, "sqm": 0.0, "far": 0,
             "audited": 0, "under": 0, "hist": {}}
 
 
@@ -328,6 +352,8 @@ def _finish(g: dict) -> dict:
     med = _median_from_hist(g["hist"])
     return {"jobs": g["jobs"], "measured": g["measured"],
             "coverage_pct": round(100.0 * g["measured"] / g["jobs"], 2) if g["jobs"] else None,
+            "excluded": g["failed"], "p90_jobs": g["np90"],
+            "p90_coverage_pct": round(100.0 * g["inp90"] / g["np90"], 2) if g["np90"] else None,
             "util_mae_pp": round(g["su"] / g["nu"], 3) if g["nu"] else None,
             "util_rmsle": round(math.sqrt(g["squ"] / g["nu"]), 4) if g["nu"] else None,
             "mem_rmsle": round(math.sqrt(g["sqm"] / nm), 4) if nm else None,
@@ -358,16 +384,23 @@ def summary_text(s: dict) -> str:
     def line(name, g):
         f = lambda x, fmt: "-" if x is None else fmt.format(x)  # noqa: E731
         return (f"{str(name)[:24]:<24} {g['jobs']:>9} {f(g['coverage_pct'], '{:.1f}%'):>8} "
+                f"{g['excluded']:>8} "
                 f"{f(g['util_mae_pp'], '{:.1f}'):>8} {f(g['util_rmsle'], '{:.3f}'):>8} "
                 f"{f(g['mem_median_rel_err_pct'], '{:.1f}%'):>9} {f(g['mem_rmsle'], '{:.3f}'):>8} "
+                f"{f(g['p90_coverage_pct'], '{:.1f}%'):>7} "
                 f"{g['far_exceeding']:>6} {g['under_claims']:>10}")
-    head = (f"{'':<24} {'Jobs':>9} {'Coverage':>8} {'UtilMAE':>8} {'UtilRMSLE':>8} "
-            f"{'MemMdRE':>9} {'MemRMSLE':>8} {'Far':>6} {'UnderClaim':>10}")
+    head = (f"{'':<24} {'Jobs':>9} {'Measured':>8} {'Excluded':>8} {'UtilMAE':>8} "
+            f"{'UtilRMSLE':>8} {'MemMdRE':>9} {'MemRMSLE':>8} {'P90Cov':>7} {'Far':>6} "
+            f"{'UnderClaim':>10}")
     out = [head, line("all", s["all"])]
     for dim, title in (("model_family", "by model family"), ("gpu_type", "by GPU type"),
-                       ("user", "by user")):
+                       ("user", "by user"), ("predictor", "by predictor"),
+                       ("gpu_type_predictor", "by GPU type and predictor")):
         out.append(f"-- {title}")
         out += [line(k, g) for k, g in s[dim].items()]
+    out.append("-- Measured: jobs with a measurement; Excluded: failed measurements (the GPU was "
+               "never used), in no figure; P90Cov: jobs whose memory stayed within the p90 "
+               "bound; errors: docs/definitions.md")
     far = s["far_exceeding"]
     out.append(f"-- jobs whose actual use far exceeds the prediction (util > +"
                f"{FAR_UTIL_PP:.0f} pp or memory > x{FAR_MEM_FACTOR}): {len(far)} shown")
@@ -441,7 +474,7 @@ def text_plot(points: list[tuple], width: int = 60, height: int = 18) -> str:
 
 def write_png(path: str, points: list[tuple], width: int = 640, height: int = 320) -> None:
     """Two panels without text: left predicted vs actual utilization (grey diagonal = exact),
-    right |util error| (blue) and |memory error| % (orange, clipped at 100) over time."""
+    right |util error| (blue) and |memory error| % of actual (orange, clipped at 100) over time."""
     W, H = width, height
     img = bytearray(b"\xff" * (W * H * 3))
 
@@ -483,8 +516,8 @@ def write_png(path: str, points: list[tuple], width: int = 640, height: int = 32
             x = R[0] + int((p[0] - t0) / span * rw)
             if p[1] is not None and p[2] is not None:
                 px(x, R[3] - int(min(abs(p[2] - p[1]), 100) / 100 * rh), (30, 80, 200))
-            if p[3] and p[4] is not None:
-                e = min(abs(p[4] - p[3]) / p[3] * 100, 100)
+            if p[3] is not None and p[4]:
+                e = min(abs(p[3] - p[4]) / p[4] * 100, 100)
                 px(x, R[3] - int(e / 100 * rh), (240, 140, 20))
     raw = b"".join(b"\x00" + bytes(img[y * W * 3:(y + 1) * W * 3]) for y in range(H))
 

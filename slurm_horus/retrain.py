@@ -1,9 +1,16 @@
 """horus-admin retrain / import: train the learned predictor on the ledger's measured jobs.
 
-5-fold cross-validation gives out-of-fold predictions for every row; the serving model (or the
-cold-start estimator when none serves) is scored on the very same rows, and the new model is
-promoted only when its score (memory median |relative error| as a fraction + utilization RMSLE)
-is lower, unless forced. Every trained model is kept in the Registry and in predictor_versions.
+Honest promotion: the candidate and the serving model are scored on the same rows, and neither
+was trained on them. Those rows are the measured jobs the serving model never saw (its training
+rows are listed in the registry's ``rows-<version>.json``); the candidate's predictions on them
+are out-of-fold (5-fold cross-validation over every row). With no serving model, the cold-start
+estimator (never trained on site data) is the baseline on every row. The candidate is promoted
+only when its score (memory median |relative error| as a fraction + utilization RMSLE) is lower,
+unless forced. Every trained model is kept in the Registry and in predictor_versions.
+
+Bounds: held-out residuals of each predictor source (cold-start, learned) per GPU type give
+split-conformal quantiles, written to the registry's ``calibration.json`` (docs/definitions.md).
+Failed measurements (ledger.failed_measurement) train and score nothing.
 """
 
 from __future__ import annotations
@@ -12,13 +19,17 @@ import csv
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import HorusError
+from .registry import CALIBRATION_FILE
 
 IMPORT_COLUMNS = ("model", "features", "gpu_type", "batch_size", "task", "optimizer", "precision",
                   "cpus_per_task", "util_pct", "mem_mib", "util_max_pct", "user", "model_family",
                   "cold_util_pct", "cold_mem_mib", "cold_gpu_ms", "cold_host_ms")
+QUANTILES = (0.9, 0.95, 0.99)
+MIN_EVAL_ROWS = 10      # unseen rows needed to judge a candidate against the serving model
+CALIBRATION_VERSION = 1
 
 
 def score(m: dict) -> float:
@@ -27,32 +38,30 @@ def score(m: dict) -> float:
 
 @dataclass
 class TrainingSet:
-    X: list
-    mem: list
-    util: list
-    cold_mem: list
-    cold_util: list
+    keys: list = field(default_factory=list)       # "cluster/job_id" of each row
+    X: list = field(default_factory=list)
+    mem: list = field(default_factory=list)
+    util: list = field(default_factory=list)
+    cold_mem: list = field(default_factory=list)
+    cold_util: list = field(default_factory=list)
+    gpu_types: list = field(default_factory=list)
     skipped: int = 0
+    failed: int = 0    # failed measurements, excluded
 
 
-def _report(values: dict):
-    from .features import FeatureReport
+def _cold(pred: dict | None, gpu):
+    """The cold-start prediction the row was served with (stored at submission, sync or
+    import). Never recomputed here: from stored features alone the graph's nodes are gone, and
+    training must see the inputs serving saw."""
+    from .coldstart import Prediction
 
-    return FeatureReport(model="", sha256="", values=values, nodes=[], by_op={}, unknown_ops=[],
-                         unknown_dims=[], bound_dims={})
-
-
-def _cold(pred: dict | None, values: dict, gpu, w):
-    """The cold-start prediction a row was (or would have been) made with."""
-    from .coldstart import ColdStartEstimator, Prediction
-
-    c = (pred or {}).get("cold") if isinstance(pred, dict) else None
-    if isinstance(c, dict) and c.get("mem_mib") and c.get("util_pct") is not None:
-        return Prediction(gpu=gpu.name, util_pct=float(c["util_pct"]), mem_mib=float(c["mem_mib"]),
-                          mem_mib_p90=float(c["mem_mib"]), predictor="cold-start",
-                          breakdown={"gpu_ms_per_step": float(c.get("gpu_ms_per_step") or 0),
-                                     "host_ms_per_step": float(c.get("host_ms_per_step") or 0)})
-    return ColdStartEstimator().predict(_report(values), gpu, w)
+    c = pred.get("cold") if isinstance(pred, dict) else None
+    if not (isinstance(c, dict) and c.get("mem_mib") and c.get("util_pct") is not None):
+        raise ValueError("no cold-start figures stored")
+    return Prediction(gpu=gpu.name, util_pct=float(c["util_pct"]), mem_mib=float(c["mem_mib"]),
+                      mem_mib_p90=float(c["mem_mib"]), predictor="cold-start",
+                      breakdown={"gpu_ms_per_step": float(c.get("gpu_ms_per_step") or 0),
+                                 "host_ms_per_step": float(c.get("host_ms_per_step") or 0)})
 
 
 def _workload(d: dict | None):
@@ -66,7 +75,8 @@ def _workload(d: dict | None):
 
 
 def training_set(ledger) -> TrainingSet:
-    """Rows of measured jobs (utilization and memory both known) with features."""
+    """Rows of measured jobs (utilization and memory both known, not a failed measurement)
+    with features and the cold-start figures they were predicted with."""
     from sqlalchemy import and_, select
 
     from .features import FEATURE_NAMES, FEATURE_VERSION
@@ -76,17 +86,21 @@ def training_set(ledger) -> TrainingSet:
 
     t = tables()
     s, j = t["submissions"], t["jobs"]
-    stmt = (select(s.c.features, s.c.workload, s.c.predictions, s.c.feature_version, j.c.gpu_type,
-                   j.c.act_util_pct, j.c.act_mem_mib)
+    stmt = (select(j.c.cluster, j.c.job_id, s.c.features, s.c.workload, s.c.predictions,
+                   s.c.feature_version, j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib,
+                   j.c.failed_measurement)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
             .where(j.c.act_util_pct.isnot(None), j.c.act_mem_mib > 0, s.c.features.isnot(None),
-                   j.c.gpu_type.isnot(None)))
+                   j.c.gpu_type.isnot(None))
+            .order_by(j.c.cluster, j.c.job_id))
     catalog = default_catalog()
     gpus: dict = {}
-    ts = TrainingSet([], [], [], [], [])
+    ts = TrainingSet()
     with ledger.engine.connect() as conn:
-        result = conn.execute(stmt)
-        for feats, wl, preds, fv, gtype, util, mem in result:
+        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed in conn.execute(stmt):
+            if failed:
+                ts.failed += 1
+                continue
             try:
                 if fv is not None and int(fv) != FEATURE_VERSION:
                     raise ValueError("feature version")
@@ -99,44 +113,93 @@ def training_set(ledger) -> TrainingSet:
                 if gpu is None:
                     raise ValueError("gpu")
                 w = _workload(json.loads(wl) if wl else None)
-                p = (json.loads(preds) if preds else {}).get(gtype)
-                cold = _cold(p, values, gpu, w)
+                cold = _cold((json.loads(preds) if preds else {}).get(gtype), gpu)
                 ts.X.append(input_row(values, gpu, w, cold))
-                ts.mem.append(float(mem))
-                ts.util.append(min(max(float(util), 0.0), 100.0))
-                ts.cold_mem.append(cold.mem_mib)
-                ts.cold_util.append(cold.util_pct)
-            except (ValueError, TypeError, KeyError, HorusError):
+            except (ValueError, TypeError, KeyError, AttributeError, HorusError):
                 ts.skipped += 1
+                continue
+            ts.keys.append(f"{cluster}/{int(job_id)}")
+            ts.mem.append(float(mem))
+            ts.util.append(min(max(float(util), 0.0), 100.0))
+            ts.cold_mem.append(cold.mem_mib)
+            ts.cold_util.append(cold.util_pct)
+            ts.gpu_types.append(gpu.name)
     return ts
 
 
-def _baseline_predict(model, X, cold_mem, cold_util):
-    """What the serving predictor says for rows X: learned where familiar, else cold-start."""
+def _serving_predict(model, X, cold_mem, cold_util):
+    """What the serving learned model says for rows X: its answer where it is familiar and in
+    bounds, else the cold start (as LearnedEstimator.predict)."""
     import numpy as np
+
+    from .learned import out_of_bounds
 
     X = np.asarray(X, float)
     pm, pu = np.asarray(cold_mem, float).copy(), np.asarray(cold_util, float).copy()
-    if model is None:
-        return pm, pu
-    from .learned import input_names
-
-    names = input_names()
-    ok = np.ones(len(X), bool)
-    from .learned import RANGE_MARGIN
-
-    for name, (lo, hi) in model.ranges.items():
-        col = X[:, names.index(name)]
-        ok &= (col >= lo - RANGE_MARGIN) & (col <= hi + RANGE_MARGIN)
+    ok = np.array([model.familiar(list(row)) for row in X], bool)
     if ok.any():
-        pm[ok] = pm[ok] * np.exp(model.mem.predict(X[ok]))
-        pu[ok] = np.clip(np.expm1(model.util.predict(X[ok])), 0, 100)
+        ml, ul = model.mem.predict(X[ok]), model.util.predict(X[ok])
+        idx = np.flatnonzero(ok)
+        for k, i in enumerate(idx):
+            if out_of_bounds([ul[k]], [ml[k]]):
+                continue
+            pm[i] = pm[i] * math.exp(ml[k])
+            pu[i] = min(max(math.expm1(ul[k]), 0.0), 100.0)
     return pm, pu
+
+
+def conformal_quantile(residuals, q: float) -> float | None:
+    """Split-conformal quantile: the ceil((n+1) q)-th smallest residual, so that a new residual
+    from the same distribution is at most it with probability >= q; None when n is too small
+    for that rank to exist (n < ceil((n+1) q))."""
+    r = sorted(float(x) for x in residuals)
+    k = math.ceil((len(r) + 1) * q)
+    return r[k - 1] if 1 <= k <= len(r) else None
+
+
+def calibration_entry(actual_mem, pred_mem, actual_util, pred_util) -> dict:
+    """{"mem_log_q": {q: ..}, "util_q": {q: ..}, "n": N} of one group's held-out residuals:
+    log(actual / predicted) memory and actual - predicted utilization (pp)."""
+    mem_r = [math.log(a / p) for a, p in zip(actual_mem, pred_mem)]
+    util_r = [a - p for a, p in zip(actual_util, pred_util)]
+    out: dict = {"mem_log_q": {}, "util_q": {}, "n": len(mem_r)}
+    for q in QUANTILES:
+        m, u = conformal_quantile(mem_r, q), conformal_quantile(util_r, q)
+        if m is not None:
+            out["mem_log_q"][str(q)] = round(m, 6)
+            out["util_q"][str(q)] = round(u, 4)
+    return out
+
+
+def calibrate(gpu_types, sources: dict) -> dict:
+    """calibration.json's "quantiles": per GPU type (and "*" for all) and predictor source,
+    from held-out predictions ``sources`` = {source: (rows, actual_mem, pred_mem, actual_util,
+    pred_util)} (rows: indices into gpu_types). Groups whose rows give no p90 are left out."""
+    out: dict = {}
+    for source, (rows, am, pm, au, pu) in sources.items():
+        by_type: dict = {"*": list(range(len(rows)))}
+        for k, i in enumerate(rows):
+            by_type.setdefault(gpu_types[i], []).append(k)
+        for gtype, ks in by_type.items():
+            e = calibration_entry([am[k] for k in ks], [pm[k] for k in ks],
+                                  [au[k] for k in ks], [pu[k] for k in ks])
+            if e["mem_log_q"]:
+                out.setdefault(gtype, {})[source] = e
+    return out
+
+
+def trained_rows(registry, version: str) -> set | None:
+    """The row keys ``version`` was trained on (rows-<version>.json), None when unrecorded."""
+    try:
+        return set(registry.load_json(f"rows-{version}.json")["keys"])
+    except (HorusError, KeyError, TypeError):
+        return None
 
 
 def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int = 0,
             max_iter: int = 200, progress: bool = False, log=print) -> dict:
-    """Train, cross-validate, compare with the serving model, store, maybe promote."""
+    """Train, cross-validate, compare with the serving model on rows neither was trained on,
+    store, maybe promote, and write the calibration of the predictor that now serves."""
     import numpy as np
 
     from .learned import accuracy, fit
@@ -144,26 +207,30 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     ts = training_set(ledger)
     n = len(ts.X)
     if n < max(20, folds * 4):
+        unusable = ", ".join(f"{c} {w}" for c, w in ((ts.skipped, "unusable"),
+                                                      (ts.failed, "failed measurements")) if c)
         raise HorusError(f"need at least {max(20, folds * 4)} measured jobs with features to "
-                         f"train, the ledger has {n}" + (f" ({ts.skipped} unusable)" if ts.skipped else ""))
+                         f"train, the ledger has {n}" + (f" ({unusable})" if unusable else ""))
     X = np.asarray(ts.X, float)
     mem, util = np.asarray(ts.mem, float), np.asarray(ts.util, float)
     cmem, cutil = np.asarray(ts.cold_mem, float), np.asarray(ts.cold_util, float)
     serving_version = registry.serving()
-    serving = None
+    serving = seen = None
     if serving_version:
         try:
             serving = registry.load(serving_version)
         except HorusError as e:
             log(f"serving model {serving_version} unusable ({e}); comparing with cold-start")
             serving_version = None
+    if serving is not None:
+        seen = trained_rows(registry, serving_version)
+        if seen is None:
+            log(f"serving model {serving_version} has no record of its training rows "
+                f"(rows-{serving_version}.json): no row is known to be unseen by it")
     order = np.random.default_rng(seed).permutation(n)
     parts = np.array_split(order, folds)
     oof_mem, oof_util = np.zeros(n), np.zeros(n)
-    base_mem, base_util = _baseline_predict(serving, X, cmem, cutil)
-
-    steps = folds + 1
-    bar = _Progress(progress, steps, "retrain")
+    bar = _Progress(progress, folds + 1, "retrain")
     with bar:
         for k, test in enumerate(parts):
             train = np.setdiff1d(order, test, assume_unique=True)
@@ -171,26 +238,54 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
             oof_mem[test] = cmem[test] * np.exp(m.mem.predict(X[test]))
             oof_util[test] = np.clip(np.expm1(m.util.predict(X[test])), 0, 100)
             bar.advance(f"fold {k + 1}/{folds}")
-        new = accuracy(oof_mem, mem, oof_util, util)
-        old = accuracy(base_mem, mem, base_util, util)
         model = fit(X, mem, util, cmem, seed=seed, max_iter=max_iter)
         bar.advance("final fit")
-    model.metrics = {**new, "cv_folds": folds}
-    model.mem_log_q90 = float(np.quantile(np.log(mem / oof_mem), 0.9))
-    model.meta.update({"rows": n, "cv_folds": folds, "baseline": serving_version or "cold-start",
-                       "baseline_metrics": old, "source": "horus-admin retrain"})
-    better = score(new) < score(old)
+    if serving is None:
+        held = np.arange(n)
+        base_mem, base_util = cmem, cutil
+    else:
+        held = np.array([i for i, key in enumerate(ts.keys) if seen is not None
+                         and key not in seen], int)
+        base_mem, base_util = _serving_predict(serving, X[held], cmem[held], cutil[held])
+    new = accuracy(oof_mem[held], mem[held], oof_util[held], util[held]) if len(held) else None
+    old = accuracy(base_mem, mem[held], base_util, util[held]) if len(held) else None
+    judged = len(held) >= MIN_EVAL_ROWS
+    better = bool(judged and score(new) < score(old))
+    baseline = serving_version or "cold-start"
+    if not judged:
+        log(f"only {len(held)} measured jobs unseen by {baseline} (need {MIN_EVAL_ROWS}): "
+            "the candidate cannot be judged against it")
+    cv = accuracy(oof_mem, mem, oof_util, util)
+    q90 = conformal_quantile(np.log(mem / oof_mem), 0.9)
+    model.metrics = {**cv, "cv_folds": folds}
+    model.mem_log_q90 = float(q90 if q90 is not None else np.max(np.log(mem / oof_mem)))
+    model.meta.update({"rows": n, "cv_folds": folds, "baseline": baseline,
+                       "baseline_metrics": old, "held_out_rows": int(len(held)),
+                       "source": "horus-admin retrain"})
     version = registry.add(model)
+    registry.save_json(f"rows-{version}.json", {"version": 1, "keys": ts.keys})
     promoted = better or force
     if promoted:
         registry.promote(version)
-    ledger.record_predictor_version(version, {"cv": new, "baseline": old,
-                                              "baseline_version": serving_version or "cold-start",
-                                              "score": score(new), "baseline_score": score(old),
+    # calibration of what serves now: the cold start on every row; the learned model on rows
+    # it did not train on (out-of-fold for the new one, unseen rows for a kept one)
+    sources = {"cold-start": (list(range(n)), mem, cmem, util, cutil)}
+    if promoted:
+        sources["learned"] = (list(range(n)), mem, oof_mem, util, oof_util)
+    elif serving is not None and len(held):
+        sources["learned"] = (held.tolist(), mem[held], base_mem, util[held], base_util)
+    now_serving = version if promoted else serving_version
+    registry.save_json(CALIBRATION_FILE, {"version": CALIBRATION_VERSION, "model": now_serving,
+                                          "quantiles": calibrate(ts.gpu_types, sources)})
+    ledger.record_predictor_version(version, {"cv": cv, "held_out": new, "baseline": old,
+                                              "baseline_version": baseline,
+                                              "held_out_rows": int(len(held)),
+                                              "score": new and score(new),
+                                              "baseline_score": old and score(old),
                                               "forced": bool(force and not better)}, n, promoted)
-    return {"version": version, "rows": n, "skipped": ts.skipped, "cv": new, "baseline": old,
-            "baseline_version": serving_version or "cold-start", "better": better,
-            "promoted": promoted}
+    return {"version": version, "rows": n, "skipped": ts.skipped, "failed": ts.failed,
+            "cv": cv, "held_out": new, "baseline": old, "held_out_rows": int(len(held)),
+            "baseline_version": baseline, "better": better, "promoted": promoted}
 
 
 class _Progress:
@@ -227,7 +322,8 @@ def _row_id(row: dict) -> int:
 
 
 def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
-    """Load measurements (see IMPORT_COLUMNS / docs/ledger.md) as submissions + usage 'import'."""
+    """Load measurements (see IMPORT_COLUMNS / docs/ledger.md) as submissions + usage 'import'.
+    Failed measurements (ledger.failed_measurement) are kept, flagged, and counted."""
     from .coldstart import Workload
     from .features import FEATURE_NAMES, FEATURE_VERSION
     from .gpus import default_catalog
@@ -277,15 +373,18 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                     values = report.values
                 else:
                     raise HorusError("needs model or features")
-                from .coldstart import ColdStartEstimator
-
                 if row.get("cold_util_pct") and row.get("cold_mem_mib"):
                     cold = {"util_pct": float(row["cold_util_pct"]),
                             "mem_mib": float(row["cold_mem_mib"]),
                             "gpu_ms_per_step": float(row.get("cold_gpu_ms") or 0),
                             "host_ms_per_step": float(row.get("cold_host_ms") or 0)}
+                elif report is None:
+                    raise HorusError("features without cold_util_pct and cold_mem_mib: the cold "
+                                     "start needs the model's graph (give model, or those columns)")
                 else:
-                    c = ColdStartEstimator().predict(report or _report(values), gpu, w)
+                    from .coldstart import ColdStartEstimator
+
+                    c = ColdStartEstimator().predict(report, gpu, w)
                     cold = {"util_pct": c.util_pct, "mem_mib": c.mem_mib,
                             "gpu_ms_per_step": c.breakdown.get("gpu_ms_per_step", 0.0),
                             "host_ms_per_step": c.breakdown.get("host_ms_per_step", 0.0)}
@@ -313,4 +412,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                            "util_max": float(row["util_max_pct"]) if row.get("util_max_pct") else None})
     ledger.record_submissions(subs)
     ledger.record_usages(usages)
-    return {"rows": len(subs)}
+    from .ledger import failed_measurement
+
+    failed = sum(1 for u in usages if failed_measurement(u["util_mean"], u["mem_peak_mib"]))
+    return {"rows": len(subs), "failed": failed}

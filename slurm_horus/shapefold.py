@@ -196,6 +196,7 @@ def _build():
         "Floor": lambda i, a, s: np.floor(i[0]),
         "Ceil": lambda i, a, s: np.ceil(i[0]),
         "Identity": lambda i, a, s: i[0],
+        "Transpose": lambda i, a, s: np.transpose(i[0], a.get("perm")),
         "Reshape": _reshape,
         "ConstantOfShape": _constant_of_shape,
         "Range": _range,

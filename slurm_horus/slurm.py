@@ -1,13 +1,20 @@
-"""The Slurm backend: run sbatch / scontrol / sinfo (command-line tools, submitit-style).
+"""How slurm-horus reads Slurm: two backends behind one set of functions.
 
-All parsing of what these commands print lives in ``slurm_parse``.  pyslurm is optional and only
-used if ``import pyslurm`` works AND ``HORUS_SLURM_BACKEND=pyslurm`` asks for it; the command
-line tools are the default backend (they are what submitit, dask-jobqueue and parsl use).
+* ``cli``: scontrol / squeue / sacct (what submitit, dask-jobqueue and parsl use); the parsing of
+  what they print lives in ``slurm_parse``.
+* ``pyslurm``: Slurm's C API through pyslurm (``slurm_pyslurm``), no process per query.
+
+``HORUS_SLURM_BACKEND=cli|pyslurm`` picks one; unset (or ``auto``), pyslurm is used when it is
+installed and built for the Slurm the tools on PATH report (pyslurm X.Y pairs with Slurm X.Y and
+fails in odd ways on any other), else the CLI. Both give the same records: scontrol's record
+shape for nodes and partitions, ``slurm_parse.squeue_json_jobs``'s for running jobs, and
+``usage.parse_job``'s flat dicts for accounting. Submission is always sbatch (every option exact).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -15,10 +22,13 @@ from . import slurm_parse as sp
 from .errors import HorusError
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
-           "default_partition", "sbatch", "exec_sbatch", "show_job", "private_jobs",
-           "pyslurm_available"]
+           "default_partition", "sbatch", "exec_sbatch", "private_jobs", "backend",
+           "slurm_version", "running_jobs", "accounting_jobs"]
 
 TIMEOUT_S = 30
+BACKENDS = ("cli", "pyslurm")
+_chosen: dict[str, str] = {}
+_version: list[str] = []
 
 
 def _cmd(name: str) -> str:
@@ -41,12 +51,89 @@ def run(args: list[str], timeout: float = TIMEOUT_S) -> str:
     return cp.stdout
 
 
+def slurm_version() -> str:
+    """``X.Y.Z`` of the Slurm whose tools are on PATH (``sinfo --version``), once per process."""
+    if not _version:
+        m = re.search(r"(\d+\.\d+\.\d+)", run(["sinfo", "--version"]))
+        if not m:
+            raise HorusError("sinfo --version: no version in its output")
+        _version.append(m.group(1))
+    return _version[0]
+
+
+def _pyslurm_version() -> str | None:
+    """The installed pyslurm's version, read from its version.py without importing it (an
+    import initialises libslurm, which must not happen against another Slurm's slurm.conf; and
+    find_spec is cheaper than importlib.metadata for hsubmit's start-up)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("pyslurm")
+    if spec is None or not spec.origin:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+            m = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", f.read())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def backend() -> str:
+    """``cli`` or ``pyslurm`` (see the module docstring), decided once per process."""
+    want = (os.environ.get("HORUS_SLURM_BACKEND") or "auto").strip().lower()
+    if want in _chosen:
+        return _chosen[want]
+    if want not in (*BACKENDS, "auto"):
+        raise HorusError(f"HORUS_SLURM_BACKEND={want}: need cli, pyslurm or auto")
+    got = "cli"
+    if want != "cli":
+        have = _pyslurm_version()
+        major = ".".join(slurm_version().split(".")[:2])
+        if have and have.startswith(major + "."):
+            got = "pyslurm"
+        elif want == "pyslurm":
+            raise HorusError(f"HORUS_SLURM_BACKEND=pyslurm: "
+                             f"{'pyslurm ' + have if have else 'no pyslurm'} installed, Slurm is "
+                             f"{major} (install pyslurm=={major}.* built against it)")
+    _chosen[want] = got
+    return got
+
+
 def scontrol_nodes() -> list[dict]:
+    """Nodes as ``scontrol show node`` records (NodeName, Gres, Partitions, AvailableFeatures,
+    ActiveFeatures, ...), from the chosen backend."""
+    if backend() == "pyslurm":
+        from . import slurm_pyslurm
+        return slurm_pyslurm.nodes()
     return sp.parse_scontrol_records(run(["scontrol", "show", "node", "-o"]))
 
 
 def scontrol_partitions() -> list[dict]:
+    """Partitions as ``scontrol show partition`` records (PartitionName, Default, Nodes)."""
+    if backend() == "pyslurm":
+        from . import slurm_pyslurm
+        return slurm_pyslurm.partitions()
     return sp.parse_scontrol_records(run(["scontrol", "show", "partition", "-o"]))
+
+
+def running_jobs() -> list[dict]:
+    """Every job slurmctld still knows (any state, any partition), as
+    ``slurm_parse.squeue_json_jobs`` records; a running job's ``gres`` items carry the GPU
+    indices it holds (``idx``)."""
+    if backend() == "pyslurm":
+        from . import slurm_pyslurm
+        return slurm_pyslurm.running_jobs()
+    return sp.squeue_json_jobs(run(["squeue", "--json", "--all", "--states=all"]))
+
+
+def accounting_jobs(since: float, until: float) -> list[dict]:
+    """Jobs in Slurm accounting between ``since`` and ``until`` (epoch seconds), every user's,
+    as ``usage.parse_job`` flat dicts."""
+    if backend() == "pyslurm":
+        from . import slurm_pyslurm
+        return slurm_pyslurm.accounting_jobs(since, until)
+    from .usage import parse_sacct_json, run_sacct
+    return parse_sacct_json(run_sacct(since, until))
 
 
 def default_partition() -> str:
@@ -73,11 +160,6 @@ def private_jobs(unknown: bool) -> bool:
     return "jobs" in conf.get("PrivateData", "").lower().split(",")
 
 
-def show_job(job_id: str | int) -> dict | None:
-    recs = sp.parse_scontrol_records(run(["scontrol", "-d", "show", "job", str(job_id)]))
-    return recs[0] if recs else None
-
-
 def sbatch(argv: list[str], stdin: bytes | None = None, capture: bool = False
            ) -> subprocess.CompletedProcess:
     """Run sbatch with ``argv``; output goes straight through unless ``capture``."""
@@ -94,11 +176,3 @@ def exec_sbatch(argv: list[str]) -> None:
         raise HorusError("sbatch not found on PATH (is Slurm installed?)")
     os.execv(exe, ["sbatch", *argv])
 
-
-def pyslurm_available() -> bool:
-    """True when pyslurm imports (needs a matching Slurm and a reachable slurm.conf)."""
-    try:
-        import pyslurm  # noqa: F401
-    except Exception:
-        return False
-    return True

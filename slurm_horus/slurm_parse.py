@@ -1,7 +1,7 @@
 """All parsing of Slurm command output and of sbatch arguments / ``#SBATCH`` lines, in one place.
 
 Pure functions (no subprocess, no Slurm needed), tested against the recorded real outputs in
-``tests/fixtures/slurm``.  Checked against Slurm 22.05.8 (Debian 12).
+``tests/fixtures/slurm`` (Slurm 22.05.8, Debian 12) and ``tests/fixtures/slurm-25.11`` (25.11.7).
 
 sbatch arguments
 ----------------
@@ -408,7 +408,9 @@ def _split_gres(text: str) -> list[str]:
 
 def parse_gres(text: str | None) -> list[dict]:
     """``gpu:a100:4,shard:a100:400`` / ``shard:30(IDX:0)`` / ``gres:gpu:1`` ->
-    [{name, type, count, idx}].  idx: the GPU indices of ``(IDX:0-1,3)`` as a list, else None."""
+    [{name, type, count, idx}].  idx: the GPU indices of ``(IDX:0-1,3)``, or of a shared gres's
+    per-GPU counts ``(0/100,66/100)`` (25.11's job detail: the GPUs where the job holds some), as
+    a list; else None."""
     if not text or text in ("(null)", "N/A", "none"):
         return []
     items = []
@@ -433,6 +435,8 @@ def parse_gres(text: str | None) -> list[dict]:
             for part in m.group(1).split(","):
                 a, _, b = part.partition("-")
                 idx.extend(range(int(a), int(b or a) + 1))
+        elif re.fullmatch(r"\d+/\d+(?:,\d+/\d+)*", paren):
+            idx = [i for i, used in enumerate(paren.split(",")) if int(used.split("/")[0]) > 0]
         items.append({"name": name, "type": gtype, "count": count, "idx": idx})
     return items
 
@@ -496,8 +500,25 @@ def parse_pipe_table(text: str) -> list[dict]:
 
 
 def sinfo_json_nodes(text: str) -> list[dict]:
-    """``sinfo --json`` (v0.0.38) -> [{name, partitions, gpu_types, features}]."""
+    """``sinfo --json`` -> [{name, partitions, gpu_types, features}].
+
+    22.05 (v0.0.38) lists ``nodes``; 23.02+ (data_parser) lists ``sinfo``: one entry per
+    partition and group of like nodes (``nodes.nodes`` names them, ``gres.total``,
+    ``features.total``, ``partition.name``), merged here into one record per node."""
     data = json.loads(text)
+    if "sinfo" in data:
+        by: dict[str, dict] = {}
+        for e in data["sinfo"]:
+            part = (e.get("partition") or {}).get("name")
+            gres = (e.get("gres") or {}).get("total") or ""
+            feats = (e.get("features") or {}).get("total") or ""
+            for name in (e.get("nodes") or {}).get("nodes") or []:
+                n = by.setdefault(name, {"name": name, "partitions": [],
+                                         "gpu_types": gpu_types_of_node({"Gres": gres}),
+                                         "features": feats})
+                if part and part not in n["partitions"]:
+                    n["partitions"].append(part)
+        return list(by.values())
     out = []
     for n in data.get("nodes", []):
         gres = n.get("gres") or ""
@@ -511,8 +532,9 @@ def sinfo_json_nodes(text: str) -> list[dict]:
 
 
 def squeue_json_jobs(text: str) -> list[dict]:
-    """``squeue --json`` (v0.0.38) -> [{job_id, state, partition, nodes, tres_per_node,
-    comment, features, gres: [...from gres_detail]}]."""
+    """``squeue --json`` -> [{job_id, state, partition, nodes, tres_per_node, comment, features,
+    gres: [...from gres_detail]}]. ``job_state`` is a string in 22.05 (v0.0.38) and a list from
+    23.02 (its first entry is the state, the others flags); ``state`` is the state either way."""
     data = json.loads(text)
     out = []
     for j in data.get("jobs", []):
@@ -520,8 +542,11 @@ def squeue_json_jobs(text: str) -> list[dict]:
         gres = []
         for d in detail:
             gres.extend(parse_gres(d))
+        state = j.get("job_state")
+        if isinstance(state, list):
+            state = state[0] if state else None
         out.append({
-            "job_id": j.get("job_id"), "state": j.get("job_state"),
+            "job_id": j.get("job_id"), "state": state,
             "partition": j.get("partition"), "nodes": j.get("nodes"),
             "tres_per_node": j.get("tres_per_node"), "comment": j.get("comment"),
             "features": j.get("features"), "gres": gres,
@@ -568,8 +593,9 @@ def _hostlist_has(expr: str | None, node: str) -> bool:
 
 
 def job_gpus_on_node(job: dict, node: str | None) -> dict | None:
-    """The GPUs a job holds on ``node``, from a ``scontrol -d show job`` record (22.05: the
-    detail line ``Nodes=gpu-t4 ... GRES=shard:7(IDX:0)`` / ``GRES=gpu:a100:2(IDX:1-2)``).
+    """The GPUs a job holds on ``node``, from a ``scontrol -d show job`` record (the detail line
+    ``Nodes=gpu-t4 ... GRES=shard:7(IDX:0)`` on 22.05, ``GRES=shard:66(0/100,66/100)`` on 25.11,
+    ``GRES=gpu:a100:2(IDX:1-2)`` on both).
 
     Returns {"indices": [node-local GPU indices], "type": gres type or None, "shards": shard count
     or None, "gpus": whole-GPU count or None}, or None when the job has no GPU or shard there.

@@ -161,7 +161,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     from .cli.common import parse_dims
     from .features import extract_features
     from .gpus import default_catalog
-    from .hint import MAX_SLURM_COMMENT, attach_tokens, encode_hint
+    from .hint import MAX_SLURM_COMMENT, attach_tokens
     from .predict import choose_predictor, predict_for
 
     model = plan.model
@@ -214,10 +214,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     plan.predictor_note = choice.note
     preds = predict_for(report, gpus, workload, choice)
     plan.predictions = dict(zip(names, preds))
-    plan.hint = encode_hint({
-        g: (min(max(p.util_pct, 0.0), 100.0), max(p.mem_mib, 0.0), max(p.mem_mib_p90, p.mem_mib, 0.0))
-        for g, p in plan.predictions.items()
-    })
+    plan.hint = _hint_of(plan.predictions)
     # what sync needs to recompute the features itself, as the admin
     job = {"sha": report.sha256, "bs": workload.batch_size, "task": workload.task,
            "opt": workload.optimizer, "prec": workload.precision, "dims": dims,
@@ -228,6 +225,24 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         plan.warnings.append(f"no room for the hint in Slurm's {MAX_SLURM_COMMENT}-character "
                              "comment beside yours: submitting the job without it")
     return plan
+
+
+def _hint_of(predictions: dict) -> str:
+    """The hint token: p95/p99 memory where calibrated (for policies that ask for them),
+    dropped when the token would not fit."""
+    from .hint import encode_hint
+
+    def fields(p, bounds: bool):
+        mem = max(p.mem_mib, 0.0)
+        out = [min(max(p.util_pct, 0.0), 100.0), mem, max(p.mem_mib_p90, mem)]
+        if bounds and p.mem_mib_p95 is not None and p.mem_mib_p99 is not None:
+            out += [max(p.mem_mib_p95, out[2]), max(p.mem_mib_p99, p.mem_mib_p95, out[2])]
+        return tuple(out)
+
+    try:
+        return encode_hint({g: fields(p, True) for g, p in predictions.items()})
+    except HorusError:
+        return encode_hint({g: fields(p, False) for g, p in predictions.items()})
 
 
 def job_desc_of(plan: Plan) -> dict:

@@ -280,6 +280,7 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     already knows it (a probe measured it), or, with ``all_jobs``, when it used a GPU. Its
     submission row holds Slurm's facts, the comment's claims and the hook's decision
     (AdminComment); features are recomputed here (see ModelFeatures), never taken from the user.
+    A job that never used its GPU (ledger.failed_measurement) is recorded, flagged and counted.
     """
     from .hint import find_hint_token, parse_hint, parse_workload
 
@@ -348,7 +349,11 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         _update_colocated(ledger, changed)
     if ran_sacct:
         ledger.set_state("last_sync", str(int(until or now)))
+    from .ledger import failed_measurement
+
     return {"jobs_seen": len(parsed), "recorded": len(records),
+            "failed_measurements": sum(1 for r in records if failed_measurement(
+                r["util_mean"], r["mem_peak_mib"])),
             "claims": sum(1 for s in subs if s["hint"] or s["model_sha256"]),
             "features": sum(1 for s in subs if s["features"]), "replayed": replay.applied,
             "quarantined": replay.quarantined, "skipped": replay.skipped,
@@ -359,9 +364,12 @@ def submission_of(j: dict, hint_token: str | None, hint: dict | None, claim: dic
                   models: "ModelFeatures") -> dict:
     """The submission row of a finished job: Slurm's facts, the comment's claims (predictor
     "hint"), the hook's decision, and features only where ``models`` could recompute them."""
+    from .hint import BOUND_NAMES
+
     uid, gids = _owner(j["user"])
-    preds = {g: {"util_pct": u, "mem_mib": m, "mem_mib_p90": p, "predictor": "hint"}
-             for g, (u, m, p) in (hint or {}).items()}
+    preds = {g: {"util_pct": v[0], "mem_mib": v[1], "predictor": "hint",
+                 **{f"mem_mib_{b}": x for b, x in zip(BOUND_NAMES, v[2:])}}
+             for g, v in (hint or {}).items()}
     rec = {"job_id": j["job_id"], "cluster": j["cluster"], "user": j["user"], "uid": uid,
            "account": j["account"], "submit_time": j["submit_time"], "hint": hint_token,
            "policy_decision": j.get("admin_comment"), "gpu_types": sorted(preds) or None,

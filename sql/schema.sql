@@ -95,6 +95,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     pred_mem_p90_mib DOUBLE PRECISION,
     under_claim INTEGER,
     claim_flags VARCHAR(16),
+    failed_measurement INTEGER,  -- 1: the job never used its GPU (ledger.failed_measurement)
     PRIMARY KEY (cluster, job_id)
 );
 
@@ -108,6 +109,6 @@ CREATE INDEX IF NOT EXISTS ix_jobs_user ON jobs (user_name);
 CREATE INDEX IF NOT EXISTS ix_jobs_end ON jobs (end_time);
 -- Covering index for hacct --summary: groups stream out in index order, no sort of all jobs.
 CREATE INDEX IF NOT EXISTS ix_jobs_summary ON jobs (has_submission, model_family, gpu_type,
-    user_name, mem_err_bucket, pred_util_pct, act_util_pct, pred_mem_mib, act_mem_mib,
-    under_claim);
+    user_name, predictor, mem_err_bucket, failed_measurement, pred_util_pct, act_util_pct,
+    pred_mem_mib, pred_mem_p90_mib, act_mem_mib, under_claim);
 CREATE INDEX IF NOT EXISTS ix_usage_node ON `usage` (node, end_time);

@@ -24,6 +24,11 @@ from slurm_horus.hint import parse_hint
 
 pytestmark = pytest.mark.cluster
 
+
+def tres(s):
+    """TresPerNode in 22.05's spelling: 23.11+ writes gres/shard:N where 22.05 wrote gres:shard:N."""
+    return s.replace("gres/", "gres:") if s else s
+
 ZOO = Path(__file__).parent / "data" / "zoo"
 HSUBMIT = [sys.executable, "-m", "slurm_horus.cli.hsubmit"]
 ADMIN = [sys.executable, "-m", "slurm_horus.cli.admin"]
@@ -125,7 +130,7 @@ def test_packing_on_real_slurm(workdir):
     for i in light:
         j = jobs[i]
         assert j["JobState"] == "RUNNING", (i, j["JobState"], j.get("Reason"))
-        assert j["TresPerNode"].startswith("gres:shard:"), j["TresPerNode"]
+        assert tres(j["TresPerNode"]).startswith("gres:shard:"), tres(j["TresPerNode"])
         hint = parse_hint(j["Comment"])
         (d,) = sp.job_gres_detail(j)
         (g,) = d["gres"]
@@ -149,15 +154,15 @@ def test_packing_on_real_slurm(workdir):
         assert key not in whole, f"GPU {key} both shared and whole"
     # heavy: a whole GPU
     h = jobs[heavy]
-    assert h["JobState"] == "RUNNING" and "gpu" in h["TresPerNode"] and "shard" not in h["TresPerNode"]
+    assert h["JobState"] == "RUNNING" and "gpu" in tres(h["TresPerNode"]) and "shard" not in tres(h["TresPerNode"])
     assert "horus: exclusive" in h.get("AdminComment", ""), h.get("AdminComment")
     # gpu:2 job: untouched, two whole GPUs
     m = jobs[multi]
-    assert m["TresPerNode"] == "gres:gpu:2" and "unchanged" in m.get("AdminComment", "")
+    assert tres(m["TresPerNode"]) == "gres:gpu:2" and "unchanged" in m.get("AdminComment", "")
     assert sum(len(g["idx"]) for d in sp.job_gres_detail(m) for g in d["gres"]) == 2
     # no model: exactly as given, no hint, no decision
     p = jobs[plain]
-    assert p["TresPerNode"] == "gres:gpu:1" and p["Comment"] == "plain job"
+    assert tres(p["TresPerNode"]) == "gres:gpu:1" and p["Comment"] == "plain job"
     assert "AdminComment" not in p or not p["AdminComment"]
 
     # sacct: shard TRES and the decision (22.05 stores the hook's AdminComment in the job's
@@ -206,7 +211,7 @@ def test_explain_agrees_with_slurmctld(workdir):
         if "--comment" in args:
             assert job["Comment"].startswith("mine horus:v1;")
         if "shared" in decision:
-            assert job["TresPerNode"].startswith("gres:shard:")
+            assert tres(job["TresPerNode"]).startswith("gres:shard:")
             assert f"shards={job['TresPerNode'].rsplit(':', 1)[1]}/" in decision
 
 
@@ -225,7 +230,7 @@ def test_passthrough_and_errors(workdir):
     bad.write_text("garbage")
     d = hsubmit(workdir, "--model", str(bad), "--gres=gpu:1", "--wrap", "true")
     assert "hsubmit: warning:" in d.stderr and len(ours(d.stderr)) == 1
-    assert show(d.stdout.strip())["TresPerNode"] == "gres:gpu:1"
+    assert tres(show(d.stdout.strip())["TresPerNode"]) == "gres:gpu:1"
     # ... or refused
     e = subprocess.run([*HSUBMIT, "--model", str(bad), "--wrap", "true"], capture_output=True,
                        text=True, cwd=workdir, env={**os.environ, "HORUS_ON_PREDICTION_ERROR": "refuse"})
@@ -238,7 +243,8 @@ def test_passthrough_and_errors(workdir):
     f = hsubmit(workdir, str(script), "--model", "x", "--batch-size", "3")
     job = show(f.stdout.strip())
     assert job["JobName"] == "fromscript" and job["Comment"].startswith("scripted horus:v1;")
-    assert job["Command"].endswith("job.sh --model x --batch-size 3")
+    # the script's arguments: in Command on 22.05, only in SubmitLine from 23.02
+    assert job.get("SubmitLine", job["Command"]).endswith("job.sh --model x --batch-size 3")
 
 
 def test_long_comment_never_refused(workdir):

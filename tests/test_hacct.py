@@ -34,8 +34,8 @@ def url(tmp_path):
 
 GOLDEN_P = """\
 JobID|User|GPUType|GPUIdx|Alloc|PredUtil|ActUtil|UtilErr|PredMem|ActMem|MemErr|CoLocated|State|Elapsed|Predictor
-101|alice|a100|0|30 shards|40.0|45.0|+5.0|5000|5230|+4.6|102|COMPLETED|01:02:05|cold-start
-102|bob|a100|0|50 shards|65.0|70.0|+5.0|30000|36260|+20.9|101|COMPLETED|01:02:05|cold-start
+101|alice|a100|0|30 shards|40.0|45.0|-5.0|5000|5230|-4.4|102|COMPLETED|01:02:05|cold-start
+102|bob|a100|0|50 shards|65.0|70.0|-5.0|30000|36260|-17.3|101|COMPLETED|01:02:05|cold-start
 103|alice|a100|||20.0|||2000||||||cold-start
 """
 
@@ -60,14 +60,14 @@ GOLDEN_JSON = [
      "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000101, "pred_util_pct": 40.0, "pred_mem_mib": 5000.0,
      "actual_util_pct": 45.0, "actual_util_max_pct": 99.0, "actual_mem_mib": 5230.0,
-     "util_err_pp": 5.0, "mem_err_pct": 4.6, "colocated": [102], "predictor": "cold-start",
+     "util_err_pp": -5.0, "mem_err_pct": -4.4, "colocated": [102], "predictor": "cold-start",
      "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": False, "claim_flags": None},
     {"job_id": 102, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
      "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 50,
      "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000102, "pred_util_pct": 65.0, "pred_mem_mib": 30000.0,
      "actual_util_pct": 70.0, "actual_util_max_pct": 99.0, "actual_mem_mib": 36260.0,
-     "util_err_pp": 5.0, "mem_err_pct": 20.87, "colocated": [101], "predictor": "cold-start",
+     "util_err_pp": -5.0, "mem_err_pct": -17.26, "colocated": [101], "predictor": "cold-start",
      "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": True, "claim_flags": "mem"},
     {"job_id": 103, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
      "gpu_type": "a100", "gpu_index": None, "node": None, "gpus": None, "shards": None,
@@ -186,3 +186,42 @@ def test_reader_of_old_or_missing_ledger_gets_one_line(tmp_path):
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1
     assert "ask an admin to run horus-admin sync" in r.output
     assert not (tmp_path / "none.db").exists()
+
+
+def test_summary_p90_coverage_and_failed_measurements(tmp_path):
+    """--summary: achieved p90 coverage overall, per GPU type and per predictor; failed
+    measurements (util 0, memory at most a bare CUDA context) counted as excluded and left out
+    of every error figure; the views agree."""
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u)
+    jobs = [  # job, gpu, predictor, pred mem, p90, act util, act mem
+        (1, "a100", "cold-start", 1000, 1200, 50, 1100),   # within p90
+        (2, "a100", "cold-start", 1000, 1200, 50, 1300),   # above p90
+        (3, "a100", "learned:v0002", 1000, 1200, 50, 900),  # within
+        (4, "t4", "learned:v0002", 1000, 1200, 50, 1200),   # at p90: within
+        (5, "t4", "cold-start", 1000, 1200, 0, 400),        # failed measurement
+    ]
+    for jid, g, pred, pm, p90, au, am in jobs:
+        L.record_submission(job_id=jid, cluster="c", user="u", predictor=pred,
+                            predictions={g: {"util_pct": 40, "mem_mib": pm, "mem_mib_p90": p90,
+                                             "predictor": pred}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=au, mem_peak_mib=am,
+                       gpu_type=g)
+    s = json.loads(CliRunner().invoke(main, ["--ledger", u, "--summary", "--json"]).output)
+    a = s["all"]
+    assert (a["jobs"], a["measured"], a["excluded"], a["p90_jobs"]) == (5, 5, 1, 4)
+    assert a["p90_coverage_pct"] == 75.0 and a["util_mae_pp"] == 10.0  # job 5 not in MAE
+    assert s["gpu_type"]["t4"]["p90_coverage_pct"] == 100.0 and s["gpu_type"]["t4"]["excluded"] == 1
+    assert s["predictor"]["cold-start"]["p90_coverage_pct"] == 50.0
+    assert s["predictor"]["learned"]["p90_coverage_pct"] == 100.0
+    assert s["gpu_type_predictor"]["a100 cold-start"]["p90_jobs"] == 2
+    text = CliRunner().invoke(main, ["--ledger", u, "--summary"]).output
+    assert "P90Cov" in text and "Excluded" in text and "by GPU type and predictor" in text
+    import sqlite3
+
+    con = sqlite3.connect(tmp_path / "l.db")
+    got = con.execute("SELECT gpu_type, failed_measurements, p90_coverage_pct FROM "
+                      "v_accuracy_by_gpu_type ORDER BY gpu_type").fetchall()
+    assert got == [("a100", 0, pytest.approx(200 / 3)), ("t4", 1, 100.0)]
+    errs = dict(con.execute("SELECT job_id, mem_err_pct FROM v_job_errors").fetchall())
+    assert errs[2] == pytest.approx(100 * (1000 - 1300) / 1300) and errs[5] is None

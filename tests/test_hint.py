@@ -258,3 +258,18 @@ def test_hook_ignores_the_workload_token():
     both = decide({"comment": f"{hint} {encode_workload(JOB)}", "tres_per_node": "gres:gpu:1"},
                   policy_path=POLICY, hook_path=HOOK)
     assert alone.action == both.action == "shared" and alone.shards == both.shards
+
+
+def test_optional_p95_p99_round_trip():
+    """Hints may carry p95 and p99 memory bounds after the p90; three-field hints still parse
+    as before, and encoding rounds every bound up."""
+    tok = encode_hint({"t4": (10, 100, 200, 250.2, 300), "a100": (5, 50, 60)})
+    assert tok == "horus:v1;a100=5.0/50/60;t4=10.0/100/200/251/300"
+    assert parse_hint(tok) == {"a100": (5.0, 50.0, 60.0), "t4": (10.0, 100.0, 200.0, 251.0, 300.0)}
+    assert parse_hint("horus:v1;t4=1/2/3/4") == {"t4": (1.0, 2.0, 3.0, 4.0)}
+    for bad in ({"t4": (1, 2)}, {"t4": (1, 2, 3, 4, 5, 6)}, {"t4": (1, 2, 3, -4)},
+                {"t4": (1, 2, 3, 4, 100_000_000)}):
+        with pytest.raises(HorusError):
+            encode_hint(bad)
+    for bad in ("horus:v1;t4=1/2/3/4/5/6", "horus:v1;t4=1/2/3//5", "horus:v1;t4=1/2/3/4/x"):
+        assert parse_hint(bad) is None

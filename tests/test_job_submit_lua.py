@@ -335,7 +335,7 @@ BAD_HINTS = {
     "pattern chars in numbers": "horus:v1;t4=%d/.-/%s",
     "trailing semicolon": "horus:v1;t4=1/1/1;",
     "empty entry": "horus:v1;t4=1/1/1;;a100=1/1/1",
-    "four numbers": "horus:v1;t4=1/1/1/1",
+    "six numbers": "horus:v1;t4=1/1/1/1/1/1",
     "two numbers": "horus:v1;t4=1/1",
     "missing number": "horus:v1;t4=1//1",
     "leading dot": "horus:v1;t4=.5/1/1",
@@ -615,3 +615,40 @@ def test_any_leaves_a_job_heavy_everywhere_untyped():
     assert d.job_desc["tres_per_node"] == "gres:gpu:1" and not d.job_desc.get("features")
     d = run({"comment": HEAVY, "tres_per_node": "gres:gpu:1"})  # type_choice = order
     assert d.gpu_type == "t4" and d.job_desc["tres_per_node"] == "gres:gpu:t4:1"
+
+
+@pytest.mark.parametrize("memkind, comment, shards, used", [
+    # old three-field hints: p95/p99 fall back to the p90
+    ("p90", "horus:v1;t4=1/1000/9000", 66, "p90"),
+    ("p95", "horus:v1;t4=1/1000/9000", 66, "p90"),
+    ("p99", "horus:v1;t4=1/1000/9000", 66, "p90"),
+    # hints with the p95 (and p99): ceil(100 * mem / (15360 * 0.9))
+    ("p95", "horus:v1;t4=1/1000/9000/10000", 73, "p95"),
+    ("p99", "horus:v1;t4=1/1000/9000/10000", 66, "p90"),
+    ("p99", "horus:v1;t4=1/1000/9000/10000/12000", 87, "p99"),
+    ("p90", "horus:v1;t4=1/1000/9000/10000/12000", 66, "p90"),
+    ("expected", "horus:v1;t4=1/1000/9000/10000/12000", 8, "expected"),
+])
+def test_memory_bound_p95_p99(tmp_path, memkind, comment, shards, used):
+    pol = write_policy(tmp_path, BASE_POLICY + f"memory = {memkind}\n")
+    d = run({"comment": comment, "tres_per_node": "gres:gpu:1"}, pol)
+    assert (d.action, d.shards) == ("shared", shards)
+    assert f"MiB {used})" in d.admin_comment
+    from slurm_horus.policy import policy_value
+
+    assert policy_value("memory", "p90", pol) == memkind
+
+
+@pytest.mark.parametrize("comment, why", [
+    ("horus:v1;t4=1/1000/9000/", "malformed entry #1"),
+    ("horus:v1;t4=1/1000/9000/1/2/3", "malformed entry #1"),
+    ("horus:v1;t4=1/1000/9000/1e4", "bad p95 memory"),
+    ("horus:v1;t4=1/1000/9000/10000/-5", "bad p99 memory"),
+    ("horus:v1;t4=1/1000/9000/100000000", "bad p95 memory"),
+])
+def test_bad_bound_fields_are_bad_hints(comment, why):
+    d = run({"comment": comment, "tres_per_node": "gres:gpu:1"})
+    assert d.action == "unchanged" and why in d.admin_comment
+    from slurm_horus.hint import parse_hint
+
+    assert parse_hint(comment) is None

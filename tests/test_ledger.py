@@ -251,7 +251,7 @@ def test_migrate_v3_file(tmp_path):
     with pytest.raises(HorusError, match="older than this slurm-horus.*horus-admin sync"):
         Ledger(f"sqlite:///{db}", readonly=True)  # a reader cannot migrate it
     L = Ledger(f"sqlite:///{db}")
-    assert L.schema_version() == SCHEMA_VERSION == 4
+    assert L.schema_version() == SCHEMA_VERSION == 5
     (job,) = L.jobs()
     assert job["pred_mem_p90_mib"] == 1200 and (job["under_claim"], job["claim_flags"]) == \
         (1, "mem,util")  # 2000 > 1200 * 1.1 + 256 and 80 > 50 * 1.25 + 10

@@ -146,7 +146,7 @@ def test_model_file_round_trip_and_refusals(trained, tmp_path):
     with pytest.raises(HorusError, match="not a slurm-horus model"):
         LearnedModel.from_json(b'{"format": "something-else"}')
     doc = json.loads(trained.to_json())
-    doc["mem"]["trees"][0]["left"][0] = 10**9
+    doc["mem"]["packed"]["sizes"] = doc["util"]["packed"]["value"]  # sizes that are not
     with pytest.raises(HorusError, match="malformed"):
         LearnedModel.from_json(json.dumps(doc).encode())
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -234,10 +235,71 @@ def _registry(root: Path, text: str) -> Path:
     return root
 
 
+def _as_lists(d: dict) -> dict:
+    """A model document in format 1 (trees as lists of numbers), which still loads."""
+    import base64
+
+    from slurm_horus.learned import PACKED
+
+    for part in ("mem", "util"):
+        a = {k: np.frombuffer(base64.b64decode(v), PACKED[k]).tolist()
+             for k, v in d[part].pop("packed").items()}
+        trees, at = [], 0
+        for n in a.pop("sizes"):
+            trees.append({k: v[at:at + n] for k, v in a.items()})
+            at += n
+        d[part]["trees"] = trees
+    d["format_version"] = 1
+    return d
+
+
 def _damage(text: str, how) -> str:
-    d = json.loads(text)
+    d = _as_lists(json.loads(text))
     how(d)
     return json.dumps(d)  # NaN and Infinity are written as JSON's non-standard literals
+
+
+def _repack(d: dict, part: str, key: str, change) -> None:
+    import base64
+
+    from slurm_horus.learned import PACKED
+
+    a = np.frombuffer(base64.b64decode(d[part]["packed"][key]), PACKED[key]).copy()
+    change(a)
+    d[part]["packed"][key] = base64.b64encode(a.tobytes()).decode()
+
+
+PACKED_DAMAGE = {
+    "not base64": lambda d: d["mem"]["packed"].__setitem__("value", "@@not base64@@"),
+    "short array": lambda d: _repack(d, "mem", "value", lambda a: None) or d["mem"]["packed"]
+    .__setitem__("value", d["mem"]["packed"]["value"][:-12]),
+    "child cycle": lambda d: _repack(d, "util", "left", lambda a: a.__setitem__(0, 0)),
+    "feature out of range": lambda d: _repack(d, "mem", "feature",
+                                              lambda a: a.__setitem__(0, 9999)),
+    "NaN leaf": lambda d: _repack(d, "mem", "value", lambda a: a.__setitem__(-1, np.nan)),
+    "missing array": lambda d: d["util"]["packed"].pop("leaf"),
+}
+
+
+def test_the_undamaged_format_1_model_serves(model_json, tmp_path):
+    root = _registry(tmp_path / "models", json.dumps(_as_lists(json.loads(model_json))))
+    report = extract_features(ZOO / "resnet50.onnx", batch_size=16)
+    w = Workload(batch_size=16)
+    old = choose_predictor(root).estimator.predict(report, A100, w)
+    new = LearnedModel.from_json(model_json)
+    assert old.predictor == "learned:v0001"
+    assert old.mem_mib == pytest.approx(LearnedEstimator(new, "v0001").predict(
+        report, A100, w).mem_mib, rel=1e-12)
+
+
+@pytest.mark.parametrize("damage", PACKED_DAMAGE, ids=list(PACKED_DAMAGE))
+def test_damaged_packed_trees_are_refused(model_json, tmp_path, damage):
+    d = json.loads(model_json)
+    PACKED_DAMAGE[damage](d)
+    root = _registry(tmp_path / "models", json.dumps(d))
+    with pytest.raises(HorusError, match="v0001.json"):
+        Registry(root).load("v0001")
+    assert isinstance(choose_predictor(root).estimator, ColdStartEstimator)
 
 
 def _first_split(tree):
@@ -353,6 +415,7 @@ def test_hsubmit_submits_the_job_with_a_refused_model(model_json, tmp_path):
     log = tmp_path / "sbatch.args"
     scripts = {
         "scontrol": "echo 'NodeName=n1 Partitions=gpu Gres=gpu:a100:4 State=IDLE'",
+        "sinfo": "echo 'slurm 22.05.11'",
         "sbatch": f'printf "%s\\n" "$@" > {log}; echo "Submitted batch job 42"',
     }
     for name, body in scripts.items():

@@ -378,3 +378,20 @@ def test_sync_from_real_cluster(tmp_path):
     assert L.get_state("last_sync") is not None
     sync(L, since=time.time() - 3600, all_jobs=True)
     assert len(L.jobs(job_ids=ids)) == 2 and L.count("jobs") == L.count("submissions")
+
+
+def test_sync_flags_failed_measurements_and_keeps_p95_p99(tmp_path):
+    """A job whose GPU stayed idle (util 0, memory at most a bare CUDA context) is recorded,
+    flagged and counted, and left out of the accuracy; a hint's p95/p99 reach the ledger."""
+    jobs = [_job(401, "horus:v1;a100=30/4000/4500/4800/5200", shards=30, util=0, mem=300),
+            _job(402, "horus:v1;a100=30/4000/4500", shards=30, util=0, mem=3000),
+            _job(403, "horus:v1;a100=30/4000/4500", shards=30, util=40, mem=300)]
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    res = sync(L, sacct_json={"jobs": jobs}, node_types={"gpu-a100": "a100"})
+    assert res["recorded"] == 3 and res["failed_measurements"] == 1
+    j = {r["job_id"]: r for r in L.jobs()}
+    assert [j[k]["failed_measurement"] for k in (401, 402, 403)] == [1, 0, 0]
+    assert j[401]["mem_err_bucket"] == -1 and j[402]["mem_err_bucket"] >= 0
+    preds = json.loads(L.submission("gpucl", 401)["predictions"])["a100"]
+    assert (preds["mem_mib_p90"], preds["mem_mib_p95"], preds["mem_mib_p99"]) == (4500, 4800, 5200)
+    assert "mem_mib_p95" not in json.loads(L.submission("gpucl", 402)["predictions"])["a100"]

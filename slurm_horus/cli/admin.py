@@ -72,12 +72,14 @@ def rollback(model_dir):
 
 def _register_subcommands() -> None:
     from .admin_calibrate import register as register_calibrate
+    from .admin_doctor import register as register_doctor
     from .admin_ledger import register as register_ledger
     from .admin_simulate import register as register_simulate
 
     register_ledger(main)
     register_calibrate(main)
     register_simulate(main)
+    register_doctor(main)
 
 
 _register_subcommands()

@@ -57,7 +57,8 @@ def sync(url, since, until, all_jobs, from_file, policy, as_json):
         click.echo(f"horus-admin sync: warning: {p}", err=True)
     extracts = "" if res["extracts"] is None else f", {res['extracts']} user extracts"
     click.echo(f"sync: {res['recorded']} of {res['jobs_seen']} finished jobs recorded "
-               f"({res['claims']} with claims, {res['features']} with features recomputed); "
+               f"({res['claims']} with claims, {res['features']} with features recomputed, "
+               f"{res['failed_measurements']} failed measurements flagged); "
                f"spool: {res['replayed']} replayed, {res['quarantined']} quarantined, "
                f"{res['skipped']} skipped; {res['record_file']}: {res['record_users']} users, "
                f"{res['record_accounts']} accounts{extracts}")
@@ -82,44 +83,78 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
     from ..retrain import import_csv as do_import, retrain as do_retrain
 
     ledger = Ledger(url)
+    registry = Registry(model_dir)
     if import_csv:
-        n = do_import(ledger, import_csv)["rows"]
+        imp = do_import(ledger, import_csv)
         if not as_json:
-            click.echo(f"imported {n} rows from {import_csv}")
-    res = do_retrain(ledger, Registry(model_dir), folds=folds, force=force, seed=seed,
+            click.echo(f"imported {imp['rows']} rows from {import_csv}{_failed_note(imp)}")
+    res = do_retrain(ledger, registry, folds=folds, force=force, seed=seed,
                      max_iter=max_iter, progress=sys.stderr.isatty() and not as_json,
                      log=lambda m: click.echo(m, err=True))
+    res["history"] = _export_history(ledger, registry)
     if as_json:
         print_json(res)
         return
-    cv, base = res["cv"], res["baseline"]
-    click.echo(f"trained {res['version']} on {res['rows']} jobs ({res['skipped']} unusable), "
-               f"{folds}-fold CV")
-    click.echo(f"  new     : mem median rel err {cv['mem_mdape_pct']:.1f}%  util RMSLE "
-               f"{cv['util_rmsle']:.3f}  util MAE {cv['util_mae_pct']:.1f} pp")
-    click.echo(f"  serving : mem median rel err {base['mem_mdape_pct']:.1f}%  util RMSLE "
-               f"{base['util_rmsle']:.3f}  util MAE {base['util_mae_pct']:.1f} pp "
-               f"({res['baseline_version']})")
+    cv, new, base = res["cv"], res["held_out"], res["baseline"]
+    click.echo(f"trained {res['version']} on {res['rows']} jobs ({res['skipped']} unusable, "
+               f"{res['failed']} failed measurements excluded), {folds}-fold CV: mem median rel "
+               f"err {cv['mem_mdape_pct']:.1f}%  util RMSLE {cv['util_rmsle']:.3f}  util MAE "
+               f"{cv['util_mae_pct']:.1f} pp")
+    if new is not None:
+        click.echo(f"on the {res['held_out_rows']} jobs {res['baseline_version']} never saw:")
+        for name, m in (("new", new), ("serving", base)):
+            click.echo(f"  {name:<8}: mem median rel err {m['mem_mdape_pct']:.1f}%  util RMSLE "
+                       f"{m['util_rmsle']:.3f}  util MAE {m['util_mae_pct']:.1f} pp"
+                       + (f" ({res['baseline_version']})" if name == "serving" else ""))
     if res["promoted"]:
         click.echo(f"promoted {res['version']}" + ("" if res["better"] else " (--force)"))
     else:
-        click.echo(f"kept {res['baseline_version']}: {res['version']} is not better "
+        click.echo(f"kept {res['baseline_version']}: {res['version']} is not shown better "
                    "(stored; --force or `horus-admin models promote` to serve it)")
+    click.echo(_history_line(res["history"]))
+
+
+def _failed_note(imp: dict) -> str:
+    return (f" ({imp['failed']} failed measurements kept, flagged and excluded from training)"
+            if imp.get("failed") else "")
+
+
+def _export_history(ledger, registry) -> dict:
+    """Refresh the registry's history.json that hsubmit reads (slurm_horus.history)."""
+    try:
+        from ..history import export_history
+    except ImportError:
+        return {"error": "not exported: this slurm-horus has no slurm_horus.history"}
+    return export_history(ledger, registry)
+
+
+def _history_line(h: dict) -> str:
+    if "error" in h:
+        return f"history: {h['error']}"
+    return (f"history: {h.get('runs', 0)} measured runs of {h.get('graphs', 0)} graphs written "
+            f"to {h.get('path')}")
 
 
 @click.command("import")
 @click.argument("csv_file", type=click.Path(dir_okay=False))
 @LEDGER
+@MODEL_DIR
 @one_line_errors("horus-admin import")
-def import_(csv_file, url):
+def import_(csv_file, url, model_dir):
     """Load measured jobs from CSV: gpu_type, util_pct, mem_mib, and model (ONNX path) or
-    features (JSON), optional batch_size, task, optimizer, precision, cpus_per_task,
-    util_max_pct, user, model_family, cold_util_pct, cold_mem_mib (see docs/ledger.md)."""
+    features (JSON) with cold_util_pct and cold_mem_mib, optional batch_size, task, optimizer,
+    precision, cpus_per_task, util_max_pct, user, model_family (see docs/ledger.md). Where the
+    registry folder exists, its measured-run history is refreshed for hsubmit."""
     from ..ledger import Ledger
+    from ..registry import Registry
     from ..retrain import import_csv
 
-    n = import_csv(Ledger(url), csv_file)["rows"]
-    click.echo(f"imported {n} rows")
+    ledger = Ledger(url)
+    imp = import_csv(ledger, csv_file)
+    click.echo(f"imported {imp['rows']} rows{_failed_note(imp)}")
+    registry = Registry(model_dir)
+    if registry.root.is_dir():
+        click.echo(_history_line(_export_history(ledger, registry)))
 
 
 def register(main_group: click.Group) -> None:

@@ -1,9 +1,32 @@
 # Source me: point the Slurm client tools (sbatch, squeue, sacct, scontrol, sinfo, sacctmgr)
 # at the local test cluster started by tests/cluster/up.
-#   source tests/cluster/env.sh
+#   source tests/cluster/env.sh                    # the 22.05 cluster (/tmp/horus-cluster)
+#   HORUS_SLURM=25.11 source tests/cluster/env.sh  # the 25.11 cluster (/tmp/horus-cluster-25.11)
 # The munge socket, ports and the slurmdbd address are all read from this slurm.conf.
-export HORUS_CLUSTER_DIR="${HORUS_CLUSTER_DIR:-/tmp/horus-cluster}"
+if [ -z "${HORUS_CLUSTER_DIR:-}" ]; then
+    case "${HORUS_SLURM:-22.05}" in
+        25.11) HORUS_CLUSTER_DIR=/tmp/horus-cluster-25.11 ;;
+        *) HORUS_CLUSTER_DIR=/tmp/horus-cluster ;;
+    esac
+fi
+export HORUS_CLUSTER_DIR
+# A Slurm prefix put on PATH by an earlier source (the other cluster) comes off first.
+if [ -n "${SLURM_PREFIX:-}" ]; then
+    PATH=":$PATH:"; PATH="${PATH//:$SLURM_PREFIX\/bin:/:}"; PATH="${PATH#:}"; PATH="${PATH%:}"
+    unset SLURM_PREFIX
+fi
 export SLURM_CONF="$HORUS_CLUSTER_DIR/etc/slurm.conf"
+# Which Slurm the cluster runs, its prefix and ports (written by up).
+if [ -f "$HORUS_CLUSTER_DIR/etc/horus-cluster.env" ]; then
+    while IFS='=' read -r _k _v; do
+        case "$_k" in HORUS_SLURM|SLURM_PREFIX|HORUS_CLUSTER_PORT_BASE) export "$_k=$_v" ;; esac
+    done < "$HORUS_CLUSTER_DIR/etc/horus-cluster.env"
+    unset _k _v
+fi
+# A built Slurm (25.11): its client tools come first for everyone.
+if [ -n "${SLURM_PREFIX:-}" ]; then
+    case ":$PATH:" in *":$SLURM_PREFIX/bin:"*) ;; *) export PATH="$SLURM_PREFIX/bin:$PATH" ;; esac
+fi
 # Ordinary users (horus-alice, horus-bob): the project's Python and console scripts, linked by up
 # into $HORUS_CLUSTER_DIR/bin (root keeps its own PATH).
 if [ "$(id -u)" != 0 ]; then

@@ -1,8 +1,19 @@
 # Shared settings for tests/cluster/{up,down,env.sh}. Sourced, not executed.
 # shellcheck shell=bash
-D="${HORUS_CLUSTER_DIR:-/tmp/horus-cluster}"
+# HORUS_SLURM picks the Slurm: 22.05 (Debian's packages, the default and the demo's) or 25.11
+# (built from ../shared/vendor by build-slurm into $HORUS_SLURM_PREFIX). Each version has its own
+# state dir and ports, so both clusters can run side by side.
+HORUS_SLURM="${HORUS_SLURM:-22.05}"
+case "$HORUS_SLURM" in
+    22.05) SLURM_PREFIX=""; _DEF_D=/tmp/horus-cluster; _DEF_PB=16800 ;;
+    25.11) SLURM_PREFIX="${HORUS_SLURM_PREFIX:-/opt/slurm-25.11}"; _DEF_D=/tmp/horus-cluster-25.11; _DEF_PB=16900 ;;
+    *) echo "[horus-cluster] ERROR: HORUS_SLURM=$HORUS_SLURM: need 22.05 or 25.11" >&2; exit 1 ;;
+esac
+D="${HORUS_CLUSTER_DIR:-$_DEF_D}"
 CLUSTER="${HORUS_CLUSTER_NAME:-horus}"
-_PB="${HORUS_CLUSTER_PORT_BASE:-16800}"
+_PB="${HORUS_CLUSTER_PORT_BASE:-$_DEF_PB}"
+# The built Slurm's tools come first on PATH (its sbin holds slurmctld, slurmd, slurmdbd).
+[ -n "$SLURM_PREFIX" ] && export PATH="$SLURM_PREFIX/bin:$SLURM_PREFIX/sbin:$PATH"
 PORT_CTLD=$((_PB + 17))
 PORT_DBD=$((_PB + 19))
 PORT_SLURMD_A=$((_PB + 21))

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Record real Slurm interactions from the local test cluster as fixtures.
 
-    tests/cluster/up && python3 tests/cluster/record_fixtures.py [OUTDIR]
+    tests/cluster/up && source tests/cluster/env.sh && python3 tests/cluster/record_fixtures.py [OUTDIR]
+    HORUS_SLURM=25.11 tests/cluster/up && HORUS_SLURM=25.11 source tests/cluster/env.sh \
+        && python3 tests/cluster/record_fixtures.py
 
-OUTDIR defaults to tests/fixtures/slurm. For each interaction it writes NAME.stdout (exact bytes),
+OUTDIR defaults to tests/fixtures/slurm (22.05) or tests/fixtures/slurm-25.11 (the cluster env.sh
+pointed at: $HORUS_SLURM). For each interaction it writes NAME.stdout (exact bytes),
 NAME.stderr (only when non-empty) and an entry in index.json (command, exit code, notes).
 Job ids, times and host names are whatever the cluster gave: tests must not hard-code them
 except by reading index.json.
@@ -17,13 +20,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "tests" / "fixtures" / "slurm"
+VERSION = os.environ.get("HORUS_SLURM", "22.05")
+OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "tests" / "fixtures" / (
+    "slurm" if VERSION == "22.05" else f"slurm-{VERSION}")
 STATE = Path(os.environ.get("HORUS_CLUSTER_DIR", "/tmp/horus-cluster"))
 os.environ["SLURM_CONF"] = str(STATE / "etc" / "slurm.conf")
 
 index = {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "fixtures": []}
 
 
+# A light job's hint (util %, memory MiB, p90 MiB per GPU type): the hook packs it into shards.
+HINT = "horus:v1;a100=20/2000/2500;t4=20/2000/2500"
 JOBDIR = STATE / "jobs"  # cwd of every command: jobs' slurm-N.out land here, not in the repo
 
 
@@ -68,10 +75,12 @@ def wait_running(jobid, timeout=30):
 
 
 def wait_sacct_done(jobid, timeout=60):
+    """COMPLETED in sacct, with its start and end stored (slurmdbd fills them in a moment later)."""
     end = time.time() + timeout
     while time.time() < end:
-        p = sh(["sacct", "-n", "-X", "-P", "-j", str(jobid), "-o", "State"])
-        if p.stdout.decode().strip() == "COMPLETED":
+        p = sh(["sacct", "-n", "-X", "-P", "-j", str(jobid), "-o", "State,Start,End"])
+        f = p.stdout.decode().strip().split("|")
+        if f[0] == "COMPLETED" and len(f) == 3 and "Unknown" not in f[1:]:
             return
         time.sleep(0.5)
     raise SystemExit(f"job {jobid} not COMPLETED in sacct after {timeout}s")
@@ -84,16 +93,18 @@ def main():
     index["job_submit_lua"] = (os.path.relpath(os.readlink(hook), REPO) if hook.is_symlink()
                               else "pass-through placeholder")
     index["slurm_version"] = sh(["sinfo", "--version"]).stdout.decode().strip()
-    index["note"] = ("comments carry no 'horus:' hint, so the repo's job_submit.lua (if linked) "
-                     "leaves every job as submitted: these are plain Slurm outputs")
+    index["note"] = ("the shard jobs ask for gpu:1 with a light 'horus:' hint in their comment: the "
+                     "repo's job_submit.lua packs them into shards (as for any user); raw shard "
+                     "requests without a hint become whole GPUs (policy raw_shards = whole)")
+    index["horus_slurm"] = VERSION
     index["cluster"] = "tests/cluster/up: nodes gpu-a100 (gpu:a100:4,shard:400) and gpu-t4 (gpu:t4:2,shard:200)"
 
     # --- sbatch: normal, --parsable, errors
-    p = record("sbatch_submit", ["sbatch", "--gres=shard:30", "--comment=fixture-running",
+    p = record("sbatch_submit", ["sbatch", "--gres=gpu:1", f"--comment=fixture-running {HINT}",
                                  "--job-name=horus-shard", "--wrap", "sleep 120"],
-               "normal submission; stdout 'Submitted batch job N\\n'")
+               "normal submission; stdout 'Submitted batch job N\\n'; the hook packs it into shards")
     running = int(p.stdout.split()[-1])
-    p = record("sbatch_parsable", ["sbatch", "--parsable", "--gres=shard:20", "--comment=fixture-done",
+    p = record("sbatch_parsable", ["sbatch", "--parsable", "--gres=gpu:1", f"--comment=fixture-done {HINT}",
                                    "--job-name=horus-done", "--wrap", "sleep 2"],
                "--parsable: stdout 'N\\n' (no ';cluster' suffix on a single cluster)")
     done = int(p.stdout.decode().split(";")[0])
@@ -101,6 +112,11 @@ def main():
                                        "--job-name=horus-wholegpu", "--wrap", "sleep 120"],
                "a whole-GPU job running next to the shard job (shows in node/partition views)")
     whole = int(p.stdout.decode().split(";")[0])
+    p = record("sbatch_parsable_gpu_done", ["sbatch", "--parsable", "--gres=gpu:2", "--partition=a100",
+                                            "--comment=fixture-gpu-done", "--job-name=horus-gpu-done",
+                                            "--wrap", "sleep 2"],
+               "a two-GPU job that finishes (accounting of whole GPUs)")
+    gpu_done = int(p.stdout.decode().split(";")[0])
     record("sbatch_invalid_partition", ["sbatch", "--partition=nosuch", "--gres=shard:30", "--wrap", "true"],
            "invalid partition: exit 1, message on stderr, nothing on stdout")
     record("sbatch_invalid_gres_type", ["sbatch", "--gres=shard:v100:30", "--wrap", "true"],
@@ -112,19 +128,35 @@ def main():
     record("sbatch_typed_shard", ["sbatch", "--parsable", "--gres=shard:t4:10", "--wrap", "sleep 1"],
            "typed shard request (type copied from the gpu lines) is accepted and lands on gpu-t4")
 
+    # Two jobs of 60 shards on the T4 node: they cannot share one GPU (100 shards each), so the
+    # scontrol/squeue views show a shard job on each of its GPUs.
+    packed = []
+    for name in ("sbatch_packed_a", "sbatch_packed_b"):
+        p = record(name, ["sbatch", "--parsable", "-p", "t4", "--gres=gpu:1", "-o", "/dev/null",
+                          "--comment=horus:v1;t4=55/8000/9000", "--job-name=horus-packed",
+                          "--wrap", "sleep 120"],
+                   "light job pinned to the T4 node: packed into about 60 shards")
+        packed.append(int(p.stdout.decode().split(";")[0]))
+
     wait_running(running)
     wait_running(whole)
-    idx = {"running_shard_job": running, "finished_shard_job": done, "running_gpu_job": whole}
+    for jid in packed:
+        wait_running(jid)
+    idx = {"running_shard_job": running, "finished_shard_job": done, "running_gpu_job": whole,
+           "finished_gpu_job": gpu_done, "packed_jobs": packed}
     index["job_ids"] = idx
 
     # --- running job views
     record("scontrol_show_job_running_shard", ["scontrol", "-d", "show", "job", str(running)],
-           "running shard job; detail line has GRES=shard:30(IDX:k)", job_id=running)
+           "running shard job; detail line has GRES=shard:N(IDX:k)", job_id=running)
     record("scontrol_show_job_running_gpu", ["scontrol", "-d", "show", "job", str(whole)],
            "running whole-GPU job; detail line has GRES=gpu:a100:1(IDX:k)", job_id=whole)
+    for k, jid in enumerate(packed):
+        record(f"scontrol_show_job_packed_{'ab'[k]}", ["scontrol", "-d", "show", "job", str(jid)],
+               "shard job on the T4 node (one of two that cannot share a GPU)", job_id=jid)
     record("squeue_json", ["squeue", "--json"],
-           "22.05 squeue --json: all jobs the controller remembers (also finished ones, filters ignored); "
-           "running shard job has gres_detail", job_id=running)
+           "squeue --json: 22.05 lists all jobs the controller remembers (also finished ones, filters "
+           "ignored), 25.11 the pending and running ones; running shard job has gres_detail", job_id=running)
     record("squeue_text", ["squeue", "-o", "%i|%T|%P|%N|%b|%f|%r|%k"],
            "squeue with format id|state|partition|nodes|tres_per_node|features|reason|comment")
 
@@ -139,12 +171,18 @@ def main():
     # --- finished job in accounting
     wait_sacct_done(done)
     record("sacct_json_finished_shard", ["sacct", "--json", "-j", str(done)],
-           "finished shard job; tres.allocated has {type: gres, name: shard, count: 20}; comment.job",
+           "finished shard job; tres.allocated has {type: gres, name: shard, count: N}; comment.job",
            job_id=done)
     record("sacct_text_finished_shard",
            ["sacct", "-P", "-j", str(done), "-o",
             "JobID,JobName,State,ExitCode,Partition,NodeList,AllocTRES,ReqTRES,Comment,AdminComment,Elapsed"],
            "sacct -P (pipe-separated) for the finished shard job", job_id=done)
+    wait_sacct_done(gpu_done)
+    record("sacct_json_finished_gpu", ["sacct", "--json", "-j", str(gpu_done)],
+           "finished two-GPU job on gpu-a100; tres.allocated has {type: gres, name: gpu, count: 2}",
+           job_id=gpu_done)
+    record("sacct_json_finished", ["sacct", "--json", "-j", f"{done},{gpu_done}"],
+           "both finished jobs (shard and whole-GPU) in one sacct --json", job_ids=[done, gpu_done])
 
     subprocess.run(["scancel", "-u", "root"], cwd=JOBDIR)
     (OUT / "index.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -1,0 +1,60 @@
+"""In-process cost of the job-submit hook: the real etc/job_submit.lua in a Lua 5.1 runtime
+(policy.HookRuntime, as slurmctld keeps it loaded), for a job without a hint and for a hinted
+job that the hook rewrites into shards. Includes the Python-Lua marshalling of the job table.
+
+    python3 benchmarks/bench_hook.py [--calls 20000] [--rounds 5]
+
+Prints the median per-call time of each kind over alternating rounds and their difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from slurm_horus.policy import HookRuntime  # noqa: E402
+
+HINT = "horus:v1;a100=6.0/1301/1752;t4=6.0/1301/1752"
+
+
+def per_call_us(rt: HookRuntime, job: dict, policy: str, calls: int) -> float:
+    t = time.perf_counter()
+    for _ in range(calls):
+        rt.submit(job, policy_path=policy, submit_uid=54321)
+    return (time.perf_counter() - t) / calls * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        # the shipped policy, with the claim record pointed at an empty file of this run
+        policy = Path(tmp) / "horus_policy.conf"
+        (Path(tmp) / "record").write_text("# empty claim record\n")
+        policy.write_text((REPO / "etc" / "horus_policy.conf").read_text()
+                          + f"\nrecord_file = {Path(tmp) / 'record'}\n")
+        rt = HookRuntime(REPO / "etc" / "job_submit.lua")
+        plain = {"tres_per_node": "gres:gpu:1", "partition": "gpu"}
+        hinted = dict(plain, comment=HINT)
+        assert "shard" in (rt.submit(hinted, policy_path=str(policy), submit_uid=54321)
+                           .job_desc.get("tres_per_node") or ""), "the hinted job was not rewritten"
+        times = {"no hint": [], "hint": []}
+        for _ in range(a.rounds):
+            times["no hint"].append(per_call_us(rt, plain, str(policy), a.calls))
+            times["hint"].append(per_call_us(rt, hinted, str(policy), a.calls))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"hook per call, median of {a.rounds} alternating rounds of {a.calls}: "
+          f"no hint {med['no hint']:.1f} us, hint {med['hint']:.1f} us, "
+          f"difference {med['hint'] - med['no hint']:+.1f} us")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""`horus-admin doctor`: check the site's Slurm and slurm-horus set-up (slurm_horus.doctor).
+
+Wired into `horus-admin` by ``register(main)``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from .common import one_line_errors, print_json
+
+
+def register(main_group: click.Group) -> None:
+    """Add the `doctor` command to ``main_group`` (horus-admin)."""
+
+    @main_group.command("doctor")
+    @click.option("--slurm-conf", type=click.Path(dir_okay=False),
+                  help="slurm.conf to check (default $SLURM_CONF, else /etc/slurm/slurm.conf); "
+                       "gres.conf and job_submit.lua are read from its folder.")
+    @click.option("--policy", type=click.Path(dir_okay=False),
+                  help="Policy file (default: the one the hook reads).")
+    @click.option("--ledger", "ledger_url", envvar="HORUS_LEDGER_URL",
+                  help="Ledger URL (default $HORUS_LEDGER_URL or the site default).")
+    @click.option("--model-dir", envvar="HORUS_MODEL_DIR",
+                  help="Model registry folder (default /var/lib/slurm-horus/models).")
+    @click.option("--json", "as_json", is_flag=True, help="Problems as JSON.")
+    @one_line_errors("horus-admin doctor")
+    def doctor(slurm_conf, policy, ledger_url, model_dir, as_json):
+        """Check slurm.conf, gres.conf, the hook, the policy, accounting, Prolog/Epilog, the
+        ledger's and registry's permissions and the Slurm version; print each problem with its
+        fix. Exit 1 when there is any."""
+        from ..doctor import diagnose, slurm_version_text
+
+        conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+        version = slurm_version_text()
+        problems = diagnose(conf, policy=policy, ledger_url=ledger_url, model_dir=model_dir,
+                            version_text=version)
+        if as_json:
+            print_json({"slurm_conf": conf, "slurm_version": version,
+                        "problems": [{"problem": p.what, "fix": p.fix} for p in problems]})
+        else:
+            click.echo(f"checked {conf} (Slurm {version or 'version unknown'})")
+            for p in problems:
+                click.echo(f"PROBLEM: {p.what}\n    fix: {p.fix}")
+            click.echo(f"{len(problems)} problem(s)" if problems else "no problems found")
+        if problems:
+            raise SystemExit(1)

@@ -1,0 +1,283 @@
+"""`horus-admin doctor`: check a site's Slurm and slurm-horus set-up against what slurm-horus needs.
+
+Reads slurm.conf and gres.conf (the files, so a copy can be checked before it is installed), the
+policy and hook next to them, the ledger's and the model registry's file modes, and the Slurm
+version the tools on PATH report. Each problem comes with the change that fixes it; what each
+check protects is said where it is made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import HorusError
+
+# Slurm versions the test suite runs on (tests/cluster/up); shards exist from 22.05.
+TESTED = ("22.05", "25.11")
+
+
+@dataclass(frozen=True)
+class Problem:
+    what: str
+    fix: str
+
+
+@dataclass
+class SlurmConf:
+    settings: dict[str, str]     # lower-case key -> value (last one wins, like slurmctld)
+    nodes: list[dict[str, str]]  # one per NodeName line, NodeName=DEFAULT folded in, lower-case keys
+    path: Path
+
+
+def read_slurm_conf(path: Path) -> SlurmConf:
+    from .simulate import _conf_lines
+
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise HorusError(f"{path}: {e.strerror or e}") from None
+    settings: dict[str, str] = {}
+    nodes: list[dict[str, str]] = []
+    defaults: dict[str, str] = {}
+    for rec in _conf_lines(text):
+        if "nodename" in rec:
+            if rec["nodename"].upper() == "DEFAULT":
+                defaults.update({k: v for k, v in rec.items() if k != "nodename"})
+            else:
+                nodes.append({**defaults, **rec})
+        elif "partitionname" not in rec:
+            settings.update(rec)
+    return SlurmConf(settings, nodes, path)
+
+
+def _words(value: str | None) -> set[str]:
+    return {w.strip().lower() for w in (value or "").split(",") if w.strip()}
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """``slurm 25.11.7`` / ``slurm-wlm 22.05.8`` -> (25, 11)."""
+    m = re.search(r"(\d+)\.(\d+)(?:\.\d+)?", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_version(text: str | None) -> list[Problem]:
+    v = parse_version(text or "")
+    if v is None:
+        return [Problem("the Slurm version is unknown (sinfo --version failed)",
+                        "put Slurm's client tools (sinfo, scontrol, sacct, sbatch) on PATH")]
+    if v < (22, 5):
+        return [Problem(f"Slurm {v[0]}.{v[1]:02d} has no gres/shard (needed to share GPUs)",
+                        "upgrade Slurm to 22.05 or later (tested: " + ", ".join(TESTED) + ")")]
+    return []
+
+
+def check_slurm_conf(conf: SlurmConf) -> list[Problem]:
+    """The settings that packing, the hook, sync and the probe rely on."""
+    s, out = conf.settings, []
+    if s.get("selecttype", "").lower() != "select/cons_tres":
+        out.append(Problem(f"SelectType={s.get('selecttype', '(unset)')}: shards need cons_tres",
+                           "set SelectType=select/cons_tres"))
+    missing = {"gpu", "shard"} - _words(s.get("grestypes"))
+    if missing:
+        out.append(Problem(f"GresTypes lacks {','.join(sorted(missing))}",
+                           "set GresTypes=gpu,shard"))
+    if not _words(s.get("jobsubmitplugins")) & {"lua", "job_submit/lua"}:
+        out.append(Problem("JobSubmitPlugins does not load lua: the hook never runs",
+                           "add lua to JobSubmitPlugins (JobSubmitPlugins=lua)"))
+    if s.get("accountingstoragetype", "").lower() != "accounting_storage/slurmdbd":
+        out.append(Problem("AccountingStorageType is not accounting_storage/slurmdbd: "
+                           "horus-admin sync reads sacct", "run slurmdbd and set "
+                           "AccountingStorageType=accounting_storage/slurmdbd"))
+    if "job_comment" not in _words(s.get("accountingstoreflags")):
+        out.append(Problem("AccountingStoreFlags lacks job_comment: sync cannot read the hint "
+                           "and workload from sacct", "add job_comment to AccountingStoreFlags"))
+    missing = {"gres/gpu", "gres/shard"} - _words(s.get("accountingstoragetres"))
+    if missing:
+        out.append(Problem(f"AccountingStorageTRES lacks {','.join(sorted(missing))}: sacct "
+                           "does not record the shards and GPUs jobs held",
+                           "add gres/gpu,gres/shard to AccountingStorageTRES"))
+    for key, script in (("prolog", "horus-prolog"), ("epilog", "horus-epilog")):
+        if not _runs(s.get(key), script, conf.path.parent):
+            out.append(Problem(f"{key.capitalize()} does not run {script}: no measured GPU "
+                               "use, no GPU index", f"set {key.capitalize()}=/usr/share/"
+                               f"slurm-horus/etc/{script} (or call it from your {key})"))
+    return out
+
+
+def _runs(value: str | None, script: str, conf_dir: Path) -> bool:
+    """Whether a Prolog/Epilog setting (a comma list of paths) is ``script`` or a file that
+    calls it."""
+    for item in (value or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        path = Path(item) if os.path.isabs(item) else conf_dir / item
+        if path.name == script:
+            return True
+        try:
+            if script in path.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, type_via: str,
+                gpu_mem_types: set[str]) -> list[Problem]:
+    """GPU node lines against the policy: shard counts, typing, the policy's GPU memory table."""
+    from .simulate import _conf_lines
+    from .slurm_parse import parse_gres
+
+    out = []
+    shard_lines: dict[str, int] = {}
+    for rec in _conf_lines(gres_conf or ""):
+        if rec.get("name") == "shard" and rec.get("count") and "file" not in rec:
+            for host in _hosts(rec.get("nodename")):
+                if rec["count"].isdigit():
+                    shard_lines[host] = int(rec["count"])
+    for node in conf.nodes:
+        gres = parse_gres(node.get("gres"))
+        gpus = [g for g in gres if g["name"] == "gpu"]
+        if not gpus:
+            continue
+        name = node["nodename"]
+        n_gpu = sum(g["count"] for g in gpus)
+        shards = sum(g["count"] for g in gres if g["name"] == "shard")
+        want = n_gpu * shards_per_gpu
+        if shards != want:
+            out.append(Problem(f"node {name}: {shards} shards for {n_gpu} GPUs, policy "
+                               f"shards_per_gpu={shards_per_gpu} needs {want}",
+                               f"set shard:{want} in {name}'s Gres= (and its gres.conf shard "
+                               "Count)"))
+        for host in _hosts(name):
+            if host in shard_lines and shard_lines[host] != want:
+                out.append(Problem(f"gres.conf: Name=shard Count={shard_lines[host]} on {host}, "
+                                   f"expected {want}", f"set Count={want} on {host}'s shard line"))
+        feats = _words(node.get("features") or node.get("availablefeatures"))
+        for g in gpus:
+            if not g["type"]:
+                out.append(Problem(f"node {name}: untyped GPUs (gpu:{g['count']}): no "
+                                   "prediction can be placed there",
+                                   f"give the type, e.g. Gres=gpu:a100:{g['count']}"))
+                continue
+            t = g["type"].lower()
+            if type_via == "features" and t not in feats:
+                out.append(Problem(f"node {name}: no Features={t} while the policy's "
+                                   "type_via = features: the hook's constraint makes jobs "
+                                   "invalid", f"add Features={t} to {name}'s line (or set "
+                                   "type_via = gres in the policy)"))
+            if t not in gpu_mem_types:
+                out.append(Problem(f"GPU type {t} (node {name}) has no gpu.{t}.mem_mib in the "
+                                   "policy: the hook cannot pack jobs there",
+                                   f"add gpu.{t}.mem_mib = <MiB per GPU> to the policy"))
+    return out
+
+
+def _hosts(expr: str | None) -> list[str]:
+    from .simulate import expand_hostlist
+
+    return expand_hostlist(expr) if expr else []
+
+
+def check_hook(conf_dir: Path) -> list[Problem]:
+    """slurmctld loads job_submit.lua from slurm.conf's folder; it runs as root."""
+    hook = conf_dir / "job_submit.lua"
+    try:
+        text = hook.read_text(errors="replace")
+    except OSError:
+        return [Problem(f"{hook} is missing: no packing", "install slurm-horus's job_submit.lua "
+                        f"(share/slurm-horus/etc/job_submit.lua) as {hook}")]
+    out = []
+    if "slurm_job_submit" not in text or "horus" not in text:
+        out.append(Problem(f"{hook} is not slurm-horus's hook", "install share/slurm-horus/etc/"
+                           f"job_submit.lua as {hook}"))
+    out += _trusted(hook.resolve(), "the hook")
+    return out
+
+
+def _trusted(path: Path, what: str) -> list[Problem]:
+    """A file slurm-horus trusts must be root's and not writable by group or others."""
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    out = []
+    if st.st_uid != 0:
+        out.append(Problem(f"{what} {path} is owned by uid {st.st_uid}, not root",
+                           f"chown root {path}"))
+    if st.st_mode & 0o022 and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        out.append(Problem(f"{what} {path} is writable by group or others "
+                           f"(mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}"))
+    return out
+
+
+def check_ledger(url: str) -> list[Problem]:
+    """A SQLite ledger and its folder: written by root only (usage rows count as measured)."""
+    if not url.startswith("sqlite:///"):
+        return []
+    db = Path(url[len("sqlite:///"):])
+    out = _trusted(db.parent, "the ledger folder") if db.parent.exists() else []
+    return out + _trusted(db, "the ledger")
+
+
+def check_registry(root: Path) -> list[Problem]:
+    """The model registry serves every user: root's, not group/other-writable."""
+    if not root.is_dir():
+        return []
+    out = _trusted(root, "the model registry")
+    for f in sorted(root.glob("*.json")):
+        out += _trusted(f, "the model registry file")
+    return out
+
+
+def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None = None,
+             ledger_url: str | None = None, model_dir: str | os.PathLike | None = None,
+             version_text: str | None = None) -> list[Problem]:
+    """Every problem found. ``version_text``: the Slurm version (``25.11.7``; None: unknown)."""
+    from .ledger import default_url
+    from .policy import policy_file, policy_value
+    from .registry import default_dir
+
+    path = Path(slurm_conf)
+    conf = read_slurm_conf(path)
+    gres_path = path.parent / "gres.conf"
+    try:
+        gres_conf = gres_path.read_text()
+    except OSError:
+        gres_conf = None
+    pol = policy_file(policy, hook_path=path.parent / "job_submit.lua")
+    out = check_version(version_text) + check_slurm_conf(conf) + check_hook(path.parent)
+    if not pol.is_file():
+        out.append(Problem(f"policy {pol} is missing: the hook uses its built-in defaults",
+                           f"install share/slurm-horus/etc/horus_policy.conf as {pol}"))
+    else:
+        out += _trusted(pol.resolve(), "the policy")
+    spg = int(policy_value("shards_per_gpu", "100", pol))
+    type_via = policy_value("type_via", "features", pol)
+    mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}
+    out += check_nodes(conf, gres_conf, spg, type_via, mem_types)
+    out += check_ledger(ledger_url or default_url())
+    out += check_registry(Path(model_dir) if model_dir else default_dir())
+    return out
+
+
+def _policy_gpu_types(pol: Path) -> set[str]:
+    try:
+        text = pol.read_text(errors="replace")
+    except OSError:
+        return set()
+    return set(re.findall(r"^\s*gpu\.([a-z0-9_\-]{1,32})\.mem_mib\s*=", text, re.M))
+
+
+def slurm_version_text() -> str | None:
+    """The running Slurm's ``X.Y.Z`` (None when its tools are not on PATH)."""
+    from . import slurm
+
+    try:
+        return slurm.slurm_version()
+    except HorusError:
+        return None

@@ -1,0 +1,148 @@
+"""`horus-admin doctor` on the running local cluster's configuration (22.05 or 25.11, whichever
+SLURM_CONF points at: tests/run checks both), and on broken copies of it seeded one at a time."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from slurm_horus.cli.admin_doctor import register
+from slurm_horus.doctor import check_version, diagnose, parse_version
+
+pytestmark = pytest.mark.cluster
+
+
+def _conf_dir() -> Path:
+    conf = os.environ.get("SLURM_CONF")
+    if not conf or not Path(conf).is_file() or not shutil.which("sinfo"):
+        pytest.skip("SLURM_CONF unset or missing (tests/cluster/up; source tests/cluster/env.sh)")
+    return Path(conf).parent
+
+
+@pytest.fixture()
+def site(tmp_path):
+    """A copy of the cluster's slurm.conf, gres.conf, policy and hook in a root-owned folder."""
+    src = _conf_dir()
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    for name in ("slurm.conf", "gres.conf", "horus_policy.conf"):
+        shutil.copy(src / name, etc / name)
+    shutil.copy(Path(os.path.realpath(src / "job_submit.lua")), etc / "job_submit.lua")
+    # the cluster's Prolog/Epilog wrappers are referenced by absolute path: keep them
+    return etc
+
+
+def problems(etc, **kw):
+    version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout
+    return diagnose(etc / "slurm.conf", policy=etc / "horus_policy.conf", version_text=version, **kw)
+
+
+def edit(path: Path, pattern: str, repl: str):
+    text = path.read_text()
+    new = re.sub(pattern, repl, text, flags=re.M)
+    assert new != text, pattern
+    path.write_text(new)
+
+
+def test_the_cluster_as_set_up_has_no_problems(site):
+    assert problems(site) == []
+
+
+def test_version_check():
+    assert parse_version("slurm 25.11.7") == (25, 11)
+    assert parse_version("slurm-wlm 22.05.8") == (22, 5)
+    assert check_version("slurm 22.05.8") == [] and check_version("slurm 25.11.7") == []
+    (p,) = check_version("slurm 21.08.8")
+    assert "no gres/shard" in p.what and "22.05" in p.fix
+    (p,) = check_version(None)
+    assert "unknown" in p.what
+
+
+@pytest.mark.parametrize("pattern, repl, n, needle", [
+    (r" Features=\w+", "", 2, "no Features="),
+    (r"^AccountingStoreFlags=.*$", "", 1, "job_comment"),
+    (r"^AccountingStorageTRES=.*$", "AccountingStorageTRES=gres/gpu", 1, "lacks gres/shard"),
+    (r"^GresTypes=.*$", "GresTypes=gpu", 1, "GresTypes lacks shard"),
+    (r"^Prolog=.*$", "", 1, "does not run horus-prolog"),
+    (r"^Epilog=.*$", "Epilog=/bin/true", 1, "does not run horus-epilog"),
+    (r"^JobSubmitPlugins=.*$", "", 1, "JobSubmitPlugins"),
+    (r"^SelectType=.*$", "SelectType=select/linear", 1, "cons_tres"),
+    (r"^AccountingStorageType=.*$", "AccountingStorageType=accounting_storage/none", 1, "slurmdbd"),
+    (r"Gres=gpu:a100:4,shard:400", "Gres=gpu:a100:4,shard:300", 1, "300 shards for 4 GPUs"),
+    (r"Gres=gpu:t4:2,", "Gres=gpu:2,", 1, "untyped GPUs"),
+])
+def test_each_seeded_slurm_conf_problem_is_found(site, pattern, repl, n, needle):
+    edit(site / "slurm.conf", pattern, repl)
+    found = problems(site)
+    assert len(found) == n, found
+    assert all(needle in p.what for p in found), found
+    assert all(p.fix for p in found)
+
+
+def test_gres_conf_shard_count_and_policy_shards_per_gpu(site):
+    edit(site / "gres.conf", r"Name=shard Count=200", "Name=shard Count=150")
+    (p,) = problems(site)
+    assert "Count=150 on gpu-t4" in p.what and "Count=200" in p.fix
+    edit(site / "gres.conf", r"Name=shard Count=150", "Name=shard Count=200")
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\nshards_per_gpu = 50\n")
+    found = problems(site)
+    assert len([p for p in found if "shards_per_gpu=50" in p.what]) == 2  # both nodes
+    assert len([p for p in found if "gres.conf" in p.what]) == 2
+
+
+def test_policy_without_features_typing_or_gpu_memory(site):
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\ntype_via = gres\n")
+    edit(site / "slurm.conf", r" Features=\w+", "")
+    assert problems(site) == []  # typed gres needs no Features=
+    edit(site / "horus_policy.conf", r"^gpu\.t4\.mem_mib.*$", "")
+    (p,) = problems(site)
+    assert "gpu.t4.mem_mib" in p.what
+
+
+def test_hook_missing_or_foreign(site):
+    (site / "job_submit.lua").write_text("function slurm_job_submit() return 0 end\n")
+    (p,) = problems(site)
+    assert "not slurm-horus's hook" in p.what
+    (site / "job_submit.lua").unlink()
+    (p,) = problems(site)
+    assert "job_submit.lua is missing" in p.what
+
+
+def test_permissions_of_policy_ledger_and_registry(site, tmp_path):
+    os.chmod(site / "horus_policy.conf", 0o664)
+    ledger = tmp_path / "ledger"
+    ledger.mkdir(mode=0o755)
+    (ledger / "ledger.db").write_bytes(b"")
+    os.chmod(ledger / "ledger.db", 0o646)
+    reg = tmp_path / "models"
+    reg.mkdir()
+    os.chmod(reg, 0o775)
+    (reg / "current.json").write_text("{}")
+    found = problems(site, ledger_url=f"sqlite:///{ledger}/ledger.db", model_dir=reg)
+    whats = sorted(p.what.split(" /")[0] for p in found)
+    assert whats == ["the ledger", "the model registry", "the policy"], found
+    assert all("group or others" in p.what and p.fix.startswith("chmod go-w") for p in found)
+
+
+def test_cli_exit_codes_and_fixes(site):
+    group = click.Group()
+    register(group)
+    runner = CliRunner()
+    args = ["doctor", "--slurm-conf", str(site / "slurm.conf"), "--policy", str(site / "horus_policy.conf")]
+    r = runner.invoke(group, args)
+    assert r.exit_code == 0 and "no problems found" in r.output, r.output
+    edit(site / "slurm.conf", r"^AccountingStoreFlags=.*$", "")
+    edit(site / "slurm.conf", r" Features=\w+", "")
+    r = runner.invoke(group, args)
+    assert r.exit_code == 1
+    assert r.output.count("PROBLEM:") == 3 and r.output.count("fix:") == 3
+    assert "add job_comment to AccountingStoreFlags" in r.output
+    r = runner.invoke(group, ["doctor", "--slurm-conf", str(site / "nosuch.conf")])
+    assert r.exit_code != 0 and "nosuch.conf" in r.output and "Traceback" not in r.output

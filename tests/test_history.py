@@ -1,0 +1,196 @@
+"""History first: measured runs of a graph beat the models, weaker evidence counts less, site
+offsets learned from other models, a history file that is not trusted is refused."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_horus.coldstart import ColdStartEstimator, Workload
+from slurm_horus.features import extract_features
+from slurm_horus.gpus import get_gpu
+from slurm_horus.history import HistoryPredictor, dims_key
+from slurm_horus.predict import choose_predictor, predict_for
+from slurm_horus.registry import Registry
+
+ZOO = Path(__file__).parent / "data" / "zoo"
+A100 = get_gpu("a100-40gb")
+COLD = ColdStartEstimator()
+
+
+def _site(b: int) -> tuple[float, float]:
+    """A site's measured peak (MiB, a 2 MiB allocator block rounding included) and
+    utilization of ResNet-50 at batch b: not the cold start's figures."""
+    return 2 * math.ceil((2350 + 97.5 * b) / 2), min(25 + 14 * math.log2(b), 97.0)
+
+
+def _run(report, b, mem, util, family="resnet50", user="alice", **workload):
+    w = Workload(batch_size=b, **workload)
+    c = COLD.predict(report, A100, w)
+    return {"sha": report.sha256, "gpu": A100.name, "bs": b, "task": w.task,
+            "opt": w.optimizer, "prec": w.precision, "dims": dims_key(report.bound_dims, b),
+            "mem": mem, "util": util, "cold_mem": c.mem_mib, "cold_util": c.util_pct,
+            "family": family, "user": user}
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return {b: extract_features(ZOO / "resnet50.onnx", batch_size=b) for b in (8, 16, 32, 64)}
+
+
+def test_exact_history_beats_cold_start_on_a_held_out_batch_size(resnet):
+    runs = [_run(resnet[b], b, *_site(b)) for b in (8, 32, 64)]
+    h = HistoryPredictor(user="bob").fit(runs)
+    mem, util = _site(16)
+    p = h.predict(resnet[16], A100, Workload(batch_size=16))
+    cold = COLD.predict(resnet[16], A100, Workload(batch_size=16))
+    assert p.predictor == "history:exact"
+    assert abs(p.mem_mib - mem) / mem < 0.02 < abs(cold.mem_mib - mem) / mem
+    assert abs(p.util_pct - util) < 2.0 < abs(cold.util_pct - util)
+    # one measured point: the cold start's batch dependence, scaled to the measurement
+    one = HistoryPredictor(user="bob").fit(runs[1:2]).predict(resnet[16], A100,
+                                                             Workload(batch_size=16))
+    assert one.predictor == "history:exact"
+    assert abs(one.mem_mib - mem) < abs(cold.mem_mib - mem)
+
+
+def test_other_precision_of_the_same_graph_answers_as_graph_history(resnet):
+    runs = [_run(resnet[b], b, *_site(b)) for b in (8, 32)]
+    p = HistoryPredictor(user="bob").fit(runs).predict(resnet[16], A100,
+                                                       Workload(batch_size=16, precision="amp"))
+    assert p.predictor == "history:graph"
+    amp_cold = COLD.predict(resnet[16], A100, Workload(batch_size=16, precision="amp"))
+    assert p.mem_mib < _site(16)[0] and p.mem_mib != pytest.approx(amp_cold.mem_mib, rel=0.05)
+
+
+def test_family_evidence_weighs_less_than_exact(resnet):
+    runs = [_run(resnet[b], b, *_site(b)) for b in (8, 32, 64)]
+    # the same measurements, claimed by another graph of the family
+    other = [dict(r, sha="f" * 64) for r in runs]
+    w = Workload(batch_size=16)
+    exact = HistoryPredictor(user="bob").fit(runs).predict(resnet[16], A100, w)
+    family = HistoryPredictor(user="bob").fit(other).predict(resnet[16], A100, w)
+    cold = COLD.predict(resnet[16], A100, w).mem_mib
+    truth = _site(16)[0]
+    assert family.predictor == "history:family"
+    assert abs(exact.mem_mib - truth) < abs(family.mem_mib - truth) < abs(cold - truth)
+    # family pulls only part of the way, and user evidence (weight 1) pulls less than family
+    user = HistoryPredictor(user="alice").fit([dict(r, family=None) for r in other]).predict(
+        resnet[16], A100, w)
+    assert user.predictor == "history:user"
+    assert abs(family.mem_mib - truth) < abs(user.mem_mib - truth) < abs(cold - truth)
+
+
+def test_offsets_learned_from_other_models_correct_a_fixed_overhead():
+    overhead, w = 1800.0, Workload(batch_size=16)
+    runs = []
+    for name in ("small_cnn", "mobilenet_v2", "efficientnet_b0"):
+        for b in (4, 16):
+            r = extract_features(ZOO / f"{name}.onnx", batch_size=b)
+            c = COLD.predict(r, A100, Workload(batch_size=b))
+            runs.append(_run(r, b, c.mem_mib + overhead, c.util_pct + 6.0, family=name))
+    report = extract_features(ZOO / "resnet50.onnx", batch_size=16)  # never measured here
+    truth = COLD.predict(report, A100, w).mem_mib + overhead
+    h = HistoryPredictor(user="bob").fit(runs)
+    p = h.predict(report, A100, w)
+    assert p.predictor == "cold-start" and "site offsets" in p.confidence
+    assert p.mem_mib == pytest.approx(truth, rel=0.01)
+    assert p.util_pct == pytest.approx(COLD.predict(report, A100, w).util_pct + 6.0, abs=0.5)
+    # one model's error is not the site's: no offset from a single graph
+    single = HistoryPredictor(user="bob").fit([r for r in runs if r["family"] == "small_cnn"])
+    assert single.offsets == {}
+
+
+def test_scattered_residuals_give_no_offset():
+    """Residuals that differ model to model (the predictor's own errors) mostly cancel."""
+    h = HistoryPredictor()
+    runs = [{"sha": f"{i:064x}", "gpu": "a100-40gb", "bs": 8, "task": "train", "opt": "adam",
+             "prec": "fp32", "dims": "", "mem": 5000.0 + d, "util": None, "cold_mem": 5000.0,
+             "cold_util": None} for i, d in enumerate((-2000, 1500, -900, 2500, 100, -1700))]
+    off = h.fit(runs).offsets["a100-40gb"]["cold-start"]["mem_mib"]
+    assert abs(off) < 250
+
+
+def _saved(tmp_path, resnet) -> Path:
+    root = tmp_path / "models"
+    reg = Registry(root)
+    reg.save_history(HistoryPredictor().fit([_run(resnet[b], b, *_site(b))
+                                            for b in (8, 32, 64)]).to_dict())
+    return root
+
+
+def test_saved_history_serves_through_choose_predictor(tmp_path, resnet):
+    root = _saved(tmp_path, resnet)
+    assert oct((root / "history.json").stat().st_mode & 0o777) == "0o644"
+    choice = choose_predictor(root)
+    assert choice.warning is None and "site history" in choice.note
+    (p,) = predict_for(resnet[16], [A100], Workload(batch_size=16), choice)
+    assert p.predictor == "history:exact"
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d["graphs"][next(iter(d["graphs"]))][0].update(mem=-5),
+    lambda d: d["graphs"][next(iter(d["graphs"]))][0].update(util="high"),
+    lambda d: d["graphs"][next(iter(d["graphs"]))][0].update(prec="fp8"),
+    lambda d: d["graphs"].update({"not-a-sha": []}),
+    lambda d: d["offsets"].update({"a100-40gb": {"cold-start": {"mem_mib": 1e30, "util_pp": 0,
+                                                                "n": 3}}}),
+    lambda d: d.update(format="slurm-horus-learned"),
+])
+def test_tampered_history_is_refused_and_prediction_still_works(tmp_path, resnet, damage):
+    root = _saved(tmp_path, resnet)
+    doc = json.loads((root / "history.json").read_text())
+    damage(doc)
+    (root / "history.json").write_text(json.dumps(doc))
+    choice = choose_predictor(root)
+    assert choice.warning and "history" in choice.warning and "\n" not in choice.warning
+    (p,) = predict_for(resnet[16], [A100], Workload(batch_size=16), choice)
+    assert p.predictor == "cold-start"
+
+
+def test_group_writable_history_is_refused(tmp_path, resnet):
+    root = _saved(tmp_path, resnet)
+    os.chmod(root / "history.json", 0o664)
+    choice = choose_predictor(root)
+    assert "writable by group or others" in choice.warning
+    (p,) = predict_for(resnet[16], [A100], Workload(batch_size=16), choice)
+    assert p.predictor == "cold-start"
+
+
+def test_import_retrain_then_predict_answers_from_history(tmp_path):
+    """The interface checks use: retrain --import CSV, then `horus predict --json`."""
+    site = {"small_cnn": (1500, 3), "mobilenet_v2": (2000, 60), "resnet50": (2600, 95),
+            "efficientnet_b0": (2300, 80), "unet": (2500, 70)}
+    src = tmp_path / "m.csv"
+    with open(src, "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=["model", "gpu_type", "util_pct", "mem_mib",
+                                            "batch_size", "task", "optimizer", "precision",
+                                            "model_family"])
+        out.writeheader()
+        for i, (name, (fixed, per)) in enumerate(site.items()):
+            for b in (2, 4, 8, 32, 64, 128):
+                out.writerow({"model": ZOO / f"{name}.onnx", "gpu_type": "a100-40gb",
+                              "util_pct": min(95, 20 + 10 * i + 8 * b ** 0.5),
+                              "mem_mib": fixed + per * b, "batch_size": b, "task": "train",
+                              "optimizer": "adam", "precision": "fp32", "model_family": name})
+    models = tmp_path / "models"
+    env = {**os.environ, "HORUS_LEDGER_URL": f"sqlite:///{tmp_path}/l.db"}
+    bin_dir = Path(sys.executable).parent
+    subprocess.run([bin_dir / "horus-admin", "retrain", "--import", src, "--model-dir", models,
+                    "--force", "--max-iter", "20"], check=True, capture_output=True, env=env)
+    assert (models / "history.json").exists() and (models / "calibration.json").exists()
+    r = subprocess.run([bin_dir / "horus", "predict", ZOO / "resnet50.onnx", "--batch-size", "16",
+                        "--task", "train", "--optimizer", "adam", "--precision", "fp32",
+                        "--gpu", "a100-40gb", "--model-dir", models, "--json"],
+                       check=True, capture_output=True, text=True, env=env)
+    out = json.loads(r.stdout)
+    assert out["predictor"] == "history:exact"
+    assert out["mem_mib"] == pytest.approx(2600 + 95 * 16, rel=0.01)
+    assert out["mem_mib_p90"] >= out["mem_mib"] and 0 <= out["util_pct"] <= 100

@@ -1,0 +1,91 @@
+"""slurm_parse against the outputs of the real Slurm 25.11.7 daemons recorded by
+tests/cluster/record_fixtures.py in tests/fixtures/slurm-25.11 (job ids from its index.json)."""
+
+import json
+from pathlib import Path
+
+from slurm_horus import slurm_parse as sp
+
+FIX = Path(__file__).parent / "fixtures" / "slurm-25.11"
+META = json.loads((FIX / "index.json").read_text())
+INDEX = {f["name"]: f for f in META["fixtures"]}
+IDS = META["job_ids"]
+
+
+def out(name, stream="stdout"):
+    return (FIX / INDEX[name][stream]).read_text()
+
+
+def test_recorded_on_25_11():
+    assert META["slurm_version"].startswith("slurm 25.11.")
+
+
+def test_sbatch_stdout_job_ids():
+    assert sp.parse_sbatch_stdout(out("sbatch_submit")) == str(IDS["running_shard_job"])
+    assert sp.parse_sbatch_stdout(out("sbatch_parsable")) == str(IDS["finished_shard_job"])
+    assert sp.parse_sbatch_stdout(out("sbatch_invalid_partition")) is None
+
+
+def test_sinfo_json_nodes_keyed_sinfo():
+    assert "nodes" not in json.loads(out("sinfo_json"))
+    nodes = {n["name"]: n for n in sp.sinfo_json_nodes(out("sinfo_json"))}
+    assert set(nodes) == {"gpu-a100", "gpu-t4"}
+    assert nodes["gpu-a100"]["gpu_types"] == {"a100": 4}
+    assert nodes["gpu-t4"]["gpu_types"] == {"t4": 2}
+    assert sorted(nodes["gpu-a100"]["partitions"]) == ["a100", "gpu"]
+    assert nodes["gpu-t4"]["features"] == "t4"
+
+
+def test_node_gres_has_typed_shards():
+    nodes = sp.parse_scontrol_records(out("scontrol_show_node"))
+    a100 = next(n for n in nodes if n["NodeName"] == "gpu-a100")
+    assert {(g["name"], g["type"], g["count"]) for g in sp.parse_gres(a100["Gres"])} == {
+        ("gpu", "a100", 4), ("shard", "a100", 400)}
+    assert sp.partition_gpu_types(nodes, "gpu") == {"a100": 4, "t4": 2}
+    parts = sp.parse_scontrol_records(out("scontrol_show_partition"))
+    assert sp.default_partition(parts) == "gpu"
+
+
+def test_squeue_json_state_is_a_string_and_gres_detail_gives_the_gpu():
+    raw = {j["job_id"]: j for j in json.loads(out("squeue_json"))["jobs"]}
+    jobs = {j["job_id"]: j for j in sp.squeue_json_jobs(out("squeue_json"))}
+    shard = IDS["running_shard_job"]
+    assert raw[shard]["job_state"] == ["RUNNING"] and jobs[shard]["state"] == "RUNNING"
+    assert jobs[shard]["tres_per_node"].startswith("gres/shard:")
+    (g,) = jobs[shard]["gres"]
+    assert g["name"] == "shard" and g["idx"] == [0]
+    (g,) = jobs[IDS["running_gpu_job"]]["gres"]
+    assert (g["name"], g["type"], g["count"]) == ("gpu", "a100", 1) and len(g["idx"]) == 1
+
+
+def test_shard_job_detail_lists_per_gpu_counts():
+    """25.11 prints a shard job's GPUs as per-GPU counts, not (IDX:i)."""
+    seen = set()
+    for name in ("scontrol_show_job_packed_a", "scontrol_show_job_packed_b"):
+        (job,) = sp.parse_scontrol_records(out(name))
+        assert "IDX" not in job["_details"][0]["GRES"]
+        got = sp.job_gpus_on_node(job, "gpu-t4")
+        assert got["shards"] == int(job["TresPerNode"].rsplit(":", 1)[1]) and got["gpus"] is None
+        assert len(got["indices"]) == 1
+        seen.add(got["indices"][0])
+    assert seen == {0, 1}  # two jobs too big to share one GPU: one on each
+    (job,) = sp.parse_scontrol_records(out("scontrol_show_job_running_gpu"))
+    got = sp.job_gpus_on_node(job, None)
+    assert got["gpus"] == 1 and got["shards"] is None and got["type"] == "a100"
+
+
+def test_parse_gres_per_gpu_counts():
+    assert sp.parse_gres("shard:66(0/100,66/100)")[0]["idx"] == [1]
+    assert sp.parse_gres("shard:30(10/100,20/100)")[0]["idx"] == [0, 1]
+    assert sp.parse_gres("shard:a100:0(0/100,0/100)")[0]["idx"] == []
+
+
+def test_sacct_json_has_no_gres_detail():
+    """What sync gets on 25.11: untyped shard / gpu TRES, the comment, no GPU index."""
+    for j in json.loads(out("sacct_json_finished"))["jobs"]:
+        assert "gres_detail" not in j
+        gres = {t["name"]: t["count"] for t in j["tres"]["allocated"] if t["type"] == "gres"}
+        if j["job_id"] == IDS["finished_shard_job"]:
+            assert set(gres) == {"shard"} and j["comment"]["job"].startswith("fixture-done horus:v1;")
+        else:
+            assert j["job_id"] == IDS["finished_gpu_job"] and gres == {"gpu": 2}
