@@ -48,21 +48,30 @@ def fill(url_path: str, n: int) -> None:
 
 
 def sacct_json(n: int) -> str:
-    fx = json.loads((Path(__file__).resolve().parent.parent / "tests/fixtures/sacct/"
-                     "sacct_25.11_v0.0.44.json").read_text())
-    proto = fx["jobs"][0]
+    """n finished shard jobs in the layout real Slurm 25.11 prints (the recorded fixture's shard
+    job, copied): no gres_detail, so the GPU index comes from probe rows (see probe_rows)."""
+    fx = json.loads((Path(__file__).resolve().parent.parent / "tests/fixtures/slurm-25.11/"
+                     "sacct_json_finished.stdout").read_text())
+    proto = next(j for j in fx["jobs"] if any(t["name"] == "shard" for t in j["tres"]["allocated"]))
     jobs = []
     for i in range(n):
         j = json.loads(json.dumps(proto))
         j["job_id"] = 100000 + i
         j["nodes"] = f"node{i % 40}"
-        j["gres_detail"] = [f"shard:25(IDX:{i % 4})"]
         j["time"]["start"] = 1760000000 + i * 30
-        j["time"]["end"] = j["time"]["start"] + 600
-        j["comment"]["job"] = "horus:v1;h100-sxm=50.0/8000/9000"
+        j["time"]["end"] = j["time"]["start"] + 3600  # overlaps 4 jobs on its node
+        j["comment"]["job"] = "horus:v1;t4=50.0/8000/9000"
         jobs.append(j)
     fx["jobs"] = jobs
     return json.dumps(fx)
+
+
+def probe_rows(n: int, cluster: str) -> list[dict]:
+    """What the Prolog probe left for those jobs: node, GPU index and type; of the 4 jobs
+    overlapping one on its node, 2 share its GPU."""
+    return [{"job_id": 100000 + i, "cluster": cluster, "source": "probe", "util_mean": 40.0,
+             "mem_peak_mib": 7000.0, "node": f"node{i % 40}", "gpu_index": (i // 40) % 2,
+             "gpu_type": "t4"} for i in range(n)]
 
 
 def main():
@@ -89,11 +98,17 @@ def main():
 
         data = sacct_json(a.sync_jobs)
         L = Ledger(f"sqlite:///{tmp / 'sync.db'}", spool=str(tmp / "sp"))
+        L.record_usages(probe_rows(a.sync_jobs, json.loads(data)["jobs"][0]["cluster"]))
         t = time.perf_counter()
         res = sync(L, sacct_json=data, all_jobs=True)
         out["sync_s"] = round(time.perf_counter() - t, 2)
-        print(f"sync of {a.sync_jobs} sacct jobs: {out['sync_s']} s ({res['recorded']} recorded)",
-              flush=True)
+        con = sqlite3.connect(tmp / "sync.db")
+        co = [len(c.split(",")) if c else 0 for (c,) in con.execute("SELECT colocated FROM jobs")]
+        con.close()
+        out["sync_colocated_mean"] = round(sum(co) / max(len(co), 1), 2)
+        print(f"sync of {a.sync_jobs} sacct jobs (25.11 layout, GPU index from probe rows): "
+              f"{out['sync_s']} s ({res['recorded']} recorded, "
+              f"{out['sync_colocated_mean']} co-located jobs each)", flush=True)
     if "retrain" not in a.skip:
         from test_retrain import write_csv
 

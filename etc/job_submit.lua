@@ -17,7 +17,10 @@ Rules this file keeps:
   * files are read with a size bound and never waited on (no locks, no retries);
   * every loop and every string it parses is bounded before it is parsed;
   * user text is never used as a Lua pattern and never echoed back;
-  * any internal error leaves the job exactly as submitted (pcall + plan/apply).
+  * any internal error leaves the job exactly as submitted (pcall + plan/apply);
+  * it never makes a valid job invalid: it adds only node features the policy declares
+    (type_features) and writes only GRES types the policy knows (gpu.<type>.mem_mib);
+    where the typing it would choose is not declared, the job stays as submitted.
 ]]
 
 -- Limits of the hint format (must match slurm_horus/hint.py).
@@ -140,7 +143,7 @@ end
 local function parse_policy(text)
 	local pol, warn = {}, {}
 	for k, v in pairs(DEFAULTS) do pol[k] = v end
-	local gpus, order = {}, nil
+	local gpus, order, tfeat = {}, nil, nil
 	local function bad(key, why) warn[#warn + 1] = "policy: " .. key .. ": " .. why .. ", using default" end
 
 	local nlines, pos, len = 0, 1, #text
@@ -206,6 +209,16 @@ local function parse_policy(text)
 				local n = decimal_up(val, 0)
 				if n and n >= 1 and n <= 36500 and string.find(val, "^%d+$") then pol.underclaim_window_days = n
 				else bad(key, "need an integer 1..36500") end
+			elseif key == "type_features" then
+				tfeat = {}
+				for name in string.gmatch(val, "[^,%s]+") do
+					if #tfeat >= MAX_TYPES then
+						warn[#warn + 1] = "policy: type_features: more than 16 types, rest ignored"
+						break
+					end
+					if is_gtype(name) then tfeat[#tfeat + 1] = name
+					else warn[#warn + 1] = "policy: type_features: bad type name ignored" end
+				end
 			elseif key == "type_order" then
 				order = {}
 				for name in string.gmatch(val, "[^,%s]+") do
@@ -249,7 +262,19 @@ local function parse_policy(text)
 			return a < b
 		end)
 	end
-	pol.gpus, pol.type_order = gpus, final
+	-- type_features: the node features that exist, one per GPU type (a feature type_via =
+	-- features may add); not set: none.  The hook cannot see the nodes: the policy says.
+	local declared = {}
+	if tfeat then
+		for _, t in ipairs(tfeat) do
+			if gpus[t] then declared[t] = true
+			else warn[#warn + 1] = "policy: type_features: " .. t .. " has no gpu." .. t .. ".mem_mib, ignored" end
+		end
+	elseif pol.type_via == "features" and #final > 0 then
+		warn[#warn + 1] = "policy: type_features not set: no node feature is declared, so type_via = features" ..
+			" pins no job to a GPU type (list the types whose nodes carry Features=<type>)"
+	end
+	pol.gpus, pol.type_order, pol.type_features = gpus, final, declared
 	return pol, warn
 end
 
@@ -636,8 +661,11 @@ local function feature_tokens(features)
 end
 
 -- The one place that decides HOW the GPU type of a shard job is enforced.
--- type_via = features: gres "shard:N" + constraint "&<type>" (works on 22.05);
--- type_via = gres:     gres "shard:<type>:N" (if typed shards are verified to work).
+-- type_via = features: gres "shard:N" + constraint "&<type>" (works on 22.05), only for a
+--                      type whose node feature the policy declares (type_features): Slurm
+--                      refuses a constraint no node satisfies, so the hook never adds one
+--                      it does not know exists;
+-- type_via = gres:     gres "shard:<type>:N" (gtype is always a type of gpu.<type>.mem_mib).
 local function shard_request(pol, prefix, gtype, shards, features)
 	if pol.type_via == "gres" then
 		return prefix .. "shard:" .. gtype .. ":" .. shards, nil
@@ -645,7 +673,10 @@ local function shard_request(pol, prefix, gtype, shards, features)
 	local toks = feature_tokens(features)
 	if toks == nil then return nil, nil, "cannot add GPU type to a complex --constraint" end
 	for _, t in ipairs(toks) do
-		if t == gtype then return prefix .. "shard:" .. shards, nil end  -- already constrained
+		if t == gtype then return prefix .. "shard:" .. shards, nil end  -- the user's own constraint
+	end
+	if not pol.type_features[gtype] then
+		return nil, nil, "type_via = features, no node feature " .. gtype .. " declared"
 	end
 	if #toks == 0 then return prefix .. "shard:" .. shards, gtype end
 	return prefix .. "shard:" .. shards, features .. "&" .. gtype

@@ -127,8 +127,9 @@ def _runs(value: str | None, script: str, conf_dir: Path) -> bool:
 
 
 def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, type_via: str,
-                gpu_mem_types: set[str]) -> list[Problem]:
-    """GPU node lines against the policy: shard counts, typing, the policy's GPU memory table."""
+                gpu_mem_types: set[str], declared: set[str]) -> list[Problem]:
+    """GPU node lines against the policy: shard counts, typing (the node features the policy
+    declares in type_features must exist), the policy's GPU memory table."""
     from .simulate import _conf_lines
     from .slurm_parse import parse_gres
 
@@ -165,11 +166,16 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
                                    f"give the type, e.g. Gres=gpu:a100:{g['count']}"))
                 continue
             t = g["type"].lower()
-            if type_via == "features" and t not in feats:
-                out.append(Problem(f"node {name}: no Features={t} while the policy's "
-                                   "type_via = features: the hook's constraint makes jobs "
-                                   "invalid", f"add Features={t} to {name}'s line (or set "
-                                   "type_via = gres in the policy)"))
+            if type_via == "features" and t in declared and t not in feats:
+                out.append(Problem(f"node {name}: no Features={t} while the policy declares "
+                                   f"type_features {t}: the hook's constraint makes jobs "
+                                   "invalid", f"add Features={t} to {name}'s line (or drop {t} "
+                                   "from type_features)"))
+            elif type_via == "features" and t not in declared:
+                out.append(Problem(f"GPU type {t} (node {name}) is not in the policy's "
+                                   "type_features: the hook pins no job to it (jobs stay as "
+                                   "submitted)", f"add Features={t} to its nodes and {t} to "
+                                   "type_features"))
             if t not in gpu_mem_types:
                 out.append(Problem(f"GPU type {t} (node {name}) has no gpu.{t}.mem_mib in the "
                                    "policy: the hook cannot pack jobs there",
@@ -259,7 +265,8 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     spg = int(policy_value("shards_per_gpu", "100", pol))
     type_via = policy_value("type_via", "features", pol)
     mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}
-    out += check_nodes(conf, gres_conf, spg, type_via, mem_types)
+    declared = set(re.split(r"[,\s]+", policy_value("type_features", "", pol) or "")) - {""}
+    out += check_nodes(conf, gres_conf, spg, type_via, mem_types, declared)
     out += check_ledger(ledger_url or default_url())
     out += check_registry(Path(model_dir) if model_dir else default_dir())
     return out

@@ -348,6 +348,7 @@ _POLICY_KEYS = {
     "type_via": _one_of("features", "gres"),
     "type_choice": _one_of("order", "any"),
     "type_order": lambda v: True,
+    "type_features": lambda v: True,  # bad names are dropped one by one, like type_order's
     "raw_shards": _one_of("allow", "whole", "refuse"),
     "min_mem_mib": _int_in(0, _MAX_MEM_MIB),
     "record_file": lambda v: len(v) <= 1000 and v.startswith("/")

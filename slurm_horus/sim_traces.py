@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -53,6 +53,8 @@ class SimJob:
     model: str
     pred: dict[str, tuple[float, float, float]]
     true: dict[str, tuple[float, float]]
+    runtime_x: dict[str, float] = field(default_factory=dict)  # runtime factor per type (default 1)
+    sens: float = 1.0  # interference sensitivity (1 = the pair curve's median)
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,16 @@ TRACES: dict[str, TraceSpec] = {
     # Alibaba PAI 2020: colocation.md gives only its utilization (mean 10.5 %, median 1.5 %);
     # the GPU-count share and runtimes below are ASSUMPTIONS (Philly-like), not published figures.
     "pai": TraceSpec("pai", 0.90, 900.0, 30000.0, "PAI 2020 utilization; runtimes assumed"),
+    # Transformer training with Philly's job shape (an assumption: no published LLM-lab trace
+    # in colocation.md); its model mix is the memory-heavy one.
+    "llm": TraceSpec("llm", 0.930, 1124.0, 39630.0, "Philly job shape, transformer training mix"),
 }
 
 # The model mix: (zoo model, batch size, task, {trace: weight}).  Philly/Helios: research
-# training jobs over all families; PAI: many small and inference jobs (its median util is 1.5 %).
+# training jobs over all families; PAI: many small and inference jobs (its median util is 1.5 %);
+# llm: transformer training, memory-heavy (a 16 GB T4 cannot hold the largest, two of them do not
+# fit beside each other on a 40 GB A100).  benchmarks/make_sim_mix.py turns this list into the
+# shipped table (slurm_horus/data/sim_mix.json): predictions per GPU type and measured residuals.
 MIX: tuple[tuple[str, int, str, dict[str, float]], ...] = (
     ("small_cnn", 64, "train", {"philly": 2, "helios": 4, "pai": 6}),
     ("small_cnn", 32, "infer", {"philly": 0, "helios": 1, "pai": 8}),
@@ -90,42 +98,63 @@ MIX: tuple[tuple[str, int, str, dict[str, float]], ...] = (
     ("efficientnet_b0", 16, "infer", {"philly": 0, "helios": 1, "pai": 3}),
     ("inception_v3", 32, "train", {"philly": 1, "helios": 1, "pai": 0}),
     ("resnet50", 32, "train", {"philly": 3, "helios": 2, "pai": 1}),
+    ("resnet50", 128, "train", {"philly": 1, "helios": 0, "pai": 0, "llm": 1}),
     ("resnet50", 32, "infer", {"philly": 0, "helios": 1, "pai": 3}),
     ("vgg16", 32, "train", {"philly": 1, "helios": 1, "pai": 0}),
     ("xception", 16, "train", {"philly": 1, "helios": 0, "pai": 0}),
     ("unet", 8, "train", {"philly": 1, "helios": 1, "pai": 0}),
-    ("bert_base", 16, "train", {"philly": 2, "helios": 2, "pai": 1}),
+    ("bert_base", 16, "train", {"philly": 2, "helios": 2, "pai": 1, "llm": 3}),
     ("bert_base", 16, "infer", {"philly": 0, "helios": 0, "pai": 2}),
-    ("gpt2", 8, "train", {"philly": 1, "helios": 1, "pai": 0}),
-    ("t5_small", 16, "train", {"philly": 1, "helios": 1, "pai": 0}),
-    ("vit_b_16", 32, "train", {"philly": 1, "helios": 1, "pai": 0}),
+    ("bert_base", 32, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 2}),
+    ("bert_large", 16, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 2}),
+    ("gpt2", 8, "train", {"philly": 1, "helios": 1, "pai": 0, "llm": 3}),
+    ("gpt2_large", 8, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 1}),
+    ("xlnet_base", 8, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 2}),
+    ("t5_small", 16, "train", {"philly": 1, "helios": 1, "pai": 0, "llm": 2}),
+    ("vit_b_16", 32, "train", {"philly": 1, "helios": 1, "pai": 0, "llm": 2}),
 )
 
-
-def default_zoo_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "tests" / "data" / "zoo"
+# GPU types the shipped table predicts on (catalog names); other types need --zoo.
+SHIPPED_TYPES = ("a100-40gb", "a100-80gb", "t4", "v100-16gb", "v100-32gb", "h100-sxm", "l4",
+                 "a10", "a30", "rtx3090", "l40s")
+SHIPPED_MIX = Path(__file__).resolve().parent / "data" / "sim_mix.json"
 
 
 class ModelMix:
-    """Predictions of the model mix on GPU types, computed once per (model, batch, task, type).
+    """Predictions of the model mix per (model, batch, task, GPU type), and the predictor's
+    measured memory residuals.
 
-    zoo_dir: folder with ``<model>.onnx`` files (default: the repo's tests/data/zoo); dims of
-    the graphs come from ``zoo.json`` next to it when listed there, else batch/seq=128.
+    Default: the shipped table (slurm_horus/data/sim_mix.json, made by
+    benchmarks/make_sim_mix.py), so no ONNX graph is read at run time.  ``zoo_dir``: a folder of
+    ``<model>.onnx`` files to predict from instead (any GPU type of the catalog; dims from
+    ``zoo.json`` next to it, else batch/seq=128).
     """
 
     def __init__(self, zoo_dir: str | os.PathLike | None = None, estimator=None):
-        self.zoo_dir = Path(zoo_dir) if zoo_dir is not None else default_zoo_dir()
+        self.zoo_dir = Path(zoo_dir) if zoo_dir is not None else None
         self._estimator = estimator
+        try:
+            self._table = json.loads(SHIPPED_MIX.read_text())
+        except (OSError, ValueError) as e:
+            raise HorusError(f"model mix {SHIPPED_MIX}: {e} (run benchmarks/make_sim_mix.py)") from None
+        self._shipped = {(e["model"], e["batch"], e["task"]): e["pred"] for e in self._table["entries"]}
+        res = self._table["mem_residuals"]
+        self._res_model = {m: np.array(v, dtype=float) for m, v in res["by_model"].items()}
+        self._res_pooled = np.array(res["pooled"], dtype=float)
         self._reports: dict[tuple[str, int], Any] = {}
         self._preds: dict[tuple[str, int, str, str], tuple[float, float, float]] = {}
         self._dims: dict[str, dict[str, int]] | None = None
 
+    def mem_residuals(self, model: str) -> np.ndarray:
+        """log(measured / predicted) memory of ``model`` (pooled over all measured models when
+        it was not measured itself)."""
+        return self._res_model.get(model, self._res_pooled)
+
     def _zoo_dims(self) -> dict[str, dict[str, int]]:
         if self._dims is None:
             self._dims = {}
-            index = self.zoo_dir.parent / "zoo.json"
             try:
-                for e in json.loads(index.read_text()):
+                for e in json.loads((self.zoo_dir.parent / "zoo.json").read_text()):
                     self._dims[e["name"]] = dict(e.get("dims") or {})
             except (OSError, ValueError, KeyError, TypeError):
                 pass
@@ -137,25 +166,38 @@ class ModelMix:
         hit = self._preds.get(key)
         if hit is not None:
             return hit
+        from .gpus import get_gpu
+
+        gpu = get_gpu(gpu_type)
+        if self.zoo_dir is None:
+            pred = self._shipped.get((model, batch, task), {}).get(gpu.name)
+            if pred is None:
+                raise HorusError(f"the shipped model mix has no prediction for {model}/b{batch}/{task} "
+                                 f"on {gpu.name} (types: {', '.join(self._table['types'])}); "
+                                 "pass --zoo DIR with the ONNX graphs to predict on it")
+            out = (float(pred[0]), float(pred[1]), float(pred[2]))
+        else:
+            out = self._predict_graph(model, batch, task, gpu)
+        self._preds[key] = out
+        return out
+
+    def _predict_graph(self, model: str, batch: int, task: str, gpu) -> tuple[float, float, float]:
         from .coldstart import ColdStartEstimator, Workload
         from .features import extract_features
-        from .gpus import get_gpu
 
         rkey = (model, batch)
         report = self._reports.get(rkey)
         if report is None:
             path = self.zoo_dir / f"{model}.onnx"
             if not path.is_file():
-                raise HorusError(f"model corpus: {path} not found (pass the ONNX folder with --zoo)")
+                raise HorusError(f"model corpus: {path} not found")
             dims = {"seq": 128, "dec_seq": 128, **self._zoo_dims().get(model, {}), "batch": batch}
             report = extract_features(path, dims=dims)
             self._reports[rkey] = report
         if self._estimator is None:
             self._estimator = ColdStartEstimator()
-        p = self._estimator.predict(report, get_gpu(gpu_type), Workload(batch_size=batch, task=task))
-        out = (float(p.util_pct), float(p.mem_mib), float(p.mem_mib_p90))
-        self._preds[key] = out
-        return out
+        p = self._estimator.predict(report, gpu, Workload(batch_size=batch, task=task))
+        return float(p.util_pct), float(p.mem_mib), float(p.mem_mib_p90)
 
     def entries(self, trace: str) -> tuple[list[tuple[str, int, str]], np.ndarray]:
         """The mix of ``trace``: its (model, batch, task) entries and their probabilities."""
@@ -163,13 +205,28 @@ class ModelMix:
         weights = np.array([w[trace] for m, b, t, w in MIX if w.get(trace, 0) > 0], dtype=float)
         if not items:
             raise HorusError(f"no model mix for trace '{trace}'")
-        available = [i for i, (m, _, _) in enumerate(items) if (self.zoo_dir / f"{m}.onnx").is_file()]
-        if not available:
-            raise HorusError(f"model corpus: no model of the mix found in {self.zoo_dir} "
-                             "(pass the ONNX folder with --zoo)")
-        items = [items[i] for i in available]
-        weights = weights[available]
+        if self.zoo_dir is not None:
+            available = [i for i, (m, _, _) in enumerate(items) if (self.zoo_dir / f"{m}.onnx").is_file()]
+            if not available:
+                raise HorusError(f"model corpus: no model of the mix found in {self.zoo_dir}")
+            items = [items[i] for i in available]
+            weights = weights[available]
         return items, weights / weights.sum()
+
+
+def runtime_factor(gpu_type: str, reference: str = "a100-40gb") -> float:
+    """How much longer a job runs on ``gpu_type`` than on the reference (trace runtimes are
+    A100 runtimes): the geometric mean of the FP32-throughput and memory-bandwidth ratios (an
+    assumption: training steps are partly compute-, partly bandwidth-bound)."""
+    from .gpus import get_gpu
+
+    g, r = get_gpu(gpu_type), get_gpu(reference)
+    return math.sqrt((r.fp32_tflops * r.mem_bw_gbs) / (g.fp32_tflops * g.mem_bw_gbs))
+
+
+# Spread of the interference between co-located jobs: each job's sensitivity (its share of the
+# pair curve's loss) is lognormal with this sigma, mean 1 (see sim_interference).
+SENSITIVITY_SIGMA = 0.6
 
 
 def lognormal_params(p50: float, p95: float) -> tuple[float, float]:
@@ -179,18 +236,30 @@ def lognormal_params(p50: float, p95: float) -> tuple[float, float]:
     return math.log(p50), math.log(p95 / p50) / 1.6448536269514722
 
 
-def _truth(rng: np.random.Generator, pred: Mapping[str, tuple[float, float, float]],
-           sigma_util: float, sigma_mem: float, mem_cap: float) -> dict[str, tuple[float, float]]:
-    """True (util, mem) per type: the prediction times one lognormal factor each (the same
-    factor on every type: it is the same job)."""
+def _truth(rng: np.random.Generator, pred: Mapping[str, tuple[float, float, float]], model: str,
+           mix: ModelMix, sigma_util: float, sigma_mem: float, mem_cap: float) -> dict[str, tuple[float, float]]:
+    """True (util, mem) per type.  Memory: the prediction times exp(a residual of the cold start
+    measured on this model, else on any measured model) times lognormal(sigma_mem) jitter, so the
+    truth is biased where the predictor is.  Utilization: the prediction times lognormal(sigma_util)
+    (no real-model utilization residuals are measured).  One draw per job, the same ratio on every
+    GPU type (the residuals were measured on one A100)."""
     fu = float(np.exp(rng.normal(0.0, sigma_util))) if sigma_util > 0 else 1.0
-    fm = float(np.exp(rng.normal(0.0, sigma_mem))) if sigma_mem > 0 else 1.0
+    res = mix.mem_residuals(model)
+    fm = float(np.exp(res[int(rng.integers(len(res)))] + (rng.normal(0.0, sigma_mem) if sigma_mem > 0 else 0.0)))
     return {t: (min(100.0, u * fu), min(mem_cap, m * fm)) for t, (u, m, _) in pred.items()}
+
+
+def _job_extras(rng: np.random.Generator, types: list[str], duration: float,
+                limit_factor: float, limit_cap_s: float) -> tuple[dict[str, float], float, float]:
+    """(runtime factor per type, interference sensitivity, time limit on the slowest type)."""
+    rx = {t: runtime_factor(t) for t in types}
+    sens = float(np.exp(rng.normal(-SENSITIVITY_SIGMA ** 2 / 2, SENSITIVITY_SIGMA)))
+    return rx, sens, time_limit(duration * max(rx.values()), limit_factor, limit_cap_s)
 
 
 def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus: int, *,
                    seed: int = 0, load: float = 1.0, sigma_util: float = 0.25,
-                   sigma_mem: float = 0.15, mix: ModelMix | None = None,
+                   sigma_mem: float = 0.05, mix: ModelMix | None = None,
                    max_gpus_per_job: int = 8, limit_factor: float = 2.0,
                    limit_cap_s: float = 7 * 86400.0, mem_cap_mib: float | None = None,
                    max_duration_s: float = MAX_DURATION_S) -> list[SimJob]:
@@ -236,11 +305,11 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
     for i in range(n_jobs):
         m, b, task = items[picks[i]]
         pred = {t: mix.predict(m, b, task, t) for t in types}
-        true = _truth(rng, pred, sigma_util, sigma_mem, mem_cap_mib)
+        true = _truth(rng, pred, m, mix, sigma_util, sigma_mem, mem_cap_mib)
         d = float(durations[i])
-        jobs.append(SimJob(id=i, submit=float(submits[i]), duration=d, gpus=int(gpus[i]),
-                           limit=time_limit(d, limit_factor, limit_cap_s),
-                           model=f"{m}/b{b}/{task}", pred=pred, true=true))
+        rx, sens, limit = _job_extras(rng, types, d, limit_factor, limit_cap_s)
+        jobs.append(SimJob(id=i, submit=float(submits[i]), duration=d, gpus=int(gpus[i]), limit=limit,
+                           model=f"{m}/b{b}/{task}", pred=pred, true=true, runtime_x=rx, sens=sens))
     return jobs
 
 
@@ -286,7 +355,7 @@ def _gpu_count(job: Mapping[str, Any]) -> int:
 
 
 def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace_mix: str = "philly",
-                    sigma_util: float = 0.25, sigma_mem: float = 0.15, mix: ModelMix | None = None,
+                    sigma_util: float = 0.25, sigma_mem: float = 0.05, mix: ModelMix | None = None,
                     mem_cap_mib: float | None = None, max_gpus_per_job: int = 8,
                     limit_factor: float = 2.0, limit_cap_s: float = 7 * 86400.0) -> list[SimJob]:
     """Jobs of a ``sacct --json`` dump: submit time, elapsed time, GPU count (jobs without GPUs
@@ -326,7 +395,7 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
     for i, (submit, elapsed, gpus, lim) in enumerate(rows):
         m, b, task = items[int(rng.choice(len(items), p=p))]
         pred = {gt: mix.predict(m, b, task, gt) for gt in types}
-        true = _truth(rng, pred, sigma_util, sigma_mem, mem_cap_mib)
+        true = _truth(rng, pred, m, mix, sigma_util, sigma_mem, mem_cap_mib)
         limit = max(lim, 1.2 * elapsed) if lim else time_limit(elapsed, limit_factor, limit_cap_s)
         jobs.append(SimJob(i, submit - t0, elapsed, gpus, limit, f"{m}/b{b}/{task}", pred, true))
     return jobs

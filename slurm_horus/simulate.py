@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 POLICIES = ("exclusive", "naive", "horus", "oracle")
+# co-location needs the predicted p90 memories plus this per job to fit (CARMA: estimate + 2 GiB)
+MEM_HEADROOM_MIB = 2048.0
 INF = float("inf")
 
 
@@ -245,18 +247,21 @@ def cluster_from_slurm_conf(text: str, gres_conf: str | None = None) -> ClusterS
 @dataclass(frozen=True)
 class Request:
     """types: indices of the cluster's GPU types the job may run on, in preference order;
-    shards: shards per GPU (== S: whole GPUs); gpus: GPUs on one node."""
+    shards: shards per GPU (== S: whole GPUs); gpus: GPUs on one node; share: set for a job the
+    horus scheduler may co-locate (it then holds one shard)."""
 
     types: tuple[int, ...]
     shards: int
     gpus: int
+    share: tuple | None = None  # horus/oracle: (util %, p90 MiB, runtime factor per type)
 
 
 def _eligible_types(job: SimJob, types: list[str], mem: list[float]) -> tuple[int, ...]:
     """Types a user would submit to: those whose memory holds the job's predicted p90 (else the
-    largest), in the cluster's order."""
-    ok = tuple(i for i, t in enumerate(types) if job.pred[t][2] <= mem[i])
-    return ok or (max(range(len(types)), key=lambda i: mem[i]),)
+    largest), fastest for the job first."""
+    ok = [i for i, t in enumerate(types) if job.pred[t][2] <= mem[i]]
+    ok.sort(key=lambda i: job.runtime_x.get(types[i], 1.0))
+    return tuple(ok) or (max(range(len(types)), key=lambda i: mem[i]),)
 
 
 def _policy_text(base: str, types: list[str], mem: list[float]) -> str:
@@ -271,6 +276,7 @@ def _policy_text(base: str, types: list[str], mem: list[float]) -> str:
         [t for _, t in sorted(zip(mem, types))]
     order = [t for t in listed if t in types] + [t for t in types if t not in listed]
     extra.append("type_order = " + ", ".join(order))
+    extra.append("type_features = " + ", ".join(order))  # every simulated node carries its type
     extra.append("underclaim_limit = 0")  # the site's claim record is not the simulated jobs'
     return base.rstrip("\n") + "\n# added by horus-admin simulate for the simulated cluster\n" + \
         "\n".join(extra) + "\n"
@@ -356,10 +362,12 @@ def _ceil_to(x: float, q: float) -> float:
 
 def build_requests(jobs: Sequence[SimJob], policy: str, types: list[str], mem: list[float],
                    shards_per_gpu: int, *, naive_shards: int = 50, decider: HorusDecider | None = None,
-                   oracle_util_q: float = 1.0, oracle_mem_q: float = 256.0) -> tuple[list[Request | None], dict]:
+                   oracle_util_q: float = 1.0, oracle_mem_q: float = 256.0,
+                   pack: bool = True) -> tuple[list[Request | None], dict]:
     """Each job's request under ``policy``; None for a job Slurm would reject.  The oracle's
     hint is the truth rounded UP to ``oracle_util_q`` % and ``oracle_mem_q`` MiB (fewer distinct
-    hints, never an understatement)."""
+    hints, never an understatement).  ``pack``: horus/oracle 1-GPU jobs are co-located by the
+    simulator's queue-pressure scheduler (predicted slowdown); else by the hook's shards alone."""
     S = shards_per_gpu
     tindex = {t: i for i, t in enumerate(types)}
     reqs: list[Request | None] = []
@@ -387,6 +395,11 @@ def build_requests(jobs: Sequence[SimJob], policy: str, types: list[str], mem: l
             stats[action] = stats.get(action, 0) + 1
             if action == "rejected":
                 reqs.append(None)
+            elif pack and j.gpus == 1:
+                # the queue-pressure scheduler: the hook admits, co-location is decided at start
+                t0 = types[elig[0]]
+                rx = tuple(j.runtime_x.get(t, 1.0) for t in types)
+                reqs.append(Request(elig, 1, 1, (preds[t0][0], preds[t0][2], rx)))
             elif action == "shared" and gtype == "any" and "any" not in tindex:
                 # type_choice = any: shards with no type, on whichever type frees up first
                 reqs.append(Request(tuple(range(len(types))), int(shards), 1))
@@ -414,7 +427,8 @@ class Simulator:
     def __init__(self, cluster: ClusterSpec, jobs: Sequence[SimJob], requests: Sequence[Request | None],
                  shards_per_gpu: int = 100, *, interference: Interference | None = None,
                  bf_window: int = 100, bf_interval: float = 0.0, oom_delay_s: float = 60.0,
-                 backfill: bool = True):
+                 backfill: bool = True, slowdown_bound: float = 2.0, max_group: int = 4,
+                 window_s: float | None = None):
         if len(jobs) != len(requests):
             raise HorusError("one request per job needed")
         self.cluster, self.jobs, self.reqs = cluster, list(jobs), list(requests)
@@ -425,6 +439,22 @@ class Simulator:
         self.backfill = backfill
         self.types = cluster.gpu_types
         self.tmem = [cluster.mem_mib(t) for t in self.types]
+        if slowdown_bound < 1.0 or max_group < 1:
+            raise HorusError("--slowdown-bound must be >= 1 and --max-group >= 1")
+        self.max_group = int(max_group)
+        # umax[n]: the largest summed PREDICTED util at which n co-located jobs keep the median
+        # per-job speed >= 1 / slowdown_bound (the curve falls with the sum: bisection)
+        self.umax = [INF, INF]
+        for n in range(2, self.max_group + 1):
+            lo, hi = 0.0, 100.0 * n
+            if self.itf.speed(lo, n) < 1.0 / slowdown_bound:
+                self.umax.append(-1.0)
+                continue
+            for _ in range(40):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if self.itf.speed(mid, n) >= 1.0 / slowdown_bound else (lo, mid)
+            self.umax.append(lo)
+        self.window_s = window_s
 
     # -- resource bookkeeping ----------------------------------------------------------------
 
@@ -466,8 +496,17 @@ class Simulator:
         self.nodeb = [[set() for _ in range(self.maxk + 1)] for _ in types]  # [type][idle count]
         for n, ids in enumerate(self.node_gpus):
             self.nodeb[self.node_type[n]][len(ids)].add(n)
-        # the per-type util / mem of each job, indexed by type index
+        # the per-type util / mem / runtime of each job, indexed by type index
         self.jtrue = [[j.true[t] for t in types] for j in self.jobs]
+        self.jdur = [[j.duration * j.runtime_x.get(t, 1.0) for t in types] for j in self.jobs]
+        # co-location state of the horus scheduler: predicted util / p90 memory summed over each
+        # GPU's shareable jobs, and their count
+        self.pu = np.zeros(G)
+        self.pm = np.zeros(G)
+        self.ns = np.zeros(G, dtype=np.int64)
+        self.gcap = np.array(self.gmem_cap)
+        self.gtype_np = np.array(self.gtype)
+        self.umax_np = np.array(self.umax + [-1.0])
 
     def _set_free(self, g: int, new: int) -> None:
         old = self.free[g]
@@ -498,9 +537,42 @@ class Simulator:
             self.part[t][new].add(g)
         self.free[g] = new
 
+    def _share_place(self, req: Request, exclude: set | None) -> list[int] | None:
+        """The horus scheduler: an idle GPU while there is one (spread); else, under queue
+        pressure, the GPU whose shareable jobs leave the most room, among those where the group's
+        summed predicted util keeps every job's predicted slowdown within the bound and the
+        predicted p90 memories fit."""
+        u, m, rx = req.share
+        best, best_cost = None, INF
+        for t in req.types:  # fastest type first: the first idle GPU is the best idle one
+            whole = self._place(Request((t,), self.S, 1), exclude)
+            if whole is not None:
+                best, best_cost = whole, rx[t]
+                break
+        if best_cost <= min(rx[t] for t in req.types):
+            return best
+        ns = self.ns
+        ok = (ns >= 1) & (ns < self.max_group) & (self.pm + m + MEM_HEADROOM_MIB * (ns + 1) <= self.gcap) \
+            & (self.pu + u <= self.umax_np[np.minimum(ns + 1, self.max_group + 1)])
+        if len(self.types) > 1 and len(req.types) < len(self.types):
+            ok &= np.isin(self.gtype_np, req.types)
+        if exclude:
+            ok[list(exclude)] = False
+        cand = np.flatnonzero(ok)
+        if not len(cand):
+            return best
+        g = int(cand[np.argmin(self.pu[cand] + 1000.0 * ns[cand])])
+        # co-locate on a faster type rather than run alone on a slower one when the predicted
+        # slowdown there costs less than the slower GPU does
+        t = self.gtype[g]
+        cost = rx[t] / self.itf.speed(self.pu[g] + u, int(ns[g]) + 1)
+        return [g] if cost < best_cost else best
+
     def _place(self, req: Request, exclude: set | None) -> list[int] | None:
         """GPUs for ``req`` now (best fit), avoiding ``exclude``; None if it does not fit."""
         S = self.S
+        if req.share is not None:
+            return self._share_place(req, exclude)
         for t in req.types:
             if req.gpus == 1 and req.shards < S:
                 part = self.part[t]
@@ -527,21 +599,30 @@ class Simulator:
         if dt > 0:
             self.acc_util += self.cur_util * dt
             self.acc_busy += self.cur_busy * dt
+            wdt = min(now, self.w_end) - self.t_last
+            if wdt > 0:
+                self.w_util += self.cur_util * wdt
+                self.w_busy += self.cur_busy * wdt
             self.t_last = now
 
     def _refresh(self, g: int, now: float, new_job: int = -1) -> None:
         """Recompute the speed of GPU g's jobs after its job set changed; re-plan their ends."""
         jobs = self.gjobs[g]
-        sp = self.itf.speed(self.gutil[g], self.ghealthy[g])
+        n, tot, t = self.ghealthy[g], self.gutil[g], self.gtype[g]
+        sp = self.itf.speed(tot, n)
         self.gspeed[g] = sp
-        c = min(1.0, self.gutil[g] * sp / 100.0)
-        self.cur_util += c - self.gcontrib[g]
-        self.gcontrib[g] = c
+        work = 0.0
         for j in jobs:
             if self.failing[j]:
                 continue
             alloc = self.alloc[j]
-            s = sp if len(alloc) == 1 else min(self.gspeed[x] for x in alloc)
+            if len(alloc) == 1:
+                s = self.itf.speed(tot, n, self.jobs[j].sens) if n > 1 else 1.0
+            else:
+                s = min(self.gspeed[x] for x in alloc)
+            work += self.jtrue[j][t][0] * s
+            if s == self.speed[j] and j != new_job:
+                continue
             if s == self.speed[j] and j != new_job:
                 continue
             self.remaining[j] -= (now - self.last[j]) * self.speed[j]
@@ -552,6 +633,9 @@ class Simulator:
             if end > self.limit_end[j]:
                 end = self.limit_end[j]
             self._push(end, _FINISH, j, self.version[j])
+        c = min(1.0, work / 100.0)
+        self.cur_util += c - self.gcontrib[g]
+        self.gcontrib[g] = c
 
     def _push(self, t: float, kind: int, j: int, ver: int) -> None:
         self.seq += 1
@@ -568,8 +652,14 @@ class Simulator:
                 self.cur_busy += 1
             self._set_free(g, self.free[g] - req.shards)
             self.gjobs[g].append(j)
+        if req.share is not None:
+            g = alloc[0]
+            self.pu[g] += req.share[0]
+            self.pm[g] += req.share[1]
+            self.ns[g] += 1
         self.alloc[j] = alloc
         self.start[j] = now
+        self.solo[j] = self.jdur[j][t]
         if self.first_start[j] < 0:
             self.first_start[j] = now
         self.started += 1
@@ -584,7 +674,7 @@ class Simulator:
             self._push(end, _FINISH, j, self.version[j])
         else:
             self.failing[j] = False
-            self.remaining[j] = self.jobs[j].duration
+            self.remaining[j] = self.jdur[j][t]
             self.last[j] = now
             self.speed[j] = 0.0  # forces a (re)plan in _refresh
             self.limit_end[j] = now + self.jobs[j].limit
@@ -604,6 +694,11 @@ class Simulator:
         i = bisect.bisect_left(self.ends, (self.limit_end[j], j))
         if i < len(self.ends) and self.ends[i][1] == j:
             del self.ends[i]
+        if req.share is not None:
+            g = alloc[0]
+            self.ns[g] -= 1
+            self.pu[g] = self.pu[g] - req.share[0] if self.ns[g] else 0.0
+            self.pm[g] = self.pm[g] - req.share[1] if self.ns[g] else 0.0
         for g in alloc:
             self.gjobs[g].remove(j)
             if not self.gjobs[g]:
@@ -659,7 +754,7 @@ class Simulator:
     def _reservation(self, h: int, now: float) -> tuple[float, set]:
         """EASY: earliest time (by running jobs' time limits) and GPUs at which job h fits."""
         req, S = self.cur_req[h], self.S
-        if req.gpus > 1 or req.shards >= S:
+        if req.gpus > 1 or req.shards >= S or req.share is not None:
             # whole GPUs on one node: per node, the k-th GPU to become entirely free
             k, best, best_set = req.gpus, INF, set()
             for t in req.types:
@@ -719,6 +814,7 @@ class Simulator:
         self.n_new = 0
         shadow, reserved = self.res
         memo: dict[tuple, int] = {}
+        shared_fails: dict[tuple, list] = {}
         idx, last = first, self.bf_window
         nomemo = self.S + 1
         limit = self.jlimit
@@ -730,12 +826,22 @@ class Simulator:
                 excl, key = None, (req.types, req.gpus, True)
             else:
                 excl, key = reserved, (req.types, req.gpus, False)
-            if memo.get(key, nomemo) <= req.shards:
+            sh = req.share
+            if sh is not None:
+                # a shareable job cannot fit where one no larger (util and memory) did not
+                fails = shared_fails.get(key, ())
+                if any(sh[0] >= f[0] and sh[1] >= f[1] for f in fails):
+                    idx += 1
+                    continue
+            elif memo.get(key, nomemo) <= req.shards:
                 idx += 1
                 continue
             alloc = self._place(req, excl)
             if alloc is None:
-                memo[key] = req.shards
+                if sh is not None:
+                    shared_fails.setdefault(key, []).append(sh)
+                else:
+                    memo[key] = req.shards
                 idx += 1
                 continue
             del q[idx]
@@ -756,6 +862,7 @@ class Simulator:
         self.jlimit = [j.limit for j in self.jobs]
         self.alloc: list[list[int] | None] = [None] * N
         self.start = [-1.0] * N
+        self.solo = [0.0] * N
         self.first_start = [-1.0] * N
         self.end = [-1.0] * N
         self.remaining = [0.0] * N
@@ -776,7 +883,7 @@ class Simulator:
         self.started = self.shared_starts = 0
         self.cur_util = 0.0
         self.cur_busy = 0
-        self.acc_util = self.acc_busy = 0.0
+        self.acc_util = self.acc_busy = self.w_util = self.w_busy = 0.0
         self.freed, self.last_head, self.n_new, self.res = False, -1, 0, (INF, set())
         rejected = 0
         unschedulable = 0
@@ -795,6 +902,9 @@ class Simulator:
         heapq.heapify(self.events)
         t0 = min((j.submit for j in self.jobs), default=0.0)
         self.t_last = t0
+        # the fixed window every policy is measured over: first to last submit (the arrivals)
+        last_submit = max((j.submit for j in self.jobs), default=0.0)
+        self.w_end = t0 + (self.window_s if self.window_s is not None else last_submit - t0)
         last_bf, tick_pending = -INF, False
         ev = self.events
         while ev:
@@ -825,8 +935,10 @@ class Simulator:
         done = [i for i in range(len(self.jobs)) if self.end[i] >= 0 and not self.failed[i]]
         jct = sorted(self.end[i] - self.jobs[i].submit for i in done)
         waits = [self.start[i] - self.jobs[i].submit for i in done]
-        slow = [(self.end[i] - self.start[i]) / self.jobs[i].duration for i in done
-                if not self.timed_out[i]]
+        slow = sorted((self.end[i] - self.start[i]) / self.solo[i] for i in done
+                      if not self.timed_out[i])
+        win = self.w_end - t0
+        in_win = sum(1 for i in done if self.end[i] <= self.w_end)
         t_end = max((self.end[i] for i in range(len(self.jobs)) if self.end[i] >= 0), default=t0)
         span = max(t_end - t0, 0.0)
 
@@ -850,6 +962,13 @@ class Simulator:
             "gpus_busy": self.acc_busy / span if span > 0 else 0.0,
             "gpus_busy_frac": self.acc_busy / (G * span) if span > 0 else 0.0,
             "mean_slowdown": sum(slow) / len(slow) if slow else 1.0,
+            "p50_slowdown": pct(slow, 0.5) if slow else 1.0,
+            "p95_slowdown": pct(slow, 0.95) if slow else 1.0,
+            "p99_slowdown": pct(slow, 0.99) if slow else 1.0,
+            "window_s": win,
+            "throughput_per_h": 3600.0 * in_win / win if win > 0 else 0.0,
+            "sm_busy": self.w_util / (G * win) if win > 0 else 0.0,
+            "gpus_alloc": self.w_busy / (G * win) if win > 0 else 0.0,
             "oom_failures": self.oom_failures,
             "failed_jobs": sum(self.failed),
             "timeouts": self.timeouts,

@@ -10,6 +10,8 @@ possibly ``{"set", "infinite", "number"}``). GPU use comes from the steps' TRESU
 (``steps[].tres.requested.max/average``: ``gres/gpuutil`` in percent, ``gres/gpumem`` in bytes),
 which Slurm records from 23.02 with AutoDetect=nvml; 22.05 has neither (then util/mem stay NULL
 and horus-probe is the source). Text forms (``gres/gpumem=36266M``, raw bytes) parse too.
+Neither 22.05 nor 25.11 prints ``gres_detail`` (the GPU index) in ``sacct --json``: sync takes
+it from the probe. Times of 0 or >= 4294967294 (never started, not ended) are None.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import time
 from typing import Any, Iterable
 
 from .errors import HorusError
+from .slurm_parse import gpu_types_of_node, parse_gres
 
 FINISHED = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 _UNITS = {"": None, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2, "P": 1024.0 ** 3}
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?)i?B?\s*$", re.I)
-_GRES_IDX_RE = re.compile(r"^(?:gres[:/])?(shard|gpu|mps)(?::([A-Za-z0-9_.-]+))?(?::|=)?(\d+)?"
-                          r"\(IDX:([0-9,\-]+)\)")
+# time.start / time.end of a job that never started or has not ended (NO_VAL, INFINITE as uint32)
+_UNSET_TIME = 4294967294
 STATE_ABBREV = {"CD": "COMPLETED", "F": "FAILED", "TO": "TIMEOUT", "CA": "CANCELLED",
                 "OOM": "OUT_OF_MEMORY", "NF": "NODE_FAIL", "PR": "PREEMPTED", "R": "RUNNING",
                 "PD": "PENDING", "BF": "BOOT_FAIL", "DL": "DEADLINE", "RQ": "REQUEUED",
@@ -116,20 +119,37 @@ def _state(v) -> str | None:
     return str(v).upper() if v else None
 
 
-def parse_gres_detail(details) -> tuple[str | None, int | None]:
-    """(gpu type, first GPU index) from ['shard:30(IDX:0)'] or 'gpu:a100:1(IDX:2)'."""
+def gres_placement(details) -> tuple[str | None, int | None]:
+    """(gpu type, first GPU index) of the first gpu/shard/mps item of a gres_detail list
+    (``['shard:30(IDX:0)']``, ``'gpu:a100:1(IDX:2)'``, 25.11's ``shard:23(23/100,0/100)``)."""
     if isinstance(details, str):
         details = [details]
     for d in details or []:
-        for part in str(d).split(","):
-            m = _GRES_IDX_RE.search(part.strip())
-            if m:
-                kind, typ, _count, idx = m.groups()
-                if typ and typ.isdigit():  # shard:30(IDX:0): the number is a count
-                    typ = None
-                first = re.split(r"[,\-]", idx)[0]
-                return typ, int(first) if first.isdigit() else None
+        for g in parse_gres(str(d)):
+            if g["name"] in ("gpu", "shard", "mps"):
+                return g["type"], g["idx"][0] if g["idx"] else None
     return None, None
+
+
+def _gres_counts(alloc: dict) -> tuple[dict[str, int], str | None]:
+    """({"gpu": n, "shard": m}, gpu type) from allocated TRES: a whole-GPU job counts GPUs, a
+    shared one shards, never one as the other. The untyped ``gres/gpu`` is the total where
+    Slurm lists it; else the typed ones (``gres/gpu:a100``) are summed."""
+    per: dict[str, dict[str, float]] = {}
+    gtype = None
+    for k, v in alloc.items():
+        m = re.fullmatch(r"gres/(gpu|shard)(?::([A-Za-z0-9_.-]+))?", k)
+        if m and num(v):
+            per.setdefault(m.group(1), {})[m.group(2) or ""] = num(v)
+            gtype = gtype or m.group(2)
+    counts = {name: int(d[""] if "" in d else sum(d.values())) for name, d in per.items()}
+    return counts, gtype
+
+
+def _epoch(v) -> int | None:
+    """Epoch seconds of a sacct time; None for 0 and the unset sentinels (>= 4294967294)."""
+    v = num(v)
+    return None if not v or v >= _UNSET_TIME else int(v)
 
 
 def _gpu_use(steps: list) -> dict:
@@ -158,15 +178,9 @@ def parse_job(j: dict) -> dict:
     """One sacct --json job as a flat dict (the fields sync records)."""
     t = j.get("time") or {}
     alloc = _tres_map((j.get("tres") or {}).get("allocated"))
-    shards = num(alloc.get("gres/shard"))
-    gpus = num(alloc.get("gres/gpu"))
-    gtype, gidx = parse_gres_detail(j.get("gres_detail"))
-    if gtype is None:
-        for k in alloc:  # typed TRES e.g. gres/gpu:a100 or gres/shard:a100
-            m = re.match(r"gres/(?:gpu|shard):([A-Za-z0-9_.-]+)$", k)
-            if m:
-                gtype = m.group(1)
-                break
+    counts, gtype = _gres_counts(alloc)
+    dtype, gidx = gres_placement(j.get("gres_detail"))
+    gtype = dtype or gtype
     comment = admin = j.get("comment")
     if isinstance(comment, dict):
         comment, admin = comment.get("job"), comment.get("administrator")
@@ -187,11 +201,11 @@ def parse_job(j: dict) -> dict:
         "state": _state(j.get("state")),
         "elapsed_s": _int(num(t.get("elapsed"))),
         "submit_time": _int(num(t.get("submission"))),
-        "start_time": _int(num(t.get("start"))) or None,
-        "end_time": _int(num(t.get("end"))) or None,
+        "start_time": _epoch(t.get("start")),
+        "end_time": _epoch(t.get("end")),
         "node": nodes,
-        "shards": _int(shards),
-        "gpus": _int(gpus),
+        "shards": counts.get("shard"),
+        "gpus": counts.get("gpu"),
         "cpus": _int(num(alloc.get("cpu"))),
         "gpu_type": gtype,
         "gpu_index": gidx,
@@ -224,9 +238,14 @@ def parse_sacct_json(data: str | bytes | dict) -> list[dict]:
 
 
 def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
-    """{(cluster, job id): other job ids on the same node and GPU index overlapping in time}.
+    """{(cluster, job id): other job ids on the same node and GPU overlapping in time}.
 
-    When the GPU index is unknown (sacct 22.05), jobs on the same node count as co-located."""
+    Two jobs on one node share a GPU unless both GPU indices are known and differ: by GPU index
+    where known, else by node (an unknown index may be any GPU of the node). A job holding
+    several GPUs counts as unknown (its one recorded index is only the first of them)."""
+    def index(j):
+        return None if (j.get("gpus") or 0) > 1 else j.get("gpu_index")
+
     groups: dict[tuple, list[dict]] = {}
     for j in jobs:
         if j.get("node") and j.get("start_time") is not None and j.get("end_time") is not None:
@@ -238,7 +257,7 @@ def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
         for j in js:
             active = [a for a in active if a["end_time"] > j["start_time"]]
             for a in active:
-                ia, ij = a.get("gpu_index"), j.get("gpu_index")
+                ia, ij = index(a), index(j)
                 if ia is not None and ij is not None and ia != ij:
                     continue
                 out.setdefault((j["cluster"], j["job_id"]), set()).add(a["job_id"])
@@ -257,31 +276,44 @@ def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:
 
 
 def node_gpu_types() -> dict[str, str]:
-    """{node: gpu type} from scontrol (Gres=gpu:a100:4,...); {} when unavailable."""
+    """{node: gpu type} from the nodes' Gres (gpu:a100:4,...), through the chosen backend; a
+    node with several types maps to none of them (its jobs' type is not the node's). {} when
+    Slurm cannot be asked."""
+    from . import slurm
+
     try:
-        from . import slurm
-        out = {}
-        for n in slurm.scontrol_nodes():
-            m = re.search(r"gpu:([A-Za-z0-9_.-]+):\d", str(n.get("Gres", "")))
-            if m and n.get("NodeName"):
-                out[n["NodeName"]] = m.group(1)
-        return out
-    except Exception:
+        nodes = slurm.scontrol_nodes()
+    except HorusError:
         return {}
+    out = {}
+    for n in nodes:
+        types = gpu_types_of_node(n)
+        if len(types) == 1 and n.get("NodeName"):
+            out[n["NodeName"]] = next(iter(types))
+    return out
 
 
 def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float | None = None,
          until: float | None = None, all_jobs: bool = False, node_types: dict | None = None,
          cluster: str | None = None) -> dict:
-    """Record finished jobs from sacct into the ledger, keyed by the cluster sacct reports.
-    Idempotent. Returns counts.
+    """Record finished jobs from Slurm accounting into the ledger, keyed by the cluster it
+    reports. Idempotent. Returns counts.
 
-    A job is recorded when its comment carries a hint or a workload token, when the ledger
-    already knows it (a probe measured it), or, with ``all_jobs``, when it used a GPU. Its
-    submission row holds Slurm's facts, the comment's claims and the hook's decision
-    (AdminComment); features are recomputed here (see ModelFeatures), never taken from the user.
-    A job that never used its GPU (ledger.failed_measurement) is recorded, flagged and counted.
+    Accounting is read through ``slurm.accounting_jobs`` (the chosen backend: pyslurm or sacct),
+    or parsed from ``sacct_json`` (tests, replays). A job is recorded when its comment carries a
+    hint or a workload token, when the ledger already knows it (a probe measured it), or, with
+    ``all_jobs``, when it used a GPU. Its submission row holds Slurm's facts, the comment's
+    claims and the hook's decision (AdminComment); features are recomputed here (see
+    ModelFeatures), never taken from the user. A job that never used its GPU
+    (ledger.failed_measurement) is recorded, flagged and counted.
+
+    Placement: accounting has no GPU index on 22.05 nor 25.11 (no gres_detail), so the probe's
+    (slurmd's Prolog, replayed from the spool first) is used where accounting has none; the GPU
+    type is accounting's, else the probe's, else the node's only GPU type (``node_types``).
+    The sacct usage row keeps only what accounting said: the jobs row takes the probe's index
+    and type where it is null. Co-location (see ``colocations``) uses the index where known.
     """
+    from . import slurm
     from .hint import find_hint_token, parse_hint, parse_workload
 
     now = time.time()
@@ -292,11 +324,12 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
             last = ledger.get_state("last_sync")
             since = float(last) - 300 if last else now - 86400
         until = until or now
-        sacct_json = run_sacct(since, until)
+        accounted = slurm.accounting_jobs(since, until)
         if node_types is None:
             node_types = node_gpu_types()
-    parsed = [j for j in parse_sacct_json(sacct_json) if j["state"] and
-              j["state"].split()[0] in FINISHED]
+    else:
+        accounted = parse_sacct_json(sacct_json)
+    parsed = [j for j in accounted if j["state"] and j["state"].split()[0] in FINISHED]
     if cluster:
         parsed = [j for j in parsed if j["cluster"] == cluster]
     node_types = node_types or {}
@@ -312,20 +345,26 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         subs.append(submission_of(j, hint and find_hint_token(j["comment"]), hint, claim, models))
     ledger.record_submissions(subs)
     _drop_legacy(ledger, chosen)
-    # co-location: this batch plus what the ledger already has on those nodes in that window
+    probed = _probe_placement(ledger, chosen)
+    # co-location: this batch (with the probe's GPU index where accounting has none) plus what
+    # the ledger already has on those nodes in that window
+    placed = []
+    for j in chosen:
+        idx, _ptype = probed.get((j["cluster"], j["job_id"]), (None, None))
+        placed.append({**j, "gpu_index": idx} if j["gpu_index"] is None else j)
     others = []
-    if chosen:
-        starts = [j["start_time"] for j in chosen if j["start_time"]]
-        ends = [j["end_time"] for j in chosen if j["end_time"]]
-        if starts and ends:
-            others = _ledger_jobs_on(ledger, {j["node"] for j in chosen if j["node"]},
-                                     min(starts), max(ends))
+    starts = [j["start_time"] for j in chosen if j["start_time"]]
+    ends = [j["end_time"] for j in chosen if j["end_time"]]
+    if starts and ends:
+        others = _ledger_jobs_on(ledger, {j["node"] for j in chosen if j["node"]},
+                                 min(starts), max(ends))
     seen = {(j["cluster"], j["job_id"]) for j in chosen}
-    pool = chosen + [o for o in others if (o["cluster"], o["job_id"]) not in seen]
+    pool = placed + [o for o in others if (o["cluster"], o["job_id"]) not in seen]
     co = colocations(pool)
     records = []
     for j in chosen:
-        gtype = j["gpu_type"] or node_types.get(j["node"] or "")
+        _pidx, ptype = probed.get((j["cluster"], j["job_id"]), (None, None))
+        gtype = j["gpu_type"] or (None if ptype else node_types.get(j["node"] or ""))
         records.append({"job_id": j["job_id"], "cluster": j["cluster"], "source": "sacct",
                         "util_mean": j["util_mean"], "util_max": j["util_max"],
                         "mem_peak_mib": j["mem_peak_mib"], "elapsed_s": j["elapsed_s"],
@@ -545,6 +584,26 @@ def _known_jobs(ledger, jobs: list[dict]) -> set[tuple[str, int]]:
     return found
 
 
+def _probe_placement(ledger, jobs: list[dict]) -> dict[tuple[str, int], tuple]:
+    """{(cluster, job id): (GPU index, GPU type)} from the probe's usage rows of these jobs."""
+    from sqlalchemy import select
+
+    from .ledger import tables
+
+    u = tables()["usage"]
+    by_cluster: dict[str, list[int]] = {}
+    for j in jobs:
+        by_cluster.setdefault(j["cluster"], []).append(j["job_id"])
+    out = {}
+    with ledger.engine.connect() as conn:
+        for c, ids in by_cluster.items():
+            for i in range(0, len(ids), 900):
+                for r in conn.execute(select(u.c.job_id, u.c.gpu_index, u.c.gpu_type).where(
+                        u.c.cluster == c, u.c.source == "probe", u.c.job_id.in_(ids[i:i + 900]))):
+                    out[(c, int(r.job_id))] = (r.gpu_index, r.gpu_type)
+    return out
+
+
 def _drop_legacy(ledger, jobs: list[dict]) -> None:
     """Drop the rows that hsubmit and user-run probes wrote before 0.2 under cluster "" (what
     ``sbatch --parsable`` says on a single-cluster site) for jobs now recorded under the name
@@ -571,9 +630,9 @@ def _ledger_jobs_on(ledger, nodes: set, start: int, end: int) -> list[dict]:
     if not nodes:
         return []
     j = tables()["jobs"]
-    stmt = select(j.c.cluster, j.c.job_id, j.c.node, j.c.gpu_index, j.c.start_time, j.c.end_time,
-                  j.c.colocated).where(j.c.node.in_(sorted(nodes)), j.c.start_time < end,
-                                       j.c.end_time > start)
+    stmt = select(j.c.cluster, j.c.job_id, j.c.node, j.c.gpu_index, j.c.gpus, j.c.start_time,
+                  j.c.end_time, j.c.colocated).where(
+        j.c.node.in_(sorted(nodes)), j.c.start_time < end, j.c.end_time > start)
     with ledger.engine.connect() as conn:
         return [dict(r._asdict()) for r in conn.execute(stmt)]
 

@@ -96,6 +96,18 @@ def test_gres_conf_shard_count_and_policy_shards_per_gpu(site):
     assert len([p for p in found if "gres.conf" in p.what]) == 2
 
 
+def test_type_features_must_match_the_nodes(site):
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\ntype_features = a100\n")  # t4 no longer declared: its jobs stay unpinned
+    (p,) = problems(site)
+    assert "GPU type t4" in p.what and "type_features" in p.what and "t4" in p.fix
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\ntype_features = a100, t4\n")
+    edit(site / "slurm.conf", r"Features=t4", "Features=fast")  # declared but not on the node
+    (p,) = problems(site)
+    assert "no Features=t4" in p.what and "invalid" in p.what
+
+
 def test_policy_without_features_typing_or_gpu_memory(site):
     with open(site / "horus_policy.conf", "a") as f:
         f.write("\ntype_via = gres\n")

@@ -54,6 +54,7 @@ on_bad_hint = ignore
 gpu.a100.mem_mib = 40960
 gpu.t4.mem_mib = 15360
 type_order = t4, a100
+type_features = a100, t4
 """
 
 
@@ -418,18 +419,21 @@ gpu.v100.mem_mib = 1e5
 what = ever
 this line is junk
 type_order = t4, v100, %d+
+type_features = t4, v100, T4
 """)
     d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, pol)
     assert d.rc == 0 and (d.action, d.gpu_type, d.shards) == ("shared", "t4", 26)
     warnings = " | ".join(m[1] for m in d.log)
     for key in ("shards_per_gpu", "pack_limit_pct", "exclusive_util_pct", "memory", "min_shards",
                 "on_bad_hint", "type_via", "gpu.T4.mem_mib", "gpu.v100.mem_mib", "what",
-                "unreadable line", "v100 has no"):
+                "unreadable line", "v100 has no", "type_features: bad type name",
+                "type_features: v100 has no gpu.v100.mem_mib"):
         assert key in warnings, key
 
 
 def test_type_order_defaults_to_memory_size(tmp_path):
-    pol = write_policy(tmp_path, "gpu.big.mem_mib = 81920\ngpu.small.mem_mib = 16384\n")
+    pol = write_policy(tmp_path, "gpu.big.mem_mib = 81920\ngpu.small.mem_mib = 16384\n"
+                                 "type_features = big, small\n")
     d = run({"comment": "horus:v1;big=10/1000/1000;small=10/1000/1000",
              "tres_per_node": "gres:gpu:1"}, pol)
     assert d.gpu_type == "small"
@@ -525,7 +529,7 @@ def test_packing_property(tmp_path, seed):
         f"shards_per_gpu = {S}", f"pack_limit_pct = {P}", f"exclusive_util_pct = {excl}",
         f"memory = {memkind}", "min_shards = 1",
         *(f"gpu.{t}.mem_mib = {m}" for t, m in gpus.items()),
-        "type_order = " + ", ".join(rng.sample(sorted(gpus), 3)),
+        "type_order = " + ", ".join(rng.sample(sorted(gpus), 3)), "type_features = t4, a100, x",
     ]))
     rt = HookRuntime(HOOK)
     placed: dict[str, list[tuple[int, Fraction, Fraction]]] = {t: [] for t in gpus}

@@ -37,6 +37,7 @@ on_bad_hint = ignore
 gpu.a100.mem_mib = 40960
 gpu.t4.mem_mib = 15360
 type_order = t4, a100
+type_features = a100, t4
 """
 
 

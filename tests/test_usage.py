@@ -1,4 +1,4 @@
-"""Actual use from sacct --json: 22.05 (recorded), 23.02 and 25.11 (hand-made) layouts; sync."""
+"""Actual use from sacct --json: 22.05 and 25.11 (recorded), 23.02 (hand-made) layouts; sync."""
 
 import json
 import os
@@ -12,13 +12,15 @@ import pytest
 
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
-from slurm_horus.usage import (colocations, gpu_use_from_tres_strings, parse_gres_detail,
-                               parse_sacct_json, run_sacct, size_mib, sync)
+from slurm_horus.usage import (colocations, gpu_use_from_tres_strings, gres_placement,
+                               parse_sacct_json, size_mib, sync)
 
 FIX = Path(__file__).parent / "fixtures"
 F2302 = FIX / "sacct" / "sacct_23.02_v0.0.39.json"
-F2511 = FIX / "sacct" / "sacct_25.11_v0.0.44.json"
 F2205 = FIX / "slurm" / "sacct_json_finished_shard.stdout"
+F2511 = FIX / "slurm-25.11" / "sacct_json_finished.stdout"  # recorded: the shard and 2-GPU jobs
+IDS2511 = json.loads((FIX / "slurm-25.11" / "index.json").read_text())["job_ids"]
+SHARD_JOB, GPU_JOB = IDS2511["finished_shard_job"], IDS2511["finished_gpu_job"]
 
 
 def test_sizes_and_tres_strings():
@@ -36,11 +38,16 @@ def test_sizes_and_tres_strings():
     assert u["mem_peak_mib"] == pytest.approx(38888.0, abs=1)
 
 
-def test_gres_detail():
-    assert parse_gres_detail(["shard:30(IDX:0)"]) == (None, 0)
-    assert parse_gres_detail(["gpu:a100:1(IDX:2)"]) == ("a100", 2)
-    assert parse_gres_detail("shard:a100:25(IDX:3)") == ("a100", 3)
-    assert parse_gres_detail([]) == (None, None)
+def test_gres_placement():
+    assert gres_placement(["shard:30(IDX:0)"]) == (None, 0)
+    assert gres_placement(["gpu:a100:1(IDX:2)"]) == ("a100", 2)
+    assert gres_placement("shard:a100:25(IDX:3)") == ("a100", 3)
+    assert gres_placement(["gpu:a100:2(IDX:1-2)"]) == ("a100", 1)
+    # 25.11 prints a shard job's per-GPU counts: the index is the GPU it holds shards of
+    assert gres_placement(["shard:23(23/100,0/100)"]) == (None, 0)
+    assert gres_placement(["shard:66(0/100,66/100)"]) == (None, 1)
+    assert gres_placement(["license:2", "gpu:t4:1(IDX:1)"]) == ("t4", 1)
+    assert gres_placement([]) == (None, None) and gres_placement(None) == (None, None)
 
 
 def test_parse_2205_recorded():
@@ -58,12 +65,41 @@ def test_parse_2302_gpu_tres():
     assert jobs[103]["state"] == "FAILED" and jobs[103]["gpu_index"] is None
 
 
-def test_parse_2511_gpu_tres_and_index():
+def test_parse_2511_recorded():
+    """Real 25.11 sacct --json: no gres_detail (no index, no type), comments under comment.*,
+    a whole-GPU job counted in GPUs and a shard job in shards, never one for the other."""
     jobs = {j["job_id"]: j for j in parse_sacct_json(F2511.read_text())}
-    assert jobs[201]["state"] == "COMPLETED" and jobs[201]["gpu_index"] == 1
-    assert jobs[201]["util_mean"] == 81 and jobs[201]["mem_peak_mib"] == 20480
-    assert jobs[202]["mem_peak_mib"] == 9216 and jobs[203]["gpu_index"] == 0
-    assert jobs[202]["comment"].endswith("horus:v1;h100-sxm=30.0/10000/12000")
+    assert set(jobs) == {SHARD_JOB, GPU_JOB}
+    s, g = jobs[SHARD_JOB], jobs[GPU_JOB]
+    assert (s["shards"], s["gpus"], g["gpus"], g["shards"]) == (23, None, 2, None)
+    assert s["node"] == "gpu-t4" and g["node"] == "gpu-a100" and s["cluster"] == "horus"
+    assert s["gpu_index"] is None and s["gpu_type"] is None and s["state"] == "COMPLETED"
+    assert s["comment"].endswith("horus:v1;a100=20/2000/2500;t4=20/2000/2500")
+    assert s["admin_comment"].startswith("horus: shared any shards=23/100")
+    assert g["admin_comment"] is None and g["comment"] == "fixture-gpu-done"
+    assert s["end_time"] - s["start_time"] == 2 and s["cpus"] == 1 and s["user"] == "root"
+
+
+def _recorded(job_id: int) -> dict:
+    """A copy of one recorded 25.11 job (sacct --json layout)."""
+    (j,) = [j for j in json.loads(F2511.read_text())["jobs"] if j["job_id"] == job_id]
+    return j
+
+
+def test_unset_times_and_typed_tres():
+    """A job that never started carries start = 4294967294 (and end may be INFINITE): None,
+    never a time in 2106; typed-only TRES give the count and the type."""
+    j = _recorded(SHARD_JOB)
+    j["time"]["start"], j["time"]["end"] = 4294967294, {"set": True, "infinite": False,
+                                                        "number": 4294967295}
+    j["state"]["current"] = ["CANCELLED"]
+    g = _recorded(GPU_JOB)
+    g["tres"]["allocated"] = [t for t in g["tres"]["allocated"] if t["type"] != "gres"] + [
+        {"type": "gres", "name": "gpu:a100", "id": 1005, "count": 2}]
+    jobs = {x["job_id"]: x for x in parse_sacct_json({"jobs": [j, g]})}
+    assert jobs[SHARD_JOB]["start_time"] is None and jobs[SHARD_JOB]["end_time"] is None
+    assert (jobs[GPU_JOB]["gpus"], jobs[GPU_JOB]["shards"], jobs[GPU_JOB]["gpu_type"]) == \
+        (2, None, "a100")
 
 
 def test_colocations_respect_gpu_index():
@@ -75,19 +111,63 @@ def test_colocations_respect_gpu_index():
     assert co == {("c", 1): {2}, ("c", 2): {1}}
 
 
-def test_sync_fixture_2511_all_and_idempotent(tmp_path):
+def test_colocations_multi_gpu_job_counts_by_node():
+    """A 2-GPU job's one recorded index is only its first GPU: it is compared by node."""
+    js = [{"cluster": "c", "job_id": 1, "node": "n", "gpu_index": 0, "gpus": 2, "start_time": 0,
+           "end_time": 10},
+          {"cluster": "c", "job_id": 2, "node": "n", "gpu_index": 1, "start_time": 5,
+           "end_time": 9}]
+    assert colocations(js) == {("c", 1): {2}, ("c", 2): {1}}
+
+
+def test_sync_recorded_2511_all_and_idempotent(tmp_path):
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
-    res = sync(L, sacct_json=F2511.read_text(), all_jobs=True)
-    # 201 and 202 carry hints (claims); 203 has no hint but used shards (--all)
-    assert res["recorded"] == 3 and res["claims"] == 2 and res["features"] == 0
-    again = sync(L, sacct_json=F2511.read_text(), all_jobs=True)
-    assert again["recorded"] == 3
-    assert L.count("usage") == 3 and L.count("jobs") == 3
+    types = {"gpu-a100": "a100", "gpu-t4": "t4"}
+    res = sync(L, sacct_json=F2511.read_text(), node_types=types)
+    assert res["recorded"] == 1 and res["claims"] == 1  # only the shard job carries a hint
+    res = sync(L, sacct_json=F2511.read_text(), all_jobs=True, node_types=types)
+    assert res["recorded"] == 2 and L.count("usage") == 2 and L.count("jobs") == 2
     jobs = {j["job_id"]: j for j in L.jobs()}
-    assert jobs[201]["gpu_type"] == "h100-sxm" and jobs[201]["pred_util_pct"] == 75.0
-    assert jobs[201]["act_util_pct"] == 81 and jobs[201]["act_mem_mib"] == 20480
-    assert jobs[201]["colocated"] == "202" and jobs[202]["colocated"] == "201"
-    assert jobs[203]["colocated"] is None  # other GPU (IDX:0)
+    s, g = jobs[SHARD_JOB], jobs[GPU_JOB]
+    assert (s["shards"], s["gpus"], g["gpus"], g["shards"]) == (23, None, 2, None)
+    assert s["gpu_type"] == "t4" and s["pred_util_pct"] == 20 and s["predictor"] == "hint"
+    assert g["gpu_type"] == "a100" and g["state"] == "COMPLETED"
+    assert s["colocated"] is None and g["colocated"] is None  # other nodes
+    assert s["gpu_index"] is None  # accounting has none, and no probe ran
+
+
+def test_sync_takes_gpu_index_and_type_from_the_probe(tmp_path):
+    """25.11 accounting has no GPU index: the probe's (same cluster and job id) reaches the
+    jobs row, its GPU type beats the node's, and co-location goes by that index."""
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    base = _recorded(SHARD_JOB)
+    jobs = []
+    for jid, start in ((501, 1000), (502, 1010), (503, 1010), (504, 1010)):
+        j = json.loads(json.dumps(base))
+        j["job_id"], j["time"]["start"], j["time"]["end"] = jid, start, start + 100
+        jobs.append(j)
+    # 501 and 502 on GPU 1, 503 on GPU 0; 504 has no probe row (index unknown: by node)
+    for jid, idx in ((501, 1), (502, 1), (503, 0)):
+        L.record_usage(job_id=jid, cluster="horus", source="probe", util_mean=30.0,
+                       mem_peak_mib=2000, node="gpu-t4", gpu_index=idx, gpu_type="t4")
+    res = sync(L, sacct_json={"jobs": jobs}, node_types={"gpu-t4": "not-this"})
+    assert res["recorded"] == 4
+    rows = {j["job_id"]: j for j in L.jobs()}
+    assert [rows[k]["gpu_index"] for k in (501, 502, 503, 504)] == [1, 1, 0, None]
+    assert [rows[k]["gpu_type"] for k in (501, 502, 503, 504)] == ["t4", "t4", "t4", "not-this"]
+    assert rows[501]["sources"] == "sacct,probe" and rows[501]["shards"] == 23
+    assert rows[501]["colocated"] == "502,504" and rows[502]["colocated"] == "501,504"
+    assert rows[503]["colocated"] == "504" and rows[504]["colocated"] == "501,502,503"
+    # the sacct rows keep only what accounting said
+    from sqlalchemy import select
+
+    from slurm_horus.ledger import tables
+
+    u = tables()["usage"]
+    with L.engine.connect() as conn:
+        got = conn.execute(select(u.c.gpu_index, u.c.gpu_type).where(
+            u.c.source == "sacct", u.c.job_id == 501)).one()
+    assert tuple(got) == (None, None)
 
 
 def test_sync_by_default_jobs_with_claims_or_known(tmp_path):
@@ -339,45 +419,56 @@ def _cluster_ok() -> bool:
 @pytest.mark.cluster
 def test_sync_from_real_cluster(tmp_path):
     """Jobs sbatch'ed with a hint (no hsubmit, nothing written beforehand) are recorded under the
-    cluster name sacct reports, once however often sync runs."""
+    cluster name accounting reports (read through the chosen backend), once however often sync
+    runs; a whole-GPU job is counted in GPUs, a packed one in shards."""
+    from slurm_horus import slurm
+
     if not _cluster_ok():
         pytest.skip("SLURM_CONF unset or the local cluster is down (tests/cluster/up)")
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
     ids = []
     try:
-        for util in (10, 15):
+        for comment in ("horus:v1;a100=10/500/600", "horus:v1;a100=15/500/600", "whole"):
             out = subprocess.run(["sbatch", "--parsable", "--gres=gpu:1", "-p", "a100",
-                                  f"--comment=horus:v1;a100={util}/500/600",
+                                  f"--comment={comment}",
                                   "-o", str(tmp_path / "out-%j"), "--wrap", "sleep 1"],
                                  cwd=tmp_path, capture_output=True, text=True, timeout=30, check=True)
             ids.append(int(out.stdout.strip().split(";")[0]))
-        # Wait until both jobs appear finished in a time-window query, which is what sync runs:
+        # Wait until the jobs appear finished in a time-window query, which is what sync runs:
         # slurmdbd fills in a short job's start a moment after `sacct -j` already says COMPLETED.
         deadline = time.time() + 90
         while time.time() < deadline:
-            seen = [j for j in parse_sacct_json(run_sacct(time.time() - 3600, time.time()))
-                    if j["job_id"] in ids and j["state"] == "COMPLETED"]
-            if len(seen) == 2:
+            seen = [j for j in slurm.accounting_jobs(time.time() - 3600, time.time())
+                    if j["job_id"] in ids and j["state"] == "COMPLETED" and j["end_time"]]
+            if len(seen) == 3:
                 break
             time.sleep(1)
         else:
-            pytest.fail(f"jobs {ids} did not show up finished in sacct")
+            pytest.fail(f"jobs {ids} did not show up finished in accounting")
     finally:
         subprocess.run(["scancel", *map(str, ids)], capture_output=True)
     conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
     cluster = re.search(r"^ClusterName\s*=\s*(\S+)", conf, re.M).group(1)
     assert seen[0]["cluster"] == cluster  # never "" (what sbatch --parsable says)
+    hinted, whole = ids[:2], ids[2]
     res = sync(L, since=time.time() - 3600)
     assert res["recorded"] >= 2
     jobs = {j["job_id"]: j for j in L.jobs(job_ids=ids)}
-    assert {jobs[i]["pred_util_pct"] for i in ids} == {10, 15}
-    assert all(jobs[i]["cluster"] == cluster and jobs[i]["shards"] and jobs[i]["gpus"] is None
-               for i in ids)
-    assert all(jobs[i]["state"] == "COMPLETED" and jobs[i]["node"] == "gpu-a100" for i in ids)
-    assert all(jobs[i]["gpu_type"] == "a100" for i in ids)
+    assert whole not in jobs  # no claim, not known: only with --all
+    assert {jobs[i]["pred_util_pct"] for i in hinted} == {10, 15}
+    for i in hinted:  # packed into shards, or (hook left it alone) one whole GPU: never both
+        shared = L.submission(cluster, i)["policy_decision"].startswith("horus: shared")
+        assert jobs[i]["cluster"] == cluster
+        assert (jobs[i]["shards"], jobs[i]["gpus"]) == ((jobs[i]["shards"] or -1, None) if shared
+                                                        else (None, 1)), jobs[i]
+    assert all(jobs[i]["state"] == "COMPLETED" and jobs[i]["node"] == "gpu-a100" for i in hinted)
+    assert all(jobs[i]["gpu_type"] == "a100" for i in hinted)
     assert L.get_state("last_sync") is not None
     sync(L, since=time.time() - 3600, all_jobs=True)
-    assert len(L.jobs(job_ids=ids)) == 2 and L.count("jobs") == L.count("submissions")
+    jobs = {j["job_id"]: j for j in L.jobs(job_ids=ids)}
+    assert len(jobs) == 3 and L.count("jobs") == L.count("submissions")
+    w = jobs[whole]
+    assert (w["gpus"], w["shards"], w["gpu_type"]) == (1, None, "a100")
 
 
 def test_sync_flags_failed_measurements_and_keeps_p95_p99(tmp_path):
