@@ -7,7 +7,7 @@ real_models_memory.csv in ../shared/datasets/gpumemnet (or $HORUS_GPUMEMNET_DIR)
 graphs come from benchmarks/timm_graphs.py's cache. Skips (exit 0) saying why when either is
 absent.
 
-Clean rows (`clean_rows`): a row at or above 39,500 MiB ran out of memory at the card's limit
+Clean rows (`gpumemnet.clean_timm_rows`): a row at or above 39,500 MiB ran out of memory at the card's limit
 (40,960 MiB), and a row below the same model's peak at a smaller batch (among the rows kept) is an
 unstable run; both are dropped before anything is fitted or scored.
 
@@ -22,7 +22,6 @@ nothing fitted) on the same rows, for the before/after table.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -35,12 +34,11 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA_DIR = Path(os.environ.get("HORUS_GPUMEMNET_DIR") or ROOT.parent / "shared" / "datasets"
-                / "gpumemnet")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpumemnet as gm  # noqa: E402
 CACHE = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slurm-horus"
          / "timm-onnx")
 GPU = "a100-40gb"
-OOM_MIB = 39_500
 # The memory constants the fit may move, each within a physically plausible range.
 FIT_BOUNDS = {
     "context_mib": (300.0, 2500.0),       # context + libraries beyond the stack reservation
@@ -50,21 +48,6 @@ FIT_BOUNDS = {
 }
 SEQ = {"BERT_base": 512, "BERT_large": 512, "xlnet_base": 512, "xlnet_large": 512,
        "gpt2_large": 1024, "gpt2_xl": 1024}
-
-
-def clean_rows(rows: list[dict]) -> list[dict]:
-    """Drop out-of-memory rows (>= OOM_MIB) and rows below the same model's peak at a smaller
-    batch among the rows kept (unstable runs: memory cannot shrink as the batch grows)."""
-    by_model: dict[str, list[dict]] = {}
-    for r in rows:
-        if r["peak_mib"] < OOM_MIB:
-            by_model.setdefault(r["model"], []).append(r)
-    kept = []
-    for runs in by_model.values():
-        runs.sort(key=lambda r: r["batch_size"])
-        kept += [r for i, r in enumerate(runs)
-                 if not any(r["peak_mib"] < s["peak_mib"] for s in runs[:i])]
-    return kept
 
 
 def family_folds(families: dict[str, str], rows: list[dict], k: int) -> dict[str, int]:
@@ -79,14 +62,6 @@ def family_folds(families: dict[str, str], rows: list[dict], k: int) -> dict[str
         fold_of[f] = i
         sizes[i] += count[f]
     return fold_of
-
-
-def _timm_rows() -> list[dict]:
-    with open(DATA_DIR / "timm_training_memory.csv", newline="") as f:
-        return [{"model": r["model"], "batch_size": int(r["batch_size"]),
-                 "peak_mib": float(r["peak_mib"]),
-                 "faketensor_mib": float(r["faketensor_mib"]) if r["faketensor_mib"] else None}
-                for r in csv.DictReader(f)]
 
 
 def _features(args: tuple[str, list[int]]) -> dict[int, dict]:
@@ -173,23 +148,19 @@ def _named_runs(params) -> tuple[list[float], list[bool], list[str]]:
     zoo = {e.get("gpumemnet_name"): e
            for e in json.loads((ROOT / "tests" / "data" / "zoo.json").read_text())}
     est = ColdStartEstimator(params) if params is not None else ColdStartEstimator()
-    errs, cov, lines, name = [], [], [], None
-    with open(DATA_DIR / "real_models_memory.csv", newline="") as f:
-        for r in csv.reader(f):
-            if not r or r[1] == "batch_size":
-                continue
-            name = r[0] or name
-            batch, actual = int(r[1]), float(r[2])
-            entry = zoo[name]
-            dims = dict(entry["dims"], batch=batch)
-            if "seq" in dims:
-                dims["seq"] = SEQ.get(name, dims["seq"])
-            report = extract_features(ROOT / "tests" / "data" / entry["file"], dims=dims)
-            pred = est.predict(report, get_gpu(GPU), Workload(batch_size=batch))
-            errs.append(abs(pred.mem_mib - actual) / actual)
-            cov.append(actual <= pred.mem_mib_p90)
-            lines.append(f"| {name} | {batch} | {actual:,.0f} | {pred.mem_mib:,.0f} | "
-                         f"{100 * (pred.mem_mib - actual) / actual:+.1f} % |")
+    errs, cov, lines = [], [], []
+    for r in gm.real_model_rows():
+        name, batch, actual = r["name"], r["batch_size"], r["mem_mib"]
+        entry = zoo[name]
+        dims = dict(entry["dims"], batch=batch)
+        if "seq" in dims:
+            dims["seq"] = SEQ.get(name, dims["seq"])
+        report = extract_features(ROOT / "tests" / "data" / entry["file"], dims=dims)
+        pred = est.predict(report, get_gpu(GPU), Workload(batch_size=batch))
+        errs.append(abs(pred.mem_mib - actual) / actual)
+        cov.append(actual <= pred.mem_mib_p90)
+        lines.append(f"| {name} | {batch} | {actual:,.0f} | {pred.mem_mib:,.0f} | "
+                     f"{100 * (pred.mem_mib - actual) / actual:+.1f} % |")
     return errs, cov, lines
 
 
@@ -200,16 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rev", help="also score this commit's code (e.g. c815c1d), unfitted")
     ap.add_argument("--no-fit", action="store_true", help=argparse.SUPPRESS)  # --rev's child
     args = ap.parse_args(argv)
-    if not (DATA_DIR / "timm_training_memory.csv").exists():
-        print(f"skipped: {DATA_DIR}/timm_training_memory.csv not found (not part of the project)")
+    if gm.data_dir() is None or not (gm.data_dir() / gm.TIMM_CSV).exists():
+        print("skipped: the GPUMemNet data (../shared/datasets/gpumemnet) is not here; it is not "
+              "part of the project")
         return 0
     meta_path = args.cache_dir / "models.json"
     if not meta_path.exists():
         print(f"skipped: no timm graphs in {args.cache_dir}; run benchmarks/timm_graphs.py first")
         return 0
     meta = json.loads(meta_path.read_text())
-    all_rows = _timm_rows()
-    rows = [r for r in clean_rows(all_rows) if r["model"] in meta]
+    all_rows = gm.timm_rows()
+    rows = [r for r in gm.clean_timm_rows(all_rows) if r["model"] in meta]
     batches: dict[str, list[int]] = {}
     for r in rows:
         batches.setdefault(r["model"], []).append(r["batch_size"])
@@ -220,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in rows if r["model"] not in broken]
     families = {m: meta[m]["family"] for m in batches}
     n_models = len({r["model"] for r in rows})
-    print(f"timm: {len(all_rows)} rows, {len(clean_rows(all_rows))} clean; scored {len(rows)} "
+    print(f"timm: {len(all_rows)} rows, {len(gm.clean_timm_rows(all_rows))} clean; scored {len(rows)} "
           f"clean rows of {n_models} models with a graph ({len(broken)} graphs unreadable"
           f"{': ' + ', '.join(sorted(broken)) if broken else ''}).")
 
@@ -260,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in [*FIT_BOUNDS, "p90_factor"]:
         print(f"  {n} = {getattr(final, n):.3f}   (shipped: {getattr(shipped, n)})")
 
-    print(f"\n| cold start, peak memory | rows | median abs. rel. error | p90 | p90 bound covers |")
+    print("\n| cold start, peak memory | rows | median abs. rel. error | p90 | p90 bound covers |")
     print("|---|---|---|---|---|")
     if args.rev:
         before = _score_rev(args.rev, args.cache_dir)

@@ -11,16 +11,15 @@ on the same GPU type (site offsets, and family evidence where said). Every run i
 40 GB class GPU, PyTorch, fp32, Adam (see the data set's README). Prints Markdown tables; skips
 (exit 0) when the data is absent.
 
-timm clean-row rule (the README's): a run at >= 39,500 MiB ran out of memory, and a run below
-the same model's peak at a smaller batch size is unstable; both are left out of history and
-scoring. timm graphs are not built here (no torch), so the timm part scores the history alone:
+timm clean-row rule (the README's, gpumemnet.clean_timm_rows): a run at >= 39,500 MiB ran out
+of memory, and a run below the same model's peak at a smaller batch size is unstable; both are
+left out of history and scoring. timm graphs are not built here (no torch), so the timm part scores the history alone:
 a line through the two nearest measured batch sizes.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import importlib.util
 import json
@@ -45,8 +44,6 @@ from slurm_horus.gpus import get_gpu  # noqa: E402
 from slurm_horus.history import HistoryPredictor, dims_key  # noqa: E402
 
 GPU = get_gpu(ba.GPU)
-TIMM_CSV = "timm_training_memory.csv"
-OOM_MIB = 39_500
 
 
 def _row(name, err_mem, err_util=None):
@@ -71,19 +68,10 @@ def _run(sha, bs, mem, util=None, cold_mem=None, cold_util=None, family=None, di
 # --------------------------------------------------------------------------- timm (warm)
 
 def timm_clean() -> dict[str, dict[int, float]]:
-    """model -> {batch: peak MiB} on the clean rows (rule in the module docstring)."""
-    by: dict[str, dict[int, float]] = defaultdict(dict)
-    with open(gm.data_dir() / TIMM_CSV, newline="") as f:
-        for r in csv.DictReader(f):
-            by[r["model"]][int(r["batch_size"])] = float(r["peak_mib"])
-    clean = {}
-    for model, runs in by.items():
-        kept, peak = {}, 0.0
-        for b in sorted(runs):
-            if runs[b] >= OOM_MIB or runs[b] < peak:
-                continue
-            peak = kept[b] = runs[b]
-        clean[model] = kept
+    """model -> {batch: peak MiB} on the clean rows (gpumemnet.clean_timm_rows)."""
+    clean: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in gm.clean_timm_rows(gm.timm_rows()):
+        clean[r["model"]][r["batch_size"]] = r["peak_mib"]
     return clean
 
 
@@ -208,10 +196,10 @@ def main() -> int:
         return 0
     parts = args.part or ["timm", "real", "mlp"]
     if "timm" in parts:
-        if (gm.data_dir() / TIMM_CSV).is_file():
+        if (gm.data_dir() / gm.TIMM_CSV).is_file():
             timm_warm()
         else:
-            print(f"timm part skipped: {TIMM_CSV} not in {gm.data_dir()}")
+            print(f"timm part skipped: {gm.TIMM_CSV} not in {gm.data_dir()}")
     if "real" in parts:
         real()
     if "mlp" in parts:

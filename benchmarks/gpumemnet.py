@@ -35,6 +35,8 @@ ENV_VAR = "HORUS_GPUMEMNET_DIR"
 DEFAULT_DIR = REPO_ROOT.parent / "shared" / "datasets" / "gpumemnet"
 MLP_CSV = "mlp_training_runs.csv"
 REAL_CSV = "real_models_memory.csv"
+TIMM_CSV = "timm_training_memory.csv"
+TIMM_OOM_MIB = 39_500  # at the 40 GB card's limit: the run ran out of memory
 BUILDER_VERSION = 1
 OPSET = 20
 WEIGHTS_FILE = "weights.bin"  # external-data location named by the graphs, never created
@@ -419,6 +421,33 @@ def real_model_rows() -> list[dict]:
                         "faketensor": _number(raw["FakeTensor"]),
                         "horus": _number(raw["Horus"])})
     return out
+
+
+# --------------------------------------------------------------------------- timm runs
+
+def timm_rows() -> list[dict]:
+    """timm_training_memory.csv as dicts: model, batch_size, peak_mib, faketensor_mib (or None)."""
+    with open(_csv_path(TIMM_CSV), newline="") as f:
+        return [{"model": r["model"], "batch_size": int(r["batch_size"]),
+                 "peak_mib": float(r["peak_mib"]),
+                 "faketensor_mib": float(r["faketensor_mib"]) if r["faketensor_mib"] else None}
+                for r in csv.DictReader(f)]
+
+
+def clean_timm_rows(rows: list[dict]) -> list[dict]:
+    """The clean-row rule (the data set's README): drop out-of-memory rows (>= TIMM_OOM_MIB),
+    then rows below the same model's peak at a smaller batch among the rows kept (unstable
+    runs: memory cannot shrink as the batch grows)."""
+    by_model: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["peak_mib"] < TIMM_OOM_MIB:
+            by_model.setdefault(r["model"], []).append(r)
+    kept = []
+    for runs in by_model.values():
+        runs.sort(key=lambda r: r["batch_size"])
+        kept += [r for i, r in enumerate(runs)
+                 if not any(r["peak_mib"] < s["peak_mib"] for s in runs[:i])]
+    return kept
 
 
 # --------------------------------------------------------------------------- CLI

@@ -34,7 +34,7 @@ class SlurmConf:
 
 
 def read_slurm_conf(path: Path) -> SlurmConf:
-    from .simulate import _conf_lines
+    from .slurm_parse import parse_conf_lines
 
     try:
         text = path.read_text()
@@ -43,7 +43,7 @@ def read_slurm_conf(path: Path) -> SlurmConf:
     settings: dict[str, str] = {}
     nodes: list[dict[str, str]] = []
     defaults: dict[str, str] = {}
-    for rec in _conf_lines(text):
+    for rec in parse_conf_lines(text):
         if "nodename" in rec:
             if rec["nodename"].upper() == "DEFAULT":
                 defaults.update({k: v for k, v in rec.items() if k != "nodename"})
@@ -130,12 +130,12 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
                 gpu_mem_types: set[str], declared: set[str]) -> list[Problem]:
     """GPU node lines against the policy: shard counts, typing (the node features the policy
     declares in type_features must exist), the policy's GPU memory table."""
-    from .simulate import _conf_lines
+    from .slurm_parse import parse_conf_lines
     from .slurm_parse import parse_gres
 
     out = []
     shard_lines: dict[str, int] = {}
-    for rec in _conf_lines(gres_conf or ""):
+    for rec in parse_conf_lines(gres_conf or ""):
         if rec.get("name") == "shard" and rec.get("count") and "file" not in rec:
             for host in _hosts(rec.get("nodename")):
                 if rec["count"].isdigit():
@@ -184,7 +184,7 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
 
 
 def _hosts(expr: str | None) -> list[str]:
-    from .simulate import expand_hostlist
+    from .slurm_parse import expand_hostlist
 
     return expand_hostlist(expr) if expr else []
 

@@ -15,9 +15,9 @@ last point the speed stays constant.  A job alone on its GPU always runs at spee
 The spread: the curve gives the MEDIAN loss of a pair with that summed utilization; each job
 carries a sensitivity k (lognormal, mean 1, drawn per job by the trace generator), and its loss is
 k x the median loss, floored at the worst case (1/3.2).  Two jobs with the same summed util thus
-slow each other differently, and a pair's outcome depends on who is in it.  With the generator's
-sigma the pair speeds over Lucid's mix of sums have p10 about 0.78 (Lucid: 0.78; see
-tests/test_sim_interference.py).
+slow each other differently, and a pair's outcome depends on who is in it.  Over Lucid's mix of
+sums the pair speeds have p10 0.81 (Lucid: 0.78) and reach the 1/3.2 floor (Lucid's minimum:
+0.44); p10 hardly moves with the sensitivity sigma, because a third of Lucid's pairs lose nothing.
 
 Beyond pairs (a stated assumption, no group measurement exists): k >= 3 jobs use the same curve
 at their summed utilization, and each job beyond the second multiplies every job's speed by

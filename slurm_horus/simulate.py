@@ -44,7 +44,7 @@ from .sim_traces import SimJob
 
 __all__ = [
     "POLICIES", "NodeSpec", "ClusterSpec", "homogeneous_cluster", "cluster_from_json",
-    "cluster_from_slurm_conf", "expand_hostlist", "Request", "HorusDecider", "build_requests",
+    "cluster_from_slurm_conf", "Request", "HorusDecider", "build_requests",
     "Simulator", "simulate", "run_policies", "write_png",
 ]
 
@@ -151,63 +151,14 @@ def cluster_from_json(text: str) -> ClusterSpec:
     return ClusterSpec(tuple(nodes))
 
 
-def expand_hostlist(expr: str) -> list[str]:
-    """Slurm hostlist: ``gpu[01-03,07],login1`` -> gpu01 gpu02 gpu03 gpu07 login1."""
-    items, depth, cur = [], 0, ""
-    for ch in expr:
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    items.append(cur)
-    out: list[str] = []
-    for item in (i.strip() for i in items):
-        if not item:
-            continue
-        m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", item)
-        if not m:
-            out.append(item)
-            continue
-        head, ranges, tail = m.groups()
-        for part in ranges.split(","):
-            a, sep, b = part.partition("-")
-            if not a.isdigit() or (sep and not b.isdigit()):
-                raise HorusError(f"hostlist: cannot read '{item}'")
-            lo, hi = int(a), int(b) if sep else int(a)
-            if hi < lo or hi - lo > 100000:
-                raise HorusError(f"hostlist: bad range in '{item}'")
-            for k in range(lo, hi + 1):
-                out.extend(expand_hostlist(f"{head}{str(k).zfill(len(a))}{tail}"))
-    return out
-
-
-def _conf_lines(text: str) -> list[dict[str, str]]:
-    recs = []
-    for line in text.replace("\\\n", " ").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        rec = {}
-        for tok in line.split():
-            k, sep, v = tok.partition("=")
-            if sep:
-                rec[k.lower()] = v
-        if rec:
-            recs.append(rec)
-    return recs
-
-
 def cluster_from_slurm_conf(text: str, gres_conf: str | None = None) -> ClusterSpec:
     """Nodes with GPUs of a slurm.conf (``NodeName=... Gres=gpu:a100:4,shard:400``).  Untyped
     ``gpu:N`` takes its type from gres.conf (``Name=gpu Type=a100``) when given."""
-    from .slurm_parse import parse_gres
+    from .slurm_parse import expand_hostlist, parse_conf_lines, parse_gres
 
     gres_types: dict[str, str] = {}
     default_type = None
-    for rec in _conf_lines(gres_conf or ""):
+    for rec in parse_conf_lines(gres_conf or ""):
         if rec.get("name") == "gpu" and rec.get("type"):
             t = rec["type"].lower()
             if "nodename" in rec:
@@ -217,7 +168,7 @@ def cluster_from_slurm_conf(text: str, gres_conf: str | None = None) -> ClusterS
                 default_type = t
     defaults: dict[str, str] = {}
     nodes = []
-    for rec in _conf_lines(text):
+    for rec in parse_conf_lines(text):
         if "nodename" not in rec:
             continue
         if rec["nodename"].upper() == "DEFAULT":

@@ -23,11 +23,14 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from .errors import HorusError
+
 __all__ = [
     "SBATCH_LONG_OPTS", "SBATCH_SHORT_OPTS", "HORUS_OPTS", "SplitArgs", "resolve_long",
     "split_args", "parse_sbatch_tokens", "script_directives", "last_value",
     "parse_scontrol_records", "parse_gres", "gpu_types_of_node", "partition_gpu_types",
-    "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config", "parse_pipe_table",
+    "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config",
+    "expand_hostlist", "parse_conf_lines", "parse_pipe_table",
     "job_gpus_on_node", "parse_listpids", "job_state",
     "sinfo_json_nodes", "squeue_json_jobs", "gres_to_tres", "gpus_to_tres",
 ]
@@ -558,38 +561,10 @@ def squeue_json_jobs(text: str) -> list[dict]:
 
 def _hostlist_has(expr: str | None, node: str) -> bool:
     """Whether a Slurm hostlist (``gpu-a100``, ``gpu[01-03,07],login1``) names ``node``."""
-    if not expr:
+    try:
+        return bool(expr) and node in expand_hostlist(expr)
+    except HorusError:
         return False
-    items, depth, cur = [], 0, ""
-    for ch in expr:
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    items.append(cur)
-    for item in (i.strip() for i in items):
-        m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", item)
-        if not m:
-            if item == node:
-                return True
-            continue
-        head, ranges, tail = m.groups()
-        if not (node.startswith(head) and node.endswith(tail)):
-            continue
-        mid = node[len(head):len(node) - len(tail)] if tail else node[len(head):]
-        if not mid.isdigit():
-            continue
-        for part in ranges.split(","):
-            a, sep, b = part.partition("-")
-            if not a.isdigit() or (sep and not b.isdigit()):
-                continue
-            lo, hi = int(a), int(b) if sep else int(a)
-            if lo <= int(mid) <= hi and (len(mid) == len(a) or not a.startswith("0")):
-                return True
-    return False
 
 
 def job_gpus_on_node(job: dict, node: str | None) -> dict | None:
@@ -655,3 +630,56 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
         if sep and key.strip() and " " not in key.strip():
             out[key.strip()] = value.strip()
     return out
+
+
+# --------------------------------------------------------------------------- slurm.conf
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Slurm hostlist: ``gpu[01-03,07],login1`` -> gpu01 gpu02 gpu03 gpu07 login1."""
+    items, depth, cur = [], 0, ""
+    for ch in expr:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    out: list[str] = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", item)
+        if not m:
+            out.append(item)
+            continue
+        head, ranges, tail = m.groups()
+        for part in ranges.split(","):
+            a, sep, b = part.partition("-")
+            if not a.isdigit() or (sep and not b.isdigit()):
+                raise HorusError(f"hostlist: cannot read '{item}'")
+            lo, hi = int(a), int(b) if sep else int(a)
+            if hi < lo or hi - lo > 100000:
+                raise HorusError(f"hostlist: bad range in '{item}'")
+            for k in range(lo, hi + 1):
+                out.extend(expand_hostlist(f"{head}{str(k).zfill(len(a))}{tail}"))
+    return out
+
+
+def parse_conf_lines(text: str) -> list[dict[str, str]]:
+    """slurm.conf / gres.conf lines as {lower-case key: value} (comments, continuations and
+    lines without key=value dropped)."""
+    recs = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        rec = {}
+        for tok in line.split():
+            k, sep, v = tok.partition("=")
+            if sep:
+                rec[k.lower()] = v
+        if rec:
+            recs.append(rec)
+    return recs

@@ -164,8 +164,9 @@ def test_the_loop_is_closed_and_trusted(jobs, tmp_path):
         assert set(rows) == set(jobs)
         for j in jobs:
             row = rows[j]
-            for field in ("pred_util_pct", "pred_mem_mib", "gpu_type", "state", "elapsed_s",
-                          "actual_util_pct", "actual_mem_mib"):
+            # gpu_index: sacct has none on 22.05 or 25.11; the root probe read it from scontrol
+            for field in ("pred_util_pct", "pred_mem_mib", "gpu_type", "gpu_index", "state",
+                          "elapsed_s", "actual_util_pct", "actual_mem_mib"):
                 assert row[field] is not None, (j, field, row)
             assert row["cluster"] == sp.parse_scontrol_config(
                 sh("scontrol", "show", "config").stdout)["ClusterName"]
@@ -173,6 +174,8 @@ def test_the_loop_is_closed_and_trusted(jobs, tmp_path):
         assert rows[alice_job]["user"] == "horus-alice"
         assert rows[alice_job]["actual_mem_mib"] == 700 and rows[alice_job]["under_claim"] is False
         assert rows[root_job]["under_claim"] is False
+        whole = [j for j in jobs if rows[j]["gpus"]]
+        assert all(rows[j]["shards"] is None and rows[j]["gpus"] == 1 for j in whole)
         for j in forged:
             assert rows[j]["user"] == "horus-bob"
             assert rows[j]["under_claim"] is True and "mem" in rows[j]["claim_flags"]

@@ -17,7 +17,7 @@ from slurm_horus.sim_traces import (SimJob, TRACES, ModelMix, from_rows, from_sa
                                     generate_trace, lognormal_params)
 from slurm_horus.simulate import (ClusterSpec, HorusDecider, NodeSpec, Request, Simulator,
                                   build_requests, cluster_from_json, cluster_from_slurm_conf,
-                                  expand_hostlist, homogeneous_cluster, run_policies,
+                                  homogeneous_cluster, run_policies,
                                   write_png)
 
 A100 = 40960.0
@@ -194,7 +194,7 @@ def test_type_choice_any_lets_a_shard_job_run_on_every_type(tmp_path):
                    {"a100": (10, 2000), "t4": (20, 2000)})
     with HorusDecider(types, mem, policy_path=base) as d:
         assert d.decide(light.pred) == ("shared", "any", 23)  # max(a100 12, t4 23)
-        reqs, _ = build_requests([light], "horus", types, mem, 100, decider=d)
+        reqs, _ = build_requests([light], "horus", types, mem, 100, decider=d, pack=False)
     assert reqs[0] == Request((0, 1), 23, 1)
 
 
@@ -288,6 +288,8 @@ NodeName=login CPUs=4
     assert c.gpu_types == ["a100", "t4"] and c.total_gpus == 24 and len(c.nodes) == 6
     with pytest.raises(HorusError, match="untyped"):
         cluster_from_slurm_conf(conf)
+    from slurm_horus.slurm_parse import expand_hostlist
+
     assert expand_hostlist("g[08-10,2],x") == ["g08", "g09", "g10", "g2", "x"]
 
 

@@ -16,6 +16,8 @@ SUMMARY = (("makespan_s", "makespan (s)", "{:,.0f}"), ("mean_jct_s", "mean JCT (
            ("median_jct_s", "median JCT (s)", "{:,.0f}"), ("p95_jct_s", "p95 JCT (s)", "{:,.0f}"),
            ("mean_wait_s", "mean wait (s)", "{:,.0f}"), ("gpu_util", "GPU util", "{:.3f}"),
            ("gpus_busy_frac", "GPUs busy", "{:.3f}"), ("mean_slowdown", "slowdown", "{:.3f}"),
+           ("p95_slowdown", "p95 slowdown", "{:.2f}"), ("throughput_per_h", "jobs/h (window)", "{:.1f}"),
+           ("sm_busy", "SM busy (window)", "{:.3f}"), ("gpus_alloc", "GPUs alloc (window)", "{:.3f}"),
            ("oom_failures", "OOM failures", "{}"), ("timeouts", "timeouts", "{}"),
            ("shared_starts", "shared starts", "{}"), ("sim_cpu_s", "sim CPU (s)", "{:.2f}"))
 
@@ -83,7 +85,7 @@ def register(main_group: click.Group) -> None:
 
     @main_group.command("simulate")
     @click.option("--jobs", "n_jobs", type=int, default=2000, show_default=True, help="Jobs to generate.")
-    @click.option("--trace", type=click.Choice(["philly", "helios", "pai"]), default="philly",
+    @click.option("--trace", type=click.Choice(["philly", "helios", "pai", "llm"]), default="philly",
                   show_default=True, help="Workload to generate (or model mix for --sacct).")
     @click.option("--gpus", type=int, default=64, show_default=True, help="Homogeneous cluster size.")
     @click.option("--gpu-type", default="a100", show_default=True, help="GPU type of --gpus.")
@@ -102,8 +104,8 @@ def register(main_group: click.Group) -> None:
                   help="Offered load: arrivals x exclusive GPU-seconds / capacity.")
     @click.option("--sigma-util", type=float, default=0.25, show_default=True,
                   help="Lognormal sigma of true/predicted utilization.")
-    @click.option("--sigma-mem", type=float, default=0.15, show_default=True,
-                  help="Lognormal sigma of true/predicted memory.")
+    @click.option("--sigma-mem", type=float, default=0.05, show_default=True,
+                  help="Lognormal jitter around the measured memory residual.")
     @click.option("--policies", default=",".join(("exclusive", "naive", "horus", "oracle")),
                   show_default=True, help="Comma-separated policies to run.")
     @click.option("--naive-shards", type=int, default=50, show_default=True,
@@ -120,13 +122,19 @@ def register(main_group: click.Group) -> None:
                   help='Speed curve "sum:speed,..." (default: Lucid medians, see docs/simulator.md).')
     @click.option("--mem-bw-penalty", type=float, default=0.0, show_default=True,
                   help="Extra slowdown factor per additional co-located job.")
-    @click.option("--zoo", type=click.Path(file_okay=False), help="Folder of the mix's ONNX models.")
+    @click.option("--slowdown-bound", type=float, default=2.0, show_default=True,
+                  help="horus/oracle: co-locate only while every job's predicted slowdown stays within this.")
+    @click.option("--max-group", type=int, default=4, show_default=True,
+                  help="horus/oracle: most jobs co-located on one GPU.")
+    @click.option("--zoo", type=click.Path(file_okay=False),
+                  help="Predict the mix from this folder of ONNX graphs (default: the shipped table).")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object keyed by policy.")
     @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG bar chart.")
     @one_line_errors("horus-admin simulate")
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
                      sacct, ledger, seed, load, sigma_util, sigma_mem, policies, naive_shards, policy_file,
-                     bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, zoo, as_json, plot):
+                     bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, slowdown_bound, max_group, zoo,
+                     as_json, plot):
         """Simulate a GPU cluster running a job trace under several placement policies."""
         from ..errors import HorusError
         from ..sim_interference import LUCID_POINTS, Interference, parse_points
@@ -144,7 +152,7 @@ def register(main_group: click.Group) -> None:
         jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo)
         results = run_policies(cluster, jobs, pols, policy_path=policy_file, naive_shards=naive_shards,
                                interference=itf, bf_window=bf_window, bf_interval=bf_interval,
-                               oom_delay_s=oom_delay)
+                               oom_delay_s=oom_delay, slowdown_bound=slowdown_bound, max_group=max_group)
         legend = write_png(plot, results) if plot else None
         if as_json:
             print_json(results)
