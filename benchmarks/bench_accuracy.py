@@ -65,6 +65,10 @@ def real_models() -> None:
     print(f"\nMedian absolute relative error over {len(ours)} runs: slurm-horus cold start "
           f"**{100 * statistics.median(ours):.1f} %**, Horus formula "
           f"{100 * statistics.median(theirs):.1f} % (same rows).")
+    fake = [abs(r["faketensor"] - r["mem_mib"]) / r["mem_mib"] for r in gm.real_model_rows()
+            if r["faketensor"] is not None]
+    print(f"FakeTensor's estimates (as the data set gives them, where it ran): median absolute "
+          f"relative error {100 * statistics.median(fake):.1f} % over {len(fake)} runs.")
     if skipped:
         print(f"Not in the test corpus, skipped: {', '.join(sorted(set(skipped)))}")
 

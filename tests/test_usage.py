@@ -244,7 +244,7 @@ def _claim(model, bs=8, **extra):
     from slurm_horus.hint import encode_workload
 
     sha = hashlib.sha256(Path(model).read_bytes()).hexdigest()
-    return (f"mine horus:v1;a100=30/4000/4500;t4=60/4000/4500 " +
+    return ("mine horus:v1;a100=30/4000/4500;t4=60/4000/4500 " +
             encode_workload({"sha": sha, "bs": bs, "task": "train", "opt": "adam", "prec": "fp32",
                              "model": str(model), **extra}))
 
