@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
+    sys.path.append(str(REPO_ROOT))  # after PYTHONPATH: bench_coldstart --rev runs older code
 
 from slurm_horus.features import FEATURE_VERSION, extract_features  # noqa: E402
 

@@ -1,6 +1,9 @@
 """The loop on Slurm 25.11 with each backend (tests/run's 25.11 pass): hsubmit packs light jobs
 into shards (25.11's gres/shard spelling), they end, `horus-admin sync` reads them through the
-chosen backend (HORUS_SLURM_BACKEND), and hacct shows them as shard jobs on the T4 node's type."""
+chosen backend (HORUS_SLURM_BACKEND), and hacct shows them as shard jobs on the T4 node's type,
+with the GPU index that only the root probe knows on 25.11 (sacct has none): the jobs report a
+use to the test cluster's fake sampler, and sync writes the cluster's ledger, where the probe
+writes."""
 
 import json
 import os
@@ -16,6 +19,7 @@ from slurm_horus import slurm
 
 pytestmark = pytest.mark.cluster
 ZOO = Path(__file__).parent / "data" / "zoo"
+D = Path(os.environ.get("HORUS_CLUSTER_DIR", "/tmp/horus-cluster"))
 
 
 def _why_not():
@@ -51,14 +55,16 @@ def test_packed_synced_and_shown(backend, tmp_path):
     policy = tmp_path / "policy.conf"
     policy.write_text(f"record_file = {tmp_path / 'record'}\n")
     env = {**os.environ, "HORUS_SLURM_BACKEND": backend, "HORUS_POLICY": str(policy),
-           "HORUS_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.db'}",
+           "HORUS_LEDGER_URL": f"sqlite:///{D / 'ledger' / 'ledger.db'}",
            "HORUS_SPOOL": str(tmp_path / "spool")}
+    body = (f"printf '{{\"util_pct\": 5, \"mem_mib\": 600}}' > {D}/fakegpu/$SLURM_JOB_ID.json"
+            "; sleep 2")
     ids = []
     try:
         for bs in ("4", "8"):
             cp = run("slurm_horus.cli.hsubmit", "--parsable", "--model", str(ZOO / "small_cnn.onnx"),
                      "--batch-size", bs, "--task", "infer", "-p", "t4", "--gres=gpu:1",
-                     "-o", "/dev/null", "--wrap", "sleep 2", env=env, cwd=tmp_path)
+                     "-o", "/dev/null", "--wrap", body, env=env, cwd=tmp_path)
             assert cp.returncode == 0, cp.stderr
             ids.append(cp.stdout.strip().split(";")[0])
         for jid in ids:
@@ -80,6 +86,9 @@ def test_packed_synced_and_shown(backend, tmp_path):
             (row,) = json.loads(cp.stdout)
             assert row["state"] == "COMPLETED" and row["gpu_type"] == "t4", row
             assert row["shards"] and row["gpus"] is None, row
+            assert row["gpu_index"] is not None and row["actual_mem_mib"] == 600, row
             assert row["predictor"] == "hint" and row["pred_util_pct"] is not None
     finally:
         subprocess.run(["scancel", *ids], capture_output=True)
+        for jid in ids:
+            (D / "fakegpu" / f"{jid}.json").unlink(missing_ok=True)

@@ -12,6 +12,7 @@ Job ids, times and host names are whatever the cluster gave: tests must not hard
 except by reading index.json.
 """
 import json
+import re
 import os
 import subprocess
 import sys
@@ -38,8 +39,15 @@ def sh(args):
     return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=JOBDIR)
 
 
+OWN_JOBS: list[str] = []  # every job this recorder submitted: the only ones it cancels
+
+
 def record(name, args, notes, **extra):
     p = sh(args)
+    if args[0] == "sbatch" and p.returncode == 0:
+        m = re.search(rb"(\d+)", p.stdout)
+        if m:
+            OWN_JOBS.append(m.group(1).decode())
     (OUT / f"{name}.stdout").write_bytes(p.stdout)
     err = OUT / f"{name}.stderr"
     if p.stderr:
@@ -184,7 +192,8 @@ def main():
     record("sacct_json_finished", ["sacct", "--json", "-j", f"{done},{gpu_done}"],
            "both finished jobs (shard and whole-GPU) in one sacct --json", job_ids=[done, gpu_done])
 
-    subprocess.run(["scancel", "-u", "root"], cwd=JOBDIR)
+    if OWN_JOBS:
+        subprocess.run(["scancel", *OWN_JOBS], cwd=JOBDIR)
     (OUT / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     print(f"wrote {len(index['fixtures'])} fixtures to {OUT}", file=sys.stderr)
 
