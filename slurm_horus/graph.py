@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from .errors import ModelError
+from .errors import HorusError, ModelError
 from .shapefold import fold_shapes
 
 # protobuf cannot parse a message above 2 GiB; bigger models must keep weights in external files.
@@ -386,3 +386,25 @@ def _collect_tensors(graph, onnx) -> dict[str, TensorInfo]:
                 if attr.name == "value":
                     tensors[node.output[0]] = TensorInfo(attr.t.data_type, tuple(attr.t.dims))
     return tensors
+
+
+def parse_dims(values: tuple[str, ...]) -> dict[str, int]:
+    """`--dim name=value` pairs -> {name: int} (hsubmit and `horus` both take them; sizes are
+    checked where they are bound)."""
+    dims = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise HorusError(f"--dim expects name=value, got '{item}'")
+        try:
+            dims[name] = int(value)
+        except ValueError:
+            try:
+                as_float = float(value)
+            except ValueError:
+                raise HorusError(f"--dim {name}: '{value}' is not an integer") from None
+            if not as_float.is_integer():
+                raise HorusError(f"--dim {name}: '{value}' is not an integer") from None
+            dims[name] = int(as_float) if abs(as_float) < 2**62 else 2**62
+    return dims

@@ -78,7 +78,7 @@ _JOB_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus-job:[^ \t\n\r\v\f]*")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _INT_RE = re.compile(r"[1-9][0-9]{0,17}")
 
-Prediction = tuple[float, ...]  # (util_pct, mem_mib, mem_p90_mib[, mem_p95_mib[, mem_p99_mib]])
+HintFields = tuple[float, ...]  # (util_pct, mem_mib, mem_p90_mib[, mem_p95_mib[, mem_p99_mib]])
 
 
 def _number(value: object, what: str) -> Decimal:
@@ -152,7 +152,7 @@ def find_hint_token(comment: str | None) -> str | None:
     return tokens[0] if tokens else None
 
 
-def _parse_token(token: str) -> dict[str, Prediction]:
+def _parse_token(token: str) -> dict[str, HintFields]:
     if len(token) > MAX_TOKEN_LEN:
         raise HorusError(f"hint longer than {MAX_TOKEN_LEN} characters")
     if not token.startswith(HINT_PREFIX):
@@ -165,7 +165,7 @@ def _parse_token(token: str) -> dict[str, Prediction]:
     entries = body.split(";")
     if len(entries) > MAX_TYPES:
         raise HorusError(f"hint lists more than {MAX_TYPES} GPU types")
-    out: dict[str, Prediction] = {}
+    out: dict[str, HintFields] = {}
     for n, entry in enumerate(entries, 1):
         m = _ENTRY_RE.fullmatch(entry)
         if not m:
@@ -333,7 +333,7 @@ def parse_workload(comment: str | None, *, strict: bool = False) -> dict | None:
         return None
 
 
-def parse_hint(comment: str | None, *, strict: bool = False) -> dict[str, Prediction] | None:
+def parse_hint(comment: str | None, *, strict: bool = False) -> dict[str, HintFields] | None:
     """{gtype: (util_pct, mem_mib, mem_p90_mib[, p95[, p99]])} from a job's comment (the
     fields the hint has), or None when it has
     no hint.  A malformed hint also gives None (the hook ignores it), unless strict=True,

@@ -158,7 +158,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
             partition: str | None = None) -> Plan:
     """Features, predictions per GPU type of the target partition, the hint and the merged
     comment.  ``gpu_types`` / ``partition`` skip asking Slurm (tests).  Raises HorusError."""
-    from .cli.common import parse_dims
+    from .graph import parse_dims
     from .features import extract_features
     from .gpus import default_catalog
     from .hint import MAX_SLURM_COMMENT, attach_tokens

@@ -47,27 +47,6 @@ def one_line_errors(prog: str):
     return wrap
 
 
-def parse_dims(values: tuple[str, ...]) -> dict[str, int]:
-    """`--dim name=value` pairs -> dict; values must be positive integers."""
-    dims = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise HorusError(f"--dim expects name=value, got '{item}'")
-        try:
-            dims[name] = int(value)
-        except ValueError:
-            try:
-                as_float = float(value)
-            except ValueError:
-                raise HorusError(f"--dim {name}: '{value}' is not an integer") from None
-            if not as_float.is_integer():
-                raise HorusError(f"--dim {name}: '{value}' is not an integer") from None
-            dims[name] = int(as_float) if abs(as_float) < 2**62 else 2**62
-    return dims
-
-
 def print_json(obj) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
 

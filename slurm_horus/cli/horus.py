@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .common import human, one_line_errors, parse_dims, print_json
+from ..graph import parse_dims
+from .common import human, one_line_errors, print_json
 
 BATCH_HELP = "Bind the batch dimension (symbolic batch-like or leading input dimensions)."
 DIM_HELP = "Bind a symbolic dimension by name, e.g. --dim seq=512 (repeatable)."
