@@ -3,6 +3,7 @@
     python benchmarks/bench_simulate.py                       # default: about 3 minutes on 2 cores
     python benchmarks/bench_simulate.py --skip-scale          # only the sweep
     python benchmarks/bench_simulate.py --jobs 500 --seeds 1 --skip-scale   # a quick look
+    python benchmarks/bench_simulate.py --skip-sweep          # only the 100k-job CPU time
 
 Part 1, the sweep: loads 0.5, 1, 2, 4, 8 x mixes philly, llm, pai x seeds 1-3, each the
 equivalent of ``horus-admin simulate --cluster mixed.json --jobs 2000 --trace MIX --load L
@@ -147,6 +148,7 @@ def main() -> None:
     ap.add_argument("--loads", default="0.5,1,2,4,8")
     ap.add_argument("--mixes", default="philly,llm,pai")
     ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--scale-jobs", type=int, default=100_000)
     ap.add_argument("--scale-gpus", type=int, default=1000)
@@ -164,12 +166,13 @@ def main() -> None:
     mix = ModelMix()
     out = [f"python {platform.python_version()}, {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs\n"]
     print(out[0], flush=True)
-    t = time.process_time()
-    res = sweep(mixes, loads, seeds, args.jobs, mix)
-    out.append(sweep_tables(res, mixes, loads, seeds, args.jobs))
-    out.append(f"sweep: {time.process_time() - t:.1f} s CPU\n")
-    print("\n".join(out[1:]), flush=True)
-    print(plot(res, mixes, loads, args.plot), flush=True)
+    if not args.skip_sweep:
+        t = time.process_time()
+        res = sweep(mixes, loads, seeds, args.jobs, mix)
+        out.append(sweep_tables(res, mixes, loads, seeds, args.jobs))
+        out.append(f"sweep: {time.process_time() - t:.1f} s CPU\n")
+        print("\n".join(out[1:]), flush=True)
+        print(plot(res, mixes, loads, args.plot), flush=True)
     if not args.skip_scale:
         out.append(scale(args.scale_jobs, args.scale_gpus, args.scale_load, ModelMix()))  # cold cache
         print(out[-1], flush=True)

@@ -32,6 +32,8 @@ import struct
 import tempfile
 import time
 import zlib
+from collections import deque
+from itertools import islice
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -428,12 +430,15 @@ class Simulator:
         G = len(self.gtype)
         self.G = G
         self.maxk = max(len(x) for x in self.node_gpus)
-        # ff[node, slot]: when that GPU is entirely free by its jobs' limits (-inf idle, +inf: no GPU)
-        self.ff = np.full((len(self.node_gpus), self.maxk), INF)
-        for n, ids in enumerate(self.node_gpus):
-            self.ff[n, :len(ids)] = -INF
-        self.type_nodes = [np.array([n for n in range(len(self.node_gpus)) if self.node_type[n] == t],
-                                    dtype=np.intp) for t in range(len(types))]
+        # ff[node][slot]: when that GPU is entirely free by its jobs' limits (-inf idle, +inf: no
+        # GPU); ffs[node]: the same sorted (ffs[node][k - 1]: when k of its GPUs are)
+        self.ff = [[-INF] * len(ids) + [INF] * (self.maxk - len(ids)) for ids in self.node_gpus]
+        self.ffs = [sorted(row) for row in self.ff]
+        self.type_nodes = [[n for n in range(len(self.node_gpus)) if self.node_type[n] == t]
+                           for t in range(len(types))]
+        # kheaps[type][k]: (ffs[node][k - 1], node) of that type's nodes, made at the first
+        # reservation for k GPUs; _set_ff pushes each change, entries no longer equal to ffs are stale
+        self.kheaps: list[dict[int, list[tuple[float, int]]]] = [{} for _ in types]
         self.free = [S] * G
         self.n_avail = G  # GPUs with at least one free shard
         self.gjobs: list[list[int]] = [[] for _ in range(G)]
@@ -450,6 +455,7 @@ class Simulator:
         # the per-type util / mem / runtime of each job, indexed by type index
         self.jtrue = [[j.true[t] for t in types] for j in self.jobs]
         self.jdur = [[j.duration * j.runtime_x.get(t, 1.0) for t in types] for j in self.jobs]
+        self.jsens = [j.sens for j in self.jobs]
         # co-location state of the horus scheduler: predicted util / p90 memory summed over each
         # GPU's shareable jobs, and their count
         self.pu = np.zeros(G)
@@ -458,6 +464,14 @@ class Simulator:
         self.gcap = np.array(self.gmem_cap)
         self.gtype_np = np.array(self.gtype)
         self.umax_np = np.array(self.umax + [-1.0])
+        # what _share_place reads of each GPU's count ns, kept by _set_share: room for one more
+        # (nsok), the memory headroom of ns + 1 jobs (hm), their util limit (uthr), and the rank
+        # pu + 1000 ns (the fewest jobs, then the least util)
+        self.nsok = np.zeros(G, dtype=bool)
+        self.hm = np.full(G, MEM_HEADROOM_MIB)
+        self.uthr = np.full(G, self.umax_np[1])
+        self.rank = np.zeros(G)
+        self.whole_req = [Request((t,), S, 1) for t in range(len(types))]
 
     def _set_free(self, g: int, new: int) -> None:
         old = self.free[g]
@@ -488,6 +502,14 @@ class Simulator:
             self.part[t][new].add(g)
         self.free[g] = new
 
+    def _set_share(self, g: int) -> None:
+        """Refresh GPU g's entries of the arrays _share_place reads after its ns/pu changed."""
+        n = int(self.ns[g])
+        self.nsok[g] = 1 <= n < self.max_group
+        self.hm[g] = MEM_HEADROOM_MIB * (n + 1)
+        self.uthr[g] = self.umax_np[min(n + 1, self.max_group + 1)]
+        self.rank[g] = self.pu[g] + 1000.0 * n
+
     def _share_place(self, req: Request, exclude: set | None) -> list[int] | None:
         """The horus scheduler: an idle GPU while there is one (spread); else, under queue
         pressure, the GPU whose shareable jobs leave the most room, among those where the group's
@@ -496,15 +518,14 @@ class Simulator:
         u, m, rx = req.share
         best, best_cost = None, INF
         for t in req.types:  # fastest type first: the first idle GPU is the best idle one
-            whole = self._place(Request((t,), self.S, 1), exclude)
+            whole = self._place(self.whole_req[t], exclude)
             if whole is not None:
                 best, best_cost = whole, rx[t]
                 break
         if best_cost <= min(rx[t] for t in req.types):
             return best
         ns = self.ns
-        ok = (ns >= 1) & (ns < self.max_group) & (self.pm + m + MEM_HEADROOM_MIB * (ns + 1) <= self.gcap) \
-            & (self.pu + u <= self.umax_np[np.minimum(ns + 1, self.max_group + 1)])
+        ok = self.nsok & (self.pm + m + self.hm <= self.gcap) & (self.pu + u <= self.uthr)
         if len(self.types) > 1 and len(req.types) < len(self.types):
             ok &= np.isin(self.gtype_np, req.types)
         if exclude:
@@ -512,7 +533,7 @@ class Simulator:
         cand = np.flatnonzero(ok)
         if not len(cand):
             return best
-        g = int(cand[np.argmin(self.pu[cand] + 1000.0 * ns[cand])])
+        g = int(cand[np.argmin(self.rank[cand])])
         # co-locate on a faster type rather than run alone on a slower one when the predicted
         # slowdown there costs less than the slower GPU does
         t = self.gtype[g]
@@ -558,27 +579,25 @@ class Simulator:
 
     def _refresh(self, g: int, now: float, new_job: int = -1) -> None:
         """Recompute the speed of GPU g's jobs after its job set changed; re-plan their ends."""
-        jobs = self.gjobs[g]
         n, tot, t = self.ghealthy[g], self.gutil[g], self.gtype[g]
-        sp = self.itf.speed(tot, n)
-        self.gspeed[g] = sp
+        speed, gspeed, jspeed = self.itf.speed, self.gspeed, self.speed
+        failing, allocs, jtrue, jsens = self.failing, self.alloc, self.jtrue, self.jsens
+        gspeed[g] = speed(tot, n)
         work = 0.0
-        for j in jobs:
-            if self.failing[j]:
+        for j in self.gjobs[g]:
+            if failing[j]:
                 continue
-            alloc = self.alloc[j]
+            alloc = allocs[j]
             if len(alloc) == 1:
-                s = self.itf.speed(tot, n, self.jobs[j].sens) if n > 1 else 1.0
+                s = speed(tot, n, jsens[j]) if n > 1 else 1.0
             else:
-                s = min(self.gspeed[x] for x in alloc)
-            work += self.jtrue[j][t][0] * s
-            if s == self.speed[j] and j != new_job:
+                s = min(gspeed[x] for x in alloc)
+            work += jtrue[j][t][0] * s
+            if s == jspeed[j] and j != new_job:
                 continue
-            if s == self.speed[j] and j != new_job:
-                continue
-            self.remaining[j] -= (now - self.last[j]) * self.speed[j]
+            self.remaining[j] -= (now - self.last[j]) * jspeed[j]
             self.last[j] = now
-            self.speed[j] = s
+            jspeed[j] = s
             self.version[j] += 1
             end = now + max(self.remaining[j], 0.0) / s
             if end > self.limit_end[j]:
@@ -608,6 +627,7 @@ class Simulator:
             self.pu[g] += req.share[0]
             self.pm[g] += req.share[1]
             self.ns[g] += 1
+            self._set_share(g)
         self.alloc[j] = alloc
         self.start[j] = now
         self.solo[j] = self.jdur[j][t]
@@ -616,7 +636,12 @@ class Simulator:
         self.started += 1
         if req.shards < self.S:
             self.shared_starts += 1
-        oom = any(self.gmemu[g] + m > self.gmem_cap[g] for g in alloc)
+        gmemu, cap = self.gmemu, self.gmem_cap
+        oom = False
+        for g in alloc:
+            if gmemu[g] + m > cap[g]:
+                oom = True
+                break
         if oom:
             self.failing[j] = True
             self.version[j] += 1
@@ -650,6 +675,7 @@ class Simulator:
             self.ns[g] -= 1
             self.pu[g] = self.pu[g] - req.share[0] if self.ns[g] else 0.0
             self.pm[g] = self.pm[g] - req.share[1] if self.ns[g] else 0.0
+            self._set_share(g)
         for g in alloc:
             self.gjobs[g].remove(j)
             if not self.gjobs[g]:
@@ -675,7 +701,7 @@ class Simulator:
             if not self.requeued[j]:
                 # requeued once, on a whole GPU of the type it ran on (as CARMA does)
                 self.requeued[j] = True
-                self.cur_req[j] = Request((t,), self.S, self.cur_req[j].gpus)
+                self._set_req(j, Request((t,), self.S, self.cur_req[j].gpus))
                 self._enqueue(j)
             else:
                 self.failed[j] = True
@@ -689,18 +715,52 @@ class Simulator:
         self.end[j] = now
         self._release(j, now)
 
+    def _set_req(self, j: int, req: Request) -> None:
+        """Job j's current request and what backfill reads of it: (memo key, shards, predicted
+        util, p90 memory; None, None for a job that is not shareable).  The key: 2 x the index
+        of its (types, GPUs, shareable), +1 (added by _schedule) while it must stay off the
+        reserved GPUs."""
+        self.cur_req[j] = req
+        sh = req.share
+        key = 2 * self.kid.setdefault((req.types, req.gpus, sh is None), len(self.kid))
+        self.jrec[j] = (key, req.shards, None, None) if sh is None else (key, req.shards, sh[0], sh[1])
+
     def _enqueue(self, j: int) -> None:
-        key = (self.jobs[j].submit, j)
-        i = bisect.bisect_right(self.qkeys, key)
-        self.qkeys.insert(i, key)
-        self.queue.insert(i, j)
+        """Priority order (submit time, then index); arrivals come in that order, so append."""
+        q, qkey = self.queue, self.qkey
+        if not q or qkey[j] > qkey[q[-1]]:
+            q.append(j)
+        else:
+            q.insert(bisect.bisect_right(q, qkey[j], key=qkey.__getitem__), j)
 
     # -- scheduling --------------------------------------------------------------------------
 
     def _set_ff(self, g: int) -> None:
         """Time GPU g is entirely free again by its jobs' time limits (-inf: idle now)."""
-        jobs = self.gjobs[g]
-        self.ff[self.gnode[g], self.gslot[g]] = max(self.limit_end[x] for x in jobs) if jobs else -INF
+        jobs, n = self.gjobs[g], self.gnode[g]
+        row, old = self.ff[n], self.ffs[n]
+        if len(jobs) == 1:
+            row[self.gslot[g]] = self.limit_end[jobs[0]]
+        else:
+            row[self.gslot[g]] = max(self.limit_end[x] for x in jobs) if jobs else -INF
+        new = self.ffs[n] = sorted(row)
+        t = self.node_type[n]
+        for k, heap in self.kheaps[t].items():
+            if new[k - 1] != old[k - 1]:
+                heapq.heappush(heap, (new[k - 1], n))
+                if len(heap) > 4 * len(self.type_nodes[t]):  # drop the stale entries
+                    heap[:] = sorted((self.ffs[x][k - 1], x) for x in self.type_nodes[t])
+
+    def _kth_free(self, t: int, k: int) -> tuple[float, int]:
+        """(time, node): the first node of type t whose k-th GPU is entirely free earliest."""
+        heap = self.kheaps[t].get(k)
+        if heap is None:
+            heap = self.kheaps[t][k] = [(self.ffs[n][k - 1], n) for n in self.type_nodes[t]]
+            heapq.heapify(heap)
+        ffs = self.ffs
+        while heap[0][0] != ffs[heap[0][1]][k - 1]:
+            heapq.heappop(heap)
+        return heap[0]
 
     def _reservation(self, h: int, now: float) -> tuple[float, set]:
         """EASY: earliest time (by running jobs' time limits) and GPUs at which job h fits."""
@@ -709,15 +769,11 @@ class Simulator:
             # whole GPUs on one node: per node, the k-th GPU to become entirely free
             k, best, best_set = req.gpus, INF, set()
             for t in req.types:
-                nodes = self.type_nodes[t]
-                sub = self.ff[nodes]
-                kth = np.partition(sub, k - 1, axis=1)[:, k - 1] if k > 1 else sub.min(axis=1)
-                i = int(np.argmin(kth))
-                if kth[i] < best:
-                    best = float(kth[i])
-                    order = np.argsort(sub[i], kind="stable")[:k]
-                    ids = self.node_gpus[int(nodes[i])]
-                    best_set = {ids[int(x)] for x in order}
+                kth, n = self._kth_free(t, k)
+                if kth < best:
+                    best = kth
+                    row, ids = self.ff[n], self.node_gpus[n]
+                    best_set = {ids[x] for x in sorted(range(self.maxk), key=row.__getitem__)[:k]}
             return max(best, now), best_set
         # shards on one GPU: release running jobs in order of their limits
         types = set(req.types)
@@ -743,8 +799,7 @@ class Simulator:
                 alloc = self._place(self.cur_req[j], None)
                 if alloc is None:
                     break
-                del q[0]
-                del self.qkeys[0]
+                q.popleft()
                 self._start(j, alloc, now)
         if not q or not self.backfill or not backfill_now or len(q) < 2:
             self.n_new = 0 if not q else self.n_new
@@ -764,40 +819,48 @@ class Simulator:
         self.last_head = head
         self.n_new = 0
         shadow, reserved = self.res
-        memo: dict[tuple, int] = {}
-        shared_fails: dict[tuple, list] = {}
-        idx, last = first, self.bf_window
-        nomemo = self.S + 1
-        limit = self.jlimit
+        # per memo key (_set_req): the fewest shards that did not fit, and the (util, memory) of
+        # shareable jobs that did not fit.  Resources only shrink during the pass, and what did
+        # not fit on any GPU does not fit off the reserved ones (key + 1) either.
+        nkeys = 2 * len(self.kid)
+        memo = [self.S + 1] * nkeys
+        fails: list[list[tuple[float, float]]] = [[] for _ in range(nkeys)]
+        limit, jrec, cur_req = self.jlimit, self.jrec, self.cur_req
         horizon = shadow - now
-        while idx < len(q) and idx <= last:
-            j = q[idx]
-            req = self.cur_req[j]
+        gone = 0
+        # the window: queue positions first..bf_window as they were when the pass began
+        window = list(islice(q, first, self.bf_window + 1)) if first <= self.bf_window else []
+        for pos, j in enumerate(window, first):
+            key, shards, u, m = jrec[j]
             if limit[j] <= horizon:
-                excl, key = None, (req.types, req.gpus, True)
+                excl = None
             else:
-                excl, key = reserved, (req.types, req.gpus, False)
-            sh = req.share
-            if sh is not None:
-                # a shareable job cannot fit where one no larger (util and memory) did not
-                fails = shared_fails.get(key, ())
-                if any(sh[0] >= f[0] and sh[1] >= f[1] for f in fails):
-                    idx += 1
+                excl, key = reserved, key + 1
+            if u is None:
+                if memo[key] <= shards:
                     continue
-            elif memo.get(key, nomemo) <= req.shards:
-                idx += 1
-                continue
-            alloc = self._place(req, excl)
+            else:
+                # a shareable job cannot fit where one no larger (util and memory) did not
+                smaller = False
+                for fu, fm in fails[key]:
+                    if u >= fu and m >= fm:
+                        smaller = True
+                        break
+                if smaller:
+                    continue
+            alloc = self._place(cur_req[j], excl)
             if alloc is None:
-                if sh is not None:
-                    shared_fails.setdefault(key, []).append(sh)
+                if u is None:
+                    memo[key] = shards
+                    if excl is None and shards < memo[key + 1]:
+                        memo[key + 1] = shards
                 else:
-                    memo[key] = req.shards
-                idx += 1
+                    fails[key].append((u, m))
+                    if excl is None:
+                        fails[key + 1].append((u, m))
                 continue
-            del q[idx]
-            del self.qkeys[idx]
-            last -= 1
+            del q[pos - gone]
+            gone += 1
             self.backfilled += 1
             self._start(j, alloc, now)
             if not self.n_avail:
@@ -809,7 +872,9 @@ class Simulator:
         t_wall, t_cpu = time.perf_counter(), time.process_time()
         self._setup()
         N = len(self.jobs)
-        self.cur_req = list(self.reqs)
+        self.cur_req: list[Request | None] = [None] * N
+        self.jrec: list[tuple | None] = [None] * N
+        self.kid: dict[tuple, int] = {}
         self.jlimit = [j.limit for j in self.jobs]
         self.alloc: list[list[int] | None] = [None] * N
         self.start = [-1.0] * N
@@ -825,8 +890,9 @@ class Simulator:
         self.requeued = [False] * N
         self.failed = [False] * N
         self.timed_out = [False] * N
-        self.queue: list[int] = []
-        self.qkeys: list[tuple[float, int]] = []
+        # the wait queue: a deque, as starts take jobs from its front (and the backfill window)
+        self.queue: deque[int] = deque()
+        self.qkey = [(j.submit, i) for i, j in enumerate(self.jobs)]
         self.ends: list[tuple[float, int]] = []
         self.events: list[tuple] = []
         self.seq = 0
@@ -838,6 +904,7 @@ class Simulator:
         self.freed, self.last_head, self.n_new, self.res = False, -1, 0, (INF, set())
         rejected = 0
         unschedulable = 0
+        arrivals: list[tuple] = []
         for i, j in enumerate(self.jobs):
             r = self.reqs[i]
             if r is None:
@@ -845,12 +912,15 @@ class Simulator:
                 continue
             fits = any(len(ids) >= r.gpus and self.gtype[ids[0]] in r.types for ids in self.node_gpus)
             if not fits:
-                self.cur_req[i] = None
                 unschedulable += 1
                 continue
-            self.events.append((j.submit, _ARRIVE, i, i, 0))
+            self._set_req(i, r)
+            arrivals.append((j.submit, _ARRIVE, i, i, 0))
         self.seq = N
-        heapq.heapify(self.events)
+        # arrivals stay in their own sorted list, merged with the heap of the other events in
+        # the same (time, kind, seq) order: the heap then holds only the running jobs' events
+        arrivals.sort()
+        n_arr, ai = len(arrivals), 0
         t0 = min((j.submit for j in self.jobs), default=0.0)
         self.t_last = t0
         # the fixed window every policy is measured over: first to last submit (the arrivals)
@@ -858,11 +928,17 @@ class Simulator:
         self.w_end = t0 + (self.window_s if self.window_s is not None else last_submit - t0)
         last_bf, tick_pending = -INF, False
         ev = self.events
-        while ev:
-            now = ev[0][0]
+        while ev or ai < n_arr:
+            now = arrivals[ai][0] if ai < n_arr and (not ev or arrivals[ai] < ev[0]) else ev[0][0]
             self._advance(now)
-            while ev and ev[0][0] == now:
-                _, kind, _, j, ver = heapq.heappop(ev)
+            while True:
+                if ai < n_arr and arrivals[ai][0] == now and (not ev or arrivals[ai] < ev[0]):
+                    _, kind, _, j, ver = arrivals[ai]
+                    ai += 1
+                elif ev and ev[0][0] == now:
+                    _, kind, _, j, ver = heapq.heappop(ev)
+                else:
+                    break
                 if kind == _FINISH:
                     if ver == self.version[j] and self.alloc[j] is not None:
                         self._finish(j, now)
