@@ -145,6 +145,12 @@ local function parse_policy(text)
 	for k, v in pairs(DEFAULTS) do pol[k] = v end
 	local gpus, order, tfeat = {}, nil, nil
 	local function bad(key, why) warn[#warn + 1] = "policy: " .. key .. ": " .. why .. ", using default" end
+	-- a value of plain digits within lo..hi, else nil
+	local function whole_in(v, lo, hi)
+		local n = string.find(v, "^%d+$") and decimal_up(v, 0)
+		if n and n >= lo and n <= hi then return n end
+		return nil
+	end
 
 	local nlines, pos, len = 0, 1, #text
 	while pos <= len do
@@ -164,12 +170,12 @@ local function parse_policy(text)
 			if not key then
 				warn[#warn + 1] = "policy: unreadable line " .. nlines
 			elseif key == "shards_per_gpu" then
-				local n = decimal_up(val, 0)
-				if n and n >= 1 and n <= 10000 and string.find(val, "^%d+$") then pol.shards_per_gpu = n
+				local n = whole_in(val, 1, 10000)
+				if n then pol.shards_per_gpu = n
 				else bad(key, "need an integer 1..10000") end
 			elseif key == "pack_limit_pct" then
-				local n = decimal_up(val, 0)
-				if n and n >= 1 and n <= 100 and string.find(val, "^%d+$") then pol.pack_limit_pct = n
+				local n = whole_in(val, 1, 100)
+				if n then pol.pack_limit_pct = n
 				else bad(key, "need an integer 1..100") end
 			elseif key == "exclusive_util_pct" then
 				local n = decimal_up(val, 3)
@@ -179,8 +185,8 @@ local function parse_policy(text)
 				if val == "p90" or val == "p95" or val == "p99" or val == "expected" then pol.memory = val
 				else bad(key, "need expected, p90, p95 or p99") end
 			elseif key == "min_shards" then
-				local n = decimal_up(val, 0)
-				if n and n >= 1 and string.find(val, "^%d+$") then pol.min_shards = n
+				local n = whole_in(val, 1, math.huge)
+				if n then pol.min_shards = n
 				else bad(key, "need an integer >= 1") end
 			elseif key == "on_bad_hint" then
 				if val == "ignore" or val == "reject" then pol.on_bad_hint = val
@@ -195,19 +201,19 @@ local function parse_policy(text)
 				if val == "allow" or val == "whole" or val == "refuse" then pol.raw_shards = val
 				else bad(key, "need allow, whole or refuse") end
 			elseif key == "min_mem_mib" then
-				local n = decimal_up(val, 0)
-				if n and n <= MAX_MEM_MIB and string.find(val, "^%d+$") then pol.min_mem_mib = n
+				local n = whole_in(val, 0, MAX_MEM_MIB)
+				if n then pol.min_mem_mib = n
 				else bad(key, "need an integer MiB") end
 			elseif key == "record_file" then
 				if #val <= 1000 and string.find(val, "^/[^%c]*$") then pol.record_file = val
 				else bad(key, "need an absolute path") end
 			elseif key == "underclaim_limit" then
-				local n = decimal_up(val, 0)
-				if n and n <= 1000000 and string.find(val, "^%d+$") then pol.underclaim_limit = n
+				local n = whole_in(val, 0, 1000000)
+				if n then pol.underclaim_limit = n
 				else bad(key, "need an integer 0..1000000") end
 			elseif key == "underclaim_window_days" then
-				local n = decimal_up(val, 0)
-				if n and n >= 1 and n <= 36500 and string.find(val, "^%d+$") then pol.underclaim_window_days = n
+				local n = whole_in(val, 1, 36500)
+				if n then pol.underclaim_window_days = n
 				else bad(key, "need an integer 1..36500") end
 			elseif key == "type_features" then
 				tfeat = {}
@@ -229,10 +235,10 @@ local function parse_policy(text)
 			else
 				local gt = string.match(key, "^gpu%.(.+)%.mem_mib$")
 				if gt then
-					local n = decimal_up(val, 0)
+					local n = whole_in(val, 1, MAX_MEM_MIB)
 					if not is_gtype(gt) then
 						warn[#warn + 1] = "policy: " .. key .. ": bad type name, ignored"
-					elseif n and n >= 1 and n <= MAX_MEM_MIB and string.find(val, "^%d+$") then
+					elseif n then
 						gpus[gt] = n
 					else
 						warn[#warn + 1] = "policy: " .. key .. ": need an integer MiB, type ignored"
