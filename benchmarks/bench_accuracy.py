@@ -27,10 +27,10 @@ gm = importlib.util.module_from_spec(_spec)
 sys.modules["gpumemnet"] = gm
 _spec.loader.exec_module(gm)
 
-from slurm_horus.coldstart import ColdStartEstimator, Workload  # noqa: E402
-from slurm_horus.features import extract_features  # noqa: E402
-from slurm_horus.gpus import get_gpu  # noqa: E402
-from slurm_horus.learned import accuracy, input_row, train_holdout  # noqa: E402
+from slurm_horus.predict.coldstart import ColdStartEstimator, Workload  # noqa: E402
+from slurm_horus.graph.features import extract_features  # noqa: E402
+from slurm_horus.predict.gpus import get_gpu  # noqa: E402
+from slurm_horus.predict.learned import accuracy, input_row, train_holdout  # noqa: E402
 
 GPU = "a100-40gb"
 ZOO = ROOT / "tests" / "data"

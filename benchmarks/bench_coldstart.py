@@ -66,7 +66,7 @@ def family_folds(families: dict[str, str], rows: list[dict], k: int) -> dict[str
 
 def _features(args: tuple[str, list[int]]) -> dict[int, dict]:
     """Feature values of one timm graph at each batch size (None when it cannot be read)."""
-    from slurm_horus.features import extract_features
+    from slurm_horus.graph.features import extract_features
 
     path, batches = args
     try:
@@ -83,8 +83,8 @@ class _Values:
 
 
 def _predict(params, values: dict, batch: int) -> float:
-    from slurm_horus.coldstart import ColdStartEstimator, Workload
-    from slurm_horus.gpus import get_gpu
+    from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
+    from slurm_horus.predict.gpus import get_gpu
 
     est = ColdStartEstimator(params) if params is not None else ColdStartEstimator()
     return est.memory_mib(_Values(values), _gpu(get_gpu), Workload(batch_size=batch))[0]
@@ -101,7 +101,7 @@ def fit(samples: list[tuple[dict, int, float]]):
     """Memory constants minimising the mean |log(predicted/measured)| on `samples`."""
     from scipy.optimize import minimize
 
-    from slurm_horus.coldstart import ColdStartParams
+    from slurm_horus.predict.coldstart import ColdStartParams
 
     names = list(FIT_BOUNDS)
     base = ColdStartParams()
@@ -141,9 +141,9 @@ def _line(name: str, errs: list[float], covered: list[bool] | None) -> str:
 
 def _named_runs(params) -> tuple[list[float], list[bool], list[str]]:
     """Errors and p90 coverage on the 18 named runs (zoo graphs), and one line per run."""
-    from slurm_horus.coldstart import ColdStartEstimator, Workload
-    from slurm_horus.features import extract_features
-    from slurm_horus.gpus import get_gpu
+    from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
+    from slurm_horus.graph.features import extract_features
+    from slurm_horus.predict.gpus import get_gpu
 
     zoo = {e.get("gpumemnet_name"): e
            for e in json.loads((ROOT / "tests" / "data" / "zoo.json").read_text())}
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"NAMED {statistics.median(n_err)} {_q(n_err, 0.9)}")
         return 0
 
-    from slurm_horus.coldstart import ColdStartEstimator
+    from slurm_horus.predict.coldstart import ColdStartEstimator
 
     fold_of = family_folds(families, rows, args.folds)
     pred, p90 = [0.0] * len(rows), [0.0] * len(rows)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from slurm_horus.features import extract_features  # noqa: E402
+from slurm_horus.graph.features import extract_features  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 

@@ -38,10 +38,10 @@ ba = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ba)
 gm = ba.gm
 
-from slurm_horus.coldstart import ColdStartEstimator, Workload  # noqa: E402
-from slurm_horus.features import extract_features  # noqa: E402
-from slurm_horus.gpus import get_gpu  # noqa: E402
-from slurm_horus.history import HistoryPredictor, dims_key  # noqa: E402
+from slurm_horus.predict.coldstart import ColdStartEstimator, Workload  # noqa: E402
+from slurm_horus.graph.features import extract_features  # noqa: E402
+from slurm_horus.predict.gpus import get_gpu  # noqa: E402
+from slurm_horus.predict.history import HistoryPredictor, dims_key  # noqa: E402
 
 GPU = get_gpu(ba.GPU)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from slurm_horus.policy import HookRuntime  # noqa: E402
+from slurm_horus.slurm.policy import HookRuntime  # noqa: E402
 
 HINT = "horus:v1;a100=6.0/1301/1752;t4=6.0/1301/1752"
 

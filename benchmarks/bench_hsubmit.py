@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from slurm_horus import slurm_parse as sp  # noqa: E402
+from slurm_horus.slurm import parse as sp  # noqa: E402
 
 ZOO = Path(__file__).resolve().parent.parent / "tests" / "data" / "zoo"
 HINT = "horus:v1;a100=6.0/1301/1752;t4=6.0/1301/1752"

@@ -85,7 +85,7 @@ def main():
     out = {}
     if "summary" not in a.skip:
         fill(str(tmp / "big.db"), a.rows)
-        from slurm_horus.report import summary
+        from slurm_horus.ledger.report import summary
 
         L = Ledger(f"sqlite:///{tmp / 'big.db'}")
         t = time.perf_counter()
@@ -94,7 +94,7 @@ def main():
         out["summary_jobs"] = s["all"]["jobs"]
         print(f"hacct --summary over {a.rows} rows: {out['summary_s']} s", flush=True)
     if "sync" not in a.skip:
-        from slurm_horus.usage import sync
+        from slurm_horus.ledger.sync import sync
 
         data = sacct_json(a.sync_jobs)
         L = Ledger(f"sqlite:///{tmp / 'sync.db'}", spool=str(tmp / "sp"))
@@ -112,8 +112,8 @@ def main():
     if "retrain" not in a.skip:
         from test_retrain import write_csv
 
-        from slurm_horus.registry import Registry
-        from slurm_horus.retrain import import_csv, retrain
+        from slurm_horus.predict.registry import Registry
+        from slurm_horus.ledger.retrain import import_csv, retrain
 
         write_csv(tmp / "train.csv", n=a.train_rows)
         L = Ledger(f"sqlite:///{tmp / 'train.db'}")

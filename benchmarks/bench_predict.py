@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from slurm_horus.coldstart import ColdStartEstimator, Workload  # noqa: E402
-from slurm_horus.features import extract_features  # noqa: E402
-from slurm_horus.gpus import get_gpu  # noqa: E402
-from slurm_horus.history import HistoryPredictor  # noqa: E402
-from slurm_horus.learned import fit, input_row  # noqa: E402
-from slurm_horus.predict import choose_predictor, predict_for  # noqa: E402
-from slurm_horus.registry import Registry  # noqa: E402
+from slurm_horus.predict.coldstart import ColdStartEstimator, Workload  # noqa: E402
+from slurm_horus.graph.features import extract_features  # noqa: E402
+from slurm_horus.predict.gpus import get_gpu  # noqa: E402
+from slurm_horus.predict.history import HistoryPredictor  # noqa: E402
+from slurm_horus.predict.learned import fit, input_row  # noqa: E402
+from slurm_horus.predict.chain import choose_predictor, predict_for  # noqa: E402
+from slurm_horus.predict.registry import Registry  # noqa: E402
 
 MODEL = ROOT / "tests" / "data" / "zoo" / "resnet50.onnx"
 

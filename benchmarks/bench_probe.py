@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurm_horus.probe import monitor  # noqa: E402
+from slurm_horus.ledger.probe import monitor  # noqa: E402
 
 
 class ConstantSampler:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from slurm_horus.sim_traces import ModelMix, generate_trace  # noqa: E402
-from slurm_horus.simulate import (POLICIES, cluster_from_json, homogeneous_cluster,  # noqa: E402
+from slurm_horus.sim.traces import ModelMix, generate_trace  # noqa: E402
+from slurm_horus.sim.engine import (POLICIES, cluster_from_json, homogeneous_cluster,  # noqa: E402
                                   run_policies)
 
 MIXED = {"nodes": [{"name": "a", "gpu_type": "a100", "gpus": 8, "count": 4},

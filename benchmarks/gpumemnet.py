@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.append(str(REPO_ROOT))  # after PYTHONPATH: bench_coldstart --rev runs older code
 
-from slurm_horus.features import FEATURE_VERSION, extract_features  # noqa: E402
+from slurm_horus.graph.features import FEATURE_VERSION, extract_features  # noqa: E402
 
 ENV_VAR = "HORUS_GPUMEMNET_DIR"
 DEFAULT_DIR = REPO_ROOT.parent / "shared" / "datasets" / "gpumemnet"
@@ -320,8 +320,8 @@ def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
     with open(_csv_path(MLP_CSV), "rb") as f:
         h.update(f.read())
     h.update(f"features={FEATURE_VERSION};builder={BUILDER_VERSION}".encode())
-    for stage in ("graph.py", "costs.py", "features.py"):  # any change to the graph stage
-        h.update((Path(__file__).resolve().parents[1] / "slurm_horus" / stage).read_bytes())
+    for stage in sorted((Path(__file__).resolve().parents[1] / "slurm_horus" / "graph").glob("*.py")):
+        h.update(stage.read_bytes())  # any change to the graph stage
     folder = Path(cache_dir) if cache_dir else DEFAULT_CACHE_DIR
     return folder / f"gpumemnet-{h.hexdigest()[:16]}.json"
 

@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import HorusError
+from slurm_horus.errors import HorusError
 
 # Slurm versions the test suite runs on (tests/cluster/up); shards exist from 22.05.
 TESTED = ("22.05", "25.11")
@@ -34,7 +34,7 @@ class SlurmConf:
 
 
 def read_slurm_conf(path: Path) -> SlurmConf:
-    from .slurm_parse import parse_conf_lines
+    from slurm_horus.slurm.parse import parse_conf_lines
 
     try:
         text = path.read_text()
@@ -130,8 +130,8 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
                 gpu_mem_types: set[str], declared: set[str]) -> list[Problem]:
     """GPU node lines against the policy: shard counts, typing (the node features the policy
     declares in type_features must exist), the policy's GPU memory table."""
-    from .slurm_parse import parse_conf_lines
-    from .slurm_parse import parse_gres
+    from slurm_horus.slurm.parse import parse_conf_lines
+    from slurm_horus.slurm.parse import parse_gres
 
     out = []
     shard_lines: dict[str, int] = {}
@@ -184,7 +184,7 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
 
 
 def _hosts(expr: str | None) -> list[str]:
-    from .slurm_parse import expand_hostlist
+    from slurm_horus.slurm.parse import expand_hostlist
 
     return expand_hostlist(expr) if expr else []
 
@@ -244,9 +244,9 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
              ledger_url: str | None = None, model_dir: str | os.PathLike | None = None,
              version_text: str | None = None) -> list[Problem]:
     """Every problem found. ``version_text``: the Slurm version (``25.11.7``; None: unknown)."""
-    from .ledger import default_url
-    from .policy import policy_file, policy_value
-    from .registry import default_dir
+    from slurm_horus.ledger import default_url
+    from slurm_horus.slurm.policy import policy_file, policy_value
+    from slurm_horus.predict.registry import default_dir
 
     path = Path(slurm_conf)
     conf = read_slurm_conf(path)
@@ -282,7 +282,7 @@ def _policy_gpu_types(pol: Path) -> set[str]:
 
 def slurm_version_text() -> str | None:
     """The running Slurm's ``X.Y.Z`` (None when its tools are not on PATH)."""
-    from . import slurm
+    from slurm_horus.slurm import commands as slurm
 
     try:
         return slurm.slurm_version()

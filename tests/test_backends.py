@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus import slurm
-from slurm_horus import slurm_parse as sp
+from slurm_horus.slurm import commands as slurm
+from slurm_horus.slurm import parse as sp
 from slurm_horus.errors import HorusError
 
 pytestmark = pytest.mark.cluster

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus.coldstart import Workload
-from slurm_horus.features import extract_features
-from slurm_horus.gpus import default_catalog
-from slurm_horus.hint import parse_hint
-from slurm_horus.predict import choose_predictor, predict_for
-from slurm_horus.submit import _hint_of
+from slurm_horus.predict.coldstart import Workload
+from slurm_horus.graph.features import extract_features
+from slurm_horus.predict.gpus import default_catalog
+from slurm_horus.slurm.hint import parse_hint
+from slurm_horus.predict.chain import choose_predictor, predict_for
+from slurm_horus.slurm.submit import _hint_of
 
 ZOO = Path(__file__).resolve().parent / "data" / "zoo"
 Q = {"mem_log_q": {"0.9": 0.2, "0.95": 0.3, "0.99": 0.5}, "util_q": {"0.9": 12.0}, "n": 200}
@@ -71,8 +71,8 @@ def test_a_bad_calibration_is_refused_and_the_predictors_own_bounds_serve(tmp_pa
 
 
 def test_learned_entries_apply_only_to_the_version_they_were_measured_on(tmp_path):
-    from slurm_horus.coldstart import Prediction
-    from slurm_horus.predict import Calibration
+    from slurm_horus.predict.coldstart import Prediction
+    from slurm_horus.predict.chain import Calibration
 
     cal = Calibration({"version": 1, "model": "v0002",
                        "quantiles": {"*": {"learned": Q}}}, serving="v0003")

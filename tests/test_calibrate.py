@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_horus import calibrate as cal
-from slurm_horus.features import FEATURE_NAMES
+from slurm_horus.calibrate import measure as cal
+from slurm_horus.graph.features import FEATURE_NAMES
 from slurm_horus.ledger import Ledger
-from slurm_horus.retrain import IMPORT_COLUMNS
+from slurm_horus.ledger.retrain import IMPORT_COLUMNS
 
 ZOO = Path(__file__).parent / "data" / "zoo"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -122,7 +122,7 @@ def test_csv_is_accepted_by_horus_admin_import(tmp_path):
 
 def test_ledger_rows_match_a_later_import(tmp_path):
     """--ledger imports each row as it is written; importing the CSV afterwards adds nothing."""
-    from slurm_horus.retrain import import_csv
+    from slurm_horus.ledger.retrain import import_csv
 
     out = tmp_path / "calib.csv"
     L = Ledger(f"sqlite:///{tmp_path}/ledger.db")
@@ -246,7 +246,7 @@ def test_real_export_and_feature_row_on_cpu(tmp_path):
     assert feats["batch_size"] == 16 and feats["params"] == 62006  # the tutorial net's count
     assert feats["flops"] > 0 and row["mem_mib"] == "600.0"
     # the zoo's graph of the same net has the same features: calibrate builds the same families
-    from slurm_horus.features import extract_features
+    from slurm_horus.graph.features import extract_features
 
     zoo = extract_features(ZOO / "small_cnn.onnx", batch_size=16)
     assert zoo.values["params"] == feats["params"] and zoo.values["flops"] == feats["flops"]
@@ -256,7 +256,7 @@ def test_real_export_and_feature_row_on_cpu(tmp_path):
 def test_token_model_export_binds_seq(tmp_path):
     spec = cal.model_specs()["lstm_lm"]
     path = cal.export_onnx(spec, tmp_path)
-    from slurm_horus.features import extract_features
+    from slurm_horus.graph.features import extract_features
 
     r = extract_features(path, batch_size=4, dims=spec.dims)
     assert not r.unknown_dims and r.values["params"] > 19e6

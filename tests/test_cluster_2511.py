@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus import slurm
+from slurm_horus.slurm import commands as slurm
 
 pytestmark = pytest.mark.cluster
 ZOO = Path(__file__).parent / "data" / "zoo"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus import slurm_parse as sp
+from slurm_horus.slurm import parse as sp
 
 pytestmark = pytest.mark.cluster
 

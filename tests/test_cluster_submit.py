@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus import slurm_parse as sp
-from slurm_horus.hint import parse_hint
+from slurm_horus.slurm import parse as sp
+from slurm_horus.slurm.hint import parse_hint
 
 pytestmark = pytest.mark.cluster
 
@@ -294,9 +294,9 @@ def wait_finished(job_id, timeout=60):
 def test_the_loop_through_slurm(workdir, tmp_path):
     """hsubmit -> the job ends -> one horus-admin sync (as root) -> hacct shows the job with its
     prediction, placement and state, and the ledger holds features sync recomputed itself."""
-    from slurm_horus.features import extract_features
+    from slurm_horus.graph.features import extract_features
     from slurm_horus.ledger import Ledger
-    from slurm_horus.usage import parse_sacct_json, run_sacct
+    from slurm_horus.ledger.sync import parse_sacct_json, run_sacct
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     policy = tmp_path / "policy.conf"

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from graphs import save
-from slurm_horus.coldstart import ColdStartEstimator, Workload
-from slurm_horus.features import extract_features
-from slurm_horus.gpus import get_gpu
+from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
+from slurm_horus.graph.features import extract_features
+from slurm_horus.predict.gpus import get_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from slurm_horus.features import extract_features
+from slurm_horus.graph.features import extract_features
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from slurm_horus.errors import HorusError
-from slurm_horus.gpus import ARCHES, ENV_VAR, GPU, Catalog, normalize
+from slurm_horus.predict.gpus import ARCHES, ENV_VAR, GPU, Catalog, normalize
 
 NO_ENV: dict[str, str] = {}
 
@@ -348,7 +348,7 @@ def test_from_entries_requires_complete_entries():
 
 
 def test_default_catalog_is_cached(monkeypatch):
-    from slurm_horus import gpus
+    from slurm_horus.predict import gpus
 
     monkeypatch.delenv(ENV_VAR, raising=False)
     gpus.default_catalog.cache_clear()

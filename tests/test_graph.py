@@ -12,8 +12,8 @@ from onnx import TensorProto, helper
 
 from graphs import external_tensor, mlp, save
 from slurm_horus.errors import ModelError
-from slurm_horus.features import extract_features
-from slurm_horus.graph import load_graph
+from slurm_horus.graph.features import extract_features
+from slurm_horus.graph.load import load_graph
 
 
 def test_binds_batch_and_counts_mlp(tmp_path):

@@ -162,7 +162,7 @@ PRIVATE = "ClusterName             = horus\nPrivateData             = accounts,j
 
 
 def test_private_data_shows_a_reader_only_their_own_jobs(url, monkeypatch):
-    from slurm_horus import slurm
+    from slurm_horus.slurm import commands as slurm
     from slurm_horus.ledger import current_user
 
     me = current_user()

@@ -1,4 +1,4 @@
-"""slurm_horus.hint: encoding, attaching and parsing the horus hint."""
+"""slurm_horus.slurm.hint: encoding, attaching and parsing the horus hint."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_horus.errors import HorusError
-from slurm_horus.hint import (
+from slurm_horus.slurm.hint import (
     MAX_TOKEN_LEN,
     attach_hint,
     encode_hint,
@@ -157,7 +157,7 @@ def test_parse_whitespace_is_ascii_only_like_lua():
 def test_python_and_lua_agree_on_validity():
     """parse_hint() and the hook accept exactly the same hints."""
     pytest.importorskip("lupa")
-    from slurm_horus.policy import decide
+    from slurm_horus.slurm.policy import decide
 
     samples = [
         "horus:v1;t4=1/1/1", "horus:v1;t4=100/99999999/99999999", "horus:v1;t4=0.000000001/0/0",
@@ -183,7 +183,7 @@ JOB = {"sha": SHA, "bs": 32, "task": "train", "opt": "adamw", "prec": "amp",
 
 
 def test_workload_token_round_trip_and_encoding():
-    from slurm_horus.hint import encode_workload, parse_workload
+    from slurm_horus.slurm.hint import encode_workload, parse_workload
 
     tok = encode_workload(JOB)
     assert tok == ("horus-job:v1;sha=" + SHA + ";bs=32;task=train;opt=adamw;prec=amp;"
@@ -213,7 +213,7 @@ HINT_T4 = "horus:v1;t4=1/2/3"
     f"horus-job:v1;sha={SHA};model=/a%FF.onnx",            # not UTF-8
 ])
 def test_workload_token_malformed(comment):
-    from slurm_horus.hint import parse_workload
+    from slurm_horus.slurm.hint import parse_workload
 
     assert parse_workload(comment) is None
     with pytest.raises(HorusError):
@@ -221,7 +221,7 @@ def test_workload_token_malformed(comment):
 
 
 def test_workload_encoder_refuses_what_it_cannot_write():
-    from slurm_horus.hint import encode_workload
+    from slurm_horus.slurm.hint import encode_workload
 
     for bad in ({}, {"sha": "x"}, {"sha": SHA, "bs": 0}, {"sha": SHA, "task": "eval"},
                 {"sha": SHA, "model": "rel.onnx"}, {"sha": SHA, "dims": {"s": -1}},
@@ -231,7 +231,7 @@ def test_workload_encoder_refuses_what_it_cannot_write():
 
 
 def test_attach_tokens_drop_order_and_limit():
-    from slurm_horus.hint import attach_tokens, encode_workload, parse_workload
+    from slurm_horus.slurm.hint import attach_tokens, encode_workload, parse_workload
 
     full = attach_tokens("old horus:v1;t4=9/9/9 horus-job:v1;sha=" + SHA, HINT_T4, JOB)
     assert full == f"old {HINT_T4} {encode_workload(JOB)}"  # earlier tokens replaced
@@ -249,8 +249,8 @@ def test_attach_tokens_drop_order_and_limit():
 
 def test_hook_ignores_the_workload_token():
     pytest.importorskip("lupa")
-    from slurm_horus.hint import encode_workload
-    from slurm_horus.policy import decide
+    from slurm_horus.slurm.hint import encode_workload
+    from slurm_horus.slurm.policy import decide
 
     hint = "horus:v1;t4=20/3000/3500"
     alone = decide({"comment": hint, "tres_per_node": "gres:gpu:1"}, policy_path=POLICY,

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus import slurm_parse as sp
-from slurm_horus import submit as sub
+from slurm_horus.slurm import parse as sp
+from slurm_horus.slurm import submit as sub
 from slurm_horus.errors import HorusError
-from slurm_horus.hint import MAX_SLURM_COMMENT, attach_hint, parse_hint, parse_workload
+from slurm_horus.slurm.hint import MAX_SLURM_COMMENT, attach_hint, parse_hint, parse_workload
 
 
 def split(*argv):
@@ -248,8 +248,8 @@ def test_on_prediction_error_setting(tmp_path):
 def test_hsubmit_start_is_lazy():
     import subprocess
     import sys
-    code = ("import sys; import slurm_horus.cli.hsubmit as h, slurm_horus.submit, slurm_horus.slurm;"
-            "p = slurm_horus.submit.prepare(['-p', 'gpu', '--wrap', 'true'], env={});"
+    code = ("import sys; import slurm_horus.cli.hsubmit as h, slurm_horus.slurm.submit, slurm_horus.slurm.commands;"
+            "p = slurm_horus.slurm.submit.prepare(['-p', 'gpu', '--wrap', 'true'], env={});"
             "print(sorted(m for m in ('onnx', 'sklearn', 'click', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -268,7 +268,7 @@ def test_hsubmit_writes_nothing_but_the_comment(tmp_path, monkeypatch):
     """No ledger, no spool, no child process: the prediction travels in the comment only."""
     import sys
 
-    from slurm_horus import slurm
+    from slurm_horus.slurm import commands as slurm
     from slurm_horus.cli import hsubmit
 
     seen = []
@@ -292,7 +292,7 @@ def test_unbound_model_dimension_attaches_no_hint():
 
     import pytest
 
-    from slurm_horus import submit as sub
+    from slurm_horus.slurm import submit as sub
     from slurm_horus.errors import HorusError
 
     bert = Path(__file__).parent / "data" / "zoo" / "bert_base.onnx"

@@ -1,4 +1,4 @@
-"""The real etc/job_submit.lua, run in Lua 5.1 through slurm_horus.policy (lupa)."""
+"""The real etc/job_submit.lua, run in Lua 5.1 through slurm_horus.slurm.policy (lupa)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytest.importorskip("lupa")
 
 import tempfile  # noqa: E402
 
-from slurm_horus.policy import Decision, HookCache, HookRuntime, decide  # noqa: E402
+from slurm_horus.slurm.policy import Decision, HookCache, HookRuntime, decide  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "etc" / "job_submit.lua"
@@ -638,7 +638,7 @@ def test_memory_bound_p95_p99(tmp_path, memkind, comment, shards, used):
     d = run({"comment": comment, "tres_per_node": "gres:gpu:1"}, pol)
     assert (d.action, d.shards) == ("shared", shards)
     assert f"MiB {used})" in d.admin_comment
-    from slurm_horus.policy import policy_value
+    from slurm_horus.slurm.policy import policy_value
 
     assert policy_value("memory", "p90", pol) == memkind
 
@@ -653,6 +653,6 @@ def test_memory_bound_p95_p99(tmp_path, memkind, comment, shards, used):
 def test_bad_bound_fields_are_bad_hints(comment, why):
     d = run({"comment": comment, "tres_per_node": "gres:gpu:1"})
     assert d.action == "unchanged" and why in d.admin_comment
-    from slurm_horus.hint import parse_hint
+    from slurm_horus.slurm.hint import parse_hint
 
     assert parse_hint(comment) is None

@@ -1,7 +1,7 @@
 """The hook's trust policy, on the real etc/job_submit.lua in Lua 5.1 (lupa): raw shard requests
 (raw_shards), the memory floor of a hint (min_mem_mib), the claim record written by
 `horus-admin sync` (record_file, underclaim_limit), the workload token it must ignore, the
-job_modify path, and slurm_horus.policy.policy_value()."""
+job_modify path, and slurm_horus.slurm.policy.policy_value()."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("lupa")
 
-from slurm_horus.policy import Decision, HookCache, HookRuntime, decide, policy_file, policy_value  # noqa: E402
+from slurm_horus.slurm.policy import Decision, HookCache, HookRuntime, decide, policy_file, policy_value  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "etc" / "job_submit.lua"

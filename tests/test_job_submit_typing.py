@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("lupa")
 
-from slurm_horus.policy import Decision, HookRuntime, decide, policy_value  # noqa: E402
+from slurm_horus.slurm.policy import Decision, HookRuntime, decide, policy_value  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "etc" / "job_submit.lua"

@@ -374,7 +374,7 @@ def test_mariadb_ledger():
     with L.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT jobs FROM v_accuracy_by_family").fetchall() == [(1,)]
         assert conn.exec_driver_sql("SELECT jobs FROM v_gpu_util_daily").fetchall() == [(1,)]
-    from slurm_horus.report import summary
+    from slurm_horus.ledger.report import summary
 
     s = summary(L)
     assert s["all"]["jobs"] == 1 and s["all"]["util_mae_pp"] == 11.0

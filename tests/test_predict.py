@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slurm_horus.coldstart import ColdStartEstimator, Workload
+from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.errors import HorusError
-from slurm_horus.features import extract_features
-from slurm_horus.gpus import get_gpu
-from slurm_horus.learned import (LearnedEstimator, LearnedModel, TreeEnsemble, fit, input_row,
+from slurm_horus.graph.features import extract_features
+from slurm_horus.predict.gpus import get_gpu
+from slurm_horus.predict.learned import (LearnedEstimator, LearnedModel, TreeEnsemble, fit, input_row,
                                  train_holdout)
-from slurm_horus.registry import Registry
+from slurm_horus.predict.registry import Registry
 
 ZOO = Path(__file__).parent / "data" / "zoo"
 A100 = get_gpu("a100")

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from slurm_horus.ledger import Ledger
-from slurm_horus.probe import Summary, job_gpu_ids, monitor, process_tree, run_probe
+from slurm_horus.ledger.probe import Summary, job_gpu_ids, monitor, process_tree, run_probe
 
 
 class FakeSampler:
@@ -61,7 +61,7 @@ def test_run_probe_records_usage(tmp_path):
 def test_no_nvml_exits_zero_quietly(tmp_path):
     env = dict(os.environ, SLURM_JOB_ID="5", HORUS_LEDGER_URL=f"sqlite:///{tmp_path}/l.db",
                HORUS_SPOOL=str(tmp_path / "sp"), PYTHONPATH=os.getcwd())
-    code = ("import sys, slurm_horus.probe as p;"
+    code = ("import sys, slurm_horus.ledger.probe as p;"
             "sys.modules['pynvml'] = None;"  # import fails like a missing package
             "from slurm_horus.cli.probe import main; main(['--pid', '1', '--interval', '1'])")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -82,7 +82,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from slurm_horus import probe as pr  # noqa: E402
+from slurm_horus.ledger import probe as pr  # noqa: E402
 from slurm_horus.cli.probe import main as probe_main  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_horus.errors import HorusError
-from slurm_horus.features import FEATURE_NAMES
+from slurm_horus.graph.features import FEATURE_NAMES
 from slurm_horus.ledger import Ledger
-from slurm_horus.registry import Registry
+from slurm_horus.predict.registry import Registry
 
 
 def _features(rng, scale):
@@ -90,8 +90,8 @@ def test_import_retrain_promote_rollback(tmp_path):
 
 def _ground_truth(tmp_path, models, **kw):
     """Score of each model on a fresh sample no retrain saw (the truth promotion must follow)."""
-    from slurm_horus.learned import accuracy
-    from slurm_horus.retrain import _serving_predict, import_csv, score, training_set
+    from slurm_horus.predict.learned import accuracy
+    from slurm_horus.ledger.retrain import _serving_predict, import_csv, score, training_set
 
     write_csv(tmp_path / "fresh.csv", **kw)
     F = Ledger(f"sqlite:///{tmp_path}/fresh.db")
@@ -110,8 +110,8 @@ def test_worse_serving_model_is_replaced(tmp_path):
     them. Judged on those jobs it never saw, the candidate is promoted, and it is truly better
     on jobs neither saw. Scoring v0001 on all rows, its own training rows included (as retrain
     once did), makes it look better and keeps it: checked below, so this test can tell."""
-    from slurm_horus.learned import accuracy
-    from slurm_horus.retrain import _serving_predict, import_csv, retrain, score, training_set
+    from slurm_horus.predict.learned import accuracy
+    from slurm_horus.ledger.retrain import _serving_predict, import_csv, retrain, score, training_set
 
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     reg = Registry(tmp_path / "models")
@@ -135,7 +135,7 @@ def test_better_serving_model_is_kept(tmp_path):
     """v0001 is a full fit of 150 jobs; the candidate, from the same jobs and 30 new ones, is a
     10-round fit. On the new jobs (which neither saw) v0001 wins, so it keeps serving, and
     it is truly better on jobs neither saw."""
-    from slurm_horus.retrain import import_csv, retrain
+    from slurm_horus.ledger.retrain import import_csv, retrain
 
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     reg = Registry(tmp_path / "models")
@@ -156,7 +156,7 @@ def test_calibration_covers_held_out_jobs(tmp_path):
     """calibration.json's split-conformal p90 of the cold start, per GPU type, covers about 90 %
     of jobs from the same site that retrain never saw; the noisier GPU type gets the wider
     bound."""
-    from slurm_horus.retrain import import_csv, retrain, training_set
+    from slurm_horus.ledger.retrain import import_csv, retrain, training_set
 
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     write_csv(tmp_path / "a.csv", n=150, seed=7, gpus=("a100-40gb",), noise=0.05)
@@ -188,7 +188,7 @@ def test_calibration_covers_held_out_jobs(tmp_path):
 def test_failed_measurements_flagged_not_trained(tmp_path):
     """A job that never used its GPU (util 0, memory at most a bare CUDA context) is kept and
     flagged, counted by import, and neither trains nor scores."""
-    from slurm_horus.retrain import import_csv, training_set
+    from slurm_horus.ledger.retrain import import_csv, training_set
 
     rng = random.Random(0)
     bad = [{"features": json.dumps(_features(rng, 8)), "gpu_type": "t4", "batch_size": 8,
@@ -219,7 +219,7 @@ def test_features_without_cold_figures_refused(tmp_path):
 
 
 def test_retrain_needs_rows(tmp_path):
-    from slurm_horus.retrain import retrain
+    from slurm_horus.ledger.retrain import retrain
 
     with pytest.raises(HorusError, match="measured jobs"):
         retrain(Ledger(f"sqlite:///{tmp_path}/l.db"), Registry(tmp_path / "m"))
@@ -235,12 +235,12 @@ def test_import_bad_csv_one_line(tmp_path):
 
 
 def test_foreign_model_file_refused(tmp_path):
-    from slurm_horus.retrain import retrain
+    from slurm_horus.ledger.retrain import retrain
 
     url = f"sqlite:///{tmp_path}/l.db"
     src = tmp_path / "m.csv"
     write_csv(src, n=60)
-    from slurm_horus.retrain import import_csv
+    from slurm_horus.ledger.retrain import import_csv
 
     L = Ledger(url)
     import_csv(L, str(src))
@@ -266,9 +266,9 @@ def test_retrain_learns_from_sync_built_rows(tmp_path):
     import hashlib
     from pathlib import Path
 
-    from slurm_horus.hint import encode_workload
-    from slurm_horus.retrain import retrain, training_set
-    from slurm_horus.usage import sync
+    from slurm_horus.slurm.hint import encode_workload
+    from slurm_horus.ledger.retrain import retrain, training_set
+    from slurm_horus.ledger.sync import sync
 
     zoo = Path(__file__).parent / "data" / "zoo"
     jobs, rng = [], random.Random(1)

@@ -20,13 +20,13 @@ import pytest
 from onnx import TensorProto, helper
 
 from graphs import mlp, save
-from slurm_horus.coldstart import ColdStartEstimator, Workload
+from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.errors import HorusError, ModelError
-from slurm_horus.features import extract_features
-from slurm_horus.gpus import get_gpu
-from slurm_horus.learned import LearnedEstimator, LearnedModel, input_row, train_holdout
-from slurm_horus.predict import choose_predictor
-from slurm_horus.registry import Registry
+from slurm_horus.graph.features import extract_features
+from slurm_horus.predict.gpus import get_gpu
+from slurm_horus.predict.learned import LearnedEstimator, LearnedModel, input_row, train_holdout
+from slurm_horus.predict.chain import choose_predictor
+from slurm_horus.predict.registry import Registry
 
 ZOO = Path(__file__).parent / "data" / "zoo"
 HORUS = [sys.executable, "-m", "slurm_horus.cli.horus"]
@@ -239,7 +239,7 @@ def _as_lists(d: dict) -> dict:
     """A model document in format 1 (trees as lists of numbers), which still loads."""
     import base64
 
-    from slurm_horus.learned import PACKED
+    from slurm_horus.predict.learned import PACKED
 
     for part in ("mem", "util"):
         a = {k: np.frombuffer(base64.b64decode(v), PACKED[k]).tolist()
@@ -262,7 +262,7 @@ def _damage(text: str, how) -> str:
 def _repack(d: dict, part: str, key: str, change) -> None:
     import base64
 
-    from slurm_horus.learned import PACKED
+    from slurm_horus.predict.learned import PACKED
 
     a = np.frombuffer(base64.b64decode(d[part]["packed"][key]), PACKED[key]).copy()
     change(a)

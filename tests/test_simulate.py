@@ -10,15 +10,15 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_horus.errors import HorusError
-from slurm_horus.hint import encode_hint
-from slurm_horus.policy import decide
-from slurm_horus.sim_interference import LUCID_POINTS, Interference, parse_points
-from slurm_horus.sim_traces import (SimJob, TRACES, ModelMix, from_rows, from_sacct_json,
+from slurm_horus.slurm.hint import encode_hint
+from slurm_horus.slurm.policy import decide
+from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
+from slurm_horus.sim.traces import (SimJob, TRACES, ModelMix, from_rows, from_sacct_json,
                                     generate_trace, lognormal_params)
-from slurm_horus.simulate import (ClusterSpec, HorusDecider, NodeSpec, Request, Simulator,
+from slurm_horus.sim.engine import (ClusterSpec, HorusDecider, NodeSpec, Request, Simulator,
                                   build_requests, cluster_from_json, cluster_from_slurm_conf,
-                                  homogeneous_cluster, run_policies,
-                                  write_png)
+                                  homogeneous_cluster, run_policies)
+from slurm_horus.sim.plot import write_png
 
 A100 = 40960.0
 
@@ -288,7 +288,7 @@ NodeName=login CPUs=4
     assert c.gpu_types == ["a100", "t4"] and c.total_gpus == 24 and len(c.nodes) == 6
     with pytest.raises(HorusError, match="untyped"):
         cluster_from_slurm_conf(conf)
-    from slurm_horus.slurm_parse import expand_hostlist
+    from slurm_horus.slurm.parse import expand_hostlist
 
     assert expand_hostlist("g[08-10,2],x") == ["g08", "g09", "g10", "g2", "x"]
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus import slurm_parse as sp
+from slurm_horus.slurm import parse as sp
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 INDEX = {f["name"]: f for f in json.loads((FIX / "index.json").read_text())["fixtures"]}

@@ -4,7 +4,7 @@ tests/cluster/record_fixtures.py in tests/fixtures/slurm-25.11 (job ids from its
 import json
 from pathlib import Path
 
-from slurm_horus import slurm_parse as sp
+from slurm_horus.slurm import parse as sp
 
 FIX = Path(__file__).parent / "fixtures" / "slurm-25.11"
 META = json.loads((FIX / "index.json").read_text())

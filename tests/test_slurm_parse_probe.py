@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus import slurm_parse as sp
+from slurm_horus.slurm import parse as sp
 
 FIX = Path(__file__).parent / "fixtures" / "slurm" / "probe"
 INDEX = json.loads((FIX / "index.json").read_text())["fixtures"]

@@ -12,7 +12,7 @@ import pytest
 
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
-from slurm_horus.usage import (colocations, gpu_use_from_tres_strings, gres_placement,
+from slurm_horus.ledger.sync import (colocations, gpu_use_from_tres_strings, gres_placement,
                                parse_sacct_json, size_mib, sync)
 
 FIX = Path(__file__).parent / "fixtures"
@@ -241,7 +241,7 @@ def _claim(model, bs=8, **extra):
     """A hint and a workload token as hsubmit writes them, for ``model``."""
     import hashlib
 
-    from slurm_horus.hint import encode_workload
+    from slurm_horus.slurm.hint import encode_workload
 
     sha = hashlib.sha256(Path(model).read_bytes()).hexdigest()
     return ("mine horus:v1;a100=30/4000/4500;t4=60/4000/4500 " +
@@ -275,7 +275,7 @@ def test_sync_builds_rows_from_slurm_facts_and_claims(tmp_path):
     wl = json.loads(s["workload"])
     assert wl["batch_size"] == 8 and wl["optimizer"] == "adam"
     feats = json.loads(s["features"])
-    from slurm_horus.features import extract_features
+    from slurm_horus.graph.features import extract_features
 
     assert feats == extract_features(model, batch_size=8).values and s["feature_version"] == 1
     preds = json.loads(s["predictions"])
@@ -335,7 +335,7 @@ def test_features_only_for_what_the_jobs_owner_can_read(tmp_path, open_dir):
 
 
 def test_open_as_owner_follows_unix_permissions(open_dir):
-    from slurm_horus.usage import open_as_owner
+    from slurm_horus.ledger.sync import open_as_owner
 
     tmp_path = open_dir
     d = tmp_path / "d"
@@ -367,7 +367,7 @@ def test_open_as_owner_follows_unix_permissions(open_dir):
 
 
 def test_claim_record_counts_users_and_accounts():
-    from slurm_horus.usage import RECORD_HEADER, claim_record
+    from slurm_horus.ledger.sync import RECORD_HEADER, claim_record
 
     rows = [{"user_name": "ann", "uid": 1001, "account": "ml", "under_claims": 1, "jobs": 4},
             {"user_name": "ann", "uid": None, "account": "cv", "under_claims": 2, "jobs": 2},
@@ -421,7 +421,7 @@ def test_sync_from_real_cluster(tmp_path):
     """Jobs sbatch'ed with a hint (no hsubmit, nothing written beforehand) are recorded under the
     cluster name accounting reports (read through the chosen backend), once however often sync
     runs; a whole-GPU job is counted in GPUs, a packed one in shards."""
-    from slurm_horus import slurm
+    from slurm_horus.slurm import commands as slurm
 
     if not _cluster_ok():
         pytest.skip("SLURM_CONF unset or the local cluster is down (tests/cluster/up)")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus.features import extract_features
-from slurm_horus.graph import load_graph
+from slurm_horus.graph.features import extract_features
+from slurm_horus.graph.load import load_graph
 
 DATA = Path(__file__).parent / "data"
 ZOO = json.loads((DATA / "zoo.json").read_text())

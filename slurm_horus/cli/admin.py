@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import one_line_errors, print_json
+from slurm_horus.cli.common import one_line_errors, print_json
 
 MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
                          help="Registry folder (default /var/lib/slurm-horus/models).")
@@ -27,7 +27,7 @@ def models():
 @one_line_errors("horus-admin models list")
 def models_list(model_dir, as_json):
     """List model versions with their held-out accuracy; * marks the serving one."""
-    from ..registry import Registry
+    from slurm_horus.predict.registry import Registry
 
     entries = Registry(model_dir).list()
     if as_json:
@@ -54,7 +54,7 @@ def models_list(model_dir, as_json):
 @one_line_errors("horus-admin models promote")
 def promote(version, model_dir):
     """Serve VERSION from now on."""
-    from ..registry import Registry
+    from slurm_horus.predict.registry import Registry
 
     Registry(model_dir).promote(version)
     click.echo(f"serving {version}")
@@ -65,16 +65,16 @@ def promote(version, model_dir):
 @one_line_errors("horus-admin models rollback")
 def rollback(model_dir):
     """Serve the previously serving version again."""
-    from ..registry import Registry
+    from slurm_horus.predict.registry import Registry
 
     click.echo(f"serving {Registry(model_dir).rollback()}")
 
 
 def _register_subcommands() -> None:
-    from .admin_calibrate import register as register_calibrate
-    from .admin_doctor import register as register_doctor
-    from .admin_ledger import register as register_ledger
-    from .admin_simulate import register as register_simulate
+    from slurm_horus.cli.admin_calibrate import register as register_calibrate
+    from slurm_horus.cli.admin_doctor import register as register_doctor
+    from slurm_horus.cli.admin_ledger import register as register_ledger
+    from slurm_horus.cli.admin_simulate import register as register_simulate
 
     register_ledger(main)
     register_calibrate(main)

@@ -9,11 +9,11 @@ import sys
 
 import click
 
-from .common import one_line_errors
+from slurm_horus.cli.common import one_line_errors
 
 
 def _csv_list(value: str | None, what: str, cast=str) -> list:
-    from ..errors import HorusError
+    from slurm_horus.errors import HorusError
 
     items = [v.strip() for v in (value or "").split(",") if v.strip()]
     try:
@@ -48,10 +48,10 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
     """Run real PyTorch models (random weights, synthetic data) on a GPU, measure utilization
     and memory via NVML, and append one import-format row per (model, batch size, task).
     Needs `pip install 'slurm-horus[calibrate,probe]'` and a CUDA GPU."""
-    from ..calibrate import (NvmlSampler, TorchRunner, calibrate as do_calibrate,
+    from slurm_horus.calibrate.measure import (NvmlSampler, TorchRunner, calibrate as do_calibrate,
                              default_models, model_specs, plan, require_torch_gpu)
-    from ..coldstart import TASKS
-    from ..errors import HorusError
+    from slurm_horus.predict.coldstart import TASKS
+    from slurm_horus.errors import HorusError
 
     bs = _csv_list(batch_sizes, "--batch-sizes", int)
     if any(b < 1 for b in bs):
@@ -82,7 +82,7 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
                          "pip install 'slurm-horus[probe]' (nvidia-ml-py)") from None
     ledger = None
     if url:
-        from ..ledger import Ledger
+        from slurm_horus.ledger import Ledger
 
         ledger = Ledger(url)
     runs = plan(names, bs, ts)

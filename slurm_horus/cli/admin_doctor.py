@@ -9,7 +9,7 @@ import os
 
 import click
 
-from .common import one_line_errors, print_json
+from slurm_horus.cli.common import one_line_errors, print_json
 
 
 def register(main_group: click.Group) -> None:
@@ -31,7 +31,7 @@ def register(main_group: click.Group) -> None:
         """Check slurm.conf, gres.conf, the hook, the policy, accounting, Prolog/Epilog, the
         ledger's and registry's permissions and the Slurm version; print each problem with its
         fix. Exit 1 when there is any."""
-        from ..doctor import diagnose, slurm_version_text
+        from slurm_horus.doctor import diagnose, slurm_version_text
 
         conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
         version = slurm_version_text()

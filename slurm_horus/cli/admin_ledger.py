@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from .common import one_line_errors, print_json
+from slurm_horus.cli.common import one_line_errors, print_json
 
 LEDGER = click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
                       help="Ledger database URL (default $HORUS_LEDGER_URL or "
@@ -34,10 +34,10 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
 def sync(url, since, until, all_jobs, from_file, policy, as_json):
     """Record finished jobs from sacct (idempotent), replay the probes' spool, then write the
     hook's claim record (and users' extracts where Slurm keeps jobs private)."""
-    from ..errors import HorusError
-    from ..ledger import Ledger
-    from ..usage import publish, sync as do_sync
-    from .hacct import parse_time
+    from slurm_horus.errors import HorusError
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.ledger.sync import publish, sync as do_sync
+    from slurm_horus.cli.hacct import parse_time
 
     ledger = Ledger(url)
     data = None
@@ -78,9 +78,9 @@ def sync(url, since, until, all_jobs, from_file, policy, as_json):
 @one_line_errors("horus-admin retrain")
 def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
     """Train the learned predictor on measured jobs; promote it only if it beats the serving one."""
-    from ..ledger import Ledger
-    from ..registry import Registry
-    from ..retrain import import_csv as do_import, retrain as do_retrain
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.predict.registry import Registry
+    from slurm_horus.ledger.retrain import import_csv as do_import, retrain as do_retrain
 
     ledger = Ledger(url)
     registry = Registry(model_dir)
@@ -120,11 +120,11 @@ def _failed_note(imp: dict) -> str:
 
 
 def _export_history(ledger, registry) -> dict:
-    """Refresh the registry's history.json that hsubmit reads (slurm_horus.history)."""
+    """Refresh the registry's history.json that hsubmit reads (slurm_horus.predict.history)."""
     try:
-        from ..history import export_history
+        from slurm_horus.predict.history import export_history
     except ImportError:
-        return {"error": "not exported: this slurm-horus has no slurm_horus.history"}
+        return {"error": "not exported: this slurm-horus has no slurm_horus.predict.history"}
     return export_history(ledger, registry)
 
 
@@ -145,9 +145,9 @@ def import_(csv_file, url, model_dir):
     features (JSON) with cold_util_pct and cold_mem_mib, optional batch_size, task, optimizer,
     precision, cpus_per_task, util_max_pct, user, model_family (see docs/ledger.md). Where the
     registry folder exists, its measured-run history is refreshed for hsubmit."""
-    from ..ledger import Ledger
-    from ..registry import Registry
-    from ..retrain import import_csv
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.predict.registry import Registry
+    from slurm_horus.ledger.retrain import import_csv
 
     ledger = Ledger(url)
     imp = import_csv(ledger, csv_file)

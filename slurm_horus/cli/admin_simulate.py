@@ -1,6 +1,6 @@
 """`horus-admin simulate`: compare placement policies on a simulated GPU cluster.
 
-Wired into `horus-admin` by ``register(main)``; the work is in slurm_horus.simulate.
+Wired into `horus-admin` by ``register(main)``; the work is in slurm_horus.sim.engine.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .common import one_line_errors, print_json
+from slurm_horus.cli.common import one_line_errors, print_json
 
 SUMMARY = (("makespan_s", "makespan (s)", "{:,.0f}"), ("mean_jct_s", "mean JCT (s)", "{:,.0f}"),
            ("median_jct_s", "median JCT (s)", "{:,.0f}"), ("p95_jct_s", "p95 JCT (s)", "{:,.0f}"),
@@ -23,7 +23,7 @@ SUMMARY = (("makespan_s", "makespan (s)", "{:,.0f}"), ("mean_jct_s", "mean JCT (
 
 
 def _read(path: str, what: str) -> str:
-    from ..errors import HorusError
+    from slurm_horus.errors import HorusError
 
     try:
         return Path(path).read_text()
@@ -34,8 +34,8 @@ def _read(path: str, what: str) -> str:
 
 
 def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf):
-    from ..errors import HorusError
-    from ..simulate import cluster_from_json, cluster_from_slurm_conf, homogeneous_cluster
+    from slurm_horus.errors import HorusError
+    from slurm_horus.sim.engine import cluster_from_json, cluster_from_slurm_conf, homogeneous_cluster
 
     if cluster_file and slurm_conf:
         raise HorusError("give --cluster or --slurm-conf, not both")
@@ -48,8 +48,8 @@ def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_
 
 
 def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo):
-    from ..errors import HorusError
-    from ..sim_traces import ModelMix, from_rows, from_sacct_json, generate_trace
+    from slurm_horus.errors import HorusError
+    from slurm_horus.sim.traces import ModelMix, from_rows, from_sacct_json, generate_trace
 
     if sacct and ledger:
         raise HorusError("give --sacct or --ledger, not both")
@@ -60,8 +60,8 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
                                sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
                                max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
     if ledger and "://" in ledger:  # the site's ledger itself (an SQLAlchemy URL)
-        from ..ledger import Ledger
-        from ..sim_traces import rows_from_ledger_jobs
+        from slurm_horus.ledger import Ledger
+        from slurm_horus.sim.traces import rows_from_ledger_jobs
 
         return from_rows(rows_from_ledger_jobs(Ledger(ledger).jobs(submitted_only=True)),
                          cluster.gpu_types)
@@ -136,9 +136,10 @@ def register(main_group: click.Group) -> None:
                      bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, slowdown_bound, max_group, zoo,
                      as_json, plot):
         """Simulate a GPU cluster running a job trace under several placement policies."""
-        from ..errors import HorusError
-        from ..sim_interference import LUCID_POINTS, Interference, parse_points
-        from ..simulate import run_policies, write_png
+        from slurm_horus.errors import HorusError
+        from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
+        from slurm_horus.sim.engine import run_policies
+        from slurm_horus.sim.plot import write_png
 
         if bf_window < 0 or bf_interval < 0 or oom_delay < 0:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")

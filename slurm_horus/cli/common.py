@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from ..errors import HorusError
+from slurm_horus.errors import HorusError
 
 
 def one_line_errors(prog: str):

@@ -13,14 +13,14 @@ import time
 
 import click
 
-from .common import one_line_errors
+from slurm_horus.cli.common import one_line_errors
 
 _REL_RE = re.compile(r"^now(?:-(\d+)(days?|hours?|minutes?|seconds?|[dhms])?)?$")
 
 
 def parse_time(s: str | None, what: str) -> int | None:
     """sacct-like times: YYYY-MM-DD[THH:MM[:SS]], epoch seconds, now, now-2days, now-3hours."""
-    from ..errors import HorusError
+    from slurm_horus.errors import HorusError
 
     if s is None:
         return None
@@ -75,9 +75,9 @@ def _split(values) -> list[str]:
 def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, noheader, as_json,
          summary, plot, under_claims, cluster, url):
     """Predicted vs actual GPU use of jobs (sacct-style)."""
-    from .. import report
-    from ..errors import HorusError
-    from ..usage import STATE_ABBREV
+    from slurm_horus.ledger import plots, report
+    from slurm_horus.errors import HorusError
+    from slurm_horus.ledger.sync import STATE_ABBREV
 
     if fmt and fmt.strip().lower() == "help":
         click.echo(" ".join(report.COLUMNS.values()))
@@ -93,8 +93,8 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
                    under_claims=under_claims)
-    from .. import slurm
-    from ..ledger import current_user, open_reader
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.ledger import current_user, open_reader
 
     me = current_user()
     ledger = open_reader(url, me)
@@ -103,17 +103,17 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
     if summary:
         s = report.summary(ledger, **filters)
         if as_json:
-            from .common import print_json
+            from slurm_horus.cli.common import print_json
 
             print_json(s)
         else:
             click.echo(report.summary_text(s), nl=False)
         return
     if plot is not None:
-        points = report.plot_points(ledger, **filters)
-        click.echo(report.text_plot(points), nl=False)
+        points = plots.plot_points(ledger, **filters)
+        click.echo(plots.text_plot(points), nl=False)
         if plot != "-":
-            report.write_png(plot, points)
+            plots.write_png(plot, points)
             click.echo(f"wrote {plot}")
         return
     rows = ledger.jobs(**filters)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..graph import parse_dims
-from .common import human, one_line_errors, print_json
+from slurm_horus.graph.load import parse_dims
+from slurm_horus.cli.common import human, one_line_errors, print_json
 
 BATCH_HELP = "Bind the batch dimension (symbolic batch-like or leading input dimensions)."
 DIM_HELP = "Bind a symbolic dimension by name, e.g. --dim seq=512 (repeatable)."
@@ -26,7 +26,7 @@ def main():
 @one_line_errors("horus features")
 def features(model, batch_size, dims, as_json, nodes):
     """Extract the features of MODEL (FLOPs, parameters, activations, op mix)."""
-    from ..features import extract_features
+    from slurm_horus.graph.features import extract_features
 
     report = extract_features(model, batch_size=batch_size, dims=parse_dims(dims))
     if as_json:
@@ -98,10 +98,10 @@ def _fmt_dims(dims: dict[str, int]) -> str:
 def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, gpu_types,
             model_dir, as_json):
     """Predict GPU utilization and peak GPU memory of MODEL per GPU type."""
-    from ..coldstart import Workload
-    from ..features import extract_features
-    from ..gpus import default_catalog
-    from ..predict import choose_predictor, predict_for
+    from slurm_horus.predict.coldstart import Workload
+    from slurm_horus.graph.features import extract_features
+    from slurm_horus.predict.gpus import default_catalog
+    from slurm_horus.predict.chain import choose_predictor, predict_for
 
     workload = Workload(batch_size=batch_size, task=task, optimizer=optimizer,
                         precision=precision, cpus_per_task=cpus_per_task)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         _err("interrupted")
         return 130
     except Exception as e:  # HorusError and anything unexpected: one line, no traceback
-        from ..errors import HorusError
+        from slurm_horus.errors import HorusError
 
         if os.environ.get("HORUS_DEBUG") and not isinstance(e, HorusError):
             raise
@@ -54,9 +54,9 @@ def _main(argv: list[str]) -> int:
     if argv in (["--horus-help"],):
         sys.stdout.write(__doc__)
         return 0
-    from .. import slurm
-    from .. import submit as sub
-    from ..errors import HorusError
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm import submit as sub
+    from slurm_horus.errors import HorusError
 
     stdin = sys.stdin.buffer if not sys.stdin.isatty() else None
     plan = sub.prepare(argv, stdin=stdin)
@@ -85,7 +85,7 @@ def _main(argv: list[str]) -> int:
 def _predict_or_warn(plan, sub, shown: int) -> bool:
     """Predict and attach the hint. On failure warn and go on without a hint (the job is still
     submitted), or return False when the site refuses such jobs."""
-    from ..errors import HorusError
+    from slurm_horus.errors import HorusError
 
     if plan.split.hetjob:
         err = HorusError("heterogeneous job: no prediction attached")

@@ -46,7 +46,7 @@ def main(mode, pid, interval, job_id, cluster, url, command):
                 sys.exit(127)
         sys.exit(2)
     try:
-        from .. import probe
+        from slurm_horus.ledger import probe
 
         if mode == "prolog":
             rc = probe.prolog(interval=interval, url=url)

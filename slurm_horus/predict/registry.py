@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import HorusError
-from .learned import MAX_MODEL_BYTES, LearnedModel
+from slurm_horus.errors import HorusError
+from slurm_horus.predict.learned import MAX_MODEL_BYTES, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
 DEFAULT_DIR = Path("/var/lib/slurm-horus/models")

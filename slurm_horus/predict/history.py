@@ -30,8 +30,8 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from .coldstart import ColdStartEstimator, OPTIMIZERS, PRECISIONS, TASKS, Prediction
-from .errors import HorusError
+from slurm_horus.predict.coldstart import ColdStartEstimator, OPTIMIZERS, PRECISIONS, TASKS, Prediction
+from slurm_horus.errors import HorusError
 
 FORMAT = "slurm-horus-history"
 FORMAT_VERSION = 1
@@ -58,7 +58,7 @@ def dims_key(dims: dict | None, batch: int) -> str:
 def _context(gpu: str | None = None) -> float:
     """The part of the cold start's memory no batch, precision or optimizer changes: what a
     CUDA process holds before its first tensor on this GPU type."""
-    from .gpus import default_catalog
+    from slurm_horus.predict.gpus import default_catalog
 
     found = default_catalog().find(gpu) if gpu else None
     est = ColdStartEstimator()
@@ -365,7 +365,7 @@ class HistoryPredictor:
         return Answer(math.exp(log_mem / weight), util / w_util, tier)
 
     def predict(self, report, gpu, workload) -> Prediction:
-        from .coldstart import ColdStartEstimator
+        from slurm_horus.predict.coldstart import ColdStartEstimator
 
         base = self.base or ColdStartEstimator()
         if hasattr(base, "predict_with_cold"):
@@ -440,7 +440,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def _family(model_path: str) -> str | None:
-    from .ledger import family_of
+    from slurm_horus.ledger import family_of
 
     return family_of(model_path) if model_path else None
 
@@ -549,9 +549,9 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
     estimator, each run with features also carries its prediction (for that model's offsets)."""
     from sqlalchemy import and_, func, select
 
-    from .features import FEATURE_NAMES, FEATURE_VERSION
-    from .gpus import default_catalog
-    from .ledger import tables
+    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+    from slurm_horus.predict.gpus import default_catalog
+    from slurm_horus.ledger import tables
 
     t = tables()
     s, j = t["submissions"], t["jobs"]
@@ -620,7 +620,7 @@ def _file_sha(path: str | None, cache: dict) -> str | None:
 
 
 def _workload(w: dict):
-    from .coldstart import Workload
+    from slurm_horus.predict.coldstart import Workload
 
     return Workload(batch_size=int(w.get("batch_size") or 1), task=w.get("task") or "train",
                     optimizer=w.get("optimizer") or "adam",
@@ -628,14 +628,14 @@ def _workload(w: dict):
 
 
 def _values_report(values: dict):
-    from .features import FeatureReport
+    from slurm_horus.graph.features import FeatureReport
 
     return FeatureReport(model="", sha256="", values=values, nodes=[], by_op={},
                          unknown_ops=[], unknown_dims=[], bound_dims={})
 
 
 def _cold_memory(values: dict, gpu, w: dict) -> float:
-    from .coldstart import ColdStartEstimator
+    from slurm_horus.predict.coldstart import ColdStartEstimator
 
     return ColdStartEstimator().memory_mib(_values_report(values), gpu, _workload(w))[0]
 
@@ -644,8 +644,8 @@ def _add_learned(runs: list[dict], inputs: list, learned) -> None:
     """The learned model's predictions for the runs it is familiar with, in one batch."""
     import numpy as np
 
-    from .coldstart import ColdStartEstimator
-    from .learned import input_row, out_of_bounds
+    from slurm_horus.predict.coldstart import ColdStartEstimator
+    from slurm_horus.predict.learned import input_row, out_of_bounds
 
     cold_est = ColdStartEstimator()
     rows, idx, cold = [], [], []
@@ -683,7 +683,7 @@ def build_history(ledger, learned=None) -> dict:
 def export_history(ledger, registry) -> dict:
     """Build the history from the ledger and store it in the registry (history.json), with
     offsets for the serving learned model when one loads. Returns a short summary."""
-    from .learned import LearnedEstimator
+    from slurm_horus.predict.learned import LearnedEstimator
 
     learned = None
     version = registry.serving()

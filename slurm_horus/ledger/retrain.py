@@ -21,8 +21,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from .errors import HorusError
-from .registry import CALIBRATION_FILE
+from slurm_horus.errors import HorusError
+from slurm_horus.predict.registry import CALIBRATION_FILE
 
 IMPORT_COLUMNS = ("model", "features", "gpu_type", "batch_size", "task", "optimizer", "precision",
                   "cpus_per_task", "util_pct", "mem_mib", "util_max_pct", "user", "model_family",
@@ -53,7 +53,7 @@ def _cold(pred: dict | None, gpu):
     """The cold-start prediction the row was served with (stored at submission, sync or
     import). Never recomputed here: from stored features alone the graph's nodes are gone, and
     training must see the inputs serving saw."""
-    from .coldstart import Prediction
+    from slurm_horus.predict.coldstart import Prediction
 
     c = pred.get("cold") if isinstance(pred, dict) else None
     if not (isinstance(c, dict) and c.get("mem_mib") and c.get("util_pct") is not None):
@@ -65,7 +65,7 @@ def _cold(pred: dict | None, gpu):
 
 
 def _workload(d: dict | None):
-    from .coldstart import Workload
+    from slurm_horus.predict.coldstart import Workload
 
     d = d or {}
     return Workload(batch_size=int(d.get("batch_size") or 1), task=d.get("task") or "train",
@@ -79,10 +79,10 @@ def training_set(ledger) -> TrainingSet:
     with features and the cold-start figures they were predicted with."""
     from sqlalchemy import and_, select
 
-    from .features import FEATURE_NAMES, FEATURE_VERSION
-    from .gpus import default_catalog
-    from .learned import input_row
-    from .ledger import tables
+    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+    from slurm_horus.predict.gpus import default_catalog
+    from slurm_horus.predict.learned import input_row
+    from slurm_horus.ledger import tables
 
     t = tables()
     s, j = t["submissions"], t["jobs"]
@@ -132,7 +132,7 @@ def _serving_predict(model, X, cold_mem, cold_util):
     bounds, else the cold start (as LearnedEstimator.predict)."""
     import numpy as np
 
-    from .learned import out_of_bounds
+    from slurm_horus.predict.learned import out_of_bounds
 
     X = np.asarray(X, float)
     pm, pu = np.asarray(cold_mem, float).copy(), np.asarray(cold_util, float).copy()
@@ -202,7 +202,7 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     store, maybe promote, and write the calibration of the predictor that now serves."""
     import numpy as np
 
-    from .learned import accuracy, fit
+    from slurm_horus.predict.learned import accuracy, fit
 
     ts = training_set(ledger)
     n = len(ts.X)
@@ -324,9 +324,9 @@ def _row_id(row: dict) -> int:
 def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
     """Load measurements (see IMPORT_COLUMNS / docs/ledger.md) as submissions + usage 'import'.
     Failed measurements (ledger.failed_measurement) are kept, flagged, and counted."""
-    from .coldstart import Workload
-    from .features import FEATURE_NAMES, FEATURE_VERSION
-    from .gpus import default_catalog
+    from slurm_horus.predict.coldstart import Workload
+    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+    from slurm_horus.predict.gpus import default_catalog
 
     try:
         f = open(path, newline="")
@@ -366,7 +366,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                 elif model:
                     key = (model, w.batch_size)
                     if key not in reports:
-                        from .features import extract_features
+                        from slurm_horus.graph.features import extract_features
 
                         reports[key] = extract_features(model, batch_size=w.batch_size)
                     report = reports[key]
@@ -382,7 +382,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                     raise HorusError("features without cold_util_pct and cold_mem_mib: the cold "
                                      "start needs the model's graph (give model, or those columns)")
                 else:
-                    from .coldstart import ColdStartEstimator
+                    from slurm_horus.predict.coldstart import ColdStartEstimator
 
                     c = ColdStartEstimator().predict(report, gpu, w)
                     cold = {"util_pct": c.util_pct, "mem_mib": c.mem_mib,
@@ -412,7 +412,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                            "util_max": float(row["util_max_pct"]) if row.get("util_max_pct") else None})
     ledger.record_submissions(subs)
     ledger.record_usages(usages)
-    from .ledger import failed_measurement
+    from slurm_horus.ledger import failed_measurement
 
     failed = sum(1 for u in usages if failed_measurement(u["util_mean"], u["mem_peak_mib"]))
     return {"rows": len(subs), "failed": failed}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .graph import Graph, TensorInfo
+from slurm_horus.graph.load import Graph, TensorInfo
 
 # Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size",

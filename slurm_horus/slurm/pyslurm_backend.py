@@ -18,8 +18,8 @@ from __future__ import annotations
 import functools
 import re
 
-from . import slurm_parse as sp
-from .errors import HorusError
+from slurm_horus.slurm import parse as sp
+from slurm_horus.errors import HorusError
 
 
 def _ps():

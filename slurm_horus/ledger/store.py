@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
-from .errors import HorusError
+from slurm_horus.errors import HorusError
 
 ENV_URL = "HORUS_LEDGER_URL"
 ENV_SPOOL = "HORUS_SPOOL"
@@ -61,8 +61,8 @@ def sql_dir() -> Path:
     env = os.environ.get("HORUS_SQL_DIR")
     if env:
         return Path(env)
-    for cand in (Path(__file__).resolve().parent / "sql",
-                 Path(__file__).resolve().parent.parent / "sql",
+    for cand in (Path(__file__).resolve().parents[1] / "sql",
+                 Path(__file__).resolve().parents[2] / "sql",
                  Path(sys.prefix) / "share" / "slurm-horus" / "sql"):
         if (cand / "schema.sql").is_file():
             return cand

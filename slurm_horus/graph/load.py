@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from .errors import HorusError, ModelError
-from .shapefold import fold_shapes
+from slurm_horus.errors import HorusError, ModelError
+from slurm_horus.graph.shapefold import fold_shapes
 
 # protobuf cannot parse a message above 2 GiB; bigger models must keep weights in external files.
 MAX_PROTO_BYTES = 2**31 - 1

@@ -10,8 +10,8 @@ import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from .costs import CATEGORIES, NodeCost, node_costs
-from .graph import Graph, load_graph
+from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs
+from slurm_horus.graph.load import Graph, load_graph
 
 FEATURE_VERSION = 1
 MIX_CATEGORIES = ("conv", "matmul", "attention", "rnn", "norm", "pool", "elementwise", "reduce",

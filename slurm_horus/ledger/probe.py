@@ -267,7 +267,7 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
     job = job_id or env.get("SLURM_JOB_ID")
     r = summary.result()
     if job and r["samples"]:
-        from .ledger import record_usage_safely
+        from slurm_horus.ledger import record_usage_safely
 
         record_usage_safely(url=url, job_id=int(job), source="probe",
                             cluster=cluster or env.get("SLURM_CLUSTER_NAME", ""),
@@ -343,7 +343,7 @@ def _scontrol(args: list[str], env: dict, timeout: float = SCONTROL_TIMEOUT_S) -
 
 def job_record(job_id: str, env: dict, tries: int = 3) -> dict | None:
     """The job's ``scontrol -d show job`` record (retried: slurmctld may be busy)."""
-    from . import slurm_parse as sp
+    from slurm_horus.slurm import parse as sp
 
     for k in range(tries):
         out = _scontrol(["-d", "show", "job", str(job_id)], env)
@@ -358,7 +358,7 @@ def job_record(job_id: str, env: dict, tries: int = 3) -> dict | None:
 def placement(job_id: str, node: str | None, env: dict) -> dict | None:
     """{indices, type, shards, gpus} of the job's GPUs on this node (None: none here), the type
     completed from the node's ``Gres=gpu:TYPE:N`` when the node has a single GPU type."""
-    from . import slurm_parse as sp
+    from slurm_horus.slurm import parse as sp
 
     rec = job_record(job_id, env)
     if rec is None:
@@ -376,7 +376,7 @@ def placement(job_id: str, node: str | None, env: dict) -> dict | None:
 
 def job_pids(job_id: str, node: str | None, env: dict) -> set[int]:
     """The job's processes on this node: ``scontrol listpids`` (as root), else the job's cgroup."""
-    from . import slurm_parse as sp
+    from slurm_horus.slurm import parse as sp
 
     out = _scontrol(["listpids", str(job_id)] + ([node] if node else []), env, timeout=5.0)
     pids = set(sp.parse_listpids(out)) if out else set()
@@ -427,7 +427,7 @@ def _usage_kwargs(**kw) -> dict:
     """Only the fields this version's ledger.usage_record takes (e.g. ``gpus`` from schema 4)."""
     import inspect
 
-    from .ledger import usage_record
+    from slurm_horus.ledger import usage_record
 
     names = set(inspect.signature(usage_record).parameters)
     return {k: v for k, v in kw.items() if k in names}
@@ -503,7 +503,7 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
         if time.time() - last_check["t"] >= JOB_CHECK_EVERY_S:
             last_check["t"] = time.time()
             rec = job_record(job_id, env, tries=1)
-            from .slurm_parse import job_state
+            from slurm_horus.slurm.parse import job_state
 
             if rec is not None and job_state(rec) not in LIVE_STATES:
                 log(f"job is {job_state(rec)} and no Epilog stopped the probe: stopping")
@@ -534,7 +534,7 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
         if not r["samples"]:
             log("no samples: nothing recorded")
             return
-        from .ledger import record_usage_safely
+        from slurm_horus.ledger import record_usage_safely
 
         index = place["indices"][0] if len(place["indices"]) == 1 else None
         spool = env.get("HORUS_SPOOL") or DEFAULT_SPOOL

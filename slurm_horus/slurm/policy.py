@@ -7,7 +7,7 @@ the same constants, ``log_*`` functions that run ``string.format`` as Slurm does
 
 Used by ``hsubmit --explain`` and by the cluster simulator::
 
-    from slurm_horus.policy import decide
+    from slurm_horus.slurm.policy import decide
     d = decide({"comment": "horus:v1;t4=20/3000/3500", "tres_per_node": "gres:gpu:1"})
     d.action, d.gpu_type, d.shards     # ("shared", "t4", 26)
     d.job_desc["tres_per_node"]        # "gres:shard:26"
@@ -132,7 +132,7 @@ class Decision:
 
 
 def _repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def find_hook(hook_path: str | os.PathLike[str] | None = None) -> Path:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
-from .errors import HorusError
-from .retrain import IMPORT_COLUMNS
+from slurm_horus.errors import HorusError
+from slurm_horus.ledger.retrain import IMPORT_COLUMNS
 
 # The import format's columns first (unchanged), then calibration's own, which
 # `horus-admin import` ignores.
@@ -295,7 +295,7 @@ class NvmlSampler:
     """
 
     def __init__(self, gpu_id: str, interval: float = 0.2, pid: int | None = None):
-        from .probe import NvmlSampler as ProbeSampler, Summary
+        from slurm_horus.ledger.probe import NvmlSampler as ProbeSampler, Summary
 
         self._probe = ProbeSampler([gpu_id])
         self._summary_cls = Summary
@@ -372,7 +372,7 @@ def nvml_id(torch, index: int) -> str:
 
 def gpu_type_of(name: str, override: str | None = None) -> str:
     """The catalog name of a device name like 'NVIDIA H100 80GB HBM3'."""
-    from .gpus import default_catalog, normalize
+    from slurm_horus.predict.gpus import default_catalog, normalize
 
     cat = default_catalog()
     if override:
@@ -594,9 +594,9 @@ def _fmt(x, nd=2):
 def make_row(run: Run, gpu_type: str, m: Measurement, onnx_path: Path, family: str,
              dims: dict | None = None, torch_version: str = "") -> dict:
     """One import-format row: features and the cold-start estimate from the graph stage."""
-    from .coldstart import ColdStartEstimator, Workload
-    from .features import extract_features
-    from .gpus import get_gpu
+    from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
+    from slurm_horus.graph.features import extract_features
+    from slurm_horus.predict.gpus import get_gpu
 
     report = extract_features(onnx_path, batch_size=run.batch_size, dims=dims or None)
     w = Workload(batch_size=run.batch_size, task=run.task, optimizer="adam", precision="fp32")
@@ -626,7 +626,7 @@ def make_row(run: Run, gpu_type: str, m: Measurement, onnx_path: Path, family: s
 def import_row(ledger, row: dict) -> None:
     """Record one row in the ledger exactly as `horus-admin import` of the CSV would (same
     stable id, so importing the CSV later changes nothing)."""
-    from .retrain import import_csv
+    from slurm_horus.ledger.retrain import import_csv
 
     fd, tmp = tempfile.mkstemp(suffix=".csv", prefix="horus-calibrate-")
     try:

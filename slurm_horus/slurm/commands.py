@@ -18,8 +18,8 @@ import re
 import shutil
 import subprocess
 
-from . import slurm_parse as sp
-from .errors import HorusError
+from slurm_horus.slurm import parse as sp
+from slurm_horus.errors import HorusError
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
            "default_partition", "sbatch", "exec_sbatch", "private_jobs", "backend",
@@ -103,7 +103,7 @@ def scontrol_nodes() -> list[dict]:
     """Nodes as ``scontrol show node`` records (NodeName, Gres, Partitions, AvailableFeatures,
     ActiveFeatures, ...), from the chosen backend."""
     if backend() == "pyslurm":
-        from . import slurm_pyslurm
+        from slurm_horus.slurm import pyslurm_backend as slurm_pyslurm
         return slurm_pyslurm.nodes()
     return sp.parse_scontrol_records(run(["scontrol", "show", "node", "-o"]))
 
@@ -111,7 +111,7 @@ def scontrol_nodes() -> list[dict]:
 def scontrol_partitions() -> list[dict]:
     """Partitions as ``scontrol show partition`` records (PartitionName, Default, Nodes)."""
     if backend() == "pyslurm":
-        from . import slurm_pyslurm
+        from slurm_horus.slurm import pyslurm_backend as slurm_pyslurm
         return slurm_pyslurm.partitions()
     return sp.parse_scontrol_records(run(["scontrol", "show", "partition", "-o"]))
 
@@ -121,7 +121,7 @@ def running_jobs() -> list[dict]:
     ``slurm_parse.squeue_json_jobs`` records; a running job's ``gres`` items carry the GPU
     indices it holds (``idx``)."""
     if backend() == "pyslurm":
-        from . import slurm_pyslurm
+        from slurm_horus.slurm import pyslurm_backend as slurm_pyslurm
         return slurm_pyslurm.running_jobs()
     return sp.squeue_json_jobs(run(["squeue", "--json", "--all", "--states=all"]))
 
@@ -130,9 +130,9 @@ def accounting_jobs(since: float, until: float) -> list[dict]:
     """Jobs in Slurm accounting between ``since`` and ``until`` (epoch seconds), every user's,
     as ``usage.parse_job`` flat dicts."""
     if backend() == "pyslurm":
-        from . import slurm_pyslurm
+        from slurm_horus.slurm import pyslurm_backend as slurm_pyslurm
         return slurm_pyslurm.accounting_jobs(since, until)
-    from .usage import parse_sacct_json, run_sacct
+    from slurm_horus.ledger.sync import parse_sacct_json, run_sacct
     return parse_sacct_json(run_sacct(since, until))
 
 

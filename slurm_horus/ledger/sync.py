@@ -23,8 +23,8 @@ import re
 import time
 from typing import Any, Iterable
 
-from .errors import HorusError
-from .slurm_parse import gpu_types_of_node, parse_gres
+from slurm_horus.errors import HorusError
+from slurm_horus.slurm.parse import gpu_types_of_node, parse_gres
 
 FINISHED = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -267,7 +267,7 @@ def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
 
 
 def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:
-    from . import slurm
+    from slurm_horus.slurm import commands as slurm
 
     fmt = "%Y-%m-%dT%H:%M:%S"
     args = ["sacct", "--json", "--allusers", "-S", time.strftime(fmt, time.localtime(since)),
@@ -279,7 +279,7 @@ def node_gpu_types() -> dict[str, str]:
     """{node: gpu type} from the nodes' Gres (gpu:a100:4,...), through the chosen backend; a
     node with several types maps to none of them (its jobs' type is not the node's). {} when
     Slurm cannot be asked."""
-    from . import slurm
+    from slurm_horus.slurm import commands as slurm
 
     try:
         nodes = slurm.scontrol_nodes()
@@ -313,8 +313,8 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     The sacct usage row keeps only what accounting said: the jobs row takes the probe's index
     and type where it is null. Co-location (see ``colocations``) uses the index where known.
     """
-    from . import slurm
-    from .hint import find_hint_token, parse_hint, parse_workload
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
 
     now = time.time()
     replay = ledger.spool.replay(ledger)
@@ -388,7 +388,7 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         _update_colocated(ledger, changed)
     if ran_sacct:
         ledger.set_state("last_sync", str(int(until or now)))
-    from .ledger import failed_measurement
+    from slurm_horus.ledger import failed_measurement
 
     return {"jobs_seen": len(parsed), "recorded": len(records),
             "failed_measurements": sum(1 for r in records if failed_measurement(
@@ -403,7 +403,7 @@ def submission_of(j: dict, hint_token: str | None, hint: dict | None, claim: dic
                   models: "ModelFeatures") -> dict:
     """The submission row of a finished job: Slurm's facts, the comment's claims (predictor
     "hint"), the hook's decision, and features only where ``models`` could recompute them."""
-    from .hint import BOUND_NAMES
+    from slurm_horus.slurm.hint import BOUND_NAMES
 
     uid, gids = _owner(j["user"])
     preds = {g: {"util_pct": v[0], "mem_mib": v[1], "predictor": "hint",
@@ -521,8 +521,8 @@ class ModelFeatures:
 
     def cold(self, report, workload: dict, gtype: str) -> dict | None:
         """The cold-start figures retraining takes as inputs, for a GPU type the catalog knows."""
-        from .coldstart import ColdStartEstimator
-        from .gpus import default_catalog
+        from slurm_horus.predict.coldstart import ColdStartEstimator
+        from slurm_horus.predict.gpus import default_catalog
 
         key = (report.sha256, json.dumps(workload, sort_keys=True), gtype)
         if key not in self._cold:
@@ -546,7 +546,7 @@ def _sha256(fd: int) -> str:
 
 
 def _workload(d: dict):
-    from .coldstart import Workload
+    from slurm_horus.predict.coldstart import Workload
 
     return Workload(batch_size=d["batch_size"], task=d["task"], optimizer=d["optimizer"],
                     precision=d["precision"])
@@ -555,7 +555,7 @@ def _workload(d: dict):
 def _features(path: str, sha: str, workload: dict):
     """The model's FeatureReport; None if it does not load, has unbound dimensions, or
     changed under us."""
-    from .features import extract_features
+    from slurm_horus.graph.features import extract_features
 
     try:
         report = extract_features(path, batch_size=_workload(workload).batch_size,
@@ -569,7 +569,7 @@ def _known_jobs(ledger, jobs: list[dict]) -> set[tuple[str, int]]:
     """(cluster, job id) of these jobs that the ledger already has (e.g. a probe measured)."""
     from sqlalchemy import select
 
-    from .ledger import tables
+    from slurm_horus.ledger import tables
 
     t = tables()["jobs"]
     by_cluster: dict[str, list[int]] = {}
@@ -588,7 +588,7 @@ def _probe_placement(ledger, jobs: list[dict]) -> dict[tuple[str, int], tuple]:
     """{(cluster, job id): (GPU index, GPU type)} from the probe's usage rows of these jobs."""
     from sqlalchemy import select
 
-    from .ledger import tables
+    from slurm_horus.ledger import tables
 
     u = tables()["usage"]
     by_cluster: dict[str, list[int]] = {}
@@ -610,7 +610,7 @@ def _drop_legacy(ledger, jobs: list[dict]) -> None:
     sacct reports: they were the user's own writes, and would make a second row per job."""
     from sqlalchemy import delete
 
-    from .ledger import tables
+    from slurm_horus.ledger import tables
 
     if len({j["cluster"] for j in jobs}) != 1 or not jobs[0]["cluster"]:
         return
@@ -625,7 +625,7 @@ def _drop_legacy(ledger, jobs: list[dict]) -> None:
 def _ledger_jobs_on(ledger, nodes: set, start: int, end: int) -> list[dict]:
     from sqlalchemy import select
 
-    from .ledger import tables
+    from slurm_horus.ledger import tables
 
     if not nodes:
         return []
@@ -640,7 +640,7 @@ def _ledger_jobs_on(ledger, nodes: set, start: int, end: int) -> list[dict]:
 def _update_colocated(ledger, changed: list) -> None:
     from sqlalchemy import update
 
-    from .ledger import refresh_jobs, tables
+    from slurm_horus.ledger import refresh_jobs, tables
 
     u = tables()["usage"]
     with ledger.engine.begin() as conn:
@@ -699,9 +699,9 @@ def publish(ledger, *, policy: str | None = None, now: float | None = None) -> d
     """After a sync: the hook's record file (policy ``record_file``, counting under-claims over
     ``underclaim_window_days``) and, where Slurm keeps jobs private, each user's extract of a
     SQLite ledger, with the main file closed to users (0640 root:root)."""
-    from . import slurm
-    from .ledger import write_user_extracts
-    from .policy import policy_value
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.ledger import write_user_extracts
+    from slurm_horus.slurm.policy import policy_value
 
     path = policy_value("record_file", "/var/lib/slurm-horus/record", policy)
     try:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import HorusError
-from .features import FeatureReport
-from .gpus import GPU
+from slurm_horus.errors import HorusError
+from slurm_horus.graph.features import FeatureReport
+from slurm_horus.predict.gpus import GPU
 
 TASKS = ("train", "infer")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")

@@ -5,7 +5,7 @@ Policies (see docs/simulator.md):
 * ``exclusive``: Slurm's default, one job per GPU;
 * ``naive``: every 1-GPU job asks for a fixed number of shards (default 50 of 100);
 * ``horus``: the job's PREDICTED util/mem go into a hint and the real ``etc/job_submit.lua``
-  (through :func:`slurm_horus.policy.decide`, once per distinct hint and request) decides
+  (through :func:`slurm_horus.slurm.policy.decide`, once per distinct hint and request) decides
   shared (type, shards) / exclusive / unchanged;
 * ``oracle``: the same hook fed the TRUE util/mem.
 
@@ -15,7 +15,7 @@ resources of that first job at the earliest time running jobs' time limits free 
 starts later jobs of a bounded window (``bf_window``, like ``bf_max_job_test``) that fit now
 and either end (by their time limit) before that reservation or stay off the reserved GPUs.
 Multi-GPU jobs take whole GPUs on one node.  Co-located jobs slow each other down
-(:mod:`slurm_horus.sim_interference`); a job whose true memory does not fit next to the jobs
+(:mod:`slurm_horus.sim.interference`); a job whose true memory does not fit next to the jobs
 already on its GPU fails with OOM ``oom_delay_s`` after its start and is requeued once, on a
 whole GPU (as CARMA does).
 """
@@ -28,10 +28,8 @@ import json
 import math
 import os
 import re
-import struct
 import tempfile
 import time
-import zlib
 from collections import deque
 from itertools import islice
 from dataclasses import dataclass
@@ -40,14 +38,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import HorusError
-from .sim_interference import Interference
-from .sim_traces import SimJob
+from slurm_horus.errors import HorusError
+from slurm_horus.sim.interference import Interference
+from slurm_horus.sim.traces import SimJob
 
 __all__ = [
     "POLICIES", "NodeSpec", "ClusterSpec", "homogeneous_cluster", "cluster_from_json",
     "cluster_from_slurm_conf", "Request", "HorusDecider", "build_requests",
-    "Simulator", "simulate", "run_policies", "write_png",
+    "Simulator", "simulate", "run_policies",
 ]
 
 POLICIES = ("exclusive", "naive", "horus", "oracle")
@@ -97,7 +95,7 @@ class ClusterSpec:
         for n in self.nodes:
             if n.gpu_type == gpu_type and n.mem_mib:
                 return float(n.mem_mib)
-        from .gpus import get_gpu
+        from slurm_horus.predict.gpus import get_gpu
         return float(get_gpu(gpu_type).mem_mib)
 
     def describe(self) -> str:
@@ -156,7 +154,7 @@ def cluster_from_json(text: str) -> ClusterSpec:
 def cluster_from_slurm_conf(text: str, gres_conf: str | None = None) -> ClusterSpec:
     """Nodes with GPUs of a slurm.conf (``NodeName=... Gres=gpu:a100:4,shard:400``).  Untyped
     ``gpu:N`` takes its type from gres.conf (``Name=gpu Type=a100``) when given."""
-    from .slurm_parse import expand_hostlist, parse_conf_lines, parse_gres
+    from slurm_horus.slurm.parse import expand_hostlist, parse_conf_lines, parse_gres
 
     gres_types: dict[str, str] = {}
     default_type = None
@@ -245,7 +243,7 @@ class HorusDecider:
 
     def __init__(self, types: list[str], mem: list[float], policy_path: str | os.PathLike | None = None,
                  hook_path: str | os.PathLike | None = None, decide_fn: Callable | None = None):
-        from .policy import decide, find_hook
+        from slurm_horus.slurm.policy import decide, find_hook
 
         self.types, self.mem = list(types), list(mem)
         self.hook = find_hook(hook_path)
@@ -275,7 +273,7 @@ class HorusDecider:
 
     def _probe_shards(self) -> int:
         """S, read from what the hook does with a tiny job (no re-parsing of the policy)."""
-        from .hint import encode_hint
+        from slurm_horus.slurm.hint import encode_hint
 
         for t in self.types:
             d = self.decide_raw(encode_hint({t: (0.1, 1, 1)}), "gres:gpu:1")
@@ -298,7 +296,7 @@ class HorusDecider:
 
     def decide(self, preds: Mapping[str, tuple[float, float, float]], gpus: int = 1):
         """(action, gpu_type, shards) for a job with these predictions asking for ``gpus`` GPUs."""
-        from .hint import encode_hint
+        from slurm_horus.slurm.hint import encode_hint
 
         key = (tuple(preds[t] for t in self.types), gpus)
         hit = self._by_pred.get(key)
@@ -1044,53 +1042,3 @@ def run_policies(cluster: ClusterSpec, jobs: Sequence[SimJob], policies: Iterabl
             results[p] = simulate(cluster, jobs, p, decider=decider if p in ("horus", "oracle") else None,
                                   shards_per_gpu=S, naive_shards=naive_shards, **kw)
         return results
-
-
-# --------------------------------------------------------------------------------------------
-# A tiny PNG bar chart (no matplotlib): one panel per metric, one bar per policy
-# --------------------------------------------------------------------------------------------
-
-COLORS = {"exclusive": (120, 120, 120), "naive": (230, 140, 30), "horus": (40, 100, 220),
-          "oracle": (40, 170, 80)}
-PLOT_METRICS = ("makespan_s", "mean_jct_s", "mean_wait_s", "gpu_util", "gpus_busy_frac", "oom_failures")
-
-
-def _png(width: int, height: int, rows: list[bytearray]) -> bytes:
-    raw = b"".join(b"\x00" + bytes(r) for r in rows)
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-
-
-def write_png(path: str | os.PathLike, results: Mapping[str, Mapping[str, Any]],
-              metrics: Sequence[str] = PLOT_METRICS) -> list[str]:
-    """Grouped bars: one panel per metric (scaled to that metric's largest value), one bar per
-    policy in COLORS.  Returns the legend lines (the PNG has no text)."""
-    pols = list(results)
-    pw, ph, bw, gap, m = 150, 200, 24, 8, 10
-    width, height = m + len(metrics) * (pw + m), ph + 2 * m
-    rows = [bytearray(b"\xff" * (3 * width)) for _ in range(height)]
-
-    def rect(x0, y0, x1, y1, c):
-        for y in range(max(0, y0), min(height, y1)):
-            r = rows[y]
-            for x in range(max(0, x0), min(width, x1)):
-                r[3 * x:3 * x + 3] = bytes(c)
-
-    legend = []
-    for k, metric in enumerate(metrics):
-        x0 = m + k * (pw + m)
-        rect(x0, m + ph - 1, x0 + pw, m + ph, (0, 0, 0))  # baseline
-        vals = [float(results[p].get(metric, 0) or 0) for p in pols]
-        top = max(vals) if vals and max(vals) > 0 else 1.0
-        for i, (p, v) in enumerate(zip(pols, vals)):
-            h = int(round((ph - 10) * v / top))
-            bx = x0 + gap + i * (bw + gap)
-            rect(bx, m + ph - 1 - h, bx + bw, m + ph - 1, COLORS.get(p, (0, 0, 0)))
-        legend.append(f"panel {k + 1}: {metric} (max {top:.4g})")
-    Path(path).write_bytes(_png(width, height, rows))
-    legend.append("bars left to right: " + ", ".join(f"{p} rgb{COLORS.get(p, (0, 0, 0))}" for p in pols))
-    return legend

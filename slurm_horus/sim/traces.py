@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .errors import HorusError
+from slurm_horus.errors import HorusError
 
 __all__ = [
     "SimJob", "TraceSpec", "TRACES", "MIX", "ModelMix", "generate_trace",
@@ -117,7 +117,7 @@ MIX: tuple[tuple[str, int, str, dict[str, float]], ...] = (
 # GPU types the shipped table predicts on (catalog names); other types need --zoo.
 SHIPPED_TYPES = ("a100-40gb", "a100-80gb", "t4", "v100-16gb", "v100-32gb", "h100-sxm", "l4",
                  "a10", "a30", "rtx3090", "l40s")
-SHIPPED_MIX = Path(__file__).resolve().parent / "data" / "sim_mix.json"
+SHIPPED_MIX = Path(__file__).resolve().parents[1] / "data" / "sim_mix.json"
 
 
 class ModelMix:
@@ -166,7 +166,7 @@ class ModelMix:
         hit = self._preds.get(key)
         if hit is not None:
             return hit
-        from .gpus import get_gpu
+        from slurm_horus.predict.gpus import get_gpu
 
         gpu = get_gpu(gpu_type)
         if self.zoo_dir is None:
@@ -182,8 +182,8 @@ class ModelMix:
         return out
 
     def _predict_graph(self, model: str, batch: int, task: str, gpu) -> tuple[float, float, float]:
-        from .coldstart import ColdStartEstimator, Workload
-        from .features import extract_features
+        from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
+        from slurm_horus.graph.features import extract_features
 
         rkey = (model, batch)
         report = self._reports.get(rkey)
@@ -218,7 +218,7 @@ def runtime_factor(gpu_type: str, reference: str = "a100-40gb") -> float:
     """How much longer a job runs on ``gpu_type`` than on the reference (trace runtimes are
     A100 runtimes): the geometric mean of the FP32-throughput and memory-bandwidth ratios (an
     assumption: training steps are partly compute-, partly bandwidth-bound)."""
-    from .gpus import get_gpu
+    from slurm_horus.predict.gpus import get_gpu
 
     g, r = get_gpu(gpu_type), get_gpu(reference)
     return math.sqrt((r.fp32_tflops * r.mem_bw_gbs) / (g.fp32_tflops * g.mem_bw_gbs))
@@ -285,7 +285,7 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         raise HorusError("the cluster has no GPU type")
     mix = mix or ModelMix()
     if mem_cap_mib is None:
-        from .gpus import get_gpu
+        from slurm_horus.predict.gpus import get_gpu
         mem_cap_mib = 0.97 * max(get_gpu(t).mem_mib for t in types)
     rng = np.random.default_rng(seed)
     mu, sigma = lognormal_params(spec.runtime_p50_s, spec.runtime_p95_s)
@@ -372,7 +372,7 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
     types = list(dict.fromkeys(gpu_types))
     mix = mix or ModelMix()
     if mem_cap_mib is None:
-        from .gpus import get_gpu
+        from slurm_horus.predict.gpus import get_gpu
         mem_cap_mib = 0.97 * max(get_gpu(t).mem_mib for t in types)
     rng = np.random.default_rng(seed)
     items, p = mix.entries(trace_mix)

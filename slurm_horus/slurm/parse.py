@@ -23,7 +23,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from .errors import HorusError
+from slurm_horus.errors import HorusError
 
 __all__ = [
     "SBATCH_LONG_OPTS", "SBATCH_SHORT_OPTS", "HORUS_OPTS", "SplitArgs", "resolve_long",

@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import slurm_parse as sp
-from .errors import HorusError
+from slurm_horus.slurm import parse as sp
+from slurm_horus.errors import HorusError
 
 __all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error"]
 
@@ -136,7 +136,7 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
 
 
 def _workload(plan: Plan):
-    from .coldstart import Workload
+    from slurm_horus.predict.coldstart import Workload
 
     h = plan.horus
     bs = h.get("batch-size")
@@ -158,11 +158,11 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
             partition: str | None = None) -> Plan:
     """Features, predictions per GPU type of the target partition, the hint and the merged
     comment.  ``gpu_types`` / ``partition`` skip asking Slurm (tests).  Raises HorusError."""
-    from .graph import parse_dims
-    from .features import extract_features
-    from .gpus import default_catalog
-    from .hint import MAX_SLURM_COMMENT, attach_tokens
-    from .predict import choose_predictor, predict_for
+    from slurm_horus.graph.load import parse_dims
+    from slurm_horus.graph.features import extract_features
+    from slurm_horus.predict.gpus import default_catalog
+    from slurm_horus.slurm.hint import MAX_SLURM_COMMENT, attach_tokens
+    from slurm_horus.predict.chain import choose_predictor, predict_for
 
     model = plan.model
     if not model:
@@ -189,7 +189,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     plan.report = report
     plan.warnings.extend(report.warnings())
     if gpu_types is None:
-        from . import slurm
+        from slurm_horus.slurm import commands as slurm
 
         plan.partition, gpu_types = slurm.partition_gpu_types(partition or plan.request("partition"))
     else:
@@ -230,7 +230,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
 def _hint_of(predictions: dict) -> str:
     """The hint token: p95/p99 memory where calibrated (for policies that ask for them),
     dropped when the token would not fit."""
-    from .hint import encode_hint
+    from slurm_horus.slurm.hint import encode_hint
 
     def fields(p, bounds: bool):
         mem = max(p.mem_mib, 0.0)
@@ -282,7 +282,7 @@ def job_desc_of(plan: Plan) -> dict:
 def _hook_paths(env: dict[str, str]) -> tuple[str | None, str]:
     """(hook, policy) slurmctld uses: the job_submit.lua next to $SLURM_CONF (else
     /etc/slurm/slurm.conf) when there, and the policy the hook itself would read."""
-    from .policy import policy_file
+    from slurm_horus.slurm.policy import policy_file
 
     hook = Path(env.get("SLURM_CONF") or "/etc/slurm/slurm.conf").parent / "job_submit.lua"
     hook_path = str(hook) if hook.is_file() else None
@@ -290,7 +290,7 @@ def _hook_paths(env: dict[str, str]) -> tuple[str | None, str]:
 
 
 def decision_of(plan: Plan):
-    from .policy import decide
+    from slurm_horus.slurm.policy import decide
 
     hook, pol = _hook_paths(plan.env)
     return decide(job_desc_of(plan), policy_path=pol, hook_path=hook)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from .errors import HorusError
+from slurm_horus.errors import HorusError
 
 __all__ = ["Interference", "LUCID_POINTS", "parse_points"]
 

@@ -19,10 +19,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .coldstart import OPTIMIZERS, PRECISIONS, ColdStartEstimator, Prediction, Workload
-from .errors import HorusError
-from .features import FEATURE_NAMES, FEATURE_VERSION, FeatureReport
-from .gpus import GPU
+from slurm_horus.predict.coldstart import OPTIMIZERS, PRECISIONS, ColdStartEstimator, Prediction, Workload
+from slurm_horus.errors import HorusError
+from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, FeatureReport
+from slurm_horus.predict.gpus import GPU
 
 FORMAT = "slurm-horus-learned"
 FORMAT_VERSION = 2  # 2: packed trees; 1 (lists of numbers) still loads
@@ -351,7 +351,7 @@ def out_of_bounds(util_log, mem_log) -> str | None:
 
 def probe_rows() -> list[list[float]]:
     """Input rows of the probe set: PROBE_JOBS on PROBE_GPUS, trained and served."""
-    from .gpus import get_gpu
+    from slurm_horus.predict.gpus import get_gpu
 
     cold = ColdStartEstimator()
     rows = []
