@@ -74,9 +74,11 @@ def _register_subcommands() -> None:
     from slurm_horus.cli.admin_calibrate import register as register_calibrate
     from slurm_horus.cli.admin_doctor import register as register_doctor
     from slurm_horus.cli.admin_ledger import register as register_ledger
+    from slurm_horus.cli.admin_queue import register as register_queue
     from slurm_horus.cli.admin_simulate import register as register_simulate
 
     register_ledger(main)
+    register_queue(main)
     register_calibrate(main)
     register_simulate(main)
     register_doctor(main)

@@ -1,0 +1,58 @@
+"""horus-admin queue: OOM requeue and queue-pressure reshaping on the live queue."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from slurm_horus.cli.common import one_line_errors
+
+
+def _fits(rec: dict, gtype: str, shards: int) -> bool:
+    """The job's hinted p90 memory fits ``shards`` % of the policy's memory for ``gtype``."""
+    from slurm_horus.slurm.hint import parse_hint
+    from slurm_horus.slurm.policy import policy_value
+
+    hint = parse_hint(rec.get("Comment")) or {}
+    mem = policy_value(f"gpu.{gtype}.mem_mib")
+    fields = hint.get(gtype)
+    return bool(fields and mem) and fields[2] <= int(mem) * shards / 100
+
+
+def register(admin: click.Group) -> None:
+    @admin.command("queue")
+    @click.option("--interval", type=click.FloatRange(min=5), default=None,
+                  help="Repeat every this many seconds (default: one pass, for scrontab/systemd).")
+    @click.option("--pack-shards", type=click.IntRange(1, 99), default=50, show_default=True,
+                  help="Shards (of 100 per GPU) a packed job gets under queue pressure.")
+    @click.option("--min-wait", type=click.FloatRange(min=0), default=60.0, show_default=True,
+                  help="Seconds a job must have waited before it is packed.")
+    @click.option("-n", "--dry-run", is_flag=True, help="Print what would change; change nothing.")
+    @click.option("--json", "as_json", is_flag=True, help="One JSON object per action.")
+    @one_line_errors("horus-admin queue")
+    def queue(interval, pack_shards, min_wait, dry_run, as_json):
+        """Requeue shared jobs that died of a GPU out-of-memory error on a whole GPU (once), and
+        pack or spread pending jobs by queue pressure. Run as root or SlurmUser."""
+        from slurm_horus.ledger.requeue import tend
+        from slurm_horus.ledger.claims import open_as_owner
+        from slurm_horus.slurm import commands
+        from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records
+
+        def run(args):
+            if args[:2] == ["scontrol", "show"]:
+                args = ["scontrol", "-d", *args[1:]]
+            return commands.run(args)
+
+        while True:
+            for a in tend(run, parse_scontrol_records, parse_gres, open_as_owner, _fits,
+                          pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run):
+                if as_json:
+                    click.echo(json.dumps({"job_id": a.job_id, "action": a.kind, "tres": a.tres,
+                                           "dry_run": dry_run}))
+                else:
+                    click.echo(f"{'would ' if dry_run else ''}{a.kind} job {a.job_id} -> {a.tres}")
+            if interval is None:
+                return
+            time.sleep(interval)

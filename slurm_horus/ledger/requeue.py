@@ -1,0 +1,239 @@
+"""``horus-admin queue``: what the hook cannot do at submission, done on the live queue.
+
+1. OOM recovery (as CARMA does): a shared job that died of a GPU out-of-memory error is requeued
+   once on a whole GPU. The evidence is the job's own error output, read with its owner's
+   permissions (a user can only fake an OOM to get one whole GPU once, which they could have
+   asked for anyway).
+2. Queue pressure: the hook decides at submission; when jobs of a GPU type wait and none of its
+   GPUs is idle, pending jobs the hook kept whole are reshaped into shards (pack); when GPUs of
+   the type sit idle again, the jobs this loop packed get their whole GPU back (spread).
+
+Every change is marked in the job's AdminComment with a ``horus-queue:v1;...`` token, which is
+how the loop knows what it did (at most one OOM requeue per job) and how ``horus-admin sync``
+records it in the ledger. Run it as root or SlurmUser (scontrol update of other users' jobs),
+from scrontab or a systemd timer (etc/horus-queue.*)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from slurm_horus.errors import HorusError
+
+TOKEN = "horus-queue:v1"
+# PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
+OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
+                    r"cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|"
+                    r"CUDNN_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory")
+TAIL_BYTES = 256 * 1024  # the end of the error file: where a crash's last words are
+
+
+@dataclass(frozen=True)
+class Action:
+    """One change to one job: ``kind`` is oom-requeue, pack or spread; ``tres`` its new
+    TresPerNode; ``token`` what is appended to its AdminComment."""
+
+    job_id: int
+    kind: str
+    tres: str
+    token: str
+
+
+def queue_tokens(admin_comment: str | None) -> list[dict[str, str]]:
+    """The loop's earlier actions on a job, from its AdminComment."""
+    out = []
+    for m in re.finditer(re.escape(TOKEN) + r"((?:;[a-z]+=[A-Za-z0-9:/._-]*)+)", admin_comment or ""):
+        out.append(dict(kv.split("=", 1) for kv in m.group(1).strip(";").split(";")))
+    return out
+
+
+def _shards(tres: str | None) -> int | None:
+    m = re.search(r"gres[:/]shard(?::[a-z0-9_-]+)?:(\d+)", tres or "")
+    return int(m.group(1)) if m else None
+
+
+def _whole(tres: str | None) -> bool:
+    return bool(re.search(r"gres[:/]gpu(?::[a-z0-9_-]+)?:1\b", tres or ""))
+
+
+def _gres(name: str, gtype: str | None, count: int) -> str:
+    """A TresPerNode value that keeps the job's GPU type (a typeless one could land elsewhere)."""
+    return f"gres/{name}:{gtype}:{count}" if gtype else f"gres/{name}:{count}"
+
+
+def _gpu_type(rec: dict) -> str | None:
+    """The type the job is bound to: its TresPerNode's, else the hook's decision, else its
+    Features when that is a single word."""
+    m = re.search(r"gres[:/](?:gpu|shard):([a-z][a-z0-9_-]*):\d+", rec.get("TresPerNode") or "")
+    if m:
+        return m.group(1)
+    m = re.search(r"horus-decision:v1;[^ ]*type=([a-z0-9_-]+)", rec.get("AdminComment") or "")
+    if m:
+        return m.group(1)
+    feat = rec.get("Features") or ""
+    return feat if re.fullmatch(r"[a-z][a-z0-9_-]*", feat) and feat != "null" else None
+
+
+def _job_id(rec: dict) -> int | None:
+    try:
+        return int(rec.get("JobId", ""))
+    except ValueError:
+        return None
+
+
+def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None]) -> list[Action]:
+    """OOM requeues for ``scontrol show job`` records: FAILED, held shards, never requeued by
+    this loop, and the job's error output names a GPU out-of-memory error."""
+    out = []
+    for rec in jobs:
+        jid = _job_id(rec)
+        shards = _shards(rec.get("TresPerNode"))
+        if jid is None or shards is None or rec.get("JobState") != "FAILED":
+            continue
+        if any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))):
+            continue
+        text = read_tail(rec)
+        if text and OOM_RE.search(text):
+            out.append(Action(jid, "oom-requeue", _gres("gpu", _gpu_type(rec), 1),
+                              f"{TOKEN};action=oom-requeue;from=shard:{shards}"))
+    return out
+
+
+def _node_type_free(nodes: list[dict], parse_gres) -> dict[str, int]:
+    """{gpu type: GPUs with nothing allocated on them} over nodes that can run jobs."""
+    free: dict[str, int] = {}
+    for n in nodes:
+        state = (n.get("State") or "").upper()
+        if any(s in state for s in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")):
+            continue
+        total = {g["type"]: g["count"] for g in parse_gres(n.get("Gres")) if g["name"] == "gpu"}
+        used_gpu = sum(g["count"] or 0 for g in parse_gres(n.get("GresUsed")) if g["name"] == "gpu")
+        used_idx: set = set()
+        for g in parse_gres(n.get("GresUsed")):
+            if g["name"] in ("gpu", "shard") and g["idx"]:
+                used_idx.update(g["idx"])
+        for t, c in total.items():
+            if t and c:
+                busy = max(used_gpu, len(used_idx))
+                free[t] = free.get(t, 0) + max(0, c - busy)
+    return free
+
+
+def pressure_actions(jobs: list[dict], nodes: list[dict], parse_gres, pack_shards: int,
+                     fits: Callable[[dict, str, int], bool], min_wait_s: float,
+                     now: float) -> list[Action]:
+    """Pack or spread pending jobs by queue pressure, per GPU type (the job's Features, which
+    the hook sets to the chosen type). A job is packed only after waiting ``min_wait_s`` and
+    when ``fits(job, type, shards)`` says its predicted memory fits that share of the GPU."""
+    free = _node_type_free(nodes, parse_gres)
+    pending: dict[str, list[dict]] = {}
+    for rec in jobs:
+        gtype = _gpu_type(rec)
+        if rec.get("JobState") == "PENDING" and gtype in free:
+            pending.setdefault(gtype, []).append(rec)
+    out = []
+    for gtype, recs in pending.items():
+        for rec in recs:
+            jid = _job_id(rec)
+            toks = queue_tokens(rec.get("AdminComment"))
+            last = toks[-1].get("action") if toks else None
+            tres = rec.get("TresPerNode")
+            if jid is None or any(t.get("action") == "oom-requeue" for t in toks):
+                continue  # an OOM survivor keeps its whole GPU
+            if (free[gtype] == 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
+                    and now - _epoch(rec.get("SubmitTime")) >= min_wait_s
+                    and fits(rec, gtype, pack_shards)):
+                out.append(Action(jid, "pack", _gres("shard", gtype, pack_shards),
+                                  f"{TOKEN};action=pack;from=gpu:1"))
+            elif free[gtype] >= len(recs) and last == "pack" and _shards(tres) is not None:
+                out.append(Action(jid, "spread", _gres("gpu", gtype, 1),
+                                  f"{TOKEN};action=spread;from=shard:{_shards(tres)}"))
+    return out
+
+
+def _hinted_exclusive(rec: dict) -> bool:
+    """The hook kept a whole GPU for the job's predicted utilization (not a raw request, not a
+    memory refusal, not a user on the under-claim record): its decision token says so."""
+    return bool(re.search(r"horus-decision:v1;action=exclusive;[^ ]*reason=util\b",
+                          rec.get("AdminComment") or ""))
+
+
+def read_error_tail(rec: dict, open_as_owner) -> str | None:
+    """The last TAIL_BYTES of the job's StdErr (else StdOut), opened only if its owner could."""
+    uid = _id_of(rec.get("UserId"))
+    gid = _id_of(rec.get("GroupId"))
+    user = (rec.get("UserId") or "").split("(")[0]
+    if uid is None:
+        return None
+    try:
+        gids = set(os.getgrouplist(user, gid if gid is not None else -1)) if user else set()
+    except (KeyError, OSError):
+        gids = {gid} if gid is not None else set()
+    for key in ("StdErr", "StdOut"):
+        fd = open_as_owner(rec.get(key) or "", uid, gids)
+        if fd is None:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            os.lseek(fd, max(0, size - TAIL_BYTES), os.SEEK_SET)
+            return os.read(fd, TAIL_BYTES).decode("utf-8", "replace")
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return None
+
+
+def _epoch(stamp: str | None) -> float:
+    """scontrol's local ISO time; +inf (never old enough) when unreadable."""
+    try:
+        return time.mktime(time.strptime(stamp or "", "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return float("inf")
+
+
+def _id_of(text: str | None) -> int | None:
+    m = re.search(r"\((\d+)\)", text or "")
+    return int(m.group(1)) if m else None
+
+
+def apply(action: Action, admin_comment: str | None, run: Callable[[list[str]], str]) -> None:
+    """Carry one action out with scontrol. An OOM requeue holds the job while it is reshaped,
+    so it never starts again on shards."""
+    note = f"{admin_comment}; {action.token}" if admin_comment else action.token
+    jid = str(action.job_id)
+    if action.kind == "oom-requeue":
+        run(["scontrol", "requeuehold", jid])
+    try:
+        run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={action.tres}"])
+        run(["scontrol", "update", f"JobId={jid}", f"AdminComment={note[-1000:]}"])
+        if action.kind == "oom-requeue":  # no requeue back-off: the job waited once already
+            run(["scontrol", "update", f"JobId={jid}", "StartTime=now"])
+    finally:
+        if action.kind == "oom-requeue":
+            run(["scontrol", "release", jid])
+
+
+def tend(run: Callable[[list[str]], str], parse_records, parse_gres, open_as_owner,
+         fits: Callable[[dict, str, int], bool], pack_shards: int = 50, min_wait_s: float = 60.0,
+         dry_run: bool = False) -> list[Action]:
+    """One pass over the live queue: OOM requeues first, then queue pressure."""
+    jobs = parse_records(run(["scontrol", "show", "job"]))
+    nodes = parse_records(run(["scontrol", "show", "node"]))
+    actions = oom_actions(jobs, lambda r: read_error_tail(r, open_as_owner))
+    actions += pressure_actions(jobs, nodes, parse_gres, pack_shards, fits, min_wait_s, time.time())
+    done = []
+    by_id = {_job_id(r): r for r in jobs}
+    for a in actions:
+        if dry_run:
+            done.append(a)
+            continue
+        try:
+            apply(a, by_id[a.job_id].get("AdminComment"), run)
+            done.append(a)
+        except HorusError:
+            continue  # the job moved on (started, cancelled): next pass sees it again
+    return done

@@ -1,0 +1,77 @@
+"""horus-admin queue's decisions on scontrol records (the cluster test runs them for real)."""
+
+import os
+
+from slurm_horus.ledger.requeue import (OOM_RE, oom_actions, pressure_actions, queue_tokens,
+                                        read_error_tail)
+from slurm_horus.ledger.sync import open_as_owner
+from slurm_horus.slurm.parse import parse_gres
+
+EXCL = "horus: exclusive a100 (util 95% >= 70%) horus-decision:v1;action=exclusive;type=a100;reason=util"
+
+
+def rec(jid, state, tres, admin="", **kw):
+    return {"JobId": str(jid), "JobState": state, "TresPerNode": tres, "AdminComment": admin,
+            "SubmitTime": "2026-01-01T00:00:00", **kw}
+
+
+def test_oom_patterns_of_the_frameworks():
+    for line in ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
+                 "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate",
+                 "2024 W ... RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB",
+                 "jaxlib.xla_extension.XlaRuntimeError: ... CUDA_ERROR_OUT_OF_MEMORY"):
+        assert OOM_RE.search(line), line
+    for line in ("MemoryError", "slurmstepd: error: Detected 1 oom_kill event", "ValueError: nan"):
+        assert not OOM_RE.search(line), line
+
+
+def test_only_failed_shared_jobs_with_a_gpu_oom_once():
+    oom = "x\ntorch.OutOfMemoryError: CUDA out of memory.\n"
+    jobs = [rec(1, "FAILED", "gres:shard:a100:30"),
+            rec(2, "FAILED", "gres:gpu:a100:1"),                          # whole GPU already
+            rec(3, "FAILED", "gres:shard:30"),                            # other error text
+            rec(4, "COMPLETED", "gres:shard:30"),
+            rec(5, "FAILED", "gres/shard:30", "horus-queue:v1;action=oom-requeue;from=shard:30")]
+    texts = {"1": oom, "2": oom, "3": "ValueError", "4": oom, "5": oom}
+    acts = oom_actions(jobs, lambda r: texts[r["JobId"]])
+    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "oom-requeue", "gres/gpu:a100:1")]
+    assert queue_tokens(acts[0].token) == [{"action": "oom-requeue", "from": "shard:30"}]
+
+
+def _node(used):
+    return [{"NodeName": "n1", "State": "MIXED", "Gres": "gpu:a100:4,shard:a100:400",
+             "GresUsed": used}]
+
+
+def test_pack_only_under_pressure_only_hinted_exclusive_and_fitting():
+    busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
+    jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL),
+            rec(2, "PENDING", "gres:gpu:a100:1", "horus: exclusive any (no hint)"),  # raw request
+            rec(3, "PENDING", "gres:gpu:a100:1", EXCL.replace("2026", "")),
+            rec(4, "PENDING", "gres:gpu:a100:1", EXCL, SubmitTime="2999-01-01T00:00:00")]
+    fits = {"1": True, "3": False, "4": True}
+    acts = pressure_actions(jobs, busy, parse_gres, 50, lambda r, t, s: fits.get(r["JobId"], True),
+                            60, now=1.9e9)
+    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "pack", "gres/shard:a100:50")]
+    idle = _node("gpu:a100:1(IDX:0),shard:a100:0(IDX:N/A)")
+    assert pressure_actions(jobs, idle, parse_gres, 50, lambda *a: True, 0, now=1.9e9) == []
+
+
+def test_spread_back_only_what_the_loop_packed():
+    idle = _node("gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)")
+    packed = rec(1, "PENDING", "gres/shard:a100:50", EXCL + "; horus-queue:v1;action=pack;from=gpu:1")
+    hook_shared = rec(2, "PENDING", "gres:shard:a100:30", "horus: shared a100 shards=30/100")
+    acts = pressure_actions([packed, hook_shared], idle, parse_gres, 50, lambda *a: True, 0, 1.9e9)
+    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "spread", "gres/gpu:a100:1")]
+
+
+def test_error_file_read_with_the_owners_rights(tmp_path):
+    f = tmp_path / "err"
+    f.write_bytes(b"x" * 300_000 + b"CUDA out of memory")
+    os.chmod(f, 0o600)
+    r = {"UserId": "root(0)", "GroupId": "root(0)", "StdErr": str(f)}
+    tail = read_error_tail(r, open_as_owner)
+    assert tail.endswith("CUDA out of memory") and len(tail) <= 256 * 1024
+    nobody = {"UserId": "nobody(65534)", "GroupId": "nogroup(65534)", "StdErr": str(f)}
+    assert read_error_tail(nobody, open_as_owner) is None  # 0600 root file: not the owner's to read
+    assert read_error_tail({**r, "StdErr": "relative/path"}, open_as_owner) is None

@@ -1,0 +1,129 @@
+"""The package as users get it: a wheel built by `python -m build --wheel`, installed into a fresh
+virtual environment, every command run from a folder outside the checkout.
+
+A file the code finds only through the checkout (tests/data, sql/, etc/) fails here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT / "tests" / "data" / "zoo"
+
+pytestmark = pytest.mark.slow
+
+
+def _run(args, cwd, env, ok=True, timeout=300):
+    p = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if ok and p.returncode != 0:
+        raise AssertionError(f"{args} -> rc {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(bin folder, env, a work folder outside the checkout) of a venv holding only the wheel
+    on top of the system's dependencies."""
+    pytest.importorskip("build")
+    base = tmp_path_factory.mktemp("wheel")
+    dist = base / "dist"
+    src = base / "src"  # build from a copy: nothing of the checkout's build/ or egg-info leaks in
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info",
+                                                                "__pycache__", ".pytest_cache"))
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist),
+          str(src)], cwd=base, env=os.environ.copy(), timeout=600)
+    wheels = list(dist.glob("slurm_horus-*.whl"))
+    assert len(wheels) == 1, wheels
+    env_dir = base / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
+          "--disable-pip-version-check", str(wheels[0])], cwd=base, env=os.environ.copy())
+    work = base / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("HORUS_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{env_dir / 'bin'}:{env['PATH']}", HORUS_LEDGER_URL=f"sqlite:///{work}/ledger.db",
+               HORUS_SPOOL_DIR=str(work / "spool"), HORUS_MODEL_DIR=str(work / "models"))
+    where = _run([str(py), "-c", "import slurm_horus; print(slurm_horus.__file__)"], work, env)
+    assert where.stdout.strip().startswith(str(env_dir)), where.stdout  # the wheel, not the checkout
+    return env_dir / "bin", env, work
+
+
+def test_wheel_holds_data_and_no_tests(installed):
+    bin_, env, work = installed
+    py = str(bin_ / "python")
+    out = _run([py, "-c", "import slurm_horus, sys, pathlib; "
+                "p = pathlib.Path(slurm_horus.__file__).parent; "
+                "print(sorted(x.name for x in (p / 'data').iterdir())); "
+                "print((pathlib.Path(sys.prefix) / 'share/slurm-horus/sql/schema.sql').is_file()); "
+                "print((pathlib.Path(sys.prefix) / 'share/slurm-horus/etc/job_submit.lua').is_file())"],
+               work, env).stdout.splitlines()
+    assert "gpus.json" in out[0] and "sim_mix.json" in out[0]
+    assert out[1:] == ["True", "True"]
+
+
+def test_every_command_answers_help_from_any_folder(installed):
+    bin_, env, work = installed
+    for cmd in (["horus"], ["horus", "features"], ["horus", "predict"], ["hacct"], ["horus-probe"],
+                ["horus-admin"], *(["horus-admin", c] for c in
+                                   ("calibrate", "doctor", "import", "models", "retrain",
+                                    "simulate", "sync"))):
+        p = _run([str(bin_ / cmd[0]), *cmd[1:], "--help"], work, env)
+        assert "Usage:" in p.stdout, cmd
+    # hsubmit is sbatch's drop-in: its own flags pass through to sbatch
+    if shutil.which("sbatch"):
+        assert "slurm" in _run([str(bin_ / "hsubmit"), "--version"], work, env).stdout.lower()
+
+
+def test_predict_import_retrain_report_simulate_from_the_wheel(installed):
+    bin_, env, work = installed
+    model = str(ZOO / "resnet50.onnx")
+    feats = json.loads(_run([str(bin_ / "horus"), "features", model, "--batch-size", "32",
+                             "--json"], work, env).stdout)
+    assert feats["params"] > 20e6 and feats["features"]["batch_size"] == 32
+    cold = json.loads(_run([str(bin_ / "horus"), "predict", model, "--batch-size", "32",
+                            "--gpu", "a100", "--json"], work, env).stdout)
+    assert cold["mem_mib"] > 1000 and cold["predictor"] == "cold-start"
+
+    # the site's measured runs of this graph at other batch sizes -> history answers
+    rows = [{"model": model, "gpu_type": "a100", "util_pct": u, "mem_mib": m, "batch_size": b,
+             "task": "train", "optimizer": "adam", "precision": "fp32", "model_family": "resnet"}
+            for b, u, m in ((16, 70, 3500), (64, 88, 9300), (128, 93, 17100))]
+    path = work / "runs.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    models = work / "models"
+    _run([str(bin_ / "horus-admin"), "retrain", "--import", str(path), "--model-dir", str(models),
+          "--force", "--max-iter", "20"], work, env)
+    warm = json.loads(_run([str(bin_ / "horus"), "predict", model, "--batch-size", "32", "--gpu",
+                            "a100", "--model-dir", str(models), "--json"], work, env).stdout)
+    assert warm["predictor"].startswith("history"), warm
+    assert 4500 < warm["mem_mib"] < 6500  # between the measured 16 and 64 points, near affine
+
+    summary = _run([str(bin_ / "hacct"), "--summary"], work, env)
+    assert "jobs" in summary.stdout.lower() or summary.stdout.strip()
+    sim = json.loads(_run([str(bin_ / "horus-admin"), "simulate", "--jobs", "40", "--gpus", "8",
+                           "--json"], work, env, timeout=600).stdout)
+    assert set(sim) >= {"exclusive", "naive", "horus", "oracle"}
+    assert all(r["jobs"] == 40 and r["completed"] + r["failed_jobs"] + r["rejected"]
+               + r["unschedulable"] + r["timeouts"] >= 40 for r in sim.values())
+
+
+def test_doctor_finds_the_installed_hook_and_policy(installed):
+    bin_, env, work = installed
+    p = _run([str(bin_ / "horus-admin"), "doctor"], work, env, ok=False)
+    assert "Traceback" not in p.stderr
+    assert p.returncode in (0, 1), p.stderr[-500:]
+    assert "share/slurm-horus/etc" in p.stdout + p.stderr or "job_submit.lua" in p.stdout + p.stderr
