@@ -4,7 +4,7 @@ import os
 
 from slurm_horus.ledger.requeue import (OOM_RE, oom_actions, pressure_actions, queue_tokens,
                                         read_error_tail)
-from slurm_horus.ledger.sync import open_as_owner
+from slurm_horus.ledger.claims import open_as_owner
 from slurm_horus.slurm.parse import parse_gres
 
 EXCL = "horus: exclusive a100 (util 95% >= 70%) horus-decision:v1;action=exclusive;type=a100;reason=util"

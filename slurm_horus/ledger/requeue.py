@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from slurm_horus.errors import HorusError
+from slurm_horus.slurm.hint import parse_decision
 
 TOKEN = "horus-queue:v1"
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
@@ -70,9 +71,9 @@ def _gpu_type(rec: dict) -> str | None:
     m = re.search(r"gres[:/](?:gpu|shard):([a-z][a-z0-9_-]*):\d+", rec.get("TresPerNode") or "")
     if m:
         return m.group(1)
-    m = re.search(r"horus-decision:v1;[^ ]*type=([a-z0-9_-]+)", rec.get("AdminComment") or "")
-    if m:
-        return m.group(1)
+    decision = parse_decision(rec.get("AdminComment"))
+    if decision and decision.gpu_type not in (None, "any"):
+        return decision.gpu_type
     feat = rec.get("Features") or ""
     return feat if re.fullmatch(r"[a-z][a-z0-9_-]*", feat) and feat != "null" else None
 
@@ -157,8 +158,8 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], parse_gres, pack_shard
 def _hinted_exclusive(rec: dict) -> bool:
     """The hook kept a whole GPU for the job's predicted utilization (not a raw request, not a
     memory refusal, not a user on the under-claim record): its decision token says so."""
-    return bool(re.search(r"horus-decision:v1;action=exclusive;[^ ]*reason=util\b",
-                          rec.get("AdminComment") or ""))
+    decision = parse_decision(rec.get("AdminComment"))
+    return bool(decision and decision.action == "exclusive" and decision.reason == "util")
 
 
 def read_error_tail(rec: dict, open_as_owner) -> str | None:
