@@ -47,7 +47,7 @@ FIT_BOUNDS = {
     "workspace_factor": (0.0, 8.0),        # transients, x the largest activation
 }
 SEQ = {"BERT_base": 512, "BERT_large": 512, "xlnet_base": 512, "xlnet_large": 512,
-       "gpt2_large": 1024, "gpt2_xl": 1024}
+       "gpt2_large": 512, "gpt2_xl": 512}
 
 
 def family_folds(families: dict[str, str], rows: list[dict], k: int) -> dict[str, int]:

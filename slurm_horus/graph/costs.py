@@ -120,7 +120,8 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
     turns that Transpose into a new anonymous initializer ('onnx::...') of shape (D, V), read by
     a MatMul with no bias (GPT-2, T5). It is the same parameter and counts once. An untied head
     of the same shape has its own bias, so a MatMul followed by an Add of a (V,) parameter is
-    left alone; an untied head without a bias is the case this rule cannot tell apart.
+    left alone; an untied head without a bias, and a tied head with its own bias (BERT's masked-LM
+    head: counted twice, D x V parameters high), are the cases this rule cannot tell apart.
     """
     embeddings = {params[n.input[0]].shape for n in graph.nodes
                   if n.op_type == "Gather" and n.input and n.input[0] in params
@@ -190,10 +191,16 @@ class _BackwardContext:
                 if len(roots) == 1:
                     self.root[node.output[0]] = roots.pop()
         # Only chains of two or more ops are fused activations; a lone ReLU keeps its own rule.
+        # A chain with a Pow in it was written op by op in Python (Hugging Face's NewGELU:
+        # 0.5*x*(1+tanh(c*(x+0.044715*pow(x,3))))): no exporter writes Pow when it decomposes
+        # one framework op, and autograd keeps what each op of the chain needs (measured:
+        # pow's input, tanh's output and both factors of the last Mul, four tensors, not one).
+        composite = {self.root[n.output[0]] for n in graph.nodes
+                     if op_name(n) == "Pow" and n.output and n.output[0] in self.root}
         self.fused: set[str] = set()
         for node in graph.nodes:
             out = node.output[0] if node.output else None
-            if out in self.root:
+            if out in self.root and self.root[out] not in composite:
                 inner = [a for a in node.input if a in self.root
                          and self.root[a] == self.root[out]]
                 if inner:

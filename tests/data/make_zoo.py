@@ -227,16 +227,16 @@ SPECS = [
            training_only_note="AuxLogits branch (conv 768->128 1x1, conv 128->768 5x5, their batch norms, "
                               "fc 768->1000): runs only in training mode, absent from the inference export"),
     _image("xception", _timm("legacy_xception"), 299, published_params=22_900_000,
-           source="Chollet 2017 / Keras Applications", gpumemnet_name="Xception"),
+           source="Chollet 2017 / Keras Applications"),
     _image("vit_b_16", _tv("vit_b_16"), 224, family="vit", published_params=86_600_000,
            published_macs=17_600_000_000, source=f"Dosovitskiy et al. 2021; {TV}"),
     _image("unet", UNet, 256, family="segmentation",
            note="classic U-Net written in make_zoo.py: 64..1024 channels, BN, transposed-conv up, 2 classes"),
     _image("small_cnn", SmallCNN, 32, note="PyTorch tutorial CIFAR-10 net (LeNet-style)"),
     _hf("bert_base", "transformer-encoder", "BertModel", "BertConfig", 30522, BERT_IN, BERT_OUT,
-        published_params=110 * M, source="Devlin et al. 2019 (bert-base-uncased)", gpumemnet_name="BERT_base"),
+        published_params=110 * M, source="Devlin et al. 2019 (bert-base-uncased)"),
     _hf("bert_large", "transformer-encoder", "BertModel", "BertConfig", 30522, BERT_IN, BERT_OUT, BERT_LARGE,
-        published_params=340 * M, source="Devlin et al. 2019 (bert-large-uncased)", gpumemnet_name="BERT_large"),
+        published_params=340 * M, source="Devlin et al. 2019 (bert-large-uncased)"),
     _hf("gpt2", "transformer-decoder", "GPT2LMHeadModel", "GPT2Config", 50257, outputs=LOGITS,
         config=dict(use_cache=False), published_params=124 * M,
         source="OpenAI GPT-2 small (124M after recount; the paper says 117M)",
@@ -250,12 +250,29 @@ SPECS = [
     _hf("xlnet_base", "transformer-encoder", "XLNetModel", "XLNetConfig", 32000, config=XLNET_BASE,
         published_params_note="the often quoted 110M does not match the Hugging Face implementation's own "
                               "count, which the graph matches; not used",
-        source="Yang et al. 2019; HF pretrained list (xlnet-base-cased)",
-        gpumemnet_name="xlnet_base"),
+        source="Yang et al. 2019; HF pretrained list (xlnet-base-cased)"),
     _hf("xlnet_large", "transformer-encoder", "XLNetModel", "XLNetConfig", 32000, config=XLNET_LARGE,
         published_params_note="the often quoted 340M does not match the Hugging Face implementation's own "
                               "count, which the graph matches; not used",
-        source="Yang et al. 2019; HF pretrained list (xlnet-large-cased)",
+        source="Yang et al. 2019; HF pretrained list (xlnet-large-cased)"),
+    # The models GPUMemNet's real_models_memory.csv measured, as its own scripts built them
+    # (itu-rad/GPUMemNet, Test_Pipeline/): Xception is timm's at 224x224 (Resize(256) +
+    # CenterCrop(224) in cnn_models/Xception.py), BERT a BertForMaskedLM with the cased 28,996-token
+    # vocabulary and XLNet an XLNetForSequenceClassification (Trans_models/*.txt, module dumps
+    # named by batch size and sequence length: all sl:512).
+    _image("xception_224", _timm("legacy_xception"), 224, source="Chollet 2017; GPUMemNet's input size",
+           gpumemnet_name="Xception"),
+    _hf("bert_base_mlm", "transformer-encoder", "BertForMaskedLM", "BertConfig", 28996, BERT_IN, LOGITS,
+        config=dict(vocab_size=28996), source="bert-base-cased with its MLM head (GPUMemNet's run)",
+        gpumemnet_name="BERT_base"),
+    _hf("bert_large_mlm", "transformer-encoder", "BertForMaskedLM", "BertConfig", 28996, BERT_IN, LOGITS,
+        config=dict(BERT_LARGE, vocab_size=28996), source="bert-large-cased with its MLM head (GPUMemNet's run)",
+        gpumemnet_name="BERT_large"),
+    _hf("xlnet_base_cls", "transformer-encoder", "XLNetForSequenceClassification", "XLNetConfig", 32000,
+        outputs={"logits": ["batch"]}, config=XLNET_BASE, source="xlnet-base-cased, 2 classes (GPUMemNet's run)",
+        gpumemnet_name="xlnet_base"),
+    _hf("xlnet_large_cls", "transformer-encoder", "XLNetForSequenceClassification", "XLNetConfig", 32000,
+        outputs={"logits": ["batch"]}, config=XLNET_LARGE, source="xlnet-large-cased, 2 classes (GPUMemNet's run)",
         gpumemnet_name="xlnet_large"),
     _hf("t5_small", "encoder-decoder", "T5ForConditionalGeneration", "T5Config", 32128,
         ("input_ids", "attention_mask", "decoder_input_ids"), {"logits": DEC_SEQ, "encoder_last_hidden_state": SEQ},
