@@ -41,7 +41,8 @@ gm = ba.gm
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload  # noqa: E402
 from slurm_horus.graph.features import extract_features  # noqa: E402
 from slurm_horus.predict.gpus import get_gpu  # noqa: E402
-from slurm_horus.predict.history import HistoryPredictor, dims_key  # noqa: E402
+from slurm_horus.predict.history import HistoryPredictor  # noqa: E402
+from slurm_horus.predict.workload import dims_key  # noqa: E402
 
 GPU = get_gpu(ba.GPU)
 

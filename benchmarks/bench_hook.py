@@ -1,5 +1,5 @@
 """In-process cost of the job-submit hook: the real etc/job_submit.lua in a Lua 5.1 runtime
-(policy.HookRuntime, as slurmctld keeps it loaded), for a job without a hint and for a hinted
+(hook_runtime.HookRuntime, as slurmctld keeps it loaded), for a job without a hint and for a hinted
 job that the hook rewrites into shards. Includes the Python-Lua marshalling of the job table.
 
     python3 benchmarks/bench_hook.py [--calls 20000] [--rounds 5]
@@ -18,7 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from slurm_horus.slurm.policy import HookRuntime  # noqa: E402
+from slurm_horus.slurm.hook_runtime import HookRuntime  # noqa: E402
 
 HINT = "horus:v1;a100=6.0/1301/1752;t4=6.0/1301/1752"
 

@@ -28,9 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from slurm_horus.sim.traces import ModelMix, generate_trace  # noqa: E402
-from slurm_horus.sim.engine import (POLICIES, cluster_from_json, homogeneous_cluster,  # noqa: E402
-                                  run_policies)
+from slurm_horus.sim.cluster import cluster_from_json, homogeneous_cluster  # noqa: E402
+from slurm_horus.sim.engine import run_policies  # noqa: E402
+from slurm_horus.sim.mix import ModelMix  # noqa: E402
+from slurm_horus.sim.policies import POLICIES  # noqa: E402
+from slurm_horus.sim.traces import generate_trace  # noqa: E402
 
 MIXED = {"nodes": [{"name": "a", "gpu_type": "a100", "gpus": 8, "count": 4},
                    {"name": "t", "gpu_type": "t4", "gpus": 4, "count": 8}]}

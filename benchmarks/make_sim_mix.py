@@ -2,7 +2,7 @@
 
     python benchmarks/make_sim_mix.py [--out slurm_horus/data/sim_mix.json]
 
-For every (model, batch, task) of `slurm_horus.sim.traces.MIX` and every GPU type of
+For every (model, batch, task) of `slurm_horus.sim.mix.MIX` and every GPU type of
 `SHIPPED_TYPES`: the cold-start prediction (util %, memory MiB, p90 MiB) on the real ONNX graph
 of tests/data/zoo, so `horus-admin simulate` never reads the test corpus at run time.
 
@@ -30,7 +30,7 @@ from bench_coldstart import DATA_DIR, GPU, SEQ  # noqa: E402
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload  # noqa: E402
 from slurm_horus.graph.features import extract_features  # noqa: E402
 from slurm_horus.predict.gpus import get_gpu  # noqa: E402
-from slurm_horus.sim.traces import MIX, SHIPPED_MIX, SHIPPED_TYPES  # noqa: E402
+from slurm_horus.sim.mix import MIX, SHIPPED_MIX, SHIPPED_TYPES  # noqa: E402
 
 ZOO = ROOT / "tests" / "data"
 

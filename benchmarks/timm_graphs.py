@@ -1,10 +1,10 @@
 """Weightless ONNX graphs of the timm architectures in GPUMemNet's timm_training_memory.csv.
 
 The cold-start benchmark (benchmarks/bench_coldstart.py) needs each architecture's graph, as a
-user's export script produces it: legacy TorchScript exporter, opset 17, eval mode, random
-weights, symbolic `batch`, the model's default input size (timm `pretrained_cfg["input_size"]`),
-exactly like tests/data/zoo. Weights are never needed: every tensor of 1 KiB or more goes to an
-external data file that is then deleted, so each graph is a few hundred KiB.
+user's export script produces it: eval mode, random weights, the model's default input size
+(timm `pretrained_cfg["input_size"]`), exported by slurm_horus.calibrate.export (legacy
+TorchScript exporter, opset 17, symbolic `batch`, weights dropped: a few hundred KiB a graph),
+as tests/data/zoo is.
 
 Exporting 316 models takes hours on two cores, so the graphs are cached outside the repository
 (default ~/.cache/slurm-horus/timm-onnx) and this script skips those already there:
@@ -22,10 +22,11 @@ import csv
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from slurm_horus.calibrate.export import OPSET, decorrelate, export_weightless
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("HORUS_GPUMEMNET_DIR") or REPO_ROOT.parent / "shared" / "datasets"
@@ -33,7 +34,6 @@ DATA_DIR = Path(os.environ.get("HORUS_GPUMEMNET_DIR") or REPO_ROOT.parent / "sha
 TIMM_CSV = "timm_training_memory.csv"
 DEFAULT_CACHE = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                  / "slurm-horus" / "timm-onnx")
-OPSET = 17
 
 
 def model_names(csv_path: Path) -> list[str]:
@@ -50,7 +50,6 @@ def model_names(csv_path: Path) -> list[str]:
 def export_one(name: str, out: Path, opset: int = OPSET, fused_attn: bool = True) -> dict:
     """Export `name` to `out` without weight data; return its input size, parameter count and
     family (the timm source module defining the architecture, e.g. `resnet` for SE-ResNets)."""
-    import onnx
     import timm
     import torch
 
@@ -58,23 +57,13 @@ def export_one(name: str, out: Path, opset: int = OPSET, fused_attn: bool = True
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False).eval()
     size = tuple(model.pretrained_cfg["input_size"])
-    with torch.no_grad():  # nudge equal-valued initializers apart (see tests/data/make_zoo.py)
-        for t in [*model.parameters(), *model.buffers()]:
-            if t.is_floating_point():
-                t.add_(torch.rand_like(t), alpha=1e-3)
+    decorrelate(model)
     params = sum(p.numel() for p in model.parameters())
     family = type(model).__module__.rsplit(".", 1)[-1]
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / out.name
-        torch.onnx.export(model, (torch.randn(1, *size),), str(raw), dynamo=False,
-                          opset_version=opset, input_names=["input"], output_names=["logits"],
-                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
-        del model
-        proto = onnx.load(str(raw))
-    data = out.with_name(out.name + ".data")
-    onnx.save_model(proto, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
-    data.unlink(missing_ok=True)
+    # no dynamo fallback: main() retries a failure with the two settings known to fix it
+    export_weightless(model, (torch.randn(1, *size),), out, input_names=["input"],
+                      output_names=["logits"], opset=opset, dynamo_fallback=False,
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
     return {"input_size": list(size), "torch_params": params, "family": family, "opset": opset,
             "fused_attn": fused_attn}
 

@@ -23,7 +23,7 @@ Rules this file keeps:
     where the typing it would choose is not declared, the job stays as submitted.
 ]]
 
--- Limits of the hint format (must match slurm_horus/hint.py).
+-- Limits of the hint format (must match slurm_horus/slurm/hint.py).
 local MAX_COMMENT = 65536     -- a comment longer than this holding "horus:" is a bad hint
 local MAX_TOKEN = 600         -- hint token length
 local MAX_TYPES = 16          -- GPU types in one hint
@@ -637,13 +637,13 @@ local function evaluate(pol, gtype, pred)
 	local n_util = ceil_div(S * pred.util_milli, P * 1000)
 	local n_mem = ceil_div(S * mem * 100, G * P)
 	if n_mem > S then
-		r.kind = "nofit"
+		r.kind, r.code = "nofit", "memory"
 		r.why = string.format("memory %d MiB > %d%% of %s's %d MiB", mem, P, gtype, G)
 	elseif pred.util_milli >= pol.exclusive_util_milli then
-		r.kind = "exclusive"
+		r.kind, r.code = "exclusive", "util"
 		r.why = string.format("util %s%% >= %s%%", fmt_milli(pred.util_milli), fmt_milli(pol.exclusive_util_milli))
 	elseif n_util > S then
-		r.kind = "exclusive"
+		r.kind, r.code = "exclusive", "pack_limit"
 		r.why = string.format("util %s%% > pack limit %d%%", fmt_milli(pred.util_milli), P)
 	else
 		r.kind = "shared"
@@ -689,7 +689,13 @@ local function shard_request(pol, prefix, gtype, shards, features)
 end
 
 local function unchanged(why)
-	return { rc = slurm.SUCCESS, set = {}, note = "horus: unchanged (" .. why .. ")", kind = "unchanged", why = why }
+	return { rc = slurm.SUCCESS, set = {}, note = "horus: unchanged (" .. why .. ")", kind = "unchanged", why = why,
+		reason = "not_handled" }
+end
+
+local function ignored_hint(herr)
+	return { rc = slurm.SUCCESS, set = {}, note = "horus: ignored hint (" .. herr .. ")", kind = "unchanged",
+		reason = "bad_hint" }
 end
 
 local function rejected(msg)
@@ -697,7 +703,8 @@ local function rejected(msg)
 end
 
 -- The plan for a job with a valid hint (preds).
--- plan = { rc=, set = {field=value}, note=, user=, kind=, why= }
+-- plan = { rc=, set = {field=value}, note=, user=, kind=, why=, gtype=, shards=, reason= }
+-- (kind, gtype, shards and reason make the decision token, see decision_token)
 local function hint_plan(job, pol, uid, preds)
 
 	local req, why = find_gpu_request(job)
@@ -750,7 +757,7 @@ local function hint_plan(job, pol, uid, preds)
 				end
 			end
 			if fits and whole and n_shared == 0 then
-				choice = { kind = "exclusive", any = true, gtype = whole.gtype, why = whole.why }
+				choice = { kind = "exclusive", any = true, gtype = whole.gtype, why = whole.why, code = whole.code }
 			elseif fits and worst and not whole then
 				choice = { kind = "shared", any = true, gtype = worst.gtype, shards = worst.shards,
 					util_milli = worst.util_milli, mem = worst.mem, mem_field = worst.mem_field }
@@ -773,7 +780,7 @@ local function hint_plan(job, pol, uid, preds)
 	if choice.kind == "shared" then
 		local verdict = record_verdict(pol, job, uid)
 		if verdict then
-			return { rc = slurm.SUCCESS, set = {}, kind = "exclusive",
+			return { rc = slurm.SUCCESS, set = {}, kind = "exclusive", gtype = asked or "any", reason = "record",
 				note = "horus: exclusive " .. (asked or "any") .. " (" .. verdict .. ": whole GPU, no shards)" }
 		end
 	end
@@ -789,7 +796,8 @@ local function hint_plan(job, pol, uid, preds)
 			items[req.index] = e.prefix .. "gpu:" .. choice.gtype .. ":1"
 			set[req.field] = table.concat(items, ",")
 		end
-		return { rc = slurm.SUCCESS, set = set, note = note, kind = "exclusive" }
+		return { rc = slurm.SUCCESS, set = set, note = note, kind = "exclusive",
+			gtype = choice.any and "any" or choice.gtype, reason = choice.code }
 	end
 
 	-- Shared: the GPU request becomes a shard request in tres_per_node.
@@ -828,7 +836,8 @@ local function hint_plan(job, pol, uid, preds)
 		choice.any and "any" or choice.gtype, choice.shards, pol.shards_per_gpu,
 		fmt_milli(choice.util_milli), choice.mem, choice.mem_field,
 		choice.any and (" on " .. choice.gtype .. ", the most of any type") or "")
-	return { rc = slurm.SUCCESS, set = set, note = note, kind = "shared" }
+	return { rc = slurm.SUCCESS, set = set, note = note, kind = "shared",
+		gtype = choice.any and "any" or choice.gtype, shards = choice.shards, per_gpu = pol.shards_per_gpu }
 end
 
 -- The plan for a job that asks for shards itself (conv: its whole-GPU equivalent,
@@ -838,7 +847,7 @@ local function shard_plan(job, pol, uid, preds, herr, conv, cerr, ctype)
 	if mode == "allow" then
 		verdict = record_verdict(pol, job, uid)
 		if not verdict then  -- allowed: as before, the job runs as submitted
-			if herr then return { rc = slurm.SUCCESS, set = {}, note = "horus: ignored hint (" .. herr .. ")" } end
+			if herr then return ignored_hint(herr) end
 			if preds then return unchanged("job already asks for shared GPU resources") end
 			return nil
 		end
@@ -853,7 +862,8 @@ local function shard_plan(job, pol, uid, preds, herr, conv, cerr, ctype)
 				" Submit it with hsubmit, or ask for whole GPUs (--gres=gpu:1).")
 		end
 		local why = verdict or ("shards asked without a valid hint, raw_shards = " .. mode)
-		return { rc = slurm.SUCCESS, set = conv, kind = "exclusive",
+		return { rc = slurm.SUCCESS, set = conv, kind = "exclusive", gtype = ctype or "any",
+			reason = verdict and "record" or "raw_shards",
 			note = "horus: exclusive " .. (ctype or "any") .. " (" .. why .. ": whole GPU, no shards)" }
 	end
 	-- A valid hint: the shards are costed from it, as for a one-GPU request.
@@ -869,11 +879,13 @@ local function shard_plan(job, pol, uid, preds, herr, conv, cerr, ctype)
 	local set = {}
 	for k, v in pairs(conv) do set[k] = v end
 	for k, v in pairs(plan.set) do set[k] = v end
-	local note = plan.note
 	if plan.kind == "unchanged" then
-		note = "horus: exclusive " .. (ctype or "any") .. " (shards asked: whole GPU, hint not applied: " .. plan.why .. ")"
+		return { rc = slurm.SUCCESS, set = set, kind = "exclusive", gtype = ctype or "any", reason = "raw_shards",
+			note = "horus: exclusive " .. (ctype or "any") .. " (shards asked: whole GPU, hint not applied: " ..
+				plan.why .. ")" }
 	end
-	return { rc = slurm.SUCCESS, set = set, note = note, kind = plan.kind }
+	plan.set = set
+	return plan
 end
 
 -- Build the plan, or nil to leave the job untouched.
@@ -890,9 +902,7 @@ local function make_plan(job, pol, uid)
 		if conv or cerr then return shard_plan(job, pol, uid, preds, herr, conv, cerr, ctype) end
 	end
 	if not tok and not herr then return nil end  -- no hint: untouched
-	if not preds then
-		return { rc = slurm.SUCCESS, set = {}, note = "horus: ignored hint (" .. herr .. ")" }
-	end
+	if not preds then return ignored_hint(herr) end
 	return hint_plan(job, pol, uid, preds)
 end
 
@@ -902,11 +912,26 @@ end
 
 local APPLY_ORDER = { "tres_per_job", "tres_per_task", "tres_per_socket", "tres_per_node", "features" }
 
+-- The machine-readable twin of a plan's note, written after it in AdminComment:
+--   horus-decision:v1;action=<shared|exclusive|unchanged>[;type=<gtype|any>][;shards=<n>/<S>][;reason=<code>]
+-- reason: util, pack_limit, memory, record, raw_shards (exclusive); not_handled, bad_hint
+-- (unchanged).  Every part is a policy value, a validated type name or a constant, never user
+-- text; the hook's token is the last one in AdminComment, so one an admin wrote before it is
+-- not taken for the hook's.  Read by slurm_horus.slurm.hint.parse_decision (keep in step).
+local function decision_token(plan)
+	local t = "horus-decision:v1;action=" .. plan.kind
+	if plan.gtype then t = t .. ";type=" .. plan.gtype end
+	if plan.shards then t = t .. string.format(";shards=%d/%d", plan.shards, plan.per_gpu) end
+	if plan.reason then t = t .. ";reason=" .. plan.reason end
+	return t
+end
+
 local function apply_plan(job, plan)
 	if plan.note then
+		local entry = plan.note .. " " .. decision_token(plan)
 		local old = job.admin_comment
-		if type(old) == "string" and old ~= "" then plan.set.admin_comment = old .. "; " .. plan.note
-		else plan.set.admin_comment = plan.note end
+		if type(old) == "string" and old ~= "" then plan.set.admin_comment = old .. "; " .. entry
+		else plan.set.admin_comment = entry end
 	end
 	local saved, done = {}, {}
 	local ok, err = pcall(function()

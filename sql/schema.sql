@@ -1,4 +1,5 @@
--- slurm-horus ledger schema, version 4 (see slurm_horus/ledger.py: SCHEMA_VERSION, MIGRATIONS).
+-- slurm-horus ledger schema, version 6: the one definition of the ledger's tables (the code
+-- reflects its tables from this file; slurm_horus/ledger/schema.py SCHEMA_VERSION, migrate.py).
 -- Portable DDL: the same file runs on SQLite (>= 3.25) and MariaDB/MySQL. `usage` is quoted with
 -- backticks because USAGE is a reserved word in MariaDB (SQLite accepts backticks too).
 -- Times are Unix epoch seconds (UTC); memory in MiB; utilization in percent of one GPU.
@@ -90,12 +91,21 @@ CREATE TABLE IF NOT EXISTS jobs (
     act_mem_mib DOUBLE PRECISION,
     colocated TEXT,
     sources VARCHAR(64),
-    mem_err_bucket INTEGER,  -- histogram bin of |pred - actual| / actual memory (ledger.mem_err_bucket)
+    mem_err_bucket INTEGER,  -- histogram bin of |pred - actual| / actual memory (ledger/jobs.py)
     gpus INTEGER,
     pred_mem_p90_mib DOUBLE PRECISION,
     under_claim INTEGER,
     claim_flags VARCHAR(16),
-    failed_measurement INTEGER,  -- 1: the job never used its GPU (ledger.failed_measurement)
+    failed_measurement INTEGER,  -- 1: the job never used its GPU (ledger/jobs.py)
+    -- v6: the terms hacct --summary adds up, stored when the row is written (jobs.accuracy_terms).
+    -- NULL where the job does not count in that figure (nothing to compare, failed measurement).
+    predictor_source VARCHAR(64),     -- 'cold-start', 'learned', 'history', ... (no version)
+    measured INTEGER,                 -- 1: actual utilization or memory known
+    util_abs_err_pp DOUBLE PRECISION, -- |pred - actual| utilization, percentage points
+    util_sq_log_err DOUBLE PRECISION, -- (ln(1 + pred) - ln(1 + actual))^2, utilization
+    mem_sq_log_err DOUBLE PRECISION,  -- the same for memory (both > 0)
+    within_p90 INTEGER,               -- 1: actual memory <= predicted p90, 0: above it
+    far INTEGER,                      -- 1: actual use far above the prediction (jobs.FAR_*)
     PRIMARY KEY (cluster, job_id)
 );
 
@@ -107,8 +117,11 @@ CREATE TABLE IF NOT EXISTS ledger_state (
 CREATE INDEX IF NOT EXISTS ix_jobs_submit ON jobs (submit_time);
 CREATE INDEX IF NOT EXISTS ix_jobs_user ON jobs (user_name);
 CREATE INDEX IF NOT EXISTS ix_jobs_end ON jobs (end_time);
--- Covering index for hacct --summary: groups stream out in index order, no sort of all jobs.
+-- Covering index for hacct --summary: groups stream out in index order, no sort of all jobs,
+-- and every term it adds up is in the index.
 CREATE INDEX IF NOT EXISTS ix_jobs_summary ON jobs (has_submission, model_family, gpu_type,
-    user_name, predictor, mem_err_bucket, failed_measurement, pred_util_pct, act_util_pct,
-    pred_mem_mib, pred_mem_p90_mib, act_mem_mib, under_claim);
+    user_name, predictor_source, mem_err_bucket, measured, failed_measurement, within_p90,
+    util_abs_err_pp, util_sq_log_err, mem_sq_log_err, far, under_claim);
+-- The summary's list of jobs far above their prediction reads only those.
+CREATE INDEX IF NOT EXISTS ix_jobs_far ON jobs (has_submission, far);
 CREATE INDEX IF NOT EXISTS ix_usage_node ON `usage` (node, end_time);

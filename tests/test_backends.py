@@ -103,7 +103,7 @@ def _submit(*args):
 @needs_pyslurm
 def test_running_jobs_agree(monkeypatch):
     """Same jobs, states, comments, nodes and GRES; the GPU index of whole-GPU jobs from both,
-    a shard job's only from the CLI (pyslurm drops it, see slurm_pyslurm)."""
+    a shard job's only from the CLI (pyslurm drops it, see slurm.pyslurm_backend)."""
     ids = [_submit("-p", "t4", "--gres=gpu:1", "--comment=horus:v1;t4=55/8000/9000", "--wrap", "sleep 60"),
            _submit("-p", "a100", "--gres=gpu:2", "--wrap", "sleep 60")]
     try:

@@ -5,16 +5,29 @@ import format and `horus-admin import` of the result, --resume, the real export 
 import csv
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import onnx
 import pytest
 from click.testing import CliRunner
 
-from slurm_horus.calibrate import measure as cal
-from slurm_horus.graph.features import FEATURE_NAMES
+from slurm_horus.calibrate.export import OPSET, export_weightless
+from slurm_horus.calibrate.models import ModelSpec, example_input, export_spec, model_specs
+from slurm_horus.calibrate.orchestrate import calibrate
+from slurm_horus.calibrate.plan import Measurement, OutOfMemory, Run, plan, run_id
+from slurm_horus.calibrate.rows import make_row
+from slurm_horus.calibrate.sampler import BackgroundSampler
+from slurm_horus.calibrate.torch_runner import _step, gpu_type_of
+from slurm_horus.errors import HorusError
+from slurm_horus.graph.features import FEATURE_NAMES, extract_features
 from slurm_horus.ledger import Ledger
-from slurm_horus.ledger.retrain import IMPORT_COLUMNS
+from slurm_horus.cli.admin import main
+from slurm_horus.ledger.retrain import IMPORT_COLUMNS, import_csv
 
 ZOO = Path(__file__).parent / "data" / "zoo"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -48,18 +61,18 @@ class FakeRunner:
     def __init__(self, oom_from=None, fail_after=None):
         self.measured, self.exports = [], []
         self.oom_from, self.fail_after = oom_from, fail_after
-        self.specs = {"small_cnn": cal.ModelSpec("small_cnn", "cnn", None, "image", 32),
-                      "other_cnn": cal.ModelSpec("other_cnn", "cnn", None, "image", 32)}
+        self.specs = {"small_cnn": ModelSpec("small_cnn", "cnn", None, "image", 32),
+                      "other_cnn": ModelSpec("other_cnn", "cnn", None, "image", 32)}
 
     def measure(self, run, sampler, seconds):
         if self.fail_after is not None and len(self.measured) >= self.fail_after:
             raise KeyboardInterrupt  # an interrupt in the middle of the plan
         if self.oom_from and run.batch_size >= self.oom_from:
-            raise cal.OutOfMemory("CUDA out of memory")
+            raise OutOfMemory("CUDA out of memory")
         sampler.start()
         summary = sampler.stop()
         self.measured.append(run)
-        return cal.Measurement(util_mean=summary["util_mean"], util_max=summary["util_max"],
+        return Measurement(util_mean=summary["util_mean"], util_max=summary["util_max"],
                                mem_peak_mib=(summary["mem_peak_mib"] or 0) + run.batch_size,
                                torch_max_alloc_mib=1000.0 + run.batch_size,
                                torch_max_reserved_mib=1500.0, steps=10, seconds=seconds,
@@ -82,9 +95,9 @@ def rows(path):
 def test_orchestration_writes_import_rows(tmp_path):
     out = tmp_path / "calib.csv"
     runner, sampler = FakeRunner(), FakeSampler()
-    runs = cal.plan(["small_cnn", "other_cnn"], [32, 8], ["train", "infer"])
+    runs = plan(["small_cnn", "other_cnn"], [32, 8], ["train", "infer"])
     assert len(runs) == 8 and [r.batch_size for r in runs[:2]] == [8, 32]
-    res = cal.calibrate(runner, runs, out, sampler_factory=lambda: sampler, seconds=1)
+    res = calibrate(runner, runs, out, sampler_factory=lambda: sampler, seconds=1)
     assert len(res.done) == 8 and not res.failed and not res.skipped
     assert sampler.started == sampler.stopped == 8 and sampler.closed
     got = rows(out)
@@ -99,17 +112,15 @@ def test_orchestration_writes_import_rows(tmp_path):
     assert float(r0["util_pct"]) == 55.5 and float(r0["mem_mib"]) == 3008.0
     assert float(r0["torch_max_alloc_mib"]) == 1008.0 and r0["model_family"] == "cnn"
     assert float(r0["cold_mem_mib"]) > 0 and r0["cold_util_pct"]
-    assert r0["calib_id"] == cal.run_id("small_cnn", 8, "train", "a100-40gb")
+    assert r0["calib_id"] == run_id("small_cnn", 8, "train", "a100-40gb")
     # an existing file is not overwritten without --resume
-    with pytest.raises(cal.HorusError, match="--resume"):
-        cal.calibrate(runner, runs, out, sampler_factory=FakeSampler)
+    with pytest.raises(HorusError, match="--resume"):
+        calibrate(runner, runs, out, sampler_factory=FakeSampler)
 
 
 def test_csv_is_accepted_by_horus_admin_import(tmp_path):
-    from slurm_horus.cli.admin import main
-
     out = tmp_path / "calib.csv"
-    cal.calibrate(FakeRunner(), cal.plan(["small_cnn"], [8, 32], ["train", "infer"]), out,
+    calibrate(FakeRunner(), plan(["small_cnn"], [8, 32], ["train", "infer"]), out,
                   sampler_factory=FakeSampler)
     url = f"sqlite:///{tmp_path}/ledger.db"
     r = CliRunner().invoke(main, ["import", str(out), "--ledger", url])
@@ -122,11 +133,9 @@ def test_csv_is_accepted_by_horus_admin_import(tmp_path):
 
 def test_ledger_rows_match_a_later_import(tmp_path):
     """--ledger imports each row as it is written; importing the CSV afterwards adds nothing."""
-    from slurm_horus.ledger.retrain import import_csv
-
     out = tmp_path / "calib.csv"
     L = Ledger(f"sqlite:///{tmp_path}/ledger.db")
-    cal.calibrate(FakeRunner(), cal.plan(["small_cnn"], [8], ["train", "infer"]), out,
+    calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train", "infer"]), out,
                   sampler_factory=FakeSampler, ledger=L)
     assert L.count("usage") == 2
     import_csv(L, str(out))
@@ -135,28 +144,29 @@ def test_ledger_rows_match_a_later_import(tmp_path):
 
 def test_resume_skips_done_runs(tmp_path):
     out = tmp_path / "calib.csv"
-    runs = cal.plan(["small_cnn", "other_cnn"], [8, 32], ["train"])
+    runs = plan(["small_cnn", "other_cnn"], [8, 32], ["train"])
     interrupted = FakeRunner(fail_after=2)
     with pytest.raises(KeyboardInterrupt):
-        cal.calibrate(interrupted, runs, out, sampler_factory=FakeSampler)
+        calibrate(interrupted, runs, out, sampler_factory=FakeSampler)
     assert len(rows(out)) == 2  # what finished before the interrupt is on disk
     # a row cut in the middle by a crash: the partial line has no mem_mib, is not "done"
     with open(out, "a") as f:
         f.write("x,{}")
     again = FakeRunner()
-    res = cal.calibrate(again, runs, out, sampler_factory=FakeSampler, resume=True)
+    res = calibrate(again, runs, out, sampler_factory=FakeSampler, resume=True)
     assert len(res.skipped) == 2 and len(res.done) == 2
-    assert [(r.model, r.batch_size) for r in again.measured] == [("other_cnn", 8), ("other_cnn", 32)]
+    assert [(r.model, r.batch_size) for r in again.measured] == [("other_cnn", 8),
+                                                                 ("other_cnn", 32)]
     ids = [r["calib_id"] for r in rows(out) if r.get("mem_mib")]
     assert len(ids) == 4 and len(set(ids)) == 4
-    res = cal.calibrate(FakeRunner(), runs, out, sampler_factory=FakeSampler, resume=True)
+    res = calibrate(FakeRunner(), runs, out, sampler_factory=FakeSampler, resume=True)
     assert not res.done and len(res.skipped) == 4
 
 
 def test_oom_skips_larger_batches(tmp_path):
     out = tmp_path / "calib.csv"
     runner = FakeRunner(oom_from=32)
-    res = cal.calibrate(runner, cal.plan(["small_cnn"], [8, 32, 128], ["train"]), out,
+    res = calibrate(runner, plan(["small_cnn"], [8, 32, 128], ["train"]), out,
                         sampler_factory=FakeSampler)
     assert len(res.done) == 1 and len(res.failed) == 2
     assert "out of memory" in res.failed[0][1] and "batch 32" in res.failed[1][1]
@@ -170,42 +180,34 @@ def test_no_utilization_samples_is_not_written(tmp_path):
             return {"util_mean": None, "util_max": None, "mem_peak_mib": None, "samples": 0}
 
     out = tmp_path / "calib.csv"
-    res = cal.calibrate(FakeRunner(), cal.plan(["small_cnn"], [8], ["infer"]), out,
+    res = calibrate(FakeRunner(), plan(["small_cnn"], [8], ["infer"]), out,
                         sampler_factory=Blind)
     assert not res.done and "no utilization" in res.failed[0][1] and rows(out) == []
 
 
 def test_gpu_type_from_device_name():
-    assert cal.gpu_type_of("NVIDIA A100-SXM4-40GB", "a100-40gb") == "a100-40gb"
-    assert cal.gpu_type_of("NVIDIA H200") == "h200"
-    with pytest.raises(cal.HorusError, match="--gpu-type"):
-        cal.gpu_type_of("Imaginary GPU 9000")
+    assert gpu_type_of("NVIDIA A100-SXM4-40GB", "a100-40gb") == "a100-40gb"
+    assert gpu_type_of("NVIDIA H200") == "h200"
+    with pytest.raises(HorusError, match="--gpu-type"):
+        gpu_type_of("Imaginary GPU 9000")
 
 
-def test_cli_errors_are_one_line(tmp_path, monkeypatch):
-    from slurm_horus.cli.admin import main
-
+def test_cli_errors_are_one_line(tmp_path):
     out = str(tmp_path / "c.csv")
     r = CliRunner().invoke(main, ["calibrate", "--out", out, "--tasks", "train,fly"])
     assert r.exit_code == 2 and "horus-admin calibrate: error: --tasks" in r.output
     r = CliRunner().invoke(main, ["calibrate", "--out", out, "--batch-sizes", "8,x"])
     assert r.exit_code == 2 and "--batch-sizes" in r.output
-    # without torch: the install hint
-    import builtins
+    r = CliRunner().invoke(main, ["calibrate"])
+    assert r.exit_code == 2 and "error: --out CSV is required" in r.output
 
-    real = builtins.__import__
 
-    def no_torch(name, *a, **k):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("No module named 'torch'")
-        return real(name, *a, **k)
-
-    monkeypatch.setattr(builtins, "__import__", no_torch)
-    r = CliRunner().invoke(main, ["calibrate", "--out", out])
-    assert r.exit_code == 2, r.output
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert lines == ["horus-admin calibrate: error: calibrate needs PyTorch: "
-                     "pip install 'slurm-horus[calibrate]' (torch with CUDA)"]
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+def test_list_models_needs_no_gpu_and_no_out():
+    r = CliRunner().invoke(main, ["calibrate", "--list-models"])
+    assert r.exit_code == 0, r.output
+    listed = {line.split()[0] for line in r.output.splitlines()}
+    assert {"small_cnn", "mlp", "lstm_lm", "transformer_encoder"} <= listed
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
@@ -214,8 +216,6 @@ def test_no_gpu_error(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    from slurm_horus.cli.admin import main
-
     r = CliRunner().invoke(main, ["calibrate", "--out", str(tmp_path / "c.csv")])
     assert r.exit_code == 2
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
@@ -226,37 +226,128 @@ def test_no_gpu_error(tmp_path):
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 def test_real_export_and_feature_row_on_cpu(tmp_path):
     """The real export (legacy exporter, weights stripped) of one tiny model + the graph stage."""
-    import onnx
-
-    specs = cal.model_specs()
+    specs = model_specs()
     assert {"small_cnn", "resnet_mini", "mlp", "lstm_lm", "transformer_encoder"} <= set(specs)
     spec = specs["small_cnn"]
-    path = cal.export_onnx(spec, tmp_path / "cache")
+    path = export_spec(spec, tmp_path / "cache")
     assert path.exists() and not list((tmp_path / "cache").glob("*.data"))
     assert path.stat().st_size < 20_000  # weights stripped
     g = onnx.load(str(path), load_external_data=False)
-    assert g.opset_import[0].version == cal.OPSET
+    assert g.opset_import[0].version == OPSET
     dims = [d.dim_param for d in g.graph.input[0].type.tensor_type.shape.dim]
     assert dims[0] == "batch"
-    assert cal.export_onnx(spec, tmp_path / "cache") == path  # cached
-    m = cal.Measurement(util_mean=40.0, util_max=80.0, mem_peak_mib=600.0,
+    assert export_spec(spec, tmp_path / "cache") == path  # cached
+    m = Measurement(util_mean=40.0, util_max=80.0, mem_peak_mib=600.0,
                         torch_max_alloc_mib=20.0, steps=5, seconds=1.0)
-    row = cal.make_row(cal.Run("small_cnn", 16, "train"), "t4", m, path, "cnn")
+    row = make_row(Run("small_cnn", 16, "train"), "t4", m, path, "cnn")
     feats = json.loads(row["features"])
     assert feats["batch_size"] == 16 and feats["params"] == 62006  # the tutorial net's count
     assert feats["flops"] > 0 and row["mem_mib"] == "600.0"
     # the zoo's graph of the same net has the same features: calibrate builds the same families
-    from slurm_horus.graph.features import extract_features
-
     zoo = extract_features(ZOO / "small_cnn.onnx", batch_size=16)
     assert zoo.values["params"] == feats["params"] and zoo.values["flops"] == feats["flops"]
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 def test_token_model_export_binds_seq(tmp_path):
-    spec = cal.model_specs()["lstm_lm"]
-    path = cal.export_onnx(spec, tmp_path)
-    from slurm_horus.graph.features import extract_features
-
+    spec = model_specs()["lstm_lm"]
+    path = export_spec(spec, tmp_path)
     r = extract_features(path, batch_size=4, dims=spec.dims)
     assert not r.unknown_dims and r.values["params"] > 19e6
+
+
+@pytest.mark.parametrize("extra", [["--out", "c.csv"], ["--list-models"]])
+def test_package_and_cli_import_without_torch(tmp_path, extra):
+    """torch is an optional extra: every calibrate module imports, and the CLI says what to install,
+    when torch cannot be imported at all."""
+    code = (
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('No module named torch')\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "import slurm_horus.calibrate.export, slurm_horus.calibrate.models\n"
+        "import slurm_horus.calibrate.orchestrate, slurm_horus.calibrate.sampler\n"
+        "import slurm_horus.calibrate.torch_runner\n"
+        "from slurm_horus.cli.admin import main\n"
+        f"main(['calibrate', *{extra!r}])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "horus-admin calibrate: error: calibrate needs PyTorch: "
+        "pip install 'slurm-horus[calibrate]' (torch with CUDA)"]
+
+
+class FakeNvml:
+    """A GPU stand-in (no GPU here) for the ledger's NvmlSampler: this process's figures are
+    `process`, the whole device's (77 %, 5000 MiB)."""
+
+    def __init__(self, process):
+        self.process, self.last_ts = process, {"gpu0": 0}
+        self.pids, self.closed = [], False
+
+    def sample(self, pids):
+        self.pids.append(pids)
+        return self.process
+
+    def device_use(self):
+        return 77.0, 5000.0
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("process,want", [((40.0, 1200.0), (40.0, 1200.0, "process")),
+                                          ((None, 0.0), (77.0, 5000.0, "device"))])
+def test_background_sampler_process_or_device_figures(process, want):
+    nvml = FakeNvml(process)
+    s = BackgroundSampler(nvml, interval=0.01)
+    s.start()
+    assert nvml.last_ts["gpu0"] > 0  # utilization samples from before start() are not counted
+    time.sleep(0.1)
+    got = s.stop()
+    assert got["samples"] >= 2 and nvml.pids[0] == {os.getpid()}
+    assert (got["util_mean"], got["mem_peak_mib"], got["util_source"]) == want
+    n = got["samples"]
+    time.sleep(0.05)
+    assert s.summary.samples == n  # stopped means stopped
+    s.close()
+    assert nvml.closed
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+def test_failed_export_leaves_nothing_behind(tmp_path):
+    import torch
+
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("cannot trace this")
+
+    out = tmp_path / "broken.onnx"
+    with pytest.raises(RuntimeError, match="cannot trace"):
+        export_weightless(Broken(), (torch.randn(1, 4),), out, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "batch"}},
+                          dynamo_fallback=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.parametrize("name", ["mlp", "lstm_lm"])
+def test_train_step_updates_weights_and_infer_does_not(name):
+    """The step TorchRunner times on the GPU, run here on the CPU on a small input."""
+    import torch
+
+    spec = model_specs()[name]
+    torch.manual_seed(0)
+    model = spec.build()
+    x = example_input(spec, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    infer, opt = _step(torch, model, x, train=False)
+    infer()
+    assert opt is None and not model.training
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    train, opt = _step(torch, model, x, train=True)
+    train()
+    assert isinstance(opt, torch.optim.Adam) and model.training
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

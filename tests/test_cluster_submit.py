@@ -296,7 +296,8 @@ def test_the_loop_through_slurm(workdir, tmp_path):
     prediction, placement and state, and the ledger holds features sync recomputed itself."""
     from slurm_horus.graph.features import extract_features
     from slurm_horus.ledger import Ledger
-    from slurm_horus.ledger.sync import parse_sacct_json, run_sacct
+    from slurm_horus.slurm.accounting import parse_sacct_json
+    from slurm_horus.slurm.commands import run_sacct
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     policy = tmp_path / "policy.conf"

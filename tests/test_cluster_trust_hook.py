@@ -14,8 +14,12 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
+
+from slurm_horus.slurm.hint import HookDecision, parse_decision
+from slurm_horus.slurm.parse import parse_pipe_table
 
 pytestmark = pytest.mark.cluster
 
@@ -123,3 +127,33 @@ def test_valid_hint_beside_own_shard_request_is_costed_from_the_hint(submit):
         assert tres(f["TresPerNode"]) == "gres:gpu:1"
         return
     assert tres(f["TresPerNode"]) == "gres:shard:26" and f["Features"] == "t4"
+
+
+def test_decision_token_reaches_scontrol_and_sacct(submit):
+    """The token slurmctld stores is the one Python reads, in scontrol and (once the job ended) sacct."""
+    jobs = {"light": ("--gres=gpu:1", "--comment", "horus:v1;t4=20/3000/3500"),
+            "heavy": ("--gres=gpu:1", "--comment", "horus:v1;t4=85/3000/3500"),
+            "two": ("--gres=gpu:2", "--comment", "horus:v1;t4=20/3000/3500")}
+    want = {"light": HookDecision("shared", "t4", 26, 100), "heavy": HookDecision("exclusive", "t4", reason="util"),
+            "two": HookDecision("unchanged", reason="not_handled")}
+    ids = {}
+    for name, args in jobs.items():
+        jid, err = submit(*args)
+        assert jid, err
+        ids[name] = jid
+        admin = show(jid)["AdminComment"]
+        if name == "light" and _record_says_whole(admin):
+            want[name] = HookDecision("exclusive", "any", reason="record")
+        assert parse_decision(admin) == want[name], admin
+        assert "horus-decision" not in err  # the user is told the note only
+    subprocess.run(["scancel", *ids.values()], capture_output=True, timeout=60)
+    deadline = time.time() + 30
+    while True:
+        out = subprocess.run(["sacct", "-P", "-X", "-j", ",".join(ids.values()), "-o", "JobID,AdminComment"],
+                             capture_output=True, text=True, timeout=30).stdout
+        by = {r["JobID"]: r["AdminComment"] for r in parse_pipe_table(out)}
+        if all(by.get(j) for j in ids.values()) or time.time() > deadline:
+            break
+        time.sleep(1)
+    for name, jid in ids.items():
+        assert parse_decision(by.get(jid)) == want[name], (name, by.get(jid))

@@ -120,14 +120,15 @@ def test_far_exceeding(tmp_path):
 
 
 def test_plot_png(url, tmp_path):
+    """The filters reach the plot (tests/test_plots.py checks the figure itself)."""
+    r = CliRunner().invoke(main, ["--ledger", url, "--plot", "-u", "bob"])
+    assert r.exit_code == 0, r.output
+    assert "1 measured job\n" in r.output and "user bob" in r.output
+    pytest.importorskip("matplotlib")
     png = tmp_path / "p.png"
     r = CliRunner().invoke(main, ["--ledger", url, "--plot", str(png)])
-    assert r.exit_code == 0, r.output
-    assert "predicted (x) vs actual (y)" in r.output
-    data = png.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and b"IEND" in data[-12:]
-    r = CliRunner().invoke(main, ["--ledger", url, "--plot"])
-    assert r.exit_code == 0 and "mean |utilization error|" in r.output
+    assert r.exit_code == 0 and r.output == f"wrote {png}\n", r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bad_input_one_line(url):
@@ -225,3 +226,53 @@ def test_summary_p90_coverage_and_failed_measurements(tmp_path):
     assert got == [("a100", 0, pytest.approx(200 / 3)), ("t4", 1, 100.0)]
     errs = dict(con.execute("SELECT job_id, mem_err_pct FROM v_job_errors").fetchall())
     assert errs[2] == pytest.approx(100 * (1000 - 1300) / 1300) and errs[5] is None
+
+
+def test_summary_figures_match_their_definitions(tmp_path):
+    """--summary against the definitions (docs/definitions.md) computed here in plain Python
+    from the jobs rows, over random jobs with gaps, failed measurements and far misses."""
+    import math
+    import random
+
+    from slurm_horus.ledger.report import summary
+
+    rng = random.Random(7)
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    for jid in range(1, 201):
+        g = rng.choice(["a100", "t4"])
+        pred = {"util_pct": rng.uniform(5, 90), "mem_mib": rng.uniform(300, 9000),
+                "predictor": rng.choice(["cold-start", "learned:v0001", "learned:v0002"])}
+        if rng.random() < 0.8:
+            pred["mem_mib_p90"] = pred["mem_mib"] * 1.2
+        L.record_submission(job_id=jid, cluster="c", user=rng.choice(["ann", "bob"]),
+                            predictions={g: pred})
+        r = rng.random()
+        if r < 0.1:
+            continue  # never measured
+        au = 0.0 if r < 0.15 else min(100.0, max(1.0, pred["util_pct"] + rng.gauss(0, 20)))
+        am = 300.0 if r < 0.15 else pred["mem_mib"] * rng.lognormvariate(0, 0.3)
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=au, mem_peak_mib=am)
+    jobs = L.jobs()
+
+    def expect(rows):
+        ok = [r for r in rows if not r["failed_measurement"] and r["act_util_pct"] is not None]
+        p90 = [r for r in ok if r["pred_mem_p90_mib"]]
+        far = [r for r in ok if r["act_util_pct"] - r["pred_util_pct"] > 25
+               or r["act_mem_mib"] > 1.25 * r["pred_mem_mib"]]
+        sq = [(math.log1p(r["pred_mem_mib"]) - math.log1p(r["act_mem_mib"])) ** 2 for r in ok]
+        return {"jobs": len(rows), "excluded": sum(1 for r in rows if r["failed_measurement"]),
+                "util_mae_pp": round(sum(abs(r["act_util_pct"] - r["pred_util_pct"])
+                                         for r in ok) / len(ok), 3),
+                "p90_coverage_pct": round(100 * sum(r["act_mem_mib"] <= r["pred_mem_p90_mib"]
+                                                    for r in p90) / len(p90), 2),
+                "mem_rmsle": round(math.sqrt(sum(sq) / len(sq)), 4), "far_exceeding": len(far)}
+
+    s = summary(L, far_limit=1000)
+    keys = ("jobs", "excluded", "util_mae_pp", "p90_coverage_pct", "mem_rmsle", "far_exceeding")
+    assert {k: s["all"][k] for k in keys} == expect(jobs)
+    for g in ("a100", "t4"):
+        assert {k: s["gpu_type"][g][k] for k in keys} == expect(
+            [r for r in jobs if r["gpu_type"] == g])
+    learned = [r for r in jobs if r["predictor"].startswith("learned")]
+    assert {k: s["predictor"]["learned"][k] for k in keys} == expect(learned)
+    assert 0 < s["all"]["excluded"] and 0 < s["all"]["far_exceeding"] == len(s["far_exceeding"])

@@ -16,9 +16,10 @@ import pytest
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.graph.features import extract_features
 from slurm_horus.predict.gpus import get_gpu
-from slurm_horus.predict.history import HistoryPredictor, dims_key
+from slurm_horus.predict.history import HistoryPredictor
 from slurm_horus.predict.chain import choose_predictor, predict_for
 from slurm_horus.predict.registry import Registry
+from slurm_horus.predict.workload import dims_key
 
 ZOO = Path(__file__).parent / "data" / "zoo"
 A100 = get_gpu("a100-40gb")

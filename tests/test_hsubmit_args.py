@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus.slurm import parse as sp
+from slurm_horus.slurm import sbatch_args as sa
 from slurm_horus.slurm import submit as sub
 from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hint import MAX_SLURM_COMMENT, attach_hint, parse_hint, parse_workload
 
 
 def split(*argv):
-    return sp.split_args(list(argv))
+    return sa.split_args(list(argv))
 
 
 def test_no_horus_options_is_identity():
@@ -43,17 +43,17 @@ def test_sbatch_batch_option_takes_a_value():
     # --batch is sbatch's (batch step node features) with a required value
     s = split("--batch", "haswell", "--model", "m.onnx", "run.sh")
     assert s.sbatch_opts == ["--batch", "haswell"] and s.horus == [("model", "m.onnx")]
-    assert sp.last_value(s.parsed, "batch") == "haswell"
+    assert sa.last_value(s.parsed, "batch") == "haswell"
 
 
 def test_separate_values_are_not_the_script():
     s = split("-p", "gpu", "-J", "name", "--gres", "gpu:1", "-c", "4", "--part", "a100",
               "--model", "m.onnx", "job.sh", "arg1")
     assert s.rest == ["job.sh", "arg1"]
-    assert sp.last_value(s.parsed, "partition") == "a100"      # --part is a prefix of --partition
-    assert sp.last_value(s.parsed, "gres") == "gpu:1"
-    assert sp.last_value(s.parsed, "job-name") == "name"
-    assert sp.last_value(s.parsed, "cpus-per-task") == "4"
+    assert sa.last_value(s.parsed, "partition") == "a100"      # --part is a prefix of --partition
+    assert sa.last_value(s.parsed, "gres") == "gpu:1"
+    assert sa.last_value(s.parsed, "job-name") == "name"
+    assert sa.last_value(s.parsed, "cpus-per-task") == "4"
 
 
 def test_short_clusters_and_attached_values():
@@ -66,7 +66,7 @@ def test_short_clusters_and_attached_values():
 
 def test_required_value_takes_next_token_whatever_it_is():
     s = split("-J", "--model", "x.sh")  # like getopt: --model is the job name
-    assert s.horus == [] and s.rest == ["x.sh"] and sp.last_value(s.parsed, "job-name") == "--model"
+    assert s.horus == [] and s.rest == ["x.sh"] and sa.last_value(s.parsed, "job-name") == "--model"
 
 
 def test_script_args_looking_like_horus_options_are_left_alone():
@@ -77,7 +77,7 @@ def test_script_args_looking_like_horus_options_are_left_alone():
 
 def test_wrap_with_separate_value_and_double_dash():
     s = split("--wrap", "python train.py --model x", "--model", "m.onnx")
-    assert sp.last_value(s.parsed, "wrap") == "python train.py --model x"
+    assert sa.last_value(s.parsed, "wrap") == "python train.py --model x"
     assert s.horus == [("model", "m.onnx")] and s.rest == []
     s = split("--", "--model", "x")
     assert s.horus == [] and s.rest == ["--model", "x"]
@@ -98,13 +98,13 @@ def test_option_table_matches_sbatch_help():
     # every long option in sbatch 22.05's --help takes the kind of value it shows there
     for name in ("partition", "gres", "gpus", "constraint", "comment", "wrap", "job-name",
                  "cpus-per-task", "batch", "output", "chdir", "export", "array", "time"):
-        assert sp.SBATCH_LONG_OPTS[name] == "required"
+        assert sa.SBATCH_LONG_OPTS[name] == "required"
     for name in ("parsable", "hold", "wait", "test-only", "contiguous"):
-        assert sp.SBATCH_LONG_OPTS[name] == "none"
-    assert sp.resolve_long("part") == "partition"
-    assert sp.resolve_long("tas") is None   # tasks-per-node? not an option; --task is not sbatch's
-    assert sp.resolve_long("ntasks-per") is None  # ambiguous
-    assert sp.resolve_long("cpus-per-t") == "cpus-per-task"
+        assert sa.SBATCH_LONG_OPTS[name] == "none"
+    assert sa.resolve_long("part") == "partition"
+    assert sa.resolve_long("tas") is None   # tasks-per-node? not an option; --task is not sbatch's
+    assert sa.resolve_long("ntasks-per") is None  # ambiguous
+    assert sa.resolve_long("cpus-per-t") == "cpus-per-task"
 
 
 SCRIPT = """#!/bin/bash
@@ -122,16 +122,16 @@ echo hello
 
 
 def test_script_directives_only_leading_block():
-    sb, hz = sp.script_directives(SCRIPT)
+    sb, hz = sa.script_directives(SCRIPT)
     assert sb == ["-p", "a100", "--gres=gpu:1", "--comment=my run", "--job-name=x"]
     assert hz == ["--model=/m/resnet.onnx", "--batch-size", "16", "--dim", "seq=128"]
-    opts = sp.parse_sbatch_tokens(sb)
-    assert sp.last_value(opts, "partition") == "a100"
-    assert sp.last_value(opts, "comment") == "my run"
+    opts = sa.parse_sbatch_tokens(sb)
+    assert sa.last_value(opts, "partition") == "a100"
+    assert sa.last_value(opts, "comment") == "my run"
 
 
 def test_indented_sbatch_is_not_a_directive_and_command_stops():
-    sb, _ = sp.script_directives("#!/bin/sh\n  #SBATCH -p x\n#SBATCH -p y\n  \nls\n#SBATCH -p z\n")
+    sb, _ = sa.script_directives("#!/bin/sh\n  #SBATCH -p x\n#SBATCH -p y\n  \nls\n#SBATCH -p z\n")
     assert sb == ["-p", "y"]
 
 

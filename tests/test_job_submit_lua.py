@@ -13,7 +13,8 @@ pytest.importorskip("lupa")
 
 import tempfile  # noqa: E402
 
-from slurm_horus.slurm.policy import Decision, HookCache, HookRuntime, decide  # noqa: E402
+from slurm_horus.slurm.hook_runtime import Decision, HookCache, HookRuntime  # noqa: E402
+from slurm_horus.slurm.policy import decide  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "etc" / "job_submit.lua"
@@ -233,7 +234,8 @@ def test_policy_cases(name, job, action, gtype, shards, changes):
     assert _changed(job, d.job_desc) == changes
     assert d.admin_comment.startswith("horus: " + action)
     assert "\n" not in d.admin_comment
-    assert d.user_messages == [d.admin_comment]
+    note, token = d.admin_comment.rsplit(" ", 1)  # the user's note, then the decision token
+    assert d.user_messages == [note] and token.startswith("horus-decision:v1;action=" + d.action)
     # the comment (with the hint) is never touched
     assert d.job_desc["comment"] == job["comment"]
 
@@ -245,7 +247,8 @@ def test_unhandled_requests_get_only_a_note(name, job, reason):
     assert d.admin_comment.startswith("horus: unchanged (") and reason in d.admin_comment
     assert d.written == ("admin_comment",)
     assert _changed(job, d.job_desc) == {}
-    assert d.user_messages == [d.admin_comment]
+    note, token = d.admin_comment.rsplit(" ", 1)  # the user's note, then the decision token
+    assert d.user_messages == [note] and token.startswith("horus-decision:v1;action=" + d.action)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ import pytest
 
 pytest.importorskip("lupa")
 
-from slurm_horus.slurm.policy import Decision, HookCache, HookRuntime, decide, policy_file, policy_value  # noqa: E402
+from slurm_horus.slurm.hook_runtime import Decision, HookCache, HookRuntime  # noqa: E402
+from slurm_horus.slurm.policy import decide, policy_file, policy_value  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "etc" / "job_submit.lua"
@@ -104,7 +105,8 @@ def test_raw_shards_whole_gives_whole_gpus(site, name, gres, whole):
     assert changed(job, d) == {"tres_per_node": whole}
     assert d.job_desc["comment"] == job["comment"]
     assert "shards asked without a valid hint, raw_shards = whole" in d.admin_comment
-    assert d.user_messages == [d.admin_comment]
+    note, token = d.admin_comment.rsplit(" ", 1)  # the user's note, then the decision token
+    assert d.user_messages == [note] and token.startswith("horus-decision:v1;action=" + d.action)
     typed = re.search(r"shard:([a-z0-9]+):", gres)
     assert d.gpu_type == (typed.group(1) if typed else "any")
 
@@ -278,7 +280,8 @@ def test_repeat_under_claimer_gets_a_whole_gpu(site):
     assert d.rc == 0 and d.action == "exclusive" and d.gpu_type == "any"
     assert changed(job, d) == {}  # keeps the whole GPU it asked for
     assert "claim record: user alice (uid 54321) has 4 under-claims in 9 jobs, limit 3" in d.admin_comment
-    assert d.user_messages == [d.admin_comment]
+    note, token = d.admin_comment.rsplit(" ", 1)  # the user's note, then the decision token
+    assert d.user_messages == [note] and token.startswith("horus-decision:v1;action=" + d.action)
     # its own type is kept
     d = run({"comment": LIGHT, "tres_per_node": "gres/gpu:a100:1"}, pol, uid=54321)
     assert d.action == "exclusive" and d.gpu_type == "a100" and d.job_desc["tres_per_node"] == "gres/gpu:a100:1"

@@ -15,7 +15,8 @@ import pytest
 
 pytest.importorskip("lupa")
 
-from slurm_horus.slurm.policy import Decision, HookRuntime, decide, policy_value  # noqa: E402
+from slurm_horus.slurm.hook_runtime import Decision, HookRuntime  # noqa: E402
+from slurm_horus.slurm.policy import decide, policy_value  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "etc" / "job_submit.lua"
@@ -52,11 +53,13 @@ def run(job: dict, pol: Path) -> Decision:
 
 
 def assert_as_submitted(d: Decision, job: dict, note: str) -> None:
-    """Only the AdminComment is written, it says why, and the user is told the same."""
+    """Only the AdminComment is written, it says why (and the decision token), and the user is
+    told the same."""
     assert d.rc == 0 and d.action == "unchanged"
     assert d.written == ("admin_comment",)
     assert {k: v for k, v in d.job_desc.items() if k != "admin_comment"} == job
-    assert d.admin_comment == note and d.user_messages == [note]
+    assert d.admin_comment == note + " horus-decision:v1;action=unchanged;reason=not_handled"
+    assert d.user_messages == [note]
 
 
 # --------------------------------------------------------------------------- type_via = features

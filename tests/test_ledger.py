@@ -1,6 +1,7 @@
 """Ledger: schema, views, upserts, migration, claim audit, spool, concurrency, MariaDB."""
 
 import json
+import math
 import multiprocessing as mp
 import os
 import sqlite3
@@ -251,7 +252,7 @@ def test_migrate_v3_file(tmp_path):
     with pytest.raises(HorusError, match="older than this slurm-horus.*horus-admin sync"):
         Ledger(f"sqlite:///{db}", readonly=True)  # a reader cannot migrate it
     L = Ledger(f"sqlite:///{db}")
-    assert L.schema_version() == SCHEMA_VERSION == 5
+    assert L.schema_version() == SCHEMA_VERSION == 6
     (job,) = L.jobs()
     assert job["pred_mem_p90_mib"] == 1200 and (job["under_claim"], job["claim_flags"]) == \
         (1, "mem,util")  # 2000 > 1200 * 1.1 + 256 and 80 > 50 * 1.25 + 10
@@ -260,6 +261,112 @@ def test_migrate_v3_file(tmp_path):
     assert "ix_jobs_summary" in idx and "ix_jobs_accuracy" not in idx
     L.record_usage(job_id=3, cluster="c", source="sacct", gpus=2)
     assert Ledger(f"sqlite:///{db}", readonly=True).jobs()[0]["gpus"] == 2
+
+
+def _schema_of(db) -> dict:
+    """Every table's (column, declared type) and every index's columns, from SQLite itself."""
+    con = sqlite3.connect(db)
+    out = {}
+    for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'"):
+        out[t] = sorted((r[1], r[2]) for r in con.execute(f"PRAGMA table_info(`{t}`)"))
+    for (i, t) in con.execute("SELECT name, tbl_name FROM sqlite_master WHERE type='index' "
+                              "AND name LIKE 'ix_%'"):
+        out[f"index {i} on {t}"] = [r[2] for r in con.execute(f"PRAGMA index_info({i})")]
+    con.close()
+    return out
+
+
+def _varied_jobs(L):
+    """Jobs that exercise every summary term: learned and cold-start predictors, a failed
+    measurement, no measurement, missing p90, far above the prediction, under-claims."""
+    rows = [  # job, user, gpu, predictor, pred util/mem/p90, act util/mem
+        (1, "ann", "a100", "cold-start", 40, 1000, 1200, 45, 1100),
+        (2, "ann", "a100", "learned:v0002", 40, 1000, 1200, 80, 3000),
+        (3, "bob", "t4", "learned:v0003", 60, 2000, None, 55, 1900),
+        (4, "bob", "t4", "cold-start", 30, 1000, 1100, 0, 300),
+        (5, "cy", "t4", "history", 30, 1000, 1100, None, None),
+        (6, "cy", "a100", "cold-start", 10, 500, 600, 50, 400),
+    ]
+    for jid, user, g, pred, pu, pm, p90, au, am in rows:
+        L.record_submission(job_id=jid, cluster="c", user=user, model_path=f"/m/net{jid % 2}.onnx",
+                            submit_time=1700000000 + jid,
+                            predictions={g: {"util_pct": pu, "mem_mib": pm, "mem_mib_p90": p90,
+                                             "predictor": pred}})
+        if au is not None:
+            L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=au,
+                           mem_peak_mib=am, gpu_type=g, end_time=1700001000)
+
+
+V5_SUMMARY_INDEX = """CREATE INDEX ix_jobs_summary ON jobs (has_submission, model_family, gpu_type,
+    user_name, predictor, mem_err_bucket, failed_measurement, pred_util_pct, act_util_pct,
+    pred_mem_mib, pred_mem_p90_mib, act_mem_mib, under_claim)"""
+V6_JOB_COLUMNS = ("predictor_source", "measured", "util_abs_err_pp", "util_sq_log_err",
+                  "mem_sq_log_err", "within_p90", "far")
+
+
+def test_migrate_v5_file_same_summary_and_schema(tmp_path):
+    """A v5 ledger (the same jobs, without the stored summary terms) upgrades to the schema a new
+    ledger gets from sql/schema.sql, and gives the same summary."""
+    from slurm_horus.ledger.report import summary
+
+    new = tmp_path / "new.db"
+    L = Ledger(f"sqlite:///{new}")
+    _varied_jobs(L)
+    want = summary(L)
+    L.close()
+    old = tmp_path / "v5.db"
+    old.write_bytes(new.read_bytes())
+    con = sqlite3.connect(old)
+    con.executescript("DROP INDEX ix_jobs_summary; DROP INDEX ix_jobs_far; "
+                      + "".join(f"ALTER TABLE jobs DROP COLUMN {c};" for c in V6_JOB_COLUMNS)
+                      + V5_SUMMARY_INDEX + "; UPDATE schema_version SET version = 5;")
+    con.close()
+    assert "far" not in dict(_schema_of(old)["jobs"])
+    with pytest.raises(HorusError, match="schema version 5 is older"):
+        Ledger(f"sqlite:///{old}", readonly=True)
+    M = Ledger(f"sqlite:///{old}")
+    assert M.schema_version() == SCHEMA_VERSION == 6
+    assert summary(M) == want
+    assert want["all"]["far_exceeding"] == 2 and want["all"]["excluded"] == 1
+    assert _schema_of(old) == _schema_of(new)
+
+
+def test_migrated_v1_ledger_has_the_schema_of_schema_sql(tmp_path):
+    """Migrations add columns by hand: they must end at what sql/schema.sql creates."""
+    db = tmp_path / "old.db"
+    con = sqlite3.connect(db)
+    con.executescript(V1_DDL)
+    con.close()
+    Ledger(f"sqlite:///{db}").close()
+    Ledger(_url(tmp_path)).close()
+    got, want = _schema_of(db), _schema_of(tmp_path / "ledger.db")
+    # columns added by ALTER TABLE come last; their declared types must still agree
+    assert got == want
+
+
+def test_stored_summary_terms_agree_with_the_views(tmp_path):
+    """The terms stored per job (jobs.accuracy_terms) against v_job_errors, which computes the
+    errors from the raw columns in SQL."""
+    L = Ledger(_url(tmp_path))
+    _varied_jobs(L)
+    con = sqlite3.connect(tmp_path / "ledger.db")
+    rows = con.execute("SELECT e.job_id, e.util_err_pp, e.mem_err_pct, e.within_p90, "
+                       "j.util_abs_err_pp, j.within_p90, j.mem_sq_log_err, j.far, "
+                       "j.predictor_source, j.measured, e.pred_mem_mib, e.act_mem_mib "
+                       "FROM v_job_errors e JOIN jobs j USING (cluster, job_id)").fetchall()
+    assert len(rows) == 6
+    for (jid, uerr, merr, wp90, abs_u, st_wp90, sqm, far, source, measured, pm, am) in rows:
+        assert (abs_u is None) == (uerr is None) and (abs_u is None or abs_u == abs(uerr)), jid
+        assert st_wp90 == wp90, jid
+        assert (sqm is None) == (merr is None), jid
+        if sqm is not None:
+            assert sqm == pytest.approx((math.log1p(pm) - math.log1p(am)) ** 2)
+        assert far == int((uerr is not None and -uerr > 25)
+                          or (merr is not None and am > 1.25 * pm))
+        assert measured == int(jid != 5)
+    sources = dict(con.execute("SELECT job_id, predictor_source FROM jobs"))
+    assert sources == {1: "cold-start", 2: "learned", 3: "learned", 4: "cold-start",
+                       5: "history", 6: "cold-start"}
 
 
 def test_readonly_reader_writes_nothing(tmp_path):

@@ -1,11 +1,22 @@
-"""horus-probe with a fake sampler; quiet exit without NVML."""
+"""horus-probe with a fake sampler; quiet exit without NVML; NvmlSampler on a fake NVML."""
 
+import json
 import os
 import subprocess
 import sys
+import time
+import types
+from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from slurm_horus.cli.probe import main as probe_main
 from slurm_horus.ledger import Ledger
-from slurm_horus.ledger.probe import Summary, job_gpu_ids, monitor, process_tree, run_probe
+from slurm_horus.ledger import probe as pr
+from slurm_horus.ledger import prolog as pl
+from slurm_horus.ledger.nvml import NvmlSampler, Summary
+from slurm_horus.ledger.probe import job_gpu_ids, monitor, process_tree, run_probe
 
 
 class FakeSampler:
@@ -73,17 +84,68 @@ def test_no_nvml_exits_zero_quietly(tmp_path):
     assert r.returncode == 4
 
 
+# --------------------------------------------------------------------------- NvmlSampler
+
+def _fake_pynvml(procs, util_samples):
+    """A stand-in for nvidia-ml-py (the only mock here: there is no GPU): two GPUs, with the
+    per-process memory ``procs[gpu]`` and utilization samples ``util_samples[gpu]``."""
+    class NVMLError(Exception):
+        pass
+
+    n = types.SimpleNamespace(NVMLError=NVMLError, shut=[], asked_since=[])
+    n.nvmlInit = lambda: None
+    n.nvmlShutdown = lambda: n.shut.append(True)
+    n.nvmlDeviceGetCount = lambda: 2
+    n.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
+    n.nvmlDeviceGetHandleByUUID = lambda u: ("gpu", int(u[-1]))
+    n.nvmlDeviceGetIndex = lambda h: h[1]
+
+    def process_utilization(h, since):
+        n.asked_since.append((h[1], since))
+        got = [s for s in util_samples[h[1]] if s.timeStamp > since]
+        if not got:
+            raise NVMLError("not found")
+        return got
+    n.nvmlDeviceGetProcessUtilization = process_utilization
+    n.nvmlDeviceGetComputeRunningProcesses = lambda h: procs[h[1]]
+    n.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=55)
+    n.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=3 * 2 ** 30)
+    return n
+
+
+def _util(pid, sm, ts):
+    return types.SimpleNamespace(pid=pid, smUtil=sm, timeStamp=ts)
+
+
+def _mem(pid, mib):
+    return types.SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else mib * 2 ** 20)
+
+
+def test_nvml_sampler_sums_the_jobs_processes_only(monkeypatch):
+    procs = {0: [_mem(10, 1000), _mem(11, 500), _mem(99, 7000)], 1: [_mem(12, 250), _mem(13, None)]}
+    util = {0: [_util(10, 30, 5), _util(99, 60, 6)], 1: [_util(12, 90, 7), _util(11, 40, 8)]}
+    fake = _fake_pynvml(procs, util)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    s = NvmlSampler(["0", "GPU-uuid-1"])
+    assert s.index is None  # two GPUs: no single index
+    # 99 is another job's process; 11 holds memory on GPU 0 but its utilization sample is on GPU 1
+    u, mem = s.sample({10, 11, 12, 13})
+    assert (u, mem) == (30 + 90 + 40, 1750.0)
+    # the next call asks only for samples newer than those seen; none: utilization unknown
+    u, mem = s.sample({10, 11, 12, 13})
+    assert u is None and mem == 1750.0
+    assert fake.asked_since[-2:] == [(0, 6), (1, 8)]
+    util[0].append(_util(10, 250, 9))  # NVML can report > 100 for one GPU: clamped per GPU count
+    assert s.sample({10})[0] == 200.0
+    assert s.device_use() == (55.0, 3072.0)
+    s.close()
+    assert fake.shut == [True]
+    one = NvmlSampler(["1"])
+    assert one.index == 1 and one.sample({12}) == (90.0, 250.0)
+    assert one.sample({12}) == (None, 250.0)  # no new samples: utilization unknown
+
+
 # --------------------------------------------------------------------------- root-only probe
-
-import json  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
-
-from slurm_horus.ledger import probe as pr  # noqa: E402
-from slurm_horus.cli.probe import main as probe_main  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the Prolog probe runs as root")
@@ -111,8 +173,8 @@ def test_fake_sampler_refuses_links_and_fifos(tmp_path):
 
 
 def test_sampler_choice_nvml_by_default():
-    assert pr.sampler_factory_from_env({}) is pr.NvmlSampler
-    assert pr.sampler_factory_from_env({"HORUS_PROBE_SAMPLER": "nvml"}) is pr.NvmlSampler
+    assert pr.sampler_factory_from_env({}) is NvmlSampler
+    assert pr.sampler_factory_from_env({"HORUS_PROBE_SAMPLER": "nvml"}) is NvmlSampler
     s = pr.sampler_factory_from_env({"HORUS_PROBE_SAMPLER": "fake:/x"}, 9)(["1"])
     assert isinstance(s, pr.FakeSampler) and s.path == "/x/9.json"
     with pytest.raises(ValueError):
@@ -207,14 +269,14 @@ def test_prolog_without_gpu_or_without_fake_file_records_nothing(tmp_path):
         + ":" + env["PATH"]
     assert "IDX:1-2" in job
     # no fake file: the probe runs but samples nothing, and records nothing
-    rc = pr.prolog(env, detach=False, interval=0.1,
+    rc = pl.prolog(env, detach=False, interval=0.1,
                    sampler_factory=lambda ids: _Stopper(ids, env, job_id))
     assert rc == 0
     assert "no samples: nothing recorded" in (tmp_path / "probe.log").read_text()
     assert not (tmp_path / "ledger.db").exists()
     # the same job seen from a node where it has nothing: not probed at all
     env["SLURMD_NODENAME"] = "gpu-t4"
-    pr.prolog(env, detach=False)
+    pl.prolog(env, detach=False)
     assert "not probed" in (tmp_path / "probe.log").read_text()
 
 
@@ -224,7 +286,7 @@ class _Stopper(pr.FakeSampler):
     def __init__(self, ids, env, job_id):
         super().__init__(env["HORUS_PROBE_SAMPLER"][5:], job_id, ids)
         assert ids == ["1", "2"] and self.index is None  # two GPUs: no single index
-        self.n, self.pidf = 0, pr.pid_file(env, str(job_id), env["SLURMD_NODENAME"])
+        self.n, self.pidf = 0, pl.pid_file(env, str(job_id), env["SLURMD_NODENAME"])
 
     def sample(self, pids):
         self.n += 1
@@ -236,8 +298,8 @@ class _Stopper(pr.FakeSampler):
 def test_epilog_without_probe_is_quick_and_quiet(tmp_path):
     env = _prolog_env(tmp_path, 99, "gpu-t4")
     t0 = time.time()
-    assert pr.epilog(env) == 0 and time.time() - t0 < 1
-    assert pr.prolog(dict(env, SLURM_JOB_ID=""), detach=False) == 0
+    assert pl.epilog(env) == 0 and time.time() - t0 < 1
+    assert pl.prolog(dict(env, SLURM_JOB_ID=""), detach=False) == 0
 
 
 def test_shipped_prolog_epilog_always_exit_zero(tmp_path):

@@ -90,8 +90,9 @@ def test_import_retrain_promote_rollback(tmp_path):
 
 def _ground_truth(tmp_path, models, **kw):
     """Score of each model on a fresh sample no retrain saw (the truth promotion must follow)."""
+    from slurm_horus.ledger.retrain import import_csv, score
+    from slurm_horus.ledger.training import training_set
     from slurm_horus.predict.learned import accuracy
-    from slurm_horus.ledger.retrain import _serving_predict, import_csv, score, training_set
 
     write_csv(tmp_path / "fresh.csv", **kw)
     F = Ledger(f"sqlite:///{tmp_path}/fresh.db")
@@ -99,7 +100,7 @@ def _ground_truth(tmp_path, models, **kw):
     ts = training_set(F)
     out = []
     for m in models:
-        pm, pu = _serving_predict(m, ts.X, ts.cold_mem, ts.cold_util)
+        pm, pu, _ = m.answer(ts.X, ts.cold_mem, ts.cold_util)
         out.append(score(accuracy(pm, ts.mem, pu, ts.util)))
     return out
 
@@ -110,8 +111,9 @@ def test_worse_serving_model_is_replaced(tmp_path):
     them. Judged on those jobs it never saw, the candidate is promoted, and it is truly better
     on jobs neither saw. Scoring v0001 on all rows, its own training rows included (as retrain
     once did), makes it look better and keeps it: checked below, so this test can tell."""
+    from slurm_horus.ledger.retrain import import_csv, retrain, score
+    from slurm_horus.ledger.training import training_set
     from slurm_horus.predict.learned import accuracy
-    from slurm_horus.ledger.retrain import _serving_predict, import_csv, retrain, score, training_set
 
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     reg = Registry(tmp_path / "models")
@@ -127,7 +129,7 @@ def test_worse_serving_model_is_replaced(tmp_path):
     assert truth_new < truth_old
     assert res["promoted"] and res["better"] and reg.serving() == "v0002"
     ts = training_set(L)  # the old comparison: v0001 on every row, the candidate out-of-fold
-    pm, pu = _serving_predict(reg.load("v0001"), ts.X, ts.cold_mem, ts.cold_util)
+    pm, pu, _ = reg.load("v0001").answer(ts.X, ts.cold_mem, ts.cold_util)
     assert score(accuracy(pm, ts.mem, pu, ts.util)) < score(res["cv"])
 
 
@@ -156,7 +158,8 @@ def test_calibration_covers_held_out_jobs(tmp_path):
     """calibration.json's split-conformal p90 of the cold start, per GPU type, covers about 90 %
     of jobs from the same site that retrain never saw; the noisier GPU type gets the wider
     bound."""
-    from slurm_horus.ledger.retrain import import_csv, retrain, training_set
+    from slurm_horus.ledger.retrain import import_csv, retrain
+    from slurm_horus.ledger.training import training_set
 
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     write_csv(tmp_path / "a.csv", n=150, seed=7, gpus=("a100-40gb",), noise=0.05)
@@ -188,7 +191,8 @@ def test_calibration_covers_held_out_jobs(tmp_path):
 def test_failed_measurements_flagged_not_trained(tmp_path):
     """A job that never used its GPU (util 0, memory at most a bare CUDA context) is kept and
     flagged, counted by import, and neither trains nor scores."""
-    from slurm_horus.ledger.retrain import import_csv, training_set
+    from slurm_horus.ledger.retrain import import_csv
+    from slurm_horus.ledger.training import training_set
 
     rng = random.Random(0)
     bad = [{"features": json.dumps(_features(rng, 8)), "gpu_type": "t4", "batch_size": 8,
@@ -267,7 +271,8 @@ def test_retrain_learns_from_sync_built_rows(tmp_path):
     from pathlib import Path
 
     from slurm_horus.slurm.hint import encode_workload
-    from slurm_horus.ledger.retrain import retrain, training_set
+    from slurm_horus.ledger.retrain import retrain
+    from slurm_horus.ledger.training import training_set
     from slurm_horus.ledger.sync import sync
 
     zoo = Path(__file__).parent / "data" / "zoo"

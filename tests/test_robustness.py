@@ -239,7 +239,7 @@ def _as_lists(d: dict) -> dict:
     """A model document in format 1 (trees as lists of numbers), which still loads."""
     import base64
 
-    from slurm_horus.predict.learned import PACKED
+    from slurm_horus.predict.trees import PACKED
 
     for part in ("mem", "util"):
         a = {k: np.frombuffer(base64.b64decode(v), PACKED[k]).tolist()
@@ -262,7 +262,7 @@ def _damage(text: str, how) -> str:
 def _repack(d: dict, part: str, key: str, change) -> None:
     import base64
 
-    from slurm_horus.predict.learned import PACKED
+    from slurm_horus.predict.trees import PACKED
 
     a = np.frombuffer(base64.b64decode(d[part]["packed"][key]), PACKED[key]).copy()
     change(a)

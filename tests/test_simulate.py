@@ -13,12 +13,13 @@ from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hint import encode_hint
 from slurm_horus.slurm.policy import decide
 from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
-from slurm_horus.sim.traces import (SimJob, TRACES, ModelMix, from_rows, from_sacct_json,
-                                    generate_trace, lognormal_params)
-from slurm_horus.sim.engine import (ClusterSpec, HorusDecider, NodeSpec, Request, Simulator,
-                                  build_requests, cluster_from_json, cluster_from_slurm_conf,
-                                  homogeneous_cluster, run_policies)
-from slurm_horus.sim.plot import write_png
+from slurm_horus.sim.cluster import (ClusterSpec, NodeSpec, cluster_from_json, cluster_from_slurm_conf,
+                                     homogeneous_cluster)
+from slurm_horus.sim.engine import Simulator, run_policies
+from slurm_horus.sim.mix import ModelMix
+from slurm_horus.sim.policies import HorusDecider, Request, build_requests
+from slurm_horus.sim.replay import from_rows, from_sacct_json
+from slurm_horus.sim.traces import TRACES, SimJob, generate_trace, lognormal_params
 
 A100 = 40960.0
 
@@ -317,11 +318,17 @@ def test_interference_curve_through_lucid_medians():
 
 
 def test_png_is_a_valid_image(tmp_path):
-    res = {"exclusive": {"makespan_s": 10, "gpu_util": 0.5}, "horus": {"makespan_s": 8, "gpu_util": 0.7}}
-    p = tmp_path / "x.png"
-    write_png(p, res, metrics=("makespan_s", "gpu_util"))
-    data = p.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and b"IHDR" in data[:16] and data.endswith(b"IEND\xaeB`\x82")
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from slurm_horus.plot import save
+    from slurm_horus.sim.plot import figure
+
+    res = {"exclusive": {"makespan_s": 7200, "mean_jct_s": 3600}, "horus": {"makespan_s": 3600}}
+    fig = figure(res, "two policies")
+    assert [b.get_height() for b in fig.axes[0].patches] == [2.0, 1.0]  # hours; missing -> 0
+    save(fig, str(tmp_path / "x.png"))
+    assert imread(tmp_path / "x.png").shape[2] in (3, 4)
 
 
 # -- CLI ----------------------------------------------------------------------------------------
@@ -449,3 +456,15 @@ def test_horus_spreads_while_idle_and_packs_under_pressure():
     sim, m = run(one_node(2), heavy, reqs, slowdown_bound=1.2)
     assert sorted(sim.start[j.id] for j in heavy) == [0, 0, 1000]
 
+
+
+def test_bf_interval_tick_whose_float_difference_rounds_down_does_not_loop_forever():
+    # (2.3000000000000003 + 30) - 2.3000000000000003 < 30 in floats: the tick at last pass + 30
+    # must still count as the next backfill pass (it used to re-arm itself at the same time)
+    a = 2.3000000000000003
+    assert (a + 30.0) - a < 30.0
+    jobs = [job(0, a, 1000, limit=2000), job(1, a, 100, gpus=2), job(2, a + 1, 50, limit=100)]
+    reqs = [Request((0,), 100, 1), Request((0,), 100, 2), Request((0,), 100, 1)]
+    sim, m = run(one_node(2), jobs, reqs, bf_interval=30)
+    assert m["completed"] == 3
+    assert sim.start[2] == pytest.approx(a + 30)  # backfilled at the tick, beside job 0

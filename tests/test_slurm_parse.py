@@ -1,4 +1,4 @@
-"""slurm_parse against the recorded real outputs of Slurm 22.05.8 in tests/fixtures/slurm."""
+"""slurm.parse and slurm.sbatch_args on the recorded outputs of Slurm 22.05.8 (tests/fixtures/slurm)."""
 
 import json
 from pathlib import Path
@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from slurm_horus.slurm import parse as sp
+from slurm_horus.slurm import sbatch_args as sa
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 INDEX = {f["name"]: f for f in json.loads((FIX / "index.json").read_text())["fixtures"]}
@@ -34,9 +35,9 @@ def test_recorded_commands_split_like_sbatch():
     for f in INDEX.values():
         if f["command"][0] != "sbatch":
             continue
-        s = sp.split_args(f["command"][1:])
+        s = sa.split_args(f["command"][1:])
         assert s.horus == [] and s.sbatch_argv() == f["command"][1:]
-        assert sp.last_value(s.parsed, "wrap") is not None and s.rest == []
+        assert sa.last_value(s.parsed, "wrap") is not None and s.rest == []
 
 
 def test_show_partition_default_and_nodes():
@@ -118,6 +119,6 @@ def test_sacct_pipe_table():
 
 
 def test_tres_spelling():
-    assert sp.gres_to_tres("gpu:1") == "gres:gpu:1"
-    assert sp.gres_to_tres("gpu:a100:1,foo:2") == "gres:gpu:a100:1,gres:foo:2"
-    assert sp.gpus_to_tres("1") == "gres:gpu:1"
+    assert sa.gres_to_tres("gpu:1") == "gres:gpu:1"
+    assert sa.gres_to_tres("gpu:a100:1,foo:2") == "gres:gpu:a100:1,gres:foo:2"
+    assert sa.gpus_to_tres("1") == "gres:gpu:1"

@@ -1,4 +1,4 @@
-"""slurm_parse against the outputs of the real Slurm 25.11.7 daemons recorded by
+"""slurm.parse against the outputs of the real Slurm 25.11.7 daemons recorded by
 tests/cluster/record_fixtures.py in tests/fixtures/slurm-25.11 (job ids from its index.json)."""
 
 import json

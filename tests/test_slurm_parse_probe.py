@@ -1,4 +1,4 @@
-"""slurm_parse functions horus-probe uses, on output recorded from the local cluster
+"""slurm.parse functions horus-probe uses, on output recorded from the local cluster
 (tests/cluster/record_probe_fixtures.py -> tests/fixtures/slurm/probe)."""
 
 import json

@@ -12,8 +12,10 @@ import pytest
 
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
-from slurm_horus.ledger.sync import (colocations, gpu_use_from_tres_strings, gres_placement,
-                               parse_sacct_json, size_mib, sync)
+from slurm_horus.ledger.claims import open_as_owner
+from slurm_horus.ledger.publish import RECORD_HEADER, claim_record
+from slurm_horus.ledger.sync import colocations, sync
+from slurm_horus.slurm.accounting import gres_placement, num, parse_job, parse_sacct_json, size_mib
 
 FIX = Path(__file__).parent / "fixtures"
 F2302 = FIX / "sacct" / "sacct_23.02_v0.0.39.json"
@@ -31,11 +33,24 @@ def test_sizes_and_tres_strings():
     assert size_mib("512K") == 0.5
     with pytest.raises(HorusError):
         size_mib("lots")
-    u = gpu_use_from_tres_strings("cpu=00:01:00,gres/gpumem=36266M,gres/gpuutil=100",
-                                  "gres/gpumem=30000M,gres/gpuutil=63")
-    assert u == {"util_max": 100.0, "util_mean": 63.0, "mem_peak_mib": 36266.0}
-    u = gpu_use_from_tres_strings("gres/gpumem=40777023488,gres/gpuutil=7")
-    assert u["mem_peak_mib"] == pytest.approx(38888.0, abs=1)
+
+    def step(mx, av=None, elapsed=10):
+        return {"time": {"elapsed": elapsed}, "tres": {"requested": {"max": mx, "average": av}}}
+    # TRESUsageIn in its text form, as sacct prints it outside --json
+    j = parse_job({"job_id": 1, "steps": [
+        step("cpu=00:01:00,gres/gpumem=36266M,gres/gpuutil=100",
+             "gres/gpumem=30000M,gres/gpuutil=63"),
+        step("gres/gpumem=40777023488,gres/gpuutil=7", "gres/gpuutil=3", elapsed=30)]})
+    assert (j["util_max"], j["mem_peak_mib"]) == (100.0, pytest.approx(38888.0, abs=1))
+    assert j["util_mean"] == pytest.approx((63 * 10 + 3 * 30) / 40)  # weighted by step time
+
+
+def test_num_reads_plain_and_data_parser_numbers():
+    assert num(7) == 7 and num("12") == 12 and num("1.5") == 1.5
+    assert num({"set": True, "infinite": False, "number": 42}) == 42
+    assert num({"set": False, "infinite": False, "number": 0}) is None
+    assert num({"set": True, "infinite": True, "number": 0}) is None
+    assert num(None) is None and num(True) is None and num("n/a") is None
 
 
 def test_gres_placement():
@@ -335,7 +350,6 @@ def test_features_only_for_what_the_jobs_owner_can_read(tmp_path, open_dir):
 
 
 def test_open_as_owner_follows_unix_permissions(open_dir):
-    from slurm_horus.ledger.sync import open_as_owner
 
     tmp_path = open_dir
     d = tmp_path / "d"
@@ -367,7 +381,6 @@ def test_open_as_owner_follows_unix_permissions(open_dir):
 
 
 def test_claim_record_counts_users_and_accounts():
-    from slurm_horus.ledger.sync import RECORD_HEADER, claim_record
 
     rows = [{"user_name": "ann", "uid": 1001, "account": "ml", "under_claims": 1, "jobs": 4},
             {"user_name": "ann", "uid": None, "account": "cv", "under_claims": 2, "jobs": 2},

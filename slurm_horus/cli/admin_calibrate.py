@@ -5,16 +5,24 @@ Wired into horus-admin with ``register(main)`` (see slurm_horus/cli/admin.py).
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import click
 
+from slurm_horus.calibrate.models import default_models, model_specs
+from slurm_horus.calibrate.orchestrate import calibrate as run_calibration
+from slurm_horus.calibrate.plan import DEFAULT_BATCH_SIZES, DEFAULT_TASKS, plan
+from slurm_horus.calibrate.sampler import BackgroundSampler
+from slurm_horus.calibrate.torch_runner import TorchRunner, import_torch, require_torch_gpu
 from slurm_horus.cli.common import one_line_errors
+from slurm_horus.errors import HorusError
+from slurm_horus.ledger import Ledger
+from slurm_horus.ledger.nvml import NvmlSampler
+from slurm_horus.predict.coldstart import TASKS
 
 
 def _csv_list(value: str | None, what: str, cast=str) -> list:
-    from slurm_horus.errors import HorusError
-
     items = [v.strip() for v in (value or "").split(",") if v.strip()]
     try:
         out = [cast(v) for v in items]
@@ -26,14 +34,14 @@ def _csv_list(value: str | None, what: str, cast=str) -> list:
 
 
 @click.command("calibrate")
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
-              help="CSV to append rows to (the `horus-admin import` format).")
+@click.option("--out", "out", type=click.Path(dir_okay=False),
+              help="CSV to append rows to (the `horus-admin import` format); required to run.")
 @click.option("--ledger", "url", envvar="HORUS_LEDGER_URL", default=None,
               help="Also record each row in this ledger (as `horus-admin import` would).")
 @click.option("--models", help="Comma-separated model names (default: a ~10 minute set; "
                                 "--list-models shows all).")
-@click.option("--batch-sizes", default="8,32,128", show_default=True)
-@click.option("--tasks", default="train,infer", show_default=True)
+@click.option("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), show_default=True)
+@click.option("--tasks", default=",".join(DEFAULT_TASKS), show_default=True)
 @click.option("--seconds", type=click.FloatRange(0.5, 3600), default=20.0, show_default=True,
               help="Measured time per run (after 3 warm-up steps).")
 @click.option("--device", default="cuda:0", show_default=True)
@@ -48,11 +56,6 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
     """Run real PyTorch models (random weights, synthetic data) on a GPU, measure utilization
     and memory via NVML, and append one import-format row per (model, batch size, task).
     Needs `pip install 'slurm-horus[calibrate,probe]'` and a CUDA GPU."""
-    from slurm_horus.calibrate.measure import (NvmlSampler, TorchRunner, calibrate as do_calibrate,
-                             default_models, model_specs, plan, require_torch_gpu)
-    from slurm_horus.predict.coldstart import TASKS
-    from slurm_horus.errors import HorusError
-
     bs = _csv_list(batch_sizes, "--batch-sizes", int)
     if any(b < 1 for b in bs):
         raise HorusError("--batch-sizes: must be positive integers")
@@ -60,13 +63,12 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
     if bad := [t for t in ts if t not in TASKS]:
         raise HorusError(f"--tasks: unknown {', '.join(bad)} (choose from {', '.join(TASKS)})")
     if list_models:
-        try:
-            specs = model_specs()
-        except ImportError:
-            raise HorusError("calibrate needs PyTorch: pip install 'slurm-horus[calibrate]'") from None
-        for name, spec in specs.items():
+        import_torch()  # the models are torch code: the same one-line error without it
+        for name, spec in model_specs().items():
             click.echo(f"{name:22} {spec.family:20} {spec.needs or 'torch'}")
         return
+    if not out:
+        raise HorusError("--out CSV is required (where the rows go)")
     require_torch_gpu(device)  # the clear one-line error before anything else
     runner = TorchRunner(device, gpu_type)
     available = list(runner.specs)
@@ -75,24 +77,18 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
         raise HorusError(f"--models: unknown or not buildable here: {', '.join(unknown)} "
                          f"(available: {', '.join(available)}; resnet50 etc. need torchvision, "
                          "bert_base/gpt2 need transformers)")
-    try:
-        import pynvml  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("pynvml") is None:
         raise HorusError("calibrate samples the GPU through NVML: "
-                         "pip install 'slurm-horus[probe]' (nvidia-ml-py)") from None
-    ledger = None
-    if url:
-        from slurm_horus.ledger import Ledger
-
-        ledger = Ledger(url)
+                         "pip install 'slurm-horus[probe]' (nvidia-ml-py)")
+    ledger = Ledger(url) if url else None
     runs = plan(names, bs, ts)
     tty = sys.stderr.isatty()
     click.echo(f"calibrate: {len(runs)} runs on {runner.gpu_name} ({runner.gpu_type}), "
                f"{seconds:g} s each -> {out}", err=True)
-    res = do_calibrate(runner, runs, out, sampler_factory=lambda: NvmlSampler(runner.nvml_id),
-                       seconds=seconds, cache_dir=cache_dir, resume=resume, ledger=ledger,
-                       progress=tty, log=(lambda m: None) if tty else
-                       (lambda m: click.echo(m, err=True)))
+    res = run_calibration(
+        runner, runs, out, sampler_factory=lambda: BackgroundSampler(NvmlSampler([runner.nvml_id])),
+        seconds=seconds, cache_dir=cache_dir, resume=resume, ledger=ledger, progress=tty,
+        log=(lambda m: None) if tty else (lambda m: click.echo(m, err=True)))
     click.echo(f"calibrate: {len(res.done)} runs written, {len(res.skipped)} already done, "
                f"{len(res.failed)} failed -> {out}")
     for r, why in res.failed:

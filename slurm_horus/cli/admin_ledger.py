@@ -9,7 +9,14 @@ import sys
 
 import click
 
-from slurm_horus.cli.common import one_line_errors, print_json
+from slurm_horus.cli.common import one_line_errors, parse_time, print_json
+from slurm_horus.errors import HorusError
+from slurm_horus.ledger import Ledger
+from slurm_horus.ledger.history_export import export_history
+from slurm_horus.ledger.publish import publish
+from slurm_horus.ledger.retrain import import_csv as do_import, retrain as do_retrain
+from slurm_horus.ledger.sync import sync as do_sync
+from slurm_horus.predict.registry import Registry
 
 LEDGER = click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
                       help="Ledger database URL (default $HORUS_LEDGER_URL or "
@@ -34,11 +41,6 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
 def sync(url, since, until, all_jobs, from_file, policy, as_json):
     """Record finished jobs from sacct (idempotent), replay the probes' spool, then write the
     hook's claim record (and users' extracts where Slurm keeps jobs private)."""
-    from slurm_horus.errors import HorusError
-    from slurm_horus.ledger import Ledger
-    from slurm_horus.ledger.sync import publish, sync as do_sync
-    from slurm_horus.cli.hacct import parse_time
-
     ledger = Ledger(url)
     data = None
     if from_file:
@@ -78,10 +80,6 @@ def sync(url, since, until, all_jobs, from_file, policy, as_json):
 @one_line_errors("horus-admin retrain")
 def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
     """Train the learned predictor on measured jobs; promote it only if it beats the serving one."""
-    from slurm_horus.ledger import Ledger
-    from slurm_horus.predict.registry import Registry
-    from slurm_horus.ledger.retrain import import_csv as do_import, retrain as do_retrain
-
     ledger = Ledger(url)
     registry = Registry(model_dir)
     if import_csv:
@@ -91,7 +89,7 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
     res = do_retrain(ledger, registry, folds=folds, force=force, seed=seed,
                      max_iter=max_iter, progress=sys.stderr.isatty() and not as_json,
                      log=lambda m: click.echo(m, err=True))
-    res["history"] = _export_history(ledger, registry)
+    res["history"] = export_history(ledger, registry)
     if as_json:
         print_json(res)
         return
@@ -119,18 +117,7 @@ def _failed_note(imp: dict) -> str:
             if imp.get("failed") else "")
 
 
-def _export_history(ledger, registry) -> dict:
-    """Refresh the registry's history.json that hsubmit reads (slurm_horus.predict.history)."""
-    try:
-        from slurm_horus.predict.history import export_history
-    except ImportError:
-        return {"error": "not exported: this slurm-horus has no slurm_horus.predict.history"}
-    return export_history(ledger, registry)
-
-
 def _history_line(h: dict) -> str:
-    if "error" in h:
-        return f"history: {h['error']}"
     return (f"history: {h.get('runs', 0)} measured runs of {h.get('graphs', 0)} graphs written "
             f"to {h.get('path')}")
 
@@ -145,16 +132,12 @@ def import_(csv_file, url, model_dir):
     features (JSON) with cold_util_pct and cold_mem_mib, optional batch_size, task, optimizer,
     precision, cpus_per_task, util_max_pct, user, model_family (see docs/ledger.md). Where the
     registry folder exists, its measured-run history is refreshed for hsubmit."""
-    from slurm_horus.ledger import Ledger
-    from slurm_horus.predict.registry import Registry
-    from slurm_horus.ledger.retrain import import_csv
-
     ledger = Ledger(url)
-    imp = import_csv(ledger, csv_file)
+    imp = do_import(ledger, csv_file)
     click.echo(f"imported {imp['rows']} rows{_failed_note(imp)}")
     registry = Registry(model_dir)
     if registry.root.is_dir():
-        click.echo(_history_line(_export_history(ledger, registry)))
+        click.echo(_history_line(export_history(ledger, registry)))
 
 
 def register(main_group: click.Group) -> None:

@@ -1,6 +1,7 @@
 """`horus-admin simulate`: compare placement policies on a simulated GPU cluster.
 
-Wired into `horus-admin` by ``register(main)``; the work is in slurm_horus.sim.engine.
+Wired into `horus-admin` by ``register(main)``; the work is in slurm_horus.sim
+(cluster, traces/replay, policies, engine).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _read(path: str, what: str) -> str:
 
 def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf):
     from slurm_horus.errors import HorusError
-    from slurm_horus.sim.engine import cluster_from_json, cluster_from_slurm_conf, homogeneous_cluster
+    from slurm_horus.sim.cluster import cluster_from_json, cluster_from_slurm_conf, homogeneous_cluster
 
     if cluster_file and slurm_conf:
         raise HorusError("give --cluster or --slurm-conf, not both")
@@ -49,7 +50,9 @@ def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_
 
 def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo):
     from slurm_horus.errors import HorusError
-    from slurm_horus.sim.traces import ModelMix, from_rows, from_sacct_json, generate_trace
+    from slurm_horus.sim.mix import ModelMix
+    from slurm_horus.sim.replay import from_rows, from_sacct_json, rows_from_ledger_jobs
+    from slurm_horus.sim.traces import generate_trace
 
     if sacct and ledger:
         raise HorusError("give --sacct or --ledger, not both")
@@ -61,7 +64,6 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
                                max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
     if ledger and "://" in ledger:  # the site's ledger itself (an SQLAlchemy URL)
         from slurm_horus.ledger import Ledger
-        from slurm_horus.sim.traces import rows_from_ledger_jobs
 
         return from_rows(rows_from_ledger_jobs(Ledger(ledger).jobs(submitted_only=True)),
                          cluster.gpu_types)
@@ -129,7 +131,9 @@ def register(main_group: click.Group) -> None:
     @click.option("--zoo", type=click.Path(file_okay=False),
                   help="Predict the mix from this folder of ONNX graphs (default: the shipped table).")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object keyed by policy.")
-    @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG bar chart.")
+    @click.option("--plot", is_flag=False, flag_value="-", default=None, metavar="[FILE.png|-]",
+                  help="The policies side by side per metric: in the terminal (no file, or -), "
+                       "else into FILE.png (needs matplotlib: pip install 'slurm-horus[plot]').")
     @one_line_errors("horus-admin simulate")
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
                      sacct, ledger, seed, load, sigma_util, sigma_mem, policies, naive_shards, policy_file,
@@ -137,14 +141,19 @@ def register(main_group: click.Group) -> None:
                      as_json, plot):
         """Simulate a GPU cluster running a job trace under several placement policies."""
         from slurm_horus.errors import HorusError
+        from slurm_horus.plot import console, pyplot, save
         from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
         from slurm_horus.sim.engine import run_policies
-        from slurm_horus.sim.plot import write_png
+        from slurm_horus.sim.plot import figure, terminal
 
         if bf_window < 0 or bf_interval < 0 or oom_delay < 0:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
         if sigma_util < 0 or sigma_mem < 0:
             raise HorusError("--sigma-util and --sigma-mem must be >= 0")
+        if plot == "-" and as_json:
+            raise HorusError("--plot - draws in the terminal; with --json name a FILE.png")
+        if plot and plot != "-":
+            pyplot()  # a missing matplotlib fails before the simulation, not after
         pols = [p.strip() for p in policies.split(",") if p.strip()]
         if not pols:
             raise HorusError("--policies: none given")
@@ -154,20 +163,24 @@ def register(main_group: click.Group) -> None:
         results = run_policies(cluster, jobs, pols, policy_path=policy_file, naive_shards=naive_shards,
                                interference=itf, bf_window=bf_window, bf_interval=bf_interval,
                                oom_delay_s=oom_delay, slowdown_bound=slowdown_bound, max_group=max_group)
-        legend = write_png(plot, results) if plot else None
+        src = f"sacct {sacct}" if sacct else f"ledger {ledger}" if ledger else f"{trace} trace, seed {seed}"
+        what = f"{len(jobs)} jobs ({src}) on {cluster.describe()}"
+        if plot and plot != "-":
+            save(figure(results, f"horus-admin simulate: {what}"), plot)
         if as_json:
             print_json(results)
             return
         from rich.console import Console
         from rich.table import Table
 
-        src = f"sacct {sacct}" if sacct else f"ledger {ledger}" if ledger else f"{trace} trace, seed {seed}"
-        table = Table(title=f"{len(jobs)} jobs ({src}) on {cluster.describe()}")
+        table = Table(title=what)
         table.add_column("metric")
         for p in results:
             table.add_column(p, justify="right")
         for key, label, fmt in SUMMARY:
             table.add_row(label, *(fmt.format(results[p][key]) for p in results))
         Console().print(table)
-        if legend:
-            click.echo(f"wrote {plot}: " + "; ".join(legend))
+        if plot == "-":
+            console().print(terminal(results, what), end="")
+        elif plot:
+            click.echo(f"wrote {plot}")

@@ -1,11 +1,13 @@
-"""What every command shares: one-line errors, --dim parsing, output helpers."""
+"""What every command shares: one-line errors, sacct-like times, output helpers."""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
+import re
 import sys
+import time
 
 import click
 
@@ -63,3 +65,26 @@ def human(n: float, unit: str = "") -> str:
             return f"{n:.0f}" if prefix == "" else f"{n:.2f} {prefix}"
         n /= 1000
     return str(n)
+
+
+_REL_RE = re.compile(r"^now(?:-(\d+)(days?|hours?|minutes?|seconds?|[dhms])?)?$")
+
+
+def parse_time(s: str | None, what: str) -> int | None:
+    """sacct-like times: YYYY-MM-DD[THH:MM[:SS]], epoch seconds, now, now-2days, now-3hours."""
+    if s is None:
+        return None
+    s = s.strip()
+    m = _REL_RE.match(s.lower())
+    if m:
+        n = int(m.group(1) or 0)
+        unit = (m.group(2) or "s")[0]
+        return int(time.time()) - n * {"d": 86400, "h": 3600, "m": 60, "s": 1}[unit]
+    if s.isdigit() and len(s) >= 9:
+        return int(s)
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%Y-%m-%d %H:%M:%S"):
+        try:
+            return int(time.mktime(time.strptime(s, fmt)))
+        except ValueError:
+            continue
+    raise HorusError(f"{what}: bad time '{s}' (YYYY-MM-DD[THH:MM[:SS]], now, now-2days)")

@@ -7,37 +7,11 @@ ledger sees only their own jobs.
 
 from __future__ import annotations
 
-import re
 import sys
-import time
 
 import click
 
-from slurm_horus.cli.common import one_line_errors
-
-_REL_RE = re.compile(r"^now(?:-(\d+)(days?|hours?|minutes?|seconds?|[dhms])?)?$")
-
-
-def parse_time(s: str | None, what: str) -> int | None:
-    """sacct-like times: YYYY-MM-DD[THH:MM[:SS]], epoch seconds, now, now-2days, now-3hours."""
-    from slurm_horus.errors import HorusError
-
-    if s is None:
-        return None
-    s = s.strip()
-    m = _REL_RE.match(s.lower())
-    if m:
-        n = int(m.group(1) or 0)
-        unit = (m.group(2) or "s")[0]
-        return int(time.time()) - n * {"d": 86400, "h": 3600, "m": 60, "s": 1}[unit]
-    if s.isdigit() and len(s) >= 9:
-        return int(s)
-    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%Y-%m-%d %H:%M:%S"):
-        try:
-            return int(time.mktime(time.strptime(s, fmt)))
-        except ValueError:
-            continue
-    raise HorusError(f"{what}: bad time '{s}' (YYYY-MM-DD[THH:MM[:SS]], now, now-2days)")
+from slurm_horus.cli.common import one_line_errors, parse_time
 
 
 def _split(values) -> list[str]:
@@ -63,8 +37,9 @@ def _split(values) -> list[str]:
 @click.option("--summary", is_flag=True, help="Accuracy: MAE, RMSLE, median relative error, "
               "coverage by model family, GPU type and user, and jobs far above prediction.")
 @click.option("--plot", "plot", is_flag=False, flag_value="-", default=None,
-              metavar="[FILE.png]", help="Predicted vs actual and error over time; "
-              "in the terminal, and as a PNG when a file is named.")
+              metavar="[FILE.png|-]", help="Predicted vs measured utilization and memory, and "
+              "the error over time: in the terminal (no file, or -), else into FILE.png "
+              "(needs matplotlib: pip install 'slurm-horus[plot]').")
 @click.option("--under-claims", "under_claims", is_flag=True,
               help="Only jobs whose measured use exceeded their hint (the claim audit).")
 @click.option("-M", "--cluster", help="Only this cluster.")
@@ -77,7 +52,7 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
     """Predicted vs actual GPU use of jobs (sacct-style)."""
     from slurm_horus.ledger import plots, report
     from slurm_horus.errors import HorusError
-    from slurm_horus.ledger.sync import STATE_ABBREV
+    from slurm_horus.slurm.accounting import STATE_ABBREV
 
     if fmt and fmt.strip().lower() == "help":
         click.echo(" ".join(report.COLUMNS.values()))
@@ -110,10 +85,13 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
             click.echo(report.summary_text(s), nl=False)
         return
     if plot is not None:
-        points = plots.plot_points(ledger, **filters)
-        click.echo(plots.text_plot(points), nl=False)
-        if plot != "-":
-            plots.write_png(plot, points)
+        from slurm_horus.plot import console, save
+
+        points, where = plots.plot_points(ledger, **filters), plots.describe(ledger.url, filters)
+        if plot == "-":
+            console().print(plots.terminal(points, where), end="")
+        else:
+            save(plots.figure(points, where), plot)
             click.echo(f"wrote {plot}")
         return
     rows = ledger.jobs(**filters)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import click
 
 from slurm_horus.graph.load import parse_dims
@@ -112,6 +115,8 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     report = extract_features(model, batch_size=batch_size, dims=parse_dims(dims))
     choice = choose_predictor(model_dir)
     predictions = predict_for(report, gpus, workload, choice)
+    fits = [hook_fit(p, g, asked) for p, g, asked in
+            zip(predictions, gpus, gpu_types or [None] * len(gpus))]
     for warning in [*report.warnings(), *filter(None, [choice.warning])]:
         click.echo(f"horus predict: warning: {warning}", err=True)
     if as_json:
@@ -119,29 +124,79 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
             click.echo(f"horus predict: warning: unbound dimensions taken as 1: "
                        f"{_few(report.unknown_dims)} (bind with --dim NAME=VALUE)",
                        err=True)
-        rows = [dict(p.to_dict(), fits=p.mem_mib_p90 <= g.mem_mib)
-                for p, g in zip(predictions, gpus)]
+        rows = [dict(p.to_dict(), fits=f.fits, fit_limit_mib=f.limit_mib, fit_rule=f.rule)
+                for p, f in zip(predictions, fits)]
         extra = {"model": report.model, "workload": workload.__dict__, "note": choice.note,
                  "unknown_dims": report.unknown_dims, "unknown_ops": report.unknown_ops}
         print_json({**rows[0], **extra} if len(rows) == 1 else {"predictions": rows, **extra})
         return
-    _print_prediction_table(report, workload, predictions, gpus, choice.note)
+    _print_prediction_table(report, workload, predictions, gpus, fits, choice.note)
 
 
-def _print_prediction_table(report, workload, predictions, gpus, note) -> None:
+@dataclass(frozen=True)
+class Fit:
+    fits: bool | None   # None: the policy does not know the GPU type (the hook never packs it)
+    limit_mib: float | None
+    rule: str           # what was compared with what, and where the limit comes from
+
+
+def hook_fit(p, gpu, asked: str | None = None) -> Fit:
+    """Whether the hook would let this job share a GPU memory-wise, judged as job_submit.lua
+    does: the policy's `memory` figure (p90 unless set; p95/p99 where calibrated, else p90),
+    rounded up to whole MiB as the hint carries it, at least min_mem_mib, against
+    pack_limit_pct % of the policy's gpu.<type>.mem_mib (the type as asked, else its catalog
+    name or an alias). Without a readable policy file: p90 against the catalog's memory,
+    and the rule says so."""
+    from slurm_horus.slurm.policy import policy_file, policy_value
+
+    path = policy_file()
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError:
+        return Fit(p.mem_mib_p90 <= gpu.mem_mib, float(gpu.mem_mib),
+                   f"p90 <= {gpu.name}'s {gpu.mem_mib} MiB in the GPU catalog (no readable "
+                   f"policy at {path})")
+    names = [n for n in dict.fromkeys([asked, gpu.name, *gpu.aliases]) if n]
+    mem_of = {n: policy_value(f"gpu.{n.lower()}.mem_mib", path=path) for n in names}
+    gtype = next((n for n in names if mem_of[n] is not None), None)
+    if gtype is None:
+        return Fit(None, None, f"{path} has no gpu.<type>.mem_mib for this type: the hook "
+                               "does not pack it")
+    pack = int(policy_value("pack_limit_pct", "90", path=path))
+    field = policy_value("memory", "p90", path=path)
+    floor = int(policy_value("min_mem_mib", "512", path=path))
+    value = {"expected": p.mem_mib, "p95": p.mem_mib_p95,
+             "p99": p.mem_mib_p99}.get(field, p.mem_mib_p90)
+    if value is None:  # a hint without that bound is costed at its p90
+        field, value = "p90", p.mem_mib_p90
+    mem = max(math.ceil(value), floor)
+    total = int(mem_of[gtype])
+    return Fit(mem * 100 <= total * pack, total * pack / 100,
+               f"{field} {mem} MiB <= {pack}% of gpu.{gtype.lower()}.mem_mib {total} MiB "
+               f"in {path}")
+
+
+def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     table = Table(title=f"{report.model}  batch {workload.batch_size}, {workload.task}, "
                         f"{workload.optimizer}, {workload.precision}", title_justify="left")
-    for col in ("GPU", "util %", "memory MiB", "p90 MiB", "GPU MiB", "fits", "predictor"):
+    for col in ("GPU", "util %", "memory MiB", "p90 MiB", "limit MiB", "fits", "predictor"):
         table.add_column(col, justify="left" if col in ("GPU", "predictor") else "right")
-    for p, g in zip(predictions, gpus):
-        fits = p.mem_mib_p90 <= g.mem_mib
+    for p, g, f in zip(predictions, gpus, fits):
+        shown = {True: "yes", False: "[red]no[/red]", None: "-"}[f.fits]
         table.add_row(g.name, f"{p.util_pct:.1f}", f"{p.mem_mib:,.0f}", f"{p.mem_mib_p90:,.0f}",
-                      f"{g.mem_mib:,}", "yes" if fits else "[red]no[/red]", p.predictor)
+                      "-" if f.limit_mib is None else f"{f.limit_mib:,.0f}", shown, p.predictor)
     console.print(table)
+    judged = [(g, f) for g, f in zip(gpus, fits) if f.fits is not None]
+    if judged:
+        console.print(f"fits: judged as the job_submit hook packs, e.g. {judged[0][0].name}: "
+                      f"{judged[0][1].rule}")
+    if len(judged) < len(fits):
+        console.print("-: " + next(f.rule for f in fits if f.fits is None))
     console.print(note)
     if report.unknown_dims:
         console.print(f"[yellow]unknown dimensions (bind with --dim NAME=VALUE): "

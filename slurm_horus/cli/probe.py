@@ -46,12 +46,12 @@ def main(mode, pid, interval, job_id, cluster, url, command):
                 sys.exit(127)
         sys.exit(2)
     try:
-        from slurm_horus.ledger import probe
+        from slurm_horus.ledger import probe, prolog
 
         if mode == "prolog":
-            rc = probe.prolog(interval=interval, url=url)
+            rc = prolog.prolog(interval=interval, url=url)
         elif mode == "epilog":
-            rc = probe.epilog()
+            rc = prolog.epilog()
         else:
             rc = probe.run_probe(pid=pid, command=list(command) or None, interval=interval,
                                  job_id=job_id, cluster=cluster, url=url)

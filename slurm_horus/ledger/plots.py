@@ -1,122 +1,266 @@
-"""hacct --plot: predicted against measured."""
+"""hacct --plot: predicted against measured GPU utilization and peak memory, and the error over
+time, coloured by the predictor source (cold-start, learned, history).
+
+Errors follow docs/definitions.md: predicted minus measured, utilization in percentage points,
+memory in percent of the measured peak. Failed measurements count in no figure, as in the
+summary. ``figure`` returns the matplotlib Figure (what the PNG shows); ``terminal`` draws the
+same in characters for a login node.
+"""
 
 from __future__ import annotations
 
-import struct
-import zlib
+import time
+from datetime import datetime, timezone
 
-def plot_points(ledger, limit: int = 20000, **filters) -> list[tuple]:
-    """(submit_time, pred_util, act_util, pred_mem, act_mem) of measured jobs."""
-    from sqlalchemy import or_ as _or, select
+from rich.text import Text
+from sqlalchemy import func, or_, select
 
-    from slurm_horus.ledger import job_filters, tables
+from slurm_horus.errors import HorusError
+from slurm_horus.ledger import job_filters, mask_url, tables
+from slurm_horus.ledger.report import predictor_source
+from slurm_horus.plot import Canvas, TERM_STYLES, bars, color, legend, pyplot, side_by_side
 
+SOURCES = ("cold-start", "learned", "history")  # the order of the legends
+GLYPHS = {"cold-start": "c", "learned": "L", "history": "h"}
+MEM_CLIP_PCT = 500.0  # memory errors above this are drawn at the panel's edge
+
+
+def plot_points(ledger, limit: int = 20000, **filters) -> list[dict]:
+    """The latest ``limit`` measured jobs, oldest first: submit time, predictor source,
+    predicted and measured utilization and memory (p50 and p90)."""
     j = tables()["jobs"]
-    stmt = select(j.c.submit_time, j.c.pred_util_pct, j.c.act_util_pct, j.c.pred_mem_mib,
-                  j.c.act_mem_mib).where(_or(j.c.act_util_pct.isnot(None),
-                                             j.c.act_mem_mib.isnot(None)))
+    stmt = select(j.c.submit_time, j.c.predictor, j.c.pred_util_pct, j.c.act_util_pct,
+                  j.c.pred_mem_mib, j.c.pred_mem_p90_mib, j.c.act_mem_mib)
+    stmt = stmt.where(or_(j.c.act_util_pct.isnot(None), j.c.act_mem_mib.isnot(None)),
+                      func.coalesce(j.c.failed_measurement, 0) == 0)
     stmt = job_filters(stmt, submitted_only=True, **filters)
     stmt = stmt.order_by(j.c.submit_time.desc()).limit(limit)
     with ledger.engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(stmt)][::-1]
+        rows = [r._asdict() for r in conn.execute(stmt)][::-1]
+    for r in rows:
+        r["source"] = predictor_source(r.pop("predictor")) or "unknown"
+    return rows
 
 
-def text_plot(points: list[tuple], width: int = 60, height: int = 18) -> str:
-    """Predicted (x) vs actual (y) utilization as characters, then |error| over time."""
-    pts = [(p[1], p[2]) for p in points if p[1] is not None and p[2] is not None]
-    out = [f"predicted (x) vs actual (y) GPU utilization, {len(pts)} jobs, '.' = exact"]
-    grid = [[" "] * width for _ in range(height)]
-    for i in range(min(width, height * 4)):
-        x = i * (width - 1) // max(width - 1, 1)
-        y = height - 1 - int(round(x / (width - 1) * (height - 1)))
-        grid[y][x] = "."
-    counts: dict[tuple[int, int], int] = {}
-    for px, py in pts:
-        x = min(max(int(px / 100 * (width - 1)), 0), width - 1)
-        y = height - 1 - min(max(int(py / 100 * (height - 1)), 0), height - 1)
-        counts[(x, y)] = counts.get((x, y), 0) + 1
-    for (x, y), n in counts.items():
-        grid[y][x] = "o" if n == 1 else ("O" if n < 10 else "#")
-    for i, row in enumerate(grid):
-        label = "100" if i == 0 else ("  0" if i == height - 1 else "   ")
-        out.append(f"{label} |" + "".join(row))
-    out.append("    +" + "-" * width)
-    out.append("     0" + " " * (width - 8) + "100")
-    errs = [(p[0], abs(p[2] - p[1])) for p in points
-            if p[0] is not None and p[1] is not None and p[2] is not None]
-    if errs:
-        out.append("")
-        out.append("mean |utilization error| (pp) over time")
-        t0, t1 = errs[0][0], errs[-1][0]
-        nb = min(12, len(errs))
-        span = max(t1 - t0, 1)
-        bins: list[list[float]] = [[] for _ in range(nb)]
-        for t, e in errs:
-            bins[min(int((t - t0) / span * nb), nb - 1)].append(e)
-        import time
-
-        for k, b in enumerate(bins):
-            if not b:
-                continue
-            mean = sum(b) / len(b)
-            day = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t0 + span * k / nb))
-            out.append(f"{day}  {'#' * int(round(mean / 2)):<50} {mean:5.1f} ({len(b)})")
-    return "\n".join(out) + "\n"
+def describe(url: str, filters: dict) -> str:
+    """'ledger sqlite:///l.db, user alice, since 2024-05-01 00:00': where the points came from."""
+    parts = [f"ledger {mask_url(url)}"]
+    for key, name in (("users", "user"), ("accounts", "account"), ("states", "state"),
+                      ("job_ids", "jobs")):
+        vals = filters.get(key)
+        if vals:
+            s = ",".join(map(str, vals))
+            parts.append(f"{name} {s if len(s) <= 30 else s[:29] + '+'}")
+    for key, name in (("start", "since"), ("end", "until")):
+        if filters.get(key) is not None:
+            parts.append(f"{name} {time.strftime('%Y-%m-%d %H:%M', time.localtime(filters[key]))}")
+    if filters.get("cluster"):
+        parts.append(f"cluster {filters['cluster']}")
+    if filters.get("under_claims"):
+        parts.append("under-claims only")
+    return ", ".join(parts)
 
 
-def write_png(path: str, points: list[tuple], width: int = 640, height: int = 320) -> None:
-    """Two panels without text: left predicted vs actual utilization (grey diagonal = exact),
-    right |util error| (blue) and |memory error| % of actual (orange, clipped at 100) over time."""
-    W, H = width, height
-    img = bytearray(b"\xff" * (W * H * 3))
+def _sources(points: list[dict]) -> list[str]:
+    present = {p["source"] for p in points}
+    return [s for s in SOURCES if s in present] + sorted(present - set(SOURCES))
 
-    def px(x, y, c):
-        if 0 <= x < W and 0 <= y < H:
-            i = (y * W + x) * 3
-            img[i:i + 3] = bytes(c)
 
-    def box(x0, y0, x1, y1):
-        for x in range(x0, x1 + 1):
-            px(x, y0, (0, 0, 0)); px(x, y1, (0, 0, 0))  # noqa: E702
-        for y in range(y0, y1 + 1):
-            px(x0, y, (0, 0, 0)); px(x1, y, (0, 0, 0))  # noqa: E702
+def _util(points, src=None):
+    return [p for p in points if p["pred_util_pct"] is not None and p["act_util_pct"] is not None
+            and (src is None or p["source"] == src)]
 
-    pad = 20
-    half = W // 2
-    L = (pad, pad, half - pad, H - pad)
-    R = (half + pad, pad, W - pad, H - pad)
-    box(*L)
-    box(*R)
-    lw, lh = L[2] - L[0], L[3] - L[1]
-    for k in range(min(lw, lh)):
-        px(L[0] + int(k * lw / min(lw, lh)), L[3] - int(k * lh / min(lw, lh)), (170, 170, 170))
-    for p in points:
-        if p[1] is None or p[2] is None:
+
+def _mem(points, src=None):
+    return [p for p in points if p["pred_mem_mib"] and p["act_mem_mib"]
+            and (src is None or p["source"] == src)]
+
+
+def _mem_unit(points) -> tuple[str, float]:
+    top = max((max(p["act_mem_mib"], p["pred_mem_mib"], p["pred_mem_p90_mib"] or 0)
+               for p in points), default=0.0)
+    return ("GiB", 1024.0) if top >= 4096 else ("MiB", 1.0)
+
+
+def _mem_err(p) -> float:
+    return 100.0 * (p["pred_mem_mib"] - p["act_mem_mib"]) / p["act_mem_mib"]
+
+
+def _check(points: list[dict]) -> None:
+    if not _util(points) and not _mem(points):
+        raise HorusError("no measured job with a prediction matches; nothing to plot")
+
+
+# --------------------------------------------------------------------------- PNG
+
+def figure(points: list[dict], where: str):
+    """The 2x2 figure: utilization and memory scatters (y = x marks a perfect prediction),
+    utilization and memory error over submit time."""
+    _check(points)
+    plt = pyplot()
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+
+    srcs = _sources(points)
+    n = len(points)
+    fig, ((au, am), (eu, em)) = plt.subplots(2, 2, figsize=(12, 9.5))
+    fig.suptitle(f"hacct: predicted vs measured GPU use, {n} measured job{'s' * (n != 1)}\n{where}",
+                 fontsize=12)
+    size = 18 if n < 500 else 6
+    alpha = 0.75 if n < 500 else 0.35
+
+    nu = len(_util(points))
+    au.plot([0, 100], [0, 100], color="0.6", lw=1, ls="--", label="predicted = measured")
+    for i, s in enumerate(srcs):
+        pts = _util(points, s)
+        if pts:
+            au.scatter([p["pred_util_pct"] for p in pts], [p["act_util_pct"] for p in pts],
+                       s=size, alpha=alpha, color=color(s, i), label=f"{s} ({len(pts)})")
+    au.set(xlim=(0, 100), ylim=(0, 100), xlabel="predicted GPU utilization (%)",
+           ylabel="measured GPU utilization (%)", title=f"GPU utilization, {nu} jobs")
+    au.legend(title="predictor (jobs)", loc="lower right", fontsize=9)
+    au.text(2, 97, "above the line: busier than predicted", va="top", fontsize=8, color="0.35")
+
+    mem = _mem(points)
+    unit, div = _mem_unit(mem)
+    vals = [v / div for p in mem for v in (p["act_mem_mib"], p["pred_mem_mib"],
+                                           p["pred_mem_p90_mib"]) if v]
+    lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
+    log = lo > 0 and hi / lo > 30
+    lim = (lo / 1.3, hi * 1.3) if log else (0, hi * 1.05)
+    am.plot(lim, lim, color="0.6", lw=1, ls="--")
+    for i, s in enumerate(srcs):
+        pts = _mem(points, s)
+        if not pts:
             continue
-        x = L[0] + int(min(max(p[1], 0), 100) / 100 * lw)
-        y = L[3] - int(min(max(p[2], 0), 100) / 100 * lh)
-        for dx in (-1, 0, 1):
-            for dy in (-1, 0, 1):
-                px(x + dx, y + dy, (200, 30, 30))
-    ts = [p[0] for p in points if p[0] is not None]
-    if ts:
-        t0, span = min(ts), max(max(ts) - min(ts), 1)
-        rw, rh = R[2] - R[0], R[3] - R[1]
-        for p in points:
-            if p[0] is None:
-                continue
-            x = R[0] + int((p[0] - t0) / span * rw)
-            if p[1] is not None and p[2] is not None:
-                px(x, R[3] - int(min(abs(p[2] - p[1]), 100) / 100 * rh), (30, 80, 200))
-            if p[3] is not None and p[4]:
-                e = min(abs(p[3] - p[4]) / p[4] * 100, 100)
-                px(x, R[3] - int(e / 100 * rh), (240, 140, 20))
-    raw = b"".join(b"\x00" + bytes(img[y * W * 3:(y + 1) * W * 3]) for y in range(H))
+        act = [p["act_mem_mib"] / div for p in pts]
+        am.scatter([p["pred_mem_mib"] / div for p in pts], act, s=size, alpha=alpha,
+                   color=color(s, i))
+        p90 = [(p["pred_mem_p90_mib"] / div, a) for p, a in zip(pts, act) if p["pred_mem_p90_mib"]]
+        if p90:
+            am.scatter(*zip(*p90), s=size * 1.6, marker="^", facecolors="none",
+                       edgecolors=color(s, i), alpha=alpha)
+    am.set(xlim=lim, ylim=lim, xlabel=f"predicted peak memory ({unit})",
+           ylabel=f"measured peak memory ({unit})", title=f"peak GPU memory, {len(mem)} jobs")
+    if log:
+        am.set(xscale="log", yscale="log")
+        for axis in (am.xaxis, am.yaxis):
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        am.set_xlabel(f"predicted peak memory ({unit}, log scale)")
+        am.set_ylabel(f"measured peak memory ({unit}, log scale)")
+    handles = [Line2D([], [], ls="", marker="o", color="0.3", label="p50 prediction"),
+               Line2D([], [], ls="--", color="0.6", label="predicted = measured")]
+    if any(p["pred_mem_p90_mib"] for p in mem):
+        handles.insert(1, Line2D([], [], ls="", marker="^", mfc="none", color="0.3",
+                                 label="p90 prediction (bound)"))
+    am.legend(handles=handles, loc="lower right", fontsize=9)
+    am.text(0.02, 0.97, "above the line: more memory than predicted", transform=am.transAxes,
+            va="top", fontsize=8, color="0.35")
+    if not mem:
+        am.text(0.5, 0.5, "no job with both predicted and measured memory",
+                transform=am.transAxes, ha="center", color="0.35")
 
-    def chunk(tag, data):
-        return (struct.pack(">I", len(data)) + tag + data
-                + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", W, H, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
-    with open(path, "wb") as f:
-        f.write(png)
+    def over_time(ax, rows, err, ylabel, what, clip=None):
+        ax.axhline(0, color="0.6", lw=1, ls="--")
+        for i, s in enumerate(srcs):
+            pts = [p for p in rows if p["source"] == s and p["submit_time"] is not None]
+            if pts:
+                ys = [err(p) for p in pts]
+                ax.scatter([_dt(p["submit_time"]) for p in pts],
+                           [min(y, clip) if clip else y for y in ys], s=size, alpha=alpha,
+                           color=color(s, i), label=s)
+        loc = AutoDateLocator()
+        ax.xaxis.set_major_locator(loc)
+        ax.xaxis.set_major_formatter(ConciseDateFormatter(loc))
+        ax.set(xlabel="submit time (UTC)", ylabel=ylabel, title=what)
+        if rows:
+            ax.legend(title="predictor", fontsize=9, loc="upper right")
+        else:
+            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", color="0.35")
+
+    util = _util(points)
+    over_time(eu, util, lambda p: p["pred_util_pct"] - p["act_util_pct"],
+              "predicted − measured utilization (pp)",
+              "utilization error over time (below 0: busier than predicted)")
+    above = sum(_mem_err(p) > MEM_CLIP_PCT for p in mem)
+    over_time(em, mem, _mem_err, "predicted − measured memory (% of measured)",
+              "memory error over time (below 0: more than predicted)"
+              + (f"\n{above} jobs above +{MEM_CLIP_PCT:.0f} % drawn at the top" if above else ""),
+              clip=MEM_CLIP_PCT)
+    fig.tight_layout()
+    return fig
+
+
+def _dt(t: float) -> datetime:
+    return datetime.fromtimestamp(t, tz=timezone.utc)
+
+
+# --------------------------------------------------------------------------- terminal
+
+def terminal(points: list[dict], where: str, bins: int = 10) -> Text:
+    """Both scatters side by side (glyph per predictor source, '.' the y = x line), the p90
+    coverage, then the mean error per period of submit time; fits 80 columns."""
+    _check(points)
+    srcs = _sources(points)
+    n = len(points)
+    out = Text(f"predicted (x) vs measured (y), {n} measured job{'s' * (n != 1)}\n{where}\n\n",
+               style="bold")
+    u = Canvas(30, 12, (0, 100), (0, 100))
+    u.diagonal()
+    mem = _mem(points)
+    unit, div = _mem_unit(mem)
+    vals = [v / div for p in mem for v in (p["act_mem_mib"], p["pred_mem_mib"])]
+    lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
+    log = lo > 0 and hi / lo > 30
+    m = Canvas(30, 12, (lo / 1.2, hi * 1.2) if log else (0, hi * 1.05),
+               (lo / 1.2, hi * 1.2) if log else (0, hi * 1.05), log=log)
+    m.diagonal()
+    for s in srcs:
+        g, st = GLYPHS.get(s, "o"), TERM_STYLES.get(s, "magenta")
+        u.series(s, g, st, [(p["pred_util_pct"], p["act_util_pct"]) for p in _util(points, s)])
+        m.series(s, g, st, [(p["pred_mem_mib"] / div, p["act_mem_mib"] / div)
+                            for p in _mem(points, s)])
+    out.append_text(side_by_side([
+        u.render(f"GPU util %, {len(_util(points))} jobs", "predicted %"),
+        m.render(f"peak memory {unit}{' (log)' if log else ''}, {len(mem)} jobs",
+                 f"predicted p50 {unit}")]))
+    out.append_text(legend(srcs, glyph_of=lambda s: GLYPHS.get(s, "o")))
+    out.append("   . predicted = measured\n")
+    p90 = [p for p in mem if p["pred_mem_p90_mib"]]
+    if p90:
+        inside = sum(p["act_mem_mib"] <= p["pred_mem_p90_mib"] for p in p90)
+        out.append(f"  p90 memory bound held for {inside} of {len(p90)} jobs "
+                   f"({100 * inside / len(p90):.0f} %)\n")
+    out.append_text(_error_table(points, bins))
+    return out
+
+
+def _error_table(points: list[dict], bins: int) -> Text:
+    """Mean |utilization error| (bars) and median |memory error| per period of submit time."""
+    timed = [p for p in points if p["submit_time"] is not None]
+    if not timed:
+        return Text()
+    t0, t1 = timed[0]["submit_time"], timed[-1]["submit_time"]
+    nb = max(1, min(bins, len(timed)))
+    span = max(t1 - t0, 1)
+    groups: list[list[dict]] = [[] for _ in range(nb)]
+    for p in timed:
+        groups[min(int((p["submit_time"] - t0) / span * nb), nb - 1)].append(p)
+    fmt = "%Y-%m-%d %H:%M" if span < 30 * 86400 else "%Y-%m-%d"
+    rows = []
+    for k, g in enumerate(groups):
+        if not g:
+            continue
+        ue = [abs(p["pred_util_pct"] - p["act_util_pct"]) for p in _util(g)]
+        me = sorted(abs(_mem_err(p)) for p in _mem(g))
+        when = time.strftime(fmt, time.gmtime(t0 + span * k / nb))
+        mean_u = sum(ue) / len(ue) if ue else 0.0
+        mem_s = f"{me[len(me) // 2]:5.1f} %" if me else "     - "
+        rows.append((when, mean_u, f"{mean_u:5.1f} pp {mem_s} {len(g):>6}"))
+    out = Text("\n  by submit time (UTC): mean |util error| (bars), median |mem error|, jobs\n",
+               style="bold")
+    out.append_text(bars(rows, width=26, style_of=lambda _: "dodger_blue1"))
+    if not any(v > 0 for _, v, _ in rows):
+        out.append("  (no utilization error to draw)\n")
+    return out

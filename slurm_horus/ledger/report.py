@@ -1,24 +1,31 @@
-"""hacct's data: per-job predicted vs actual use, the accuracy summary (SQL aggregation), plots.
+"""hacct's data: per-job predicted vs actual use, and the accuracy summary (SQL aggregation).
 
 Errors follow docs/definitions.md: predicted minus actual, so a negative error is a job that used
 more than predicted. ``UtilErr`` is in percentage points of GPU utilization, ``MemErr`` in percent
 of the actual peak memory: 100 (predicted - actual) / actual. The summary's median relative
 error is the median of |predicted - actual| / actual memory, from a histogram counted in SQL
-over the bin each job row stores (ledger.mem_err_bucket: 0.5 % bins below 100 %, 10 % bins up
-to 1000 %), so a million rows take one scan of an index. ``p90_coverage_pct`` is the share of
+over the bin each job row stores (ledger.jobs.mem_err_bucket: 0.5 % bins below 100 %, 10 % bins
+up to 1000 %), so a million rows take one scan of an index. ``p90_coverage_pct`` is the share of
 measured jobs whose peak memory stayed at or below the predicted p90 (the bound packing uses).
-Failed measurements (ledger.failed_measurement) count in no accuracy figure; ``excluded`` says
+Failed measurements (ledger.jobs.failed_measurement) count in no accuracy figure; ``excluded`` says
 how many there were.
 
 A job has either whole GPUs (``gpus``, gres/gpu) or shards of one (``shards``, gres/shard):
 ``Alloc`` shows ``2 GPU`` or ``25 shards``. ``UnderClaim`` is the claim audit that the ledger
-computes (ledger.under_claim): ``mem``, ``util`` or ``mem,util`` when trusted measured use
+computes (ledger.jobs.under_claim): ``mem``, ``util`` or ``mem,util`` when trusted measured use
 exceeded the job's hint, ``no`` when it did not, empty when there was nothing to compare.
 """
 
 from __future__ import annotations
 
 import math
+import time
+
+from slurm_horus.errors import HorusError
+from slurm_horus.ledger.jobs import (FAR_MEM_FACTOR, FAR_UTIL_PP, job_filters,
+                                     mem_err_bucket_bounds)
+from slurm_horus.ledger.jobs import predictor_source  # noqa: F401 - plots.py imports it here
+from slurm_horus.ledger.schema import tables
 
 # name -> (header, json key). Order here is the order of `hacct -o help`.
 COLUMNS = {
@@ -31,8 +38,6 @@ COLUMNS = {
 }
 DEFAULT_FORMAT = ("JobID,User,GPUType,GPUIdx,Alloc,PredUtil,ActUtil,UtilErr,PredMem,ActMem,"
                   "MemErr,CoLocated,State,Elapsed,Predictor")
-FAR_UTIL_PP = 25.0     # actual utilization this many points above the prediction
-FAR_MEM_FACTOR = 1.25  # actual memory this many times the prediction
 
 
 def elapsed_str(s) -> str:
@@ -84,8 +89,6 @@ def under_claim_str(r: dict) -> str:
 
 def cell(r: dict, col: str) -> str:
     """One column of one job as sacct would print it (empty when unknown)."""
-    import time
-
     ue, me = _errs(r)
     c = col.lower()
     if c == "jobid":
@@ -144,8 +147,6 @@ def cell(r: dict, col: str) -> str:
 
 def parse_format(fmt: str | None) -> list[tuple[str, int | None]]:
     """'JobID,User%12' -> [('jobid', None), ('user', 12)]; unknown names raise HorusError."""
-    from slurm_horus.errors import HorusError
-
     out = []
     for part in (fmt or DEFAULT_FORMAT).split(","):
         part = part.strip()
@@ -238,70 +239,57 @@ def rich_table(rows: list[dict], cols, noheader: bool):
 
 # --------------------------------------------------------------------------- summary
 
-def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
-    """Accuracy and under-claims by model family, GPU type and user; one aggregating scan
-    plus a top-N query."""
-    from sqlalchemy import and_, case, func, select
+SUMS = ("measured", "failed", "np90", "inp90", "nu", "su", "squ", "sqm", "far", "audited",
+        "under")
+FLOAT_SUMS = ("su", "squ", "sqm")  # the others are counts (MariaDB sums integers as Decimal)
 
-    from slurm_horus.ledger import job_filters, tables
+
+def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
+    """Accuracy and under-claims by model family, GPU type, user and predictor source: one
+    aggregating scan of the covering index ix_jobs_summary over the terms each jobs row stores
+    (ledger.jobs.accuracy_terms), grouped down to the memory-error bin for the medians, plus a
+    top-N query of the jobs far above their prediction."""
+    from sqlalchemy import func, select
 
     j = tables()["jobs"]
-    ok = func.coalesce(j.c.failed_measurement, 0) == 0
-    has_util = and_(j.c.act_util_pct.isnot(None), j.c.pred_util_pct.isnot(None), ok)
-    has_mem = and_(j.c.act_mem_mib > 0, j.c.pred_mem_mib > 0, ok)
-    has_p90 = and_(j.c.act_mem_mib > 0, j.c.pred_mem_p90_mib > 0, ok)
-    measured = case((or_(j.c.act_util_pct.isnot(None), j.c.act_mem_mib.isnot(None)), 1), else_=0)
-    abs_u = func.abs(j.c.act_util_pct - j.c.pred_util_pct)
-    logu = (func.ln(1.0 + j.c.pred_util_pct) - func.ln(1.0 + j.c.act_util_pct))
-    logm = (func.ln(1.0 + j.c.pred_mem_mib) - func.ln(1.0 + j.c.act_mem_mib))
-    bucket = j.c.mem_err_bucket  # filled when the jobs row is written (ledger.mem_err_bucket)
-    far = case((or_(and_(has_util, j.c.act_util_pct - j.c.pred_util_pct > FAR_UTIL_PP),
-                    and_(has_mem, j.c.act_mem_mib > j.c.pred_mem_mib * FAR_MEM_FACTOR)), 1),
-               else_=0)
+    keys = (j.c.model_family, j.c.gpu_type, j.c.user_name, j.c.predictor_source)
     stmt = select(
-        j.c.model_family, j.c.gpu_type, j.c.user_name, j.c.predictor, bucket.label("b"),
-        func.count().label("n"), func.sum(measured).label("measured"),
-        func.sum(case((j.c.failed_measurement == 1, 1), else_=0)).label("failed"),
-        func.sum(case((has_p90, 1), else_=0)).label("np90"),
-        func.sum(case((and_(has_p90, j.c.act_mem_mib <= j.c.pred_mem_p90_mib), 1),
-                      else_=0)).label("inp90"),
-        func.sum(case((has_util, 1), else_=0)).label("nu"),
-        func.sum(case((has_util, abs_u), else_=0)).label("su"),
-        func.sum(case((has_util, logu * logu), else_=0)).label("squ"),
-        func.sum(case((has_mem, logm * logm), else_=0)).label("sqm"),
-        func.sum(far).label("far"),
-        func.count(j.c.under_claim).label("audited"),
-        func.sum(case((j.c.under_claim == 1, 1), else_=0)).label("under"),
-    )
+        *keys, j.c.mem_err_bucket, func.count(),
+        func.sum(j.c.measured), func.sum(j.c.failed_measurement), func.count(j.c.within_p90),
+        func.sum(j.c.within_p90), func.count(j.c.util_abs_err_pp), func.sum(j.c.util_abs_err_pp),
+        func.sum(j.c.util_sq_log_err), func.sum(j.c.mem_sq_log_err), func.sum(j.c.far),
+        func.count(j.c.under_claim), func.sum(j.c.under_claim))
     stmt = job_filters(stmt, submitted_only=True, **filters)
-    stmt = stmt.group_by(j.c.has_submission, j.c.model_family, j.c.gpu_type, j.c.user_name,
-                         j.c.predictor, bucket)
+    stmt = stmt.group_by(j.c.has_submission, *keys, j.c.mem_err_bucket)
+    # One leaf per (family, GPU type, user, source): the SQL groups fold into leaves, and each
+    # leaf then counts once in each of the six breakdowns.
+    leaves: dict[tuple, dict] = {}
+    with ledger.engine.connect() as conn:
+        for fam, gt, user, source, b, n, *sums in conn.execute(stmt):
+            g = leaves.get((fam, gt, user, source))
+            if g is None:
+                g = leaves[(fam, gt, user, source)] = _acc()
+            g["jobs"] += n
+            for k, v in zip(SUMS, sums):
+                if v:
+                    g[k] += v
+            if b is not None and b >= 0:
+                g["hist"][b] = g["hist"].get(b, 0) + n
+        far_rows = _far_jobs(conn, filters, far_limit)
     groups: dict[str, dict] = {"all": {}, "model_family": {}, "gpu_type": {}, "user": {},
                                "predictor": {}, "gpu_type_predictor": {}}
-    with ledger.engine.connect() as conn:
-        result = conn.execute(stmt).all()
-        for (fam, gt, user, pred, b, n, meas, nfail, np90, inp90, nu, su, squ, sqm, nfar, naud,
-             nunder) in result:
-            source = predictor_source(pred)
-            for dim, key in (("all", "all"), ("model_family", fam), ("gpu_type", gt),
-                             ("user", user), ("predictor", source),
-                             ("gpu_type_predictor", f"{gt or '-'} {source or '-'}")):
-                g = groups[dim].setdefault(key if key is not None else "-", _acc())
-                g["jobs"] += int(n)
-                g["measured"] += int(meas or 0)
-                g["failed"] += int(nfail or 0)
-                g["np90"] += int(np90 or 0)
-                g["inp90"] += int(inp90 or 0)
-                g["nu"] += int(nu or 0)
-                g["su"] += float(su or 0.0)
-                g["squ"] += float(squ or 0.0)
-                g["sqm"] += float(sqm or 0.0)
-                g["far"] += int(nfar or 0)
-                g["audited"] += int(naud or 0)
-                g["under"] += int(nunder or 0)
-                if b is not None and b >= 0:
-                    g["hist"][int(b)] = g["hist"].get(int(b), 0) + int(n)
-        far_rows = _far_jobs(conn, filters, far_limit)
+    for (fam, gt, user, source), leaf in leaves.items():
+        for k in SUMS:
+            leaf[k] = float(leaf[k]) if k in FLOAT_SUMS else int(leaf[k])
+        for dim, key in (("all", "all"), ("model_family", fam), ("gpu_type", gt),
+                         ("user", user), ("predictor", source),
+                         ("gpu_type_predictor", f"{gt or '-'} {source or '-'}")):
+            g = groups[dim].setdefault(key if key is not None else "-", _acc())
+            g["jobs"] += leaf["jobs"]
+            for k in SUMS:
+                g[k] += leaf[k]
+            for b, n in leaf["hist"].items():
+                g["hist"][b] = g["hist"].get(b, 0) + n
     out = {}
     for dim, gs in groups.items():
         out[dim] = {k: _finish(v) for k, v in sorted(gs.items(), key=lambda kv: str(kv[0]))}
@@ -311,26 +299,11 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
     return out
 
 
-def or_(*a):
-    from sqlalchemy import or_ as _or
-
-    return _or(*a)
-
-
-def predictor_source(predictor: str | None) -> str | None:
-    """The predictor source a prediction came from: 'learned:v0003' -> 'learned'."""
-    return predictor.split(":", 1)[0] if predictor else None
-
-
 def _acc():
-    return {"jobs": 0, "measured": 0, "failed": 0, "np90": 0, "inp90": 0, "nu": 0, "su": 0.0,
-            "squ": 0.0, "sqm": 0.0, "far": 0,
-            "audited": 0, "under": 0, "hist": {}}
+    return {"jobs": 0, **{k: 0 for k in SUMS}, "hist": {}}
 
 
 def _median_from_hist(hist: dict[int, int]) -> float | None:
-    from slurm_horus.ledger import mem_err_bucket_bounds
-
     total = sum(hist.values())
     if not total:
         return None
@@ -361,19 +334,13 @@ def _finish(g: dict) -> dict:
 
 
 def _far_jobs(conn, filters: dict, limit: int) -> list[dict]:
-    from sqlalchemy import and_, case, func, select
-
-    from slurm_horus.ledger import job_filters, tables
+    """The jobs counted as far above their prediction, the largest memory ratio first."""
+    from sqlalchemy import case, func, select
 
     j = tables()["jobs"]
     ratio = case((j.c.pred_mem_mib > 0, j.c.act_mem_mib / j.c.pred_mem_mib), else_=0)
     uerr = func.coalesce(j.c.act_util_pct - j.c.pred_util_pct, 0)
-    cond = or_(and_(j.c.act_mem_mib.isnot(None), j.c.pred_mem_mib > 0,
-                    j.c.act_mem_mib > j.c.pred_mem_mib * FAR_MEM_FACTOR),
-               and_(j.c.act_util_pct.isnot(None), j.c.pred_util_pct.isnot(None),
-                    j.c.act_util_pct - j.c.pred_util_pct > FAR_UTIL_PP))
-    stmt = select(j).where(cond)
-    stmt = job_filters(stmt, submitted_only=True, **filters)
+    stmt = job_filters(select(j).where(j.c.far == 1), submitted_only=True, **filters)
     stmt = stmt.order_by(ratio.desc(), uerr.desc(), j.c.job_id).limit(limit)
     return [job_json(r._asdict()) for r in conn.execute(stmt)]
 
@@ -407,6 +374,3 @@ def summary_text(s: dict) -> str:
                    f"util {r['pred_util_pct']}->{r['actual_util_pct']}  "
                    f"mem {r['pred_mem_mib']}->{r['actual_mem_mib']} MiB")
     return "\n".join(out) + "\n"
-
-
-# --------------------------------------------------------------------------- plots

@@ -19,10 +19,19 @@ import csv
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+
+import numpy as np
 
 from slurm_horus.errors import HorusError
+from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, extract_features
+from slurm_horus.ledger import failed_measurement
+from slurm_horus.ledger.training import training_set
+from slurm_horus.predict.coldstart import ColdStartEstimator
+from slurm_horus.predict.gpus import default_catalog
+from slurm_horus.predict.learned import accuracy, fit
 from slurm_horus.predict.registry import CALIBRATION_FILE
+from slurm_horus.predict.workload import workload_dict, workload_from
+from slurm_horus.progress import Progress
 
 IMPORT_COLUMNS = ("model", "features", "gpu_type", "batch_size", "task", "optimizer", "precision",
                   "cpus_per_task", "util_pct", "mem_mib", "util_max_pct", "user", "model_family",
@@ -34,118 +43,6 @@ CALIBRATION_VERSION = 1
 
 def score(m: dict) -> float:
     return m["mem_mdape_pct"] / 100.0 + m["util_rmsle"]
-
-
-@dataclass
-class TrainingSet:
-    keys: list = field(default_factory=list)       # "cluster/job_id" of each row
-    X: list = field(default_factory=list)
-    mem: list = field(default_factory=list)
-    util: list = field(default_factory=list)
-    cold_mem: list = field(default_factory=list)
-    cold_util: list = field(default_factory=list)
-    gpu_types: list = field(default_factory=list)
-    skipped: int = 0
-    failed: int = 0    # failed measurements, excluded
-
-
-def _cold(pred: dict | None, gpu):
-    """The cold-start prediction the row was served with (stored at submission, sync or
-    import). Never recomputed here: from stored features alone the graph's nodes are gone, and
-    training must see the inputs serving saw."""
-    from slurm_horus.predict.coldstart import Prediction
-
-    c = pred.get("cold") if isinstance(pred, dict) else None
-    if not (isinstance(c, dict) and c.get("mem_mib") and c.get("util_pct") is not None):
-        raise ValueError("no cold-start figures stored")
-    return Prediction(gpu=gpu.name, util_pct=float(c["util_pct"]), mem_mib=float(c["mem_mib"]),
-                      mem_mib_p90=float(c["mem_mib"]), predictor="cold-start",
-                      breakdown={"gpu_ms_per_step": float(c.get("gpu_ms_per_step") or 0),
-                                 "host_ms_per_step": float(c.get("host_ms_per_step") or 0)})
-
-
-def _workload(d: dict | None):
-    from slurm_horus.predict.coldstart import Workload
-
-    d = d or {}
-    return Workload(batch_size=int(d.get("batch_size") or 1), task=d.get("task") or "train",
-                    optimizer=d.get("optimizer") or "adam",
-                    precision=d.get("precision") or "fp32",
-                    cpus_per_task=int(d["cpus_per_task"]) if d.get("cpus_per_task") else None)
-
-
-def training_set(ledger) -> TrainingSet:
-    """Rows of measured jobs (utilization and memory both known, not a failed measurement)
-    with features and the cold-start figures they were predicted with."""
-    from sqlalchemy import and_, select
-
-    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
-    from slurm_horus.predict.gpus import default_catalog
-    from slurm_horus.predict.learned import input_row
-    from slurm_horus.ledger import tables
-
-    t = tables()
-    s, j = t["submissions"], t["jobs"]
-    stmt = (select(j.c.cluster, j.c.job_id, s.c.features, s.c.workload, s.c.predictions,
-                   s.c.feature_version, j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib,
-                   j.c.failed_measurement)
-            .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
-            .where(j.c.act_util_pct.isnot(None), j.c.act_mem_mib > 0, s.c.features.isnot(None),
-                   j.c.gpu_type.isnot(None))
-            .order_by(j.c.cluster, j.c.job_id))
-    catalog = default_catalog()
-    gpus: dict = {}
-    ts = TrainingSet()
-    with ledger.engine.connect() as conn:
-        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed in conn.execute(stmt):
-            if failed:
-                ts.failed += 1
-                continue
-            try:
-                if fv is not None and int(fv) != FEATURE_VERSION:
-                    raise ValueError("feature version")
-                values = json.loads(feats)
-                if any(n not in values for n in FEATURE_NAMES):
-                    raise ValueError("features")
-                if gtype not in gpus:
-                    gpus[gtype] = catalog.find(gtype)
-                gpu = gpus[gtype]
-                if gpu is None:
-                    raise ValueError("gpu")
-                w = _workload(json.loads(wl) if wl else None)
-                cold = _cold((json.loads(preds) if preds else {}).get(gtype), gpu)
-                ts.X.append(input_row(values, gpu, w, cold))
-            except (ValueError, TypeError, KeyError, AttributeError, HorusError):
-                ts.skipped += 1
-                continue
-            ts.keys.append(f"{cluster}/{int(job_id)}")
-            ts.mem.append(float(mem))
-            ts.util.append(min(max(float(util), 0.0), 100.0))
-            ts.cold_mem.append(cold.mem_mib)
-            ts.cold_util.append(cold.util_pct)
-            ts.gpu_types.append(gpu.name)
-    return ts
-
-
-def _serving_predict(model, X, cold_mem, cold_util):
-    """What the serving learned model says for rows X: its answer where it is familiar and in
-    bounds, else the cold start (as LearnedEstimator.predict)."""
-    import numpy as np
-
-    from slurm_horus.predict.learned import out_of_bounds
-
-    X = np.asarray(X, float)
-    pm, pu = np.asarray(cold_mem, float).copy(), np.asarray(cold_util, float).copy()
-    ok = np.array([model.familiar(list(row)) for row in X], bool)
-    if ok.any():
-        ml, ul = model.mem.predict(X[ok]), model.util.predict(X[ok])
-        idx = np.flatnonzero(ok)
-        for k, i in enumerate(idx):
-            if out_of_bounds([ul[k]], [ml[k]]):
-                continue
-            pm[i] = pm[i] * math.exp(ml[k])
-            pu[i] = min(max(math.expm1(ul[k]), 0.0), 100.0)
-    return pm, pu
 
 
 def conformal_quantile(residuals, q: float) -> float | None:
@@ -200,10 +97,6 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
             max_iter: int = 200, progress: bool = False, log=print) -> dict:
     """Train, cross-validate, compare with the serving model on rows neither was trained on,
     store, maybe promote, and write the calibration of the predictor that now serves."""
-    import numpy as np
-
-    from slurm_horus.predict.learned import accuracy, fit
-
     ts = training_set(ledger)
     n = len(ts.X)
     if n < max(20, folds * 4):
@@ -230,8 +123,7 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     order = np.random.default_rng(seed).permutation(n)
     parts = np.array_split(order, folds)
     oof_mem, oof_util = np.zeros(n), np.zeros(n)
-    bar = _Progress(progress, folds + 1, "retrain")
-    with bar:
+    with Progress("retrain", folds + 1, enabled=progress) as bar:
         for k, test in enumerate(parts):
             train = np.setdiff1d(order, test, assume_unique=True)
             m = fit(X[train], mem[train], util[train], cmem[train], seed=seed, max_iter=max_iter)
@@ -246,7 +138,7 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     else:
         held = np.array([i for i, key in enumerate(ts.keys) if seen is not None
                          and key not in seen], int)
-        base_mem, base_util = _serving_predict(serving, X[held], cmem[held], cutil[held])
+        base_mem, base_util, _ = serving.answer(X[held], cmem[held], cutil[held])
     new = accuracy(oof_mem[held], mem[held], oof_util[held], util[held]) if len(held) else None
     old = accuracy(base_mem, mem[held], base_util, util[held]) if len(held) else None
     judged = len(held) >= MIN_EVAL_ROWS
@@ -288,32 +180,6 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
             "baseline_version": baseline, "better": better, "promoted": promoted}
 
 
-class _Progress:
-    """A rich progress bar on a terminal; silent otherwise."""
-
-    def __init__(self, enabled: bool, total: int, title: str):
-        self.enabled, self.total, self.title = enabled, total, title
-        self.p = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.p = Progress(TextColumn("{task.description}"), BarColumn(),
-                              TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
-            self.p.__enter__()
-            self.task = self.p.add_task(self.title, total=self.total)
-        return self
-
-    def advance(self, what: str):
-        if self.p:
-            self.p.update(self.task, advance=1, description=f"{self.title}: {what}")
-
-    def __exit__(self, *exc):
-        if self.p:
-            self.p.__exit__(*exc)
-
-
 # --------------------------------------------------------------------------- import
 
 def _row_id(row: dict) -> int:
@@ -324,10 +190,6 @@ def _row_id(row: dict) -> int:
 def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
     """Load measurements (see IMPORT_COLUMNS / docs/ledger.md) as submissions + usage 'import'.
     Failed measurements (ledger.failed_measurement) are kept, flagged, and counted."""
-    from slurm_horus.predict.coldstart import Workload
-    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
-    from slurm_horus.predict.gpus import default_catalog
-
     try:
         f = open(path, newline="")
     except OSError as e:
@@ -349,11 +211,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                 gpu = catalog.find((row.get("gpu_type") or "").strip())
                 if gpu is None:
                     raise HorusError(f"unknown GPU type {row.get('gpu_type')!r}")
-                w = Workload(batch_size=int(row.get("batch_size") or 1),
-                             task=(row.get("task") or "train").strip(),
-                             optimizer=(row.get("optimizer") or "adam").strip(),
-                             precision=(row.get("precision") or "fp32").strip(),
-                             cpus_per_task=int(row["cpus_per_task"]) if row.get("cpus_per_task") else None)
+                w = workload_from(row)
                 util, mem = float(row["util_pct"]), float(row["mem_mib"])
                 if not (0 <= util <= 100) or not (mem > 0) or math.isnan(mem):
                     raise HorusError("util_pct must be 0..100 and mem_mib > 0")
@@ -366,8 +224,6 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                 elif model:
                     key = (model, w.batch_size)
                     if key not in reports:
-                        from slurm_horus.graph.features import extract_features
-
                         reports[key] = extract_features(model, batch_size=w.batch_size)
                     report = reports[key]
                     values = report.values
@@ -382,8 +238,6 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                     raise HorusError("features without cold_util_pct and cold_mem_mib: the cold "
                                      "start needs the model's graph (give model, or those columns)")
                 else:
-                    from slurm_horus.predict.coldstart import ColdStartEstimator
-
                     c = ColdStartEstimator().predict(report, gpu, w)
                     cold = {"util_pct": c.util_pct, "mem_mib": c.mem_mib,
                             "gpu_ms_per_step": c.breakdown.get("gpu_ms_per_step", 0.0),
@@ -400,9 +254,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                          "model_path": model or None,
                          "model_family": row.get("model_family") or None,
                          "feature_version": FEATURE_VERSION, "features": values,
-                         "workload": {"batch_size": w.batch_size, "task": w.task,
-                                      "optimizer": w.optimizer, "precision": w.precision,
-                                      "cpus_per_task": w.cpus_per_task},
+                         "workload": workload_dict(w),
                          "gpu_types": [gname], "predictor": "cold-start",
                          "predictions": {gname: {"util_pct": cold["util_pct"],
                                                  "mem_mib": cold["mem_mib"],
@@ -412,7 +264,5 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                            "util_max": float(row["util_max_pct"]) if row.get("util_max_pct") else None})
     ledger.record_submissions(subs)
     ledger.record_usages(usages)
-    from slurm_horus.ledger import failed_measurement
-
     failed = sum(1 for u in usages if failed_measurement(u["util_mean"], u["mem_peak_mib"]))
     return {"rows": len(subs), "failed": failed}

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction, Workload
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.features import FeatureReport
+from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction, Workload
 from slurm_horus.predict.gpus import GPU
+from slurm_horus.predict.history import HistoryPredictor
+from slurm_horus.predict.learned import LearnedEstimator
 from slurm_horus.predict.registry import CALIBRATION_FILE, Registry
 
 QUANTILES = ("0.9", "0.95", "0.99")
@@ -98,8 +100,6 @@ def _choose(registry: Registry) -> PredictorChoice:
             base = ColdStartEstimator()
             note = "no trained model: the cold-start estimator serves"
         else:
-            from slurm_horus.predict.learned import LearnedEstimator
-
             base = LearnedEstimator(registry.load(version), version)
             note = f"learned model {version} from {registry.root}"
     except HorusError as e:
@@ -111,8 +111,6 @@ def _choose(registry: Registry) -> PredictorChoice:
         if stored is None:
             alone = " alone" if isinstance(base, ColdStartEstimator) and not warnings else ""
             return PredictorChoice(base, note + alone + " (no site history)", *warnings[:1])
-        from slurm_horus.predict.history import HistoryPredictor
-
         history = HistoryPredictor.from_dict(stored, base=base, source=str(registry.root))
         return PredictorChoice(history, note + f"; site history of {len(history.graphs)} "
                                "graph(s) first", *warnings[:1])

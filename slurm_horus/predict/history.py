@@ -17,25 +17,27 @@ library workspaces, allocator caching, a utilization bias), which a handful of j
 learn. The p90 of each evidence tier is its measured leave-one-out 90th percentile where the
 history holds enough such residuals, else the base predictor's own p90 ratio.
 
-The history is plain JSON (`to_dict` / `from_dict`, written by `Registry.save_history`), read
-with the standard library alone at submission time: no database query per job.
+The history is plain JSON (`to_dict` / `from_dict`, format and checks in history_format.py),
+built from the ledger by horus-admin (ledger/history_export.py) and read with the standard
+library alone at submission time: no database query per job.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import pwd
 import statistics
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from slurm_horus.predict.coldstart import ColdStartEstimator, OPTIMIZERS, PRECISIONS, TASKS, Prediction
-from slurm_horus.errors import HorusError
+from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction
+from slurm_horus.predict.gpus import default_catalog
+from slurm_horus.predict.history_format import (FORMAT, FORMAT_VERSION, MAX_LOG_RATIO, check_run,
+                                                read_history)
+from slurm_horus.predict.workload import dims_key, family_of
 
-FORMAT = "slurm-horus-history"
-FORMAT_VERSION = 1
-TIERS = ("exact", "graph", "family", "user")
 # Weight of one tier's estimate against the base predictor's (weight 1), for n graphs of
 # evidence: W * n / (n + 1). Family and user evidence is other graphs: it only pulls.
 FAMILY_WEIGHT = 2.0
@@ -43,23 +45,12 @@ USER_WEIGHT = 1.0
 MIN_OFFSET_JOBS = 3      # site offsets need this many measured jobs on a GPU type ...
 MIN_OFFSET_GRAPHS = 2    # ... of at least this many graphs (one graph's error is not the site's)
 MIN_MARGIN_ROWS = 10     # leave-one-out residuals a tier needs before its own p90 is trusted
-MAX_MIB = 2.0**24        # 16 TiB: anything above is not a measurement
-MAX_LOG_RATIO = math.log(20.0)
 NO_OFFSET = {"mem_mib": 0.0, "util_pp": 0.0, "n": 0}
-
-
-def dims_key(dims: dict | None, batch: int) -> str:
-    """The non-batch dimensions a run was bound with, as a stable key (sequence length...).
-    A dimension equal to the batch size is taken for the batch dimension."""
-    items = sorted((str(k), int(v)) for k, v in (dims or {}).items() if int(v) != batch)
-    return ",".join(f"{k}={v}" for k, v in items)
 
 
 def _context(gpu: str | None = None) -> float:
     """The part of the cold start's memory no batch, precision or optimizer changes: what a
     CUDA process holds before its first tensor on this GPU type."""
-    from slurm_horus.predict.gpus import default_catalog
-
     found = default_catalog().find(gpu) if gpu else None
     est = ColdStartEstimator()
     return est.fixed_overhead_mib(found) if found is not None else est.params.context_mib
@@ -181,7 +172,7 @@ class HistoryPredictor:
     # --- fitting (admin side) ------------------------------------------------------------
 
     def fit(self, runs: list[dict]) -> "HistoryPredictor":
-        runs = [_check_run(r, "run") for r in runs]
+        runs = [check_run(r, "run") for r in runs]
         self.graphs = self._aggregate(runs)
         self.offsets = self._offsets(runs)
         self.families = self._pooled(runs, "family")
@@ -293,28 +284,9 @@ class HistoryPredictor:
     def from_dict(cls, d, base=None, user: str | None = None,
                   source: str = "history") -> "HistoryPredictor":
         """A history file's content, refused whole unless every field is what fit() writes."""
-        try:
-            if not isinstance(d, dict) or d.get("format") != FORMAT:
-                raise HorusError("not a slurm-horus history file")
-            if d.get("format_version") != FORMAT_VERSION:
-                raise HorusError(f"history format version {d.get('format_version')!r} is not "
-                                 f"supported (expected {FORMAT_VERSION})")
-            h = cls(base=base, user=user)
-            h.created = str(d.get("created", ""))
-            h.graphs = {_sha(k): [_check_run(dict(r, sha=k), "run", stored=True)
-                                  for r in _list(v)] for k, v in _dict(d["graphs"]).items()}
-            for r in (r for v in h.graphs.values() for r in v):
-                r.pop("sha")
-            h.families = _pools(d["families"])
-            h.users = _pools(d["users"])
-            h.offsets = {_name(g): {_name(b): _offset(o) for b, o in _dict(v).items()}
-                         for g, v in _dict(d["offsets"]).items()}
-            h.margins = {t: _number(v, -MAX_LOG_RATIO, MAX_LOG_RATIO, f"margin {t}")
-                         for t, v in _dict(d["margins"]).items() if t in TIERS}
-        except HorusError as e:
-            raise HorusError(f"{source}: {e}") from None
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise HorusError(f"{source}: corrupt history file ({type(e).__name__}: {e})") from None
+        h = cls(base=base, user=user)
+        for key, value in read_history(d, source).items():
+            setattr(h, key, value)
         return h
 
     # --- predicting ----------------------------------------------------------------------
@@ -365,8 +337,6 @@ class HistoryPredictor:
         return Answer(math.exp(log_mem / weight), util / w_util, tier)
 
     def predict(self, report, gpu, workload) -> Prediction:
-        from slurm_horus.predict.coldstart import ColdStartEstimator
-
         base = self.base or ColdStartEstimator()
         if hasattr(base, "predict_with_cold"):
             b, c = base.predict_with_cold(report, gpu, workload)
@@ -374,7 +344,8 @@ class HistoryPredictor:
             b = c = base.predict(report, gpu, workload)
         a = self.estimate(report.sha256, gpu.name, workload,
                           dims_key(report.bound_dims, workload.batch_size), c.mem_mib,
-                          c.util_pct, _family(report.model), self.user or _current_user(),
+                          c.util_pct, family_of(report.model) if report.model else None,
+                          self.user or _current_user(),
                           b.mem_mib, b.util_pct, b.predictor)
         base_p90 = b.mem_mib_p90 / b.mem_mib if b.mem_mib > 0 else 1.0
         if a.tier is None:
@@ -439,262 +410,8 @@ def _quantile(values: list[float], q: float) -> float:
     return v[lo] + (pos - lo) * (v[hi] - v[lo])
 
 
-def _family(model_path: str) -> str | None:
-    from slurm_horus.ledger import family_of
-
-    return family_of(model_path) if model_path else None
-
-
 def _current_user() -> str | None:
-    import os
-    import pwd
-
     try:
         return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
         return None
-
-
-# --- validation of a stored history ------------------------------------------------------
-
-def _dict(v) -> dict:
-    if not isinstance(v, dict):
-        raise HorusError("malformed history file (object expected)")
-    return v
-
-
-def _list(v) -> list:
-    if not isinstance(v, list):
-        raise HorusError("malformed history file (list expected)")
-    return v
-
-
-def _name(v) -> str:
-    if not isinstance(v, str) or not 0 < len(v) <= 128:
-        raise HorusError(f"malformed history file (bad name {str(v)[:40]!r})")
-    return v
-
-
-def _sha(v) -> str:
-    if not (isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)):
-        raise HorusError(f"malformed history file (bad sha256 {str(v)[:70]!r})")
-    return v
-
-
-def _number(v, lo: float, hi: float, what: str) -> float:
-    if type(v) not in (int, float) or not (lo <= v <= hi):  # NaN fails both comparisons
-        raise HorusError(f"malformed history file ({what} {v!r} outside {lo:g}..{hi:g})")
-    return float(v)
-
-
-def _optional(v, lo, hi, what):
-    return None if v is None else _number(v, lo, hi, what)
-
-
-def _check_run(r, what: str, stored: bool = False) -> dict:
-    """A run with every field checked (types, ranges, known workload values)."""
-    r = dict(_dict(r))
-    if not isinstance(r.get("bs"), int) or not 1 <= r["bs"] <= 2**31:
-        raise HorusError(f"malformed history file ({what}: batch size {r.get('bs')!r})")
-    for k, allowed in (("task", TASKS), ("opt", OPTIMIZERS), ("prec", PRECISIONS)):
-        if r.get(k) not in allowed:
-            raise HorusError(f"malformed history file ({what}: {k} {r.get(k)!r})")
-    r["gpu"] = _name(r.get("gpu"))
-    if not isinstance(r.get("dims", ""), str) or len(r.get("dims", "")) > 512:
-        raise HorusError(f"malformed history file ({what}: dims)")
-    r["dims"] = r.get("dims", "")
-    r["mem"] = _number(r.get("mem"), 1e-3, MAX_MIB, "memory")
-    r["util"] = _optional(r.get("util"), 0.0, 100.0, "utilization")
-    r["cold_mem"] = _optional(r.get("cold_mem"), 1e-3, MAX_MIB, "cold-start memory")
-    r["cold_util"] = _optional(r.get("cold_util"), 0.0, 100.0, "cold-start utilization")
-    for k in ("family", "user"):
-        if r.get(k) is not None:
-            r[k] = _name(r[k])
-    if stored:
-        if not isinstance(r.get("n", 1), int) or r.get("n", 1) < 1:
-            raise HorusError(f"malformed history file ({what}: n)")
-    elif r.get("sha") is not None:
-        r["sha"] = _sha(r["sha"])
-    return r
-
-
-def _pools(d) -> dict[str, dict[str, dict]]:
-    out = {}
-    for gpu, v in _dict(d).items():
-        out[_name(gpu)] = {}
-        for name, p in _dict(v).items():
-            p = _dict(p)
-            if not isinstance(p.get("n"), int) or p["n"] < 1:
-                raise HorusError("malformed history file (pool count)")
-            out[gpu][_name(name)] = {
-                "mem_log_ratio": _number(p["mem_log_ratio"], -MAX_LOG_RATIO, MAX_LOG_RATIO,
-                                         "memory ratio"),
-                "util_shift": _optional(p.get("util_shift"), -100.0, 100.0, "utilization shift"),
-                "n": p["n"]}
-    return out
-
-
-def _offset(o) -> dict:
-    o = _dict(o)
-    if not isinstance(o.get("n"), int) or o["n"] < 1:
-        raise HorusError("malformed history file (offset count)")
-    return {"mem_mib": _number(o["mem_mib"], -MAX_MIB, MAX_MIB, "memory offset"),
-            "util_pp": _number(o["util_pp"], -100.0, 100.0, "utilization offset"), "n": o["n"]}
-
-
-# --- from the ledger ----------------------------------------------------------------------
-
-def ledger_runs(ledger, learned=None) -> list[dict]:
-    """The ledger's measured jobs as history runs (see HistoryPredictor.fit). With a learned
-    estimator, each run with features also carries its prediction (for that model's offsets)."""
-    from sqlalchemy import and_, func, select
-
-    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
-    from slurm_horus.predict.gpus import default_catalog
-    from slurm_horus.ledger import tables
-
-    t = tables()
-    s, j = t["submissions"], t["jobs"]
-    stmt = (select(s.c.model_sha256, s.c.model_path, s.c.model_family, s.c.user_name,
-                   s.c.features, s.c.feature_version, s.c.workload, s.c.predictions,
-                   j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib)
-            .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
-            .where(j.c.act_mem_mib > 0, j.c.gpu_type.isnot(None),
-                   func.coalesce(j.c.failed_measurement, 0) == 0))
-    catalog = default_catalog()
-    gpus: dict = {}
-    shas: dict = {}
-    runs, inputs = [], []
-    with ledger.engine.connect() as conn:
-        for sha, path, family, user, feats, fv, wl, preds, gtype, util, mem in conn.execute(stmt):
-            try:
-                if gtype not in gpus:
-                    gpus[gtype] = catalog.find(gtype)
-                gpu = gpus[gtype]
-                w = json.loads(wl) if wl else {}
-                if gpu is None or mem is None or not 0 < float(mem) <= MAX_MIB:
-                    continue
-                run = {"sha": sha or _file_sha(path, shas), "gpu": gpu.name,
-                       "bs": int(w.get("batch_size") or 1), "task": w.get("task") or "train",
-                       "opt": w.get("optimizer") or "adam", "prec": w.get("precision") or "fp32",
-                       "mem": float(mem),
-                       "util": None if util is None else min(max(float(util), 0.0), 100.0),
-                       "family": family or None, "user": user or None}
-                run["dims"] = dims_key(w.get("dims"), run["bs"])
-                p = (json.loads(preds) if preds else {}) or {}
-                c = (p.get(gtype) or p.get(gpu.name) or {}).get("cold") or {}
-                values = json.loads(feats) if feats and (fv is None or int(fv) == FEATURE_VERSION) \
-                    else None
-                if values is not None and any(n not in values for n in FEATURE_NAMES):
-                    values = None
-                run["cold_mem"] = float(c["mem_mib"]) if c.get("mem_mib") else None
-                run["cold_util"] = float(c["util_pct"]) if c.get("util_pct") is not None else None
-                if run["cold_mem"] is None and values is not None:
-                    run["cold_mem"] = _cold_memory(values, gpu, w)
-                runs.append(_check_run(run, "ledger row"))
-                if learned is not None and values is not None:
-                    inputs.append((len(runs) - 1, values, gpu, w, c))
-            except (ValueError, TypeError, KeyError, HorusError):
-                continue  # an unusable row teaches nothing; retrain counts them
-    if learned is not None and inputs:
-        _add_learned(runs, inputs, learned)
-    return runs
-
-
-def _file_sha(path: str | None, cache: dict) -> str | None:
-    """sha256 of a model file the admin can read (rows imported before shas were recorded)."""
-    import hashlib
-
-    if not path:
-        return None
-    if path not in cache:
-        try:
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-            cache[path] = h.hexdigest()
-        except OSError:
-            cache[path] = None
-    return cache[path]
-
-
-def _workload(w: dict):
-    from slurm_horus.predict.coldstart import Workload
-
-    return Workload(batch_size=int(w.get("batch_size") or 1), task=w.get("task") or "train",
-                    optimizer=w.get("optimizer") or "adam",
-                    precision=w.get("precision") or "fp32")
-
-
-def _values_report(values: dict):
-    from slurm_horus.graph.features import FeatureReport
-
-    return FeatureReport(model="", sha256="", values=values, nodes=[], by_op={},
-                         unknown_ops=[], unknown_dims=[], bound_dims={})
-
-
-def _cold_memory(values: dict, gpu, w: dict) -> float:
-    from slurm_horus.predict.coldstart import ColdStartEstimator
-
-    return ColdStartEstimator().memory_mib(_values_report(values), gpu, _workload(w))[0]
-
-
-def _add_learned(runs: list[dict], inputs: list, learned) -> None:
-    """The learned model's predictions for the runs it is familiar with, in one batch."""
-    import numpy as np
-
-    from slurm_horus.predict.coldstart import ColdStartEstimator
-    from slurm_horus.predict.learned import input_row, out_of_bounds
-
-    cold_est = ColdStartEstimator()
-    rows, idx, cold = [], [], []
-    for i, values, gpu, w, c in inputs:
-        wl = _workload(w)
-        if c.get("mem_mib") and c.get("util_pct") is not None:
-            cp = Prediction(gpu=gpu.name, util_pct=float(c["util_pct"]),
-                            mem_mib=float(c["mem_mib"]), mem_mib_p90=float(c["mem_mib"]),
-                            predictor="cold-start",
-                            breakdown={"gpu_ms_per_step": float(c.get("gpu_ms_per_step") or 0),
-                                       "host_ms_per_step": float(c.get("host_ms_per_step") or 0)})
-        else:
-            cp = cold_est.predict(_values_report(values), gpu, wl)
-        row = input_row(values, gpu, wl, cp)
-        if learned.model.familiar(row):
-            rows.append(row)
-            idx.append(i)
-            cold.append(cp.mem_mib)
-    if not rows:
-        return
-    X = np.asarray(rows, float)
-    mem_log, util_log = learned.model.mem.predict(X), learned.model.util.predict(X)
-    for k, i in enumerate(idx):
-        if out_of_bounds([util_log[k]], [mem_log[k]]):
-            continue
-        runs[i].update(base=learned.name, base_mem=cold[k] * math.exp(mem_log[k]),
-                       base_util=min(max(math.expm1(util_log[k]), 0.0), 100.0))
-
-
-def build_history(ledger, learned=None) -> dict:
-    """The ledger's measurements as a history (plain JSON-able dict, see HistoryPredictor)."""
-    return HistoryPredictor().fit(ledger_runs(ledger, learned)).to_dict()
-
-
-def export_history(ledger, registry) -> dict:
-    """Build the history from the ledger and store it in the registry (history.json), with
-    offsets for the serving learned model when one loads. Returns a short summary."""
-    from slurm_horus.predict.learned import LearnedEstimator
-
-    learned = None
-    version = registry.serving()
-    if version:
-        try:
-            learned = LearnedEstimator(registry.load(version), version)
-        except HorusError:
-            learned = None  # offsets against the cold start still serve
-    history = build_history(ledger, learned)
-    registry.save_history(history)
-    return {"graphs": len(history["graphs"]),
-            "runs": sum(len(v) for v in history["graphs"].values()),
-            "gpu_types_with_offsets": sorted(history["offsets"]),
-            "path": str(registry.root / "history.json")}

@@ -1,14 +1,15 @@
 """How slurm-horus reads Slurm: two backends behind one set of functions.
 
 * ``cli``: scontrol / squeue / sacct (what submitit, dask-jobqueue and parsl use); the parsing of
-  what they print lives in ``slurm_parse``.
-* ``pyslurm``: Slurm's C API through pyslurm (``slurm_pyslurm``), no process per query.
+  what they print lives in ``parse`` and ``accounting``.
+* ``pyslurm``: Slurm's C API through pyslurm (``pyslurm_backend``), no process per query.
 
 ``HORUS_SLURM_BACKEND=cli|pyslurm`` picks one; unset (or ``auto``), pyslurm is used when it is
 installed and built for the Slurm the tools on PATH report (pyslurm X.Y pairs with Slurm X.Y and
 fails in odd ways on any other), else the CLI. Both give the same records: scontrol's record
-shape for nodes and partitions, ``slurm_parse.squeue_json_jobs``'s for running jobs, and
-``usage.parse_job``'s flat dicts for accounting. Submission is always sbatch (every option exact).
+shape for nodes and partitions, ``parse.squeue_json_jobs``'s for running jobs, and
+``accounting.parse_job``'s flat dicts for accounting. Submission is always sbatch (every option
+exact).
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ import os
 import re
 import shutil
 import subprocess
+import time
+from importlib.util import find_spec
+from typing import Iterable
 
-from slurm_horus.slurm import parse as sp
 from slurm_horus.errors import HorusError
+from slurm_horus.slurm import parse as sp
+from slurm_horus.slurm import pyslurm_backend
+from slurm_horus.slurm.accounting import parse_sacct_json
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
-           "default_partition", "sbatch", "exec_sbatch", "private_jobs", "backend",
-           "slurm_version", "running_jobs", "accounting_jobs"]
+           "default_partition", "node_gpu_types", "sbatch", "exec_sbatch", "private_jobs",
+           "backend", "slurm_version", "running_jobs", "run_sacct", "accounting_jobs"]
 
 TIMEOUT_S = 30
 BACKENDS = ("cli", "pyslurm")
@@ -65,8 +71,6 @@ def _pyslurm_version() -> str | None:
     """The installed pyslurm's version, read from its version.py without importing it (an
     import initialises libslurm, which must not happen against another Slurm's slurm.conf; and
     find_spec is cheaper than importlib.metadata for hsubmit's start-up)."""
-    from importlib.util import find_spec
-
     spec = find_spec("pyslurm")
     if spec is None or not spec.origin:
         return None
@@ -103,36 +107,39 @@ def scontrol_nodes() -> list[dict]:
     """Nodes as ``scontrol show node`` records (NodeName, Gres, Partitions, AvailableFeatures,
     ActiveFeatures, ...), from the chosen backend."""
     if backend() == "pyslurm":
-        from slurm_horus.slurm import pyslurm_backend as slurm_pyslurm
-        return slurm_pyslurm.nodes()
+        return pyslurm_backend.nodes()
     return sp.parse_scontrol_records(run(["scontrol", "show", "node", "-o"]))
 
 
 def scontrol_partitions() -> list[dict]:
     """Partitions as ``scontrol show partition`` records (PartitionName, Default, Nodes)."""
     if backend() == "pyslurm":
-        from slurm_horus.slurm import pyslurm_backend as slurm_pyslurm
-        return slurm_pyslurm.partitions()
+        return pyslurm_backend.partitions()
     return sp.parse_scontrol_records(run(["scontrol", "show", "partition", "-o"]))
 
 
 def running_jobs() -> list[dict]:
     """Every job slurmctld still knows (any state, any partition), as
-    ``slurm_parse.squeue_json_jobs`` records; a running job's ``gres`` items carry the GPU
+    ``parse.squeue_json_jobs`` records; a running job's ``gres`` items carry the GPU
     indices it holds (``idx``)."""
     if backend() == "pyslurm":
-        from slurm_horus.slurm import pyslurm_backend as slurm_pyslurm
-        return slurm_pyslurm.running_jobs()
+        return pyslurm_backend.running_jobs()
     return sp.squeue_json_jobs(run(["squeue", "--json", "--all", "--states=all"]))
+
+
+def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:
+    """``sacct --json`` of every user's jobs between ``since`` and ``until`` (epoch seconds)."""
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    args = ["sacct", "--json", "--allusers", "-S", time.strftime(fmt, time.localtime(since)),
+            "-E", time.strftime(fmt, time.localtime(until)), *extra]
+    return run(args, timeout=300)
 
 
 def accounting_jobs(since: float, until: float) -> list[dict]:
     """Jobs in Slurm accounting between ``since`` and ``until`` (epoch seconds), every user's,
-    as ``usage.parse_job`` flat dicts."""
+    as ``accounting.parse_job`` flat dicts."""
     if backend() == "pyslurm":
-        from slurm_horus.slurm import pyslurm_backend as slurm_pyslurm
-        return slurm_pyslurm.accounting_jobs(since, until)
-    from slurm_horus.ledger.sync import parse_sacct_json, run_sacct
+        return pyslurm_backend.accounting_jobs(since, until)
     return parse_sacct_json(run_sacct(since, until))
 
 
@@ -148,6 +155,21 @@ def partition_gpu_types(partition: str | None) -> tuple[str, dict[str, int]]:
     if not partition:
         partition = default_partition()
     return partition, sp.partition_gpu_types(scontrol_nodes(), partition)
+
+
+def node_gpu_types() -> dict[str, str]:
+    """{node: gpu type} from the nodes' Gres (gpu:a100:4,...); a node with several types maps to
+    none of them (its jobs' type is not the node's). {} when Slurm cannot be asked."""
+    try:
+        nodes = scontrol_nodes()
+    except HorusError:
+        return {}
+    out = {}
+    for n in nodes:
+        types = sp.gpu_types_of_node(n)
+        if len(types) == 1 and n.get("NodeName"):
+            out[n["NodeName"]] = next(iter(types))
+    return out
 
 
 def private_jobs(unknown: bool) -> bool:

@@ -29,6 +29,12 @@ Every field but ``sha`` is optional; the order is fixed. The model's absolute pa
 dimension names are percent-encoded (``%``, ``;``, whitespace, non-ASCII; names also ``,:=``).
 Slurm refuses a comment over 1,024 characters: attach_tokens() drops ``model=``, then ``dims=``,
 then the workload token, then the hint, to stay within it.
+
+The hook answers in the job's AdminComment: a human note, then the decision token that
+parse_decision() reads (the note's wording may change, the token's grammar may not)::
+
+    horus: shared t4 shards=26/100 (util 20%, mem 3500 MiB p90) horus-decision:v1;action=shared;type=t4;shards=26/100
+    horus-decision:v1;action=<shared|exclusive|unchanged>[;type=<gtype|any>][;shards=<n>/<S>][;reason=<code>]
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
 from slurm_horus.errors import HorusError
@@ -55,6 +62,9 @@ __all__ = [
     "encode_workload",
     "parse_workload",
     "attach_tokens",
+    "DECISION_PREFIX",
+    "HookDecision",
+    "parse_decision",
 ]
 
 HINT_PREFIX = "horus:v1;"
@@ -65,6 +75,10 @@ MAX_COMMENT_BYTES = 65_536
 JOB_PREFIX = "horus-job:v1;"
 MAX_SLURM_COMMENT = 1024  # slurmctld: strlen(comment) > 1024 is refused
 JOB_FIELDS = ("sha", "bs", "task", "opt", "prec", "dims", "model")
+DECISION_PREFIX = "horus-decision:v1;"
+# reason codes of job_submit.lua's decision_token(): why a job got a whole GPU or was left as is
+DECISION_REASONS = {"exclusive": ("util", "pack_limit", "memory", "record", "raw_shards"),
+                    "unchanged": ("not_handled", "bad_hint"), "shared": ()}
 
 _GTYPE_RE = re.compile(r"[a-z0-9_-]{1,32}")
 _NUMBER_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
@@ -75,6 +89,9 @@ _WS = " \t\n\r\v\f"
 _TOKEN_START_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus:")
 _HORUS_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus:[^ \t\n\r\v\f]*")
 _JOB_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus-job:[^ \t\n\r\v\f]*")
+_DECISION_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus-decision:[^ \t\n\r\v\f]*")
+_DECISION_RE = re.compile(r"horus-decision:v1;action=(shared|exclusive|unchanged)(?:;type=([a-z0-9_-]{1,32}))?"
+                          r"(?:;shards=([1-9][0-9]{0,8})/([1-9][0-9]{0,8}))?(?:;reason=([a-z_]{1,16}))?")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _INT_RE = re.compile(r"[1-9][0-9]{0,17}")
 
@@ -347,3 +364,40 @@ def parse_hint(comment: str | None, *, strict: bool = False) -> dict[str, HintFi
         if strict:
             raise
         return None
+
+
+@dataclass(frozen=True)
+class HookDecision:
+    """What job_submit.lua did to a job, from its decision token.
+
+    action: "shared" (the GPU request became shards), "exclusive" (a whole GPU) or "unchanged";
+    gpu_type: the type pinned, "any" when the job may run on any type, None when unchanged;
+    shards/shards_per_gpu: the shard request and the policy's S (shared only);
+    reason: a code for exclusive and unchanged (DECISION_REASONS), None for shared.
+    """
+
+    action: str
+    gpu_type: str | None = None
+    shards: int | None = None
+    shards_per_gpu: int | None = None
+    reason: str | None = None
+
+
+def parse_decision(admin_comment: str | None) -> HookDecision | None:
+    """The hook's decision in a job's AdminComment (as slurmctld, sacct or scontrol show it), or
+    None when there is none.  The hook appends its token after whatever AdminComment held, so
+    only the LAST whitespace-delimited ``horus-decision:`` word counts; when that one is
+    malformed the answer is None, never an earlier (possibly hand-written) token."""
+    if not admin_comment or "horus-decision:" not in admin_comment:
+        return None
+    tokens = _DECISION_TOKEN_RE.findall(admin_comment)
+    m = _DECISION_RE.fullmatch(tokens[-1]) if tokens else None
+    if not m:
+        return None
+    action, gtype, shards, per_gpu, reason = m.groups()
+    if (action == "shared") != (shards is not None) or (action == "unchanged") != (gtype is None) \
+            or (reason is None) != (action == "shared") \
+            or (reason is not None and reason not in DECISION_REASONS[action]):
+        return None
+    return HookDecision(action, gtype, int(shards) if shards else None,
+                        int(per_gpu) if per_gpu else None, reason)

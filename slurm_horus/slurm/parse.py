@@ -1,344 +1,29 @@
-"""All parsing of Slurm command output and of sbatch arguments / ``#SBATCH`` lines, in one place.
+"""Slurm's output and configuration, parsed: scontrol records, GRES strings, hostlists,
+slurm.conf / gres.conf lines, ``sinfo`` / ``squeue --json``, sbatch's reply.
 
 Pure functions (no subprocess, no Slurm needed), tested against the recorded real outputs in
 ``tests/fixtures/slurm`` (Slurm 22.05.8, Debian 12) and ``tests/fixtures/slurm-25.11`` (25.11.7).
-
-sbatch arguments
-----------------
-sbatch parses its command line with ``getopt_long`` and the option string starting with ``+``:
-options stop at the first non-option argument (the script), long options may be abbreviated to
-any unambiguous prefix, a required value is either ``--opt=value`` or the next argument (whatever
-it looks like), an optional value only ever comes as ``--opt=value``.  ``SBATCH_LONG_OPTS`` is
-the table of sbatch 22.05's long options (from ``sbatch --help`` and ``man sbatch`` of the
-installed 22.05.8, plus the hidden aliases of ``src/common/slurm_opt.c``).
-
-Horus's own options (``HORUS_OPTS``) are recognised only by their exact full name and only before
-the script; everything else is sbatch's and passes through unchanged.
+The other Slurm text slurm-horus reads is parsed beside this module: sbatch's arguments in
+``sbatch_args``, ``sacct --json`` in ``accounting``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
-from dataclasses import dataclass, field
 
 from slurm_horus.errors import HorusError
 
 __all__ = [
-    "SBATCH_LONG_OPTS", "SBATCH_SHORT_OPTS", "HORUS_OPTS", "SplitArgs", "resolve_long",
-    "split_args", "parse_sbatch_tokens", "script_directives", "last_value",
     "parse_scontrol_records", "parse_gres", "gpu_types_of_node", "partition_gpu_types",
     "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config",
     "expand_hostlist", "parse_conf_lines", "parse_pipe_table",
-    "job_gpus_on_node", "parse_listpids", "job_state",
-    "sinfo_json_nodes", "squeue_json_jobs", "gres_to_tres", "gpus_to_tres",
+    "job_gpus_on_node", "parse_listpids", "job_state", "sinfo_json_nodes", "squeue_json_jobs",
 ]
 
-REQ, OPT, NONE = "required", "optional", "none"
-
-# sbatch 22.05 long options: name -> whether it takes a value.
-SBATCH_LONG_OPTS: dict[str, str] = {
-    # with a required value
-    **{name: REQ for name in (
-        "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir",
-        "cluster", "clusters", "cluster-constraint", "comment", "constraint", "container",
-        "core-spec", "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task",
-        "deadline", "delay-boot", "dependency", "distribution", "error", "exclude", "export",
-        "export-file", "extra-node-info", "gid", "gpu-bind", "gpu-freq", "gpus",
-        "gpus-per-node", "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "hint",
-        "input", "job-name", "kill-on-invalid-dep", "licenses", "mail-type", "mail-user",
-        "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mincpus", "network",
-        "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu",
-        "ntasks-per-node", "ntasks-per-socket", "open-mode", "output", "partition", "power",
-        "prefer", "priority", "profile", "qos", "reservation", "signal", "sockets-per-node",
-        "switches", "thread-spec", "threads-per-core", "time", "time-min", "tmp",
-        "tres-per-task", "uid", "wait-all-nodes", "wckey", "wrap",
-    )},
-    # with an optional value (only as --opt=value)
-    **{name: OPT for name in (
-        "exclusive", "get-user-env", "nice", "no-kill", "propagate",
-    )},
-    # flags
-    **{name: NONE for name in (
-        "contiguous", "help", "hold", "ignore-pbs", "no-requeue", "overcommit",
-        "oversubscribe", "parsable", "quiet", "reboot", "requeue", "spread-job", "test-only",
-        "usage", "use-min-nodes", "verbose", "version", "wait",
-    )},
-}
-
-# sbatch 22.05 short options -> long name (getopt string "+a:A:b:B:c:C:d:D:e:F:G:hHi:J:kL:m:M:n:N:o:Op:q:QsS:t:vVw:Wx:").
-SBATCH_SHORT_OPTS: dict[str, str] = {
-    "a": "array", "A": "account", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task",
-    "C": "constraint", "d": "dependency", "D": "chdir", "e": "error", "F": "nodefile",
-    "G": "gpus", "h": "help", "H": "hold", "i": "input", "J": "job-name", "k": "no-kill",
-    "L": "licenses", "m": "distribution", "M": "clusters", "n": "ntasks", "N": "nodes",
-    "o": "output", "O": "overcommit", "p": "partition", "q": "qos", "Q": "quiet",
-    "s": "oversubscribe", "S": "core-spec", "t": "time", "v": "verbose", "V": "version",
-    "w": "nodelist", "W": "wait", "x": "exclude",
-}
-SHORT_WITH_VALUE = frozenset("aAbBcCdDeFGiJLmMnNopqStwx")
-
-# Horus's options: name -> takes a value.  Exact names only.
-HORUS_OPTS: dict[str, bool] = {
-    "model": True, "batch-size": True, "dim": True, "task": True, "optimizer": True,
-    "precision": True, "explain": False, "horus-model-dir": True, "horus-probe": False,
-}
-
-
-def resolve_long(name: str) -> str | None:
-    """sbatch's long option for ``name`` (exact, else an unambiguous prefix), or None when
-    unknown or ambiguous (sbatch then fails itself)."""
-    if name in SBATCH_LONG_OPTS:
-        return name
-    hits = [o for o in SBATCH_LONG_OPTS if o.startswith(name)] if name else []
-    return hits[0] if len(hits) == 1 else None
-
-
-@dataclass
-class SbatchOpt:
-    name: str            # canonical long name ("partition"), or "?" + text when unknown
-    value: str | None    # None for flags / missing optional values
-    start: int           # index of the first token in the token list
-    end: int             # one past the last token
-
-
-@dataclass
-class SplitArgs:
-    """A hsubmit command line split into its parts.
-
-    ``sbatch_opts`` are the tokens before the script that belong to sbatch (in order, unchanged);
-    ``horus`` the horus options as (name, value) pairs in order; ``rest`` the script and its
-    arguments (empty when there is none: --wrap or a script on stdin).
-    """
-
-    sbatch_opts: list[str]
-    horus: list[tuple[str, str | None]]
-    rest: list[str]
-    parsed: list[SbatchOpt] = field(default_factory=list)
-    hetjob: bool = False
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def script(self) -> str | None:
-        return self.rest[0] if self.rest else None
-
-    def horus_value(self, name: str) -> str | None:
-        vals = [v for n, v in self.horus if n == name]
-        return vals[-1] if vals else None
-
-    def horus_values(self, name: str) -> list[str]:
-        return [v for n, v in self.horus if n == name and v is not None]
-
-    def sbatch_argv(self, replace_comment: str | None = None, replace_wrap: str | None = None,
-                    replace_script: str | None = None, add: tuple[str, ...] = ()) -> list[str]:
-        """sbatch's arguments. With replace_comment (replace_wrap) every --comment (--wrap) is
-        dropped and a single ``--comment=...`` (``--wrap=...``) is put right before the script;
-        replace_script swaps the script path (its arguments stay); ``add`` goes before it."""
-        opts = self.sbatch_opts
-        replaced = {n: v for n, v in (("comment", replace_comment), ("wrap", replace_wrap))
-                    if v is not None}
-        if replaced:
-            keep = [True] * len(opts)
-            for o in self.parsed:
-                if o.name in replaced:
-                    for i in range(o.start, o.end):
-                        keep[i] = False
-            opts = [t for t, k in zip(opts, keep) if k]
-            opts += [f"--{n}={v}" for n, v in replaced.items()]
-        rest = list(self.rest)
-        if replace_script is not None and rest:
-            rest[0] = replace_script
-        return list(opts) + list(add) + rest
-
-
-def _scan(argv: list[str], horus: list | None) -> tuple[list[str], list[SbatchOpt], int, list[str], bool]:
-    """getopt_long("+...") over argv.  Returns (sbatch tokens, parsed opts, index of the first
-    non-option in argv, errors, hetjob).  With ``horus`` a list, horus options are taken out
-    (appended to it) instead of being kept."""
-    out: list[str] = []
-    parsed: list[SbatchOpt] = []
-    errors: list[str] = []
-    hetjob = False
-    i, n = 0, len(argv)
-    while i < n:
-        tok = argv[i]
-        if tok == "--":
-            out.append(tok)
-            i += 1
-            break
-        if tok == ":":  # heterogeneous job component separator
-            hetjob = True
-            out.append(tok)
-            i += 1
-            continue
-        if tok.startswith("--"):
-            body = tok[2:]
-            name, eq, val = body.partition("=")
-            if horus is not None and name in HORUS_OPTS:
-                if HORUS_OPTS[name]:
-                    if eq:
-                        horus.append((name, val))
-                        i += 1
-                    elif i + 1 < n:
-                        horus.append((name, argv[i + 1]))
-                        i += 2
-                    else:
-                        errors.append(f"option --{name} needs a value")
-                        i += 1
-                else:
-                    if eq:
-                        errors.append(f"option --{name} takes no value")
-                    horus.append((name, None))
-                    i += 1
-                continue
-            canon = resolve_long(name)
-            start = len(out)
-            out.append(tok)
-            i += 1
-            kind = SBATCH_LONG_OPTS.get(canon) if canon else None
-            value = val if eq else None
-            if kind == REQ and not eq and i < n:
-                out.append(argv[i])
-                value = argv[i]
-                i += 1
-            parsed.append(SbatchOpt(canon or "?" + name, value, start, len(out)))
-            continue
-        if tok.startswith("-") and len(tok) > 1:
-            start = len(out)
-            out.append(tok)
-            i += 1
-            j = 1
-            while j < len(tok):
-                c = tok[j]
-                canon = SBATCH_SHORT_OPTS.get(c, "?" + c)
-                if c in SHORT_WITH_VALUE:
-                    if j + 1 < len(tok):
-                        value = tok[j + 1:]
-                    elif i < n:
-                        value = argv[i]
-                        out.append(argv[i])
-                        i += 1
-                    else:
-                        value = None
-                    parsed.append(SbatchOpt(canon, value, start, len(out)))
-                    break
-                parsed.append(SbatchOpt(canon, None, start, len(out)))
-                j += 1
-            continue
-        break  # first non-option: the script
-    return out, parsed, i, errors, hetjob
-
-
-def split_args(argv: list[str]) -> SplitArgs:
-    """Split a hsubmit command line into sbatch's options, horus's options and the script part."""
-    horus: list[tuple[str, str | None]] = []
-    out, parsed, i, errors, hetjob = _scan(list(argv), horus)
-    return SplitArgs(out, horus, list(argv[i:]), parsed, hetjob, errors)
-
-
-def parse_sbatch_tokens(tokens: list[str]) -> list[SbatchOpt]:
-    """sbatch options in a token list (a #SBATCH line's arguments), with canonical names."""
-    return _scan(list(tokens), None)[1]
-
-
-def last_value(opts: list[SbatchOpt], name: str) -> str | None:
-    """Value of the last occurrence of option ``name`` (canonical long name), or None."""
-    for o in reversed(opts):
-        if o.name == name:
-            return o.value
-    return None
-
-
-def has_flag(opts: list[SbatchOpt], name: str) -> bool:
-    return any(o.name == name for o in opts)
-
-
-def _directive_args(rest: str) -> list[str]:
-    """Arguments of one #SBATCH line as sbatch splits them: whitespace separated, quotes group,
-    an argument starting with '#' ends the line."""
-    try:
-        lex = shlex.shlex(rest, posix=True)
-        lex.whitespace_split = True
-        lex.commenters = ""
-        words = list(lex)
-    except ValueError:
-        words = rest.split()
-    out = []
-    for w in words:
-        if w.startswith("#"):
-            break
-        out.append(w)
-    return out
-
-
-def script_directives(text: str) -> tuple[list[str], list[str]]:
-    """(#SBATCH arguments, #HORUS arguments) of a batch script, read like sbatch does: only the
-    leading block of comment and blank lines; the first command line ends it."""
-    sb: list[str] = []
-    hz: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("#SBATCH"):
-            sb.extend(_directive_args(line[len("#SBATCH"):]))
-        elif line.startswith("#SLURM"):  # obsolete spelling sbatch still reads
-            sb.extend(_directive_args(line[len("#SLURM"):]))
-        elif line.startswith("#HORUS"):
-            hz.extend(_directive_args(line[len("#HORUS"):]))
-        else:
-            s = line.lstrip()
-            if s and not s.startswith("#"):
-                break
-    return sb, hz
-
-
-def insert_after_directives(text: str, line: str) -> str:
-    """`text` with `line` added right after the leading block sbatch reads directives from, so
-    every #SBATCH line still counts and `line` runs before the script's first command."""
-    lines = text.splitlines(keepends=True)
-    at = len(lines)
-    for i, current in enumerate(lines):
-        s = current.lstrip()
-        if s and not s.startswith("#"):
-            at = i
-            break
-    if at and not lines[at - 1].endswith("\n"):
-        lines[at - 1] += "\n"
-    return "".join(lines[:at] + [line + "\n"] + lines[at:])
-
-
-def horus_directives(tokens: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
-    """#HORUS arguments -> ([(name, value)], errors); only horus options are allowed there."""
-    horus: list[tuple[str, str | None]] = []
-    _, parsed, i, errors, _ = _scan(list(tokens), horus)
-    for o in parsed:
-        errors.append(f"#HORUS: unknown option {o.name.lstrip('?')}")
-    if i < len(tokens):
-        errors.append(f"#HORUS: unexpected argument {tokens[i]!r}")
-    return horus, errors
-
 
 # --------------------------------------------------------------------------------------------
-# sbatch's request -> job_desc fields (as slurmctld's job_submit hook sees them in 22.05)
-# --------------------------------------------------------------------------------------------
-
-def gres_to_tres(gres: str | None) -> str | None:
-    """``--gres=gpu:1,foo:2`` -> ``gres:gpu:1,gres:foo:2`` (22.05's tres_per_node spelling)."""
-    if not gres or gres.lower() == "none":
-        return None
-    items = [g.strip() for g in gres.split(",") if g.strip()]
-    return ",".join(g if g.startswith("gres:") else f"gres:{g}" for g in items)
-
-
-def gpus_to_tres(gpus: str | None) -> str | None:
-    """``--gpus=1`` / ``--gpus=a100:2`` -> ``gres:gpu:1`` / ``gres:gpu:a100:2``."""
-    if not gpus:
-        return None
-    items = [g.strip() for g in gpus.split(",") if g.strip()]
-    return ",".join(g if g.startswith("gres:") else f"gres:gpu:{g}" for g in items)
-
-
-# --------------------------------------------------------------------------------------------
-# scontrol / sinfo / squeue / sacct / sbatch output
+# scontrol / sinfo / squeue / sbatch output
 # --------------------------------------------------------------------------------------------
 
 # Fields whose value runs to the end of the line (may contain spaces) in the multi-line format.
@@ -387,8 +72,6 @@ def parse_scontrol_records(text: str) -> list[dict]:
         _parse_kv_line(line, rec)
     return records
 
-
-_GRES_ITEM_RE = re.compile(r"^(?:gres[:/])?([^:()]+)(?::([^:()]+))?(?::(\d+))?(?:\(([^)]*)\))?$")
 
 
 def _split_gres(text: str) -> list[str]:

@@ -1,21 +1,21 @@
-"""Run the real ``etc/job_submit.lua`` in-process, so Python never re-implements the policy.
+"""The packing policy: run it (decide) and read its file (policy_value, policy_with_overrides).
 
-``decide(job_desc)`` loads the hook into a Lua 5.1 runtime (``lupa.lua51``, the Lua version
-Debian's slurmctld links) with a fake ``slurm`` table that behaves like slurmctld's:
-the same constants, ``log_*`` functions that run ``string.format`` as Slurm does, and a
-``job_desc`` proxy whose string setters reject ``nil`` and turn ``""`` into an unset field.
-
-Used by ``hsubmit --explain`` and by the cluster simulator::
+The policy itself, every packing decision, lives in ``etc/job_submit.lua`` only: decide() runs
+that file in-process (hook_runtime.HookRuntime) and reads the answer from the decision token it
+writes, so ``hsubmit --explain`` and the simulator report what slurmctld does::
 
     from slurm_horus.slurm.policy import decide
     d = decide({"comment": "horus:v1;t4=20/3000/3500", "tres_per_node": "gres:gpu:1"})
     d.action, d.gpu_type, d.shards     # ("shared", "t4", 26)
     d.job_desc["tres_per_node"]        # "gres:shard:26"
 
-``job_desc`` keys are the Lua field names of Slurm's job_desc (``comment``,
-``tres_per_node``, ``tres_per_job``, ``tres_per_task``, ``tres_per_socket``, ``features``,
-``min_nodes``, ``max_nodes``, ``cpus_per_tres``, ``mem_per_tres``, ``ntasks_per_tres``,
-``admin_comment``, ...); a key that is absent or None is unset (nil in Lua).
+``job_desc`` keys are the Lua field names of Slurm's job_desc (``comment``, ``tres_per_node``,
+``tres_per_job``, ``features``, ``admin_comment``, ...); a key that is absent or None is unset.
+
+What Python does mirror is the policy FILE's grammar: the hook's line syntax and per-key value
+checks (_policy_entries, the one reader here), for the values admin tools need (record_file,
+underclaim_window_days) and for policy_with_overrides().  tests/test_hook_decision.py checks
+that these checks accept exactly the values the hook accepts.
 """
 
 from __future__ import annotations
@@ -23,112 +23,13 @@ from __future__ import annotations
 import os
 import re
 import sys
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurm_horus.errors import HorusError
+from slurm_horus.slurm.hook_runtime import Decision, HookCache
 
-__all__ = ["Decision", "HookRuntime", "HookCache", "decide", "find_hook", "policy_file", "policy_value"]
-
-SLURM_SUCCESS = 0
-SLURM_ERROR = -1
-
-# What slurmctld 22.05 puts in the `slurm` table that a job_submit script may use.
-_FAKE_SLURM = r"""
-local msgs, user_msgs = {}, {}
-_horus_unpack = unpack or table.unpack  -- unpack is table.unpack from Lua 5.2
-_horus_msgs, _horus_user_msgs = msgs, user_msgs
-slurm = {
-  SUCCESS = 0, ERROR = -1, FAILURE = -1,
-  -- the 8 ESLURM codes 22.05 exports (23.02+ exports all of them)
-  ESLURM_ACCESS_DENIED = 2002, ESLURM_ACCOUNTING_POLICY = 2050,
-  ESLURM_INVALID_ACCOUNT = 2045, ESLURM_INVALID_LICENSES = 2048,
-  ESLURM_INVALID_NODE_COUNT = 2006, ESLURM_INVALID_TIME_LIMIT = 2051,
-  ESLURM_JOB_MISSING_SIZE_SPECIFICATION = 2008, ESLURM_MISSING_TIME_LIMIT = 8000,
-  NO_VAL = 4294967294, NO_VAL16 = 65534, NO_VAL8 = 254, NO_VAL64 = 18446744073709551614,
-  INFINITE = 4294967295, INFINITE16 = 65535, MEM_PER_CPU = 9223372036854775808,
-  NICE_OFFSET = 2147483648, CLUSTER_NAME = "horus-test",
-}
-function slurm.log(level, msg) msgs[#msgs + 1] = { level, msg } end
-function slurm.error(msg) msgs[#msgs + 1] = { "error", msg } end
-function slurm.user_msg(msg) user_msgs[#user_msgs + 1] = msg end
--- Like slurmctld: the log functions run string.format on their arguments.
-slurm.log_error = function(...) slurm.error(string.format(_horus_unpack({...}))) end
-slurm.log_info = function(...) slurm.log("info", string.format(_horus_unpack({...}))) end
-slurm.log_verbose = function(...) slurm.log("verbose", string.format(_horus_unpack({...}))) end
-slurm.log_debug = function(...) slurm.log("debug", string.format(_horus_unpack({...}))) end
-slurm.log_debug2 = function(...) slurm.log("debug2", string.format(_horus_unpack({...}))) end
-slurm.log_user = function(...) slurm.user_msg(string.format(_horus_unpack({...}))) end
-
--- Reset the collected messages before a call.
-function _horus_reset()
-  for i = #msgs, 1, -1 do msgs[i] = nil end
-  for i = #user_msgs, 1, -1 do user_msgs[i] = nil end
-end
-
--- A job_desc like slurmctld's: reads give the field or nil; writes of nil fail
--- (luaL_checkstring), "" unsets a string field; every write is recorded.
-function _horus_make_job(fields)
-  local backing, writes = {}, {}
-  for k, v in pairs(fields) do backing[k] = v end
-  local job = setmetatable({}, {
-    __index = function(_, k) return backing[k] end,
-    __newindex = function(_, k, v)
-      if type(v) ~= "string" and type(v) ~= "number" then
-        error("bad argument #3 to '__newindex' (string expected, got " .. type(v) .. ")", 2)
-      end
-      if k == _horus_fail_field then error("injected failure writing " .. k, 2) end  -- tests
-      writes[#writes + 1] = k
-      if v == "" then backing[k] = nil else backing[k] = v end
-    end,
-  })
-  return job, backing, writes
-end
-
--- Override HORUS_POLICY for one call (the hook reads it with os.getenv).
-local real_getenv = os.getenv
-_horus_policy_override = nil
-os.getenv = function(name)
-  if name == "HORUS_POLICY" and _horus_policy_override then return _horus_policy_override end
-  return real_getenv(name)
-end
-"""
-
-_NOTE_RE = re.compile(
-    r"horus: (shared|exclusive|unchanged|ignored hint)"
-    r"(?: ([a-z0-9_-]{1,32}))?(?: shards=(\d+)/(\d+))?"
-)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the hook did to one job.
-
-    action: "shared" (GPU request turned into shards), "exclusive" (keeps a whole GPU),
-    "unchanged" (no hint, hint ignored, or request not handled) or "rejected".
-    """
-
-    rc: int
-    job_desc: dict[str, Any]
-    user_messages: list[str]
-    admin_comment: str | None
-    action: str
-    gpu_type: str | None = None
-    shards: int | None = None
-    shards_per_gpu: int | None = None
-    log: list[tuple[str, str]] = field(default_factory=list)
-    written: tuple[str, ...] = ()
-
-    @property
-    def note(self) -> str | None:
-        """The hook's one-line decision ("horus: ..."), if it wrote one."""
-        if not self.admin_comment:
-            return None
-        i = self.admin_comment.rfind("horus: ")
-        return self.admin_comment[i:] if i >= 0 else None
+__all__ = ["decide", "find_hook", "policy_file", "policy_value", "policy_values", "policy_with_overrides"]
 
 
 def _repo_root() -> Path:
@@ -151,139 +52,6 @@ def find_hook(hook_path: str | os.PathLike[str] | None = None) -> Path:
         if c.is_file():
             return c.resolve()
     raise HorusError(f"job_submit.lua not found (looked at {', '.join(str(c) for c in candidates)})")
-
-
-class HookRuntime:
-    """One Lua 5.1 runtime with the hook loaded, as slurmctld would load it.
-
-    Module-level state of the script (its "log once" memory, its parsed-policy cache)
-    persists across calls, exactly as in slurmctld, which keeps the script loaded until
-    the file's mtime changes.  Calls are serialized with a lock.
-    """
-
-    def __init__(self, hook_path: str | os.PathLike[str], lua: str = "lua51"):
-        import importlib
-
-        # lazy: only the callers of decide() need lupa; lua51 is what slurmctld links on
-        # Debian/Ubuntu, other lupa modules (lua54, ...) let tests check newer Lua too.
-        lua_mod = importlib.import_module(f"lupa.{lua}")
-
-        self.path = Path(hook_path).resolve()
-        self.lua_version = lua
-        self._lock = threading.Lock()
-        self._lua = lua_mod.LuaRuntime(unpack_returned_tuples=True, register_eval=False)
-        self._lua.execute(_FAKE_SLURM)
-        g = self._lua.globals()
-        chunk, err = self._lua.eval("loadfile")(str(self.path)), None
-        if isinstance(chunk, tuple):
-            chunk, err = chunk
-        if chunk is None:
-            raise HorusError(f"cannot load {self.path}: {err}")
-        rc = chunk()
-        if rc not in (None, 0):
-            raise HorusError(f"{self.path} returned {rc} on load")
-        for fn in ("slurm_job_submit", "slurm_job_modify"):
-            if g[fn] is None:
-                raise HorusError(f"{self.path} does not define {fn}")
-        self._g = g
-
-    def submit(
-        self,
-        job_desc: dict[str, Any],
-        policy_path: str | os.PathLike[str] | None = None,
-        submit_uid: int | None = None,
-    ) -> Decision:
-        """Run slurm_job_submit on a copy of ``job_desc``; submit_uid defaults to this process's uid
-        (what slurmctld passes for a job submitted by the caller: the claim record is keyed by it)."""
-        if submit_uid is None:
-            submit_uid = os.getuid()
-        fields = {k: v for k, v in job_desc.items() if v is not None}
-        for k, v in fields.items():
-            if not isinstance(v, (str, int, float, bool)):
-                raise HorusError(f"job_desc[{k!r}]: unsupported value type {type(v).__name__}")
-        with self._lock:
-            g = self._g
-            g._horus_reset()
-            g._horus_policy_override = None if policy_path is None else str(policy_path)
-            try:
-                job, backing, writes = g._horus_make_job(self._lua.table_from(fields))
-                rc = g.slurm_job_submit(job, self._lua.table(), submit_uid)
-                after = dict(backing.items())
-                written = tuple(writes.values())
-                log = [(str(m[1]), str(m[2])) for m in g._horus_msgs.values()]
-                user = [str(m) for m in g._horus_user_msgs.values()]
-            finally:
-                g._horus_policy_override = None
-        rc = int(rc) if isinstance(rc, (int, float)) else SLURM_SUCCESS
-        # Keep the caller's Python values for fields the hook did not write.
-        result = {}
-        for k, v in after.items():
-            if k in fields and k not in written:
-                result[k] = fields[k]
-            elif isinstance(v, float) and v.is_integer():
-                result[k] = int(v)
-            else:
-                result[k] = v
-        return _make_decision(rc, result, user, log, written)
-
-
-def _make_decision(rc, job, user, log, written) -> Decision:
-    admin = job.get("admin_comment") if "admin_comment" in written else None
-    action, gtype, shards, per_gpu = "unchanged", None, None, None
-    if rc != SLURM_SUCCESS:
-        action = "rejected"
-    elif admin:
-        m = None
-        for m in _NOTE_RE.finditer(admin):
-            pass
-        if m:
-            kind = m.group(1)
-            action = "unchanged" if kind == "ignored hint" else kind
-            gtype = m.group(2)
-            if m.group(3):
-                shards, per_gpu = int(m.group(3)), int(m.group(4))
-    return Decision(
-        rc=rc,
-        job_desc=job,
-        user_messages=user,
-        admin_comment=job.get("admin_comment"),
-        action=action,
-        gpu_type=gtype,
-        shards=shards,
-        shards_per_gpu=per_gpu,
-        log=log,
-        written=written,
-    )
-
-
-class HookCache:
-    """Small LRU of loaded runtimes, keyed by (hook path, mtime, size)."""
-
-    def __init__(self, maxsize: int = 4):
-        self.maxsize = maxsize
-        self._items: OrderedDict[tuple, HookRuntime] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, hook_path: str | os.PathLike[str]) -> HookRuntime:
-        path = Path(hook_path).resolve()
-        st = path.stat()
-        key = (str(path), st.st_mtime_ns, st.st_size)
-        with self._lock:
-            rt = self._items.get(key)
-            if rt is not None:
-                self._items.move_to_end(key)
-                return rt
-        rt = HookRuntime(path)
-        with self._lock:
-            self._items[key] = rt
-            self._items.move_to_end(key)
-            while len(self._items) > self.maxsize:
-                self._items.popitem(last=False)
-        return rt
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
 
 
 _default_cache = HookCache(maxsize=4)
@@ -309,12 +77,12 @@ def decide(
     return rt.submit(dict(job_desc), policy_path=policy_path, submit_uid=submit_uid)
 
 
-# --------------------------------------------------------------------------- policy file values
-# The same line grammar and validation as parse_policy() in job_submit.lua, for the keys
-# other tools need (horus-admin sync: record_file, underclaim_window_days).
+# --------------------------------------------------------------------------- policy file
+# The line grammar and value checks of parse_policy() in job_submit.lua (keep in step).
 
 _POLICY_MAX_BYTES = 65536
 _POLICY_MAX_LINES = 1000
+_POLICY_MAX_LINE = 1024
 _POLICY_LINE_RE = re.compile(r"^[ \t\r\n\v\f]*([A-Za-z0-9_.\-]+)[ \t\r\n\v\f]*=[ \t\r\n\v\f]*(.*?)[ \t\r\n\v\f]*$",
                              re.S)
 
@@ -359,6 +127,41 @@ _POLICY_KEYS = {
 _GPU_MEM_KEY = re.compile(r"gpu\.([a-z0-9_\-]{1,32})\.mem_mib")
 
 
+def _check(key: str):
+    """The hook's check of a value for ``key``, or None for a key the hook does not know."""
+    check = _POLICY_KEYS.get(key)
+    if check is None and _GPU_MEM_KEY.fullmatch(key):
+        check = _int_in(1, _MAX_MEM_MIB)
+    return check
+
+
+def _policy_entries(text: str) -> list[tuple[int, str, str, bool]]:
+    """(line index, key, value, accepted) of every ``key = value`` line the hook reads, in order:
+    the first 1000 lines, ``#`` comments stripped, lines over 1024 bytes skipped.  accepted:
+    the hook takes the value (an unknown key or a rejected value changes nothing)."""
+    out = []
+    for n, line in enumerate(text.split("\n")[:_POLICY_MAX_LINES]):
+        line = line.split("#", 1)[0]
+        if len(line.encode("utf-8", "surrogateescape")) > _POLICY_MAX_LINE:
+            continue
+        m = _POLICY_LINE_RE.match(line)
+        if m:
+            check = _check(m.group(1))
+            out.append((n, m.group(1), m.group(2), check is not None and bool(check(m.group(2)))))
+    return out
+
+
+def policy_values(text: str) -> dict[str, str]:
+    """Every key the policy text sets validly, with the value the hook uses (the last accepted
+    line's); keys it leaves at the hook's built-in default are absent."""
+    if len(text.encode("utf-8", "surrogateescape")) > _POLICY_MAX_BYTES:
+        return {}  # the hook ignores the whole file
+    values = {key: value for _, key, value, ok in _policy_entries(text) if ok}
+    if int(values.get("min_shards", 1)) > int(values.get("shards_per_gpu", 100)):
+        del values["min_shards"]  # the hook's cross-check: back to its default
+    return values
+
+
 def policy_file(path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None,
                 hook_path: str | os.PathLike[str] | None = None) -> Path:
     """The policy file the hook reads (its policy_path()): ``path`` if given, else $HORUS_POLICY,
@@ -385,34 +188,36 @@ def policy_file(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
 
 def policy_value(key: str, default: str | None = None,
                  path: str | os.PathLike[str] | None = None) -> str | None:
-    """The value job_submit.lua reads for ``key`` from its policy file (see policy_file()):
-    the last ``key = value`` line with a value the hook accepts (``#`` comments stripped, value
-    trimmed), or ``default`` when the file is missing, unreadable, over 64 KiB, or sets no
-    acceptable value for the key (the hook then uses its built-in default: pass that as
-    ``default``)."""
-    p = policy_file(path)
+    """The value job_submit.lua reads for ``key`` from its policy file (see policy_file()), or
+    ``default`` when the file is missing, unreadable, over 64 KiB, or sets no acceptable value
+    for the key (the hook then uses its built-in default: pass that as ``default``)."""
     try:
-        with open(p, "rb") as f:
+        with open(policy_file(path), "rb") as f:
             data = f.read(_POLICY_MAX_BYTES + 1)
     except OSError:
         return default
-    if len(data) > _POLICY_MAX_BYTES:
-        return default
-    text = data.decode("utf-8", "surrogateescape")
-    check = _POLICY_KEYS.get(key)
-    if check is None and _GPU_MEM_KEY.fullmatch(key):
-        check = _int_in(1, _MAX_MEM_MIB)
-    value = default
-    for n, line in enumerate(text.split("\n"), 1):
-        if n > _POLICY_MAX_LINES:
-            break
-        line = line.split("#", 1)[0]
-        if len(line) > 1024:
-            continue
-        m = _POLICY_LINE_RE.match(line)
-        if not m or m.group(1) != key:
-            continue
-        v = m.group(2)
-        if check is None or check(v):
-            value = v  # an invalid value changes nothing: the hook logs it and keeps what it had
-    return value
+    return policy_values(data.decode("utf-8", "surrogateescape")).get(key, default)
+
+
+def policy_with_overrides(base_text: str, overrides: dict[str, str]) -> str:
+    """``base_text`` with each key of ``overrides`` set to its value, as the hook will read it:
+    the base's lines for those keys are commented out (so an override never falls back to a base
+    value) and ``key = value`` lines are appended.  Raises HorusError when the hook would not use
+    an override as given (unknown key, rejected value, ``#``/newline/edge spaces, min_shards above
+    shards_per_gpu) or would not read the result whole (over 64 KiB or 1000 lines)."""
+    lines = base_text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for n, key, _, _ in _policy_entries(base_text):
+        if key in overrides:
+            lines[n] = "# (overridden below) " + lines[n]
+    if overrides:
+        lines += ["# overrides", *(f"{k} = {v}" for k, v in overrides.items())]
+    text = "\n".join(lines) + "\n"
+    if len(lines) > _POLICY_MAX_LINES or len(text.encode("utf-8", "surrogateescape")) > _POLICY_MAX_BYTES:
+        raise HorusError("policy with overrides exceeds the hook's 1000 lines / 64 KiB")
+    got = policy_values(text)
+    for key, value in overrides.items():
+        if got.get(key) != value:
+            raise HorusError(f"policy override: the hook would not use {key} = {value!r}")
+    return text

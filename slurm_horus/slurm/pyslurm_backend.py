@@ -1,16 +1,17 @@
-"""The pyslurm backend (``slurm.backend() == "pyslurm"``): Slurm's C API instead of the tools.
+"""The pyslurm backend (``commands.backend() == "pyslurm"``): Slurm's C API instead of the tools.
 
-Gives the records the CLI backend gives (see ``slurm``): nodes and partitions in scontrol's record
-shape, running jobs as ``slurm_parse.squeue_json_jobs`` records, accounting as ``usage.parse_job``
-flat dicts. Checked on pyslurm 25.11.2 with Slurm 25.11.7. What pyslurm cannot give, and so is
-None here where the CLI may have it:
+Gives the records the CLI backend gives (see ``commands``): nodes and partitions in scontrol's
+record shape, running jobs as ``parse.squeue_json_jobs`` records, accounting as
+``accounting.parse_job`` flat dicts. Checked on pyslurm 25.11.2 with Slurm 25.11.7. What
+pyslurm cannot give, and so is None here where the CLI may have it:
 
 * the GPU index of a running *shard* job: pyslurm's GRES parser drops Slurm's per-GPU counts
   (``shard:66(0/100,66/100)`` becomes ``{"shard": 66}``); whole-GPU indices come through;
 * GPU usage from accounting (TRESUsageIn ``gres/gpuutil``, ``gres/gpumem``, Slurm 23.02+ with
   AutoDetect=nvml): pyslurm's step statistics carry only CPU, memory and disk TRES.
 
-Imported only once ``slurm.backend()`` has checked that pyslurm matches the running Slurm.
+pyslurm itself is imported (``_ps``) only once ``commands.backend()`` has checked that it
+matches the running Slurm: an import initialises libslurm.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from __future__ import annotations
 import functools
 import re
 
-from slurm_horus.slurm import parse as sp
 from slurm_horus.errors import HorusError
+from slurm_horus.slurm import parse as sp
 
 
 def _ps():
@@ -102,7 +103,7 @@ def accounting_jobs(since: float, until: float) -> list[dict]:
 
 
 def _flat(j) -> dict:
-    """One db.Job as ``usage.parse_job`` builds it from sacct --json."""
+    """One db.Job as ``accounting.parse_job`` builds it from sacct --json."""
     tres = j.allocated_tres
     counts: dict[str, int] = {}
     gtype = None

@@ -5,17 +5,21 @@
     explain_text(plan)                   # what --explain prints (runs the real hook in-process)
     plan.sbatch_argv                     # what goes to sbatch
 
-Nothing here parses Slurm output itself: that is ``slurm_parse``; running commands is ``slurm``.
+Nothing here parses Slurm output itself: that is ``slurm.parse``; running commands is
+``slurm.commands``. The graph, the predictors, the hint encoder and the hook runner are imported
+inside the functions that use them: hsubmit without --model is plain sbatch and must start as
+fast.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_horus.slurm import parse as sp
+from slurm_horus.slurm import sbatch_args as sa
 from slurm_horus.errors import HorusError
 
 __all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error"]
@@ -34,10 +38,10 @@ _ENV_OPTS = {
 @dataclass
 class Plan:
     argv: list[str]
-    split: sp.SplitArgs
+    split: sa.SplitArgs
     script_text: str | None = None          # the batch script, if read
     stdin_script: bytes | None = None       # the script read from stdin (must be re-fed to sbatch)
-    script_opts: list[sp.SbatchOpt] = field(default_factory=list)
+    script_opts: list[sa.SbatchOpt] = field(default_factory=list)
     horus: dict[str, object] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -60,17 +64,17 @@ class Plan:
 
     def request(self, name: str) -> str | None:
         """A request field as sbatch resolves it: command line > environment > #SBATCH."""
-        v = sp.last_value(self.split.parsed, name)
+        v = sa.last_value(self.split.parsed, name)
         if v is not None:
             return v
         env = _ENV_OPTS.get(name)
         if env and self.env.get(env):
             return self.env[env]
-        return sp.last_value(self.script_opts, name)
+        return sa.last_value(self.script_opts, name)
 
     def user_comment(self) -> str | None:
-        v = sp.last_value(self.split.parsed, "comment")
-        return v if v is not None else sp.last_value(self.script_opts, "comment")
+        v = sa.last_value(self.split.parsed, "comment")
+        return v if v is not None else sa.last_value(self.script_opts, "comment")
 
     @property
     def sbatch_argv(self) -> list[str]:
@@ -94,13 +98,13 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     the script only when there is no script path and no --wrap, and a model was asked on the
     command line (or ``read_stdin`` says so)."""
     env = dict(os.environ if env is None else env)
-    split = sp.split_args(argv)
+    split = sa.split_args(argv)
     if split.errors:
         raise HorusError(split.errors[0])
     plan = Plan(list(argv), split, env=env)
     cmd_horus: dict = {}
     _horus_dict(split.horus, cmd_horus)
-    wrap = sp.has_flag(split.parsed, "wrap")
+    wrap = sa.has_flag(split.parsed, "wrap")
     text = None
     if not wrap:
         if split.script:
@@ -118,9 +122,9 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     plan.script_text = text
     horus: dict = {}
     if text is not None:
-        sb, hz = sp.script_directives(text)
-        plan.script_opts = sp.parse_sbatch_tokens(sb)
-        pairs, errs = sp.horus_directives(hz)
+        sb, hz = sa.script_directives(text)
+        plan.script_opts = sa.parse_sbatch_tokens(sb)
+        pairs, errs = sa.horus_directives(hz)
         for e in errs:
             plan.warnings.append(f"{e} (ignored)")
         _horus_dict(pairs, horus)
@@ -136,22 +140,16 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
 
 
 def _workload(plan: Plan):
-    from slurm_horus.predict.coldstart import Workload
+    """The job's Workload from its horus options and its --cpus-per-task (Slurm's default,
+    one CPU per task, where it asks none or one that is not a count: sync records what Slurm
+    allocated)."""
+    from slurm_horus.predict.workload import workload_from
 
     h = plan.horus
-    bs = h.get("batch-size")
-    try:
-        batch = int(bs) if bs is not None else 1
-    except ValueError:
-        raise HorusError(f"--batch-size: '{bs}' is not an integer") from None
-    cpt = plan.request("cpus-per-task")
-    try:  # Slurm's default is one CPU per task; sync records the CPUs Slurm allocated
-        cpus = int(cpt) if cpt else 1
-    except ValueError:
-        cpus = 1
-    return Workload(batch_size=batch, task=str(h.get("task") or "train"),
-                    optimizer=str(h.get("optimizer") or "adam"),
-                    precision=str(h.get("precision") or "fp32"), cpus_per_task=cpus)
+    cpt = plan.request("cpus-per-task") or ""
+    return workload_from({"batch_size": h.get("batch-size"), "task": h.get("task"),
+                          "optimizer": h.get("optimizer"), "precision": h.get("precision"),
+                          "cpus_per_task": int(cpt) if cpt.isdigit() and int(cpt) > 0 else 1})
 
 
 def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
@@ -247,15 +245,15 @@ def _hint_of(predictions: dict) -> str:
 
 def job_desc_of(plan: Plan) -> dict:
     """The job_desc fields slurmctld 22.05's job_submit hook sees for this request."""
-    tpn = [sp.gres_to_tres(plan.request("gres"))]
+    tpn = [sa.gres_to_tres(plan.request("gres"))]
     gpn = plan.request("gpus-per-node")
     if gpn:
-        tpn.append(sp.gpus_to_tres(gpn))
+        tpn.append(sa.gpus_to_tres(gpn))
     jd: dict = {
         "tres_per_node": ",".join(t for t in tpn if t) or None,
-        "tres_per_job": sp.gpus_to_tres(plan.request("gpus")),
-        "tres_per_task": sp.gpus_to_tres(plan.request("gpus-per-task")),
-        "tres_per_socket": sp.gpus_to_tres(plan.request("gpus-per-socket")),
+        "tres_per_job": sa.gpus_to_tres(plan.request("gpus")),
+        "tres_per_task": sa.gpus_to_tres(plan.request("gpus-per-task")),
+        "tres_per_socket": sa.gpus_to_tres(plan.request("gpus-per-socket")),
         "features": plan.request("constraint"),
         "partition": plan.partition or plan.request("partition"),
         "comment": plan.comment if plan.hint else plan.user_comment(),
@@ -328,14 +326,8 @@ def explain_text(plan: Plan) -> str:
         lines.append("slurmctld would submit: " + " ".join(f"{k}={v!r}" for k, v in changed.items()))
     for m in d.user_messages:
         lines.append(f"hook says: {m}")
-    lines.append("sbatch " + " ".join(_quote(a) for a in plan.sbatch_argv))
+    lines.append("sbatch " + " ".join(shlex.quote(a) for a in plan.sbatch_argv))
     return "\n".join(lines)
-
-
-def _quote(a: str) -> str:
-    import shlex
-
-    return shlex.quote(a)
 
 
 def on_prediction_error(env: dict[str, str] | None = None) -> str:

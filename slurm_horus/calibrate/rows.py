@@ -1,0 +1,120 @@
+"""calibrate's output: one row per measured run in the `horus-admin import` format, appended to
+a CSV that survives interruptions (and --resume continues), and optionally to the ledger."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from slurm_horus.calibrate.plan import Measurement, Run, run_id
+from slurm_horus.errors import HorusError
+from slurm_horus.graph.features import extract_features
+from slurm_horus.ledger.retrain import IMPORT_COLUMNS, import_csv
+from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
+from slurm_horus.predict.gpus import get_gpu
+
+# The import format's columns first (unchanged), then calibration's own, which
+# `horus-admin import` ignores.
+EXTRA_COLUMNS = ("calib_id", "seconds", "steps", "samples", "torch_max_alloc_mib",
+                 "torch_max_reserved_mib", "util_source", "torch_version", "created")
+CSV_COLUMNS = (*IMPORT_COLUMNS, *EXTRA_COLUMNS)
+
+
+def done_ids(path: Path) -> set[str]:
+    """calib_id of every complete row already in the CSV."""
+    if not path.exists():
+        return set()
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None:
+            return set()
+        if "calib_id" not in reader.fieldnames:
+            raise HorusError(f"{path}: not a calibrate CSV (no calib_id column); "
+                             "choose another --out")
+        return {r["calib_id"] for r in reader if r.get("calib_id") and r.get("mem_mib")}
+
+
+class CsvAppender:
+    """Appends rows in CSV_COLUMNS; writes the header for a new file; each row is flushed and
+    fsync'ed, so an interrupt loses at most the run in progress."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        if not new:
+            with open(self.path, newline="") as f:
+                header = next(csv.reader(f), None)
+            if header != list(CSV_COLUMNS):
+                raise HorusError(f"{self.path}: exists with other columns; use another --out "
+                                 "or move it away")
+            self._fix_tail()
+        self.f = open(self.path, "a", newline="")
+        self.w = csv.DictWriter(self.f, fieldnames=CSV_COLUMNS)
+        if new:
+            self.w.writeheader()
+            self.f.flush()
+
+    def _fix_tail(self):
+        """A row cut by a crash lacks its newline: end the file with one."""
+        with open(self.path, "rb+") as f:
+            f.seek(0, 2)
+            if f.tell() and (f.seek(-1, 2), f.read(1))[1] != b"\n":
+                f.write(b"\n")
+
+    def append(self, row: dict) -> None:
+        self.w.writerow(row)
+        self.f.flush()
+        os.fsync(self.f.fileno())
+
+    def close(self):
+        self.f.close()
+
+
+def _fmt(x, nd=2):
+    return "" if x is None else f"{float(x):.{nd}f}"
+
+
+def make_row(run: Run, gpu_type: str, m: Measurement, onnx_path: Path, family: str,
+             dims: dict | None = None, torch_version: str = "") -> dict:
+    """One import-format row: features and the cold-start estimate from the graph stage."""
+    report = extract_features(onnx_path, batch_size=run.batch_size, dims=dims or None)
+    w = Workload(batch_size=run.batch_size, task=run.task, optimizer="adam", precision="fp32")
+    cold = ColdStartEstimator().predict(report, get_gpu(gpu_type), w)
+    mem = m.mem_peak_mib if m.mem_peak_mib else None
+    if not mem:  # NVML saw nothing: the allocator's reserve is the closest lower bound
+        mem = m.torch_max_reserved_mib or m.torch_max_alloc_mib
+    util = min(max(m.util_mean or 0.0, 0.0), 100.0)
+    return {
+        "model": str(onnx_path), "features": json.dumps(report.values, sort_keys=True),
+        "gpu_type": gpu_type, "batch_size": run.batch_size, "task": run.task,
+        "optimizer": "adam" if run.task == "train" else "", "precision": "fp32",
+        "cpus_per_task": "", "util_pct": _fmt(util), "mem_mib": _fmt(mem, 1),
+        "util_max_pct": _fmt(m.util_max), "user": "calibrate", "model_family": family,
+        "cold_util_pct": _fmt(cold.util_pct), "cold_mem_mib": _fmt(cold.mem_mib, 1),
+        "cold_gpu_ms": _fmt(cold.breakdown.get("gpu_ms_per_step", 0.0), 4),
+        "cold_host_ms": _fmt(cold.breakdown.get("host_ms_per_step", 0.0), 4),
+        "calib_id": run_id(run.model, run.batch_size, run.task, gpu_type),
+        "seconds": _fmt(m.seconds), "steps": m.steps, "samples": m.samples,
+        "torch_max_alloc_mib": _fmt(m.torch_max_alloc_mib, 1),
+        "torch_max_reserved_mib": _fmt(m.torch_max_reserved_mib, 1),
+        "util_source": m.util_source, "torch_version": torch_version,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def import_row(ledger, row: dict) -> None:
+    """Record one row in the ledger exactly as `horus-admin import` of the CSV would (same
+    stable id, so importing the CSV later changes nothing)."""
+    fd, tmp = tempfile.mkstemp(suffix=".csv", prefix="horus-calibrate-")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+            w.writeheader()
+            w.writerow(row)
+        import_csv(ledger, tmp)
+    finally:
+        os.unlink(tmp)

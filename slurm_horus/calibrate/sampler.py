@@ -1,0 +1,56 @@
+"""calibrate's Sampler: the ledger's NVML sampler, read on a background thread while the model
+steps in this process.
+
+The figures (SM utilization, memory held) are the one ``NvmlSampler`` of slurm_horus/ledger/nvml.py
+and its ``Summary``, so calibrate and horus-probe measure the same thing. Where NVML cannot see
+this process (a container with its own PID namespace) each sample falls back to the whole
+device's utilization and used memory, and ``util_source`` says so; that is why calibrate should
+have its GPU to itself.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from slurm_horus.ledger.nvml import NvmlSampler, Summary
+
+
+class BackgroundSampler:
+    """start() begins sampling every `interval` s on a thread; stop() returns the summary."""
+
+    def __init__(self, nvml: NvmlSampler, interval: float = 0.2, pid: int | None = None):
+        self.nvml, self.interval, self.pid = nvml, interval, pid or os.getpid()
+        self._thread = None
+        self._stop = threading.Event()
+        self.summary, self.source = Summary(), "process"
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                util, mem = self.nvml.sample({self.pid})
+                if not mem:  # this PID is invisible to NVML: use the device's figures
+                    util, mem = self.nvml.device_use()
+                    self.source = "device"
+                self.summary.add(util, mem)
+            except Exception:
+                pass  # one failed read is one sample fewer; no samples at all is reported
+            self._stop.wait(self.interval)
+
+    def start(self) -> None:
+        self.summary, self.source = Summary(), "process"
+        # utilization only from now on: NVML returns samples newer than this time stamp
+        self.nvml.last_ts = {k: int(time.time() * 1e6) for k in self.nvml.last_ts}
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        return {**self.summary.result(), "util_source": self.source}
+
+    def close(self) -> None:
+        self.nvml.close()

@@ -1,0 +1,167 @@
+"""What a finished job's comment claims, checked as the admin: its submission row.
+
+The hint and the workload token are the user's words; the features (and the cold-start figures
+retraining starts from) are recomputed here from the model file the job names, and only when
+the job's owner could read that file and its sha256 is the one claimed: sync runs as root, and
+must not read for a user what the user could not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import stat
+
+from slurm_horus.graph.features import extract_features
+from slurm_horus.predict.coldstart import ColdStartEstimator
+from slurm_horus.predict.gpus import default_catalog
+from slurm_horus.predict.workload import workload_from
+from slurm_horus.slurm.hint import BOUND_NAMES
+
+
+def submission_of(j: dict, hint_token: str | None, hint: dict | None, claim: dict | None,
+                  models: "ModelFeatures") -> dict:
+    """The submission row of a finished job: Slurm's facts, the comment's claims (predictor
+    "hint"), the hook's decision, and features only where ``models`` could recompute them."""
+    uid, gids = _owner(j["user"])
+    preds = {g: {"util_pct": v[0], "mem_mib": v[1], "predictor": "hint",
+                 **{f"mem_mib_{b}": x for b, x in zip(BOUND_NAMES, v[2:])}}
+             for g, v in (hint or {}).items()}
+    rec = {"job_id": j["job_id"], "cluster": j["cluster"], "user": j["user"], "uid": uid,
+           "account": j["account"], "submit_time": j["submit_time"], "hint": hint_token,
+           "policy_decision": j.get("admin_comment"), "gpu_types": sorted(preds) or None,
+           "predictions": preds, "predictor": "hint" if preds else None,
+           "model_path": None, "model_sha256": None, "workload": None, "features": None,
+           "feature_version": None}
+    if not claim:
+        return rec
+    workload = {"batch_size": claim.get("bs", 1), "task": claim.get("task", "train"),
+                "optimizer": claim.get("opt", "adam"), "precision": claim.get("prec", "fp32"),
+                "cpus_per_task": j.get("cpus"), "dims": claim.get("dims", {})}
+    rec.update(model_path=claim.get("model"), model_sha256=claim["sha"], workload=workload)
+    report = models.get(claim, workload, uid, gids)
+    if report is not None:
+        rec.update(features=report.values, feature_version=report.version)
+        for g, d in preds.items():
+            cold = models.cold(report, workload, g)
+            if cold:
+                d["cold"] = cold
+    return rec
+
+
+def _owner(user: str | None) -> tuple[int | None, set[int]]:
+    """(uid, group ids) of a user name, from the name service; (None, set()) if unknown."""
+    try:
+        pw = pwd.getpwnam(user or "")
+    except KeyError:
+        return None, set()
+    try:
+        gids = set(os.getgrouplist(pw.pw_name, pw.pw_gid))
+    except OSError:
+        gids = {pw.pw_gid}
+    return pw.pw_uid, gids
+
+
+def _may(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
+    """Would ``uid`` (in ``gids``) get permission ``bit`` (4 read, 1 search) on this inode?"""
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        return bool(st.st_mode & (bit << 6))
+    if st.st_gid in gids:
+        return bool(st.st_mode & (bit << 3))
+    return bool(st.st_mode & bit)
+
+
+def open_as_owner(path: str, uid: int | None, gids: set[int]) -> int | None:
+    """An fd on the regular file ``path`` if ``uid`` could read it (mode bits of the file, search
+    bits of every folder above it), else None. Checked on the opened inode, so a file swapped
+    after the check is not the one read."""
+    if uid is None or not os.path.isabs(path):
+        return None
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO or a device as root
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        real = os.readlink(f"/proc/self/fd/{fd}") if os.path.isdir("/proc/self/fd") \
+            else os.path.realpath(path)
+        ok = stat.S_ISREG(st.st_mode) and _may(st, uid, gids, 4)
+        parent = os.path.dirname(real)
+        while ok:
+            ok = _may(os.stat(parent), uid, gids, 1)
+            if parent == os.path.dirname(parent):
+                break
+            parent = os.path.dirname(parent)
+    except OSError:
+        ok = False
+    if not ok:
+        os.close(fd)
+        return None
+    return fd
+
+
+class ModelFeatures:
+    """Features and cold-start figures of the model a job claims, computed as the admin from
+    the file only when the job's owner can read it and its sha256 is the claimed one; cached
+    by (sha, workload) for one sync."""
+    def __init__(self):
+        self._sha: dict[tuple, str] = {}
+        self._found: dict[tuple, object] = {}
+        self._cold: dict[tuple, dict | None] = {}
+
+    def get(self, claim: dict, workload: dict, uid: int | None, gids: set[int]):
+        """The FeatureReport, or None."""
+        fd = open_as_owner(claim.get("model") or "", uid, gids)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if ident not in self._sha:
+                self._sha[ident] = _sha256(fd)
+            if self._sha[ident] != claim["sha"]:
+                return None
+            key = (claim["sha"], json.dumps(workload, sort_keys=True))
+            if key not in self._found:
+                self._found[key] = _features(f"/proc/self/fd/{fd}", claim["sha"], workload)
+            return self._found[key]
+        finally:
+            os.close(fd)
+
+    def cold(self, report, workload: dict, gtype: str) -> dict | None:
+        """The cold-start figures retraining takes as inputs, for a GPU type the catalog knows."""
+
+        key = (report.sha256, json.dumps(workload, sort_keys=True), gtype)
+        if key not in self._cold:
+            gpu = default_catalog().find(gtype)
+            c = ColdStartEstimator().predict(report, gpu, workload_from(workload)) if gpu else None
+            self._cold[key] = c and {
+                "util_pct": c.util_pct, "mem_mib": c.mem_mib,
+                "gpu_ms_per_step": c.breakdown.get("gpu_ms_per_step", 0.0),
+                "host_ms_per_step": c.breakdown.get("host_ms_per_step", 0.0)}
+        return self._cold[key]
+
+
+def _sha256(fd: int) -> str:
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _features(path: str, sha: str, workload: dict):
+    """The model's FeatureReport; None if it does not load, has unbound dimensions, or
+    changed under us."""
+    try:
+        report = extract_features(path, batch_size=workload_from(workload).batch_size,
+                                  dims=workload["dims"])
+    except Exception:  # any file the user names: a bad one gives no features, never a failure
+        return None
+    return report if report.sha256 == sha and not report.unknown_dims else None

@@ -1,0 +1,214 @@
+"""The ledger's database connection: URLs, engines with timeouts, file permissions, upserts.
+
+SQLite by default, opened with a rollback journal (so that users who may only read the file
+can) and ``BEGIN IMMEDIATE`` (writers queue on the busy timeout); MariaDB/MySQL via
+``mysql+pymysql://...``; PostgreSQL. Every server connection has connect and read timeouts
+(``db_timeout``): a server that accepts TCP and never answers must not hang a command.
+
+sqlalchemy is imported inside the functions: horus-probe imports this package in every job's
+Prolog, which must not pay for it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from slurm_horus.errors import HorusError
+
+ENV_URL = "HORUS_LEDGER_URL"
+ENV_DB_TIMEOUT = "HORUS_DB_TIMEOUT"
+DEFAULT_URL = "sqlite:////var/lib/slurm-horus/ledger.db"
+BUSY_TIMEOUT_S = 30.0
+DB_TIMEOUT_S = 10.0
+REFRESH_ADVICE = "ask an admin to run horus-admin sync"
+
+
+def default_url() -> str:
+    return os.environ.get(ENV_URL) or DEFAULT_URL
+
+
+def db_timeout() -> float:
+    """Seconds a database server may take to connect or answer ($HORUS_DB_TIMEOUT, default 10)."""
+    try:
+        t = float(os.environ.get(ENV_DB_TIMEOUT) or DB_TIMEOUT_S)
+    except ValueError:
+        t = DB_TIMEOUT_S
+    return t if t > 0 else DB_TIMEOUT_S
+
+
+def mask_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<ledger url>"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a sqlite:/// URL (None for servers and in-memory databases)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        u = make_url(url)
+    except Exception:
+        return None
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:" \
+            or u.database.startswith("file:"):
+        return None
+    return Path(u.database).expanduser()
+
+
+def create_site_dirs(folder: Path) -> None:
+    """Create missing folders 0755 whatever the umask; existing ones keep their mode."""
+    missing = []
+    d = folder
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o755)
+            os.chmod(d, 0o755)
+        except FileExistsError:
+            pass
+
+
+def _create_site_file(path: Path) -> None:
+    """Create the ledger's folders 0755 and its file 0644 whatever the umask, so that users
+    can read what only the site writes. Existing ones keep the mode the admin gave them."""
+    create_site_dirs(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+
+
+def _sqlite_functions(dbapi_conn) -> None:
+    """ln() for the views where SQLite was built without its math functions."""
+    try:
+        dbapi_conn.execute("SELECT ln(1)")
+    except Exception:
+        import math
+
+        dbapi_conn.create_function(
+            "ln", 1, lambda x: math.log(x) if x is not None and x > 0 else None,
+            deterministic=True)
+
+
+def make_engine(url: str, busy_timeout: float, readonly: bool = False):
+    """An engine for ``url``; a missing SQLite file is created 0644 (not when ``readonly``)."""
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    try:
+        u = make_url(url)
+    except Exception:
+        raise HorusError(f"ledger: not a database URL: {url!r}") from None
+    if u.get_backend_name() == "sqlite":
+        path = sqlite_file(url)
+        if readonly and path is not None:
+            return _readonly_sqlite(path, busy_timeout)
+        if path is not None:
+            _create_site_file(path)
+        engine = create_engine(u, poolclass=NullPool,
+                               connect_args={"timeout": busy_timeout, "isolation_level": None})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _rec):
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            try:  # a rollback journal, not WAL: WAL readers need write access to -shm
+                cur.execute("PRAGMA journal_mode = DELETE")
+            except Exception:
+                pass
+            cur.execute("PRAGMA synchronous = FULL")
+            cur.close()
+            _sqlite_functions(dbapi_conn)
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn):
+            # BEGIN IMMEDIATE: take the write lock up front so writers queue on the busy timeout
+            # instead of failing on a read-to-write upgrade.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        return engine
+    t = db_timeout()
+    kwargs: dict = {"pool_pre_ping": True}
+    if u.get_backend_name() in ("mysql", "mariadb"):
+        kwargs["connect_args"] = {"connect_timeout": max(1, int(round(t))), "read_timeout": t,
+                                  "write_timeout": t}
+    elif u.get_backend_name() == "postgresql":
+        kwargs["connect_args"] = (
+            {"timeout": t} if u.get_driver_name() == "pg8000" else
+            {"connect_timeout": max(1, int(round(t))),
+             "options": f"-c statement_timeout={int(t * 1000)}"})
+    try:
+        return create_engine(u, **kwargs)
+    except ModuleNotFoundError as e:
+        raise HorusError(f"ledger: database driver missing for {u.drivername} ({e.name}); "
+                         "for MariaDB: pip install pymysql") from None
+    except Exception as e:  # e.g. NoSuchModuleError for an unknown dialect
+        raise HorusError(f"ledger: cannot use database URL {mask_url(url)} "
+                         f"({type(e).__name__})") from None
+
+
+def _readonly_sqlite(path: Path, busy_timeout: float):
+    """A SQLite ledger opened ``mode=ro``: works with read permission alone, never writes."""
+    import sqlite3
+    from urllib.parse import quote
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    if not path.exists():
+        raise HorusError(f"ledger {path}: not found; {REFRESH_ADVICE}")
+    if not os.access(path, os.R_OK):
+        raise HorusError(f"ledger {path}: not readable by you, and no extract of your jobs "
+                         f"beside it; {REFRESH_ADVICE}")
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+
+    def connect():
+        con = sqlite3.connect(uri, uri=True, timeout=busy_timeout, check_same_thread=False)
+        _sqlite_functions(con)
+        return con
+    return create_engine("sqlite://", creator=connect, poolclass=NullPool)
+
+
+def upsert(conn, table, rows: list[dict], keys: tuple[str, ...]) -> None:
+    """INSERT ... ON CONFLICT/DUPLICATE KEY UPDATE for SQLite, MariaDB/MySQL and PostgreSQL:
+    writing a record twice replaces it, so replays and re-syncs count nothing twice."""
+    if not rows:
+        return
+    name = conn.dialect.name
+    cols = list(rows[0].keys())
+    upd = [c for c in cols if c not in keys]
+    if name == "sqlite" or name == "postgresql":
+        if name == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        stmt = insert(table)
+        stmt = (stmt.on_conflict_do_update(index_elements=list(keys),
+                                           set_={c: stmt.excluded[c] for c in upd})
+                if upd else stmt.on_conflict_do_nothing(index_elements=list(keys)))
+    elif name in ("mysql", "mariadb"):
+        from sqlalchemy.dialects.mysql import insert
+
+        stmt = insert(table)
+        stmt = stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in (upd or cols[:1])})
+    else:  # generic: delete + insert
+        from sqlalchemy import and_, delete
+
+        for r in rows:
+            conn.execute(delete(table).where(and_(*(table.c[k] == r[k] for k in keys))))
+        conn.execute(table.insert(), rows)
+        return
+    for i in range(0, len(rows), 5000):
+        conn.execute(stmt, rows[i:i + 5000])

@@ -1,0 +1,143 @@
+"""The ledger's measured runs as the history hsubmit reads (predict/history.py), written to the
+registry by horus-admin retrain / import.
+
+Each run keeps the cold-start figures it was predicted with at submission; and where the serving
+learned model would have answered it (LearnedModel.answer's gate), that model's figures too, so
+the history learns the site's offsets against whichever predictor serves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from sqlalchemy import and_, func, select
+
+from slurm_horus.errors import HorusError
+from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, FeatureReport
+from slurm_horus.ledger import tables
+from slurm_horus.ledger.training import stored_cold
+from slurm_horus.predict.coldstart import ColdStartEstimator
+from slurm_horus.predict.gpus import default_catalog
+from slurm_horus.predict.history import HistoryPredictor
+from slurm_horus.predict.history_format import MAX_MIB, check_run
+from slurm_horus.predict.learned import LearnedEstimator, input_row
+from slurm_horus.predict.workload import dims_key, workload_from
+
+
+def ledger_runs(ledger, learned=None) -> list[dict]:
+    """The ledger's measured jobs as history runs (see HistoryPredictor.fit). With a learned
+    estimator, each run with features also carries its prediction (for that model's offsets)."""
+    t = tables()
+    s, j = t["submissions"], t["jobs"]
+    stmt = (select(s.c.model_sha256, s.c.model_path, s.c.model_family, s.c.user_name,
+                   s.c.features, s.c.feature_version, s.c.workload, s.c.predictions,
+                   j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib)
+            .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
+            .where(j.c.act_mem_mib > 0, j.c.gpu_type.isnot(None),
+                   func.coalesce(j.c.failed_measurement, 0) == 0))
+    catalog = default_catalog()
+    gpus: dict = {}
+    shas: dict = {}
+    runs, inputs = [], []
+    with ledger.engine.connect() as conn:
+        for sha, path, family, user, feats, fv, wl, preds, gtype, util, mem in conn.execute(stmt):
+            try:
+                if gtype not in gpus:
+                    gpus[gtype] = catalog.find(gtype)
+                gpu = gpus[gtype]
+                w = json.loads(wl) if wl else {}
+                if gpu is None or mem is None or not 0 < float(mem) <= MAX_MIB:
+                    continue
+                wk = workload_from(w)
+                run = {"sha": sha or _file_sha(path, shas), "gpu": gpu.name,
+                       "bs": wk.batch_size, "task": wk.task, "opt": wk.optimizer,
+                       "prec": wk.precision, "mem": float(mem),
+                       "util": None if util is None else min(max(float(util), 0.0), 100.0),
+                       "family": family or None, "user": user or None}
+                run["dims"] = dims_key(w.get("dims"), run["bs"])
+                p = (json.loads(preds) if preds else {}) or {}
+                c = (p.get(gtype) or p.get(gpu.name) or {}).get("cold") or {}
+                values = json.loads(feats) if feats and (fv is None or int(fv) == FEATURE_VERSION) \
+                    else None
+                if values is not None and any(n not in values for n in FEATURE_NAMES):
+                    values = None
+                run["cold_mem"] = float(c["mem_mib"]) if c.get("mem_mib") else None
+                run["cold_util"] = float(c["util_pct"]) if c.get("util_pct") is not None else None
+                if run["cold_mem"] is None and values is not None:
+                    run["cold_mem"] = _cold_memory(values, gpu, wk)
+                runs.append(check_run(run, "ledger row"))
+                if learned is not None and values is not None:
+                    inputs.append((len(runs) - 1, values, gpu, wk, c))
+            except (ValueError, TypeError, KeyError, HorusError):
+                continue  # an unusable row teaches nothing; retrain counts them
+    if learned is not None and inputs:
+        _add_learned(runs, inputs, learned)
+    return runs
+
+
+def _file_sha(path: str | None, cache: dict) -> str | None:
+    """sha256 of a model file the admin can read (rows imported before shas were recorded)."""
+    if not path:
+        return None
+    if path not in cache:
+        try:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+            cache[path] = h.hexdigest()
+        except OSError:
+            cache[path] = None
+    return cache[path]
+
+
+def _values_report(values: dict) -> FeatureReport:
+    return FeatureReport(model="", sha256="", values=values, nodes=[], by_op={},
+                         unknown_ops=[], unknown_dims=[], bound_dims={})
+
+
+def _cold_memory(values: dict, gpu, w) -> float:
+    return ColdStartEstimator().memory_mib(_values_report(values), gpu, w)[0]
+
+
+def _add_learned(runs: list[dict], inputs: list, learned: LearnedEstimator) -> None:
+    """The learned model's figures for the runs it answers (its familiar, in-bounds rows),
+    in one batch."""
+    cold_est = ColdStartEstimator()
+    rows, colds = [], []
+    for _, values, gpu, wl, c in inputs:
+        try:
+            cp = stored_cold(c, gpu)
+        except ValueError:
+            cp = cold_est.predict(_values_report(values), gpu, wl)
+        rows.append(input_row(values, gpu, wl, cp))
+        colds.append(cp)
+    mem, util, why = learned.model.answer(rows, [c.mem_mib for c in colds],
+                                          [c.util_pct for c in colds])
+    for k, (i, *_) in enumerate(inputs):
+        if not why[k]:
+            runs[i].update(base=learned.name, base_mem=float(mem[k]), base_util=float(util[k]))
+
+
+def build_history(ledger, learned=None) -> dict:
+    """The ledger's measurements as a history (plain JSON-able dict, see HistoryPredictor)."""
+    return HistoryPredictor().fit(ledger_runs(ledger, learned)).to_dict()
+
+
+def export_history(ledger, registry) -> dict:
+    """Build the history from the ledger and store it in the registry (history.json), with
+    offsets for the serving learned model when one loads. Returns a short summary."""
+    learned = None
+    version = registry.serving()
+    if version:
+        try:
+            learned = LearnedEstimator(registry.load(version), version)
+        except HorusError:
+            learned = None  # offsets against the cold start still serve
+    history = build_history(ledger, learned)
+    registry.save_history(history)
+    return {"graphs": len(history["graphs"]),
+            "runs": sum(len(v) for v in history["graphs"].values()),
+            "gpu_types_with_offsets": sorted(history["offsets"]),
+            "path": str(registry.root / "history.json")}

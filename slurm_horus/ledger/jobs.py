@@ -1,0 +1,232 @@
+"""The merged jobs table: one row per job, its submission joined with the best measurement.
+
+The ledger rebuilds a job's row (``refresh_jobs``) on every write to its submission or usage,
+so readers (hacct, the views, retrain) read one table. The rules that decide a row live here:
+which source wins (probe > sacct > import for use, sacct first for placement), the failed
+measurement flag, the under-claim audit, the memory-error histogram bin, and the per-job terms
+that hacct --summary adds up (``accuracy_terms``; errors as in docs/definitions.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Iterable
+
+from slurm_horus.ledger.db import upsert
+from slurm_horus.ledger.records import SOURCES
+from slurm_horus.ledger.schema import job_fields, tables
+
+# Which measurement wins for utilization/memory, and for placement facts (node, state, ...).
+UTIL_ORDER = ("probe", "sacct", "import")
+PLACE_ORDER = ("sacct", "probe", "import")
+# Measurements users cannot forge: Slurm's accounting and the probe slurmd starts as root.
+TRUSTED_ORDER = ("probe", "sacct")
+# Under-claim audit: measured use above the claim by more than noise (design: issue 10).
+UNDERCLAIM_MEM = (1.10, 256.0)   # act_mem_mib > claimed mem_p90 * 1.10 + 256
+UNDERCLAIM_UTIL = (1.25, 10.0)   # act_util_pct > claimed util * 1.25 + 10
+# A GPU job that never used its GPU is a failed measurement (docs/definitions.md): utilization
+# exactly 0 with memory unknown or at most a bare CUDA context (the hook's min_mem_mib floor).
+BARE_CONTEXT_MIB = 512.0
+# Actual use far above the prediction: hacct --summary counts and lists these jobs.
+FAR_UTIL_PP = 25.0     # actual utilization this many points above the prediction
+FAR_MEM_FACTOR = 1.25  # actual memory this many times the prediction
+
+
+def failed_measurement(act_util, act_mem) -> int | None:
+    """1 when a measurement shows a job that never used its GPU (utilization exactly 0, memory
+    unknown or at most BARE_CONTEXT_MIB), 0 for a usable one, None when nothing was measured.
+    Flagged rows stay in the ledger but count in no accuracy figure and train nothing."""
+    if act_util is None and act_mem is None:
+        return None
+    if act_util is not None and float(act_util) == 0.0 and \
+            (act_mem is None or float(act_mem) <= BARE_CONTEXT_MIB):
+        return 1
+    return 0
+
+
+def under_claim(claim_util, claim_mem_p90, act_util, act_mem) -> tuple[int | None, str | None]:
+    """(1, flags) when trusted measured use exceeds the claim beyond noise, (0, None) when it
+    does not, (None, None) when there is no claim or no measurement to compare."""
+    flags, compared = [], False
+    if claim_mem_p90 is not None and act_mem is not None:
+        compared = True
+        if act_mem > claim_mem_p90 * UNDERCLAIM_MEM[0] + UNDERCLAIM_MEM[1]:
+            flags.append("mem")
+    if claim_util is not None and act_util is not None:
+        compared = True
+        if act_util > claim_util * UNDERCLAIM_UTIL[0] + UNDERCLAIM_UTIL[1]:
+            flags.append("util")
+    if not compared:
+        return None, None
+    return (1, ",".join(flags)) if flags else (0, None)
+
+
+def mem_err_bucket(pred_mem_mib, act_mem_mib) -> int:
+    """Histogram bin of |predicted - actual| / actual memory: 0.5 % bins below 100 %, 10 % bins
+    to 1000 %, one bin above; -1 where either value is missing."""
+    if not pred_mem_mib or not act_mem_mib or pred_mem_mib <= 0 or act_mem_mib <= 0:
+        return -1
+    rel = abs(pred_mem_mib - act_mem_mib) / act_mem_mib
+    if rel < 1.0:
+        return int(rel * 200)
+    if rel < 10.0:
+        return 200 + int((rel - 1.0) * 10)
+    return 290
+
+
+def mem_err_bucket_bounds(b: int) -> tuple[float, float]:
+    """The relative-error interval a mem_err_bucket bin stands for (its inverse)."""
+    if b < 200:
+        return b / 200, (b + 1) / 200
+    if b < 290:
+        return 1.0 + (b - 200) / 10, 1.0 + (b - 199) / 10
+    return 10.0, 10.0
+
+
+def predictor_source(predictor: str | None) -> str | None:
+    """The predictor source a prediction came from: 'learned:v0003' -> 'learned'."""
+    return predictor.split(":", 1)[0] if predictor else None
+
+
+def _sq_log_err(pred, act) -> float | None:
+    """(ln(1 + pred) - ln(1 + act))^2, the RMSLE term; None where a logarithm is undefined."""
+    if pred <= -1.0 or act <= -1.0:
+        return None
+    d = math.log(1.0 + pred) - math.log(1.0 + act)
+    return d * d
+
+
+def accuracy_terms(row: dict) -> dict:
+    """The per-job terms hacct --summary adds up, computed once when the row is written so that
+    the summary of a million jobs is one scan of an index holding them (schema v6). A term is
+    None where the job does not count in that figure: nothing to compare, or a failed
+    measurement."""
+    pu, au = row["pred_util_pct"], row["act_util_pct"]
+    pm, am, p90 = row["pred_mem_mib"], row["act_mem_mib"], row["pred_mem_p90_mib"]
+    ok = not row["failed_measurement"]
+    has_util = ok and pu is not None and au is not None
+    has_mem = ok and pm is not None and am is not None and pm > 0 and am > 0
+    has_p90 = ok and p90 is not None and am is not None and p90 > 0 and am > 0
+    far = (has_util and au - pu > FAR_UTIL_PP) or (has_mem and am > pm * FAR_MEM_FACTOR)
+    return {"predictor_source": predictor_source(row["predictor"]),
+            "measured": int(au is not None or am is not None),
+            "util_abs_err_pp": abs(au - pu) if has_util else None,
+            "util_sq_log_err": _sq_log_err(pu, au) if has_util else None,
+            "mem_sq_log_err": _sq_log_err(pm, am) if has_mem else None,
+            "within_p90": int(am <= p90) if has_p90 else None,
+            "far": int(far)}
+
+
+def _loads(s, default=None):
+    if s is None or s == "":
+        return default
+    try:
+        return json.loads(s)
+    except (TypeError, ValueError):
+        return default
+
+
+def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
+    """One jobs row (without its key) from a submission row (or None) and usage rows by source."""
+    def first(field, order):
+        for src in order:
+            u = usages.get(src)
+            if u is not None and u.get(field) is not None:
+                return u[field]
+        return None
+
+    row = dict.fromkeys(job_fields())
+    row["has_submission"] = 1 if sub else 0
+    preds = {}
+    if sub:
+        for f in ("user_name", "account", "submit_time", "model_family", "predictor"):
+            row[f] = sub.get(f)
+        preds = _loads(sub.get("predictions"), {}) or {}
+    for f in ("gpu_type", "gpu_index", "node", "gpus", "shards", "state", "elapsed_s",
+              "start_time", "end_time", "colocated"):
+        row[f] = first(f, PLACE_ORDER)
+    row["act_util_pct"] = first("util_mean", UTIL_ORDER)
+    row["act_util_max"] = first("util_max", UTIL_ORDER)
+    row["act_mem_mib"] = first("mem_peak_mib", UTIL_ORDER)
+    if row["gpu_type"] is None and isinstance(preds, dict) and len(preds) == 1:
+        row["gpu_type"] = next(iter(preds))
+    p = preds.get(row["gpu_type"]) if isinstance(preds, dict) and row["gpu_type"] else None
+    if isinstance(p, dict):
+        row["pred_util_pct"] = p.get("util_pct")
+        row["pred_mem_mib"] = p.get("mem_mib")
+        row["pred_mem_p90_mib"] = p.get("mem_mib_p90")
+        if not row["predictor"]:
+            row["predictor"] = p.get("predictor")
+    row["sources"] = ",".join(s for s in SOURCES if s in usages) or None
+    row["failed_measurement"] = failed_measurement(row["act_util_pct"], row["act_mem_mib"])
+    row["mem_err_bucket"] = -1 if row["failed_measurement"] else \
+        mem_err_bucket(row["pred_mem_mib"], row["act_mem_mib"])
+    claim_mem = row["pred_mem_p90_mib"] if row["pred_mem_p90_mib"] is not None \
+        else row["pred_mem_mib"]
+    row["under_claim"], row["claim_flags"] = under_claim(
+        row["pred_util_pct"], claim_mem, first("util_mean", TRUSTED_ORDER),
+        first("mem_peak_mib", TRUSTED_ORDER))
+    row.update(accuracy_terms(row))
+    return row
+
+
+def refresh_jobs(conn, keys: Iterable[tuple[str, int]]) -> None:
+    """Recompute the jobs rows of these (cluster, job id) keys from submissions and usage."""
+    from sqlalchemy import and_, or_, select
+
+    t = tables()
+    keys = sorted(set((str(c), int(j)) for c, j in keys))
+    if not keys:
+        return
+    s, u = t["submissions"], t["usage"]
+    sub_cols = [s.c[c] for c in ("cluster", "job_id", "user_name", "account", "submit_time",
+                                 "model_family", "predictor", "predictions")]
+    out = []
+    for i in range(0, len(keys), 500):
+        chunk = keys[i:i + 500]
+        by_cluster: dict[str, list[int]] = {}
+        for c, j in chunk:
+            by_cluster.setdefault(c, []).append(j)
+        cond_s = or_(*(and_(s.c.cluster == c, s.c.job_id.in_(js)) for c, js in by_cluster.items()))
+        cond_u = or_(*(and_(u.c.cluster == c, u.c.job_id.in_(js)) for c, js in by_cluster.items()))
+        subs = {(r.cluster, int(r.job_id)): r._asdict()
+                for r in conn.execute(select(*sub_cols).where(cond_s))}
+        usages: dict[tuple, dict] = {}
+        for r in conn.execute(select(u).where(cond_u)):
+            usages.setdefault((r.cluster, int(r.job_id)), {})[r.source] = r._asdict()
+        for key in chunk:
+            if key not in subs and key not in usages:
+                continue
+            row = merge_job(subs.get(key), usages.get(key, {}))
+            row["cluster"], row["job_id"] = key
+            out.append(row)
+    upsert(conn, t["jobs"], out, ("cluster", "job_id"))
+
+
+def job_filters(stmt, *, job_ids=None, users=None, accounts=None, states=None, start=None,
+                end=None, cluster=None, submitted_only=False, under_claims=False):
+    """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window),
+    and hacct's --under-claims."""
+    from sqlalchemy import func, or_
+
+    j = tables()["jobs"]
+    if job_ids:
+        stmt = stmt.where(j.c.job_id.in_([int(x) for x in job_ids]))
+    if users:
+        stmt = stmt.where(j.c.user_name.in_(list(users)))
+    if accounts:
+        stmt = stmt.where(j.c.account.in_(list(accounts)))
+    if states:
+        stmt = stmt.where(or_(*(func.upper(j.c.state).like(s.upper() + "%") for s in states)))
+    if cluster:
+        stmt = stmt.where(j.c.cluster == cluster)
+    if start is not None:
+        stmt = stmt.where(func.coalesce(j.c.end_time, j.c.submit_time) >= int(start))
+    if end is not None:
+        stmt = stmt.where(func.coalesce(j.c.submit_time, j.c.start_time, j.c.end_time) <= int(end))
+    if submitted_only:
+        stmt = stmt.where(j.c.has_submission == 1)
+    if under_claims:
+        stmt = stmt.where(j.c.under_claim == 1)
+    return stmt

@@ -1,0 +1,153 @@
+"""Creating, checking and migrating a ledger's schema, and keeping its views current.
+
+Each migration step only adds what its version lacks to tables that exist; missing tables,
+indices and the jobs rows come from schema.sql and refresh_jobs once all steps ran
+(``_finish_migration``), so that the reflected tables, which describe the newest version, are
+only used on a complete schema. Readers never migrate: they need the current version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from slurm_horus.errors import HorusError
+from slurm_horus.ledger.db import REFRESH_ADVICE, mask_url, upsert
+from slurm_horus.ledger.jobs import refresh_jobs
+from slurm_horus.ledger.schema import SCHEMA_VERSION, exec_script, schema_text, tables, views_text
+
+
+def _inspect(conn):
+    from sqlalchemy import inspect
+
+    return inspect(conn)
+
+
+def _add_columns(conn, table: str, cols: dict[str, str]) -> None:
+    if table not in _inspect(conn).get_table_names():
+        return
+    have = {c["name"] for c in _inspect(conn).get_columns(table)}
+    for name, typ in cols.items():
+        if name not in have:
+            conn.exec_driver_sql(f"ALTER TABLE `{table}` ADD COLUMN {name} {typ}")
+
+
+def _drop_index(conn, table: str, name: str) -> None:
+    """Drop an index that schema.sql now defines differently (it is recreated from there)."""
+    if conn.dialect.name in ("mysql", "mariadb"):
+        if name in {i["name"] for i in _inspect(conn).get_indexes(table)}:
+            conn.exec_driver_sql(f"DROP INDEX {name} ON {table}")
+    else:
+        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
+
+
+def _migrate_1_to_2(conn) -> None:
+    """v1 had no placement columns in usage and no jobs/ledger_state tables."""
+    _add_columns(conn, "usage", {"gpu_index": "INTEGER", "shards": "INTEGER", "colocated": "TEXT",
+                                 "start_time": "BIGINT", "end_time": "BIGINT",
+                                 "recorded": "BIGINT"})
+    _add_columns(conn, "predictor_versions", {"promoted": "INTEGER NOT NULL DEFAULT 0"})
+
+
+def _migrate_2_to_3(conn) -> None:
+    """v3 stores each job's memory-error histogram bin, so hacct --summary reads an index."""
+    _add_columns(conn, "jobs", {"mem_err_bucket": "INTEGER"})
+
+
+def _migrate_3_to_4(conn) -> None:
+    """v4: whole GPUs apart from shards, the under-claim audit, the job owner's uid."""
+    _add_columns(conn, "usage", {"gpus": "INTEGER"})
+    _add_columns(conn, "jobs", {"gpus": "INTEGER", "pred_mem_p90_mib": "DOUBLE PRECISION",
+                                "under_claim": "INTEGER", "claim_flags": "VARCHAR(16)"})
+    _add_columns(conn, "submissions", {"uid": "BIGINT"})
+    _drop_index(conn, "jobs", "ix_jobs_accuracy")  # replaced by ix_jobs_summary
+
+
+def _migrate_4_to_5(conn) -> None:
+    """v5 flags failed measurements; the summary's covering index gains the flag and the p90."""
+    _add_columns(conn, "jobs", {"failed_measurement": "INTEGER"})
+    _drop_index(conn, "jobs", "ix_jobs_summary")
+
+
+def _migrate_5_to_6(conn) -> None:
+    """v6 stores the per-job terms hacct --summary adds up (jobs.accuracy_terms); the summary's
+    covering index holds them instead of the raw predicted and actual values."""
+    _add_columns(conn, "jobs", {"predictor_source": "VARCHAR(64)", "measured": "INTEGER",
+                                "util_abs_err_pp": "DOUBLE PRECISION",
+                                "util_sq_log_err": "DOUBLE PRECISION",
+                                "mem_sq_log_err": "DOUBLE PRECISION", "within_p90": "INTEGER",
+                                "far": "INTEGER"})
+    _drop_index(conn, "jobs", "ix_jobs_summary")
+
+
+MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4, 5: _migrate_4_to_5,
+              6: _migrate_5_to_6}
+
+
+def _finish_migration(conn) -> None:
+    """New tables and indices, then every jobs row merged again under the new rules."""
+    exec_script(conn, schema_text())
+    keys = [(r[0], r[1]) for r in conn.exec_driver_sql(
+        "SELECT cluster, job_id FROM submissions UNION SELECT cluster, job_id FROM `usage`")]
+    refresh_jobs(conn, keys)
+
+
+def _version(conn, names) -> int:
+    if "schema_version" not in names:
+        return 1
+    v = conn.exec_driver_sql("SELECT MAX(version) FROM schema_version").scalar()
+    return int(v or 1)
+
+
+def _too_new(url: str, version: int) -> HorusError:
+    return HorusError(f"ledger {mask_url(url)}: schema version {version} is newer than this "
+                      f"slurm-horus ({SCHEMA_VERSION}); upgrade slurm-horus")
+
+
+def _views_sha() -> str:
+    return hashlib.sha256(views_text().encode()).hexdigest()[:16]
+
+
+def _create_views(conn) -> None:
+    exec_script(conn, views_text())
+    upsert(conn, tables()["ledger_state"], [{"name": "views_sha", "value": _views_sha()}],
+           ("name",))
+
+
+def setup(conn, url: str) -> None:
+    """Create the schema in an empty database, or migrate an older one to SCHEMA_VERSION; and
+    recreate the views when views.sql changed."""
+    t = tables()
+    names = set(_inspect(conn).get_table_names())
+    if "schema_version" not in names and "submissions" not in names:
+        exec_script(conn, schema_text())
+        conn.execute(t["schema_version"].insert(),
+                     [{"version": SCHEMA_VERSION, "applied": int(time.time())}])
+        _create_views(conn)
+        return
+    version = _version(conn, names)
+    if version > SCHEMA_VERSION:
+        raise _too_new(url, version)
+    if version < SCHEMA_VERSION:
+        for v in range(version + 1, SCHEMA_VERSION + 1):
+            MIGRATIONS[v](conn)
+            conn.execute(t["schema_version"].insert(),
+                         [{"version": v, "applied": int(time.time())}])
+        _finish_migration(conn)
+        _create_views(conn)
+    elif conn.exec_driver_sql(
+            "SELECT value FROM ledger_state WHERE name = 'views_sha'").scalar() != _views_sha():
+        _create_views(conn)
+
+
+def check_readable(conn, url: str) -> None:
+    """A reader needs a ledger at this schema version: it cannot create or migrate one."""
+    names = set(_inspect(conn).get_table_names())
+    if "jobs" not in names:
+        raise HorusError(f"ledger {mask_url(url)}: no ledger tables yet; {REFRESH_ADVICE}")
+    version = _version(conn, names)
+    if version < SCHEMA_VERSION:
+        raise HorusError(f"ledger {mask_url(url)}: schema version {version} is older than this "
+                         f"slurm-horus ({SCHEMA_VERSION}); {REFRESH_ADVICE}")
+    if version > SCHEMA_VERSION:
+        raise _too_new(url, version)

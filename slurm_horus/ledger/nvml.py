@@ -1,0 +1,98 @@
+"""The one place that talks to NVML (nvidia-ml-py, ``pip install slurm-horus[probe]``): a job's
+(or a process's) GPU use, per process, and the summary of a run of samples.
+
+horus-probe's loops and calibrate's background sampler both call ``NvmlSampler.sample(pids)``
+and add the result to a ``Summary``, so the ledger's measurements and calibration's rows are the
+same quantity: SM utilization from nvmlDeviceGetProcessUtilization and memory from
+nvmlDeviceGetComputeRunningProcesses, summed over the given processes on the sampler's GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class NvmlSampler:
+    """Per-process use on the GPUs ``gpu_ids`` (physical indices or UUIDs; empty: every GPU).
+    Raises ImportError (no nvidia-ml-py) or an NVMLError (no driver, no such GPU) from __init__.
+    ``index`` is the GPU's index when it samples exactly one GPU, else None."""
+
+    def __init__(self, gpu_ids: list[str]):
+        import pynvml  # nvidia-ml-py
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.handles = []
+        ids = gpu_ids or [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        for g in ids:
+            if g.isdigit():
+                self.handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(g)))
+            else:
+                self.handles.append(pynvml.nvmlDeviceGetHandleByUUID(g))
+        self.last_ts = {id(h): 0 for h in self.handles}
+        self.index = None
+        if len(self.handles) == 1:
+            try:
+                self.index = int(pynvml.nvmlDeviceGetIndex(self.handles[0]))
+            except Exception:
+                self.index = int(ids[0]) if ids[0].isdigit() else None
+
+    def sample(self, pids: set[int]) -> tuple[float | None, float]:
+        """(SM utilization % of ``pids`` since the last call, or None where NVML has no samples;
+        the MiB they hold now), summed over the GPUs."""
+        n = self.nvml
+        util = None
+        mem = 0.0
+        for h in self.handles:
+            try:
+                samples = n.nvmlDeviceGetProcessUtilization(h, self.last_ts[id(h)])
+                for s in samples:
+                    self.last_ts[id(h)] = max(self.last_ts[id(h)], int(s.timeStamp))
+                    if s.pid in pids:
+                        util = (util or 0.0) + float(s.smUtil)
+                if util is None:
+                    util = 0.0
+            except n.NVMLError:
+                pass  # no samples since last time / not supported: utilization unknown
+            try:
+                for p in n.nvmlDeviceGetComputeRunningProcesses(h):
+                    if p.pid in pids and p.usedGpuMemory:
+                        mem += p.usedGpuMemory / 2 ** 20
+            except n.NVMLError:
+                pass
+        return (min(util, 100.0 * len(self.handles)) if util is not None else None), mem
+
+    def device_use(self) -> tuple[float, float]:
+        """(utilization %, used MiB) of the whole first GPU, every process's: for a caller whose
+        processes NVML cannot see (a container with its own PID namespace)."""
+        n, h = self.nvml, self.handles[0]
+        return (float(n.nvmlDeviceGetUtilizationRates(h).gpu),
+                n.nvmlDeviceGetMemoryInfo(h).used / 2 ** 20)
+
+    def close(self):
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+@dataclass
+class Summary:
+    """Samples of one run reduced to what the ledger stores: mean and max utilization (over the
+    samples that had one) and peak memory."""
+
+    samples: int = 0
+    util_samples: list = field(default_factory=list)
+    mem_peak_mib: float = 0.0
+
+    def add(self, util: float | None, mem: float) -> None:
+        self.samples += 1
+        if util is not None:
+            self.util_samples.append(util)
+        self.mem_peak_mib = max(self.mem_peak_mib, mem)
+
+    def result(self) -> dict:
+        u = self.util_samples
+        return {"util_mean": sum(u) / len(u) if u else None, "util_max": max(u) if u else None,
+                "mem_peak_mib": self.mem_peak_mib if self.samples else None,
+                "samples": self.samples}

@@ -1,0 +1,335 @@
+"""``horus-probe --prolog`` / ``--epilog``: the per-job probe slurmd starts and stops, as root.
+
+``prolog`` (slurmd's ``Prolog``; not the TaskProlog, which runs as the user) reads the job from
+``scontrol -d show job $SLURM_JOB_ID`` (its node-local GPU indices and type,
+``parse.job_gpus_on_node``), detaches completely (double fork, setsid, every fd closed: slurmd
+does not wait) and samples the job's processes (``scontrol listpids``, else the job's cgroup)
+until ``epilog`` (slurmd's ``Epilog``) stops it through the pid file in a root-only run folder;
+then it writes one usage row (source "probe") with ``ledger.record_usage_safely`` (ledger
+timeouts; the root-only spool ``/var/spool/slurm-horus`` or $HORUS_SPOOL as fallback).
+Nothing here ever prints or raises: a probe must never harm a job or slurmd.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import stat
+import subprocess
+import time
+
+from slurm_horus.ledger import record_usage_safely
+from slurm_horus.ledger.nvml import Summary
+from slurm_horus.ledger.probe import pid_alive, sampler_factory_from_env
+from slurm_horus.slurm import parse as sp
+
+DEFAULT_RUN_DIR = "/run/slurm-horus"      # pid files of running probes (root, 0700)
+DEFAULT_SPOOL = "/var/spool/slurm-horus"  # fallback when the ledger is unreachable (root, 0700)
+DEFAULT_INTERVAL = 5.0
+SCONTROL_TIMEOUT_S = 10.0
+JOB_CHECK_EVERY_S = 60.0                  # a probe whose job is gone (Epilog missed) stops itself
+LIVE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING", "STOPPED", "RESIZING",
+               "SIGNALING", "STAGE_OUT", "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+class ProbeLog:
+    """One-line messages to $HORUS_PROBE_LOG (appended; root's file), else nowhere: a detached
+    probe has no terminal, and the Prolog/Epilog must print nothing."""
+
+    def __init__(self, path: str | None, job_id=None, node=None):
+        self.path = path or None
+        self.tag = f"job {job_id}" + (f" on {node}" if node else "")
+
+    def __call__(self, msg: str) -> None:
+        if not self.path:
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} horus-probe[{os.getpid()}] "
+                        f"{self.tag}: {msg}\n")
+        except Exception:
+            pass
+
+
+def _env_job(env: dict) -> tuple[str | None, str | None, str]:
+    job = (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "").strip()
+    node = (env.get("SLURMD_NODENAME") or "").strip() or None
+    return (job if job.isdigit() else None), node, (env.get("SLURM_CLUSTER_NAME") or "").strip()
+
+
+def run_dir(env: dict) -> str:
+    return env.get("HORUS_PROBE_RUN_DIR") or DEFAULT_RUN_DIR
+
+
+def pid_file(env: dict, job_id: str, node: str | None) -> str:
+    """``<run dir>/<jobid>.<node>.pid`` (two slurmd on one host run two Prologs per job)."""
+    return os.path.join(run_dir(env), f"{int(job_id)}.{node or 'local'}.pid")
+
+
+def _root_folder(path: str) -> str | None:
+    """Make ``path`` a folder that only root writes (0700 when created). The reason it is not, or
+    None."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        return f"{path}: {e.strerror or e}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path}: not a folder"
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        return f"{path}: must be owned by root and not group/other-writable"
+    return None
+
+
+def _scontrol(args: list[str], env: dict, timeout: float = SCONTROL_TIMEOUT_S) -> str | None:
+    try:
+        cp = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout,
+                            env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return cp.stdout if cp.returncode == 0 else None
+
+
+def job_record(job_id: str, env: dict, tries: int = 3) -> dict | None:
+    """The job's ``scontrol -d show job`` record (retried: slurmctld may be busy)."""
+    for k in range(tries):
+        out = _scontrol(["-d", "show", "job", str(job_id)], env)
+        recs = sp.parse_scontrol_records(out) if out else []
+        if recs:
+            return recs[0]
+        if k + 1 < tries:
+            time.sleep(1.0)
+    return None
+
+
+def placement(job_id: str, node: str | None, env: dict) -> dict | None:
+    """{indices, type, shards, gpus} of the job's GPUs on this node (None: none here), the type
+    completed from the node's ``Gres=gpu:TYPE:N`` when the node has a single GPU type."""
+    rec = job_record(job_id, env)
+    if rec is None:
+        return None
+    place = sp.job_gpus_on_node(rec, node)
+    if place and not place["type"] and node:
+        out = _scontrol(["show", "node", node], env)
+        nodes = [n for n in (sp.parse_scontrol_records(out) if out else [])
+                 if n.get("NodeName") == node]
+        types = sp.gpu_types_of_node(nodes[0]) if nodes else {}
+        if len(types) == 1:
+            place["type"] = next(iter(types))
+    return place
+
+
+def job_pids(job_id: str, node: str | None, env: dict) -> set[int]:
+    """The job's processes on this node: ``scontrol listpids`` (as root), else the job's cgroup."""
+    out = _scontrol(["listpids", str(job_id)] + ([node] if node else []), env, timeout=5.0)
+    pids = set(sp.parse_listpids(out)) if out else set()
+    if not pids:
+        job = f"job_{int(job_id)}"
+        for pattern in (f"/sys/fs/cgroup/system.slice/slurmstepd.scope/{job}/**/cgroup.procs",  # v2
+                        f"/sys/fs/cgroup/*/slurm*/uid_*/{job}/**/cgroup.procs"):              # v1
+            for f in glob.glob(pattern, recursive=True):
+                try:
+                    with open(f) as fh:
+                        pids.update(int(x) for x in fh.read().split() if x.isdigit())
+                except OSError:
+                    pass
+    return pids
+
+
+def _detach() -> bool:
+    """Double fork + setsid. True in the detached grandchild (stdio on /dev/null, every other fd
+    closed, cwd /, umask 077); False in the caller, once the first child has exited."""
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return False
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        os.chdir("/")
+        os.umask(0o077)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        try:
+            maxfd = os.sysconf("SC_OPEN_MAX")
+        except (ValueError, OSError):
+            maxfd = 65536
+        os.closerange(3, min(maxfd, 1 << 20))
+        for sig in (signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_IGN)
+        return True
+    except BaseException:
+        os._exit(0)
+
+
+def prolog(env: dict | None = None, *, detach: bool = True, sampler_factory=None,
+           interval: float | None = None, url: str | None = None) -> int:
+    """``horus-probe --prolog``: measure the job slurmd is starting here, until the Epilog.
+    Returns at once in the caller (0) when ``detach``; the detached process exits when done."""
+    env = dict(os.environ if env is None else env)
+    job_id, node, cluster = _env_job(env)
+    log = ProbeLog(env.get("HORUS_PROBE_LOG"), job_id, node)
+    if job_id is None:
+        log("no SLURM_JOB_ID: nothing to probe")
+        return 0
+    if detach and not _detach():
+        return 0
+    try:
+        _measure(env, job_id, node, cluster, log, sampler_factory, interval, url)
+    except Exception as e:  # noqa: BLE001 - a probe never harms anything
+        log(f"error: {type(e).__name__}: {e}")
+    if detach:
+        os._exit(0)
+    return 0
+
+
+def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) -> None:
+    place = placement(job_id, node, env)
+    if not place:
+        log("no GPU or shard on this node (or no job record): not probed")
+        return
+    why = _root_folder(run_dir(env))
+    if why:
+        log(f"not probed: run folder {why}")
+        return
+    try:
+        factory = sampler_factory or sampler_factory_from_env(env, job_id)
+        sampler = factory([str(i) for i in place["indices"]])
+    except Exception as e:  # no NVML / no GPU: quietly no record
+        log(f"no sampler ({type(e).__name__}: {e}): not probed")
+        return
+    stopping = {"flag": False}
+
+    def on_term(_signum, _frame):
+        stopping["flag"] = True
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_term)
+    pidf = pid_file(env, job_id, node)
+    tmp = f"{pidf}.{os.getpid()}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
+        f.write(f"{os.getpid()} {job_id}\n")
+    os.replace(tmp, pidf)
+    if interval is None:
+        try:
+            interval = max(0.2, float(env.get("HORUS_PROBE_INTERVAL") or DEFAULT_INTERVAL))
+        except ValueError:
+            interval = DEFAULT_INTERVAL
+    log(f"probing GPU {place['indices']} type {place['type']} every {interval:g}s "
+        f"({type(sampler).__name__})")
+    start = time.time()
+    last_check = {"t": start}
+
+    def still_mine() -> bool:
+        try:
+            with open(pidf) as f:
+                return f.read().split()[0] == str(os.getpid())
+        except (OSError, IndexError):
+            return False
+
+    def stop() -> bool:
+        if stopping["flag"] or not still_mine():
+            return True
+        if time.time() - last_check["t"] >= JOB_CHECK_EVERY_S:
+            last_check["t"] = time.time()
+            rec = job_record(job_id, env, tries=1)
+            if rec is not None and sp.job_state(rec) not in LIVE_STATES:
+                log(f"job is {sp.job_state(rec)} and no Epilog stopped the probe: stopping")
+                return True
+        return False
+
+    def sleep(seconds: float) -> None:
+        end = time.time() + seconds
+        while not stopping["flag"] and time.time() < end:
+            time.sleep(min(0.2, max(0.0, end - time.time())))
+
+    needs_pids = getattr(sampler, "needs_pids", True)
+    summary = Summary()
+    while not stop():
+        try:
+            pids = job_pids(job_id, node, env) if needs_pids else set()
+            util, mem = sampler.sample(pids)
+            summary.add(util, mem)
+        except Exception:
+            pass
+        sleep(interval)
+    try:
+        sampler.close()
+    except Exception:
+        pass
+    r = summary.result()
+    try:
+        if not r["samples"]:
+            log("no samples: nothing recorded")
+            return
+        index = place["indices"][0] if len(place["indices"]) == 1 else None
+        spool = env.get("HORUS_SPOOL") or DEFAULT_SPOOL
+        why = _root_folder(spool)
+        if why:
+            log(f"spool {why}: a record that cannot reach the ledger is lost")
+        ok = record_usage_safely(
+            url=url or env.get("HORUS_LEDGER_URL") or None, spool=spool,
+            job_id=int(job_id), source="probe", cluster=cluster, util_mean=r["util_mean"],
+            util_max=r["util_max"], mem_peak_mib=r["mem_peak_mib"],
+            elapsed_s=int(time.time() - start), node=node, gpu_index=index,
+            gpu_type=place["type"], shards=place["shards"], gpus=place["gpus"])
+        log(("recorded" if ok else "ledger unreachable, spooled") +
+            f": {r['samples']} samples, util mean {r['util_mean']} max {r['util_max']}, "
+            f"peak {r['mem_peak_mib']} MiB")
+    finally:
+        if still_mine():
+            try:
+                os.unlink(pidf)
+            except OSError:
+                pass
+
+
+def _is_probe(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return b"--prolog" in cmd and b"probe" in cmd
+
+
+def epilog(env: dict | None = None, *, wait: float | None = None) -> int:
+    """``horus-probe --epilog``: stop this job's probe (SIGTERM) and wait, at most ``wait``
+    seconds ($HORUS_PROBE_EPILOG_WAIT, default 10), for it to record. Always 0."""
+    env = dict(os.environ if env is None else env)
+    job_id, node, _ = _env_job(env)
+    log = ProbeLog(env.get("HORUS_PROBE_LOG"), job_id, node)
+    if job_id is None:
+        return 0
+    if wait is None:
+        try:
+            wait = float(env.get("HORUS_PROBE_EPILOG_WAIT") or 10)
+        except ValueError:
+            wait = 10.0
+    pidf = pid_file(env, job_id, node)
+    try:
+        st = os.lstat(pidf)
+        with open(pidf) as f:
+            pid = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # not probed (no GPU here, no NVML), or already done
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or not _is_probe(pid):
+        log(f"stale pid file {pidf}: removed")
+        try:
+            os.unlink(pidf)
+        except OSError:
+            pass
+        return 0
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return 0
+    end = time.time() + wait
+    while time.time() < end and pid_alive(pid) and _is_probe(pid):
+        time.sleep(0.05)
+    if pid_alive(pid) and _is_probe(pid):
+        log(f"probe {pid} still writing after {wait:g}s; left to finish")
+    return 0

@@ -1,0 +1,83 @@
+"""After a sync: the claim record the hook reads, and per-user extracts where jobs are private.
+
+The record file lists, per user and per account, how often measured use exceeded what was
+claimed (``Ledger.under_claims``); ``etc/job_submit.lua`` reads it to refuse shards to repeat
+under-claimers. It is replaced in one rename, so the hook never reads half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import time
+
+from slurm_horus.ledger import write_user_extracts
+from slurm_horus.slurm import commands as slurm
+from slurm_horus.slurm.policy import policy_value
+
+RECORD_HEADER = "# slurm-horus claim record: written by horus-admin sync, read by job_submit.lua\n"
+_NAME_OK = re.compile(r"[^\s#]{1,128}")
+
+
+def claim_record(rows: list[dict]) -> tuple[str, int, int]:
+    """(text, users, accounts) of the hook's record file from Ledger.under_claims rows, most
+    under-claims first, since the hook reads only the first 64 KiB."""
+    users: dict[str, list] = {}
+    accounts: dict[str, list] = {}
+    for r in rows:
+        for into, name in ((users, r["user_name"]), (accounts, r["account"])):
+            if name and _NAME_OK.fullmatch(name):
+                e = into.setdefault(name, [None, 0, 0])
+                e[0] = e[0] if r["uid"] is None else r["uid"]
+                e[1] += r["under_claims"]
+                e[2] += r["jobs"]
+
+    def order(kv):
+        return (-kv[1][1], kv[0])
+    lines = [f"user {'-' if uid is None else uid} {name} {n} {m}\n"
+             for name, (uid, n, m) in sorted(users.items(), key=order)]
+    lines += [f"account - {name} {n} {m}\n" for name, (_, n, m) in sorted(accounts.items(), key=order)]
+    return RECORD_HEADER + "".join(lines), len(users), len(accounts)
+
+
+def write_atomically(path: str | os.PathLike, text: str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``text`` in one rename (readers see the old or the new file)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".record-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def publish(ledger, *, policy: str | None = None, now: float | None = None) -> dict:
+    """After a sync: the hook's record file (policy ``record_file``, counting under-claims over
+    ``underclaim_window_days``) and, where Slurm keeps jobs private, each user's extract of a
+    SQLite ledger, with the main file closed to users (0640 root:root)."""
+    path = policy_value("record_file", "/var/lib/slurm-horus/record", policy)
+    try:
+        days = float(policy_value("underclaim_window_days", "30", policy))
+    except (TypeError, ValueError):
+        days = 30.0
+    text, users, accounts = claim_record(
+        ledger.under_claims((now or time.time()) - days * 86400))
+    write_atomically(path, text)
+    out = {"record_file": path, "record_users": users, "record_accounts": accounts,
+           "extracts": None}
+    db = ledger.sqlite_path()
+    if db is not None and slurm.private_jobs(unknown=False):
+        out["extracts"] = write_user_extracts(ledger, db.parent / "users")["written"]
+        if os.geteuid() == 0:
+            os.chown(db, 0, 0)
+        os.chmod(db, 0o640)
+    return out

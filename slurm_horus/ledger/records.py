@@ -1,0 +1,95 @@
+"""The rows the ledger is given: a submission (what was claimed and predicted) and a usage
+measurement (what a source saw). Validated here, stored as given: the ledger re-derives nothing
+from the model or the workload.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+
+from slurm_horus.errors import HorusError
+
+SOURCES = ("sacct", "probe", "import")
+
+
+def _json(v):
+    if v is None or isinstance(v, str):
+        return v
+    return json.dumps(v, sort_keys=True, default=_jdefault)
+
+
+def _jdefault(o):
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if hasattr(o, "__dict__"):
+        return o.__dict__
+    return str(o)
+
+
+def _pred_dict(p) -> dict:
+    if isinstance(p, dict):
+        return p
+    return p.to_dict() if hasattr(p, "to_dict") else dict(p)
+
+
+def family_of(model_path: str) -> str:
+    """A model's family from its file name: 'resnet50_bs64.onnx' -> 'resnet50'."""
+    stem = Path(str(model_path)).name
+    stem = re.sub(r"\.onnx$", "", stem, flags=re.I)
+    stem = re.split(r"[._-](?:bs|b|batch|v|ep|epoch|step)?\d*$", stem)[0] or stem
+    return stem.lower()[:64]
+
+
+def submission_record(*, job_id, cluster="", user=None, account=None, submit_time=None,
+                      model_path=None, model_sha256=None, model_family=None,
+                      feature_version=None, features=None, workload=None, gpu_types=None,
+                      predictions=None, hint=None, policy_decision=None, predictor=None,
+                      uid=None) -> dict:
+    """A submissions row; ``predictions`` is {gres type: prediction (dict or to_dict())}."""
+    try:
+        job_id = int(str(job_id).split(";")[0])
+    except ValueError:
+        raise HorusError(f"ledger: bad job id {job_id!r}") from None
+    preds = {str(k): _pred_dict(v) for k, v in (predictions or {}).items()}
+    if predictor is None and preds:
+        predictor = next(iter(preds.values())).get("predictor")
+    if model_family is None and model_path:
+        model_family = family_of(model_path)
+    if workload is not None and not isinstance(workload, (dict, str)):
+        workload = asdict(workload) if is_dataclass(workload) else dict(workload)
+    return {"cluster": cluster or "", "job_id": job_id, "user_name": user, "account": account,
+            "submit_time": int(submit_time if submit_time is not None else time.time()),
+            "model_path": str(model_path) if model_path else None, "model_sha256": model_sha256,
+            "model_family": model_family, "feature_version": feature_version,
+            "features": _json(features), "workload": _json(workload),
+            "gpu_types": _json(list(gpu_types) if gpu_types is not None else sorted(preds) or None),
+            "predictions": _json(preds), "hint": hint, "policy_decision": _json(policy_decision),
+            "predictor": predictor, "uid": None if uid is None else int(uid)}
+
+
+def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, mem_peak_mib=None,
+                 elapsed_s=None, state=None, node=None, gpu_type=None, gpu_index=None,
+                 gpus=None, shards=None, colocated=None, start_time=None, end_time=None,
+                 recorded=None) -> dict:
+    """A usage row: ``gpus`` whole GPUs allocated (gres/gpu), ``shards`` shards (gres/shard)."""
+    if source not in SOURCES:
+        raise HorusError(f"ledger: usage source must be one of {', '.join(SOURCES)}, not {source!r}")
+    if isinstance(colocated, (list, tuple, set)):
+        colocated = ",".join(str(x) for x in sorted(colocated, key=lambda x: int(x))) or None
+
+    def f(x):
+        return None if x is None else float(x)
+
+    def i(x):
+        return None if x is None else int(x)
+    return {"cluster": cluster or "", "job_id": int(job_id), "source": source,
+            "util_mean": f(util_mean), "util_max": f(util_max), "mem_peak_mib": f(mem_peak_mib),
+            "elapsed_s": i(elapsed_s), "state": state, "node": node, "gpu_type": gpu_type,
+            "gpu_index": i(gpu_index), "gpus": i(gpus), "shards": i(shards),
+            "colocated": colocated,
+            "start_time": i(start_time), "end_time": i(end_time),
+            "recorded": int(recorded if recorded is not None else time.time())}

@@ -1,0 +1,90 @@
+"""The ledger's schema: ``sql/schema.sql`` is its one definition.
+
+The DDL and the reporting views are executed from ``sql/schema.sql`` and ``sql/views.sql``, so
+what admins read is what runs. The SQLAlchemy tables the code builds its statements from are
+reflected from that same file (run once into an in-memory SQLite), so they cannot drift from it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from slurm_horus.errors import HorusError
+
+# 6: per-job accuracy terms stored for hacct --summary (ledger.jobs.accuracy_terms).
+SCHEMA_VERSION = 6
+KEYS = {"submissions": ("cluster", "job_id"), "usage": ("cluster", "job_id", "source"),
+        "jobs": ("cluster", "job_id"), "predictor_versions": ("version",),
+        "ledger_state": ("name",)}
+
+
+def sql_dir() -> Path:
+    """Folder holding schema.sql and views.sql ($HORUS_SQL_DIR, else the repository's sql/,
+    else the one an installed wheel puts under <prefix>/share/slurm-horus/sql)."""
+    env = os.environ.get("HORUS_SQL_DIR")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for cand in (here.parents[2] / "sql", Path(sys.prefix) / "share" / "slurm-horus" / "sql"):
+        if (cand / "schema.sql").is_file():
+            return cand
+    raise HorusError("ledger: sql/schema.sql not found (set HORUS_SQL_DIR)")
+
+
+def schema_text() -> str:
+    return (sql_dir() / "schema.sql").read_text()
+
+
+def views_text() -> str:
+    return (sql_dir() / "views.sql").read_text()
+
+
+def split_sql(text: str) -> list[str]:
+    """Statements of a .sql file: `--` comments dropped, split at `;` ending a line."""
+    lines = [ln.split("--", 1)[0].rstrip() for ln in text.splitlines()]
+    out, cur = [], []
+    for ln in lines:
+        if not ln.strip():
+            continue
+        cur.append(ln)
+        if ln.endswith(";"):
+            stmt = "\n".join(cur).rstrip(";").strip()
+            if stmt:
+                out.append(stmt)
+            cur = []
+    if cur and "\n".join(cur).strip():
+        out.append("\n".join(cur).strip())
+    return out
+
+
+def exec_script(conn, text: str) -> None:
+    """Run every statement of a .sql text (escaping % for format-paramstyle drivers)."""
+    pct = conn.dialect.paramstyle in ("format", "pyformat")
+    for stmt in split_sql(text):
+        conn.exec_driver_sql(stmt.replace("%", "%%") if pct else stmt)
+
+
+_TABLES: dict | None = None
+
+
+def tables() -> dict:
+    """{name: sqlalchemy Table} of the newest schema, reflected from schema.sql."""
+    global _TABLES
+    if _TABLES is None:
+        from sqlalchemy import MetaData, create_engine
+
+        md = MetaData()
+        engine = create_engine("sqlite://")
+        with engine.begin() as conn:
+            exec_script(conn, schema_text())
+            md.reflect(conn)
+        engine.dispose()
+        _TABLES = dict(md.tables)
+    return _TABLES
+
+
+def job_fields() -> tuple[str, ...]:
+    """The columns of a jobs row besides its key, in schema order."""
+    return tuple(c.name for c in tables()["jobs"].columns if c.name not in KEYS["jobs"])

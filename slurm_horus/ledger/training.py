@@ -1,0 +1,95 @@
+"""The ledger's measured jobs as the learned model's training rows (and the stored cold-start
+figures each job was predicted with), for retrain and the history export.
+
+Only what serving saw goes in: the features stored at submission, sync or import and the cold
+start stored with them, never one recomputed here (from stored features alone the graph's nodes
+are gone, and training must see the inputs serving saw). Failed measurements
+(ledger.failed_measurement) are counted and left out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from sqlalchemy import and_, select
+
+from slurm_horus.errors import HorusError
+from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+from slurm_horus.ledger import tables
+from slurm_horus.predict.coldstart import Prediction
+from slurm_horus.predict.gpus import default_catalog
+from slurm_horus.predict.learned import input_row
+from slurm_horus.predict.workload import workload_from
+
+
+@dataclass
+class TrainingSet:
+    keys: list = field(default_factory=list)       # "cluster/job_id" of each row
+    X: list = field(default_factory=list)
+    mem: list = field(default_factory=list)
+    util: list = field(default_factory=list)
+    cold_mem: list = field(default_factory=list)
+    cold_util: list = field(default_factory=list)
+    gpu_types: list = field(default_factory=list)
+    skipped: int = 0
+    failed: int = 0    # failed measurements, excluded
+
+
+def stored_cold(c: dict | None, gpu) -> Prediction:
+    """The cold-start prediction a job was served with, from the figures stored beside its
+    prediction for a GPU type ({"mem_mib", "util_pct", "gpu_ms_per_step", "host_ms_per_step"});
+    ValueError when they are not there."""
+    if not (isinstance(c, dict) and c.get("mem_mib") and c.get("util_pct") is not None):
+        raise ValueError("no cold-start figures stored")
+    return Prediction(gpu=gpu.name, util_pct=float(c["util_pct"]), mem_mib=float(c["mem_mib"]),
+                      mem_mib_p90=float(c["mem_mib"]), predictor="cold-start",
+                      breakdown={"gpu_ms_per_step": float(c.get("gpu_ms_per_step") or 0),
+                                 "host_ms_per_step": float(c.get("host_ms_per_step") or 0)})
+
+
+def training_set(ledger) -> TrainingSet:
+    """Rows of measured jobs (utilization and memory both known, not a failed measurement)
+    with features and the cold-start figures they were predicted with."""
+    t = tables()
+    s, j = t["submissions"], t["jobs"]
+    stmt = (select(j.c.cluster, j.c.job_id, s.c.features, s.c.workload, s.c.predictions,
+                   s.c.feature_version, j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib,
+                   j.c.failed_measurement)
+            .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
+            .where(j.c.act_util_pct.isnot(None), j.c.act_mem_mib > 0, s.c.features.isnot(None),
+                   j.c.gpu_type.isnot(None))
+            .order_by(j.c.cluster, j.c.job_id))
+    catalog = default_catalog()
+    gpus: dict = {}
+    ts = TrainingSet()
+    with ledger.engine.connect() as conn:
+        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed in conn.execute(stmt):
+            if failed:
+                ts.failed += 1
+                continue
+            try:
+                if fv is not None and int(fv) != FEATURE_VERSION:
+                    raise ValueError("feature version")
+                values = json.loads(feats)
+                if any(n not in values for n in FEATURE_NAMES):
+                    raise ValueError("features")
+                if gtype not in gpus:
+                    gpus[gtype] = catalog.find(gtype)
+                gpu = gpus[gtype]
+                if gpu is None:
+                    raise ValueError("gpu")
+                w = workload_from(json.loads(wl) if wl else None)
+                pred = (json.loads(preds) if preds else {}).get(gtype)
+                cold = stored_cold(pred.get("cold") if isinstance(pred, dict) else None, gpu)
+                ts.X.append(input_row(values, gpu, w, cold))
+            except (ValueError, TypeError, KeyError, AttributeError, HorusError):
+                ts.skipped += 1
+                continue
+            ts.keys.append(f"{cluster}/{int(job_id)}")
+            ts.mem.append(float(mem))
+            ts.util.append(min(max(float(util), 0.0), 100.0))
+            ts.cold_mem.append(cold.mem_mib)
+            ts.cold_util.append(cold.util_pct)
+            ts.gpu_types.append(gpu.name)
+    return ts

@@ -1,0 +1,130 @@
+"""The history file (registry history.json): its format, and the checks that refuse it whole
+unless every field is what HistoryPredictor.fit writes.
+
+hsubmit reads it for every job of a site with the standard library alone, so a corrupt or
+forged file must fail here, with one line that says why, never deep inside a prediction.
+"""
+
+from __future__ import annotations
+
+import math
+
+from slurm_horus.errors import HorusError
+from slurm_horus.predict.coldstart import OPTIMIZERS, PRECISIONS, TASKS
+
+FORMAT = "slurm-horus-history"
+FORMAT_VERSION = 1
+TIERS = ("exact", "graph", "family", "user")
+MAX_MIB = 2.0**24        # 16 TiB: anything above is not a measurement
+MAX_LOG_RATIO = math.log(20.0)
+
+
+def read_history(d, source: str = "history") -> dict:
+    """A history file's content as fit() keeps it: {"created", "graphs", "families", "users",
+    "offsets", "margins"}, each checked; HorusError (naming ``source``) otherwise."""
+    try:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise HorusError("not a slurm-horus history file")
+        if d.get("format_version") != FORMAT_VERSION:
+            raise HorusError(f"history format version {d.get('format_version')!r} is not "
+                             f"supported (expected {FORMAT_VERSION})")
+        graphs = {_sha(k): [check_run(dict(r, sha=k), "run", stored=True) for r in _list(v)]
+                  for k, v in _dict(d["graphs"]).items()}
+        for r in (r for v in graphs.values() for r in v):
+            r.pop("sha")
+        return {"created": str(d.get("created", "")), "graphs": graphs,
+                "families": _pools(d["families"]), "users": _pools(d["users"]),
+                "offsets": {_name(g): {_name(b): _offset(o) for b, o in _dict(v).items()}
+                            for g, v in _dict(d["offsets"]).items()},
+                "margins": {t: _number(v, -MAX_LOG_RATIO, MAX_LOG_RATIO, f"margin {t}")
+                            for t, v in _dict(d["margins"]).items() if t in TIERS}}
+    except HorusError as e:
+        raise HorusError(f"{source}: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise HorusError(f"{source}: corrupt history file ({type(e).__name__}: {e})") from None
+
+
+def _dict(v) -> dict:
+    if not isinstance(v, dict):
+        raise HorusError("malformed history file (object expected)")
+    return v
+
+
+def _list(v) -> list:
+    if not isinstance(v, list):
+        raise HorusError("malformed history file (list expected)")
+    return v
+
+
+def _name(v) -> str:
+    if not isinstance(v, str) or not 0 < len(v) <= 128:
+        raise HorusError(f"malformed history file (bad name {str(v)[:40]!r})")
+    return v
+
+
+def _sha(v) -> str:
+    if not (isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)):
+        raise HorusError(f"malformed history file (bad sha256 {str(v)[:70]!r})")
+    return v
+
+
+def _number(v, lo: float, hi: float, what: str) -> float:
+    if type(v) not in (int, float) or not (lo <= v <= hi):  # NaN fails both comparisons
+        raise HorusError(f"malformed history file ({what} {v!r} outside {lo:g}..{hi:g})")
+    return float(v)
+
+
+def _optional(v, lo, hi, what):
+    return None if v is None else _number(v, lo, hi, what)
+
+
+def check_run(r, what: str, stored: bool = False) -> dict:
+    """A run with every field checked (types, ranges, known workload values)."""
+    r = dict(_dict(r))
+    if not isinstance(r.get("bs"), int) or not 1 <= r["bs"] <= 2**31:
+        raise HorusError(f"malformed history file ({what}: batch size {r.get('bs')!r})")
+    for k, allowed in (("task", TASKS), ("opt", OPTIMIZERS), ("prec", PRECISIONS)):
+        if r.get(k) not in allowed:
+            raise HorusError(f"malformed history file ({what}: {k} {r.get(k)!r})")
+    r["gpu"] = _name(r.get("gpu"))
+    if not isinstance(r.get("dims", ""), str) or len(r.get("dims", "")) > 512:
+        raise HorusError(f"malformed history file ({what}: dims)")
+    r["dims"] = r.get("dims", "")
+    r["mem"] = _number(r.get("mem"), 1e-3, MAX_MIB, "memory")
+    r["util"] = _optional(r.get("util"), 0.0, 100.0, "utilization")
+    r["cold_mem"] = _optional(r.get("cold_mem"), 1e-3, MAX_MIB, "cold-start memory")
+    r["cold_util"] = _optional(r.get("cold_util"), 0.0, 100.0, "cold-start utilization")
+    for k in ("family", "user"):
+        if r.get(k) is not None:
+            r[k] = _name(r[k])
+    if stored:
+        if not isinstance(r.get("n", 1), int) or r.get("n", 1) < 1:
+            raise HorusError(f"malformed history file ({what}: n)")
+    elif r.get("sha") is not None:
+        r["sha"] = _sha(r["sha"])
+    return r
+
+
+def _pools(d) -> dict[str, dict[str, dict]]:
+    out = {}
+    for gpu, v in _dict(d).items():
+        out[_name(gpu)] = {}
+        for name, p in _dict(v).items():
+            p = _dict(p)
+            if not isinstance(p.get("n"), int) or p["n"] < 1:
+                raise HorusError("malformed history file (pool count)")
+            out[gpu][_name(name)] = {
+                "mem_log_ratio": _number(p["mem_log_ratio"], -MAX_LOG_RATIO, MAX_LOG_RATIO,
+                                         "memory ratio"),
+                "util_shift": _optional(p.get("util_shift"), -100.0, 100.0, "utilization shift"),
+                "n": p["n"]}
+    return out
+
+
+def _offset(o) -> dict:
+    o = _dict(o)
+    if not isinstance(o.get("n"), int) or o["n"] < 1:
+        raise HorusError("malformed history file (offset count)")
+    return {"mem_mib": _number(o["mem_mib"], -MAX_MIB, MAX_MIB, "memory offset"),
+            "util_pp": _number(o["util_pp"], -100.0, 100.0, "utilization offset"), "n": o["n"]}
+

@@ -1,0 +1,61 @@
+"""What a job's stored or requested settings mean to the predictors: its Workload, the
+non-batch dimensions as a key, and the model family its file name says.
+
+Submission (hsubmit's options), the ledger's stored workloads, CSV imports and the history all
+describe a job by the same few fields; this is the one place that turns them into a Workload,
+so a missing field means the same default everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from slurm_horus.errors import HorusError
+from slurm_horus.predict.coldstart import Workload
+
+DEFAULTS = {"task": "train", "optimizer": "adam", "precision": "fp32"}
+
+
+def workload_from(d: dict | None) -> Workload:
+    """A Workload from ``batch_size``, ``task``, ``optimizer``, ``precision`` and
+    ``cpus_per_task`` (missing, empty or 0: batch 1, train, adam, fp32, CPUs unknown). Text values
+    are stripped; a batch size or CPU count that is not an integer is a HorusError naming it."""
+    d = d or {}
+
+    def count(key: str) -> int | None:
+        v = d.get(key)
+        if v is None or (isinstance(v, str) and not v.strip()):
+            return None
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            raise HorusError(f"{key.replace('_', ' ')} '{v}' is not an integer") from None
+
+    def text(key: str) -> str:
+        return str(d.get(key) or DEFAULTS[key]).strip()
+
+    return Workload(batch_size=count("batch_size") or 1, task=text("task"),
+                    optimizer=text("optimizer"), precision=text("precision"),
+                    cpus_per_task=count("cpus_per_task") or None)
+
+
+def workload_dict(w: Workload) -> dict:
+    """The stored form of a Workload (what workload_from reads back)."""
+    return {"batch_size": w.batch_size, "task": w.task, "optimizer": w.optimizer,
+            "precision": w.precision, "cpus_per_task": w.cpus_per_task}
+
+
+def dims_key(dims: dict | None, batch: int) -> str:
+    """The non-batch dimensions a run was bound with, as a stable key (sequence length...).
+    A dimension equal to the batch size is taken for the batch dimension."""
+    items = sorted((str(k), int(v)) for k, v in (dims or {}).items() if int(v) != batch)
+    return ",".join(f"{k}={v}" for k, v in items)
+
+
+def family_of(model_path: str) -> str:
+    """A model's family from its file name: 'resnet50_bs64.onnx' -> 'resnet50'."""
+    stem = Path(str(model_path)).name
+    stem = re.sub(r"\.onnx$", "", stem, flags=re.I)
+    stem = re.split(r"[._-](?:bs|b|batch|v|ep|epoch|step)?\d*$", stem)[0] or stem
+    return stem.lower()[:64]

@@ -1,0 +1,143 @@
+"""The simulated cluster: nodes and their GPUs, from a size, a JSON file or a slurm.conf."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from slurm_horus.errors import HorusError
+from slurm_horus.predict.gpus import get_gpu
+from slurm_horus.slurm.parse import expand_hostlist, parse_conf_lines, parse_gres
+
+__all__ = ["NodeSpec", "ClusterSpec", "homogeneous_cluster", "cluster_from_json", "cluster_from_slurm_conf"]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    gpu_type: str
+    gpus: int
+    mem_mib: float | None = None  # GPU memory; default: the GPU catalog's figure for gpu_type
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    nodes: tuple[NodeSpec, ...]
+
+    def __post_init__(self):
+        if not self.nodes:
+            raise HorusError("cluster: no node with GPUs")
+        for n in self.nodes:
+            if not isinstance(n.gpus, int) or n.gpus < 1:
+                raise HorusError(f"cluster: node {n.name}: need a positive GPU count")
+            if not re.fullmatch(r"[a-z0-9_-]{1,32}", n.gpu_type or ""):
+                raise HorusError(f"cluster: node {n.name}: bad GPU type {n.gpu_type!r}")
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return list(dict.fromkeys(n.gpu_type for n in self.nodes))
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        return max(n.gpus for n in self.nodes)
+
+    def mem_mib(self, gpu_type: str) -> float:
+        for n in self.nodes:
+            if n.gpu_type == gpu_type and n.mem_mib:
+                return float(n.mem_mib)
+        return float(get_gpu(gpu_type).mem_mib)
+
+    def describe(self) -> str:
+        parts = []
+        for t in self.gpu_types:
+            g = sum(n.gpus for n in self.nodes if n.gpu_type == t)
+            k = sum(1 for n in self.nodes if n.gpu_type == t)
+            parts.append(f"{g} {t} on {k} nodes")
+        return ", ".join(parts)
+
+
+def homogeneous_cluster(gpus: int, gpu_type: str = "a100", per_node: int = 8) -> ClusterSpec:
+    """``gpus`` GPUs of one type, ``per_node`` per node (the last node takes the rest)."""
+    if gpus < 1 or per_node < 1:
+        raise HorusError("--gpus and --gpus-per-node must be positive")
+    nodes, left, i = [], gpus, 0
+    while left > 0:
+        k = min(per_node, left)
+        nodes.append(NodeSpec(f"n{i:04d}", gpu_type, k))
+        left -= k
+        i += 1
+    return ClusterSpec(tuple(nodes))
+
+
+def cluster_from_json(text: str) -> ClusterSpec:
+    """``{"nodes": [{"name": "g01", "gpu_type": "a100", "gpus": 8, "count": 1, "mem_mib": ...}]}``
+    (``count``: that many identical nodes, named name-0, name-1, ...; default 1)."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise HorusError(f"cluster file: not JSON ({e})") from None
+    raw = data.get("nodes") if isinstance(data, dict) else data
+    if not isinstance(raw, list) or not raw:
+        raise HorusError("cluster file: need {\"nodes\": [{\"name\", \"gpu_type\", \"gpus\"}, ...]}")
+    nodes = []
+    for i, e in enumerate(raw, 1):
+        if not isinstance(e, dict):
+            raise HorusError(f"cluster file: node #{i} is not an object")
+        try:
+            gpus, count = e["gpus"], e.get("count", 1)
+            gtype = str(e["gpu_type"]).lower()
+        except KeyError as k:
+            raise HorusError(f"cluster file: node #{i}: missing {k}") from None
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or isinstance(count, bool) \
+                or not isinstance(count, int) or count < 1:
+            raise HorusError(f"cluster file: node #{i}: gpus and count must be positive integers")
+        mem = e.get("mem_mib")
+        if mem is not None and (not isinstance(mem, (int, float)) or mem <= 0):
+            raise HorusError(f"cluster file: node #{i}: bad mem_mib")
+        name = str(e.get("name") or f"node{i}")
+        for c in range(count):
+            nodes.append(NodeSpec(name if count == 1 else f"{name}-{c}", gtype, gpus, mem))
+    return ClusterSpec(tuple(nodes))
+
+
+def cluster_from_slurm_conf(text: str, gres_conf: str | None = None) -> ClusterSpec:
+    """Nodes with GPUs of a slurm.conf (``NodeName=... Gres=gpu:a100:4,shard:400``).  Untyped
+    ``gpu:N`` takes its type from gres.conf (``Name=gpu Type=a100``) when given."""
+    gres_types: dict[str, str] = {}
+    default_type = None
+    for rec in parse_conf_lines(gres_conf or ""):
+        if rec.get("name") == "gpu" and rec.get("type"):
+            t = rec["type"].lower()
+            if "nodename" in rec:
+                for h in expand_hostlist(rec["nodename"]):
+                    gres_types[h] = t
+            else:
+                default_type = t
+    defaults: dict[str, str] = {}
+    nodes = []
+    for rec in parse_conf_lines(text):
+        if "nodename" not in rec:
+            continue
+        if rec["nodename"].upper() == "DEFAULT":
+            defaults.update({k: v for k, v in rec.items() if k != "nodename"})
+            continue
+        full = {**defaults, **rec}
+        gres = full.get("gres")
+        if not gres:
+            continue
+        gpus = [g for g in parse_gres(gres) if g["name"] == "gpu"]
+        for host in expand_hostlist(rec["nodename"]):
+            for g in gpus:
+                t = g["type"] or gres_types.get(host) or default_type
+                if not t:
+                    raise HorusError(f"slurm.conf: node {host}: untyped GPUs and no Type in gres.conf")
+                if g["count"] > 0:
+                    nodes.append(NodeSpec(host, t.lower(), int(g["count"])))
+    if not nodes:
+        raise HorusError("slurm.conf: no NodeName line with Gres=gpu:...")
+    return ClusterSpec(tuple(nodes))

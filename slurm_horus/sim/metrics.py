@@ -1,0 +1,59 @@
+"""The metrics of a finished simulation (docs/simulator.md lists them)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["metrics", "pct"]
+
+
+def pct(xs: list[float], p: float) -> float:
+    """The p-quantile of sorted ``xs`` (linear interpolation; 0 when empty)."""
+    if not xs:
+        return 0.0
+    k = (len(xs) - 1) * p
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> dict[str, Any]:
+    """Per-policy figures of the Simulator ``sim`` after its run (t0: the first submit)."""
+    done = [i for i in range(len(sim.jobs)) if sim.end[i] >= 0 and not sim.failed[i]]
+    jct = sorted(sim.end[i] - sim.jobs[i].submit for i in done)
+    waits = [sim.start[i] - sim.jobs[i].submit for i in done]
+    slow = sorted((sim.end[i] - sim.start[i]) / sim.solo[i] for i in done
+                  if not sim.timed_out[i])
+    win = sim.w_end - t0
+    in_win = sum(1 for i in done if sim.end[i] <= sim.w_end)
+    t_end = max((sim.end[i] for i in range(len(sim.jobs)) if sim.end[i] >= 0), default=t0)
+    span = max(t_end - t0, 0.0)
+    G = sim.G
+    return {
+        "jobs": len(sim.jobs),
+        "completed": len(done),
+        "makespan_s": span,
+        "mean_jct_s": sum(jct) / len(jct) if jct else 0.0,
+        "median_jct_s": pct(jct, 0.5),
+        "p95_jct_s": pct(jct, 0.95),
+        "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
+        "gpu_util": sim.acc_util / (G * span) if span > 0 else 0.0,
+        "gpus_busy": sim.acc_busy / span if span > 0 else 0.0,
+        "gpus_busy_frac": sim.acc_busy / (G * span) if span > 0 else 0.0,
+        "mean_slowdown": sum(slow) / len(slow) if slow else 1.0,
+        "p50_slowdown": pct(slow, 0.5) if slow else 1.0,
+        "p95_slowdown": pct(slow, 0.95) if slow else 1.0,
+        "p99_slowdown": pct(slow, 0.99) if slow else 1.0,
+        "window_s": win,
+        "throughput_per_h": 3600.0 * in_win / win if win > 0 else 0.0,
+        "sm_busy": sim.w_util / (G * win) if win > 0 else 0.0,
+        "gpus_alloc": sim.w_busy / (G * win) if win > 0 else 0.0,
+        "oom_failures": sim.oom_failures,
+        "failed_jobs": sum(sim.failed),
+        "timeouts": sim.timeouts,
+        "rejected": rejected,
+        "unschedulable": unschedulable,
+        "shared_starts": sim.shared_starts,
+        "backfilled": sim.backfilled,
+        "sim_wall_s": wall,
+    }

@@ -1,0 +1,253 @@
+"""GPU state and placement of the simulator: which GPUs and shards are free, where a request
+fits now (best fit; the horus scheduler's spread-then-pack), and when one will fit (EASY
+reservations by running jobs' time limits).
+
+:class:`Placement` is the base of :class:`slurm_horus.sim.engine.Simulator`, which owns the jobs
+and the event loop; this half only reads of them ``cur_req``, ``ends`` and ``limit_end``.  The
+state is kept in flat lists and numpy arrays indexed by GPU, updated incrementally, because
+placement runs at every event of a 100k-job run.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from slurm_horus.sim.interference import Interference
+from slurm_horus.sim.policies import Request
+
+# co-location needs the predicted p90 memories plus this per job to fit (CARMA: estimate + 2 GiB)
+MEM_HEADROOM_MIB = 2048.0
+INF = float("inf")
+
+
+def pair_limits(itf: Interference, slowdown_bound: float, max_group: int) -> list[float]:
+    """umax[n]: the largest summed PREDICTED util at which n co-located jobs keep the median
+    per-job speed >= 1 / slowdown_bound (the curve falls with the sum: bisection); -1: never."""
+    umax = [INF, INF]
+    for n in range(2, max_group + 1):
+        lo, hi = 0.0, 100.0 * n
+        if itf.speed(lo, n) < 1.0 / slowdown_bound:
+            umax.append(-1.0)
+            continue
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if itf.speed(mid, n) >= 1.0 / slowdown_bound else (lo, mid)
+        umax.append(lo)
+    return umax
+
+
+class Placement:
+    """Per-GPU and per-node free resources; set up by ``_setup`` from ``cluster``, ``types``,
+    ``tmem``, ``S``, ``max_group``, ``umax`` and ``jobs`` (set by the Simulator)."""
+
+    def _setup(self):
+        S, types = self.S, self.types
+        tix = {t: i for i, t in enumerate(types)}
+        self.gtype, self.gnode, self.gmem_cap = [], [], []
+        self.node_gpus, self.node_type, self.gslot = [], [], []
+        for n, node in enumerate(self.cluster.nodes):
+            ids = []
+            for _ in range(node.gpus):
+                g = len(self.gtype)
+                self.gtype.append(tix[node.gpu_type])
+                self.gnode.append(n)
+                self.gmem_cap.append(self.tmem[tix[node.gpu_type]])
+                self.gslot.append(len(ids))
+                ids.append(g)
+            self.node_gpus.append(ids)
+            self.node_type.append(tix[node.gpu_type])
+        G = len(self.gtype)
+        self.G = G
+        self.maxk = max(len(x) for x in self.node_gpus)
+        # ff[node][slot]: when that GPU is entirely free by its jobs' limits (-inf idle, +inf: no
+        # GPU); ffs[node]: the same sorted (ffs[node][k - 1]: when k of its GPUs are)
+        self.ff = [[-INF] * len(ids) + [INF] * (self.maxk - len(ids)) for ids in self.node_gpus]
+        self.ffs = [sorted(row) for row in self.ff]
+        self.type_nodes = [[n for n in range(len(self.node_gpus)) if self.node_type[n] == t]
+                           for t in range(len(types))]
+        # kheaps[type][k]: (ffs[node][k - 1], node) of that type's nodes, made at the first
+        # reservation for k GPUs; _set_ff pushes each change, entries no longer equal to ffs are stale
+        self.kheaps: list[dict[int, list[tuple[float, int]]]] = [{} for _ in types]
+        self.free = [S] * G
+        self.n_avail = G  # GPUs with at least one free shard
+        self.gjobs: list[list[int]] = [[] for _ in range(G)]
+        self.gutil = [0.0] * G
+        self.gmemu = [0.0] * G
+        self.ghealthy = [0] * G
+        self.gspeed = [1.0] * G
+        self.gcontrib = [0.0] * G
+        self.node_idle = [set(ids) for ids in self.node_gpus]
+        self.part = [[set() for _ in range(S)] for _ in types]     # [type][free] partially used
+        self.nodeb = [[set() for _ in range(self.maxk + 1)] for _ in types]  # [type][idle count]
+        for n, ids in enumerate(self.node_gpus):
+            self.nodeb[self.node_type[n]][len(ids)].add(n)
+        # the per-type util / mem / runtime of each job, indexed by type index
+        self.jtrue = [[j.true[t] for t in types] for j in self.jobs]
+        self.jdur = [[j.duration * j.runtime_x.get(t, 1.0) for t in types] for j in self.jobs]
+        self.jsens = [j.sens for j in self.jobs]
+        # co-location state of the horus scheduler: predicted util / p90 memory summed over each
+        # GPU's shareable jobs, and their count
+        self.pu = np.zeros(G)
+        self.pm = np.zeros(G)
+        self.ns = np.zeros(G, dtype=np.int64)
+        self.gcap = np.array(self.gmem_cap)
+        self.gtype_np = np.array(self.gtype)
+        self.umax_np = np.array(self.umax + [-1.0])
+        # what _share_place reads of each GPU's count ns, kept by _set_share: room for one more
+        # (nsok), the memory headroom of ns + 1 jobs (hm), their util limit (uthr), and the rank
+        # pu + 1000 ns (the fewest jobs, then the least util)
+        self.nsok = np.zeros(G, dtype=bool)
+        self.hm = np.full(G, MEM_HEADROOM_MIB)
+        self.uthr = np.full(G, self.umax_np[1])
+        self.rank = np.zeros(G)
+        self.whole_req = [Request((t,), S, 1) for t in range(len(types))]
+
+    def _set_free(self, g: int, new: int) -> None:
+        old = self.free[g]
+        if old == new:
+            return
+        S, t, n = self.S, self.gtype[g], self.gnode[g]
+        if old == 0:
+            self.n_avail += 1
+        elif new == 0:
+            self.n_avail -= 1
+        if 0 < old < S:
+            self.part[t][old].discard(g)
+        elif old == S:
+            idle = self.node_idle[n]
+            k = len(idle)
+            self.nodeb[t][k].discard(n)
+            idle.discard(g)
+            if k > 1:
+                self.nodeb[t][k - 1].add(n)
+        if new == S:
+            idle = self.node_idle[n]
+            k = len(idle)
+            if k:
+                self.nodeb[t][k].discard(n)
+            idle.add(g)
+            self.nodeb[t][k + 1].add(n)
+        elif new > 0:
+            self.part[t][new].add(g)
+        self.free[g] = new
+
+    def _set_share(self, g: int) -> None:
+        """Refresh GPU g's entries of the arrays _share_place reads after its ns/pu changed."""
+        n = int(self.ns[g])
+        self.nsok[g] = 1 <= n < self.max_group
+        self.hm[g] = MEM_HEADROOM_MIB * (n + 1)
+        self.uthr[g] = self.umax_np[min(n + 1, self.max_group + 1)]
+        self.rank[g] = self.pu[g] + 1000.0 * n
+
+    def _share_place(self, req: Request, exclude: set | None) -> list[int] | None:
+        """The horus scheduler: an idle GPU while there is one (spread); else, under queue
+        pressure, the GPU whose shareable jobs leave the most room, among those where the group's
+        summed predicted util keeps every job's predicted slowdown within the bound and the
+        predicted p90 memories fit."""
+        u, m, rx = req.share
+        best, best_cost = None, INF
+        for t in req.types:  # fastest type first: the first idle GPU is the best idle one
+            whole = self._place(self.whole_req[t], exclude)
+            if whole is not None:
+                best, best_cost = whole, rx[t]
+                break
+        if best_cost <= min(rx[t] for t in req.types):
+            return best
+        ns = self.ns
+        ok = self.nsok & (self.pm + m + self.hm <= self.gcap) & (self.pu + u <= self.uthr)
+        if len(self.types) > 1 and len(req.types) < len(self.types):
+            ok &= np.isin(self.gtype_np, req.types)
+        if exclude:
+            ok[list(exclude)] = False
+        cand = np.flatnonzero(ok)
+        if not len(cand):
+            return best
+        g = int(cand[np.argmin(self.rank[cand])])
+        # co-locate on a faster type rather than run alone on a slower one when the predicted
+        # slowdown there costs less than the slower GPU does
+        t = self.gtype[g]
+        cost = rx[t] / self.itf.speed(self.pu[g] + u, int(ns[g]) + 1)
+        return [g] if cost < best_cost else best
+
+    def _place(self, req: Request, exclude: set | None) -> list[int] | None:
+        """GPUs for ``req`` now (best fit), avoiding ``exclude``; None if it does not fit."""
+        S = self.S
+        if req.share is not None:
+            return self._share_place(req, exclude)
+        for t in req.types:
+            if req.gpus == 1 and req.shards < S:
+                part = self.part[t]
+                for f in range(req.shards, S):
+                    for g in part[f]:
+                        if exclude is None or g not in exclude:
+                            return [g]
+            k = req.gpus
+            nodeb = self.nodeb[t]
+            for c in range(k, self.maxk + 1):
+                for n in nodeb[c]:
+                    idle = self.node_idle[n]
+                    if exclude is not None:
+                        idle = idle - exclude
+                        if len(idle) < k:
+                            continue
+                    return sorted(idle)[:k]
+        return None
+
+    # -- reservations ------------------------------------------------------------------------
+
+    def _set_ff(self, g: int) -> None:
+        """Time GPU g is entirely free again by its jobs' time limits (-inf: idle now)."""
+        jobs, n = self.gjobs[g], self.gnode[g]
+        row, old = self.ff[n], self.ffs[n]
+        if len(jobs) == 1:
+            row[self.gslot[g]] = self.limit_end[jobs[0]]
+        else:
+            row[self.gslot[g]] = max(self.limit_end[x] for x in jobs) if jobs else -INF
+        new = self.ffs[n] = sorted(row)
+        t = self.node_type[n]
+        for k, heap in self.kheaps[t].items():
+            if new[k - 1] != old[k - 1]:
+                heapq.heappush(heap, (new[k - 1], n))
+                if len(heap) > 4 * len(self.type_nodes[t]):  # drop the stale entries
+                    heap[:] = sorted((self.ffs[x][k - 1], x) for x in self.type_nodes[t])
+
+    def _kth_free(self, t: int, k: int) -> tuple[float, int]:
+        """(time, node): the first node of type t whose k-th GPU is entirely free earliest."""
+        heap = self.kheaps[t].get(k)
+        if heap is None:
+            heap = self.kheaps[t][k] = [(self.ffs[n][k - 1], n) for n in self.type_nodes[t]]
+            heapq.heapify(heap)
+        ffs = self.ffs
+        while heap[0][0] != ffs[heap[0][1]][k - 1]:
+            heapq.heappop(heap)
+        return heap[0]
+
+    def _reservation(self, h: int, now: float) -> tuple[float, set]:
+        """EASY: earliest time (by running jobs' time limits) and GPUs at which job h fits."""
+        req, S = self.cur_req[h], self.S
+        if req.gpus > 1 or req.shards >= S or req.share is not None:
+            # whole GPUs on one node: per node, the k-th GPU to become entirely free
+            k, best, best_set = req.gpus, INF, set()
+            for t in req.types:
+                kth, n = self._kth_free(t, k)
+                if kth < best:
+                    best = kth
+                    row, ids = self.ff[n], self.node_gpus[n]
+                    best_set = {ids[x] for x in sorted(range(self.maxk), key=row.__getitem__)[:k]}
+            return max(best, now), best_set
+        # shards on one GPU: release running jobs in order of their limits
+        types = set(req.types)
+        extra: dict[int, int] = {}
+        for end, j in self.ends:
+            sh = self.cur_req[j].shards
+            for g in self.alloc[j]:
+                if self.gtype[g] not in types:
+                    continue
+                e = extra.get(g, 0) + sh
+                extra[g] = e
+                if self.free[g] + e >= req.shards:
+                    return end, {g}
+        return INF, set()
+

@@ -1,0 +1,220 @@
+"""The hook's decision as data: the token job_submit.lua writes beside its note
+(hint.parse_decision), and the policy file as Python reads and rewrites it
+(policy.policy_values, policy.policy_with_overrides) against what the hook does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lupa")
+
+from slurm_horus.errors import HorusError  # noqa: E402
+from slurm_horus.slurm.hint import DECISION_REASONS, HookDecision, parse_decision  # noqa: E402
+from slurm_horus.slurm.policy import decide, policy_values, policy_with_overrides  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+HOOK = REPO / "etc" / "job_submit.lua"
+UID = 54321
+LIGHT = "horus:v1;t4=20/3000/3500;a100=10/3000/3500"  # t4: 26 shards (memory-bound)
+BASE = """shards_per_gpu = 100
+pack_limit_pct = 90
+exclusive_util_pct = 70
+gpu.a100.mem_mib = 40960
+gpu.t4.mem_mib = 15360
+type_order = t4, a100
+type_features = a100, t4
+raw_shards = whole
+"""
+
+# One job per outcome the hook can reach: (name, job, policy extra, expected (action, type, shards, reason)).
+CASES = [
+    ("shared", {"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, "",
+     ("shared", "t4", 26, None)),
+    ("util", {"comment": "horus:v1;t4=85/3000/3500", "tres_per_node": "gres:gpu:1"}, "",
+     ("exclusive", "t4", None, "util")),
+    ("pack limit", {"comment": "horus:v1;t4=95/3000/3500", "tres_per_node": "gres:gpu:1"},
+     "exclusive_util_pct = 100\n", ("exclusive", "t4", None, "pack_limit")),
+    ("memory", {"comment": "horus:v1;t4=10/15000/15000", "tres_per_node": "gres:gpu:t4:1"}, "",
+     ("exclusive", "t4", None, "memory")),
+    ("record", {"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, "RECORD",
+     ("exclusive", "any", None, "record")),
+    ("raw shards", {"tres_per_node": "gres:shard:3"}, "",
+     ("exclusive", "any", None, "raw_shards")),
+    ("not handled", {"comment": LIGHT, "tres_per_node": "gres:gpu:2"}, "",
+     ("unchanged", None, None, "not_handled")),
+    ("bad hint", {"comment": "horus:v1;t4=x", "tres_per_node": "gres:gpu:1"}, "",
+     ("unchanged", None, None, "bad_hint")),
+]
+
+
+def _policy(tmp_path: Path, extra: str, name: str = "policy.conf") -> Path:
+    record = tmp_path / "record"
+    if extra == "RECORD":
+        record.write_text(f"user {UID} alice 4 9\n")
+        extra = ""
+    p = tmp_path / name
+    p.write_text(BASE + f"record_file = {record}\n" + extra)
+    return p
+
+
+def _outcome(d) -> tuple:
+    return d.action, d.gpu_type, d.shards, d.reason
+
+
+@pytest.mark.parametrize("name,job,extra,want", CASES, ids=[c[0] for c in CASES])
+def test_every_outcome_has_a_token_python_reads(tmp_path, name, job, extra, want):
+    d = decide(job, policy_path=_policy(tmp_path, extra), hook_path=HOOK, submit_uid=UID)
+    assert _outcome(d) == want, d.admin_comment
+    assert parse_decision(d.admin_comment) == HookDecision(*want[:3], 100 if want[2] else None, want[3])
+    note, token = d.admin_comment.rsplit(" ", 1)
+    assert d.user_messages == [note] and "horus-decision" not in note and len(token) <= 120
+
+
+def test_the_reason_codes_are_the_hooks():
+    """Every reason code Python accepts is one the hook writes (the CASES reach them all)."""
+    reached = {(c[3][0], c[3][3]) for c in CASES if c[3][3]}
+    assert reached == {(a, r) for a, rs in DECISION_REASONS.items() for r in rs}
+
+
+def _reworded_hook(tmp_path: Path, token_edit: tuple[str, str] | None = None) -> Path:
+    text = HOOK.read_text()
+    for old, new in [('"horus: shared %s shards=%d/%d (util', '"horus: packed onto %s, %d of %d shards (util'),
+                     ('"horus: exclusive "', '"horus: a whole GPU for "'),
+                     ('"horus: unchanged ("', '"horus: left as it was ("'),
+                     ('"horus: ignored hint ("', '"horus: hint not used ("')]:
+        assert old in text
+        text = text.replace(old, new)
+    if token_edit:
+        assert token_edit[0] in text
+        text = text.replace(*token_edit)
+    p = tmp_path / "hooks" / "job_submit.lua"
+    p.parent.mkdir(exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+def test_decisions_come_from_the_token_not_the_wording(tmp_path):
+    reworded = _reworded_hook(tmp_path)
+    for name, job, extra, want in CASES:
+        pol = _policy(tmp_path, extra, name=f"{name}.conf".replace(" ", "_"))
+        d = decide(job, policy_path=pol, hook_path=reworded, submit_uid=UID)
+        assert "horus: shared" not in d.admin_comment and "horus: exclusive" not in d.admin_comment
+        assert _outcome(d) == want, (name, d.admin_comment)
+
+
+def test_a_changed_token_changes_the_decision(tmp_path):
+    """The converse: same note, token says otherwise -> Decision follows the token."""
+    hook = _reworded_hook(tmp_path, ('";type=" .. plan.gtype', '";type=" .. plan.gtype .. "x"'))
+    d = decide(CASES[0][1], policy_path=_policy(tmp_path, ""), hook_path=hook, submit_uid=UID)
+    assert "packed onto t4, 26 of 100 shards" in d.admin_comment and d.job_desc["features"] == "t4"
+    assert (d.action, d.gpu_type, d.shards) == ("shared", "t4x", 26)
+
+
+FAKE = "horus-decision:v1;action=shared;type=a100;shards=1/100"
+
+
+def test_a_fake_token_before_the_hooks_is_not_taken(tmp_path):
+    pol = _policy(tmp_path, "")
+    heavy = {"comment": "horus:v1;t4=85/3000/3500", "tres_per_node": "gres:gpu:1"}
+    for admin in (FAKE, f"note {FAKE}", f"{FAKE};", f"x {FAKE} {FAKE}"):
+        d = decide({**heavy, "admin_comment": admin}, policy_path=pol, hook_path=HOOK, submit_uid=UID)
+        assert d.admin_comment.startswith(admin + "; horus: exclusive t4")
+        assert _outcome(d) == ("exclusive", "t4", None, "util")
+        assert parse_decision(d.admin_comment) == HookDecision("exclusive", "t4", reason="util")
+    # in the user's --comment a token is neither a hint nor a decision
+    d = decide({**heavy, "comment": f"{FAKE} {heavy['comment']}"}, policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    assert _outcome(d) == ("exclusive", "t4", None, "util")
+    # a job the hook leaves alone keeps its AdminComment and has no decision
+    d = decide({"tres_per_node": "gres:gpu:1", "admin_comment": FAKE}, policy_path=pol, hook_path=HOOK)
+    assert d.written == () and d.action == "unchanged" and d.gpu_type is None
+
+
+@pytest.mark.parametrize("text,want", [
+    (None, None),
+    ("", None),
+    ("set by hand", None),
+    ("horus: shared t4 shards=26/100 (util 20%, mem 3500 MiB p90)", None),  # prose alone: no decision
+    (f"a {FAKE}", HookDecision("shared", "a100", 1, 100)),
+    (f"{FAKE}\tnext words", HookDecision("shared", "a100", 1, 100)),  # a later plugin's text is fine
+    (f"{FAKE} horus-decision:v1;action=exclusive;type=t4;reason=util", HookDecision("exclusive", "t4", reason="util")),
+    (f"{FAKE} horus-decision:v2;action=shared", None),        # the last one is unreadable: not the earlier
+    (f"{FAKE} horus-decision:v1;action=shared;type=t4", None),  # shared without shards
+    ("horus-decision:v1;action=exclusive;type=t4", None),      # exclusive without reason
+    ("horus-decision:v1;action=exclusive;type=t4;reason=bad_hint", None),  # not an exclusive reason
+    ("horus-decision:v1;action=unchanged;type=t4;reason=not_handled", None),
+    ("horus-decision:v1;action=unchanged;reason=not_handled", HookDecision("unchanged", reason="not_handled")),
+    ("horus-decision:v1;action=shared;type=t4;shards=0/100", None),
+    ("horus-decision:v1;action=shared;type=T4;shards=1/100", None),
+    ("xhorus-decision:v1;action=shared;type=t4;shards=1/100", None),  # not a word of its own
+])
+def test_parse_decision(text, want):
+    assert parse_decision(text) == want
+
+
+# --------------------------------------------------------------------------- the policy file
+
+VALUES = {
+    "shards_per_gpu": ["200", "0", "10001", "1e3", "-5", "5.0", "1234567890"],
+    "pack_limit_pct": ["50", "101", "0"],
+    "exclusive_util_pct": ["50.5", "100", "100.0001", "5.", ".5", "1.0000000001"],
+    "memory": ["p95", "P95", "p50"],
+    "min_shards": ["5", "0", "101"],
+    "on_bad_hint": ["reject", "fail"],
+    "type_via": ["gres", "node"],
+    "type_choice": ["any", "first"],
+    "raw_shards": ["refuse", "deny"],
+    "min_mem_mib": ["0", "100000000"],
+    "record_file": ["/x/y", "x/y", "/a\x01b"],
+    "underclaim_limit": ["0", "1000001"],
+    "underclaim_window_days": ["7", "0", "36501"],
+    "gpu.v100.mem_mib": ["16384", "0", "lots"],
+}
+
+
+def test_python_accepts_exactly_the_values_the_hook_accepts(tmp_path):
+    n = 0
+    for key, values in VALUES.items():
+        for v in values:
+            n += 1
+            pol = tmp_path / f"p{n}.conf"  # a new path each time: the hook logs each warning once
+            text = BASE + f"{key} = {v}\n"
+            pol.write_text(text)
+            d = decide({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, policy_path=pol, hook_path=HOOK,
+                        submit_uid=UID)
+            hook_rejects = any(f"policy: {key}:" in msg for _, msg in d.log)
+            assert (policy_values(text).get(key) != v) == hook_rejects, (key, v, d.log)
+
+
+def test_policy_with_overrides_replaces_every_base_line(tmp_path):
+    base = BASE + "shards_per_gpu = 100   # again\nmin_mem_mib = 512\n"
+    new = {"shards_per_gpu": "200", "gpu.v100.mem_mib": "16384", "type_order": "v100, t4",
+           "type_features": "v100, t4"}
+    text = policy_with_overrides(base, new)
+    assert policy_values(text) == {**policy_values(base), **new}
+    assert text.startswith("# (overridden below) shards_per_gpu = 100\n")
+    pol = tmp_path / "p.conf"
+    pol.write_text(text)
+    d = decide({"comment": "horus:v1;v100=20/3000/3500;t4=20/3000/3500", "tres_per_node": "gres:gpu:1"},
+               policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    assert (d.action, d.gpu_type, d.shards_per_gpu) == ("shared", "v100", 200), d.admin_comment
+    # an override the hook would reject would leave the base value in force: refused instead
+    text = policy_with_overrides(base, {"raw_shards": "refuse"})
+    assert policy_values(text)["raw_shards"] == "refuse" and text.count("raw_shards = whole") == 1
+
+
+@pytest.mark.parametrize("overrides", [
+    {"shards_per_gpu": "0"}, {"nonsense": "1"}, {"gpu.V100.mem_mib": "1"}, {"memory": "p90 # x"},
+    {"record_file": "/a\n/b"}, {"type_order": " t4"}, {"min_mem_mib": 512}, {"min_shards": "101"},
+])
+def test_policy_with_overrides_refuses_what_the_hook_would_not_read(overrides):
+    with pytest.raises(HorusError):
+        policy_with_overrides(BASE, overrides)
+
+
+def test_policy_with_overrides_stays_within_what_the_hook_reads():
+    with pytest.raises(HorusError, match="1000 lines"):
+        policy_with_overrides("# c\n" * 999, {"memory": "p95"})
+    text = policy_with_overrides("# c\n" * 990, {"memory": "p95"})
+    assert policy_values(text) == {"memory": "p95"}
