@@ -81,7 +81,7 @@ def test_every_command_answers_help_from_any_folder(installed):
         p = _run([str(bin_ / cmd[0]), *cmd[1:], "--help"], work, env)
         assert "Usage:" in p.stdout, cmd
     # hsubmit is sbatch's drop-in: its own flags pass through to sbatch
-    if shutil.which("sbatch"):
+    if shutil.which("sbatch") and os.environ.get("SLURM_CONF"):  # sbatch needs a configuration
         assert "slurm" in _run([str(bin_ / "hsubmit"), "--version"], work, env).stdout.lower()
 
 
@@ -105,8 +105,8 @@ def test_predict_import_retrain_report_simulate_from_the_wheel(installed):
         w.writeheader()
         w.writerows(rows)
     models = work / "models"
-    _run([str(bin_ / "horus-admin"), "retrain", "--import", str(path), "--model-dir", str(models),
-          "--force", "--max-iter", "20"], work, env)
+    models.mkdir(exist_ok=True)  # import refreshes the history of an existing registry
+    _run([str(bin_ / "horus-admin"), "import", str(path), "--model-dir", str(models)], work, env)
     warm = json.loads(_run([str(bin_ / "horus"), "predict", model, "--batch-size", "32", "--gpu",
                             "a100", "--model-dir", str(models), "--json"], work, env).stdout)
     assert warm["predictor"].startswith("history"), warm
@@ -121,9 +121,12 @@ def test_predict_import_retrain_report_simulate_from_the_wheel(installed):
                + r["unschedulable"] + r["timeouts"] >= 40 for r in sim.values())
 
 
-def test_doctor_finds_the_installed_hook_and_policy(installed):
+def test_doctor_runs_from_the_wheel(installed):
     bin_, env, work = installed
     p = _run([str(bin_ / "horus-admin"), "doctor"], work, env, ok=False)
     assert "Traceback" not in p.stderr
+    if not os.environ.get("SLURM_CONF"):  # no Slurm to read: one clear line, exit 2
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        return
     assert p.returncode in (0, 1), p.stderr[-500:]
-    assert "share/slurm-horus/etc" in p.stdout + p.stderr or "job_submit.lua" in p.stdout + p.stderr
+    assert "checked " in p.stdout and "slurm.conf" in p.stdout
