@@ -8,29 +8,14 @@ and outputs kept for the backward pass, since we cannot know what it needs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from slurm_horus.graph.flops import ELEMENTWISE, NORMS, RNN_GATES, node_flops, int_attr, numel, shape_of
 from slurm_horus.graph.load import Graph, TensorInfo
 
 # Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size",
                       "Constant", "Optional", "OptionalGetElement"})
-# Element-wise ops and their FLOPs per output element (transcendentals cost more than a multiply).
-ELEMENTWISE = {
-    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Relu", "Neg", "Abs", "Max", "Min", "Sum", "Mean",
-                     "Where", "Clip", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
-                     "Not", "And", "Or", "Xor", "Sign", "Floor", "Ceil", "Round", "Reciprocal",
-                     "PRelu", "LeakyRelu", "ThresholdedRelu", "Mod", "BitShift", "IsNaN", "IsInf",
-                     "Sqrt", "Pow", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"), 1),
-    **dict.fromkeys(("Exp", "Log", "Sigmoid", "Tanh", "Erf", "Softplus", "Softsign", "Elu", "Selu",
-                     "Celu", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
-                     "Acosh", "Atanh", "HardSigmoid"), 4),
-    **dict.fromkeys(("HardSwish", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "Swish"), 6),
-    "Mish": 8,
-    **dict.fromkeys(("Dropout", "Cast", "CastLike", "Trilu", "Bernoulli",
-                     "RandomNormalLike", "RandomUniformLike"), 0),
-}
 # Element-wise ops whose gradient needs their output (the rest need their inputs). Clip is
 # ReLU6 as exported; models run it in place (hardtanh_), whose backward keeps `result`.
 SAVES_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Exp", "Sqrt", "Softmax", "LogSoftmax",
@@ -41,10 +26,6 @@ SAVES_NOTHING = frozenset({"Add", "Sub", "Neg", "Sum", "Cast", "CastLike", "Conc
                            "AveragePool", "GlobalAveragePool", "ReduceMean", "ReduceSum",
                            "DepthToSpace", "SpaceToDepth", "ConstantOfShape", "Range",
                            "Trilu", "Equal", "Less", "Greater", "Not", "And", "Or"})
-NORMS = {"BatchNormalization": 4, "LayerNormalization": 8, "InstanceNormalization": 8,
-         "GroupNormalization": 8, "LpNormalization": 3, "LRN": 6, "MeanVarianceNormalization": 8,
-         "SkipLayerNormalization": 9, "SimplifiedLayerNormalization": 6, "RMSNormalization": 6,
-         "SkipSimplifiedLayerNormalization": 7, "EmbedLayerNormalization": 9}
 REDUCES = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
                      "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
                      "ArgMax", "ArgMin", "TopK", "CumSum"})
@@ -54,7 +35,6 @@ DATA_MOVEMENT = frozenset({"Transpose", "Concat", "Split", "Slice", "Gather", "G
                            "NonZero", "OneHot", "Compress", "ReverseSequence", "Resize", "Upsample",
                            "EyeLike", "Unique", "SequenceConstruct", "SplitToSequence",
                            "ConcatFromSequence", "SequenceAt"})
-RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention",
                        "PackedAttention", "DecoderMaskedMultiHeadAttention"})
 CATEGORIES = ("conv", "matmul", "attention", "rnn", "norm", "pool", "elementwise", "reduce",
@@ -235,7 +215,7 @@ def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
     param_bytes = sum(params[n].nbytes for n in own_params)
     category = categorize(op, outs)
     attrs = {a.name: a for a in node.attribute}
-    flops, has_rule = _flops(op, category, infos, outs, attrs)
+    flops, has_rule = node_flops(op, category, infos, outs, attrs)
     if category in ("view", "shape"):
         read = write = kernels = 0
     else:
@@ -293,147 +273,12 @@ def categorize(op: str, outs: list[TensorInfo | None]) -> str:
     return "other"
 
 
-def _shape(info: TensorInfo | None) -> tuple[int, ...] | None:
-    if info is None or info.shape is None:
-        return None
-    return tuple(d if isinstance(d, int) else 1 for d in info.shape)
-
-
-def _numel(info: TensorInfo | None) -> int:
-    return info.numel if info is not None else 0
-
-
-def _ints(attrs, name, default=()):
-    a = attrs.get(name)
-    return tuple(a.ints) if a is not None else default
-
-
-def _int(attrs, name, default=0):
-    a = attrs.get(name)
-    return a.i if a is not None else default
-
-
-def _flops(op, category, infos, outs, attrs) -> tuple[int, bool]:
-    """Forward FLOPs of one node and whether a rule covered it."""
-    y = outs[0] if outs else None
-    x = infos[0] if infos else None
-    n_out = _numel(y)
-    if category in ("view", "shape"):
-        return 0, True
-    if category == "conv":
-        w_index = 3 if op == "QLinearConv" else 1
-        w = _shape(infos[w_index]) if len(infos) > w_index else None
-        if w is None or y is None:
-            return 0, False
-        per_out = math.prod(w[1:])
-        if op == "ConvTranspose":  # each input element scatters into Cout/g * kernel outputs
-            macs = _numel(x) * per_out
-        else:
-            macs = n_out * per_out
-        has_bias = len(infos) > 2 and infos[2] is not None and op in ("Conv", "ConvTranspose")
-        return 2 * macs + (n_out if has_bias else 0), True
-    if category == "matmul":
-        return _matmul_flops(op, infos, y, attrs)
-    if category == "attention":
-        return _attention_flops(op, infos, attrs)
-    if category == "rnn":
-        return _rnn_flops(op, infos, attrs)
-    if category == "norm":
-        return NORMS[op] * _numel(x), True
-    if category == "pool":
-        if op.startswith("Global"):
-            return _numel(x), True
-        kernel = _ints(attrs, "kernel_shape", (1,))
-        return n_out * math.prod(kernel), True
-    if category == "softmax":
-        return 5 * _numel(x), True
-    if category == "elementwise":
-        return ELEMENTWISE[op] * n_out, True
-    if category == "reduce":
-        return _numel(x), True
-    if category == "data":
-        return (4 * n_out if op in ("Resize", "Upsample") else 0), True
-    return n_out, False
-
-
-def _matmul_flops(op, infos, y, attrs) -> tuple[int, bool]:
-    if op == "Einsum":
-        return _einsum_flops(infos, attrs)
-    b_index = 3 if op == "QLinearMatMul" else 1
-    a = _shape(infos[0]) if infos else None
-    b = _shape(infos[b_index]) if len(infos) > b_index else None
-    if a is None or b is None or y is None or not a:
-        return 0, False
-    if op in ("Gemm", "FusedGemm"):
-        k = a[0] if _int(attrs, "transA") else a[-1]
-        macs = _numel(y) * k
-        bias = _numel(y) if len(infos) > 2 and infos[2] is not None else 0
-        return 2 * macs + bias, True
-    if op == "MatMulNBits":
-        k = _int(attrs, "K", a[-1])
-    else:
-        k = a[-1]
-    return 2 * _numel(y) * k, True
-
-
-def _einsum_flops(infos, attrs) -> tuple[int, bool]:
-    eq = attrs["equation"].s.decode() if "equation" in attrs else ""
-    lhs = eq.replace(" ", "").split("->")[0].split(",")
-    sizes: dict[str, int] = {}
-    for term, info in zip(lhs, infos):
-        shape = _shape(info)
-        if shape is None or "." in term or len(term) != len(shape):
-            return 0, False
-        sizes.update(zip(term, shape))
-    return 2 * math.prod(sizes.values()), True
-
-
-def _attention_flops(op, infos, attrs) -> tuple[int, bool]:
-    """Scores (Q K^T) and context (P V) matmuls, softmax, and packed projections if present."""
-    q = _shape(infos[0]) if infos else None
-    if q is None:
-        return 0, False
-    heads = max(_int(attrs, "num_heads", 1), 1)
-    flops = 0
-    if op == "Attention" and len(infos) > 1 and infos[1] is not None and len(q) == 3 \
-            and len(_shape(infos[1]) or ()) == 2:
-        w = _shape(infos[1])  # com.microsoft Attention: packed QKV projection [hidden, 3*hidden]
-        batch, seq, _ = q
-        flops += 2 * batch * seq * math.prod(w)
-        hidden = w[1] // 3
-        return flops + 4 * batch * seq * seq * hidden + 5 * batch * heads * seq * seq, True
-    k = _shape(infos[1]) if len(infos) > 1 else None
-    v = _shape(infos[2]) if len(infos) > 2 else None
-    k = k or q
-    v = v or k
-    if len(q) == 4:  # [batch, heads, seq, head_dim]
-        batch, heads, sq, dq = q
-        skv, dv = k[-2], v[-1]
-    else:  # [batch, seq, heads * head_dim]
-        batch, sq, dq = q[0], q[-2], q[-1] // heads
-        skv, dv = k[-2], v[-1] // heads
-    flops = 2 * batch * heads * sq * skv * (dq + dv) + 5 * batch * heads * sq * skv
-    return flops, True
-
-
-def _rnn_flops(op, infos, attrs) -> tuple[int, bool]:
-    x = _shape(infos[0]) if infos else None
-    w = _shape(infos[1]) if len(infos) > 1 else None
-    if x is None or w is None or len(x) != 3 or len(w) != 3:
-        return 0, False
-    seq, batch = (x[1], x[0]) if _int(attrs, "layout") else (x[0], x[1])
-    directions, gates_h, inputs = w
-    hidden = gates_h // RNN_GATES[op]
-    per_step = 2 * batch * gates_h * (inputs + hidden) + 2 * batch * gates_h + 10 * batch * hidden
-    return directions * seq * per_step, True
-
-
 def _kernels(op, category, infos, attrs, node) -> int:
     """GPU kernel launches for one node, as an eager framework issues them."""
     if category == "rnn":
-        x = _shape(infos[0]) if infos else None
-        seq = (x[1] if _int(attrs, "layout") else x[0]) if x and len(x) == 3 else 1
-        w = _shape(infos[1]) if len(infos) > 1 else None
+        x = shape_of(infos[0]) if infos else None
+        seq = (x[1] if int_attr(attrs, "layout") else x[0]) if x and len(x) == 3 else 1
+        w = shape_of(infos[1]) if len(infos) > 1 else None
         directions = w[0] if w else 1
         return 2 * seq * directions
     if category == "conv" and len(node.input) > 2 and node.input[2]:
@@ -458,14 +303,14 @@ def _saved_for_backward(op, category, node, activations, infos, outs, attrs, par
     if category in ("matmul", "attention"):
         saved = list(activations)
         if category == "attention":  # the softmax probabilities stay too
-            q = _shape(infos[0]) if infos else None
+            q = shape_of(infos[0]) if infos else None
             if q:
-                heads = q[1] if len(q) == 4 else max(_int(attrs, "num_heads", 1), 1)
+                heads = q[1] if len(q) == 4 else max(int_attr(attrs, "num_heads", 1), 1)
                 extra = q[0] * heads * q[-2] * q[-2] * 4
         return saved, extra
     if category == "rnn":
-        x = _shape(infos[0]) or (1, 1, 1)
-        w = _shape(infos[1]) if len(infos) > 1 else None
+        x = shape_of(infos[0]) or (1, 1, 1)
+        w = shape_of(infos[1]) if len(infos) > 1 else None
         gates = w[1] if w else 0
         directions = w[0] if w else 1
         hidden = gates // RNN_GATES[op] if gates else 0
@@ -476,11 +321,11 @@ def _saved_for_backward(op, category, node, activations, infos, outs, attrs, par
         return activations[:1], 0
     if category == "pool":
         if op in ("MaxPool", "GlobalMaxPool", "MaxRoiPool", "LpPool"):
-            extra = _numel(outs[0] if outs else None) * 8  # argmax indices (int64)
+            extra = numel(outs[0] if outs else None) * 8  # argmax indices (int64)
             return activations[:1], extra
         return [], 0
     if op == "Dropout":
-        return [], _numel(infos[0] if infos else None)  # the boolean mask
+        return [], numel(infos[0] if infos else None)  # the boolean mask
     if op in SAVES_OUTPUT or category == "softmax":
         return [n for n in node.output[:1] if n], 0
     if op == "Gather":  # an embedding lookup keeps its indices

@@ -1,0 +1,164 @@
+"""Stage 2a: the FLOPs of one node (2 per multiply-accumulate, the convention of published
+model figures), with whether the count is exact or a floor."""
+
+from __future__ import annotations
+
+import math
+
+from slurm_horus.graph.load import TensorInfo
+
+# Element-wise ops and their FLOPs per output element (transcendentals cost more than a multiply).
+ELEMENTWISE = {
+    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Relu", "Neg", "Abs", "Max", "Min", "Sum", "Mean",
+                     "Where", "Clip", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                     "Not", "And", "Or", "Xor", "Sign", "Floor", "Ceil", "Round", "Reciprocal",
+                     "PRelu", "LeakyRelu", "ThresholdedRelu", "Mod", "BitShift", "IsNaN", "IsInf",
+                     "Sqrt", "Pow", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"), 1),
+    **dict.fromkeys(("Exp", "Log", "Sigmoid", "Tanh", "Erf", "Softplus", "Softsign", "Elu", "Selu",
+                     "Celu", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
+                     "Acosh", "Atanh", "HardSigmoid"), 4),
+    **dict.fromkeys(("HardSwish", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "Swish"), 6),
+    "Mish": 8,
+    **dict.fromkeys(("Dropout", "Cast", "CastLike", "Trilu", "Bernoulli",
+                     "RandomNormalLike", "RandomUniformLike"), 0),
+}
+NORMS = {"BatchNormalization": 4, "LayerNormalization": 8, "InstanceNormalization": 8,
+         "GroupNormalization": 8, "LpNormalization": 3, "LRN": 6, "MeanVarianceNormalization": 8,
+         "SkipLayerNormalization": 9, "SimplifiedLayerNormalization": 6, "RMSNormalization": 6,
+         "SkipSimplifiedLayerNormalization": 7, "EmbedLayerNormalization": 9}
+RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def shape_of(info: TensorInfo | None) -> tuple[int, ...] | None:
+    if info is None or info.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else 1 for d in info.shape)
+
+
+def numel(info: TensorInfo | None) -> int:
+    return info.numel if info is not None else 0
+
+
+def ints_attr(attrs, name, default=()):
+    a = attrs.get(name)
+    return tuple(a.ints) if a is not None else default
+
+
+def int_attr(attrs, name, default=0):
+    a = attrs.get(name)
+    return a.i if a is not None else default
+
+
+def node_flops(op, category, infos, outs, attrs) -> tuple[int, bool]:
+    """Forward FLOPs of one node and whether a rule covered it."""
+    y = outs[0] if outs else None
+    x = infos[0] if infos else None
+    n_out = numel(y)
+    if category in ("view", "shape"):
+        return 0, True
+    if category == "conv":
+        w_index = 3 if op == "QLinearConv" else 1
+        w = shape_of(infos[w_index]) if len(infos) > w_index else None
+        if w is None or y is None:
+            return 0, False
+        per_out = math.prod(w[1:])
+        if op == "ConvTranspose":  # each input element scatters into Cout/g * kernel outputs
+            macs = numel(x) * per_out
+        else:
+            macs = n_out * per_out
+        has_bias = len(infos) > 2 and infos[2] is not None and op in ("Conv", "ConvTranspose")
+        return 2 * macs + (n_out if has_bias else 0), True
+    if category == "matmul":
+        return _matmul_flops(op, infos, y, attrs)
+    if category == "attention":
+        return _attention_flops(op, infos, attrs)
+    if category == "rnn":
+        return _rnn_flops(op, infos, attrs)
+    if category == "norm":
+        return NORMS[op] * numel(x), True
+    if category == "pool":
+        if op.startswith("Global"):
+            return numel(x), True
+        kernel = ints_attr(attrs, "kernel_shape", (1,))
+        return n_out * math.prod(kernel), True
+    if category == "softmax":
+        return 5 * numel(x), True
+    if category == "elementwise":
+        return ELEMENTWISE[op] * n_out, True
+    if category == "reduce":
+        return numel(x), True
+    if category == "data":
+        return (4 * n_out if op in ("Resize", "Upsample") else 0), True
+    return n_out, False
+
+
+def _matmul_flops(op, infos, y, attrs) -> tuple[int, bool]:
+    if op == "Einsum":
+        return _einsum_flops(infos, attrs)
+    b_index = 3 if op == "QLinearMatMul" else 1
+    a = shape_of(infos[0]) if infos else None
+    b = shape_of(infos[b_index]) if len(infos) > b_index else None
+    if a is None or b is None or y is None or not a:
+        return 0, False
+    if op in ("Gemm", "FusedGemm"):
+        k = a[0] if int_attr(attrs, "transA") else a[-1]
+        macs = numel(y) * k
+        bias = numel(y) if len(infos) > 2 and infos[2] is not None else 0
+        return 2 * macs + bias, True
+    if op == "MatMulNBits":
+        k = int_attr(attrs, "K", a[-1])
+    else:
+        k = a[-1]
+    return 2 * numel(y) * k, True
+
+
+def _einsum_flops(infos, attrs) -> tuple[int, bool]:
+    eq = attrs["equation"].s.decode() if "equation" in attrs else ""
+    lhs = eq.replace(" ", "").split("->")[0].split(",")
+    sizes: dict[str, int] = {}
+    for term, info in zip(lhs, infos):
+        shape = shape_of(info)
+        if shape is None or "." in term or len(term) != len(shape):
+            return 0, False
+        sizes.update(zip(term, shape))
+    return 2 * math.prod(sizes.values()), True
+
+
+def _attention_flops(op, infos, attrs) -> tuple[int, bool]:
+    """Scores (Q K^T) and context (P V) matmuls, softmax, and packed projections if present."""
+    q = shape_of(infos[0]) if infos else None
+    if q is None:
+        return 0, False
+    heads = max(int_attr(attrs, "num_heads", 1), 1)
+    flops = 0
+    if op == "Attention" and len(infos) > 1 and infos[1] is not None and len(q) == 3 \
+            and len(shape_of(infos[1]) or ()) == 2:
+        w = shape_of(infos[1])  # com.microsoft Attention: packed QKV projection [hidden, 3*hidden]
+        batch, seq, _ = q
+        flops += 2 * batch * seq * math.prod(w)
+        hidden = w[1] // 3
+        return flops + 4 * batch * seq * seq * hidden + 5 * batch * heads * seq * seq, True
+    k = shape_of(infos[1]) if len(infos) > 1 else None
+    v = shape_of(infos[2]) if len(infos) > 2 else None
+    k = k or q
+    v = v or k
+    if len(q) == 4:  # [batch, heads, seq, head_dim]
+        batch, heads, sq, dq = q
+        skv, dv = k[-2], v[-1]
+    else:  # [batch, seq, heads * head_dim]
+        batch, sq, dq = q[0], q[-2], q[-1] // heads
+        skv, dv = k[-2], v[-1] // heads
+    flops = 2 * batch * heads * sq * skv * (dq + dv) + 5 * batch * heads * sq * skv
+    return flops, True
+
+
+def _rnn_flops(op, infos, attrs) -> tuple[int, bool]:
+    x = shape_of(infos[0]) if infos else None
+    w = shape_of(infos[1]) if len(infos) > 1 else None
+    if x is None or w is None or len(x) != 3 or len(w) != 3:
+        return 0, False
+    seq, batch = (x[1], x[0]) if int_attr(attrs, "layout") else (x[0], x[1])
+    directions, gates_h, inputs = w
+    hidden = gates_h // RNN_GATES[op]
+    per_step = 2 * batch * gates_h * (inputs + hidden) + 2 * batch * gates_h + 10 * batch * hidden
+    return directions * seq * per_step, True
