@@ -28,9 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from slurm_horus.errors import HorusError  # noqa: E402
+from slurm_horus.plot import save  # noqa: E402
 from slurm_horus.sim.cluster import cluster_from_json, homogeneous_cluster  # noqa: E402
 from slurm_horus.sim.engine import run_policies  # noqa: E402
 from slurm_horus.sim.mix import ModelMix  # noqa: E402
+from slurm_horus.sim.plot import sweep_figure  # noqa: E402
 from slurm_horus.sim.policies import POLICIES  # noqa: E402
 from slurm_horus.sim.traces import generate_trace  # noqa: E402
 
@@ -101,23 +104,12 @@ def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
     return "\n".join(lines)
 
 
-def plot(res: dict, mixes, loads, path: str) -> str:
-    """Mean JCT against load, one panel per mix, one line per policy."""
+def plot(res: dict, path: str) -> str:
+    """Mean JCT against load, one panel per mix, one line per policy (slurm_horus.sim.plot)."""
     try:
-        import matplotlib
-    except ImportError:
-        return f"no PNG: matplotlib is not installed (wanted {path})"
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(mixes), figsize=(5 * len(mixes), 4), squeeze=False)
-    for ax, trace in zip(axes[0], mixes):
-        for p in POLICIES:
-            ax.plot(loads, [_mean(res[trace, lo], p, "mean_jct_s") / 1e3 for lo in loads], marker="o", label=p)
-        ax.set(xscale="log", yscale="log", xlabel="offered load", ylabel="mean JCT (ks)", title=trace)
-    axes[0][0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+        save(sweep_figure(res, "simulated sweep: mean JCT against offered load"), path)
+    except HorusError as e:
+        return f"no PNG: {e}"
     return f"wrote {path}"
 
 
@@ -174,7 +166,7 @@ def main() -> None:
         out.append(sweep_tables(res, mixes, loads, seeds, args.jobs))
         out.append(f"sweep: {time.process_time() - t:.1f} s CPU\n")
         print("\n".join(out[1:]), flush=True)
-        print(plot(res, mixes, loads, args.plot), flush=True)
+        print(plot(res, args.plot), flush=True)
     if not args.skip_scale:
         out.append(scale(args.scale_jobs, args.scale_gpus, args.scale_load, ModelMix()))  # cold cache
         print(out[-1], flush=True)

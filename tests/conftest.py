@@ -18,3 +18,18 @@ def _isolated_site(tmp_path_factory, monkeypatch):
     policy = root / "horus_policy.conf"
     policy.write_text(SHIPPED_POLICY.read_text() + f"\nrecord_file = {root / 'record'}\n")
     monkeypatch.setenv("HORUS_POLICY", str(policy))
+
+
+@pytest.fixture()
+def simulate_cli():
+    """`horus-admin simulate` alone in a click group, for CliRunner."""
+    import click
+
+    from slurm_horus.cli.admin_simulate import register
+
+    @click.group()
+    def main():
+        pass
+
+    register(main)
+    return main

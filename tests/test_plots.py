@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 
-import click
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
@@ -223,26 +222,14 @@ def test_sweep_figure_and_terminal():
         ["exclusive", "0.75*", "1.50*", "3.00*"]
 
 
-@pytest.fixture()
-def cli():
-    from slurm_horus.cli.admin_simulate import register
-
-    @click.group()
-    def main():
-        pass
-
-    register(main)
-    return main
-
-
-def test_simulate_plot_terminal_and_errors(cli, tmp_path, monkeypatch):
+def test_simulate_plot_terminal_and_errors(simulate_cli, tmp_path, monkeypatch):
     args = ["simulate", "--jobs", "40", "--gpus", "8", "--seed", "1"]
-    r = CliRunner().invoke(cli, [*args, "--plot"])
+    r = CliRunner().invoke(simulate_cli, [*args, "--plot"])
     assert r.exit_code == 0, r.output
     assert "mean job completion time" in r.output and "OOM failures (jobs)" in r.output
-    r = CliRunner().invoke(cli, [*args, "--plot", "-", "--json"])
+    r = CliRunner().invoke(simulate_cli, [*args, "--plot", "-", "--json"])
     assert r.exit_code != 0 and "with --json name a FILE.png" in r.output
     _no_matplotlib(monkeypatch)
-    r = CliRunner().invoke(cli, [*args, "--plot", str(tmp_path / "s.png")])
+    r = CliRunner().invoke(simulate_cli, [*args, "--plot", str(tmp_path / "s.png")])
     assert r.exit_code != 0 and "pip install 'slurm-horus[plot]'" in r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "s.png").exists()

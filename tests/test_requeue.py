@@ -4,8 +4,6 @@ import os
 
 from slurm_horus.ledger.requeue import (OOM_RE, oom_actions, pressure_actions, queue_tokens,
                                         read_error_tail)
-from slurm_horus.ledger.claims import open_as_owner
-from slurm_horus.slurm.parse import parse_gres
 
 EXCL = "horus: exclusive a100 (util 95% >= 70%) horus-decision:v1;action=exclusive;type=a100;reason=util"
 
@@ -47,21 +45,21 @@ def test_pack_only_under_pressure_only_hinted_exclusive_and_fitting():
     busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
     jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL),
             rec(2, "PENDING", "gres:gpu:a100:1", "horus: exclusive any (no hint)"),  # raw request
-            rec(3, "PENDING", "gres:gpu:a100:1", EXCL.replace("2026", "")),
+            rec(3, "PENDING", "gres:gpu:a100:1", EXCL),                   # does not fit
             rec(4, "PENDING", "gres:gpu:a100:1", EXCL, SubmitTime="2999-01-01T00:00:00")]
     fits = {"1": True, "3": False, "4": True}
-    acts = pressure_actions(jobs, busy, parse_gres, 50, lambda r, t, s: fits.get(r["JobId"], True),
+    acts = pressure_actions(jobs, busy, 50, lambda r, t, s: fits.get(r["JobId"], True),
                             60, now=1.9e9)
     assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "pack", "gres/shard:a100:50")]
     idle = _node("gpu:a100:1(IDX:0),shard:a100:0(IDX:N/A)")
-    assert pressure_actions(jobs, idle, parse_gres, 50, lambda *a: True, 0, now=1.9e9) == []
+    assert pressure_actions(jobs, idle, 50, lambda *a: True, 0, now=1.9e9) == []
 
 
 def test_spread_back_only_what_the_loop_packed():
     idle = _node("gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)")
     packed = rec(1, "PENDING", "gres/shard:a100:50", EXCL + "; horus-queue:v1;action=pack;from=gpu:1")
     hook_shared = rec(2, "PENDING", "gres:shard:a100:30", "horus: shared a100 shards=30/100")
-    acts = pressure_actions([packed, hook_shared], idle, parse_gres, 50, lambda *a: True, 0, 1.9e9)
+    acts = pressure_actions([packed, hook_shared], idle, 50, lambda *a: True, 0, 1.9e9)
     assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "spread", "gres/gpu:a100:1")]
 
 
@@ -70,8 +68,8 @@ def test_error_file_read_with_the_owners_rights(tmp_path):
     f.write_bytes(b"x" * 300_000 + b"CUDA out of memory")
     os.chmod(f, 0o600)
     r = {"UserId": "root(0)", "GroupId": "root(0)", "StdErr": str(f)}
-    tail = read_error_tail(r, open_as_owner)
+    tail = read_error_tail(r)
     assert tail.endswith("CUDA out of memory") and len(tail) <= 256 * 1024
     nobody = {"UserId": "nobody(65534)", "GroupId": "nogroup(65534)", "StdErr": str(f)}
-    assert read_error_tail(nobody, open_as_owner) is None  # 0600 root file: not the owner's to read
-    assert read_error_tail({**r, "StdErr": "relative/path"}, open_as_owner) is None
+    assert read_error_tail(nobody) is None  # 0600 root file: not the owner's to read
+    assert read_error_tail({**r, "StdErr": "relative/path"}) is None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 
-import click
 import pytest
 from click.testing import CliRunner
 
@@ -333,20 +332,8 @@ def test_png_is_a_valid_image(tmp_path):
 
 # -- CLI ----------------------------------------------------------------------------------------
 
-@pytest.fixture()
-def cli():
-    from slurm_horus.cli.admin_simulate import register
-
-    @click.group()
-    def main():
-        pass
-
-    register(main)
-    return main
-
-
-def test_cli_json_keys(cli, tmp_path):
-    r = CliRunner().invoke(cli, ["simulate", "--jobs", "200", "--gpus", "16", "--seed", "1", "--json",
+def test_cli_json_keys(simulate_cli, tmp_path):
+    r = CliRunner().invoke(simulate_cli, ["simulate", "--jobs", "200", "--gpus", "16", "--seed", "1", "--json",
                                  "--plot", str(tmp_path / "p.png")])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
@@ -359,27 +346,27 @@ def test_cli_json_keys(cli, tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 100
 
 
-def test_cli_table_and_errors(cli, tmp_path):
-    r = CliRunner().invoke(cli, ["simulate", "--jobs", "50", "--gpus", "8", "--trace", "pai"])
+def test_cli_table_and_errors(simulate_cli, tmp_path):
+    r = CliRunner().invoke(simulate_cli, ["simulate", "--jobs", "50", "--gpus", "8", "--trace", "pai"])
     assert r.exit_code == 0 and "makespan" in r.output and "horus" in r.output
     for args, msg in ((["--policies", "bogus"], "unknown policy"),
                       (["--cluster", str(tmp_path / "none.json")], "cluster file"),
                       (["--gpus", "0"], "must be positive"),
                       (["--interference", "x"], "interference")):
-        r = CliRunner().invoke(cli, ["simulate", "--jobs", "10", *args])
+        r = CliRunner().invoke(simulate_cli, ["simulate", "--jobs", "10", *args])
         assert r.exit_code == 2, (args, r.output)
         lines = [ln for ln in r.output.splitlines() if ln.strip()]
         assert len(lines) == 1 and msg in lines[0], r.output
 
 
-def test_cli_replays_ledger_and_sacct_on_a_slurm_conf_cluster(cli, tmp_path):
+def test_cli_replays_ledger_and_sacct_on_a_slurm_conf_cluster(simulate_cli, tmp_path):
     conf = tmp_path / "slurm.conf"
     conf.write_text("NodeName=g[1-2] Gres=gpu:t4:4,shard:400 Features=t4\n")
     rows = [{"submit_time": i * 10, "elapsed_s": 100, "gpus": 1, "pred_util": 30, "pred_mem": 3000,
              "true_util": 30, "true_mem": 3000} for i in range(12)]
     ledger = tmp_path / "ledger.json"
     ledger.write_text(json.dumps(rows))
-    r = CliRunner().invoke(cli, ["simulate", "--slurm-conf", str(conf), "--ledger", str(ledger), "--json"])
+    r = CliRunner().invoke(simulate_cli, ["simulate", "--slurm-conf", str(conf), "--ledger", str(ledger), "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["exclusive"]["jobs"] == 12 and out["horus"]["shared_starts"] == 12
@@ -390,11 +377,11 @@ def test_cli_replays_ledger_and_sacct_on_a_slurm_conf_cluster(cli, tmp_path):
     sacct.write_text(json.dumps({"jobs": [
         {"time": {"submission": 100 + i, "elapsed": 60},
          "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}} for i in range(5)]}))
-    r = CliRunner().invoke(cli, ["simulate", "--slurm-conf", str(conf), "--sacct", str(sacct), "--json",
+    r = CliRunner().invoke(simulate_cli, ["simulate", "--slurm-conf", str(conf), "--sacct", str(sacct), "--json",
                                  "--policies", "exclusive,horus"])
     assert r.exit_code == 0, r.output
     assert list(json.loads(r.output)) == ["exclusive", "horus"]
-    r = CliRunner().invoke(cli, ["simulate", "--sacct", str(sacct), "--ledger", str(ledger)])
+    r = CliRunner().invoke(simulate_cli, ["simulate", "--sacct", str(sacct), "--ledger", str(ledger)])
     assert r.exit_code == 2 and "not both" in r.output
 
 

@@ -11,14 +11,16 @@ from slurm_horus.cli.common import one_line_errors
 
 
 def _fits(rec: dict, gtype: str, shards: int) -> bool:
-    """The job's hinted p90 memory fits ``shards`` % of the policy's memory for ``gtype``."""
+    """The memory the hook charges the job's hint fits ``shards`` % of the policy's memory for
+    ``gtype``."""
     from slurm_horus.slurm.hint import parse_hint
-    from slurm_horus.slurm.policy import policy_value
+    from slurm_horus.slurm.policy import charged_mem_mib, policy_value
 
-    hint = parse_hint(rec.get("Comment")) or {}
-    mem = policy_value(f"gpu.{gtype}.mem_mib")
-    fields = hint.get(gtype)
-    return bool(fields and mem) and fields[2] <= int(mem) * shards / 100
+    fields = (parse_hint(rec.get("Comment")) or {}).get(gtype)
+    total = policy_value(f"gpu.{gtype}.mem_mib")
+    if not fields or total is None:
+        return False
+    return charged_mem_mib(*fields[1:5])[1] * 100 <= int(total) * shards
 
 
 def register(admin: click.Group) -> None:
@@ -36,18 +38,9 @@ def register(admin: click.Group) -> None:
         """Requeue shared jobs that died of a GPU out-of-memory error on a whole GPU (once), and
         pack or spread pending jobs by queue pressure. Run as root or SlurmUser."""
         from slurm_horus.ledger.requeue import tend
-        from slurm_horus.ledger.claims import open_as_owner
-        from slurm_horus.slurm import commands
-        from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records
-
-        def run(args):
-            if args[:2] == ["scontrol", "show"]:
-                args = ["scontrol", "-d", *args[1:]]
-            return commands.run(args)
 
         while True:
-            for a in tend(run, parse_scontrol_records, parse_gres, open_as_owner, _fits,
-                          pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run):
+            for a in tend(_fits, pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run):
                 if as_json:
                     click.echo(json.dumps({"job_id": a.job_id, "action": a.kind, "tres": a.tres,
                                            "dry_run": dry_run}))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import click
@@ -147,7 +146,7 @@ def hook_fit(p, gpu, asked: str | None = None) -> Fit:
     pack_limit_pct % of the policy's gpu.<type>.mem_mib (the type as asked, else its catalog
     name or an alias). Without a readable policy file: p90 against the catalog's memory,
     and the rule says so."""
-    from slurm_horus.slurm.policy import policy_file, policy_value
+    from slurm_horus.slurm.policy import charged_mem_mib, policy_file, policy_value
 
     path = policy_file()
     try:
@@ -164,13 +163,7 @@ def hook_fit(p, gpu, asked: str | None = None) -> Fit:
         return Fit(None, None, f"{path} has no gpu.<type>.mem_mib for this type: the hook "
                                "does not pack it")
     pack = int(policy_value("pack_limit_pct", "90", path=path))
-    field = policy_value("memory", "p90", path=path)
-    floor = int(policy_value("min_mem_mib", "512", path=path))
-    value = {"expected": p.mem_mib, "p95": p.mem_mib_p95,
-             "p99": p.mem_mib_p99}.get(field, p.mem_mib_p90)
-    if value is None:  # a hint without that bound is costed at its p90
-        field, value = "p90", p.mem_mib_p90
-    mem = max(math.ceil(value), floor)
+    field, mem = charged_mem_mib(p.mem_mib, p.mem_mib_p90, p.mem_mib_p95, p.mem_mib_p99, path=path)
     total = int(mem_of[gtype])
     return Fit(mem * 100 <= total * pack, total * pack / 100,
                f"{field} {mem} MiB <= {pack}% of gpu.{gtype.lower()}.mem_mib {total} MiB "

@@ -25,7 +25,7 @@ def submission_of(j: dict, hint_token: str | None, hint: dict | None, claim: dic
                   models: "ModelFeatures") -> dict:
     """The submission row of a finished job: Slurm's facts, the comment's claims (predictor
     "hint"), the hook's decision, and features only where ``models`` could recompute them."""
-    uid, gids = _owner(j["user"])
+    uid, gids = owner_ids(j["user"])
     preds = {g: {"util_pct": v[0], "mem_mib": v[1], "predictor": "hint",
                  **{f"mem_mib_{b}": x for b, x in zip(BOUND_NAMES, v[2:])}}
              for g, v in (hint or {}).items()}
@@ -51,7 +51,7 @@ def submission_of(j: dict, hint_token: str | None, hint: dict | None, claim: dic
     return rec
 
 
-def _owner(user: str | None) -> tuple[int | None, set[int]]:
+def owner_ids(user: str | None) -> tuple[int | None, set[int]]:
     """(uid, group ids) of a user name, from the name service; (None, set()) if unknown."""
     try:
         pw = pwd.getpwnam(user or "")

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from slurm_horus.errors import HorusError
+from slurm_horus.ledger.claims import open_as_owner, owner_ids
+from slurm_horus.slurm.commands import run
 from slurm_horus.slurm.hint import parse_decision
+from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records
 
 TOKEN = "horus-queue:v1"
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
@@ -103,7 +106,7 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None]) -> li
     return out
 
 
-def _node_type_free(nodes: list[dict], parse_gres) -> dict[str, int]:
+def _node_type_free(nodes: list[dict]) -> dict[str, int]:
     """{gpu type: GPUs with nothing allocated on them} over nodes that can run jobs."""
     free: dict[str, int] = {}
     for n in nodes:
@@ -111,9 +114,10 @@ def _node_type_free(nodes: list[dict], parse_gres) -> dict[str, int]:
         if any(s in state for s in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")):
             continue
         total = {g["type"]: g["count"] for g in parse_gres(n.get("Gres")) if g["name"] == "gpu"}
-        used_gpu = sum(g["count"] or 0 for g in parse_gres(n.get("GresUsed")) if g["name"] == "gpu")
+        used = parse_gres(n.get("GresUsed"))
+        used_gpu = sum(g["count"] or 0 for g in used if g["name"] == "gpu")
         used_idx: set = set()
-        for g in parse_gres(n.get("GresUsed")):
+        for g in used:
             if g["name"] in ("gpu", "shard") and g["idx"]:
                 used_idx.update(g["idx"])
         for t, c in total.items():
@@ -123,13 +127,13 @@ def _node_type_free(nodes: list[dict], parse_gres) -> dict[str, int]:
     return free
 
 
-def pressure_actions(jobs: list[dict], nodes: list[dict], parse_gres, pack_shards: int,
+def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                      fits: Callable[[dict, str, int], bool], min_wait_s: float,
                      now: float) -> list[Action]:
     """Pack or spread pending jobs by queue pressure, per GPU type (the job's Features, which
     the hook sets to the chosen type). A job is packed only after waiting ``min_wait_s`` and
     when ``fits(job, type, shards)`` says its predicted memory fits that share of the GPU."""
-    free = _node_type_free(nodes, parse_gres)
+    free = _node_type_free(nodes)
     pending: dict[str, list[dict]] = {}
     for rec in jobs:
         gtype = _gpu_type(rec)
@@ -162,17 +166,11 @@ def _hinted_exclusive(rec: dict) -> bool:
     return bool(decision and decision.action == "exclusive" and decision.reason == "util")
 
 
-def read_error_tail(rec: dict, open_as_owner) -> str | None:
+def read_error_tail(rec: dict) -> str | None:
     """The last TAIL_BYTES of the job's StdErr (else StdOut), opened only if its owner could."""
-    uid = _id_of(rec.get("UserId"))
-    gid = _id_of(rec.get("GroupId"))
-    user = (rec.get("UserId") or "").split("(")[0]
+    uid, gids = owner_ids((rec.get("UserId") or "").split("(")[0])
     if uid is None:
         return None
-    try:
-        gids = set(os.getgrouplist(user, gid if gid is not None else -1)) if user else set()
-    except (KeyError, OSError):
-        gids = {gid} if gid is not None else set()
     for key in ("StdErr", "StdOut"):
         fd = open_as_owner(rec.get(key) or "", uid, gids)
         if fd is None:
@@ -196,12 +194,7 @@ def _epoch(stamp: str | None) -> float:
         return float("inf")
 
 
-def _id_of(text: str | None) -> int | None:
-    m = re.search(r"\((\d+)\)", text or "")
-    return int(m.group(1)) if m else None
-
-
-def apply(action: Action, admin_comment: str | None, run: Callable[[list[str]], str]) -> None:
+def apply(action: Action, admin_comment: str | None) -> None:
     """Carry one action out with scontrol. An OOM requeue holds the job while it is reshaped,
     so it never starts again on shards."""
     note = f"{admin_comment}; {action.token}" if admin_comment else action.token
@@ -218,14 +211,14 @@ def apply(action: Action, admin_comment: str | None, run: Callable[[list[str]], 
             run(["scontrol", "release", jid])
 
 
-def tend(run: Callable[[list[str]], str], parse_records, parse_gres, open_as_owner,
-         fits: Callable[[dict, str, int], bool], pack_shards: int = 50, min_wait_s: float = 60.0,
-         dry_run: bool = False) -> list[Action]:
-    """One pass over the live queue: OOM requeues first, then queue pressure."""
-    jobs = parse_records(run(["scontrol", "show", "job"]))
-    nodes = parse_records(run(["scontrol", "show", "node"]))
-    actions = oom_actions(jobs, lambda r: read_error_tail(r, open_as_owner))
-    actions += pressure_actions(jobs, nodes, parse_gres, pack_shards, fits, min_wait_s, time.time())
+def tend(fits: Callable[[dict, str, int], bool], pack_shards: int = 50,
+         min_wait_s: float = 60.0, dry_run: bool = False) -> list[Action]:
+    """One pass over the live queue (``scontrol -d``: nodes' GresUsed): OOM requeues first,
+    then queue pressure."""
+    jobs = parse_scontrol_records(run(["scontrol", "-d", "show", "job"]))
+    nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
+    actions = oom_actions(jobs, read_error_tail)
+    actions += pressure_actions(jobs, nodes, pack_shards, fits, min_wait_s, time.time())
     done = []
     by_id = {_job_id(r): r for r in jobs}
     for a in actions:
@@ -233,7 +226,7 @@ def tend(run: Callable[[list[str]], str], parse_records, parse_gres, open_as_own
             done.append(a)
             continue
         try:
-            apply(a, by_id[a.job_id].get("AdminComment"), run)
+            apply(a, by_id[a.job_id].get("AdminComment"))
             done.append(a)
         except HorusError:
             continue  # the job moved on (started, cancelled): next pass sees it again

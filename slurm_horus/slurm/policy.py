@@ -20,6 +20,7 @@ that these checks accept exactly the values the hook accepts.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -197,6 +198,19 @@ def policy_value(key: str, default: str | None = None,
     except OSError:
         return default
     return policy_values(data.decode("utf-8", "surrogateescape")).get(key, default)
+
+
+def charged_mem_mib(expected: float, p90: float, p95: float | None = None,
+                    p99: float | None = None,
+                    path: str | os.PathLike[str] | None = None) -> tuple[str, int]:
+    """(bound, MiB): the memory the hook charges a hinted job, as job_submit.lua reads it: the
+    policy's ``memory`` bound (p90 unless set; a hint without that bound is costed at its p90),
+    rounded up to whole MiB, at least ``min_mem_mib``."""
+    field = policy_value("memory", "p90", path=path)
+    value = {"expected": expected, "p95": p95, "p99": p99}.get(field, p90)
+    if value is None:
+        field, value = "p90", p90
+    return field, max(math.ceil(value), int(policy_value("min_mem_mib", "512", path=path)))
 
 
 def policy_with_overrides(base_text: str, overrides: dict[str, str]) -> str:
