@@ -102,3 +102,79 @@ def test_family_split_never_puts_a_family_in_two_folds():
         folds_per_family.setdefault(families[r["model"]], set()).add(fold_of[families[r["model"]]])
     assert all(len(f) == 1 for f in folds_per_family.values())
     assert set(fold_of.values()) == set(range(5))
+
+
+N, D = 64, 32  # tokens x width of the transformer-ish graphs below
+
+
+def _linear_dropout(path: Path, dropout: bool, weight_view: bool = False) -> Path:
+    """x[N, D] -> MatMul(w1) + b1 -> [Dropout, training mode] -> MatMul(w2) -> y.
+
+    `weight_view` reads w2 through a Transpose, as an export without constant folding does."""
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, [D, D], [0.01] * D * D) for n in ("w1", "w2")]
+    inits += [helper.make_tensor("b1", TensorProto.FLOAT, [D], [0.0] * D),
+              helper.make_tensor("ratio", TensorProto.FLOAT, [], [0.1]),
+              helper.make_tensor("on", TensorProto.BOOL, [], [True])]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"])]
+    h = "a1"
+    if dropout:
+        nodes.append(helper.make_node("Dropout", ["a1", "ratio", "on"], ["d1", "mask"]))
+        h = "d1"
+    w2 = "w2"
+    if weight_view:
+        nodes.append(helper.make_node("Transpose", ["w2"], ["w2t"], perm=[1, 0]))
+        w2 = "w2t"
+    nodes.append(helper.make_node("MatMul", [h, w2], ["y"]))
+    graph = helper.make_graph(nodes, "ld", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, D])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, D])], inits)
+    return save(graph, path)
+
+
+def _attention_saved(path: Path, fused: bool, dropout: bool) -> int:
+    """softmax(q k^T) v, as the exporter writes scaled_dot_product_attention (q and k^T each
+    scaled by a Mul before the MatMul) or as einsum-written attention (XLNet)."""
+    inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.35]),
+             helper.make_tensor("ratio", TensorProto.FLOAT, [], [0.1]),
+             helper.make_tensor("on", TensorProto.BOOL, [], [True])]
+    if fused:
+        nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0]),
+                 helper.make_node("Mul", ["q", "s"], ["qs"]), helper.make_node("Mul", ["kt", "s"], ["ks"]),
+                 helper.make_node("MatMul", ["qs", "ks"], ["scores"])]
+    else:
+        nodes = [helper.make_node("Einsum", ["q", "k"], ["e"], equation="id,jd->ij"),
+                 helper.make_node("Mul", ["e", "s"], ["scores"])]
+    nodes.append(helper.make_node("Softmax", ["scores"], ["p"], axis=-1))
+    probs = "p"
+    if dropout:
+        nodes.append(helper.make_node("Dropout", ["p", "ratio", "on"], ["pd", "mask"]))
+        probs = "pd"
+    nodes.append(helper.make_node("MatMul", [probs, "v"], ["y"]) if fused else
+                 helper.make_node("Einsum", [probs, "v"], ["y"], equation="ij,jd->id"))
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [N, D]) for n in "qkv"]
+    graph = helper.make_graph(nodes, "att", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, D])],
+                              inits)
+    return extract_features(save(graph, path), dims={}).values["saved_activation_bytes"]
+
+
+def test_dropout_keeps_a_one_byte_mask_and_its_output_for_the_next_op(tmp_path):
+    """native_dropout keeps its boolean mask; the next MatMul keeps the dropout's output. The
+    bias Add before it is not an activation chain that Dropout joins (eval exports show none)."""
+    act = N * D * 4
+    without = _saved(_linear_dropout(tmp_path / "a.onnx", dropout=False))
+    with_dropout = _saved(_linear_dropout(tmp_path / "b.onnx", dropout=True))
+    assert without == 2 * act                          # x, and the Add output for MatMul 2
+    assert with_dropout == 2 * act + N * D             # x, the dropout output, the mask
+
+
+def test_a_weight_read_through_a_transpose_is_not_an_activation(tmp_path):
+    """Linear's W.t() in an export without constant folding is the parameter, not a tensor kept."""
+    assert _saved(_linear_dropout(tmp_path / "t.onnx", dropout=False, weight_view=True)) == 2 * N * D * 4
+
+
+def test_fused_attention_keeps_no_dropout_mask_einsum_attention_keeps_it(tmp_path):
+    """scaled_dot_product_attention redraws its dropout mask from the RNG state and recomputes
+    the probabilities; attention written with einsum keeps the mask and the dropped-out probs."""
+    fused = [_attention_saved(tmp_path / f"f{d}.onnx", True, d) for d in (False, True)]
+    manual = [_attention_saved(tmp_path / f"m{d}.onnx", False, d) for d in (False, True)]
+    assert fused[1] == fused[0]
+    assert manual[1] - manual[0] == N * N * 5  # the bool mask and the float dropout output

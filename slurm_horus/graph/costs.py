@@ -101,7 +101,9 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
     a MatMul with no bias (GPT-2, T5). It is the same parameter and counts once. An untied head
     of the same shape has its own bias, so a MatMul followed by an Add of a (V,) parameter is
     left alone; an untied head without a bias, and a tied head with its own bias (BERT's masked-LM
-    head: counted twice, D x V parameters high), are the cases this rule cannot tell apart.
+    head: counted twice, D x V parameters high), are the cases this rule cannot tell apart in a
+    folded export. An export without folding (training mode) reads the embedding itself through
+    a Transpose, so a tied head is one parameter there whatever its bias.
     """
     embeddings = {params[n.input[0]].shape for n in graph.nodes
                   if n.op_type == "Gather" and n.input and n.input[0] in params
@@ -143,10 +145,13 @@ class _BackwardContext:
 
     - An exported activation function is often a chain of element-wise ops on one tensor
       (GELU = Div, Erf, Add, Mul, Mul; SiLU = Sigmoid, Mul): the framework runs it as one op
-      that keeps only that tensor, its `root`.
+      that keeps only that tensor, its `root`. Dropout is never part of one: the framework
+      runs it as its own op (native_dropout), which keeps its mask.
     - Attention probabilities (a Softmax whose output reaches a MatMul through masking or
       dropout) are not kept by the fused attention kernels PyTorch uses for training
-      (scaled_dot_product_attention); they are recomputed in the backward pass.
+      (scaled_dot_product_attention); they are recomputed in the backward pass, and so is the
+      dropout mask (the kernels keep the RNG seed and offset, not a mask). Attention written
+      with einsum (XLNet) never reaches those kernels and keeps both.
     - A convolution whose bias the exporter made up had a batch norm folded into it: the legacy
       exporter's eval-mode Conv+BatchNorm fusion (torch/csrc/jit/passes/onnx/eval_peephole.cpp,
       fuseConvBatchNorm) writes the fused weight and bias as new initializers, which it names
@@ -165,7 +170,7 @@ class _BackwardContext:
         consumers = graph.consumers
         self.root: dict[str, str] = {}
         for node in graph.nodes:
-            if op_name(node) in ELEMENTWISE and node.output:
+            if op_name(node) in ELEMENTWISE and op_name(node) != "Dropout" and node.output:
                 acts = [n for n in node.input if n and n not in constants and n not in params]
                 roots = {self.root.get(a, a) for a in acts}
                 if len(roots) == 1:
@@ -197,6 +202,13 @@ class _BackwardContext:
                             self.probs.update(chain)
                         elif op_name(c) in self.PROB_PASSTHROUGH and c.output:
                             frontier.append(c.output[0])
+        # A weight read through a view (Linear's W.t() when the export is not constant-folded,
+        # as in training mode) is the parameter itself: autograd keeps no copy of it.
+        self.param_views: set[str] = set()
+        for node in graph.nodes:
+            if (op_name(node) in VIEW_OPS | {"Transpose"} and node.input and node.output
+                    and (node.input[0] in params or node.input[0] in self.param_views)):
+                self.param_views.add(node.output[0])
         self.folded_norm = {
             node.output[0] for node in graph.nodes
             if op_name(node) in ("Conv", "ConvTranspose") and len(node.input) > 2 and node.output
@@ -222,7 +234,8 @@ def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
         read = sum(i.nbytes for i in infos if i)
         write = out_bytes
         kernels = _kernels(op, category, infos, attrs, node)
-    activations = [n for n in node.input if n and n not in constants and n not in params]
+    activations = [n for n in node.input
+                   if n and n not in constants and n not in params and n not in ctx.param_views]
     saved, extra = _saved_for_backward(op, category, node, activations, infos, outs, attrs, params,
                                        ctx)
     saved = [n for n in saved if n not in ctx.probs]
@@ -324,14 +337,16 @@ def _saved_for_backward(op, category, node, activations, infos, outs, attrs, par
             extra = numel(outs[0] if outs else None) * 8  # argmax indices (int64)
             return activations[:1], extra
         return [], 0
-    if op == "Dropout":
-        return [], numel(infos[0] if infos else None)  # the boolean mask
+    if op == "Dropout":  # the boolean mask; fused attention redraws its own from the RNG seed
+        fused = bool(node.input) and node.input[0] in ctx.probs
+        return [], 0 if fused else numel(infos[0] if infos else None)
     if op in SAVES_OUTPUT or category == "softmax":
         return [n for n in node.output[:1] if n], 0
     if op == "Gather":  # an embedding lookup keeps its indices
         return activations[1:2], 0
     if category == "elementwise" or category == "reduce":
-        if op in ("Mul", "Div") and len(activations) < 2 and not any(n in params for n in node.input):
+        if op in ("Mul", "Div") and len(activations) < 2 and not any(
+                n in params or n in ctx.param_views for n in node.input):
             return [], 0  # scaling by a constant needs no saved tensor
         return list(activations), 0
     return [], 0
