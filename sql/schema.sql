@@ -1,4 +1,4 @@
--- slurm-horus ledger schema, version 6: the one definition of the ledger's tables (the code
+-- slurm-horus ledger schema, version 7: the one definition of the ledger's tables (the code
 -- reflects its tables from this file; slurm_horus/ledger/schema.py SCHEMA_VERSION, migrate.py).
 -- Portable DDL: the same file runs on SQLite (>= 3.25) and MariaDB/MySQL. `usage` is quoted with
 -- backticks because USAGE is a reserved word in MariaDB (SQLite accepts backticks too).
@@ -106,6 +106,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     mem_sq_log_err DOUBLE PRECISION,  -- the same for memory (both > 0)
     within_p90 INTEGER,               -- 1: actual memory <= predicted p90, 0: above it
     far INTEGER,                      -- 1: actual use far above the prediction (jobs.FAR_*)
+    -- v7: what the scheduler layer did to the job, from its AdminComment as sacct returns it
+    -- (submissions.policy_decision; slurm.accounting.scheduler_actions), never the user's comment.
+    hook_action VARCHAR(16),          -- the hook's decision: 'shared', 'exclusive', 'unchanged'
+    hook_reason VARCHAR(16),          -- its reason code ('util', 'memory', ...; NULL for shared)
+    queue_actions VARCHAR(255),       -- horus-admin queue's, in order: 'pack,spread', 'oom-requeue'
     PRIMARY KEY (cluster, job_id)
 );
 
@@ -124,4 +129,6 @@ CREATE INDEX IF NOT EXISTS ix_jobs_summary ON jobs (has_submission, model_family
     util_abs_err_pp, util_sq_log_err, mem_sq_log_err, far, under_claim);
 -- The summary's list of jobs far above their prediction reads only those.
 CREATE INDEX IF NOT EXISTS ix_jobs_far ON jobs (has_submission, far);
+-- hacct --summary's count of the queue loop's actions reads only the jobs it touched.
+CREATE INDEX IF NOT EXISTS ix_jobs_queue ON jobs (has_submission, queue_actions, state);
 CREATE INDEX IF NOT EXISTS ix_usage_node ON `usage` (node, end_time);

@@ -19,9 +19,15 @@ def url(tmp_path):
         (102, "bob", "bert", 65.0, 30000.0, 70.0, 36260.0, 0, 50, [101]),
         (103, "alice", "resnet50", 20.0, 2000.0, None, None, 1, 20, []),
     ]
+    admin = {  # AdminComment as sync stores it: the hook's decision, then the queue loop's marks
+        101: "horus: shared a100 shards=30/100 (util 40%, mem 5000 MiB p90) "
+             "horus-decision:v1;action=shared;type=a100;shards=30/100",
+        102: "horus: whole GPU horus-decision:v1;action=exclusive;type=a100;reason=util "
+             "horus-queue:v1;action=pack;from=gpu:1"}
     for jid, user, fam, pu, pm, au, am, idx, sh, co in rows:
         L.record_submission(job_id=jid, cluster="c", user=user, account="ml",
                             submit_time=1700000000 + jid, model_family=fam,
+                            policy_decision=admin.get(jid),
                             predictions={"a100": {"util_pct": pu, "mem_mib": pm,
                                                   "predictor": "cold-start"}})
         if au is not None:
@@ -33,10 +39,10 @@ def url(tmp_path):
 
 
 GOLDEN_P = """\
-JobID|User|GPUType|GPUIdx|Alloc|PredUtil|ActUtil|UtilErr|PredMem|ActMem|MemErr|CoLocated|State|Elapsed|Predictor
-101|alice|a100|0|30 shards|40.0|45.0|-5.0|5000|5230|-4.4|102|COMPLETED|01:02:05|cold-start
-102|bob|a100|0|50 shards|65.0|70.0|-5.0|30000|36260|-17.3|101|COMPLETED|01:02:05|cold-start
-103|alice|a100|||20.0|||2000||||||cold-start
+JobID|User|GPUType|GPUIdx|Alloc|PredUtil|ActUtil|UtilErr|PredMem|ActMem|MemErr|CoLocated|State|Elapsed|Predictor|QueueAct
+101|alice|a100|0|30 shards|40.0|45.0|-5.0|5000|5230|-4.4|102|COMPLETED|01:02:05|cold-start|
+102|bob|a100|0|50 shards|65.0|70.0|-5.0|30000|36260|-17.3|101|COMPLETED|01:02:05|cold-start|pack
+103|alice|a100|||20.0|||2000||||||cold-start|
 """
 
 
@@ -52,6 +58,8 @@ def test_golden_parsable_filters_noheader_format(url):
     assert r.output == "101|alice|resnet50|5230|gpu-a100\n"
     r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-j", "102,103", "-o", "jobid"])
     assert r.output == "102\n103\n"
+    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID,HookAct,QueueAct"])
+    assert r.output == "101|shared|\n102|exclusive:util|pack\n103||\n"
 
 
 GOLDEN_JSON = [
@@ -61,21 +69,24 @@ GOLDEN_JSON = [
      "elapsed_s": 3725, "submit_time": 1700000101, "pred_util_pct": 40.0, "pred_mem_mib": 5000.0,
      "actual_util_pct": 45.0, "actual_util_max_pct": 99.0, "actual_mem_mib": 5230.0,
      "util_err_pp": -5.0, "mem_err_pct": -4.4, "colocated": [102], "predictor": "cold-start",
-     "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": False, "claim_flags": None},
+     "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": False, "claim_flags": None,
+     "hook_action": "shared", "hook_reason": None, "queue_actions": []},
     {"job_id": 102, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
      "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 50,
      "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000102, "pred_util_pct": 65.0, "pred_mem_mib": 30000.0,
      "actual_util_pct": 70.0, "actual_util_max_pct": 99.0, "actual_mem_mib": 36260.0,
      "util_err_pp": -5.0, "mem_err_pct": -17.26, "colocated": [101], "predictor": "cold-start",
-     "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": True, "claim_flags": "mem"},
+     "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": True, "claim_flags": "mem",
+     "hook_action": "exclusive", "hook_reason": "util", "queue_actions": ["pack"]},
     {"job_id": 103, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
      "gpu_type": "a100", "gpu_index": None, "node": None, "gpus": None, "shards": None,
      "state": None,
      "elapsed_s": None, "submit_time": 1700000103, "pred_util_pct": 20.0, "pred_mem_mib": 2000.0,
      "actual_util_pct": None, "actual_util_max_pct": None, "actual_mem_mib": None,
      "util_err_pp": None, "mem_err_pct": None, "colocated": [], "predictor": "cold-start",
-     "sources": None, "pred_mem_p90_mib": None, "under_claim": None, "claim_flags": None},
+     "sources": None, "pred_mem_p90_mib": None, "under_claim": None, "claim_flags": None,
+     "hook_action": None, "hook_reason": None, "queue_actions": []},
 ]
 
 
@@ -276,3 +287,34 @@ def test_summary_figures_match_their_definitions(tmp_path):
     learned = [r for r in jobs if r["predictor"].startswith("learned")]
     assert {k: s["predictor"]["learned"][k] for k in keys} == expect(learned)
     assert 0 < s["all"]["excluded"] and 0 < s["all"]["far_exceeding"] == len(s["far_exceeding"])
+
+
+def test_queue_actions_listed_and_oom_requeues_counted(tmp_path):
+    """QueueAct and the summary's count come from the AdminComment sync stored; an OOM requeue
+    counts as completed only when the rerun completed, and the summary's filters apply."""
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u)
+    shared = "horus-decision:v1;action=shared;type=a100;shards=30/100"
+    oom = "horus-queue:v1;action=oom-requeue;from=shard:30"
+    jobs = [(1, "ann", f"{shared} {oom}", "COMPLETED"), (2, "ann", f"{shared} {oom}", "FAILED"),
+            (3, "bob", f"{shared} {oom}", "COMPLETED"),
+            (4, "ann", "horus-decision:v1;action=exclusive;type=a100;reason=util "
+                       "horus-queue:v1;action=pack;from=gpu:1 "
+                       "horus-queue:v1;action=spread;from=shard:50", "COMPLETED"),
+            (5, "ann", shared, "COMPLETED"), (6, "ann", None, "COMPLETED")]
+    for jid, user, admin, state in jobs:
+        L.record_submission(job_id=jid, cluster="c", user=user, policy_decision=admin,
+                            predictions={"a100": {"util_pct": 30, "mem_mib": 4000}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", state=state, shards=30)
+    r = CliRunner().invoke(main, ["--ledger", u, "-P", "-n", "-o", "JobID,HookAct,QueueAct,State"])
+    assert r.output.splitlines() == [
+        "1|shared|oom-requeue|COMPLETED", "2|shared|oom-requeue|FAILED",
+        "3|shared|oom-requeue|COMPLETED", "4|exclusive:util|pack,spread|COMPLETED",
+        "5|shared||COMPLETED", "6|||COMPLETED"]
+    r = CliRunner().invoke(main, ["--ledger", u, "--summary", "--json"])
+    assert json.loads(r.output)["queue_actions"] == {
+        "oom_requeues": 3, "oom_requeues_completed": 2, "pack": 1, "spread": 1}
+    r = CliRunner().invoke(main, ["--ledger", u, "--summary", "-u", "ann"])
+    assert "horus-admin queue: 2 OOM requeues (1 then completed), 1 packed" in r.output
+    r = CliRunner().invoke(main, ["--ledger", u, "--json", "-j", "4"])
+    assert json.loads(r.output)[0]["queue_actions"] == ["pack", "spread"]

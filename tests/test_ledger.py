@@ -252,7 +252,7 @@ def test_migrate_v3_file(tmp_path):
     with pytest.raises(HorusError, match="older than this slurm-horus.*horus-admin sync"):
         Ledger(f"sqlite:///{db}", readonly=True)  # a reader cannot migrate it
     L = Ledger(f"sqlite:///{db}")
-    assert L.schema_version() == SCHEMA_VERSION == 6
+    assert L.schema_version() == SCHEMA_VERSION == 7
     (job,) = L.jobs()
     assert job["pred_mem_p90_mib"] == 1200 and (job["under_claim"], job["claim_flags"]) == \
         (1, "mem,util")  # 2000 > 1200 * 1.1 + 256 and 80 > 50 * 1.25 + 10
@@ -302,6 +302,7 @@ V5_SUMMARY_INDEX = """CREATE INDEX ix_jobs_summary ON jobs (has_submission, mode
     pred_mem_mib, pred_mem_p90_mib, act_mem_mib, under_claim)"""
 V6_JOB_COLUMNS = ("predictor_source", "measured", "util_abs_err_pp", "util_sq_log_err",
                   "mem_sq_log_err", "within_p90", "far")
+V7_JOB_COLUMNS = ("hook_action", "hook_reason", "queue_actions")
 
 
 def test_migrate_v5_file_same_summary_and_schema(tmp_path):
@@ -318,17 +319,79 @@ def test_migrate_v5_file_same_summary_and_schema(tmp_path):
     old.write_bytes(new.read_bytes())
     con = sqlite3.connect(old)
     con.executescript("DROP INDEX ix_jobs_summary; DROP INDEX ix_jobs_far; "
-                      + "".join(f"ALTER TABLE jobs DROP COLUMN {c};" for c in V6_JOB_COLUMNS)
+                      "DROP INDEX ix_jobs_queue; "
+                      + "".join(f"ALTER TABLE jobs DROP COLUMN {c};"
+                                for c in V6_JOB_COLUMNS + V7_JOB_COLUMNS)
                       + V5_SUMMARY_INDEX + "; UPDATE schema_version SET version = 5;")
     con.close()
     assert "far" not in dict(_schema_of(old)["jobs"])
     with pytest.raises(HorusError, match="schema version 5 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)
     M = Ledger(f"sqlite:///{old}")
-    assert M.schema_version() == SCHEMA_VERSION == 6
+    assert M.schema_version() == SCHEMA_VERSION == 7
     assert summary(M) == want
     assert want["all"]["far_exceeding"] == 2 and want["all"]["excluded"] == 1
     assert _schema_of(old) == _schema_of(new)
+
+
+def test_migrate_v6_file_fills_scheduler_actions_from_stored_admin_comments(tmp_path):
+    """A v6 ledger keeps each job's AdminComment in submissions.policy_decision but has no
+    columns for it: the migration adds them and fills them from what is stored."""
+    new = tmp_path / "new.db"
+    L = Ledger(f"sqlite:///{new}")
+    admin = {1: "horus: shared horus-decision:v1;action=shared;type=a100;shards=30/100 "
+                "horus-queue:v1;action=oom-requeue;from=shard:30",
+             2: "horus-decision:v1;action=exclusive;type=a100;reason=util "
+                "horus-queue:v1;action=pack;from=gpu:1 horus-queue:v1;action=spread;from=shard:50",
+             3: "horus: a note from an older hook, no token", 4: None}
+    for jid, note in admin.items():
+        L.record_submission(job_id=jid, cluster="c", user="ann", policy_decision=note,
+                            predictions=PRED)
+        L.record_usage(job_id=jid, cluster="c", source="sacct", state="COMPLETED", shards=30)
+    want = {r["job_id"]: (r["hook_action"], r["hook_reason"], r["queue_actions"])
+            for r in L.jobs()}
+    assert want == {1: ("shared", None, "oom-requeue"), 2: ("exclusive", "util", "pack,spread"),
+                    3: (None, None, None), 4: (None, None, None)}
+    L.close()
+    old = tmp_path / "v6.db"
+    old.write_bytes(new.read_bytes())
+    con = sqlite3.connect(old)
+    con.executescript("DROP INDEX ix_jobs_queue; "
+                      + "".join(f"ALTER TABLE jobs DROP COLUMN {c};" for c in V7_JOB_COLUMNS)
+                      + "UPDATE schema_version SET version = 6;")
+    con.close()
+    with pytest.raises(HorusError, match="schema version 6 is older"):
+        Ledger(f"sqlite:///{old}", readonly=True)
+    M = Ledger(f"sqlite:///{old}")
+    assert M.schema_version() == 7
+    assert {r["job_id"]: (r["hook_action"], r["hook_reason"], r["queue_actions"])
+            for r in M.jobs()} == want
+    assert _schema_of(old) == _schema_of(new)
+
+
+def test_sync_records_what_the_scheduler_did_from_admin_comment_only(tmp_path):
+    """Recorded sacct output (22.05, 25.11) with the AdminComment the hook and the queue loop
+    write: sync fills hook_action/queue_actions from it, never from the user's Comment."""
+    from slurm_horus.ledger.requeue import marked
+    from slurm_horus.ledger.sync import sync
+
+    fix = os.path.join(os.path.dirname(__file__), "fixtures")
+    d2205 = json.loads(open(os.path.join(fix, "slurm", "sacct_json_finished_shard.stdout")).read())
+    d2511 = json.loads(open(os.path.join(fix, "slurm-25.11", "sacct_json_finished.stdout")).read())
+    (shard,) = d2205["jobs"]
+    shard["comment"]["administrator"] = marked(
+        "horus: shared a100 shards=20/100 horus-decision:v1;action=shared;type=a100;shards=20/100",
+        "horus-queue:v1;action=oom-requeue;from=shard:20")
+    t4, gpu2 = d2511["jobs"]  # t4: the recorded note of a hook without a decision token
+    gpu2["comment"]["job"] += " horus-queue:v1;action=oom-requeue;from=shard:1"  # the user's
+    L = Ledger(_url(tmp_path))
+    for data in (d2205, d2511):
+        sync(L, sacct_json=data, all_jobs=True, node_types={})
+    got = {r["job_id"]: (r["hook_action"], r["hook_reason"], r["queue_actions"], r["state"])
+           for r in L.jobs()}
+    assert got == {shard["job_id"]: ("shared", None, "oom-requeue", "COMPLETED"),
+                   t4["job_id"]: (None, None, None, "COMPLETED"),
+                   gpu2["job_id"]: (None, None, None, "COMPLETED")}
 
 
 def test_migrated_v1_ledger_has_the_schema_of_schema_sql(tmp_path):

@@ -2,8 +2,10 @@
 
 import os
 
-from slurm_horus.ledger.requeue import (OOM_RE, oom_actions, pressure_actions, queue_tokens,
+from slurm_horus.ledger.requeue import (OOM_RE, marked, oom_actions, pressure_actions, shards_per_gpu,
                                         read_error_tail)
+from slurm_horus.slurm.accounting import queue_tokens, scheduler_actions
+from slurm_horus.slurm.hint import parse_decision
 
 EXCL = "horus: exclusive a100 (util 95% >= 70%) horus-decision:v1;action=exclusive;type=a100;reason=util"
 
@@ -31,9 +33,36 @@ def test_only_failed_shared_jobs_with_a_gpu_oom_once():
             rec(4, "COMPLETED", "gres:shard:30"),
             rec(5, "FAILED", "gres/shard:30", "horus-queue:v1;action=oom-requeue;from=shard:30")]
     texts = {"1": oom, "2": oom, "3": "ValueError", "4": oom, "5": oom}
-    acts = oom_actions(jobs, lambda r: texts[r["JobId"]])
-    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "oom-requeue", "gres/gpu:a100:1")]
+    acts = oom_actions(jobs, lambda r: texts[r["JobId"]], shards_per_gpu(_node("")))
+    # written as Slurm writes the job's own TresPerNode (22.05: gres:), with every shard of one
+    # GPU as the fallback where Slurm will not turn shards into a gpu
+    assert [(a.job_id, a.kind, a.tres, a.fallback) for a in acts] == [
+        (1, "oom-requeue", "gres:gpu:a100:1", "gres:shard:100")]
     assert queue_tokens(acts[0].token) == [{"action": "oom-requeue", "from": "shard:30"}]
+
+
+def test_marks_keep_the_hooks_decision_readable_and_stay_in_order():
+    """The loop appends its tokens after the hook's: the decision token stays a word of its own
+    (a separator glued to it would make parse_decision refuse it), and sync reads both."""
+    note = EXCL
+    for token in ("horus-queue:v1;action=pack;from=gpu:1",
+                  "horus-queue:v1;action=spread;from=shard:50",
+                  "horus-queue:v1;action=oom-requeue;from=shard:50"):
+        note = marked(note, token)
+    assert parse_decision(note).action == "exclusive" and parse_decision(note).reason == "util"
+    assert [t["action"] for t in queue_tokens(note)] == ["pack", "spread", "oom-requeue"]
+    assert scheduler_actions(note) == {"hook_action": "exclusive", "hook_reason": "util",
+                                       "queue_actions": "pack,spread,oom-requeue"}
+    assert marked(None, "horus-queue:v1;action=pack;from=gpu:1") == \
+        "horus-queue:v1;action=pack;from=gpu:1"
+    assert len(marked("x" * 990, "horus-queue:v1;action=pack;from=gpu:1")) == 1000
+    # a job marked very often: the column keeps the latest actions that fit
+    many = " ".join(["horus-queue:v1;action=pack;from=gpu:1",
+                     "horus-queue:v1;action=spread;from=shard:50"] * 40)
+    acts = scheduler_actions(many)["queue_actions"]
+    assert len(acts) <= 255 and acts.endswith("pack,spread") and not acts.startswith(",")
+    assert scheduler_actions("horus: a note a user cannot write") == dict.fromkeys(
+        ("hook_action", "hook_reason", "queue_actions"))
 
 
 def _node(used):
@@ -50,7 +79,7 @@ def test_pack_only_under_pressure_only_hinted_exclusive_and_fitting():
     fits = {"1": True, "3": False, "4": True}
     acts = pressure_actions(jobs, busy, 50, lambda r, t, s: fits.get(r["JobId"], True),
                             60, now=1.9e9)
-    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "pack", "gres/shard:a100:50")]
+    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "pack", "gres:shard:50")]
     idle = _node("gpu:a100:1(IDX:0),shard:a100:0(IDX:N/A)")
     assert pressure_actions(jobs, idle, 50, lambda *a: True, 0, now=1.9e9) == []
 
@@ -60,7 +89,23 @@ def test_spread_back_only_what_the_loop_packed():
     packed = rec(1, "PENDING", "gres/shard:a100:50", EXCL + "; horus-queue:v1;action=pack;from=gpu:1")
     hook_shared = rec(2, "PENDING", "gres:shard:a100:30", "horus: shared a100 shards=30/100")
     acts = pressure_actions([packed, hook_shared], idle, 50, lambda *a: True, 0, 1.9e9)
-    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "spread", "gres/gpu:a100:1")]
+    assert [(a.job_id, a.kind, a.tres, a.fallback) for a in acts] == [
+        (1, "spread", "gres/gpu:a100:1", "gres/shard:100")]
+
+
+def test_shards_of_one_gpu_per_type_from_the_nodes():
+    nodes = [{"Gres": "gpu:a100:4,shard:400"}, {"Gres": "gpu:t4:2,shard:t4:200"},
+             {"Gres": "gpu:a100:2,gpu:t4:2,shard:400"}]  # mixed types: ambiguous, ignored
+    assert shards_per_gpu(nodes) == {"a100": 100, "t4": 100}
+
+
+def test_shards_are_asked_untyped():
+    """Slurm refuses (22.05) or ignores (25.11) a request for shard:a100:N."""
+    jobs = [rec(1, "PENDING", "gres/gpu:a100:1", EXCL)]
+    busy = [{"NodeName": "n1", "State": "MIXED", "Gres": "gpu:a100:4,shard:a100:400",
+             "GresUsed": "gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)"}]
+    acts = pressure_actions(jobs, busy, 50, lambda *a: True, 0, now=1.9e9)
+    assert [a.tres for a in acts] == ["gres/shard:50"]
 
 
 def test_error_file_read_with_the_owners_rights(tmp_path):

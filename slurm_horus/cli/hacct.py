@@ -29,13 +29,15 @@ def _split(values) -> list[str]:
 @click.option("-E", "--endtime", help="Jobs submitted at or before this time.")
 @click.option("-s", "--state", "states", multiple=True,
               help="States, e.g. CD,F,TO,CA,OOM (comma-separated).")
-@click.option("-o", "--format", "fmt", help="Columns, e.g. JobID,User,PredMem,ActMem%8; "
-              "'-o help' lists them.")
+@click.option("-o", "--format", "fmt", help="Columns, e.g. JobID,User,PredMem,ActMem%8 or "
+              "JobID,HookAct,QueueAct (what the hook and horus-admin queue did); '-o help' lists "
+              "them.")
 @click.option("-P", "--parsable2", is_flag=True, help="'|'-separated, no trailing '|'.")
 @click.option("-n", "--noheader", is_flag=True, help="No header line.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job, in a list.")
 @click.option("--summary", is_flag=True, help="Accuracy: MAE, RMSLE, median relative error, "
-              "coverage by model family, GPU type and user, and jobs far above prediction.")
+              "coverage by model family, GPU type and user, jobs far above prediction, and "
+              "horus-admin queue's OOM requeues (how many then completed), packs and spreads.")
 @click.option("--plot", "plot", is_flag=False, flag_value="-", default=None,
               metavar="[FILE.png|-]", help="Predicted vs measured utilization and memory, and "
               "the error over time: in the terminal (no file, or -), else into FILE.png "

@@ -3,8 +3,10 @@
 The ledger rebuilds a job's row (``refresh_jobs``) on every write to its submission or usage,
 so readers (hacct, the views, retrain) read one table. The rules that decide a row live here:
 which source wins (probe > sacct > import for use, sacct first for placement), the failed
-measurement flag, the under-claim audit, the memory-error histogram bin, and the per-job terms
-that hacct --summary adds up (``accuracy_terms``; errors as in docs/definitions.md).
+measurement flag, the under-claim audit, the memory-error histogram bin, the per-job terms
+that hacct --summary adds up (``accuracy_terms``; errors as in docs/definitions.md), and what the
+hook and ``horus-admin queue`` did to the job (from its AdminComment, the submission's
+``policy_decision``: ``slurm.accounting.scheduler_actions``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Iterable
 from slurm_horus.ledger.db import upsert
 from slurm_horus.ledger.records import SOURCES
 from slurm_horus.ledger.schema import job_fields, tables
+from slurm_horus.slurm.accounting import scheduler_actions
 
 # Which measurement wins for utilization/memory, and for placement facts (node, state, ...).
 UTIL_ORDER = ("probe", "sacct", "import")
@@ -143,6 +146,7 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         for f in ("user_name", "account", "submit_time", "model_family", "predictor"):
             row[f] = sub.get(f)
         preds = _loads(sub.get("predictions"), {}) or {}
+        row.update(scheduler_actions(sub.get("policy_decision")))
     for f in ("gpu_type", "gpu_index", "node", "gpus", "shards", "state", "elapsed_s",
               "start_time", "end_time", "colocated"):
         row[f] = first(f, PLACE_ORDER)
@@ -181,7 +185,7 @@ def refresh_jobs(conn, keys: Iterable[tuple[str, int]]) -> None:
         return
     s, u = t["submissions"], t["usage"]
     sub_cols = [s.c[c] for c in ("cluster", "job_id", "user_name", "account", "submit_time",
-                                 "model_family", "predictor", "predictions")]
+                                 "model_family", "predictor", "predictions", "policy_decision")]
     out = []
     for i in range(0, len(keys), 500):
         chunk = keys[i:i + 500]

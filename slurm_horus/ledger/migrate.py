@@ -80,8 +80,16 @@ def _migrate_5_to_6(conn) -> None:
     _drop_index(conn, "jobs", "ix_jobs_summary")
 
 
+def _migrate_6_to_7(conn) -> None:
+    """v7 records what the scheduler layer did to each job (the hook's decision, horus-admin
+    queue's actions); the rows are filled from the stored AdminComment when the jobs are merged
+    again (``_finish_migration``)."""
+    _add_columns(conn, "jobs", {"hook_action": "VARCHAR(16)", "hook_reason": "VARCHAR(16)",
+                                "queue_actions": "VARCHAR(255)"})
+
+
 MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4, 5: _migrate_4_to_5,
-              6: _migrate_5_to_6}
+              6: _migrate_5_to_6, 7: _migrate_6_to_7}
 
 
 def _finish_migration(conn) -> None:

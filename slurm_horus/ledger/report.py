@@ -14,6 +14,9 @@ A job has either whole GPUs (``gpus``, gres/gpu) or shards of one (``shards``, g
 ``Alloc`` shows ``2 GPU`` or ``25 shards``. ``UnderClaim`` is the claim audit that the ledger
 computes (ledger.jobs.under_claim): ``mem``, ``util`` or ``mem,util`` when trusted measured use
 exceeded the job's hint, ``no`` when it did not, empty when there was nothing to compare.
+``HookAct`` is the hook's decision at submission (``shared``, ``exclusive:util``, ...) and
+``QueueAct`` what ``horus-admin queue`` did afterwards, in order (``oom-requeue``,
+``pack,spread``), both from the job's AdminComment (ledger.jobs, schema v7).
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ COLUMNS = {
     "utilerr": "UtilErr", "predmem": "PredMem", "actmem": "ActMem", "memerr": "MemErr",
     "colocated": "CoLocated", "state": "State", "elapsed": "Elapsed", "submit": "Submit",
     "predictor": "Predictor", "sources": "Sources", "underclaim": "UnderClaim",
+    "hookact": "HookAct", "queueact": "QueueAct",
 }
 DEFAULT_FORMAT = ("JobID,User,GPUType,GPUIdx,Alloc,PredUtil,ActUtil,UtilErr,PredMem,ActMem,"
-                  "MemErr,CoLocated,State,Elapsed,Predictor")
+                  "MemErr,CoLocated,State,Elapsed,Predictor,QueueAct")
 
 
 def elapsed_str(s) -> str:
@@ -85,6 +89,13 @@ def under_claim_str(r: dict) -> str:
     if r.get("under_claim") is None:
         return ""
     return (r.get("claim_flags") or "yes") if r["under_claim"] else "no"
+
+
+def hook_act_str(r: dict) -> str:
+    """'shared', 'exclusive:util', 'unchanged:bad_hint'; '' when the hook left no decision."""
+    if not r.get("hook_action"):
+        return ""
+    return r["hook_action"] + (f":{r['hook_reason']}" if r.get("hook_reason") else "")
 
 
 def cell(r: dict, col: str) -> str:
@@ -142,6 +153,10 @@ def cell(r: dict, col: str) -> str:
         return r.get("sources") or ""
     if c == "underclaim":
         return under_claim_str(r)
+    if c == "hookact":
+        return hook_act_str(r)
+    if c == "queueact":
+        return r.get("queue_actions") or ""
     raise KeyError(col)
 
 
@@ -184,7 +199,10 @@ def job_json(r: dict) -> dict:
             "predictor": r.get("predictor"), "sources": r.get("sources"),
             "pred_mem_p90_mib": _round(r.get("pred_mem_p90_mib")),
             "under_claim": None if r.get("under_claim") is None else bool(r["under_claim"]),
-            "claim_flags": r.get("claim_flags")}
+            "claim_flags": r.get("claim_flags"), "hook_action": r.get("hook_action"),
+            "hook_reason": r.get("hook_reason"),
+            "queue_actions": (r.get("queue_actions") or "").split(",") if r.get("queue_actions")
+            else []}
 
 
 def _round(x, n=2):
@@ -220,7 +238,7 @@ def rich_table(rows: list[dict], cols, noheader: bool):
     for c, _ in cols:
         t.add_column(COLUMNS[c], justify="left" if c in ("user", "state", "predictor", "gputype",
                                                            "node", "family", "colocated",
-                                                           "underclaim")
+                                                           "underclaim", "hookact", "queueact")
                      else "right", no_wrap=True)
     for r in rows:
         vals = []
@@ -276,6 +294,7 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
             if b is not None and b >= 0:
                 g["hist"][b] = g["hist"].get(b, 0) + n
         far_rows = _far_jobs(conn, filters, far_limit)
+        queue = _queue_counts(conn, filters)
     groups: dict[str, dict] = {"all": {}, "model_family": {}, "gpu_type": {}, "user": {},
                                "predictor": {}, "gpu_type_predictor": {}}
     for (fam, gt, user, source), leaf in leaves.items():
@@ -295,6 +314,7 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
         out[dim] = {k: _finish(v) for k, v in sorted(gs.items(), key=lambda kv: str(kv[0]))}
     out["all"] = out["all"].get("all", _finish(_acc()))
     out["far_exceeding"] = far_rows
+    out["queue_actions"] = queue
     out["thresholds"] = {"util_pp": FAR_UTIL_PP, "mem_factor": FAR_MEM_FACTOR}
     return out
 
@@ -345,6 +365,25 @@ def _far_jobs(conn, filters: dict, limit: int) -> list[dict]:
     return [job_json(r._asdict()) for r in conn.execute(stmt)]
 
 
+def _queue_counts(conn, filters: dict) -> dict:
+    """How often ``horus-admin queue`` acted, per action, and how many OOM-requeued jobs then
+    completed: one range of the index ix_jobs_queue (only the jobs the loop touched)."""
+    from sqlalchemy import func, select
+
+    j = tables()["jobs"]
+    stmt = job_filters(select(j.c.queue_actions, j.c.state, func.count()).where(
+        j.c.queue_actions.is_not(None)), submitted_only=True, **filters)
+    out = {"oom_requeues": 0, "oom_requeues_completed": 0, "pack": 0, "spread": 0}
+    for acts, state, n in conn.execute(stmt.group_by(j.c.queue_actions, j.c.state)):
+        acts = acts.split(",")
+        for a in ("pack", "spread"):
+            out[a] += n * acts.count(a)
+        if "oom-requeue" in acts:
+            out["oom_requeues"] += n
+            out["oom_requeues_completed"] += n if (state or "").startswith("COMPLETED") else 0
+    return out
+
+
 def summary_text(s: dict) -> str:
     def line(name, g):
         f = lambda x, fmt: "-" if x is None else fmt.format(x)  # noqa: E731
@@ -366,6 +405,10 @@ def summary_text(s: dict) -> str:
     out.append("-- Measured: jobs with a measurement; Excluded: failed measurements (the GPU was "
                "never used), in no figure; P90Cov: jobs whose memory stayed within the p90 "
                "bound; errors: docs/definitions.md")
+    q = s["queue_actions"]
+    out.append(f"-- horus-admin queue: {q['oom_requeues']} OOM requeues "
+               f"({q['oom_requeues_completed']} then completed), {q['pack']} packed under queue "
+               f"pressure, {q['spread']} spread back")
     far = s["far_exceeding"]
     out.append(f"-- jobs whose actual use far exceeds the prediction (util > +"
                f"{FAR_UTIL_PP:.0f} pp or memory > x{FAR_MEM_FACTOR}): {len(far)} shown")

@@ -8,9 +8,10 @@
    GPUs is idle, pending jobs the hook kept whole are reshaped into shards (pack); when GPUs of
    the type sit idle again, the jobs this loop packed get their whole GPU back (spread).
 
-Every change is marked in the job's AdminComment with a ``horus-queue:v1;...`` token, which is
-how the loop knows what it did (at most one OOM requeue per job) and how ``horus-admin sync``
-records it in the ledger. Run it as root or SlurmUser (scontrol update of other users' jobs),
+Every change is marked in the job's AdminComment with a ``horus-queue:v1;...`` token
+(``slurm.accounting.queue_tokens`` reads them), which is how the loop knows what it did (at
+most one OOM requeue per job) and how ``horus-admin sync`` records it in the ledger
+(``jobs.queue_actions``). Run it as root or SlurmUser (scontrol update of other users' jobs),
 from scrontab or a systemd timer (etc/horus-queue.*)."""
 
 from __future__ import annotations
@@ -18,40 +19,36 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger.claims import open_as_owner, owner_ids
+from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run
 from slurm_horus.slurm.hint import parse_decision
 from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records
 
-TOKEN = "horus-queue:v1"
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
 OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
                     r"cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|"
                     r"CUDNN_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory")
 TAIL_BYTES = 256 * 1024  # the end of the error file: where a crash's last words are
+RESTART_DELAY_S = 5  # an OOM rerun starts this long after its requeue (see apply)
 
 
 @dataclass(frozen=True)
 class Action:
     """One change to one job: ``kind`` is oom-requeue, pack or spread; ``tres`` its new
-    TresPerNode; ``token`` what is appended to its AdminComment."""
+    TresPerNode; ``token`` what is appended to its AdminComment. ``fallback``: for a whole GPU,
+    every shard of one GPU, used where Slurm will not turn a pending job's shards into a gpu
+    (22.05 refuses any update between gres names; Slurm takes a job's shards from one GPU)."""
 
     job_id: int
     kind: str
     tres: str
     token: str
-
-
-def queue_tokens(admin_comment: str | None) -> list[dict[str, str]]:
-    """The loop's earlier actions on a job, from its AdminComment."""
-    out = []
-    for m in re.finditer(re.escape(TOKEN) + r"((?:;[a-z]+=[A-Za-z0-9:/._-]*)+)", admin_comment or ""):
-        out.append(dict(kv.split("=", 1) for kv in m.group(1).strip(";").split(";")))
-    return out
+    fallback: str | None = None
 
 
 def _shards(tres: str | None) -> int | None:
@@ -63,9 +60,37 @@ def _whole(tres: str | None) -> bool:
     return bool(re.search(r"gres[:/]gpu(?::[a-z0-9_-]+)?:1\b", tres or ""))
 
 
-def _gres(name: str, gtype: str | None, count: int) -> str:
-    """A TresPerNode value that keeps the job's GPU type (a typeless one could land elsewhere)."""
-    return f"gres/{name}:{gtype}:{count}" if gtype else f"gres/{name}:{count}"
+def _gres(name: str, gtype: str | None, count: int, like: str | None = None) -> str:
+    """A TresPerNode value that keeps the job's GPU type (a typeless one could land elsewhere),
+    written as Slurm writes the job's own (22.05 ``gres:``, 23.02+ ``gres/``): 22.05 takes
+    ``gres/gpu:...`` from scontrol update without a word and never applies it."""
+    prefix = "gres:" if (like or "").startswith("gres:") else "gres/"
+    return f"{prefix}{name}:{gtype}:{count}" if gtype else f"{prefix}{name}:{count}"
+
+
+def shards_per_gpu(nodes: list[dict]) -> dict[str, int]:
+    """{gpu type: shards of one GPU} from ``scontrol show node`` Gres (gpu:a100:4,shard:a100:400)."""
+    out: dict[str, int] = {}
+    for n in nodes:
+        gres = parse_gres(n.get("Gres"))
+        gpus = [g for g in gres if g["name"] == "gpu" and g["type"] and g["count"]]
+        count = sum(g["count"] or 0 for g in gres if g["name"] == "shard")
+        if len(gpus) == 1 and count:
+            out.setdefault(gpus[0]["type"], count // gpus[0]["count"])
+    return out
+
+
+def _shard_gres(count: int | None, like: str | None) -> str | None:
+    """``count`` shards as TresPerNode, untyped: scontrol shows a node's shards typed by their GPU
+    (shard:a100:400) but refuses (22.05) or ignores (25.11) a request for shard:a100:N; the job's
+    Features, which the hook sets, keep it on its GPU type."""
+    return _gres("shard", None, count, like) if count else None
+
+
+def _whole_gpu(gtype: str | None, like: str | None,
+               per_gpu: dict[str, int]) -> tuple[str, str | None]:
+    """A whole GPU of the type as TresPerNode, and all of one GPU's shards as its fallback."""
+    return _gres("gpu", gtype, 1, like), _shard_gres(per_gpu.get(gtype or ""), like)
 
 
 def _gpu_type(rec: dict) -> str | None:
@@ -88,9 +113,11 @@ def _job_id(rec: dict) -> int | None:
         return None
 
 
-def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None]) -> list[Action]:
+def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
+                per_gpu: dict[str, int] | None = None) -> list[Action]:
     """OOM requeues for ``scontrol show job`` records: FAILED, held shards, never requeued by
-    this loop, and the job's error output names a GPU out-of-memory error."""
+    this loop, and the job's error output names a GPU out-of-memory error. ``per_gpu``:
+    shards_per_gpu of the nodes, for the fallback."""
     out = []
     for rec in jobs:
         jid = _job_id(rec)
@@ -101,8 +128,9 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None]) -> li
             continue
         text = read_tail(rec)
         if text and OOM_RE.search(text):
-            out.append(Action(jid, "oom-requeue", _gres("gpu", _gpu_type(rec), 1),
-                              f"{TOKEN};action=oom-requeue;from=shard:{shards}"))
+            whole, fallback = _whole_gpu(_gpu_type(rec), rec.get("TresPerNode"), per_gpu or {})
+            out.append(Action(jid, "oom-requeue", whole,
+                              f"{QUEUE_TOKEN};action=oom-requeue;from=shard:{shards}", fallback))
     return out
 
 
@@ -134,6 +162,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
     the hook sets to the chosen type). A job is packed only after waiting ``min_wait_s`` and
     when ``fits(job, type, shards)`` says its predicted memory fits that share of the GPU."""
     free = _node_type_free(nodes)
+    per_gpu = shards_per_gpu(nodes)
     pending: dict[str, list[dict]] = {}
     for rec in jobs:
         gtype = _gpu_type(rec)
@@ -151,11 +180,13 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
             if (free[gtype] == 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
                     and now - _epoch(rec.get("SubmitTime")) >= min_wait_s
                     and fits(rec, gtype, pack_shards)):
-                out.append(Action(jid, "pack", _gres("shard", gtype, pack_shards),
-                                  f"{TOKEN};action=pack;from=gpu:1"))
+                out.append(Action(jid, "pack", _shard_gres(pack_shards, tres),
+                                  f"{QUEUE_TOKEN};action=pack;from=gpu:1"))
             elif free[gtype] >= len(recs) and last == "pack" and _shards(tres) is not None:
-                out.append(Action(jid, "spread", _gres("gpu", gtype, 1),
-                                  f"{TOKEN};action=spread;from=shard:{_shards(tres)}"))
+                whole, fallback = _whole_gpu(gtype, tres, per_gpu)
+                out.append(Action(jid, "spread", whole,
+                                  f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}",
+                                  fallback))
     return out
 
 
@@ -194,21 +225,70 @@ def _epoch(stamp: str | None) -> float:
         return float("inf")
 
 
-def apply(action: Action, admin_comment: str | None) -> None:
-    """Carry one action out with scontrol. An OOM requeue holds the job while it is reshaped,
-    so it never starts again on shards."""
-    note = f"{admin_comment}; {action.token}" if admin_comment else action.token
-    jid = str(action.job_id)
-    if action.kind == "oom-requeue":
-        run(["scontrol", "requeuehold", jid])
+def marked(admin_comment: str | None, token: str) -> str:
+    """AdminComment with ``token`` appended after a space: the hook's decision token must stay a
+    word of its own for ``parse_decision``. Slurm keeps 1000 characters: the latest marks win."""
+    return (f"{admin_comment} {token}" if admin_comment else token)[-1000:]
+
+
+def _requests(jid: str, name: str) -> bool:
+    """Whether Slurm now holds the job to a request of gres ``name`` (its TRES, not the
+    TresPerNode text, which 22.05 changes without applying)."""
+    recs = parse_scontrol_records(run(["scontrol", "show", "job", jid]))
+    tres = (recs[0].get("ReqTRES") or recs[0].get("TRES") or "") if recs else ""
+    return f"gres/{name}=" in tres
+
+
+def reshape(jid: str, tres: str, fallback: str | None) -> str:
+    """Set the job's TresPerNode to ``tres``, else to ``fallback`` where Slurm refuses or
+    ignores the change; -> what it holds now. Raises HorusError when neither takes."""
+    name = "gpu" if "gpu:" in tres else "shard"
     try:
-        run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={action.tres}"])
-        run(["scontrol", "update", f"JobId={jid}", f"AdminComment={note[-1000:]}"])
-        if action.kind == "oom-requeue":  # no requeue back-off: the job waited once already
-            run(["scontrol", "update", f"JobId={jid}", "StartTime=now"])
+        run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={tres}"])
+        if _requests(jid, name):
+            return tres
+    except HorusError:
+        if fallback is None:
+            raise
+    if fallback is None:
+        raise HorusError(f"job {jid}: Slurm did not apply TresPerNode={tres}")
+    run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={fallback}"])
+    return fallback
+
+
+def apply(action: Action, admin_comment: str | None) -> str:
+    """Carry one action out with scontrol; -> the TresPerNode the job got. An OOM requeue
+    holds the job while it is reshaped, so it never starts again on its old shards unless
+    Slurm refuses every reshape; it is marked either way, so it is requeued at most once."""
+    jid = str(action.job_id)
+    if action.kind != "oom-requeue":
+        got = reshape(jid, action.tres, action.fallback)
+        run(["scontrol", "update", f"JobId={jid}",
+             f"AdminComment={marked(admin_comment, action.token + ';to=' + _short(got))}"])
+        return got
+    run(["scontrol", "requeuehold", jid])
+    try:
+        try:
+            got = reshape(jid, action.tres, action.fallback)
+        except HorusError:
+            got = None
+        to = _short(got) if got else "unchanged"
+        run(["scontrol", "update", f"JobId={jid}",
+             f"AdminComment={marked(admin_comment, action.token + ';to=' + to)}"])
+        # no requeue back-off (the job waited once already), but not at once either: a rerun
+        # whose credential is made in the second slurmd revoked the last run's is killed
+        # ("Job credential revoked")
+        run(["scontrol", "update", f"JobId={jid}", f"StartTime=now+{RESTART_DELAY_S}"])
     finally:
-        if action.kind == "oom-requeue":
-            run(["scontrol", "release", jid])
+        run(["scontrol", "release", jid])
+    if got is None:
+        raise HorusError(f"job {jid}: requeued, but Slurm kept its shards")
+    return got
+
+
+def _short(tres: str) -> str:
+    """``gres:shard:a100:100`` -> ``shard:100`` (the form the marks use)."""
+    return re.sub(r"^gres[:/]|:[a-z][a-z0-9_-]*(?=:\d+$)", "", tres)
 
 
 def tend(fits: Callable[[dict, str, int], bool], pack_shards: int = 50,
@@ -217,7 +297,7 @@ def tend(fits: Callable[[dict, str, int], bool], pack_shards: int = 50,
     then queue pressure."""
     jobs = parse_scontrol_records(run(["scontrol", "-d", "show", "job"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
-    actions = oom_actions(jobs, read_error_tail)
+    actions = oom_actions(jobs, read_error_tail, shards_per_gpu(nodes))
     actions += pressure_actions(jobs, nodes, pack_shards, fits, min_wait_s, time.time())
     done = []
     by_id = {_job_id(r): r for r in jobs}
@@ -226,8 +306,8 @@ def tend(fits: Callable[[dict, str, int], bool], pack_shards: int = 50,
             done.append(a)
             continue
         try:
-            apply(a, by_id[a.job_id].get("AdminComment"))
-            done.append(a)
+            got = apply(a, by_id[a.job_id].get("AdminComment"))
+            done.append(replace(a, tres=got))
         except HorusError:
             continue  # the job moved on (started, cancelled): next pass sees it again
     return done

@@ -9,6 +9,11 @@ stay None and horus-probe is the source). Text forms (``gres/gpumem=36266M``, ra
 too. Neither 22.05 nor 25.11 prints ``gres_detail`` (the GPU index) in ``sacct --json``. Times of
 0 or >= 4294967294 (never started, not ended) are None.
 
+The scheduler layer's marks in a job's AdminComment are read here too (``scheduler_actions``):
+the hook's decision token (``hint.parse_decision``) and the tokens ``horus-admin queue`` appends
+(``QUEUE_TOKEN``, ``queue_tokens``). Only admins can set AdminComment, so they are Slurm's facts,
+unlike the user's Comment.
+
 Pure functions; running sacct is ``commands.run_sacct``.
 """
 
@@ -19,10 +24,11 @@ import re
 from typing import Any
 
 from slurm_horus.errors import HorusError
+from slurm_horus.slurm.hint import parse_decision
 from slurm_horus.slurm.parse import parse_gres
 
-__all__ = ["FINISHED", "STATE_ABBREV", "num", "size_mib", "parse_tres_string", "gres_placement",
-           "parse_job", "parse_sacct_json"]
+__all__ = ["FINISHED", "QUEUE_TOKEN", "STATE_ABBREV", "num", "size_mib", "parse_tres_string",
+           "gres_placement", "parse_job", "parse_sacct_json", "queue_tokens", "scheduler_actions"]
 
 FINISHED = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -30,6 +36,9 @@ _UNITS = {"": None, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2, "P":
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?)i?B?\s*$", re.I)
 # time.start / time.end of a job that never started or has not ended (NO_VAL, INFINITE as uint32)
 _UNSET_TIME = 4294967294
+QUEUE_TOKEN = "horus-queue:v1"
+QUEUE_ACTIONS_MAX = 255  # jobs.queue_actions is VARCHAR(255)
+_QUEUE_RE = re.compile(re.escape(QUEUE_TOKEN) + r"((?:;[a-z]+=[A-Za-z0-9:/._-]*)+)")
 STATE_ABBREV = {"CD": "COMPLETED", "F": "FAILED", "TO": "TIMEOUT", "CA": "CANCELLED",
                 "OOM": "OUT_OF_MEMORY", "NF": "NODE_FAIL", "PR": "PREEMPTED", "R": "RUNNING",
                 "PD": "PENDING", "BF": "BOOT_FAIL", "DL": "DEADLINE", "RQ": "REQUEUED",
@@ -223,3 +232,24 @@ def parse_sacct_json(data: str | bytes | dict) -> list[dict]:
         except (TypeError, ValueError, KeyError, HorusError):
             continue  # one odd record must not stop a sync
     return out
+
+
+def queue_tokens(admin_comment: str | None) -> list[dict[str, str]]:
+    """What ``horus-admin queue`` did to a job, oldest first: its ``horus-queue:v1;k=v;...``
+    tokens in AdminComment as dicts (``{"action": "oom-requeue", "from": "shard:30"}``)."""
+    return [dict(kv.split("=", 1) for kv in m.group(1).strip(";").split(";"))
+            for m in _QUEUE_RE.finditer(admin_comment or "")]
+
+
+def scheduler_actions(admin_comment: str | None) -> dict:
+    """What the scheduler layer did to a job, from its AdminComment: the hook's decision
+    (``hook_action`` shared/exclusive/unchanged, ``hook_reason`` its code) and the queue loop's
+    actions in order (``queue_actions``, comma-separated: ``pack,spread``, ``oom-requeue``);
+    None where there is none."""
+    decision = parse_decision(admin_comment)
+    acts = [t["action"] for t in queue_tokens(admin_comment) if t.get("action")]
+    while len(",".join(acts)) > QUEUE_ACTIONS_MAX:  # the column's width: the latest ones count
+        acts.pop(0)
+    return {"hook_action": decision.action if decision else None,
+            "hook_reason": decision.reason if decision else None,
+            "queue_actions": ",".join(acts) or None}
