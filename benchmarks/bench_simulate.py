@@ -9,7 +9,8 @@ Part 1, the sweep: loads 0.5, 1, 2, 4, 8 x mixes philly, llm, pai x seeds 1-3, e
 equivalent of ``horus-admin simulate --cluster mixed.json --jobs 2000 --trace MIX --load L
 --seed S --json`` on a mixed cluster (32 A100 40 GB on 4 nodes + 32 T4 on 8 nodes), all four
 policies with their defaults (slowdown bound 2.0, max group 4).  One Markdown table per mix,
-means over the seeds, plus how many seeds meet two of issue 12's goals.  The default size is
+means over the seeds, plus how many seeds meet three of issue 12's goals.  Per-job slowdown:
+run time over the solo run time on the GPU type the job ran on (timed-out jobs included).  The default size is
 the issue's (2,000 jobs, 64 GPUs); ``--jobs``/``--seeds``/``--loads`` change it.
 
 Part 2, scale: 100,000 philly jobs on 1,000 A100 at load 4, all four policies, CPU time
@@ -65,13 +66,15 @@ def _mean(runs: list[dict], p: str, key: str) -> float:
     return sum(r[p][key] for r in runs) / len(runs)
 
 
-def _goals(runs: list[dict]) -> tuple[int, int]:
-    """Seeds where horus has the lowest mean JCT of exclusive/naive/horus (within 2 %), and
-    seeds where horus's mean JCT is within 5 % of the oracle's."""
+def _goals(runs: list[dict]) -> tuple[int, int, int]:
+    """Seeds where horus has the lowest mean JCT of exclusive/naive/horus (within 2 %), seeds
+    where horus's mean JCT is within 5 % of the oracle's, and seeds where horus's p95 slowdown
+    is within the bound."""
     best = sum(r["horus"]["mean_jct_s"] <= 1.02 * min(r[p]["mean_jct_s"] for p in ("exclusive", "naive"))
                for r in runs)
     near = sum(r["horus"]["mean_jct_s"] <= 1.05 * r["oracle"]["mean_jct_s"] for r in runs)
-    return best, near
+    bound = sum(r["horus"]["p95_slowdown"] <= BOUND for r in runs)
+    return best, near, bound
 
 
 def _cells(m: dict, key: str, fmt: str, scale: float = 1.0, pols=POLICIES) -> str:
@@ -85,21 +88,21 @@ def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
         lines += [f"#### {trace}: {n_jobs:,} jobs on 32 A100 + 32 T4, means of seeds "
                   f"{', '.join(map(str, seeds))}\n",
                   "| load | mean JCT (ks) excl | naive | horus | oracle | p95 JCT ks (e/n/h/o) "
-                  "| horus p95 slowdown | OOMs (e/n/h/o) | timeouts (e/n/h/o) | lost (n/h) "
-                  "| seeds horus lowest of e/n/h | seeds horus <= 1.05 x oracle |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| p95 slowdown (n/h/o) | OOMs (e/n/h/o) | timeouts (e/n/h/o) | lost (n/h) "
+                  "| seeds horus lowest of e/n/h | seeds horus <= 1.05 x oracle "
+                  f"| seeds horus p95 <= {BOUND:g} |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for load in loads:
             runs = res[trace, load]
             m = {p: {k: _mean(runs, p, k) for k in KEYS} for p in POLICIES}
-            best, near = _goals(runs)
-            sd = m["horus"]["p95_slowdown"]
-            flag = f" (> {BOUND:g})" if sd > BOUND else ""
+            best, near, bound = _goals(runs)
             lines.append(
                 f"| {load:g} | " + " | ".join(f"{m[p]['mean_jct_s'] / 1e3:.1f}" for p in POLICIES)
-                + f" | {_cells(m, 'p95_jct_s', '{:.0f}', 1e3)} | {sd:.2f}{flag}"
+                + f" | {_cells(m, 'p95_jct_s', '{:.0f}', 1e3)}"
+                + f" | {_cells(m, 'p95_slowdown', '{:.2f}', pols=('naive', 'horus', 'oracle'))}"
                 + f" | {_cells(m, 'oom_failures', '{:.1f}')} | {_cells(m, 'timeouts', '{:.1f}')}"
                 + f" | {_cells(m, 'failed_jobs', '{:.1f}', pols=('naive', 'horus'))}"
-                + f" | {best}/{ns} | {near}/{ns} |")
+                + f" | {best}/{ns} | {near}/{ns} | {bound}/{ns} |")
         lines.append("")
     return "\n".join(lines)
 

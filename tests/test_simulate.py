@@ -423,25 +423,56 @@ def test_replays_a_real_ledger(tmp_path):
 def test_shipped_mix_needs_no_onnx_and_carries_biased_residuals():
     mix = ModelMix()
     assert mix.zoo_dir is None
-    assert mix.predict("bert_base", 16, "train", "t4")[1] > 0
-    # the cold start under-predicts BERT's memory and over-predicts Xception's (18 named runs)
-    assert mix.mem_residuals("bert_base").mean() > 0.2
-    assert mix.mem_residuals("xception").mean() < -0.2
+    assert mix.predict("bert_base_mlm", 16, "train", "t4")[1] > 0
+    # per model, biased where the cold start is (18 named runs): VGG-16 under-predicted,
+    # GPT-2 large over-predicted; an unmeasured model draws from all of them
+    assert mix.mem_residuals("vgg16").mean() > 0.1
+    assert mix.mem_residuals("gpt2_large").mean() < -0.1
+    assert len(mix.mem_residuals("unet")) == 18
+    # utilization: hundreds of held-out MLP runs, spread about as the cold start's RMSLE (0.24)
+    ures = mix.util_residuals()
+    assert len(ures) > 500 and 0.15 < ures.std() < 0.35
     with pytest.raises(HorusError):
-        mix.predict("bert_base", 16, "train", "h200")
+        mix.predict("bert_base_mlm", 16, "train", "h200")
 
 
 def test_horus_spreads_while_idle_and_packs_under_pressure():
     jobs = [job(i, 0, 1000, util=40, mem=4000) for i in range(4)]
-    reqs = [Request((0,), 1, 1, (40, 4000, (1.0,)))] * 4
+    reqs = [Request((0,), 1, 1, (40, 4000, (1.0,), 2000))] * 4
     sim, m = run(one_node(2), jobs, reqs)
     assert m["shared_starts"] == 4 and m["mean_jct_s"] < 2000  # all four start at once
     assert len({sim.start[j.id] for j in jobs}) == 1
     # heavy jobs whose predicted pair slowdown breaks the bound wait instead
     heavy = [job(i, 0, 1000, util=99, mem=4000) for i in range(3)]
-    reqs = [Request((0,), 1, 1, (99, 4000, (1.0,)))] * 3
+    reqs = [Request((0,), 1, 1, (99, 4000, (1.0,), 2000))] * 3
     sim, m = run(one_node(2), heavy, reqs, slowdown_bound=1.2)
     assert sorted(sim.start[j.id] for j in heavy) == [0, 0, 1000]
+
+
+def test_exceed_share_matches_the_sensitivity_spread_jobs_are_drawn_from():
+    import numpy as np
+    from slurm_horus.sim.interference import SENSITIVITY_SIGMA
+    itf = Interference()
+    k = np.exp(np.random.default_rng(0).normal(-SENSITIVITY_SIGMA ** 2 / 2, SENSITIVITY_SIGMA, 200_000))
+    for su, n in ((150, 2), (198, 2), (140, 3), (250, 4)):
+        slow = np.array([1.0 / itf.speed(su, n, x) for x in k[:20_000]])
+        assert itf.exceed_share(su, n, 2.0) == pytest.approx((slow > 2.0).mean(), abs=0.01)
+    assert itf.exceed_share(70, 2, 2.0) == 0.0 and itf.exceed_share(300, 1, 2.0) == 0.0
+
+
+def test_horus_keeps_the_predicted_tail_within_the_bounds_share():
+    # two heavy jobs on one GPU: the median pair (198 %: speed 0.63) is within a 2.0 bound, but
+    # 21 % of jobs (by sensitivity) would be beyond it: with 5 % allowed the second waits
+    heavy = [job(i, 0, 1000, util=99, mem=4000) for i in range(2)]
+    reqs = [Request((0,), 1, 1, (99, 4000, (1.0,), 2000))] * 2
+    sim, m = run(one_node(1), heavy, reqs)
+    assert sorted(sim.start[j.id] for j in heavy) == [0, 1000] and m["shared_starts"] == 2
+    # allowing half of the jobs beyond the bound (quantile 0.5), they share at once
+    sim, m = run(one_node(1), heavy, reqs, slowdown_quantile=0.5)
+    assert [sim.start[j.id] for j in heavy] == [0, 0]
+    assert sim.risk == pytest.approx(2 * Interference().exceed_share(198, 2, 2.0))
+    with pytest.raises(HorusError):
+        run(one_node(1), heavy, reqs, slowdown_quantile=1.0)
 
 
 
@@ -455,3 +486,18 @@ def test_bf_interval_tick_whose_float_difference_rounds_down_does_not_loop_forev
     sim, m = run(one_node(2), jobs, reqs, bf_interval=30)
     assert m["completed"] == 3
     assert sim.start[2] == pytest.approx(a + 30)  # backfilled at the tick, beside job 0
+
+
+def test_horus_packs_jobs_a_partner_would_not_slow_down_keeping_a_gpu_whole():
+    # two light jobs (30 % + 30 %: no predicted loss) on 2 GPUs share one, so the whole-GPU job
+    # arriving next starts at once instead of waiting for one of them
+    whole = Request((0,), 100, 1)
+    light = Request((0,), 1, 1, (30, 2000, (1.0,), 2000))
+    jobs = [job(0, 0, 1000, util=30), job(1, 1, 1000, util=30), job(2, 2, 500)]
+    sim, m = run(one_node(2), jobs, [light, light, whole])
+    assert by_id(sim, jobs) == {0: (0, 1000), 1: (1, 1001), 2: (2, 502)}  # 60 %: full speed
+    # heavier ones (60 % + 60 %) spread over the idle GPUs instead
+    heavy = Request((0,), 1, 1, (60, 2000, (1.0,), 2000))
+    jobs = [job(0, 0, 1000, util=60), job(1, 1, 1000, util=60), job(2, 2, 500)]
+    sim, m = run(one_node(2), jobs, [heavy, heavy, whole])
+    assert by_id(sim, jobs)[2] == (1000, 1500)

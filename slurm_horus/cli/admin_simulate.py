@@ -104,8 +104,8 @@ def register(main_group: click.Group) -> None:
     @click.option("--seed", type=int, default=0, show_default=True)
     @click.option("--load", type=float, default=1.0, show_default=True,
                   help="Offered load: arrivals x exclusive GPU-seconds / capacity.")
-    @click.option("--sigma-util", type=float, default=0.25, show_default=True,
-                  help="Lognormal sigma of true/predicted utilization.")
+    @click.option("--sigma-util", type=float, default=0.05, show_default=True,
+                  help="Lognormal jitter around the measured utilization residual.")
     @click.option("--sigma-mem", type=float, default=0.05, show_default=True,
                   help="Lognormal jitter around the measured memory residual.")
     @click.option("--policies", default=",".join(("exclusive", "naive", "horus", "oracle")),
@@ -126,6 +126,9 @@ def register(main_group: click.Group) -> None:
                   help="Extra slowdown factor per additional co-located job.")
     @click.option("--slowdown-bound", type=float, default=2.0, show_default=True,
                   help="horus/oracle: co-locate only while every job's predicted slowdown stays within this.")
+    @click.option("--slowdown-quantile", type=float, default=0.95, show_default=True,
+                  help="horus/oracle: the share of jobs that must stay within --slowdown-bound, "
+                       "given the measured spread of interference.")
     @click.option("--max-group", type=int, default=4, show_default=True,
                   help="horus/oracle: most jobs co-located on one GPU.")
     @click.option("--zoo", type=click.Path(file_okay=False),
@@ -137,8 +140,8 @@ def register(main_group: click.Group) -> None:
     @one_line_errors("horus-admin simulate")
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
                      sacct, ledger, seed, load, sigma_util, sigma_mem, policies, naive_shards, policy_file,
-                     bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, slowdown_bound, max_group, zoo,
-                     as_json, plot):
+                     bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, slowdown_bound,
+                     slowdown_quantile, max_group, zoo, as_json, plot):
         """Simulate a GPU cluster running a job trace under several placement policies."""
         from slurm_horus.errors import HorusError
         from slurm_horus.plot import console, pyplot, save
@@ -150,6 +153,8 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
         if sigma_util < 0 or sigma_mem < 0:
             raise HorusError("--sigma-util and --sigma-mem must be >= 0")
+        if not 0 < slowdown_quantile < 1:
+            raise HorusError("--slowdown-quantile must be between 0 and 1 (e.g. 0.95)")
         if plot == "-" and as_json:
             raise HorusError("--plot - draws in the terminal; with --json name a FILE.png")
         if plot and plot != "-":
@@ -162,7 +167,8 @@ def register(main_group: click.Group) -> None:
         jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo)
         results = run_policies(cluster, jobs, pols, policy_path=policy_file, naive_shards=naive_shards,
                                interference=itf, bf_window=bf_window, bf_interval=bf_interval,
-                               oom_delay_s=oom_delay, slowdown_bound=slowdown_bound, max_group=max_group)
+                               oom_delay_s=oom_delay, slowdown_bound=slowdown_bound,
+                               slowdown_quantile=slowdown_quantile, max_group=max_group)
         src = f"sacct {sacct}" if sacct else f"ledger {ledger}" if ledger else f"{trace} trace, seed {seed}"
         what = f"{len(jobs)} jobs ({src}) on {cluster.describe()}"
         if plot and plot != "-":

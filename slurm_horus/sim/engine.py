@@ -50,7 +50,7 @@ class Simulator(Placement):
                  shards_per_gpu: int = 100, *, interference: Interference | None = None,
                  bf_window: int = 100, bf_interval: float = 0.0, oom_delay_s: float = 60.0,
                  backfill: bool = True, slowdown_bound: float = 2.0, max_group: int = 4,
-                 window_s: float | None = None):
+                 slowdown_quantile: float = 0.95, window_s: float | None = None):
         if len(jobs) != len(requests):
             raise HorusError("one request per job needed")
         self.cluster, self.jobs, self.reqs = cluster, list(jobs), list(requests)
@@ -65,6 +65,10 @@ class Simulator(Placement):
             raise HorusError("--slowdown-bound must be >= 1 and --max-group >= 1")
         self.max_group = int(max_group)
         self.umax = pair_limits(self.itf, slowdown_bound, self.max_group)
+        if not 0.0 < slowdown_quantile < 1.0:
+            raise HorusError("the slowdown quantile must be in (0, 1)")
+        self.bound = float(slowdown_bound)
+        self.risk_share = 1.0 - slowdown_quantile
         self.window_s = window_s
 
     # -- time accounting ---------------------------------------------------------------------
@@ -123,6 +127,8 @@ class Simulator(Placement):
         req = self.cur_req[j]
         t = self.gtype[alloc[0]]
         u, m = self.jtrue[j][t]
+        if req.share is not None and self.ns[alloc[0]]:
+            self._charge_risk(j, alloc[0], req.share)
         for g in alloc:
             if not self.gjobs[g]:
                 self.cur_busy += 1
@@ -139,6 +145,7 @@ class Simulator(Placement):
         self.solo[j] = self.jdur[j][t]
         if self.first_start[j] < 0:
             self.first_start[j] = now
+            self.n_first += 1
         self.started += 1
         if req.shards < self.S:
             self.shared_starts += 1

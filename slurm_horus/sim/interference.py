@@ -27,11 +27,18 @@ at their summed utilization, and each job beyond the second multiplies every job
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 from slurm_horus.errors import HorusError
 
-__all__ = ["Interference", "LUCID_POINTS", "parse_points"]
+__all__ = ["Interference", "LUCID_POINTS", "SENSITIVITY_SIGMA", "parse_points"]
+
+# The spread: each job's sensitivity k is lognormal with mean 1 and this sigma, the value at which
+# the pair speeds over Lucid's mix of sums have Lucid's p10 (0.81 against 0.78).  Traces draw each
+# job's k from it; the horus scheduler knows only the distribution (Interference.exceed_share),
+# never a job's k.
+SENSITIVITY_SIGMA = 0.6
 
 LUCID_POINTS: tuple[tuple[float, float], ...] = (
     (0.0, 1.0),
@@ -93,6 +100,26 @@ class Interference:
         if self.mem_bw_penalty:
             s *= (1.0 - self.mem_bw_penalty) ** (n_jobs - 1)
         return s
+
+    def exceed_share(self, sum_util_pct: float, n_jobs: int, bound: float,
+                     sigma: float = SENSITIVITY_SIGMA) -> float:
+        """The share of jobs (over the sensitivity spread) that run slower than 1 / ``bound``
+        among ``n_jobs`` co-located jobs whose solo utils sum to ``sum_util_pct``: P(k > k*),
+        k* the sensitivity at which speed() reaches 1 / bound."""
+        if n_jobs <= 1:
+            return 0.0
+        loss = 1.0 - self.speed(sum_util_pct, 2)  # the median loss (mem_bw_penalty off)
+        need = 1.0 / bound
+        if n_jobs > 2 and self.beyond_pairs:
+            need /= (1.0 - self.beyond_pairs) ** (n_jobs - 2)
+        if self.mem_bw_penalty:
+            need /= (1.0 - self.mem_bw_penalty) ** (n_jobs - 1)
+        if need >= 1.0:
+            return 1.0
+        if loss <= 0.0 or self.points[-1][1] >= need:
+            return 0.0  # no loss, or even the worst case stays within the bound
+        k_star = (1.0 - need) / loss  # P(k > k*), k lognormal(-sigma^2 / 2, sigma)
+        return 0.5 * math.erfc((math.log(k_star) + sigma * sigma / 2) / (sigma * math.sqrt(2.0)))
 
 
 def parse_points(text: str) -> tuple[tuple[float, float], ...]:

@@ -1,5 +1,5 @@
 """The model mix of generated traces: which real architectures the jobs run, their predicted
-util/memory per GPU type, and the cold start's measured memory residuals.
+util/memory per GPU type, and the cold start's measured memory and utilization residuals.
 
 Default: the shipped table (slurm_horus/data/sim_mix.json, made by benchmarks/make_sim_mix.py),
 so no ONNX graph is read at run time; ``ModelMix(zoo_dir)`` predicts from a folder of graphs.
@@ -25,7 +25,9 @@ __all__ = ["MIX", "SHIPPED_TYPES", "SHIPPED_MIX", "ModelMix", "runtime_factor"]
 # The model mix: (zoo model, batch size, task, {trace: weight}).  Philly/Helios: research
 # training jobs over all families; PAI: many small and inference jobs (its median util is 1.5 %);
 # llm: transformer training, memory-heavy (a 16 GB T4 cannot hold the largest, two of them do not
-# fit beside each other on a 40 GB A100).  benchmarks/make_sim_mix.py turns this list into the
+# fit beside each other on a 40 GB A100).  Where GPUMemNet measured a model, the mix runs the graph
+# of that measured run (bert_base_mlm, bert_large_mlm, xlnet_base_cls, xception_224), so its
+# memory residuals are those of the very graph predicted.  benchmarks/make_sim_mix.py turns this list into the
 # shipped table (slurm_horus/data/sim_mix.json): predictions per GPU type and measured residuals.
 MIX: tuple[tuple[str, int, str, dict[str, float]], ...] = (
     ("small_cnn", 64, "train", {"philly": 2, "helios": 4, "pai": 6}),
@@ -41,15 +43,15 @@ MIX: tuple[tuple[str, int, str, dict[str, float]], ...] = (
     ("resnet50", 128, "train", {"philly": 1, "helios": 0, "pai": 0, "llm": 1}),
     ("resnet50", 32, "infer", {"philly": 0, "helios": 1, "pai": 3}),
     ("vgg16", 32, "train", {"philly": 1, "helios": 1, "pai": 0}),
-    ("xception", 16, "train", {"philly": 1, "helios": 0, "pai": 0}),
+    ("xception_224", 16, "train", {"philly": 1, "helios": 0, "pai": 0}),
     ("unet", 8, "train", {"philly": 1, "helios": 1, "pai": 0}),
-    ("bert_base", 16, "train", {"philly": 2, "helios": 2, "pai": 1, "llm": 3}),
-    ("bert_base", 16, "infer", {"philly": 0, "helios": 0, "pai": 2}),
-    ("bert_base", 32, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 2}),
-    ("bert_large", 16, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 2}),
+    ("bert_base_mlm", 16, "train", {"philly": 2, "helios": 2, "pai": 1, "llm": 3}),
+    ("bert_base_mlm", 16, "infer", {"philly": 0, "helios": 0, "pai": 2}),
+    ("bert_base_mlm", 32, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 2}),
+    ("bert_large_mlm", 16, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 2}),
     ("gpt2", 8, "train", {"philly": 1, "helios": 1, "pai": 0, "llm": 3}),
     ("gpt2_large", 8, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 1}),
-    ("xlnet_base", 8, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 2}),
+    ("xlnet_base_cls", 8, "train", {"philly": 0, "helios": 0, "pai": 0, "llm": 2}),
     ("t5_small", 16, "train", {"philly": 1, "helios": 1, "pai": 0, "llm": 2}),
     ("vit_b_16", 32, "train", {"philly": 1, "helios": 1, "pai": 0, "llm": 2}),
 )
@@ -81,6 +83,7 @@ class ModelMix:
         res = self._table["mem_residuals"]
         self._res_model = {m: np.array(v, dtype=float) for m, v in res["by_model"].items()}
         self._res_pooled = np.array(res["pooled"], dtype=float)
+        self._util_res = np.array(self._table["util_residuals"]["pooled"], dtype=float)
         self._reports: dict[tuple[str, int], Any] = {}
         self._preds: dict[tuple[str, int, str, str], tuple[float, float, float]] = {}
         self._dims: dict[str, dict[str, int]] | None = None
@@ -89,6 +92,11 @@ class ModelMix:
         """log(measured / predicted) memory of ``model`` (pooled over all measured models when
         it was not measured itself)."""
         return self._res_model.get(model, self._res_pooled)
+
+    def util_residuals(self) -> np.ndarray:
+        """log(measured / predicted) utilization of the cold start on held-out runs (pooled: the
+        only utilization measurements are GPUMemNet's MLP runs)."""
+        return self._util_res
 
     def _zoo_dims(self) -> dict[str, dict[str, int]]:
         if self._dims is None:

@@ -22,18 +22,20 @@ MEM_HEADROOM_MIB = 2048.0
 INF = float("inf")
 
 
-def pair_limits(itf: Interference, slowdown_bound: float, max_group: int) -> list[float]:
-    """umax[n]: the largest summed PREDICTED util at which n co-located jobs keep the median
-    per-job speed >= 1 / slowdown_bound (the curve falls with the sum: bisection); -1: never."""
+def pair_limits(itf: Interference, slowdown_bound: float, max_group: int, k_tail: float = 1.0) -> list[float]:
+    """umax[n]: the largest summed PREDICTED util at which n co-located jobs keep the per-job
+    speed of a job of sensitivity ``k_tail`` (a quantile of the spread, not the median) >=
+    1 / slowdown_bound (the curve falls with the sum: bisection); -1: never."""
     umax = [INF, INF]
+    floor = 1.0 / slowdown_bound
     for n in range(2, max_group + 1):
         lo, hi = 0.0, 100.0 * n
-        if itf.speed(lo, n) < 1.0 / slowdown_bound:
+        if itf.speed(lo, n, k_tail) < floor:
             umax.append(-1.0)
             continue
         for _ in range(40):
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if itf.speed(mid, n) >= 1.0 / slowdown_bound else (lo, mid)
+            lo, hi = (mid, hi) if itf.speed(mid, n, k_tail) >= floor else (lo, mid)
         umax.append(lo)
     return umax
 
@@ -87,6 +89,7 @@ class Placement:
         self.jtrue = [[j.true[t] for t in types] for j in self.jobs]
         self.jdur = [[j.duration * j.runtime_x.get(t, 1.0) for t in types] for j in self.jobs]
         self.jsens = [j.sens for j in self.jobs]
+        self.jlim = [j.limit for j in self.jobs]
         # co-location state of the horus scheduler: predicted util / p90 memory summed over each
         # GPU's shareable jobs, and their count
         self.pu = np.zeros(G)
@@ -102,7 +105,14 @@ class Placement:
         self.hm = np.full(G, MEM_HEADROOM_MIB)
         self.uthr = np.full(G, self.umax_np[1])
         self.rank = np.zeros(G)
+        self.lone_pu = np.full(G, INF)  # predicted util of a GPU's only shareable job, else inf
         self.whole_req = [Request((t,), S, 1) for t in range(len(types))]
+        # the slowdown tail budget (_join_risk): jobs expected beyond the bound, charged so far,
+        # each job's worst share so far, first starts, and the last join _share_place priced
+        self.risk, self.jrisk, self.n_first = 0.0, [0.0] * len(self.jobs), 0
+        self.last_risk: tuple = (-1, 0.0, None)
+        # the largest summed util at which a pair keeps the median speed 1.0 (Lucid: 75 %)
+        self.free_sum = max((x for x, y in self.itf.points if y >= 1.0), default=0.0)
 
     def _set_free(self, g: int, new: int) -> None:
         old = self.free[g]
@@ -140,13 +150,29 @@ class Placement:
         self.hm[g] = MEM_HEADROOM_MIB * (n + 1)
         self.uthr[g] = self.umax_np[min(n + 1, self.max_group + 1)]
         self.rank[g] = self.pu[g] + 1000.0 * n
+        self.lone_pu[g] = self.pu[g] if n == 1 and self.max_group > 1 else INF
 
     def _share_place(self, req: Request, exclude: set | None) -> list[int] | None:
-        """The horus scheduler: an idle GPU while there is one (spread); else, under queue
-        pressure, the GPU whose shareable jobs leave the most room, among those where the group's
-        summed predicted util keeps every job's predicted slowdown within the bound and the
-        predicted p90 memories fit."""
-        u, m, rx = req.share
+        """The horus scheduler.  A job that a lone partner on its fastest type would not slow
+        down (the pair's predicted sum within the curve's no-loss range) joins it: packing costs
+        nothing there and keeps whole GPUs and nodes free.  Otherwise an idle GPU while there is
+        one (spread); else, under queue pressure, among the groups where the summed predicted
+        util keeps the median job within the bound and the predicted p90 memories fit, the one
+        with the fewest jobs, then the least predicted util (the least predicted tail), if the
+        tail stays within the bound's share (_join_risk) and the median slowdown there costs less
+        than the best idle GPU (else that idle GPU, of a slower type)."""
+        u, m, rx, lim = req.share
+        if u < self.free_sum:
+            cand = np.flatnonzero(self.lone_pu <= self.free_sum - u)
+            if len(cand):
+                cand = cand[(self.pm[cand] + m + self.hm[cand] <= self.gcap[cand])
+                            & (self.gtype_np[cand] == req.types[0])]
+                if exclude:
+                    cand = np.array([x for x in cand if x not in exclude], dtype=np.int64)
+                if len(cand):
+                    g = int(cand[np.argmax(self.pu[cand])])  # best fit
+                    self.last_risk = (g, u, ([], 0.0))  # no predicted loss: no tail
+                    return [g]
         best, best_cost = None, INF
         for t in req.types:  # fastest type first: the first idle GPU is the best idle one
             whole = self._place(self.whole_req[t], exclude)
@@ -155,7 +181,6 @@ class Placement:
                 break
         if best_cost <= min(rx[t] for t in req.types):
             return best
-        ns = self.ns
         ok = self.nsok & (self.pm + m + self.hm <= self.gcap) & (self.pu + u <= self.uthr)
         if len(self.types) > 1 and len(req.types) < len(self.types):
             ok &= np.isin(self.gtype_np, req.types)
@@ -165,11 +190,49 @@ class Placement:
         if not len(cand):
             return best
         g = int(cand[np.argmin(self.rank[cand])])
+        risk = self._join_risk(g, u, lim)
+        if self.risk + risk[1] > self.risk_share * (self.n_first + 1):
+            return best  # the predicted tail would use up more than the bound's share
         # co-locate on a faster type rather than run alone on a slower one when the predicted
-        # slowdown there costs less than the slower GPU does
+        # slowdown there costs less than the slower GPU does; when the least-tail group is on
+        # the slower type, an idle GPU of that type costs no tail budget
         t = self.gtype[g]
-        cost = rx[t] / self.itf.speed(self.pu[g] + u, int(ns[g]) + 1)
-        return [g] if cost < best_cost else best
+        cost = rx[t] / self.itf.speed(self.pu[g] + u, int(self.ns[g]) + 1)
+        if cost >= best_cost:
+            return best
+        self.last_risk = (g, u, risk)  # what _start charges when the job starts there
+        return [g]
+
+    def _join_risk(self, g: int, u: float, lim: float) -> tuple[list[tuple[int, float]], float]:
+        """What a job of predicted util u and time limit lim joining GPU g's group does to the
+        slowdown tail: ([(job, share)], added).  share: the chance (over the sensitivity spread,
+        on predicted utils) that the job ends beyond the bound; added: how many more jobs that
+        puts beyond it (each job counts once, at its worst group so far: ``jrisk``; the
+        newcomer is index -1).  A job co-located for a fraction f of its life is beyond the bound
+        b only if its speed there is below 1 / (1 + (b - 1) / f); f is estimated from the time
+        limits, the only lengths Slurm knows: min(1, partner's limit / own limit)."""
+        su, n, b, ex = float(self.pu[g]) + u, int(self.ns[g]) + 1, self.bound, self.itf.exceed_share
+        jrisk, cur_req, jlim = self.jrisk, self.cur_req, self.jlim
+        res = [x for x in self.gjobs[g] if cur_req[x].share is not None]
+        longest = max(jlim[x] for x in res)
+        out = [(-1, ex(su, n, 1.0 + (b - 1.0) / min(1.0, longest / lim)))]
+        added = out[0][1]
+        for x in res:
+            r = ex(su, n, 1.0 + (b - 1.0) / min(1.0, lim / jlim[x]))
+            out.append((x, r))
+            if r > jrisk[x]:
+                added += r - jrisk[x]
+        return out, added
+
+    def _charge_risk(self, j: int, g: int, share: tuple) -> None:
+        """Charge the tail budget for job j joining GPU g's group (before it is counted there)."""
+        lg, lu, risk = self.last_risk  # _share_place has usually just priced this very join
+        shares, added = risk if (lg, lu) == (g, share[0]) else self._join_risk(g, share[0], share[3])
+        self.risk += added
+        for x, r in shares:
+            x = j if x < 0 else x
+            if r > self.jrisk[x]:
+                self.jrisk[x] = r
 
     def _place(self, req: Request, exclude: set | None) -> list[int] | None:
         """GPUs for ``req`` now (best fit), avoiding ``exclude``; None if it does not fit."""

@@ -33,7 +33,7 @@ class Request:
     types: tuple[int, ...]
     shards: int
     gpus: int
-    share: tuple | None = None  # horus/oracle: (util %, p90 MiB, runtime factor per type)
+    share: tuple | None = None  # horus/oracle: (util %, p90 MiB, runtime factor per type, limit s)
 
 
 def _eligible_types(job: SimJob, types: list[str], mem: list[float]) -> tuple[int, ...]:
@@ -172,7 +172,7 @@ def build_requests(jobs: Sequence[SimJob], policy: str, types: list[str], mem: l
                 # the queue-pressure scheduler: the hook admits, co-location is decided at start
                 t0 = types[elig[0]]
                 rx = tuple(j.runtime_x.get(t, 1.0) for t in types)
-                reqs.append(Request(elig, 1, 1, (preds[t0][0], preds[t0][2], rx)))
+                reqs.append(Request(elig, 1, 1, (preds[t0][0], preds[t0][2], rx, j.limit)))
             elif action == "shared" and gtype == "any" and "any" not in tindex:
                 # type_choice = any: shards with no type, on whichever type frees up first
                 reqs.append(Request(tuple(range(len(types))), int(shards), 1))

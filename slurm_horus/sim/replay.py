@@ -39,7 +39,7 @@ def _gpu_count(job: Mapping[str, Any]) -> int:
 
 
 def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace_mix: str = "philly",
-                    sigma_util: float = 0.25, sigma_mem: float = 0.05, mix: ModelMix | None = None,
+                    sigma_util: float = 0.05, sigma_mem: float = 0.05, mix: ModelMix | None = None,
                     mem_cap_mib: float | None = None, max_gpus_per_job: int = 8,
                     limit_factor: float = 2.0, limit_cap_s: float = 7 * 86400.0) -> list[SimJob]:
     """Jobs of a ``sacct --json`` dump: submit time, elapsed time, GPU count (jobs without GPUs

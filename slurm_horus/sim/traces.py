@@ -6,8 +6,9 @@ the PREDICTED utilization/memory (what ``hsubmit`` would write in the hint) and 
 
 Each generated job runs a model of the trace's mix (:mod:`slurm_horus.sim.mix`): its prediction
 is the cold start's for that model, its true memory the prediction times a residual the cold start
-showed on that model (biased where the predictor is), its true utilization the prediction times
-lognormal noise.  Traces of a site's own jobs: :mod:`slurm_horus.sim.replay`.
+showed on that model (biased where the predictor is), its true utilization the prediction times a
+residual the cold start showed on held-out MLP runs.  Traces of a site's own jobs:
+:mod:`slurm_horus.sim.replay`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from slurm_horus.errors import HorusError
 from slurm_horus.predict.gpus import get_gpu
+from slurm_horus.sim.interference import SENSITIVITY_SIGMA
 from slurm_horus.sim.mix import ModelMix, runtime_factor
 
 __all__ = ["SimJob", "TraceSpec", "TRACES", "generate_trace", "lognormal_params", "time_limit", "truth"]
@@ -76,11 +78,6 @@ TRACES: dict[str, TraceSpec] = {
 }
 
 
-# Spread of the interference between co-located jobs: each job's sensitivity (its share of the
-# pair curve's loss) is lognormal with this sigma, mean 1 (see slurm_horus.sim.interference).
-SENSITIVITY_SIGMA = 0.6
-
-
 def lognormal_params(p50: float, p95: float) -> tuple[float, float]:
     """(mu, sigma) of the lognormal with median p50 and 95th percentile p95."""
     if p50 <= 0 or p95 <= p50:
@@ -89,15 +86,17 @@ def lognormal_params(p50: float, p95: float) -> tuple[float, float]:
 
 
 def truth(rng: np.random.Generator, pred: Mapping[str, tuple[float, float, float]], model: str,
-           mix: ModelMix, sigma_util: float, sigma_mem: float, mem_cap: float) -> dict[str, tuple[float, float]]:
-    """True (util, mem) per type.  Memory: the prediction times exp(a residual of the cold start
-    measured on this model, else on any measured model) times lognormal(sigma_mem) jitter, so the
-    truth is biased where the predictor is.  Utilization: the prediction times lognormal(sigma_util)
-    (no real-model utilization residuals are measured).  One draw per job, the same ratio on every
-    GPU type (the residuals were measured on one A100)."""
-    fu = float(np.exp(rng.normal(0.0, sigma_util))) if sigma_util > 0 else 1.0
-    res = mix.mem_residuals(model)
-    fm = float(np.exp(res[int(rng.integers(len(res)))] + (rng.normal(0.0, sigma_mem) if sigma_mem > 0 else 0.0)))
+          mix: ModelMix, sigma_util: float, sigma_mem: float, mem_cap: float) -> dict[str, tuple[float, float]]:
+    """True (util, mem) per type: the prediction times exp(a measured residual of the cold start
+    + normal(0, sigma) jitter).  Memory: a residual measured on this model (else on any measured
+    model), so the truth is biased where the predictor is.  Utilization: a residual of the cold
+    start on held-out GPUMemNet MLP runs (pooled; no real-model utilization was measured).  One
+    draw per job, the same ratio on every GPU type (the residuals were measured on one A100)."""
+    def factor(res: np.ndarray, sigma: float) -> float:
+        return float(np.exp(res[int(rng.integers(len(res)))] + (rng.normal(0.0, sigma) if sigma > 0 else 0.0)))
+
+    fu = factor(mix.util_residuals(), sigma_util)
+    fm = factor(mix.mem_residuals(model), sigma_mem)
     return {t: (min(100.0, u * fu), min(mem_cap, m * fm)) for t, (u, m, _) in pred.items()}
 
 
@@ -110,7 +109,7 @@ def _job_extras(rng: np.random.Generator, types: list[str], duration: float,
 
 
 def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus: int, *,
-                   seed: int = 0, load: float = 1.0, sigma_util: float = 0.25,
+                   seed: int = 0, load: float = 1.0, sigma_util: float = 0.05,
                    sigma_mem: float = 0.05, mix: ModelMix | None = None,
                    max_gpus_per_job: int = 8, limit_factor: float = 2.0,
                    limit_cap_s: float = 7 * 86400.0, mem_cap_mib: float | None = None,
