@@ -34,24 +34,18 @@ class SlurmConf:
 
 
 def read_slurm_conf(path: Path) -> SlurmConf:
-    from slurm_horus.slurm.parse import parse_conf_lines
+    from slurm_horus.slurm.parse import node_lines, parse_conf_lines
 
     try:
         text = path.read_text()
     except OSError as e:
         raise HorusError(f"{path}: {e.strerror or e}") from None
+    recs = parse_conf_lines(text)
     settings: dict[str, str] = {}
-    nodes: list[dict[str, str]] = []
-    defaults: dict[str, str] = {}
-    for rec in parse_conf_lines(text):
-        if "nodename" in rec:
-            if rec["nodename"].upper() == "DEFAULT":
-                defaults.update({k: v for k, v in rec.items() if k != "nodename"})
-            else:
-                nodes.append({**defaults, **rec})
-        elif "partitionname" not in rec:
+    for rec in recs:
+        if "nodename" not in rec and "partitionname" not in rec:
             settings.update(rec)
-    return SlurmConf(settings, nodes, path)
+    return SlurmConf(settings, node_lines(recs), path)
 
 
 def _words(value: str | None) -> set[str]:

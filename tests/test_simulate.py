@@ -375,7 +375,7 @@ def test_cli_replays_ledger_and_sacct_on_a_slurm_conf_cluster(simulate_cli, tmp_
     assert out["horus"]["makespan_s"] == pytest.approx(210) and out["horus"]["mean_wait_s"] == 0
     sacct = tmp_path / "sacct.json"
     sacct.write_text(json.dumps({"jobs": [
-        {"time": {"submission": 100 + i, "elapsed": 60},
+        {"job_id": i + 1, "time": {"submission": 100 + i, "elapsed": 60},
          "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}} for i in range(5)]}))
     r = CliRunner().invoke(simulate_cli, ["simulate", "--slurm-conf", str(conf), "--sacct", str(sacct), "--json",
                                  "--policies", "exclusive,horus"])

@@ -122,3 +122,14 @@ def test_tres_spelling():
     assert sa.gres_to_tres("gpu:1") == "gres:gpu:1"
     assert sa.gres_to_tres("gpu:a100:1,foo:2") == "gres:gpu:a100:1,gres:foo:2"
     assert sa.gpus_to_tres("1") == "gres:gpu:1"
+
+
+def test_node_default_lines_fold_into_the_lines_after_them():
+    recs = sp.parse_conf_lines("NodeName=DEFAULT Gres=gpu:a100:4 RealMemory=1000\n"
+                               "NodeName=a[1-2] CPUs=8\n"
+                               "PartitionName=gpu Nodes=ALL\n"
+                               "NodeName=DEFAULT Gres=gpu:t4:2\n"
+                               "NodeName=t1 RealMemory=500\n")
+    assert sp.node_lines(recs) == [
+        {"nodename": "a[1-2]", "gres": "gpu:a100:4", "realmemory": "1000", "cpus": "8"},
+        {"nodename": "t1", "gres": "gpu:t4:2", "realmemory": "500"}]

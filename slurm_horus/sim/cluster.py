@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from slurm_horus.errors import HorusError
 from slurm_horus.predict.gpus import get_gpu
-from slurm_horus.slurm.parse import expand_hostlist, parse_conf_lines, parse_gres
+from slurm_horus.slurm.parse import expand_hostlist, node_lines, parse_conf_lines, parse_gres
 
 __all__ = ["NodeSpec", "ClusterSpec", "homogeneous_cluster", "cluster_from_json", "cluster_from_slurm_conf"]
 
@@ -118,20 +118,13 @@ def cluster_from_slurm_conf(text: str, gres_conf: str | None = None) -> ClusterS
                     gres_types[h] = t
             else:
                 default_type = t
-    defaults: dict[str, str] = {}
     nodes = []
-    for rec in parse_conf_lines(text):
-        if "nodename" not in rec:
-            continue
-        if rec["nodename"].upper() == "DEFAULT":
-            defaults.update({k: v for k, v in rec.items() if k != "nodename"})
-            continue
-        full = {**defaults, **rec}
+    for full in node_lines(parse_conf_lines(text)):
         gres = full.get("gres")
         if not gres:
             continue
         gpus = [g for g in parse_gres(gres) if g["name"] == "gpu"]
-        for host in expand_hostlist(rec["nodename"]):
+        for host in expand_hostlist(full["nodename"]):
             for g in gpus:
                 t = g["type"] or gres_types.get(host) or default_type
                 if not t:

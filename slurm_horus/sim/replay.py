@@ -11,31 +11,11 @@ import numpy as np
 
 from slurm_horus.errors import HorusError
 from slurm_horus.predict.gpus import get_gpu
-from slurm_horus.slurm.accounting import num
+from slurm_horus.slurm.accounting import num, parse_job
 from slurm_horus.sim.mix import ModelMix
 from slurm_horus.sim.traces import SimJob, time_limit, truth
 
 __all__ = ["from_sacct_json", "from_rows", "rows_from_ledger_jobs", "ROW_KEYS"]
-
-
-def _gpu_count(job: Mapping[str, Any]) -> int:
-    tres = job.get("tres") or {}
-    for kind in ("allocated", "requested"):
-        n, shard = 0, 0
-        for t in tres.get(kind) or []:
-            if not isinstance(t, dict) or t.get("type") != "gres":
-                continue
-            c = num(t.get("count")) or 0
-            name = str(t.get("name") or "")
-            if name == "gpu" or name.startswith("gpu:"):
-                n += int(c)
-            elif name == "shard" or name.startswith("shard:"):
-                shard += int(c)
-        if n:
-            return n
-        if shard:
-            return 1
-    return 0
 
 
 def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace_mix: str = "philly",
@@ -63,12 +43,15 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
     for j in raw:
         if not isinstance(j, dict):
             continue
-        t = j.get("time") or {}
-        submit, elapsed = num(t.get("submission")), num(t.get("elapsed"))
-        gpus = _gpu_count(j)
-        if submit is None or elapsed is None or gpus < 1 or elapsed <= 0:
+        try:
+            job = parse_job(j)  # the one sacct parser: a shard job counts as one GPU
+        except (TypeError, ValueError, KeyError, HorusError):
             continue
-        lim = num(t.get("limit"))
+        submit, elapsed = job["submit_time"], job["elapsed_s"]
+        gpus = job["gpus"] or (1 if job["shards"] else 0)
+        if submit is None or not elapsed or elapsed <= 0 or gpus < 1:
+            continue
+        lim = num((j.get("time") or {}).get("limit"))
         rows.append((float(submit), float(elapsed), min(gpus, max_gpus_per_job), lim * 60.0 if lim else None))
     if not rows:
         raise HorusError("sacct json: no finished GPU job with submit and elapsed times")

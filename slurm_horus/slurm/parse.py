@@ -366,3 +366,18 @@ def parse_conf_lines(text: str) -> list[dict[str, str]]:
         if rec:
             recs.append(rec)
     return recs
+
+
+def node_lines(recs: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The NodeName lines of parsed slurm.conf records, each with the ``NodeName=DEFAULT`` lines
+    before it folded in, as slurmctld reads them (a later DEFAULT changes only later lines)."""
+    defaults: dict[str, str] = {}
+    nodes = []
+    for rec in recs:
+        if "nodename" not in rec:
+            continue
+        if rec["nodename"].upper() == "DEFAULT":
+            defaults.update({k: v for k, v in rec.items() if k != "nodename"})
+        else:
+            nodes.append({**defaults, **rec})
+    return nodes
