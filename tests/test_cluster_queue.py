@@ -112,7 +112,8 @@ def test_oom_requeue_once_on_a_whole_gpu(mine, tmp_path):
     assert re.search(r"shard", first.get("TresPerNode", "")), first.get("TresPerNode")
     wait(bad, {"FAILED"})
 
-    acts = queue("--min-wait", "100000")
+    acts = queue("--min-wait", "100000", "--jobs", f"{jid},{bad}")  # only this test's jobs
+    assert {str(a["job_id"]) for a in acts} <= {jid, bad}
     mine_acts = [a for a in acts if str(a["job_id"]) in (jid, bad)]
     assert [(a["job_id"], a["action"]) for a in mine_acts] == [(int(jid), "oom-requeue")]
     # a whole GPU: gres/gpu (23.02+), or on 22.05, which refuses to turn shards into a gpu,
@@ -129,7 +130,7 @@ def test_oom_requeue_once_on_a_whole_gpu(mine, tmp_path):
     assert re.search(r"gres/gpu(:a100)?=1\b|gres/shard(:a100)?=100\b", alloc), alloc
     assert "ran on" in (tmp_path / f"o-{jid}").read_text()
     # at most once, and the other failure is never requeued
-    assert not [a for a in queue("--min-wait", "100000") if str(a["job_id"]) in (jid, bad)]
+    assert not [a for a in queue("--min-wait", "100000", "--jobs", f"{jid},{bad}") if str(a["job_id"]) in (jid, bad)]
     assert job(bad).get("Restarts") == "0"
     # the ledger records the requeue from the AdminComment sacct returns, and hacct shows it
     env = ledger_env(tmp_path)
@@ -163,11 +164,11 @@ def test_pack_under_pressure_then_spread(mine, tmp_path):
     assert re.search(r"gpu(:a100)?:1$", rec.get("TresPerNode", "")), rec.get("TresPerNode")
     assert "action=exclusive" in rec.get("AdminComment", "")
     end = time.time() + 60  # every A100 busy (ours, or other tests')
-    while time.time() < end and not [a for a in queue("--dry-run", "--min-wait", "0")
+    while time.time() < end and not [a for a in queue("--dry-run", "--min-wait", "0", "--jobs", heavy)
                                      if str(a["job_id"]) == heavy]:
         time.sleep(2)
     subprocess.run(["scontrol", "hold", heavy], check=True, capture_output=True)
-    packed = [a for a in queue("--min-wait", "0") if str(a["job_id"]) == heavy]
+    packed = [a for a in queue("--min-wait", "0", "--jobs", heavy) if str(a["job_id"]) == heavy]
     assert packed and packed[0]["action"] == "pack", packed
     assert re.search(r"shard:50$", job(heavy).get("TresPerNode", ""))
     assert "gres/shard=50" in job(heavy).get("ReqTRES", "")  # applied, not only written
@@ -176,7 +177,7 @@ def test_pack_under_pressure_then_spread(mine, tmp_path):
     spread = []
     while time.time() < end and not spread:
         time.sleep(2)
-        spread = [a for a in queue("--min-wait", "0") if str(a["job_id"]) == heavy]
+        spread = [a for a in queue("--min-wait", "0", "--jobs", heavy) if str(a["job_id"]) == heavy]
     assert spread and spread[0]["action"] == "spread", spread
     rec = job(heavy)
     assert re.search(r"gpu:a100:1$", rec.get("TresPerNode", "")) and "gres/gpu=1" in rec["ReqTRES"]

@@ -10,19 +10,6 @@ import click
 from slurm_horus.cli.common import one_line_errors
 
 
-def _fits(rec: dict, gtype: str, shards: int) -> bool:
-    """The memory the hook charges the job's hint fits ``shards`` % of the policy's memory for
-    ``gtype``."""
-    from slurm_horus.slurm.hint import parse_hint
-    from slurm_horus.slurm.policy import charged_mem_mib, policy_value
-
-    fields = (parse_hint(rec.get("Comment")) or {}).get(gtype)
-    total = policy_value(f"gpu.{gtype}.mem_mib")
-    if not fields or total is None:
-        return False
-    return charged_mem_mib(*fields[1:5])[1] * 100 <= int(total) * shards
-
-
 def register(admin: click.Group) -> None:
     @admin.command("queue")
     @click.option("--interval", type=click.FloatRange(min=5), default=None,
@@ -31,16 +18,26 @@ def register(admin: click.Group) -> None:
                   help="Shards (of 100 per GPU) a packed job gets under queue pressure.")
     @click.option("--min-wait", type=click.FloatRange(min=0), default=60.0, show_default=True,
                   help="Seconds a job must have waited before it is packed.")
+    @click.option("-j", "--jobs", "job_list", metavar="ID[,ID...]",
+                  help="Act on these jobs only (the rest of the queue still counts as load).")
     @click.option("-n", "--dry-run", is_flag=True, help="Print what would change; change nothing.")
     @click.option("--json", "as_json", is_flag=True, help="One JSON object per action.")
     @one_line_errors("horus-admin queue")
-    def queue(interval, pack_shards, min_wait, dry_run, as_json):
+    def queue(interval, pack_shards, min_wait, job_list, dry_run, as_json):
         """Requeue shared jobs that died of a GPU out-of-memory error on a whole GPU (once), and
         pack or spread pending jobs by queue pressure. Run as root or SlurmUser."""
+        from slurm_horus.errors import HorusError
         from slurm_horus.ledger.requeue import tend
 
+        ids = None
+        if job_list:
+            try:
+                ids = {int(x) for x in job_list.split(",") if x.strip()}
+            except ValueError:
+                raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15") from None
         while True:
-            for a in tend(_fits, pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run):
+            for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
+                          job_ids=ids):
                 if as_json:
                     click.echo(json.dumps({"job_id": a.job_id, "action": a.kind, "tres": a.tres,
                                            "dry_run": dry_run}))

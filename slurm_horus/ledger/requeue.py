@@ -26,8 +26,9 @@ from slurm_horus.errors import HorusError
 from slurm_horus.ledger.claims import open_as_owner, owner_ids
 from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run
-from slurm_horus.slurm.hint import parse_decision
+from slurm_horus.slurm.hint import parse_decision, parse_hint
 from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records
+from slurm_horus.slurm.policy import charged_mem_mib, policy_value
 
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
 OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
@@ -291,14 +292,26 @@ def _short(tres: str) -> str:
     return re.sub(r"^gres[:/]|:[a-z][a-z0-9_-]*(?=:\d+$)", "", tres)
 
 
-def tend(fits: Callable[[dict, str, int], bool], pack_shards: int = 50,
-         min_wait_s: float = 60.0, dry_run: bool = False) -> list[Action]:
+def hint_fits(rec: dict, gtype: str, shards: int) -> bool:
+    """The memory the hook charges the job's hint (its Comment) fits ``shards`` % of the
+    policy's ``gpu.<gtype>.mem_mib``: the pack check, judged as the hook judges."""
+    fields = (parse_hint(rec.get("Comment")) or {}).get(gtype)
+    total = policy_value(f"gpu.{gtype}.mem_mib")
+    if not fields or total is None:
+        return False
+    return charged_mem_mib(*fields[1:5])[1] * 100 <= int(total) * shards
+
+
+def tend(fits: Callable[[dict, str, int], bool] = hint_fits, pack_shards: int = 50,
+         min_wait_s: float = 60.0, dry_run: bool = False,
+         job_ids: set[int] | None = None) -> list[Action]:
     """One pass over the live queue (``scontrol -d``: nodes' GresUsed): OOM requeues first,
-    then queue pressure."""
+    then queue pressure; only on ``job_ids`` when given (every job still counts as load)."""
     jobs = parse_scontrol_records(run(["scontrol", "-d", "show", "job"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
-    actions = oom_actions(jobs, read_error_tail, shards_per_gpu(nodes))
-    actions += pressure_actions(jobs, nodes, pack_shards, fits, min_wait_s, time.time())
+    mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
+    actions = oom_actions(mine, read_error_tail, shards_per_gpu(nodes))
+    actions += pressure_actions(mine, nodes, pack_shards, fits, min_wait_s, time.time())
     done = []
     by_id = {_job_id(r): r for r in jobs}
     for a in actions:
