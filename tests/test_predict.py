@@ -277,3 +277,17 @@ def test_cli_bad_input(args, message):
     proc = _cli(*argv)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+
+
+def test_cli_refuses_unbound_dimensions_as_hsubmit_does(tmp_path):
+    """A sequence length left unbound would cost BERT as one token: horus predict gives the
+    error hsubmit gives (and attaches nothing), not a figure no job would carry."""
+    env = {"HORUS_MODEL_DIR": str(tmp_path / "models")}
+    model = str(ZOO / "bert_base.onnx")
+    proc = _cli("predict", model, "-b", "8", "--gpu", "a100", "--json", env=env)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"horus predict: error: model {model}: dimension(s) seq unbound; add --dim NAME=VALUE "
+        "(e.g. --dim seq=512)"]
+    bound = _cli("predict", model, "-b", "8", "--dim", "seq=128", "--gpu", "a100", "--json", env=env)
+    assert json.loads(bound.stdout)["mem_mib"] > 0

@@ -112,6 +112,7 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     if not gpu_types and precision == "bf16":
         gpus = [g for g in gpus if g.has_bf16]
     report = extract_features(model, batch_size=batch_size, dims=parse_dims(dims))
+    report.require_bound()  # as hsubmit: no prediction from sizes taken as 1
     choice = choose_predictor(model_dir)
     predictions = predict_for(report, gpus, workload, choice)
     fits = [hook_fit(p, g, asked) for p, g, asked in
@@ -119,10 +120,6 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     for warning in [*report.warnings(), *filter(None, [choice.warning])]:
         click.echo(f"horus predict: warning: {warning}", err=True)
     if as_json:
-        if report.unknown_dims:
-            click.echo(f"horus predict: warning: unbound dimensions taken as 1: "
-                       f"{_few(report.unknown_dims)} (bind with --dim NAME=VALUE)",
-                       err=True)
         rows = [dict(p.to_dict(), fits=f.fits, fit_limit_mib=f.limit_mib, fit_rule=f.rule)
                 for p, f in zip(predictions, fits)]
         extra = {"model": report.model, "workload": workload.__dict__, "note": choice.note,
@@ -191,9 +188,6 @@ def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> 
     if len(judged) < len(fits):
         console.print("-: " + next(f.rule for f in fits if f.fits is None))
     console.print(note)
-    if report.unknown_dims:
-        console.print(f"[yellow]unknown dimensions (bind with --dim NAME=VALUE): "
-                      f"{_few(report.unknown_dims)}[/yellow]")
 
 
 if __name__ == "__main__":

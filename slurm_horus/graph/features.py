@@ -10,6 +10,7 @@ import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from slurm_horus.errors import HorusError
 from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs
 from slurm_horus.graph.load import Graph, load_graph
 
@@ -62,6 +63,15 @@ class FeatureReport:
             out.append(f"shape of {_few(self.assumed_shapes)} assumed equal to its op's largest "
                        "input (ONNX cannot infer it)")
         return out
+
+    def require_bound(self) -> None:
+        """Refuse to predict from sizes taken as 1: a sequence length left unbound would cost
+        the job as one token (what hsubmit and ``horus predict`` both refuse)."""
+        if self.unknown_dims:
+            named = [d for d in self.unknown_dims if not d.startswith("unk__")]
+            names = named or self.unknown_dims
+            raise HorusError(f"model {self.model}: dimension(s) {', '.join(names[:5])} unbound; "
+                             f"add --dim NAME=VALUE (e.g. --dim {names[0]}=512)")
 
     def vector(self) -> list[float]:
         return [float(self.values[n]) for n in FEATURE_NAMES]

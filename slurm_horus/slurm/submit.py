@@ -179,11 +179,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         raise HorusError(msg if str(model) in msg else f"model {model}: {msg}") from None
     except Exception as e:  # onnx/protobuf failures on a non-ONNX file
         raise HorusError(f"model {model}: not a readable ONNX model ({type(e).__name__})") from None
-    if report.unknown_dims:  # sizes taken as 1 would understate the job: attach no hint
-        named = [d for d in report.unknown_dims if not d.startswith("unk__")]
-        names = named or report.unknown_dims
-        raise HorusError(f"model {model}: dimension(s) {', '.join(names[:5])} unbound; add "
-                         f"--dim NAME=VALUE (e.g. --dim {names[0]}=512)")
+    report.require_bound()  # sizes taken as 1 would understate the job: attach no hint
     plan.report = report
     plan.warnings.extend(report.warnings())
     if gpu_types is None:
