@@ -2,12 +2,15 @@
 # at the local test cluster started by tests/cluster/up.
 #   source tests/cluster/env.sh                    # the 22.05 cluster (/tmp/horus-cluster)
 #   HORUS_SLURM=25.11 source tests/cluster/env.sh  # the 25.11 cluster (/tmp/horus-cluster-25.11)
+#   HORUS_SLURM=22.05 source tests/cluster/env.sh  # back to 22.05 in the same shell
 # The munge socket, ports and the slurmdbd address are all read from this slurm.conf.
-if [ -z "${HORUS_CLUSTER_DIR:-}" ]; then
+# A HORUS_CLUSTER_DIR set by an earlier source follows HORUS_SLURM; one set by hand is kept.
+if [ -z "${HORUS_CLUSTER_DIR:-}" ] || [ -n "${HORUS_CLUSTER_DIR_AUTO:-}" ]; then
     case "${HORUS_SLURM:-22.05}" in
         25.11) HORUS_CLUSTER_DIR=/tmp/horus-cluster-25.11 ;;
         *) HORUS_CLUSTER_DIR=/tmp/horus-cluster ;;
     esac
+    export HORUS_CLUSTER_DIR_AUTO=1
 fi
 export HORUS_CLUSTER_DIR
 # A Slurm prefix put on PATH by an earlier source (the other cluster) comes off first.

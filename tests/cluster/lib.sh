@@ -9,6 +9,11 @@ case "$HORUS_SLURM" in
     25.11) SLURM_PREFIX="${HORUS_SLURM_PREFIX:-/opt/slurm-25.11}"; _DEF_D=/tmp/horus-cluster-25.11; _DEF_PB=16900 ;;
     *) echo "[horus-cluster] ERROR: HORUS_SLURM=$HORUS_SLURM: need 22.05 or 25.11" >&2; exit 1 ;;
 esac
+# A dir (and port base) that env.sh set for the cluster it pointed at follows HORUS_SLURM; one
+# set by hand is kept.
+if [ -n "${HORUS_CLUSTER_DIR_AUTO:-}" ] && [ "${HORUS_CLUSTER_DIR:-}" != "$_DEF_D" ]; then
+    unset HORUS_CLUSTER_DIR HORUS_CLUSTER_PORT_BASE
+fi
 D="${HORUS_CLUSTER_DIR:-$_DEF_D}"
 CLUSTER="${HORUS_CLUSTER_NAME:-horus}"
 _PB="${HORUS_CLUSTER_PORT_BASE:-$_DEF_PB}"
