@@ -52,6 +52,9 @@ local DEFAULTS = {
 	record_file = "/var/lib/slurm-horus/record",
 	underclaim_limit = 3,          -- under-claims that send a user/account to whole GPUs; 0 = off
 	underclaim_window_days = 30,   -- used by horus-admin sync (the hook only validates it)
+	pressure_file = "",            -- written by horus-admin queue; "" = off (see load_pressure)
+	pressure_shards = 50,          -- shards a job kept whole for util gets under queue pressure
+	pressure_max_age_s = 180,      -- an older pressure file is stale: no pressure
 }
 
 -- Where this file lives: the policy file is looked for next to it.
@@ -207,6 +210,17 @@ local function parse_policy(text)
 			elseif key == "record_file" then
 				if #val <= 1000 and string.find(val, "^/[^%c]*$") then pol.record_file = val
 				else bad(key, "need an absolute path") end
+			elseif key == "pressure_file" then
+				if val == "" or (#val <= 1000 and string.find(val, "^/[^%c]*$")) then pol.pressure_file = val
+				else bad(key, "need an absolute path, or nothing (off)") end
+			elseif key == "pressure_shards" then
+				local n = whole_in(val, 1, 1000000)
+				if n then pol.pressure_shards = n
+				else bad(key, "need an integer 1..shards_per_gpu") end
+			elseif key == "pressure_max_age_s" then
+				local n = whole_in(val, 1, 86400)
+				if n then pol.pressure_max_age_s = n
+				else bad(key, "need an integer 1..86400 (seconds)") end
 			elseif key == "underclaim_limit" then
 				local n = whole_in(val, 0, 1000000)
 				if n then pol.underclaim_limit = n
@@ -252,6 +266,10 @@ local function parse_policy(text)
 	if pol.min_shards > pol.shards_per_gpu then
 		bad("min_shards", "larger than shards_per_gpu")
 		pol.min_shards = DEFAULTS.min_shards
+	end
+	if pol.pressure_shards > pol.shards_per_gpu then
+		bad("pressure_shards", "larger than shards_per_gpu")
+		pol.pressure_shards = math.min(DEFAULTS.pressure_shards, pol.shards_per_gpu)
 	end
 
 	-- type_order: only types with a known memory; default: all types by memory size.
@@ -620,11 +638,41 @@ local function whole_gpu_request(job, pol)
 end
 
 -------------------------------------------------------------------------------
+-- Queue pressure (written by horus-admin queue every pass):
+--   written <unix time>
+--   pressure <gpu type>          one line per type with jobs waiting and no GPU idle
+-- At most 4 KiB; missing, stale (older than pressure_max_age_s), garbled: no pressure.
+-------------------------------------------------------------------------------
+
+local MAX_PRESSURE_BYTES = 4096
+
+-- {gtype = true} for the types under pressure now, or {} (never an error).
+local function load_pressure(pol)
+	if pol.pressure_file == "" then return {} end
+	local f = io.open(pol.pressure_file, "r")
+	if not f then return {} end
+	local ok, text = pcall(f.read, f, MAX_PRESSURE_BYTES + 1)
+	pcall(f.close, f)
+	if not ok or type(text) ~= "string" or #text > MAX_PRESSURE_BYTES then return {} end
+	local written = tonumber(string.match(text, "^written (%d+)\n") or "")
+	if not written or os.time() - written > pol.pressure_max_age_s or written > os.time() + 60 then
+		return {}
+	end
+	local types = {}
+	for t in string.gmatch(text, "\npressure ([%w_%-]+)") do
+		if is_gtype(t) then types[t] = true end
+	end
+	return types
+end
+
+-------------------------------------------------------------------------------
 -- Policy decision for one GPU type
 -------------------------------------------------------------------------------
 
 -- kind: "shared" (with shards), "exclusive" (whole GPU) or "nofit" (memory over the limit).
-local function evaluate(pol, gtype, pred)
+-- pressure: load_pressure's types; a job kept whole for its utilization shares then, at
+-- pressure_shards, if its memory fits them (horus-admin queue's pack, at submission).
+local function evaluate(pol, gtype, pred, pressure)
 	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
 	-- memory = p95 / p99 on a hint without that bound: its p90
 	local field = pol.memory
@@ -639,6 +687,10 @@ local function evaluate(pol, gtype, pred)
 	if n_mem > S then
 		r.kind, r.code = "nofit", "memory"
 		r.why = string.format("memory %d MiB > %d%% of %s's %d MiB", mem, P, gtype, G)
+	elseif pred.util_milli >= pol.exclusive_util_milli and pressure and pressure[gtype]
+			and n_mem <= pol.pressure_shards then
+		r.kind, r.code = "shared", "pressure"
+		r.shards = math.max(pol.pressure_shards, pol.min_shards)
 	elseif pred.util_milli >= pol.exclusive_util_milli then
 		r.kind, r.code = "exclusive", "util"
 		r.why = string.format("util %s%% >= %s%%", fmt_milli(pred.util_milli), fmt_milli(pol.exclusive_util_milli))
@@ -760,7 +812,8 @@ local function hint_plan(job, pol, uid, preds)
 				choice = { kind = "exclusive", any = true, gtype = whole.gtype, why = whole.why, code = whole.code }
 			elseif fits and worst and not whole then
 				choice = { kind = "shared", any = true, gtype = worst.gtype, shards = worst.shards,
-					util_milli = worst.util_milli, mem = worst.mem, mem_field = worst.mem_field }
+					util_milli = worst.util_milli, mem = worst.mem, mem_field = worst.mem_field,
+					code = worst.code }
 			end
 		end
 		local exclusive
@@ -773,6 +826,15 @@ local function hint_plan(job, pol, uid, preds)
 		end
 		choice = choice or exclusive
 		if not choice then return unchanged("no GPU type fits the prediction") end
+	end
+	-- Kept whole for its utilization on a type horus-admin queue sees under pressure (jobs
+	-- waiting, no GPU idle): share that type at pressure_shards instead, if the memory fits.
+	if choice.kind == "exclusive" and choice.code == "util" and not choice.any then
+		local pressure = load_pressure(pol)
+		if pressure[choice.gtype] then
+			local r = evaluate(pol, choice.gtype, preds[choice.gtype], pressure)
+			if r.kind == "shared" then choice = r end
+		end
 	end
 
 	-- A user or account with a record of under-claiming does not share: the job
@@ -832,12 +894,14 @@ local function hint_plan(job, pol, uid, preds)
 			if dropped then set[f] = table.concat(keep, ",") end
 		end
 	end
-	local note = string.format("horus: shared %s shards=%d/%d (util %s%%, mem %d MiB %s%s)",
+	local note = string.format("horus: shared %s shards=%d/%d (util %s%%, mem %d MiB %s%s%s)",
 		choice.any and "any" or choice.gtype, choice.shards, pol.shards_per_gpu,
 		fmt_milli(choice.util_milli), choice.mem, choice.mem_field,
-		choice.any and (" on " .. choice.gtype .. ", the most of any type") or "")
+		choice.any and (" on " .. choice.gtype .. ", the most of any type") or "",
+		choice.code == "pressure" and ("; queue pressure on " .. choice.gtype) or "")
 	return { rc = slurm.SUCCESS, set = set, note = note, kind = "shared",
-		gtype = choice.any and "any" or choice.gtype, shards = choice.shards, per_gpu = pol.shards_per_gpu }
+		gtype = choice.any and "any" or choice.gtype, shards = choice.shards, per_gpu = pol.shards_per_gpu,
+		reason = choice.code }
 end
 
 -- The plan for a job that asks for shards itself (conv: its whole-GPU equivalent,

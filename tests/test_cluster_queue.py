@@ -183,3 +183,40 @@ def test_pack_under_pressure_then_spread(mine, tmp_path):
     assert re.search(r"gpu:a100:1$", rec.get("TresPerNode", "")) and "gres/gpu=1" in rec["ReqTRES"]
     assert [t.split(";")[1] for t in re.findall(r"horus-queue:v1;[^ ]*", rec["AdminComment"])] \
         == ["action=pack", "action=spread"]
+
+
+def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
+    """Slurm 22.05 cannot reshape a pending job, so the loop also tells the hook: a pass writes
+    the policy's pressure_file (types with jobs waiting and no GPU idle), and a job the hook
+    would keep whole for its utilization on such a type is submitted onto shards instead."""
+    from slurm_horus.slurm.policy import policy_value
+
+    site = os.path.join(os.path.dirname(os.environ["SLURM_CONF"]), "horus_policy.conf")
+    monkeypatch.setenv("HORUS_POLICY", site)  # the loop reads the policy slurmctld's hook reads
+    pressure = policy_value("pressure_file")
+    assert pressure, "tests/cluster/up sets pressure_file in the cluster's policy"
+    out = ["-o", os.devnull]
+    try:
+        fillers = [submit(mine, "--gres=gpu:a100:1", "-C", "a100", *out, "--wrap", "sleep 300")
+                   for _ in range(5)]  # four run, one waits: an A100 queue, no A100 idle
+        wait(fillers[-1], {"PENDING"})
+        for f in fillers[:-1]:
+            wait(f, {"RUNNING"})
+        heavy = f"--comment={hint(95, 6000)}"
+        before = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 1")
+        assert "action=exclusive;type=a100;reason=util" in job(before)["AdminComment"]
+        queue("--min-wait", "100000")  # a whole pass: it writes the pressure file
+        assert open(pressure).read().splitlines()[1:] == ["pressure a100"]
+        during = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 1")
+        rec = job(during)
+        assert rec["AdminComment"].endswith(
+            "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure"), rec
+        assert re.search(r"shard:50$", rec.get("TresPerNode", "")), rec.get("TresPerNode")
+        subprocess.run(["scancel", *fillers], check=True)
+        end = time.time() + 60
+        while time.time() < end and "pressure a100" in open(pressure).read():
+            time.sleep(2)
+            queue("--min-wait", "100000")  # GPUs idle again: the next pass clears it
+        assert open(pressure).read().splitlines()[1:] == []
+    finally:
+        os.unlink(pressure) if os.path.exists(pressure) else None

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 pytest.importorskip("lupa")
 
 from slurm_horus.errors import HorusError  # noqa: E402
+from slurm_horus.ledger.requeue import write_pressure  # noqa: E402
 from slurm_horus.slurm.hint import DECISION_REASONS, HookDecision, parse_decision  # noqa: E402
 from slurm_horus.slurm.policy import decide, policy_values, policy_with_overrides  # noqa: E402
 
@@ -46,16 +48,31 @@ CASES = [
      ("unchanged", None, None, "not_handled")),
     ("bad hint", {"comment": "horus:v1;t4=x", "tres_per_node": "gres:gpu:1"}, "",
      ("unchanged", None, None, "bad_hint")),
+    ("pressure", {"comment": "horus:v1;t4=85/3000/3500", "tres_per_node": "gres:gpu:1"}, "PRESSURE",
+     ("shared", "t4", 50, "pressure")),
 ]
 
 
 def _policy(tmp_path: Path, extra: str, name: str = "policy.conf") -> Path:
     record = tmp_path / "record"
+    record.unlink(missing_ok=True)  # one case's record must not decide the next
     if extra == "RECORD":
         record.write_text(f"user {UID} alice 4 9\n")
         extra = ""
+    if extra == "PRESSURE":
+        extra = f"pressure_file = {_pressure(tmp_path, 't4')}\n"
     p = tmp_path / name
     p.write_text(BASE + f"record_file = {record}\n" + extra)
+    return p
+
+
+def _pressure(tmp_path: Path, *types: str, age_s: float = 0, text: str | None = None) -> Path:
+    """A pressure file as horus-admin queue writes it (``write_pressure``)."""
+    p = tmp_path / "pressure"
+    if text is None:
+        write_pressure(p, types, now=time.time() - age_s)
+    else:
+        p.write_text(text)
     return p
 
 
@@ -218,3 +235,28 @@ def test_policy_with_overrides_stays_within_what_the_hook_reads():
         policy_with_overrides("# c\n" * 999, {"memory": "p95"})
     text = policy_with_overrides("# c\n" * 990, {"memory": "p95"})
     assert policy_values(text) == {"memory": "p95"}
+
+
+HEAVY = {"comment": "horus:v1;t4=85/3000/3500;a100=85/3000/3500", "tres_per_node": "gres:gpu:1"}
+
+
+@pytest.mark.parametrize("pressure,job,want", [
+    (dict(types=("t4",)), HEAVY, ("shared", "t4", 50, "pressure")),
+    (dict(types=("t4",), age_s=600), HEAVY, ("exclusive", "t4", None, "util")),      # stale
+    (dict(types=("a100",)), HEAVY, ("exclusive", "t4", None, "util")),  # t4 first, not pressed
+    (dict(text="pressure t4\n"), HEAVY, ("exclusive", "t4", None, "util")),        # no time
+    (dict(text="written 99999999999\npressure t4\n"), HEAVY, ("exclusive", "t4", None, "util")),
+    (dict(text="\x00" * 5000), HEAVY, ("exclusive", "t4", None, "util")),           # garbage
+    (dict(types=("t4",)), {"comment": "horus:v1;t4=85/9000/9000", "tres_per_node": "gres:gpu:1"},
+     ("exclusive", "t4", None, "util")),     # 9,000 MiB needs 66 shards of a T4, not 50
+    (dict(types=("t4",)), {"comment": "horus:v1;t4=20/3000/3500", "tres_per_node": "gres:gpu:1"},
+     ("shared", "t4", 26, None)),            # already shared: pressure changes nothing
+], ids=["pressed", "stale", "other type", "no time", "future", "garbage", "too big", "light"])
+def test_queue_pressure_packs_at_submission_only_when_fresh_and_fitting(tmp_path, pressure, job, want):
+    """horus-admin queue's pressure file turns a job kept whole for its utilization into
+    pressure_shards on that type, as the loop's pack would, while the file is fresh."""
+    path = _pressure(tmp_path, *pressure.pop("types", ()), **pressure)
+    pol = _policy(tmp_path, f"pressure_file = {path}\npressure_max_age_s = 300\n")
+    d = decide(job, policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    assert _outcome(d) == want, d.admin_comment
+    assert parse_decision(d.admin_comment) == HookDecision(*want[:3], 100 if want[2] else None, want[3])

@@ -2,7 +2,8 @@
 
 import os
 
-from slurm_horus.ledger.requeue import (OOM_RE, marked, oom_actions, pressure_actions, shards_per_gpu,
+from slurm_horus.ledger.requeue import (OOM_RE, marked, oom_actions, pressure_actions, pressure_types,
+                                        shards_per_gpu, write_pressure,
                                         read_error_tail)
 from slurm_horus.slurm.accounting import queue_tokens, scheduler_actions
 from slurm_horus.slurm.hint import parse_decision
@@ -118,3 +119,24 @@ def test_error_file_read_with_the_owners_rights(tmp_path):
     nobody = {"UserId": "nobody(65534)", "GroupId": "nogroup(65534)", "StdErr": str(f)}
     assert read_error_tail(nobody) is None  # 0600 root file: not the owner's to read
     assert read_error_tail({**r, "StdErr": "relative/path"}) is None
+
+
+def test_pressure_is_a_type_with_jobs_waiting_and_no_gpu_idle(tmp_path):
+    jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL), rec(2, "RUNNING", "gres:gpu:a100:1", EXCL)]
+    busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
+    idle = _node("gpu:a100:3(IDX:0-2),shard:a100:0(IDX:N/A)")
+    assert pressure_types(jobs, busy) == ["a100"]
+    assert pressure_types(jobs, idle) == [] and pressure_types(jobs[1:], busy) == []
+    path = tmp_path / "pressure"
+    write_pressure(path, ["a100"], now=1_800_000_000)
+    assert path.read_text() == "written 1800000000\npressure a100\n"
+    assert oct(path.stat().st_mode & 0o777) == "0o644" and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_job_the_hook_packed_under_pressure_is_spread_when_gpus_idle():
+    idle = _node("gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)")
+    pressed = rec(1, "PENDING", "gres/shard:50",
+                  "horus: shared a100 shards=50/100 (util 95%, mem 6900 MiB p90; queue pressure on a100) "
+                  "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure")
+    acts = pressure_actions([pressed], idle, 50, lambda *a: True, 0, 1.9e9)
+    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "spread", "gres/gpu:a100:1")]

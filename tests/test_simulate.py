@@ -179,7 +179,8 @@ def test_decider_adds_cluster_types_the_policy_does_not_know(tmp_path):
     with HorusDecider(types, mem, policy_path=base) as d:
         text = d.policy_path.read_text()
         assert "gpu.h100.mem_mib" in text and "\ntype_order = t4, h100\n" in text
-        assert text.splitlines()[-1] == "underclaim_limit = 0"
+        # neither the site's claim record nor its live queue pressure decide simulated jobs
+        assert text.splitlines()[-2:] == ["underclaim_limit = 0", "pressure_file = "]
         a, t, s = d.decide({"h100": (20, 3000, 3500), "t4": (20, 3000, 3500)})
         assert (a, t, s) == ("shared", "t4", 26)  # the documented t4 example
         a, t, s = d.decide({"h100": (20, 30000, 35000), "t4": (20, 30000, 35000)})

@@ -156,6 +156,29 @@ def _node_type_free(nodes: list[dict]) -> dict[str, int]:
     return free
 
 
+def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
+    """GPU types with jobs pending for them and none of their GPUs idle: queue pressure."""
+    free = _node_type_free(nodes)
+    return sorted({t for r in jobs if r.get("JobState") == "PENDING"
+                   and (t := _gpu_type(r)) in free and free[t] == 0})
+
+
+def write_pressure(path: str | os.PathLike, types, now: float | None = None) -> None:
+    """The pressure file the hook reads (policy ``pressure_file``): ``written <unix time>``,
+    then ``pressure <type>`` per type; whole or not at all (written beside, then renamed),
+    readable by slurmctld, writable only by its owner (root or SlurmUser)."""
+    path = os.fspath(path)
+    text = f"written {int(time.time() if now is None else now)}\n" + \
+        "".join(f"pressure {t}\n" for t in types)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                      fits: Callable[[dict, str, int], bool], min_wait_s: float,
                      now: float) -> list[Action]:
@@ -183,12 +206,19 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                     and fits(rec, gtype, pack_shards)):
                 out.append(Action(jid, "pack", _shard_gres(pack_shards, tres),
                                   f"{QUEUE_TOKEN};action=pack;from=gpu:1"))
-            elif free[gtype] >= len(recs) and last == "pack" and _shards(tres) is not None:
+            elif (free[gtype] >= len(recs) and _shards(tres) is not None
+                  and (last == "pack" or (last is None and _hook_pressed(rec)))):
                 whole, fallback = _whole_gpu(gtype, tres, per_gpu)
                 out.append(Action(jid, "spread", whole,
                                   f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}",
                                   fallback))
     return out
+
+
+def _hook_pressed(rec: dict) -> bool:
+    """The hook packed the job at submission because this loop saw its type under pressure."""
+    decision = parse_decision(rec.get("AdminComment"))
+    return bool(decision and decision.action == "shared" and decision.reason == "pressure")
 
 
 def _hinted_exclusive(rec: dict) -> bool:
@@ -305,10 +335,18 @@ def hint_fits(rec: dict, gtype: str, shards: int) -> bool:
 def tend(fits: Callable[[dict, str, int], bool] = hint_fits, pack_shards: int = 50,
          min_wait_s: float = 60.0, dry_run: bool = False,
          job_ids: set[int] | None = None) -> list[Action]:
-    """One pass over the live queue (``scontrol -d``: nodes' GresUsed): OOM requeues first,
-    then queue pressure; only on ``job_ids`` when given (every job still counts as load)."""
+    """One pass over the live queue (``scontrol -d``: nodes' GresUsed): the pressure file for
+    the hook (policy ``pressure_file``; not on a dry run or a pass limited to ``job_ids``), OOM
+    requeues, then queue pressure on pending jobs; only on ``job_ids`` when given (every job
+    still counts as load)."""
     jobs = parse_scontrol_records(run(["scontrol", "-d", "show", "job"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
+    where = policy_value("pressure_file")
+    if where and job_ids is None and not dry_run:  # the whole queue's view, for the hook
+        try:
+            write_pressure(where, pressure_types(jobs, nodes))
+        except OSError as e:
+            raise HorusError(f"pressure file {where}: {e.strerror or e}") from None
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     actions = oom_actions(mine, read_error_tail, shards_per_gpu(nodes))
     actions += pressure_actions(mine, nodes, pack_shards, fits, min_wait_s, time.time())

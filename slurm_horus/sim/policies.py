@@ -58,6 +58,7 @@ def _policy_text(base: str, types: list[str], mem: list[float]) -> str:
     overrides["type_order"] = order
     overrides["type_features"] = order  # every simulated node carries its type
     overrides["underclaim_limit"] = "0"  # the site's claim record is not the simulated jobs'
+    overrides["pressure_file"] = ""  # nor is the live queue's pressure: the simulator has its own
     return policy_with_overrides(base, overrides)
 
 

@@ -78,7 +78,7 @@ JOB_FIELDS = ("sha", "bs", "task", "opt", "prec", "dims", "model")
 DECISION_PREFIX = "horus-decision:v1;"
 # reason codes of job_submit.lua's decision_token(): why a job got a whole GPU or was left as is
 DECISION_REASONS = {"exclusive": ("util", "pack_limit", "memory", "record", "raw_shards"),
-                    "unchanged": ("not_handled", "bad_hint"), "shared": ()}
+                    "unchanged": ("not_handled", "bad_hint"), "shared": ("pressure",)}
 
 _GTYPE_RE = re.compile(r"[a-z0-9_-]{1,32}")
 _NUMBER_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
@@ -373,7 +373,9 @@ class HookDecision:
     action: "shared" (the GPU request became shards), "exclusive" (a whole GPU) or "unchanged";
     gpu_type: the type pinned, "any" when the job may run on any type, None when unchanged;
     shards/shards_per_gpu: the shard request and the policy's S (shared only);
-    reason: a code for exclusive and unchanged (DECISION_REASONS), None for shared.
+    reason: a code for exclusive and unchanged (DECISION_REASONS); for shared None, or
+    "pressure" when the job was packed at submission because horus-admin queue saw its GPU type
+    under queue pressure.
     """
 
     action: str
@@ -396,7 +398,7 @@ def parse_decision(admin_comment: str | None) -> HookDecision | None:
         return None
     action, gtype, shards, per_gpu, reason = m.groups()
     if (action == "shared") != (shards is not None) or (action == "unchanged") != (gtype is None) \
-            or (reason is None) != (action == "shared") \
+            or (reason is None and action != "shared") \
             or (reason is not None and reason not in DECISION_REASONS[action]):
         return None
     return HookDecision(action, gtype, int(shards) if shards else None,

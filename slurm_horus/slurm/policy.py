@@ -122,6 +122,10 @@ _POLICY_KEYS = {
     "min_mem_mib": _int_in(0, _MAX_MEM_MIB),
     "record_file": lambda v: len(v) <= 1000 and v.startswith("/")
     and not re.search(r"[\x00-\x1f\x7f]", v),
+    "pressure_file": lambda v: v == "" or (len(v) <= 1000 and v.startswith("/")
+                                          and not re.search(r"[\x00-\x1f\x7f]", v)),
+    "pressure_shards": _int_in(1, 1000000),
+    "pressure_max_age_s": _int_in(1, 86400),
     "underclaim_limit": _int_in(0, 1000000),
     "underclaim_window_days": _int_in(1, 36500),
 }
@@ -158,8 +162,9 @@ def policy_values(text: str) -> dict[str, str]:
     if len(text.encode("utf-8", "surrogateescape")) > _POLICY_MAX_BYTES:
         return {}  # the hook ignores the whole file
     values = {key: value for _, key, value, ok in _policy_entries(text) if ok}
-    if int(values.get("min_shards", 1)) > int(values.get("shards_per_gpu", 100)):
-        del values["min_shards"]  # the hook's cross-check: back to its default
+    for key in ("min_shards", "pressure_shards"):
+        if int(values.get(key, 1)) > int(values.get("shards_per_gpu", 100)):
+            del values[key]  # the hook's cross-check: back to its default
     return values
 
 
