@@ -13,11 +13,12 @@ arrivals at --load) is submitted once per policy to the `a100` partition (one no
   22.05 refuses to turn a pending job's gpu request into shards with `scontrol update`.)
 - horus: `hsubmit --model <the job's ONNX graph> ...`: hsubmit predicts, the real
   etc/job_submit.lua in slurmctld decides shards or a whole GPU by the cluster's policy file.
-- horus+queue: the same, with `horus-admin queue`'s pass (ledger.requeue.tend, on this run's
-  jobs only) every 1.5 s: a job the hook kept whole is packed into 50 shards once it has waited
-  --min-wait seconds while no GPU is idle, and spread back when GPUs are idle. Slurm 22.05 refuses
-  to reshape a pending job between gpu and shard, so run this one on Slurm 25.11
-  (HORUS_SLURM=25.11 bash tests/cluster/up; HORUS_SLURM=25.11 source tests/cluster/env.sh).
+- horus+queue: the same, with `horus-admin queue`'s pass every 1.5 s: the queue-pressure file
+  the cluster's hook reads (policy pressure_file, written by tests/cluster/up's policy), so a
+  heavy job submitted while no GPU is idle and jobs wait gets 50 shards (every Slurm); and
+  ledger.requeue.tend on this run's jobs only: a job the hook kept whole is packed into 50
+  shards once it has waited --min-wait seconds while no GPU is idle, spread back when GPUs are
+  idle (Slurm 23.02+: 22.05 refuses to reshape a pending job between gpu and shard).
 
 Scheduling, queueing and placement are real Slurm; the co-location slowdown is emulated from the
 measured curve. Real: slurmctld, backfill, GRES/shard selection, slurmd, Prolog/Epilog, and every
@@ -48,7 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm_horus.ledger.requeue import tend
+from slurm_horus.ledger.requeue import pressure_types, tend, write_pressure
+from slurm_horus.slurm.policy import policy_value
 from slurm_horus.sim.interference import Interference
 from slurm_horus.slurm import parse as sp
 from slurm_horus.slurm.hint import parse_hint
@@ -211,6 +213,20 @@ def wait_node_free(timeout_s: float) -> None:
         time.sleep(2)
 
 
+def cluster_policy() -> str:
+    """The policy file the cluster's hook reads (tests/cluster/up writes it beside slurm.conf)."""
+    return str(Path(os.environ["SLURM_CONF"]).parent / "horus_policy.conf")
+
+
+def signal_pressure() -> None:
+    """What a whole `horus-admin queue` pass tells the hook: the GPU types under pressure now
+    (tend writes it only on an unrestricted pass, and this run acts on its own jobs only)."""
+    where = policy_value("pressure_file", path=cluster_policy())
+    if where:
+        recs = lambda what: sp.parse_scontrol_records(sh("scontrol", "-d", "show", what).stdout)
+        write_pressure(where, pressure_types(recs("job"), recs("node")))
+
+
 def run_policy(policy: str, jobs: list[dict], run: Path, tag: str, mine: list[str],
                min_wait_s: float) -> dict:
     (run / "results" / policy).mkdir(parents=True)
@@ -221,9 +237,11 @@ def run_policy(policy: str, jobs: list[dict], run: Path, tag: str, mine: list[st
     reshaped: list[str] = []
 
     def look() -> dict[str, dict]:
-        if policy == "horus+queue" and ids:
-            reshaped.extend(f"{a.kind} {a.job_id}" for a in
-                            tend(min_wait_s=min_wait_s, job_ids={int(i) for i in ids}))
+        if policy == "horus+queue":
+            signal_pressure()
+            if ids:
+                reshaped.extend(f"{a.kind} {a.job_id}" for a in
+                                tend(min_wait_s=min_wait_s, job_ids={int(i) for i in ids}))
         recs, others = snapshot(set(ids))
         foreign.update(others)
         for jid, r in recs.items():
@@ -239,12 +257,17 @@ def run_policy(policy: str, jobs: list[dict], run: Path, tag: str, mine: list[st
             look()
             time.sleep(min(1.0, max(0.0, t0 + j["offset_s"] - time.time())))
         ids[submit(policy, j, run, tag, mine)] = j
-    while True:
-        recs = look()
-        if not any(r.get("JobState") in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
-                   for r in recs.values()):
-            break
-        time.sleep(1.5)
+    try:
+        while True:
+            recs = look()
+            if not any(r.get("JobState") in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+                       for r in recs.values()):
+                break
+            time.sleep(1.5)
+    finally:  # no pressure left behind for the next policy or anyone else's jobs
+        where = policy_value("pressure_file", path=cluster_policy())
+        if policy == "horus+queue" and where and os.path.exists(where):
+            os.unlink(where)
     res = summarize(policy, ids, sacct(list(ids)), run / "results" / policy, placed, decisions)
     res["foreign_jobs"] = sorted(foreign)
     res["queue_actions"] = reshaped
