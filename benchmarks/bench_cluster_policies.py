@@ -49,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm_horus.ledger.requeue import pressure_types, tend, write_pressure
+from slurm_horus.ledger.requeue import signal_pressure, tend
 from slurm_horus.slurm.policy import policy_value
 from slurm_horus.sim.interference import Interference
 from slurm_horus.slurm import parse as sp
@@ -218,13 +218,13 @@ def cluster_policy() -> str:
     return str(Path(os.environ["SLURM_CONF"]).parent / "horus_policy.conf")
 
 
-def signal_pressure() -> None:
-    """What a whole `horus-admin queue` pass tells the hook: the GPU types under pressure now
-    (tend writes it only on an unrestricted pass, and this run acts on its own jobs only)."""
-    where = policy_value("pressure_file", path=cluster_policy())
-    if where:
-        recs = lambda what: sp.parse_scontrol_records(sh("scontrol", "-d", "show", what).stdout)
-        write_pressure(where, pressure_types(recs("job"), recs("node")))
+def whole_queue_pressure() -> None:
+    """What a whole `horus-admin queue` pass tells the hook (tend does it only on an
+    unrestricted pass, and this run acts on its own jobs only)."""
+    def recs(what: str) -> list[dict]:
+        return sp.parse_scontrol_records(sh("scontrol", "-d", "show", what).stdout)
+
+    signal_pressure(recs("job"), recs("node"), cluster_policy())
 
 
 def run_policy(policy: str, jobs: list[dict], run: Path, tag: str, mine: list[str],
@@ -238,7 +238,7 @@ def run_policy(policy: str, jobs: list[dict], run: Path, tag: str, mine: list[st
 
     def look() -> dict[str, dict]:
         if policy == "horus+queue":
-            signal_pressure()
+            whole_queue_pressure()
             if ids:
                 reshaped.extend(f"{a.kind} {a.job_id}" for a in
                                 tend(min_wait_s=min_wait_s, job_ids={int(i) for i in ids}))

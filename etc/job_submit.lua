@@ -57,6 +57,23 @@ local DEFAULTS = {
 	pressure_max_age_s = 180,      -- an older pressure file is stale: no pressure
 }
 
+-- Policy keys that take a whole number: {lowest, highest, what to say when it is not one}.
+local INTEGER_KEYS = {
+	shards_per_gpu = { 1, 10000, "need an integer 1..10000" },
+	pack_limit_pct = { 1, 100, "need an integer 1..100" },
+	min_shards = { 1, math.huge, "need an integer >= 1" },
+	min_mem_mib = { 0, MAX_MEM_MIB, "need an integer MiB" },
+	pressure_shards = { 1, 1000000, "need an integer 1..shards_per_gpu" },
+	pressure_max_age_s = { 1, 86400, "need an integer 1..86400 (seconds)" },
+	underclaim_limit = { 0, 1000000, "need an integer 0..1000000" },
+	underclaim_window_days = { 1, 36500, "need an integer 1..36500" },
+}
+
+-- A policy path: absolute, no control characters, at most 1000 bytes.
+local function absolute_path(val)
+	return #val <= 1000 and string.find(val, "^/[^%c]*$") ~= nil
+end
+
 -- Where this file lives: the policy file is looked for next to it.
 local HOOK_DIR = "."
 do
@@ -172,14 +189,11 @@ local function parse_policy(text)
 			local key, val = string.match(line, "^%s*([%w_%.%-]+)%s*=%s*(.-)%s*$")
 			if not key then
 				warn[#warn + 1] = "policy: unreadable line " .. nlines
-			elseif key == "shards_per_gpu" then
-				local n = whole_in(val, 1, 10000)
-				if n then pol.shards_per_gpu = n
-				else bad(key, "need an integer 1..10000") end
-			elseif key == "pack_limit_pct" then
-				local n = whole_in(val, 1, 100)
-				if n then pol.pack_limit_pct = n
-				else bad(key, "need an integer 1..100") end
+			elseif INTEGER_KEYS[key] then
+				local range = INTEGER_KEYS[key]
+				local n = whole_in(val, range[1], range[2])
+				if n then pol[key] = n
+				else bad(key, range[3]) end
 			elseif key == "exclusive_util_pct" then
 				local n = decimal_up(val, 3)
 				if n and n <= 100000 then pol.exclusive_util_milli = n
@@ -187,10 +201,6 @@ local function parse_policy(text)
 			elseif key == "memory" then
 				if val == "p90" or val == "p95" or val == "p99" or val == "expected" then pol.memory = val
 				else bad(key, "need expected, p90, p95 or p99") end
-			elseif key == "min_shards" then
-				local n = whole_in(val, 1, math.huge)
-				if n then pol.min_shards = n
-				else bad(key, "need an integer >= 1") end
 			elseif key == "on_bad_hint" then
 				if val == "ignore" or val == "reject" then pol.on_bad_hint = val
 				else bad(key, "need ignore or reject") end
@@ -203,32 +213,12 @@ local function parse_policy(text)
 			elseif key == "raw_shards" then
 				if val == "allow" or val == "whole" or val == "refuse" then pol.raw_shards = val
 				else bad(key, "need allow, whole or refuse") end
-			elseif key == "min_mem_mib" then
-				local n = whole_in(val, 0, MAX_MEM_MIB)
-				if n then pol.min_mem_mib = n
-				else bad(key, "need an integer MiB") end
 			elseif key == "record_file" then
-				if #val <= 1000 and string.find(val, "^/[^%c]*$") then pol.record_file = val
+				if absolute_path(val) then pol.record_file = val
 				else bad(key, "need an absolute path") end
 			elseif key == "pressure_file" then
-				if val == "" or (#val <= 1000 and string.find(val, "^/[^%c]*$")) then pol.pressure_file = val
+				if val == "" or absolute_path(val) then pol.pressure_file = val
 				else bad(key, "need an absolute path, or nothing (off)") end
-			elseif key == "pressure_shards" then
-				local n = whole_in(val, 1, 1000000)
-				if n then pol.pressure_shards = n
-				else bad(key, "need an integer 1..shards_per_gpu") end
-			elseif key == "pressure_max_age_s" then
-				local n = whole_in(val, 1, 86400)
-				if n then pol.pressure_max_age_s = n
-				else bad(key, "need an integer 1..86400 (seconds)") end
-			elseif key == "underclaim_limit" then
-				local n = whole_in(val, 0, 1000000)
-				if n then pol.underclaim_limit = n
-				else bad(key, "need an integer 0..1000000") end
-			elseif key == "underclaim_window_days" then
-				local n = whole_in(val, 1, 36500)
-				if n then pol.underclaim_window_days = n
-				else bad(key, "need an integer 1..36500") end
 			elseif key == "type_features" then
 				tfeat = {}
 				for name in string.gmatch(val, "[^,%s]+") do

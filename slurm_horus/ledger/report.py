@@ -201,8 +201,7 @@ def job_json(r: dict) -> dict:
             "under_claim": None if r.get("under_claim") is None else bool(r["under_claim"]),
             "claim_flags": r.get("claim_flags"), "hook_action": r.get("hook_action"),
             "hook_reason": r.get("hook_reason"),
-            "queue_actions": (r.get("queue_actions") or "").split(",") if r.get("queue_actions")
-            else []}
+            "queue_actions": r["queue_actions"].split(",") if r.get("queue_actions") else []}
 
 
 def _round(x, n=2):

@@ -179,6 +179,17 @@ def write_pressure(path: str | os.PathLike, types, now: float | None = None) -> 
     os.replace(tmp, path)
 
 
+def signal_pressure(jobs: list[dict], nodes: list[dict], policy_path: str | None = None) -> None:
+    """Tell the hook which GPU types are under pressure now, in the policy's ``pressure_file``
+    (nothing when the policy sets none)."""
+    where = policy_value("pressure_file", path=policy_path)
+    if where:
+        try:
+            write_pressure(where, pressure_types(jobs, nodes))
+        except OSError as e:
+            raise HorusError(f"pressure file {where}: {e.strerror or e}") from None
+
+
 def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                      fits: Callable[[dict, str, int], bool], min_wait_s: float,
                      now: float) -> list[Action]:
@@ -341,12 +352,8 @@ def tend(fits: Callable[[dict, str, int], bool] = hint_fits, pack_shards: int = 
     still counts as load)."""
     jobs = parse_scontrol_records(run(["scontrol", "-d", "show", "job"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
-    where = policy_value("pressure_file")
-    if where and job_ids is None and not dry_run:  # the whole queue's view, for the hook
-        try:
-            write_pressure(where, pressure_types(jobs, nodes))
-        except OSError as e:
-            raise HorusError(f"pressure file {where}: {e.strerror or e}") from None
+    if job_ids is None and not dry_run:  # the whole queue's view, for the hook
+        signal_pressure(jobs, nodes)
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     actions = oom_actions(mine, read_error_tail, shards_per_gpu(nodes))
     actions += pressure_actions(mine, nodes, pack_shards, fits, min_wait_s, time.time())
