@@ -9,7 +9,10 @@ Part 1, the sweep: loads 0.5, 1, 2, 4, 8 x mixes philly, llm, pai x seeds 1-3, e
 equivalent of ``horus-admin simulate --cluster mixed.json --jobs 2000 --trace MIX --load L
 --seed S --json`` on a mixed cluster (32 A100 40 GB on 4 nodes + 32 T4 on 8 nodes), all four
 policies with their defaults (slowdown bound 2.0, max group 4).  One Markdown table per mix,
-means over the seeds, plus how many seeds meet three of issue 12's goals.  Per-job slowdown:
+means over the seeds, plus how many seeds meet three of issue 12's goals; horus runs twice on each
+trace, with the site's history (the default) and without it ("horus w/o history").  Then what
+the slowdown bound costs (``--frontier``, default the llm mix at loads 2 and 4): horus and the
+oracle at bounds 2, 2.5 and 3 beside naive.  Per-job slowdown:
 run time over the solo run time on the GPU type the job ran on (timed-out jobs included).  The default size is
 the issue's (2,000 jobs, 64 GPUs); ``--jobs``/``--seeds``/``--loads`` change it.
 
@@ -36,7 +39,7 @@ from slurm_horus.sim.engine import run_policies  # noqa: E402
 from slurm_horus.sim.mix import ModelMix  # noqa: E402
 from slurm_horus.sim.plot import sweep_figure  # noqa: E402
 from slurm_horus.sim.policies import POLICIES  # noqa: E402
-from slurm_horus.sim.traces import generate_trace  # noqa: E402
+from slurm_horus.sim.traces import REPEAT_SHARE, generate_trace  # noqa: E402
 
 MIXED = {"nodes": [{"name": "a", "gpu_type": "a100", "gpus": 8, "count": 4},
                    {"name": "t", "gpu_type": "t4", "gpus": 4, "count": 8}]}
@@ -44,19 +47,28 @@ BOUND = 2.0  # run_policies' default --slowdown-bound, the bound the p95 slowdow
 KEYS = ("mean_jct_s", "p95_jct_s", "p95_slowdown", "oom_failures", "timeouts", "failed_jobs")
 
 
-def _trace(trace: str, n: int, cluster, seed: int, load: float, mix: ModelMix):
+def _trace(trace: str, n: int, cluster, seed: int, load: float, mix: ModelMix,
+           repeat_share: float = REPEAT_SHARE):
     mem_cap = 0.97 * max(cluster.mem_mib(t) for t in cluster.gpu_types)  # as horus-admin simulate
     return generate_trace(trace, n, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load, mix=mix,
-                          max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
+                          max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap,
+                          repeat_share=repeat_share)
 
 
-def sweep(mixes, loads, seeds, n_jobs: int, mix: ModelMix) -> dict:
-    """{(trace, load): {"runs": [per seed {policy: metrics}]}}."""
+def _run(cluster, jobs) -> dict:
+    """Every policy on one trace, and horus once more without the site's history ("horus-cold")."""
+    out = run_policies(cluster, jobs)
+    out["horus-cold"] = run_policies(cluster, jobs, ["horus"], history_lag_s=None)["horus"]
+    return out
+
+
+def sweep(mixes, loads, seeds, n_jobs: int, mix: ModelMix, repeat_share: float) -> dict:
+    """{(trace, load): [per seed {policy: metrics}]}."""
     cluster = cluster_from_json(json.dumps(MIXED))
     out = {}
     for trace in mixes:
         for load in loads:
-            runs = [run_policies(cluster, _trace(trace, n_jobs, cluster, s, load, mix)) for s in seeds]
+            runs = [_run(cluster, _trace(trace, n_jobs, cluster, s, load, mix, repeat_share)) for s in seeds]
             out[trace, load] = runs
             print(f"  {trace} load {load:g}: done", file=sys.stderr, flush=True)
     return out
@@ -73,7 +85,7 @@ def _goals(runs: list[dict]) -> tuple[int, int, int]:
     best = sum(r["horus"]["mean_jct_s"] <= 1.02 * min(r[p]["mean_jct_s"] for p in ("exclusive", "naive"))
                for r in runs)
     near = sum(r["horus"]["mean_jct_s"] <= 1.05 * r["oracle"]["mean_jct_s"] for r in runs)
-    bound = sum(r["horus"]["p95_slowdown"] <= BOUND for r in runs)
+    bound = sum(r["horus"]["p95_slowdown"] <= BOUND + 1e-9 for r in runs)  # float times
     return best, near, bound
 
 
@@ -87,17 +99,20 @@ def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
     for trace in mixes:
         lines += [f"#### {trace}: {n_jobs:,} jobs on 32 A100 + 32 T4, means of seeds "
                   f"{', '.join(map(str, seeds))}\n",
-                  "| load | mean JCT (ks) excl | naive | horus | oracle | p95 JCT ks (e/n/h/o) "
+                  "| load | mean JCT (ks) excl | naive | horus | oracle | horus w/o history "
+                  "| p95 JCT ks (e/n/h/o) "
                   "| p95 slowdown (n/h/o) | OOMs (e/n/h/o) | timeouts (e/n/h/o) | lost (n/h) "
                   "| seeds horus lowest of e/n/h | seeds horus <= 1.05 x oracle "
                   f"| seeds horus p95 <= {BOUND:g} |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for load in loads:
             runs = res[trace, load]
             m = {p: {k: _mean(runs, p, k) for k in KEYS} for p in POLICIES}
             best, near, bound = _goals(runs)
+            cold = _mean(runs, "horus-cold", "mean_jct_s")
             lines.append(
                 f"| {load:g} | " + " | ".join(f"{m[p]['mean_jct_s'] / 1e3:.1f}" for p in POLICIES)
+                + f" | {cold / 1e3:.1f}"
                 + f" | {_cells(m, 'p95_jct_s', '{:.0f}', 1e3)}"
                 + f" | {_cells(m, 'p95_slowdown', '{:.2f}', pols=('naive', 'horus', 'oracle'))}"
                 + f" | {_cells(m, 'oom_failures', '{:.1f}')} | {_cells(m, 'timeouts', '{:.1f}')}"
@@ -105,6 +120,29 @@ def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
                 + f" | {best}/{ns} | {near}/{ns} | {bound}/{ns} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def frontier(trace: str, loads, seeds, bounds, n_jobs: int, mix: ModelMix, repeat_share: float) -> str:
+    """Mean JCT and p95 slowdown of horus and the oracle as the admin's slowdown bound rises,
+    beside naive's (which has no bound): what the bound costs on ``trace``."""
+    cluster = cluster_from_json(json.dumps(MIXED))
+    rows = []
+    for load in loads:
+        traces = [_trace(trace, n_jobs, cluster, s, load, mix, repeat_share) for s in seeds]
+        naive = [run_policies(cluster, jobs, ["naive"])["naive"] for jobs in traces]
+        for b in bounds:
+            r = [run_policies(cluster, jobs, ["horus", "oracle"], slowdown_bound=b) for jobs in traces]
+            cell = {p: (sum(x[p]["mean_jct_s"] for x in r) / len(r), sum(x[p]["p95_slowdown"] for x in r) / len(r))
+                    for p in ("horus", "oracle")}
+            nj = sum(x["mean_jct_s"] for x in naive) / len(naive)
+            ns = sum(x["p95_slowdown"] for x in naive) / len(naive)
+            rows.append(f"| {load:g} | {b:g} | {cell['horus'][0] / 1e3:.1f} / {cell['horus'][1]:.2f} "
+                        f"| {cell['oracle'][0] / 1e3:.1f} / {cell['oracle'][1]:.2f} | {nj / 1e3:.1f} / {ns:.2f} |")
+        print(f"  frontier {trace} load {load:g}: done", file=sys.stderr, flush=True)
+    return "\n".join([
+        f"#### What the slowdown bound costs: {trace}, {n_jobs:,} jobs, means of seeds "
+        f"{', '.join(map(str, seeds))} (mean JCT ks / p95 slowdown)\n",
+        "| load | bound | horus | oracle | naive (no bound) |", "|---|---|---|---|---|", *rows, ""])
 
 
 def plot(res: dict, path: str) -> str:
@@ -147,6 +185,11 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--repeat-share", type=float, default=REPEAT_SHARE,
+                    help="share of jobs that rerun a graph the site ran before (default %(default)s)")
+    ap.add_argument("--frontier", default="llm", help="mix of the bound table ('' to skip)")
+    ap.add_argument("--frontier-loads", default="2,4")
+    ap.add_argument("--frontier-bounds", default="2,2.5,3")
     ap.add_argument("--scale-jobs", type=int, default=100_000)
     ap.add_argument("--scale-gpus", type=int, default=1000)
     ap.add_argument("--scale-load", type=float, default=4.0)
@@ -165,11 +208,19 @@ def main() -> None:
     print(out[0], flush=True)
     if not args.skip_sweep:
         t = time.process_time()
-        res = sweep(mixes, loads, seeds, args.jobs, mix)
+        res = sweep(mixes, loads, seeds, args.jobs, mix, args.repeat_share)
         out.append(sweep_tables(res, mixes, loads, seeds, args.jobs))
         out.append(f"sweep: {time.process_time() - t:.1f} s CPU\n")
         print("\n".join(out[1:]), flush=True)
         print(plot(res, args.plot), flush=True)
+        if args.frontier:
+            try:
+                f_loads = [float(x) for x in args.frontier_loads.split(",")]
+                f_bounds = [float(x) for x in args.frontier_bounds.split(",")]
+            except ValueError:
+                sys.exit("bench_simulate: --frontier-loads and --frontier-bounds take numbers")
+            out.append(frontier(args.frontier, f_loads, seeds, f_bounds, args.jobs, mix, args.repeat_share))
+            print(out[-1], flush=True)
     if not args.skip_scale:
         out.append(scale(args.scale_jobs, args.scale_gpus, args.scale_load, ModelMix()))  # cold cache
         print(out[-1], flush=True)

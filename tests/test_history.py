@@ -195,3 +195,24 @@ def test_import_retrain_then_predict_answers_from_history(tmp_path):
     assert out["predictor"] == "history:exact"
     assert out["mem_mib"] == pytest.approx(2600 + 95 * 16, rel=0.01)
     assert out["mem_mib_p90"] >= out["mem_mib"] and 0 <= out["util_pct"] <= 100
+
+
+def test_a_run_that_shared_its_gpu_teaches_memory_but_not_utilization(tmp_path):
+    """NVML measured a co-located run's share of the GPU, not its need: the history takes
+    that run's memory and leaves its utilization out."""
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.ledger.history_export import ledger_runs
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    for jid, util, coloc in ((1, 90.0, []), (2, 45.0, [3]), (3, 40.0, [2])):
+        L.record_submission(job_id=jid, cluster="c", user="alice", model_sha256="ab" * 32,
+                            model_path="/m/resnet50.onnx", model_family="resnet50",
+                            workload={"batch_size": 32, "task": "train"},
+                            predictions={"a100-40gb": {"util_pct": 80.0, "mem_mib": 5000.0}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=util, util_max=99,
+                       mem_peak_mib=5200.0 + jid, gpu_index=0, shards=50 if coloc else None,
+                       colocated=coloc, state="COMPLETED", elapsed_s=600, node="n1",
+                       gpu_type="a100-40gb", start_time=1700000000, end_time=1700000600)
+    runs = sorted(ledger_runs(L), key=lambda r: r["mem"])
+    assert [r["mem"] for r in runs] == [5201.0, 5202.0, 5203.0]
+    assert [r["util"] for r in runs] == [90.0, None, None]

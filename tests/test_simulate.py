@@ -502,3 +502,88 @@ def test_horus_packs_jobs_a_partner_would_not_slow_down_keeping_a_gpu_whole():
     jobs = [job(0, 0, 1000, util=60), job(1, 1, 1000, util=60), job(2, 2, 500)]
     sim, m = run(one_node(2), jobs, [heavy, heavy, whole])
     assert by_id(sim, jobs)[2] == (1000, 1500)
+
+
+# -- the site's history in the simulation --------------------------------------------------------
+
+def graph_job(i, submit, duration, graph, pred_util=90.0, true_util=20.0, mem=3000.0, true_mem=3300.0):
+    """A job of ``graph`` that the cold start predicts at pred_util, p90 1.25 x its mean memory."""
+    return SimJob(i, submit, duration, 1, 2 * duration, "test",
+                  {"a100": (pred_util, mem, 1.25 * mem)}, {"a100": (true_util, true_mem)}, graph=graph)
+
+
+def share_req(j):
+    u, _, p90 = j.pred["a100"]
+    return Request((0,), 1, 1, (u, p90, (1.0,), j.limit))
+
+
+def test_a_rerun_of_a_measured_graph_is_predicted_from_its_run_once_synced():
+    jobs = [graph_job(0, 0, 100, "g"),     # runs alone 0..100: measured at 100, synced at 150
+            graph_job(1, 120, 100, "g"),   # arrives before the sync: the cold start's prediction
+            graph_job(2, 400, 100, "g"),   # after it: the measured run's
+            graph_job(3, 400, 100, "other")]
+    sim, m = run(one_node(2), jobs, [share_req(j) for j in jobs], history_lag_s=50.0)
+    assert sim.cur_req[1].share[:2] == (90.0, 3750.0)
+    assert sim.cur_req[2].share[:2] == pytest.approx((20.0, 3300.0 * 1.25))
+    assert sim.cur_req[3].share[:2] == (90.0, 3750.0)  # another graph learns nothing from it
+    assert m["history_hits"] == 1
+    sim, m = run(one_node(2), jobs, [share_req(j) for j in jobs])  # no history
+    assert m["history_hits"] == 0 and sim.cur_req[2].share[0] == 90.0
+
+
+def test_a_run_that_shared_its_gpu_gives_memory_but_not_utilization():
+    # 0 and 1 share the one GPU (their predicted sum is within the no-loss range); 2 reruns 0's graph
+    jobs = [graph_job(0, 0, 100, "g", pred_util=30.0, true_util=60.0),
+            graph_job(1, 0, 100, "h", pred_util=30.0, true_util=60.0),
+            graph_job(2, 500, 100, "g", pred_util=30.0, true_util=60.0)]
+    sim, m = run(one_node(1), jobs, [share_req(j) for j in jobs], history_lag_s=0.0)
+    assert sim.start[1] == 0.0  # co-located
+    assert sim.cur_req[2].share[:2] == pytest.approx((30.0, 3300.0 * 1.25))
+
+
+def test_only_horus_reads_the_history():
+    jobs = [graph_job(0, 0, 100, "g"), graph_job(1, 1000, 100, "g")]
+    r = run_policies(one_node(1), jobs, ["naive", "horus", "oracle"])
+    assert r["horus"]["history_hits"] == 1
+    assert r["oracle"]["history_hits"] == r["naive"]["history_hits"] == 0
+    assert run_policies(one_node(1), jobs, ["horus"], history_lag_s=None)["horus"]["history_hits"] == 0
+
+
+def test_repeated_graphs_share_their_residuals(mix):
+    jobs = generate_trace("philly", 2000, ["a100"], 64, seed=5, mix=mix, sigma_util=0.0, sigma_mem=0.0)
+    graphs = {}
+    for j in jobs:
+        (pu, pm, _), (tu, tm) = j.pred["a100"], j.true["a100"]
+        if tu < 100 and tm < 0.97 * A100:  # not capped
+            graphs.setdefault(j.graph, set()).add((round(tu / pu, 9), round(tm / pm, 9)))
+        graphs.setdefault(j.graph, set())
+    assert all(len(r) <= 1 for r in graphs.values())  # one graph, one error (no jitter here)
+    assert 0.4 < 1 - len(graphs) / len(jobs) < 0.6  # about half the jobs rerun a graph (REPEAT_SHARE)
+    fresh = generate_trace("philly", 500, ["a100"], 64, seed=5, mix=mix, repeat_share=0.0)
+    assert len({j.graph for j in fresh}) == 500
+    with pytest.raises(HorusError, match="repeat-share"):
+        generate_trace("philly", 10, ["a100"], 64, repeat_share=1.0, mix=mix)
+
+
+def test_a_spread_job_goes_where_it_delays_no_node_drain():
+    # node a: a 50 s job and an idle GPU; node b: a 1,000 s 2-GPU job and an idle GPU.  A 400 s
+    # job spread onto a would keep it busy, and the 2-GPU job behind it would wait for that
+    c = ClusterSpec((NodeSpec("a", "a100", 2), NodeSpec("b", "a100", 3)))
+    jobs = [job(0, 0, 50, util=90), job(1, 0, 1000, util=90, gpus=2),
+            job(2, 1, 400, util=90), job(3, 2, 100, util=90, gpus=2)]
+    reqs = [Request((0,), 100, 1), Request((0,), 100, 2),
+            Request((0,), 1, 1, (90.0, 2000.0, (1.0,), jobs[2].limit)), Request((0,), 100, 2)]
+    sim, _ = run(c, jobs, reqs)
+    assert sim.start[2] == 1.0 and sim.start[3] == pytest.approx(50.0)  # a drained at 50
+
+
+def test_cli_rejects_bad_history_options():
+    from slurm_horus.cli.admin import main
+
+    r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--repeat-share", "1.5"])
+    assert r.exit_code != 0 and "--repeat-share must be in [0, 1)" in r.output
+    r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--history-lag", "-1"])
+    assert r.exit_code != 0 and "--history-lag must be >= 0" in r.output
+    r = CliRunner().invoke(main, ["simulate", "--jobs", "50", "--no-history", "--policies", "horus",
+                                  "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["horus"]["history_hits"] == 0

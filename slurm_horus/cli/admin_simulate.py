@@ -20,7 +20,8 @@ SUMMARY = (("makespan_s", "makespan (s)", "{:,.0f}"), ("mean_jct_s", "mean JCT (
            ("p95_slowdown", "p95 slowdown", "{:.2f}"), ("throughput_per_h", "jobs/h (window)", "{:.1f}"),
            ("sm_busy", "SM busy (window)", "{:.3f}"), ("gpus_alloc", "GPUs alloc (window)", "{:.3f}"),
            ("oom_failures", "OOM failures", "{}"), ("timeouts", "timeouts", "{}"),
-           ("shared_starts", "shared starts", "{}"), ("sim_cpu_s", "sim CPU (s)", "{:.2f}"))
+           ("shared_starts", "shared starts", "{}"), ("history_hits", "from history", "{}"),
+           ("sim_cpu_s", "sim CPU (s)", "{:.2f}"))
 
 
 def _read(path: str, what: str) -> str:
@@ -48,7 +49,8 @@ def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_
     return homogeneous_cluster(gpus, gpu_type.lower(), gpus_per_node)
 
 
-def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo):
+def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
+                repeat_share=None):
     from slurm_horus.errors import HorusError
     from slurm_horus.sim.mix import ModelMix
     from slurm_horus.sim.replay import from_rows, from_sacct_json, rows_from_ledger_jobs
@@ -77,9 +79,10 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
         if not isinstance(rows, list):
             raise HorusError(f"ledger file {ledger}: expected a JSON list of rows")
         return from_rows(rows, cluster.gpu_types)
+    extra = {} if repeat_share is None else {"repeat_share": repeat_share}
     return generate_trace(trace, jobs, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load,
                           sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
-                          max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
+                          max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap, **extra)
 
 
 def register(main_group: click.Group) -> None:
@@ -108,6 +111,14 @@ def register(main_group: click.Group) -> None:
                   help="Lognormal jitter around the measured utilization residual.")
     @click.option("--sigma-mem", type=float, default=0.05, show_default=True,
                   help="Lognormal jitter around the measured memory residual.")
+    @click.option("--repeat-share", type=float, default=None,
+                  help="Share of generated jobs that run a graph the site ran before "
+                       "[default: 0.5, an assumption; 0: every job a new graph].")
+    @click.option("--history-lag", type=float, default=900.0, show_default=True,
+                  help="horus: seconds from a job's end until its measurement predicts the next "
+                       "run of its graph (the sync period).")
+    @click.option("--no-history", is_flag=True,
+                  help="horus: predict every job with the cold start, never from the site's history.")
     @click.option("--policies", default=",".join(("exclusive", "naive", "horus", "oracle")),
                   show_default=True, help="Comma-separated policies to run.")
     @click.option("--naive-shards", type=int, default=50, show_default=True,
@@ -139,7 +150,8 @@ def register(main_group: click.Group) -> None:
                        "else into FILE.png (needs matplotlib: pip install 'slurm-horus[plot]').")
     @one_line_errors("horus-admin simulate")
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
-                     sacct, ledger, seed, load, sigma_util, sigma_mem, policies, naive_shards, policy_file,
+                     sacct, ledger, seed, load, sigma_util, sigma_mem, repeat_share, history_lag, no_history,
+                     policies, naive_shards, policy_file,
                      bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, slowdown_bound,
                      slowdown_quantile, max_group, zoo, as_json, plot):
         """Simulate a GPU cluster running a job trace under several placement policies."""
@@ -153,6 +165,10 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
         if sigma_util < 0 or sigma_mem < 0:
             raise HorusError("--sigma-util and --sigma-mem must be >= 0")
+        if repeat_share is not None and (sacct or ledger):
+            raise HorusError("--repeat-share applies to generated traces, not to --sacct or --ledger")
+        if history_lag < 0:
+            raise HorusError("--history-lag must be >= 0")
         if not 0 < slowdown_quantile < 1:
             raise HorusError("--slowdown-quantile must be between 0 and 1 (e.g. 0.95)")
         if plot == "-" and as_json:
@@ -164,11 +180,13 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--policies: none given")
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
         cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf)
-        jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo)
+        jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
+                           repeat_share)
         results = run_policies(cluster, jobs, pols, policy_path=policy_file, naive_shards=naive_shards,
                                interference=itf, bf_window=bf_window, bf_interval=bf_interval,
                                oom_delay_s=oom_delay, slowdown_bound=slowdown_bound,
-                               slowdown_quantile=slowdown_quantile, max_group=max_group)
+                               slowdown_quantile=slowdown_quantile, max_group=max_group,
+                               history_lag_s=None if no_history else history_lag)
         src = f"sacct {sacct}" if sacct else f"ledger {ledger}" if ledger else f"{trace} trace, seed {seed}"
         what = f"{len(jobs)} jobs ({src}) on {cluster.describe()}"
         if plot and plot != "-":

@@ -27,12 +27,14 @@ from slurm_horus.predict.workload import dims_key, workload_from
 
 def ledger_runs(ledger, learned=None) -> list[dict]:
     """The ledger's measured jobs as history runs (see HistoryPredictor.fit). With a learned
-    estimator, each run with features also carries its prediction (for that model's offsets)."""
+    estimator, each run with features also carries its prediction (for that model's offsets).
+    A run that shared its GPU (``colocated``) gives its memory but not its utilization: NVML
+    measured its share of the GPU beside the other jobs, not what it needs alone."""
     t = tables()
     s, j = t["submissions"], t["jobs"]
     stmt = (select(s.c.model_sha256, s.c.model_path, s.c.model_family, s.c.user_name,
                    s.c.features, s.c.feature_version, s.c.workload, s.c.predictions,
-                   j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib)
+                   j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib, j.c.colocated)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
             .where(j.c.act_mem_mib > 0, j.c.gpu_type.isnot(None),
                    func.coalesce(j.c.failed_measurement, 0) == 0))
@@ -41,7 +43,7 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
     shas: dict = {}
     runs, inputs = [], []
     with ledger.engine.connect() as conn:
-        for sha, path, family, user, feats, fv, wl, preds, gtype, util, mem in conn.execute(stmt):
+        for sha, path, family, user, feats, fv, wl, preds, gtype, util, mem, coloc in conn.execute(stmt):
             try:
                 if gtype not in gpus:
                     gpus[gtype] = catalog.find(gtype)
@@ -53,7 +55,7 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
                 run = {"sha": sha or _file_sha(path, shas), "gpu": gpu.name,
                        "bs": wk.batch_size, "task": wk.task, "opt": wk.optimizer,
                        "prec": wk.precision, "mem": float(mem),
-                       "util": None if util is None else min(max(float(util), 0.0), 100.0),
+                       "util": None if util is None or coloc else min(max(float(util), 0.0), 100.0),
                        "family": family or None, "user": user or None}
                 run["dims"] = dims_key(w.get("dims"), run["bs"])
                 p = (json.loads(preds) if preds else {}) or {}

@@ -18,6 +18,13 @@ Multi-GPU jobs take whole GPUs on one node.  Co-located jobs slow each other dow
 (:mod:`slurm_horus.sim.interference`); a job whose true memory does not fit next to the jobs
 already on its GPU fails with OOM ``oom_delay_s`` after its start and is requeued once, on a
 whole GPU (as CARMA does).  Where jobs fit: :mod:`slurm_horus.sim.placement`.
+
+The site's history (horus only, ``history_lag_s``): a job of a graph that an earlier job of the
+trace ran and finished at least ``history_lag_s`` before (the sync period that refreshes
+history.json) on its first-choice GPU type is predicted from those runs, as hsubmit's
+history:exact does: utilization from the runs that had their GPU alone (a shared run's NVML
+utilization is its share, not its need), memory from every run times the cold start's p90/mean
+ratio.
 """
 
 from __future__ import annotations
@@ -38,9 +45,12 @@ from slurm_horus.sim.placement import INF, Placement, pair_limits
 from slurm_horus.sim.policies import POLICIES, HorusDecider, Request, build_requests
 from slurm_horus.sim.traces import SimJob
 
-__all__ = ["Simulator", "simulate", "run_policies"]
+__all__ = ["HISTORY_LAG_S", "Simulator", "simulate", "run_policies"]
 
 _FINISH, _ARRIVE, _TICK = 0, 1, 2
+# seconds from a job's end to its measurement in hsubmit's history.json: horus-admin sync's period
+# in etc/horus-retrain.scrontab (every 15 minutes), at its longest
+HISTORY_LAG_S = 900.0
 
 
 class Simulator(Placement):
@@ -50,7 +60,8 @@ class Simulator(Placement):
                  shards_per_gpu: int = 100, *, interference: Interference | None = None,
                  bf_window: int = 100, bf_interval: float = 0.0, oom_delay_s: float = 60.0,
                  backfill: bool = True, slowdown_bound: float = 2.0, max_group: int = 4,
-                 slowdown_quantile: float = 0.95, window_s: float | None = None):
+                 slowdown_quantile: float = 0.95, window_s: float | None = None,
+                 history_lag_s: float | None = None):
         if len(jobs) != len(requests):
             raise HorusError("one request per job needed")
         self.cluster, self.jobs, self.reqs = cluster, list(jobs), list(requests)
@@ -70,6 +81,9 @@ class Simulator(Placement):
         self.bound = float(slowdown_bound)
         self.risk_share = 1.0 - slowdown_quantile
         self.window_s = window_s
+        if history_lag_s is not None and history_lag_s < 0:
+            raise HorusError("--history-lag must be >= 0")
+        self.history_lag = history_lag_s
 
     # -- time accounting ---------------------------------------------------------------------
 
@@ -132,6 +146,10 @@ class Simulator(Placement):
         for g in alloc:
             if not self.gjobs[g]:
                 self.cur_busy += 1
+            elif self.history_lag is not None:  # what a measurement of their utilization needs
+                self.shared[j] = True
+                for x in self.gjobs[g]:
+                    self.shared[x] = True
             self._set_free(g, self.free[g] - req.shards)
             self.gjobs[g].append(j)
         if req.share is not None:
@@ -226,7 +244,39 @@ class Simulator(Placement):
             self.timeouts += 1
             self.timed_out[j] = True
         self.end[j] = now
+        if self.history_lag is not None and self.rerun[j]:
+            t = self.gtype[self.alloc[j][0]]
+            u, m = self.jtrue[j][t]
+            self.measured.append((now + self.history_lag, (self.jobs[j].graph, t),
+                                  None if self.shared[j] else u, m))
         self._release(j, now)
+
+    def _use_history(self, j: int, now: float) -> None:
+        """Job j, arriving: its prediction from the measured runs of its graph synced by now."""
+        measured, hist = self.measured, self.hist
+        while measured and measured[0][0] <= now:
+            _, key, u, m = measured.popleft()
+            rec = hist.setdefault(key, [0.0, 0, 0.0, 0])
+            if u is not None:
+                rec[0] += u
+                rec[1] += 1
+            rec[2] += m
+            rec[3] += 1
+        req = self.cur_req[j]
+        graph = self.jobs[j].graph
+        if req is None or req.share is None or not graph:
+            return
+        t = req.types[0]
+        rec = hist.get((graph, t))
+        if rec is None:
+            return
+        u, p90, rx, lim = req.share
+        _, mean, cold_p90 = self.jobs[j].pred[self.types[t]]
+        if rec[1]:
+            u = rec[0] / rec[1]
+        p90 = rec[2] / rec[3] * (cold_p90 / mean if mean > 0 else 1.0)
+        self._set_req(j, Request(req.types, req.shards, req.gpus, (u, p90, rx, lim)))
+        self.history_hits += 1
 
     def _set_req(self, j: int, req: Request) -> None:
         """Job j's current request and what backfill reads of it: (memo key, shards, predicted
@@ -250,6 +300,7 @@ class Simulator(Placement):
     # -- scheduling --------------------------------------------------------------------------
 
     def _schedule(self, now: float, backfill_now: bool) -> None:
+        self.now = now
         q = self.queue
         if not self.n_avail:
             return  # nothing free: nothing can start (flags kept for the next pass)
@@ -350,6 +401,15 @@ class Simulator(Placement):
         self.requeued = [False] * N
         self.failed = [False] * N
         self.timed_out = [False] * N
+        self.shared = [False] * N  # ever on a GPU with another job
+        runs: dict[str, int] = {}
+        for x in self.jobs:
+            if x.graph:
+                runs[x.graph] = runs.get(x.graph, 0) + 1
+        self.rerun = [runs.get(x.graph, 0) > 1 for x in self.jobs]  # its measurement can serve
+        self.measured: deque[tuple] = deque()  # (synced at, (graph, type), util or None, memory)
+        self.hist: dict[tuple[str, int], list] = {}  # (graph, type): [util sum, n, memory sum, n]
+        self.history_hits = 0
         # the wait queue: a deque, as starts take jobs from its front (and the backfill window)
         self.queue: deque[int] = deque()
         self.qkey = [(j.submit, i) for i, j in enumerate(self.jobs)]
@@ -408,6 +468,8 @@ class Simulator(Placement):
                     continue
                 stale = False
                 if kind == _ARRIVE:
+                    if self.history_lag is not None:
+                        self._use_history(j, now)
                     self._enqueue(j)
                     self.n_new += 1
                 else:
@@ -430,7 +492,9 @@ class Simulator(Placement):
 def simulate(cluster: ClusterSpec, jobs: Sequence[SimJob], policy: str, *,
              decider: HorusDecider | None = None, shards_per_gpu: int = 100, naive_shards: int = 50,
              **kw) -> dict[str, Any]:
-    """Run one policy; returns its metrics plus the request statistics (``decisions``)."""
+    """Run one policy; returns its metrics plus the request statistics (``decisions``).  horus
+    predicts from the site's history (``history_lag_s``, default HISTORY_LAG_S; None: never);
+    the oracle needs none, and the other policies read no prediction."""
     types = cluster.gpu_types
     mem = [cluster.mem_mib(t) for t in types]
     if decider is not None:
@@ -439,7 +503,9 @@ def simulate(cluster: ClusterSpec, jobs: Sequence[SimJob], policy: str, *,
     reqs, stats = build_requests(jobs, policy, types, mem, shards_per_gpu,
                                  naive_shards=naive_shards, decider=decider)
     t_req = time.process_time() - t
-    out = Simulator(cluster, jobs, reqs, shards_per_gpu, **kw).run()
+    lag = kw.pop("history_lag_s", HISTORY_LAG_S)
+    out = Simulator(cluster, jobs, reqs, shards_per_gpu, history_lag_s=lag if policy == "horus" else None,
+                    **kw).run()
     out["decisions"] = stats
     out["request_cpu_s"] = t_req
     return out

@@ -57,5 +57,6 @@ def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> d
         "unschedulable": unschedulable,
         "shared_starts": sim.shared_starts,
         "backfilled": sim.backfilled,
+        "history_hits": sim.history_hits,
         "sim_wall_s": wall,
     }

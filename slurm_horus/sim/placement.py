@@ -113,6 +113,7 @@ class Placement:
         self.last_risk: tuple = (-1, 0.0, None)
         # the largest summed util at which a pair keeps the median speed 1.0 (Lucid: 75 %)
         self.free_sum = max((x for x, y in self.itf.points if y >= 1.0), default=0.0)
+        self.now = 0.0  # the time of the scheduling pass (set by the Simulator)
 
     def _set_free(self, g: int, new: int) -> None:
         old = self.free[g]
@@ -175,7 +176,7 @@ class Placement:
                     return [g]
         best, best_cost = None, INF
         for t in req.types:  # fastest type first: the first idle GPU is the best idle one
-            whole = self._place(self.whole_req[t], exclude)
+            whole = self._spread_place(t, exclude, self.now + lim)
             if whole is not None:
                 best, best_cost = whole, rx[t]
                 break
@@ -202,6 +203,29 @@ class Placement:
             return best
         self.last_risk = (g, u, risk)  # what _start charges when the job starts there
         return [g]
+
+    def _spread_place(self, t: int, exclude: set | None, end: float) -> list[int] | None:
+        """An idle GPU of type t for a job that holds it until ``end`` (its time limit), where it
+        delays no node's drain: on a node whose busy GPUs are held at least that long (the
+        fewest idle GPUs first), else on the node it extends least; a node with no job last
+        (kept whole for multi-GPU jobs), the smallest first.  Spreading onto the fullest node
+        alone put long 1-GPU jobs on every node, and 8-GPU jobs waited days for a node to drain."""
+        best, best_key = None, None
+        ffs, node_gpus, node_idle = self.ffs, self.node_gpus, self.node_idle
+        for c in range(1, self.maxk + 1):
+            for n in self.nodeb[t][c]:
+                k = len(node_gpus[n])
+                if c == k:
+                    key = (2, k, n)
+                else:
+                    drain = ffs[n][k - 1]
+                    key = (0, c, n) if drain >= end else (1, end - drain, n)
+                if best_key is not None and key >= best_key:
+                    continue
+                idle = node_idle[n] if not exclude else node_idle[n] - exclude
+                if idle:
+                    best, best_key = min(idle), key
+        return None if best is None else [best]
 
     def _join_risk(self, g: int, u: float, lim: float) -> tuple[list[tuple[int, float]], float]:
         """What a job of predicted util u and time limit lim joining GPU g's group does to the

@@ -13,7 +13,7 @@ from slurm_horus.errors import HorusError
 from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.slurm.accounting import num, parse_job
 from slurm_horus.sim.mix import ModelMix
-from slurm_horus.sim.traces import SimJob, time_limit, truth
+from slurm_horus.sim.traces import SimJob, graph_residuals, time_limit, truth
 
 __all__ = ["from_sacct_json", "from_rows", "rows_from_ledger_jobs", "ROW_KEYS"]
 
@@ -24,7 +24,8 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
                     limit_factor: float = 2.0, limit_cap_s: float = 7 * 86400.0) -> list[SimJob]:
     """Jobs of a ``sacct --json`` dump: submit time, elapsed time, GPU count (jobs without GPUs
     are skipped; a shard job counts as one GPU).  Their util/mem are unknown, so each job draws
-    a model from the ``trace_mix`` mix.  Times are shifted so that the first submit is 0.  The
+    a model from the ``trace_mix`` mix, as a graph of its own (no history: which jobs repeated a
+    graph is not in sacct).  Times are shifted so that the first submit is 0.  The
     time limit is the job's own (``time.limit``, minutes) when set, else the generator's rule."""
     try:
         data = json.loads(text)
@@ -61,7 +62,7 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
     for i, (submit, elapsed, gpus, lim) in enumerate(rows):
         m, b, task = items[int(rng.choice(len(items), p=p))]
         pred = {gt: mix.predict(m, b, task, gt) for gt in types}
-        true = truth(rng, pred, m, mix, sigma_util, sigma_mem, mem_cap_mib)
+        true = truth(rng, pred, graph_residuals(rng, m, mix), sigma_util, sigma_mem, mem_cap_mib)
         limit = max(lim, 1.2 * elapsed) if lim else time_limit(elapsed, limit_factor, limit_cap_s)
         jobs.append(SimJob(i, submit - t0, elapsed, gpus, limit, f"{m}/b{b}/{task}", pred, true))
     return jobs

@@ -7,8 +7,11 @@ the PREDICTED utilization/memory (what ``hsubmit`` would write in the hint) and 
 Each generated job runs a model of the trace's mix (:mod:`slurm_horus.sim.mix`): its prediction
 is the cold start's for that model, its true memory the prediction times a residual the cold start
 showed on that model (biased where the predictor is), its true utilization the prediction times a
-residual the cold start showed on held-out MLP runs.  Traces of a site's own jobs:
-:mod:`slurm_horus.sim.replay`.
+residual the cold start showed on held-out MLP runs.  Those residuals belong to the GRAPH (the
+cold start is wrong the same way every time it sees one graph): each graph of the trace draws its
+own, and each job adds only a small jitter (input pipeline, data).  A share of jobs run a graph
+the site ran before (``repeat_share``: a user's next run, a sweep), which the site's history can
+then predict from measurements.  Traces of a site's own jobs: :mod:`slurm_horus.sim.replay`.
 """
 
 from __future__ import annotations
@@ -24,10 +27,14 @@ from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.sim.interference import SENSITIVITY_SIGMA
 from slurm_horus.sim.mix import ModelMix, runtime_factor
 
-__all__ = ["SimJob", "TraceSpec", "TRACES", "generate_trace", "lognormal_params", "time_limit", "truth"]
+__all__ = ["SimJob", "TraceSpec", "TRACES", "REPEAT_SHARE", "generate_trace", "graph_residuals",
+           "lognormal_params", "time_limit", "truth"]
 
 MAX_DURATION_S = 2 * 86400.0   # generated runtimes are truncated here (a usual partition MaxTime)
 MIN_DURATION_S = 30.0
+# The share of jobs that run a graph the site ran before (same model file, batch and task): an
+# ASSUMPTION (no trace in shared/notes counts repeated graphs); 0 makes every job a new graph.
+REPEAT_SHARE = 0.5
 
 
 @dataclass
@@ -38,6 +45,7 @@ class SimJob:
     killed when it runs longer, e.g. because interference slowed it down).
     pred: {gpu_type: (util_pct, mem_mib, mem_p90_mib)} as the hint would carry it.
     true: {gpu_type: (util_pct, mem_mib)} what the job really uses (per GPU it holds).
+    graph: the model file the job runs (its history key); "" for a job the history cannot know.
     """
 
     id: int
@@ -50,6 +58,7 @@ class SimJob:
     true: dict[str, tuple[float, float]]
     runtime_x: dict[str, float] = field(default_factory=dict)  # runtime factor per type (default 1)
     sens: float = 1.0  # interference sensitivity (1 = the pair curve's median)
+    graph: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,18 +94,26 @@ def lognormal_params(p50: float, p95: float) -> tuple[float, float]:
     return math.log(p50), math.log(p95 / p50) / 1.6448536269514722
 
 
-def truth(rng: np.random.Generator, pred: Mapping[str, tuple[float, float, float]], model: str,
-          mix: ModelMix, sigma_util: float, sigma_mem: float, mem_cap: float) -> dict[str, tuple[float, float]]:
-    """True (util, mem) per type: the prediction times exp(a measured residual of the cold start
-    + normal(0, sigma) jitter).  Memory: a residual measured on this model (else on any measured
-    model), so the truth is biased where the predictor is.  Utilization: a residual of the cold
-    start on held-out GPUMemNet MLP runs (pooled; no real-model utilization was measured).  One
-    draw per job, the same ratio on every GPU type (the residuals were measured on one A100)."""
-    def factor(res: np.ndarray, sigma: float) -> float:
-        return float(np.exp(res[int(rng.integers(len(res)))] + (rng.normal(0.0, sigma) if sigma > 0 else 0.0)))
+def graph_residuals(rng: np.random.Generator, model: str, mix: ModelMix) -> tuple[float, float]:
+    """log(true / predicted) (util, memory) of one graph: the cold start's error on it.  Memory: a
+    residual measured on this model (else on any measured model), so the truth is biased where
+    the predictor is.  Utilization: a residual of the cold start on held-out GPUMemNet MLP runs
+    (pooled; no real-model utilization was measured)."""
+    ur, mr = mix.util_residuals(), mix.mem_residuals(model)
+    return float(ur[int(rng.integers(len(ur)))]), float(mr[int(rng.integers(len(mr)))])
 
-    fu = factor(mix.util_residuals(), sigma_util)
-    fm = factor(mix.mem_residuals(model), sigma_mem)
+
+def truth(rng: np.random.Generator, pred: Mapping[str, tuple[float, float, float]],
+          residuals: tuple[float, float], sigma_util: float, sigma_mem: float,
+          mem_cap: float) -> dict[str, tuple[float, float]]:
+    """True (util, mem) per type of one job: the prediction times exp(its graph's residual +
+    normal(0, sigma) jitter of this run), the same ratio on every GPU type (the residuals were
+    measured on one A100)."""
+    def jitter(sigma: float) -> float:
+        return float(rng.normal(0.0, sigma)) if sigma > 0 else 0.0
+
+    fu = math.exp(residuals[0] + jitter(sigma_util))
+    fm = math.exp(residuals[1] + jitter(sigma_mem))
     return {t: (min(100.0, u * fu), min(mem_cap, m * fm)) for t, (u, m, _) in pred.items()}
 
 
@@ -113,14 +130,17 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
                    sigma_mem: float = 0.05, mix: ModelMix | None = None,
                    max_gpus_per_job: int = 8, limit_factor: float = 2.0,
                    limit_cap_s: float = 7 * 86400.0, mem_cap_mib: float | None = None,
-                   max_duration_s: float = MAX_DURATION_S) -> list[SimJob]:
+                   max_duration_s: float = MAX_DURATION_S,
+                   repeat_share: float = REPEAT_SHARE) -> list[SimJob]:
     """A synthetic trace of ``n_jobs`` jobs like ``trace`` (philly, helios, pai).
 
     Arrivals are Poisson with the rate that offers ``load`` times the cluster's GPU capacity
     (in exclusive GPU-seconds); runtimes lognormal through the trace's p50/p95 (truncated to
     [30 s, max_duration_s]); GPU counts: the trace's 1-GPU share, the rest 2/4/8 (capped at
     ``max_gpus_per_job``, the largest node).  True memory is capped at ``mem_cap_mib`` (default:
-    97 % of the largest GPU type) so that every job can run somewhere.
+    97 % of the largest GPU type) so that every job can run somewhere.  A job runs a graph
+    already in the trace with probability ``repeat_share`` (one of its entry's graphs so far,
+    uniformly), else a new graph with residuals of its own.
     """
     if trace not in TRACES:
         raise HorusError(f"unknown trace '{trace}'; choose one of {', '.join(TRACES)}")
@@ -130,6 +150,8 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         raise HorusError("the cluster has no GPU")
     if load <= 0:
         raise HorusError("--load must be positive")
+    if not 0.0 <= repeat_share < 1.0:
+        raise HorusError("--repeat-share must be in [0, 1)")
     spec = TRACES[trace]
     types = list(dict.fromkeys(gpu_types))
     if not types:
@@ -151,15 +173,23 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
     submits = np.cumsum(gaps)
     items, p = mix.entries(trace)
     picks = rng.choice(len(items), size=n_jobs, p=p)
+    graphs: dict[int, list[tuple[str, tuple[float, float]]]] = {}  # per mix entry: (name, residuals)
     jobs = []
     for i in range(n_jobs):
         m, b, task = items[picks[i]]
+        seen = graphs.setdefault(int(picks[i]), [])
+        if seen and rng.random() < repeat_share:
+            graph, res = seen[int(rng.integers(len(seen)))]
+        else:
+            graph, res = f"{m}/b{b}/{task}#{len(seen)}", graph_residuals(rng, m, mix)
+            seen.append((graph, res))
         pred = {t: mix.predict(m, b, task, t) for t in types}
-        true = truth(rng, pred, m, mix, sigma_util, sigma_mem, mem_cap_mib)
+        true = truth(rng, pred, res, sigma_util, sigma_mem, mem_cap_mib)
         d = float(durations[i])
         rx, sens, limit = _job_extras(rng, types, d, limit_factor, limit_cap_s)
         jobs.append(SimJob(id=i, submit=float(submits[i]), duration=d, gpus=int(gpus[i]), limit=limit,
-                           model=f"{m}/b{b}/{task}", pred=pred, true=true, runtime_x=rx, sens=sens))
+                           model=f"{m}/b{b}/{task}", pred=pred, true=true, runtime_x=rx, sens=sens,
+                           graph=graph))
     return jobs
 
 
