@@ -129,15 +129,13 @@ def frontier(trace: str, loads, seeds, bounds, n_jobs: int, mix: ModelMix, repea
     rows = []
     for load in loads:
         traces = [_trace(trace, n_jobs, cluster, s, load, mix, repeat_share) for s in seeds]
-        naive = [run_policies(cluster, jobs, ["naive"])["naive"] for jobs in traces]
+        naive = [run_policies(cluster, jobs, ["naive"]) for jobs in traces]
+        naive_cell = f"{_mean(naive, 'naive', 'mean_jct_s') / 1e3:.1f} / {_mean(naive, 'naive', 'p95_slowdown'):.2f}"
         for b in bounds:
             r = [run_policies(cluster, jobs, ["horus", "oracle"], slowdown_bound=b) for jobs in traces]
-            cell = {p: (sum(x[p]["mean_jct_s"] for x in r) / len(r), sum(x[p]["p95_slowdown"] for x in r) / len(r))
-                    for p in ("horus", "oracle")}
-            nj = sum(x["mean_jct_s"] for x in naive) / len(naive)
-            ns = sum(x["p95_slowdown"] for x in naive) / len(naive)
-            rows.append(f"| {load:g} | {b:g} | {cell['horus'][0] / 1e3:.1f} / {cell['horus'][1]:.2f} "
-                        f"| {cell['oracle'][0] / 1e3:.1f} / {cell['oracle'][1]:.2f} | {nj / 1e3:.1f} / {ns:.2f} |")
+            cells = [f"{_mean(r, p, 'mean_jct_s') / 1e3:.1f} / {_mean(r, p, 'p95_slowdown'):.2f}"
+                     for p in ("horus", "oracle")]
+            rows.append(f"| {load:g} | {b:g} | {cells[0]} | {cells[1]} | {naive_cell} |")
         print(f"  frontier {trace} load {load:g}: done", file=sys.stderr, flush=True)
     return "\n".join([
         f"#### What the slowdown bound costs: {trace}, {n_jobs:,} jobs, means of seeds "
@@ -200,8 +198,11 @@ def main() -> None:
     try:
         loads = [float(x) for x in args.loads.split(",")]
         seeds = [int(x) for x in args.seeds.split(",")]
+        f_loads = [float(x) for x in args.frontier_loads.split(",")]
+        f_bounds = [float(x) for x in args.frontier_bounds.split(",")]
     except ValueError:
-        sys.exit("bench_simulate: --loads takes numbers, --seeds integers, comma-separated")
+        sys.exit("bench_simulate: --loads, --frontier-loads and --frontier-bounds take numbers, "
+                 "--seeds integers, comma-separated")
     mixes = [x.strip() for x in args.mixes.split(",") if x.strip()]
     mix = ModelMix()
     out = [f"python {platform.python_version()}, {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs\n"]
@@ -214,11 +215,6 @@ def main() -> None:
         print("\n".join(out[1:]), flush=True)
         print(plot(res, args.plot), flush=True)
         if args.frontier:
-            try:
-                f_loads = [float(x) for x in args.frontier_loads.split(",")]
-                f_bounds = [float(x) for x in args.frontier_bounds.split(",")]
-            except ValueError:
-                sys.exit("bench_simulate: --frontier-loads and --frontier-bounds take numbers")
             out.append(frontier(args.frontier, f_loads, seeds, f_bounds, args.jobs, mix, args.repeat_share))
             print(out[-1], flush=True)
     if not args.skip_scale:

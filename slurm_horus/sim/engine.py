@@ -264,7 +264,7 @@ class Simulator(Placement):
             rec[3] += 1
         req = self.cur_req[j]
         graph = self.jobs[j].graph
-        if req is None or req.share is None or not graph:
+        if req.share is None or not graph:
             return
         t = req.types[0]
         rec = hist.get((graph, t))
