@@ -16,7 +16,7 @@ from slurm_horus.sim.cluster import (ClusterSpec, NodeSpec, cluster_from_json, c
                                      homogeneous_cluster)
 from slurm_horus.sim.engine import Simulator, run_policies
 from slurm_horus.sim.mix import ModelMix
-from slurm_horus.sim.policies import HorusDecider, Request, build_requests
+from slurm_horus.sim.policies import HorusDecider, Request, build_requests, job_table
 from slurm_horus.sim.replay import from_rows, from_sacct_json
 from slurm_horus.sim.traces import TRACES, SimJob, generate_trace, lognormal_params
 
@@ -244,6 +244,16 @@ def test_deterministic_for_a_seed(mix):
     assert a != generate_trace("helios", 400, c.gpu_types, c.total_gpus, seed=8, mix=mix)
     strip = lambda r: {p: {k: v for k, v in m.items() if not k.endswith(("wall_s", "cpu_s"))} for p, m in r.items()}
     assert strip(run_policies(c, a)) == strip(run_policies(c, b))
+
+
+def test_a_shared_job_table_gives_each_policy_what_its_own_would(mix):
+    c = homogeneous_cluster(16)
+    jobs = generate_trace("philly", 300, c.gpu_types, c.total_gpus, seed=3, load=2, mix=mix)
+    table = job_table(jobs, c.gpu_types, [c.mem_mib(t) for t in c.gpu_types])
+    strip = lambda r: {p: {k: v for k, v in m.items() if not k.endswith(("wall_s", "cpu_s"))} for p, m in r.items()}
+    assert strip(run_policies(c, jobs, table=table)) == strip(run_policies(c, jobs))
+    with pytest.raises(HorusError, match="another trace"):
+        run_policies(c, jobs[:-1], ["exclusive"], table=table)
 
 
 def test_from_rows_ledger_interface():

@@ -42,7 +42,7 @@ from slurm_horus.sim.cluster import ClusterSpec
 from slurm_horus.sim.interference import Interference
 from slurm_horus.sim.metrics import metrics
 from slurm_horus.sim.placement import INF, Placement, pair_limits
-from slurm_horus.sim.policies import POLICIES, HorusDecider, Request, build_requests
+from slurm_horus.sim.policies import POLICIES, HorusDecider, JobTable, Request, build_requests, job_table
 from slurm_horus.sim.traces import SimJob
 
 __all__ = ["HISTORY_LAG_S", "Simulator", "simulate", "run_policies"]
@@ -61,7 +61,7 @@ class Simulator(Placement):
                  bf_window: int = 100, bf_interval: float = 0.0, oom_delay_s: float = 60.0,
                  backfill: bool = True, slowdown_bound: float = 2.0, max_group: int = 4,
                  slowdown_quantile: float = 0.95, window_s: float | None = None,
-                 history_lag_s: float | None = None):
+                 history_lag_s: float | None = None, table: JobTable | None = None):
         if len(jobs) != len(requests):
             raise HorusError("one request per job needed")
         self.cluster, self.jobs, self.reqs = cluster, list(jobs), list(requests)
@@ -72,6 +72,9 @@ class Simulator(Placement):
         self.backfill = backfill
         self.types = cluster.gpu_types
         self.tmem = [cluster.mem_mib(t) for t in self.types]
+        self.table = table if table is not None else job_table(self.jobs, self.types, self.tmem)
+        if len(self.table.true) != len(self.jobs):
+            raise HorusError("the job table is of another trace")
         if slowdown_bound < 1.0 or max_group < 1:
             raise HorusError("--slowdown-bound must be >= 1 and --max-group >= 1")
         self.max_group = int(max_group)
@@ -344,6 +347,8 @@ class Simulator(Placement):
         window = list(islice(q, first, self.bf_window + 1))
         for pos, j in enumerate(window, first):
             key, shards, u, m, lim = jrec[j]
+            if u is None and memo[key] <= shards:
+                continue  # did not fit on any GPU: nor off the reserved ones
             if lim <= horizon:
                 excl = None
             else:
@@ -491,21 +496,24 @@ class Simulator(Placement):
 
 def simulate(cluster: ClusterSpec, jobs: Sequence[SimJob], policy: str, *,
              decider: HorusDecider | None = None, shards_per_gpu: int = 100, naive_shards: int = 50,
-             **kw) -> dict[str, Any]:
+             table: JobTable | None = None, **kw) -> dict[str, Any]:
     """Run one policy; returns its metrics plus the request statistics (``decisions``).  horus
     predicts from the site's history (``history_lag_s``, default HISTORY_LAG_S; None: never);
-    the oracle needs none, and the other policies read no prediction."""
+    the oracle needs none, and the other policies read no prediction.  ``table``: the trace's
+    :func:`~slurm_horus.sim.policies.job_table` on this cluster, when the caller has it."""
     types = cluster.gpu_types
     mem = [cluster.mem_mib(t) for t in types]
     if decider is not None:
         shards_per_gpu = decider.shards_per_gpu
+    if table is None:
+        table = job_table(jobs, types, mem)
     t = time.process_time()
     reqs, stats = build_requests(jobs, policy, types, mem, shards_per_gpu,
-                                 naive_shards=naive_shards, decider=decider)
+                                 naive_shards=naive_shards, decider=decider, table=table)
     t_req = time.process_time() - t
     lag = kw.pop("history_lag_s", HISTORY_LAG_S)
     out = Simulator(cluster, jobs, reqs, shards_per_gpu, history_lag_s=lag if policy == "horus" else None,
-                    **kw).run()
+                    table=table, **kw).run()
     out["decisions"] = stats
     out["request_cpu_s"] = t_req
     return out
@@ -513,14 +521,17 @@ def simulate(cluster: ClusterSpec, jobs: Sequence[SimJob], policy: str, *,
 
 def run_policies(cluster: ClusterSpec, jobs: Sequence[SimJob], policies: Iterable[str] = POLICIES, *,
                  policy_path: str | os.PathLike | None = None, hook_path: str | os.PathLike | None = None,
-                 naive_shards: int = 50, **kw) -> dict[str, dict[str, Any]]:
-    """Every policy on the same trace: {policy: metrics}.  One hook runtime serves all."""
+                 naive_shards: int = 50, table: JobTable | None = None, **kw) -> dict[str, dict[str, Any]]:
+    """Every policy on the same trace: {policy: metrics}.  One hook runtime and one
+    :func:`~slurm_horus.sim.policies.job_table` (``table``, built here when not given) serve all."""
     policies = list(policies)
     for p in policies:
         if p not in POLICIES:
             raise HorusError(f"unknown policy '{p}'; choose from {', '.join(POLICIES)}")
     types = cluster.gpu_types
     mem = [cluster.mem_mib(t) for t in types]
+    if table is None:
+        table = job_table(jobs, types, mem)
     with HorusDecider(types, mem, policy_path, hook_path) as decider:
         S = decider.shards_per_gpu
         if not 1 <= naive_shards <= S:
@@ -528,5 +539,5 @@ def run_policies(cluster: ClusterSpec, jobs: Sequence[SimJob], policies: Iterabl
         results = {}
         for p in policies:
             results[p] = simulate(cluster, jobs, p, decider=decider if p in ("horus", "oracle") else None,
-                                  shards_per_gpu=S, naive_shards=naive_shards, **kw)
+                                  shards_per_gpu=S, naive_shards=naive_shards, table=table, **kw)
         return results

@@ -42,7 +42,7 @@ def pair_limits(itf: Interference, slowdown_bound: float, max_group: int, k_tail
 
 class Placement:
     """Per-GPU and per-node free resources; set up by ``_setup`` from ``cluster``, ``types``,
-    ``tmem``, ``S``, ``max_group``, ``umax`` and ``jobs`` (set by the Simulator)."""
+    ``tmem``, ``S``, ``max_group``, ``umax``, ``jobs`` and ``table`` (set by the Simulator)."""
 
     def _setup(self):
         S, types = self.S, self.types
@@ -86,8 +86,7 @@ class Placement:
         for n, ids in enumerate(self.node_gpus):
             self.nodeb[self.node_type[n]][len(ids)].add(n)
         # the per-type util / mem / runtime of each job, indexed by type index
-        self.jtrue = [[j.true[t] for t in types] for j in self.jobs]
-        self.jdur = [[j.duration * j.runtime_x.get(t, 1.0) for t in types] for j in self.jobs]
+        self.jtrue, self.jdur = self.table.true, self.table.dur
         self.jsens = [j.sens for j in self.jobs]
         self.jlim = [j.limit for j in self.jobs]
         # co-location state of the horus scheduler: predicted util / p90 memory summed over each
@@ -97,13 +96,12 @@ class Placement:
         self.ns = np.zeros(G, dtype=np.int64)
         self.gcap = np.array(self.gmem_cap)
         self.gtype_np = np.array(self.gtype)
-        self.umax_np = np.array(self.umax + [-1.0])
-        # what _share_place reads of each GPU's count ns, kept by _set_share: room for one more
-        # (nsok), the memory headroom of ns + 1 jobs (hm), their util limit (uthr), and the rank
-        # pu + 1000 ns (the fewest jobs, then the least util)
-        self.nsok = np.zeros(G, dtype=bool)
-        self.hm = np.full(G, MEM_HEADROOM_MIB)
-        self.uthr = np.full(G, self.umax_np[1])
+        # what _share_place reads of each GPU, kept by _set_share: the predicted memory one more
+        # job may have (mroom: capacity less pm and the headroom of ns + 1 jobs), the predicted
+        # util it may add within the limit of ns + 1 jobs (uroom; -inf: no room for one more),
+        # and the rank pu + 1000 ns (the fewest jobs, then the least util)
+        self.mroom = self.gcap - MEM_HEADROOM_MIB
+        self.uroom = np.full(G, -INF)
         self.rank = np.zeros(G)
         self.lone_pu = np.full(G, INF)  # predicted util of a GPU's only shareable job, else inf
         self.whole_req = [Request((t,), S, 1) for t in range(len(types))]
@@ -147,11 +145,11 @@ class Placement:
     def _set_share(self, g: int) -> None:
         """Refresh GPU g's entries of the arrays _share_place reads after its ns/pu changed."""
         n = int(self.ns[g])
-        self.nsok[g] = 1 <= n < self.max_group
-        self.hm[g] = MEM_HEADROOM_MIB * (n + 1)
-        self.uthr[g] = self.umax_np[min(n + 1, self.max_group + 1)]
-        self.rank[g] = self.pu[g] + 1000.0 * n
-        self.lone_pu[g] = self.pu[g] if n == 1 and self.max_group > 1 else INF
+        pu = self.pu[g]
+        self.mroom[g] = self.gcap[g] - self.pm[g] - MEM_HEADROOM_MIB * (n + 1)
+        self.uroom[g] = self.umax[n + 1] - pu if 1 <= n < self.max_group else -INF
+        self.rank[g] = pu + 1000.0 * n
+        self.lone_pu[g] = pu if n == 1 and self.max_group > 1 else INF
 
     def _share_place(self, req: Request, exclude: set | None) -> list[int] | None:
         """The horus scheduler.  A job that a lone partner on its fastest type would not slow
@@ -166,8 +164,7 @@ class Placement:
         if u < self.free_sum:
             cand = np.flatnonzero(self.lone_pu <= self.free_sum - u)
             if len(cand):
-                cand = cand[(self.pm[cand] + m + self.hm[cand] <= self.gcap[cand])
-                            & (self.gtype_np[cand] == req.types[0])]
+                cand = cand[(self.mroom[cand] >= m) & (self.gtype_np[cand] == req.types[0])]
                 if exclude:
                     cand = np.array([x for x in cand if x not in exclude], dtype=np.int64)
                 if len(cand):
@@ -182,7 +179,7 @@ class Placement:
                 break
         if best_cost <= min(rx[t] for t in req.types):
             return best
-        ok = self.nsok & (self.pm + m + self.hm <= self.gcap) & (self.pu + u <= self.uthr)
+        ok = (self.mroom >= m) & (self.uroom >= u)
         if len(self.types) > 1 and len(req.types) < len(self.types):
             ok &= np.isin(self.gtype_np, req.types)
         if exclude:
@@ -286,12 +283,16 @@ class Placement:
 
     def _set_ff(self, g: int) -> None:
         """Time GPU g is entirely free again by its jobs' time limits (-inf: idle now)."""
-        jobs, n = self.gjobs[g], self.gnode[g]
-        row, old = self.ff[n], self.ffs[n]
+        jobs, n, slot = self.gjobs[g], self.gnode[g], self.gslot[g]
         if len(jobs) == 1:
-            row[self.gslot[g]] = self.limit_end[jobs[0]]
+            val = self.limit_end[jobs[0]]
         else:
-            row[self.gslot[g]] = max(self.limit_end[x] for x in jobs) if jobs else -INF
+            val = max([self.limit_end[x] for x in jobs]) if jobs else -INF
+        row = self.ff[n]
+        if row[slot] == val:
+            return  # a shared GPU whose longest job did not change
+        row[slot] = val
+        old = self.ffs[n]
         new = self.ffs[n] = sorted(row)
         t = self.node_type[n]
         for k, heap in self.kheaps[t].items():

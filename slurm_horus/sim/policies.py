@@ -19,7 +19,7 @@ from slurm_horus.slurm.hint import encode_hint
 from slurm_horus.slurm.policy import decide, find_hook, policy_values, policy_with_overrides
 from slurm_horus.sim.traces import SimJob
 
-__all__ = ["POLICIES", "Request", "HorusDecider", "build_requests"]
+__all__ = ["POLICIES", "Request", "JobTable", "job_table", "HorusDecider", "build_requests"]
 
 POLICIES = ("exclusive", "naive", "horus", "oracle")
 
@@ -42,6 +42,22 @@ def _eligible_types(job: SimJob, types: list[str], mem: list[float]) -> tuple[in
     ok = [i for i, t in enumerate(types) if job.pred[t][2] <= mem[i]]
     ok.sort(key=lambda i: job.runtime_x.get(types[i], 1.0))
     return tuple(ok) or (max(range(len(types)), key=lambda i: mem[i]),)
+
+
+@dataclass(frozen=True)
+class JobTable:
+    """A trace's per-job facts by the cluster's GPU type index: built once per trace and cluster
+    and shared by every policy run on them (building it is a tenth of a 100k-job run)."""
+
+    true: list[list[tuple[float, float]]]  # [job][type]: true (util %, memory MiB)
+    dur: list[list[float]]  # [job][type]: solo runtime, s
+    elig: list[tuple[int, ...]]  # [job]: the types its user submits to (_eligible_types)
+
+
+def job_table(jobs: Sequence[SimJob], types: list[str], mem: list[float]) -> JobTable:
+    return JobTable([[j.true[t] for t in types] for j in jobs],
+                    [[j.duration * j.runtime_x.get(t, 1.0) for t in types] for j in jobs],
+                    [_eligible_types(j, types, mem) for j in jobs])
 
 
 def _policy_text(base: str, types: list[str], mem: list[float]) -> str:
@@ -121,7 +137,7 @@ class HorusDecider:
 
     def decide(self, preds: Mapping[str, tuple[float, float, float]], gpus: int = 1):
         """(action, gpu_type, shards) for a job with these predictions asking for ``gpus`` GPUs."""
-        key = (tuple(preds[t] for t in self.types), gpus)
+        key = (tuple([preds[t] for t in self.types]), gpus)
         hit = self._by_pred.get(key)
         if hit is None:
             hint = encode_hint({t: preds[t] for t in self.types})
@@ -137,19 +153,20 @@ def _ceil_to(x: float, q: float) -> float:
 def build_requests(jobs: Sequence[SimJob], policy: str, types: list[str], mem: list[float],
                    shards_per_gpu: int, *, naive_shards: int = 50, decider: HorusDecider | None = None,
                    oracle_util_q: float = 1.0, oracle_mem_q: float = 256.0,
-                   pack: bool = True) -> tuple[list[Request | None], dict]:
+                   pack: bool = True, table: JobTable | None = None) -> tuple[list[Request | None], dict]:
     """Each job's request under ``policy``; None for a job Slurm would reject.  The oracle's
     hint is the truth rounded UP to ``oracle_util_q`` % and ``oracle_mem_q`` MiB (fewer distinct
     hints, never an understatement).  ``pack``: horus/oracle 1-GPU jobs are co-located by the
-    simulator's queue-pressure scheduler (predicted slowdown); else by the hook's shards alone."""
+    simulator's queue-pressure scheduler (predicted slowdown); else by the hook's shards alone.
+    ``table``: :func:`job_table` of these jobs on these types, when the caller has it."""
     S = shards_per_gpu
     tindex = {t: i for i, t in enumerate(types)}
     reqs: list[Request | None] = []
     stats = {"shared": 0, "exclusive": 0, "unchanged": 0, "rejected": 0}
     if policy in ("horus", "oracle") and decider is None:
         raise HorusError(f"policy {policy} needs the job_submit hook")
-    for j in jobs:
-        elig = _eligible_types(j, types, mem)
+    eligible = table.elig if table is not None else [_eligible_types(j, types, mem) for j in jobs]
+    for j, elig in zip(jobs, eligible):
         if policy == "exclusive" or (policy == "naive" and j.gpus > 1):
             reqs.append(Request(elig, S, j.gpus))
             stats["exclusive"] += 1
