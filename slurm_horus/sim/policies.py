@@ -12,11 +12,12 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hint import encode_hint
-from slurm_horus.slurm.policy import decide, find_hook, policy_values, policy_with_overrides
+from slurm_horus.slurm.hook_runtime import HookRuntime
+from slurm_horus.slurm.policy import find_hook, policy_values, policy_with_overrides
 from slurm_horus.sim.traces import SimJob
 
 __all__ = ["POLICIES", "Request", "JobTable", "job_table", "HorusDecider", "build_requests"]
@@ -50,13 +51,15 @@ class JobTable:
     and shared by every policy run on them (building it is a tenth of a 100k-job run)."""
 
     true: list[list[tuple[float, float]]]  # [job][type]: true (util %, memory MiB)
+    rx: list[tuple[float, ...]]  # [job][type]: runtime factor
     dur: list[list[float]]  # [job][type]: solo runtime, s
     elig: list[tuple[int, ...]]  # [job]: the types its user submits to (_eligible_types)
 
 
 def job_table(jobs: Sequence[SimJob], types: list[str], mem: list[float]) -> JobTable:
-    return JobTable([[j.true[t] for t in types] for j in jobs],
-                    [[j.duration * j.runtime_x.get(t, 1.0) for t in types] for j in jobs],
+    rx = [tuple([j.runtime_x.get(t, 1.0) for t in types]) for j in jobs]
+    return JobTable([[j.true[t] for t in types] for j in jobs], rx,
+                    [[j.duration * x for x in r] for j, r in zip(jobs, rx)],
                     [_eligible_types(j, types, mem) for j in jobs])
 
 
@@ -87,10 +90,10 @@ class HorusDecider:
     """
 
     def __init__(self, types: list[str], mem: list[float], policy_path: str | os.PathLike | None = None,
-                 hook_path: str | os.PathLike | None = None, decide_fn: Callable | None = None):
+                 hook_path: str | os.PathLike | None = None):
         self.types, self.mem = list(types), list(mem)
         self.hook = find_hook(hook_path)
-        self._decide = decide_fn or decide
+        self._runtime = HookRuntime(self.hook)  # one load for the run: the hook does not change
         if policy_path is None:
             policy_path = os.environ.get("HORUS_POLICY") or (self.hook.parent / "horus_policy.conf")
         try:
@@ -128,8 +131,7 @@ class HorusDecider:
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        d = self._decide({"comment": hint, "tres_per_node": tres},
-                         policy_path=self.policy_path, hook_path=self.hook)
+        d = self._runtime.submit({"comment": hint, "tres_per_node": tres}, policy_path=self.policy_path)
         self.calls += 1
         out = (d.action, d.gpu_type, d.shards, d.shards_per_gpu)
         self.cache[key] = out
@@ -165,8 +167,9 @@ def build_requests(jobs: Sequence[SimJob], policy: str, types: list[str], mem: l
     stats = {"shared": 0, "exclusive": 0, "unchanged": 0, "rejected": 0}
     if policy in ("horus", "oracle") and decider is None:
         raise HorusError(f"policy {policy} needs the job_submit hook")
-    eligible = table.elig if table is not None else [_eligible_types(j, types, mem) for j in jobs]
-    for j, elig in zip(jobs, eligible):
+    if table is None:
+        table = job_table(jobs, types, mem)
+    for j, elig, rx in zip(jobs, table.elig, table.rx):
         if policy == "exclusive" or (policy == "naive" and j.gpus > 1):
             reqs.append(Request(elig, S, j.gpus))
             stats["exclusive"] += 1
@@ -189,7 +192,6 @@ def build_requests(jobs: Sequence[SimJob], policy: str, types: list[str], mem: l
             elif pack and j.gpus == 1:
                 # the queue-pressure scheduler: the hook admits, co-location is decided at start
                 t0 = types[elig[0]]
-                rx = tuple(j.runtime_x.get(t, 1.0) for t in types)
                 reqs.append(Request(elig, 1, 1, (preds[t0][0], preds[t0][2], rx, j.limit)))
             elif action == "shared" and gtype == "any" and "any" not in tindex:
                 # type_choice = any: shards with no type, on whichever type frees up first
