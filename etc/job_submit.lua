@@ -630,7 +630,7 @@ end
 -------------------------------------------------------------------------------
 -- Queue pressure (written by horus-admin queue every pass):
 --   written <unix time>
---   pressure <gpu type>          one line per type with jobs waiting and no GPU idle
+--   pressure <gpu type>          one line per type with more jobs waiting than GPUs idle
 -- At most 4 KiB; missing, stale (older than pressure_max_age_s), garbled: no pressure.
 -------------------------------------------------------------------------------
 
@@ -817,8 +817,8 @@ local function hint_plan(job, pol, uid, preds)
 		choice = choice or exclusive
 		if not choice then return unchanged("no GPU type fits the prediction") end
 	end
-	-- Kept whole for its utilization on a type horus-admin queue sees under pressure (jobs
-	-- waiting, no GPU idle): share that type at pressure_shards instead, if the memory fits.
+	-- Kept whole for its utilization on a type horus-admin queue sees under pressure (more
+	-- jobs waiting than GPUs idle): share that type at pressure_shards instead, if the memory fits.
 	if choice.kind == "exclusive" and choice.code == "util" and not choice.any then
 		local pressure = load_pressure(pol)
 		if pressure[choice.gtype] then

@@ -81,8 +81,22 @@ def test_pack_only_under_pressure_only_hinted_exclusive_and_fitting():
     acts = pressure_actions(jobs, busy, 50, lambda r, t, s: fits.get(r["JobId"], True),
                             60, now=1.9e9)
     assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "pack", "gres:shard:50")]
-    idle = _node("gpu:a100:1(IDX:0),shard:a100:0(IDX:N/A)")
+    idle = _node("gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)")  # as many idle GPUs as jobs wait
     assert pressure_actions(jobs, idle, 50, lambda *a: True, 0, now=1.9e9) == []
+
+
+def test_with_some_gpus_idle_only_the_jobs_they_leave_without_one_are_packed_oldest_first():
+    three_idle = _node("gpu:a100:1(IDX:0),shard:a100:0(IDX:N/A)")
+    jobs = [rec(i, "PENDING", "gres:gpu:a100:1", EXCL, SubmitTime=f"2026-01-01T00:00:0{9 - i}")
+            for i in range(1, 6)]  # five wait, job 5 the longest
+    acts = pressure_actions(jobs, three_idle, 50, lambda *a: True, 0, now=1.9e9)
+    assert sorted(a.job_id for a in acts) == [4, 5] and {a.kind for a in acts} == {"pack"}
+    assert pressure_types(jobs, three_idle) == ["a100"] and pressure_types(jobs[:3], three_idle) == []
+    # a packed job stays packed while jobs still outnumber the idle GPUs
+    packed = [rec(1, "PENDING", "gres:shard:50", EXCL + " horus-queue:v1;action=pack;from=gpu:1"),
+              *jobs[1:4]]
+    acts = pressure_actions(packed, three_idle, 50, lambda *a: True, 0, now=1.9e9)
+    assert [(a.job_id, a.kind) for a in acts] == [(4, "pack")]
 
 
 def test_spread_back_only_what_the_loop_packed():
@@ -121,7 +135,7 @@ def test_error_file_read_with_the_owners_rights(tmp_path):
     assert read_error_tail({**r, "StdErr": "relative/path"}) is None
 
 
-def test_pressure_is_a_type_with_jobs_waiting_and_no_gpu_idle(tmp_path):
+def test_pressure_is_a_type_with_more_jobs_waiting_than_gpus_idle(tmp_path):
     jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL), rec(2, "RUNNING", "gres:gpu:a100:1", EXCL)]
     busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
     idle = _node("gpu:a100:3(IDX:0-2),shard:a100:0(IDX:N/A)")

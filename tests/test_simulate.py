@@ -514,6 +514,16 @@ def test_horus_packs_jobs_a_partner_would_not_slow_down_keeping_a_gpu_whole():
     assert by_id(sim, jobs)[2] == (1000, 1500)
 
 
+def test_under_queue_pressure_a_shareable_job_joins_a_group_rather_than_take_the_last_idle_gpu():
+    # a 40 % job runs on GPU 0; a second 40 % job and a whole-GPU job arrive together.  Two jobs
+    # wait and one GPU is idle: the shareable one pairs (80 %, within the bound) and the whole
+    # one starts at once on the idle GPU instead of waiting 1,000 s for a GPU
+    share = Request((0,), 1, 1, (40.0, 2000.0, (1.0,), 2000.0))
+    jobs = [job(0, 0, 1000, util=40), job(1, 1, 1000, util=40), job(2, 1, 500)]
+    sim, _ = run(one_node(2), jobs, [share, share, Request((0,), 100, 1)])
+    assert sim.start[1] == 1.0 and sim.start[2] == 1.0
+
+
 # -- the site's history in the simulation --------------------------------------------------------
 
 def graph_job(i, submit, duration, graph, pred_util=90.0, true_util=20.0, mem=3000.0, true_mem=3300.0):

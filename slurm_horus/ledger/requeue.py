@@ -4,9 +4,10 @@
    once on a whole GPU. The evidence is the job's own error output, read with its owner's
    permissions (a user can only fake an OOM to get one whole GPU once, which they could have
    asked for anyway).
-2. Queue pressure: the hook decides at submission; when jobs of a GPU type wait and none of its
-   GPUs is idle, pending jobs the hook kept whole are reshaped into shards (pack); when GPUs of
-   the type sit idle again, the jobs this loop packed get their whole GPU back (spread).
+2. Queue pressure: the hook decides at submission; when more jobs wait for a GPU type than
+   its GPUs are idle, pending jobs the hook kept whole are reshaped into shards (pack), as many
+   as the idle GPUs leave without one; when as many GPUs of the type sit idle as jobs wait, the
+   jobs this loop packed get their whole GPU back (spread).
 
 Every change is marked in the job's AdminComment with a ``horus-queue:v1;...`` token
 (``slurm.accounting.queue_tokens`` reads them), which is how the loop knows what it did (at
@@ -156,11 +157,23 @@ def _node_type_free(nodes: list[dict]) -> dict[str, int]:
     return free
 
 
+def _pending_by_type(jobs: list[dict], free: dict[str, int]) -> dict[str, list[dict]]:
+    """Pending jobs per GPU type the nodes have, in submission order."""
+    pending: dict[str, list[dict]] = {}
+    for rec in jobs:
+        gtype = _gpu_type(rec)
+        if rec.get("JobState") == "PENDING" and gtype in free:
+            pending.setdefault(gtype, []).append(rec)
+    for recs in pending.values():
+        recs.sort(key=lambda r: _epoch(r.get("SubmitTime")))
+    return pending
+
+
 def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
-    """GPU types with jobs pending for them and none of their GPUs idle: queue pressure."""
+    """GPU types under queue pressure: more jobs pending for them than their GPUs idle (idle
+    GPUs then are held for a waiting job Slurm reserves them for, as for a draining node)."""
     free = _node_type_free(nodes)
-    return sorted({t for r in jobs if r.get("JobState") == "PENDING"
-                   and (t := _gpu_type(r)) in free and free[t] == 0})
+    return sorted(t for t, recs in _pending_by_type(jobs, free).items() if len(recs) > free[t])
 
 
 def write_pressure(path: str | os.PathLike, types, now: float | None = None) -> None:
@@ -194,17 +207,16 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                      fits: Callable[[dict, str, int], bool], min_wait_s: float,
                      now: float) -> list[Action]:
     """Pack or spread pending jobs by queue pressure, per GPU type (the job's Features, which
-    the hook sets to the chosen type). A job is packed only after waiting ``min_wait_s`` and
-    when ``fits(job, type, shards)`` says its predicted memory fits that share of the GPU."""
+    the hook sets to the chosen type): with more jobs pending than GPUs idle, as many as the idle
+    GPUs leave without one are packed, the longest-waiting first, each only after waiting
+    ``min_wait_s`` and when ``fits(job, type, shards)`` says its predicted memory fits that share
+    of the GPU; with as many idle GPUs as pending jobs, the jobs packed are spread back."""
     free = _node_type_free(nodes)
     per_gpu = shards_per_gpu(nodes)
-    pending: dict[str, list[dict]] = {}
-    for rec in jobs:
-        gtype = _gpu_type(rec)
-        if rec.get("JobState") == "PENDING" and gtype in free:
-            pending.setdefault(gtype, []).append(rec)
     out = []
-    for gtype, recs in pending.items():
+    for gtype, recs in _pending_by_type(jobs, free).items():
+        short = len(recs) - free[gtype]  # pending jobs the idle GPUs leave without one
+        to_pack = short
         for rec in recs:
             jid = _job_id(rec)
             toks = queue_tokens(rec.get("AdminComment"))
@@ -212,12 +224,13 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
             tres = rec.get("TresPerNode")
             if jid is None or any(t.get("action") == "oom-requeue" for t in toks):
                 continue  # an OOM survivor keeps its whole GPU
-            if (free[gtype] == 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
+            if (to_pack > 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
                     and now - _epoch(rec.get("SubmitTime")) >= min_wait_s
                     and fits(rec, gtype, pack_shards)):
+                to_pack -= 1
                 out.append(Action(jid, "pack", _shard_gres(pack_shards, tres),
                                   f"{QUEUE_TOKEN};action=pack;from=gpu:1"))
-            elif (free[gtype] >= len(recs) and _shards(tres) is not None
+            elif (short <= 0 and _shards(tres) is not None
                   and (last == "pack" or (last is None and _hook_pressed(rec)))):
                 whole, fallback = _whole_gpu(gtype, tres, per_gpu)
                 out.append(Action(jid, "spread", whole,

@@ -74,6 +74,7 @@ class Placement:
         self.kheaps: list[dict[int, list[tuple[float, int]]]] = [{} for _ in types]
         self.free = [S] * G
         self.n_avail = G  # GPUs with at least one free shard
+        self.n_idle = G  # GPUs with every shard free
         self.gjobs: list[list[int]] = [[] for _ in range(G)]
         self.gutil = [0.0] * G
         self.gmemu = [0.0] * G
@@ -125,6 +126,7 @@ class Placement:
         if 0 < old < S:
             self.part[t][old].discard(g)
         elif old == S:
+            self.n_idle -= 1
             idle = self.node_idle[n]
             k = len(idle)
             self.nodeb[t][k].discard(n)
@@ -132,6 +134,7 @@ class Placement:
             if k > 1:
                 self.nodeb[t][k - 1].add(n)
         if new == S:
+            self.n_idle += 1
             idle = self.node_idle[n]
             k = len(idle)
             if k:
@@ -154,12 +157,14 @@ class Placement:
     def _share_place(self, req: Request, exclude: set | None) -> list[int] | None:
         """The horus scheduler.  A job that a lone partner on its fastest type would not slow
         down (the pair's predicted sum within the curve's no-loss range) joins it: packing costs
-        nothing there and keeps whole GPUs and nodes free.  Otherwise an idle GPU while there is
-        one (spread); else, under queue pressure, among the groups where the summed predicted
-        util keeps the median job within the bound and the predicted p90 memories fit, the one
-        with the fewest jobs, then the least predicted util (the least predicted tail), if the
-        tail stays within the bound's share (_join_risk) and the median slowdown there costs less
-        than the best idle GPU (else that idle GPU, of a slower type)."""
+        nothing there and keeps whole GPUs and nodes free.  Otherwise an idle GPU while every
+        waiting job can have one (spread); under queue pressure (more jobs wait than GPUs are
+        idle: idle GPUs then are a draining node's, or the next whole-GPU job's), among the
+        groups where the summed predicted util keeps the median job within the bound and the
+        predicted p90 memories fit, the one with the fewest jobs, then the least predicted util
+        (the least predicted tail), if the tail stays within the bound's share (_join_risk) and,
+        against an idle GPU of a slower type, the median slowdown there costs less than that
+        GPU does (else the idle GPU)."""
         u, m, rx, lim = req.share
         if u < self.free_sum:
             cand = np.flatnonzero(self.lone_pu <= self.free_sum - u)
@@ -177,7 +182,8 @@ class Placement:
             if whole is not None:
                 best, best_cost = whole, rx[t]
                 break
-        if best_cost <= min(rx[t] for t in req.types):
+        pressure = len(self.queue) > self.n_idle  # not every waiting job can have an idle GPU
+        if best_cost <= min(rx[t] for t in req.types) and not pressure:
             return best
         ok = (self.mroom >= m) & (self.uroom >= u)
         if len(self.types) > 1 and len(req.types) < len(self.types):
@@ -196,7 +202,7 @@ class Placement:
         # the slower type, an idle GPU of that type costs no tail budget
         t = self.gtype[g]
         cost = rx[t] / self.itf.speed(self.pu[g] + u, int(self.ns[g]) + 1)
-        if cost >= best_cost:
+        if cost >= best_cost and not (pressure and t == self.gtype[best[0]]):
             return best
         self.last_risk = (g, u, risk)  # what _start charges when the job starts there
         return [g]
