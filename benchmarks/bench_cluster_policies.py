@@ -15,10 +15,11 @@ arrivals at --load) is submitted once per policy to the `a100` partition (one no
   etc/job_submit.lua in slurmctld decides shards or a whole GPU by the cluster's policy file.
 - horus+queue: the same, with `horus-admin queue`'s pass every 1.5 s: the queue-pressure file
   the cluster's hook reads (policy pressure_file, written by tests/cluster/up's policy), so a
-  heavy job submitted while no GPU is idle and jobs wait gets 50 shards (every Slurm); and
+  heavy job submitted while more jobs wait than GPUs are idle gets 50 shards (every Slurm); and
   ledger.requeue.tend on this run's jobs only: a job the hook kept whole is packed into 50
-  shards once it has waited --min-wait seconds while no GPU is idle, spread back when GPUs are
-  idle (Slurm 23.02+: 22.05 refuses to reshape a pending job between gpu and shard).
+  shards once it has waited --min-wait seconds while more jobs wait than GPUs are idle, spread
+  back when as many GPUs are idle as jobs wait (Slurm 23.02+: 22.05 refuses to reshape a
+  pending job between gpu and shard).
 
 Scheduling, queueing and placement are real Slurm; the co-location slowdown is emulated from the
 measured curve. Real: slurmctld, backfill, GRES/shard selection, slurmd, Prolog/Epilog, and every

@@ -661,7 +661,9 @@ end
 
 -- kind: "shared" (with shards), "exclusive" (whole GPU) or "nofit" (memory over the limit).
 -- pressure: load_pressure's types; a job kept whole for its utilization shares then, at
--- pressure_shards, if its memory fits them (horus-admin queue's pack, at submission).
+-- pressure_shards, if its memory fits them (horus-admin queue's pack, at submission), and a
+-- shared job asks for no more than pressure_shards for its utilization (its memory's share
+-- still), so that any two jobs may pair, as the simulated horus scheduler pairs under pressure.
 local function evaluate(pol, gtype, pred, pressure)
 	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
 	-- memory = p95 / p99 on a hint without that bound: its p90
@@ -690,6 +692,10 @@ local function evaluate(pol, gtype, pred, pressure)
 	else
 		r.kind = "shared"
 		r.shards = math.max(n_util, n_mem, pol.min_shards)
+		local capped = math.max(pol.pressure_shards, n_mem, pol.min_shards)
+		if pressure and pressure[gtype] and capped < r.shards then
+			r.shards, r.code = capped, "pressure"
+		end
 	end
 	return r
 end
@@ -817,9 +823,11 @@ local function hint_plan(job, pol, uid, preds)
 		choice = choice or exclusive
 		if not choice then return unchanged("no GPU type fits the prediction") end
 	end
-	-- Kept whole for its utilization on a type horus-admin queue sees under pressure (more
-	-- jobs waiting than GPUs idle): share that type at pressure_shards instead, if the memory fits.
-	if choice.kind == "exclusive" and choice.code == "util" and not choice.any then
+	-- On a type horus-admin queue sees under pressure (more jobs waiting than GPUs idle): a job
+	-- kept whole for its utilization shares at pressure_shards instead, if the memory fits, and
+	-- a shared job asks for at most pressure_shards for its utilization (evaluate).
+	if not choice.any and ((choice.kind == "exclusive" and choice.code == "util")
+			or (choice.kind == "shared" and choice.shards > pol.pressure_shards)) then
 		local pressure = load_pressure(pol)
 		if pressure[choice.gtype] then
 			local r = evaluate(pol, choice.gtype, preds[choice.gtype], pressure)

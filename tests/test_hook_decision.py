@@ -250,11 +250,19 @@ HEAVY = {"comment": "horus:v1;t4=85/3000/3500;a100=85/3000/3500", "tres_per_node
     (dict(types=("t4",)), {"comment": "horus:v1;t4=85/9000/9000", "tres_per_node": "gres:gpu:1"},
      ("exclusive", "t4", None, "util")),     # 9,000 MiB needs 66 shards of a T4, not 50
     (dict(types=("t4",)), {"comment": "horus:v1;t4=20/3000/3500", "tres_per_node": "gres:gpu:1"},
-     ("shared", "t4", 26, None)),            # already shared: pressure changes nothing
-], ids=["pressed", "stale", "other type", "no time", "future", "garbage", "too big", "light"])
+     ("shared", "t4", 26, None)),            # light: already within pressure_shards
+    (dict(types=("t4",)), {"comment": "horus:v1;t4=60/3000/3500", "tres_per_node": "gres:gpu:1"},
+     ("shared", "t4", 50, "pressure")),      # 60 % asks 67 shards alone: 50 under pressure
+    (dict(types=("t4",), age_s=600), {"comment": "horus:v1;t4=60/3000/3500", "tres_per_node": "gres:gpu:1"},
+     ("shared", "t4", 67, None)),
+    (dict(types=("t4",)), {"comment": "horus:v1;t4=60/8000/9000", "tres_per_node": "gres:gpu:1"},
+     ("shared", "t4", 66, "pressure")),      # its 9,000 MiB keep 66 shards
+], ids=["pressed", "stale", "other type", "no time", "future", "garbage", "too big", "light",
+        "mid pressed", "mid stale", "mid memory"])
 def test_queue_pressure_packs_at_submission_only_when_fresh_and_fitting(tmp_path, pressure, job, want):
     """horus-admin queue's pressure file turns a job kept whole for its utilization into
-    pressure_shards on that type, as the loop's pack would, while the file is fresh."""
+    pressure_shards on that type, as the loop's pack would, and caps a shared job's shards for
+    its utilization at pressure_shards (any two jobs may pair), while the file is fresh."""
     path = _pressure(tmp_path, *pressure.pop("types", ()), **pressure)
     pol = _policy(tmp_path, f"pressure_file = {path}\npressure_max_age_s = 300\n")
     d = decide(job, policy_path=pol, hook_path=HOOK, submit_uid=UID)
