@@ -15,7 +15,8 @@ arrivals at --load) is submitted once per policy to the `a100` partition (one no
   etc/job_submit.lua in slurmctld decides shards or a whole GPU by the cluster's policy file.
 - horus+queue: the same, with `horus-admin queue`'s pass every 1.5 s: the queue-pressure file
   the cluster's hook reads (policy pressure_file, written by tests/cluster/up's policy), so a
-  heavy job submitted while more jobs wait than GPUs are idle gets 50 shards (every Slurm); and
+  heavy job submitted when it would find no idle GPU gets 50 shards, and a mid-size one at most
+  50 (every Slurm); and
   ledger.requeue.tend on this run's jobs only: a job the hook kept whole is packed into 50
   shards once it has waited --min-wait seconds while more jobs wait than GPUs are idle, spread
   back when as many GPUs are idle as jobs wait (Slurm 23.02+: 22.05 refuses to reshape a

@@ -630,7 +630,7 @@ end
 -------------------------------------------------------------------------------
 -- Queue pressure (written by horus-admin queue every pass):
 --   written <unix time>
---   pressure <gpu type>          one line per type with more jobs waiting than GPUs idle
+--   pressure <gpu type>          one line per type where a new job would find no idle GPU
 -- At most 4 KiB; missing, stale (older than pressure_max_age_s), garbled: no pressure.
 -------------------------------------------------------------------------------
 
@@ -823,7 +823,7 @@ local function hint_plan(job, pol, uid, preds)
 		choice = choice or exclusive
 		if not choice then return unchanged("no GPU type fits the prediction") end
 	end
-	-- On a type horus-admin queue sees under pressure (more jobs waiting than GPUs idle): a job
+	-- On a type horus-admin queue sees under pressure (a new job finds no idle GPU): a job
 	-- kept whole for its utilization shares at pressure_shards instead, if the memory fits, and
 	-- a shared job asks for at most pressure_shards for its utilization (evaluate).
 	if not choice.any and ((choice.kind == "exclusive" and choice.code == "util")

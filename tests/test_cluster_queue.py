@@ -187,7 +187,7 @@ def test_pack_under_pressure_then_spread(mine, tmp_path):
 
 def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
     """Slurm 22.05 cannot reshape a pending job, so the loop also tells the hook: a pass writes
-    the policy's pressure_file (types with more jobs waiting than GPUs idle), and a job the hook
+    the policy's pressure_file (types where a new job would find no idle GPU), and a job the hook
     would keep whole for its utilization on such a type is submitted onto shards instead."""
     from slurm_horus.slurm.policy import policy_value
 

@@ -91,7 +91,8 @@ def test_with_some_gpus_idle_only_the_jobs_they_leave_without_one_are_packed_old
             for i in range(1, 6)]  # five wait, job 5 the longest
     acts = pressure_actions(jobs, three_idle, 50, lambda *a: True, 0, now=1.9e9)
     assert sorted(a.job_id for a in acts) == [4, 5] and {a.kind for a in acts} == {"pack"}
-    assert pressure_types(jobs, three_idle) == ["a100"] and pressure_types(jobs[:3], three_idle) == []
+    assert pressure_types(jobs, three_idle) == ["a100"] and pressure_types(jobs[:2], three_idle) == []
+    assert pressure_types(jobs[:3], three_idle) == ["a100"]  # a fourth would find no idle GPU
     # a packed job stays packed while jobs still outnumber the idle GPUs
     packed = [rec(1, "PENDING", "gres:shard:50", EXCL + " horus-queue:v1;action=pack;from=gpu:1"),
               *jobs[1:4]]
@@ -135,12 +136,13 @@ def test_error_file_read_with_the_owners_rights(tmp_path):
     assert read_error_tail({**r, "StdErr": "relative/path"}) is None
 
 
-def test_pressure_is_a_type_with_more_jobs_waiting_than_gpus_idle(tmp_path):
+def test_pressure_is_a_type_where_a_new_job_would_find_no_idle_gpu(tmp_path):
     jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL), rec(2, "RUNNING", "gres:gpu:a100:1", EXCL)]
     busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
-    idle = _node("gpu:a100:3(IDX:0-2),shard:a100:0(IDX:N/A)")
+    idle = _node("gpu:a100:2(IDX:0-1),shard:a100:0(IDX:N/A)")  # one for the waiting job, one more
     assert pressure_types(jobs, busy) == ["a100"]
-    assert pressure_types(jobs, idle) == [] and pressure_types(jobs[1:], busy) == []
+    assert pressure_types(jobs, idle) == []
+    assert pressure_types(jobs[1:], busy) == ["a100"]  # none waits, but a new job would
     path = tmp_path / "pressure"
     write_pressure(path, ["a100"], now=1_800_000_000)
     assert path.read_text() == "written 1800000000\npressure a100\n"

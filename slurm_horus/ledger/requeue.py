@@ -170,10 +170,12 @@ def _pending_by_type(jobs: list[dict], free: dict[str, int]) -> dict[str, list[d
 
 
 def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
-    """GPU types under queue pressure: more jobs pending for them than their GPUs idle (idle
-    GPUs then are held for a waiting job Slurm reserves them for, as for a draining node)."""
+    """GPU types where a job submitted now would find no idle GPU the pending jobs leave: as
+    many jobs pending for them as their GPUs idle, or more (the hook's view of pressure: the
+    new job counts itself, as a pending job does in pressure_actions)."""
     free = _node_type_free(nodes)
-    return sorted(t for t, recs in _pending_by_type(jobs, free).items() if len(recs) > free[t])
+    pending = _pending_by_type(jobs, free)
+    return sorted(t for t in free if len(pending.get(t, ())) + 1 > free[t])
 
 
 def write_pressure(path: str | os.PathLike, types, now: float | None = None) -> None:
