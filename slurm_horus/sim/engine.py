@@ -72,9 +72,7 @@ class Simulator(Placement):
         self.backfill = backfill
         self.types = cluster.gpu_types
         self.tmem = [cluster.mem_mib(t) for t in self.types]
-        self.table = table if table is not None else job_table(self.jobs, self.types, self.tmem)
-        if len(self.table.true) != len(self.jobs):
-            raise HorusError("the job table is of another trace")
+        self.table = job_table(self.jobs, self.types, self.tmem, table)
         if slowdown_bound < 1.0 or max_group < 1:
             raise HorusError("--slowdown-bound must be >= 1 and --max-group >= 1")
         self.max_group = int(max_group)
@@ -505,8 +503,7 @@ def simulate(cluster: ClusterSpec, jobs: Sequence[SimJob], policy: str, *,
     mem = [cluster.mem_mib(t) for t in types]
     if decider is not None:
         shards_per_gpu = decider.shards_per_gpu
-    if table is None:
-        table = job_table(jobs, types, mem)
+    table = job_table(jobs, types, mem, table)
     t = time.process_time()
     reqs, stats = build_requests(jobs, policy, types, mem, shards_per_gpu,
                                  naive_shards=naive_shards, decider=decider, table=table)
@@ -530,8 +527,7 @@ def run_policies(cluster: ClusterSpec, jobs: Sequence[SimJob], policies: Iterabl
             raise HorusError(f"unknown policy '{p}'; choose from {', '.join(POLICIES)}")
     types = cluster.gpu_types
     mem = [cluster.mem_mib(t) for t in types]
-    if table is None:
-        table = job_table(jobs, types, mem)
+    table = job_table(jobs, types, mem, table)
     with HorusDecider(types, mem, policy_path, hook_path) as decider:
         S = decider.shards_per_gpu
         if not 1 <= naive_shards <= S:

@@ -3,7 +3,8 @@ fits now (best fit; the horus scheduler's spread-then-pack), and when one will f
 reservations by running jobs' time limits).
 
 :class:`Placement` is the base of :class:`slurm_horus.sim.engine.Simulator`, which owns the jobs
-and the event loop; this half only reads of them ``cur_req``, ``ends`` and ``limit_end``.  The
+and the event loop; this half only reads of them ``cur_req``, ``ends``, ``limit_end``, the
+wait ``queue`` (its length: queue pressure) and ``now``.  The
 state is kept in flat lists and numpy arrays indexed by GPU, updated incrementally, because
 placement runs at every event of a 100k-job run.
 """

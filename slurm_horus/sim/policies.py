@@ -56,7 +56,13 @@ class JobTable:
     elig: list[tuple[int, ...]]  # [job]: the types its user submits to (_eligible_types)
 
 
-def job_table(jobs: Sequence[SimJob], types: list[str], mem: list[float]) -> JobTable:
+def job_table(jobs: Sequence[SimJob], types: list[str], mem: list[float],
+              given: JobTable | None = None) -> JobTable:
+    """The job table of ``jobs`` on these types: ``given`` once checked to be theirs, else built."""
+    if given is not None:
+        if len(given.true) != len(jobs):
+            raise HorusError("the job table is of another trace")
+        return given
     rx = [tuple([j.runtime_x.get(t, 1.0) for t in types]) for j in jobs]
     return JobTable([[j.true[t] for t in types] for j in jobs], rx,
                     [[j.duration * x for x in r] for j, r in zip(jobs, rx)],
@@ -167,8 +173,7 @@ def build_requests(jobs: Sequence[SimJob], policy: str, types: list[str], mem: l
     stats = {"shared": 0, "exclusive": 0, "unchanged": 0, "rejected": 0}
     if policy in ("horus", "oracle") and decider is None:
         raise HorusError(f"policy {policy} needs the job_submit hook")
-    if table is None:
-        table = job_table(jobs, types, mem)
+    table = job_table(jobs, types, mem, table)
     for j, elig, rx in zip(jobs, table.elig, table.rx):
         if policy == "exclusive" or (policy == "naive" and j.gpus > 1):
             reqs.append(Request(elig, S, j.gpus))
