@@ -55,6 +55,8 @@ local DEFAULTS = {
 	pressure_file = "",            -- written by horus-admin queue; "" = off (see load_pressure)
 	pressure_shards = 50,          -- shards a job kept whole for util gets under queue pressure
 	pressure_max_age_s = 180,      -- an older pressure file is stale: no pressure
+	-- slowdown_bound (default 2): horus-admin queue's; it reaches the hook as the pressure
+	-- file's util_limit_milli
 }
 
 -- Policy keys that take a whole number: {lowest, highest, what to say when it is not one}.
@@ -219,6 +221,10 @@ local function parse_policy(text)
 			elseif key == "pressure_file" then
 				if val == "" or absolute_path(val) then pol.pressure_file = val
 				else bad(key, "need an absolute path, or nothing (off)") end
+			elseif key == "slowdown_bound" then
+				-- used by horus-admin queue (pack_util_limit); the hook only validates it
+				local n = decimal_up(val, 3)
+				if not (n and n >= 1000 and n <= 10000) then bad(key, "need a number 1..10") end
 			elseif key == "type_features" then
 				tfeat = {}
 				for name in string.gmatch(val, "[^,%s]+") do
@@ -630,29 +636,35 @@ end
 -------------------------------------------------------------------------------
 -- Queue pressure (written by horus-admin queue every pass):
 --   written <unix time>
+--   util_limit_milli <n>         highest predicted util that may pack under pressure, 1/1000 %
+--                                (the policy's slowdown_bound on the measured curve)
 --   pressure <gpu type>          one line per type where a new job would find no idle GPU
--- At most 4 KiB; missing, stale (older than pressure_max_age_s), garbled: no pressure.
+-- At most 4 KiB; missing, stale (older than pressure_max_age_s), garbled: no pressure. No
+-- util_limit_milli line (a loop older than the slowdown bound): any util may pack.
 -------------------------------------------------------------------------------
 
 local MAX_PRESSURE_BYTES = 4096
 
--- {gtype = true} for the types under pressure now, or {} (never an error).
+-- {types = {gtype = true}, util_limit_milli = n}: the types under pressure now (none: {})
+-- and how far they may pack; never an error.
 local function load_pressure(pol)
-	if pol.pressure_file == "" then return {} end
+	local none = { types = {}, util_limit_milli = 0 }
+	if pol.pressure_file == "" then return none end
 	local f = io.open(pol.pressure_file, "r")
-	if not f then return {} end
+	if not f then return none end
 	local ok, text = pcall(f.read, f, MAX_PRESSURE_BYTES + 1)
 	pcall(f.close, f)
-	if not ok or type(text) ~= "string" or #text > MAX_PRESSURE_BYTES then return {} end
+	if not ok or type(text) ~= "string" or #text > MAX_PRESSURE_BYTES then return none end
 	local written = tonumber(string.match(text, "^written (%d+)\n") or "")
 	if not written or os.time() - written > pol.pressure_max_age_s or written > os.time() + 60 then
-		return {}
+		return none
 	end
+	local limit = string.match(text, "\nutil_limit_milli (%d+)\n")
 	local types = {}
 	for t in string.gmatch(text, "\npressure ([%w_%-]+)") do
 		if is_gtype(t) then types[t] = true end
 	end
-	return types
+	return { types = types, util_limit_milli = limit and #limit <= 9 and tonumber(limit) or math.huge }
 end
 
 -------------------------------------------------------------------------------
@@ -660,10 +672,11 @@ end
 -------------------------------------------------------------------------------
 
 -- kind: "shared" (with shards), "exclusive" (whole GPU) or "nofit" (memory over the limit).
--- pressure: load_pressure's types; a job kept whole for its utilization shares then, at
--- pressure_shards, if its memory fits them (horus-admin queue's pack, at submission), and a
--- shared job asks for no more than pressure_shards for its utilization (its memory's share
--- still), so that any two jobs may pair, as the simulated horus scheduler pairs under pressure.
+-- pressure: load_pressure's; on a type under pressure, a job within its util_limit_milli (the
+-- slowdown bound's) shares: kept whole for its utilization, at pressure_shards if its memory
+-- fits them (horus-admin queue's pack, at submission); shared, asking for no more than
+-- pressure_shards for its utilization (its memory's share still), so that any two such jobs may
+-- pair, as the simulated horus scheduler pairs under pressure.
 local function evaluate(pol, gtype, pred, pressure)
 	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
 	-- memory = p95 / p99 on a hint without that bound: its p90
@@ -676,11 +689,11 @@ local function evaluate(pol, gtype, pred, pressure)
 	--   util share: S * util / P          memory share: S * mem / (G * P / 100)
 	local n_util = ceil_div(S * pred.util_milli, P * 1000)
 	local n_mem = ceil_div(S * mem * 100, G * P)
+	local pressed = pressure and pressure.types[gtype] and pred.util_milli <= pressure.util_limit_milli
 	if n_mem > S then
 		r.kind, r.code = "nofit", "memory"
 		r.why = string.format("memory %d MiB > %d%% of %s's %d MiB", mem, P, gtype, G)
-	elseif pred.util_milli >= pol.exclusive_util_milli and pressure and pressure[gtype]
-			and n_mem <= pol.pressure_shards then
+	elseif pred.util_milli >= pol.exclusive_util_milli and pressed and n_mem <= pol.pressure_shards then
 		r.kind, r.code = "shared", "pressure"
 		r.shards = math.max(pol.pressure_shards, pol.min_shards)
 	elseif pred.util_milli >= pol.exclusive_util_milli then
@@ -693,7 +706,7 @@ local function evaluate(pol, gtype, pred, pressure)
 		r.kind = "shared"
 		r.shards = math.max(n_util, n_mem, pol.min_shards)
 		local capped = math.max(pol.pressure_shards, n_mem, pol.min_shards)
-		if pressure and pressure[gtype] and capped < r.shards then
+		if pressed and capped < r.shards then
 			r.shards, r.code = capped, "pressure"
 		end
 	end
@@ -823,13 +836,14 @@ local function hint_plan(job, pol, uid, preds)
 		choice = choice or exclusive
 		if not choice then return unchanged("no GPU type fits the prediction") end
 	end
-	-- On a type horus-admin queue sees under pressure (a new job finds no idle GPU): a job
-	-- kept whole for its utilization shares at pressure_shards instead, if the memory fits, and
-	-- a shared job asks for at most pressure_shards for its utilization (evaluate).
+	-- On a type horus-admin queue sees under pressure (a new job finds no idle GPU), a job
+	-- within the slowdown bound's utilization limit: kept whole for its utilization, it shares
+	-- at pressure_shards instead, if the memory fits; shared, it asks for at most
+	-- pressure_shards for its utilization (evaluate).
 	if not choice.any and ((choice.kind == "exclusive" and choice.code == "util")
 			or (choice.kind == "shared" and choice.shards > pol.pressure_shards)) then
 		local pressure = load_pressure(pol)
-		if pressure[choice.gtype] then
+		if pressure.types[choice.gtype] then
 			local r = evaluate(pol, choice.gtype, preds[choice.gtype], pressure)
 			if r.kind == "shared" then choice = r end
 		end

@@ -188,13 +188,15 @@ def test_pack_under_pressure_then_spread(mine, tmp_path):
 def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
     """Slurm 22.05 cannot reshape a pending job, so the loop also tells the hook: a pass writes
     the policy's pressure_file (types where a new job would find no idle GPU), and a job the hook
-    would keep whole for its utilization on such a type is submitted onto shards instead."""
+    would keep whole for its utilization on such a type is submitted onto shards instead, if
+    its utilization is within the limit the loop derives from the policy's slowdown_bound."""
     from slurm_horus.slurm.policy import policy_value
 
     site = os.path.join(os.path.dirname(os.environ["SLURM_CONF"]), "horus_policy.conf")
     monkeypatch.setenv("HORUS_POLICY", site)  # the loop reads the policy slurmctld's hook reads
     pressure = policy_value("pressure_file")
     assert pressure, "tests/cluster/up sets pressure_file in the cluster's policy"
+    strict = os.path.join(os.path.dirname(pressure), "horus_policy_strict.conf")
     out = ["-o", os.devnull]
     try:
         fillers = [submit(mine, "--gres=gpu:a100:1", "-C", "a100", *out, "--wrap", "sleep 300")
@@ -206,17 +208,31 @@ def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
         before = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 1")
         assert "action=exclusive;type=a100;reason=util" in job(before)["AdminComment"]
         queue("--min-wait", "100000")  # a whole pass: it writes the pressure file
-        assert open(pressure).read().splitlines()[1:] == ["pressure a100"]
+        assert open(pressure).read().splitlines()[1:] == ["util_limit_milli 100000", "pressure a100"]
         during = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 1")
         rec = job(during)
         assert rec["AdminComment"].endswith(
             "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure"), rec
         assert re.search(r"shard:50$", rec.get("TresPerNode", "")), rec.get("TresPerNode")
+        # an admin's slowdown bound of 1.5 (the loop's policy): the limit the loop writes keeps
+        # the 95 % job whole, while an 80 % one still packs
+        with open(site) as src, open(strict, "w") as dst:
+            dst.write(src.read() + "\nslowdown_bound = 1.5\n")
+        monkeypatch.setenv("HORUS_POLICY", strict)
+        queue("--min-wait", "100000")
+        limit = int(open(pressure).read().splitlines()[1].split()[1])
+        assert 80000 < limit < 85000, limit
+        strict_heavy = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 1")
+        assert "action=exclusive;type=a100;reason=util" in job(strict_heavy)["AdminComment"]
+        mid = submit(mine, "--gres=gpu:1", f"--comment={hint(80, 6000)}", *out, "--wrap", "sleep 1")
+        assert job(mid)["AdminComment"].endswith("shards=50/100;reason=pressure"), job(mid)
+        monkeypatch.setenv("HORUS_POLICY", site)
         subprocess.run(["scancel", *fillers], check=True)
         end = time.time() + 60
         while time.time() < end and "pressure a100" in open(pressure).read():
             time.sleep(2)
             queue("--min-wait", "100000")  # GPUs idle again: the next pass clears it
-        assert open(pressure).read().splitlines()[1:] == []
+        assert open(pressure).read().splitlines()[2:] == []
     finally:
-        os.unlink(pressure) if os.path.exists(pressure) else None
+        for f in (pressure, strict):
+            os.unlink(f) if os.path.exists(f) else None

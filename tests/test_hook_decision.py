@@ -66,11 +66,12 @@ def _policy(tmp_path: Path, extra: str, name: str = "policy.conf") -> Path:
     return p
 
 
-def _pressure(tmp_path: Path, *types: str, age_s: float = 0, text: str | None = None) -> Path:
+def _pressure(tmp_path: Path, *types: str, age_s: float = 0, text: str | None = None,
+              util_limit: float = 100.0) -> Path:
     """A pressure file as horus-admin queue writes it (``write_pressure``)."""
     p = tmp_path / "pressure"
     if text is None:
-        write_pressure(p, types, now=time.time() - age_s)
+        write_pressure(p, types, now=time.time() - age_s, util_limit_pct=util_limit)
     else:
         p.write_text(text)
     return p
@@ -186,6 +187,7 @@ VALUES = {
     "record_file": ["/x/y", "x/y", "/a\x01b"],
     "underclaim_limit": ["0", "1000001"],
     "underclaim_window_days": ["7", "0", "36501"],
+    "slowdown_bound": ["1.5", "2", "0.9999", "0.999", "1", "10", "10.0001", "10.000", ".5", "1.0000000001"],
     "gpu.v100.mem_mib": ["16384", "0", "lots"],
 }
 
@@ -240,6 +242,14 @@ def test_policy_with_overrides_stays_within_what_the_hook_reads():
 HEAVY = {"comment": "horus:v1;t4=85/3000/3500;a100=85/3000/3500", "tres_per_node": "gres:gpu:1"}
 
 
+def test_a_pressure_file_without_a_util_limit_packs_any_util(tmp_path):
+    """A loop older than the slowdown bound writes no util_limit_milli: the hook packs as before."""
+    path = _pressure(tmp_path, text=f"written {int(time.time())}\npressure t4\n")
+    pol = _policy(tmp_path, f"pressure_file = {path}\n")
+    d = decide(HEAVY, policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    assert _outcome(d) == ("shared", "t4", 50, "pressure"), d.admin_comment
+
+
 @pytest.mark.parametrize("pressure,job,want", [
     (dict(types=("t4",)), HEAVY, ("shared", "t4", 50, "pressure")),
     (dict(types=("t4",), age_s=600), HEAVY, ("exclusive", "t4", None, "util")),      # stale
@@ -257,12 +267,17 @@ HEAVY = {"comment": "horus:v1;t4=85/3000/3500;a100=85/3000/3500", "tres_per_node
      ("shared", "t4", 67, None)),
     (dict(types=("t4",)), {"comment": "horus:v1;t4=60/8000/9000", "tres_per_node": "gres:gpu:1"},
      ("shared", "t4", 66, "pressure")),      # its 9,000 MiB keep 66 shards
+    (dict(types=("t4",), util_limit=84.5), HEAVY, ("exclusive", "t4", None, "util")),  # over the
+    (dict(types=("t4",), util_limit=85.0), HEAVY, ("shared", "t4", 50, "pressure")),   # bound's limit
+    (dict(types=("t4",), util_limit=59.0), {"comment": "horus:v1;t4=60/3000/3500", "tres_per_node": "gres:gpu:1"},
+     ("shared", "t4", 67, None)),            # not capped beyond the bound's limit
 ], ids=["pressed", "stale", "other type", "no time", "future", "garbage", "too big", "light",
-        "mid pressed", "mid stale", "mid memory"])
+        "mid pressed", "mid stale", "mid memory", "over limit", "at limit", "mid over limit"])
 def test_queue_pressure_packs_at_submission_only_when_fresh_and_fitting(tmp_path, pressure, job, want):
     """horus-admin queue's pressure file turns a job kept whole for its utilization into
     pressure_shards on that type, as the loop's pack would, and caps a shared job's shards for
-    its utilization at pressure_shards (any two jobs may pair), while the file is fresh."""
+    its utilization at pressure_shards (any two jobs may pair), while the file is fresh and
+    the job is within the slowdown bound's utilization limit."""
     path = _pressure(tmp_path, *pressure.pop("types", ()), **pressure)
     pol = _policy(tmp_path, f"pressure_file = {path}\npressure_max_age_s = 300\n")
     d = decide(job, policy_path=pol, hook_path=HOOK, submit_uid=UID)

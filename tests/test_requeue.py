@@ -2,9 +2,10 @@
 
 import os
 
-from slurm_horus.ledger.requeue import (OOM_RE, marked, oom_actions, pressure_actions, pressure_types,
-                                        shards_per_gpu, write_pressure,
+from slurm_horus.ledger.requeue import (OOM_RE, marked, oom_actions, pack_util_limit, pressure_actions,
+                                        pressure_types, shards_per_gpu, write_pressure,
                                         read_error_tail)
+from slurm_horus.sim.interference import Interference
 from slurm_horus.slurm.accounting import queue_tokens, scheduler_actions
 from slurm_horus.slurm.hint import parse_decision
 
@@ -144,8 +145,8 @@ def test_pressure_is_a_type_where_a_new_job_would_find_no_idle_gpu(tmp_path):
     assert pressure_types(jobs, idle) == []
     assert pressure_types(jobs[1:], busy) == ["a100"]  # none waits, but a new job would
     path = tmp_path / "pressure"
-    write_pressure(path, ["a100"], now=1_800_000_000)
-    assert path.read_text() == "written 1800000000\npressure a100\n"
+    write_pressure(path, ["a100"], now=1_800_000_000, util_limit_pct=82.25)
+    assert path.read_text() == "written 1800000000\nutil_limit_milli 82250\npressure a100\n"
     assert oct(path.stat().st_mode & 0o777) == "0o644" and not list(tmp_path.glob("*.tmp"))
 
 
@@ -156,3 +157,22 @@ def test_a_job_the_hook_packed_under_pressure_is_spread_when_gpus_idle():
                   "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure")
     acts = pressure_actions([pressed], idle, 50, lambda *a: True, 0, 1.9e9)
     assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "spread", "gres/gpu:a100:1")]
+
+
+def test_the_slowdown_bound_limits_which_jobs_pack_under_pressure():
+    """A job packed under pressure may meet partners at 100 %: it packs only while the median
+    job of that group keeps within the admin's bound on the measured curve."""
+    itf = Interference()
+    assert pack_util_limit(2.0, 2) == 100.0  # a pair of two 100 % jobs: speed 0.63 >= 0.5
+    lim = pack_util_limit(1.5, 2)
+    assert 60 < lim < 100 and abs(itf.speed(100 + lim, 2) - 1 / 1.5) < 1e-6
+    assert pack_util_limit(1.5, 3) < lim  # three packed: two 100 % partners and a crowd
+    assert pack_util_limit(1.02, 2) == 0.0  # the curve loses 3 % beside any 100 % job
+    assert pack_util_limit(1.1, 1) == 100.0  # one job per GPU: never co-located
+    busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
+    jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL, Comment="horus:v1;a100=95/3000/3500"),
+            rec(2, "PENDING", "gres:gpu:a100:1", EXCL, Comment="horus:v1;a100=75/3000/3500")]
+    acts = pressure_actions(jobs, busy, 50, lambda *a: True, 0, 1.9e9, util_limit_pct=lim)
+    assert [(a.job_id, a.kind) for a in acts] == [(2, "pack")]
+    acts = pressure_actions(jobs, busy, 50, lambda *a: True, 0, 1.9e9, util_limit_pct=100.0)
+    assert [a.job_id for a in acts] == [1, 2]

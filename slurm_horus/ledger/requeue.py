@@ -30,6 +30,7 @@ from slurm_horus.slurm.commands import run
 from slurm_horus.slurm.hint import parse_decision, parse_hint
 from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records
 from slurm_horus.slurm.policy import charged_mem_mib, policy_value
+from slurm_horus.sim.interference import Interference
 
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
 OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
@@ -178,12 +179,48 @@ def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
     return sorted(t for t in free if len(pending.get(t, ())) + 1 > free[t])
 
 
-def write_pressure(path: str | os.PathLike, types, now: float | None = None) -> None:
+def pack_util_limit(bound: float, group: int, itf: Interference | None = None) -> float:
+    """The highest predicted utilization (%) at which a job may take shards under queue
+    pressure and the admin's slowdown ``bound`` still holds for the median job of the worst
+    group Slurm may then put it in: ``group`` jobs packed alike, its partners at 100 % each
+    (Slurm places by shards, so the partners are unknown at submission), on the measured
+    co-location curve (the simulator's).  100: any job; 0: none."""
+    itf = itf or Interference()
+    if group <= 1:
+        return 100.0
+    floor, base = 1.0 / bound, 100.0 * (group - 1)
+    if itf.speed(base + 100.0, group) >= floor:
+        return 100.0
+    if itf.speed(base, group) < floor:
+        return 0.0
+    lo, hi = 0.0, 100.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if itf.speed(base + mid, group) >= floor else (lo, mid)
+    return lo
+
+
+def policy_util_limit(pack_shards: int | None = None, policy_path: str | None = None) -> float:
+    """pack_util_limit for the policy's ``slowdown_bound`` (default 2.0), its groups being as
+    many jobs as ``pack_shards`` (default: the policy's ``pressure_shards``, 50) fit in its
+    ``shards_per_gpu``: how far the hook and this loop pack under pressure."""
+    shards = int(policy_value("shards_per_gpu", "100", path=policy_path))
+    ps = int(policy_value("pressure_shards", "50", path=policy_path))
+    if pack_shards is not None:
+        ps = min(ps, pack_shards)
+    bound = float(policy_value("slowdown_bound", "2", path=policy_path))
+    return pack_util_limit(bound, shards // ps)
+
+
+def write_pressure(path: str | os.PathLike, types, now: float | None = None,
+                   util_limit_pct: float = 100.0) -> None:
     """The pressure file the hook reads (policy ``pressure_file``): ``written <unix time>``,
-    then ``pressure <type>`` per type; whole or not at all (written beside, then renamed),
-    readable by slurmctld, writable only by its owner (root or SlurmUser)."""
+    ``util_limit_milli <n>`` (policy_util_limit, in 1/1000 %), then ``pressure <type>`` per
+    type; whole or not at all (written beside, then renamed), readable by slurmctld, writable
+    only by its owner (root or SlurmUser)."""
     path = os.fspath(path)
     text = f"written {int(time.time() if now is None else now)}\n" + \
+        f"util_limit_milli {int(util_limit_pct * 1000)}\n" + \
         "".join(f"pressure {t}\n" for t in types)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -194,25 +231,29 @@ def write_pressure(path: str | os.PathLike, types, now: float | None = None) -> 
     os.replace(tmp, path)
 
 
-def signal_pressure(jobs: list[dict], nodes: list[dict], policy_path: str | None = None) -> None:
-    """Tell the hook which GPU types are under pressure now, in the policy's ``pressure_file``
-    (nothing when the policy sets none)."""
+def signal_pressure(jobs: list[dict], nodes: list[dict], policy_path: str | None = None,
+                    util_limit_pct: float | None = None) -> None:
+    """Tell the hook which GPU types are under pressure now, and how far it may pack there, in
+    the policy's ``pressure_file`` (nothing when the policy sets none)."""
     where = policy_value("pressure_file", path=policy_path)
     if where:
+        if util_limit_pct is None:
+            util_limit_pct = policy_util_limit(policy_path=policy_path)
         try:
-            write_pressure(where, pressure_types(jobs, nodes))
+            write_pressure(where, pressure_types(jobs, nodes), util_limit_pct=util_limit_pct)
         except OSError as e:
             raise HorusError(f"pressure file {where}: {e.strerror or e}") from None
 
 
 def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                      fits: Callable[[dict, str, int], bool], min_wait_s: float,
-                     now: float) -> list[Action]:
+                     now: float, util_limit_pct: float = 100.0) -> list[Action]:
     """Pack or spread pending jobs by queue pressure, per GPU type (the job's Features, which
     the hook sets to the chosen type): with more jobs pending than GPUs idle, as many as the idle
     GPUs leave without one are packed, the longest-waiting first, each only after waiting
-    ``min_wait_s`` and when ``fits(job, type, shards)`` says its predicted memory fits that share
-    of the GPU; with as many idle GPUs as pending jobs, the jobs packed are spread back."""
+    ``min_wait_s``, when ``fits(job, type, shards)`` says its predicted memory fits that share
+    of the GPU and its hinted utilization is within ``util_limit_pct`` (the slowdown bound's:
+    policy_util_limit); with as many idle GPUs as pending jobs, the jobs packed are spread back."""
     free = _node_type_free(nodes)
     per_gpu = shards_per_gpu(nodes)
     out = []
@@ -228,6 +269,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                 continue  # an OOM survivor keeps its whole GPU
             if (to_pack > 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
                     and now - _epoch(rec.get("SubmitTime")) >= min_wait_s
+                    and (util_limit_pct >= 100.0 or _hint_util(rec, gtype) <= util_limit_pct)
                     and fits(rec, gtype, pack_shards)):
                 to_pack -= 1
                 out.append(Action(jid, "pack", _shard_gres(pack_shards, tres),
@@ -239,6 +281,12 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                                   f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}",
                                   fallback))
     return out
+
+
+def _hint_util(rec: dict, gtype: str) -> float:
+    """The job's hinted utilization (%) on ``gtype``; +inf without one (never packed)."""
+    fields = (parse_hint(rec.get("Comment")) or {}).get(gtype)
+    return float(fields[0]) if fields else float("inf")
 
 
 def _hook_pressed(rec: dict) -> bool:
@@ -367,11 +415,12 @@ def tend(fits: Callable[[dict, str, int], bool] = hint_fits, pack_shards: int = 
     still counts as load)."""
     jobs = parse_scontrol_records(run(["scontrol", "-d", "show", "job"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
+    limit = policy_util_limit(pack_shards)
     if job_ids is None and not dry_run:  # the whole queue's view, for the hook
-        signal_pressure(jobs, nodes)
+        signal_pressure(jobs, nodes, util_limit_pct=limit)
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     actions = oom_actions(mine, read_error_tail, shards_per_gpu(nodes))
-    actions += pressure_actions(mine, nodes, pack_shards, fits, min_wait_s, time.time())
+    actions += pressure_actions(mine, nodes, pack_shards, fits, min_wait_s, time.time(), limit)
     done = []
     by_id = {_job_id(r): r for r in jobs}
     for a in actions:

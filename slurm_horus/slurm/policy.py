@@ -101,6 +101,18 @@ def _decimal_le(hi: int):
     return ok
 
 
+def _decimal_in(lo: int, hi: int):
+    """The hook's decimal_up(v, 3) (thousandths, rounded up) within lo..hi."""
+    def ok(v: str) -> bool:
+        m = re.fullmatch(r"([0-9]{1,9})(?:\.([0-9]{1,9}))?", v)
+        if not m:
+            return False
+        frac = m.group(2) or ""
+        milli = int(m.group(1)) * 1000 + int((frac + "000")[:3]) + bool(frac[3:].strip("0"))
+        return lo * 1000 <= milli <= hi * 1000
+    return ok
+
+
 def _one_of(*names: str):
     return lambda v: v in names
 
@@ -126,6 +138,7 @@ _POLICY_KEYS = {
                                           and not re.search(r"[\x00-\x1f\x7f]", v)),
     "pressure_shards": _int_in(1, 1000000),
     "pressure_max_age_s": _int_in(1, 86400),
+    "slowdown_bound": _decimal_in(1, 10),
     "underclaim_limit": _int_in(0, 1000000),
     "underclaim_window_days": _int_in(1, 36500),
 }
