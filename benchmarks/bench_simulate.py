@@ -38,6 +38,7 @@ from slurm_horus.errors import HorusError  # noqa: E402
 from slurm_horus.plot import save  # noqa: E402
 from slurm_horus.sim.cluster import cluster_from_json, homogeneous_cluster  # noqa: E402
 from slurm_horus.sim.engine import run_policies  # noqa: E402
+from slurm_horus.sim.interference import Interference  # noqa: E402
 from slurm_horus.sim.mix import ModelMix  # noqa: E402
 from slurm_horus.sim.plot import sweep_figure  # noqa: E402
 from slurm_horus.sim.policies import POLICIES, job_table  # noqa: E402
@@ -149,10 +150,19 @@ def frontier(trace: str, loads, seeds, bounds, n_jobs: int, mix: ModelMix, repea
                      for p in ("horus", "oracle")]
             rows.append(f"| {load:g} | {b:g} | {cells[0]} | {cells[1]} | {naive_cell} |")
         print(f"  frontier {trace} load {load:g}: done", file=sys.stderr, flush=True)
+    itf = Interference()
+    worst = itf.points[-1][1]
+    curve = [f"bound {b:g}: a pair of two 100 % jobs runs at median speed {itf.speed(200.0, 2):.2f} "
+             f"and puts {itf.exceed_share(200.0, 2, b) * 100:.0f} % of its jobs beyond the bound when together "
+             f"for their whole lives; no job co-located for less than "
+             f"{min(1.0, (b - 1) / (1 / worst - 1)) * 100:.0f} % of its life can pass it "
+             f"(the curve's worst speed, {worst:.3f})" for b in bounds]
     return "\n".join([
         f"#### What the slowdown bound costs: {trace}, {n_jobs:,} jobs, means of seeds "
         f"{', '.join(map(str, seeds))} (mean JCT ks / p95 slowdown)\n",
-        "| load | bound | horus | oracle | naive (no bound) |", "|---|---|---|---|---|", *rows, ""])
+        "| load | bound | horus | oracle | naive (no bound) |", "|---|---|---|---|---|", *rows, "",
+        "The measured curve (slurm_horus.sim.interference) at these bounds:", "",
+        *[f"- {c}" for c in curve], ""])
 
 
 def plot(res: dict, path: str) -> str:

@@ -222,6 +222,10 @@ def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
         queue("--min-wait", "100000")
         limit = int(open(pressure).read().splitlines()[1].split()[1])
         assert 80000 < limit < 85000, limit
+        said = subprocess.run([*ADMIN, "queue", "--dry-run", "--jobs", before], capture_output=True,
+                              text=True, timeout=120).stdout.splitlines()[0]
+        assert said == f"slowdown_bound 1.5: under queue pressure, jobs up to {limit / 1000:.1f} % " \
+            "predicted utilization pack", said
         strict_heavy = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 1")
         assert "action=exclusive;type=a100;reason=util" in job(strict_heavy)["AdminComment"]
         mid = submit(mine, "--gres=gpu:1", f"--comment={hint(80, 6000)}", *out, "--wrap", "sleep 1")

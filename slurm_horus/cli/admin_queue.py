@@ -27,7 +27,8 @@ def register(admin: click.Group) -> None:
         """Requeue shared jobs that died of a GPU out-of-memory error on a whole GPU (once), and
         pack or spread pending jobs by queue pressure. Run as root or SlurmUser."""
         from slurm_horus.errors import HorusError
-        from slurm_horus.ledger.requeue import tend
+        from slurm_horus.ledger.requeue import policy_util_limit, tend
+        from slurm_horus.slurm.policy import policy_value
 
         ids = None
         if job_list:
@@ -35,6 +36,9 @@ def register(admin: click.Group) -> None:
                 ids = {int(x) for x in job_list.split(",") if x.strip()}
             except ValueError:
                 raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15") from None
+        if dry_run and not as_json:
+            click.echo(f"slowdown_bound {policy_value('slowdown_bound', '2')}: under queue pressure, "
+                       f"jobs up to {policy_util_limit(pack_shards):.1f} % predicted utilization pack")
         while True:
             for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
                           job_ids=ids):
