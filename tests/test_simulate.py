@@ -486,6 +486,19 @@ def test_horus_keeps_the_predicted_tail_within_the_bounds_share():
         run(one_node(1), heavy, reqs, slowdown_quantile=1.0)
 
 
+def test_the_tail_budget_settles_on_the_time_jobs_really_spent_together():
+    """Charged from time limits when they pair (both 2000 s: together for their whole lives),
+    two heavy jobs that overlap for 15 % of their runs (A ends at 1059 s, B started at 900 s)
+    cannot be beyond 2x (under 45 % of a life even the worst speed cannot): the charge is
+    settled to nothing when they end."""
+    heavy = [job(0, 0, 1000, util=99, mem=4000, limit=2000), job(1, 900, 1000, util=99, mem=4000, limit=2000)]
+    reqs = [Request((0,), 1, 1, (99, 4000, (1.0,), 2000))] * 2
+    sim, m = run(one_node(1), heavy, reqs, slowdown_quantile=0.5)
+    assert [sim.start[j.id] for j in heavy] == [0, 900] and m["shared_starts"] == 2
+    assert sim.end[0] == pytest.approx(900 + 100 / Interference().speed(198, 2))
+    assert sim.risk == pytest.approx(0.0) and sim.jrisk == [0.0, 0.0]
+
+
 
 def test_bf_interval_tick_whose_float_difference_rounds_down_does_not_loop_forever():
     # (2.3000000000000003 + 30) - 2.3000000000000003 < 30 in floats: the tick at last pass + 30

@@ -159,6 +159,8 @@ class Simulator(Placement):
             self.pm[g] += req.share[1]
             self.ns[g] += 1
             self._set_share(g)
+            self.co_time[j], self.co_since[j] = 0.0, -1.0
+            self._track_partners(g, now)
         self.alloc[j] = alloc
         self.start[j] = now
         self.solo[j] = self.jdur[j][t]
@@ -210,6 +212,10 @@ class Simulator(Placement):
             self._set_share(g)
         for g in alloc:
             self.gjobs[g].remove(j)
+        if req.share is not None:
+            self._settle_risk(j, now, now - self.start[j])
+            self._track_partners(alloc[0], now)
+        for g in alloc:
             if not self.gjobs[g]:
                 self.cur_busy -= 1
             self._set_free(g, self.free[g] + req.shards)

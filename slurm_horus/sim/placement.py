@@ -111,6 +111,11 @@ class Placement:
         # each job's worst share so far, first starts, and the last join _share_place priced
         self.risk, self.jrisk, self.n_first = 0.0, [0.0] * len(self.jobs), 0
         self.last_risk: tuple = (-1, 0.0, None)
+        # what settles a job's charge when it ends (_settle_risk): its worst group (predicted
+        # sum, size), and the time it spent with a partner (co_time, co_since: -1 when alone)
+        self.jgroup: list[tuple[float, int] | None] = [None] * len(self.jobs)
+        self.co_time = [0.0] * len(self.jobs)
+        self.co_since = [-1.0] * len(self.jobs)
         # the largest summed util at which a pair keeps the median speed 1.0 (Lucid: 75 %)
         self.free_sum = max((x for x, y in self.itf.points if y >= 1.0), default=0.0)
         self.now = 0.0  # the time of the scheduling pass (set by the Simulator)
@@ -257,10 +262,43 @@ class Placement:
         lg, lu, risk = self.last_risk  # _share_place has usually just priced this very join
         shares, added = risk if (lg, lu) == (g, share[0]) else self._join_risk(g, share[0], share[3])
         self.risk += added
+        group = (float(self.pu[g]) + share[0], int(self.ns[g]) + 1)
         for x, r in shares:
             x = j if x < 0 else x
             if r > self.jrisk[x]:
                 self.jrisk[x] = r
+                self.jgroup[x] = group
+
+    def _track_partners(self, g: int, now: float) -> None:
+        """After GPU g's shareable jobs changed: start or stop each one's time with a partner."""
+        co = self.ns[g] >= 2
+        co_since, co_time, cur_req = self.co_since, self.co_time, self.cur_req
+        for x in self.gjobs[g]:
+            if cur_req[x].share is None:
+                continue
+            if co and co_since[x] < 0:
+                co_since[x] = now
+            elif not co and co_since[x] >= 0:
+                co_time[x] += now - co_since[x]
+                co_since[x] = -1.0
+
+    def _settle_risk(self, j: int, now: float, ran: float) -> None:
+        """Job j ended after ``ran`` seconds: its charge, estimated from time limits while it
+        ran, becomes the chance that its worst group put it beyond the bound for the share of
+        its run it really spent with partners (Slurm's placement and times, not a guess), up
+        or down."""
+        if self.co_since[j] >= 0:
+            self.co_time[j] += now - self.co_since[j]
+            self.co_since[j] = -1.0
+        group, co = self.jgroup[j], self.co_time[j]
+        self.co_time[j] = 0.0
+        if group is None:
+            return
+        self.jgroup[j] = None
+        f = min(1.0, co / ran) if ran > 0 else 0.0
+        r = self.itf.exceed_share(group[0], group[1], 1.0 + (self.bound - 1.0) / f) if f > 0 else 0.0
+        self.risk += r - self.jrisk[j]
+        self.jrisk[j] = r
 
     def _place(self, req: Request, exclude: set | None) -> list[int] | None:
         """GPUs for ``req`` now (best fit), avoiding ``exclude``; None if it does not fit."""
