@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -21,6 +22,7 @@ from slurm_horus.sim.replay import from_rows, from_sacct_json
 from slurm_horus.sim.traces import TRACES, SimJob, generate_trace, lognormal_params
 
 A100 = 40960.0
+REPO = Path(__file__).resolve().parents[1]
 
 
 def job(i, submit, duration, util=10.0, mem=2000.0, gpus=1, limit=None, p90=None, true=None):
@@ -620,3 +622,23 @@ def test_cli_rejects_bad_history_options():
     r = CliRunner().invoke(main, ["simulate", "--jobs", "50", "--no-history", "--policies", "horus",
                                   "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["horus"]["history_hits"] == 0
+
+
+def test_simulate_takes_the_slowdown_bound_from_the_policy_file(tmp_path):
+    """The what-if runs under the site's own bound (the policy's slowdown_bound, which
+    horus-admin queue applies) unless --slowdown-bound says otherwise."""
+    from slurm_horus.cli.admin import main as admin
+
+    pol = tmp_path / "horus_policy.conf"
+    pol.write_text((REPO / "etc" / "horus_policy.conf").read_text() + "\nslowdown_bound = 1.1\n")
+    base = ["simulate", "--jobs", "150", "--gpus", "8", "--load", "4", "--seed", "3",
+            "--policies", "horus", "--json", "--policy-file", str(pol)]
+
+    def horus(*extra):
+        r = CliRunner().invoke(admin, [*base, *extra])
+        assert r.exit_code == 0, r.output
+        return {k: v for k, v in json.loads(r.output)["horus"].items() if not k.endswith(("_wall_s", "_cpu_s"))}
+
+    strict, loose = horus(), horus("--slowdown-bound", "3")
+    assert strict == horus("--slowdown-bound", "1.1")
+    assert strict["p95_slowdown"] <= 1.1 < loose["p95_slowdown"]

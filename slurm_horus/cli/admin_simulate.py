@@ -135,8 +135,9 @@ def register(main_group: click.Group) -> None:
                   help='Speed curve "sum:speed,..." (default: Lucid medians, see docs/simulator.md).')
     @click.option("--mem-bw-penalty", type=float, default=0.0, show_default=True,
                   help="Extra slowdown factor per additional co-located job.")
-    @click.option("--slowdown-bound", type=float, default=2.0, show_default=True,
-                  help="horus/oracle: co-locate only while every job's predicted slowdown stays within this.")
+    @click.option("--slowdown-bound", type=float, default=None,
+                  help="horus/oracle: co-locate only while every job's predicted slowdown stays within "
+                       "this [default: the policy file's slowdown_bound, else 2].")
     @click.option("--slowdown-quantile", type=float, default=0.95, show_default=True,
                   help="horus/oracle: the share of jobs that must stay within --slowdown-bound, "
                        "given the measured spread of interference.")
@@ -160,6 +161,7 @@ def register(main_group: click.Group) -> None:
         from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
         from slurm_horus.sim.engine import run_policies
         from slurm_horus.sim.plot import figure, terminal
+        from slurm_horus.slurm.policy import policy_value
 
         if bf_window < 0 or bf_interval < 0 or oom_delay < 0:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
@@ -169,6 +171,8 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--repeat-share applies to generated traces, not to --sacct or --ledger")
         if history_lag < 0:
             raise HorusError("--history-lag must be >= 0")
+        if slowdown_bound is None:  # the site's own bound, as horus-admin queue reads it
+            slowdown_bound = float(policy_value("slowdown_bound", "2", path=policy_file))
         if not 0 < slowdown_quantile < 1:
             raise HorusError("--slowdown-quantile must be between 0 and 1 (e.g. 0.95)")
         if plot == "-" and as_json:
