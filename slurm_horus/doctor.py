@@ -224,6 +224,29 @@ def check_ledger(url: str) -> list[Problem]:
     return out + _trusted(db, "the ledger")
 
 
+def check_slowdown_bound(pol: Path) -> list[Problem]:
+    """The policy's slowdown_bound acts only through horus-admin queue's pressure file, and a
+    bound below what the worst partner costs even an idle job packs nothing."""
+    from slurm_horus.ledger.requeue import policy_util_limit
+    from slurm_horus.slurm.policy import policy_value
+
+    bound = policy_value("slowdown_bound", None, pol)
+    if bound is None:
+        return []
+    if not policy_value("pressure_file", "", pol):
+        return [Problem(f"policy sets slowdown_bound = {bound} but no pressure_file: the bound "
+                        "governs packing under queue pressure, which horus-admin queue signals "
+                        "in that file",
+                        "set pressure_file = /var/lib/slurm-horus/pressure and run horus-admin "
+                        "queue (etc/horus-queue.timer)")]
+    if policy_util_limit(policy_path=str(pol)) <= 0.0:
+        return [Problem(f"slowdown_bound = {bound} lets no job pack under queue pressure (a "
+                        "partner at 100 % slows even an idle job more)",
+                        "raise slowdown_bound (1.5 packs jobs up to 82 % predicted utilization; "
+                        "horus-admin queue --dry-run prints the limit)")]
+    return []
+
+
 def check_registry(root: Path) -> list[Problem]:
     """The model registry serves every user: root's, not group/other-writable."""
     if not root.is_dir():
@@ -261,6 +284,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}
     declared = set(re.split(r"[,\s]+", policy_value("type_features", "", pol) or "")) - {""}
     out += check_nodes(conf, gres_conf, spg, type_via, mem_types, declared)
+    out += check_slowdown_bound(pol)
     out += check_ledger(ledger_url or default_url())
     out += check_registry(Path(model_dir) if model_dir else default_dir())
     return out

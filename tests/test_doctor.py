@@ -118,6 +118,20 @@ def test_policy_without_features_typing_or_gpu_memory(site):
     assert "gpu.t4.mem_mib" in p.what
 
 
+def test_slowdown_bound_needs_the_pressure_file_and_room_to_pack(site):
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\nslowdown_bound = 1.5\n")
+    assert problems(site) == []  # the cluster's policy names a pressure file
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\nslowdown_bound = 1.01\n")
+    (p,) = problems(site)
+    assert "lets no job pack" in p.what and "--dry-run" in p.fix
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\nslowdown_bound = 1.5\npressure_file =\n")
+    (p,) = problems(site)
+    assert "no pressure_file" in p.what and "horus-queue.timer" in p.fix
+
+
 def test_hook_missing_or_foreign(site):
     (site / "job_submit.lua").write_text("function slurm_job_submit() return 0 end\n")
     (p,) = problems(site)
