@@ -188,16 +188,10 @@ def pack_util_limit(bound: float, group: int, itf: Interference | None = None) -
     itf = itf or Interference()
     if group <= 1:
         return 100.0
-    floor, base = 1.0 / bound, 100.0 * (group - 1)
-    if itf.speed(base + 100.0, group) >= floor:
+    base = 100.0 * (group - 1)
+    if itf.speed(base + 100.0, group) >= 1.0 / bound:
         return 100.0
-    if itf.speed(base, group) < floor:
-        return 0.0
-    lo, hi = 0.0, 100.0
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if itf.speed(base + mid, group) >= floor else (lo, mid)
-    return lo
+    return max(0.0, itf.sum_limit(bound, group) - base)
 
 
 def policy_util_limit(pack_shards: int | None = None, policy_path: str | None = None) -> float:

@@ -212,10 +212,6 @@ class Simulator(Placement):
             self._set_share(g)
         for g in alloc:
             self.gjobs[g].remove(j)
-        if req.share is not None:
-            self._settle_risk(j, now, now - self.start[j])
-            self._track_partners(alloc[0], now)
-        for g in alloc:
             if not self.gjobs[g]:
                 self.cur_busy -= 1
             self._set_free(g, self.free[g] + req.shards)
@@ -225,6 +221,9 @@ class Simulator(Placement):
                 self.ghealthy[g] -= 1
                 if self.ghealthy[g] == 0:
                     self.gutil[g] = self.gmemu[g] = 0.0  # no float drift
+        if req.share is not None:
+            self._settle_risk(j, now, now - self.start[j])
+            self._track_partners(alloc[0], now)
         for g in alloc:
             self._set_ff(g)
             self._refresh(g, now)

@@ -101,6 +101,19 @@ class Interference:
             s *= (1.0 - self.mem_bw_penalty) ** (n_jobs - 1)
         return s
 
+    def sum_limit(self, bound: float, n_jobs: int, sens: float = 1.0) -> float:
+        """The largest summed utilization (%) at which ``n_jobs`` co-located jobs keep the speed
+        of a job of sensitivity ``sens`` >= 1 / ``bound`` (the curve falls with the sum:
+        bisection); -1: never."""
+        floor = 1.0 / bound
+        lo, hi = 0.0, 100.0 * n_jobs
+        if self.speed(lo, n_jobs, sens) < floor:
+            return -1.0
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.speed(mid, n_jobs, sens) >= floor else (lo, mid)
+        return lo
+
     def exceed_share(self, sum_util_pct: float, n_jobs: int, bound: float,
                      sigma: float = SENSITIVITY_SIGMA) -> float:
         """The share of jobs (over the sensitivity spread) that run slower than 1 / ``bound``

@@ -26,19 +26,8 @@ INF = float("inf")
 def pair_limits(itf: Interference, slowdown_bound: float, max_group: int, k_tail: float = 1.0) -> list[float]:
     """umax[n]: the largest summed PREDICTED util at which n co-located jobs keep the per-job
     speed of a job of sensitivity ``k_tail`` (a quantile of the spread, not the median) >=
-    1 / slowdown_bound (the curve falls with the sum: bisection); -1: never."""
-    umax = [INF, INF]
-    floor = 1.0 / slowdown_bound
-    for n in range(2, max_group + 1):
-        lo, hi = 0.0, 100.0 * n
-        if itf.speed(lo, n, k_tail) < floor:
-            umax.append(-1.0)
-            continue
-        for _ in range(40):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if itf.speed(mid, n, k_tail) >= floor else (lo, mid)
-        umax.append(lo)
-    return umax
+    1 / slowdown_bound (Interference.sum_limit); -1: never."""
+    return [INF, INF] + [itf.sum_limit(slowdown_bound, n, k_tail) for n in range(2, max_group + 1)]
 
 
 class Placement:

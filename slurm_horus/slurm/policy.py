@@ -94,13 +94,6 @@ def _int_in(lo: int, hi: int):
     return ok
 
 
-def _decimal_le(hi: int):
-    def ok(v: str) -> bool:
-        m = re.fullmatch(r"([0-9]{1,9})(?:\.([0-9]{1,9}))?", v)
-        return bool(m) and float(v) <= hi
-    return ok
-
-
 def _decimal_in(lo: int, hi: int):
     """The hook's decimal_up(v, 3) (thousandths, rounded up) within lo..hi."""
     def ok(v: str) -> bool:
@@ -122,7 +115,7 @@ _MAX_MEM_MIB = 99999999
 _POLICY_KEYS = {
     "shards_per_gpu": _int_in(1, 10000),
     "pack_limit_pct": _int_in(1, 100),
-    "exclusive_util_pct": _decimal_le(100),
+    "exclusive_util_pct": _decimal_in(0, 100),
     "memory": _one_of("expected", "p90", "p95", "p99"),
     "min_shards": _int_in(1, 999999999),
     "on_bad_hint": _one_of("ignore", "reject"),
