@@ -159,8 +159,7 @@ class Simulator(Placement):
             self.pm[g] += req.share[1]
             self.ns[g] += 1
             self._set_share(g)
-            self.co_time[j], self.co_since[j] = 0.0, -1.0
-            self._track_partners(g, now)
+            self._track_loss(g, now, joined=j)
         self.alloc[j] = alloc
         self.start[j] = now
         self.solo[j] = self.jdur[j][t]
@@ -223,7 +222,7 @@ class Simulator(Placement):
                     self.gutil[g] = self.gmemu[g] = 0.0  # no float drift
         if req.share is not None:
             self._settle_risk(j, now, now - self.start[j])
-            self._track_partners(alloc[0], now)
+            self._track_loss(alloc[0], now)
         for g in alloc:
             self._set_ff(g)
             self._refresh(g, now)

@@ -29,10 +29,11 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from slurm_horus.errors import HorusError
 
-__all__ = ["Interference", "LUCID_POINTS", "SENSITIVITY_SIGMA", "parse_points"]
+__all__ = ["Interference", "LUCID_POINTS", "SENSITIVITY_SIGMA", "parse_points", "sensitivity_at", "share_above"]
 
 # The spread: each job's sensitivity k is lognormal with mean 1 and this sigma, the value at which
 # the pair speeds over Lucid's mix of sums have Lucid's p10 (0.81 against 0.78).  Traces draw each
@@ -131,8 +132,31 @@ class Interference:
             return 1.0
         if loss <= 0.0 or self.points[-1][1] >= need:
             return 0.0  # no loss, or even the worst case stays within the bound
-        k_star = (1.0 - need) / loss  # P(k > k*), k lognormal(-sigma^2 / 2, sigma)
-        return 0.5 * math.erfc((math.log(k_star) + sigma * sigma / 2) / (sigma * math.sqrt(2.0)))
+        return share_above((1.0 - need) / loss, sigma)
+
+    def loss_rates(self, sum_util_pct: float, n_jobs: int) -> tuple[float, float]:
+        """(c, c x L) of a job among ``n_jobs`` whose utils sum to ``sum_util_pct``: its speed is
+        c x (1 - k L) for sensitivity k (L the median loss, c the factor beyond pairs; the
+        curve's floor left out), so its time-averaged speed over a run is linear in k."""
+        if n_jobs <= 1:
+            return 1.0, 0.0
+        c = (1.0 - self.beyond_pairs) ** (n_jobs - 2) if self.beyond_pairs else 1.0
+        if self.mem_bw_penalty:
+            c *= (1.0 - self.mem_bw_penalty) ** (n_jobs - 1)
+        return c, c * (1.0 - self.speed(sum_util_pct, 2))
+
+
+def sensitivity_at(q: float, sigma: float = SENSITIVITY_SIGMA) -> float:
+    """The q-quantile of the sensitivity k (lognormal with mean 1 and ``sigma``): the job that
+    a share q of jobs are less sensitive than."""
+    return math.exp(-sigma * sigma / 2 + sigma * NormalDist().inv_cdf(q))
+
+
+def share_above(k_star: float, sigma: float = SENSITIVITY_SIGMA) -> float:
+    """P(k > k_star) for the sensitivity k, lognormal with mean 1 and ``sigma``."""
+    if k_star <= 0.0:
+        return 1.0
+    return 0.5 * math.erfc((math.log(k_star) + sigma * sigma / 2) / (sigma * math.sqrt(2.0)))
 
 
 def parse_points(text: str) -> tuple[tuple[float, float], ...]:

@@ -15,12 +15,15 @@ import heapq
 
 import numpy as np
 
-from slurm_horus.sim.interference import Interference
+from slurm_horus.sim.interference import Interference, share_above
 from slurm_horus.sim.policies import Request
 
 # co-location needs the predicted p90 memories plus this per job to fit (CARMA: estimate + 2 GiB)
 MEM_HEADROOM_MIB = 2048.0
 INF = float("inf")
+# the tail budget holds with 95 % confidence: the expected count of jobs beyond the bound plus
+# this many standard deviations of it (one-sided normal quantile) stays within the bound's share
+TAIL_Z = 1.645
 
 
 def pair_limits(itf: Interference, slowdown_bound: float, max_group: int, k_tail: float = 1.0) -> list[float]:
@@ -99,12 +102,15 @@ class Placement:
         # the slowdown tail budget (_join_risk): jobs expected beyond the bound, charged so far,
         # each job's worst share so far, first starts, and the last join _share_place priced
         self.risk, self.jrisk, self.n_first = 0.0, [0.0] * len(self.jobs), 0
+        self.risk_var = 0.0  # the variance of that count (independent jobs)
         self.last_risk: tuple = (-1, 0.0, None)
-        # what settles a job's charge when it ends (_settle_risk): its worst group (predicted
-        # sum, size), and the time it spent with a partner (co_time, co_since: -1 when alone)
-        self.jgroup: list[tuple[float, int] | None] = [None] * len(self.jobs)
-        self.co_time = [0.0] * len(self.jobs)
-        self.co_since = [-1.0] * len(self.jobs)
+        # what settles a job's charge when it ends (_settle_risk): over its run so far, the
+        # integrals of 1 - c, of c x L (Interference.loss_rates of its groups' predicted sums)
+        # and of c where L > 0, the rates of its current group, and when they last changed
+        N = len(self.jobs)
+        self.lost_c, self.lost_k, self.lossy = [0.0] * N, [0.0] * N, [0.0] * N
+        self.rate = [(1.0, 0.0)] * N
+        self.rate_since = [0.0] * N
         # the largest summed util at which a pair keeps the median speed 1.0 (Lucid: 75 %)
         self.free_sum = max((x for x, y in self.itf.points if y >= 1.0), default=0.0)
         self.now = 0.0  # the time of the scheduling pass (set by the Simulator)
@@ -169,7 +175,7 @@ class Placement:
                     cand = np.array([x for x in cand if x not in exclude], dtype=np.int64)
                 if len(cand):
                     g = int(cand[np.argmax(self.pu[cand])])  # best fit
-                    self.last_risk = (g, u, ([], 0.0))  # no predicted loss: no tail
+                    self.last_risk = (g, u, ([], 0.0, 0.0))  # no predicted loss: no tail
                     return [g]
         best, best_cost = None, INF
         for t in req.types:  # fastest type first: the first idle GPU is the best idle one
@@ -190,8 +196,9 @@ class Placement:
             return best
         g = int(cand[np.argmin(self.rank[cand])])
         risk = self._join_risk(g, u, lim)
-        if self.risk + risk[1] > self.risk_share * (self.n_first + 1):
-            return best  # the predicted tail would use up more than the bound's share
+        spread = TAIL_Z * max(self.risk_var + risk[2], 0.0) ** 0.5
+        if self.risk + risk[1] + spread > self.risk_share * (self.n_first + 1):
+            return best  # the predicted tail may use up more than the bound's share
         # co-locate on a faster type rather than run alone on a slower one when the predicted
         # slowdown there costs less than the slower GPU does; when the least-tail group is on
         # the slower type, an idle GPU of that type costs no tail budget
@@ -225,69 +232,89 @@ class Placement:
                     best, best_key = min(idle), key
         return None if best is None else [best]
 
-    def _join_risk(self, g: int, u: float, lim: float) -> tuple[list[tuple[int, float]], float]:
+    def _join_risk(self, g: int, u: float, lim: float) -> tuple[list[tuple[int, float]], float, float]:
         """What a job of predicted util u and time limit lim joining GPU g's group does to the
-        slowdown tail: ([(job, share)], added).  share: the chance (over the sensitivity spread,
-        on predicted utils) that the job ends beyond the bound; added: how many more jobs that
-        puts beyond it (each job counts once, at its worst group so far: ``jrisk``; the
-        newcomer is index -1).  A job co-located for a fraction f of its life is beyond the bound
-        b only if its speed there is below 1 / (1 + (b - 1) / f); f is estimated from the time
-        limits, the only lengths Slurm knows: min(1, partner's limit / own limit)."""
+        slowdown tail: ([(job, share)], added, added variance).  share: the chance (over the
+        sensitivity spread, on predicted utils) that the job ends beyond the bound; added: how
+        many more jobs that puts beyond it (each job counts once, at its worst group so far:
+        ``jrisk``; the newcomer is index -1), and the variance of that count (independent jobs:
+        the sum of share x (1 - share)).  A job co-located for a fraction f of its work is
+        beyond the bound b only if its speed there is below 1 / (1 + (b - 1) / f); f is
+        estimated from the time limits, the only lengths Slurm knows: min(1, partner's limit /
+        own limit)."""
         su, n, b, ex = float(self.pu[g]) + u, int(self.ns[g]) + 1, self.bound, self.itf.exceed_share
         jrisk, cur_req, jlim = self.jrisk, self.cur_req, self.jlim
         res = [x for x in self.gjobs[g] if cur_req[x].share is not None]
         longest = max(jlim[x] for x in res)
-        out = [(-1, ex(su, n, 1.0 + (b - 1.0) / min(1.0, longest / lim)))]
-        added = out[0][1]
+        r = ex(su, n, 1.0 + (b - 1.0) / min(1.0, longest / lim))
+        out, added, var = [(-1, r)], r, r * (1.0 - r)
         for x in res:
             r = ex(su, n, 1.0 + (b - 1.0) / min(1.0, lim / jlim[x]))
             out.append((x, r))
-            if r > jrisk[x]:
-                added += r - jrisk[x]
-        return out, added
+            old = jrisk[x]
+            if r > old:
+                added += r - old
+                var += r * (1.0 - r) - old * (1.0 - old)
+        return out, added, var
 
     def _charge_risk(self, j: int, g: int, share: tuple) -> None:
         """Charge the tail budget for job j joining GPU g's group (before it is counted there)."""
         lg, lu, risk = self.last_risk  # _share_place has usually just priced this very join
-        shares, added = risk if (lg, lu) == (g, share[0]) else self._join_risk(g, share[0], share[3])
-        self.risk += added
-        group = (float(self.pu[g]) + share[0], int(self.ns[g]) + 1)
+        shares = (risk if (lg, lu) == (g, share[0]) else self._join_risk(g, share[0], share[3]))[0]
         for x, r in shares:
             x = j if x < 0 else x
             if r > self.jrisk[x]:
-                self.jrisk[x] = r
-                self.jgroup[x] = group
+                self._set_jrisk(x, r)
 
-    def _track_partners(self, g: int, now: float) -> None:
-        """After GPU g's shareable jobs changed: start or stop each one's time with a partner."""
-        co = self.ns[g] >= 2
-        co_since, co_time, cur_req = self.co_since, self.co_time, self.cur_req
+    def _set_jrisk(self, x: int, r: float) -> None:
+        """Job x's chance of ending beyond the bound is now r: the budget's count and variance."""
+        old = self.jrisk[x]
+        self.risk += r - old
+        self.risk_var += r * (1.0 - r) - old * (1.0 - old)
+        self.jrisk[x] = r
+
+    def _track_loss(self, g: int, now: float, joined: int = -1) -> None:
+        """After GPU g's shareable jobs changed: each one's predicted loss so far, at the rates
+        of the group it was in, and the new group's rates (``joined``: a job starting now)."""
+        rate = self.itf.loss_rates(float(self.pu[g]), int(self.ns[g]))
+        cur_req = self.cur_req
         for x in self.gjobs[g]:
             if cur_req[x].share is None:
                 continue
-            if co and co_since[x] < 0:
-                co_since[x] = now
-            elif not co and co_since[x] >= 0:
-                co_time[x] += now - co_since[x]
-                co_since[x] = -1.0
+            if x == joined:
+                self.lost_c[x] = self.lost_k[x] = self.lossy[x] = 0.0
+            else:
+                self._accrue(x, now)
+            self.rate[x], self.rate_since[x] = rate, now
+
+    def _accrue(self, x: int, now: float) -> None:
+        """Add job x's time since its group last changed to its loss integrals."""
+        dt = now - self.rate_since[x]
+        c, ck = self.rate[x]
+        self.lost_c[x] += dt * (1.0 - c)
+        if ck > 0.0:
+            self.lost_k[x] += dt * ck
+            self.lossy[x] += dt * c
 
     def _settle_risk(self, j: int, now: float, ran: float) -> None:
-        """Job j ended after ``ran`` seconds: its charge, estimated from time limits while it
-        ran, becomes the chance that its worst group put it beyond the bound for the share of
-        its run it really spent with partners (Slurm's placement and times, not a guess), up
-        or down."""
-        if self.co_since[j] >= 0:
-            self.co_time[j] += now - self.co_since[j]
-            self.co_since[j] = -1.0
-        group, co = self.jgroup[j], self.co_time[j]
-        self.co_time[j] = 0.0
-        if group is None:
-            return
-        self.jgroup[j] = None
-        f = min(1.0, co / ran) if ran > 0 else 0.0
-        r = self.itf.exceed_share(group[0], group[1], 1.0 + (self.bound - 1.0) / f) if f > 0 else 0.0
-        self.risk += r - self.jrisk[j]
-        self.jrisk[j] = r
+        """Job j (shareable) ended after ``ran`` seconds: its charge, estimated from time limits
+        while it ran, becomes the chance that the groups it really was in, for as long as it
+        was in each (Slurm's placement and times, not a guess), put it beyond the bound, up or
+        down.  Its solo work is the integral of c max(floor, 1 - k L) over its run: beyond the
+        bound b iff that is below run / b; not even the curve's floor gets there when enough of
+        the run was alone or lost nothing, else k > (run - integral of (1 - c) - run / b) /
+        integral of c L (the floor left out: an upper bound of the chance)."""
+        self._accrue(j, now)
+        self.rate[j] = (1.0, 0.0)
+        lost_c, lost_k, lossy = self.lost_c[j], self.lost_k[j], self.lossy[j]
+        spare = ran - lost_c - ran / self.bound  # the time it may still lose: k L integrated
+        if spare - (1.0 - self.itf.points[-1][1]) * lossy >= 0.0:
+            r = 0.0  # even at the floor throughout its lossy time it stays within the bound
+        elif lost_k > 0.0:
+            r = share_above(spare / lost_k)
+        else:
+            r = 1.0
+        self._set_jrisk(j, r)
 
     def _place(self, req: Request, exclude: set | None) -> list[int] | None:
         """GPUs for ``req`` now (best fit), avoiding ``exclude``; None if it does not fit."""
