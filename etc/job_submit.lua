@@ -55,8 +55,8 @@ local DEFAULTS = {
 	pressure_file = "",            -- written by horus-admin queue; "" = off (see load_pressure)
 	pressure_shards = 50,          -- shards a job kept whole for util gets under queue pressure
 	pressure_max_age_s = 180,      -- an older pressure file is stale: no pressure
-	-- slowdown_bound (default 2): horus-admin queue's; it reaches the hook as the pressure
-	-- file's util_limit_milli
+	-- slowdown_bound (default 2) and slowdown_tail (default median): horus-admin queue's;
+	-- they reach the hook as the pressure file's util_limit_milli
 }
 
 -- Policy keys that take a whole number: {lowest, highest, what to say when it is not one}.
@@ -225,6 +225,11 @@ local function parse_policy(text)
 				-- used by horus-admin queue (pack_util_limit); the hook only validates it
 				local n = decimal_up(val, 3)
 				if not (n and n >= 1000 and n <= 10000) then bad(key, "need a number 1..10") end
+			elseif key == "slowdown_tail" then
+				-- used by horus-admin queue (pack_util_limit); the hook only validates it
+				if not (val == "median" or val == "p90" or val == "p95" or val == "p99") then
+					bad(key, "need median, p90, p95 or p99")
+				end
 			elseif key == "type_features" then
 				tfeat = {}
 				for name in string.gmatch(val, "[^,%s]+") do

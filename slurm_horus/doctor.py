@@ -225,25 +225,30 @@ def check_ledger(url: str) -> list[Problem]:
 
 
 def check_slowdown_bound(pol: Path) -> list[Problem]:
-    """The policy's slowdown_bound acts only through horus-admin queue's pressure file, and a
-    bound below what the worst partner costs even an idle job packs nothing."""
+    """The policy's slowdown_bound and slowdown_tail act only through horus-admin queue's
+    pressure file, and a bound below what the worst partner costs even an idle job packs
+    nothing."""
     from slurm_horus.ledger.requeue import policy_util_limit
     from slurm_horus.slurm.policy import policy_value
 
     bound = policy_value("slowdown_bound", None, pol)
-    if bound is None:
+    tail = policy_value("slowdown_tail", None, pol)
+    if bound is None and tail is None:
         return []
+    bound = bound or "2"
     if not policy_value("pressure_file", "", pol):
-        return [Problem(f"policy sets slowdown_bound = {bound} but no pressure_file: the bound "
+        return [Problem(f"policy sets slowdown_bound = {bound} ({tail or 'median'} job) but no "
+                        "pressure_file: the bound "
                         "governs packing under queue pressure, which horus-admin queue signals "
                         "in that file",
                         "set pressure_file = /var/lib/slurm-horus/pressure and run horus-admin "
                         "queue (etc/horus-queue.timer)")]
     if policy_util_limit(policy_path=str(pol)) <= 0.0:
-        return [Problem(f"slowdown_bound = {bound} lets no job pack under queue pressure (a "
-                        "partner at 100 % slows even an idle job more)",
-                        "raise slowdown_bound (1.5 packs jobs up to 82 % predicted utilization; "
-                        "horus-admin queue --dry-run prints the limit)")]
+        return [Problem(f"slowdown_bound = {bound} for the {tail or 'median'} job lets no job pack "
+                        "under queue pressure (a partner at 100 % slows even an idle job more)",
+                        "raise slowdown_bound or take slowdown_tail nearer the median (1.5 for the "
+                        "median job packs jobs up to 82 % predicted utilization; horus-admin queue "
+                        "--dry-run prints the limit)")]
     return []
 
 

@@ -224,12 +224,21 @@ def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
         assert 80000 < limit < 85000, limit
         said = subprocess.run([*ADMIN, "queue", "--dry-run", "--jobs", before], capture_output=True,
                               text=True, timeout=120).stdout.splitlines()[0]
-        assert said == f"slowdown_bound 1.5: under queue pressure, jobs up to {limit / 1000:.1f} % " \
-            "predicted utilization pack", said
+        assert said == f"slowdown_bound 1.5 for the median job: under queue pressure, jobs up to " \
+            f"{limit / 1000:.1f} % predicted utilization pack", said
         strict_heavy = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 1")
         assert "action=exclusive;type=a100;reason=util" in job(strict_heavy)["AdminComment"]
         mid = submit(mine, "--gres=gpu:1", f"--comment={hint(80, 6000)}", *out, "--wrap", "sleep 1")
         assert job(mid)["AdminComment"].endswith("shards=50/100;reason=pressure"), job(mid)
+        # the default bound of 2 for the 95th-percentile job of the spread: up to 52 %, so the
+        # 80 % job now stays whole
+        with open(site) as src, open(strict, "w") as dst:
+            dst.write(src.read() + "\nslowdown_tail = p95\n")
+        queue("--min-wait", "100000")
+        limit = int(open(pressure).read().splitlines()[1].split()[1])
+        assert 50000 < limit < 55000, limit
+        tail_mid = submit(mine, "--gres=gpu:1", f"--comment={hint(80, 6000)}", *out, "--wrap", "sleep 1")
+        assert "action=exclusive;type=a100;reason=util" in job(tail_mid)["AdminComment"], job(tail_mid)
         monkeypatch.setenv("HORUS_POLICY", site)
         subprocess.run(["scancel", *fillers], check=True)
         end = time.time() + 60

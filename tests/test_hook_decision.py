@@ -188,6 +188,7 @@ VALUES = {
     "underclaim_limit": ["0", "1000001"],
     "underclaim_window_days": ["7", "0", "36501"],
     "slowdown_bound": ["1.5", "2", "0.9999", "0.999", "1", "10", "10.0001", "10.000", ".5", "1.0000000001"],
+    "slowdown_tail": ["p95", "median", "p50", "P95", "p99", "p9"],
     "gpu.v100.mem_mib": ["16384", "0", "lots"],
 }
 

@@ -5,7 +5,7 @@ import os
 from slurm_horus.ledger.requeue import (OOM_RE, marked, oom_actions, pack_util_limit, pressure_actions,
                                         pressure_types, shards_per_gpu, write_pressure,
                                         read_error_tail)
-from slurm_horus.sim.interference import Interference
+from slurm_horus.sim.interference import Interference, sensitivity_at
 from slurm_horus.slurm.accounting import queue_tokens, scheduler_actions
 from slurm_horus.slurm.hint import parse_decision
 
@@ -169,6 +169,14 @@ def test_the_slowdown_bound_limits_which_jobs_pack_under_pressure():
     assert pack_util_limit(1.5, 3) < lim  # three packed: two 100 % partners and a crowd
     assert pack_util_limit(1.02, 2) == 0.0  # the curve loses 3 % beside any 100 % job
     assert pack_util_limit(1.1, 1) == 100.0  # one job per GPU: never co-located
+    # for the 95th-percentile job of the measured spread (2.24 x the median loss) instead of
+    # the median one: the pair of 100 % jobs no longer passes a 2.0 bound
+    k95 = sensitivity_at(0.95)
+    assert 2.2 < k95 < 2.3
+    p95 = pack_util_limit(2.0, 2, tail="p95")
+    assert 30 < p95 < 100 and abs(itf.speed(100 + p95, 2, k95) - 0.5) < 1e-6
+    assert pack_util_limit(2.0, 2, tail="p99") < p95 < pack_util_limit(2.0, 2, tail="p90")
+    assert pack_util_limit(1.5, 2, tail="median") == lim
     busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
     jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL, Comment="horus:v1;a100=95/3000/3500"),
             rec(2, "PENDING", "gres:gpu:a100:1", EXCL, Comment="horus:v1;a100=75/3000/3500")]

@@ -37,7 +37,8 @@ def register(admin: click.Group) -> None:
             except ValueError:
                 raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15") from None
         if dry_run and not as_json:
-            click.echo(f"slowdown_bound {policy_value('slowdown_bound', '2')}: under queue pressure, "
+            click.echo(f"slowdown_bound {policy_value('slowdown_bound', '2')} for the "
+                       f"{policy_value('slowdown_tail', 'median')} job: under queue pressure, "
                        f"jobs up to {policy_util_limit(pack_shards):.1f} % predicted utilization pack")
         while True:
             for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,

@@ -30,7 +30,7 @@ from slurm_horus.slurm.commands import run
 from slurm_horus.slurm.hint import parse_decision, parse_hint
 from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records
 from slurm_horus.slurm.policy import charged_mem_mib, policy_value
-from slurm_horus.sim.interference import Interference
+from slurm_horus.sim.interference import Interference, sensitivity_at
 
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
 OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
@@ -179,31 +179,42 @@ def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
     return sorted(t for t in free if len(pending.get(t, ())) + 1 > free[t])
 
 
-def pack_util_limit(bound: float, group: int, itf: Interference | None = None) -> float:
+# policy slowdown_tail -> the job of the worst group the bound is for: the curve's median
+# pair loss (sensitivity 1), or the given quantile of the measured spread of sensitivities
+SLOWDOWN_TAILS = {"median": None, "p90": 0.90, "p95": 0.95, "p99": 0.99}
+
+
+def pack_util_limit(bound: float, group: int, itf: Interference | None = None,
+                    tail: str = "median") -> float:
     """The highest predicted utilization (%) at which a job may take shards under queue
-    pressure and the admin's slowdown ``bound`` still holds for the median job of the worst
-    group Slurm may then put it in: ``group`` jobs packed alike, its partners at 100 % each
-    (Slurm places by shards, so the partners are unknown at submission), on the measured
-    co-location curve (the simulator's).  100: any job; 0: none."""
+    pressure and the admin's slowdown ``bound`` still holds for the ``tail`` job of the worst
+    group Slurm may then put it in (the median, or a quantile of the sensitivity spread:
+    p95 keeps 95 % of that group's jobs within it): ``group`` jobs packed alike, its partners
+    at 100 % each (Slurm places by shards, so the partners are unknown at submission), on the
+    measured co-location curve (the simulator's).  100: any job; 0: none."""
     itf = itf or Interference()
+    q = SLOWDOWN_TAILS[tail]
+    sens = 1.0 if q is None else sensitivity_at(q)
     if group <= 1:
         return 100.0
     base = 100.0 * (group - 1)
-    if itf.speed(base + 100.0, group) >= 1.0 / bound:
+    if itf.speed(base + 100.0, group, sens) >= 1.0 / bound:
         return 100.0
-    return max(0.0, itf.sum_limit(bound, group) - base)
+    return max(0.0, itf.sum_limit(bound, group, sens) - base)
 
 
 def policy_util_limit(pack_shards: int | None = None, policy_path: str | None = None) -> float:
-    """pack_util_limit for the policy's ``slowdown_bound`` (default 2.0), its groups being as
-    many jobs as ``pack_shards`` (default: the policy's ``pressure_shards``, 50) fit in its
-    ``shards_per_gpu``: how far the hook and this loop pack under pressure."""
+    """pack_util_limit for the policy's ``slowdown_bound`` (default 2.0) and ``slowdown_tail``
+    (default median), its groups being as many jobs as ``pack_shards`` (default: the policy's
+    ``pressure_shards``, 50) fit in its ``shards_per_gpu``: how far the hook and this loop pack
+    under pressure."""
     shards = int(policy_value("shards_per_gpu", "100", path=policy_path))
     ps = int(policy_value("pressure_shards", "50", path=policy_path))
     if pack_shards is not None:
         ps = min(ps, pack_shards)
     bound = float(policy_value("slowdown_bound", "2", path=policy_path))
-    return pack_util_limit(bound, shards // ps)
+    tail = policy_value("slowdown_tail", "median", path=policy_path)
+    return pack_util_limit(bound, shards // ps, tail=tail)
 
 
 def write_pressure(path: str | os.PathLike, types, now: float | None = None,

@@ -132,6 +132,7 @@ _POLICY_KEYS = {
     "pressure_shards": _int_in(1, 1000000),
     "pressure_max_age_s": _int_in(1, 86400),
     "slowdown_bound": _decimal_in(1, 10),
+    "slowdown_tail": _one_of("median", "p90", "p95", "p99"),
     "underclaim_limit": _int_in(0, 1000000),
     "underclaim_window_days": _int_in(1, 36500),
 }
