@@ -224,6 +224,24 @@ def check_ledger(url: str) -> list[Problem]:
     return out + _trusted(db, "the ledger")
 
 
+def check_policy_lines(pol: Path) -> list[Problem]:
+    """Lines of the policy the hook ignores (it logs them in slurmctld's log only), and a file
+    too large for it to read at all."""
+    from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_lines
+
+    try:
+        text = pol.read_bytes()
+    except OSError:
+        return []
+    if len(text) > POLICY_MAX_BYTES:
+        return [Problem(f"policy {pol} is over {POLICY_MAX_BYTES} bytes: the hook ignores all of it",
+                        "shorten it (comments count)")]
+    return [Problem(f"policy {pol} line {n}: {key} = {value[:60]!r} is ignored by the hook (an "
+                    "unknown key or a value it does not accept)",
+                    "correct it; docs/hint-and-policy.md lists each key's values")
+            for n, key, value in ignored_policy_lines(text.decode("utf-8", "surrogateescape"))]
+
+
 def check_slowdown_bound(pol: Path) -> list[Problem]:
     """The policy's slowdown_bound and slowdown_tail act only through horus-admin queue's
     pressure file, and a bound below what the worst partner costs even an idle job packs
@@ -283,7 +301,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
         out.append(Problem(f"policy {pol} is missing: the hook uses its built-in defaults",
                            f"install share/slurm-horus/etc/horus_policy.conf as {pol}"))
     else:
-        out += _trusted(pol.resolve(), "the policy")
+        out += _trusted(pol.resolve(), "the policy") + check_policy_lines(pol)
     spg = int(policy_value("shards_per_gpu", "100", pol))
     type_via = policy_value("type_via", "features", pol)
     mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}

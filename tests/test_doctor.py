@@ -139,6 +139,18 @@ def test_slowdown_bound_needs_the_pressure_file_and_room_to_pack(site):
     assert "no pressure_file" in p.what and "horus-queue.timer" in p.fix
 
 
+def test_policy_lines_the_hook_ignores_are_named_with_their_line(site):
+    pol = site / "horus_policy.conf"
+    n = len(pol.read_text().split("\n"))
+    with open(pol, "a") as f:
+        f.write("slowdown_tail = p97\npack_limt_pct = 80\nslowdown_tail = p95   # fine\n")
+    got = [p.what for p in problems(site)]
+    assert len(got) == 2 and all("is ignored by the hook" in w for w in got), got
+    assert f"line {n}: slowdown_tail = 'p97'" in got[0] and f"line {n + 1}: pack_limt_pct" in got[1]
+    pol.write_text("# " + "x" * 70000 + "\n")
+    assert any("the hook ignores all of it" in p.what for p in problems(site))
+
+
 def test_hook_missing_or_foreign(site):
     (site / "job_submit.lua").write_text("function slurm_job_submit() return 0 end\n")
     (p,) = problems(site)

@@ -81,7 +81,7 @@ def decide(
 # --------------------------------------------------------------------------- policy file
 # The line grammar and value checks of parse_policy() in job_submit.lua (keep in step).
 
-_POLICY_MAX_BYTES = 65536
+POLICY_MAX_BYTES = 65536
 _POLICY_MAX_LINES = 1000
 _POLICY_MAX_LINE = 1024
 _POLICY_LINE_RE = re.compile(r"^[ \t\r\n\v\f]*([A-Za-z0-9_.\-]+)[ \t\r\n\v\f]*=[ \t\r\n\v\f]*(.*?)[ \t\r\n\v\f]*$",
@@ -163,10 +163,16 @@ def _policy_entries(text: str) -> list[tuple[int, str, str, bool]]:
     return out
 
 
+def ignored_policy_lines(text: str) -> list[tuple[int, str, str]]:
+    """(line number from 1, key, value) of each ``key = value`` line the hook ignores: an
+    unknown key, or a value it rejects (it keeps the key's earlier value, else its default)."""
+    return [(n + 1, key, value) for n, key, value, ok in _policy_entries(text) if not ok]
+
+
 def policy_values(text: str) -> dict[str, str]:
     """Every key the policy text sets validly, with the value the hook uses (the last accepted
     line's); keys it leaves at the hook's built-in default are absent."""
-    if len(text.encode("utf-8", "surrogateescape")) > _POLICY_MAX_BYTES:
+    if len(text.encode("utf-8", "surrogateescape")) > POLICY_MAX_BYTES:
         return {}  # the hook ignores the whole file
     values = {key: value for _, key, value, ok in _policy_entries(text) if ok}
     for key in ("min_shards", "pressure_shards"):
@@ -206,7 +212,7 @@ def policy_value(key: str, default: str | None = None,
     for the key (the hook then uses its built-in default: pass that as ``default``)."""
     try:
         with open(policy_file(path), "rb") as f:
-            data = f.read(_POLICY_MAX_BYTES + 1)
+            data = f.read(POLICY_MAX_BYTES + 1)
     except OSError:
         return default
     return policy_values(data.decode("utf-8", "surrogateescape")).get(key, default)
@@ -240,7 +246,7 @@ def policy_with_overrides(base_text: str, overrides: dict[str, str]) -> str:
     if overrides:
         lines += ["# overrides", *(f"{k} = {v}" for k, v in overrides.items())]
     text = "\n".join(lines) + "\n"
-    if len(lines) > _POLICY_MAX_LINES or len(text.encode("utf-8", "surrogateescape")) > _POLICY_MAX_BYTES:
+    if len(lines) > _POLICY_MAX_LINES or len(text.encode("utf-8", "surrogateescape")) > POLICY_MAX_BYTES:
         raise HorusError("policy with overrides exceeds the hook's 1000 lines / 64 KiB")
     got = policy_values(text)
     for key, value in overrides.items():
