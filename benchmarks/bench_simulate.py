@@ -123,9 +123,8 @@ def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
                 + f" | {_cells(m, 'oom_failures', '{:.1f}')} | {_cells(m, 'timeouts', '{:.1f}')}"
                 + f" | {_cells(m, 'failed_jobs', '{:.1f}', pols=('naive', 'horus'))}"
                 + f" | {best}/{ns} | {near}/{ns} | {bound}/{ns} |")
-        ratios = sorted(r["horus"]["mean_jct_s"] / r["oracle"]["mean_jct_s"] for load in loads
-                        for r in res[trace, load])
         runs = [r for load in loads for r in res[trace, load]]
+        ratios = sorted(r["horus"]["mean_jct_s"] / r["oracle"]["mean_jct_s"] for r in runs)
         tail = "; ".join(f"{p} expected {sum(r[p]['expected_beyond'] for r in runs):.0f}, were "
                          f"{sum(r[p]['beyond_bound'] for r in runs)}" for p in ("horus", "oracle"))
         lines += ["", f"horus / oracle mean JCT over the {len(ratios)} runs: min {ratios[0]:.2f}, "

@@ -29,7 +29,7 @@ from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run
 from slurm_horus.slurm.hint import parse_decision, parse_hint
 from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records
-from slurm_horus.slurm.policy import charged_mem_mib, policy_value
+from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, policy_value
 from slurm_horus.sim.interference import Interference, sensitivity_at
 
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
@@ -177,11 +177,6 @@ def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
     free = _node_type_free(nodes)
     pending = _pending_by_type(jobs, free)
     return sorted(t for t in free if len(pending.get(t, ())) + 1 > free[t])
-
-
-# policy slowdown_tail -> the job of the worst group the bound is for: the curve's median
-# pair loss (sensitivity 1), or the given quantile of the measured spread of sensitivities
-SLOWDOWN_TAILS = {"median": None, "p90": 0.90, "p95": 0.95, "p99": 0.99}
 
 
 def pack_util_limit(bound: float, group: int, itf: Interference | None = None,

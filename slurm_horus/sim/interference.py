@@ -96,11 +96,17 @@ class Interference:
             s = y0 + (y1 - y0) * (sum_util_pct - x0) / (x1 - x0)
         if sens != 1.0:
             s = max(pts[-1][1], 1.0 - (1.0 - s) * sens)
-        if n_jobs > 2 and self.beyond_pairs:
-            s *= (1.0 - self.beyond_pairs) ** (n_jobs - 2)
-        if self.mem_bw_penalty:
-            s *= (1.0 - self.mem_bw_penalty) ** (n_jobs - 1)
+        if n_jobs > 2 or self.mem_bw_penalty:
+            s *= self._crowd(n_jobs)
         return s
+
+    def _crowd(self, n_jobs: int) -> float:
+        """The factor on every speed in a group of ``n_jobs`` >= 2 beyond the pair curve:
+        ``beyond_pairs`` per job past the second, ``mem_bw_penalty`` per partner."""
+        c = (1.0 - self.beyond_pairs) ** (n_jobs - 2) if n_jobs > 2 and self.beyond_pairs else 1.0
+        if self.mem_bw_penalty:
+            c *= (1.0 - self.mem_bw_penalty) ** (n_jobs - 1)
+        return c
 
     def sum_limit(self, bound: float, n_jobs: int, sens: float = 1.0) -> float:
         """The largest summed utilization (%) at which ``n_jobs`` co-located jobs keep the speed
@@ -123,11 +129,7 @@ class Interference:
         if n_jobs <= 1:
             return 0.0
         loss = 1.0 - self.speed(sum_util_pct, 2)  # the median loss (mem_bw_penalty off)
-        need = 1.0 / bound
-        if n_jobs > 2 and self.beyond_pairs:
-            need /= (1.0 - self.beyond_pairs) ** (n_jobs - 2)
-        if self.mem_bw_penalty:
-            need /= (1.0 - self.mem_bw_penalty) ** (n_jobs - 1)
+        need = 1.0 / bound / self._crowd(n_jobs)
         if need >= 1.0:
             return 1.0
         if loss <= 0.0 or self.points[-1][1] >= need:
@@ -140,9 +142,7 @@ class Interference:
         curve's floor left out), so its time-averaged speed over a run is linear in k."""
         if n_jobs <= 1:
             return 1.0, 0.0
-        c = (1.0 - self.beyond_pairs) ** (n_jobs - 2) if self.beyond_pairs else 1.0
-        if self.mem_bw_penalty:
-            c *= (1.0 - self.mem_bw_penalty) ** (n_jobs - 1)
+        c = self._crowd(n_jobs)
         return c, c * (1.0 - self.speed(sum_util_pct, 2))
 
 

@@ -305,7 +305,6 @@ class Placement:
         the run was alone or lost nothing, else k > (run - integral of (1 - c) - run / b) /
         integral of c L (the floor left out: an upper bound of the chance)."""
         self._accrue(j, now)
-        self.rate[j] = (1.0, 0.0)
         lost_c, lost_k, lossy = self.lost_c[j], self.lost_k[j], self.lossy[j]
         spare = ran - lost_c - ran / self.bound  # the time it may still lose: k L integrated
         if spare - (1.0 - self.itf.points[-1][1]) * lossy >= 0.0:

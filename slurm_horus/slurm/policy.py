@@ -110,6 +110,9 @@ def _one_of(*names: str):
     return lambda v: v in names
 
 
+# policy slowdown_tail -> the job of horus-admin queue's worst group the slowdown bound is for:
+# the curve's median pair loss (sensitivity 1), or this quantile of the measured spread
+SLOWDOWN_TAILS = {"median": None, "p90": 0.90, "p95": 0.95, "p99": 0.99}
 _MAX_MEM_MIB = 99999999
 # key -> validator of the hook (an invalid value makes the hook use its built-in default)
 _POLICY_KEYS = {
@@ -132,7 +135,7 @@ _POLICY_KEYS = {
     "pressure_shards": _int_in(1, 1000000),
     "pressure_max_age_s": _int_in(1, 86400),
     "slowdown_bound": _decimal_in(1, 10),
-    "slowdown_tail": _one_of("median", "p90", "p95", "p99"),
+    "slowdown_tail": _one_of(*SLOWDOWN_TAILS),
     "underclaim_limit": _int_in(0, 1000000),
     "underclaim_window_days": _int_in(1, 36500),
 }
