@@ -18,7 +18,7 @@ from slurm_horus.sim.cluster import (ClusterSpec, NodeSpec, cluster_from_json, c
 from slurm_horus.sim.engine import Simulator, run_policies
 from slurm_horus.sim.mix import ModelMix
 from slurm_horus.sim.policies import HorusDecider, Request, build_requests, job_table
-from slurm_horus.sim.replay import from_rows, from_sacct_json
+from slurm_horus.sim.replay import from_rows, from_sacct_json, rows_from_ledger_jobs, site_residuals
 from slurm_horus.sim.traces import TRACES, SimJob, generate_trace, lognormal_params
 
 A100 = 40960.0
@@ -272,6 +272,65 @@ def test_from_rows_ledger_interface():
                                    "true_util")}], ["a100"])
 
 
+def _site_rows(model, n, pred_util, true_util, pred_mem=4000.0, true_mem=4000.0, colocated=False, t0=0):
+    return [{"submit_time": t0 + i, "elapsed_s": 100, "gpus": 1, "pred_util": pred_util,
+             "pred_mem": pred_mem, "true_util": true_util, "true_mem": true_mem, "model": model,
+             "colocated": colocated} for i in range(n)]
+
+
+def test_site_residuals_use_solo_runs_for_utilization():
+    rows = (_site_rows("resnet50", 6, 60, 30, 4000, 5200)       # solo: util / 2, memory x 1.3
+            + _site_rows("resnet50", 3, 60, 15, 4000, 5200, colocated=True)  # its share: not its need
+            + _site_rows("vgg16", 4, 80, 80))                  # too few runs of its own
+    res = site_residuals(rows)
+    assert res["util"]["resnet50"] == [round(math.log(0.5), 4)] * 6
+    assert res["mem"]["resnet50"] == [round(math.log(1.3), 4)] * 9  # memory from every run
+    assert "vgg16" not in res["util"] and "vgg16" not in res["mem"]
+    assert sorted(res["util"]["*"]) == sorted([round(math.log(0.5), 4)] * 6 + [0.0] * 4)
+    with pytest.raises(HorusError, match="row 1: colocated must be true or false"):
+        site_residuals([dict(rows[0], colocated="yes")])
+
+
+def test_mix_draws_the_sites_residuals_first(mix):
+    site = {"util": {"resnet50": [-0.7], "*": [-0.2, -0.1]}, "mem": {"resnet50": [0.26]}}
+    smix = ModelMix(site=site)
+    assert list(smix.util_residuals("resnet50")) == [-0.7]
+    assert list(smix.util_residuals("vgg16")) == [-0.2, -0.1]      # the site's pool
+    assert list(smix.mem_residuals("resnet50")) == [0.26]
+    assert list(smix.mem_residuals("vgg16")) == list(mix.mem_residuals("vgg16"))  # GPUMemNet's
+    no_pool = ModelMix(site={"util": {"resnet50": [-0.7]}, "mem": {}})
+    assert list(no_pool.util_residuals("vgg16")) == list(mix.util_residuals())
+    for bad in ({"util": {}}, {"util": {"m": ["x"]}, "mem": {}}, {"util": {"m": []}, "mem": {}},
+                {"util": {"m": [float("nan")]}, "mem": {}}):
+        with pytest.raises(HorusError, match="site residuals"):
+            ModelMix(site=bad)
+
+
+def test_generated_truth_follows_the_sites_errors(mix):
+    """Every model of the mix measured by the site at half its predicted utilization and 1.3x
+    its memory: the truth of every generated job is exactly that (no jitter)."""
+    models = sorted({m for m, _, _ in mix.entries("philly")[0]})
+    site = {"util": {m: [math.log(0.5)] for m in models}, "mem": {m: [math.log(1.3)] for m in models}}
+    kw = dict(seed=3, sigma_util=0.0, sigma_mem=0.0, mem_cap_mib=1e9)
+    jobs = generate_trace("philly", 200, ["a100", "t4"], 16, mix=ModelMix(site=site), **kw)
+    for j in jobs:
+        for t in ("a100", "t4"):
+            assert j.true[t][0] == pytest.approx(min(100.0, j.pred[t][0] * 0.5))
+            assert j.true[t][1] == pytest.approx(j.pred[t][1] * 1.3)
+    shipped = generate_trace("philly", 200, ["a100", "t4"], 16, mix=mix, **kw)
+    assert sum(abs(j.true["a100"][0] - j.pred["a100"][0] * 0.5) > 1 for j in shipped) > 50
+
+
+def test_replayed_colocated_runs_take_a_solo_residual():
+    """A co-located run's measured utilization is its share: the replay gives it its prediction
+    times a residual of the same model's solo runs, not the share."""
+    rows = _site_rows("m", 5, 50, 40) + _site_rows("m", 1, 60, 20, colocated=True, t0=10)
+    jobs = from_rows(rows, ["a100"])
+    assert [j.true["a100"][0] for j in jobs] == pytest.approx([40] * 5 + [48], rel=1e-3)  # residuals: 4 places
+    lone = from_rows(_site_rows("m", 1, 60, 20, colocated=True), ["a100"])
+    assert lone[0].true["a100"][0] == 60  # no solo run to learn from: the prediction
+
+
 def test_from_sacct_json(mix):
     doc = {"jobs": [
         {"job_id": 1, "time": {"submission": 1000, "elapsed": 300, "limit": 60},
@@ -398,6 +457,27 @@ def test_cli_replays_ledger_and_sacct_on_a_slurm_conf_cluster(simulate_cli, tmp_
     assert r.exit_code == 2 and "not both" in r.output
 
 
+def test_cli_draws_errors_from_the_sites_rows(simulate_cli, tmp_path):
+    mix = ModelMix()
+    models = sorted({m for m, _, _ in mix.entries("philly")[0]})
+    rows = [r for m in models for r in _site_rows(m, 5, 80, 20, 4000, 4000)]  # a site 4x over
+    site = tmp_path / "site.json"
+    site.write_text(json.dumps(rows))
+    base = ["simulate", "--jobs", "150", "--gpus", "8", "--seed", "2", "--json", "--policies", "naive,oracle"]
+    plain = CliRunner().invoke(simulate_cli, base)
+    own = CliRunner().invoke(simulate_cli, base + ["--residuals-from", str(site)])
+    assert plain.exit_code == 0 and own.exit_code == 0, own.output
+    # the truth is a quarter of the prediction: naive's pairs slow each other down less
+    assert json.loads(own.output)["naive"]["mean_slowdown"] < json.loads(plain.output)["naive"]["mean_slowdown"]
+    for args, msg in (([ "--ledger", str(site)], "takes its truth from its own rows"),
+                      ([], "row 1: missing true_mem")):
+        if not args:
+            site.write_text(json.dumps([{k: v for k, v in rows[0].items() if k != "true_mem"}]))
+        r = CliRunner().invoke(simulate_cli, base + ["--residuals-from", str(site)] + args)
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert r.exit_code != 0 and len(lines) == 1 and msg in lines[0], r.output
+
+
 def test_bf_interval_spaces_backfill_passes():
     # as the backfill test above, but backfill runs every 30 s: C waits for the pass at t=30
     jobs = [job(0, 0, 1000, limit=2000), job(1, 1, 100, gpus=2, limit=200),
@@ -431,6 +511,14 @@ def test_replays_a_real_ledger(tmp_path):
     out = _json.loads(res.output)
     assert set(out) >= {"exclusive", "horus"}
     assert out["horus"]["mean_wait_s"] <= out["exclusive"]["mean_wait_s"]
+    # Slurm's placement says which runs shared their GPU: their utilization is not a solo one
+    led.record_usage(job_id=3, cluster="c", source="sacct", util_mean=12.0, mem_peak_mib=4200.0,
+                     elapsed_s=600, state="COMPLETED", gpu_type="a100", colocated=[4],
+                     start_time=1180, end_time=1780)
+    rows = rows_from_ledger_jobs(led.jobs(submitted_only=True))
+    assert [r["colocated"] for r in rows] == [False] * 3 + [True] + [False] * 8
+    # no model file, no family of its own: the pool only
+    assert site_residuals(rows) == {"util": {"*": [round(math.log(35 / 30), 4)] * 11}, "mem": {}}
 
 
 def test_shipped_mix_needs_no_onnx_and_carries_biased_residuals():

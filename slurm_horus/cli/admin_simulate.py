@@ -49,36 +49,46 @@ def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_
     return homogeneous_cluster(gpus, gpu_type.lower(), gpus_per_node)
 
 
+def ledger_rows(ledger: str) -> list:
+    """The measured rows of --ledger/--residuals-from: a ledger's SQLAlchemy URL or a JSON file."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.sim.replay import rows_from_ledger_jobs
+
+    if "://" in ledger:  # the site's ledger itself
+        from slurm_horus.ledger import Ledger
+
+        return rows_from_ledger_jobs(Ledger(ledger).jobs(submitted_only=True))
+    try:
+        rows = json.loads(_read(ledger, "ledger file"))
+    except ValueError as e:
+        raise HorusError(f"ledger file {ledger}: not JSON ({e})") from None
+    if isinstance(rows, dict):
+        rows = rows.get("rows")
+    if not isinstance(rows, list):
+        raise HorusError(f"ledger file {ledger}: expected a JSON list of rows")
+    return rows
+
+
 def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
-                repeat_share=None):
+                repeat_share=None, residuals_from=None):
     from slurm_horus.errors import HorusError
     from slurm_horus.sim.mix import ModelMix
-    from slurm_horus.sim.replay import from_rows, from_sacct_json, rows_from_ledger_jobs
+    from slurm_horus.sim.replay import from_rows, from_sacct_json, site_residuals
     from slurm_horus.sim.traces import generate_trace
 
     if sacct and ledger:
         raise HorusError("give --sacct or --ledger, not both")
-    mix = ModelMix(zoo)
+    if residuals_from and ledger:
+        raise HorusError("--residuals-from applies to generated and --sacct traces; "
+                         "a --ledger replay takes its truth from its own rows")
+    if ledger:
+        return from_rows(ledger_rows(ledger), cluster.gpu_types, seed=seed)
+    mix = ModelMix(zoo, site=site_residuals(ledger_rows(residuals_from)) if residuals_from else None)
     mem_cap = 0.97 * max(cluster.mem_mib(t) for t in cluster.gpu_types)
     if sacct:
         return from_sacct_json(_read(sacct, "sacct file"), cluster.gpu_types, seed=seed, trace_mix=trace,
                                sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
                                max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
-    if ledger and "://" in ledger:  # the site's ledger itself (an SQLAlchemy URL)
-        from slurm_horus.ledger import Ledger
-
-        return from_rows(rows_from_ledger_jobs(Ledger(ledger).jobs(submitted_only=True)),
-                         cluster.gpu_types)
-    if ledger:
-        try:
-            rows = json.loads(_read(ledger, "ledger file"))
-        except ValueError as e:
-            raise HorusError(f"ledger file {ledger}: not JSON ({e})") from None
-        if isinstance(rows, dict):
-            rows = rows.get("rows")
-        if not isinstance(rows, list):
-            raise HorusError(f"ledger file {ledger}: expected a JSON list of rows")
-        return from_rows(rows, cluster.gpu_types)
     extra = {} if repeat_share is None else {"repeat_share": repeat_share}
     return generate_trace(trace, jobs, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load,
                           sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
@@ -104,6 +114,10 @@ def register(main_group: click.Group) -> None:
                   help="Replay the measured jobs of a ledger (its SQLAlchemy URL, e.g. "
                        "sqlite:////var/lib/slurm-horus/ledger.db), or a JSON list of rows "
                        "{submit_time, elapsed_s, gpus, pred_util, pred_mem, true_util, true_mem}.")
+    @click.option("--residuals-from", metavar="URL|FILE",
+                  help="Draw the generated (or --sacct) jobs' prediction errors from the site's "
+                       "own measured jobs (a ledger URL or rows as for --ledger): per model where "
+                       "it ran at least 5 times, utilization from runs that had their GPU alone.")
     @click.option("--seed", type=int, default=0, show_default=True)
     @click.option("--load", type=float, default=1.0, show_default=True,
                   help="Offered load: arrivals x exclusive GPU-seconds / capacity.")
@@ -151,7 +165,7 @@ def register(main_group: click.Group) -> None:
                        "else into FILE.png (needs matplotlib: pip install 'slurm-horus[plot]').")
     @one_line_errors("horus-admin simulate")
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
-                     sacct, ledger, seed, load, sigma_util, sigma_mem, repeat_share, history_lag, no_history,
+                     sacct, ledger, residuals_from, seed, load, sigma_util, sigma_mem, repeat_share, history_lag, no_history,
                      policies, naive_shards, policy_file,
                      bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, slowdown_bound,
                      slowdown_quantile, max_group, zoo, as_json, plot):
@@ -185,13 +199,18 @@ def register(main_group: click.Group) -> None:
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
         cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf)
         jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
-                           repeat_share)
+                           repeat_share, residuals_from)
         results = run_policies(cluster, jobs, pols, policy_path=policy_file, naive_shards=naive_shards,
                                interference=itf, bf_window=bf_window, bf_interval=bf_interval,
                                oom_delay_s=oom_delay, slowdown_bound=slowdown_bound,
                                slowdown_quantile=slowdown_quantile, max_group=max_group,
                                history_lag_s=None if no_history else history_lag)
-        src = f"sacct {sacct}" if sacct else f"ledger {ledger}" if ledger else f"{trace} trace, seed {seed}"
+        from slurm_horus.ledger.db import mask_url
+
+        shown = lambda where: mask_url(where) if "://" in where else where  # noqa: E731 (no password)
+        src = f"sacct {sacct}" if sacct else f"ledger {shown(ledger)}" if ledger else f"{trace} trace, seed {seed}"
+        if residuals_from:
+            src += f", errors from {shown(residuals_from)}"
         what = f"{len(jobs)} jobs ({src}) on {cluster.describe()}"
         if plot and plot != "-":
             save(figure(results, f"horus-admin simulate: {what}"), plot)

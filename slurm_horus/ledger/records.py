@@ -6,12 +6,11 @@ from the model or the workload.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import asdict, is_dataclass
-from pathlib import Path
 
 from slurm_horus.errors import HorusError
+from slurm_horus.graph.names import family_of
 
 SOURCES = ("sacct", "probe", "import")
 
@@ -34,14 +33,6 @@ def _pred_dict(p) -> dict:
     if isinstance(p, dict):
         return p
     return p.to_dict() if hasattr(p, "to_dict") else dict(p)
-
-
-def family_of(model_path: str) -> str:
-    """A model's family from its file name: 'resnet50_bs64.onnx' -> 'resnet50'."""
-    stem = Path(str(model_path)).name
-    stem = re.sub(r"\.onnx$", "", stem, flags=re.I)
-    stem = re.split(r"[._-](?:bs|b|batch|v|ep|epoch|step)?\d*$", stem)[0] or stem
-    return stem.lower()[:64]
 
 
 def submission_record(*, job_id, cluster="", user=None, account=None, submit_time=None,

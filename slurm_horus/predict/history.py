@@ -36,7 +36,8 @@ from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.history_format import (FORMAT, FORMAT_VERSION, MAX_LOG_RATIO, check_run,
                                                 read_history)
-from slurm_horus.predict.workload import dims_key, family_of
+from slurm_horus.graph.names import family_of
+from slurm_horus.predict.workload import dims_key
 
 # Weight of one tier's estimate against the base predictor's (weight 1), for n graphs of
 # evidence: W * n / (n + 1). Family and user evidence is other graphs: it only pulls.

@@ -1,5 +1,5 @@
 """What a job's stored or requested settings mean to the predictors: its Workload, the
-non-batch dimensions as a key, and the model family its file name says.
+non-batch dimensions as a key (the model family its file name says: graph.names).
 
 Submission (hsubmit's options), the ledger's stored workloads, CSV imports and the history all
 describe a job by the same few fields; this is the one place that turns them into a Workload,
@@ -7,9 +7,6 @@ so a missing field means the same default everywhere.
 """
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 from slurm_horus.errors import HorusError
 from slurm_horus.predict.coldstart import Workload
@@ -53,9 +50,3 @@ def dims_key(dims: dict | None, batch: int) -> str:
     return ",".join(f"{k}={v}" for k, v in items)
 
 
-def family_of(model_path: str) -> str:
-    """A model's family from its file name: 'resnet50_bs64.onnx' -> 'resnet50'."""
-    stem = Path(str(model_path)).name
-    stem = re.sub(r"\.onnx$", "", stem, flags=re.I)
-    stem = re.split(r"[._-](?:bs|b|batch|v|ep|epoch|step)?\d*$", stem)[0] or stem
-    return stem.lower()[:64]

@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from slurm_horus.graph.features import extract_features
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.predict.gpus import get_gpu
 
-__all__ = ["MIX", "SHIPPED_TYPES", "SHIPPED_MIX", "ModelMix", "runtime_factor"]
+__all__ = ["MIX", "SHIPPED_TYPES", "SHIPPED_MIX", "SITE_POOLED", "ModelMix", "runtime_factor"]
 
 # The model mix: (zoo model, batch size, task, {trace: weight}).  Philly/Helios: research
 # training jobs over all families; PAI: many small and inference jobs (its median util is 1.5 %);
@@ -60,6 +60,31 @@ MIX: tuple[tuple[str, int, str, dict[str, float]], ...] = (
 SHIPPED_TYPES = ("a100-40gb", "a100-80gb", "t4", "v100-16gb", "v100-32gb", "h100-sxm", "l4",
                  "a10", "a30", "rtx3090", "l40s")
 SHIPPED_MIX = Path(__file__).resolve().parents[1] / "data" / "sim_mix.json"
+# the key of a site's residuals pooled over all its models (replay.site_residuals)
+SITE_POOLED = "*"
+
+
+def _site_tables(site) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """({model: util residuals}, {model: memory residuals}) of ``site`` ({"util": {model:
+    [log ratios]}, "mem": {...}}, as replay.site_residuals makes it), checked: finite numbers."""
+    if site is None:
+        return {}, {}
+    out = []
+    for kind in ("util", "mem"):
+        table = site.get(kind) if isinstance(site, Mapping) else None
+        if not isinstance(table, Mapping):
+            raise HorusError(f"site residuals: no '{kind}' table")
+        got = {}
+        for model, vals in table.items():
+            try:
+                arr = np.asarray(vals, dtype=float) if isinstance(vals, (list, tuple, np.ndarray)) else None
+            except (TypeError, ValueError):
+                arr = None
+            if arr is None or arr.ndim != 1 or not len(arr) or not np.isfinite(arr).all():
+                raise HorusError(f"site residuals: {kind} of '{model}' is not a list of numbers")
+            got[str(model)] = arr
+        out.append(got)
+    return out[0], out[1]
 
 
 class ModelMix:
@@ -69,10 +94,13 @@ class ModelMix:
     Default: the shipped table (slurm_horus/data/sim_mix.json, made by
     benchmarks/make_sim_mix.py), so no ONNX graph is read at run time.  ``zoo_dir``: a folder of
     ``<model>.onnx`` files to predict from instead (any GPU type of the catalog; dims from
-    ``zoo.json`` next to it, else batch/seq=128).
+    ``zoo.json`` next to it, else batch/seq=128).  ``site``: the site's own residuals
+    (:func:`slurm_horus.sim.replay.site_residuals` of its ledger), used before the shipped ones
+    for the models the site ran.
     """
 
-    def __init__(self, zoo_dir: str | os.PathLike | None = None, estimator=None):
+    def __init__(self, zoo_dir: str | os.PathLike | None = None, estimator=None,
+                 site: Mapping[str, Mapping[str, Sequence[float]]] | None = None):
         self.zoo_dir = Path(zoo_dir) if zoo_dir is not None else None
         self._estimator = estimator
         try:
@@ -84,19 +112,25 @@ class ModelMix:
         self._res_model = {m: np.array(v, dtype=float) for m, v in res["by_model"].items()}
         self._res_pooled = np.array(res["pooled"], dtype=float)
         self._util_res = np.array(self._table["util_residuals"]["pooled"], dtype=float)
+        self._site_util, self._site_mem = _site_tables(site)
         self._reports: dict[tuple[str, int], Any] = {}
         self._preds: dict[tuple[str, int, str, str], tuple[float, float, float]] = {}
         self._dims: dict[str, dict[str, int]] | None = None
 
     def mem_residuals(self, model: str) -> np.ndarray:
-        """log(measured / predicted) memory of ``model`` (pooled over all measured models when
-        it was not measured itself)."""
-        return self._res_model.get(model, self._res_pooled)
+        """log(measured / predicted) memory of ``model``: the site's runs of it (``site``), else
+        GPUMemNet's, else pooled over all models GPUMemNet measured."""
+        got = self._site_mem.get(model)
+        return got if got is not None else self._res_model.get(model, self._res_pooled)
 
-    def util_residuals(self) -> np.ndarray:
-        """log(measured / predicted) utilization of the cold start on held-out runs (pooled: the
-        only utilization measurements are GPUMemNet's MLP runs)."""
-        return self._util_res
+    def util_residuals(self, model: str | None = None) -> np.ndarray:
+        """log(measured / predicted) utilization: the site's solo runs of ``model`` (``site``),
+        else of all its models, else the cold start's on held-out GPUMemNet MLP runs (the only
+        utilization measurements shipped)."""
+        got = self._site_util.get(model) if model else None
+        if got is None:
+            got = self._site_util.get(SITE_POOLED)
+        return got if got is not None else self._util_res
 
     def _zoo_dims(self) -> dict[str, dict[str, int]]:
         if self._dims is None:

@@ -1,5 +1,7 @@
 """Traces of a site's own jobs for the simulator: a ``sacct --json`` dump (:func:`from_sacct_json`)
-or measured rows of the prediction ledger (:func:`from_rows`, :func:`rows_from_ledger_jobs`)."""
+or measured rows of the prediction ledger (:func:`from_rows`, :func:`rows_from_ledger_jobs`); and
+the site's own prediction errors from those rows (:func:`site_residuals`), which generated
+traces can draw their truth from instead of the shipped residuals."""
 
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import numpy as np
 from slurm_horus.errors import HorusError
 from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.slurm.accounting import num, parse_job
-from slurm_horus.sim.mix import ModelMix
+from slurm_horus.sim.mix import SITE_POOLED, ModelMix
 from slurm_horus.sim.traces import SimJob, graph_residuals, time_limit, truth
 
-__all__ = ["from_sacct_json", "from_rows", "rows_from_ledger_jobs", "ROW_KEYS"]
+__all__ = ["from_sacct_json", "from_rows", "rows_from_ledger_jobs", "site_residuals", "ROW_KEYS",
+           "MIN_SITE_RUNS"]
 
 
 def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace_mix: str = "philly",
@@ -69,11 +72,15 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
 
 
 ROW_KEYS = ("submit_time", "elapsed_s", "gpus", "pred_util", "pred_mem", "true_util", "true_mem")
+# runs of a model (or, pooled, of all models) the site must have measured before its residuals
+# replace the shipped ones: fewer say little about the spread
+MIN_SITE_RUNS = 5
 
 
 def rows_from_ledger_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict]:
     """from_rows input from ledger `jobs` rows: the jobs with both a prediction and a
-    measurement (hsubmit jobs ask for one GPU, shared or whole)."""
+    measurement (hsubmit jobs ask for one GPU, shared or whole), and whether they shared their
+    GPU (Slurm's placement: the ledger's ``colocated``)."""
     rows = []
     for j in jobs:
         vals = (j.get("submit_time"), j.get("elapsed_s"), j.get("pred_util_pct"),
@@ -83,19 +90,16 @@ def rows_from_ledger_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict]:
         rows.append({"submit_time": j["submit_time"], "elapsed_s": j["elapsed_s"], "gpus": 1,
                      "pred_util": j["pred_util_pct"], "pred_mem": j["pred_mem_mib"],
                      "true_util": j["act_util_pct"], "true_mem": j["act_mem_mib"],
-                     "model": j.get("model_family") or "ledger"})
+                     "model": j.get("model_family"),
+                     "colocated": bool(j.get("colocated"))})
     if not rows:
         raise HorusError("the ledger has no job with both a prediction and a measurement")
     return rows
 
 
-def from_rows(rows: Iterable[Mapping[str, Any]], gpu_types: Iterable[str], *,
-              limit_factor: float = 2.0, limit_cap_s: float = 7 * 86400.0) -> list[SimJob]:
-    """Jobs from ledger-like rows: dicts with ``submit_time`` (s, any origin), ``elapsed_s``,
-    ``gpus``, ``pred_util`` (%), ``pred_mem`` (MiB), ``true_util``, ``true_mem``; optional
-    ``pred_mem_p90`` (default: pred_mem), ``limit_s`` and ``model``.  The same figures are used
-    for every GPU type of the cluster (a ledger row is one job on one type)."""
-    types = list(dict.fromkeys(gpu_types))
+def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, float | None, str, bool]]:
+    """Ledger-like rows checked at the boundary: (the ROW_KEYS as floats, p90 memory, time limit
+    or None, model or None, shared its GPU), in the given order."""
     parsed = []
     for n, r in enumerate(rows, 1):
         if not isinstance(r, Mapping):
@@ -113,17 +117,65 @@ def from_rows(rows: Iterable[Mapping[str, Any]], gpu_types: Iterable[str], *,
             raise HorusError(f"row {n}: non-finite value")
         if vals["elapsed_s"] <= 0 or vals["gpus"] < 1 or min(vals.values()) < 0:
             raise HorusError(f"row {n}: need elapsed_s > 0, gpus >= 1 and no negative value")
-        parsed.append((vals, p90, lim, str(r.get("model") or "ledger")))
+        colocated = r.get("colocated", False)
+        if not isinstance(colocated, bool):
+            raise HorusError(f"row {n}: colocated must be true or false")
+        parsed.append((vals, p90, lim, str(r["model"]) if r.get("model") else None, colocated))
     if not parsed:
         raise HorusError("no rows")
-    parsed.sort(key=lambda x: x[0]["submit_time"])
-    t0 = parsed[0][0]["submit_time"]
+    return parsed
+
+
+def site_residuals(rows: Iterable[Mapping[str, Any]], min_runs: int = MIN_SITE_RUNS) -> dict:
+    """The site's own prediction errors, log(measured / predicted), from ledger-like rows (as
+    :func:`from_rows` takes them): {"util": {model: [...], SITE_POOLED: [...]}, "mem": {model:
+    [...]}}, each model (or the pool, where rows without a model count too) with at least
+    ``min_runs`` runs.  Utilization only from
+    runs that had their GPU alone: a shared run's NVML utilization is its share, not its need.
+    For :class:`~slurm_horus.sim.mix.ModelMix` ``site``."""
+    util: dict[str, list[float]] = {}
+    mem: dict[str, list[float]] = {}
+    for v, _, _, model, colocated in _parse_rows(rows):
+        pu, tu = min(100.0, v["pred_util"]), min(100.0, v["true_util"])
+        if not colocated and pu > 0 and tu > 0:
+            r = round(math.log(tu / pu), 4)
+            util.setdefault(SITE_POOLED, []).append(r)
+            if model:
+                util.setdefault(model, []).append(r)
+        if model and v["pred_mem"] > 0 and v["true_mem"] > 0:
+            mem.setdefault(model, []).append(round(math.log(v["true_mem"] / v["pred_mem"]), 4))
+    keep = lambda d: {m: sorted(x) for m, x in d.items() if len(x) >= min_runs}  # noqa: E731
+    return {"util": keep(util), "mem": keep(mem)}
+
+
+def from_rows(rows: Iterable[Mapping[str, Any]], gpu_types: Iterable[str], *, seed: int = 0,
+              limit_factor: float = 2.0, limit_cap_s: float = 7 * 86400.0) -> list[SimJob]:
+    """Jobs from ledger-like rows: dicts with ``submit_time`` (s, any origin), ``elapsed_s``,
+    ``gpus``, ``pred_util`` (%), ``pred_mem`` (MiB), ``true_util``, ``true_mem``; optional
+    ``pred_mem_p90`` (default: pred_mem), ``limit_s``, ``model`` and ``colocated`` (it shared
+    its GPU).  The same figures are used for every GPU type of the cluster (a ledger row is one
+    job on one type).  A co-located run's measured utilization is its share, not its need: its
+    true utilization is its prediction times a residual (seeded by ``seed``) of the rows' runs
+    of the same model that had their GPU alone (else of all such runs; else the prediction)."""
+    types = list(dict.fromkeys(gpu_types))
+    rows = list(rows)
+    parsed = _parse_rows(rows)
+    solo = site_residuals(rows, min_runs=1)["util"] if any(x[4] for x in parsed) else {}
+    rng = np.random.default_rng(seed)
+    order = sorted(range(len(parsed)), key=lambda i: parsed[i][0]["submit_time"])
+    t0 = parsed[order[0]][0]["submit_time"]
     jobs = []
-    for i, (v, p90, lim, model) in enumerate(parsed):
+    for i, k in enumerate(order):
+        v, p90, lim, model, colocated = parsed[k]
         pu = min(100.0, v["pred_util"])
+        tu = min(100.0, v["true_util"])
+        if colocated:
+            res = solo.get(model) if model else None
+            res = res if res is not None else solo.get(SITE_POOLED)
+            tu = min(100.0, pu * math.exp(res[int(rng.integers(len(res)))])) if res else pu
         pred = {t: (pu, v["pred_mem"], max(p90, v["pred_mem"])) for t in types}
-        true = {t: (min(100.0, v["true_util"]), v["true_mem"]) for t in types}
+        true = {t: (tu, v["true_mem"]) for t in types}
         d = v["elapsed_s"]
         limit = max(lim, 1.2 * d) if lim else time_limit(d, limit_factor, limit_cap_s)
-        jobs.append(SimJob(i, v["submit_time"] - t0, d, int(v["gpus"]), limit, model, pred, true))
+        jobs.append(SimJob(i, v["submit_time"] - t0, d, int(v["gpus"]), limit, model or "ledger", pred, true))
     return jobs

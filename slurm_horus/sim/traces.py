@@ -98,8 +98,9 @@ def graph_residuals(rng: np.random.Generator, model: str, mix: ModelMix) -> tupl
     """log(true / predicted) (util, memory) of one graph: the cold start's error on it.  Memory: a
     residual measured on this model (else on any measured model), so the truth is biased where
     the predictor is.  Utilization: a residual of the cold start on held-out GPUMemNet MLP runs
-    (pooled; no real-model utilization was measured)."""
-    ur, mr = mix.util_residuals(), mix.mem_residuals(model)
+    (pooled; no real-model utilization was shipped).  Where the mix carries the site's own
+    residuals, those of its runs of the model first (ModelMix ``site``)."""
+    ur, mr = mix.util_residuals(model), mix.mem_residuals(model)
     return float(ur[int(rng.integers(len(ur)))]), float(mr[int(rng.integers(len(mr)))])
 
 
