@@ -321,6 +321,36 @@ def test_generated_truth_follows_the_sites_errors(mix):
     assert sum(abs(j.true["a100"][0] - j.pred["a100"][0] * 0.5) > 1 for j in shipped) > 50
 
 
+def test_site_residuals_per_gpu_type_drive_that_types_truth(mix):
+    """The site ran resnet50 at a quarter of its predicted utilization on its T4s and as
+    predicted on its A100s: generated resnet50 jobs are true to that per type; other models
+    keep one residual for every type."""
+    rows = ([dict(r, gpu_type="t4") for r in _site_rows("resnet50", 5, 80, 20, 4000, 6000)]
+            + [dict(r, gpu_type="a100") for r in _site_rows("resnet50", 5, 80, 80, 4000, 4000)]
+            + [dict(r, gpu_type="a100") for r in _site_rows("vgg16", 2, 80, 80)])
+    res = site_residuals(rows)
+    assert res["by_type"]["t4"]["util"]["resnet50"] == [round(math.log(0.25), 4)] * 5
+    assert res["by_type"]["a100"]["mem"]["resnet50"] == [0.0] * 5
+    assert "vgg16" not in res["by_type"]["a100"]["util"] and len(res["util"]["resnet50"]) == 10
+    smix = ModelMix(site=res)
+    jobs = generate_trace("philly", 300, ["a100", "t4"], 16, mix=smix, seed=5, sigma_util=0.0,
+                          sigma_mem=0.0, mem_cap_mib=1e9)
+    rn = [j for j in jobs if j.model.startswith("resnet50/")]
+    other = [j for j in jobs if not j.model.startswith("resnet50/")]
+    assert rn and other
+    for j in rn:
+        assert j.true["t4"][0] == pytest.approx(j.pred["t4"][0] * 0.25, rel=1e-3)
+        assert j.true["t4"][1] == pytest.approx(j.pred["t4"][1] * 1.5, rel=1e-3)
+        assert j.true["a100"] == pytest.approx((min(100.0, j.pred["a100"][0]), j.pred["a100"][1]), rel=1e-3)
+    for j in other:  # one residual: the same true/predicted ratio on both types (below the cap)
+        ra, rt = (j.true[t][1] / j.pred[t][1] for t in ("a100", "t4"))
+        assert ra == pytest.approx(rt)
+    with pytest.raises(HorusError, match="util of 'm' on t4"):
+        ModelMix(site={"util": {}, "mem": {}, "by_type": {"t4": {"util": {"m": []}, "mem": {}}}})
+    with pytest.raises(HorusError, match="row 1: gpu_type must be a string"):
+        site_residuals([dict(rows[0], gpu_type=4)])
+
+
 def test_replayed_colocated_runs_take_a_solo_residual():
     """A co-located run's measured utilization is its share: the replay gives it its prediction
     times a residual of the same model's solo runs, not the share."""
@@ -518,7 +548,8 @@ def test_replays_a_real_ledger(tmp_path):
     rows = rows_from_ledger_jobs(led.jobs(submitted_only=True))
     assert [r["colocated"] for r in rows] == [False] * 3 + [True] + [False] * 8
     # no model file, no family of its own: the pool only
-    assert site_residuals(rows) == {"util": {"*": [round(math.log(35 / 30), 4)] * 11}, "mem": {}}
+    assert site_residuals(rows) == {"util": {"*": [round(math.log(35 / 30), 4)] * 11}, "mem": {},
+                                    "by_type": {}}
 
 
 def test_shipped_mix_needs_no_onnx_and_carries_biased_residuals():

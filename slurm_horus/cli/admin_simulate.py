@@ -116,8 +116,9 @@ def register(main_group: click.Group) -> None:
                        "{submit_time, elapsed_s, gpus, pred_util, pred_mem, true_util, true_mem}.")
     @click.option("--residuals-from", metavar="URL|FILE",
                   help="Draw the generated (or --sacct) jobs' prediction errors from the site's "
-                       "own measured jobs (a ledger URL or rows as for --ledger): per model where "
-                       "it ran at least 5 times, utilization from runs that had their GPU alone.")
+                       "own measured jobs (a ledger URL or rows as for --ledger): per model (and GPU "
+                       "type) where it ran at least 5 times, utilization from runs that had their "
+                       "GPU alone.")
     @click.option("--seed", type=int, default=0, show_default=True)
     @click.option("--load", type=float, default=1.0, show_default=True,
                   help="Offered load: arrivals x exclusive GPU-seconds / capacity.")

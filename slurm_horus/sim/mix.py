@@ -64,27 +64,36 @@ SHIPPED_MIX = Path(__file__).resolve().parents[1] / "data" / "sim_mix.json"
 SITE_POOLED = "*"
 
 
-def _site_tables(site) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """({model: util residuals}, {model: memory residuals}) of ``site`` ({"util": {model:
-    [log ratios]}, "mem": {...}}, as replay.site_residuals makes it), checked: finite numbers."""
+def _site_tables(site) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, tuple[dict, dict]]]:
+    """({model: util residuals}, {model: memory residuals}, {gpu type: (the same two)}) of
+    ``site`` ({"util": {model: [log ratios]}, "mem": {...}, optional "by_type": {gpu type:
+    {"util": ..., "mem": ...}}}, as replay.site_residuals makes it), checked: finite numbers."""
     if site is None:
-        return {}, {}
-    out = []
-    for kind in ("util", "mem"):
-        table = site.get(kind) if isinstance(site, Mapping) else None
-        if not isinstance(table, Mapping):
-            raise HorusError(f"site residuals: no '{kind}' table")
-        got = {}
-        for model, vals in table.items():
-            try:
-                arr = np.asarray(vals, dtype=float) if isinstance(vals, (list, tuple, np.ndarray)) else None
-            except (TypeError, ValueError):
-                arr = None
-            if arr is None or arr.ndim != 1 or not len(arr) or not np.isfinite(arr).all():
-                raise HorusError(f"site residuals: {kind} of '{model}' is not a list of numbers")
-            got[str(model)] = arr
-        out.append(got)
-    return out[0], out[1]
+        return {}, {}, {}
+
+    def tables(doc, where: str) -> tuple[dict, dict]:
+        out = []
+        for kind in ("util", "mem"):
+            table = doc.get(kind) if isinstance(doc, Mapping) else None
+            if not isinstance(table, Mapping):
+                raise HorusError(f"site residuals: no '{kind}' table{where}")
+            got = {}
+            for model, vals in table.items():
+                try:
+                    arr = np.asarray(vals, dtype=float) if isinstance(vals, (list, tuple, np.ndarray)) else None
+                except (TypeError, ValueError):
+                    arr = None
+                if arr is None or arr.ndim != 1 or not len(arr) or not np.isfinite(arr).all():
+                    raise HorusError(f"site residuals: {kind} of '{model}'{where} is not a list of numbers")
+                got[str(model)] = arr
+            out.append(got)
+        return out[0], out[1]
+
+    util, mem = tables(site, "")
+    by_type = site.get("by_type", {})
+    if not isinstance(by_type, Mapping):
+        raise HorusError("site residuals: 'by_type' is not a table of GPU types")
+    return util, mem, {str(t): tables(doc, f" on {t}") for t, doc in by_type.items()}
 
 
 class ModelMix:
@@ -112,7 +121,7 @@ class ModelMix:
         self._res_model = {m: np.array(v, dtype=float) for m, v in res["by_model"].items()}
         self._res_pooled = np.array(res["pooled"], dtype=float)
         self._util_res = np.array(self._table["util_residuals"]["pooled"], dtype=float)
-        self._site_util, self._site_mem = _site_tables(site)
+        self._site_util, self._site_mem, self._site_types = _site_tables(site)
         self._reports: dict[tuple[str, int], Any] = {}
         self._preds: dict[tuple[str, int, str, str], tuple[float, float, float]] = {}
         self._dims: dict[str, dict[str, int]] | None = None
@@ -131,6 +140,12 @@ class ModelMix:
         if got is None:
             got = self._site_util.get(SITE_POOLED)
         return got if got is not None else self._util_res
+
+    def type_residuals(self, model: str, gpu_type: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(util, memory) residuals of the site's runs of ``model`` on ``gpu_type``; None where
+        it has too few (the shipped residuals were measured on one A100 only)."""
+        util, mem = self._site_types.get(gpu_type, ({}, {}))
+        return util.get(model), mem.get(model)
 
     def _zoo_dims(self) -> dict[str, dict[str, int]]:
         if self._dims is None:

@@ -65,7 +65,7 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
     for i, (submit, elapsed, gpus, lim) in enumerate(rows):
         m, b, task = items[int(rng.choice(len(items), p=p))]
         pred = {gt: mix.predict(m, b, task, gt) for gt in types}
-        true = truth(rng, pred, graph_residuals(rng, m, mix), sigma_util, sigma_mem, mem_cap_mib)
+        true = truth(rng, pred, graph_residuals(rng, m, mix, types), sigma_util, sigma_mem, mem_cap_mib)
         limit = max(lim, 1.2 * elapsed) if lim else time_limit(elapsed, limit_factor, limit_cap_s)
         jobs.append(SimJob(i, submit - t0, elapsed, gpus, limit, f"{m}/b{b}/{task}", pred, true))
     return jobs
@@ -90,7 +90,7 @@ def rows_from_ledger_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict]:
         rows.append({"submit_time": j["submit_time"], "elapsed_s": j["elapsed_s"], "gpus": 1,
                      "pred_util": j["pred_util_pct"], "pred_mem": j["pred_mem_mib"],
                      "true_util": j["act_util_pct"], "true_mem": j["act_mem_mib"],
-                     "model": j.get("model_family"),
+                     "model": j.get("model_family"), "gpu_type": j.get("gpu_type"),
                      "colocated": bool(j.get("colocated"))})
     if not rows:
         raise HorusError("the ledger has no job with both a prediction and a measurement")
@@ -99,7 +99,7 @@ def rows_from_ledger_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict]:
 
 def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, float | None, str, bool]]:
     """Ledger-like rows checked at the boundary: (the ROW_KEYS as floats, p90 memory, time limit
-    or None, model or None, shared its GPU), in the given order."""
+    or None, model or None, shared its GPU, GPU type or None), in the given order."""
     parsed = []
     for n, r in enumerate(rows, 1):
         if not isinstance(r, Mapping):
@@ -120,7 +120,10 @@ def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, fl
         colocated = r.get("colocated", False)
         if not isinstance(colocated, bool):
             raise HorusError(f"row {n}: colocated must be true or false")
-        parsed.append((vals, p90, lim, str(r["model"]) if r.get("model") else None, colocated))
+        gtype = r.get("gpu_type")
+        if gtype is not None and not isinstance(gtype, str):
+            raise HorusError(f"row {n}: gpu_type must be a string")
+        parsed.append((vals, p90, lim, str(r["model"]) if r.get("model") else None, colocated, gtype or None))
     if not parsed:
         raise HorusError("no rows")
     return parsed
@@ -129,31 +132,38 @@ def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, fl
 def site_residuals(rows: Iterable[Mapping[str, Any]], min_runs: int = MIN_SITE_RUNS) -> dict:
     """The site's own prediction errors, log(measured / predicted), from ledger-like rows (as
     :func:`from_rows` takes them): {"util": {model: [...], SITE_POOLED: [...]}, "mem": {model:
-    [...]}}, each model (or the pool, where rows without a model count too) with at least
-    ``min_runs`` runs.  Utilization only from
-    runs that had their GPU alone: a shared run's NVML utilization is its share, not its need.
-    For :class:`~slurm_horus.sim.mix.ModelMix` ``site``."""
+    [...]}, "by_type": {gpu type: {"util": {model: [...]}, "mem": {...}}}}, each model (or the
+    pool, where rows without a model count too) with at least ``min_runs`` runs, overall and
+    per GPU type.  Utilization only from runs that had their GPU alone: a shared run's NVML
+    utilization is its share, not its need.  For :class:`~slurm_horus.sim.mix.ModelMix` ``site``."""
     util: dict[str, list[float]] = {}
     mem: dict[str, list[float]] = {}
-    for v, _, _, model, colocated in _parse_rows(rows):
+    typed: dict[str, tuple[dict, dict]] = {}
+    for v, _, _, model, colocated, gtype in _parse_rows(rows):
+        tutil, tmem = typed.setdefault(gtype, ({}, {})) if gtype else ({}, {})
         pu, tu = min(100.0, v["pred_util"]), min(100.0, v["true_util"])
         if not colocated and pu > 0 and tu > 0:
             r = round(math.log(tu / pu), 4)
             util.setdefault(SITE_POOLED, []).append(r)
             if model:
                 util.setdefault(model, []).append(r)
+                tutil.setdefault(model, []).append(r)
         if model and v["pred_mem"] > 0 and v["true_mem"] > 0:
-            mem.setdefault(model, []).append(round(math.log(v["true_mem"] / v["pred_mem"]), 4))
+            r = round(math.log(v["true_mem"] / v["pred_mem"]), 4)
+            mem.setdefault(model, []).append(r)
+            tmem.setdefault(model, []).append(r)
     keep = lambda d: {m: sorted(x) for m, x in d.items() if len(x) >= min_runs}  # noqa: E731
-    return {"util": keep(util), "mem": keep(mem)}
+    by_type = {t: {"util": keep(u), "mem": keep(m)} for t, (u, m) in sorted(typed.items())}
+    return {"util": keep(util), "mem": keep(mem),
+            "by_type": {t: d for t, d in by_type.items() if d["util"] or d["mem"]}}
 
 
 def from_rows(rows: Iterable[Mapping[str, Any]], gpu_types: Iterable[str], *, seed: int = 0,
               limit_factor: float = 2.0, limit_cap_s: float = 7 * 86400.0) -> list[SimJob]:
     """Jobs from ledger-like rows: dicts with ``submit_time`` (s, any origin), ``elapsed_s``,
     ``gpus``, ``pred_util`` (%), ``pred_mem`` (MiB), ``true_util``, ``true_mem``; optional
-    ``pred_mem_p90`` (default: pred_mem), ``limit_s``, ``model`` and ``colocated`` (it shared
-    its GPU).  The same figures are used for every GPU type of the cluster (a ledger row is one
+    ``pred_mem_p90`` (default: pred_mem), ``limit_s``, ``model``, ``colocated`` (it shared
+    its GPU) and ``gpu_type`` (where it ran: site_residuals).  The same figures are used for every GPU type of the cluster (a ledger row is one
     job on one type).  A co-located run's measured utilization is its share, not its need: its
     true utilization is its prediction times a residual (seeded by ``seed``) of the rows' runs
     of the same model that had their GPU alone (else of all such runs; else the prediction)."""
@@ -166,7 +176,7 @@ def from_rows(rows: Iterable[Mapping[str, Any]], gpu_types: Iterable[str], *, se
     t0 = parsed[order[0]][0]["submit_time"]
     jobs = []
     for i, k in enumerate(order):
-        v, p90, lim, model, colocated = parsed[k]
+        v, p90, lim, model, colocated, _ = parsed[k]
         pu = min(100.0, v["pred_util"])
         tu = min(100.0, v["true_util"])
         if colocated:

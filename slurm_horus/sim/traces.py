@@ -94,28 +94,45 @@ def lognormal_params(p50: float, p95: float) -> tuple[float, float]:
     return math.log(p50), math.log(p95 / p50) / 1.6448536269514722
 
 
-def graph_residuals(rng: np.random.Generator, model: str, mix: ModelMix) -> tuple[float, float]:
-    """log(true / predicted) (util, memory) of one graph: the cold start's error on it.  Memory: a
+def graph_residuals(rng: np.random.Generator, model: str, mix: ModelMix,
+                    types: Iterable[str] = ()) -> dict[str | None, tuple[float, float]]:
+    """log(true / predicted) (util, memory) of one graph: the cold start's error on it, {None:
+    the graph's, gpu type: where the site measured the model on that type}.  Memory: a
     residual measured on this model (else on any measured model), so the truth is biased where
     the predictor is.  Utilization: a residual of the cold start on held-out GPUMemNet MLP runs
     (pooled; no real-model utilization was shipped).  Where the mix carries the site's own
-    residuals, those of its runs of the model first (ModelMix ``site``)."""
+    residuals, those of its runs of the model first (ModelMix ``site``), and of its runs on a
+    type for that type (drawn on their own: the site's runs say nothing of how a graph's error
+    on one type goes with its error on another)."""
+    def draw(res: np.ndarray) -> float:
+        return float(res[int(rng.integers(len(res)))])
+
     ur, mr = mix.util_residuals(model), mix.mem_residuals(model)
-    return float(ur[int(rng.integers(len(ur)))]), float(mr[int(rng.integers(len(mr)))])
+    out: dict[str | None, tuple[float, float]] = {None: (draw(ur), draw(mr))}
+    for t in types:
+        tu, tm = mix.type_residuals(model, t)
+        if tu is not None or tm is not None:
+            out[t] = (draw(tu) if tu is not None else out[None][0],
+                      draw(tm) if tm is not None else out[None][1])
+    return out
 
 
 def truth(rng: np.random.Generator, pred: Mapping[str, tuple[float, float, float]],
-          residuals: tuple[float, float], sigma_util: float, sigma_mem: float,
+          residuals: Mapping[str | None, tuple[float, float]], sigma_util: float, sigma_mem: float,
           mem_cap: float) -> dict[str, tuple[float, float]]:
-    """True (util, mem) per type of one job: the prediction times exp(its graph's residual +
-    normal(0, sigma) jitter of this run), the same ratio on every GPU type (the residuals were
-    measured on one A100)."""
+    """True (util, mem) per type of one job: the prediction times exp(its graph's residual on
+    that type (graph_residuals; else its residual) + normal(0, sigma) jitter of this run, the
+    same on every type)."""
     def jitter(sigma: float) -> float:
         return float(rng.normal(0.0, sigma)) if sigma > 0 else 0.0
 
-    fu = math.exp(residuals[0] + jitter(sigma_util))
-    fm = math.exp(residuals[1] + jitter(sigma_mem))
-    return {t: (min(100.0, u * fu), min(mem_cap, m * fm)) for t, (u, m, _) in pred.items()}
+    ju, jm = jitter(sigma_util), jitter(sigma_mem)
+    base = residuals[None]
+    out = {}
+    for t, (u, m, _) in pred.items():
+        ru, rm = residuals.get(t, base)
+        out[t] = (min(100.0, u * math.exp(ru + ju)), min(mem_cap, m * math.exp(rm + jm)))
+    return out
 
 
 def _job_extras(rng: np.random.Generator, types: list[str], duration: float,
@@ -174,7 +191,7 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
     submits = np.cumsum(gaps)
     items, p = mix.entries(trace)
     picks = rng.choice(len(items), size=n_jobs, p=p)
-    graphs: dict[int, list[tuple[str, tuple[float, float]]]] = {}  # per mix entry: (name, residuals)
+    graphs: dict[int, list[tuple[str, dict]]] = {}  # per mix entry: (name, residuals)
     jobs = []
     for i in range(n_jobs):
         m, b, task = items[picks[i]]
@@ -182,7 +199,7 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         if seen and rng.random() < repeat_share:
             graph, res = seen[int(rng.integers(len(seen)))]
         else:
-            graph, res = f"{m}/b{b}/{task}#{len(seen)}", graph_residuals(rng, m, mix)
+            graph, res = f"{m}/b{b}/{task}#{len(seen)}", graph_residuals(rng, m, mix, types)
             seen.append((graph, res))
         pred = {t: mix.predict(m, b, task, t) for t in types}
         true = truth(rng, pred, res, sigma_util, sigma_mem, mem_cap_mib)
