@@ -97,7 +97,7 @@ def rows_from_ledger_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict]:
     return rows
 
 
-def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, float | None, str, bool]]:
+def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, float | None, str | None, bool, str | None]]:
     """Ledger-like rows checked at the boundary: (the ROW_KEYS as floats, p90 memory, time limit
     or None, model or None, shared its GPU, GPU type or None), in the given order."""
     parsed = []
@@ -163,8 +163,8 @@ def from_rows(rows: Iterable[Mapping[str, Any]], gpu_types: Iterable[str], *, se
     """Jobs from ledger-like rows: dicts with ``submit_time`` (s, any origin), ``elapsed_s``,
     ``gpus``, ``pred_util`` (%), ``pred_mem`` (MiB), ``true_util``, ``true_mem``; optional
     ``pred_mem_p90`` (default: pred_mem), ``limit_s``, ``model``, ``colocated`` (it shared
-    its GPU) and ``gpu_type`` (where it ran: site_residuals).  The same figures are used for every GPU type of the cluster (a ledger row is one
-    job on one type).  A co-located run's measured utilization is its share, not its need: its
+    its GPU) and ``gpu_type`` (where it ran: site_residuals).  The same figures are used for
+    every GPU type of the cluster (a ledger row is one job on one type).  A co-located run's measured utilization is its share, not its need: its
     true utilization is its prediction times a residual (seeded by ``seed``) of the rows' runs
     of the same model that had their GPU alone (else of all such runs; else the prediction)."""
     types = list(dict.fromkeys(gpu_types))
