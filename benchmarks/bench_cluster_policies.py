@@ -20,7 +20,11 @@ arrivals at --load) is submitted once per policy to the `a100` partition (one no
   ledger.requeue.tend on this run's jobs only: a job the hook kept whole is packed into 50
   shards once it has waited --min-wait seconds while more jobs wait than GPUs are idle, spread
   back when as many GPUs are idle as jobs wait (Slurm 23.02+: 22.05 refuses to reshape a
-  pending job between gpu and shard).
+  pending job between gpu and shard);
+- horus+always: horus+queue with the policy's `pack_heavy = always` (added to the cluster's
+  policy file for this run only): a heavy job takes 50 shards on every type while the loop's
+  pressure file is fresh, and Slurm's least-loaded shard placement (LL_SHARED_GRES, set by
+  tests/cluster/up on Slurm 25.11) puts it on an idle GPU while there is one.
 
 Scheduling, queueing and placement are real Slurm; the co-location slowdown is emulated from the
 measured curve. Real: slurmctld, backfill, GRES/shard selection, slurmd, Prolog/Epilog, and every
@@ -60,7 +64,8 @@ from slurm_horus.slurm.hint import parse_hint
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "tests" / "data" / "zoo"
 PARTITION, NODE, GPUS, GPU_TYPE = "a100", "gpu-a100", 4, "a100"
-POLICIES = ("exclusive", "naive", "horus", "horus+queue")
+POLICIES = ("exclusive", "naive", "horus", "horus+queue", "horus+always")
+LOOPED = ("horus+queue", "horus+always")  # the policies run with horus-admin queue's passes
 # naive's one claim for every job: util 45 % -> ceil(100 * 45 / pack_limit 90) = 50 shards
 NAIVE_HINT = "horus:v1;a100=45/1024/1024"
 TICK_S = 1.0      # the emulation re-evaluates its GPU's group this often
@@ -239,7 +244,7 @@ def run_policy(policy: str, jobs: list[dict], run: Path, tag: str, mine: list[st
     reshaped: list[str] = []
 
     def look() -> dict[str, dict]:
-        if policy == "horus+queue":
+        if policy in LOOPED:
             whole_queue_pressure()
             if ids:
                 reshaped.extend(f"{a.kind} {a.job_id}" for a in
@@ -254,22 +259,27 @@ def run_policy(policy: str, jobs: list[dict], run: Path, tag: str, mine: list[st
                         placed[jid] = (d["node"], g["idx"][0])
         return recs
 
-    for j in jobs:  # arrivals
-        while time.time() < t0 + j["offset_s"]:
-            look()
-            time.sleep(min(1.0, max(0.0, t0 + j["offset_s"] - time.time())))
-        ids[submit(policy, j, run, tag, mine)] = j
+    policy_text = Path(cluster_policy()).read_text()
+    if policy == "horus+always":
+        Path(cluster_policy()).write_text(policy_text + "\npack_heavy = always\n")
     try:
+        for j in jobs:  # arrivals
+            while time.time() < t0 + j["offset_s"]:
+                look()
+                time.sleep(min(1.0, max(0.0, t0 + j["offset_s"] - time.time())))
+            ids[submit(policy, j, run, tag, mine)] = j
         while True:
             recs = look()
             if not any(r.get("JobState") in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
                        for r in recs.values()):
                 break
             time.sleep(1.5)
-    finally:  # no pressure left behind for the next policy or anyone else's jobs
+    finally:  # no pressure nor policy change left behind for the next policy or anyone else
         where = policy_value("pressure_file", path=cluster_policy())
-        if policy == "horus+queue" and where and os.path.exists(where):
+        if policy in LOOPED and where and os.path.exists(where):
             os.unlink(where)
+        if policy == "horus+always":
+            Path(cluster_policy()).write_text(policy_text)
     res = summarize(policy, ids, sacct(list(ids)), run / "results" / policy, placed, decisions)
     res["foreign_jobs"] = sorted(foreign)
     res["queue_actions"] = reshaped

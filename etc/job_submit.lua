@@ -55,6 +55,8 @@ local DEFAULTS = {
 	pressure_file = "",            -- written by horus-admin queue; "" = off (see load_pressure)
 	pressure_shards = 50,          -- shards a job kept whole for util gets under queue pressure
 	pressure_max_age_s = 180,      -- an older pressure file is stale: no pressure
+	pack_heavy = "pressure",       -- pressure: heavy jobs share on types under pressure only;
+	--                                always: on every type (Slurm's LL_SHARED_GRES spreads them)
 	-- slowdown_bound (default 2) and slowdown_tail (default median): horus-admin queue's;
 	-- they reach the hook as the pressure file's util_limit_milli
 }
@@ -221,6 +223,9 @@ local function parse_policy(text)
 			elseif key == "pressure_file" then
 				if val == "" or absolute_path(val) then pol.pressure_file = val
 				else bad(key, "need an absolute path, or nothing (off)") end
+			elseif key == "pack_heavy" then
+				if val == "pressure" or val == "always" then pol.pack_heavy = val
+				else bad(key, "need pressure or always") end
 			elseif key == "slowdown_bound" then
 				-- used by horus-admin queue (pack_util_limit); the hook only validates it
 				local n = decimal_up(val, 3)
@@ -646,12 +651,17 @@ end
 --   pressure <gpu type>          one line per type where a new job would find no idle GPU
 -- At most 4 KiB; missing, stale (older than pressure_max_age_s), garbled: no pressure. No
 -- util_limit_milli line (a loop older than the slowdown bound): any util may pack.
+-- Policy pack_heavy = always: every type counts as under pressure while the file is fresh
+-- (Slurm 23.11+'s SelectTypeParameters=LL_SHARED_GRES then puts a shard job on an idle GPU
+-- while there is one, beside a partner once there is none); the loop must still run, for the
+-- utilization limit and as the sign that it is alive.
 -------------------------------------------------------------------------------
 
 local MAX_PRESSURE_BYTES = 4096
 
--- {types = {gtype = true}, util_limit_milli = n}: the types under pressure now (none: {})
--- and how far they may pack; never an error.
+-- {types = {gtype = true}, all = bool, code = reason, util_limit_milli = n}: the types under
+-- pressure now (none: {}; all: every type, pack_heavy = always) and how far they may pack;
+-- never an error.
 local function load_pressure(pol)
 	local none = { types = {}, util_limit_milli = 0 }
 	if pol.pressure_file == "" then return none end
@@ -669,7 +679,9 @@ local function load_pressure(pol)
 	for t in string.gmatch(text, "\npressure ([%w_%-]+)") do
 		if is_gtype(t) then types[t] = true end
 	end
-	return { types = types, util_limit_milli = limit and #limit <= 9 and tonumber(limit) or math.huge }
+	local all = pol.pack_heavy == "always"
+	return { types = types, all = all, code = all and "pack_heavy" or "pressure",
+		util_limit_milli = limit and #limit <= 9 and tonumber(limit) or math.huge }
 end
 
 -------------------------------------------------------------------------------
@@ -677,11 +689,12 @@ end
 -------------------------------------------------------------------------------
 
 -- kind: "shared" (with shards), "exclusive" (whole GPU) or "nofit" (memory over the limit).
--- pressure: load_pressure's; on a type under pressure, a job within its util_limit_milli (the
--- slowdown bound's) shares: kept whole for its utilization, at pressure_shards if its memory
--- fits them (horus-admin queue's pack, at submission); shared, asking for no more than
--- pressure_shards for its utilization (its memory's share still), so that any two such jobs may
--- pair, as the simulated horus scheduler pairs under pressure.
+-- pressure: load_pressure's; on a type under pressure (every type: pack_heavy = always), a job
+-- within its util_limit_milli (the slowdown bound's) shares: kept whole for its utilization,
+-- at pressure_shards, or its memory's share when that is more and less than the whole GPU
+-- (horus-admin queue's pack, at submission); shared, asking for no more than pressure_shards
+-- for its utilization (its memory's share still), so that any two such jobs may pair, as the
+-- simulated horus scheduler pairs under pressure.
 local function evaluate(pol, gtype, pred, pressure)
 	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
 	-- memory = p95 / p99 on a hint without that bound: its p90
@@ -694,13 +707,16 @@ local function evaluate(pol, gtype, pred, pressure)
 	--   util share: S * util / P          memory share: S * mem / (G * P / 100)
 	local n_util = ceil_div(S * pred.util_milli, P * 1000)
 	local n_mem = ceil_div(S * mem * 100, G * P)
-	local pressed = pressure and pressure.types[gtype] and pred.util_milli <= pressure.util_limit_milli
+	local pressed = pressure and (pressure.all or pressure.types[gtype])
+		and pred.util_milli <= pressure.util_limit_milli
 	if n_mem > S then
 		r.kind, r.code = "nofit", "memory"
 		r.why = string.format("memory %d MiB > %d%% of %s's %d MiB", mem, P, gtype, G)
-	elseif pred.util_milli >= pol.exclusive_util_milli and pressed and n_mem <= pol.pressure_shards then
-		r.kind, r.code = "shared", "pressure"
-		r.shards = math.max(pol.pressure_shards, pol.min_shards)
+	elseif pred.util_milli >= pol.exclusive_util_milli and pressed and n_mem < S then
+		-- its memory's share when that is more than pressure_shards: a partner that fits
+		-- beside it is small, which beats waiting for a whole GPU
+		r.kind, r.code = "shared", pressure.code
+		r.shards = math.max(pol.pressure_shards, n_mem, pol.min_shards)
 	elseif pred.util_milli >= pol.exclusive_util_milli then
 		r.kind, r.code = "exclusive", "util"
 		r.why = string.format("util %s%% >= %s%%", fmt_milli(pred.util_milli), fmt_milli(pol.exclusive_util_milli))
@@ -712,7 +728,7 @@ local function evaluate(pol, gtype, pred, pressure)
 		r.shards = math.max(n_util, n_mem, pol.min_shards)
 		local capped = math.max(pol.pressure_shards, n_mem, pol.min_shards)
 		if pressed and capped < r.shards then
-			r.shards, r.code = capped, "pressure"
+			r.shards, r.code = capped, pressure.code
 		end
 	end
 	return r
@@ -841,14 +857,15 @@ local function hint_plan(job, pol, uid, preds)
 		choice = choice or exclusive
 		if not choice then return unchanged("no GPU type fits the prediction") end
 	end
-	-- On a type horus-admin queue sees under pressure (a new job finds no idle GPU), a job
-	-- within the slowdown bound's utilization limit: kept whole for its utilization, it shares
-	-- at pressure_shards instead, if the memory fits; shared, it asks for at most
-	-- pressure_shards for its utilization (evaluate).
+	-- On a type horus-admin queue sees under pressure (a new job finds no idle GPU; with
+	-- pack_heavy = always, any type while the loop's file is fresh), a job within the slowdown
+	-- bound's utilization limit: kept whole for its utilization, it shares at pressure_shards
+	-- (or its memory's share) instead; shared, it asks for at most pressure_shards for its
+	-- utilization (evaluate).
 	if not choice.any and ((choice.kind == "exclusive" and choice.code == "util")
 			or (choice.kind == "shared" and choice.shards > pol.pressure_shards)) then
 		local pressure = load_pressure(pol)
-		if pressure.types[choice.gtype] then
+		if pressure.all or pressure.types[choice.gtype] then
 			local r = evaluate(pol, choice.gtype, preds[choice.gtype], pressure)
 			if r.kind == "shared" then choice = r end
 		end
@@ -915,7 +932,8 @@ local function hint_plan(job, pol, uid, preds)
 		choice.any and "any" or choice.gtype, choice.shards, pol.shards_per_gpu,
 		fmt_milli(choice.util_milli), choice.mem, choice.mem_field,
 		choice.any and (" on " .. choice.gtype .. ", the most of any type") or "",
-		choice.code == "pressure" and ("; queue pressure on " .. choice.gtype) or "")
+		choice.code == "pressure" and ("; queue pressure on " .. choice.gtype)
+			or choice.code == "pack_heavy" and "; pack_heavy = always" or "")
 	return { rc = slurm.SUCCESS, set = set, note = note, kind = "shared",
 		gtype = choice.any and "any" or choice.gtype, shards = choice.shards, per_gpu = pol.shards_per_gpu,
 		reason = choice.code }

@@ -270,6 +270,30 @@ def check_slowdown_bound(pol: Path) -> list[Problem]:
     return []
 
 
+def check_pack_heavy(conf: SlurmConf, pol: Path, version: tuple[int, int] | None) -> list[Problem]:
+    """pack_heavy = always gives heavy jobs shards on every type; only Slurm's least-loaded shard
+    placement (23.11+) then keeps them on idle GPUs while there are some (first fit would pack
+    them beside other jobs at once), and only the loop's fresh pressure file lets the hook do it."""
+    from slurm_horus.slurm.policy import policy_value
+
+    if policy_value("pack_heavy", "pressure", pol) != "always":
+        return []
+    out = []
+    if not policy_value("pressure_file", "", pol):
+        out.append(Problem("policy sets pack_heavy = always but no pressure_file: the hook packs "
+                           "heavy jobs only while horus-admin queue's pressure file is fresh",
+                           "set pressure_file = /var/lib/slurm-horus/pressure and run horus-admin "
+                           "queue (etc/horus-queue.timer)"))
+    if "ll_shared_gres" not in _words(conf.settings.get("selecttypeparameters")):
+        old = version is not None and version < (23, 11)
+        out.append(Problem("policy sets pack_heavy = always but Slurm places shard jobs first fit "
+                           "(no LL_SHARED_GRES in SelectTypeParameters): heavy jobs share a GPU "
+                           "while others sit idle",
+                           ("upgrade Slurm to 23.11+ for LL_SHARED_GRES, or " if old else
+                            "add LL_SHARED_GRES to SelectTypeParameters, or ") + "set pack_heavy = pressure"))
+    return out
+
+
 def check_registry(root: Path) -> list[Problem]:
     """The model registry serves every user: root's, not group/other-writable."""
     if not root.is_dir():
@@ -308,6 +332,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     declared = set(re.split(r"[,\s]+", policy_value("type_features", "", pol) or "")) - {""}
     out += check_nodes(conf, gres_conf, spg, type_via, mem_types, declared)
     out += check_slowdown_bound(pol)
+    out += check_pack_heavy(conf, pol, parse_version(version_text or ""))
     out += check_ledger(ledger_url or default_url())
     out += check_registry(Path(model_dir) if model_dir else default_dir())
     return out

@@ -249,3 +249,52 @@ def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
     finally:
         for f in (pressure, strict):
             os.unlink(f) if os.path.exists(f) else None
+
+
+def _gpu_of(jid):
+    """The GPU index Slurm gave a running job (scontrol -d: GRES=shard:50(IDX:1) on 22.05,
+    shard:50(0/100,50/100,...) on 25.11)."""
+    recs = sp.parse_scontrol_records(subprocess.run(["scontrol", "-d", "show", "job", jid],
+                                                    capture_output=True, text=True).stdout)
+    idx = [g["idx"] for d in sp.job_gres_detail(recs[0]) for g in d["gres"] if g["idx"]]
+    return idx[0][0] if idx else None
+
+
+def test_pack_heavy_always_spreads_while_idle_and_packs_when_full(mine, monkeypatch):
+    """Policy pack_heavy = always on Slurm's least-loaded shard placement (LL_SHARED_GRES, set
+    by tests/cluster/up on 25.11): heavy jobs take shards at submission, Slurm puts each on an
+    idle GPU while there is one, and the next joins a GPU once none is idle."""
+    conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    if "LL_SHARED_GRES" not in conf:
+        pytest.skip("this Slurm places shard jobs first fit (LL_SHARED_GRES: Slurm 23.11+)")
+    from slurm_horus.slurm.policy import policy_value
+
+    site = os.path.join(os.path.dirname(os.environ["SLURM_CONF"]), "horus_policy.conf")
+    monkeypatch.setenv("HORUS_POLICY", site)
+    pressure = policy_value("pressure_file")
+    text = open(site).read()
+    out = ["-o", os.devnull]
+    try:
+        with open(site, "a") as f:  # the hook rereads its policy at every submission
+            f.write("\npack_heavy = always\n")
+        queue("--min-wait", "100000")  # the loop is alive: a fresh pressure file, no type pressed
+        assert open(pressure).read().splitlines()[2:] == []
+        heavy = f"--comment={hint(95, 6000)}"
+        first = [submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 300") for _ in range(4)]
+        for jid in first:
+            assert job(jid)["AdminComment"].endswith(
+                "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pack_heavy"), job(jid)
+            wait(jid, {"RUNNING"})
+        gpus = [_gpu_of(jid) for jid in first]
+        assert sorted(gpus) == [0, 1, 2, 3], gpus  # spread: one per idle GPU
+        fifth = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 300")
+        wait(fifth, {"RUNNING"})  # packed beside one of them, not waiting for a whole GPU
+        assert _gpu_of(fifth) in gpus
+        # the loop does not spread a pack_heavy job back (it never waits for an idle GPU here)
+        assert not [a for a in queue("--min-wait", "0", "--jobs", ",".join(first + [fifth]))
+                    if a.get("action") == "spread"]
+    finally:
+        with open(site, "w") as f:
+            f.write(text)
+        if pressure and os.path.exists(pressure):
+            os.unlink(pressure)

@@ -139,6 +139,26 @@ def test_slowdown_bound_needs_the_pressure_file_and_room_to_pack(site):
     assert "no pressure_file" in p.what and "horus-queue.timer" in p.fix
 
 
+def test_pack_heavy_always_needs_least_loaded_placement_and_the_loop(site):
+    ll = "ll_shared_gres" in (site / "slurm.conf").read_text().lower()  # 25.11's cluster sets it
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\npack_heavy = always\n")
+    found = problems(site)
+    assert (found == []) == ll, found
+    if not ll:
+        (p,) = found
+        assert "first fit" in p.what and "pack_heavy = pressure" in p.fix
+        v = parse_version(subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout)
+        assert ("upgrade Slurm to 23.11+" in p.fix) == (v < (23, 11))
+    else:
+        edit(site / "slurm.conf", r",LL_SHARED_GRES", "")
+        (p,) = problems(site)
+        assert "first fit" in p.what and "add LL_SHARED_GRES" in p.fix
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\npressure_file =\n")
+    assert any("no pressure_file" in p.what and "pack_heavy" in p.what for p in problems(site))
+
+
 def test_policy_lines_the_hook_ignores_are_named_with_their_line(site):
     pol = site / "horus_policy.conf"
     n = len(pol.read_text().split("\n"))

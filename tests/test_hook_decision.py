@@ -50,6 +50,8 @@ CASES = [
      ("unchanged", None, None, "bad_hint")),
     ("pressure", {"comment": "horus:v1;t4=85/3000/3500", "tres_per_node": "gres:gpu:1"}, "PRESSURE",
      ("shared", "t4", 50, "pressure")),
+    ("pack heavy", {"comment": "horus:v1;t4=85/3000/3500", "tres_per_node": "gres:gpu:1"}, "PACK_HEAVY",
+     ("shared", "t4", 50, "pack_heavy")),
 ]
 
 
@@ -61,6 +63,8 @@ def _policy(tmp_path: Path, extra: str, name: str = "policy.conf") -> Path:
         extra = ""
     if extra == "PRESSURE":
         extra = f"pressure_file = {_pressure(tmp_path, 't4')}\n"
+    if extra == "PACK_HEAVY":  # a fresh file that names no type under pressure
+        extra = f"pressure_file = {_pressure(tmp_path)}\npack_heavy = always\n"
     p = tmp_path / name
     p.write_text(BASE + f"record_file = {record}\n" + extra)
     return p
@@ -259,7 +263,9 @@ def test_a_pressure_file_without_a_util_limit_packs_any_util(tmp_path):
     (dict(text="written 99999999999\npressure t4\n"), HEAVY, ("exclusive", "t4", None, "util")),
     (dict(text="\x00" * 5000), HEAVY, ("exclusive", "t4", None, "util")),           # garbage
     (dict(types=("t4",)), {"comment": "horus:v1;t4=85/9000/9000", "tres_per_node": "gres:gpu:1"},
-     ("exclusive", "t4", None, "util")),     # 9,000 MiB needs 66 shards of a T4, not 50
+     ("shared", "t4", 66, "pressure")),      # 9,000 MiB needs 66 shards of a T4: its memory's share
+    (dict(types=("t4",)), {"comment": "horus:v1;t4=85/13800/13800", "tres_per_node": "gres:gpu:1"},
+     ("exclusive", "t4", None, "util")),     # all 100 shards: a whole GPU
     (dict(types=("t4",)), {"comment": "horus:v1;t4=20/3000/3500", "tres_per_node": "gres:gpu:1"},
      ("shared", "t4", 26, None)),            # light: already within pressure_shards
     (dict(types=("t4",)), {"comment": "horus:v1;t4=60/3000/3500", "tres_per_node": "gres:gpu:1"},
@@ -272,7 +278,7 @@ def test_a_pressure_file_without_a_util_limit_packs_any_util(tmp_path):
     (dict(types=("t4",), util_limit=85.0), HEAVY, ("shared", "t4", 50, "pressure")),   # bound's limit
     (dict(types=("t4",), util_limit=59.0), {"comment": "horus:v1;t4=60/3000/3500", "tres_per_node": "gres:gpu:1"},
      ("shared", "t4", 67, None)),            # not capped beyond the bound's limit
-], ids=["pressed", "stale", "other type", "no time", "future", "garbage", "too big", "light",
+], ids=["pressed", "stale", "other type", "no time", "future", "garbage", "big", "too big", "light",
         "mid pressed", "mid stale", "mid memory", "over limit", "at limit", "mid over limit"])
 def test_queue_pressure_packs_at_submission_only_when_fresh_and_fitting(tmp_path, pressure, job, want):
     """horus-admin queue's pressure file turns a job kept whole for its utilization into
@@ -284,3 +290,31 @@ def test_queue_pressure_packs_at_submission_only_when_fresh_and_fitting(tmp_path
     d = decide(job, policy_path=pol, hook_path=HOOK, submit_uid=UID)
     assert _outcome(d) == want, d.admin_comment
     assert parse_decision(d.admin_comment) == HookDecision(*want[:3], 100 if want[2] else None, want[3])
+
+
+MID = {"comment": "horus:v1;t4=60/3000/3500", "tres_per_node": "gres:gpu:1"}
+
+
+@pytest.mark.parametrize("pressure,pack_heavy,job,want", [
+    (dict(), "always", HEAVY, ("shared", "t4", 50, "pack_heavy")),     # no type under pressure
+    (dict(), "pressure", HEAVY, ("exclusive", "t4", None, "util")),    # the default: whole
+    (dict(types=("t4",)), "always", HEAVY, ("shared", "t4", 50, "pack_heavy")),
+    (dict(age_s=600), "always", HEAVY, ("exclusive", "t4", None, "util")),          # loop gone
+    (dict(util_limit=84.5), "always", HEAVY, ("exclusive", "t4", None, "util")),    # the bound
+    (dict(), "always", MID, ("shared", "t4", 50, "pack_heavy")),       # 67 shards capped at 50
+    (dict(), "always", {"comment": "horus:v1;t4=85/9000/9000", "tres_per_node": "gres:gpu:1"},
+     ("shared", "t4", 66, "pack_heavy")),                               # its memory's 66 shards
+    (dict(), "sometimes", HEAVY, ("exclusive", "t4", None, "util")),   # bad value: the default
+], ids=["always", "pressure", "always pressed", "stale", "over limit", "mid", "big", "bad value"])
+def test_pack_heavy_always_packs_on_every_type_while_the_loop_lives(tmp_path, pressure, pack_heavy, job, want):
+    """pack_heavy = always: a job kept whole for its utilization takes pressure_shards on any
+    type (Slurm's LL_SHARED_GRES spreads it onto an idle GPU while there is one), but only
+    while the loop's pressure file is fresh and within its slowdown bound's limit."""
+    path = _pressure(tmp_path, *pressure.pop("types", ()), **pressure)
+    pol = _policy(tmp_path, f"pressure_file = {path}\npressure_max_age_s = 300\npack_heavy = {pack_heavy}\n")
+    d = decide(job, policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    assert _outcome(d) == want, d.admin_comment
+    assert parse_decision(d.admin_comment) == HookDecision(*want[:3], 100 if want[2] else None, want[3])
+    if want[3] == "pack_heavy":
+        assert "pack_heavy = always" in d.admin_comment
+    assert policy_values(pol.read_text()).get("pack_heavy") == (None if pack_heavy == "sometimes" else pack_heavy)

@@ -77,13 +77,16 @@ def test_pack_only_under_pressure_only_hinted_exclusive_and_fitting():
     jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL),
             rec(2, "PENDING", "gres:gpu:a100:1", "horus: exclusive any (no hint)"),  # raw request
             rec(3, "PENDING", "gres:gpu:a100:1", EXCL),                   # does not fit
-            rec(4, "PENDING", "gres:gpu:a100:1", EXCL, SubmitTime="2999-01-01T00:00:00")]
-    fits = {"1": True, "3": False, "4": True}
-    acts = pressure_actions(jobs, busy, 50, lambda r, t, s: fits.get(r["JobId"], True),
+            rec(4, "PENDING", "gres:gpu:a100:1", EXCL, SubmitTime="2999-01-01T00:00:00"),
+            rec(5, "PENDING", "gres:gpu:a100:1", EXCL),                   # memory: 66 shards
+            rec(6, "PENDING", "gres:gpu:a100:1", EXCL)]                   # memory: a whole GPU
+    least = {"1": 1, "3": 101, "4": 1, "5": 66, "6": 100}  # the fewest shards its memory fits
+    acts = pressure_actions(jobs, busy, 50, lambda r, t, s: s >= least.get(r["JobId"], 1),
                             60, now=1.9e9)
-    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "pack", "gres:shard:50")]
+    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "pack", "gres:shard:50"),
+                                                          (5, "pack", "gres:shard:66")]
     idle = _node("gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)")  # as many idle GPUs as jobs wait
-    assert pressure_actions(jobs, idle, 50, lambda *a: True, 0, now=1.9e9) == []
+    assert pressure_actions(jobs[:4], idle, 50, lambda *a: True, 0, now=1.9e9) == []
 
 
 def test_with_some_gpus_idle_only_the_jobs_they_leave_without_one_are_packed_oldest_first():
@@ -157,6 +160,12 @@ def test_a_job_the_hook_packed_under_pressure_is_spread_when_gpus_idle():
                   "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure")
     acts = pressure_actions([pressed], idle, 50, lambda *a: True, 0, 1.9e9)
     assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "spread", "gres/gpu:a100:1")]
+    # pack_heavy = always: Slurm's least-loaded placement spreads it; reshaping it whole would
+    # undo the policy
+    heavy = rec(2, "PENDING", "gres/shard:50",
+                "horus: shared a100 shards=50/100 (util 95%, mem 6900 MiB p90; pack_heavy = always) "
+                "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pack_heavy")
+    assert pressure_actions([heavy], idle, 50, lambda *a: True, 0, 1.9e9) == []
 
 
 def test_the_slowdown_bound_limits_which_jobs_pack_under_pressure():

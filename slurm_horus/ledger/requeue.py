@@ -251,8 +251,9 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
     """Pack or spread pending jobs by queue pressure, per GPU type (the job's Features, which
     the hook sets to the chosen type): with more jobs pending than GPUs idle, as many as the idle
     GPUs leave without one are packed, the longest-waiting first, each only after waiting
-    ``min_wait_s``, when ``fits(job, type, shards)`` says its predicted memory fits that share
-    of the GPU and its hinted utilization is within ``util_limit_pct`` (the slowdown bound's:
+    ``min_wait_s``, into ``pack_shards`` shards or its memory's share of the GPU when that is
+    more (``fits(job, type, shards)``: its predicted memory fits that share; _pack_size), when
+    its hinted utilization is within ``util_limit_pct`` (the slowdown bound's:
     policy_util_limit); with as many idle GPUs as pending jobs, the jobs packed are spread back."""
     free = _node_type_free(nodes)
     per_gpu = shards_per_gpu(nodes)
@@ -267,12 +268,14 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
             tres = rec.get("TresPerNode")
             if jid is None or any(t.get("action") == "oom-requeue" for t in toks):
                 continue  # an OOM survivor keeps its whole GPU
+            size = None
             if (to_pack > 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
                     and now - _epoch(rec.get("SubmitTime")) >= min_wait_s
-                    and (util_limit_pct >= 100.0 or _hint_util(rec, gtype) <= util_limit_pct)
-                    and fits(rec, gtype, pack_shards)):
+                    and (util_limit_pct >= 100.0 or _hint_util(rec, gtype) <= util_limit_pct)):
+                size = _pack_size(rec, gtype, pack_shards, per_gpu.get(gtype, 100), fits)
+            if size is not None:
                 to_pack -= 1
-                out.append(Action(jid, "pack", _shard_gres(pack_shards, tres),
+                out.append(Action(jid, "pack", _shard_gres(size, tres),
                                   f"{QUEUE_TOKEN};action=pack;from=gpu:1"))
             elif (short <= 0 and _shards(tres) is not None
                   and (last == "pack" or (last is None and _hook_pressed(rec)))):
@@ -281,6 +284,17 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                                   f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}",
                                   fallback))
     return out
+
+
+def _pack_size(rec: dict, gtype: str, pack_shards: int, per_gpu: int,
+               fits: Callable[[dict, str, int], bool]) -> int | None:
+    """The shards a job packed under pressure asks for: ``pack_shards``, or its memory's share
+    when that is more (a partner that fits beside it is small: better than waiting for a whole
+    GPU), as the hook does at submission; None when only a whole GPU holds its memory."""
+    for size in range(min(pack_shards, per_gpu), per_gpu):
+        if fits(rec, gtype, size):
+            return size
+    return None
 
 
 def _hint_util(rec: dict, gtype: str) -> float:

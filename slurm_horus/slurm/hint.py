@@ -78,7 +78,7 @@ JOB_FIELDS = ("sha", "bs", "task", "opt", "prec", "dims", "model")
 DECISION_PREFIX = "horus-decision:v1;"
 # reason codes of job_submit.lua's decision_token(): why a job got a whole GPU or was left as is
 DECISION_REASONS = {"exclusive": ("util", "pack_limit", "memory", "record", "raw_shards"),
-                    "unchanged": ("not_handled", "bad_hint"), "shared": ("pressure",)}
+                    "unchanged": ("not_handled", "bad_hint"), "shared": ("pressure", "pack_heavy")}
 
 _GTYPE_RE = re.compile(r"[a-z0-9_-]{1,32}")
 _NUMBER_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
@@ -375,7 +375,8 @@ class HookDecision:
     shards/shards_per_gpu: the shard request and the policy's S (shared only);
     reason: a code for exclusive and unchanged (DECISION_REASONS); for shared None, or
     "pressure" when the job was packed at submission because horus-admin queue saw its GPU type
-    under queue pressure.
+    under queue pressure, or "pack_heavy" when the policy packs such jobs on every type
+    (``pack_heavy = always``: Slurm's least-loaded placement spreads them).
     """
 
     action: str

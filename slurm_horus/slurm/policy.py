@@ -134,6 +134,7 @@ _POLICY_KEYS = {
                                           and not re.search(r"[\x00-\x1f\x7f]", v)),
     "pressure_shards": _int_in(1, 1000000),
     "pressure_max_age_s": _int_in(1, 86400),
+    "pack_heavy": _one_of("pressure", "always"),
     "slowdown_bound": _decimal_in(1, 10),
     "slowdown_tail": _one_of(*SLOWDOWN_TAILS),
     "underclaim_limit": _int_in(0, 1000000),
