@@ -318,3 +318,18 @@ def test_pack_heavy_always_packs_on_every_type_while_the_loop_lives(tmp_path, pr
     if want[3] == "pack_heavy":
         assert "pack_heavy = always" in d.admin_comment
     assert policy_values(pol.read_text()).get("pack_heavy") == (None if pack_heavy == "sometimes" else pack_heavy)
+
+
+@pytest.mark.parametrize("mem", [3000, 6000, 9000, 12000, 13800])
+def test_the_loops_memory_share_is_the_hooks(tmp_path, monkeypatch, mem):
+    """horus-admin queue packs a waiting job into its memory's share as the hook counts it at
+    submission (hint_mem_shards), so the two never size the same job differently."""
+    from slurm_horus.ledger.requeue import _pack_size, hint_mem_shards
+
+    path = _pressure(tmp_path, "t4")
+    pol = _policy(tmp_path, f"pressure_file = {path}\n")
+    monkeypatch.setenv("HORUS_POLICY", str(pol))
+    job = {"comment": f"horus:v1;t4=85/{mem}/{mem}", "tres_per_node": "gres:gpu:1"}
+    d = decide(job, policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    loop = _pack_size(hint_mem_shards({"Comment": job["comment"]}, "t4"), 50, 100)
+    assert (d.shards if d.action == "shared" else None) == loop, d.admin_comment

@@ -80,27 +80,26 @@ def test_pack_only_under_pressure_only_hinted_exclusive_and_fitting():
             rec(4, "PENDING", "gres:gpu:a100:1", EXCL, SubmitTime="2999-01-01T00:00:00"),
             rec(5, "PENDING", "gres:gpu:a100:1", EXCL),                   # memory: 66 shards
             rec(6, "PENDING", "gres:gpu:a100:1", EXCL)]                   # memory: a whole GPU
-    least = {"1": 1, "3": 101, "4": 1, "5": 66, "6": 100}  # the fewest shards its memory fits
-    acts = pressure_actions(jobs, busy, 50, lambda r, t, s: s >= least.get(r["JobId"], 1),
-                            60, now=1.9e9)
+    least = {"1": 1, "3": 101, "4": 1, "5": 66, "6": 100}  # its memory's shards
+    acts = pressure_actions(jobs, busy, 50, lambda r, t: least.get(r["JobId"], 1), 60, now=1.9e9)
     assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "pack", "gres:shard:50"),
                                                           (5, "pack", "gres:shard:66")]
     idle = _node("gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)")  # as many idle GPUs as jobs wait
-    assert pressure_actions(jobs[:4], idle, 50, lambda *a: True, 0, now=1.9e9) == []
+    assert pressure_actions(jobs[:4], idle, 50, lambda *a: 1, 0, now=1.9e9) == []
 
 
 def test_with_some_gpus_idle_only_the_jobs_they_leave_without_one_are_packed_oldest_first():
     three_idle = _node("gpu:a100:1(IDX:0),shard:a100:0(IDX:N/A)")
     jobs = [rec(i, "PENDING", "gres:gpu:a100:1", EXCL, SubmitTime=f"2026-01-01T00:00:0{9 - i}")
             for i in range(1, 6)]  # five wait, job 5 the longest
-    acts = pressure_actions(jobs, three_idle, 50, lambda *a: True, 0, now=1.9e9)
+    acts = pressure_actions(jobs, three_idle, 50, lambda *a: 1, 0, now=1.9e9)
     assert sorted(a.job_id for a in acts) == [4, 5] and {a.kind for a in acts} == {"pack"}
     assert pressure_types(jobs, three_idle) == ["a100"] and pressure_types(jobs[:2], three_idle) == []
     assert pressure_types(jobs[:3], three_idle) == ["a100"]  # a fourth would find no idle GPU
     # a packed job stays packed while jobs still outnumber the idle GPUs
     packed = [rec(1, "PENDING", "gres:shard:50", EXCL + " horus-queue:v1;action=pack;from=gpu:1"),
               *jobs[1:4]]
-    acts = pressure_actions(packed, three_idle, 50, lambda *a: True, 0, now=1.9e9)
+    acts = pressure_actions(packed, three_idle, 50, lambda *a: 1, 0, now=1.9e9)
     assert [(a.job_id, a.kind) for a in acts] == [(4, "pack")]
 
 
@@ -108,7 +107,7 @@ def test_spread_back_only_what_the_loop_packed():
     idle = _node("gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)")
     packed = rec(1, "PENDING", "gres/shard:a100:50", EXCL + "; horus-queue:v1;action=pack;from=gpu:1")
     hook_shared = rec(2, "PENDING", "gres:shard:a100:30", "horus: shared a100 shards=30/100")
-    acts = pressure_actions([packed, hook_shared], idle, 50, lambda *a: True, 0, 1.9e9)
+    acts = pressure_actions([packed, hook_shared], idle, 50, lambda *a: 1, 0, 1.9e9)
     assert [(a.job_id, a.kind, a.tres, a.fallback) for a in acts] == [
         (1, "spread", "gres/gpu:a100:1", "gres/shard:100")]
 
@@ -124,7 +123,7 @@ def test_shards_are_asked_untyped():
     jobs = [rec(1, "PENDING", "gres/gpu:a100:1", EXCL)]
     busy = [{"NodeName": "n1", "State": "MIXED", "Gres": "gpu:a100:4,shard:a100:400",
              "GresUsed": "gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)"}]
-    acts = pressure_actions(jobs, busy, 50, lambda *a: True, 0, now=1.9e9)
+    acts = pressure_actions(jobs, busy, 50, lambda *a: 1, 0, now=1.9e9)
     assert [a.tres for a in acts] == ["gres/shard:50"]
 
 
@@ -158,14 +157,14 @@ def test_a_job_the_hook_packed_under_pressure_is_spread_when_gpus_idle():
     pressed = rec(1, "PENDING", "gres/shard:50",
                   "horus: shared a100 shards=50/100 (util 95%, mem 6900 MiB p90; queue pressure on a100) "
                   "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure")
-    acts = pressure_actions([pressed], idle, 50, lambda *a: True, 0, 1.9e9)
+    acts = pressure_actions([pressed], idle, 50, lambda *a: 1, 0, 1.9e9)
     assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "spread", "gres/gpu:a100:1")]
     # pack_heavy = always: Slurm's least-loaded placement spreads it; reshaping it whole would
     # undo the policy
     heavy = rec(2, "PENDING", "gres/shard:50",
                 "horus: shared a100 shards=50/100 (util 95%, mem 6900 MiB p90; pack_heavy = always) "
                 "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pack_heavy")
-    assert pressure_actions([heavy], idle, 50, lambda *a: True, 0, 1.9e9) == []
+    assert pressure_actions([heavy], idle, 50, lambda *a: 1, 0, 1.9e9) == []
 
 
 def test_the_slowdown_bound_limits_which_jobs_pack_under_pressure():
@@ -189,7 +188,7 @@ def test_the_slowdown_bound_limits_which_jobs_pack_under_pressure():
     busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
     jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL, Comment="horus:v1;a100=95/3000/3500"),
             rec(2, "PENDING", "gres:gpu:a100:1", EXCL, Comment="horus:v1;a100=75/3000/3500")]
-    acts = pressure_actions(jobs, busy, 50, lambda *a: True, 0, 1.9e9, util_limit_pct=lim)
+    acts = pressure_actions(jobs, busy, 50, lambda *a: 1, 0, 1.9e9, util_limit_pct=lim)
     assert [(a.job_id, a.kind) for a in acts] == [(2, "pack")]
-    acts = pressure_actions(jobs, busy, 50, lambda *a: True, 0, 1.9e9, util_limit_pct=100.0)
+    acts = pressure_actions(jobs, busy, 50, lambda *a: 1, 0, 1.9e9, util_limit_pct=100.0)
     assert [a.job_id for a in acts] == [1, 2]

@@ -246,14 +246,14 @@ def signal_pressure(jobs: list[dict], nodes: list[dict], policy_path: str | None
 
 
 def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
-                     fits: Callable[[dict, str, int], bool], min_wait_s: float,
+                     mem_shards: Callable[[dict, str], int | None], min_wait_s: float,
                      now: float, util_limit_pct: float = 100.0) -> list[Action]:
     """Pack or spread pending jobs by queue pressure, per GPU type (the job's Features, which
     the hook sets to the chosen type): with more jobs pending than GPUs idle, as many as the idle
     GPUs leave without one are packed, the longest-waiting first, each only after waiting
     ``min_wait_s``, into ``pack_shards`` shards or its memory's share of the GPU when that is
-    more (``fits(job, type, shards)``: its predicted memory fits that share; _pack_size), when
-    its hinted utilization is within ``util_limit_pct`` (the slowdown bound's:
+    more (``mem_shards(job, type)``: hint_mem_shards; _pack_size), when its hinted utilization
+    is within ``util_limit_pct`` (the slowdown bound's:
     policy_util_limit); with as many idle GPUs as pending jobs, the jobs packed are spread back."""
     free = _node_type_free(nodes)
     per_gpu = shards_per_gpu(nodes)
@@ -272,7 +272,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
             if (to_pack > 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
                     and now - _epoch(rec.get("SubmitTime")) >= min_wait_s
                     and (util_limit_pct >= 100.0 or _hint_util(rec, gtype) <= util_limit_pct)):
-                size = _pack_size(rec, gtype, pack_shards, per_gpu.get(gtype, 100), fits)
+                size = _pack_size(mem_shards(rec, gtype), pack_shards, per_gpu.get(gtype, 100))
             if size is not None:
                 to_pack -= 1
                 out.append(Action(jid, "pack", _shard_gres(size, tres),
@@ -286,15 +286,14 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
     return out
 
 
-def _pack_size(rec: dict, gtype: str, pack_shards: int, per_gpu: int,
-               fits: Callable[[dict, str, int], bool]) -> int | None:
+def _pack_size(mem_shards: int | None, pack_shards: int, per_gpu: int) -> int | None:
     """The shards a job packed under pressure asks for: ``pack_shards``, or its memory's share
     when that is more (a partner that fits beside it is small: better than waiting for a whole
-    GPU), as the hook does at submission; None when only a whole GPU holds its memory."""
-    for size in range(min(pack_shards, per_gpu), per_gpu):
-        if fits(rec, gtype, size):
-            return size
-    return None
+    GPU), as the hook does at submission; None when only a whole GPU holds its memory (or its
+    memory is unknown)."""
+    if mem_shards is None or mem_shards >= per_gpu:
+        return None
+    return max(min(pack_shards, per_gpu), mem_shards)
 
 
 def _hint_util(rec: dict, gtype: str) -> float:
@@ -410,17 +409,21 @@ def _short(tres: str) -> str:
     return re.sub(r"^gres[:/]|:[a-z][a-z0-9_-]*(?=:\d+$)", "", tres)
 
 
-def hint_fits(rec: dict, gtype: str, shards: int) -> bool:
-    """The memory the hook charges the job's hint (its Comment) fits ``shards`` % of the
-    policy's ``gpu.<gtype>.mem_mib``: the pack check, judged as the hook judges."""
+def hint_mem_shards(rec: dict, gtype: str) -> int | None:
+    """The shards the memory the hook charges the job's hint (its Comment) takes of a
+    ``gtype`` GPU, as the hook counts them: ceil(S x memory / (pack_limit_pct % of the
+    policy's gpu.<gtype>.mem_mib)); None without a hint for the type or a memory for it."""
     fields = (parse_hint(rec.get("Comment")) or {}).get(gtype)
     total = policy_value(f"gpu.{gtype}.mem_mib")
     if not fields or total is None:
-        return False
-    return charged_mem_mib(*fields[1:5])[1] * 100 <= int(total) * shards
+        return None
+    S = int(policy_value("shards_per_gpu", "100"))
+    P = int(policy_value("pack_limit_pct", "90"))
+    mem = charged_mem_mib(*fields[1:5])[1]
+    return -(-S * mem * 100 // (int(total) * P))
 
 
-def tend(fits: Callable[[dict, str, int], bool] = hint_fits, pack_shards: int = 50,
+def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_shards: int = 50,
          min_wait_s: float = 60.0, dry_run: bool = False,
          job_ids: set[int] | None = None) -> list[Action]:
     """One pass over the live queue (``scontrol -d``: nodes' GresUsed): the pressure file for
@@ -434,7 +437,7 @@ def tend(fits: Callable[[dict, str, int], bool] = hint_fits, pack_shards: int = 
         signal_pressure(jobs, nodes, util_limit_pct=limit)
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     actions = oom_actions(mine, read_error_tail, shards_per_gpu(nodes))
-    actions += pressure_actions(mine, nodes, pack_shards, fits, min_wait_s, time.time(), limit)
+    actions += pressure_actions(mine, nodes, pack_shards, mem_shards, min_wait_s, time.time(), limit)
     done = []
     by_id = {_job_id(r): r for r in jobs}
     for a in actions:
