@@ -242,28 +242,41 @@ def check_policy_lines(pol: Path) -> list[Problem]:
             for n, key, value in ignored_policy_lines(text.decode("utf-8", "surrogateescape"))]
 
 
+def check_pressure_keys(pol: Path) -> list[Problem]:
+    """slowdown_bound, slowdown_tail and pack_heavy = always act only through horus-admin
+    queue's pressure file."""
+    from slurm_horus.slurm.policy import policy_value
+
+    if policy_value("pressure_file", "", pol):
+        return []
+    bound = policy_value("slowdown_bound", None, pol)
+    tail = policy_value("slowdown_tail", None, pol)
+    keys = []
+    if bound is not None or tail is not None:
+        keys.append(f"slowdown_bound = {bound or '2'} ({tail or 'median'} job)")
+    if policy_value("pack_heavy", "pressure", pol) == "always":
+        keys.append("pack_heavy = always")
+    if not keys:
+        return []
+    return [Problem(f"policy sets {' and '.join(keys)} but no pressure_file: they govern packing "
+                    "under queue pressure, which horus-admin queue signals in that file (the hook "
+                    "packs only while it is fresh)",
+                    "set pressure_file = /var/lib/slurm-horus/pressure and run horus-admin "
+                    "queue (etc/horus-queue.timer)")]
+
+
 def check_slowdown_bound(pol: Path) -> list[Problem]:
-    """The policy's slowdown_bound and slowdown_tail act only through horus-admin queue's
-    pressure file, and a bound below what the worst partner costs even an idle job packs
-    nothing."""
+    """A slowdown_bound below what the worst partner costs even an idle job packs nothing."""
     from slurm_horus.ledger.requeue import policy_util_limit
     from slurm_horus.slurm.policy import policy_value
 
     bound = policy_value("slowdown_bound", None, pol)
     tail = policy_value("slowdown_tail", None, pol)
-    if bound is None and tail is None:
+    if (bound is None and tail is None) or not policy_value("pressure_file", "", pol):
         return []
-    bound = bound or "2"
-    if not policy_value("pressure_file", "", pol):
-        return [Problem(f"policy sets slowdown_bound = {bound} ({tail or 'median'} job) but no "
-                        "pressure_file: the bound "
-                        "governs packing under queue pressure, which horus-admin queue signals "
-                        "in that file",
-                        "set pressure_file = /var/lib/slurm-horus/pressure and run horus-admin "
-                        "queue (etc/horus-queue.timer)")]
     if policy_util_limit(policy_path=str(pol)) <= 0.0:
-        return [Problem(f"slowdown_bound = {bound} for the {tail or 'median'} job lets no job pack "
-                        "under queue pressure (a partner at 100 % slows even an idle job more)",
+        return [Problem(f"slowdown_bound = {bound or '2'} for the {tail or 'median'} job lets no job "
+                        "pack under queue pressure (a partner at 100 % slows even an idle job more)",
                         "raise slowdown_bound or take slowdown_tail nearer the median (1.5 for the "
                         "median job packs jobs up to 82 % predicted utilization; horus-admin queue "
                         "--dry-run prints the limit)")]
@@ -273,25 +286,19 @@ def check_slowdown_bound(pol: Path) -> list[Problem]:
 def check_pack_heavy(conf: SlurmConf, pol: Path, version: tuple[int, int] | None) -> list[Problem]:
     """pack_heavy = always gives heavy jobs shards on every type; only Slurm's least-loaded shard
     placement (23.11+) then keeps them on idle GPUs while there are some (first fit would pack
-    them beside other jobs at once), and only the loop's fresh pressure file lets the hook do it."""
+    them beside other jobs at once)."""
     from slurm_horus.slurm.policy import policy_value
 
     if policy_value("pack_heavy", "pressure", pol) != "always":
         return []
-    out = []
-    if not policy_value("pressure_file", "", pol):
-        out.append(Problem("policy sets pack_heavy = always but no pressure_file: the hook packs "
-                           "heavy jobs only while horus-admin queue's pressure file is fresh",
-                           "set pressure_file = /var/lib/slurm-horus/pressure and run horus-admin "
-                           "queue (etc/horus-queue.timer)"))
-    if "ll_shared_gres" not in _words(conf.settings.get("selecttypeparameters")):
-        old = version is not None and version < (23, 11)
-        out.append(Problem("policy sets pack_heavy = always but Slurm places shard jobs first fit "
-                           "(no LL_SHARED_GRES in SelectTypeParameters): heavy jobs share a GPU "
-                           "while others sit idle",
-                           ("upgrade Slurm to 23.11+ for LL_SHARED_GRES, or " if old else
-                            "add LL_SHARED_GRES to SelectTypeParameters, or ") + "set pack_heavy = pressure"))
-    return out
+    if "ll_shared_gres" in _words(conf.settings.get("selecttypeparameters")):
+        return []
+    old = version is not None and version < (23, 11)
+    return [Problem("policy sets pack_heavy = always but Slurm places shard jobs first fit "
+                    "(no LL_SHARED_GRES in SelectTypeParameters): heavy jobs share a GPU "
+                    "while others sit idle",
+                    ("upgrade Slurm to 23.11+ for LL_SHARED_GRES, or " if old else
+                     "add LL_SHARED_GRES to SelectTypeParameters, or ") + "set pack_heavy = pressure")]
 
 
 def check_registry(root: Path) -> list[Problem]:
@@ -331,7 +338,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}
     declared = set(re.split(r"[,\s]+", policy_value("type_features", "", pol) or "")) - {""}
     out += check_nodes(conf, gres_conf, spg, type_via, mem_types, declared)
-    out += check_slowdown_bound(pol)
+    out += check_pressure_keys(pol) + check_slowdown_bound(pol)
     out += check_pack_heavy(conf, pol, parse_version(version_text or ""))
     out += check_ledger(ledger_url or default_url())
     out += check_registry(Path(model_dir) if model_dir else default_dir())
