@@ -136,10 +136,15 @@ def site_residuals(rows: Iterable[Mapping[str, Any]], min_runs: int = MIN_SITE_R
     pool, where rows without a model count too) with at least ``min_runs`` runs, overall and
     per GPU type.  Utilization only from runs that had their GPU alone: a shared run's NVML
     utilization is its share, not its need.  For :class:`~slurm_horus.sim.mix.ModelMix` ``site``."""
+    return _residuals(_parse_rows(rows), min_runs)
+
+
+def _residuals(parsed: list[tuple], min_runs: int) -> dict:
+    """site_residuals of rows _parse_rows has checked."""
     util: dict[str, list[float]] = {}
     mem: dict[str, list[float]] = {}
     typed: dict[str, tuple[dict, dict]] = {}
-    for v, _, _, model, colocated, gtype in _parse_rows(rows):
+    for v, _, _, model, colocated, gtype in parsed:
         tutil, tmem = typed.setdefault(gtype, ({}, {})) if gtype else ({}, {})
         pu, tu = min(100.0, v["pred_util"]), min(100.0, v["true_util"])
         if not colocated and pu > 0 and tu > 0:
@@ -168,9 +173,8 @@ def from_rows(rows: Iterable[Mapping[str, Any]], gpu_types: Iterable[str], *, se
     true utilization is its prediction times a residual (seeded by ``seed``) of the rows' runs
     of the same model that had their GPU alone (else of all such runs; else the prediction)."""
     types = list(dict.fromkeys(gpu_types))
-    rows = list(rows)
     parsed = _parse_rows(rows)
-    solo = site_residuals(rows, min_runs=1)["util"] if any(x[4] for x in parsed) else {}
+    solo = _residuals(parsed, min_runs=1)["util"] if any(x[4] for x in parsed) else {}
     rng = np.random.default_rng(seed)
     order = sorted(range(len(parsed)), key=lambda i: parsed[i][0]["submit_time"])
     t0 = parsed[order[0]][0]["submit_time"]
