@@ -55,6 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from slurm_horus.ledger.publish import write_atomically
 from slurm_horus.ledger.requeue import signal_pressure, tend
 from slurm_horus.slurm.policy import policy_value
 from slurm_horus.sim.interference import Interference
@@ -260,8 +261,8 @@ def run_policy(policy: str, jobs: list[dict], run: Path, tag: str, mine: list[st
         return recs
 
     policy_text = Path(cluster_policy()).read_text()
-    if policy == "horus+always":
-        Path(cluster_policy()).write_text(policy_text + "\npack_heavy = always\n")
+    if policy == "horus+always":  # slurmctld's hook rereads it at every submission: one rename
+        write_atomically(cluster_policy(), policy_text + "\npack_heavy = always\n")
     try:
         for j in jobs:  # arrivals
             while time.time() < t0 + j["offset_s"]:
@@ -279,7 +280,7 @@ def run_policy(policy: str, jobs: list[dict], run: Path, tag: str, mine: list[st
         if policy in LOOPED and where and os.path.exists(where):
             os.unlink(where)
         if policy == "horus+always":
-            Path(cluster_policy()).write_text(policy_text)
+            write_atomically(cluster_policy(), policy_text)
     res = summarize(policy, ids, sacct(list(ids)), run / "results" / policy, placed, decisions)
     res["foreign_jobs"] = sorted(foreign)
     res["queue_actions"] = reshaped

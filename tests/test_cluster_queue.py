@@ -267,6 +267,7 @@ def test_pack_heavy_always_spreads_while_idle_and_packs_when_full(mine, monkeypa
     conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
     if "LL_SHARED_GRES" not in conf:
         pytest.skip("this Slurm places shard jobs first fit (LL_SHARED_GRES: Slurm 23.11+)")
+    from slurm_horus.ledger.publish import write_atomically
     from slurm_horus.slurm.policy import policy_value
 
     site = os.path.join(os.path.dirname(os.environ["SLURM_CONF"]), "horus_policy.conf")
@@ -275,8 +276,7 @@ def test_pack_heavy_always_spreads_while_idle_and_packs_when_full(mine, monkeypa
     text = open(site).read()
     out = ["-o", os.devnull]
     try:
-        with open(site, "a") as f:  # the hook rereads its policy at every submission
-            f.write("\npack_heavy = always\n")
+        write_atomically(site, text + "\npack_heavy = always\n")  # reread at every submission
         queue("--min-wait", "100000")  # the loop is alive: a fresh pressure file, no type pressed
         assert open(pressure).read().splitlines()[2:] == []
         heavy = f"--comment={hint(95, 6000)}"
@@ -294,7 +294,6 @@ def test_pack_heavy_always_spreads_while_idle_and_packs_when_full(mine, monkeypa
         assert not [a for a in queue("--min-wait", "0", "--jobs", ",".join(first + [fifth]))
                     if a.get("action") == "spread"]
     finally:
-        with open(site, "w") as f:
-            f.write(text)
+        write_atomically(site, text)
         if pressure and os.path.exists(pressure):
             os.unlink(pressure)
