@@ -168,7 +168,7 @@ local function parse_policy(text)
 	local pol, warn = {}, {}
 	for k, v in pairs(DEFAULTS) do pol[k] = v end
 	local gpus, order, tfeat = {}, nil, nil
-	local function bad(key, why) warn[#warn + 1] = "policy: " .. key .. ": " .. why .. ", using default" end
+	local function bad(key, why) warn[#warn + 1] = "policy: " .. key .. ": " .. why .. ", line ignored (an earlier valid line of the key, else its default, stays)" end
 	-- a value of plain digits within lo..hi, else nil
 	local function whole_in(v, lo, hi)
 		local n = string.find(v, "^%d+$") and decimal_up(v, 0)

@@ -291,12 +291,12 @@ def check_pack_heavy(conf: SlurmConf, pol: Path, version: tuple[int, int] | None
 
     if policy_value("pack_heavy", "pressure", pol) != "always":
         return []
-    if "ll_shared_gres" in _words(conf.settings.get("selecttypeparameters")):
-        return []
     old = version is not None and version < (23, 11)
+    if "ll_shared_gres" in _words(conf.settings.get("selecttypeparameters")) and not old:
+        return []
+    why = ("LL_SHARED_GRES needs Slurm 23.11+" if old else "no LL_SHARED_GRES in SelectTypeParameters")
     return [Problem("policy sets pack_heavy = always but Slurm places shard jobs first fit "
-                    "(no LL_SHARED_GRES in SelectTypeParameters): heavy jobs share a GPU "
-                    "while others sit idle",
+                    f"({why}): heavy jobs share a GPU while others sit idle",
                     ("upgrade Slurm to 23.11+ for LL_SHARED_GRES, or " if old else
                      "add LL_SHARED_GRES to SelectTypeParameters, or ") + "set pack_heavy = pressure")]
 

@@ -109,7 +109,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     -- v7: what the scheduler layer did to the job, from its AdminComment as sacct returns it
     -- (submissions.policy_decision; slurm.accounting.scheduler_actions), never the user's comment.
     hook_action VARCHAR(16),          -- the hook's decision: 'shared', 'exclusive', 'unchanged'
-    hook_reason VARCHAR(16),          -- its reason code ('util', 'memory', ...; NULL for shared)
+    hook_reason VARCHAR(16),          -- its reason code ('util', 'memory', ...; shared: NULL, 'pressure', 'pack_heavy')
     queue_actions VARCHAR(255),       -- horus-admin queue's, in order: 'pack,spread', 'oom-requeue'
     PRIMARY KEY (cluster, job_id)
 );

@@ -150,6 +150,10 @@ def test_pack_heavy_always_needs_least_loaded_placement_and_the_loop(site):
         assert "first fit" in p.what and "pack_heavy = pressure" in p.fix
         v = parse_version(subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout)
         assert ("upgrade Slurm to 23.11+" in p.fix) == (v < (23, 11))
+        if v < (23, 11):  # the flag named in slurm.conf does not help a Slurm that lacks it
+            edit(site / "slurm.conf", r"(?im)^(SelectTypeParameters=\S+)", r"\1,LL_SHARED_GRES")
+            (p,) = problems(site)
+            assert "needs Slurm 23.11+" in p.what and "upgrade Slurm" in p.fix
     else:
         edit(site / "slurm.conf", r",LL_SHARED_GRES", "")
         (p,) = problems(site)

@@ -58,6 +58,27 @@ def test_bad_source_and_url(tmp_path):
         Ledger("no such url")
 
 
+def test_ledger_url_from_the_site_conf(tmp_path, monkeypatch):
+    """Users need no environment: the ledger URL in horus.conf is used, $HORUS_LEDGER_URL first."""
+    from slurm_horus.ledger import default_url
+
+    conf = tmp_path / "horus.conf"
+    site, own = f"sqlite:///{tmp_path}/site.db", f"sqlite:///{tmp_path}/own.db"
+    conf.write_text(f"# site settings\non_prediction_error = submit\nledger_url = {site}  # read-only\n")
+    monkeypatch.setenv("HORUS_CONF", str(conf))
+    monkeypatch.delenv("HORUS_LEDGER_URL", raising=False)
+    assert default_url() == site
+    Ledger().record_usage(job_id=7, source="sacct", elapsed_s=5)
+    assert (tmp_path / "site.db").exists() and not (tmp_path / "own.db").exists()
+    monkeypatch.setenv("HORUS_LEDGER_URL", own)
+    assert default_url() == own
+    monkeypatch.delenv("HORUS_LEDGER_URL")
+    conf.write_text("on_prediction_error = refuse\n")  # no ledger_url: the SQLite default
+    assert default_url() == "sqlite:////var/lib/slurm-horus/ledger.db"
+    conf.chmod(0)  # unreadable (root reads it anyway): never an error
+    assert default_url().startswith("sqlite:")
+
+
 V1_DDL = """
 CREATE TABLE schema_version (version INTEGER NOT NULL PRIMARY KEY, applied BIGINT NOT NULL);
 CREATE TABLE submissions (cluster VARCHAR(64) NOT NULL, job_id BIGINT NOT NULL, user_name VARCHAR(64),

@@ -25,7 +25,10 @@ REFRESH_ADVICE = "ask an admin to run horus-admin sync"
 
 
 def default_url() -> str:
-    return os.environ.get(ENV_URL) or DEFAULT_URL
+    """$HORUS_LEDGER_URL, else ``ledger_url`` in the site's horus.conf, else the SQLite file."""
+    from slurm_horus.siteconf import site_setting
+
+    return os.environ.get(ENV_URL) or site_setting("ledger_url") or DEFAULT_URL
 
 
 def db_timeout() -> float:

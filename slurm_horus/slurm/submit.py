@@ -24,8 +24,6 @@ from slurm_horus.errors import HorusError
 
 __all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error"]
 
-CONF_PATH = "/etc/slurm-horus/horus.conf"
-
 # sbatch input environment variables that set request fields we read (22.05).
 _ENV_OPTS = {
     "partition": "SBATCH_PARTITION", "gres": "SBATCH_GRES", "gpus": "SBATCH_GPUS",
@@ -329,18 +327,11 @@ def explain_text(plan: Plan) -> str:
 def on_prediction_error(env: dict[str, str] | None = None) -> str:
     """'submit' (default) or 'refuse': $HORUS_ON_PREDICTION_ERROR, else
     ``on_prediction_error`` in /etc/slurm-horus/horus.conf ($HORUS_CONF)."""
+    from slurm_horus.siteconf import site_setting
+
     env = os.environ if env is None else env
-    v = (env.get("HORUS_ON_PREDICTION_ERROR") or "").strip().lower()
-    if not v:
-        try:
-            with open(env.get("HORUS_CONF") or CONF_PATH) as f:
-                for line in f:
-                    key, sep, val = line.split("#", 1)[0].partition("=")
-                    if sep and key.strip() == "on_prediction_error":
-                        v = val.strip().lower()
-        except OSError:
-            pass
-    return "refuse" if v == "refuse" else "submit"
+    v = (env.get("HORUS_ON_PREDICTION_ERROR") or site_setting("on_prediction_error", env) or "")
+    return "refuse" if v.strip().lower() == "refuse" else "submit"
 
 
 def warn(msg: str) -> None:
