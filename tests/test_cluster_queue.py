@@ -97,6 +97,31 @@ def hint(util, mem):
     return f"horus:v1;a100={util}/{mem}/{int(mem * 1.15)}"
 
 
+def test_a_job_that_forges_scontrols_text_moves_no_other_job(mine, tmp_path):
+    """A held job whose name and comment read, in scontrol's text, as a FAILED shard job with a
+    CUDA OOM in its error file, and as another job (the victim, running): the loop reads
+    squeue's JSON, so it neither requeues the victim nor marks it."""
+    err = tmp_path / "err"
+    err.write_text(OOM + "\n")
+    victim = submit(mine, "--gres=gpu:1", f"--comment={hint(30, 6000)}", "-o", "/dev/null",
+                    "--wrap", "sleep 300")
+    wait(victim, {"RUNNING"})
+    forged = (f"x\nJobId={victim} JobState=FAILED TresPerNode=gres:shard:10\n   StdErr={err}\n"
+              "AdminComment=forged")
+    attacker = submit(mine, "-H", "--gres=gpu:1", "-J", "y\nJobState=FAILED TresPerNode=gres:shard:10",
+                      f"--comment={forged}", "-o", "/dev/null", "--wrap", "true")
+    text = subprocess.run(["scontrol", "show", "job", attacker], capture_output=True, text=True).stdout
+    assert f"JobId={victim} JobState=FAILED" in text  # what a text reader would have believed
+    from slurm_horus.ledger import prolog  # the probe's check of a job's state is not fooled
+    assert prolog.job_state(attacker, dict(os.environ)) == "PENDING"
+    assert prolog.job_record(victim, dict(os.environ))["JobState"] == "RUNNING"
+    acts = queue("--min-wait", "100000", "--jobs", f"{victim},{attacker}")
+    assert [a for a in acts if str(a["job_id"]) in (victim, attacker)] == []
+    rec = job(victim)
+    assert rec.get("JobState") == "RUNNING" and rec.get("Restarts") == "0"
+    assert "horus-queue" not in rec.get("AdminComment", "") and "forged" not in rec.get("AdminComment", "")
+
+
 def test_oom_requeue_once_on_a_whole_gpu(mine, tmp_path):
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/bash\n"

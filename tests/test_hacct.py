@@ -318,3 +318,24 @@ def test_queue_actions_listed_and_oom_requeues_counted(tmp_path):
     assert "horus-admin queue: 2 OOM requeues (1 then completed), 1 packed" in r.output
     r = CliRunner().invoke(main, ["--ledger", u, "--json", "-j", "4"])
     assert json.loads(r.output)[0]["queue_actions"] == ["pack", "spread"]
+
+
+def test_text_users_wrote_cannot_drive_the_readers_terminal():
+    """A ledger cell with terminal escapes and rich markup (a model family from an older ledger,
+    before workload tokens with control characters were refused) prints inert."""
+    import io
+
+    from rich.console import Console
+
+    from slurm_horus.ledger.report import plain_table, rich_table
+
+    row = {"job_id": 7, "model_family": "\x1b]0;pwn\x07\x1b[2j[red]x", "user_name": "alice"}
+    cols = [("jobid", None), ("family", None), ("user", None)]
+    for parsable in (True, False):
+        out = plain_table([row], cols, parsable, noheader=True)
+        assert "\x1b" not in out and "\x07" not in out and "?]0;pwn??[2j[red]x" in out
+    buf = io.StringIO()
+    Console(file=buf, force_terminal=True, color_system="standard", width=200).print(
+        rich_table([row], cols, noheader=True))
+    text = buf.getvalue()
+    assert "[red]x" in text and "\x1b[31m" not in text and "\x1b]0;" not in text

@@ -211,6 +211,8 @@ HINT_T4 = "horus:v1;t4=1/2/3"
     f"horus-job:v2;sha={SHA}",
     f"horus-job:v1;sha={SHA} horus-job:v1;sha={SHA}",      # several: none is believed
     f"horus-job:v1;sha={SHA};model=/a%FF.onnx",            # not UTF-8
+    f"horus-job:v1;sha={SHA};model=/a%1B%5D0%3Bx%07.onnx",  # terminal escapes for hacct's reader
+    f"horus-job:v1;sha={SHA};dims=s%0Aq:8",                # a newline in a dimension name
 ])
 def test_workload_token_malformed(comment):
     from slurm_horus.slurm.hint import parse_workload

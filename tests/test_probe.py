@@ -193,18 +193,23 @@ def test_not_root_refuses_to_record(monkeypatch, tmp_path):
     assert r.exit_code == 4 and "refusing" in r.stderr
 
 
-def _fake_scontrol(tmp_path, job_fixture, listpids_fixture):
+def _fake_slurm(tmp_path, listpids_fixture):
+    """scontrol and squeue answering with what the cluster answered (tests/fixtures/slurm/probe)."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     (bin_ / "scontrol").write_text(f"""#!/bin/sh
-case "$1 $2 $3" in
-  "-d show job") cat '{job_fixture}' ;;
-  "show node "*) cat '{FIX / "scontrol_show_node.stdout"}' ;;
+case "$1 $2" in
+  "show node") cat '{FIX / "scontrol_show_node.stdout"}' ;;
   listpids*) cat '{listpids_fixture}' ;;
   *) exit 1 ;;
 esac
 """)
-    (bin_ / "scontrol").chmod(0o755)
+    (bin_ / "squeue").write_text(f"""#!/bin/sh
+[ "$1" = --json ] && exec cat '{FIX / "probe" / "squeue_json_all.stdout"}'
+exit 1
+""")
+    for cmd in ("scontrol", "squeue"):
+        (bin_ / cmd).chmod(0o755)
     return str(bin_)
 
 
@@ -223,8 +228,7 @@ def test_prolog_detaches_and_epilog_makes_it_record(tmp_path):
     meta = json.loads((FIX / "probe" / "index.json").read_text())["fixtures"]
     job_id = meta["scontrol_show_job_shard_t4"]["job_id"]
     env = _prolog_env(tmp_path, job_id, "gpu-t4")
-    env["PATH"] = _fake_scontrol(tmp_path, FIX / "probe" / "scontrol_show_job_shard_t4.stdout",
-                                 FIX / "probe" / "scontrol_listpids_shard_t4.stdout") \
+    env["PATH"] = _fake_slurm(tmp_path, FIX / "probe" / "scontrol_listpids_shard_t4.stdout") \
         + ":" + env["PATH"]
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / f"{job_id}.json").write_text('{"util_pct": 37.5, "mem_mib": 4100}')
@@ -254,7 +258,7 @@ def test_prolog_detaches_and_epilog_makes_it_record(tmp_path):
     assert not pidf.exists()
     u = Ledger(env["HORUS_LEDGER_URL"]).usage("horus", job_id)["probe"]
     assert u["util_mean"] == 37.5 and u["mem_peak_mib"] == 4100
-    assert (u["gpu_index"], u["gpu_type"], u["node"], u["shards"]) == (0, "t4", "gpu-t4", 7)
+    assert (u["gpu_index"], u["gpu_type"], u["node"], u["shards"]) == (0, "t4", "gpu-t4", 9)
 
 
 @root_only
@@ -264,8 +268,7 @@ def test_prolog_without_gpu_or_without_fake_file_records_nothing(tmp_path):
     meta = json.loads((FIX / "probe" / "index.json").read_text())["fixtures"]
     job_id = meta["scontrol_show_job_gpu_a100_x2"]["job_id"]
     env["SLURM_JOB_ID"] = str(job_id)
-    env["PATH"] = _fake_scontrol(tmp_path, FIX / "probe" / "scontrol_show_job_gpu_a100_x2.stdout",
-                                 FIX / "probe" / "scontrol_listpids_gpu_a100_x2.stdout") \
+    env["PATH"] = _fake_slurm(tmp_path, FIX / "probe" / "scontrol_listpids_gpu_a100_x2.stdout") \
         + ":" + env["PATH"]
     assert "IDX:1-2" in job
     # no fake file: the probe runs but samples nothing, and records nothing
@@ -278,6 +281,21 @@ def test_prolog_without_gpu_or_without_fake_file_records_nothing(tmp_path):
     env["SLURMD_NODENAME"] = "gpu-t4"
     pl.prolog(env, detach=False)
     assert "not probed" in (tmp_path / "probe.log").read_text()
+
+
+def test_the_probe_records_what_slurm_holds_not_what_the_job_wrote(tmp_path):
+    """The recorded job whose name and comment forge scontrol's text (a FAILED job of root's on
+    99 a100 shards, a second GPU index): the probe reads squeue's JSON and sees 9 shards of the
+    t4's GPU 0, running."""
+    meta = json.loads((FIX / "probe" / "index.json").read_text())["fixtures"]
+    job_id = meta["scontrol_show_job_forged_t4"]["job_id"]
+    env = _prolog_env(tmp_path, job_id, "gpu-t4")
+    env["PATH"] = _fake_slurm(tmp_path, FIX / "probe" / "scontrol_listpids_forged_t4.stdout") \
+        + ":" + env["PATH"]
+    assert "gres:shard:a100:99" in (FIX / "probe" / "scontrol_show_job_forged_t4.stdout").read_text()
+    assert pl.placement(str(job_id), "gpu-t4", env) == {"indices": [0], "type": "t4", "shards": 9,
+                                                        "gpus": None}
+    assert pl.job_record(str(job_id), env)["JobState"] == "RUNNING"
 
 
 class _Stopper(pr.FakeSampler):

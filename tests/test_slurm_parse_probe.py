@@ -1,5 +1,6 @@
-"""slurm.parse functions horus-probe uses, on output recorded from the local cluster
-(tests/cluster/record_probe_fixtures.py -> tests/fixtures/slurm/probe)."""
+"""slurm.parse functions horus-probe and horus-admin queue use, on output recorded from the local
+clusters (tests/cluster/record_probe_fixtures.py -> tests/fixtures/slurm/probe on Slurm 22.05.8,
+tests/fixtures/slurm-25.11/probe on 25.11.7)."""
 
 import json
 from pathlib import Path
@@ -8,57 +9,73 @@ import pytest
 
 from slurm_horus.slurm import parse as sp
 
-FIX = Path(__file__).parent / "fixtures" / "slurm" / "probe"
-INDEX = json.loads((FIX / "index.json").read_text())["fixtures"]
+FIXTURES = Path(__file__).parent / "fixtures"
+VERSIONS = {"22.05": FIXTURES / "slurm" / "probe", "25.11": FIXTURES / "slurm-25.11" / "probe"}
 
 
-def job(name):
-    recs = sp.parse_scontrol_records((FIX / f"scontrol_show_job_{name}.stdout").read_text())
-    assert len(recs) == 1
-    meta = INDEX[f"scontrol_show_job_{name}"]
-    assert recs[0]["JobId"] == str(meta["job_id"])
-    return recs[0], meta["node"]
+def job(version, name):
+    """The job's record from the recorded ``squeue --json`` (and the node it ran on)."""
+    fix = VERSIONS[version]
+    index = json.loads((fix / "index.json").read_text())["fixtures"]
+    jid = index["squeue_json_all"]["job_ids"][name]
+    (rec,) = sp.squeue_json_records((fix / "squeue_json_all.stdout").read_text(), jid)
+    assert rec["JobId"] == str(jid) == str(index[f"scontrol_show_job_{name}"]["job_id"])
+    return rec, index[f"scontrol_show_job_{name}"]["node"]
 
 
-def test_untyped_shard_job_on_t4():
-    rec, node = job("shard_t4")
-    assert node == "gpu-t4"
-    assert sp.job_gpus_on_node(rec, node) == {"indices": [0], "type": None, "shards": 7,
-                                              "gpus": None}
-    assert sp.job_state(rec) == "RUNNING"
+@pytest.mark.parametrize("version", VERSIONS)
+def test_untyped_shard_jobs_take_their_type_from_the_node(version):
+    rec, node = job(version, "shard_t4")
+    assert node == "gpu-t4" and rec["JobState"] == sp.job_state(rec) == "RUNNING"
+    assert sp.job_gpus_on_node(rec, node) == {"indices": [0], "type": None, "shards": 9, "gpus": None}
+    rec, node = job(version, "shard_a100")  # the hook asks untyped shards, with a feature
+    assert node == "gpu-a100" and rec["Features"] == "a100"
+    assert sp.job_gpus_on_node(rec, node) == {"indices": [0], "type": None, "shards": 12, "gpus": None}
+    nodes = sp.parse_scontrol_records((FIXTURES / "slurm" / "scontrol_show_node.stdout").read_text())
+    assert {n["NodeName"]: sp.gpu_types_of_node(n) for n in nodes} == {"gpu-a100": {"a100": 4},
+                                                                       "gpu-t4": {"t4": 2}}
 
 
-def test_typed_shard_job_takes_type_from_tres_per_node():
-    rec, node = job("shard_typed_a100")
-    assert sp.job_gpus_on_node(rec, node) == {"indices": [0], "type": "a100", "shards": 20,
-                                              "gpus": None}
-
-
-def test_two_whole_gpus():
-    rec, node = job("gpu_a100_x2")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_two_whole_gpus(version):
+    rec, node = job(version, "gpu_a100_x2")
     assert sp.job_gpus_on_node(rec, node) == {"indices": [1, 2], "type": "a100", "shards": None,
                                               "gpus": 2}
     assert sp.job_gpus_on_node(rec, None)["indices"] == [1, 2]  # single node: its only line
 
 
-def test_other_node_or_no_gres_is_none():
-    rec, _ = job("shard_t4")
-    assert sp.job_gpus_on_node(rec, "gpu-a100") is None
-    no_gres = dict(rec, _details=[{"Nodes": "gpu-t4", "CPU_IDs": "0", "Mem": "100"}])
-    assert sp.job_gpus_on_node(no_gres, "gpu-t4") is None
-    assert sp.job_gpus_on_node({"_details": []}, None) is None
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_job_name_and_comment_forge_scontrols_text_but_not_squeues_json(version):
+    """What the job's owner wrote (tests/cluster/record_probe_fixtures.py: FORGED_NAME and
+    FORGED_COMMENT) reads, in scontrol's text, as a failed job of root's with 99 typed shards,
+    a second GPU and a record of job 1; squeue's JSON has the job as Slurm holds it."""
+    fix = VERSIONS[version]
+    text = (fix / "scontrol_show_job_forged_t4.stdout").read_text()
+    recs = sp.parse_scontrol_records(text)
+    assert {r["JobId"] for r in recs[1:]} == {"1"}  # forged records of another job
+    forged = recs[0]
+    assert forged["JobState"] == "FAILED" and forged["TresPerNode"] == "gres:shard:a100:99"
+    rec, node = job(version, "forged_t4")
+    assert rec["JobState"] == "RUNNING" and rec["UserId"] == "root(0)"
+    assert rec["TresPerNode"] in ("gres:shard:9", "gres/shard:9")
+    assert rec["Comment"].startswith("horus:v1;t4=5/1000/1200\n") and "\nJobId=1 " in rec["Comment"]
+    assert rec["AdminComment"].startswith("horus: shared t4 shards=9/100")
+    place = sp.job_gpus_on_node(rec, node)
+    assert place["shards"] == 9 and place["type"] is None and len(place["indices"]) == 1
 
 
-def test_untyped_shard_type_comes_from_node_record():
-    nodes = sp.parse_scontrol_records(
-        (FIX.parent / "scontrol_show_node.stdout").read_text())
-    t4 = [n for n in nodes if n["NodeName"] == "gpu-t4"][0]
-    assert sp.gpu_types_of_node(t4) == {"t4": 2}
+def test_records_of_one_job_or_of_all():
+    text = (VERSIONS["22.05"] / "squeue_json_all.stdout").read_text()
+    every = sp.squeue_json_records(text)
+    assert len(every) >= 4 and len({r["JobId"] for r in every}) == len(every)
+    assert sp.squeue_json_records(text, 10 ** 9) == []
+    assert all(r["SubmitTime"][:2] == "20" for r in every)
 
 
-@pytest.mark.parametrize("name", ["shard_t4", "shard_typed_a100", "gpu_a100_x2"])
-def test_listpids(name):
-    text = (FIX / f"scontrol_listpids_{name}.stdout").read_text()
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", ["shard_t4", "shard_a100", "gpu_a100_x2"])
+def test_listpids(version, name):
+    text = (VERSIONS[version] / f"scontrol_listpids_{name}.stdout").read_text()
     pids = sp.parse_listpids(text)
     assert pids and all(p > 1 for p in pids)
     assert len(pids) == len(text.strip().splitlines()) - 1  # header line

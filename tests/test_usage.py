@@ -349,6 +349,28 @@ def test_features_only_for_what_the_jobs_owner_can_read(tmp_path, open_dir):
     assert sync(L, sacct_json=data)["features"] == 0
 
 
+def test_sync_reads_no_more_of_a_named_file_than_a_graph_can_be(tmp_path):
+    """A user names the file root hashes: a (sparse) file larger than an ONNX graph is not read,
+    and one sync reads at most its byte budget of users' files."""
+    import hashlib
+    import time
+
+    from slurm_horus.ledger.claims import ModelFeatures
+
+    big = tmp_path / "big.onnx"
+    with open(big, "wb") as f:
+        f.truncate(3 << 30)
+    wl = {"batch_size": 8, "task": "train", "optimizer": "adam", "precision": "fp32", "dims": {}}
+    t0 = time.monotonic()
+    assert ModelFeatures().get({"model": str(big), "sha": "0" * 64}, wl, 0, {0}) is None
+    assert time.monotonic() - t0 < 1.0  # refused by its size, not hashed
+    model = tmp_path / "m.onnx"
+    shutil.copy(ZOO / "small_cnn.onnx", model)
+    claim = {"model": str(model), "sha": hashlib.sha256(model.read_bytes()).hexdigest()}
+    assert ModelFeatures().get(claim, wl, 0, {0}) is not None
+    assert ModelFeatures(hash_budget=model.stat().st_size - 1).get(claim, wl, 0, {0}) is None
+
+
 def test_open_as_owner_follows_unix_permissions(open_dir):
 
     tmp_path = open_dir

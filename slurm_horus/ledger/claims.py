@@ -15,10 +15,13 @@ import pwd
 import stat
 
 from slurm_horus.graph.features import extract_features
+from slurm_horus.graph.load import MAX_PROTO_BYTES
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.workload import workload_from
 from slurm_horus.slurm.hint import BOUND_NAMES
+
+HASH_BUDGET_BYTES = 64 << 30  # what one sync may read of users' model files to check their sha256
 
 
 def submission_of(j: dict, hint_token: str | None, hint: dict | None, claim: dict | None,
@@ -109,8 +112,10 @@ def open_as_owner(path: str, uid: int | None, gids: set[int]) -> int | None:
 class ModelFeatures:
     """Features and cold-start figures of the model a job claims, computed as the admin from
     the file only when the job's owner can read it and its sha256 is the claimed one; cached
-    by (sha, workload) for one sync."""
-    def __init__(self):
+    by (sha, workload) for one sync.  A user names the file, so what is read is bounded: no
+    file larger than an ONNX graph can be, and at most ``hash_budget`` bytes per sync."""
+    def __init__(self, hash_budget: int = HASH_BUDGET_BYTES):
+        self.hash_budget = hash_budget
         self._sha: dict[tuple, str] = {}
         self._found: dict[tuple, object] = {}
         self._cold: dict[tuple, dict | None] = {}
@@ -124,6 +129,9 @@ class ModelFeatures:
             st = os.fstat(fd)
             ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if ident not in self._sha:
+                if st.st_size > min(MAX_PROTO_BYTES, self.hash_budget):
+                    return None  # not a graph, or this sync has read enough of users' files
+                self.hash_budget -= st.st_size
                 self._sha[ident] = _sha256(fd)
             if self._sha[ident] != claim["sha"]:
                 return None

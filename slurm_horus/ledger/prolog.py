@@ -1,8 +1,9 @@
 """``horus-probe --prolog`` / ``--epilog``: the per-job probe slurmd starts and stops, as root.
 
 ``prolog`` (slurmd's ``Prolog``; not the TaskProlog, which runs as the user) reads the job from
-``scontrol -d show job $SLURM_JOB_ID`` (its node-local GPU indices and type,
-``parse.job_gpus_on_node``), detaches completely (double fork, setsid, every fd closed: slurmd
+``squeue --json`` (its node-local GPU indices and type, ``parse.squeue_json_records`` and
+``parse.job_gpus_on_node``; never scontrol's text, in which the job's name and comment can forge
+fields), detaches completely (double fork, setsid, every fd closed: slurmd
 does not wait) and samples the job's processes (``scontrol listpids``, else the job's cgroup)
 until ``epilog`` (slurmd's ``Epilog``) stops it through the pid file in a root-only run folder;
 then it writes one usage row (source "probe") with ``ledger.record_usage_safely`` (ledger
@@ -27,7 +28,7 @@ from slurm_horus.slurm import parse as sp
 DEFAULT_RUN_DIR = "/run/slurm-horus"      # pid files of running probes (root, 0700)
 DEFAULT_SPOOL = "/var/spool/slurm-horus"  # fallback when the ledger is unreachable (root, 0700)
 DEFAULT_INTERVAL = 5.0
-SCONTROL_TIMEOUT_S = 10.0
+SLURM_TIMEOUT_S = 10.0
 JOB_CHECK_EVERY_S = 60.0                  # a probe whose job is gone (Epilog missed) stops itself
 LIVE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING", "STOPPED", "RESIZING",
                "SIGNALING", "STAGE_OUT", "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
@@ -83,9 +84,9 @@ def _root_folder(path: str) -> str | None:
     return None
 
 
-def _scontrol(args: list[str], env: dict, timeout: float = SCONTROL_TIMEOUT_S) -> str | None:
+def _slurm(command: str, args: list[str], env: dict, timeout: float = SLURM_TIMEOUT_S) -> str | None:
     try:
-        cp = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout,
+        cp = subprocess.run([command, *args], capture_output=True, text=True, timeout=timeout,
                             env=env, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -93,15 +94,26 @@ def _scontrol(args: list[str], env: dict, timeout: float = SCONTROL_TIMEOUT_S) -
 
 
 def job_record(job_id: str, env: dict, tries: int = 3) -> dict | None:
-    """The job's ``scontrol -d show job`` record (retried: slurmctld may be busy)."""
+    """The job's record from ``squeue --json`` (retried: slurmctld may be busy)."""
     for k in range(tries):
-        out = _scontrol(["-d", "show", "job", str(job_id)], env)
-        recs = sp.parse_scontrol_records(out) if out else []
+        out = _slurm("squeue", ["--json", "--all", "--states=all", "--jobs", str(job_id)], env)
+        try:
+            recs = sp.squeue_json_records(out, job_id) if out else []
+        except (ValueError, AttributeError, TypeError):
+            recs = []
         if recs:
             return recs[0]
         if k + 1 < tries:
             time.sleep(1.0)
     return None
+
+
+def job_state(job_id: str, env: dict) -> str | None:
+    """The job's state, or None when Slurm does not answer: ``squeue -o %T`` prints that one
+    field (server-side filtered, unlike 22.05's JSON), which nothing the user wrote can mimic."""
+    out = _slurm("squeue", ["-h", "--states=all", "--jobs", str(job_id), "-o", "%T"], env)
+    words = out.split() if out else []
+    return words[0] if len(words) == 1 else None
 
 
 def placement(job_id: str, node: str | None, env: dict) -> dict | None:
@@ -112,7 +124,7 @@ def placement(job_id: str, node: str | None, env: dict) -> dict | None:
         return None
     place = sp.job_gpus_on_node(rec, node)
     if place and not place["type"] and node:
-        out = _scontrol(["show", "node", node], env)
+        out = _slurm("scontrol", ["show", "node", node], env)
         nodes = [n for n in (sp.parse_scontrol_records(out) if out else [])
                  if n.get("NodeName") == node]
         types = sp.gpu_types_of_node(nodes[0]) if nodes else {}
@@ -123,7 +135,7 @@ def placement(job_id: str, node: str | None, env: dict) -> dict | None:
 
 def job_pids(job_id: str, node: str | None, env: dict) -> set[int]:
     """The job's processes on this node: ``scontrol listpids`` (as root), else the job's cgroup."""
-    out = _scontrol(["listpids", str(job_id)] + ([node] if node else []), env, timeout=5.0)
+    out = _slurm("scontrol", ["listpids", str(job_id)] + ([node] if node else []), env, timeout=5.0)
     pids = set(sp.parse_listpids(out)) if out else set()
     if not pids:
         job = f"job_{int(job_id)}"
@@ -235,9 +247,9 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
             return True
         if time.time() - last_check["t"] >= JOB_CHECK_EVERY_S:
             last_check["t"] = time.time()
-            rec = job_record(job_id, env, tries=1)
-            if rec is not None and sp.job_state(rec) not in LIVE_STATES:
-                log(f"job is {sp.job_state(rec)} and no Epilog stopped the probe: stopping")
+            state = job_state(job_id, env)
+            if state is not None and state not in LIVE_STATES:
+                log(f"job is {state} and no Epilog stopped the probe: stopping")
                 return True
         return False
 

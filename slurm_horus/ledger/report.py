@@ -21,6 +21,8 @@ exceeded the job's hint, ``no`` when it did not, empty when there was nothing to
 
 from __future__ import annotations
 
+import re
+
 import math
 import time
 
@@ -208,10 +210,19 @@ def _round(x, n=2):
     return None if x is None else round(float(x), n)
 
 
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """A cell without control characters: ledger text that came from users (a model path, an
+    account) must not drive the reader's terminal."""
+    return _CONTROL_RE.sub("?", text)
+
+
 def plain_table(rows: list[dict], cols: list[tuple[str, int | None]], parsable: bool,
                 noheader: bool) -> str:
     heads = [COLUMNS[c] for c, _ in cols]
-    body = [[cell(r, c) for c, _ in cols] for r in rows]
+    body = [[printable(cell(r, c)) for c, _ in cols] for r in rows]
     lines = []
     if parsable:
         if not noheader:
@@ -231,6 +242,7 @@ def plain_table(rows: list[dict], cols: list[tuple[str, int | None]], parsable: 
 
 
 def rich_table(rows: list[dict], cols, noheader: bool):
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(show_header=not noheader, header_style="bold", box=None, pad_edge=False)
@@ -242,7 +254,7 @@ def rich_table(rows: list[dict], cols, noheader: bool):
     for r in rows:
         vals = []
         for c, _ in cols:
-            v = cell(r, c)
+            v = escape(printable(cell(r, c)))
             if c in ("utilerr", "memerr") and v:
                 x = float(v)  # far: actual use far above the prediction (see FAR_*)
                 far = x < (-FAR_UTIL_PP if c == "utilerr" else (1 / FAR_MEM_FACTOR - 1) * 100)

@@ -13,7 +13,9 @@ Every change is marked in the job's AdminComment with a ``horus-queue:v1;...`` t
 (``slurm.accounting.queue_tokens`` reads them), which is how the loop knows what it did (at
 most one OOM requeue per job) and how ``horus-admin sync`` records it in the ledger
 (``jobs.queue_actions``). Run it as root or SlurmUser (scontrol update of other users' jobs),
-from scrontab or a systemd timer (etc/horus-queue.*)."""
+from scrontab or a systemd timer (etc/horus-queue.*). Jobs are read from ``squeue --json``
+(``parse.squeue_json_records``), never from scontrol's text, in which a user's job name or
+comment can forge fields and whole records."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from slurm_horus.ledger.claims import open_as_owner, owner_ids
 from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run
 from slurm_horus.slurm.hint import parse_decision, parse_hint
-from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records
+from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records, squeue_json_records
 from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, policy_value
 from slurm_horus.sim.interference import Interference, sensitivity_at
 
@@ -315,8 +317,21 @@ def _hinted_exclusive(rec: dict) -> bool:
     return bool(decision and decision.action == "exclusive" and decision.reason == "util")
 
 
+def stdio_paths(job_id: str) -> dict[str, str]:
+    """The job's StdErr and StdOut as Slurm expands them (``scontrol show job``: squeue's JSON
+    has them unexpanded). A user can forge these lines, but only for a file they can read:
+    read_error_tail opens it with the rights of the owner squeue names."""
+    try:
+        recs = parse_scontrol_records(run(["scontrol", "show", "job", str(job_id)]))
+    except HorusError:
+        return {}  # gone meanwhile: nothing to read
+    rec = recs[0] if recs and recs[0].get("JobId") == str(job_id) else {}
+    return {k: rec[k] for k in ("StdErr", "StdOut") if rec.get(k)}
+
+
 def read_error_tail(rec: dict) -> str | None:
-    """The last TAIL_BYTES of the job's StdErr (else StdOut), opened only if its owner could."""
+    """The last TAIL_BYTES of the job's StdErr (else StdOut), opened only if its owner could
+    (``UserId`` from squeue_json_records: the owner Slurm knows)."""
     uid, gids = owner_ids((rec.get("UserId") or "").split("(")[0])
     if uid is None:
         return None
@@ -352,7 +367,7 @@ def marked(admin_comment: str | None, token: str) -> str:
 def _requests(jid: str, name: str) -> bool:
     """Whether Slurm now holds the job to a request of gres ``name`` (its TRES, not the
     TresPerNode text, which 22.05 changes without applying)."""
-    recs = parse_scontrol_records(run(["scontrol", "show", "job", jid]))
+    recs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all", "--jobs", jid]), jid)
     tres = (recs[0].get("ReqTRES") or recs[0].get("TRES") or "") if recs else ""
     return f"gres/{name}=" in tres
 
@@ -426,17 +441,19 @@ def hint_mem_shards(rec: dict, gtype: str) -> int | None:
 def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_shards: int = 50,
          min_wait_s: float = 60.0, dry_run: bool = False,
          job_ids: set[int] | None = None) -> list[Action]:
-    """One pass over the live queue (``scontrol -d``: nodes' GresUsed): the pressure file for
+    """One pass over the live queue (``squeue --json``; ``scontrol -d`` for the nodes' GresUsed,
+    which no user can write): the pressure file for
     the hook (policy ``pressure_file``; not on a dry run or a pass limited to ``job_ids``), OOM
     requeues, then queue pressure on pending jobs; only on ``job_ids`` when given (every job
     still counts as load)."""
-    jobs = parse_scontrol_records(run(["scontrol", "-d", "show", "job"]))
+    jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
     limit = policy_util_limit(pack_shards)
     if job_ids is None and not dry_run:  # the whole queue's view, for the hook
         signal_pressure(jobs, nodes, util_limit_pct=limit)
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
-    actions = oom_actions(mine, read_error_tail, shards_per_gpu(nodes))
+    actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
+                          shards_per_gpu(nodes))
     actions += pressure_actions(mine, nodes, pack_shards, mem_shards, min_wait_s, time.time(), limit)
     done = []
     by_id = {_job_id(r): r for r in jobs}

@@ -182,13 +182,12 @@ def private_jobs(unknown: bool) -> bool:
     return "jobs" in conf.get("PrivateData", "").lower().split(",")
 
 
-def sbatch(argv: list[str], stdin: bytes | None = None, capture: bool = False
-           ) -> subprocess.CompletedProcess:
-    """Run sbatch with ``argv``; output goes straight through unless ``capture``."""
-    kw = {"input": stdin} if stdin is not None else {}
-    if capture:
-        kw.update(capture_output=True)
-    return subprocess.run([_cmd("sbatch"), *argv], **kw)
+def sbatch(argv: list[str], stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """Run sbatch with ``argv`` (the script on ``stdin``), its output straight through. No
+    timeout of ours, as with exec_sbatch: sbatch bounds its own waits (MessageTimeout, its
+    retries), and killing it after it sent the job would leave the user not knowing whether
+    the job went in."""
+    return subprocess.run([_cmd("sbatch"), *argv], **({"input": stdin} if stdin is not None else {}))
 
 
 def exec_sbatch(argv: list[str]) -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config",
     "expand_hostlist", "parse_conf_lines", "parse_pipe_table",
     "job_gpus_on_node", "parse_listpids", "job_state", "sinfo_json_nodes", "squeue_json_jobs",
+    "squeue_json_records",
 ]
 
 
@@ -217,10 +218,25 @@ def sinfo_json_nodes(text: str) -> list[dict]:
     return out
 
 
+def _json_state(j: dict) -> str | None:
+    """``job_state``: a string in 22.05 (v0.0.38), a list from 23.02 (the state, then flags)."""
+    state = j.get("job_state")
+    if isinstance(state, list):
+        state = state[0] if state else None
+    return state
+
+
+def _json_number(v):
+    """A number of ``squeue --json``: plain in 22.05, ``{set, infinite, number}`` from 23.02;
+    None when unset or infinite."""
+    if isinstance(v, dict):
+        return v.get("number") if v.get("set") and not v.get("infinite") else None
+    return v
+
+
 def squeue_json_jobs(text: str) -> list[dict]:
     """``squeue --json`` -> [{job_id, state, partition, nodes, tres_per_node, comment, features,
-    gres: [...from gres_detail]}]. ``job_state`` is a string in 22.05 (v0.0.38) and a list from
-    23.02 (its first entry is the state, the others flags); ``state`` is the state either way."""
+    gres: [...from gres_detail]}]; ``state`` is the job's state on every version."""
     data = json.loads(text)
     out = []
     for j in data.get("jobs", []):
@@ -228,14 +244,47 @@ def squeue_json_jobs(text: str) -> list[dict]:
         gres = []
         for d in detail:
             gres.extend(parse_gres(d))
-        state = j.get("job_state")
-        if isinstance(state, list):
-            state = state[0] if state else None
+        state = _json_state(j)
         out.append({
             "job_id": j.get("job_id"), "state": state,
             "partition": j.get("partition"), "nodes": j.get("nodes"),
             "tres_per_node": j.get("tres_per_node"), "comment": j.get("comment"),
             "features": j.get("features"), "gres": gres,
+        })
+    return out
+
+
+def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict]:
+    """``squeue --json`` jobs as ``scontrol -d show job`` records: the keys and value forms
+    parse_scontrol_records gives (JobId, UserId ``name(uid)``, JobState, Partition, Features,
+    TresPerNode, TRES, ReqTRES, Comment, AdminComment, Restarts, SubmitTime in local ISO time,
+    NodeList, the detail lines as ``_details``), only ``job_id``'s when given (22.05 ignores
+    squeue's ``--jobs`` with ``--json``).  What root acts on is read from here, never from
+    scontrol's text: that prints a job's name, comment and paths raw, newlines included, so a
+    user can write lines that read as any field of the job, or as another user's job."""
+    import time
+
+    out = []
+    for j in json.loads(text).get("jobs", []):
+        if job_id is not None and str(j.get("job_id")) != str(job_id):
+            continue
+        submit = _json_number(j.get("submit_time"))
+        nodes = j.get("nodes") or ""
+        detail = j.get("gres_detail") or []
+        hosts = expand_hostlist(nodes) if nodes and detail else []
+        if len(hosts) != len(detail):
+            hosts = [nodes] * len(detail) if len(detail) == 1 else []
+        out.append({
+            "JobId": str(j.get("job_id")), "UserId": f"{j.get('user_name') or ''}({j.get('user_id')})",
+            "JobState": _json_state(j), "Partition": j.get("partition") or "",
+            "Features": j.get("features") or "", "TresPerNode": j.get("tres_per_node") or "",
+            "TRES": j.get("tres_alloc_str") or j.get("tres_req_str") or "",
+            "ReqTRES": j.get("tres_req_str") or "",
+            "Comment": j.get("comment") or "", "AdminComment": j.get("admin_comment") or "",
+            "Restarts": str(_json_number(j.get("restart_cnt")) or 0),
+            "SubmitTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submit)) if submit else "Unknown",
+            "NodeList": nodes,
+            "_details": [{"Nodes": h, "GRES": g} for h, g in zip(hosts, detail)],
         })
     return out
 
