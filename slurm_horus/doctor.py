@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
+from slurm_horus.textfile import read_text
 
 # Slurm versions the test suite runs on (tests/cluster/up); shards exist from 22.05.
 TESTED = ("22.05", "25.11")
+SLURM_CONF_MAX_BYTES = 64 << 20  # the largest sites' slurm.conf are a few MiB
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,7 @@ class SlurmConf:
 def read_slurm_conf(path: Path) -> SlurmConf:
     from slurm_horus.slurm.parse import node_lines, parse_conf_lines
 
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise HorusError(f"{path}: {e.strerror or e}") from None
+    text = read_text(path, "slurm.conf", SLURM_CONF_MAX_BYTES)
     recs = parse_conf_lines(text)
     settings: dict[str, str] = {}
     for rec in recs:
@@ -216,12 +215,34 @@ def _trusted(path: Path, what: str) -> list[Problem]:
 
 
 def check_ledger(url: str) -> list[Problem]:
-    """A SQLite ledger and its folder: written by root only (usage rows count as measured)."""
-    if not url.startswith("sqlite:///"):
-        return []
-    db = Path(url[len("sqlite:///"):])
-    out = _trusted(db.parent, "the ledger folder") if db.parent.exists() else []
-    return out + _trusted(db, "the ledger")
+    """The ledger opens and reads at this version (a SQLite file not made yet is not a problem:
+    the first sync makes it); a SQLite ledger and its folder are written by root only (usage
+    rows count as measured)."""
+    from slurm_horus.ledger.db import make_engine, mask_url
+    from slurm_horus.ledger.migrate import check_readable
+
+    out: list[Problem] = []
+    db = Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+    if db is not None:
+        out += _trusted(db.parent, "the ledger folder") if db.parent.exists() else []
+        out += _trusted(db, "the ledger")
+        if out or not db.exists():
+            return out  # one problem at a time: who may write it first
+    try:
+        engine = make_engine(url, busy_timeout=5.0, readonly=True)
+        try:
+            with engine.connect() as conn:
+                check_readable(conn, url)
+        finally:
+            engine.dispose()
+    except Exception as e:  # noqa: BLE001 - what is wrong is the finding, not a crash
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if not isinstance(e, HorusError):
+            msg = f"ledger {mask_url(url)}: {msg[:200]}"
+        out.append(Problem(f"cannot read the ledger: {msg}",
+                           "check ledger_url in /etc/slurm-horus/horus.conf or $HORUS_LEDGER_URL; "
+                           "horus-admin sync (as root) creates and migrates it"))
+    return out
 
 
 def check_policy_lines(pol: Path) -> list[Problem]:
@@ -230,7 +251,8 @@ def check_policy_lines(pol: Path) -> list[Problem]:
     from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_lines
 
     try:
-        text = pol.read_bytes()
+        with open(pol, "rb") as f:
+            text = f.read(POLICY_MAX_BYTES + 1)
     except OSError:
         return []
     if len(text) > POLICY_MAX_BYTES:
@@ -302,12 +324,25 @@ def check_pack_heavy(conf: SlurmConf, pol: Path, version: tuple[int, int] | None
 
 
 def check_registry(root: Path) -> list[Problem]:
-    """The model registry serves every user: root's, not group/other-writable."""
+    """The model registry serves every user: root's, not group/other-writable, and its serving
+    state readable (else every hsubmit warns and falls back to the cold start)."""
+    from slurm_horus.predict.registry import Registry
+
+    if root.exists() and not root.is_dir():
+        return [Problem(f"the model registry {root} is not a folder",
+                        "point $HORUS_MODEL_DIR at the registry folder (default /var/lib/slurm-horus/models)")]
     if not root.is_dir():
         return []
     out = _trusted(root, "the model registry")
     for f in sorted(root.glob("*.json")):
         out += _trusted(f, "the model registry file")
+    if out:
+        return out  # it refuses what others could write anyway
+    try:
+        Registry(root).state()
+    except HorusError as e:
+        out.append(Problem(f"the model registry cannot be served: {e}",
+                           "horus-admin models rollback, or retrain (as root)"))
     return out
 
 
@@ -346,8 +381,11 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
 
 
 def _policy_gpu_types(pol: Path) -> set[str]:
+    from slurm_horus.slurm.policy import POLICY_MAX_BYTES
+
     try:
-        text = pol.read_text(errors="replace")
+        with open(pol, "rb") as f:
+            text = f.read(POLICY_MAX_BYTES + 1).decode("utf-8", "replace")
     except OSError:
         return set()
     return set(re.findall(r"^\s*gpu\.([a-z0-9_\-]{1,32})\.mem_mib\s*=", text, re.M))

@@ -272,8 +272,8 @@ def test_hsubmit_writes_nothing_and_ignores_horus_probe(workdir, tmp_path):
            "HORUS_SPOOL": str(home / "spool"), "HOME": str(home)}
     cp = hsubmit(workdir, "--horus-probe", "--model", str(ZOO / "small_cnn.onnx"),
                  "--gres=gpu:1", "-o", "out.txt", "--wrap", "echo job-ran", env=env)
-    (warning,) = ours(cp.stderr)
-    assert "--horus-probe is ignored" in warning
+    probe, batch = ours(cp.stderr)
+    assert "--horus-probe is ignored" in probe and "no --batch-size: predicted for batch 1" in batch
     job_id = cp.stdout.strip().split(";")[0]
     assert "horus-probe" not in sh("scontrol", "write", "batch_script", job_id, "-").stdout
     assert wait_finished(job_id) == "COMPLETED"

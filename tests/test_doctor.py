@@ -215,3 +215,26 @@ def test_cli_exit_codes_and_fixes(site):
     assert "add job_comment to AccountingStoreFlags" in r.output
     r = runner.invoke(group, ["doctor", "--slurm-conf", str(site / "nosuch.conf")])
     assert r.exit_code != 0 and "nosuch.conf" in r.output and "Traceback" not in r.output
+
+
+def test_a_ledger_or_registry_that_cannot_be_read_is_a_problem(tmp_path):
+    from slurm_horus.doctor import check_ledger, check_registry
+    from slurm_horus.ledger import Ledger
+
+    good = f"sqlite:///{tmp_path}/ledger.db"
+    Ledger(good).record_usage(job_id=1, source="sacct", elapsed_s=1)
+    assert check_ledger(good) == []
+    assert check_ledger(f"sqlite:///{tmp_path}/not-yet.db") == []  # the first sync makes it
+    (tmp_path / "corrupt.db").write_bytes(bytes(range(256)) * 20)
+    for url in ("garbage", f"sqlite:///{tmp_path}/corrupt.db"):
+        (p,) = check_ledger(url)
+        assert "cannot read the ledger" in p.what and "ledger_url" in p.fix
+    assert check_registry(tmp_path / "no-registry") == []
+    (p,) = check_registry(tmp_path / "ledger.db")
+    assert "not a folder" in p.what
+    reg = tmp_path / "models"
+    reg.mkdir()
+    assert check_registry(reg) == []
+    (reg / "current.json").write_text("[" * 100_000 + "]" * 100_000)
+    (p,) = check_registry(reg)
+    assert "cannot be served" in p.what

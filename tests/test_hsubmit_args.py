@@ -235,6 +235,20 @@ def test_bad_model_raises_horus_error(tmp_path):
             sub.predict(plan, gpu_types={"t4": 1}, partition="gpu")
 
 
+@pytest.mark.parametrize("bs", ["0", "-3", "x", "1.5"])
+def test_a_batch_size_that_is_not_a_count_is_an_error_not_batch_1(bs):
+    plan = sub.prepare(["--model", "tests/data/zoo/small_cnn.onnx", "--batch-size", bs,
+                        "--wrap", "true"], env={})
+    with pytest.raises(HorusError, match="--batch-size"):
+        sub.predict(plan, gpu_types={"t4": 1}, partition="gpu")
+
+
+def test_a_directory_as_the_model_is_not_a_missing_file(tmp_path):
+    plan = sub.prepare(["--model", str(tmp_path), "--wrap", "true"], env={})
+    with pytest.raises(HorusError, match="not a regular file"):
+        sub.predict(plan, gpu_types={"t4": 1}, partition="gpu")
+
+
 def test_on_prediction_error_setting(tmp_path):
     assert sub.on_prediction_error({}) in ("submit", "refuse")
     assert sub.on_prediction_error({"HORUS_ON_PREDICTION_ERROR": "refuse"}) == "refuse"
@@ -284,6 +298,38 @@ def test_hsubmit_writes_nothing_but_the_comment(tmp_path, monkeypatch):
     assert rc == 1 and not list(tmp_path.iterdir())  # rc: exec_sbatch returned (mocked)
     (comment,) = [a for a in argv if a.startswith("--comment=")]
     assert parse_hint(comment[10:]) and parse_workload(comment[10:])["bs"] == 1
+
+
+def test_any_failure_of_the_prediction_still_submits_the_job(tmp_path, monkeypatch, capsys):
+    """A bug or an input nobody foresaw (here: a GPU catalog that is /dev/zero, and an error no
+    code expects) costs the hint, never the job."""
+    import sys
+
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm import submit as sub_mod
+    from slurm_horus.cli import hsubmit
+
+    seen = []
+    monkeypatch.setattr(slurm, "exec_sbatch", lambda argv: seen.append(argv))
+    monkeypatch.setattr(slurm, "partition_gpu_types", lambda p: ("gpu", {"t4": 2}))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO()))
+    args = ["--model", "tests/data/zoo/small_cnn.onnx", "--gres=gpu:1", "--wrap", "true"]
+    from slurm_horus.predict.gpus import default_catalog
+
+    monkeypatch.setenv("HORUS_GPU_CATALOG", "/dev/zero")
+    default_catalog.cache_clear()  # read once per process: this test's process reads it again
+    hsubmit.main(args)
+    monkeypatch.delenv("HORUS_GPU_CATALOG")
+    default_catalog.cache_clear()
+
+    def boom(plan, **kw):
+        raise KeyError("surprise")
+    monkeypatch.setattr(sub_mod, "predict", boom)
+    hsubmit.main(args)
+    assert len(seen) == 2 and not [a for argv in seen for a in argv if a.startswith("--comment")]
+    err = capsys.readouterr().err
+    assert "GPU catalog /dev/zero: larger than" in err and "internal error: KeyError" in err
+    assert err.count("submitting the job unchanged") == 2
 
 
 def test_unbound_model_dimension_attaches_no_hint():

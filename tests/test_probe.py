@@ -69,6 +69,14 @@ def test_run_probe_records_usage(tmp_path):
     assert u["node"] == "gpu-a100" and u["util_max"] is not None
 
 
+def test_a_command_that_cannot_start_exits_127_and_records_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path}/l.db"
+    for cmd in ([str(tmp_path / "missing")], [str(tmp_path)]):  # no such file; not executable
+        assert run_probe(command=cmd, url=url, sampler_factory=FakeSampler,
+                         env={"SLURM_JOB_ID": "78", "HORUS_SPOOL": str(tmp_path / "sp")}) == 127
+    assert "horus-probe: " in capsys.readouterr().err and not (tmp_path / "l.db").exists()
+
+
 def test_no_nvml_exits_zero_quietly(tmp_path):
     env = dict(os.environ, SLURM_JOB_ID="5", HORUS_LEDGER_URL=f"sqlite:///{tmp_path}/l.db",
                HORUS_SPOOL=str(tmp_path / "sp"), PYTHONPATH=os.getcwd())

@@ -35,7 +35,9 @@ def register(admin: click.Group) -> None:
             try:
                 ids = {int(x) for x in job_list.split(",") if x.strip()}
             except ValueError:
-                raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15") from None
+                ids = {-1}
+            if not all(0 < j < 2 ** 32 for j in ids):  # Slurm's ids are 32-bit
+                raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15")
         if dry_run and not as_json:
             click.echo(f"slowdown_bound {policy_value('slowdown_bound', '2')} for the "
                        f"{policy_value('slowdown_tail', 'median')} job: under queue pressure, "

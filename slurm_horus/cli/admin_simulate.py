@@ -7,7 +7,7 @@ Wired into `horus-admin` by ``register(main)``; the work is in slurm_horus.sim
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import math
 
 import click
 
@@ -24,15 +24,13 @@ SUMMARY = (("makespan_s", "makespan (s)", "{:,.0f}"), ("mean_jct_s", "mean JCT (
            ("sim_cpu_s", "sim CPU (s)", "{:.2f}"))
 
 
-def _read(path: str, what: str) -> str:
-    from slurm_horus.errors import HorusError
+MAX_INPUT_BYTES = 1 << 30  # a trace, an export or a cluster description: never endless
 
-    try:
-        return Path(path).read_text()
-    except OSError as e:
-        raise HorusError(f"{what} {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise HorusError(f"{what} {path}: not a text file") from None
+
+def _read(path: str, what: str) -> str:
+    from slurm_horus.textfile import read_text
+
+    return read_text(path, what, MAX_INPUT_BYTES)
 
 
 def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf):
@@ -60,8 +58,8 @@ def ledger_rows(ledger: str) -> list:
         return rows_from_ledger_jobs(Ledger(ledger).jobs(submitted_only=True))
     try:
         rows = json.loads(_read(ledger, "ledger file"))
-    except ValueError as e:
-        raise HorusError(f"ledger file {ledger}: not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise HorusError(f"ledger file {ledger}: not JSON ({type(e).__name__})") from None
     if isinstance(rows, dict):
         rows = rows.get("rows")
     if not isinstance(rows, list):
@@ -99,10 +97,10 @@ def register(main_group: click.Group) -> None:
     """Add the `simulate` command to ``main_group`` (horus-admin)."""
 
     @main_group.command("simulate")
-    @click.option("--jobs", "n_jobs", type=int, default=2000, show_default=True, help="Jobs to generate.")
+    @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=2000, show_default=True, help="Jobs to generate.")
     @click.option("--trace", type=click.Choice(["philly", "helios", "pai", "llm"]), default="philly",
                   show_default=True, help="Workload to generate (or model mix for --sacct).")
-    @click.option("--gpus", type=int, default=64, show_default=True, help="Homogeneous cluster size.")
+    @click.option("--gpus", type=click.IntRange(min=1), default=64, show_default=True, help="Homogeneous cluster size.")
     @click.option("--gpu-type", default="a100", show_default=True, help="GPU type of --gpus.")
     @click.option("--gpus-per-node", type=int, default=8, show_default=True)
     @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
@@ -119,7 +117,7 @@ def register(main_group: click.Group) -> None:
                        "own measured jobs (a ledger URL or rows as for --ledger): per model (and GPU "
                        "type) where it ran at least 5 times, utilization from runs that had their "
                        "GPU alone.")
-    @click.option("--seed", type=int, default=0, show_default=True)
+    @click.option("--seed", type=click.IntRange(0, 2 ** 32 - 1), default=0, show_default=True)
     @click.option("--load", type=float, default=1.0, show_default=True,
                   help="Offered load: arrivals x exclusive GPU-seconds / capacity.")
     @click.option("--sigma-util", type=float, default=0.05, show_default=True,
@@ -178,6 +176,13 @@ def register(main_group: click.Group) -> None:
         from slurm_horus.sim.plot import figure, terminal
         from slurm_horus.slurm.policy import policy_value
 
+        floats = {"--load": load, "--sigma-util": sigma_util, "--sigma-mem": sigma_mem,
+                  "--history-lag": history_lag, "--oom-delay": oom_delay, "--bf-interval": bf_interval,
+                  "--mem-bw-penalty": mem_bw_penalty, "--slowdown-bound": slowdown_bound,
+                  "--slowdown-quantile": slowdown_quantile, "--repeat-share": repeat_share}
+        bad = [k for k, v in floats.items() if v is not None and not math.isfinite(v)]
+        if bad:
+            raise HorusError(f"{', '.join(bad)}: need a finite number")
         if bf_window < 0 or bf_interval < 0 or oom_delay < 0:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
         if sigma_util < 0 or sigma_mem < 0:

@@ -42,6 +42,10 @@ def one_line_errors(prog: str):
                 if os.environ.get("HORUS_DEBUG"):
                     raise
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                if type(e).__module__.startswith("sqlalchemy"):  # the database said no
+                    why = " (the ledger is root's: run this as root)" if "readonly" in msg else ""
+                    click.echo(f"{prog}: error: ledger: {msg[:300]}{why}", err=True)
+                    sys.exit(1)
                 click.echo(f"{prog}: internal error: {type(e).__name__}: {msg[:300]} "
                            "(set HORUS_DEBUG=1 for details)", err=True)
                 sys.exit(1)
@@ -79,12 +83,24 @@ def parse_time(s: str | None, what: str) -> int | None:
     if m:
         n = int(m.group(1) or 0)
         unit = (m.group(2) or "s")[0]
-        return int(time.time()) - n * {"d": 86400, "h": 3600, "m": 60, "s": 1}[unit]
+        return _in_range(int(time.time()) - n * {"d": 86400, "h": 3600, "m": 60, "s": 1}[unit], what, s)
     if s.isdigit() and len(s) >= 9:
-        return int(s)
-    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%Y-%m-%d %H:%M:%S"):
-        try:
-            return int(time.mktime(time.strptime(s, fmt)))
-        except ValueError:
-            continue
-    raise HorusError(f"{what}: bad time '{s}' (YYYY-MM-DD[THH:MM[:SS]], now, now-2days)")
+        t = int(s)
+    else:
+        t = None
+        for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%Y-%m-%d %H:%M:%S"):
+            try:
+                t = int(time.mktime(time.strptime(s, fmt)))
+                break
+            except ValueError:
+                continue
+    if t is None:
+        raise HorusError(f"{what}: bad time '{s}' (YYYY-MM-DD[THH:MM[:SS]], now, now-2days)")
+    return _in_range(t, what, s)
+
+
+def _in_range(t: int, what: str, s: str) -> int:
+    """Times a database column can hold (epoch seconds; sacct's years 1970-9999)."""
+    if not 0 <= t < 253402300800:
+        raise HorusError(f"{what}: time '{s}' out of range")
+    return t

@@ -63,7 +63,9 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
     try:
         job_ids = [int(x.split(".")[0]) for x in _split(jobs)]
     except ValueError:
-        raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}") from None
+        job_ids = [-1]
+    if not all(0 < j < 2 ** 32 for j in job_ids):  # Slurm's ids are 32-bit
+        raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}")
     state_list = [STATE_ABBREV.get(s.upper(), s.upper()) for s in _split(states)]
     filters = dict(job_ids=job_ids or None, users=_split(users) or None,
                    accounts=_split(accounts) or None, states=state_list or None,

@@ -95,6 +95,8 @@ def _predict_or_warn(plan, sub, shown: int) -> bool:
             sub.predict(plan)
         except HorusError as e:
             err = e
+        except Exception as e:  # a bug or a file nobody foresaw must not cost the user the job
+            err = HorusError(f"internal error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
     for w in plan.warnings[shown:]:
         sub.warn(w)
     if err is not None:

@@ -37,7 +37,7 @@ def db_timeout() -> float:
         t = float(os.environ.get(ENV_DB_TIMEOUT) or DB_TIMEOUT_S)
     except ValueError:
         t = DB_TIMEOUT_S
-    return t if t > 0 else DB_TIMEOUT_S
+    return t if 0 < t <= 3600 else DB_TIMEOUT_S  # drivers refuse longer waits (and inf, nan)
 
 
 def mask_url(url: str) -> str:

@@ -18,6 +18,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import time
 
 from slurm_horus.ledger import record_usage_safely
@@ -138,11 +139,16 @@ def pid_alive(pid: int) -> bool:
 def run_probe(*, pid: int | None = None, command: list[str] | None = None, interval: float = 5.0,
               job_id: str | None = None, cluster: str | None = None, url: str | None = None,
               sampler_factory=None, env: dict | None = None) -> int:
-    """The whole probe. Returns the exit code: the command's, else 0. Never raises."""
+    """The whole probe. Returns the exit code: the command's (127 when it cannot be started,
+    as a shell says), else 0. Never raises."""
     env = dict(os.environ if env is None else env)
     proc = None
     if command:
-        proc = subprocess.Popen(command)
+        try:
+            proc = subprocess.Popen(command)
+        except OSError as e:
+            sys.stderr.write(f"horus-probe: {command[0]}: {e.strerror or e}\n")
+            return 127
         pid = proc.pid
     pid = pid or os.getppid()
     try:

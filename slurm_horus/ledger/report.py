@@ -176,7 +176,9 @@ def parse_format(fmt: str | None) -> list[tuple[str, int | None]]:
         try:
             w = int(width) if width else None
         except ValueError:
-            raise HorusError(f"bad width in '{part}'") from None
+            w = 0
+        if w is not None and not 1 <= w <= MAX_WIDTH:
+            raise HorusError(f"bad width in '{part}' (1..{MAX_WIDTH})")
         out.append((key, w))
     if not out:
         raise HorusError("empty --format")
@@ -209,6 +211,8 @@ def job_json(r: dict) -> dict:
 def _round(x, n=2):
     return None if x is None else round(float(x), n)
 
+
+MAX_WIDTH = 1000  # a column wider than any terminal; each cell is padded to it
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 

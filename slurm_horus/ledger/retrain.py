@@ -16,6 +16,7 @@ Failed measurements (ledger.failed_measurement) train and score nothing.
 from __future__ import annotations
 
 import csv
+import io
 import hashlib
 import json
 import math
@@ -23,6 +24,7 @@ import math
 import numpy as np
 
 from slurm_horus.errors import HorusError
+from slurm_horus.textfile import read_text
 from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, extract_features
 from slurm_horus.ledger import failed_measurement
 from slurm_horus.ledger.training import training_set
@@ -187,13 +189,21 @@ def _row_id(row: dict) -> int:
     return int(h[:12], 16)
 
 
+MAX_IMPORT_BYTES = 1 << 30
+
+
+def _csv_rows(reader, path: str):
+    """The reader's rows; a line csv cannot read is a one-line error."""
+    try:
+        yield from reader
+    except csv.Error as e:
+        raise HorusError(f"{path}:{reader.line_num}: not CSV ({e})") from None
+
+
 def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
     """Load measurements (see IMPORT_COLUMNS / docs/ledger.md) as submissions + usage 'import'.
     Failed measurements (ledger.failed_measurement) are kept, flagged, and counted."""
-    try:
-        f = open(path, newline="")
-    except OSError as e:
-        raise HorusError(f"{path}: {e.strerror}") from None
+    f = io.StringIO(read_text(path, "import file", MAX_IMPORT_BYTES), newline="")
     catalog = default_catalog()
     subs, usages = [], []
     reports: dict = {}
@@ -205,7 +215,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
         if missing or not ({"model", "features"} & set(reader.fieldnames)):
             raise HorusError(f"{path}: needs columns gpu_type, util_pct, mem_mib and model or "
                              f"features (missing: {', '.join(sorted(missing)) or 'model/features'})")
-        for line, row in enumerate(reader, 2):
+        for line, row in enumerate(_csv_rows(reader, path), 2):
             where = f"{path}:{line}"
             try:
                 gpu = catalog.find((row.get("gpu_type") or "").strip())

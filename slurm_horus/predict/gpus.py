@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from slurm_horus.errors import HorusError
+from slurm_horus.textfile import read_text
 
 ENV_VAR = "HORUS_GPU_CATALOG"
 DEFAULT_SITE_FILE = Path("/etc/slurm-horus/gpus.json")
+CATALOG_MAX_BYTES = 4 << 20  # a catalog of every GPU ever made is a few hundred KiB
 
 ARCHES = ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "amp")
@@ -159,11 +161,7 @@ class Catalog:
         paths.extend(Path(p) for p in env.get(ENV_VAR, "").split(":") if p.strip())
         paths.extend(Path(p) for p in extra_paths)
         for path in paths:
-            try:
-                site_text = path.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise HorusError(f"cannot read GPU catalog {path}: {exc.strerror or exc}") from None
-            builder.add_file_text(site_text, str(path))
+            builder.add_file_text(read_text(path, "GPU catalog", CATALOG_MAX_BYTES), str(path))
         return cls(builder.build())
 
     @classmethod
@@ -235,6 +233,8 @@ class _Builder:
             raise HorusError(
                 f"GPU catalog {origin}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
             ) from None
+        except RecursionError:
+            raise HorusError(f"GPU catalog {origin}: nested too deeply") from None
         if isinstance(data, dict):
             if "gpus" not in data:
                 raise HorusError(

@@ -62,8 +62,8 @@ class Registry:
             state = json.loads(self._read(path))
         except FileNotFoundError:
             return {"serving": None, "history": []}
-        except (OSError, ValueError) as e:
-            raise HorusError(f"{path}: unreadable registry state ({e})") from None
+        except (OSError, ValueError, RecursionError) as e:
+            raise HorusError(f"{path}: unreadable registry state ({type(e).__name__})") from None
         if not (isinstance(state, dict) and "serving" in state
                 and (state["serving"] is None or isinstance(state["serving"], str))
                 and isinstance(state.get("history", []), list)):

@@ -10,6 +10,8 @@ from slurm_horus.errors import HorusError
 from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.slurm.parse import expand_hostlist, node_lines, parse_conf_lines, parse_gres
 
+MAX_CLUSTER_GPUS = 1_000_000  # the simulator keeps per-GPU arrays: a bound on what it is asked
+
 __all__ = ["NodeSpec", "ClusterSpec", "homogeneous_cluster", "cluster_from_json", "cluster_from_slurm_conf"]
 
 
@@ -65,6 +67,8 @@ def homogeneous_cluster(gpus: int, gpu_type: str = "a100", per_node: int = 8) ->
     """``gpus`` GPUs of one type, ``per_node`` per node (the last node takes the rest)."""
     if gpus < 1 or per_node < 1:
         raise HorusError("--gpus and --gpus-per-node must be positive")
+    if gpus > MAX_CLUSTER_GPUS:
+        raise HorusError(f"--gpus: at most {MAX_CLUSTER_GPUS:,}")
     nodes, left, i = [], gpus, 0
     while left > 0:
         k = min(per_node, left)
@@ -84,7 +88,7 @@ def cluster_from_json(text: str) -> ClusterSpec:
     raw = data.get("nodes") if isinstance(data, dict) else data
     if not isinstance(raw, list) or not raw:
         raise HorusError("cluster file: need {\"nodes\": [{\"name\", \"gpu_type\", \"gpus\"}, ...]}")
-    nodes = []
+    nodes, total = [], 0
     for i, e in enumerate(raw, 1):
         if not isinstance(e, dict):
             raise HorusError(f"cluster file: node #{i} is not an object")
@@ -100,6 +104,9 @@ def cluster_from_json(text: str) -> ClusterSpec:
         if mem is not None and (not isinstance(mem, (int, float)) or mem <= 0):
             raise HorusError(f"cluster file: node #{i}: bad mem_mib")
         name = str(e.get("name") or f"node{i}")
+        total += gpus * count
+        if total > MAX_CLUSTER_GPUS:
+            raise HorusError(f"cluster file: more than {MAX_CLUSTER_GPUS:,} GPUs")
         for c in range(count):
             nodes.append(NodeSpec(name if count == 1 else f"{name}-{c}", gtype, gpus, mem))
     return ClusterSpec(tuple(nodes))

@@ -17,8 +17,9 @@ from typing import Mapping, Sequence
 from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hint import encode_hint
 from slurm_horus.slurm.hook_runtime import HookRuntime
-from slurm_horus.slurm.policy import find_hook, policy_values, policy_with_overrides
+from slurm_horus.slurm.policy import POLICY_MAX_BYTES, find_hook, policy_values, policy_with_overrides
 from slurm_horus.sim.traces import SimJob
+from slurm_horus.textfile import read_text
 
 __all__ = ["POLICIES", "Request", "JobTable", "job_table", "HorusDecider", "build_requests"]
 
@@ -102,10 +103,7 @@ class HorusDecider:
         self._runtime = HookRuntime(self.hook)  # one load for the run: the hook does not change
         if policy_path is None:
             policy_path = os.environ.get("HORUS_POLICY") or (self.hook.parent / "horus_policy.conf")
-        try:
-            base = Path(policy_path).read_text()
-        except OSError as e:
-            raise HorusError(f"policy file {policy_path}: {e.strerror or e}") from None
+        base = read_text(policy_path, "policy file", POLICY_MAX_BYTES)
         self._tmp = tempfile.TemporaryDirectory(prefix="horus-sim-")
         self.policy_path = Path(self._tmp.name) / "horus_policy.conf"
         self.policy_path.write_text(_policy_text(base, self.types, self.mem))

@@ -35,6 +35,7 @@ MIN_DURATION_S = 30.0
 # The share of jobs that run a graph the site ran before (same model file, batch and task): an
 # ASSUMPTION (no trace in shared/notes counts repeated graphs); 0 makes every job a new graph.
 REPEAT_SHARE = 0.5
+MAX_TRACE_JOBS = 10_000_000  # jobs live in memory while simulated: a bound on what is asked
 
 
 @dataclass
@@ -162,12 +163,12 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
     """
     if trace not in TRACES:
         raise HorusError(f"unknown trace '{trace}'; choose one of {', '.join(TRACES)}")
-    if n_jobs < 1:
-        raise HorusError("--jobs must be at least 1")
+    if not 1 <= n_jobs <= MAX_TRACE_JOBS:
+        raise HorusError(f"--jobs must be 1..{MAX_TRACE_JOBS:,}")
     if total_gpus < 1:
         raise HorusError("the cluster has no GPU")
-    if load <= 0:
-        raise HorusError("--load must be positive")
+    if not (0 < load < math.inf):
+        raise HorusError("--load must be a positive number")
     if not 0.0 <= repeat_share < 1.0:
         raise HorusError("--repeat-share must be in [0, 1)")
     spec = TRACES[trace]

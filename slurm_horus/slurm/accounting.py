@@ -220,9 +220,9 @@ def parse_sacct_json(data: str | bytes | dict) -> list[dict]:
     if not isinstance(data, dict):
         try:
             data = json.loads(data)
-        except ValueError as e:
-            raise HorusError(f"sacct --json: not JSON ({e})") from None
-    jobs = data.get("jobs")
+        except (ValueError, RecursionError) as e:
+            raise HorusError(f"sacct --json: not JSON ({type(e).__name__})") from None
+    jobs = data.get("jobs") if isinstance(data, dict) else None
     if not isinstance(jobs, list):
         raise HorusError("sacct --json: no 'jobs' list")
     out = []

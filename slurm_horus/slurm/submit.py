@@ -144,6 +144,9 @@ def _workload(plan: Plan):
     from slurm_horus.predict.workload import workload_from
 
     h = plan.horus
+    bs = (h.get("batch-size") or "").strip()
+    if bs and not (bs.isdigit() and int(bs) > 0):
+        raise HorusError(f"--batch-size {bs!r}: need a positive integer")
     cpt = plan.request("cpus-per-task") or ""
     return workload_from({"batch_size": h.get("batch-size"), "task": h.get("task"),
                           "optimizer": h.get("optimizer"), "precision": h.get("precision"),
@@ -164,8 +167,10 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     if not model:
         raise HorusError("no --model")
     path = Path(str(model))
-    if not path.is_file():
+    if not path.exists():
         raise HorusError(f"model {model}: no such file")
+    if not path.is_file():
+        raise HorusError(f"model {model}: not a regular file")
     if not os.access(path, os.R_OK):
         raise HorusError(f"model {model}: not readable")
     workload = _workload(plan)
@@ -180,6 +185,9 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     report.require_bound()  # sizes taken as 1 would understate the job: attach no hint
     plan.report = report
     plan.warnings.extend(report.warnings())
+    if not plan.horus.get("batch-size") and any(k not in dims for k in report.bound_dims):
+        plan.warnings.append("no --batch-size: predicted for batch 1 (give the batch size the "
+                             "job trains or infers with)")
     if gpu_types is None:
         from slurm_horus.slurm import commands as slurm
 
