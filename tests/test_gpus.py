@@ -304,7 +304,7 @@ def test_bad_json_names_the_file(tmp_path):
 
 def test_missing_site_file_errors(tmp_path):
     path = str(tmp_path / "nope.json")
-    with pytest.raises(HorusError, match="cannot read GPU catalog .*nope.json"):
+    with pytest.raises(HorusError, match="GPU catalog .*nope.json: No such file"):
         load(path)
     with pytest.raises(HorusError, match="nope.json"):
         load(environ={ENV_VAR: path})
