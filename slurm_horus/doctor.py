@@ -259,7 +259,9 @@ def check_policy_lines(pol: Path) -> list[Problem]:
         return [Problem(f"policy {pol} is over {POLICY_MAX_BYTES} bytes: the hook ignores all of it",
                         "shorten it (comments count)")]
     return [Problem(f"policy {pol} line {n}: {key} = {value[:60]!r} is ignored by the hook (an "
-                    "unknown key or a value it does not accept)",
+                    "unknown key or a value it does not accept)" if key else
+                    f"policy {pol} line {n}: {value[:60]!r} is not a 'key = value' line: the hook "
+                    "ignores it",
                     "correct it; docs/hint-and-policy.md lists each key's values")
             for n, key, value in ignored_policy_lines(text.decode("utf-8", "surrogateescape"))]
 

@@ -171,6 +171,16 @@ def test_policy_lines_the_hook_ignores_are_named_with_their_line(site):
     got = [p.what for p in problems(site)]
     assert len(got) == 2 and all("is ignored by the hook" in w for w in got), got
     assert f"line {n}: slowdown_tail = 'p97'" in got[0] and f"line {n + 1}: pack_limt_pct" in got[1]
+    with open(pol, "a") as f:
+        f.write("pack heavy always\n= 3\n")  # not key = value: the hook says "unreadable line"
+    got = [p.what for p in problems(site)][2:]
+    assert [f"line {n + 3}: 'pack heavy always'" in got[0], f"line {n + 4}: '= 3'" in got[1]] == [True, True]
+    assert all("not a 'key = value' line" in w for w in got), got
+    from slurm_horus.slurm.hook_runtime import HookRuntime  # the hook agrees: both unreadable
+    hook = HookRuntime(site / "job_submit.lua")
+    warns = [m for _, m in hook.submit({"tres_per_node": "gres:gpu:1", "comment": "horus:v1;a100=20/3000/3500"},
+                                       policy_path=pol).log]
+    assert sum("unreadable line" in m for m in warns) == 2, warns
     pol.write_text("# " + "x" * 70000 + "\n")
     assert any("the hook ignores all of it" in p.what for p in problems(site))
 

@@ -164,6 +164,8 @@ def _policy_entries(text: str) -> list[tuple[int, str, str, bool]]:
         if m:
             check = _check(m.group(1))
             out.append((n, m.group(1), m.group(2), check is not None and bool(check(m.group(2)))))
+        elif line.strip():  # the hook logs it as an unreadable line and reads on
+            out.append((n, "", line.strip(), False))
     return out
 
 
