@@ -1079,13 +1079,48 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 	return slurm.SUCCESS
 end
 
--- An update of a pending job that asks for shards (scontrol update job=.. Gres=shard:N)
--- gets the same raw_shards / claim record treatment, except root's.  Nothing else
--- is looked at.  Only the GRES fields are written: an AdminComment change by a
--- user would make Slurm deny the whole update.
+-- The horus tokens of a comment (the hint, the workload token), in order, as one string.
+local function horus_words(comment)
+	if type(comment) ~= "string" or not string.find(comment, "horus", 1, true) then return "" end
+	local out = {}
+	for w in string.gmatch(comment, "%S+") do
+		if string.sub(w, 1, 6) == "horus:" or string.sub(w, 1, 10) == "horus-job:" then out[#out + 1] = w end
+	end
+	return table.concat(out, " ")
+end
+
+-- What a user may not change once the hook has decided: the hint it costed (the loop and
+-- the claim audit read it) and, for a job on shards, the partition and features that pin
+-- its GPU type (its shards were costed for that type's memory).
+local function frozen_update(job_desc, job_rec)
+	if job_desc.comment ~= nil and horus_words(job_desc.comment) ~= horus_words(job_rec.comment) then
+		return "a job's horus hint is fixed at submission"
+	end
+	if asks_for_shards(job_rec) then
+		for _, f in ipairs({ "features", "partition" }) do
+			if job_desc[f] ~= nil and job_desc[f] ~= job_rec[f] then
+				return "a job on GPU shards keeps the GPU type (" .. f .. ") they were costed for"
+			end
+		end
+	end
+	return nil
+end
+
+-- An update by a user (root's pass): one that changes the hint, or the GPU type of a job
+-- on shards, is refused; one that asks for shards (scontrol update job=.. Gres=shard:N)
+-- gets the same raw_shards / claim record treatment as a submission.  Nothing else is
+-- looked at.  Only the GRES fields are written: an AdminComment change by a user would
+-- make Slurm deny the whole update.
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 	local ok, res = pcall(function()
-		if modify_uid == 0 or not asks_for_shards(job_desc) then return slurm.SUCCESS end
+		if modify_uid == 0 then return slurm.SUCCESS end
+		local frozen = job_rec ~= nil and frozen_update(job_desc, job_rec)
+		if frozen then
+			log_info(string.format("horus: update by uid %d refused: %s", modify_uid, frozen))
+			tell_user("horus: update refused: " .. frozen .. " (cancel and resubmit instead)")
+			return slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
+		end
+		if not asks_for_shards(job_desc) then return slurm.SUCCESS end
 		local pol = load_policy()
 		local conv, cerr = whole_gpu_request(job_desc, pol)
 		if not conv and not cerr then return slurm.SUCCESS end

@@ -157,3 +157,42 @@ def test_decision_token_reaches_scontrol_and_sacct(submit):
         time.sleep(1)
     for name, jid in ids.items():
         assert parse_decision(by.get(jid)) == want[name], (name, by.get(jid))
+
+
+def test_a_user_cannot_change_the_hint_or_move_a_shared_job_to_another_gpu_type(tmp_path):
+    """slurmctld runs the hook's job_modify on a user's scontrol update: once a job is on shards,
+    its hint and the features that pin its GPU type stay as the hook costed them."""
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: submits and updates as the test user horus-alice")
+    try:
+        pwd.getpwnam("horus-alice")
+    except KeyError:
+        pytest.skip("no test user horus-alice (tests/cluster/up makes it)")
+    work = tmp_path / "alice"
+    work.mkdir()
+    shutil.chown(work, "horus-alice")
+
+    def alice(*cmd):
+        return subprocess.run(["runuser", "-u", "horus-alice", "--", "env",
+                               f"SLURM_CONF={os.environ['SLURM_CONF']}", f"PATH={os.environ['PATH']}",
+                               *cmd], capture_output=True, text=True, timeout=60, cwd=work)
+
+    hint = "horus:v1;a100=30/4000/12000"  # its own account: the claim record may flag "horus"
+    cp = alice("sbatch", "--hold", "--parsable", "-A", "horus-lab", "-J", "horus-trust-test",
+               "--gres=gpu:1", f"--comment=note {hint}", "--wrap", "true")
+    assert cp.returncode == 0, cp.stderr
+    jid = cp.stdout.strip().split(";")[0]
+    try:
+        before = show(jid)
+        assert tres(before["TresPerNode"]).startswith("gres:shard:") and before["Features"] == "a100"
+        for update in ("Features=t4", "Partition=t4", "Comment=horus:v1;a100=30/600/600", "Comment=note"):
+            cp = alice("scontrol", "update", f"JobId={jid}", update)
+            assert cp.returncode != 0, (update, cp.stdout, cp.stderr)
+        assert alice("scontrol", "update", f"JobId={jid}", f"Comment=other note {hint}").returncode == 0
+        after = show(jid)
+        assert (after["Features"], after["TresPerNode"]) == (before["Features"], before["TresPerNode"])
+        assert after["Comment"] == f"other note {hint}"
+    finally:
+        subprocess.run(["scancel", jid], capture_output=True, timeout=60)

@@ -459,6 +459,28 @@ def test_modify_to_shards_by_a_user(site):
     assert modify(rt, {"time_limit": 30}, 1002, refuse) == (0, {"time_limit": 30})
 
 
+def test_users_cannot_change_the_hint_or_the_gpu_type_of_a_shared_job(site):
+    """After the hook decided: the loop and the claim audit read the hint, and a job's shards
+    were costed for its type's memory (Features/Partition pin it)."""
+    rt = HookRuntime(HOOK)
+    pol = site("raw_shards = whole\n")
+    hint = "horus:v1;a100=30/4000/12000"
+    shared = {"comment": f"note {hint}", "tres_per_node": "gres:shard:34", "features": "a100",
+              "partition": "gpu"}
+    whole = dict(shared, tres_per_node="gres:gpu:1")
+    for fields in ({"comment": "horus:v1;a100=30/600/600"}, {"comment": "note"}, {"comment": ""},
+                   {"comment": f"{hint} horus-job:v1;sha={'0' * 64}"}):
+        assert modify(rt, fields, 1002, pol, rec=shared)[0] != 0, fields
+        assert modify(rt, fields, 1002, pol, rec=whole)[0] != 0, fields
+        assert modify(rt, fields, 0, pol, rec=shared)[0] == 0  # root's (the loop's) pass
+    # other words of the comment are the user's to change
+    assert modify(rt, {"comment": f"new note {hint}"}, 1002, pol, rec=shared)[0] == 0
+    for fields in ({"features": "t4"}, {"partition": "t4"}, {"features": "t4", "partition": "t4"}):
+        assert modify(rt, fields, 1002, pol, rec=shared)[0] != 0, fields
+        assert modify(rt, fields, 1002, pol, rec=whole)[0] == 0, fields  # a whole GPU anywhere
+    assert modify(rt, {"features": "a100", "time_limit": 60}, 1002, pol, rec=shared)[0] == 0
+
+
 # --------------------------------------------------------------------------- policy_value
 
 def test_policy_value_reads_what_the_hook_reads(site, tmp_path):

@@ -454,7 +454,8 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
                           shards_per_gpu(nodes))
-    actions += pressure_actions(mine, nodes, pack_shards, mem_shards, min_wait_s, time.time(), limit)
+    actions += [a for a in pressure_actions(jobs, nodes, pack_shards, mem_shards, min_wait_s, time.time(), limit)
+                if job_ids is None or a.job_id in job_ids]  # every pending job counts in the pressure
     done = []
     by_id = {_job_id(r): r for r in jobs}
     for a in actions:
