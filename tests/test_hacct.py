@@ -339,3 +339,47 @@ def test_text_users_wrote_cannot_drive_the_readers_terminal():
         rich_table([row], cols, noheader=True))
     text = buf.getvalue()
     assert "[red]x" in text and "\x1b[31m" not in text and "\x1b]0;" not in text
+
+
+def test_the_summarys_memory_median_is_within_a_bin_of_the_exact_one():
+    """The median comes from a histogram counted in SQL; for any group, small or even-sized,
+    it is within a bin of the exact median (0.5 pp below 100 %, 10 pp to 1000 %)."""
+    import random
+    import statistics
+
+    from slurm_horus.ledger.jobs import mem_err_bucket
+    from slurm_horus.ledger.report import _median_from_hist
+
+    def estimate(errs):
+        hist = {}
+        for e in errs:
+            b = mem_err_bucket(10000 * (1 + e), 10000)
+            hist[b] = hist.get(b, 0) + 1
+        return _median_from_hist(hist)
+    assert abs(estimate([0.0, 0.9]) - 0.45) <= 0.0025 + 1e-9  # two jobs: between them, not the first
+    assert abs(estimate([0.05, 0.05, 0.5, 0.5]) - 0.275) <= 0.0025 + 1e-9
+    rng = random.Random(0)
+    for n in range(1, 60):
+        for top, bin_width in ((1.0, 0.005), (10.0, 0.1)):
+            errs = [rng.uniform(0, top) for _ in range(n)]
+            errs += [min(errs)] * (n % 3)  # ties: several values at one point of a bin
+            if top == 10.0:
+                errs = [e for e in errs if e >= 1.0] or [1.5]
+            assert abs(estimate(errs) - statistics.median(errs)) < bin_width, (n, errs)
+    assert estimate([19.0, 29.0, 49.0]) == 10.0  # above 1000 %: the one bin, read as 1000 %
+
+
+def test_a_failed_measurement_shows_no_error(tmp_path):
+    """hacct agrees with v_job_errors and the summary: a job that never used its GPU has no
+    utilization or memory error to show."""
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    for jid, mem in ((4, None), (5, 512.0)):
+        L.record_submission(job_id=jid, cluster="c", user="u", gpu_types=["a100"],
+                            predictions={"a100": {"util_pct": 40.0, "mem_mib": 5000.0}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=0.0, mem_peak_mib=mem,
+                       gpu_type="a100", state="COMPLETED")
+    r = CliRunner().invoke(main, ["--ledger", f"sqlite:///{tmp_path}/l.db", "-P", "-o",
+                                  "JobID,UtilErr,MemErr"])
+    assert r.exit_code == 0 and r.output.splitlines()[1:] == ["4||", "5||"], r.output
+    r = CliRunner().invoke(main, ["--ledger", f"sqlite:///{tmp_path}/l.db", "--json"])
+    assert all(j["util_err_pp"] is None and j["mem_err_pct"] is None for j in json.loads(r.output))

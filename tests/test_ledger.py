@@ -273,7 +273,7 @@ def test_migrate_v3_file(tmp_path):
     with pytest.raises(HorusError, match="older than this slurm-horus.*horus-admin sync"):
         Ledger(f"sqlite:///{db}", readonly=True)  # a reader cannot migrate it
     L = Ledger(f"sqlite:///{db}")
-    assert L.schema_version() == SCHEMA_VERSION == 7
+    assert L.schema_version() == SCHEMA_VERSION == 8
     (job,) = L.jobs()
     assert job["pred_mem_p90_mib"] == 1200 and (job["under_claim"], job["claim_flags"]) == \
         (1, "mem,util")  # 2000 > 1200 * 1.1 + 256 and 80 > 50 * 1.25 + 10
@@ -349,7 +349,7 @@ def test_migrate_v5_file_same_summary_and_schema(tmp_path):
     with pytest.raises(HorusError, match="schema version 5 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)
     M = Ledger(f"sqlite:///{old}")
-    assert M.schema_version() == SCHEMA_VERSION == 7
+    assert M.schema_version() == SCHEMA_VERSION == 8
     assert summary(M) == want
     assert want["all"]["far_exceeding"] == 2 and want["all"]["excluded"] == 1
     assert _schema_of(old) == _schema_of(new)
@@ -384,7 +384,7 @@ def test_migrate_v6_file_fills_scheduler_actions_from_stored_admin_comments(tmp_
     with pytest.raises(HorusError, match="schema version 6 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)
     M = Ledger(f"sqlite:///{old}")
-    assert M.schema_version() == 7
+    assert M.schema_version() == 8
     assert {r["job_id"]: (r["hook_action"], r["hook_reason"], r["queue_actions"])
             for r in M.jobs()} == want
     assert _schema_of(old) == _schema_of(new)
@@ -569,3 +569,45 @@ def test_mariadb_ledger():
 
     s = summary(L)
     assert s["all"]["jobs"] == 1 and s["all"]["util_mae_pp"] == 11.0
+
+
+def test_a_multi_gpu_jobs_measured_use_is_per_gpu_like_its_prediction(tmp_path):
+    """The probe and sacct sum a job's GPUs; its prediction and its claim are per GPU: 75 % on
+    each of two GPUs is no under-claim of a 75 % hint.  A v7 ledger is merged again (v8)."""
+    db = tmp_path / "l.db"
+    L = Ledger(f"sqlite:///{db}")
+    pred = {"a100": {"util_pct": 75.0, "mem_mib": 8000.0, "mem_mib_p90": 9000.0}}
+    for jid, gpus in ((1, 2), (2, 1)):
+        L.record_submission(job_id=jid, cluster="c", user="ann", predictions=pred, gpu_types=["a100"])
+        L.record_usage(job_id=jid, cluster="c", source="probe", util_mean=150.0 / (3 - gpus),
+                       mem_peak_mib=16000.0 / (3 - gpus), gpus=gpus, gpu_type="a100")
+    rows = {r["job_id"]: r for r in L.jobs()}
+    assert (rows[1]["act_util_pct"], rows[1]["act_mem_mib"], rows[1]["under_claim"]) == (75.0, 8000.0, 0)
+    assert (rows[2]["act_util_pct"], rows[2]["act_mem_mib"], rows[2]["under_claim"]) == (75.0, 8000.0, 0)
+    L.close()
+    con = sqlite3.connect(db)  # as v7 stored it: the sums
+    con.execute("UPDATE jobs SET act_util_pct = 150, act_mem_mib = 16000, under_claim = 1 WHERE job_id = 1")
+    con.execute("UPDATE schema_version SET version = 7")
+    con.commit()
+    con.close()
+    (job,) = [r for r in Ledger(f"sqlite:///{db}").jobs() if r["job_id"] == 1]
+    assert (job["act_util_pct"], job["act_mem_mib"], job["under_claim"]) == (75.0, 8000.0, 0)
+
+
+def test_a_source_that_saw_no_use_does_not_hide_another_that_measured():
+    """probe > sacct, but a probe whose own figures are a failed measurement (utilization 0, no
+    memory) comes after sacct's real ones; alone, it flags the job as a failed measurement."""
+    import tempfile
+
+    L = Ledger(f"sqlite:///{tempfile.mkdtemp()}/l.db")
+    for jid in (19, 20):
+        L.record_submission(job_id=jid, cluster="c", user="u", gpu_types=["a100"],
+                            predictions={"a100": {"util_pct": 40, "mem_mib": 5000}})
+        L.record_usage(job_id=jid, cluster="c", source="probe", util_mean=0.0, gpu_type="a100")
+    L.record_usage(job_id=19, cluster="c", source="sacct", util_mean=50.0, mem_peak_mib=10000,
+                   gpu_type="a100")
+    rows = {r["job_id"]: r for r in L.jobs()}
+    assert (rows[19]["act_util_pct"], rows[19]["act_mem_mib"], rows[19]["failed_measurement"]) == \
+        (50.0, 10000.0, 0)
+    assert (rows[20]["act_util_pct"], rows[20]["act_mem_mib"], rows[20]["failed_measurement"]) == \
+        (0.0, None, 1)

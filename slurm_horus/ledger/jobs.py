@@ -150,9 +150,25 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
     for f in ("gpu_type", "gpu_index", "node", "gpus", "shards", "state", "elapsed_s",
               "start_time", "end_time", "colocated"):
         row[f] = first(f, PLACE_ORDER)
-    row["act_util_pct"] = first("util_mean", UTIL_ORDER)
-    row["act_util_max"] = first("util_max", UTIL_ORDER)
-    row["act_mem_mib"] = first("mem_peak_mib", UTIL_ORDER)
+    n = row["gpus"] if isinstance(row["gpus"], int) and row["gpus"] > 1 else 1
+
+    def usable_first(order):
+        """A source whose own measurement failed (it saw no use of the GPU) after the others:
+        a probe that missed the job must not hide what sacct measured."""
+        return sorted(order, key=lambda src: bool(usages.get(src) and failed_measurement(
+            usages[src].get("util_mean"), usages[src].get("mem_peak_mib"))))
+
+    def per_gpu(field, order):
+        """The first source's figure, per GPU: the probe and Slurm's gpu/nvml plugin sum a
+        job's GPUs, while predictions and claims are for one (an import is per GPU already)."""
+        for src in usable_first(order):
+            u = usages.get(src)
+            if u is not None and u.get(field) is not None:
+                return u[field] / n if src in ("probe", "sacct") else u[field]
+        return None
+    row["act_util_pct"] = per_gpu("util_mean", UTIL_ORDER)
+    row["act_util_max"] = per_gpu("util_max", UTIL_ORDER)
+    row["act_mem_mib"] = per_gpu("mem_peak_mib", UTIL_ORDER)
     if row["gpu_type"] is None and isinstance(preds, dict) and len(preds) == 1:
         row["gpu_type"] = next(iter(preds))
     p = preds.get(row["gpu_type"]) if isinstance(preds, dict) and row["gpu_type"] else None
@@ -169,8 +185,8 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
     claim_mem = row["pred_mem_p90_mib"] if row["pred_mem_p90_mib"] is not None \
         else row["pred_mem_mib"]
     row["under_claim"], row["claim_flags"] = under_claim(
-        row["pred_util_pct"], claim_mem, first("util_mean", TRUSTED_ORDER),
-        first("mem_peak_mib", TRUSTED_ORDER))
+        row["pred_util_pct"], claim_mem, per_gpu("util_mean", TRUSTED_ORDER),
+        per_gpu("mem_peak_mib", TRUSTED_ORDER))
     row.update(accuracy_terms(row))
     return row
 

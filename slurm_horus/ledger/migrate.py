@@ -88,8 +88,14 @@ def _migrate_6_to_7(conn) -> None:
                                 "queue_actions": "VARCHAR(255)"})
 
 
+def _migrate_7_to_8(conn) -> None:
+    """v8 shows a multi-GPU job's measured figures per GPU, as its prediction and claim are
+    (the probe and sacct sum its GPUs): no new column, every jobs row merged again
+    (``_finish_migration``)."""
+
+
 MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4, 5: _migrate_4_to_5,
-              6: _migrate_5_to_6, 7: _migrate_6_to_7}
+              6: _migrate_5_to_6, 7: _migrate_6_to_7, 8: _migrate_7_to_8}
 
 
 def _finish_migration(conn) -> None:

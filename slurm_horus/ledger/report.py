@@ -57,8 +57,11 @@ def elapsed_str(s) -> str:
 
 
 def _errs(r: dict) -> tuple[float | None, float | None]:
-    """(utilization error in pp, memory error in % of actual): predicted minus actual."""
+    """(utilization error in pp, memory error in % of actual): predicted minus actual; none
+    for a failed measurement (the GPU was never used: no error to speak of)."""
     ue = me = None
+    if r.get("failed_measurement"):
+        return ue, me
     if r.get("act_util_pct") is not None and r.get("pred_util_pct") is not None:
         ue = r["pred_util_pct"] - r["act_util_pct"]
     if r.get("act_mem_mib") and r.get("pred_mem_mib") is not None:
@@ -339,18 +342,26 @@ def _acc():
 
 
 def _median_from_hist(hist: dict[int, int]) -> float | None:
+    """The median of the binned values: the middle one (the mean of the two middle ones for an
+    even count), each placed within its bin as if the bin's values were evenly spread (the
+    k-th of c at (k - 1/2) / c of the bin): each lies in the bin of the value it stands for, so
+    the median is off by less than a bin (docs/ledger.md)."""
     total = sum(hist.values())
     if not total:
         return None
-    half = total / 2
-    cum = 0
-    for b in sorted(hist):
-        c = hist[b]
-        if cum + c >= half:
-            lo, hi = mem_err_bucket_bounds(b)
-            return lo + (hi - lo) * ((half - cum) / c)
-        cum += c
-    return None
+    ranks = (total // 2 + 1,) if total % 2 else (total // 2, total // 2 + 1)
+    bins = sorted(hist)
+
+    def value_at(r: int) -> float:
+        cum = 0
+        for b in bins:
+            c = hist[b]
+            if cum + c >= r:
+                lo, hi = mem_err_bucket_bounds(b)
+                return lo + (hi - lo) * (r - cum - 0.5) / c
+            cum += c
+        raise AssertionError("rank beyond the histogram")
+    return sum(value_at(r) for r in ranks) / len(ranks)
 
 
 def _finish(g: dict) -> dict:
