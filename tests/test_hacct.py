@@ -383,3 +383,4 @@ def test_a_failed_measurement_shows_no_error(tmp_path):
     assert r.exit_code == 0 and r.output.splitlines()[1:] == ["4||", "5||"], r.output
     r = CliRunner().invoke(main, ["--ledger", f"sqlite:///{tmp_path}/l.db", "--json"])
     assert all(j["util_err_pp"] is None and j["mem_err_pct"] is None for j in json.loads(r.output))
+    assert all(j["under_claim"] is None for j in json.loads(r.output))  # no claim audited either

@@ -201,8 +201,14 @@ def test_failed_measurements_flagged_not_trained(tmp_path):
     busy = {**bad[0], "mem_mib": 513}  # memory beyond a bare context: the GPU was used
     write_csv(tmp_path / "a.csv", n=30, seed=1, extra=bad + [busy])
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
-    assert import_csv(L, str(tmp_path / "a.csv")) == {"rows": 33, "failed": 2}
+    assert import_csv(L, str(tmp_path / "a.csv")) == {"rows": 33, "repeated": 0, "failed": 2}
     assert L.count("usage") == 33
+    # a row given twice is one measurement, and the count says so
+    text = (tmp_path / "a.csv").read_text()
+    (tmp_path / "b.csv").write_text(text + text.splitlines()[-1] + "\n")
+    L2 = Ledger(f"sqlite:///{tmp_path}/l2.db")
+    assert import_csv(L2, str(tmp_path / "b.csv")) == {"rows": 33, "repeated": 1, "failed": 2}
+    assert L2.count("usage") == 33
     ts = training_set(L)
     assert (len(ts.X), ts.failed, ts.skipped) == (31, 2, 0)
     assert sorted(j["failed_measurement"] for j in L.jobs()) == [0] * 31 + [1, 1]

@@ -26,7 +26,9 @@ def models():
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors("horus-admin models list")
 def models_list(model_dir, as_json):
-    """List model versions with their held-out accuracy; * marks the serving one."""
+    """List model versions with their cross-validated accuracy (the promotion compares the
+    candidate with the serving model on rows neither saw, as retrain reports); * marks the
+    serving one."""
     from slurm_horus.predict.registry import Registry
 
     entries = Registry(model_dir).list()

@@ -113,8 +113,10 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
 
 
 def _failed_note(imp: dict) -> str:
-    return (f" ({imp['failed']} failed measurements kept, flagged and excluded from training)"
-            if imp.get("failed") else "")
+    notes = [f"{imp['repeated']} repeated rows counted once"] if imp.get("repeated") else []
+    if imp.get("failed"):
+        notes.append(f"{imp['failed']} failed measurements kept, flagged and excluded from training")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _history_line(h: dict) -> str:

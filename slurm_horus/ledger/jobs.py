@@ -184,9 +184,9 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         mem_err_bucket(row["pred_mem_mib"], row["act_mem_mib"])
     claim_mem = row["pred_mem_p90_mib"] if row["pred_mem_p90_mib"] is not None \
         else row["pred_mem_mib"]
-    row["under_claim"], row["claim_flags"] = under_claim(
+    row["under_claim"], row["claim_flags"] = (None, None) if row["failed_measurement"] else under_claim(
         row["pred_util_pct"], claim_mem, per_gpu("util_mean", TRUSTED_ORDER),
-        per_gpu("mem_peak_mib", TRUSTED_ORDER))
+        per_gpu("mem_peak_mib", TRUSTED_ORDER))  # a failed measurement audits no claim
     row.update(accuracy_terms(row))
     return row
 
