@@ -182,18 +182,25 @@ def _hosts(expr: str | None) -> list[str]:
     return expand_hostlist(expr) if expr else []
 
 
+def _packaged(name: str) -> str:
+    """Where the installed package keeps its copy of an etc/ file (for fix lines)."""
+    from slurm_horus.shared_files import shared_path
+
+    return str(shared_path("etc", name) or f"share/slurm-horus/etc/{name}")
+
+
 def check_hook(conf_dir: Path) -> list[Problem]:
     """slurmctld loads job_submit.lua from slurm.conf's folder; it runs as root."""
     hook = conf_dir / "job_submit.lua"
     try:
         text = hook.read_text(errors="replace")
     except OSError:
-        return [Problem(f"{hook} is missing: no packing", "install slurm-horus's job_submit.lua "
-                        f"(share/slurm-horus/etc/job_submit.lua) as {hook}")]
+        return [Problem(f"{hook} is missing: no packing",
+                        f"install slurm-horus's {_packaged('job_submit.lua')} as {hook}")]
     out = []
     if "slurm_job_submit" not in text or "horus" not in text:
-        out.append(Problem(f"{hook} is not slurm-horus's hook", "install share/slurm-horus/etc/"
-                           f"job_submit.lua as {hook}"))
+        out.append(Problem(f"{hook} is not slurm-horus's hook",
+                           f"install {_packaged('job_submit.lua')} as {hook}"))
     out += _trusted(hook.resolve(), "the hook")
     return out
 
@@ -367,7 +374,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     out = check_version(version_text) + check_slurm_conf(conf) + check_hook(path.parent)
     if not pol.is_file():
         out.append(Problem(f"policy {pol} is missing: the hook uses its built-in defaults",
-                           f"install share/slurm-horus/etc/horus_policy.conf as {pol}"))
+                           f"install {_packaged('horus_policy.conf')} as {pol}"))
     else:
         out += _trusted(pol.resolve(), "the policy") + check_policy_lines(pol)
     spg = int(policy_value("shards_per_gpu", "100", pol))

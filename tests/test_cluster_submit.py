@@ -203,6 +203,8 @@ def test_explain_agrees_with_slurmctld(workdir):
         assert exp.returncode == 0, exp.stderr
         assert not sh("squeue", "-h", "-n", name).stdout.strip(), "--explain submitted a job"
         decision = next(ln for ln in exp.stdout.splitlines() if ln.startswith("decision: "))
+        conf_dir = os.path.dirname(os.environ["SLURM_CONF"])  # it says which hook it ran
+        assert f"hook: {conf_dir}/job_submit.lua with " in exp.stdout, exp.stdout
         jid = hsubmit(workdir, *args, "--wrap", "sleep 30").stdout.strip()
         job = show(jid)
         assert decision[len("decision: "):] == job["AdminComment"], (decision, job["AdminComment"])

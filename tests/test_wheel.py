@@ -30,11 +30,10 @@ def _run(args, cwd, env, ok=True, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(bin folder, env, a work folder outside the checkout) of a venv holding only the wheel
-    on top of the system's dependencies."""
+def wheel(tmp_path_factory):
+    """The wheel `python -m build --wheel` makes of a copy of the checkout."""
     pytest.importorskip("build")
-    base = tmp_path_factory.mktemp("wheel")
+    base = tmp_path_factory.mktemp("build")
     dist = base / "dist"
     src = base / "src"  # build from a copy: nothing of the checkout's build/ or egg-info leaks in
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info",
@@ -43,6 +42,15 @@ def installed(tmp_path_factory):
           str(src)], cwd=base, env=os.environ.copy(), timeout=600)
     wheels = list(dist.glob("slurm_horus-*.whl"))
     assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, wheel):
+    """(bin folder, env, a work folder outside the checkout) of a venv holding only the wheel
+    on top of the system's dependencies."""
+    wheels = [wheel]
+    base = tmp_path_factory.mktemp("wheel")
     env_dir = base / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
@@ -53,7 +61,7 @@ def installed(tmp_path_factory):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HORUS_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PATH=f"{env_dir / 'bin'}:{env['PATH']}", HORUS_LEDGER_URL=f"sqlite:///{work}/ledger.db",
-               HORUS_SPOOL_DIR=str(work / "spool"), HORUS_MODEL_DIR=str(work / "models"))
+               HORUS_SPOOL=str(work / "spool"), HORUS_MODEL_DIR=str(work / "models"))
     where = _run([str(py), "-c", "import slurm_horus; print(slurm_horus.__file__)"], work, env)
     assert where.stdout.strip().startswith(str(env_dir)), where.stdout  # the wheel, not the checkout
     return env_dir / "bin", env, work
@@ -130,3 +138,26 @@ def test_doctor_runs_from_the_wheel(installed):
         return
     assert p.returncode in (0, 1), p.stderr[-500:]
     assert "checked " in p.stdout and "slurm.conf" in p.stdout
+
+
+def test_installed_under_another_scheme_finds_its_sql_and_hook(wheel, tmp_path):
+    """Debian's python3 installs data files under /usr/local while sys.prefix is /usr, and
+    `pip install --user` under ~/.local: the SQL and the hook are found from the install record,
+    not from sys.prefix (a root install with --prefix /usr/local, here under --root)."""
+    root = tmp_path / "root"
+    # --ignore-installed: pip would otherwise remove the running environment's own install
+    _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+          "--ignore-installed", "--root", str(root), "--prefix", "/usr/local", str(wheel)],
+         cwd=tmp_path, env=os.environ.copy())
+    site = next(root.glob("usr/local/lib/python3*/site-packages"))
+    share = root / "usr/local/share/slurm-horus"
+    assert (share / "sql/schema.sql").is_file()  # not under sys.prefix: found from the record
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORUS_")}
+    env.update(PYTHONPATH=str(site), HORUS_LEDGER_URL=f"sqlite:///{tmp_path}/l.db")
+    code = ("import slurm_horus, json; from slurm_horus.shared_files import shared_path; "
+            "from slurm_horus.slurm.policy import find_hook; from slurm_horus.ledger import Ledger; "
+            "Ledger().record_usage(job_id=1, source='sacct', elapsed_s=1); "
+            "print(json.dumps([slurm_horus.__file__, str(shared_path('sql', 'schema.sql')), str(find_hook())]))")
+    where, sql, hook = json.loads(_run([sys.executable, "-c", code], tmp_path, env).stdout)
+    assert where.startswith(str(site)) and sql == str(share / "sql/schema.sql")
+    assert hook == str(share / "etc/job_submit.lua")

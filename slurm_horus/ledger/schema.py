@@ -8,7 +8,6 @@ reflected from that same file (run once into an in-memory SQLite), so they canno
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
@@ -23,15 +22,16 @@ KEYS = {"submissions": ("cluster", "job_id"), "usage": ("cluster", "job_id", "so
 
 def sql_dir() -> Path:
     """Folder holding schema.sql and views.sql ($HORUS_SQL_DIR, else the repository's sql/,
-    else the one an installed wheel puts under <prefix>/share/slurm-horus/sql)."""
+    else the one pip installed, share/slurm-horus/sql: shared_files)."""
+    from slurm_horus.shared_files import shared_path
+
     env = os.environ.get("HORUS_SQL_DIR")
     if env:
         return Path(env)
-    here = Path(__file__).resolve()
-    for cand in (here.parents[2] / "sql", Path(sys.prefix) / "share" / "slurm-horus" / "sql"):
-        if (cand / "schema.sql").is_file():
-            return cand
-    raise HorusError("ledger: sql/schema.sql not found (set HORUS_SQL_DIR)")
+    found = shared_path("sql", "schema.sql")
+    if found is None:
+        raise HorusError("ledger: sql/schema.sql not found (set HORUS_SQL_DIR)")
+    return found.parent
 
 
 def schema_text() -> str:

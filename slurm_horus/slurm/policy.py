@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +32,17 @@ from slurm_horus.slurm.hook_runtime import Decision, HookCache
 __all__ = ["decide", "find_hook", "policy_file", "policy_value", "policy_values", "policy_with_overrides"]
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
 def find_hook(hook_path: str | os.PathLike[str] | None = None) -> Path:
     """The hook file: explicit path, else $HORUS_HOOK, else the repository's etc/job_submit.lua,
-    else the installed copy in <prefix>/share/slurm-horus/etc (pyproject's data-files)."""
+    else the copy pip installed, share/slurm-horus/etc (shared_files)."""
+    from slurm_horus.shared_files import shared_candidates
+
     if hook_path is not None:
         candidates = [Path(hook_path)]
     elif os.environ.get("HORUS_HOOK"):
         candidates = [Path(os.environ["HORUS_HOOK"])]
     else:
-        candidates = [
-            _repo_root() / "etc" / "job_submit.lua",
-            Path(sys.prefix) / "share" / "slurm-horus" / "etc" / "job_submit.lua",
-        ]
+        candidates = shared_candidates("etc", "job_submit.lua")
     for c in candidates:
         if c.is_file():
             return c.resolve()

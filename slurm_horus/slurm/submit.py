@@ -320,6 +320,14 @@ def explain_text(plan: Plan) -> str:
         lines.append("no prediction (no usable --model): the job is submitted unchanged")
     jd = job_desc_of(plan)
     lines.append("job_desc: " + " ".join(f"{k}={v!r}" for k, v in jd.items()))
+    hook, pol = _hook_paths(plan.env)
+    if hook is None:
+        from slurm_horus.slurm.policy import find_hook
+
+        lines.append(f"hook: no job_submit.lua beside slurm.conf here: the packaged {find_hook()} "
+                     f"with {pol} (the cluster's hook and policy may differ)")
+    else:
+        lines.append(f"hook: {hook} with {pol}")
     d = decision_of(plan)
     lines.append(f"decision: {d.note or d.action}")
     changed = {k: v for k, v in d.job_desc.items() if jd.get(k) != v}
