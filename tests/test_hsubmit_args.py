@@ -1,6 +1,7 @@
 """hsubmit's argument splitting, #SBATCH/#HORUS parsing and comment merging (pure, no Slurm)."""
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,9 @@ def test_option_table_matches_sbatch_help():
     for name in ("parsable", "hold", "wait", "test-only", "contiguous"):
         assert sa.SBATCH_LONG_OPTS[name] == "none"
     assert sa.resolve_long("part") == "partition"
-    assert sa.resolve_long("tas") is None   # tasks-per-node? not an option; --task is not sbatch's
+    # sbatch takes --task as its hidden --tasks-per-node (22.05 and 25.11): hsubmit's --task only
+    # when a model is asked (test_task_without_a_model_is_sbatchs)
+    assert sa.resolve_long("tas") == sa.resolve_long("task") == "tasks-per-node"
     assert sa.resolve_long("ntasks-per") is None  # ambiguous
     assert sa.resolve_long("cpus-per-t") == "cpus-per-task"
 
@@ -168,8 +171,39 @@ HINT = "horus:v1;a100=10.0/2000/2500;t4=20.0/2000/2500"
 def test_comment_merging_single_comment_passed():
     s = split("--comment", "mine", "-p", "gpu", "--comm=second", "--wrap", "true")
     out = s.sbatch_argv(replace_comment=attach_hint("second", HINT))
-    assert out == ["-p", "gpu", "--wrap", "true", f"--comment=second {HINT}"]
+    assert out == [f"--comment=second {HINT}", "-p", "gpu", "--wrap", "true"]
     assert sum(a.startswith("--comm") for a in out) == 1
+
+
+def test_our_comment_goes_first_so_nothing_can_come_between():
+    """A '--' before the script, or an option this table does not know with its value: the
+    comment put at the end took the script's place, or the option's value."""
+    for args in (["-H", "--", "job.sh"], ["--segment", "1", "job.sh"], ["--new-option", "v", "job.sh"]):
+        out = split(*args).sbatch_argv(replace_comment=HINT)
+        assert out == [f"--comment={HINT}", *args], out
+
+
+def test_task_without_a_model_is_sbatchs(tmp_path):
+    plan = sub.prepare(["-H", "--task", "1", "-n", "2", "--wrap", "true"], env={})
+    assert "task" not in plan.horus and plan.sbatch_argv == ["-H", "--task", "1", "-n", "2", "--wrap", "true"]
+    plan = sub.prepare(["--model", "m.onnx", "--task", "infer", "--wrap", "true"], env={})
+    assert plan.horus["task"] == "infer" and "--task" not in plan.sbatch_argv
+
+
+def test_a_script_that_is_a_pipe_is_left_for_sbatch(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    plan = sub.prepare(["-H", str(fifo)], env={})  # returns: the pipe is not opened
+    assert plan.script_text is None and plan.sbatch_argv == ["-H", str(fifo)]
+
+
+def test_help_version_usage_read_no_stdin():
+    class Endless:
+        def read(self, *a):
+            raise AssertionError("stdin read")
+    for flag in ("--help", "--version", "--usage"):
+        plan = sub.prepare(["--model", "m.onnx", flag], env={}, stdin=Endless())
+        assert plan.stdin_script is None
 
 
 def test_comment_merging_replaces_old_hint():
@@ -348,3 +382,9 @@ def test_unbound_model_dimension_attaches_no_hint():
     plan = sub.prepare(["--model", str(bert), "--batch-size", "8", "--dim", "seq=128",
                         "--wrap", "true"], env={})
     assert sub.predict(plan, gpu_types={"a100": 4}, partition="gpu").hint.startswith("horus:v1;a100=")
+
+
+def test_an_unquoted_hash_ends_a_directive_as_in_sbatch():
+    """sbatch 22.05 and 25.11 store --comment=x#y as 'x' (checked on both clusters)."""
+    sb, _ = sa.script_directives("#!/bin/bash\n#SBATCH --comment=x#y -J a\n#SBATCH -J 'b # c'\n")
+    assert sb == ["--comment=x", "-J", "b # c"]

@@ -187,7 +187,8 @@ def sbatch(argv: list[str], stdin: bytes | None = None) -> subprocess.CompletedP
     timeout of ours, as with exec_sbatch: sbatch bounds its own waits (MessageTimeout, its
     retries), and killing it after it sent the job would leave the user not knowing whether
     the job went in."""
-    return subprocess.run([_cmd("sbatch"), *argv], **({"input": stdin} if stdin is not None else {}))
+    return subprocess.run(["sbatch", *argv], executable=_cmd("sbatch"),  # its messages say "sbatch:"
+                          **({"input": stdin} if stdin is not None else {}))
 
 
 def exec_sbatch(argv: list[str]) -> None:

@@ -42,6 +42,8 @@ SBATCH_LONG_OPTS: dict[str, str] = {
         "prefer", "priority", "profile", "qos", "reservation", "signal", "sockets-per-node",
         "switches", "thread-spec", "threads-per-core", "time", "time-min", "tmp",
         "tres-per-task", "uid", "wait-all-nodes", "wckey", "wrap",
+        "tasks-per-node",  # 22.05's hidden alias of ntasks-per-node
+        "container-id", "segment", "tres-bind",  # 25.11
     )},
     # with an optional value (only as --opt=value)
     **{name: OPT for name in (
@@ -52,6 +54,7 @@ SBATCH_LONG_OPTS: dict[str, str] = {
         "contiguous", "help", "hold", "ignore-pbs", "no-requeue", "overcommit",
         "oversubscribe", "parsable", "quiet", "reboot", "requeue", "spread-job", "test-only",
         "usage", "use-min-nodes", "verbose", "version", "wait",
+        "oom-kill-step", "resv-ports", "spread-segments",  # 25.11 (a value only as --opt=value)
     )},
 }
 
@@ -121,7 +124,9 @@ class SplitArgs:
     def sbatch_argv(self, replace_comment: str | None = None, replace_wrap: str | None = None,
                     replace_script: str | None = None, add: tuple[str, ...] = ()) -> list[str]:
         """sbatch's arguments. With replace_comment (replace_wrap) every --comment (--wrap) is
-        dropped and a single ``--comment=...`` (``--wrap=...``) is put right before the script;
+        dropped and a single ``--comment=...`` (``--wrap=...``) is put first (the command line
+        wins over #SBATCH lines wherever it stands, and nothing the user wrote, a ``--`` or an
+        option unknown here with its value, can come between it and sbatch's parser);
         replace_script swaps the script path (its arguments stay); ``add`` goes before it."""
         opts = self.sbatch_opts
         replaced = {n: v for n, v in (("comment", replace_comment), ("wrap", replace_wrap))
@@ -132,15 +137,15 @@ class SplitArgs:
                 if o.name in replaced:
                     for i in range(o.start, o.end):
                         keep[i] = False
-            opts = [t for t, k in zip(opts, keep) if k]
-            opts += [f"--{n}={v}" for n, v in replaced.items()]
+            opts = [f"--{n}={v}" for n, v in replaced.items()] + [t for t, k in zip(opts, keep) if k]
         rest = list(self.rest)
         if replace_script is not None and rest:
             rest[0] = replace_script
         return list(opts) + list(add) + rest
 
 
-def _scan(argv: list[str], horus: list | None) -> tuple[list[str], list[SbatchOpt], int, list[str], bool]:
+def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = frozenset()
+          ) -> tuple[list[str], list[SbatchOpt], int, list[str], bool]:
     """getopt_long("+...") over argv.  Returns (sbatch tokens, parsed opts, index of the first
     non-option in argv, errors, hetjob).  With ``horus`` a list, horus options are taken out
     (appended to it) instead of being kept."""
@@ -163,7 +168,7 @@ def _scan(argv: list[str], horus: list | None) -> tuple[list[str], list[SbatchOp
         if tok.startswith("--"):
             body = tok[2:]
             name, eq, val = body.partition("=")
-            if horus is not None and name in HORUS_OPTS:
+            if horus is not None and name in HORUS_OPTS and name not in sbatch_names:
                 if HORUS_OPTS[name]:
                     if eq:
                         horus.append((name, val))
@@ -218,10 +223,12 @@ def _scan(argv: list[str], horus: list | None) -> tuple[list[str], list[SbatchOp
     return out, parsed, i, errors, hetjob
 
 
-def split_args(argv: list[str]) -> SplitArgs:
-    """Split a hsubmit command line into sbatch's options, horus's options and the script part."""
+def split_args(argv: list[str], sbatch_names: frozenset[str] = frozenset()) -> SplitArgs:
+    """Split a hsubmit command line into sbatch's options, horus's options and the script part;
+    ``sbatch_names``: horus option names left to sbatch (``task``: sbatch's abbreviation of
+    --tasks-per-node, when the job asks no model)."""
     horus: list[tuple[str, str | None]] = []
-    out, parsed, i, errors, hetjob = _scan(list(argv), horus)
+    out, parsed, i, errors, hetjob = _scan(list(argv), horus, sbatch_names)
     return SplitArgs(out, horus, list(argv[i:]), parsed, hetjob, errors)
 
 
@@ -244,11 +251,11 @@ def has_flag(opts: list[SbatchOpt], name: str) -> bool:
 
 def _directive_args(rest: str) -> list[str]:
     """Arguments of one #SBATCH line as sbatch splits them: whitespace separated, quotes group,
-    an argument starting with '#' ends the line."""
+    an unquoted '#' ends the line (``--comment=x#y`` is ``x``, on 22.05 and 25.11)."""
     try:
         lex = shlex.shlex(rest, posix=True)
         lex.whitespace_split = True
-        lex.commenters = ""
+        lex.commenters = "#"
         words = list(lex)
     except ValueError:
         words = rest.split()

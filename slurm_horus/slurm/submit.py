@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,11 +105,13 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     _horus_dict(split.horus, cmd_horus)
     wrap = sa.has_flag(split.parsed, "wrap")
     text = None
-    if not wrap:
+    answers_only = any(sa.has_flag(split.parsed, f) for f in ("help", "usage", "version"))
+    if not wrap and not answers_only:
         if split.script:
-            try:
-                with open(split.script, "rb") as f:
-                    text = f.read(4 << 20).decode("utf-8", "replace")
+            try:  # a regular file only: a pipe (<(...), /dev/stdin) is sbatch's to read, once
+                if stat.S_ISREG(os.stat(split.script).st_mode):
+                    with open(split.script, "rb") as f:
+                        text = f.read(4 << 20).decode("utf-8", "replace")
             except OSError:
                 text = None  # sbatch will say what is wrong with it
         else:
@@ -131,6 +134,10 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     horus.update(cmd_horus)
     if dims:
         horus["dim"] = dims
+    if "model" not in horus and "task" in cmd_horus:
+        # no model asked: hsubmit is sbatch, and --task is sbatch's (--tasks-per-node)
+        plan.split = sa.split_args(argv, frozenset({"task"}))
+        horus.pop("task")
     plan.horus = horus
     if horus.get("horus-probe"):  # drop-in scripts keep working
         plan.warnings.append("--horus-probe is ignored: the site's Prolog measures every job")
