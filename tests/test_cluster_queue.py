@@ -122,6 +122,27 @@ def test_a_job_that_forges_scontrols_text_moves_no_other_job(mine, tmp_path):
     assert "horus-queue" not in rec.get("AdminComment", "") and "forged" not in rec.get("AdminComment", "")
 
 
+def test_an_oom_requeue_of_an_array_task_moves_that_task_only(mine, tmp_path):
+    """The array's last task keeps the array's own id, which scontrol takes for the whole array:
+    the loop names it ArrayJobId_2, so task 1 (done) is neither rerun nor marked."""
+    script = tmp_path / "arr.sh"
+    script.write_text("#!/bin/bash\n"
+                      f'if [ "$SLURM_ARRAY_TASK_ID" = 2 ] && [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then echo "{OOM}" >&2; exit 1; fi\n'
+                      "exit 0\n")
+    aid = submit(mine, "-a", "1-2", "--gres=gpu:1", f"--comment={hint(30, 6000)}", "-o", "/dev/null",
+                 "-e", str(tmp_path / "e-%A_%a"), str(script))
+    t1, t2 = f"{aid}_1", f"{aid}_2"
+    wait(t1, {"COMPLETED"})
+    wait(t2, {"FAILED"})
+    raw = job(t2).get("JobId")
+    assert raw == aid  # the task whose own id names the array too
+    acts = queue("--min-wait", "100000", "--jobs", raw)
+    assert [a["action"] for a in acts if str(a["job_id"]) == raw] == ["oom-requeue"]
+    done = job(t1)
+    assert done.get("Restarts") == "0" and "horus-queue" not in done.get("AdminComment", "")
+    assert done.get("JobState") == "COMPLETED" and job(t2).get("Restarts") == "1"
+
+
 def test_oom_requeue_once_on_a_whole_gpu(mine, tmp_path):
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/bash\n"

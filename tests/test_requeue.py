@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from slurm_horus.ledger.requeue import (OOM_RE, marked, oom_actions, pack_util_limit, pressure_actions,
                                         pressure_types, shards_per_gpu, write_pressure,
                                         read_error_tail)
@@ -57,7 +59,12 @@ def test_marks_keep_the_hooks_decision_readable_and_stay_in_order():
                                        "queue_actions": "pack,spread,oom-requeue"}
     assert marked(None, "horus-queue:v1;action=pack;from=gpu:1") == \
         "horus-queue:v1;action=pack;from=gpu:1"
-    assert len(marked("x" * 990, "horus-queue:v1;action=pack;from=gpu:1")) == 1000
+    # Slurm keeps the whole AdminComment (5,000 characters on 22.05 and 25.11): no cut, so the
+    # hook's decision token stays after many marks
+    note = "horus-decision:v1;action=exclusive;type=a100;reason=util"
+    for _ in range(40):
+        note = marked(note, "horus-queue:v1;action=pack;from=gpu:1")
+    assert parse_decision(note).reason == "util" and len(note) > 1000
     # a job marked very often: the column keeps the latest actions that fit
     many = " ".join(["horus-queue:v1;action=pack;from=gpu:1",
                      "horus-queue:v1;action=spread;from=shard:50"] * 40)
@@ -192,3 +199,37 @@ def test_the_slowdown_bound_limits_which_jobs_pack_under_pressure():
     assert [(a.job_id, a.kind) for a in acts] == [(2, "pack")]
     acts = pressure_actions(jobs, busy, 50, lambda *a: 1, 0, 1.9e9, util_limit_pct=100.0)
     assert [a.job_id for a in acts] == [1, 2]
+
+
+def test_an_array_task_is_named_as_slurm_names_it():
+    """scontrol takes an array task's own id, when it is the array's, for the whole array: the
+    loop names a task ArrayJobId_ArrayTaskId (squeue's JSON, 22.05 and 23.02+ forms)."""
+    import json as _json
+
+    from slurm_horus.ledger.requeue import job_ref
+    from slurm_horus.slurm.parse import squeue_json_records
+
+    jobs = [{"job_id": 1792, "array_job_id": 1792, "array_task_id": 3, "job_state": "FAILED"},
+            {"job_id": 1793, "array_job_id": {"set": True, "infinite": False, "number": 1792},
+             "array_task_id": {"set": True, "infinite": False, "number": 1}, "job_state": ["FAILED"]},
+            {"job_id": 1800, "array_job_id": 0, "array_task_id": 4294967294, "job_state": "FAILED"},
+            {"job_id": 1801, "array_job_id": {"set": False, "infinite": False, "number": 0},
+             "array_task_id": {"set": False, "infinite": False, "number": 0}, "job_state": ["FAILED"]}]
+    recs = squeue_json_records(_json.dumps({"jobs": jobs}))
+    assert [job_ref(r) for r in recs] == ["1792_3", "1792_1", "1800", "1801"]
+
+
+def test_one_changing_pass_at_a_time(tmp_path, monkeypatch):
+    from slurm_horus.cli.admin_queue import pass_lock
+    from slurm_horus.errors import HorusError
+
+    monkeypatch.setenv("HORUS_QUEUE_LOCK", str(tmp_path / "run" / "queue.lock"))
+    with pass_lock(dry_run=False):
+        with pytest.raises(HorusError, match="another horus-admin queue pass"):
+            with pass_lock(dry_run=False):
+                pass
+        with pass_lock(dry_run=True):  # a dry run changes nothing: no lock
+            pass
+    with pass_lock(dry_run=False):  # released
+        pass
+    assert oct((tmp_path / "run").stat().st_mode & 0o777) == "0o700"

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import signal
+import sys
 import time
 
 import click
@@ -32,24 +37,66 @@ def register(admin: click.Group) -> None:
 
         ids = None
         if job_list:
-            try:
-                ids = {int(x) for x in job_list.split(",") if x.strip()}
-            except ValueError:
-                ids = {-1}
-            if not all(0 < j < 2 ** 32 for j in ids):  # Slurm's ids are 32-bit
+            parts = [x.strip() for x in job_list.split(",") if x.strip()]
+            if not parts or not all(x.isdigit() and 0 < int(x) < 2 ** 32 for x in parts):
                 raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15")
+            ids = {int(x) for x in parts}
         if dry_run and not as_json:
             click.echo(f"slowdown_bound {policy_value('slowdown_bound', '2')} for the "
                        f"{policy_value('slowdown_tail', 'median')} job: under queue pressure, "
                        f"jobs up to {policy_util_limit(pack_shards):.1f} % predicted utilization pack")
+        # SIGTERM (systemd's stop or timeout) ends the pass through its cleanups: a job held
+        # for its OOM rerun is released, never left held
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+        failed = []
+
+        def warn(msg: str) -> None:
+            failed.append(msg)
+            click.echo(f"horus-admin queue: warning: {msg}", err=True)
         while True:
-            for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
-                          job_ids=ids):
-                if as_json:
-                    click.echo(json.dumps({"job_id": a.job_id, "action": a.kind, "tres": a.tres,
-                                           "dry_run": dry_run}))
-                else:
-                    click.echo(f"{'would ' if dry_run else ''}{a.kind} job {a.job_id} -> {a.tres}")
+            try:
+                with pass_lock(dry_run):
+                    for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
+                                  job_ids=ids, on_error=warn):
+                        if as_json:
+                            click.echo(json.dumps({"job_id": a.job_id, "action": a.kind,
+                                                   "tres": a.tres, "dry_run": dry_run}))
+                        else:
+                            click.echo(f"{'would ' if dry_run else ''}{a.kind} job {a.job_id} -> {a.tres}")
+            except HorusError as e:
+                if interval is None:
+                    raise
+                warn(str(e))  # a loop outlives a pass that failed (slurmctld away, a full disk)
             if interval is None:
-                return
+                sys.exit(1 if failed else 0)
+            failed.clear()
             time.sleep(interval)
+
+
+@contextlib.contextmanager
+def pass_lock(dry_run: bool):
+    """One changing pass at a time ($HORUS_QUEUE_LOCK, default /run/slurm-horus/queue.lock, in
+    the probe's root-only run folder: a lock in a folder users can write, they could hold):
+    two passes reading the queue before either acted requeued one job twice.  A dry run
+    changes nothing and takes no lock."""
+    from slurm_horus.errors import HorusError
+
+    if dry_run:
+        yield
+        return
+    path = os.environ.get("HORUS_QUEUE_LOCK") or "/run/slurm-horus/queue.lock"
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise HorusError(f"lock {path}: {e.strerror or e}") from None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise HorusError(f"lock {path} is not this user's: remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise HorusError(f"another horus-admin queue pass holds {path}: this pass skipped") from None
+        yield
+    finally:
+        os.close(fd)

@@ -54,6 +54,7 @@ class Action:
     tres: str
     token: str
     fallback: str | None = None
+    ref: str | None = None  # how scontrol names the job (an array task: A_T); default job_id
 
 
 def _shards(tres: str | None) -> int | None:
@@ -109,6 +110,13 @@ def _gpu_type(rec: dict) -> str | None:
         return decision.gpu_type
     feat = rec.get("Features") or ""
     return feat if re.fullmatch(r"[a-z][a-z0-9_-]*", feat) and feat != "null" else None
+
+
+def job_ref(rec: dict) -> str:
+    """How scontrol names the job: an array task as ArrayJobId_ArrayTaskId (its own id, when
+    it is the array's, names the whole array to scontrol)."""
+    a, t = rec.get("ArrayJobId"), rec.get("ArrayTaskId")
+    return f"{a}_{t}" if a and t is not None else str(rec.get("JobId"))
 
 
 def _job_id(rec: dict) -> int | None:
@@ -220,17 +228,12 @@ def write_pressure(path: str | os.PathLike, types, now: float | None = None,
     ``util_limit_milli <n>`` (policy_util_limit, in 1/1000 %), then ``pressure <type>`` per
     type; whole or not at all (written beside, then renamed), readable by slurmctld, writable
     only by its owner (root or SlurmUser)."""
-    path = os.fspath(path)
+    from slurm_horus.ledger.publish import write_atomically
+
     text = f"written {int(time.time() if now is None else now)}\n" + \
         f"util_limit_milli {int(util_limit_pct * 1000)}\n" + \
         "".join(f"pressure {t}\n" for t in types)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomically(path, text)
 
 
 def signal_pressure(jobs: list[dict], nodes: list[dict], policy_path: str | None = None,
@@ -360,8 +363,9 @@ def _epoch(stamp: str | None) -> float:
 
 def marked(admin_comment: str | None, token: str) -> str:
     """AdminComment with ``token`` appended after a space: the hook's decision token must stay a
-    word of its own for ``parse_decision``. Slurm keeps 1000 characters: the latest marks win."""
-    return (f"{admin_comment} {token}" if admin_comment else token)[-1000:]
+    word of its own for ``parse_decision`` (Slurm keeps the whole text: 5,000 characters
+    were kept on 22.05 and 25.11; a cut would lose that token first)."""
+    return f"{admin_comment} {token}" if admin_comment else token
 
 
 def _requests(jid: str, name: str) -> bool:
@@ -393,7 +397,7 @@ def apply(action: Action, admin_comment: str | None) -> str:
     """Carry one action out with scontrol; -> the TresPerNode the job got. An OOM requeue
     holds the job while it is reshaped, so it never starts again on its old shards unless
     Slurm refuses every reshape; it is marked either way, so it is requeued at most once."""
-    jid = str(action.job_id)
+    jid = action.ref or str(action.job_id)
     if action.kind != "oom-requeue":
         got = reshape(jid, action.tres, action.fallback)
         run(["scontrol", "update", f"JobId={jid}",
@@ -401,6 +405,9 @@ def apply(action: Action, admin_comment: str | None) -> str:
         return got
     run(["scontrol", "requeuehold", jid])
     try:
+        # marked at once (Slurm takes no update of a finished job, so not before the requeue):
+        # whatever fails after this, the job is never requeued a second time
+        run(["scontrol", "update", f"JobId={jid}", f"AdminComment={marked(admin_comment, action.token)}"])
         try:
             got = reshape(jid, action.tres, action.fallback)
         except HorusError:
@@ -439,18 +446,22 @@ def hint_mem_shards(rec: dict, gtype: str) -> int | None:
 
 
 def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_shards: int = 50,
-         min_wait_s: float = 60.0, dry_run: bool = False,
-         job_ids: set[int] | None = None) -> list[Action]:
+         min_wait_s: float = 60.0, dry_run: bool = False, job_ids: set[int] | None = None,
+         on_error: Callable[[str], None] | None = None) -> list[Action]:
     """One pass over the live queue (``squeue --json``; ``scontrol -d`` for the nodes' GresUsed,
     which no user can write): the pressure file for
     the hook (policy ``pressure_file``; not on a dry run or a pass limited to ``job_ids``), OOM
     requeues, then queue pressure on pending jobs; only on ``job_ids`` when given (every job
-    still counts as load)."""
+    still counts as load).  ``on_error`` hears of what could not be done (the pass goes on)."""
     jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
     limit = policy_util_limit(pack_shards)
     if job_ids is None and not dry_run:  # the whole queue's view, for the hook
-        signal_pressure(jobs, nodes, util_limit_pct=limit)
+        try:
+            signal_pressure(jobs, nodes, util_limit_pct=limit)
+        except HorusError as e:  # the hook ignores a stale file: the actions still run
+            if on_error:
+                on_error(str(e))
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
                           shards_per_gpu(nodes))
@@ -462,9 +473,11 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         if dry_run:
             done.append(a)
             continue
+        rec = by_id[a.job_id]
         try:
-            got = apply(a, by_id[a.job_id].get("AdminComment"))
+            got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"))
             done.append(replace(a, tres=got))
-        except HorusError:
-            continue  # the job moved on (started, cancelled): next pass sees it again
+        except HorusError as e:  # the job moved on (started, cancelled): next pass sees it again
+            if on_error:
+                on_error(f"{a.kind} job {a.job_id}: {e}")
     return done

@@ -254,6 +254,15 @@ def squeue_json_jobs(text: str) -> list[dict]:
     return out
 
 
+def _array_ids(j: dict) -> dict:
+    """ArrayJobId and ArrayTaskId of an array task (none for other jobs; 22.05 gives 0 and
+    NO_VAL there, 23.02+ unset numbers)."""
+    a, t = _json_number(j.get("array_job_id")), _json_number(j.get("array_task_id"))
+    if not a or t is None or not 0 <= int(t) < 4294967294:
+        return {}
+    return {"ArrayJobId": str(int(a)), "ArrayTaskId": str(int(t))}
+
+
 def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict]:
     """``squeue --json`` jobs as ``scontrol -d show job`` records: the keys and value forms
     parse_scontrol_records gives (JobId, UserId ``name(uid)``, JobState, Partition, Features,
@@ -285,6 +294,7 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
             "SubmitTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submit)) if submit else "Unknown",
             "NodeList": nodes,
             "_details": [{"Nodes": h, "GRES": g} for h, g in zip(hosts, detail)],
+            **_array_ids(j),
         })
     return out
 
