@@ -62,6 +62,9 @@ def submission_record(*, job_id, cluster="", user=None, account=None, submit_tim
             "predictor": predictor, "uid": None if uid is None else int(uid)}
 
 
+MAX_MEM_MIB = float(1 << 24)  # 16 TiB: beyond any GPU's memory, on any number of GPUs of one job
+
+
 def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, mem_peak_mib=None,
                  elapsed_s=None, state=None, node=None, gpu_type=None, gpu_index=None,
                  gpus=None, shards=None, colocated=None, start_time=None, end_time=None,
@@ -77,8 +80,16 @@ def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, m
 
     def i(x):
         return None if x is None else int(x)
+
+    def within(x, top):
+        """A measurement no GPU can give (below 0, above ``top``, not a number) is not kept:
+        one such row would swamp every mean it counts in."""
+        x = f(x)
+        return x if x is not None and 0.0 <= x <= top else None
+    most_util = 100.0 * max(1, i(gpus) or 1)  # the probe and sacct sum a job's GPUs
     return {"cluster": cluster or "", "job_id": int(job_id), "source": source,
-            "util_mean": f(util_mean), "util_max": f(util_max), "mem_peak_mib": f(mem_peak_mib),
+            "util_mean": within(util_mean, most_util), "util_max": within(util_max, most_util),
+            "mem_peak_mib": within(mem_peak_mib, MAX_MEM_MIB),
             "elapsed_s": i(elapsed_s), "state": state, "node": node, "gpu_type": gpu_type,
             "gpu_index": i(gpu_index), "gpus": i(gpus), "shards": i(shards),
             "colocated": colocated,
