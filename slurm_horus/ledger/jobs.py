@@ -152,16 +152,15 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         row[f] = first(f, PLACE_ORDER)
     n = row["gpus"] if isinstance(row["gpus"], int) and row["gpus"] > 1 else 1
 
-    def usable_first(order):
-        """A source whose own measurement failed (it saw no use of the GPU) after the others:
-        a probe that missed the job must not hide what sacct measured."""
-        return sorted(order, key=lambda src: bool(usages.get(src) and failed_measurement(
-            usages[src].get("util_mean"), usages[src].get("mem_peak_mib"))))
+    # a source whose own measurement failed (it saw no use of the GPU) comes after the
+    # others: a probe that missed the job must not hide what sacct measured
+    missed = {src for src, u in usages.items()
+              if failed_measurement(u.get("util_mean"), u.get("mem_peak_mib"))}
 
     def per_gpu(field, order):
         """The first source's figure, per GPU: the probe and Slurm's gpu/nvml plugin sum a
         job's GPUs, while predictions and claims are for one (an import is per GPU already)."""
-        for src in usable_first(order):
+        for src in sorted(order, key=missed.__contains__):
             u = usages.get(src)
             if u is not None and u.get(field) is not None:
                 return u[field] / n if src in ("probe", "sacct") else u[field]

@@ -21,8 +21,6 @@ exceeded the job's hint, ``no`` when it did not, empty when there was nothing to
 
 from __future__ import annotations
 
-import re
-
 import math
 import time
 
@@ -31,6 +29,7 @@ from slurm_horus.ledger.jobs import (FAR_MEM_FACTOR, FAR_UTIL_PP, job_filters,
                                      mem_err_bucket_bounds)
 from slurm_horus.ledger.jobs import predictor_source  # noqa: F401 - plots.py imports it here
 from slurm_horus.ledger.schema import tables
+from slurm_horus.slurm.hint import CONTROL_CHARS
 
 # name -> (header, json key). Order here is the order of `hacct -o help`.
 COLUMNS = {
@@ -217,13 +216,11 @@ def _round(x, n=2):
 
 MAX_WIDTH = 1000  # a column wider than any terminal; each cell is padded to it
 
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
 
 def printable(text: str) -> str:
     """A cell without control characters: ledger text that came from users (a model path, an
     account) must not drive the reader's terminal."""
-    return _CONTROL_RE.sub("?", text)
+    return CONTROL_CHARS.sub("?", text)
 
 
 def plain_table(rows: list[dict], cols: list[tuple[str, int | None]], parsable: bool,

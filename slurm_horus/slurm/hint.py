@@ -93,7 +93,7 @@ _DECISION_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus-decision:[^ \t\n
 _DECISION_RE = re.compile(r"horus-decision:v1;action=(shared|exclusive|unchanged)(?:;type=([a-z0-9_-]{1,32}))?"
                           r"(?:;shards=([1-9][0-9]{0,8})/([1-9][0-9]{0,8}))?(?:;reason=([a-z_]{1,16}))?")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1: never in text for a terminal
 _INT_RE = re.compile(r"[1-9][0-9]{0,17}")
 
 HintFields = tuple[float, ...]  # (util_pct, mem_mib, mem_p90_mib[, mem_p95_mib[, mem_p99_mib]])
@@ -255,7 +255,7 @@ def _unpct(s: str, what: str) -> str:
         text = unquote(s, errors="strict")
     except UnicodeDecodeError:
         raise HorusError(f"workload token: {what} is not UTF-8") from None
-    if _CONTROL_RE.search(text):  # it ends up in admins' terminals (hacct)
+    if CONTROL_CHARS.search(text):  # it ends up in admins' terminals (hacct)
         raise HorusError(f"workload token: {what} has control characters")
     return text
 
