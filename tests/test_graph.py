@@ -29,6 +29,14 @@ def test_unbound_dimension_is_named(tmp_path):
     assert r.unknown_dims == ["tokens"]
     r = extract_features(mlp(tmp_path / "m.onnx", batch="tokens"), dims={"tokens": 3})
     assert r.unknown_dims == [] and r.bound_dims == {"tokens": 3}
+    assert r.unused_dims == [] and not r.warnings()
+
+
+def test_a_dim_the_model_lacks_is_reported(tmp_path):
+    # a typo in --dim (seq for tokens) would otherwise pass silently and leave the job unpredicted
+    r = extract_features(mlp(tmp_path / "m.onnx", batch="tokens"), dims={"tokens": 3, "seq": 128})
+    assert r.unused_dims == ["seq"] and r.bound_dims == {"tokens": 3}
+    assert any("--dim seq" in w and "no dimension" in w for w in r.warnings())
 
 
 def test_missing_external_data_is_fine(tmp_path):

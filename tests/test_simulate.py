@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -808,3 +809,28 @@ def test_simulate_takes_the_slowdown_bound_from_the_policy_file(tmp_path):
     strict, loose = horus(), horus("--slowdown-bound", "3")
     assert strict == horus("--slowdown-bound", "1.1")
     assert strict["p95_slowdown"] <= 1.1 < loose["p95_slowdown"]
+
+
+def test_budget_shortcut_never_refuses_a_join_the_exact_test_takes():
+    # _over_budget refuses a join from the newcomer's share alone; it must never refuse one the
+    # full test (risk + added + z x sd <= budget, over any partners) would have taken
+    from slurm_horus.sim.placement import TAIL_Z, Placement
+    rng = np.random.default_rng(7)
+    p = object.__new__(Placement)
+    refused = 0
+    for _ in range(20000):
+        p.risk = float(rng.uniform(0, 50))
+        p.risk_var = float(rng.choice([0.0, rng.uniform(0, 1), rng.uniform(0, 40)]))
+        budget = float(rng.uniform(0, 60))
+        r = float(rng.choice([0.0, rng.uniform(0, 1), 1.0]))
+        added, var = r, r * (1 - r)
+        for _ in range(int(rng.integers(0, 4))):
+            new, old = sorted(rng.uniform(0, 1, 2))[::-1] if rng.random() < 0.5 else rng.uniform(0, 1, 2)
+            if new > old:
+                added += new - old
+                var += new * (1 - new) - old * (1 - old)
+        exact_refuses = p.risk + added + TAIL_Z * max(p.risk_var + var, 0.0) ** 0.5 > budget
+        if p._over_budget(r, budget):
+            refused += 1
+            assert exact_refuses
+    assert refused > 1000  # the shortcut does refuse (it is what saves the time)

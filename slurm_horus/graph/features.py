@@ -50,6 +50,7 @@ class FeatureReport:
     bound_dims: dict[str, int]
     missing_external_data: list[str] = field(default_factory=list)
     assumed_shapes: list[str] = field(default_factory=list)
+    unused_dims: list[str] = field(default_factory=list)
     version: int = FEATURE_VERSION
 
     def warnings(self) -> list[str]:
@@ -62,6 +63,9 @@ class FeatureReport:
         if self.assumed_shapes:
             out.append(f"shape of {_few(self.assumed_shapes)} assumed equal to its op's largest "
                        "input (ONNX cannot infer it)")
+        if self.unused_dims:
+            out.append(f"--dim {_few(self.unused_dims)}: the model has no dimension of that name; "
+                       "ignored")
         return out
 
     def require_bound(self) -> None:
@@ -147,7 +151,8 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         model=str(graph.path), sha256=graph.sha256, values=values, nodes=costs, by_op=by_op,
         unknown_ops=sorted({c.op_type for c in costs if not c.has_rule}),
         unknown_dims=graph.unknown_dims, bound_dims=graph.bound_dims,
-        missing_external_data=graph.missing_external_data, assumed_shapes=graph.assumed_shapes)
+        missing_external_data=graph.missing_external_data, assumed_shapes=graph.assumed_shapes,
+        unused_dims=graph.unused_dims)
 
 
 def _few(names: list[str], n: int = 4) -> str:

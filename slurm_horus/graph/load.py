@@ -83,6 +83,7 @@ class Graph:
     unknown_dims: list[str]
     missing_external_data: list[str] = field(default_factory=list)
     assumed_shapes: list[str] = field(default_factory=list)  # outputs of ops ONNX cannot infer
+    unused_dims: list[str] = field(default_factory=list)  # --dim names the graph does not have
     opset: int = 0
     producer: str = ""
     sha256: str = ""
@@ -120,6 +121,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     # Constants, so this order stays valid to the end.
     nodes = _topological_order(graph, path)
     _check_static_dims(graph, path)
+    unused = sorted(set(dims) - _symbolic_names(graph))
     bound = _bind_inputs(graph, batch_size, dims)
     _check_input_dims(graph, path)
     _bind_annotations(graph, {**bound, **dims})
@@ -150,7 +152,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                  graph_inputs=[i.name for i in graph.input if i.name not in initializers],
                  graph_outputs=[o.name for o in graph.output], bound_dims=bound,
                  unknown_dims=unknown, missing_external_data=missing,
-                 assumed_shapes=sorted(assumed), opset=opset,
+                 assumed_shapes=sorted(assumed), unused_dims=unused, opset=opset,
                  producer=model.producer_name, sha256=sha256)
 
 
@@ -291,6 +293,14 @@ def _topological_order(graph, path: Path) -> list:
         raise ModelError(f"{path}: the graph has a cycle (through node "
                          f"'{stuck.name or stuck.op_type}')")
     return [graph.node[i] for i in order]
+
+
+def _symbolic_names(graph) -> set[str]:
+    """The symbolic dimension names of the graph's inputs and annotated tensors: what --dim
+    can bind (a name outside them is a typo the user should hear of)."""
+    return {d.dim_param for vi in (*graph.input, *graph.value_info, *graph.output)
+            if vi.type.HasField("tensor_type")
+            for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}
 
 
 def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:

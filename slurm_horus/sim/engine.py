@@ -374,9 +374,9 @@ class Simulator(Placement):
                     if excl is None and shards < memo[key + 1]:
                         memo[key + 1] = shards
                 else:
-                    fails[key].append((u, m))
+                    _add_failure(fails[key], u, m)
                     if excl is None:
-                        fails[key + 1].append((u, m))
+                        _add_failure(fails[key + 1], u, m)
                 continue
             del q[pos - gone]
             gone += 1
@@ -494,6 +494,14 @@ class Simulator(Placement):
         out = metrics(self, t0, rejected, unschedulable, time.perf_counter() - t_wall)
         out["sim_cpu_s"] = time.process_time() - t_cpu
         return out
+
+
+def _add_failure(fails: list[tuple[float, float]], u: float, m: float) -> None:
+    """Record that a shareable job of (util u, memory m) did not fit.  Only the minimal failures
+    matter (a job no smaller than one of them cannot fit either), so those the new one is no
+    larger than are dropped: the list stays short where a pass tries many jobs."""
+    fails[:] = [f for f in fails if f[0] < u or f[1] < m]
+    fails.append((u, m))
 
 
 def simulate(cluster: ClusterSpec, jobs: Sequence[SimJob], policy: str, *,

@@ -30,6 +30,7 @@ import bisect
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Sequence
 
 from slurm_horus.errors import HorusError
 
@@ -126,15 +127,25 @@ class Interference:
         """The share of jobs (over the sensitivity spread) that run slower than 1 / ``bound``
         among ``n_jobs`` co-located jobs whose solo utils sum to ``sum_util_pct``: P(k > k*),
         k* the sensitivity at which speed() reaches 1 / bound."""
+        return self.exceed_shares(sum_util_pct, n_jobs, (bound,), sigma)[0]
+
+    def exceed_shares(self, sum_util_pct: float, n_jobs: int, bounds: Sequence[float],
+                      sigma: float = SENSITIVITY_SIGMA) -> list[float]:
+        """:meth:`exceed_share` for each of ``bounds`` in one group (the curve read once)."""
         if n_jobs <= 1:
-            return 0.0
+            return [0.0 for _ in bounds]
         loss = 1.0 - self.speed(sum_util_pct, 2)  # the median loss (mem_bw_penalty off)
-        need = 1.0 / bound / self._crowd(n_jobs)
-        if need >= 1.0:
-            return 1.0
-        if loss <= 0.0 or self.points[-1][1] >= need:
-            return 0.0  # no loss, or even the worst case stays within the bound
-        return share_above((1.0 - need) / loss, sigma)
+        crowd, worst = self._crowd(n_jobs), self.points[-1][1]
+        out = []
+        for bound in bounds:
+            need = 1.0 / bound / crowd
+            if need >= 1.0:
+                out.append(1.0)
+            elif loss <= 0.0 or worst >= need:
+                out.append(0.0)  # no loss, or even the worst case stays within the bound
+            else:
+                out.append(share_above((1.0 - need) / loss, sigma))
+        return out
 
     def loss_rates(self, sum_util_pct: float, n_jobs: int) -> tuple[float, float]:
         """(c, c x L) of a job among ``n_jobs`` whose utils sum to ``sum_util_pct``: its speed is

@@ -186,6 +186,9 @@ class Placement:
         pressure = len(self.queue) > self.n_idle  # not every waiting job can have an idle GPU
         if best_cost <= min(rx[t] for t in req.types) and not pressure:
             return best
+        budget = self.risk_share * (self.n_first + 1)
+        if self._over_budget(0.0, budget):
+            return best  # spent: no join passes the budget's test (_join_risk), wherever it is
         ok = (self.mroom >= m) & (self.uroom >= u)
         if len(self.types) > 1 and len(req.types) < len(self.types):
             ok &= np.isin(self.gtype_np, req.types)
@@ -195,9 +198,8 @@ class Placement:
         if not len(cand):
             return best
         g = int(cand[np.argmin(self.rank[cand])])
-        risk = self._join_risk(g, u, lim)
-        spread = TAIL_Z * max(self.risk_var + risk[2], 0.0) ** 0.5
-        if self.risk + risk[1] + spread > self.risk_share * (self.n_first + 1):
+        risk = self._join_risk(g, u, lim, budget)
+        if risk is None or self.risk + risk[1] + TAIL_Z * max(self.risk_var + risk[2], 0.0) ** 0.5 > budget:
             return best  # the predicted tail may use up more than the bound's share
         # co-locate on a faster type rather than run alone on a slower one when the predicted
         # slowdown there costs less than the slower GPU does; when the least-tail group is on
@@ -232,7 +234,8 @@ class Placement:
                     best, best_key = min(idle), key
         return None if best is None else [best]
 
-    def _join_risk(self, g: int, u: float, lim: float) -> tuple[list[tuple[int, float]], float, float]:
+    def _join_risk(self, g: int, u: float, lim: float, budget: float = INF
+                   ) -> tuple[list[tuple[int, float]], float, float] | None:
         """What a job of predicted util u and time limit lim joining GPU g's group does to the
         slowdown tail: ([(job, share)], added, added variance).  share: the chance (over the
         sensitivity spread, on predicted utils) that the job ends beyond the bound; added: how
@@ -241,21 +244,34 @@ class Placement:
         the sum of share x (1 - share)).  A job co-located for a fraction f of its work is
         beyond the bound b only if its speed there is below 1 / (1 + (b - 1) / f); f is
         estimated from the time limits, the only lengths Slurm knows: min(1, partner's limit /
-        own limit)."""
-        su, n, b, ex = float(self.pu[g]) + u, int(self.ns[g]) + 1, self.bound, self.itf.exceed_share
+        own limit).  None when the newcomer's share alone fails the budget's test (risk + added
+        + TAIL_Z x its standard deviation <= ``budget``) whatever the partners add
+        (_over_budget): the join would be refused anyway."""
+        su, n, b = float(self.pu[g]) + u, int(self.ns[g]) + 1, self.bound
         jrisk, cur_req, jlim = self.jrisk, self.cur_req, self.jlim
         res = [x for x in self.gjobs[g] if cur_req[x].share is not None]
         longest = max(jlim[x] for x in res)
-        r = ex(su, n, 1.0 + (b - 1.0) / min(1.0, longest / lim))
+        ex = self.itf.exceed_shares
+        r = ex(su, n, (1.0 + (b - 1.0) / min(1.0, longest / lim),))[0]
+        if self._over_budget(r, budget):
+            return None
         out, added, var = [(-1, r)], r, r * (1.0 - r)
-        for x in res:
-            r = ex(su, n, 1.0 + (b - 1.0) / min(1.0, lim / jlim[x]))
+        shares = ex(su, n, [1.0 + (b - 1.0) / min(1.0, lim / jlim[x]) for x in res])
+        for x, r in zip(res, shares):
             out.append((x, r))
             old = jrisk[x]
             if r > old:
                 added += r - old
                 var += r * (1.0 - r) - old * (1.0 - old)
         return out, added, var
+
+    def _over_budget(self, r: float, budget: float) -> bool:
+        """Whether a newcomer of share r fails the budget's test for certain: partners adding D
+        to the count lower its variance by at most D, and D + z sqrt(A - D) >= min(z sqrt(A), A)
+        (A the variance with the newcomer alone); it grows with r.  A margin leaves the cases
+        rounding could decide to the exact test."""
+        a = max(self.risk_var + r * (1.0 - r), 0.0)
+        return self.risk + r + min(TAIL_Z * a ** 0.5, a) > budget * (1.0 + 1e-9) + 1e-9
 
     def _charge_risk(self, j: int, g: int, share: tuple) -> None:
         """Charge the tail budget for job j joining GPU g's group (before it is counted there)."""
