@@ -187,8 +187,8 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--seed must be 0..4294967295")
         if bf_window < 0 or bf_interval < 0 or oom_delay < 0:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
-        if sigma_util < 0 or sigma_mem < 0:
-            raise HorusError("--sigma-util and --sigma-mem must be >= 0")
+        if not (0 <= sigma_util <= 5 and 0 <= sigma_mem <= 5):
+            raise HorusError("--sigma-util and --sigma-mem must be in 0..5 (lognormal sigmas)")
         if repeat_share is not None and (sacct or ledger):
             raise HorusError("--repeat-share applies to generated traces, not to --sacct or --ledger")
         if history_lag < 0:

@@ -11,6 +11,7 @@ from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.slurm.parse import expand_hostlist, node_lines, parse_conf_lines, parse_gres
 
 MAX_CLUSTER_GPUS = 1_000_000  # the simulator keeps per-GPU arrays: a bound on what it is asked
+MAX_GPU_MEM_MIB = 16 * 1024 * 1024  # 16 TiB: no GPU has more (a bound on what the file says)
 
 __all__ = ["NodeSpec", "ClusterSpec", "homogeneous_cluster", "cluster_from_json", "cluster_from_slurm_conf"]
 
@@ -78,17 +79,21 @@ def homogeneous_cluster(gpus: int, gpu_type: str = "a100", per_node: int = 8) ->
     return ClusterSpec(tuple(nodes))
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def cluster_from_json(text: str) -> ClusterSpec:
     """``{"nodes": [{"name": "g01", "gpu_type": "a100", "gpus": 8, "count": 1, "mem_mib": ...}]}``
     (``count``: that many identical nodes, named name-0, name-1, ...; default 1)."""
     try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise HorusError(f"cluster file: not JSON ({e})") from None
+        data = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise HorusError(f"cluster file: not JSON ({str(e).splitlines()[0][:200]})") from None
     raw = data.get("nodes") if isinstance(data, dict) else data
     if not isinstance(raw, list) or not raw:
         raise HorusError("cluster file: need {\"nodes\": [{\"name\", \"gpu_type\", \"gpus\"}, ...]}")
-    nodes, total = [], 0
+    nodes, total, mems = [], 0, {}
     for i, e in enumerate(raw, 1):
         if not isinstance(e, dict):
             raise HorusError(f"cluster file: node #{i} is not an object")
@@ -101,8 +106,13 @@ def cluster_from_json(text: str) -> ClusterSpec:
                 or not isinstance(count, int) or count < 1:
             raise HorusError(f"cluster file: node #{i}: gpus and count must be positive integers")
         mem = e.get("mem_mib")
-        if mem is not None and (not isinstance(mem, (int, float)) or mem <= 0):
-            raise HorusError(f"cluster file: node #{i}: bad mem_mib")
+        if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (int, float))
+                                or not 0 < mem <= MAX_GPU_MEM_MIB):
+            raise HorusError(f"cluster file: node #{i}: mem_mib must be a number of MiB in "
+                             f"(0, {MAX_GPU_MEM_MIB:,}]")
+        if mem is not None and mems.setdefault(gtype, mem) != mem:
+            raise HorusError(f"cluster file: node #{i}: {gtype} GPUs with mem_mib {mem} and "
+                             f"{mems[gtype]}: one size per type (name the other type apart)")
         name = str(e.get("name") or f"node{i}")
         total += gpus * count
         if total > MAX_CLUSTER_GPUS:

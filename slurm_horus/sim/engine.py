@@ -73,8 +73,9 @@ class Simulator(Placement):
         self.types = cluster.gpu_types
         self.tmem = [cluster.mem_mib(t) for t in self.types]
         self.table = job_table(self.jobs, self.types, self.tmem, table)
-        if slowdown_bound < 1.0 or max_group < 1:
-            raise HorusError("--slowdown-bound must be >= 1 and --max-group >= 1")
+        if slowdown_bound < 1.0 or not 1 <= max_group <= self.S:
+            raise HorusError(f"--slowdown-bound must be >= 1 and --max-group in 1..{self.S} "
+                             "(each job holds at least one shard)")
         self.max_group = int(max_group)
         self.umax = pair_limits(self.itf, slowdown_bound, self.max_group)
         if not 0.0 < slowdown_quantile < 1.0:
@@ -178,9 +179,9 @@ class Simulator(Placement):
         if oom:
             self.failing[j] = True
             self.version[j] += 1
-            end = now + self.oom_delay
-            self.limit_end[j] = end
-            self._push(end, _FINISH, j, self.version[j])
+            # it dies oom_delay in, but Slurm (reservations, drains) knows only its time limit
+            self.limit_end[j] = now + self.jobs[j].limit
+            self._push(now + self.oom_delay, _FINISH, j, self.version[j])
         else:
             self.failing[j] = False
             self.remaining[j] = self.jdur[j][t]
@@ -542,7 +543,7 @@ def run_policies(cluster: ClusterSpec, jobs: Sequence[SimJob], policies: Iterabl
     table = job_table(jobs, types, mem, table)
     with HorusDecider(types, mem, policy_path, hook_path) as decider:
         S = decider.shards_per_gpu
-        if not 1 <= naive_shards <= S:
+        if "naive" in policies and not 1 <= naive_shards <= S:
             raise HorusError(f"--naive-shards must be in 1..{S}")
         results = {}
         for p in policies:

@@ -17,15 +17,23 @@ def pct(xs: list[float], p: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def _slowdown(sim, i: int) -> float:
+    ran, solo = sim.end[i] - sim.start[i], sim.solo[i]
+    if not sim.timed_out[i]:
+        return ran / solo
+    return ran / max(solo - sim.remaining[i], 1e-9 * solo)
+
+
 def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> dict[str, Any]:
     """Per-policy figures of the Simulator ``sim`` after its run (t0: the first submit)."""
     done = [i for i in range(len(sim.jobs)) if sim.end[i] >= 0 and not sim.failed[i]]
     jct = sorted(sim.end[i] - sim.jobs[i].submit for i in done)
     waits = [sim.start[i] - sim.jobs[i].submit for i in done]
     # per-job slowdown: run time over the solo run time on the GPU type it ran on (interference
-    # only, not the type).  A job killed at its limit counts with what it reached by then (a
-    # lower bound of its slowdown): leaving it out would hide the worst-slowed jobs.
-    slow = sorted((sim.end[i] - sim.start[i]) / sim.solo[i] for i in done)
+    # only, not the type).  A job killed at its time limit counts at the slowdown it ran at: its
+    # run time over the solo work it did, above its limit over its solo time (counting it at
+    # that, the kill time, had put a job killed on a T4 exactly at a bound of 2, never beyond).
+    slow = sorted(_slowdown(sim, i) for i in done)
     win = sim.w_end - t0
     in_win = sum(1 for i in done if sim.end[i] <= sim.w_end)
     t_end = max((sim.end[i] for i in range(len(sim.jobs)) if sim.end[i] >= 0), default=t0)

@@ -3,7 +3,7 @@ fits now (best fit; the horus scheduler's spread-then-pack), and when one will f
 reservations by running jobs' time limits).
 
 :class:`Placement` is the base of :class:`slurm_horus.sim.engine.Simulator`, which owns the jobs
-and the event loop; this half only reads of them ``cur_req``, ``ends``, ``limit_end``, the
+and the event loop; this half only reads of them ``cur_req``, ``ends``, ``limit_end``, ``timed_out``, the
 wait ``queue`` (its length: queue pressure) and ``now``.  The
 state is kept in flat lists and numpy arrays indexed by GPU, updated incrementally, because
 placement runs at every event of a 100k-job run.
@@ -321,6 +321,11 @@ class Placement:
         the run was alone or lost nothing, else k > (run - integral of (1 - c) - run / b) /
         integral of c L (the floor left out: an upper bound of the chance)."""
         self._accrue(j, now)
+        if self.timed_out[j]:
+            # Slurm says TIMEOUT: a job alone never runs past its limit, which is at least twice
+            # its solo time on the slowest type, so interference took it there
+            self._set_jrisk(j, 1.0)
+            return
         lost_c, lost_k, lossy = self.lost_c[j], self.lost_k[j], self.lossy[j]
         spare = ran - lost_c - ran / self.bound  # the time it may still lose: k L integrated
         if spare - (1.0 - self.itf.points[-1][1]) * lossy >= 0.0:
