@@ -141,6 +141,34 @@ def test_timeout_when_interference_pushes_a_job_past_its_limit():
     jobs = [job(0, 0, 1000, util=90, limit=1200), job(1, 0, 1000, util=90, limit=1200)]
     sim, m = run(one_node(1), jobs, [Request((0,), 50, 1)] * 2, interference=itf)
     assert m["timeouts"] == 2 and sim.end[0] == pytest.approx(1200)
+    # each did 480 s of its 1000 s in 1200 s: it ran at slowdown 2.5, beyond a bound of 2 (at
+    # its kill time, 1.2, it had counted as within it)
+    assert m["p95_slowdown"] == pytest.approx(2.5) and m["beyond_bound"] == 2
+
+
+def test_a_timed_out_shared_job_settles_its_tail_charge_at_one():
+    itf = Interference(((0, 1.0), (75, 1.0), (100, 0.4)))
+    # predicted 10 % each (a free pair), truly 90 %: they slow each other past their limits
+    jobs = [job(i, 0, 1000, util=10, limit=1200, true=(90, 2000)) for i in range(2)]
+    share = (10.0, 2000.0, (1.0,), 1200.0)
+    sim, m = run(one_node(1), jobs, [Request((0,), 1, 1, share)] * 2, interference=itf, max_group=2)
+    assert m["timeouts"] == 2 and sim.jrisk == [1.0, 1.0] and m["expected_beyond"] == pytest.approx(2.0)
+
+
+def test_cluster_file_refuses_what_no_gpu_has():
+    for text, words in [('{"nodes": [{"gpu_type": "a100", "gpus": 8, "mem_mib": NaN}]}', "NaN"),
+                        ('{"nodes": [{"gpu_type": "a100", "gpus": 8, "mem_mib": Infinity}]}', "Infinity"),
+                        ('{"nodes": [{"gpu_type": "a100", "gpus": 8, "mem_mib": true}]}', "mem_mib"),
+                        ("[" * 100000, "not JSON"),
+                        ('{"nodes": [{"gpu_type": "a100", "gpus": 8, "mem_mib": 40960},'
+                         ' {"gpu_type": "a100", "gpus": 8, "mem_mib": 81920}]}', "one size per type")]:
+        with pytest.raises(HorusError, match=words):
+            cluster_from_json(text)
+
+
+def test_max_group_is_bounded_by_the_shards_per_gpu():
+    with pytest.raises(HorusError, match="max-group in 1..100"):
+        Simulator(one_node(1), [job(0, 0, 10)], [Request((0,), 100, 1)], 100, max_group=100_000_000)
 
 
 # -- the hook in the loop -----------------------------------------------------------------------
