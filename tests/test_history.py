@@ -203,10 +203,13 @@ def test_a_run_that_shared_its_gpu_teaches_memory_but_not_utilization(tmp_path):
     from slurm_horus.ledger import Ledger
     from slurm_horus.ledger.history_export import ledger_runs
 
+    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
     for jid, util, coloc in ((1, 90.0, []), (2, 45.0, [3]), (3, 40.0, [2])):
         L.record_submission(job_id=jid, cluster="c", user="alice", model_sha256="ab" * 32,
                             model_path="/m/resnet50.onnx", model_family="resnet50",
+                            features={n: 1.0 for n in FEATURE_NAMES}, feature_version=FEATURE_VERSION,
                             workload={"batch_size": 32, "task": "train"},
                             predictions={"a100-40gb": {"util_pct": 80.0, "mem_mib": 5000.0}})
         L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=util, util_max=99,
@@ -216,3 +219,44 @@ def test_a_run_that_shared_its_gpu_teaches_memory_but_not_utilization(tmp_path):
     runs = sorted(ledger_runs(L), key=lambda r: r["mem"])
     assert [r["mem"] for r in runs] == [5201.0, 5202.0, 5203.0]
     assert [r["util"] for r in runs] == [90.0, None, None]
+
+
+def test_only_completed_runs_of_a_graph_sync_verified_teach(tmp_path):
+    """A sha the user's comment claims (sync could not hash the file: no features) and a run
+    Slurm did not see complete (cancelled after seconds, before its peak) teach nothing: the
+    first let one user set another user's graph's history, the second answered a rerun with
+    a fraction of its need."""
+    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.ledger.history_export import ledger_runs
+    from slurm_horus.ledger.training import training_set
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    feats = {n: 1.0 for n in FEATURE_NAMES}
+    for jid, user, verified, state in ((1, "alice", True, "COMPLETED"), (2, "mallory", False, "COMPLETED"),
+                                       (3, "alice", True, "CANCELLED by 0"), (4, "alice", True, "FAILED")):
+        L.record_submission(job_id=jid, cluster="c", user=user, model_sha256="ab" * 32,
+                            model_path="/m/resnet50.onnx", features=feats if verified else None,
+                            feature_version=FEATURE_VERSION, workload={"batch_size": 32, "task": "train"},
+                            predictions={"a100-40gb": {"util_pct": 80.0, "mem_mib": 5000.0, "cold": {
+                                "util_pct": 80.0, "mem_mib": 5000.0}}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=50.0, util_max=99,
+                       mem_peak_mib=5000.0 + jid, gpu_index=0, state=state, elapsed_s=600,
+                       node="n1", gpu_type="a100-40gb", start_time=1700000000, end_time=1700000600)
+    assert [r["mem"] for r in ledger_runs(L)] == [5001.0]
+    assert training_set(L).keys == ["c/1"]
+
+
+def test_one_user_with_many_graphs_counts_as_one_user_in_the_site_offset():
+    """Six users' graphs measure 300 MiB over the cold start; one user runs twenty graphs that
+    measure 8 GB under it.  Counted per graph, that user set everyone's offset."""
+    def run(i, user, d):
+        return {"sha": f"{i:064x}", "gpu": "a100-40gb", "bs": 8, "task": "train", "opt": "adam",
+                "prec": "fp32", "dims": "", "mem": 12000.0 + d, "util": None,
+                "cold_mem": 12000.0, "cold_util": None, "user": user, "family": "resnet50"}
+    honest = [run(i, f"u{i}", 300.0 + 10 * i) for i in range(6)]
+    mallory = [run(100 + i, "mallory", -8000.0) for i in range(20)]
+    h = HistoryPredictor().fit(honest + mallory)
+    assert h.offsets["a100-40gb"]["cold-start"]["mem_mib"] == pytest.approx(325, abs=30)
+    fam = h.families["a100-40gb"]["resnet50"]["mem_log_ratio"]
+    assert fam > 0  # the family pool too: the honest users' graphs ran above the cold start

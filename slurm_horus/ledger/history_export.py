@@ -16,7 +16,7 @@ from sqlalchemy import and_, func, select
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, FeatureReport
 from slurm_horus.ledger import tables
-from slurm_horus.ledger.training import stored_cold
+from slurm_horus.ledger.training import completed_run, stored_cold
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.history import HistoryPredictor
@@ -36,7 +36,10 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
                    s.c.features, s.c.feature_version, s.c.workload, s.c.predictions,
                    j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib, j.c.colocated)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
-            .where(j.c.act_mem_mib > 0, j.c.gpu_type.isnot(None),
+            .where(j.c.act_mem_mib > 0, j.c.gpu_type.isnot(None), completed_run(j),
+                   # the graph is the one sync hashed and costed (features), not the sha the
+                   # user's comment claims: a claimed sha alone poisoned that graph's history
+                   s.c.features.isnot(None),
                    func.coalesce(j.c.failed_measurement, 0) == 0))
     catalog = default_catalog()
     gpus: dict = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, or_, select
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
@@ -48,6 +48,13 @@ def stored_cold(c: dict | None, gpu) -> Prediction:
                                  "host_ms_per_step": float(c.get("host_ms_per_step") or 0)})
 
 
+def completed_run(jobs):
+    """The SQL condition for a run whose measurement can teach: Slurm says it COMPLETED (a
+    cancelled, failed, preempted or timed-out run may have stopped before its peak), or an
+    admin's import (no state)."""
+    return or_(jobs.c.state.is_(None), jobs.c.state.like("COMPLETED%"))
+
+
 def training_set(ledger) -> TrainingSet:
     """Rows of measured jobs (utilization and memory both known, not a failed measurement)
     with features and the cold-start figures they were predicted with."""
@@ -58,7 +65,7 @@ def training_set(ledger) -> TrainingSet:
                    j.c.failed_measurement)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
             .where(j.c.act_util_pct.isnot(None), j.c.act_mem_mib > 0, s.c.features.isnot(None),
-                   j.c.gpu_type.isnot(None))
+                   j.c.gpu_type.isnot(None), completed_run(j))
             .order_by(j.c.cluster, j.c.job_id))
     catalog = default_catalog()
     gpus: dict = {}

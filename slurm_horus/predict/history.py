@@ -133,14 +133,43 @@ def _graph_summary(runs: list[dict], off: dict) -> tuple[float | None, float | N
             statistics.median(shifts) if shifts else None)
 
 
-def _pool(summaries: list[tuple[float | None, float | None]]) -> dict | None:
-    """Per-graph summaries pooled: median of the graphs, each graph counted once."""
-    ratios = [r for r, _ in summaries if r is not None]
-    shifts = [s for _, s in summaries if s is not None]
+def _pool(summaries: list[tuple[float | None, float | None]], users: list) -> dict | None:
+    """Per-graph summaries pooled: median of the graphs, each graph counted once and each
+    user's graphs weighing one user (_user_weights)."""
+    ratios = [(r, u) for (r, _), u in zip(summaries, users) if r is not None]
+    shifts = [(s, u) for (_, s), u in zip(summaries, users) if s is not None]
     if not ratios:
         return None
-    return {"mem_log_ratio": statistics.median(ratios),
-            "util_shift": statistics.median(shifts) if shifts else None, "n": len(ratios)}
+    return {"mem_log_ratio": _weighted_median(*_by_user(ratios)),
+            "util_shift": _weighted_median(*_by_user(shifts)) if shifts else None,
+            "n": len(ratios)}
+
+
+def _by_user(pairs: list[tuple[float, object]]) -> tuple[list[float], list[float]]:
+    """(values, weights) of (value, user) pairs, weights from _user_weights."""
+    return [v for v, _ in pairs], _user_weights([u for _, u in pairs])
+
+
+def _user_weights(users: list) -> list[float]:
+    """Each user's graphs share one unit of weight in a pooled median: a user who runs many
+    graphs (or names many files after one family) counts as one user of the site, not as
+    many (one user's runs had set every user's site offset)."""
+    counts = Counter(users)
+    return [1.0 / counts[u] for u in users]
+
+
+def _weighted_median(values: list[float], weights: list[float]) -> float:
+    """The median of ``values`` under ``weights`` (with equal weights, statistics.median)."""
+    pairs = sorted(zip(values, weights))
+    half = sum(weights) / 2.0
+    cum = 0.0
+    for i, (v, w) in enumerate(pairs):
+        cum += w
+        if math.isclose(cum, half, rel_tol=1e-9) and i + 1 < len(pairs):
+            return (v + pairs[i + 1][0]) / 2.0
+        if cum > half:
+            return v
+    return pairs[-1][0]
 
 
 @dataclass
@@ -221,7 +250,9 @@ class HistoryPredictor:
         out: dict[str, dict[str, dict]] = defaultdict(dict)
         for (gpu, name), graphs in sorted(by.items()):
             off = self.cold_offset(gpu)
-            pooled = _pool([_graph_summary(rs, off) for rs in graphs.values()])
+            pooled = _pool([_graph_summary(rs, off) for rs in graphs.values()],
+                           [Counter(r.get("user") for r in rs).most_common(1)[0][0]
+                            for rs in graphs.values()])
             if pooled:
                 out[gpu][name] = pooled
         return dict(out)
@@ -231,8 +262,10 @@ class HistoryPredictor:
         """Per GPU type and base predictor: median residual (measured - predicted) of memory
         and utilization, each graph's median counted once."""
         by = defaultdict(lambda: defaultdict(list))
+        owner: dict = {}
         for i, r in enumerate(runs):
             graph = r.get("sha") or f"#{i}"
+            owner.setdefault(graph, r.get("user"))
             if r.get("cold_mem"):
                 by[(r["gpu"], "cold-start")][graph].append(
                     (r["mem"] - r["cold_mem"], None if r.get("util") is None
@@ -246,10 +279,11 @@ class HistoryPredictor:
             jobs = sum(len(v) for v in graphs.values())
             if jobs < MIN_OFFSET_JOBS or len(graphs) < MIN_OFFSET_GRAPHS:
                 continue
-            mem = [statistics.median(m for m, _ in v) for v in graphs.values()]
-            util = [statistics.median(us) for v in graphs.values()
+            mem = [(statistics.median(m for m, _ in v), owner[g]) for g, v in graphs.items()]
+            util = [(statistics.median(us), owner[g]) for g, v in graphs.items()
                     if (us := [u for _, u in v if u is not None])]
-            out[gpu][base] = {"mem_mib": _shrunk_median(mem), "util_pp": _shrunk_median(util),
+            out[gpu][base] = {"mem_mib": _shrunk_median(*_by_user(mem)),
+                              "util_pp": _shrunk_median(*_by_user(util)),
                               "n": len(graphs)}
         return dict(out)
 
@@ -390,16 +424,17 @@ def _shifted(mem: float, off: dict) -> float:
     return max(mem + off["mem_mib"], 0.5 * mem)
 
 
-def _shrunk_median(values: list[float]) -> float:
-    """The median of per-graph residuals, shrunk towards 0 by its own uncertainty: a fixed
-    site cost shows in every graph alike and is kept whole; scattered residuals (the
+def _shrunk_median(values: list[float], weights: list[float]) -> float:
+    """The (weighted) median of per-graph residuals, shrunk towards 0 by its own uncertainty:
+    a fixed site cost shows in every graph alike and is kept whole; scattered residuals (the
     predictor's own errors, differing per model) mostly cancel (James-Stein on the median,
-    its standard error from the MAD)."""
+    its standard error from the MAD and the weights' effective count)."""
     if len(values) < 2:
         return 0.0
-    med = statistics.median(values)
-    mad = 1.4826 * statistics.median(abs(v - med) for v in values)
-    se = 1.2533 * mad / math.sqrt(len(values))
+    med = _weighted_median(values, weights)
+    mad = 1.4826 * _weighted_median([abs(v - med) for v in values], weights)
+    n_eff = sum(weights) ** 2 / sum(w * w for w in weights)
+    se = 1.2533 * mad / math.sqrt(n_eff)
     return med * max(0.0, 1.0 - (se / med) ** 2) if med else 0.0
 
 
