@@ -58,11 +58,16 @@ def test_model_above_2gb_loads_from_its_graph(tmp_path):
     assert r.values["flops"] == 2 * 8 * 50_000 * 30_000
 
 
-@pytest.mark.parametrize("location", ["../secret.bin", "/etc/passwd", "a/../../x.bin"])
+@pytest.mark.parametrize("location", ["../secret.bin", "/etc/passwd", "a/../../x.bin", "a\0b.bin"])
 def test_external_data_outside_folder_is_refused(tmp_path, location):
     path = mlp(tmp_path / "m.onnx", location=location)
     with pytest.raises(ModelError, match="outside the model's folder"):
         load_graph(path, batch_size=1)
+
+
+def test_external_data_name_too_long_for_the_system_is_missing_data(tmp_path):
+    path = mlp(tmp_path / "m.onnx", location="x" * 5000 + ".bin")
+    assert load_graph(path, batch_size=1).missing_external_data == ["x" * 5000 + ".bin"]
 
 
 def test_external_data_symlink_escaping_folder_is_refused(tmp_path):
@@ -175,3 +180,23 @@ def test_bad_input_gets_one_line_error(tmp_path, case):
     assert "Traceback" not in proc.stderr
     import re
     assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_folding_refuses_a_broadcast_bomb_before_allocating_it():
+    # two 65,536-element constants broadcast to 4.3e9 elements: a 131 kB file had taken 8 GB
+    # (and root's sync recomputes users' models)
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from slurm_horus.graph.shapefold import fold_shapes
+
+    a = numpy_helper.from_array(np.zeros((65536, 1), np.int8), "a")
+    b = numpy_helper.from_array(np.zeros((1, 65536), np.int8), "b")
+    c = numpy_helper.from_array(np.arange(4, dtype=np.int64).reshape(4, 1), "c")
+    nodes = [helper.make_node("Add", ["a", "b"], ["ab"]), helper.make_node("Gather", ["b", "a"], ["g"]),
+             helper.make_node("Add", ["c", "c"], ["cc"])]
+    out = [helper.make_tensor_value_info(n, onnx.TensorProto.INT8, None) for n in ("ab", "g", "cc")]
+    model = helper.make_model(helper.make_graph(nodes, "bomb", [], out, [a, b, c]))
+    assert fold_shapes(model, lambda name: None) == 1  # only the small Add
+    assert [n.op_type for n in model.graph.node] == ["Add", "Gather", "Constant"]

@@ -246,13 +246,20 @@ def _check_external_data(model, folder: Path, onnx) -> list[str]:
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
         if location in checked:
             continue
-        target = (folder / location).resolve()
-        if (not location or os.path.isabs(location) or ".." in Path(location).parts
-                or not target.is_relative_to(folder)):
+        try:
+            target = (folder / location).resolve() if "\0" not in location else None
+        except (OSError, ValueError, RuntimeError):  # too long, a symlink loop
+            target = None
+        if (target is None or not location or os.path.isabs(location)
+                or ".." in Path(location).parts or not target.is_relative_to(folder)):
             raise ModelError(f"tensor '{tensor.name}': external-data path '{location}' points "
                              "outside the model's folder; refusing it")
         checked.add(location)
-        if not target.exists():
+        try:
+            exists = target.exists()
+        except (OSError, ValueError):
+            exists = False
+        if not exists:
             missing.add(location)
     return sorted(missing)
 

@@ -52,6 +52,9 @@ def fold_shapes(model, shape_of) -> int:
             shape = None
         attrs = {a.name: _attr(a) for a in node.attribute}
         try:
+            if _result_bound(op, inputs, attrs) > MAX_FOLD_ELEMENTS:
+                continue  # checked before numpy allocates it: two 65k-element inputs broadcast
+                # to 4e9 elements (GBs) in a file of 131 kB
             result = np.asarray(EVALUATORS[op](inputs, attrs, shape))
         except Exception:  # an op form we do not evaluate: leave it to shape inference
             continue
@@ -65,6 +68,26 @@ def fold_shapes(model, shape_of) -> int:
                                                     name=node.name, value=tensor))
         folded += 1
     return folded
+
+
+_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Mod", "Equal", "Less", "Greater", "And", "Or",
+                 "Where", "Min", "Max"}
+
+
+def _result_bound(op: str, inputs, attrs) -> int:
+    """The most elements evaluating ``op`` can produce, before it is evaluated (0: no more
+    than its inputs; the ops that build a shape from values check it themselves)."""
+    import numpy as np
+
+    if op in _BROADCASTING:
+        return _numel(np.broadcast_shapes(*(x.shape for x in inputs if x is not None)))
+    if op == "Gather":
+        data, idx = inputs[0], inputs[1]
+        axis = attrs.get("axis", 0) % max(data.ndim, 1)
+        return (data.size // max(data.shape[axis], 1) if data.ndim else 1) * max(idx.size, 1)
+    if op == "Concat":
+        return sum(x.size for x in inputs if x is not None)
+    return 0
 
 
 def _numel(dims) -> int:
