@@ -1,4 +1,4 @@
-"""hsubmit's and sync's Slurm reads with each backend (cli: scontrol/sacct; pyslurm: the C API).
+"""hsubmit's Slurm reads with each backend (cli: scontrol/sinfo; pyslurm: the C API).
 
 Needs a running local cluster whose Slurm matches the installed pyslurm (25.11):
 
@@ -7,7 +7,7 @@ Needs a running local cluster whose Slurm matches the installed pyslurm (25.11):
 
 (a) hsubmit --explain (a fresh process each run: the Slurm reads plus the prediction), median wall;
 (b) the reads alone in a fresh process: the default partition and its GPU types (what hsubmit
-    asks Slurm), and the accounting records of the last day (what horus-admin sync reads);
+    asks Slurm). Accounting is sacct's on either backend (pyslurm has no GPU usage TRES);
 Runs alternate the backends. Prints a markdown table; submits nothing.
 """
 
@@ -26,10 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "tests" / "data" / "zoo"
 READS = {
     "hsubmit reads (partition, GPU types)":
-        "from slurm_horus import slurm; slurm.partition_gpu_types(None)",
-    "sync reads (accounting, last 24 h)":
-        "import time; from slurm_horus import slurm; "
-        "print(len(slurm.accounting_jobs(time.time() - 86400, time.time())))",
+        "from slurm_horus.slurm import commands; commands.partition_gpu_types(None)",
 }
 HSUBMIT = [sys.executable, "-m", "slurm_horus.cli.hsubmit", "--model", str(ZOO / "mobilenet_v2.onnx"),
            "--batch-size", "8", "--task", "infer", "--gres=gpu:1", "--explain", "--wrap", "true"]
@@ -52,7 +49,6 @@ def main():
     if not os.environ.get("SLURM_CONF"):
         raise SystemExit("SLURM_CONF unset: start the 25.11 cluster and source its env.sh")
     rows = {}
-    counts = {}
     with tempfile.TemporaryDirectory() as cwd:
         cases = [("hsubmit --explain (whole command)", HSUBMIT)]
         cases += [(name, [sys.executable, "-c", code]) for name, code in READS.items()]
@@ -63,8 +59,6 @@ def main():
                     env = {**os.environ, "HORUS_SLURM_BACKEND": be, "PYTHONPATH": str(ROOT)}
                     dt, out = timed(cmd, env, cwd)
                     times[be].append(dt)
-                    if name.startswith("sync"):
-                        counts[be] = out
             rows[name] = {be: statistics.median(v) for be, v in times.items()}
     version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()
     print(f"{version}, {args.runs} runs each, median wall seconds of a fresh process\n")
@@ -72,7 +66,6 @@ def main():
     print("|---|---:|---:|")
     for name, r in rows.items():
         print(f"| {name} | {r['cli']:.3f} | {r['pyslurm']:.3f} |")
-    print(f"\naccounting records read: cli {counts.get('cli')}, pyslurm {counts.get('pyslurm')}")
 
 
 if __name__ == "__main__":

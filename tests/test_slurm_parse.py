@@ -92,10 +92,11 @@ def test_parse_gres_forms():
 
 
 def test_squeue_json_gres_detail():
-    jobs = {j["job_id"]: j for j in sp.squeue_json_jobs(out("squeue_json"))}
-    assert jobs[1]["gres"] == [{"name": "shard", "type": None, "count": 30, "idx": [0]}]
-    assert jobs[3]["gres"][0]["name"] == "gpu" and jobs[3]["tres_per_node"] == "gres:gpu:1"
-    assert jobs[1]["comment"] == "fixture-running"
+    jobs = {j["JobId"]: j for j in sp.squeue_json_records(out("squeue_json"))}
+    assert sp.job_gpus_on_node(jobs["1"], "gpu-a100") == {"shards": 30, "gpus": None, "indices": [0],
+                                                        "type": None}
+    assert sp.job_gpus_on_node(jobs["3"], "gpu-a100")["indices"] == [1]
+    assert jobs["3"]["TresPerNode"] == "gres:gpu:1" and jobs["1"]["Comment"] == "fixture-running"
 
 
 def test_squeue_and_sinfo_text():

@@ -48,14 +48,16 @@ def test_node_gres_has_typed_shards():
 
 def test_squeue_json_state_is_a_string_and_gres_detail_gives_the_gpu():
     raw = {j["job_id"]: j for j in json.loads(out("squeue_json"))["jobs"]}
-    jobs = {j["job_id"]: j for j in sp.squeue_json_jobs(out("squeue_json"))}
+    jobs = {int(j["JobId"]): j for j in sp.squeue_json_records(out("squeue_json"))}
     shard = IDS["running_shard_job"]
-    assert raw[shard]["job_state"] == ["RUNNING"] and jobs[shard]["state"] == "RUNNING"
-    assert jobs[shard]["tres_per_node"].startswith("gres/shard:")
-    (g,) = jobs[shard]["gres"]
-    assert g["name"] == "shard" and g["idx"] == [0]
-    (g,) = jobs[IDS["running_gpu_job"]]["gres"]
-    assert (g["name"], g["type"], g["count"]) == ("gpu", "a100", 1) and len(g["idx"]) == 1
+    assert raw[shard]["job_state"] == ["RUNNING"] and jobs[shard]["JobState"] == "RUNNING"
+    assert jobs[shard]["TresPerNode"].startswith("gres/shard:")
+    node = jobs[shard]["NodeList"]
+    g = sp.job_gpus_on_node(jobs[shard], node)
+    assert g["shards"] and g["indices"] == [0]
+    job = jobs[IDS["running_gpu_job"]]
+    g = sp.job_gpus_on_node(job, job["NodeList"])
+    assert (g["gpus"], g["type"]) == (1, "a100") and len(g["indices"]) == 1
 
 
 def test_shard_job_detail_lists_per_gpu_counts():
@@ -89,3 +91,16 @@ def test_sacct_json_has_no_gres_detail():
             assert set(gres) == {"shard"} and j["comment"]["job"].startswith("fixture-done horus:v1;")
         else:
             assert j["job_id"] == IDS["finished_gpu_job"] and gres == {"gpu": 2}
+
+
+def test_accounting_is_sacct_on_either_backend(monkeypatch):
+    """pyslurm's db.Job has no GPU usage TRES: the pyslurm backend had recorded none (a 25.11
+    site with NVML accounting and no probe measured nothing, silently)."""
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm.accounting import parse_sacct_json
+
+    recorded = (Path(__file__).parent / "fixtures" / "slurm-25.11" / "sacct_json_finished_gpu.stdout").read_text()
+    calls = []
+    monkeypatch.setattr(slurm, "run_sacct", lambda since, until: calls.append(1) or recorded)
+    monkeypatch.setattr(slurm, "backend", lambda: "pyslurm")
+    assert slurm.accounting_jobs(0, 1) == parse_sacct_json(recorded) and calls == [1]

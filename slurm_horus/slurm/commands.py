@@ -6,10 +6,9 @@
 
 ``HORUS_SLURM_BACKEND=cli|pyslurm`` picks one; unset (or ``auto``), pyslurm is used when it is
 installed and built for the Slurm the tools on PATH report (pyslurm X.Y pairs with Slurm X.Y and
-fails in odd ways on any other), else the CLI. Both give the same records: scontrol's record
-shape for nodes and partitions, ``parse.squeue_json_jobs``'s for running jobs, and
-``accounting.parse_job``'s flat dicts for accounting. Submission is always sbatch (every option
-exact).
+fails in odd ways on any other), else the CLI. Both give nodes and partitions in scontrol's
+record shape. Accounting is always sacct's (pyslurm has no GPU usage), running jobs squeue's
+(``parse.squeue_json_records``: what root acts on) and submission sbatch's (every option exact).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from slurm_horus.slurm.accounting import parse_sacct_json
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
            "default_partition", "node_gpu_types", "sbatch", "exec_sbatch", "private_jobs",
-           "backend", "slurm_version", "running_jobs", "run_sacct", "accounting_jobs"]
+           "backend", "slurm_version", "run_sacct", "accounting_jobs"]
 
 TIMEOUT_S = 30
 BACKENDS = ("cli", "pyslurm")
@@ -118,15 +117,6 @@ def scontrol_partitions() -> list[dict]:
     return sp.parse_scontrol_records(run(["scontrol", "show", "partition", "-o"]))
 
 
-def running_jobs() -> list[dict]:
-    """Every job slurmctld still knows (any state, any partition), as
-    ``parse.squeue_json_jobs`` records; a running job's ``gres`` items carry the GPU
-    indices it holds (``idx``)."""
-    if backend() == "pyslurm":
-        return pyslurm_backend.running_jobs()
-    return sp.squeue_json_jobs(run(["squeue", "--json", "--all", "--states=all"]))
-
-
 def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:
     """``sacct --json`` of every user's jobs between ``since`` and ``until`` (epoch seconds)."""
     fmt = "%Y-%m-%dT%H:%M:%S"
@@ -137,9 +127,8 @@ def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:
 
 def accounting_jobs(since: float, until: float) -> list[dict]:
     """Jobs in Slurm accounting between ``since`` and ``until`` (epoch seconds), every user's,
-    as ``accounting.parse_job`` flat dicts."""
-    if backend() == "pyslurm":
-        return pyslurm_backend.accounting_jobs(since, until)
+    as ``accounting.parse_job`` flat dicts: from sacct on either backend, since pyslurm's
+    db.Job carries no usage TRES (gres/gpuutil, gres/gpumem), the GPU use sync records."""
     return parse_sacct_json(run_sacct(since, until))
 
 

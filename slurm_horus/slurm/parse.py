@@ -18,7 +18,7 @@ __all__ = [
     "parse_scontrol_records", "parse_gres", "gpu_types_of_node", "partition_gpu_types",
     "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config",
     "expand_hostlist", "parse_conf_lines", "parse_pipe_table",
-    "job_gpus_on_node", "parse_listpids", "job_state", "sinfo_json_nodes", "squeue_json_jobs",
+    "job_gpus_on_node", "parse_listpids", "job_state", "sinfo_json_nodes",
     "squeue_json_records",
 ]
 
@@ -232,26 +232,6 @@ def _json_number(v):
     if isinstance(v, dict):
         return v.get("number") if v.get("set") and not v.get("infinite") else None
     return v
-
-
-def squeue_json_jobs(text: str) -> list[dict]:
-    """``squeue --json`` -> [{job_id, state, partition, nodes, tres_per_node, comment, features,
-    gres: [...from gres_detail]}]; ``state`` is the job's state on every version."""
-    data = json.loads(text)
-    out = []
-    for j in data.get("jobs", []):
-        detail = j.get("gres_detail") or []
-        gres = []
-        for d in detail:
-            gres.extend(parse_gres(d))
-        state = _json_state(j)
-        out.append({
-            "job_id": j.get("job_id"), "state": state,
-            "partition": j.get("partition"), "nodes": j.get("nodes"),
-            "tres_per_node": j.get("tres_per_node"), "comment": j.get("comment"),
-            "features": j.get("features"), "gres": gres,
-        })
-    return out
 
 
 def _array_ids(j: dict) -> dict:
