@@ -248,3 +248,9 @@ def test_a_ledger_or_registry_that_cannot_be_read_is_a_problem(tmp_path):
     (reg / "current.json").write_text("[" * 100_000 + "]" * 100_000)
     (p,) = check_registry(reg)
     assert "cannot be served" in p.what
+
+
+def test_the_shipped_policy_passes_the_pressure_check():
+    # a fresh install (no pressure_file yet) had failed doctor on the policy it ships
+    from slurm_horus.doctor import check_pressure_keys
+    assert check_pressure_keys(Path(__file__).resolve().parents[1] / "etc" / "horus_policy.conf") == []

@@ -60,10 +60,11 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
         click.echo(" ".join(report.COLUMNS.values()))
         return
     cols = report.parse_format(fmt)
-    try:
-        job_ids = [int(x.split(".")[0]) for x in _split(jobs)]
-    except ValueError:
-        job_ids = [-1]
+    ids = [x.split(".")[0] for x in _split(jobs)]
+    if any("_" in x for x in ids):  # int() reads 224_5 as 2245
+        raise HorusError("-j/--jobs: the ledger keys array tasks by their own job ids (the JobID "
+                         "column), not ArrayJobId_TaskId")
+    job_ids = [int(x) if x.isascii() and x.isdigit() else -1 for x in ids]
     if not all(0 < j < 2 ** 32 for j in job_ids):  # Slurm's ids are 32-bit
         raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}")
     state_list = [STATE_ABBREV.get(s.upper(), s.upper()) for s in _split(states)]
