@@ -291,3 +291,21 @@ def test_cli_refuses_unbound_dimensions_as_hsubmit_does(tmp_path):
         "(e.g. --dim seq=512)"]
     bound = _cli("predict", model, "-b", "8", "--dim", "seq=128", "--gpu", "a100", "--json", env=env)
     assert json.loads(bound.stdout)["mem_mib"] > 0
+
+
+def test_a_gpu_type_never_trained_on_gets_the_cold_start():
+    # trained on T4 runs alone, the model had answered every A100 job (util 20 points off)
+    rows, mem, util, cold = [], [], [], []
+    for name in ("resnet50", "mobilenet_v2", "small_cnn", "vgg16"):
+        for batch in (1, 2, 4, 8, 16, 32, 64):
+            report, w = _report(name, batch), Workload(batch_size=batch)
+            c = EST.predict(report, get_gpu("t4"), w)
+            m, u = _site_truth(report.values, get_gpu("t4"), w)
+            rows.append(input_row(report.values, get_gpu("t4"), w, c))
+            mem.append(m), util.append(u), cold.append(c.mem_mib)
+    model = fit(rows, mem, util, cold, max_iter=30)
+    report, w = _report("resnet50", 16), Workload(batch_size=16)
+    for gpu, served in (("t4", True), ("a100", False)):
+        c = EST.predict(report, get_gpu(gpu), w)
+        _, _, why = model.answer([input_row(report.values, get_gpu(gpu), w, c)], [c.mem_mib], [c.util_pct])
+        assert (why[0] == "") is served, gpu

@@ -283,7 +283,7 @@ def test_retrain_learns_from_sync_built_rows(tmp_path):
 
     zoo = Path(__file__).parent / "data" / "zoo"
     jobs, rng = [], random.Random(1)
-    for i in range(28):
+    for i in range(36):  # three graphs: each cross-validation fold trains on the other two's 24
         model = zoo / ("small_cnn.onnx", "mobilenet_v2.onnx", "resnet50.onnx")[i % 3]
         bs = (4, 8, 16, 32, 64, 128, 256, 2)[i % 8]
         sha = hashlib.sha256(model.read_bytes()).hexdigest()
@@ -302,8 +302,25 @@ def test_retrain_learns_from_sync_built_rows(tmp_path):
                          "average": [{"type": "gres", "name": "gpuutil", "count": util}]}}}]})
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     res = sync(L, sacct_json={"jobs": jobs}, node_types={"gpu-a100": "a100", "gpu-t4": "t4"})
-    assert res["recorded"] == res["features"] == 28
+    assert res["recorded"] == res["features"] == 36
     ts = training_set(L)
-    assert len(ts.X) == 28 and ts.skipped == 0
+    assert len(ts.X) == 36 and ts.skipped == 0 and len(set(ts.graphs)) == 3
     out = retrain(L, Registry(tmp_path / "models"), folds=4, max_iter=10, log=lambda m: None)
-    assert out["rows"] == 28 and out["version"] == "v0001"
+    assert out["rows"] == 36 and out["version"] == "v0001"
+
+
+def test_folds_keep_each_graph_whole():
+    """Reruns of one graph in the training and the scoring folds had made a model that was
+    worse on new graphs look better than the cold start."""
+    from slurm_horus.ledger.retrain import graph_folds
+
+    graphs = [f"g{i % 7}" for i in range(70)]
+    _, parts = graph_folds(graphs, 5, seed=3)
+    assert sorted(i for p in parts for i in p) == list(range(70))
+    for p in parts:
+        inside = {graphs[i] for i in p}
+        assert all(graphs[i] not in inside for q in parts if q is not p for i in q)
+    with pytest.raises(HorusError, match="at least 2 graphs"):
+        graph_folds(["same"] * 40, 5, seed=0)
+    with pytest.raises(HorusError, match="would train on"):
+        graph_folds([f"g{i % 2}" for i in range(30)], 5, seed=0)  # two graphs: 15 rows a fold

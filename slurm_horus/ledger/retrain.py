@@ -30,7 +30,7 @@ from slurm_horus.ledger import failed_measurement
 from slurm_horus.ledger.training import training_set
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
-from slurm_horus.predict.learned import accuracy, fit
+from slurm_horus.predict.learned import MIN_TRAIN_ROWS, accuracy, fit
 from slurm_horus.predict.registry import CALIBRATION_FILE
 from slurm_horus.predict.workload import workload_dict, workload_from
 from slurm_horus.progress import Progress
@@ -95,6 +95,25 @@ def trained_rows(registry, version: str) -> set | None:
         return None
 
 
+def graph_folds(graphs: list, folds: int, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(every row, the rows of each fold) with each graph's runs in one fold: a model scored on
+    reruns of graphs it trained on looked better than the cold start and was promoted while
+    worse on new graphs (its p90 covered 62 % of them, not 90 %)."""
+    ids = {g: i for i, g in enumerate(dict.fromkeys(graphs))}
+    if len(ids) < 2:
+        raise HorusError(f"need runs of at least 2 graphs to cross-validate, the ledger has {len(ids)}")
+    folds = min(folds, len(ids))
+    of_graph = np.empty(len(ids), int)
+    of_graph[np.random.default_rng(seed).permutation(len(ids))] = np.arange(len(ids)) % folds
+    fold = of_graph[[ids[g] for g in graphs]]
+    parts = [np.flatnonzero(fold == k) for k in range(folds)]
+    smallest = len(graphs) - max(len(p) for p in parts)
+    if smallest < MIN_TRAIN_ROWS:
+        raise HorusError(f"need more measured jobs: a cross-validation fold would train on "
+                         f"{smallest} (at least {MIN_TRAIN_ROWS})")
+    return np.arange(len(graphs)), parts
+
+
 def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int = 0,
             max_iter: int = 200, progress: bool = False, log=print) -> dict:
     """Train, cross-validate, compare with the serving model on rows neither was trained on,
@@ -122,8 +141,7 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
         if seen is None:
             log(f"serving model {serving_version} has no record of its training rows "
                 f"(rows-{serving_version}.json): no row is known to be unseen by it")
-    order = np.random.default_rng(seed).permutation(n)
-    parts = np.array_split(order, folds)
+    order, parts = graph_folds(ts.graphs, folds, seed)
     oof_mem, oof_util = np.zeros(n), np.zeros(n)
     with Progress("retrain", folds + 1, enabled=progress) as bar:
         for k, test in enumerate(parts):

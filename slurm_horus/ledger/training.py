@@ -26,6 +26,7 @@ from slurm_horus.predict.workload import workload_from
 @dataclass
 class TrainingSet:
     keys: list = field(default_factory=list)       # "cluster/job_id" of each row
+    graphs: list = field(default_factory=list)     # each row's graph: sha256, else path, else features
     X: list = field(default_factory=list)
     mem: list = field(default_factory=list)
     util: list = field(default_factory=list)
@@ -62,7 +63,7 @@ def training_set(ledger) -> TrainingSet:
     s, j = t["submissions"], t["jobs"]
     stmt = (select(j.c.cluster, j.c.job_id, s.c.features, s.c.workload, s.c.predictions,
                    s.c.feature_version, j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib,
-                   j.c.failed_measurement)
+                   j.c.failed_measurement, s.c.model_sha256, s.c.model_path)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
             .where(j.c.act_util_pct.isnot(None), j.c.act_mem_mib > 0, s.c.features.isnot(None),
                    j.c.gpu_type.isnot(None), completed_run(j))
@@ -71,7 +72,7 @@ def training_set(ledger) -> TrainingSet:
     gpus: dict = {}
     ts = TrainingSet()
     with ledger.engine.connect() as conn:
-        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed in conn.execute(stmt):
+        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed, sha, path in conn.execute(stmt):
             if failed:
                 ts.failed += 1
                 continue
@@ -94,6 +95,7 @@ def training_set(ledger) -> TrainingSet:
                 ts.skipped += 1
                 continue
             ts.keys.append(f"{cluster}/{int(job_id)}")
+            ts.graphs.append(sha or path or feats)
             ts.mem.append(float(mem))
             ts.util.append(min(max(float(util), 0.0), 100.0))
             ts.cold_mem.append(cold.mem_mib)

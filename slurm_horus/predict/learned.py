@@ -30,13 +30,17 @@ from slurm_horus.predict.coldstart import (OPTIMIZERS, PRECISIONS, ColdStartEsti
 from slurm_horus.predict.gpus import GPU, get_gpu
 from slurm_horus.predict.trees import TreeEnsemble
 
+MIN_TRAIN_ROWS = 20  # fewer rows cannot fill the trees' leaves (min_samples_leaf 10)
+
 FORMAT = "slurm-horus-learned"
 FORMAT_VERSION = 2  # 2: packed trees; 1 (lists of numbers) still loads
 READABLE_VERSIONS = (1, 2)
 MAX_MODEL_BYTES = 64 * 2**20
-# Features whose training range defines "like what the model has seen".
-RANGE_FEATURES = ("log_flops", "log_params", "log_saved_activation_bytes", "log_batch_size")
-RANGE_MARGIN = 1.0  # natural-log units (x e) beyond the training range still trusted
+# Features whose training range defines "like what the model has seen": the graph's size and
+# the GPU's (a model trained on T4 runs alone had answered A100 jobs 20 points off).
+RANGE_FEATURES = ("log_flops", "log_params", "log_saved_activation_bytes", "log_batch_size",
+                  "gpu_log_bw", "gpu_sm")
+RANGE_MARGIN = 1.0  # beyond the training range still trusted: x e for logs, one SM
 # Bounds of a sane model. Its outputs are logs (memory: of the ratio to the cold-start estimate;
 # utilization: log1p of a percentage), so no baseline, leaf or sum of them goes near +-MAX_LOG;
 # the learned memory stays within MAX_MEM_RATIO of the physics either way; utilization within
@@ -275,8 +279,8 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
     mem = np.asarray(mem_mib, dtype=float)
     util = np.asarray(util_pct, dtype=float)
     cold = np.asarray(cold_mem_mib, dtype=float)
-    if len(X) < 20:
-        raise HorusError(f"need at least 20 measured jobs to train, have {len(X)}")
+    if len(X) < MIN_TRAIN_ROWS:
+        raise HorusError(f"need at least {MIN_TRAIN_ROWS} measured jobs to train, have {len(X)}")
     params = dict(max_iter=max_iter, learning_rate=0.05, max_leaf_nodes=31, min_samples_leaf=10,
                   l2_regularization=1.0, early_stopping=False, random_state=seed)
     # A column that is constant on these rows can never split (one bin, no gain), so the
