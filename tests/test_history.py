@@ -260,3 +260,13 @@ def test_one_user_with_many_graphs_counts_as_one_user_in_the_site_offset():
     assert h.offsets["a100-40gb"]["cold-start"]["mem_mib"] == pytest.approx(325, abs=30)
     fam = h.families["a100-40gb"]["resnet50"]["mem_log_ratio"]
     assert fam > 0  # the family pool too: the honest users' graphs ran above the cold start
+
+
+def test_an_estimate_extrapolated_to_nothing_is_no_estimate():
+    # a site offset below the cold start's context made the context 0: a line through two batch
+    # sizes then reached 0 MiB below them, which had put 0 MiB in a hint and divided by zero
+    from slurm_horus.predict.history import exact_estimate
+
+    runs = [{"bs": 32, "mem": 1000.0, "util": 50.0}, {"bs": 64, "mem": 3000.0, "util": 60.0}]
+    assert exact_estimate(runs, 1, None, None, 0.0) is None
+    assert exact_estimate(runs, 48, None, None, 0.0)[0] == pytest.approx(2000.0)

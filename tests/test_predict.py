@@ -309,3 +309,20 @@ def test_a_gpu_type_never_trained_on_gets_the_cold_start():
         c = EST.predict(report, get_gpu(gpu), w)
         _, _, why = model.answer([input_row(report.values, get_gpu(gpu), w, c)], [c.mem_mib], [c.util_pct])
         assert (why[0] == "") is served, gpu
+
+
+def test_models_list_shows_a_bad_figure_as_unknown(trained, tmp_path):
+    # one version whose metrics hold a string had stopped the whole list with a traceback
+    import subprocess
+    import sys
+
+    reg = Registry(tmp_path / "models")
+    good = reg.add(LearnedModel.from_json(trained.to_json()))
+    bad = LearnedModel.from_json(trained.to_json())
+    bad.metrics = {"mem_mdape_pct": "x"}
+    bad = reg.add(bad)
+    cp = subprocess.run([sys.executable, "-m", "slurm_horus.cli.admin", "models", "list",
+                         "--model-dir", str(tmp_path / "models")], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    lines = {ln.split()[0]: ln for ln in cp.stdout.splitlines()}
+    assert "mem_mdape=?%" in lines[bad] and "mem_mdape=?%" not in lines[good]

@@ -42,12 +42,16 @@ def models_list(model_dir, as_json):
         if not e["valid"]:
             click.echo(f"{mark} {e['version']}  INVALID: {e['error']}")
             continue
-        m = e["metrics"]
-        click.echo(f"{mark} {e['version']}  rows={e['meta'].get('rows', '?')}  "
-                   f"mem_mdape={m.get('mem_mdape_pct', float('nan')):.1f}%  "
-                   f"util_rmsle={m.get('util_rmsle', float('nan')):.3f}  "
-                   f"util_mae={m.get('util_mae_pct', float('nan')):.1f}pp  "
-                   f"{e['meta'].get('created', '')}")
+        m, meta = e["metrics"], e["meta"]
+
+        def fig(key, fmt):  # a figure the file holds as something else prints as ?
+            v = m.get(key) if isinstance(m, dict) else None
+            return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
+
+        click.echo(f"{mark} {e['version']}  rows={meta.get('rows', '?') if isinstance(meta, dict) else '?'}  "
+                   f"mem_mdape={fig('mem_mdape_pct', '.1f')}%  util_rmsle={fig('util_rmsle', '.3f')}  "
+                   f"util_mae={fig('util_mae_pct', '.1f')}pp  "
+                   f"{meta.get('created', '') if isinstance(meta, dict) else ''}")
 
 
 @models.command()

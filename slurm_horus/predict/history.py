@@ -101,8 +101,8 @@ def exact_estimate(runs: list[dict], b: int, cq_mem: float | None, cq_util: floa
         c0 = statistics.median([r["cold_mem"] for r in runs if r["bs"] == b0
                                 and r.get("cold_mem")] or [0]) or None
         m = _scaled(y0, c0, cq_mem, ctx)
-        if m is None:
-            return None
+    if m is None or not m > 0:  # extrapolated below zero (a site offset beyond the context)
+        return None
     return m, _util_at(runs, util, b, cq_util)
 
 
@@ -416,7 +416,8 @@ def _graph_estimate(runs: list[dict], task: str, cq_mem: float | None,
              if cq_util is not None and r.get("util") is not None
              and r.get("cold_util") is not None]
     util = min(max(statistics.median(utils), 0.0), 100.0) if utils else None
-    return statistics.median(mems), util
+    mem = statistics.median(mems)
+    return (mem, util) if mem > 0 else None
 
 
 def _shifted(mem: float, off: dict) -> float:
