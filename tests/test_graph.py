@@ -32,6 +32,12 @@ def test_unbound_dimension_is_named(tmp_path):
     assert r.unused_dims == [] and not r.warnings()
 
 
+def test_a_batch_dim_that_contradicts_the_batch_size_is_refused(tmp_path):
+    with pytest.raises(ModelError, match="contradicts --batch-size 4"):
+        extract_features(mlp(tmp_path / "m.onnx"), batch_size=4, dims={"batch": 8})
+    assert extract_features(mlp(tmp_path / "m.onnx"), batch_size=4, dims={"batch": 4}).bound_dims == {"batch": 4}
+
+
 def test_a_dim_the_model_lacks_is_reported(tmp_path):
     # a typo in --dim (seq for tokens) would otherwise pass silently and leave the job unpredicted
     r = extract_features(mlp(tmp_path / "m.onnx", batch="tokens"), dims={"tokens": 3, "seq": 128})
@@ -119,6 +125,27 @@ def test_op_without_rule_is_listed_not_fatal(tmp_path):
     assert r.assumed_shapes == ["y"] and r.by_op["Relu"].flops == 2 * 4  # costed past it
 
 
+
+def test_fused_op_takes_its_activation_shape_not_its_weight_shape(tmp_path):
+    # onnxruntime's fused Attention reads x (batch, 768) and a (768, 2304) weight: given the
+    # weight's shape, the MatMul after it failed inference and cost nothing
+    import numpy as np
+    from onnx import numpy_helper
+
+    inits = [numpy_helper.from_array(np.zeros((768, 2304), np.float32), "qkv"),
+             numpy_helper.from_array(np.zeros((768, 768), np.float32), "w")]
+    graph = helper.make_graph(
+        [helper.make_node("Attention", ["x", "qkv"], ["a"], domain="com.microsoft"),
+         helper.make_node("MatMul", ["a", "w"], ["y"])], "fused",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 768])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 768])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    (tmp_path / "f.onnx").write_bytes(model.SerializeToString())
+    r = extract_features(tmp_path / "f.onnx", batch_size=4)
+    assert r.assumed_shapes == ["a"] and r.by_op["MatMul"].flops == 2 * 4 * 768 * 768
+
 # --- bad input through the CLI: one line on stderr, non-zero exit, bounded time and memory ---
 
 def _cycle(tmp_path):
@@ -200,3 +227,27 @@ def test_folding_refuses_a_broadcast_bomb_before_allocating_it():
     model = helper.make_model(helper.make_graph(nodes, "bomb", [], out, [a, b, c]))
     assert fold_shapes(model, lambda name: None) == 1  # only the small Add
     assert [n.op_type for n in model.graph.node] == ["Add", "Gather", "Constant"]
+
+
+def test_weight_values_are_dropped_after_reading_and_still_counted(tmp_path):
+    # shape inference copied the whole model every round: 5x the file in memory for inline weights
+    import numpy as np
+    from onnx import numpy_helper
+
+    from slurm_horus.graph.load import _drop_weight_values
+
+    inits = [numpy_helper.from_array(np.ones((300, 300), np.float32), "w"),
+             numpy_helper.from_array(np.array([4, 300], np.int64), "shape")]
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["xr"]), helper.make_node("MatMul", ["xr", "w"], ["y"])],
+        "w", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1200])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 300])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _drop_weight_values(model)
+    w, shape = model.graph.initializer
+    assert not w.raw_data and list(w.dims) == [300, 300] and shape.raw_data  # the small one folds
+    (tmp_path / "w.onnx").write_bytes(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString())
+    r = extract_features(tmp_path / "w.onnx")
+    assert r.values["params"] == 300 * 300 and r.by_op["MatMul"].flops == 2 * 4 * 300 * 300

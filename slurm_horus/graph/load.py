@@ -13,6 +13,7 @@ shape and type of their largest input (listed in `Graph.assumed_shapes`), so sha
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 from slurm_horus.errors import HorusError, ModelError
-from slurm_horus.graph.shapefold import fold_shapes
+from slurm_horus.graph.shapefold import MAX_FOLD_ELEMENTS, fold_shapes
 
 # protobuf cannot parse a message above 2 GiB; bigger models must keep weights in external files.
 MAX_PROTO_BYTES = 2**31 - 1
@@ -113,6 +114,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     path = Path(path)
     dims = _check_dims(batch_size, dims)
     model, sha256 = _read_model(path, onnx)
+    _drop_weight_values(model)
     missing = _check_external_data(model, path.parent.resolve(), onnx)
     graph = model.graph
     if not graph.node:
@@ -163,6 +165,9 @@ def _check_dims(batch_size, dims):
     for name, value in dims.items():
         if not isinstance(value, int) or not 1 <= value <= MAX_DIM:
             raise ModelError(f"dimension '{name}' must be between 1 and {MAX_DIM}, got {value}")
+        if batch_size is not None and BATCH_DIM_NAMES.match(name) and value != batch_size:
+            # the graph would be costed at one and the job's workload record say the other
+            raise ModelError(f"--dim {name}={value} contradicts --batch-size {batch_size}")
     return dims
 
 
@@ -217,6 +222,18 @@ def _read_model(path: Path, onnx):
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise ModelError(f"{path}: not an ONNX model (no graph or IR version)")
     return model, hashlib.sha256(data).hexdigest()
+
+
+def _drop_weight_values(model) -> None:
+    """Forget the values of tensors too large to fold (weights), keeping their type and dims:
+    nothing here reads them, and every round of shape inference copied the whole model (a
+    368 MB GPT-2 had taken 2.2 GB)."""
+    fields = ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data",
+              "uint64_data")
+    for tensor in _all_tensors(model.graph):
+        if tensor.data_location != 1 and math.prod(tensor.dims) > MAX_FOLD_ELEMENTS:
+            for f in fields:
+                tensor.ClearField(f)
 
 
 def _all_tensors(graph):
@@ -348,15 +365,20 @@ def _bind_annotations(graph, values: dict[str, int]) -> None:
 def _assume_opaque_outputs(graph, nodes, tensors: dict[str, TensorInfo], assumed: set[str],
                            onnx) -> int:
     """Give each shapeless output of an op ONNX has no schema for the shape and type of the op's
-    largest input (written into `graph.value_info` for the next inference); returns how many."""
+    largest activation input, once those are known (a weight only for an op that reads no
+    activation: fused Attention or FastGelu had taken their weight's shape, and every MatMul
+    after them cost 0); written into `graph.value_info` for the next inference; returns how
+    many."""
     declared = {vi.name: vi for vi in (*graph.value_info, *graph.output)}
+    weights = {t.name for t in graph.initializer}
     count = 0
     for node in nodes:
         if onnx.defs.has(node.op_type, "" if node.domain == "ai.onnx" else node.domain):
             continue
-        known = [tensors[n] for n in node.input if n in tensors and tensors[n].known]
-        if not known:
-            continue
+        inputs = [n for n in node.input if n and n not in weights] or [n for n in node.input if n]
+        known = [tensors[n] for n in inputs if n in tensors and tensors[n].known]
+        if not known or len(known) < len(inputs):
+            continue  # a later round may know the rest
         largest = max(known, key=lambda info: info.nbytes)
         for name in node.output:
             info = tensors.get(name)
