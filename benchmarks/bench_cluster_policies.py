@@ -34,8 +34,11 @@ emulated GPU work, where speed is re-evaluated every second from the jobs Slurm 
 on the same GPU at that moment (the GPU index Slurm gave the job in SLURM_JOB_GPUS, registered in
 a shared state folder) through the simulator's interference model
 (slurm_horus.sim.interference.Interference: the Lucid pair curve, median sensitivity) at the
-jobs' true utilizations (hsubmit's predicted util x a seeded lognormal(0, 0.25), as the simulator
-draws them; the same truth under every policy). The GPU each job registered is checked against
+jobs' true utilizations (hsubmit's predicted util x a seeded lognormal(0, 0.25), the same truth
+under every policy). That truth is an assumption, unbiased and without the sensitivity spread
+(the simulator draws biased, measured residuals and the measured spread): both favour the
+policy, so this run shows Slurm placing and packing the jobs as the policy means, not that the
+policy wins under measured errors. The GPU each job registered is checked against
 `scontrol -d show job`.
 """
 
