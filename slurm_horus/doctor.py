@@ -38,13 +38,36 @@ class SlurmConf:
 def read_slurm_conf(path: Path) -> SlurmConf:
     from slurm_horus.slurm.parse import node_lines, parse_conf_lines
 
-    text = read_text(path, "slurm.conf", SLURM_CONF_MAX_BYTES)
+    text = _with_includes(path, read_text(path, "slurm.conf", SLURM_CONF_MAX_BYTES), 0)
     recs = parse_conf_lines(text)
     settings: dict[str, str] = {}
     for rec in recs:
         if "nodename" not in rec and "partitionname" not in rec:
             settings.update(rec)
     return SlurmConf(settings, node_lines(recs), path)
+
+
+def _with_includes(path: Path, text: str, depth: int) -> str:
+    """slurm.conf with its ``Include`` files in place, as slurmctld reads it (paths relative to
+    slurm.conf's folder, glob patterns allowed); a site that keeps its NodeName lines in
+    nodes.conf had been told GresTypes lacked gpu,shard."""
+    import glob
+
+    out = []
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split(None, 1)
+        if len(words) == 2 and words[0].lower() == "include":
+            if depth >= 8:
+                raise HorusError(f"{path}: Include nested more than 8 deep")
+            pattern = words[1].strip()
+            base = path.parent if not os.path.isabs(pattern) else Path("/")
+            for name in sorted(glob.glob(str(base / pattern))):
+                sub = Path(name)
+                out.append(_with_includes(sub, read_text(sub, "slurm.conf Include",
+                                                         SLURM_CONF_MAX_BYTES), depth + 1))
+            continue
+        out.append(line)
+    return "\n".join(out)
 
 
 def _words(value: str | None) -> set[str]:
@@ -96,8 +119,9 @@ def check_slurm_conf(conf: SlurmConf) -> list[Problem]:
     for key, script in (("prolog", "horus-prolog"), ("epilog", "horus-epilog")):
         if not _runs(s.get(key), script, conf.path.parent):
             out.append(Problem(f"{key.capitalize()} does not run {script}: no measured GPU "
-                               "use, no GPU index", f"set {key.capitalize()}=/usr/share/"
-                               f"slurm-horus/etc/{script} (or call it from your {key})"))
+                               "use, no GPU index", f"install {_packaged(script)} as "
+                               f"/etc/slurm/{script} and set {key.capitalize()}=/etc/slurm/"
+                               f"{script} (or call it from your {key})"))
     return out
 
 
@@ -156,7 +180,8 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
             if not g["type"]:
                 out.append(Problem(f"node {name}: untyped GPUs (gpu:{g['count']}): no "
                                    "prediction can be placed there",
-                                   f"give the type, e.g. Gres=gpu:a100:{g['count']}"))
+                                   f"give the type: Gres=gpu:<type>:{g['count']}, the "
+                                   "type named as in the policy's gpu.<type>.mem_mib"))
                 continue
             t = g["type"].lower()
             if type_via == "features" and t in declared and t not in feats:

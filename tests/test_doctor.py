@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 import pytest
+
+from slurm_horus.errors import HorusError
 from click.testing import CliRunner
 
 from slurm_horus.cli.admin_doctor import register
@@ -254,3 +256,20 @@ def test_the_shipped_policy_passes_the_pressure_check():
     # a fresh install (no pressure_file yet) had failed doctor on the policy it ships
     from slurm_horus.doctor import check_pressure_keys
     assert check_pressure_keys(Path(__file__).resolve().parents[1] / "etc" / "horus_policy.conf") == []
+
+
+def test_slurm_conf_includes_are_read_in_place(tmp_path):
+    # a site keeping its NodeName lines in nodes.conf had been told GresTypes lacked gpu,shard
+    from slurm_horus.doctor import read_slurm_conf
+
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "gres.conf").write_text("GresTypes=gpu,shard\n")
+    (tmp_path / "nodes.conf").write_text("NodeName=g1 Gres=gpu:a100:4,shard:400 State=UNKNOWN\n")
+    (tmp_path / "slurm.conf").write_text("ClusterName=c\nInclude nodes.conf\n"
+                                         f"include {tmp_path}/conf.d/*.conf  # absolute, a glob\n")
+    conf = read_slurm_conf(tmp_path / "slurm.conf")
+    assert conf.settings["grestypes"] == "gpu,shard" and conf.settings["clustername"] == "c"
+    assert [n["nodename"] for n in conf.nodes] == ["g1"]
+    (tmp_path / "loop.conf").write_text("Include loop.conf\n")
+    with pytest.raises(HorusError, match="nested"):
+        read_slurm_conf(tmp_path / "loop.conf")
