@@ -270,3 +270,21 @@ def test_an_estimate_extrapolated_to_nothing_is_no_estimate():
     runs = [{"bs": 32, "mem": 1000.0, "util": 50.0}, {"bs": 64, "mem": 3000.0, "util": 60.0}]
     assert exact_estimate(runs, 1, None, None, 0.0) is None
     assert exact_estimate(runs, 48, None, None, 0.0)[0] == pytest.approx(2000.0)
+
+
+def test_calibrated_bounds_start_from_the_base_figure_where_site_offsets_moved_it():
+    # a site 1 GB below the cold start: the calibration's q90 (of measured / cold start) is
+    # below 1; applied to the offset estimate it gave p90 = the estimate (52 % covered)
+    from slurm_horus.predict.chain import Calibration
+    from slurm_horus.predict.coldstart import Prediction
+
+    cal = Calibration({"version": 1, "quantiles": {"*": {"cold-start": {
+        "mem_log_q": {"0.9": -0.12}, "util_q": {"0.9": 5.0}}}}}, None)
+    moved = Prediction(gpu="a100-40gb", util_pct=40.0, mem_mib=6000.0, mem_mib_p90=6000.0,
+                       predictor="cold-start", breakdown={"base_mem_mib": 7000.0, "base_util_pct": 50.0})
+    p = cal.apply(moved)
+    assert p.mem_mib_p90 == pytest.approx(7000.0 * math.exp(-0.12)) and p.mem_mib_p90 > 6000.0
+    assert p.util_pct_p90 == pytest.approx(55.0)
+    plain = cal.apply(Prediction(gpu="a100-40gb", util_pct=40.0, mem_mib=6000.0, mem_mib_p90=6000.0,
+                                 predictor="cold-start"))
+    assert plain.mem_mib_p90 == 6000.0  # no offset: the estimate itself, as before

@@ -385,10 +385,13 @@ class HistoryPredictor:
         base_p90 = b.mem_mib_p90 / b.mem_mib if b.mem_mib > 0 else 1.0
         if a.tier is None:
             corrected = a.mem_mib != b.mem_mib or a.util_pct != b.util_pct
+            # the base's own figures stay beside the corrected ones: its calibration (quantiles
+            # of the measured against the base's figure) bounds the measurement, not the offset
             return Prediction(gpu=b.gpu, util_pct=a.util_pct, mem_mib=a.mem_mib,
                               mem_mib_p90=a.mem_mib * base_p90, predictor=b.predictor,
                               confidence=b.confidence + (" + site offsets" if corrected else ""),
-                              breakdown=b.breakdown)
+                              breakdown={**b.breakdown, "base_mem_mib": b.mem_mib,
+                                         "base_util_pct": b.util_pct} if corrected else b.breakdown)
         q = self.margins.get(a.tier)
         p90 = a.mem_mib * (math.exp(max(q, 0.0)) if q is not None else base_p90)
         return Prediction(gpu=b.gpu, util_pct=min(max(a.util_pct, 0.0), 100.0),
