@@ -126,7 +126,7 @@ class ColdStartEstimator:
 
         The driver reserves each thread's local memory (stack, 1 KiB by default,
         cudaLimitStackSize) for every thread the GPU can keep resident: SMs x max threads per SM
-        (CUDA C Programming Guide, compute capabilities table): 216 MiB on an A100, 128 MiB on an
+        (CUDA C Programming Guide, compute capabilities table): 216 MiB on an A100, 123 MiB on an
         RTX 3090. The rest (context, loaded kernels, cuBLAS/cuDNN handles) is `context_mib`.
         """
         threads = MAX_THREADS_PER_SM.get(gpu.compute_capability, 2048)
