@@ -277,6 +277,36 @@ def check_ledger(url: str) -> list[Problem]:
     return out
 
 
+def check_policy_known_to_hook(pol: Path, hook: Path) -> list[Problem]:
+    """Policy keys the installed hook's code never names: check_policy_lines judges the policy
+    by this package's rules, but slurmctld runs the hook that is installed, and an older one
+    ignores a newer key (an upgrade that left the old hook in place)."""
+    from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_lines
+
+    try:
+        with open(hook, "rb") as f:
+            code = f.read(4 * 2**20).decode("utf-8", "replace")
+        with open(pol, "rb") as f:
+            text = f.read(POLICY_MAX_BYTES + 1).decode("utf-8", "replace")
+    except OSError:
+        return []
+    if "slurm_job_submit" not in code or "horus" not in code:
+        return []  # not slurm-horus's hook: check_hook says so
+    ignored = {n for n, _, _ in ignored_policy_lines(text)}  # check_policy_lines names those
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        m = re.match(r"\s*([A-Za-z0-9_.]+)\s*=", line)
+        if not m or n in ignored:
+            continue
+        key = m.group(1)
+        name = "mem_mib" if re.fullmatch(r"gpu\.[^.]+\.mem_mib", key) else key
+        if name not in code:
+            out.append(Problem(f"policy key {key} is unknown to the installed hook {hook}: it "
+                               "ignores that line (a hook older than this package?)",
+                               f"install {_packaged('job_submit.lua')} as {hook}"))
+    return out
+
+
 def check_policy_lines(pol: Path) -> list[Problem]:
     """Lines of the policy the hook ignores (it logs them in slurmctld's log only), and a file
     too large for it to read at all."""
@@ -401,7 +431,8 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
         out.append(Problem(f"policy {pol} is missing: the hook uses its built-in defaults",
                            f"install {_packaged('horus_policy.conf')} as {pol}"))
     else:
-        out += _trusted(pol.resolve(), "the policy") + check_policy_lines(pol)
+        out += (_trusted(pol.resolve(), "the policy") + check_policy_lines(pol)
+                + check_policy_known_to_hook(pol, path.parent / "job_submit.lua"))
     spg = int(policy_value("shards_per_gpu", "100", pol))
     type_via = policy_value("type_via", "features", pol)
     mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}

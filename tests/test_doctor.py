@@ -273,3 +273,18 @@ def test_slurm_conf_includes_are_read_in_place(tmp_path):
     (tmp_path / "loop.conf").write_text("Include loop.conf\n")
     with pytest.raises(HorusError, match="nested"):
         read_slurm_conf(tmp_path / "loop.conf")
+
+
+def test_a_policy_key_the_installed_hook_does_not_know_is_reported(tmp_path):
+    # an upgrade that left an older hook in place: doctor had judged the policy by the
+    # package's rules and said "no problems found"
+    from slurm_horus.doctor import check_policy_known_to_hook
+
+    repo = Path(__file__).resolve().parents[1]
+    pol = tmp_path / "horus_policy.conf"
+    pol.write_text("pack_heavy = always\ngpu.a100.mem_mib = 40960\n# nosuch = 1\n")
+    assert check_policy_known_to_hook(pol, repo / "etc" / "job_submit.lua") == []
+    old = tmp_path / "job_submit.lua"
+    old.write_text((repo / "etc" / "job_submit.lua").read_text().replace("pack_heavy", "pack_hvy"))
+    (problem,) = check_policy_known_to_hook(pol, old)
+    assert "pack_heavy is unknown to the installed hook" in problem.what

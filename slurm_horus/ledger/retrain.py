@@ -147,8 +147,8 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
         for k, test in enumerate(parts):
             train = np.setdiff1d(order, test, assume_unique=True)
             m = fit(X[train], mem[train], util[train], cmem[train], seed=seed, max_iter=max_iter)
-            oof_mem[test] = cmem[test] * np.exp(m.mem.predict(X[test]))
-            oof_util[test] = np.clip(np.expm1(m.util.predict(X[test])), 0, 100)
+            # through the gate that serves (LearnedModel.answer): scored as it would answer
+            oof_mem[test], oof_util[test], _ = m.answer(X[test], cmem[test], cutil[test])
             bar.advance(f"fold {k + 1}/{folds}")
         model = fit(X, mem, util, cmem, seed=seed, max_iter=max_iter)
         bar.advance("final fit")
