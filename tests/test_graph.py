@@ -251,3 +251,23 @@ def test_weight_values_are_dropped_after_reading_and_still_counted(tmp_path):
         graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString())
     r = extract_features(tmp_path / "w.onnx")
     assert r.values["params"] == 300 * 300 and r.by_op["MatMul"].flops == 2 * 4 * 300 * 300
+
+
+def test_shapes_left_unknown_after_the_last_round_are_a_warning(tmp_path):
+    # 40 custom ops, each followed by a standard one: one more inference round per pair, past
+    # the bound of rounds; the tensors left without a shape cost nothing, which was silent
+    nodes, prev = [], "x"
+    for i in range(40):
+        nodes += [helper.make_node("MyOp", [prev], [f"c{i}"], domain="com.example"),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        prev = f"r{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    (tmp_path / "chain.onnx").write_bytes(model.SerializeToString())
+    r = extract_features(tmp_path / "chain.onnx", batch_size=2)
+    assert r.shapeless and any("tensor(s) unknown" in w for w in r.warnings())
+    short = extract_features(mlp(tmp_path / "m.onnx"), batch_size=2)
+    assert short.shapeless == []

@@ -51,6 +51,7 @@ class FeatureReport:
     missing_external_data: list[str] = field(default_factory=list)
     assumed_shapes: list[str] = field(default_factory=list)
     unused_dims: list[str] = field(default_factory=list)
+    shapeless: list[str] = field(default_factory=list)
     version: int = FEATURE_VERSION
 
     def warnings(self) -> list[str]:
@@ -63,6 +64,9 @@ class FeatureReport:
         if self.assumed_shapes:
             out.append(f"shape of {_few(self.assumed_shapes)} assumed equal to its op's largest "
                        "input (ONNX cannot infer it)")
+        if self.shapeless:
+            out.append(f"shape of {len(self.shapeless)} tensor(s) unknown ({_few(self.shapeless)}): "
+                       "the ops that read them cost nothing, so the figures are low")
         if self.unused_dims:
             out.append(f"--dim {_few(self.unused_dims)}: the model has no dimension of that name; "
                        "ignored")
@@ -152,7 +156,7 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         unknown_ops=sorted({c.op_type for c in costs if not c.has_rule}),
         unknown_dims=graph.unknown_dims, bound_dims=graph.bound_dims,
         missing_external_data=graph.missing_external_data, assumed_shapes=graph.assumed_shapes,
-        unused_dims=graph.unused_dims)
+        unused_dims=graph.unused_dims, shapeless=graph.shapeless)
 
 
 def _few(names: list[str], n: int = 4) -> str:

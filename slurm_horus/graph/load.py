@@ -85,6 +85,7 @@ class Graph:
     missing_external_data: list[str] = field(default_factory=list)
     assumed_shapes: list[str] = field(default_factory=list)  # outputs of ops ONNX cannot infer
     unused_dims: list[str] = field(default_factory=list)  # --dim names the graph does not have
+    shapeless: list[str] = field(default_factory=list)  # op outputs whose shape stayed unknown
     opset: int = 0
     producer: str = ""
     sha256: str = ""
@@ -149,12 +150,15 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
             raise ModelError(f"{path}: tensor '{name}' would have {info.numel:.3g} elements; "
                              "the model's dimensions are not plausible")
     unknown = sorted({d for t in tensors.values() for d in (t.shape or ()) if isinstance(d, str)})
+    shapeless = [n for node in nodes for n in node.output
+                 if n and (tensors.get(n) is None or tensors[n].shape is None)]
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     return Graph(path=path, nodes=nodes, tensors=tensors, initializers=initializers,
                  graph_inputs=[i.name for i in graph.input if i.name not in initializers],
                  graph_outputs=[o.name for o in graph.output], bound_dims=bound,
                  unknown_dims=unknown, missing_external_data=missing,
-                 assumed_shapes=sorted(assumed), unused_dims=unused, opset=opset,
+                 assumed_shapes=sorted(assumed), unused_dims=unused, shapeless=shapeless,
+                 opset=opset,
                  producer=model.producer_name, sha256=sha256)
 
 
