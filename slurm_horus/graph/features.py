@@ -63,7 +63,7 @@ class FeatureReport:
                        "FLOP per output element, inputs and outputs kept for the backward pass)")
         if self.assumed_shapes:
             out.append(f"shape of {_few(self.assumed_shapes)} assumed equal to its op's largest "
-                       "input (ONNX cannot infer it)")
+                       "activation input (ONNX cannot infer it)")
         if self.shapeless:
             out.append(f"shape of {len(self.shapeless)} tensor(s) unknown ({_few(self.shapeless)}): "
                        "the ops that read them cost nothing, so the figures are low")
