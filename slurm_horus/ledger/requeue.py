@@ -58,12 +58,11 @@ class Action:
 
 
 def _shards(tres: str | None) -> int | None:
-    m = re.search(r"gres[:/]shard(?::[a-z0-9_-]+)?:(\d+)", tres or "")
-    return int(m.group(1)) if m else None
+    return next((g["count"] for g in parse_gres(tres) if g["name"] == "shard"), None)
 
 
 def _whole(tres: str | None) -> bool:
-    return bool(re.search(r"gres[:/]gpu(?::[a-z0-9_-]+)?:1\b", tres or ""))
+    return any(g["name"] == "gpu" and g["count"] == 1 for g in parse_gres(tres))
 
 
 def _gres(name: str, gtype: str | None, count: int, like: str | None = None) -> str:
@@ -102,9 +101,10 @@ def _whole_gpu(gtype: str | None, like: str | None,
 def _gpu_type(rec: dict) -> str | None:
     """The type the job is bound to: its TresPerNode's, else the hook's decision, else its
     Features when that is a single word."""
-    m = re.search(r"gres[:/](?:gpu|shard):([a-z][a-z0-9_-]*):\d+", rec.get("TresPerNode") or "")
-    if m:
-        return m.group(1)
+    typed = next((g["type"] for g in parse_gres(rec.get("TresPerNode"))
+                  if g["name"] in ("gpu", "shard") and g["type"]), None)
+    if typed:
+        return typed
     decision = parse_decision(rec.get("AdminComment"))
     if decision and decision.gpu_type not in (None, "any"):
         return decision.gpu_type
