@@ -1,4 +1,5 @@
-"""slurm.parse and slurm.sbatch_args on the recorded outputs of Slurm 22.05.8 (tests/fixtures/slurm)."""
+"""slurm.parse and slurm.sbatch_args on the outputs of the real Slurm 22.05.8 daemons recorded by
+tests/cluster/record_fixtures.py in tests/fixtures/slurm (job ids from its index.json)."""
 
 import json
 from pathlib import Path
@@ -9,17 +10,23 @@ from slurm_horus.slurm import parse as sp
 from slurm_horus.slurm import sbatch_args as sa
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
-INDEX = {f["name"]: f for f in json.loads((FIX / "index.json").read_text())["fixtures"]}
+META = json.loads((FIX / "index.json").read_text())
+INDEX = {f["name"]: f for f in META["fixtures"]}
+IDS = META["job_ids"]
 
 
 def out(name, stream="stdout"):
     return (FIX / INDEX[name][stream]).read_text()
 
 
+def test_recorded_on_22_05_with_the_hook():
+    assert META["slurm_version"].startswith("slurm-wlm 22.05.") and META["job_submit_lua"]
+
+
 def test_sbatch_stdout_job_ids():
-    assert sp.parse_sbatch_stdout(out("sbatch_submit")) == "1"
-    assert sp.parse_sbatch_stdout(out("sbatch_parsable")) == "2"
-    assert sp.parse_sbatch_stdout(out("sbatch_typed_shard")) == "6"
+    assert sp.parse_sbatch_stdout(out("sbatch_submit")) == str(IDS["running_shard_job"])
+    assert sp.parse_sbatch_stdout(out("sbatch_parsable")) == str(IDS["finished_shard_job"])
+    assert sp.parse_sbatch_stdout(out("sbatch_parsable_gpu")) == str(IDS["running_gpu_job"])
     assert sp.parse_sbatch_stdout("12;horus\n") == "12"
     assert sp.parse_sbatch_stdout(out("sbatch_invalid_partition")) is None
 
@@ -70,18 +77,24 @@ def test_one_line_format():
 
 
 def test_show_job_shard_detail():
+    # asked for gpu:1 with a light hint: the hook packed it into shards (22.05: gres:shard:N)
     job = sp.parse_scontrol_records(out("scontrol_show_job_running_shard"))[0]
-    assert job["JobId"] == "1" and job["JobState"] == "RUNNING"
-    assert job["TresPerNode"] == "gres:shard:30" and job["Comment"] == "fixture-running"
-    assert sp.job_gres_detail(job) == [
-        {"node": "gpu-a100", "gres": [{"name": "shard", "type": None, "count": 30, "idx": [0]}]}]
+    assert job["JobId"] == str(IDS["running_shard_job"]) and job["JobState"] == "RUNNING"
+    assert job["TresPerNode"].startswith("gres:shard:") and job["Comment"].startswith("fixture-running")
+    shards = int(job["TresPerNode"].rsplit(":", 1)[1])
+    (d,) = sp.job_gres_detail(job)
+    assert d["node"] == job["NodeList"]
+    (g,) = d["gres"]
+    assert (g["name"], g["count"]) == ("shard", shards) and len(g["idx"]) == 1
+    assert job["AdminComment"].startswith("horus: shared")
 
 
 def test_show_job_whole_gpu_detail():
     job = sp.parse_scontrol_records(out("scontrol_show_job_running_gpu"))[0]
-    assert job["Partition"] == "a100" and "Comment" not in job
+    assert job["JobId"] == str(IDS["running_gpu_job"]) and job["Partition"] == "a100"
     (d,) = sp.job_gres_detail(job)
-    assert d["gres"] == [{"name": "gpu", "type": "a100", "count": 1, "idx": [1]}]
+    (g,) = d["gres"]
+    assert (g["name"], g["type"], g["count"]) == ("gpu", "a100", 1) and len(g["idx"]) == 1
 
 
 def test_parse_gres_forms():
@@ -92,16 +105,18 @@ def test_parse_gres_forms():
 
 
 def test_squeue_json_gres_detail():
-    jobs = {j["JobId"]: j for j in sp.squeue_json_records(out("squeue_json"))}
-    assert sp.job_gpus_on_node(jobs["1"], "gpu-a100") == {"shards": 30, "gpus": None, "indices": [0],
-                                                        "type": None}
-    assert sp.job_gpus_on_node(jobs["3"], "gpu-a100")["indices"] == [1]
-    assert jobs["3"]["TresPerNode"] == "gres:gpu:1" and jobs["1"]["Comment"] == "fixture-running"
+    jobs = {int(j["JobId"]): j for j in sp.squeue_json_records(out("squeue_json"))}
+    shard, gpu = jobs[IDS["running_shard_job"]], jobs[IDS["running_gpu_job"]]
+    got = sp.job_gpus_on_node(shard, shard["NodeList"])
+    assert got["shards"] == int(shard["TresPerNode"].rsplit(":", 1)[1]) and len(got["indices"]) == 1
+    assert sp.job_gpus_on_node(gpu, "gpu-a100")["gpus"] == 1
+    assert gpu["TresPerNode"] == "gres:gpu:1" and shard["Comment"].startswith("fixture-running")
 
 
 def test_squeue_and_sinfo_text():
-    rows = sp.parse_pipe_table(out("squeue_text"))
-    assert rows[0]["JOBID"] == "5" and rows[0]["TRES_PER_NODE"] == "gres:shard:150"
+    rows = {r["JOBID"]: r for r in sp.parse_pipe_table(out("squeue_text"))}
+    shard = rows[str(IDS["running_shard_job"])]
+    assert shard["TRES_PER_NODE"].startswith("gres:shard:") and shard["STATE"] == "RUNNING"
     rows = sp.parse_pipe_table(out("sinfo_text"))
     assert {r["NODELIST"] for r in rows} == {"gpu-a100", "gpu-t4"}
     assert sp.gpu_types_of_node({"Gres": rows[0]["GRES"]}) == {"a100": 4}
@@ -115,8 +130,8 @@ def test_sinfo_json_nodes():
 
 def test_sacct_pipe_table():
     rows = sp.parse_pipe_table(out("sacct_text_finished_shard"))
-    assert rows[0]["JobID"] == "2" and "gres/shard=20" in rows[0]["AllocTRES"]
-    assert rows[0]["Comment"] == "fixture-done"
+    assert rows[0]["JobID"] == str(IDS["finished_shard_job"]) and "gres/shard=" in rows[0]["AllocTRES"]
+    assert rows[0]["Comment"].startswith("fixture-done") and rows[1]["JobID"].endswith(".batch")
 
 
 def test_tres_spelling():
