@@ -59,9 +59,13 @@ def _with_includes(path: Path, text: str, depth: int) -> str:
         if len(words) == 2 and words[0].lower() == "include":
             if depth >= 8:
                 raise HorusError(f"{path}: Include nested more than 8 deep")
-            pattern = words[1].strip()
+            pattern = words[1].split()[0]
             base = path.parent if not os.path.isabs(pattern) else Path("/")
-            for name in sorted(glob.glob(str(base / pattern))):
+            names = sorted(glob.glob(str(base / pattern)))
+            if not names:
+                raise HorusError(f"{path}: Include {pattern}: no such file (slurmctld would not "
+                                 "start)")
+            for name in names:
                 sub = Path(name)
                 out.append(_with_includes(sub, read_text(sub, "slurm.conf Include",
                                                          SLURM_CONF_MAX_BYTES), depth + 1))

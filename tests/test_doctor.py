@@ -273,6 +273,9 @@ def test_slurm_conf_includes_are_read_in_place(tmp_path):
     (tmp_path / "loop.conf").write_text("Include loop.conf\n")
     with pytest.raises(HorusError, match="nested"):
         read_slurm_conf(tmp_path / "loop.conf")
+    (tmp_path / "gone.conf").write_text("Include nodes-old.conf\n")
+    with pytest.raises(HorusError, match="no such file"):  # slurmctld would not start
+        read_slurm_conf(tmp_path / "gone.conf")
 
 
 def test_a_policy_key_the_installed_hook_does_not_know_is_reported(tmp_path):

@@ -38,6 +38,15 @@ def test_a_batch_dim_that_contradicts_the_batch_size_is_refused(tmp_path):
     assert extract_features(mlp(tmp_path / "m.onnx"), batch_size=4, dims={"batch": 4}).bound_dims == {"batch": 4}
 
 
+def test_a_non_batch_dim_with_a_batch_like_name_is_not_a_contradiction(tmp_path):
+    # points[batch, n, 3]: n is the point count, not the batch
+    graph = helper.make_graph([helper.make_node("Relu", ["p"], ["y"])], "points",
+                              [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["batch", "n", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n", 3])])
+    r = extract_features(save(graph, tmp_path / "p.onnx"), batch_size=8, dims={"n": 1024})
+    assert r.bound_dims == {"batch": 8, "n": 1024}
+
+
 def test_a_dim_the_model_lacks_is_reported(tmp_path):
     # a typo in --dim (seq for tokens) would otherwise pass silently and leave the job unpredicted
     r = extract_features(mlp(tmp_path / "m.onnx", batch="tokens"), dims={"tokens": 3, "seq": 128})
@@ -244,13 +253,37 @@ def test_weight_values_are_dropped_after_reading_and_still_counted(tmp_path):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 300])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
+    big_ints = numpy_helper.from_array(np.arange(70000, dtype=np.int64), "ids")
+    model.graph.initializer.append(big_ints)
     _drop_weight_values(model)
-    w, shape = model.graph.initializer
+    w, shape, ids = model.graph.initializer
     assert not w.raw_data and list(w.dims) == [300, 300] and shape.raw_data  # the small one folds
+    assert ids.raw_data  # integers may become a shape (ONNX's data propagation slices them)
     (tmp_path / "w.onnx").write_bytes(helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString())
     r = extract_features(tmp_path / "w.onnx")
     assert r.values["params"] == 300 * 300 and r.by_op["MatMul"].flops == 2 * 4 * 300 * 300
+
+
+def test_a_custom_op_with_an_input_never_shaped_still_takes_its_known_input(tmp_path):
+    # waiting for every activation input had left its output shapeless when one never got a
+    # shape (a graph input declared without one): every op after it cost nothing
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MyOp", ["x", "aux"], ["a"], domain="com.example"),
+         helper.make_node("MatMul", ["a", "w"], ["y"])], "wait",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64]),
+         helper.make_tensor_value_info("aux", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
+        [numpy_helper.from_array(np.zeros((64, 32), np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    (tmp_path / "w.onnx").write_bytes(model.SerializeToString())
+    r = extract_features(tmp_path / "w.onnx", batch_size=4)
+    assert r.by_op["MatMul"].flops == 2 * 4 * 64 * 32
 
 
 def test_shapes_left_unknown_after_the_last_round_are_a_warning(tmp_path):

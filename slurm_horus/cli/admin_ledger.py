@@ -95,7 +95,8 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
         return
     cv, new, base = res["cv"], res["held_out"], res["baseline"]
     click.echo(f"trained {res['version']} on {res['rows']} jobs ({res['skipped']} unusable, "
-               f"{res['failed']} failed measurements excluded), {folds}-fold CV: mem median rel "
+               f"{res['failed']} failed measurements excluded), {res['cv_folds']}-fold CV by "
+               "graph: mem median rel "
                f"err {cv['mem_mdape_pct']:.1f}%  util RMSLE {cv['util_rmsle']:.3f}  util MAE "
                f"{cv['util_mae_pct']:.1f} pp")
     if new is not None:

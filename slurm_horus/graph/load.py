@@ -32,6 +32,9 @@ MAX_TENSOR_ELEMENTS = 2**44
 MAX_FOLD_ROUNDS = 4  # shape arithmetic chains resolve in a round or two; bound the work
 # Each round of inference carries shapes past one more op it cannot infer; bound the work.
 MAX_SHAPE_ROUNDS = 32
+# TensorProto's floating-point types (FLOAT, FLOAT16, DOUBLE, BFLOAT16, the FLOAT8 family):
+# weights, whose values nothing here reads
+FLOAT_TYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20})
 BATCH_DIM_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*batch.*)$", re.IGNORECASE)
 
 # ONNX TensorProto data types -> bytes per element (strings and unknown types count as 0).
@@ -133,7 +136,9 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     tensors = _collect_tensors(inferred.graph, onnx)
     assumed: set[str] = set()
     for round_ in range(MAX_SHAPE_ROUNDS):
-        changed = _assume_opaque_outputs(graph, nodes, {**tensors, **initializers}, assumed, onnx)
+        known = {**tensors, **initializers}
+        changed = (_assume_opaque_outputs(graph, nodes, known, assumed, onnx, wait=True)
+                   or _assume_opaque_outputs(graph, nodes, known, assumed, onnx, wait=False))
         if round_ < MAX_FOLD_ROUNDS and any(isinstance(d, str) or d is None
                                             for t in tensors.values() for d in t.shape or ()):
             changed += fold_shapes(model, lambda n: _known_shape(tensors, n))
@@ -169,9 +174,6 @@ def _check_dims(batch_size, dims):
     for name, value in dims.items():
         if not isinstance(value, int) or not 1 <= value <= MAX_DIM:
             raise ModelError(f"dimension '{name}' must be between 1 and {MAX_DIM}, got {value}")
-        if batch_size is not None and BATCH_DIM_NAMES.match(name) and value != batch_size:
-            # the graph would be costed at one and the job's workload record say the other
-            raise ModelError(f"--dim {name}={value} contradicts --batch-size {batch_size}")
     return dims
 
 
@@ -229,13 +231,14 @@ def _read_model(path: Path, onnx):
 
 
 def _drop_weight_values(model) -> None:
-    """Forget the values of tensors too large to fold (weights), keeping their type and dims:
-    nothing here reads them, and every round of shape inference copied the whole model (a
-    368 MB GPT-2 had taken 2.2 GB)."""
-    fields = ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data",
-              "uint64_data")
+    """Forget the values of floating-point tensors too large to fold (weights), keeping their
+    type and dims: shapes never come from them (integer tensors, which ONNX's data propagation
+    may slice into a shape, are kept), and every round of shape inference had copied the
+    whole model, weights included."""
+    fields = ("raw_data", "float_data", "int32_data", "double_data")
     for tensor in _all_tensors(model.graph):
-        if tensor.data_location != 1 and math.prod(tensor.dims) > MAX_FOLD_ELEMENTS:
+        if (tensor.data_type in FLOAT_TYPES and tensor.data_location != 1
+                and math.prod(tensor.dims) > MAX_FOLD_ELEMENTS):
             for f in fields:
                 tensor.ClearField(f)
 
@@ -346,6 +349,10 @@ def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
             if value is None and batch_size is not None and (
                     (name and BATCH_DIM_NAMES.match(name)) or pos == 0):
                 value = batch_size
+            elif (value is not None and batch_size is not None and value != batch_size
+                  and pos == 0 and name and BATCH_DIM_NAMES.match(name)):
+                # the graph would be costed at one and the job's workload record say the other
+                raise ModelError(f"--dim {name}={value} contradicts --batch-size {batch_size}")
             if value is not None:
                 dim.dim_value = value  # clears dim_param (oneof)
                 bound[name or f"{inp.name}[{pos}]"] = value
@@ -367,12 +374,13 @@ def _bind_annotations(graph, values: dict[str, int]) -> None:
 
 
 def _assume_opaque_outputs(graph, nodes, tensors: dict[str, TensorInfo], assumed: set[str],
-                           onnx) -> int:
+                           onnx, wait: bool) -> int:
     """Give each shapeless output of an op ONNX has no schema for the shape and type of the op's
     largest activation input, once those are known (a weight only for an op that reads no
     activation: fused Attention or FastGelu had taken their weight's shape, and every MatMul
-    after them cost 0); written into `graph.value_info` for the next inference; returns how
-    many."""
+    after them cost 0); ``wait=False`` (when waiting changed nothing) takes the largest input
+    known so far instead, activations first; written into `graph.value_info` for the next
+    inference; returns how many."""
     declared = {vi.name: vi for vi in (*graph.value_info, *graph.output)}
     weights = {t.name for t in graph.initializer}
     count = 0
@@ -381,7 +389,9 @@ def _assume_opaque_outputs(graph, nodes, tensors: dict[str, TensorInfo], assumed
             continue
         inputs = [n for n in node.input if n and n not in weights] or [n for n in node.input if n]
         known = [tensors[n] for n in inputs if n in tensors and tensors[n].known]
-        if not known or len(known) < len(inputs):
+        if not wait and not known:
+            known = [tensors[n] for n in node.input if n in tensors and tensors[n].known]
+        if not known or (wait and len(known) < len(inputs)):
             continue  # a later round may know the rest
         largest = max(known, key=lambda info: info.nbytes)
         for name in node.output:

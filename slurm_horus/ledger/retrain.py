@@ -142,6 +142,7 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
             log(f"serving model {serving_version} has no record of its training rows "
                 f"(rows-{serving_version}.json): no row is known to be unseen by it")
     order, parts = graph_folds(ts.graphs, folds, seed)
+    folds = len(parts)  # fewer than asked where there are fewer graphs
     oof_mem, oof_util = np.zeros(n), np.zeros(n)
     with Progress("retrain", folds + 1, enabled=progress) as bar:
         for k, test in enumerate(parts):
@@ -196,7 +197,7 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
                                               "baseline_score": old and score(old),
                                               "forced": bool(force and not better)}, n, promoted)
     return {"version": version, "rows": n, "skipped": ts.skipped, "failed": ts.failed,
-            "cv": cv, "held_out": new, "baseline": old, "held_out_rows": int(len(held)),
+            "cv": cv, "cv_folds": folds, "held_out": new, "baseline": old, "held_out_rows": int(len(held)),
             "baseline_version": baseline, "better": better, "promoted": promoted}
 
 

@@ -322,8 +322,10 @@ class Placement:
         integral of c L (the floor left out: an upper bound of the chance)."""
         self._accrue(j, now)
         if self.timed_out[j]:
-            # Slurm says TIMEOUT: a job alone never runs past its limit, which is at least twice
-            # its solo time on the slowest type, so interference took it there
+            # Slurm says TIMEOUT: a job alone never runs past its limit, so interference took it
+            # there; how far it is unknown (its solo time is), so it counts as beyond the bound.
+            # Exact where limits are at least the bound times the solo time (generated traces:
+            # 2x on the slowest type); over-charged where a limit is tighter (the 7-day cap)
             self._set_jrisk(j, 1.0)
             return
         lost_c, lost_k, lossy = self.lost_c[j], self.lost_k[j], self.lossy[j]
