@@ -324,3 +324,25 @@ def test_folds_keep_each_graph_whole():
         graph_folds(["same"] * 40, 5, seed=0)
     with pytest.raises(HorusError, match="would train on"):
         graph_folds([f"g{i % 2}" for i in range(30)], 5, seed=0)  # two graphs: 15 rows a fold
+
+
+def test_an_import_without_a_model_names_its_graph_by_batch_free_features(tmp_path):
+    # features-only rows had been keyed by their whole feature JSON, which changes with the
+    # batch size: one graph's runs at two batch sizes then fell in different folds
+    from pathlib import Path
+
+    from slurm_horus.graph.features import FEATURE_VERSION, extract_features
+    from slurm_horus.ledger.training import training_set
+
+    zoo = Path(__file__).parent / "data" / "zoo"
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    for jid, (model, bs) in enumerate([("resnet50", 8), ("resnet50", 32), ("mobilenet_v2", 8)], 1):
+        values = extract_features(zoo / f"{model}.onnx", batch_size=bs).values
+        L.record_submission(job_id=jid, cluster="import", features=values, feature_version=FEATURE_VERSION,
+                            workload={"batch_size": bs, "task": "train"},
+                            predictions={"a100-40gb": {"util_pct": 50.0, "mem_mib": 5000.0, "cold": {
+                                "util_pct": 50.0, "mem_mib": 5000.0}}})
+        L.record_usage(job_id=jid, cluster="import", source="import", util_mean=50.0,
+                       mem_peak_mib=5000.0, gpu_type="a100-40gb")
+    g = training_set(L).graphs
+    assert len(g) == 3 and g[0] == g[1] != g[2]

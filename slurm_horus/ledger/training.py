@@ -26,7 +26,7 @@ from slurm_horus.predict.workload import workload_from
 @dataclass
 class TrainingSet:
     keys: list = field(default_factory=list)       # "cluster/job_id" of each row
-    graphs: list = field(default_factory=list)     # each row's graph: sha256, else path, else features
+    graphs: list = field(default_factory=list)     # each row's graph: sha256, path or _graph_key
     X: list = field(default_factory=list)
     mem: list = field(default_factory=list)
     util: list = field(default_factory=list)
@@ -47,6 +47,14 @@ def stored_cold(c: dict | None, gpu) -> Prediction:
                       mem_mib_p90=float(c["mem_mib"]), predictor="cold-start",
                       breakdown={"gpu_ms_per_step": float(c.get("gpu_ms_per_step") or 0),
                                  "host_ms_per_step": float(c.get("host_ms_per_step") or 0)})
+
+
+def _graph_key(values: dict) -> str:
+    """What names a graph an import gives only features of: what it has at any batch size
+    (its size, its node count and depth, its FLOPs per sample to three figures)."""
+    per_sample = values["flops"] / max(values["batch_size"], 1)
+    return json.dumps([values[k] for k in ("params", "n_nodes", "depth", "kernels")]
+                      + [float(f"{per_sample:.3g}")])
 
 
 def completed_run(jobs):
@@ -95,7 +103,8 @@ def training_set(ledger) -> TrainingSet:
                 ts.skipped += 1
                 continue
             ts.keys.append(f"{cluster}/{int(job_id)}")
-            ts.graphs.append(sha or path or feats)
+            # an import without a model names its graph by what does not change with the batch
+            ts.graphs.append(sha or path or _graph_key(values))
             ts.mem.append(float(mem))
             ts.util.append(min(max(float(util), 0.0), 100.0))
             ts.cold_mem.append(cold.mem_mib)
