@@ -281,28 +281,35 @@ def check_ledger(url: str) -> list[Problem]:
     return out
 
 
+def _policy_bytes(pol: Path) -> bytes | None:
+    """The policy file as the hook reads it: at most one byte past its limit (over it, the hook
+    ignores the whole file); None when it cannot be read."""
+    from slurm_horus.slurm.policy import POLICY_MAX_BYTES
+
+    try:
+        with open(pol, "rb") as f:
+            return f.read(POLICY_MAX_BYTES + 1)
+    except OSError:
+        return None
+
+
 def check_policy_known_to_hook(pol: Path, hook: Path) -> list[Problem]:
     """Policy keys the installed hook's code never names: check_policy_lines judges the policy
     by this package's rules, but slurmctld runs the hook that is installed, and an older one
-    ignores a newer key (an upgrade that left the old hook in place)."""
-    from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_lines
+    ignores a newer key (an upgrade that left the old hook in place). Keys the package's rules
+    refuse are check_policy_lines' findings."""
+    from slurm_horus.slurm.policy import accepted_policy_keys
 
+    data = _policy_bytes(pol)
     try:
         with open(hook, "rb") as f:
             code = f.read(4 * 2**20).decode("utf-8", "replace")
-        with open(pol, "rb") as f:
-            text = f.read(POLICY_MAX_BYTES + 1).decode("utf-8", "replace")
     except OSError:
         return []
-    if "slurm_job_submit" not in code or "horus" not in code:
+    if data is None or "slurm_job_submit" not in code or "horus" not in code:
         return []  # not slurm-horus's hook: check_hook says so
-    ignored = {n for n, _, _ in ignored_policy_lines(text)}  # check_policy_lines names those
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        m = re.match(r"\s*([A-Za-z0-9_.]+)\s*=", line)
-        if not m or n in ignored:
-            continue
-        key = m.group(1)
+    for key in accepted_policy_keys(data.decode("utf-8", "surrogateescape")):
         name = "mem_mib" if re.fullmatch(r"gpu\.[^.]+\.mem_mib", key) else key
         if name not in code:
             out.append(Problem(f"policy key {key} is unknown to the installed hook {hook}: it "
@@ -316,10 +323,8 @@ def check_policy_lines(pol: Path) -> list[Problem]:
     too large for it to read at all."""
     from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_lines
 
-    try:
-        with open(pol, "rb") as f:
-            text = f.read(POLICY_MAX_BYTES + 1)
-    except OSError:
+    text = _policy_bytes(pol)
+    if text is None:
         return []
     if len(text) > POLICY_MAX_BYTES:
         return [Problem(f"policy {pol} is over {POLICY_MAX_BYTES} bytes: the hook ignores all of it",
@@ -450,13 +455,10 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
 
 
 def _policy_gpu_types(pol: Path) -> set[str]:
-    from slurm_horus.slurm.policy import POLICY_MAX_BYTES
-
-    try:
-        with open(pol, "rb") as f:
-            text = f.read(POLICY_MAX_BYTES + 1).decode("utf-8", "replace")
-    except OSError:
+    data = _policy_bytes(pol)
+    if data is None:
         return set()
+    text = data.decode("utf-8", "replace")
     return set(re.findall(r"^\s*gpu\.([a-z0-9_\-]{1,32})\.mem_mib\s*=", text, re.M))
 
 

@@ -251,12 +251,11 @@ class Placement:
         jrisk, cur_req, jlim = self.jrisk, self.cur_req, self.jlim
         res = [x for x in self.gjobs[g] if cur_req[x].share is not None]
         longest = max(jlim[x] for x in res)
-        ex = self.itf.exceed_shares
-        r = ex(su, n, (1.0 + (b - 1.0) / min(1.0, longest / lim),))[0]
+        r = self.itf.exceed_share(su, n, 1.0 + (b - 1.0) / min(1.0, longest / lim))
         if self._over_budget(r, budget):
             return None
         out, added, var = [(-1, r)], r, r * (1.0 - r)
-        shares = ex(su, n, [1.0 + (b - 1.0) / min(1.0, lim / jlim[x]) for x in res])
+        shares = self.itf.exceed_shares(su, n, [1.0 + (b - 1.0) / min(1.0, lim / jlim[x]) for x in res])
         for x, r in zip(res, shares):
             out.append((x, r))
             old = jrisk[x]

@@ -169,6 +169,12 @@ def ignored_policy_lines(text: str) -> list[tuple[int, str, str]]:
     return [(n + 1, key, value) for n, key, value, ok in _policy_entries(text) if not ok]
 
 
+def accepted_policy_keys(text: str) -> list[str]:
+    """The keys of the ``key = value`` lines the hook takes, once each, in file order (the
+    twin of ignored_policy_lines)."""
+    return list(dict.fromkeys(key for _, key, _, ok in _policy_entries(text) if ok))
+
+
 def policy_values(text: str) -> dict[str, str]:
     """Every key the policy text sets validly, with the value the hook uses (the last accepted
     line's); keys it leaves at the hook's built-in default are absent."""
