@@ -652,13 +652,13 @@ def test_horus_keeps_the_predicted_tail_within_the_bounds_share():
     reqs = [Request((0,), 1, 1, (99, 4000, (1.0,), 2000))] * 2
     sim, m = run(one_node(1), heavy, reqs)
     assert sorted(sim.start[j.id] for j in heavy) == [0, 1000] and m["shared_starts"] == 2
-    # allowing half of the jobs beyond the bound (quantile 0.5) is not enough either: 0.42 jobs
-    # expected beyond it, but with 95 % confidence (1.645 standard deviations of that count,
-    # sqrt(2 x 0.21 x 0.79)) up to 1.37, above the 1.0 allowed to two jobs.  Allowing 80 %
-    # (1.6), they share at once
-    sim, m = run(one_node(1), heavy, reqs, slowdown_quantile=0.5)
-    assert sorted(sim.start[j.id] for j in heavy) == [0, 1000]
+    # allowing 80 % of the jobs beyond the bound (quantile 0.2) is not enough either: 0.42 jobs
+    # expected beyond it, but with 99 % confidence (2.326 standard deviations of that count,
+    # sqrt(2 x 0.21 x 0.79)) up to 1.76, above the 1.6 allowed to two jobs.  Allowing 90 %
+    # (1.8), they share at once
     sim, m = run(one_node(1), heavy, reqs, slowdown_quantile=0.2)
+    assert sorted(sim.start[j.id] for j in heavy) == [0, 1000]
+    sim, m = run(one_node(1), heavy, reqs, slowdown_quantile=0.1)
     assert [sim.start[j.id] for j in heavy] == [0, 0]
     share = Interference().exceed_share(198, 2, 2.0)
     assert sim.risk == pytest.approx(2 * share) and sim.risk_var == pytest.approx(2 * share * (1 - share))
@@ -673,7 +673,7 @@ def test_the_tail_budget_settles_on_the_time_jobs_really_spent_together():
     settled to nothing when they end."""
     heavy = [job(0, 0, 1000, util=99, mem=4000, limit=2000), job(1, 900, 1000, util=99, mem=4000, limit=2000)]
     reqs = [Request((0,), 1, 1, (99, 4000, (1.0,), 2000))] * 2
-    sim, m = run(one_node(1), heavy, reqs, slowdown_quantile=0.2)
+    sim, m = run(one_node(1), heavy, reqs, slowdown_quantile=0.1)
     assert [sim.start[j.id] for j in heavy] == [0, 900] and m["shared_starts"] == 2
     assert sim.end[0] == pytest.approx(900 + 100 / Interference().speed(198, 2))
     assert sim.risk == pytest.approx(0.0) and sim.jrisk == [0.0, 0.0] and sim.risk_var == pytest.approx(0.0)
@@ -690,7 +690,7 @@ def test_the_settled_charge_integrates_the_loss_over_the_run_not_its_wall_share(
     pair = itf.speed(198, 2)
     jobs = [job(0, 0, 1000, util=99, mem=4000, limit=2000), job(1, 0, 600, util=99, mem=4000, limit=2000)]
     reqs = [Request((0,), 1, 1, (99, 4000, (1.0,), 2000))] * 2
-    sim, m = run(one_node(1), jobs, reqs, slowdown_quantile=0.2)
+    sim, m = run(one_node(1), jobs, reqs, slowdown_quantile=0.1)
     assert [sim.start[j.id] for j in jobs] == [0, 0]
     assert sim.end[1] == pytest.approx(600 / pair) and sim.end[0] == pytest.approx(600 / pair + 400)
     assert sim.jrisk[1] == pytest.approx(itf.exceed_share(198, 2, 2.0)) and sim.jrisk[0] == 0.0
@@ -862,3 +862,23 @@ def test_budget_shortcut_never_refuses_a_join_the_exact_test_takes():
             refused += 1
             assert exact_refuses
     assert refused > 1000  # the shortcut does refuse (it is what saves the time)
+
+
+def test_under_pressure_a_job_joins_the_group_where_it_runs_fastest_not_the_lightest():
+    # GPU 0 (A100) runs a 70 % job, GPU 1 (T4, 3.42x slower) a 20 % one; a 40 % job arrives and
+    # none is idle.  Beside the T4 job it would lose nothing to interference but run 3.42x
+    # longer; beside the A100 job (110 %: median speed 0.94) it finishes far sooner, so it pairs there
+    c = ClusterSpec((NodeSpec("a", "a100", 1), NodeSpec("t", "t4", 1)))
+    rx = {"a100": 1.0, "t4": 3.42}
+
+    def two_type_job(i, submit, util):
+        return SimJob(i, submit, 1000, 1, 10000, "test", {t: (util, 2000, 2000) for t in rx},
+                      {t: (util, 2000) for t in rx}, runtime_x=rx)
+
+    jobs = [two_type_job(0, 0, 70), two_type_job(1, 1, 20), two_type_job(2, 2, 40)]
+    reqs = [Request((0, 1), 1, 1, (70, 2000, (1.0, 3.42), 10000)),
+            Request((1,), 1, 1, (20, 2000, (1.0, 3.42), 10000)),  # a T4-only job
+            Request((0, 1), 1, 1, (40, 2000, (1.0, 3.42), 10000))]
+    sim, _ = run(c, jobs, reqs)
+    assert sim.start[2] == 2 and sim.end[0] > 1000  # beside job 0, which it slows
+    assert sim.end[2] - sim.start[2] < 1100  # about 1,000 / 0.94 on the A100, not 3,420 on the T4

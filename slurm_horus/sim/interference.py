@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Sequence
 
+import numpy as np
+
 from slurm_horus.errors import HorusError
 
 __all__ = ["Interference", "LUCID_POINTS", "SENSITIVITY_SIGMA", "parse_points", "sensitivity_at", "share_above"]
@@ -100,6 +102,13 @@ class Interference:
         if n_jobs > 2 or self.mem_bw_penalty:
             s *= self._crowd(n_jobs)
         return s
+
+    def median_speeds(self, sums: np.ndarray, n_jobs: np.ndarray) -> np.ndarray:
+        """:meth:`speed` of the median job (sensitivity 1) for arrays of summed utils and group
+        sizes >= 2, at once (the horus scheduler prices every candidate group)."""
+        xs, ys = zip(*self.points)
+        crowd = np.array([self._crowd(n) if n >= 2 else 1.0 for n in range(int(n_jobs.max(initial=0)) + 1)])
+        return np.interp(sums, xs, ys) * crowd[n_jobs]
 
     def _crowd(self, n_jobs: int) -> float:
         """The factor on every speed in a group of ``n_jobs`` >= 2 beyond the pair curve:
