@@ -882,3 +882,16 @@ def test_under_pressure_a_job_joins_the_group_where_it_runs_fastest_not_the_ligh
     sim, _ = run(c, jobs, reqs)
     assert sim.start[2] == 2 and sim.end[0] > 1000  # beside job 0, which it slows
     assert sim.end[2] - sim.start[2] < 1100  # about 1,000 / 0.94 on the A100, not 3,420 on the T4
+
+
+def test_a_join_is_priced_with_the_slowdown_it_gives_its_partners():
+    # GPU 0 holds two 10 % jobs, GPU 1 one 70 % job; a 40 % job arrives and none is idle.  In
+    # the trio (60 %, speed 0.95 beyond pairs) it would itself run faster than beside the 70 %
+    # job (110 %: 0.94), but it would slow two partners instead of one: 1/0.95 + 2 (1/0.95 - 1)
+    # = 1.16 runtimes against 1/0.94 + (1/0.94 - 1) = 1.13, so it pairs with the 70 % job
+    light, mid, new = ((u, 2000, (1.0,), 2000) for u in (10, 70, 40))
+    jobs = [job(0, 0, 1000, util=10), job(1, 1, 1000, util=10), job(2, 2, 1000, util=70), job(3, 3, 1000, util=40)]
+    sim, _ = run(one_node(2), jobs, [Request((0,), 1, 1, s) for s in (light, light, mid, new)])
+    assert sim.start == [0, 1, 2, 3]
+    assert (sim.end[0], sim.end[1]) == (1000, 1001)  # the light pair was left alone
+    assert sim.end[2] > 1030 and sim.end[3] > 1030

@@ -105,10 +105,10 @@ class Interference:
 
     def median_speeds(self, sums: np.ndarray, n_jobs: np.ndarray) -> np.ndarray:
         """:meth:`speed` of the median job (sensitivity 1) for arrays of summed utils and group
-        sizes >= 2, at once (the horus scheduler prices every candidate group)."""
+        sizes, at once (the horus scheduler prices every candidate group)."""
         xs, ys = zip(*self.points)
         crowd = np.array([self._crowd(n) if n >= 2 else 1.0 for n in range(int(n_jobs.max(initial=0)) + 1)])
-        return np.interp(sums, xs, ys) * crowd[n_jobs]
+        return np.where(n_jobs >= 2, np.interp(sums, xs, ys) * crowd[n_jobs], 1.0)
 
     def _crowd(self, n_jobs: int) -> float:
         """The factor on every speed in a group of ``n_jobs`` >= 2 beyond the pair curve:

@@ -166,11 +166,11 @@ class Placement:
         waiting job can have one (spread); under queue pressure (more jobs wait than GPUs are
         idle: idle GPUs then are a draining node's, or the next whole-GPU job's), among the
         groups where the summed predicted util keeps the median job within the bound and the
-        predicted p90 memories fit, the one where it is predicted to finish soonest (its type's
-        runtime over the group's median speed; ranking the fewest jobs first paired jobs beside
-        T4s while A100 groups had room), if the tail stays within the bound's share (_join_risk) and,
-        against an idle GPU of a slower type, the median slowdown there costs less than that
-        GPU does (else the idle GPU)."""
+        predicted p90 memories fit, the one where the join adds the least predicted run time
+        (the job's on that type, its partners' slowdown; ranking the fewest jobs first paired jobs
+        beside T4s while A100 groups had room), if the tail stays within the bound's share (_join_risk) and,
+        against an idle GPU of a slower type, the join adds less predicted time than that GPU
+        takes (else the idle GPU)."""
         u, m, rx, lim = req.share
         if u < self.free_sum:
             cand = np.flatnonzero(self.lone_pu <= self.free_sum - u)
@@ -202,17 +202,22 @@ class Placement:
         cand = np.flatnonzero(ok)
         if not len(cand):
             return best
-        # where the job is predicted to finish soonest: its runtime on the GPU's type over the
-        # group's median speed with it (the fewest jobs, then the least util, on ties)
-        cost = np.asarray(rx)[self.gtype_np[cand]] / self.itf.median_speeds(self.pu[cand] + u, self.ns[cand] + 1)
+        # where the join costs the least predicted time: the job's runtime on the GPU's type over
+        # the group's median speed with it, plus, per partner, the share of its runtime the job
+        # adds (its speed before over its speed after, less one); the fewest jobs, then the least
+        # util, on ties.  Set against an idle GPU below, which adds the job's runtime there
+        ns = self.ns[cand]
+        new_speed = self.itf.median_speeds(self.pu[cand] + u, ns + 1)
+        cost = (np.asarray(rx)[self.gtype_np[cand]] / new_speed
+                + ns * (self.itf.median_speeds(self.pu[cand], ns) / new_speed - 1.0))
         i = np.lexsort((self.rank[cand], cost))[0]
         g = int(cand[i])
         risk = self._join_risk(g, u, lim, budget)
         if risk is None or self.risk + risk[1] + TAIL_Z * max(self.risk_var + risk[2], 0.0) ** 0.5 > budget:
             return best  # the predicted tail may use up more than the bound's share
-        # co-locate on a faster type rather than run alone on a slower one when the predicted
-        # slowdown there costs less than the slower GPU does; when the chosen group is on the
-        # slower type, an idle GPU of that type costs no tail budget
+        # co-locate on a faster type rather than run alone on a slower one when the join adds
+        # less predicted time than the slower GPU does; when the chosen group is on the slower
+        # type, an idle GPU of that type costs no tail budget
         if cost[i] >= best_cost and not (pressure and self.gtype[g] == self.gtype[best[0]]):
             return best
         self.last_risk = (g, u, risk)  # what _start charges when the job starts there
