@@ -895,3 +895,13 @@ def test_a_join_is_priced_with_the_slowdown_it_gives_its_partners():
     assert sim.start == [0, 1, 2, 3]
     assert (sim.end[0], sim.end[1]) == (1000, 1001)  # the light pair was left alone
     assert sim.end[2] > 1030 and sim.end[3] > 1030
+
+
+def test_median_speeds_are_speed_for_arrays_of_groups():
+    rng = np.random.default_rng(3)
+    sums, ns = rng.uniform(0, 500, 400), rng.integers(1, 7, 400)
+    for itf in (Interference(), Interference(mem_bw_penalty=0.1), Interference(beyond_pairs=0.0)):
+        assert itf.median_speeds(sums, ns) == pytest.approx([itf.speed(x, int(n)) for x, n in zip(sums, ns)])
+    big = np.array([2, 3000])  # more jobs than the precomputed table holds
+    assert Interference().median_speeds(np.array([150.0, 150.0]), big) == pytest.approx(
+        [Interference().speed(150.0, 2), Interference().speed(150.0, 3000)])

@@ -82,6 +82,9 @@ class Interference:
             raise HorusError("interference: mem_bw_penalty and beyond_pairs must be in [0, 1)")
         object.__setattr__(self, "points", pts)
         object.__setattr__(self, "_xs", [p[0] for p in pts])
+        object.__setattr__(self, "_curve", (np.array(self._xs), np.array([p[1] for p in pts])))
+        # _crowd by group size, for median_speeds
+        object.__setattr__(self, "_crowds", np.array([1.0, 1.0] + [self._crowd(n) for n in range(2, 1025)]))
 
     def speed(self, sum_util_pct: float, n_jobs: int = 2, sens: float = 1.0) -> float:
         """Per-job speed (0..1] of a job of sensitivity ``sens`` among ``n_jobs`` co-located jobs
@@ -106,9 +109,11 @@ class Interference:
     def median_speeds(self, sums: np.ndarray, n_jobs: np.ndarray) -> np.ndarray:
         """:meth:`speed` of the median job (sensitivity 1) for arrays of summed utils and group
         sizes, at once (the horus scheduler prices every candidate group)."""
-        xs, ys = zip(*self.points)
-        crowd = np.array([self._crowd(n) if n >= 2 else 1.0 for n in range(int(n_jobs.max(initial=0)) + 1)])
-        return np.where(n_jobs >= 2, np.interp(sums, xs, ys) * crowd[n_jobs], 1.0)
+        crowds = self._crowds
+        if n_jobs.max(initial=0) >= len(crowds):  # groups beyond the table
+            crowds = np.array([1.0, 1.0] + [self._crowd(n) for n in range(2, int(n_jobs.max()) + 1)])
+        s = np.interp(sums, *self._curve) * crowds[n_jobs]
+        return s if n_jobs.min(initial=2) >= 2 else np.where(n_jobs >= 2, s, 1.0)
 
     def _crowd(self, n_jobs: int) -> float:
         """The factor on every speed in a group of ``n_jobs`` >= 2 beyond the pair curve:

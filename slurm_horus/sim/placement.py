@@ -102,6 +102,7 @@ class Placement:
         self.uroom = np.full(G, -INF)
         self.rank = np.zeros(G)
         self.lone_pu = np.full(G, INF)  # predicted util of a GPU's only shareable job, else inf
+        self.pspeed = np.ones(G)  # the predicted median speed of a GPU's shareable jobs
         self.whole_req = [Request((t,), S, 1) for t in range(len(types))]
         # the slowdown tail budget (_join_risk): jobs expected beyond the bound, charged so far,
         # each job's worst share so far, first starts, and the last join _share_place priced
@@ -158,6 +159,7 @@ class Placement:
         self.uroom[g] = self.umax[n + 1] - pu if 1 <= n < self.max_group else -INF
         self.rank[g] = pu + 1000.0 * n
         self.lone_pu[g] = pu if n == 1 and self.max_group > 1 else INF
+        self.pspeed[g] = self.itf.speed(pu, n)
 
     def _share_place(self, req: Request, exclude: set | None) -> list[int] | None:
         """The horus scheduler.  A job that a lone partner on its fastest type would not slow
@@ -209,7 +211,7 @@ class Placement:
         ns = self.ns[cand]
         new_speed = self.itf.median_speeds(self.pu[cand] + u, ns + 1)
         cost = (np.asarray(rx)[self.gtype_np[cand]] / new_speed
-                + ns * (self.itf.median_speeds(self.pu[cand], ns) / new_speed - 1.0))
+                + ns * (self.pspeed[cand] / new_speed - 1.0))
         i = np.lexsort((self.rank[cand], cost))[0]
         g = int(cand[i])
         risk = self._join_risk(g, u, lim, budget)
