@@ -654,7 +654,7 @@ def test_horus_keeps_the_predicted_tail_within_the_bounds_share():
     assert sorted(sim.start[j.id] for j in heavy) == [0, 1000] and m["shared_starts"] == 2
     # allowing 80 % of the jobs beyond the bound (quantile 0.2) is not enough either: 0.42 jobs
     # expected beyond it, but with 99 % confidence (2.326 standard deviations of that count,
-    # sqrt(2 x 0.21 x 0.79)) up to 1.76, above the 1.6 allowed to two jobs.  Allowing 90 %
+    # sqrt(2 x 0.21 x 0.79)) up to 1.75, above the 1.6 allowed to two jobs.  Allowing 90 %
     # (1.8), they share at once
     sim, m = run(one_node(1), heavy, reqs, slowdown_quantile=0.2)
     assert sorted(sim.start[j.id] for j in heavy) == [0, 1000]

@@ -30,9 +30,10 @@ import bisect
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from slurm_horus.errors import HorusError
 
@@ -82,9 +83,6 @@ class Interference:
             raise HorusError("interference: mem_bw_penalty and beyond_pairs must be in [0, 1)")
         object.__setattr__(self, "points", pts)
         object.__setattr__(self, "_xs", [p[0] for p in pts])
-        object.__setattr__(self, "_curve", (np.array(self._xs), np.array([p[1] for p in pts])))
-        # _crowd by group size, for median_speeds
-        object.__setattr__(self, "_crowds", np.array([1.0, 1.0] + [self._crowd(n) for n in range(2, 1025)]))
 
     def speed(self, sum_util_pct: float, n_jobs: int = 2, sens: float = 1.0) -> float:
         """Per-job speed (0..1] of a job of sensitivity ``sens`` among ``n_jobs`` co-located jobs
@@ -106,13 +104,20 @@ class Interference:
             s *= self._crowd(n_jobs)
         return s
 
-    def median_speeds(self, sums: np.ndarray, n_jobs: np.ndarray) -> np.ndarray:
-        """:meth:`speed` of the median job (sensitivity 1) for arrays of summed utils and group
-        sizes, at once (the horus scheduler prices every candidate group)."""
-        crowds = self._crowds
-        if n_jobs.max(initial=0) >= len(crowds):  # groups beyond the table
-            crowds = np.array([1.0, 1.0] + [self._crowd(n) for n in range(2, int(n_jobs.max()) + 1)])
-        s = np.interp(sums, *self._curve) * crowds[n_jobs]
+    def median_speeds(self, sums: "np.ndarray", n_jobs: "np.ndarray") -> "np.ndarray":
+        """:meth:`speed` of the median job (sensitivity 1) for numpy arrays of summed utils and
+        group sizes, at once (the horus scheduler prices every candidate group).  numpy is
+        imported here: the queue loop reads this module too and needs none of it."""
+        import numpy as np
+
+        tables = self.__dict__.get("_tables")
+        if tables is None or n_jobs.max(initial=0) >= len(tables[2]):
+            size = max(1025, int(n_jobs.max(initial=0)) + 1)  # _crowd by group size
+            tables = (np.array(self._xs), np.array([p[1] for p in self.points]),
+                      np.array([1.0, 1.0] + [self._crowd(n) for n in range(2, size)]))
+            object.__setattr__(self, "_tables", tables)
+        xs, ys, crowds = tables
+        s = np.interp(sums, xs, ys) * crowds[n_jobs]
         return s if n_jobs.min(initial=2) >= 2 else np.where(n_jobs >= 2, s, 1.0)
 
     def _crowd(self, n_jobs: int) -> float:

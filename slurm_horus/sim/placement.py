@@ -170,7 +170,8 @@ class Placement:
         groups where the summed predicted util keeps the median job within the bound and the
         predicted p90 memories fit, the one where the join adds the least predicted run time
         (the job's on that type, its partners' slowdown; ranking the fewest jobs first paired jobs
-        beside T4s while A100 groups had room), if the tail stays within the bound's share (_join_risk) and,
+        beside T4s while A100 groups had room), if its tail stays within the bound's share
+        (_join_risk; no other group is tried when it does not) and,
         against an idle GPU of a slower type, the join adds less predicted time than that GPU
         takes (else the idle GPU)."""
         u, m, rx, lim = req.share
@@ -212,7 +213,7 @@ class Placement:
         new_speed = self.itf.median_speeds(self.pu[cand] + u, ns + 1)
         cost = (np.asarray(rx)[self.gtype_np[cand]] / new_speed
                 + ns * (self.pspeed[cand] / new_speed - 1.0))
-        i = np.lexsort((self.rank[cand], cost))[0]
+        i = np.lexsort((self.rank[cand], cost.round(9)))[0]  # rounding drift is no tie-break
         g = int(cand[i])
         risk = self._join_risk(g, u, lim, budget)
         if risk is None or self.risk + risk[1] + TAIL_Z * max(self.risk_var + risk[2], 0.0) ** 0.5 > budget:
