@@ -288,3 +288,10 @@ def test_calibrated_bounds_start_from_the_base_figure_where_site_offsets_moved_i
     plain = cal.apply(Prediction(gpu="a100-40gb", util_pct=40.0, mem_mib=6000.0, mem_mib_p90=6000.0,
                                  predictor="cold-start"))
     assert plain.mem_mib_p90 == 6000.0  # no offset: the estimate itself, as before
+
+
+def test_a_graph_counts_for_the_user_who_ran_it_most_in_both_pooled_medians():
+    # families/users pools and site offsets weigh graphs by one owner, chosen the same way
+    from slurm_horus.predict.history import _owner
+    assert _owner(["bob", "alice", "alice"]) == "alice"  # not the first run's user
+    assert _owner(iter(["bob", "alice"])) == "bob"       # a tie: the earliest

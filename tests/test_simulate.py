@@ -841,8 +841,8 @@ def test_simulate_takes_the_slowdown_bound_from_the_policy_file(tmp_path):
 
 def test_budget_shortcut_never_refuses_a_join_the_exact_test_takes():
     # _over_budget refuses a join from the newcomer's share alone; it must never refuse one the
-    # full test (risk + added + z x sd <= budget, over any partners) would have taken
-    from slurm_horus.sim.placement import TAIL_Z, Placement
+    # full test (_fails_budget: risk + added + z x sd <= budget, over any partners) would take
+    from slurm_horus.sim.placement import Placement
     rng = np.random.default_rng(7)
     p = object.__new__(Placement)
     refused = 0
@@ -857,7 +857,7 @@ def test_budget_shortcut_never_refuses_a_join_the_exact_test_takes():
             if new > old:
                 added += new - old
                 var += new * (1 - new) - old * (1 - old)
-        exact_refuses = p.risk + added + TAIL_Z * max(p.risk_var + var, 0.0) ** 0.5 > budget
+        exact_refuses = p._fails_budget(added, var, budget)
         if p._over_budget(r, budget):
             refused += 1
             assert exact_refuses

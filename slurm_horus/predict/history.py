@@ -145,6 +145,12 @@ def _pool(summaries: list[tuple[float | None, float | None]], users: list) -> di
             "n": len(ratios)}
 
 
+def _owner(users) -> object:
+    """The user a graph's runs count for in pooled medians (_user_weights): the one who ran
+    it most, the earliest of them on a tie."""
+    return Counter(users).most_common(1)[0][0]
+
+
 def _by_user(pairs: list[tuple[float, object]]) -> tuple[list[float], list[float]]:
     """(values, weights) of (value, user) pairs, weights from _user_weights."""
     return [v for v, _ in pairs], _user_weights([u for _, u in pairs])
@@ -251,8 +257,7 @@ class HistoryPredictor:
         for (gpu, name), graphs in sorted(by.items()):
             off = self.cold_offset(gpu)
             pooled = _pool([_graph_summary(rs, off) for rs in graphs.values()],
-                           [Counter(r.get("user") for r in rs).most_common(1)[0][0]
-                            for rs in graphs.values()])
+                           [_owner(r.get("user") for r in rs) for rs in graphs.values()])
             if pooled:
                 out[gpu][name] = pooled
         return dict(out)
@@ -262,10 +267,10 @@ class HistoryPredictor:
         """Per GPU type and base predictor: median residual (measured - predicted) of memory
         and utilization, each graph's median counted once."""
         by = defaultdict(lambda: defaultdict(list))
-        owner: dict = {}
+        users = defaultdict(list)
         for i, r in enumerate(runs):
             graph = r.get("sha") or f"#{i}"
-            owner.setdefault(graph, r.get("user"))
+            users[graph].append(r.get("user"))
             if r.get("cold_mem"):
                 by[(r["gpu"], "cold-start")][graph].append(
                     (r["mem"] - r["cold_mem"], None if r.get("util") is None
@@ -274,6 +279,7 @@ class HistoryPredictor:
                 by[(r["gpu"], r["base"])][graph].append(
                     (r["mem"] - r["base_mem"], None if r.get("util") is None
                      or r.get("base_util") is None else r["util"] - r["base_util"]))
+        owner = {g: _owner(u) for g, u in users.items()}
         out: dict[str, dict[str, dict]] = defaultdict(dict)
         for (gpu, base), graphs in sorted(by.items()):
             jobs = sum(len(v) for v in graphs.values())

@@ -216,7 +216,7 @@ class Placement:
         i = np.lexsort((self.rank[cand], cost.round(9)))[0]  # rounding drift is no tie-break
         g = int(cand[i])
         risk = self._join_risk(g, u, lim, budget)
-        if risk is None or self.risk + risk[1] + TAIL_Z * max(self.risk_var + risk[2], 0.0) ** 0.5 > budget:
+        if risk is None or self._fails_budget(risk[1], risk[2], budget):
             return best  # the predicted tail may use up more than the bound's share
         # co-locate on a faster type rather than run alone on a slower one when the join adds
         # less predicted time than the slower GPU does; when the chosen group is on the slower
@@ -259,9 +259,9 @@ class Placement:
         the sum of share x (1 - share)).  A job co-located for a fraction f of its work is
         beyond the bound b only if its speed there is below 1 / (1 + (b - 1) / f); f is
         estimated from the time limits, the only lengths Slurm knows: min(1, partner's limit /
-        own limit).  None when the newcomer's share alone fails the budget's test (risk + added
-        + TAIL_Z x its standard deviation <= ``budget``) whatever the partners add
-        (_over_budget): the join would be refused anyway."""
+        own limit).  None when the newcomer's share alone fails the budget's test
+        (_fails_budget) whatever the partners add (_over_budget): the join would be refused
+        anyway."""
         su, n, b = float(self.pu[g]) + u, int(self.ns[g]) + 1, self.bound
         jrisk, cur_req, jlim = self.jrisk, self.cur_req, self.jlim
         res = [x for x in self.gjobs[g] if cur_req[x].share is not None]
@@ -278,6 +278,12 @@ class Placement:
                 added += r - old
                 var += r * (1.0 - r) - old * (1.0 - old)
         return out, added, var
+
+    def _fails_budget(self, added: float, var: float, budget: float) -> bool:
+        """The budget's test: a join adding ``added`` expected jobs beyond the bound (and
+        ``var`` to the count's variance) is refused when the count plus TAIL_Z standard
+        deviations of it would exceed ``budget``."""
+        return self.risk + added + TAIL_Z * max(self.risk_var + var, 0.0) ** 0.5 > budget
 
     def _over_budget(self, r: float, budget: float) -> bool:
         """Whether a newcomer of share r fails the budget's test for certain: partners adding D
