@@ -221,17 +221,30 @@ def _packaged(name: str) -> str:
 def check_hook(conf_dir: Path) -> list[Problem]:
     """slurmctld loads job_submit.lua from slurm.conf's folder; it runs as root."""
     hook = conf_dir / "job_submit.lua"
-    try:
-        text = hook.read_text(errors="replace")
-    except OSError:
+    code = _hook_code(hook)
+    if code is None:
         return [Problem(f"{hook} is missing: no packing",
                         f"install slurm-horus's {_packaged('job_submit.lua')} as {hook}")]
     out = []
-    if "slurm_job_submit" not in text or "horus" not in text:
+    if not _is_horus_hook(code):
         out.append(Problem(f"{hook} is not slurm-horus's hook",
                            f"install {_packaged('job_submit.lua')} as {hook}"))
     out += _trusted(hook.resolve(), "the hook")
     return out
+
+
+def _hook_code(hook: Path) -> str | None:
+    """The hook's source (its first 4 MiB: the shipped one is a few tens of kB); None when it
+    cannot be read."""
+    try:
+        with open(hook, "rb") as f:
+            return f.read(4 * 2**20).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _is_horus_hook(code: str) -> bool:
+    return "slurm_job_submit" in code and "horus" in code
 
 
 def _trusted(path: Path, what: str) -> list[Problem]:
@@ -300,14 +313,9 @@ def check_policy_known_to_hook(pol: Path, hook: Path) -> list[Problem]:
     refuse are check_policy_lines' findings."""
     from slurm_horus.slurm.policy import accepted_policy_keys
 
-    data = _policy_bytes(pol)
-    try:
-        with open(hook, "rb") as f:
-            code = f.read(4 * 2**20).decode("utf-8", "replace")
-    except OSError:
-        return []
-    if data is None or "slurm_job_submit" not in code or "horus" not in code:
-        return []  # not slurm-horus's hook: check_hook says so
+    data, code = _policy_bytes(pol), _hook_code(hook)
+    if data is None or code is None or not _is_horus_hook(code):
+        return []  # no hook, or not slurm-horus's: check_hook says so
     out = []
     for key in accepted_policy_keys(data.decode("utf-8", "surrogateescape")):
         name = "mem_mib" if re.fullmatch(r"gpu\.[^.]+\.mem_mib", key) else key
