@@ -3,6 +3,7 @@
     python benchmarks/bench_accuracy.py            # both tables
     python benchmarks/bench_accuracy.py --real     # real models only (cold start)
     python benchmarks/bench_accuracy.py --mlp      # 3,000 MLP runs: cold start and learned (80/20)
+    python benchmarks/bench_accuracy.py --fit-util # fit the cold start's utilization constants (80/20)
 
 The GPU is treated as an A100 40 GB; training with Adam in fp32, as in the data set. Prints a
 Markdown table for BENCHMARKS.md. Skips (exit 0) with a message when the data is absent.
@@ -16,6 +17,7 @@ import json
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -27,12 +29,21 @@ gm = importlib.util.module_from_spec(_spec)
 sys.modules["gpumemnet"] = gm
 _spec.loader.exec_module(gm)
 
-from slurm_horus.predict.coldstart import ColdStartEstimator, Workload  # noqa: E402
+from slurm_horus.predict.coldstart import ColdStartEstimator, ColdStartParams, Workload  # noqa: E402
 from slurm_horus.graph.features import extract_features  # noqa: E402
 from slurm_horus.predict.gpus import get_gpu  # noqa: E402
-from slurm_horus.predict.learned import accuracy, input_row, train_holdout  # noqa: E402
+from slurm_horus.predict.learned import accuracy, holdout_split, input_row, train_holdout  # noqa: E402
 
 GPU = "a100-40gb"
+# The cold start's utilization constants and the physically plausible range each is fitted in.
+UTIL_BOUNDS = {
+    "launch_us": (3.0, 20.0),              # host cost of one eager kernel
+    "kernel_min_us": (1.5, 8.0),           # shortest kernel, launch latency included
+    "compute_efficiency": (0.2, 0.9),      # of peak FLOP/s
+    "memory_efficiency": (0.4, 0.95),      # of peak bandwidth
+    "step_overhead_us": (50.0, 5000.0),    # data loader, loss.item() sync, zero_grad
+    "input_gbs": (0.5, 25.0),              # host->device input copy incl. collation
+}
 ZOO = ROOT / "tests" / "data"
 # Sequence lengths the data set does not state; GPUMemNet's own module dumps of these runs are
 # named by them (Test_Pipeline/Trans_models/BERT_base_bs:32_sl:512.txt, gpt2_large_bs:8_sl:512.txt, ...).
@@ -84,6 +95,60 @@ def _mlp_point(row: dict):
     return input_row(report.values, gpu, w, cold), cold.mem_mib, cold.util_pct
 
 
+def _mlp_report(row: dict):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "mlp.onnx"
+        gm.build_mlp_onnx(row, path)
+        return extract_features(path, batch_size=row["batch_size"])
+
+
+def fit_util(seed: int = 0) -> None:
+    """The cold start's utilization constants, fitted (Powell, in log space, each within its
+    UTIL_BOUNDS range; RMSLE) on the training part of the valid MLP runs (the split --mlp scores
+    the learned model on) from two starts, the middle of every range and the constants the
+    package ships (Powell finds a local optimum: the start matters), each scored on the held-out
+    part."""
+    import numpy as np
+    from scipy.optimize import minimize
+
+    rows = [r for r in gm.mlp_rows() if r["smact"] > 0]  # the failed measurements out, as --mlp
+    with ProcessPoolExecutor(2) as pool:
+        reports = list(pool.map(_mlp_report, rows, chunksize=50))
+    gpu = get_gpu(GPU)
+    work = [Workload(batch_size=r["batch_size"]) for r in rows]
+    util = np.array([r["util_pct"] for r in rows], float)
+    test, train = holdout_split(len(rows), 0.2, seed)
+    names = list(UTIL_BOUNDS)
+    shipped = ColdStartParams()
+
+    def params_of(logx) -> ColdStartParams:
+        return replace(shipped, **{n: float(np.exp(v)) for n, v in zip(names, logx)})
+
+    def predicted(params: ColdStartParams, idx) -> np.ndarray:
+        est = ColdStartEstimator(params)
+        return np.array([est.utilization_pct(reports[i], gpu, work[i])[0] for i in idx])
+
+    def rmsle(params: ColdStartParams, idx) -> float:
+        return float(np.sqrt(np.mean((np.log1p(predicted(params, idx)) - np.log1p(util[idx])) ** 2)))
+
+    bounds = [(np.log(lo), np.log(hi)) for lo, hi in UTIL_BOUNDS.values()]
+    starts = {"the middle of the ranges": [(lo + hi) / 2 for lo, hi in bounds],
+              "the shipped constants": [np.log(getattr(shipped, n)) for n in names]}
+    table = []
+    for label, x0 in starts.items():
+        res = minimize(lambda x: rmsle(params_of(x), train), x0, method="Powell", bounds=bounds,
+                       options={"xtol": 1e-3, "ftol": 1e-5})
+        table += [(label, params_of(x0)), (f"fitted from {label} ({res.nfev} evaluations)", params_of(res.x))]
+    print(f"MLP training runs with a valid measurement: {len(rows)}; fitted on {len(train)}, "
+          f"scored on the {len(test)} held out (seed {seed}).\n")
+    print("| constants | " + " | ".join(names) + " | held-out RMSLE | held-out MAE | training RMSLE |")
+    print("|---|" + "---|" * (len(names) + 3))
+    for label, p in table:
+        m = accuracy([1.0] * len(test), [1.0] * len(test), predicted(p, test), util[test])
+        print(f"| {label} | " + " | ".join(f"{getattr(p, n):.3g}" for n in names)
+              + f" | {m['util_rmsle']:.3f} | {m['util_mae_pct']:.2f} pp | {rmsle(p, train):.3f} |")
+
+
 def mlp(seed: int = 0) -> None:
     """Cold start and learned, on a fixed 80/20 split of the runs with valid measurements.
 
@@ -129,11 +194,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true")
     parser.add_argument("--mlp", action="store_true")
+    parser.add_argument("--fit-util", action="store_true",
+                        help="fit the cold start's utilization constants on the MLP runs' 80 %%")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if gm.data_dir() is None:
         print(f"skipped: GPUMemNet data not found ({gm.DataMissing.__doc__ or ''} "
               "expected ../shared/datasets/gpumemnet or $HORUS_GPUMEMNET_DIR)")
+        return 0
+    if args.fit_util:
+        fit_util(args.seed)
         return 0
     both = not (args.real or args.mlp)
     if args.real or both:

@@ -167,8 +167,16 @@ def test_dropout_keeps_a_one_byte_mask_and_its_output_for_the_next_op(tmp_path):
 
 
 def test_a_weight_read_through_a_transpose_is_not_an_activation(tmp_path):
-    """Linear's W.t() in an export without constant folding is the parameter, not a tensor kept."""
+    """Linear's W.t() in an export without constant folding is the parameter, a view in PyTorch:
+    not a tensor kept for the backward pass, nor a forward activation, a live tensor, a kernel
+    or bytes moved; the graph costs what the folded export does."""
     assert _saved(_linear_dropout(tmp_path / "t.onnx", dropout=False, weight_view=True)) == 2 * N * D * 4
+    folded = extract_features(_linear_dropout(tmp_path / "f.onnx", dropout=False), dims={}).values
+    view = extract_features(_linear_dropout(tmp_path / "v.onnx", dropout=False, weight_view=True),
+                            dims={}).values
+    for key in ("activation_bytes", "max_activation_bytes", "peak_live_bytes", "kernels",
+                "read_bytes", "write_bytes", "params", "flops"):
+        assert view[key] == folded[key], key
 
 
 def test_fused_attention_keeps_no_dropout_mask_einsum_attention_keeps_it(tmp_path):

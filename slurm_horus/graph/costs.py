@@ -225,7 +225,9 @@ def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
     claimed.update(own_params)
     n_params = sum(params[n].numel for n in own_params)
     param_bytes = sum(params[n].nbytes for n in own_params)
-    category = categorize(op, outs)
+    # a weight read through a view (W.t()) is no tensor of its own: no kernel, no bytes moved
+    param_view = bool(node.output) and node.output[0] in ctx.param_views
+    category = "view" if param_view else categorize(op, outs)
     attrs = {a.name: a for a in node.attribute}
     flops, has_rule = node_flops(op, category, infos, outs, attrs)
     if category in ("view", "shape"):

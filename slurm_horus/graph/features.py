@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from slurm_horus.errors import HorusError
-from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs
+from slurm_horus.graph.costs import CATEGORIES, VIEW_OPS, NodeCost, node_costs
 from slurm_horus.graph.load import Graph, load_graph
 
 FEATURE_VERSION = 1
@@ -189,12 +189,17 @@ def peak_live_bytes(graph: Graph) -> int:
     """Largest total of activations alive at once in a forward pass (inference working set).
 
     Each tensor lives from the node that makes it to its last reader; view ops alias their input.
-    Parameters are not counted (they are accounted separately).
+    Parameters are not counted (they are accounted separately), nor a view or Transpose of one
+    (the W.t() of an unfolded export: a view of the weight, not a tensor).
     """
     alias: dict[str, str] = {}
     last_use: dict[str, int] = {}
     init = set(graph.initializers)
     for step, node in enumerate(graph.nodes):
+        if (node.op_type in VIEW_OPS or node.op_type == "Transpose") and node.input \
+                and node.input[0] in init and node.output:
+            init.add(node.output[0])
+            continue
         for name in node.input:
             if name and name not in init:
                 root = alias.get(name, name)

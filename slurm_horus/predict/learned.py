@@ -310,6 +310,14 @@ def accuracy(pred_mem, mem, pred_util, util) -> dict:
             "rows": int(len(mem))}
 
 
+def holdout_split(n: int, test_fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(held-out, training) row indices of a fixed random split: the one every 80/20 figure
+    (the learned model's, the cold start's fitted utilization constants) is measured on."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_test = max(int(round(n * test_fraction)), 1)
+    return order[:n_test], order[n_test:]
+
+
 def train_holdout(rows, mem_mib, util_pct, cold_mem_mib, test_fraction: float = 0.2,
                   seed: int = 0, max_iter: int = 300) -> tuple[LearnedModel, list[int]]:
     """Fit on a fixed random split and measure on the held-out part.
@@ -317,10 +325,7 @@ def train_holdout(rows, mem_mib, util_pct, cold_mem_mib, test_fraction: float = 
     The held-out memory errors set the model's p90 margin, so packing safety is measured, not
     assumed. Returns the model and the held-out row indices.
     """
-    n = len(rows)
-    order = np.random.default_rng(seed).permutation(n)
-    n_test = max(int(round(n * test_fraction)), 1)
-    test, train = order[:n_test], order[n_test:]
+    test, train = holdout_split(len(rows), test_fraction, seed)
     X = np.asarray(rows, float)
     mem, util, cold = (np.asarray(a, float) for a in (mem_mib, util_pct, cold_mem_mib))
     model = fit(X[train], mem[train], util[train], cold[train], seed=seed, max_iter=max_iter)
