@@ -4,6 +4,7 @@
     python benchmarks/bench_simulate.py --skip-scale          # only the sweep
     python benchmarks/bench_simulate.py --jobs 500 --seeds 1 --skip-scale   # a quick look
     python benchmarks/bench_simulate.py --skip-sweep          # only the 100k-job CPU time
+    python benchmarks/bench_simulate.py --skip-sweep --skip-scale --spread 0.3,0.6,0.9   # a wrong spread
 
 Part 1, the sweep: loads 0.5, 1, 2, 4, 8 x mixes philly, llm, pai x seeds 1-3, each the
 equivalent of ``horus-admin simulate --cluster mixed.json --jobs 2000 --trace MIX --load L
@@ -38,7 +39,7 @@ from slurm_horus.errors import HorusError  # noqa: E402
 from slurm_horus.plot import save  # noqa: E402
 from slurm_horus.sim.cluster import cluster_from_json, homogeneous_cluster  # noqa: E402
 from slurm_horus.sim.engine import run_policies  # noqa: E402
-from slurm_horus.sim.interference import Interference  # noqa: E402
+from slurm_horus.sim.interference import SENSITIVITY_SIGMA, Interference  # noqa: E402
 from slurm_horus.sim.mix import ModelMix  # noqa: E402
 from slurm_horus.sim.plot import sweep_figure  # noqa: E402
 from slurm_horus.sim.policies import POLICIES, job_table  # noqa: E402
@@ -51,11 +52,11 @@ KEYS = ("mean_jct_s", "p95_jct_s", "p95_slowdown", "oom_failures", "timeouts", "
 
 
 def _trace(trace: str, n: int, cluster, seed: int, load: float, mix: ModelMix,
-           repeat_share: float = REPEAT_SHARE):
+           repeat_share: float = REPEAT_SHARE, sensitivity_sigma: float = SENSITIVITY_SIGMA):
     mem_cap = 0.97 * max(cluster.mem_mib(t) for t in cluster.gpu_types)  # as horus-admin simulate
     return generate_trace(trace, n, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load, mix=mix,
                           max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap,
-                          repeat_share=repeat_share)
+                          repeat_share=repeat_share, sensitivity_sigma=sensitivity_sigma)
 
 
 def _run(cluster, jobs) -> dict:
@@ -169,6 +170,31 @@ def frontier(trace: str, loads, seeds, bounds, n_jobs: int, mix: ModelMix, repea
         *[f"- {c}" for c in curve], ""])
 
 
+def spread(mixes, loads, seeds, sigmas, n_jobs: int, mix: ModelMix, repeat_share: float) -> str:
+    """The tail budget against a wrong assumption: the truth's sensitivity spread at each of
+    ``sigmas`` while horus and the oracle keep assuming SENSITIVITY_SIGMA (the same traces
+    otherwise: one draw per job whatever the spread)."""
+    cluster = cluster_from_json(json.dumps(MIXED))
+    pols = ("naive", "horus", "oracle")
+    rows = []
+    for trace in mixes:
+        for load in loads:
+            for sg in sigmas:
+                runs = [run_policies(cluster, _trace(trace, n_jobs, cluster, s, load, mix, repeat_share, sg), pols)
+                        for s in seeds]
+                cells = [f"{_mean(runs, p, 'mean_jct_s') / 1e3:.1f} / {_mean(runs, p, 'p95_slowdown'):.2f}"
+                         for p in pols]
+                within = sum(r["horus"]["p95_slowdown"] <= BOUND for r in runs)
+                rows.append(f"| {trace} | {load:g} | {sg:g} | {' | '.join(cells)} | {within}/{len(runs)} |")
+            print(f"  spread {trace} load {load:g}: done", file=sys.stderr, flush=True)
+    return "\n".join([
+        f"#### A wrong spread: the truth's sensitivity sigma against the {SENSITIVITY_SIGMA:g} the "
+        f"scheduler assumes, {n_jobs:,} jobs, means of seeds {', '.join(map(str, seeds))} "
+        f"(mean JCT ks / p95 slowdown; bound {BOUND:g})\n",
+        "| mix | load | truth sigma | naive | horus | oracle | seeds horus p95 <= bound |",
+        "|---|---|---|---|---|---|---|", *rows, ""])
+
+
 def plot(res: dict, path: str) -> str:
     """Mean JCT against load, one panel per mix, one line per policy (slurm_horus.sim.plot)."""
     try:
@@ -218,6 +244,10 @@ def main() -> None:
     ap.add_argument("--frontier", default="llm", help="mix of the bound table ('' to skip)")
     ap.add_argument("--frontier-loads", default="2,4")
     ap.add_argument("--frontier-bounds", default="2,2.5,3")
+    ap.add_argument("--spread", default="",
+                    help="truth sensitivity sigmas to run against the scheduler's assumed one, "
+                         "e.g. 0.3,0.6,0.9 ('' to skip, the default)")
+    ap.add_argument("--spread-loads", default="2,4")
     ap.add_argument("--scale-jobs", type=int, default=100_000)
     ap.add_argument("--scale-gpus", type=int, default=1000)
     ap.add_argument("--scale-load", type=float, default=4.0)
@@ -231,9 +261,11 @@ def main() -> None:
         seeds = [int(x) for x in args.seeds.split(",")]
         f_loads = [float(x) for x in args.frontier_loads.split(",")]
         f_bounds = [float(x) for x in args.frontier_bounds.split(",")]
+        s_sigmas = [float(x) for x in args.spread.split(",") if x.strip()]
+        s_loads = [float(x) for x in args.spread_loads.split(",")]
     except ValueError:
-        sys.exit("bench_simulate: --loads, --frontier-loads and --frontier-bounds take numbers, "
-                 "--seeds integers, comma-separated")
+        sys.exit("bench_simulate: --loads, --frontier-loads, --frontier-bounds, --spread and "
+                 "--spread-loads take numbers, --seeds integers, comma-separated")
     mixes = [x.strip() for x in args.mixes.split(",") if x.strip()]
     mix = ModelMix()
     out = [f"python {platform.python_version()}, {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs\n"]
@@ -249,6 +281,9 @@ def main() -> None:
         if args.frontier:
             out.append(frontier(args.frontier, f_loads, seeds, f_bounds, args.jobs, mix, args.repeat_share))
             print(out[-1], flush=True)
+    if s_sigmas:
+        out.append(spread(mixes, s_loads, seeds, s_sigmas, args.jobs, mix, args.repeat_share))
+        print(out[-1], flush=True)
     if not args.skip_scale:
         out.append(scale(args.scale_jobs, args.scale_gpus, args.scale_load, ModelMix()))  # cold cache
         print(out[-1], flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -795,6 +796,38 @@ def test_repeated_graphs_share_their_residuals(mix):
         generate_trace("philly", 10, ["a100"], 64, repeat_share=1.0, mix=mix)
 
 
+def test_the_truths_sensitivity_spread_is_a_choice_the_rest_of_the_trace_is_not(mix):
+    """--sensitivity-sigma widens or narrows the jobs' true interference sensitivity (the
+    scheduler keeps assuming SENSITIVITY_SIGMA); every other draw of the trace stays the same,
+    so a run against it differs by the spread alone."""
+    base = generate_trace("philly", 400, ["a100"], 64, seed=4, mix=mix)
+    spreads = {sg: generate_trace("philly", 400, ["a100"], 64, seed=4, mix=mix, sensitivity_sigma=sg)
+               for sg in (0.0, 0.3, 0.9)}
+    for jobs in spreads.values():
+        assert [(j.submit, j.duration, j.limit, j.pred, j.true, j.graph) for j in jobs] == \
+            [(j.submit, j.duration, j.limit, j.pred, j.true, j.graph) for j in base]
+    assert {j.sens for j in spreads[0.0]} == {1.0}
+    std = {sg: float(np.std(np.log([j.sens for j in jobs]))) for sg, jobs in spreads.items()}
+    assert std[0.3] == pytest.approx(0.3, abs=0.04) and std[0.9] == pytest.approx(0.9, abs=0.1)
+    assert float(np.std(np.log([j.sens for j in base]))) == pytest.approx(0.6, abs=0.07)
+    with pytest.raises(HorusError, match="sensitivity-sigma"):
+        generate_trace("philly", 10, ["a100"], 64, mix=mix, sensitivity_sigma=-0.1)
+
+
+def test_a_wider_true_spread_than_assumed_breaks_the_tail_bound():
+    """The simulator can show the tail budget wrong: two heavy jobs that may share (a 90 %
+    share beyond the bound allowed) are beyond a 2.0 bound 21 % of the time at the assumed
+    spread; with every job far more sensitive than assumed both are, and the budget, which
+    knows only the assumed spread, still lets them pair."""
+    heavy = [job(i, 0, 1000, util=99, mem=4000) for i in range(2)]
+    reqs = [Request((0,), 1, 1, (99, 4000, (1.0,), 2000))] * 2
+    _, calm = run(one_node(1), heavy, reqs, slowdown_quantile=0.1)
+    touchy = [replace(j, sens=3.0) for j in heavy]
+    _, m = run(one_node(1), touchy, reqs, slowdown_quantile=0.1)
+    assert calm["shared_starts"] == m["shared_starts"] == 2  # paired both times
+    assert calm["p95_slowdown"] < 2.0 < m["p95_slowdown"]
+
+
 def test_a_spread_job_goes_where_it_delays_no_node_drain():
     # node a: a 50 s job and an idle GPU; node b: a 1,000 s 2-GPU job and an idle GPU.  A 400 s
     # job spread onto a would keep it busy, and the 2-GPU job behind it would wait for that
@@ -812,6 +845,8 @@ def test_cli_rejects_bad_history_options():
 
     r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--repeat-share", "1.5"])
     assert r.exit_code != 0 and "--repeat-share must be in [0, 1)" in r.output
+    r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--sensitivity-sigma", "-1"])
+    assert r.exit_code != 0 and "--sensitivity-sigma must be in [0, 3]" in r.output
     r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--history-lag", "-1"])
     assert r.exit_code != 0 and "--history-lag must be >= 0" in r.output
     r = CliRunner().invoke(main, ["simulate", "--jobs", "50", "--no-history", "--policies", "horus",

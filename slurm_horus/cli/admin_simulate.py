@@ -68,7 +68,7 @@ def ledger_rows(ledger: str) -> list:
 
 
 def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
-                repeat_share=None, residuals_from=None):
+                repeat_share=None, residuals_from=None, sensitivity_sigma=None):
     from slurm_horus.errors import HorusError
     from slurm_horus.sim.mix import ModelMix
     from slurm_horus.sim.replay import from_rows, from_sacct_json, site_residuals
@@ -88,6 +88,8 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
                                sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
                                max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
     extra = {} if repeat_share is None else {"repeat_share": repeat_share}
+    if sensitivity_sigma is not None:
+        extra["sensitivity_sigma"] = sensitivity_sigma
     return generate_trace(trace, jobs, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load,
                           sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
                           max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap, **extra)
@@ -127,6 +129,10 @@ def register(main_group: click.Group) -> None:
     @click.option("--repeat-share", type=float, default=None,
                   help="Share of generated jobs that run a graph the site ran before "
                        "[default: 0.5, an assumption; 0: every job a new graph].")
+    @click.option("--sensitivity-sigma", type=float, default=None,
+                  help="Spread (lognormal sigma) of generated jobs' true interference sensitivity "
+                       "[default: 0.6, fitted to Lucid's pair p10]; the horus scheduler assumes "
+                       "0.6 whatever it is.")
     @click.option("--history-lag", type=float, default=900.0, show_default=True,
                   help="horus: seconds from a job's end until its measurement predicts the next "
                        "run of its graph (the sync period).")
@@ -164,7 +170,7 @@ def register(main_group: click.Group) -> None:
                        "else into FILE.png (needs matplotlib: pip install 'slurm-horus[plot]').")
     @one_line_errors("horus-admin simulate")
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
-                     sacct, ledger, residuals_from, seed, load, sigma_util, sigma_mem, repeat_share, history_lag, no_history,
+                     sacct, ledger, residuals_from, seed, load, sigma_util, sigma_mem, repeat_share, sensitivity_sigma, history_lag, no_history,
                      policies, naive_shards, policy_file,
                      bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, slowdown_bound,
                      slowdown_quantile, max_group, zoo, as_json, plot):
@@ -179,7 +185,8 @@ def register(main_group: click.Group) -> None:
         floats = {"--load": load, "--sigma-util": sigma_util, "--sigma-mem": sigma_mem,
                   "--history-lag": history_lag, "--oom-delay": oom_delay, "--bf-interval": bf_interval,
                   "--mem-bw-penalty": mem_bw_penalty, "--slowdown-bound": slowdown_bound,
-                  "--slowdown-quantile": slowdown_quantile, "--repeat-share": repeat_share}
+                  "--slowdown-quantile": slowdown_quantile, "--repeat-share": repeat_share,
+                  "--sensitivity-sigma": sensitivity_sigma}
         bad = [k for k, v in floats.items() if v is not None and not math.isfinite(v)]
         if bad:
             raise HorusError(f"{', '.join(bad)}: need a finite number")
@@ -189,8 +196,9 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
         if not (0 <= sigma_util <= 5 and 0 <= sigma_mem <= 5):
             raise HorusError("--sigma-util and --sigma-mem must be in 0..5 (lognormal sigmas)")
-        if repeat_share is not None and (sacct or ledger):
-            raise HorusError("--repeat-share applies to generated traces, not to --sacct or --ledger")
+        for name, value in (("--repeat-share", repeat_share), ("--sensitivity-sigma", sensitivity_sigma)):
+            if value is not None and (sacct or ledger):
+                raise HorusError(f"{name} applies to generated traces, not to --sacct or --ledger")
         if history_lag < 0:
             raise HorusError("--history-lag must be >= 0")
         if slowdown_bound is None:  # the site's own bound, as horus-admin queue reads it
@@ -207,7 +215,7 @@ def register(main_group: click.Group) -> None:
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
         cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf)
         jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
-                           repeat_share, residuals_from)
+                           repeat_share, residuals_from, sensitivity_sigma)
         results = run_policies(cluster, jobs, pols, policy_path=policy_file, naive_shards=naive_shards,
                                interference=itf, bf_window=bf_window, bf_interval=bf_interval,
                                oom_delay_s=oom_delay, slowdown_bound=slowdown_bound,

@@ -137,10 +137,12 @@ def truth(rng: np.random.Generator, pred: Mapping[str, tuple[float, float, float
 
 
 def _job_extras(rng: np.random.Generator, types: list[str], duration: float,
-                limit_factor: float, limit_cap_s: float) -> tuple[dict[str, float], float, float]:
+                limit_factor: float, limit_cap_s: float,
+                sens_sigma: float) -> tuple[dict[str, float], float, float]:
     """(runtime factor per type, interference sensitivity, time limit on the slowest type)."""
     rx = {t: runtime_factor(t) for t in types}
-    sens = float(np.exp(rng.normal(-SENSITIVITY_SIGMA ** 2 / 2, SENSITIVITY_SIGMA)))
+    # lognormal, mean 1; one draw whatever the spread, so the rest of the trace stays the same
+    sens = float(np.exp(sens_sigma * rng.standard_normal() - sens_sigma ** 2 / 2))
     return rx, sens, time_limit(duration * max(rx.values()), limit_factor, limit_cap_s)
 
 
@@ -150,7 +152,8 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
                    max_gpus_per_job: int = 8, limit_factor: float = 2.0,
                    limit_cap_s: float = 7 * 86400.0, mem_cap_mib: float | None = None,
                    max_duration_s: float = MAX_DURATION_S,
-                   repeat_share: float = REPEAT_SHARE) -> list[SimJob]:
+                   repeat_share: float = REPEAT_SHARE,
+                   sensitivity_sigma: float = SENSITIVITY_SIGMA) -> list[SimJob]:
     """A synthetic trace of ``n_jobs`` jobs like ``trace`` (philly, helios, pai).
 
     Arrivals are Poisson with the rate that offers ``load`` times the cluster's GPU capacity
@@ -159,7 +162,9 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
     ``max_gpus_per_job``, the largest node).  True memory is capped at ``mem_cap_mib`` (default:
     97 % of the largest GPU type) so that every job can run somewhere.  A job runs a graph
     already in the trace with probability ``repeat_share`` (one of its entry's graphs so far,
-    uniformly), else a new graph with residuals of its own.
+    uniformly), else a new graph with residuals of its own.  ``sensitivity_sigma``: the spread
+    of the jobs' interference sensitivity; the horus scheduler assumes SENSITIVITY_SIGMA
+    whatever it is, so another value shows a tail budget misled by its assumption.
     """
     if trace not in TRACES:
         raise HorusError(f"unknown trace '{trace}'; choose one of {', '.join(TRACES)}")
@@ -171,6 +176,8 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         raise HorusError("--load must be a positive number")
     if not 0.0 <= repeat_share < 1.0:
         raise HorusError("--repeat-share must be in [0, 1)")
+    if not 0.0 <= sensitivity_sigma <= 3.0:
+        raise HorusError("--sensitivity-sigma must be in [0, 3]")
     spec = TRACES[trace]
     types = list(dict.fromkeys(gpu_types))
     if not types:
@@ -205,7 +212,7 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         pred = {t: mix.predict(m, b, task, t) for t in types}
         true = truth(rng, pred, res, sigma_util, sigma_mem, mem_cap_mib)
         d = float(durations[i])
-        rx, sens, limit = _job_extras(rng, types, d, limit_factor, limit_cap_s)
+        rx, sens, limit = _job_extras(rng, types, d, limit_factor, limit_cap_s, sensitivity_sigma)
         jobs.append(SimJob(id=i, submit=float(submits[i]), duration=d, gpus=int(gpus[i]), limit=limit,
                            model=f"{m}/b{b}/{task}", pred=pred, true=true, runtime_x=rx, sens=sens,
                            graph=graph))
