@@ -132,7 +132,7 @@ def fit_util(seed: int = 0) -> None:
         return float(np.sqrt(np.mean((np.log1p(predicted(params, idx)) - np.log1p(util[idx])) ** 2)))
 
     bounds = [(np.log(lo), np.log(hi)) for lo, hi in UTIL_BOUNDS.values()]
-    starts = {"the middle of the ranges": [(lo + hi) / 2 for lo, hi in bounds],
+    starts = {"the geometric middle of the ranges": [(lo + hi) / 2 for lo, hi in bounds],
               "the shipped constants": [np.log(getattr(shipped, n)) for n in names]}
     table = []
     for label, x0 in starts.items():

@@ -266,6 +266,8 @@ def main() -> None:
     except ValueError:
         sys.exit("bench_simulate: --loads, --frontier-loads, --frontier-bounds, --spread and "
                  "--spread-loads take numbers, --seeds integers, comma-separated")
+    if any(not 0.0 <= x <= 3.0 for x in s_sigmas):
+        sys.exit("bench_simulate: --spread takes sigmas in [0, 3]")
     mixes = [x.strip() for x in args.mixes.split(",") if x.strip()]
     mix = ModelMix()
     out = [f"python {platform.python_version()}, {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs\n"]

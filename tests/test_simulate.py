@@ -814,11 +814,22 @@ def test_the_truths_sensitivity_spread_is_a_choice_the_rest_of_the_trace_is_not(
         generate_trace("philly", 10, ["a100"], 64, mix=mix, sensitivity_sigma=-0.1)
 
 
-def test_a_wider_true_spread_than_assumed_breaks_the_tail_bound():
-    """The simulator can show the tail budget wrong: two heavy jobs that may share (a 90 %
-    share beyond the bound allowed) are beyond a 2.0 bound 21 % of the time at the assumed
-    spread; with every job far more sensitive than assumed both are, and the budget, which
-    knows only the assumed spread, still lets them pair."""
+def test_simulate_runs_against_the_spread_it_is_given():
+    """horus-admin simulate --sensitivity-sigma: the same trace with every job at the median
+    sensitivity and with a wide spread; only the spread differs, and the wide one slows the
+    tail the scheduler could not see coming."""
+    from slurm_horus.cli.admin import main
+    base = ["simulate", "--jobs", "400", "--gpus", "16", "--load", "4", "--seed", "2",
+            "--trace", "llm", "--policies", "naive", "--json"]
+    out = {sg: json.loads(CliRunner().invoke(main, base + ["--sensitivity-sigma", sg]).output)["naive"]
+           for sg in ("0", "1.2")}
+    assert out["0"]["p95_slowdown"] < out["1.2"]["p95_slowdown"]
+
+
+def test_the_tail_budget_never_reads_a_jobs_own_sensitivity():
+    """What lets a wrong spread show: two heavy jobs that may share (a 90 % share beyond the
+    bound allowed) pair whatever their true sensitivity, since the budget knows only the
+    assumed spread; far more sensitive than assumed, both end beyond the 2.0 bound."""
     heavy = [job(i, 0, 1000, util=99, mem=4000) for i in range(2)]
     reqs = [Request((0,), 1, 1, (99, 4000, (1.0,), 2000))] * 2
     _, calm = run(one_node(1), heavy, reqs, slowdown_quantile=0.1)
@@ -847,6 +858,9 @@ def test_cli_rejects_bad_history_options():
     assert r.exit_code != 0 and "--repeat-share must be in [0, 1)" in r.output
     r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--sensitivity-sigma", "-1"])
     assert r.exit_code != 0 and "--sensitivity-sigma must be in [0, 3]" in r.output
+    r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--sensitivity-sigma", "0.3",
+                                  "--ledger", "/nonexistent.json"])
+    assert r.exit_code != 0 and "--sensitivity-sigma applies to generated traces" in r.output
     r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--history-lag", "-1"])
     assert r.exit_code != 0 and "--history-lag must be >= 0" in r.output
     r = CliRunner().invoke(main, ["simulate", "--jobs", "50", "--no-history", "--policies", "horus",

@@ -93,6 +93,18 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
     return params
 
 
+def weight_views(graph: Graph, params) -> set[str]:
+    """Tensors that are a parameter read through a view (Linear's W.t() when the export is not
+    constant-folded, as in training mode): the parameter itself in PyTorch, no tensor of its
+    own, no kernel, and nothing autograd keeps a copy of."""
+    views: set[str] = set()
+    for node in graph.nodes:
+        if (op_name(node) in VIEW_OPS | {"Transpose"} and node.input and node.output
+                and (node.input[0] in params or node.input[0] in views)):
+            views.add(node.output[0])
+    return views
+
+
 def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list[str]:
     """Output layers tied to the input embedding, as an exporter leaves them after folding.
 
@@ -202,13 +214,7 @@ class _BackwardContext:
                             self.probs.update(chain)
                         elif op_name(c) in self.PROB_PASSTHROUGH and c.output:
                             frontier.append(c.output[0])
-        # A weight read through a view (Linear's W.t() when the export is not constant-folded,
-        # as in training mode) is the parameter itself: autograd keeps no copy of it.
-        self.param_views: set[str] = set()
-        for node in graph.nodes:
-            if (op_name(node) in VIEW_OPS | {"Transpose"} and node.input and node.output
-                    and (node.input[0] in params or node.input[0] in self.param_views)):
-                self.param_views.add(node.output[0])
+        self.param_views = weight_views(graph, params)
         self.folded_norm = {
             node.output[0] for node in graph.nodes
             if op_name(node) in ("Conv", "ConvTranspose") and len(node.input) > 2 and node.output

@@ -1,7 +1,8 @@
 """Stage 2b: a graph's costs summed into a stable, versioned, named feature vector.
 
 The vector is the predictor's input and is stored in the ledger, so its names and meaning only
-change together with FEATURE_VERSION.
+change together with FEATURE_VERSION; a costing fix that changes some graphs' values only is
+listed under docs/admin-guide.md's Upgrades instead (a bump refuses every site's model).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from slurm_horus.errors import HorusError
-from slurm_horus.graph.costs import CATEGORIES, VIEW_OPS, NodeCost, node_costs
+from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs, parameter_tensors, weight_views
 from slurm_horus.graph.load import Graph, load_graph
 
 FEATURE_VERSION = 1
@@ -189,17 +190,17 @@ def peak_live_bytes(graph: Graph) -> int:
     """Largest total of activations alive at once in a forward pass (inference working set).
 
     Each tensor lives from the node that makes it to its last reader; view ops alias their input.
-    Parameters are not counted (they are accounted separately), nor a view or Transpose of one
-    (the W.t() of an unfolded export: a view of the weight, not a tensor).
+    Parameters are not counted (they are accounted separately), nor a copy or view of one
+    (costs.weight_views: the W.t() of an unfolded export is the weight, not a tensor).
     """
     alias: dict[str, str] = {}
     last_use: dict[str, int] = {}
-    init = set(graph.initializers)
+    params = parameter_tensors(graph)
+    weights = set(params) | weight_views(graph, params)
+    init = set(graph.initializers) | weights
     for step, node in enumerate(graph.nodes):
-        if (node.op_type in VIEW_OPS or node.op_type == "Transpose") and node.input \
-                and node.input[0] in init and node.output:
-            init.add(node.output[0])
-            continue
+        if node.output and node.output[0] in weights:
+            continue  # a parameter's copy or view: made by no kernel, alive as the parameter
         for name in node.input:
             if name and name not in init:
                 root = alias.get(name, name)
