@@ -291,8 +291,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
             usages.append({"job_id": jid, "cluster": cluster, "source": "import",
                            "util_mean": util, "mem_peak_mib": mem, "gpu_type": gname,
                            "util_max": float(row["util_max_pct"]) if row.get("util_max_pct") else None})
-    ledger.record_submissions(subs)
-    ledger.record_usages(usages)
+    ledger.record_runs(subs, usages)
     once = {u["job_id"]: u for u in usages}  # a row repeated is one measurement (its id is its content)
     failed = sum(1 for u in once.values() if failed_measurement(u["util_mean"], u["mem_peak_mib"]))
     return {"rows": len(once), "repeated": len(usages) - len(once), "failed": failed}

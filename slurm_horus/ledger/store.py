@@ -82,7 +82,7 @@ class Ledger:
             raise HorusError(f"unknown spooled record kind {kind!r}")
         if not isinstance(data, dict):
             raise HorusError("spooled record data is not an object")
-        self._write_usage([usage_record(**data)])
+        self._write([], [usage_record(**data)])
 
     def _after_write(self) -> None:
         if self._replay and self.spool.pending():
@@ -101,34 +101,33 @@ class Ledger:
                           predictor: str | None = None, uid: int | None = None) -> None:
         """Store (or replace) one submission. Raises on database errors."""
         rec = submission_record(**{k: v for k, v in locals().items() if k != "self"})
-        self._write_submissions([rec])
+        self._write([rec], [])
         self._after_write()
 
     def record_usage(self, *, job_id: int, source: str, cluster: str = "", **fields) -> None:
         """Store (or replace) one measurement of a job from ``source``."""
         rec = usage_record(job_id=job_id, source=source, cluster=cluster, **fields)
-        self._write_usage([rec])
+        self._write([], [rec])
         self._after_write()
 
     def record_usages(self, records: list[dict], recompute_keys: Iterable = ()) -> None:
-        """Bulk form of record_usage (sync): one transaction."""
-        recs = [usage_record(**r) for r in records]
-        self._write_usage(recs, extra_keys=recompute_keys)
+        """Bulk form of record_usage: one transaction."""
+        self._write([], [usage_record(**r) for r in records], recompute_keys)
 
-    def record_submissions(self, records: list[dict]) -> None:
-        self._write_submissions([submission_record(**r) for r in records])
+    def record_runs(self, submissions: list[dict], usages: list[dict]) -> None:
+        """Sync's and import's write: the submissions and usage rows of a batch in one
+        transaction, so each job's row is rebuilt once (not once per table) and a failed write
+        leaves neither half."""
+        self._write([submission_record(**r) for r in submissions], [usage_record(**r) for r in usages])
 
-    def _write_submissions(self, recs: list[dict]) -> None:
+    def _write(self, subs: list[dict], uses: list[dict], extra_keys: Iterable = ()) -> None:
         t = tables()
         with self.engine.begin() as conn:
-            upsert(conn, t["submissions"], recs, ("cluster", "job_id"))
-            refresh_jobs(conn, [(r["cluster"], r["job_id"]) for r in recs])
-
-    def _write_usage(self, recs: list[dict], extra_keys: Iterable = ()) -> None:
-        t = tables()
-        with self.engine.begin() as conn:
-            upsert(conn, t["usage"], recs, ("cluster", "job_id", "source"))
-            refresh_jobs(conn, [(r["cluster"], r["job_id"]) for r in recs] + list(extra_keys))
+            if subs:
+                upsert(conn, t["submissions"], subs, ("cluster", "job_id"))
+            if uses:
+                upsert(conn, t["usage"], uses, ("cluster", "job_id", "source"))
+            refresh_jobs(conn, [(r["cluster"], r["job_id"]) for r in (*subs, *uses)] + list(extra_keys))
 
     def set_state(self, name: str, value: str) -> None:
         with self.engine.begin() as conn:

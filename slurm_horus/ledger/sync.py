@@ -97,7 +97,6 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
             continue
         chosen.append(j)
         subs.append(submission_of(j, hint and find_hint_token(j["comment"]), hint, claim, models))
-    ledger.record_submissions(subs)
     _drop_legacy(ledger, chosen)
     probed = _probe_placement(ledger, chosen)
     # co-location: this batch (with the probe's GPU index where accounting has none) plus what
@@ -137,7 +136,7 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         old = {int(x) for x in (o.get("colocated") or "").split(",") if x}
         if new - old:
             changed.append((key, ",".join(str(x) for x in sorted(new | old))))
-    ledger.record_usages(records)
+    ledger.record_runs(subs, records)
     if changed:
         _update_colocated(ledger, changed)
     if ran_sacct:
