@@ -137,13 +137,14 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
     return tied
 
 
-def node_costs(graph: Graph) -> list[NodeCost]:
-    """Cost every node of `graph`, attributing each parameter to the first node that reads it."""
-    params = parameter_tensors(graph)
+def node_costs(graph: Graph, params: dict[str, TensorInfo], views: set[str]) -> list[NodeCost]:
+    """Cost every node of `graph`, attributing each parameter to the first node that reads it.
+    ``params``: parameter_tensors(graph); ``views``: weight_views(graph, params) (the caller
+    keeps both for the live-tensor count)."""
     claimed: set[str] = set()
     constants = set(graph.initializers) | {o for n in graph.nodes if n.op_type == "Constant"
                                            for o in n.output}
-    ctx = _BackwardContext(graph, params, constants)
+    ctx = _BackwardContext(graph, params, constants, views)
     out = []
     for node in graph.nodes:
         if node.op_type == "Identity" and node.output and node.output[0] in params:
@@ -178,7 +179,7 @@ class _BackwardContext:
 
     PROB_PASSTHROUGH = frozenset({"Where", "Dropout", "Cast", "IsNaN", "Add"})
 
-    def __init__(self, graph: Graph, params, constants):
+    def __init__(self, graph: Graph, params, constants, views: set[str]):
         consumers = graph.consumers
         self.root: dict[str, str] = {}
         for node in graph.nodes:
@@ -214,7 +215,7 @@ class _BackwardContext:
                             self.probs.update(chain)
                         elif op_name(c) in self.PROB_PASSTHROUGH and c.output:
                             frontier.append(c.output[0])
-        self.param_views = weight_views(graph, params)
+        self.param_views = views
         self.folded_norm = {
             node.output[0] for node in graph.nodes
             if op_name(node) in ("Conv", "ConvTranspose") and len(node.input) > 2 and node.output

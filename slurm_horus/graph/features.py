@@ -109,7 +109,9 @@ def extract_features(model: str | os.PathLike, batch_size: int | None = None,
 
 
 def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
-    costs = node_costs(graph)
+    params = parameter_tensors(graph)
+    views = weight_views(graph, params)
+    costs = node_costs(graph, params, views)
     by_op: dict[str, OpSummary] = {}
     flops_by_cat: Counter = Counter()
     count_by_cat: Counter = Counter()
@@ -136,7 +138,7 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         "activation_bytes": sum(_activation_bytes(c) for c in costs),
         "saved_activation_bytes": sum(_nbytes(graph, n) for n in saved)
         + sum(c.extra_saved_bytes for c in costs),
-        "peak_live_bytes": peak_live_bytes(graph),
+        "peak_live_bytes": peak_live_bytes(graph, set(params) | views),
         "max_activation_bytes": max((_activation_bytes(c) for c in costs), default=0),
         "input_bytes": sum(_nbytes(graph, n) for n in graph.graph_inputs),
         "read_bytes": read,
@@ -186,17 +188,16 @@ def graph_depth(costs: list[NodeCost]) -> int:
     return best
 
 
-def peak_live_bytes(graph: Graph) -> int:
+def peak_live_bytes(graph: Graph, weights: set[str]) -> int:
     """Largest total of activations alive at once in a forward pass (inference working set).
 
     Each tensor lives from the node that makes it to its last reader; view ops alias their input.
     Parameters are not counted (they are accounted separately), nor a copy or view of one
-    (costs.weight_views: the W.t() of an unfolded export is the weight, not a tensor).
+    (``weights``: the parameters and costs.weight_views, as the W.t() of an unfolded export is
+    the weight, not a tensor).
     """
     alias: dict[str, str] = {}
     last_use: dict[str, int] = {}
-    params = parameter_tensors(graph)
-    weights = set(params) | weight_views(graph, params)
     init = set(graph.initializers) | weights
     for step, node in enumerate(graph.nodes):
         if node.output and node.output[0] in weights:
