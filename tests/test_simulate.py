@@ -839,6 +839,46 @@ def test_the_tail_budget_never_reads_a_jobs_own_sensitivity():
     assert calm["p95_slowdown"] < 2.0 < m["p95_slowdown"]
 
 
+def test_a_known_sensitivity_is_beyond_the_bound_exactly_where_its_speed_is():
+    itf = Interference()
+    for su in (90.0, 150.0, 198.0, 260.0):
+        for n in (2, 3):
+            for k in (0.2, 0.9, 1.3, 2.5, 6.0):
+                beyond = 1.0 / itf.speed(su, n, k) > 2.0
+                assert itf.exceed_share(su, n, 2.0, sens=k) == float(beyond)
+    assert itf.exceed_shares(198, 2, (2.0, 2.0), sens=(0.5, 3.0)) == [0.0, 1.0]
+
+
+def test_known_sensitivity_pairs_the_jobs_a_partner_cannot_push_past_the_bound():
+    """The what-if --known-sensitivity: two heavy jobs that the blind budget keeps apart (21 % of
+    such jobs would end beyond 2x) pair when both are known to be insensitive, and still wait
+    when one is known to be sensitive; the charge is then exact (0 or 1 per job)."""
+    heavy = [job(i, 0, 1000, util=99, mem=4000) for i in range(2)]
+    reqs = [Request((0,), 1, 1, (99, 4000, (1.0,), 2000))] * 2
+    calm = [replace(j, sens=0.5) for j in heavy]
+    sim, _ = run(one_node(1), calm, reqs)
+    assert sorted(sim.start[j.id] for j in calm) == [0, 1000]  # blind: the second waits
+    sim, m = run(one_node(1), calm, reqs, known_sensitivity=True)
+    assert [sim.start[j.id] for j in calm] == [0, 0] and m["p95_slowdown"] < 2.0
+    assert sim.risk == 0.0 and sim.risk_var == 0.0
+    touchy = [calm[0], replace(heavy[1], sens=3.0)]
+    sim, _ = run(one_node(1), touchy, reqs, known_sensitivity=True)
+    assert sorted(sim.start[j.id] for j in touchy) == [0, 1000]
+
+
+def test_simulate_known_sensitivity_is_a_what_if_for_generated_traces_only(tmp_path):
+    from slurm_horus.cli.admin import main
+    base = ["simulate", "--jobs", "300", "--gpus", "16", "--load", "4", "--seed", "1",
+            "--trace", "llm", "--policies", "horus", "--json"]
+    blind = json.loads(CliRunner().invoke(main, base).output)["horus"]
+    known = json.loads(CliRunner().invoke(main, base + ["--known-sensitivity"]).output)["horus"]
+    # it pairs more (a higher mean slowdown), sooner (a lower mean JCT), within the bound
+    assert known["mean_slowdown"] > blind["mean_slowdown"] and known["mean_jct_s"] < blind["mean_jct_s"]
+    assert known["p95_slowdown"] <= 2.0
+    r = CliRunner().invoke(main, ["simulate", "--ledger", str(tmp_path / "l.db"), "--known-sensitivity"])
+    assert r.exit_code == 2 and "applies to generated traces" in r.output
+
+
 def test_a_spread_job_goes_where_it_delays_no_node_drain():
     # node a: a 50 s job and an idle GPU; node b: a 1,000 s 2-GPU job and an idle GPU.  A 400 s
     # job spread onto a would keep it busy, and the 2-GPU job behind it would wait for that

@@ -133,6 +133,9 @@ def register(main_group: click.Group) -> None:
                   help="Spread (lognormal sigma) of generated jobs' true interference sensitivity "
                        "[default: 0.6, fitted to Lucid's pair p10]; the horus scheduler assumes "
                        "0.6 whatever it is.")
+    @click.option("--known-sensitivity", is_flag=True,
+                  help="What-if: horus and the oracle know each generated job's true interference "
+                       "sensitivity (no real scheduler does; shows what knowing it is worth).")
     @click.option("--history-lag", type=float, default=900.0, show_default=True,
                   help="horus: seconds from a job's end until its measurement predicts the next "
                        "run of its graph (the sync period).")
@@ -170,7 +173,8 @@ def register(main_group: click.Group) -> None:
                        "else into FILE.png (needs matplotlib: pip install 'slurm-horus[plot]').")
     @one_line_errors("horus-admin simulate")
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
-                     sacct, ledger, residuals_from, seed, load, sigma_util, sigma_mem, repeat_share, sensitivity_sigma, history_lag, no_history,
+                     sacct, ledger, residuals_from, seed, load, sigma_util, sigma_mem, repeat_share,
+                     sensitivity_sigma, known_sensitivity, history_lag, no_history,
                      policies, naive_shards, policy_file,
                      bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, slowdown_bound,
                      slowdown_quantile, max_group, zoo, as_json, plot):
@@ -196,7 +200,8 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
         if not (0 <= sigma_util <= 5 and 0 <= sigma_mem <= 5):
             raise HorusError("--sigma-util and --sigma-mem must be in 0..5 (lognormal sigmas)")
-        for name, value in (("--repeat-share", repeat_share), ("--sensitivity-sigma", sensitivity_sigma)):
+        for name, value in (("--repeat-share", repeat_share), ("--sensitivity-sigma", sensitivity_sigma),
+                            ("--known-sensitivity", known_sensitivity or None)):
             if value is not None and (sacct or ledger):
                 raise HorusError(f"{name} applies to generated traces, not to --sacct or --ledger")
         if history_lag < 0:
@@ -220,7 +225,8 @@ def register(main_group: click.Group) -> None:
                                interference=itf, bf_window=bf_window, bf_interval=bf_interval,
                                oom_delay_s=oom_delay, slowdown_bound=slowdown_bound,
                                slowdown_quantile=slowdown_quantile, max_group=max_group,
-                               history_lag_s=None if no_history else history_lag)
+                               history_lag_s=None if no_history else history_lag,
+                               known_sensitivity=known_sensitivity)
         from slurm_horus.ledger.db import mask_url
 
         shown = lambda where: mask_url(where) if "://" in where else where  # noqa: E731 (no password)
@@ -228,6 +234,8 @@ def register(main_group: click.Group) -> None:
         if residuals_from:
             src += f", errors from {shown(residuals_from)}"
         what = f"{len(jobs)} jobs ({src}) on {cluster.describe()}"
+        if known_sensitivity:
+            what += "; what-if: every job's sensitivity known"
         if plot and plot != "-":
             save(figure(results, f"horus-admin simulate: {what}"), plot)
         if as_json:

@@ -54,14 +54,17 @@ HISTORY_LAG_S = 900.0
 
 
 class Simulator(Placement):
-    """One policy on one cluster and trace.  ``run()`` returns the metrics (a dict)."""
+    """One policy on one cluster and trace.  ``run()`` returns the metrics (a dict).
+    ``known_sensitivity``: a what-if, the tail budget knows each job's interference sensitivity
+    (no real scheduler does; it shows what that knowledge is worth)."""
 
     def __init__(self, cluster: ClusterSpec, jobs: Sequence[SimJob], requests: Sequence[Request | None],
                  shards_per_gpu: int = 100, *, interference: Interference | None = None,
                  bf_window: int = 100, bf_interval: float = 0.0, oom_delay_s: float = 60.0,
                  backfill: bool = True, slowdown_bound: float = 2.0, max_group: int = 4,
                  slowdown_quantile: float = 0.95, window_s: float | None = None,
-                 history_lag_s: float | None = None, table: JobTable | None = None):
+                 history_lag_s: float | None = None, table: JobTable | None = None,
+                 known_sensitivity: bool = False):
         if len(jobs) != len(requests):
             raise HorusError("one request per job needed")
         self.cluster, self.jobs, self.reqs = cluster, list(jobs), list(requests)
@@ -86,6 +89,7 @@ class Simulator(Placement):
         if history_lag_s is not None and history_lag_s < 0:
             raise HorusError("--history-lag must be >= 0")
         self.history_lag = history_lag_s
+        self.known_sensitivity = bool(known_sensitivity)
 
     # -- time accounting ---------------------------------------------------------------------
 
@@ -313,7 +317,7 @@ class Simulator(Placement):
         if q and (self.freed or q[0] != self.last_head):
             while q:
                 j = q[0]
-                alloc = self._place(self.cur_req[j], None)
+                alloc = self._place(j, None)
                 if alloc is None:
                     break
                 q.popleft()
@@ -343,7 +347,9 @@ class Simulator(Placement):
         nkeys = 2 * len(self.kid)
         memo = [self.S + 1] * nkeys
         fails: list[list[tuple[float, float]]] = [[] for _ in range(nkeys)]
-        jrec, cur_req = self.jrec, self.cur_req
+        jrec = self.jrec
+        # a job's own sensitivity, when known, decides its tail: no job stands for another
+        memo_shared = not self.known_sensitivity
         horizon = shadow - now
         gone = 0
         # the window: queue positions first..bf_window as they were when the pass began
@@ -368,13 +374,13 @@ class Simulator(Placement):
                         break
                 if smaller:
                     continue
-            alloc = self._place(cur_req[j], excl)
+            alloc = self._place(j, excl)
             if alloc is None:
                 if u is None:
                     memo[key] = shards
                     if excl is None and shards < memo[key + 1]:
                         memo[key + 1] = shards
-                else:
+                elif memo_shared:
                     _add_failure(fails[key], u, m)
                     if excl is None:
                         _add_failure(fails[key + 1], u, m)

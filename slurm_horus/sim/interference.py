@@ -142,28 +142,33 @@ class Interference:
         return lo
 
     def exceed_share(self, sum_util_pct: float, n_jobs: int, bound: float,
-                     sigma: float = SENSITIVITY_SIGMA) -> float:
+                     sigma: float = SENSITIVITY_SIGMA, sens: float | None = None) -> float:
         """The share of jobs (over the sensitivity spread) that run slower than 1 / ``bound``
         among ``n_jobs`` co-located jobs whose solo utils sum to ``sum_util_pct``: P(k > k*),
-        k* the sensitivity at which speed() reaches 1 / bound."""
-        return self.exceed_shares(sum_util_pct, n_jobs, (bound,), sigma)[0]
+        k* the sensitivity at which speed() reaches 1 / bound.  ``sens``: the job's own
+        sensitivity, known (a what-if): 1.0 if it is beyond k*, else 0.0."""
+        return self.exceed_shares(sum_util_pct, n_jobs, (bound,), sigma,
+                                  None if sens is None else (sens,))[0]
 
     def exceed_shares(self, sum_util_pct: float, n_jobs: int, bounds: Sequence[float],
-                      sigma: float = SENSITIVITY_SIGMA) -> list[float]:
-        """:meth:`exceed_share` for each of ``bounds`` in one group (the curve read once)."""
+                      sigma: float = SENSITIVITY_SIGMA, sens: Sequence[float] | None = None) -> list[float]:
+        """:meth:`exceed_share` for each of ``bounds`` in one group (the curve read once);
+        ``sens``: each one's known sensitivity, or None (the spread)."""
         if n_jobs <= 1:
             return [0.0 for _ in bounds]
         loss = 1.0 - self.speed(sum_util_pct, 2)  # the median loss (mem_bw_penalty off)
         crowd, worst = self._crowd(n_jobs), self.points[-1][1]
         out = []
-        for bound in bounds:
+        for i, bound in enumerate(bounds):
             need = 1.0 / bound / crowd
             if need >= 1.0:
                 out.append(1.0)
             elif loss <= 0.0 or worst >= need:
                 out.append(0.0)  # no loss, or even the worst case stays within the bound
-            else:
+            elif sens is None:
                 out.append(share_above((1.0 - need) / loss, sigma))
+            else:
+                out.append(1.0 if sens[i] > (1.0 - need) / loss else 0.0)
         return out
 
     def loss_rates(self, sum_util_pct: float, n_jobs: int) -> tuple[float, float]:

@@ -108,7 +108,7 @@ class Placement:
         # each job's worst share so far, first starts, and the last join _share_place priced
         self.risk, self.jrisk, self.n_first = 0.0, [0.0] * len(self.jobs), 0
         self.risk_var = 0.0  # the variance of that count (independent jobs)
-        self.last_risk: tuple = (-1, 0.0, None)
+        self.last_risk: tuple = (-1, -1, None)
         # what settles a job's charge when it ends (_settle_risk): over its run so far, the
         # integrals of 1 - c, of c x L (Interference.loss_rates of its groups' predicted sums)
         # and of c where L > 0, the rates of its current group, and when they last changed
@@ -161,7 +161,7 @@ class Placement:
         self.lone_pu[g] = pu if n == 1 and self.max_group > 1 else INF
         self.pspeed[g] = self.itf.speed(pu, n)
 
-    def _share_place(self, req: Request, exclude: set | None) -> list[int] | None:
+    def _share_place(self, j: int, req: Request, exclude: set | None) -> list[int] | None:
         """The horus scheduler.  A job that a lone partner on its fastest type would not slow
         down (the pair's predicted sum within the curve's no-loss range) joins it: packing costs
         nothing there and keeps whole GPUs and nodes free.  Otherwise an idle GPU while every
@@ -183,7 +183,7 @@ class Placement:
                     cand = np.array([x for x in cand if x not in exclude], dtype=np.int64)
                 if len(cand):
                     g = int(cand[np.argmax(self.pu[cand])])  # best fit
-                    self.last_risk = (g, u, ([], 0.0, 0.0))  # no predicted loss: no tail
+                    self.last_risk = (g, j, ([], 0.0, 0.0))  # no predicted loss: no tail
                     return [g]
         best, best_cost = None, INF
         for t in req.types:  # fastest type first: the first idle GPU is the best idle one
@@ -215,7 +215,7 @@ class Placement:
                 + ns * (self.pspeed[cand] / new_speed - 1.0))
         i = np.lexsort((self.rank[cand], cost.round(9)))[0]  # rounding drift is no tie-break
         g = int(cand[i])
-        risk = self._join_risk(g, u, lim, budget)
+        risk = self._join_risk(g, j, u, lim, budget)
         if risk is None or self._fails_budget(risk[1], risk[2], budget):
             return best  # the predicted tail may use up more than the bound's share
         # co-locate on a faster type rather than run alone on a slower one when the join adds
@@ -223,7 +223,7 @@ class Placement:
         # type, an idle GPU of that type costs no tail budget
         if cost[i] >= best_cost and not (pressure and self.gtype[g] == self.gtype[best[0]]):
             return best
-        self.last_risk = (g, u, risk)  # what _start charges when the job starts there
+        self.last_risk = (g, j, risk)  # what _start charges when the job starts there
         return [g]
 
     def _spread_place(self, t: int, exclude: set | None, end: float) -> list[int] | None:
@@ -249,9 +249,9 @@ class Placement:
                     best, best_key = min(idle), key
         return None if best is None else [best]
 
-    def _join_risk(self, g: int, u: float, lim: float, budget: float = INF
+    def _join_risk(self, g: int, j: int, u: float, lim: float, budget: float = INF
                    ) -> tuple[list[tuple[int, float]], float, float] | None:
-        """What a job of predicted util u and time limit lim joining GPU g's group does to the
+        """What job j, of predicted util u and time limit lim, joining GPU g's group does to the
         slowdown tail: ([(job, share)], added, added variance).  share: the chance (over the
         sensitivity spread, on predicted utils) that the job ends beyond the bound; added: how
         many more jobs that puts beyond it (each job counts once, at its worst group so far:
@@ -259,18 +259,22 @@ class Placement:
         the sum of share x (1 - share)).  A job co-located for a fraction f of its work is
         beyond the bound b only if its speed there is below 1 / (1 + (b - 1) / f); f is
         estimated from the time limits, the only lengths Slurm knows: min(1, partner's limit /
-        own limit).  None when the newcomer's share alone fails the budget's test
+        own limit).  With ``known_sensitivity`` (a what-if) each share is 0 or 1 by the job's own
+        sensitivity.  None when the newcomer's share alone fails the budget's test
         (_fails_budget) whatever the partners add (_over_budget): the join would be refused
         anyway."""
         su, n, b = float(self.pu[g]) + u, int(self.ns[g]) + 1, self.bound
         jrisk, cur_req, jlim = self.jrisk, self.cur_req, self.jlim
         res = [x for x in self.gjobs[g] if cur_req[x].share is not None]
         longest = max(jlim[x] for x in res)
-        r = self.itf.exceed_share(su, n, 1.0 + (b - 1.0) / min(1.0, longest / lim))
+        known = self.jsens if self.known_sensitivity else None
+        r = self.itf.exceed_share(su, n, 1.0 + (b - 1.0) / min(1.0, longest / lim),
+                                  sens=None if known is None else known[j])
         if self._over_budget(r, budget):
             return None
         out, added, var = [(-1, r)], r, r * (1.0 - r)
-        shares = self.itf.exceed_shares(su, n, [1.0 + (b - 1.0) / min(1.0, lim / jlim[x]) for x in res])
+        shares = self.itf.exceed_shares(su, n, [1.0 + (b - 1.0) / min(1.0, lim / jlim[x]) for x in res],
+                                        sens=None if known is None else [known[x] for x in res])
         for x, r in zip(res, shares):
             out.append((x, r))
             old = jrisk[x]
@@ -295,8 +299,8 @@ class Placement:
 
     def _charge_risk(self, j: int, g: int, share: tuple) -> None:
         """Charge the tail budget for job j joining GPU g's group (before it is counted there)."""
-        lg, lu, risk = self.last_risk  # _share_place has usually just priced this very join
-        shares = (risk if (lg, lu) == (g, share[0]) else self._join_risk(g, share[0], share[3]))[0]
+        lg, lj, risk = self.last_risk  # _share_place has usually just priced this very join
+        shares = (risk if (lg, lj) == (g, j) else self._join_risk(g, j, share[0], share[3]))[0]
         for x, r in shares:
             x = j if x < 0 else x
             if r > self.jrisk[x]:
@@ -353,16 +357,17 @@ class Placement:
         if spare - (1.0 - self.itf.points[-1][1]) * lossy >= 0.0:
             r = 0.0  # even at the floor throughout its lossy time it stays within the bound
         elif lost_k > 0.0:
-            r = share_above(spare / lost_k)
+            k_star = spare / lost_k
+            r = float(self.jsens[j] > k_star) if self.known_sensitivity else share_above(k_star)
         else:
             r = 1.0
         self._set_jrisk(j, r)
 
-    def _place(self, req: Request, exclude: set | None) -> list[int] | None:
-        """GPUs for ``req`` now (best fit), avoiding ``exclude``; None if it does not fit."""
-        S = self.S
+    def _place(self, j: int, exclude: set | None) -> list[int] | None:
+        """GPUs for job j's request now (best fit), avoiding ``exclude``; None if it does not fit."""
+        S, req = self.S, self.cur_req[j]
         if req.share is not None:
-            return self._share_place(req, exclude)
+            return self._share_place(j, req, exclude)
         for t in req.types:
             if req.gpus == 1 and req.shards < S:
                 part = self.part[t]
