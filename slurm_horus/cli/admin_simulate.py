@@ -134,8 +134,9 @@ def register(main_group: click.Group) -> None:
                        "[default: 0.6, fitted to Lucid's pair p10]; the horus scheduler assumes "
                        "0.6 whatever it is.")
     @click.option("--known-sensitivity", is_flag=True,
-                  help="What-if: horus and the oracle know each generated job's true interference "
-                       "sensitivity (no real scheduler does; shows what knowing it is worth).")
+                  help="What-if: the tail budget of horus and the oracle knows each generated job's "
+                       "true interference sensitivity (placement still ranks by the median; no real "
+                       "scheduler knows it: shows what knowing it is worth).")
     @click.option("--history-lag", type=float, default=900.0, show_default=True,
                   help="horus: seconds from a job's end until its measurement predicts the next "
                        "run of its graph (the sync period).")
@@ -239,6 +240,10 @@ def register(main_group: click.Group) -> None:
         if plot and plot != "-":
             save(figure(results, f"horus-admin simulate: {what}"), plot)
         if as_json:
+            if known_sensitivity:
+                for p in ("horus", "oracle"):
+                    if p in results:
+                        results[p]["what_if"] = "known_sensitivity"
             print_json(results)
             return
         from rich.console import Console

@@ -341,15 +341,16 @@ class Simulator(Placement):
         if first > self.bf_window:
             return  # the window holds no job that was not looked at
         shadow, reserved = self.res
-        # per memo key (_set_req): the fewest shards that did not fit, and the (util, memory) of
-        # shareable jobs that did not fit.  Resources only shrink during the pass, and what did
-        # not fit on any GPU does not fit off the reserved ones (key + 1) either.
+        # per memo key (_set_req): the fewest shards of a whole-GPU request that did not fit, and
+        # the (util, memory) of shareable jobs that found no idle GPU and no group with room
+        # (Placement.no_room).  Resources only shrink during the pass, and what did not fit on
+        # any GPU does not fit off the reserved ones (key + 1) either.  A shareable job refused
+        # for its tail or its cost stands for no other: that depends on its time limit, its
+        # runtimes and the budget (which grows as jobs start), not on its util and memory alone
         nkeys = 2 * len(self.kid)
         memo = [self.S + 1] * nkeys
         fails: list[list[tuple[float, float]]] = [[] for _ in range(nkeys)]
         jrec = self.jrec
-        # a job's own sensitivity, when known, decides its tail: no job stands for another
-        memo_shared = not self.known_sensitivity
         horizon = shadow - now
         gone = 0
         # the window: queue positions first..bf_window as they were when the pass began
@@ -366,7 +367,7 @@ class Simulator(Placement):
                 if memo[key] <= shards:
                     continue
             else:
-                # a shareable job cannot fit where one no larger (util and memory) did not
+                # a shareable job finds no room where one no larger (util and memory) found none
                 smaller = False
                 for fu, fm in fails[key]:
                     if u >= fu and m >= fm:
@@ -380,7 +381,7 @@ class Simulator(Placement):
                     memo[key] = shards
                     if excl is None and shards < memo[key + 1]:
                         memo[key + 1] = shards
-                elif memo_shared:
+                elif self.no_room:
                     _add_failure(fails[key], u, m)
                     if excl is None:
                         _add_failure(fails[key + 1], u, m)
@@ -504,9 +505,9 @@ class Simulator(Placement):
 
 
 def _add_failure(fails: list[tuple[float, float]], u: float, m: float) -> None:
-    """Record that a shareable job of (util u, memory m) did not fit.  Only the minimal failures
-    matter (a job no smaller than one of them cannot fit either), so those the new one is no
-    larger than are dropped: the list stays short where a pass tries many jobs."""
+    """Record that a shareable job of (util u, memory m) found no room.  Only the minimal
+    failures matter (a job no smaller than one of them finds none either), so those the new one
+    is no larger than are dropped: the list stays short where a pass tries many jobs."""
     fails[:] = [f for f in fails if f[0] < u or f[1] < m]
     fails.append((u, m))
 

@@ -89,20 +89,23 @@ class Interference:
         whose solo utils sum to ``sum_util_pct``.  One job alone runs at 1.0."""
         if n_jobs <= 1:
             return 1.0
-        pts, xs = self.points, self._xs
-        if sum_util_pct <= xs[0]:
-            s = pts[0][1]
-        elif sum_util_pct >= xs[-1]:
-            s = pts[-1][1]
-        else:
-            i = bisect.bisect_right(xs, sum_util_pct)
-            (x0, y0), (x1, y1) = pts[i - 1], pts[i]
-            s = y0 + (y1 - y0) * (sum_util_pct - x0) / (x1 - x0)
+        s = self._pair(sum_util_pct)
         if sens != 1.0:
-            s = max(pts[-1][1], 1.0 - (1.0 - s) * sens)
+            s = max(self.points[-1][1], 1.0 - (1.0 - s) * sens)
         if n_jobs > 2 or self.mem_bw_penalty:
             s *= self._crowd(n_jobs)
         return s
+
+    def _pair(self, sum_util_pct: float) -> float:
+        """The pair curve's median speed at ``sum_util_pct``, before any crowding factor."""
+        pts, xs = self.points, self._xs
+        if sum_util_pct <= xs[0]:
+            return pts[0][1]
+        if sum_util_pct >= xs[-1]:
+            return pts[-1][1]
+        i = bisect.bisect_right(xs, sum_util_pct)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+        return y0 + (y1 - y0) * (sum_util_pct - x0) / (x1 - x0)
 
     def median_speeds(self, sums: "np.ndarray", n_jobs: "np.ndarray") -> "np.ndarray":
         """:meth:`speed` of the median job (sensitivity 1) for numpy arrays of summed utils and
@@ -156,7 +159,7 @@ class Interference:
         ``sens``: each one's known sensitivity, or None (the spread)."""
         if n_jobs <= 1:
             return [0.0 for _ in bounds]
-        loss = 1.0 - self.speed(sum_util_pct, 2)  # the median loss (mem_bw_penalty off)
+        loss = 1.0 - self._pair(sum_util_pct)  # the median loss; crowd below has the rest
         crowd, worst = self._crowd(n_jobs), self.points[-1][1]
         out = []
         for i, bound in enumerate(bounds):
@@ -178,7 +181,7 @@ class Interference:
         if n_jobs <= 1:
             return 1.0, 0.0
         c = self._crowd(n_jobs)
-        return c, c * (1.0 - self.speed(sum_util_pct, 2))
+        return c, c * (1.0 - self._pair(sum_util_pct))
 
 
 def sensitivity_at(q: float, sigma: float = SENSITIVITY_SIGMA) -> float:

@@ -109,6 +109,7 @@ class Placement:
         self.risk, self.jrisk, self.n_first = 0.0, [0.0] * len(self.jobs), 0
         self.risk_var = 0.0  # the variance of that count (independent jobs)
         self.last_risk: tuple = (-1, -1, None)
+        self.no_room = False  # the last _share_place failed for want of room alone
         # what settles a job's charge when it ends (_settle_risk): over its run so far, the
         # integrals of 1 - c, of c x L (Interference.loss_rates of its groups' predicted sums)
         # and of c where L > 0, the rates of its current group, and when they last changed
@@ -175,6 +176,7 @@ class Placement:
         against an idle GPU of a slower type, the join adds less predicted time than that GPU
         takes (else the idle GPU)."""
         u, m, rx, lim = req.share
+        self.no_room = False
         if u < self.free_sum:
             cand = np.flatnonzero(self.lone_pu <= self.free_sum - u)
             if len(cand):
@@ -204,6 +206,9 @@ class Placement:
             ok[list(exclude)] = False
         cand = np.flatnonzero(ok)
         if not len(cand):
+            # no idle GPU and no group with room: true of every job of these types and
+            # exclusion that is no smaller, until resources grow (the backfill memo)
+            self.no_room = best is None
             return best
         # where the join costs the least predicted time: the job's runtime on the GPU's type over
         # the group's median speed with it, plus, per partner, the share of its runtime the job
