@@ -883,17 +883,20 @@ def test_simulate_known_sensitivity_is_a_what_if_for_generated_traces_only(tmp_p
     assert r.exit_code == 2 and "applies to generated traces" in r.output
 
 
-@pytest.mark.parametrize("trace,seed", [("llm", 1), ("philly", 2)])
-def test_the_backfill_memo_skips_no_job_that_would_start(trace, seed, mix, monkeypatch):
+@pytest.mark.parametrize("trace,seed,policy,known", [("llm", 1, "horus", False), ("philly", 2, "horus", False),
+                                                    ("llm", 7, "oracle", True), ("pai", 1, "oracle", False)])
+def test_the_backfill_memo_skips_no_job_that_would_start(trace, seed, policy, known, mix, monkeypatch):
     """The memo of shareable jobs that found no room is a proof, not a heuristic: the same
     run with it switched off (every job of the window tried) starts every job at the same time.
-    (A memo of every refused job skipped jobs a longer or shorter time limit let in.)"""
+    (A memo of every refused job skipped jobs a longer or shorter time limit let in; one kept
+    across starts skipped jobs a grown group's util limit let in.)"""
     from slurm_horus.sim import engine
     c = homogeneous_cluster(8)
     jobs = generate_trace(trace, 250, ["a100"], 8, seed=seed, load=6.0, mix=mix, max_gpus_per_job=8)
-    with_memo = run_policies(c, jobs, ["horus"], history_lag_s=None)["horus"]
+    kw = {"history_lag_s": None, "known_sensitivity": known}
+    with_memo = run_policies(c, jobs, [policy], **kw)[policy]
     monkeypatch.setattr(engine, "_add_failure", lambda fails, u, m: None)
-    without = run_policies(c, jobs, ["horus"], history_lag_s=None)["horus"]
+    without = run_policies(c, jobs, [policy], **kw)[policy]
     for k in ("mean_jct_s", "p95_slowdown", "makespan_s", "backfilled"):
         assert with_memo[k] == without[k], k
 

@@ -343,10 +343,12 @@ class Simulator(Placement):
         shadow, reserved = self.res
         # per memo key (_set_req): the fewest shards of a whole-GPU request that did not fit, and
         # the (util, memory) of shareable jobs that found no idle GPU and no group with room
-        # (Placement.no_room).  Resources only shrink during the pass, and what did not fit on
-        # any GPU does not fit off the reserved ones (key + 1) either.  A shareable job refused
-        # for its tail or its cost stands for no other: that depends on its time limit, its
-        # runtimes and the budget (which grows as jobs start), not on its util and memory alone
+        # (Placement.no_room) since the last start.  Free shards only shrink during the pass, and
+        # what did not fit on any GPU does not fit off the reserved ones (key + 1) either.  A
+        # start can give a group more room (a larger group's util limit may grow by more than
+        # the newcomer adds), so it clears the shareable failures.  A shareable job refused for
+        # its tail or its cost stands for no other: that depends on its time limit, its runtimes
+        # and the budget (which grows as jobs start), not on its util and memory alone
         nkeys = 2 * len(self.kid)
         memo = [self.S + 1] * nkeys
         fails: list[list[tuple[float, float]]] = [[] for _ in range(nkeys)]
@@ -390,6 +392,8 @@ class Simulator(Placement):
             gone += 1
             self.backfilled += 1
             self._start(j, alloc, now)
+            if u is not None or any(fails):
+                fails = [[] for _ in range(nkeys)]
             if not self.n_avail:
                 break
 
