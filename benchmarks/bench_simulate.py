@@ -1,6 +1,6 @@
 """The simulator sweep of issue 12 and the 100k-job CPU time (results in BENCHMARKS.md, section 6).
 
-    python benchmarks/bench_simulate.py                       # default: about 3 minutes on 2 cores
+    python benchmarks/bench_simulate.py                       # default: about 15 minutes CPU
     python benchmarks/bench_simulate.py --skip-scale          # only the sweep
     python benchmarks/bench_simulate.py --jobs 500 --seeds 1 --skip-scale   # a quick look
     python benchmarks/bench_simulate.py --skip-sweep          # only the 100k-job CPU time
