@@ -129,8 +129,11 @@ def fit_util(seed: int = 0) -> None:
         est = ColdStartEstimator(params)
         return np.array([est.utilization_pct(reports[i], gpu, work[i])[0] for i in idx])
 
+    def scores(params: ColdStartParams, idx) -> dict:
+        return accuracy(ones[: len(idx)], ones[: len(idx)], predicted(params, idx), util[idx])
+
     def rmsle(params: ColdStartParams, idx) -> float:
-        return accuracy(ones[: len(idx)], ones[: len(idx)], predicted(params, idx), util[idx])["util_rmsle"]
+        return scores(params, idx)["util_rmsle"]
 
     bounds = [(np.log(lo), np.log(hi)) for lo, hi in UTIL_BOUNDS.values()]
     starts = {"the geometric middle of the ranges": [(lo + hi) / 2 for lo, hi in bounds],
@@ -145,7 +148,7 @@ def fit_util(seed: int = 0) -> None:
     print("| constants | " + " | ".join(names) + " | held-out RMSLE | held-out MAE | training RMSLE |")
     print("|---|" + "---|" * (len(names) + 3))
     for label, p in table:
-        m = accuracy(ones[: len(test)], ones[: len(test)], predicted(p, test), util[test])
+        m = scores(p, test)
         print(f"| {label} | " + " | ".join(f"{getattr(p, n):.3g}" for n in names)
               + f" | {m['util_rmsle']:.3f} | {m['util_mae_pct']:.2f} pp | {rmsle(p, train):.3f} |")
 

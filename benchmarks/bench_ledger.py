@@ -122,7 +122,7 @@ def run(a, tmp: Path) -> None:
 
         data = sacct_json(a.sync_jobs)
         L = Ledger(f"sqlite:///{tmp / 'sync.db'}", spool=str(tmp / "sp"))
-        L.record_usages(probe_rows(a.sync_jobs, json.loads(data)["jobs"][0]["cluster"]))
+        L.record_runs([], probe_rows(a.sync_jobs, json.loads(data)["jobs"][0]["cluster"]))
         t = time.perf_counter()
         res = sync(L, sacct_json=data, all_jobs=True)
         out["sync_s"] = round(time.perf_counter() - t, 2)

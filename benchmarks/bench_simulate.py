@@ -83,14 +83,19 @@ def _mean(runs: list[dict], p: str, key: str) -> float:
     return sum(r[p][key] for r in runs) / len(runs)
 
 
-def _goals(runs: list[dict]) -> tuple[int, int, int]:
-    """Seeds where horus has the lowest mean JCT of exclusive/naive/horus (within 2 %), seeds
-    where horus's mean JCT is within 5 % of the oracle's, and seeds where horus's p95 slowdown
-    is within the bound."""
-    best = sum(r["horus"]["mean_jct_s"] <= 1.02 * min(r[p]["mean_jct_s"] for p in ("exclusive", "naive"))
+def _jct_p95(runs: list[dict], p: str) -> str:
+    """A table cell: policy p's mean JCT (ks) / p95 slowdown over the seeds."""
+    return f"{_mean(runs, p, 'mean_jct_s') / 1e3:.1f} / {_mean(runs, p, 'p95_slowdown'):.2f}"
+
+
+def _goals(runs: list[dict], h: str = "horus") -> tuple[int, int, int]:
+    """Seeds where h (horus) has the lowest mean JCT of exclusive/naive/h (within 2 %), seeds
+    where its mean JCT is within 5 % of the oracle's, and seeds where its p95 slowdown is
+    within the bound."""
+    best = sum(r[h]["mean_jct_s"] <= 1.02 * min(r[p]["mean_jct_s"] for p in ("exclusive", "naive"))
                for r in runs)
-    near = sum(r["horus"]["mean_jct_s"] <= 1.05 * r["oracle"]["mean_jct_s"] for r in runs)
-    bound = sum(r["horus"]["p95_slowdown"] <= BOUND + 1e-9 for r in runs)  # float times
+    near = sum(r[h]["mean_jct_s"] <= 1.05 * r["oracle"]["mean_jct_s"] for r in runs)
+    bound = sum(r[h]["p95_slowdown"] <= BOUND + 1e-9 for r in runs)  # float times
     return best, near, bound
 
 
@@ -149,11 +154,10 @@ def frontier(trace: str, loads, seeds, bounds, n_jobs: int, mix: ModelMix, repea
     for load in loads:
         traces = [_trace(trace, n_jobs, cluster, s, load, mix, repeat_share) for s in seeds]
         naive = [run_policies(cluster, jobs, ["naive"]) for jobs in traces]
-        naive_cell = f"{_mean(naive, 'naive', 'mean_jct_s') / 1e3:.1f} / {_mean(naive, 'naive', 'p95_slowdown'):.2f}"
+        naive_cell = _jct_p95(naive, "naive")
         for b in bounds:
             r = [run_policies(cluster, jobs, ["horus", "oracle"], slowdown_bound=b) for jobs in traces]
-            cells = [f"{_mean(r, p, 'mean_jct_s') / 1e3:.1f} / {_mean(r, p, 'p95_slowdown'):.2f}"
-                     for p in ("horus", "oracle")]
+            cells = [_jct_p95(r, p) for p in ("horus", "oracle")]
             rows.append(f"| {load:g} | {b:g} | {cells[0]} | {cells[1]} | {naive_cell} |")
         print(f"  frontier {trace} load {load:g}: done", file=sys.stderr, flush=True)
     itf = Interference()
@@ -183,8 +187,7 @@ def spread(mixes, loads, seeds, sigmas, n_jobs: int, mix: ModelMix, repeat_share
             for sg in sigmas:
                 runs = [run_policies(cluster, _trace(trace, n_jobs, cluster, s, load, mix, repeat_share, sg), pols)
                         for s in seeds]
-                cells = [f"{_mean(runs, p, 'mean_jct_s') / 1e3:.1f} / {_mean(runs, p, 'p95_slowdown'):.2f}"
-                         for p in pols]
+                cells = [_jct_p95(runs, p) for p in pols]
                 within = sum(r["horus"]["p95_slowdown"] <= BOUND for r in runs)
                 rows.append(f"| {trace} | {load:g} | {sg:g} | {' | '.join(cells)} | {within}/{len(runs)} |")
             print(f"  spread {trace} load {load:g}: done", file=sys.stderr, flush=True)
@@ -212,11 +215,8 @@ def known_sensitivity(mixes, loads, seeds, n_jobs: int, mix: ModelMix, repeat_sh
                 r.update({f"{p} known": m for p, m in known.items()})
                 runs.append(r)
             pols = ("naive", "horus", "oracle", "horus known", "oracle known")
-            cells = [f"{_mean(runs, p, 'mean_jct_s') / 1e3:.1f} / {_mean(runs, p, 'p95_slowdown'):.2f}"
-                     for p in pols]
-            lowest = sum(r["horus known"]["mean_jct_s"]
-                         <= 1.02 * min(r[p]["mean_jct_s"] for p in ("exclusive", "naive")) for r in runs)
-            within = sum(r["horus known"]["p95_slowdown"] <= BOUND + 1e-9 for r in runs)
+            cells = [_jct_p95(runs, p) for p in pols]
+            lowest, _, within = _goals(runs, "horus known")
             rows.append(f"| {trace} | {load:g} | {' | '.join(cells)} | {lowest}/{len(runs)} | {within}/{len(runs)} |")
             print(f"  known sensitivity {trace} load {load:g}: done", file=sys.stderr, flush=True)
     return "\n".join([

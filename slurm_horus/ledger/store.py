@@ -110,24 +110,20 @@ class Ledger:
         self._write([], [rec])
         self._after_write()
 
-    def record_usages(self, records: list[dict], recompute_keys: Iterable = ()) -> None:
-        """Bulk form of record_usage: one transaction."""
-        self._write([], [usage_record(**r) for r in records], recompute_keys)
-
     def record_runs(self, submissions: list[dict], usages: list[dict]) -> None:
         """Sync's and import's write: the submissions and usage rows of a batch in one
         transaction, so each job's row is rebuilt once (not once per table) and a failed write
         leaves neither half."""
         self._write([submission_record(**r) for r in submissions], [usage_record(**r) for r in usages])
 
-    def _write(self, subs: list[dict], uses: list[dict], extra_keys: Iterable = ()) -> None:
+    def _write(self, subs: list[dict], uses: list[dict]) -> None:
         t = tables()
         with self.engine.begin() as conn:
             if subs:
                 upsert(conn, t["submissions"], subs, ("cluster", "job_id"))
             if uses:
                 upsert(conn, t["usage"], uses, ("cluster", "job_id", "source"))
-            refresh_jobs(conn, [(r["cluster"], r["job_id"]) for r in (*subs, *uses)] + list(extra_keys))
+            refresh_jobs(conn, [(r["cluster"], r["job_id"]) for r in (*subs, *uses)])
 
     def set_state(self, name: str, value: str) -> None:
         with self.engine.begin() as conn:

@@ -392,7 +392,7 @@ class Simulator(Placement):
             gone += 1
             self.backfilled += 1
             self._start(j, alloc, now)
-            if u is not None or any(fails):
+            if any(fails):
                 fails = [[] for _ in range(nkeys)]
             if not self.n_avail:
                 break
