@@ -342,13 +342,14 @@ class Simulator(Placement):
             return  # the window holds no job that was not looked at
         shadow, reserved = self.res
         # per memo key (_set_req): the fewest shards of a whole-GPU request that did not fit, and
-        # the (util, memory) of shareable jobs that found no idle GPU and no group with room
-        # (Placement.no_room) since the last start.  Free shards only shrink during the pass, and
-        # what did not fit on any GPU does not fit off the reserved ones (key + 1) either.  A
-        # start can give a group more room (a larger group's util limit may grow by more than
-        # the newcomer adds), so it clears the shareable failures.  A shareable job refused for
-        # its tail or its cost stands for no other: that depends on its time limit, its runtimes
-        # and the budget (which grows as jobs start), not on its util and memory alone
+        # the (util, memory) of shareable jobs that found no idle GPU and either no group with
+        # room or the tail budget spent (Placement.no_room) since the last start.  Free shards
+        # only shrink during the pass, and what did not fit on any GPU does not fit off the
+        # reserved ones (key + 1) either.  A start can give a group more room (a larger group's
+        # util limit may grow by more than the newcomer adds) and changes the budget, so it
+        # clears the shareable failures.  A shareable job refused for its own tail or its cost
+        # stands for no other: that depends on its time limit and its runtimes, not on its util
+        # and memory alone
         nkeys = 2 * len(self.kid)
         memo = [self.S + 1] * nkeys
         fails: list[list[tuple[float, float]]] = [[] for _ in range(nkeys)]

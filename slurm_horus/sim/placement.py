@@ -109,7 +109,9 @@ class Placement:
         self.risk, self.jrisk, self.n_first = 0.0, [0.0] * len(self.jobs), 0
         self.risk_var = 0.0  # the variance of that count (independent jobs)
         self.last_risk: tuple = (-1, -1, None)
-        self.no_room = False  # the last _share_place failed for want of room alone
+        # the last _share_place failed for a reason that holds for every job no larger (util,
+        # memory) of its types until the next start: no room, or the tail budget spent
+        self.no_room = False
         # what settles a job's charge when it ends (_settle_risk): over its run so far, the
         # integrals of 1 - c, of c x L (Interference.loss_rates of its groups' predicted sums)
         # and of c where L > 0, the rates of its current group, and when they last changed
@@ -198,7 +200,10 @@ class Placement:
             return best
         budget = self.risk_share * (self.n_first + 1)
         if self._over_budget(0.0, budget):
-            return best  # spent: no join passes the budget's test (_join_risk), wherever it is
+            # spent: no join passes the budget's test (_join_risk), wherever it is, for any job,
+            # until a start changes the count (the backfill memo)
+            self.no_room = best is None
+            return best
         ok = (self.mroom >= m) & (self.uroom >= u)
         if len(self.types) > 1 and len(req.types) < len(self.types):
             ok &= np.isin(self.gtype_np, req.types)
