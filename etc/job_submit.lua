@@ -216,7 +216,10 @@ local function parse_policy(text)
 				else bad(key, "need order or any") end
 			elseif key == "raw_shards" then
 				if val == "allow" or val == "whole" or val == "refuse" then pol.raw_shards = val
-				else bad(key, "need allow, whole or refuse") end
+				else  -- fail closed: a mistyped value never lets uncosted shards through
+					pol.raw_shards = "whole"
+					warn[#warn + 1] = "policy: raw_shards: need allow, whole or refuse, whole used"
+				end
 			elseif key == "record_file" then
 				if absolute_path(val) then pol.record_file = val
 				else bad(key, "need an absolute path") end
@@ -308,8 +311,11 @@ local function parse_policy(text)
 	return pol, warn
 end
 
-local function builtin_policy()
+-- The built-in defaults; ``closed``: a policy file is there but cannot be used, so raw shard
+-- requests become whole GPUs instead of passing uncosted (a missing file: the hook is off).
+local function builtin_policy(closed)
 	local pol = parse_policy("")
+	if closed then pol.raw_shards = "whole" end
 	return pol
 end
 
@@ -321,13 +327,18 @@ local function load_policy()
 		log_once("horus: policy file " .. path .. " not readable, using built-in defaults (no GPU types: nothing is packed)")
 		return builtin_policy()
 	end
-	local text = f:read(MAX_POLICY_BYTES + 1)
+	local text, err = f:read(MAX_POLICY_BYTES + 1)
 	f:close()
-	if type(text) ~= "string" then text = "" end
-	if #text > MAX_POLICY_BYTES then
-		log_once("horus: policy file " .. path .. " larger than 64 KiB, using built-in defaults")
-		return builtin_policy()
+	if text == nil and err == nil then text = "" end  -- an empty file: the defaults
+	if type(text) ~= "string" then  -- a directory, or a read error
+		log_once("horus: policy file " .. path .. " cannot be read, using built-in defaults with raw_shards = whole")
+		return builtin_policy(true)
 	end
+	if #text > MAX_POLICY_BYTES then
+		log_once("horus: policy file " .. path .. " larger than 64 KiB, using built-in defaults with raw_shards = whole")
+		return builtin_policy(true)
+	end
+	if string.sub(text, 1, 3) == "\239\187\191" then text = string.sub(text, 4) end  -- a UTF-8 BOM
 	if policy_cache.path == path and policy_cache.text == text then
 		return policy_cache.policy
 	end
@@ -563,7 +574,7 @@ local function find_gpu_request(job)
 			local e = parse_entry(item)
 			if not e then
 				if mentions_gpu(item) then return nil, "unreadable GPU request" end
-			elseif e.name == "shard" or e.name == "mps" then
+			elseif (e.name == "shard" or e.name == "mps") and e.count > 0 then
 				return nil, "job already asks for shared GPU resources"
 			elseif e.name == "gpu" then
 				gpus = gpus + e.count
@@ -578,6 +589,12 @@ local function find_gpu_request(job)
 	if gpus > 1 then return nil, "multi-GPU request" end
 	if is_set_number(job.min_nodes) and job.min_nodes > 1 then return nil, "multi-node job" end
 	if is_set_number(job.max_nodes) and job.max_nodes > 1 then return nil, "multi-node job" end
+	-- a GPU per job (--gpus) becomes shards per node: only for a job that cannot span nodes
+	-- (one node at most, or one task), else it would get shards on every node it spans
+	if found.field == "tres_per_job" and not (is_set_number(job.max_nodes) and job.max_nodes == 1)
+		and is_set_number(job.num_tasks) and job.num_tasks > 1 then
+		return nil, "GPU per job of a job that may span nodes"
+	end
 	return found, nil
 end
 
@@ -591,10 +608,24 @@ local function mentions_shard(s)
 	return type(s) == "string" and (string.find(s, "shard", 1, true) ~= nil)
 end
 
--- Cheap test, run on every submission: may the job ask for shards?
+-- Run on every submission (a plain string search first): does the job ask for shards, an
+-- entry named shard with a count (or one that cannot be read: whole_gpu_request says why)?
+-- "shardfs:1" or "gpu:a100_shard:1" is no shard request.
 local function asks_for_shards(job)
 	for _, f in ipairs(TRES_FIELDS) do
-		if mentions_shard(job[f]) then return true end
+		local v = job[f]
+		if mentions_shard(v) then
+			local items = split_list(v)
+			if not items then return true end
+			for _, item in ipairs(items) do
+				local e = parse_entry(item)
+				if not e then
+					if mentions_shard(item) then return true end
+				elseif e.name == "shard" and e.count > 0 then
+					return true
+				end
+			end
+		end
 	end
 	return false
 end
@@ -606,7 +637,7 @@ end
 -- cannot be converted, (nil, nil) when it asks for no shard after all (shard:0).
 -- Third value: the shard type, if the request named one.
 local function whole_gpu_request(job, pol)
-	local set, found, gtype = {}, false, nil
+	local set, found, gtype, gpus_too = {}, false, nil, false
 	for _, field in ipairs(TRES_FIELDS) do
 		local items = split_list(job[field])
 		if not items then
@@ -621,7 +652,8 @@ local function whole_gpu_request(job, pol)
 				elseif (e.name == "gpu" or e.name == "shard") and e.count == 0 then
 					changed = true  -- asks for nothing
 				elseif e.name == "gpu" then
-					return nil, "GPUs and shards asked together"
+					gpus_too = true  -- a conflict only beside a shard entry with a count
+					out[#out + 1] = item
 				elseif e.name == "shard" then
 					if field ~= "tres_per_node" then return nil, "shards asked per job, task or socket" end
 					if e.gtype and not is_gtype(e.gtype) then return nil, "unusual GPU type name in request" end
@@ -637,6 +669,7 @@ local function whole_gpu_request(job, pol)
 		end
 	end
 	if not found then return nil, nil end
+	if gpus_too then return nil, "GPUs and shards asked together" end
 	if mentions_shard(job.cpus_per_tres) or mentions_shard(job.mem_per_tres) then
 		return nil, "CPUs or memory asked per shard"
 	end
@@ -697,10 +730,11 @@ end
 -- simulated horus scheduler pairs under pressure.
 local function evaluate(pol, gtype, pred, pressure)
 	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
-	-- memory = p95 / p99 on a hint without that bound: its p90
+	-- memory = p95 / p99 on a hint without that bound: its p90; never below the p90, which
+	-- the claim audit checks (a hint's bounds are the user's claims, in any order)
 	local field = pol.memory
 	if field ~= "expected" and not pred[field] then field = "p90" end
-	local mem = (field == "expected") and pred.mem or pred[field]
+	local mem = (field == "expected") and pred.mem or math.max(pred[field], pred.p90)
 	if mem < pol.min_mem_mib then mem = pol.min_mem_mib end  -- a CUDA context alone costs more
 	local r = { gtype = gtype, util_milli = pred.util_milli, mem = mem, mem_field = field }
 	-- Shares of one GPU measured against the pack limit, rounded up to whole shards:
@@ -1082,6 +1116,7 @@ end
 -- The horus tokens of a comment (the hint, the workload token), in order, as one string.
 local function horus_words(comment)
 	if type(comment) ~= "string" or not string.find(comment, "horus", 1, true) then return "" end
+	if #comment > MAX_COMMENT then return nil end  -- bounded before it is parsed
 	local out = {}
 	for w in string.gmatch(comment, "%S+") do
 		if string.sub(w, 1, 6) == "horus:" or string.sub(w, 1, 10) == "horus-job:" then out[#out + 1] = w end
@@ -1091,15 +1126,22 @@ end
 
 -- What a user may not change once the hook has decided: the hint it costed (the loop and
 -- the claim audit read it) and, for a job on shards, the partition and features that pin
--- its GPU type (its shards were costed for that type's memory).
+-- its GPU type (its shards were costed for that type's memory) and its one node.
 local function frozen_update(job_desc, job_rec)
-	if job_desc.comment ~= nil and horus_words(job_desc.comment) ~= horus_words(job_rec.comment) then
-		return "a job's horus hint is fixed at submission"
+	if job_desc.comment ~= nil then
+		local new, old = horus_words(job_desc.comment), horus_words(job_rec.comment)
+		if new == nil or new ~= old then return "a job's horus hint is fixed at submission" end
 	end
 	if asks_for_shards(job_rec) then
 		for _, f in ipairs({ "features", "partition" }) do
 			if job_desc[f] ~= nil and job_desc[f] ~= job_rec[f] then
 				return "a job on GPU shards keeps the GPU type (" .. f .. ") they were costed for"
+			end
+		end
+		-- its shards were costed as one GPU's share: more nodes would give it shards on each
+		for _, f in ipairs({ "min_nodes", "max_nodes" }) do
+			if is_set_number(job_desc[f]) and job_desc[f] > 1 then
+				return "a job on GPU shards stays on one node"
 			end
 		end
 	end

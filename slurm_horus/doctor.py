@@ -335,10 +335,11 @@ def check_policy_lines(pol: Path) -> list[Problem]:
     if text is None:
         return []
     if len(text) > POLICY_MAX_BYTES:
-        return [Problem(f"policy {pol} is over {POLICY_MAX_BYTES} bytes: the hook ignores all of it",
-                        "shorten it (comments count)")]
+        return [Problem(f"policy {pol} is over {POLICY_MAX_BYTES} bytes: the hook ignores all of it "
+                        "(raw_shards = whole)", "shorten it (comments count)")]
     return [Problem(f"policy {pol} line {n}: {key} = {value[:60]!r} is ignored by the hook (an "
-                    "unknown key or a value it does not accept)" if key else
+                    "unknown key or a value it does not accept"
+                    + ("; raw shard requests become whole GPUs" if key == "raw_shards" else "") + ")" if key else
                     f"policy {pol} line {n}: {value[:60]!r} is not a 'key = value' line: the hook "
                     "ignores it",
                     "correct it; docs/hint-and-policy.md lists each key's values")

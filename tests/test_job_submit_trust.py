@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("lupa")
 
 from slurm_horus.slurm.hook_runtime import Decision, HookCache, HookRuntime  # noqa: E402
-from slurm_horus.slurm.policy import decide, policy_file, policy_value  # noqa: E402
+from slurm_horus.slurm.policy import charged_mem_mib, decide, policy_file, policy_value  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "etc" / "job_submit.lua"
@@ -122,15 +122,77 @@ def test_raw_shards_refuse(site, gres):
     assert msg.startswith("horus: job rejected:") and "raw_shards = refuse" in msg and "hsubmit" in msg
 
 
-@pytest.mark.parametrize("extra", ["", "raw_shards = allow\n", "raw_shards = sometimes\n"],
-                         ids=["built-in default", "allow", "invalid value -> allow"])
+@pytest.mark.parametrize("extra", ["", "raw_shards = allow\n", "raw_shards = sometimes\nraw_shards = allow\n"],
+                         ids=["built-in default", "allow", "a valid line after an invalid one"])
 def test_raw_shards_allow_leaves_job_untouched(site, extra):
     pol = site(extra)
     job = {"tres_per_node": "gres:shard:3"}
     d = run(job, pol)
     assert d.rc == 0 and d.written == () and d.job_desc == job and d.user_messages == []
-    if "sometimes" in extra:
-        assert any("raw_shards" in m[1] for m in d.log)
+    assert policy_value("raw_shards", "allow", path=pol) == "allow"
+
+
+def test_a_policy_that_cannot_be_used_fails_closed_on_raw_shards(site, tmp_path):
+    """A mistyped raw_shards, an unreadable or oversized policy: raw shard requests become
+    whole GPUs, never pass uncosted.  A missing file turns the hook off (Slurm's behaviour), and
+    an empty one is the defaults."""
+    job = {"tres_per_node": "gres:shard:5"}
+    whole = {"tres_per_node": "gres:gpu:1"}
+    big = tmp_path / "big.conf"
+    big.write_text("raw_shards = allow\n" + "# padding\n" * 8000)
+    bom = tmp_path / "bom.conf"
+    bom.write_text("\ufeffraw_shards = allow\n")
+    empty = tmp_path / "empty.conf"
+    empty.write_text("")
+    cases = [(site("raw_shards = allow\nraw_shards = Whole\n"), whole), (tmp_path, whole), (big, whole),
+             (bom, job), (empty, job), (tmp_path / "missing.conf", job)]
+    for pol, want in cases:
+        d = run(job, pol)
+        assert d.rc == 0 and dict(job, **changed(job, d)) == want, pol
+    assert policy_value("raw_shards", "allow", path=cases[0][0]) == "whole"
+    assert policy_value("raw_shards", "allow", path=bom) == "allow"
+
+
+@pytest.mark.parametrize("gres", ["gres:gpu:1,gres:shardfs:1", "gres:gpu:a100_shard:1",
+                                  "gres:gpu:1,gres:shard:0"])
+def test_a_gres_named_like_shard_or_no_shard_at_all_is_no_shard_request(site, gres):
+    """Only an entry named shard with a count asks for shards: these valid jobs are neither
+    refused nor converted, and a hint beside them is costed as for any GPU request."""
+    job = {"tres_per_node": gres}
+    for mode in ("whole", "refuse", "allow"):
+        d = run(job, site(f"raw_shards = {mode}\n", name=f"{mode}.conf"))
+        assert d.rc == 0 and d.written == () and d.job_desc == job, (mode, gres)
+    if "a100_shard" not in gres:  # an unknown type is left unchanged anyway
+        d = run(dict(job, comment=LIGHT), site("raw_shards = allow\n", name="hint.conf"))
+        assert d.action == "shared" and "already asks" not in (d.admin_comment or ""), gres
+    rt = HookRuntime(HOOK)
+    assert modify(rt, {"tres_per_node": gres}, 1002, site("raw_shards = refuse\n", name="m.conf"))[0] == 0
+
+
+@pytest.mark.parametrize("field", ["p95", "p99"])
+def test_a_high_quantile_below_the_p90_is_costed_at_the_p90(site, field):
+    """The claim audit checks measured memory against the hint's p90: a hint whose p95/p99
+    claims less is costed at the p90, as an honest one."""
+    pol = site(f"memory = {field}\n")
+    honest = run({"comment": "horus:v1;t4=5/3000/12000/12500/13000", "tres_per_node": "gres:gpu:1"}, pol)
+    forged = run({"comment": "horus:v1;t4=5/3000/12000/100/100", "tres_per_node": "gres:gpu:1"}, pol)
+    shards = [int(d.job_desc["tres_per_node"].rsplit(":", 1)[1]) for d in (honest, forged)]
+    assert forged.action == "shared" and shards[1] >= 87  # 12000 of 15360 MiB at a 90 % pack limit
+    assert shards[1] <= shards[0]
+    assert charged_mem_mib(3000, 12000, 100, 100, path=pol) == (field, 12000)
+
+
+def test_a_gpu_per_job_is_shared_only_where_the_job_keeps_to_one_node(site):
+    """--gpus=1 is one GPU for the whole job; shards are per node: a job of several tasks
+    that may span nodes would get shards on each."""
+    pol = site()
+    base = {"comment": LIGHT, "tres_per_job": "gres/gpu:1"}
+    spans = run(dict(base, num_tasks=64, min_nodes=4294967294, max_nodes=4294967294), pol)
+    assert spans.written == ("admin_comment",) and spans.action == "unchanged"
+    assert "span nodes" in spans.admin_comment
+    for ok in (base, dict(base, num_tasks=1), dict(base, num_tasks=64, max_nodes=1)):
+        d = run(ok, pol)
+        assert d.action == "shared" and d.job_desc.get("tres_per_job") in ("", None), ok
 
 
 def test_jobs_without_shards_or_hint_are_never_touched_in_any_mode(site):
@@ -479,6 +541,14 @@ def test_users_cannot_change_the_hint_or_the_gpu_type_of_a_shared_job(site):
         assert modify(rt, fields, 1002, pol, rec=shared)[0] != 0, fields
         assert modify(rt, fields, 1002, pol, rec=whole)[0] == 0, fields  # a whole GPU anywhere
     assert modify(rt, {"features": "a100", "time_limit": 60}, 1002, pol, rec=shared)[0] == 0
+    # its shards were costed as one GPU's share: it stays on one node
+    for fields in ({"min_nodes": 4, "max_nodes": 4}, {"max_nodes": 2}):
+        assert modify(rt, fields, 1002, pol, rec=shared)[0] != 0, fields
+        assert modify(rt, fields, 1002, pol, rec=whole)[0] == 0, fields
+    assert modify(rt, {"max_nodes": 1}, 1002, pol, rec=shared)[0] == 0
+    # a comment too long to parse changes no hint
+    long = "horus:x " * 10000
+    assert modify(rt, {"comment": long}, 1002, pol, rec=dict(shared, comment=long))[0] != 0
 
 
 # --------------------------------------------------------------------------- policy_value

@@ -108,7 +108,8 @@ def _one_of(*names: str):
 # the curve's median pair loss (sensitivity 1), or this quantile of the measured spread
 SLOWDOWN_TAILS = {"median": None, "p90": 0.90, "p95": 0.95, "p99": 0.99}
 _MAX_MEM_MIB = 99999999
-# key -> validator of the hook (an invalid value makes the hook use its built-in default)
+# key -> validator of the hook (an invalid value makes the hook keep the key's earlier value,
+# else its built-in default; raw_shards: whole)
 _POLICY_KEYS = {
     "shards_per_gpu": _int_in(1, 10000),
     "pack_limit_pct": _int_in(1, 100),
@@ -150,6 +151,7 @@ def _policy_entries(text: str) -> list[tuple[int, str, str, bool]]:
     the first 1000 lines, ``#`` comments stripped, lines over 1024 bytes skipped.  accepted:
     the hook takes the value (an unknown key or a rejected value changes nothing)."""
     out = []
+    text = text.removeprefix("\ufeff")  # the hook skips a UTF-8 BOM too
     for n, line in enumerate(text.split("\n")[:_POLICY_MAX_LINES]):
         line = line.split("#", 1)[0]
         if len(line.encode("utf-8", "surrogateescape")) > _POLICY_MAX_LINE:
@@ -177,10 +179,16 @@ def accepted_policy_keys(text: str) -> list[str]:
 
 def policy_values(text: str) -> dict[str, str]:
     """Every key the policy text sets validly, with the value the hook uses (the last accepted
-    line's); keys it leaves at the hook's built-in default are absent."""
+    line's; after a rejected raw_shards line, whole until a valid one); keys it leaves at the
+    hook's built-in default are absent."""
     if len(text.encode("utf-8", "surrogateescape")) > POLICY_MAX_BYTES:
         return {}  # the hook ignores the whole file
-    values = {key: value for _, key, value, ok in _policy_entries(text) if ok}
+    values = {}
+    for _, key, value, ok in _policy_entries(text):
+        if ok:
+            values[key] = value
+        elif key == "raw_shards":
+            values[key] = "whole"  # the hook fails closed on a bad raw_shards line
     for key in ("min_shards", "pressure_shards"):
         if int(values.get(key, 1)) > int(values.get("shards_per_gpu", 100)):
             del values[key]  # the hook's cross-check: back to its default
@@ -228,12 +236,14 @@ def charged_mem_mib(expected: float, p90: float, p95: float | None = None,
                     p99: float | None = None,
                     path: str | os.PathLike[str] | None = None) -> tuple[str, int]:
     """(bound, MiB): the memory the hook charges a hinted job, as job_submit.lua reads it: the
-    policy's ``memory`` bound (p90 unless set; a hint without that bound is costed at its p90),
-    rounded up to whole MiB, at least ``min_mem_mib``."""
+    policy's ``memory`` bound (p90 unless set; a hint without that bound is costed at its p90,
+    a p95 or p99 never below its p90), rounded up to whole MiB, at least ``min_mem_mib``."""
     field = policy_value("memory", "p90", path=path)
     value = {"expected": expected, "p95": p95, "p99": p99}.get(field, p90)
     if value is None:
         field, value = "p90", p90
+    elif field != "expected":
+        value = max(value, p90)
     return field, max(math.ceil(value), int(policy_value("min_mem_mib", "512", path=path)))
 
 
