@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from slurm_horus.textfile import open_for_reading
+
 __all__ = ["CONF_PATH", "ENV_CONF", "site_setting"]
 
 CONF_PATH = "/etc/slurm-horus/horus.conf"
@@ -20,8 +22,8 @@ def site_setting(key: str, env: Mapping[str, str] | None = None) -> str | None:
     cannot be read (a missing file means the defaults)."""
     env = os.environ if env is None else env
     try:
-        with open(env.get(ENV_CONF) or CONF_PATH, encoding="utf-8", errors="replace") as f:
-            text = f.read(MAX_CONF_BYTES)
+        with open_for_reading(env.get(ENV_CONF) or CONF_PATH) as f:
+            text = f.read(MAX_CONF_BYTES).decode("utf-8", "replace")
     except OSError:
         return None
     value = None

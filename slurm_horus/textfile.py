@@ -4,17 +4,32 @@ allows, or not UTF-8 -- never a traceback, and never an endless read of /dev/zer
 
 from __future__ import annotations
 
+import fcntl
 import os
+from typing import BinaryIO
 
 from slurm_horus.errors import HorusError
 
-__all__ = ["read_text"]
+__all__ = ["open_for_reading", "read_text"]
+
+
+def open_for_reading(path: str | os.PathLike) -> BinaryIO:
+    """``open(path, "rb")`` that does not wait for a writer: a FIFO nobody writes to reads as
+    empty instead of hanging the command (a pipe being written, as from ``<(...)``, reads as
+    usual).  Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_text(path: str | os.PathLike, what: str, max_bytes: int) -> str:
     """The file's text; HorusError("<what> <path>: ...") when it cannot be had."""
     try:
-        with open(path, "rb") as f:
+        with open_for_reading(path) as f:
             data = f.read(max_bytes + 1)
     except OSError as e:
         raise HorusError(f"{what} {path}: {e.strerror or e}") from None

@@ -75,7 +75,8 @@ def _main(argv: list[str]) -> int:
         return 0
     # with or without a hint, sbatch answers the user itself
     if plan.stdin_script is not None:
-        return slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script).returncode
+        rc = slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script).returncode
+        return 128 - rc if rc < 0 else rc  # killed by a signal: as a shell reports it
     sys.stdout.flush()
     sys.stderr.flush()
     slurm.exec_sbatch(plan.sbatch_argv)  # does not return

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs, parameter_tensors, weight_views
 from slurm_horus.graph.load import Graph, load_graph
+from slurm_horus.graph.limits import ANALYSIS_FILE_FACTOR, ANALYSIS_MEM_MIB, analysis_limits
 
 FEATURE_VERSION = 1
 MIX_CATEGORIES = ("conv", "matmul", "attention", "rnn", "norm", "pool", "elementwise", "reduce",
@@ -103,9 +104,15 @@ class FeatureReport:
 
 def extract_features(model: str | os.PathLike, batch_size: int | None = None,
                      dims: dict[str, int] | None = None) -> FeatureReport:
-    """Load `model`, bind its dimensions and compute its feature vector."""
-    graph = load_graph(model, batch_size=batch_size, dims=dims)
-    return features_of(graph, batch_size)
+    """Load `model`, bind its dimensions and compute its feature vector, within bounded memory
+    and time (a user names the file: graph.limits)."""
+    try:
+        size = os.stat(model).st_size
+    except OSError:
+        size = 0  # load_graph says what is wrong with it
+    with analysis_limits(str(model), ANALYSIS_MEM_MIB + ANALYSIS_FILE_FACTOR * (size >> 20)):
+        graph = load_graph(model, batch_size=batch_size, dims=dims)
+        return features_of(graph, batch_size)
 
 
 def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:

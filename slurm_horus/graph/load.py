@@ -416,6 +416,8 @@ def _infer_shapes(model, path: Path, onnx):
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
                                                  data_prop=True)
+    except MemoryError:
+        raise  # graph.limits says what ran out
     except Exception as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"{path}: shape inference failed: {first_line[:300]}") from None

@@ -9,6 +9,15 @@ results into Constant nodes and run inference again. Nothing large is ever mater
 from __future__ import annotations
 
 MAX_FOLD_ELEMENTS = 1 << 16
+_EXTERNAL = 1  # TensorProto.EXTERNAL
+
+
+def _inline_array(t):
+    """A tensor's values, never read from an external file (numpy_helper would open its
+    location relative to the working directory, outside the model's folder); None then."""
+    from onnx import numpy_helper
+
+    return None if t.data_location == _EXTERNAL else numpy_helper.to_array(t)
 
 
 def fold_shapes(model, shape_of) -> int:
@@ -22,7 +31,7 @@ def fold_shapes(model, shape_of) -> int:
     graph = model.graph
     values: dict[str, np.ndarray] = {}
     for t in graph.initializer:
-        if t.data_location != 1 and _numel(t.dims) <= MAX_FOLD_ELEMENTS and t.data_type != 8:
+        if t.data_location != _EXTERNAL and _numel(t.dims) <= MAX_FOLD_ELEMENTS and t.data_type != 8:
             try:
                 values[t.name] = numpy_helper.to_array(t)
             except Exception:  # an initializer without data (stripped weights)
@@ -34,9 +43,11 @@ def fold_shapes(model, shape_of) -> int:
             for a in node.attribute:
                 if a.name == "value" and _numel(a.t.dims) <= MAX_FOLD_ELEMENTS:
                     try:
-                        values[node.output[0]] = numpy_helper.to_array(a.t)
+                        v = _inline_array(a.t)
                     except Exception:
-                        pass
+                        continue
+                    if v is not None:
+                        values[node.output[0]] = v
             continue
         if op not in EVALUATORS or len(node.output) != 1:
             continue
@@ -150,9 +161,10 @@ def _cast(inputs, attrs, shape):
 
 def _constant_of_shape(inputs, attrs, shape):
     import numpy as np
-    from onnx import numpy_helper
 
-    value = numpy_helper.to_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
+    value = _inline_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
+    if value is None:
+        raise ValueError("external data")
     dims = [int(d) for d in inputs[0]]
     if _numel(dims) > MAX_FOLD_ELEMENTS:
         raise ValueError("too large")

@@ -86,8 +86,8 @@ def _root_folder(path: str) -> str | None:
 
 def _slurm(command: str, args: list[str], env: dict, timeout: float = SLURM_TIMEOUT_S) -> str | None:
     try:
-        cp = subprocess.run([command, *args], capture_output=True, text=True, timeout=timeout,
-                            env=env, stdin=subprocess.DEVNULL)
+        cp = subprocess.run([command, *args], capture_output=True, text=True, errors="replace",
+                            timeout=timeout, env=env, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
     return cp.stdout if cp.returncode == 0 else None

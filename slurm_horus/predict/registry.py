@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
+from slurm_horus.textfile import open_for_reading
 from slurm_horus.predict.learned import MAX_MODEL_BYTES, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
@@ -108,7 +109,9 @@ class Registry:
 
     def _read(self, path: Path) -> bytes:
         """A registry file's bytes, refused unless it and its folders are trusted (see above)."""
-        with open(path, "rb") as f:
+        with open_for_reading(path) as f:  # a FIFO planted here must not hang hsubmit
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise HorusError(f"{path}: not a regular file")
             root = self.root.resolve()
             for folder in (root, *root.parents):
                 _check_trusted(folder, folder.stat(), sticky_ok=folder != root)

@@ -47,7 +47,7 @@ def run(args: list[str], timeout: float = TIMEOUT_S) -> str:
     """Run a Slurm query command; its stdout, or HorusError with its stderr's first line."""
     try:
         cp = subprocess.run([_cmd(args[0]), *args[1:]], capture_output=True, text=True,
-                            timeout=timeout)
+                            errors="replace", timeout=timeout)  # a node's Reason may be any bytes
     except subprocess.TimeoutExpired:
         raise HorusError(f"{' '.join(args[:3])} timed out after {timeout:.0f} s") from None
     if cp.returncode != 0:

@@ -44,6 +44,7 @@ SBATCH_LONG_OPTS: dict[str, str] = {
         "tres-per-task", "uid", "wait-all-nodes", "wckey", "wrap",
         "tasks-per-node",  # 22.05's hidden alias of ntasks-per-node
         "container-id", "segment", "tres-bind",  # 25.11
+        "autocomplete", "context", "extra", "ntasks-per-tres", "resources",  # 25.11 (slurm_opt.c)
     )},
     # with an optional value (only as --opt=value)
     **{name: OPT for name in (
@@ -55,6 +56,7 @@ SBATCH_LONG_OPTS: dict[str, str] = {
         "oversubscribe", "parsable", "quiet", "reboot", "requeue", "spread-job", "test-only",
         "usage", "use-min-nodes", "verbose", "version", "wait",
         "oom-kill-step", "resv-ports", "spread-segments",  # 25.11 (a value only as --opt=value)
+        "consolidate-segments", "external", "stepmgr",  # 25.11
     )},
 }
 

@@ -25,6 +25,8 @@ from slurm_horus.errors import HorusError
 
 __all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error"]
 
+MAX_STDIN_SCRIPT = 512 << 20  # sbatch's MAX_BATCH_SCRIPT_SIZE
+
 # sbatch input environment variables that set request fields we read (22.05).
 _ENV_OPTS = {
     "partition": "SBATCH_PARTITION", "gres": "SBATCH_GRES", "gpus": "SBATCH_GPUS",
@@ -40,6 +42,7 @@ class Plan:
     split: sa.SplitArgs
     script_text: str | None = None          # the batch script, if read
     stdin_script: bytes | None = None       # the script read from stdin (must be re-fed to sbatch)
+    script_is_pipe: bool = False            # a script path sbatch must read itself, once
     script_opts: list[sa.SbatchOpt] = field(default_factory=list)
     horus: dict[str, object] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -112,12 +115,17 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
                 if stat.S_ISREG(os.stat(split.script).st_mode):
                     with open(split.script, "rb") as f:
                         text = f.read(4 << 20).decode("utf-8", "replace")
+                else:
+                    plan.script_is_pipe = True
             except OSError:
                 text = None  # sbatch will say what is wrong with it
         else:
             want = ("model" in cmd_horus or "explain" in cmd_horus) if read_stdin is None else read_stdin
             if want and stdin is not None:
-                data = stdin.read()
+                data = stdin.read(MAX_STDIN_SCRIPT + 1)
+                if len(data) > MAX_STDIN_SCRIPT:  # sbatch's own limit: it would refuse it too
+                    raise HorusError(f"script from stdin is too big (over {MAX_STDIN_SCRIPT >> 20} MiB, "
+                                     "sbatch's limit)")
                 plan.stdin_script = data
                 text = data.decode("utf-8", "replace")
     plan.script_text = text
@@ -134,8 +142,9 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     horus.update(cmd_horus)
     if dims:
         horus["dim"] = dims
-    if "model" not in horus and "task" in cmd_horus:
-        # no model asked: hsubmit is sbatch, and --task is sbatch's (--tasks-per-node)
+    if "task" in cmd_horus and ("model" not in horus or str(cmd_horus["task"]).strip().isdigit()):
+        # no model asked (hsubmit is sbatch), or a count, not train/infer: --task is sbatch's
+        # (--tasks-per-node)
         plan.split = sa.split_args(argv, frozenset({"task"}))
         horus.pop("task")
     plan.horus = horus
@@ -173,6 +182,9 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     model = plan.model
     if not model:
         raise HorusError("no --model")
+    if plan.script_is_pipe:  # its #SBATCH lines (a --comment, the partition) are unknown
+        raise HorusError(f"script {plan.split.script} is not a regular file: its #SBATCH lines "
+                         "cannot be read before sbatch reads it, so no hint is attached")
     path = Path(str(model))
     if not path.exists():
         raise HorusError(f"model {model}: no such file")

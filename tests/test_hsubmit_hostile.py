@@ -1,0 +1,203 @@
+"""hsubmit against hostile or odd input (a review's findings, kept as cases): a graph that asks
+for huge memory or time, external data outside the model's folder, an endless script on stdin,
+a FIFO in the model registry, sbatch's own --task and 25.11 options, undecodable Slurm output, a
+script sbatch must read itself, sbatch killed by a signal.  The job is always submitted, with
+the user's options, unless sbatch itself would refuse it."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from slurm_horus.errors import HorusError, ModelError
+from slurm_horus.graph.features import extract_features
+from slurm_horus.graph.limits import analysis_limits
+from slurm_horus.slurm import sbatch_args as sa
+from slurm_horus.slurm import submit as sub
+
+ZOO = Path(__file__).resolve().parent / "data" / "zoo"
+
+
+def _range_bomb(path: Path) -> Path:
+    """183 bytes that make ONNX's shape inference build a 300-million-element tensor."""
+    inits = [numpy_helper.from_array(np.array(v, dtype=np.int64), name)
+             for name, v in (("z", 0), ("lim", 300_000_000), ("one", 1))]
+    nodes = [helper.make_node("Range", ["z", "lim", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+             helper.make_node("Relu", ["x"], ["y"])]
+    g = helper.make_graph(nodes, "bomb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("rf", TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.fixture()
+def slurm_bin(tmp_path):
+    """Slurm's commands stood in for by scripts that record (there is no cluster in these
+    cases; the real-cluster path is tests/test_cluster_submit.py)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch.args"
+    scripts = {
+        "scontrol": "printf 'NodeName=n1 Partitions=gpu Gres=gpu:a100:4 State=IDLE Reason=caf\\351\\n'",
+        "sinfo": "echo 'slurm 22.05.11'",
+        "sbatch": f'printf "%s\\n" "$@" > {log}; cat > /dev/null; '
+                  'if [ -n "$SBATCH_DIE" ]; then kill -TERM $$; fi; echo "Submitted batch job 42"',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HORUS_SLURM_BACKEND": "cli",
+           "HORUS_CONF": str(tmp_path / "no.conf")}
+    env.pop("SLURM_CONF", None)
+    return env, log
+
+
+def hsubmit(args, env, **kw):
+    return subprocess.run([sys.executable, "-m", "slurm_horus.cli.hsubmit", *args],
+                          capture_output=True, text=True, timeout=120, env=env, **kw)
+
+
+def test_a_graph_that_builds_huge_values_is_submitted_without_a_hint(tmp_path, slurm_bin):
+    env, log = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(_range_bomb(tmp_path / "b.onnx")),
+                  "--wrap", "true"], env)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    assert "MiB of memory" in cp.stderr and "submitting the job unchanged" in cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1
+    assert log.read_text().split("\n")[:3] == ["-p", "gpu", "--gres=gpu:1"]
+    assert "horus:" not in log.read_text()
+    # undecodable bytes in scontrol's output (a node's Reason) cost no real model its hint
+    ok = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"),
+                  "--batch-size", "8", "--wrap", "true"], env)
+    assert ok.returncode == 0 and "horus:v1;a100=" in log.read_text(), ok.stderr
+
+
+def test_the_limits_raise_a_model_error_and_are_restored():
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(ModelError, match="more than 64 MiB"):
+        with analysis_limits("m.onnx", mem_mib=64):
+            bytearray(1 << 30)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    bytearray(1 << 28)  # the process may grow again
+    with pytest.raises(ModelError, match="more than 0.2 s"):
+        with analysis_limits("m.onnx", timeout_s=0.2):
+            while True:
+                pass
+    with analysis_limits("m.onnx", timeout_s=0.2):
+        pass
+    import time
+    time.sleep(0.3)  # no timer left behind
+
+
+def _external_shape_model(folder: Path) -> Path:
+    """An Expand whose target shape is a Constant kept in an external file, "shape.bin"."""
+    shape = TensorProto(name="s_t", data_type=TensorProto.INT64, dims=[3],
+                        data_location=TensorProto.EXTERNAL)
+    for k, v in (("location", "shape.bin"), ("offset", "0"), ("length", "24")):
+        shape.external_data.add(key=k, value=v)
+    nodes = [helper.make_node("Constant", [], ["s"], value=shape),
+             helper.make_node("Identity", ["s"], ["s2"]),
+             helper.make_node("Expand", ["x", "s2"], ["e"]),
+             helper.make_node("Relu", ["e"], ["z"]),
+             helper.make_node("Foo", ["x"], ["c"], domain="custom")]
+    g = helper.make_graph(nodes, "ext", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("c", TensorProto.FLOAT, ["q"])])
+    path = folder / "ext.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]),
+              path)
+    return path
+
+
+def test_external_data_is_never_read_from_the_working_directory(tmp_path, monkeypatch):
+    """numpy_helper opens a tensor's external location relative to the working directory, outside
+    the model's folder: the analysis must never ask it to."""
+    import onnx.external_data_helper as edh
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    path = _external_shape_model(model_dir)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "shape.bin").write_bytes(np.array([64, 4, 64], dtype=np.int64).tobytes())
+    monkeypatch.chdir(cwd)
+    opened = []
+    real = edh._read_external_data_bytes
+    monkeypatch.setattr(edh, "_read_external_data_bytes",
+                        lambda tensor, *a, **k: opened.append(tensor.name) or real(tensor, *a, **k))
+    try:
+        extract_features(path, batch_size=4)
+    except HorusError:
+        pass
+    assert opened == []
+
+
+def test_a_script_on_stdin_is_read_only_up_to_sbatchs_limit(monkeypatch):
+    monkeypatch.setattr(sub, "MAX_STDIN_SCRIPT", 100)
+    with pytest.raises(HorusError, match="too big"):
+        sub.prepare(["--model", "m.onnx"], env={}, stdin=io.BytesIO(b"#!/bin/sh\n" * 1000))
+    plan = sub.prepare(["--model", "m.onnx"], env={}, stdin=io.BytesIO(b"#!/bin/sh\ntrue\n"))
+    assert plan.stdin_script == b"#!/bin/sh\ntrue\n"
+
+
+def test_a_fifo_in_the_model_registry_does_not_hang(tmp_path):
+    from slurm_horus.predict.chain import choose_predictor
+
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    os.mkfifo(reg / "current.json")
+    out = []
+    t = threading.Thread(target=lambda: out.append(choose_predictor(str(reg))), daemon=True)
+    t.start()
+    t.join(30)
+    assert out and "not a regular file" in (out[0].warning or "")
+
+
+@pytest.mark.parametrize("argv,horus_task", [
+    (["--task", "4", "--model", "m.onnx", "--wrap", "true"], None),
+    (["--task=2", "--model", "m.onnx", "--wrap", "true"], None),
+    (["--task", "infer", "--model", "m.onnx", "--wrap", "true"], "infer"),
+])
+def test_a_task_count_is_sbatchs_even_with_a_model(argv, horus_task):
+    plan = sub.prepare(argv, env={})
+    assert plan.horus.get("task") == horus_task and plan.model == "m.onnx"
+    assert ("--task" in " ".join(plan.sbatch_argv)) == (horus_task is None)
+
+
+@pytest.mark.parametrize("opt", ["--ntasks-per-tres", "--context", "--resources", "--autocomplete", "--extra"])
+def test_slurm_2511_options_keep_their_values(opt):
+    s = sa.split_args([opt, "2", "--model", "m.onnx", "job.sh"])
+    assert s.horus == [("model", "m.onnx")] and s.sbatch_argv() == [opt, "2", "job.sh"]
+
+
+def test_a_script_sbatch_must_read_itself_gets_no_hint(tmp_path):
+    r, w = os.pipe()
+    try:
+        os.write(w, b"#!/bin/sh\n#SBATCH --comment='mine'\ntrue\n")
+        plan = sub.prepare(["--model", str(ZOO / "resnet50.onnx"), f"/dev/fd/{r}"], env={})
+        with pytest.raises(HorusError, match="not a regular file"):
+            sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")
+        assert plan.hint is None and "--comment" not in " ".join(plan.sbatch_argv)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_sbatch_killed_by_a_signal_exits_as_a_shell_says(tmp_path, slurm_bin):
+    env, _ = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8"],
+                 {**env, "SBATCH_DIE": "1"}, input="#!/bin/sh\ntrue\n")
+    assert cp.returncode == 128 + 15
