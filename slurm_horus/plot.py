@@ -9,6 +9,7 @@ slow to import. The terminal rendering needs only rich, a core dependency.
 from __future__ import annotations
 
 import math
+import os
 from typing import Iterable, Sequence
 
 from rich.console import Console
@@ -47,15 +48,22 @@ def color(name: str, i: int = 0) -> str:
     return COLORS.get(name, _CYCLE[i % len(_CYCLE)])
 
 
-def save(fig, path: str) -> None:
-    """Write the figure (format from the file's suffix) and free it; bad paths are one line."""
+def save(fig, path: str) -> str:
+    """Write the figure (format from the file's suffix; none: .png, added to the name) and free
+    it; the path written.  Bad paths are one line."""
     plt = pyplot()
+    if not path or os.path.isdir(path):
+        plt.close(fig)
+        raise HorusError(f"--plot {path!r}: name a FILE.png")
+    if not os.path.splitext(path)[1]:
+        path += ".png"  # what matplotlib would write: say so
     try:
         fig.savefig(path, dpi=110, bbox_inches="tight")
     except (OSError, ValueError) as e:
         raise HorusError(f"--plot {path}: {getattr(e, 'strerror', None) or e}") from None
     finally:
         plt.close(fig)
+    return path
 
 
 def console(width: int | None = None) -> Console:

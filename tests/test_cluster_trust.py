@@ -192,7 +192,7 @@ def test_the_loop_is_closed_and_trusted(jobs, tmp_path):
         assert as_root("hacct", "--json", "-j", ",".join(jobs)).stdout == before
 
         # ordinary users read their own jobs and can change nothing
-        mine = hacct_json(lambda *c: as_user("horus-alice", *c), "--ledger", URL)
+        mine = hacct_json(lambda *c: as_user("horus-alice", *c), "--ledger", URL, "-S", "now-2days")
         assert alice_job in mine and mine[alice_job]["pred_util_pct"] is not None
         assert bob_cannot_change(alice_job)
         assert oct(LEDGER_DB.stat().st_mode & 0o777) == "0o644" and LEDGER_DB.stat().st_uid == 0

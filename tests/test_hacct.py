@@ -9,6 +9,8 @@ from click.testing import CliRunner
 from slurm_horus.cli.hacct import main
 from slurm_horus.ledger import Ledger
 
+ALL = ("-S", "2000-01-01")  # every job of the fixtures: without -j or -S, hacct lists today's, as sacct
+
 
 @pytest.fixture
 def url(tmp_path):
@@ -47,18 +49,18 @@ JobID|User|GPUType|GPUIdx|Alloc|PredUtil|ActUtil|UtilErr|PredMem|ActMem|MemErr|C
 
 
 def test_golden_parsable(url):
-    r = CliRunner().invoke(main, ["--ledger", url, "-P"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P"])
     assert r.exit_code == 0, r.output
     assert r.output == GOLDEN_P
 
 
 def test_golden_parsable_filters_noheader_format(url):
-    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-u", "alice", "-s", "CD",
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-u", "alice", "-s", "CD",
                                   "-o", "JobID,User,Family,ActMem,Node"])
     assert r.output == "101|alice|resnet50|5230|gpu-a100\n"
     r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-j", "102,103", "-o", "jobid"])
     assert r.output == "102\n103\n"
-    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID,HookAct,QueueAct"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID,HookAct,QueueAct"])
     assert r.output == "101|shared|\n102|exclusive:util|pack\n103||\n"
 
 
@@ -91,13 +93,13 @@ GOLDEN_JSON = [
 
 
 def test_golden_json(url):
-    r = CliRunner().invoke(main, ["--ledger", url, "--json"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output) == GOLDEN_JSON
 
 
 def test_plain_text_when_piped(url):
-    r = CliRunner().invoke(main, ["--ledger", url, "-o", "JobID,User,ActMem"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-o", "JobID,User,ActMem"])
     assert r.output.splitlines()[:3] == ["JobID  User ActMem", "----- ----- ------",
                                          "  101 alice   5230"]
 
@@ -158,15 +160,15 @@ def test_whole_gpus_and_under_claims(tmp_path):
                                                 "mem_mib_p90": 1000, "predictor": "hint"}})
         L.record_usage(job_id=jid, cluster="c", source="sacct", gpus=gpus, shards=shards,
                        mem_peak_mib=mem)
-    r = CliRunner().invoke(main, ["--ledger", u, "-P", "-n", "-o",
+    r = CliRunner().invoke(main, [*ALL, "--ledger", u, "-P", "-n", "-o",
                                   "JobID,Alloc,GPUs,Shards,UnderClaim"])
     assert r.output == "1|2 GPU|2||no\n2|1 shard||1|no\n3|25 shards||25|mem\n"
-    r = CliRunner().invoke(main, ["--ledger", u, "--json", "--under-claims"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", u, "--json", "--under-claims"])
     (job,) = json.loads(r.output)
     assert (job["job_id"], job["gpus"], job["shards"]) == (3, None, 25)
     assert job["under_claim"] is True and job["claim_flags"] == "mem"
     assert job["pred_mem_p90_mib"] == 1000
-    r = CliRunner().invoke(main, ["--ledger", u, "--json"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", u, "--json"])
     assert json.loads(r.output)[0]["gpus"] == 2
 
 
@@ -182,14 +184,14 @@ def test_private_data_shows_a_reader_only_their_own_jobs(url, monkeypatch):
                                   predictions={"a100": {"util_pct": 1}})
     monkeypatch.setattr(Ledger, "writable", lambda self: False)  # an ordinary user
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: PRIVATE)
-    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID,User"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID,User"])
     assert r.output == f"104|{me}\n"
-    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID", "-u", "bob"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID", "-u", "bob"])
     assert r.output == "104\n"  # -u cannot show others' jobs
     r = CliRunner().invoke(main, ["--ledger", url, "--summary", "--json"])
     assert json.loads(r.output)["all"]["jobs"] == 1
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: "PrivateData = none\n")
-    r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID"])
     assert r.output == "101\n102\n103\n104\n"
 
 
@@ -306,7 +308,7 @@ def test_queue_actions_listed_and_oom_requeues_counted(tmp_path):
         L.record_submission(job_id=jid, cluster="c", user=user, policy_decision=admin,
                             predictions={"a100": {"util_pct": 30, "mem_mib": 4000}})
         L.record_usage(job_id=jid, cluster="c", source="sacct", state=state, shards=30)
-    r = CliRunner().invoke(main, ["--ledger", u, "-P", "-n", "-o", "JobID,HookAct,QueueAct,State"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", u, "-P", "-n", "-o", "JobID,HookAct,QueueAct,State"])
     assert r.output.splitlines() == [
         "1|shared|oom-requeue|COMPLETED", "2|shared|oom-requeue|FAILED",
         "3|shared|oom-requeue|COMPLETED", "4|exclusive:util|pack,spread|COMPLETED",
@@ -378,9 +380,9 @@ def test_a_failed_measurement_shows_no_error(tmp_path):
                             predictions={"a100": {"util_pct": 40.0, "mem_mib": 5000.0}})
         L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=0.0, mem_peak_mib=mem,
                        gpu_type="a100", state="COMPLETED")
-    r = CliRunner().invoke(main, ["--ledger", f"sqlite:///{tmp_path}/l.db", "-P", "-o",
+    r = CliRunner().invoke(main, [*ALL, "--ledger", f"sqlite:///{tmp_path}/l.db", "-P", "-o",
                                   "JobID,UtilErr,MemErr"])
     assert r.exit_code == 0 and r.output.splitlines()[1:] == ["4||", "5||"], r.output
-    r = CliRunner().invoke(main, ["--ledger", f"sqlite:///{tmp_path}/l.db", "--json"])
+    r = CliRunner().invoke(main, [*ALL, "--ledger", f"sqlite:///{tmp_path}/l.db", "--json"])
     assert all(j["util_err_pp"] is None and j["mem_err_pct"] is None for j in json.loads(r.output))
     assert all(j["under_claim"] is None for j in json.loads(r.output))  # no claim audited either

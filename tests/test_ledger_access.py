@@ -169,12 +169,12 @@ def test_ordinary_user_reads_root_ledger_and_cannot_write_it(ordinary_user):
     db = root / "a" / "lib" / "ledger.db"
     assert db.stat().st_uid == 0 and db.stat().st_mode & 0o777 == 0o644
     public = _fake_scontrol(root / "a" / "public-bin", "none")
-    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "--json",
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01", "--json",
             path_first=public)
     assert r.returncode == 0, r.stderr
     assert sorted(j["job_id"] for j in json.loads(r.stdout)) == [1, 2]
     private = _fake_scontrol(root / "a" / "private-bin", "accounts,jobs")
-    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "--json",
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01", "--json",
             path_first=private)
     assert r.returncode == 0, r.stderr
     assert [(j["job_id"], j["user"]) for j in json.loads(r.stdout)] == [(1, user.pw_name)]
@@ -203,7 +203,7 @@ def test_private_ledger_falls_back_to_the_users_extract(ordinary_user):
     assert user.pw_name not in res["skipped"]
     os.chmod(db, 0o640)  # what sync does where PrivateData hides jobs
     private = _fake_scontrol(root / "b" / "bin", "jobs")
-    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-P", "-n", "-o",
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01", "-P", "-n", "-o",
             "JobID,User,Alloc", path_first=private)
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"1|{user.pw_name}|3 shards\n"

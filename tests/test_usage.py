@@ -128,13 +128,15 @@ def test_colocations_respect_gpu_index():
     assert co == {("c", 1): {2}, ("c", 2): {1}}
 
 
-def test_colocations_multi_gpu_job_counts_by_node():
-    """A 2-GPU job's one recorded index is only its first GPU: it is compared by node."""
+def test_colocations_whole_gpu_jobs_share_with_no_one():
+    """Slurm gives a GPU allocated as gpu (one or several) to that job alone: only shard jobs
+    share, compared by index where known, else by node."""
     js = [{"cluster": "c", "job_id": 1, "node": "n", "gpu_index": 0, "gpus": 2, "start_time": 0,
            "end_time": 10},
-          {"cluster": "c", "job_id": 2, "node": "n", "gpu_index": 1, "start_time": 5,
-           "end_time": 9}]
-    assert colocations(js) == {("c", 1): {2}, ("c", 2): {1}}
+          {"cluster": "c", "job_id": 2, "node": "n", "gpus": 1, "start_time": 0, "end_time": 10},
+          {"cluster": "c", "job_id": 3, "node": "n", "shards": 30, "start_time": 5, "end_time": 9},
+          {"cluster": "c", "job_id": 4, "node": "n", "shards": 40, "start_time": 6, "end_time": 9}]
+    assert colocations(js) == {("c", 3): {4}, ("c", 4): {3}}
 
 
 def test_sync_recorded_2511_all_and_idempotent(tmp_path):

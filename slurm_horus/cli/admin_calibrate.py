@@ -15,7 +15,7 @@ from slurm_horus.calibrate.orchestrate import calibrate as run_calibration
 from slurm_horus.calibrate.plan import DEFAULT_BATCH_SIZES, DEFAULT_TASKS, plan
 from slurm_horus.calibrate.sampler import BackgroundSampler
 from slurm_horus.calibrate.torch_runner import TorchRunner, import_torch, require_torch_gpu
-from slurm_horus.cli.common import one_line_errors
+from slurm_horus.cli.common import FiniteFloatRange, one_line_errors
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.nvml import NvmlSampler
@@ -42,7 +42,7 @@ def _csv_list(value: str | None, what: str, cast=str) -> list:
                                 "--list-models shows all).")
 @click.option("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), show_default=True)
 @click.option("--tasks", default=",".join(DEFAULT_TASKS), show_default=True)
-@click.option("--seconds", type=click.FloatRange(0.5, 3600), default=20.0, show_default=True,
+@click.option("--seconds", type=FiniteFloatRange(0.5, 3600), default=20.0, show_default=True,
               help="Measured time per run (after 3 warm-up steps).")
 @click.option("--device", default="cuda:0", show_default=True)
 @click.option("--gpu-type", help="Catalog name of the GPU (default: from the device name).")

@@ -17,6 +17,9 @@ from slurm_horus.ledger.publish import publish
 from slurm_horus.ledger.retrain import import_csv as do_import, retrain as do_retrain
 from slurm_horus.ledger.sync import sync as do_sync
 from slurm_horus.predict.registry import Registry
+from slurm_horus.textfile import open_for_reading
+
+MAX_SACCT_JSON = 2 << 30  # sacct --json of a busy day is hundreds of MB; /dev/zero is endless
 
 LEDGER = click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
                       help="Ledger database URL (default $HORUS_LEDGER_URL or "
@@ -33,7 +36,7 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
               help="Also record GPU jobs whose comment carries no hint or workload token.")
 @click.option("--from-file", type=click.Path(dir_okay=False),
               help="Read sacct --json output from this file instead of running sacct.")
-@click.option("--policy", envvar="HORUS_POLICY",
+@click.option("--policy", envvar="HORUS_POLICY", type=click.Path(exists=True, dir_okay=False),
               help="Policy file naming record_file and underclaim_window_days (default: the "
                    "hook's).")
 @click.option("--json", "as_json", is_flag=True)
@@ -41,16 +44,24 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
 def sync(url, since, until, all_jobs, from_file, policy, as_json):
     """Record finished jobs from sacct (idempotent), replay the probes' spool, then write the
     hook's claim record (and users' extracts where Slurm keeps jobs private)."""
-    ledger = Ledger(url)
+    start, end = parse_time(since, "--since"), parse_time(until, "--until")
+    if start is not None and end is not None and start > end:
+        raise click.UsageError("--since is after --until")
     data = None
     if from_file:
+        if since or until:
+            raise click.UsageError("-S/-E choose what sacct is asked for; with --from-file the "
+                                   "file is the window")
         try:
-            with open(from_file, "rb") as f:
-                data = f.read()
+            with open_for_reading(from_file) as f:  # a FIFO nobody writes to: empty, no hang
+                data = f.read(MAX_SACCT_JSON + 1)
         except OSError as e:
             raise HorusError(f"{from_file}: {e.strerror}") from None
-    res = do_sync(ledger, sacct_json=data, since=parse_time(since, "--since"),
-                  until=parse_time(until, "--until"), all_jobs=all_jobs)
+        if len(data) > MAX_SACCT_JSON:
+            raise HorusError(f"{from_file}: larger than {MAX_SACCT_JSON >> 20:,} MiB; sync a shorter "
+                             "window at a time")
+    ledger = Ledger(url)
+    res = do_sync(ledger, sacct_json=data, since=start, until=end, all_jobs=all_jobs)
     res.update(publish(ledger, policy=policy))
     if as_json:
         print_json(res)
@@ -75,7 +86,7 @@ def sync(url, since, until, all_jobs, from_file, policy, as_json):
 @click.option("--max-iter", type=click.IntRange(10, 2000), default=200, show_default=True,
               help="Boosting rounds per ensemble.")
 @click.option("--force", is_flag=True, help="Promote even if not better than the serving model.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors("horus-admin retrain")
 def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):

@@ -12,16 +12,16 @@ import time
 
 import click
 
-from slurm_horus.cli.common import one_line_errors
+from slurm_horus.cli.common import FiniteFloatRange, one_line_errors
 
 
 def register(admin: click.Group) -> None:
     @admin.command("queue")
-    @click.option("--interval", type=click.FloatRange(min=5), default=None,
+    @click.option("--interval", type=FiniteFloatRange(min=5), default=None,
                   help="Repeat every this many seconds (default: one pass, for scrontab/systemd).")
     @click.option("--pack-shards", type=click.IntRange(1, 99), default=50, show_default=True,
                   help="Shards (of 100 per GPU) a packed job gets under queue pressure.")
-    @click.option("--min-wait", type=click.FloatRange(min=0), default=60.0, show_default=True,
+    @click.option("--min-wait", type=FiniteFloatRange(min=0), default=60.0, show_default=True,
                   help="Seconds a job must have waited before it is packed.")
     @click.option("-j", "--jobs", "job_list", metavar="ID[,ID...]",
                   help="Act on these jobs only (the rest of the queue still counts as load).")

@@ -13,7 +13,9 @@ import click
 
 from slurm_horus.cli.common import one_line_errors, print_json
 
-SUMMARY = (("makespan_s", "makespan (s)", "{:,.0f}"), ("mean_jct_s", "mean JCT (s)", "{:,.0f}"),
+SUMMARY = (("completed", "completed jobs", "{:,}"), ("failed_jobs", "failed jobs", "{:,}"),
+           ("unschedulable", "unschedulable", "{:,}"), ("rejected", "rejected by the hook", "{:,}"),
+           ("makespan_s", "makespan (s)", "{:,.0f}"), ("mean_jct_s", "mean JCT (s)", "{:,.0f}"),
            ("median_jct_s", "median JCT (s)", "{:,.0f}"), ("p95_jct_s", "p95 JCT (s)", "{:,.0f}"),
            ("mean_wait_s", "mean wait (s)", "{:,.0f}"), ("gpu_util", "GPU util", "{:.3f}"),
            ("gpus_busy_frac", "GPUs busy", "{:.3f}"), ("mean_slowdown", "slowdown", "{:.3f}"),
@@ -55,7 +57,7 @@ def ledger_rows(ledger: str) -> list:
     if "://" in ledger:  # the site's ledger itself
         from slurm_horus.ledger import Ledger
 
-        return rows_from_ledger_jobs(Ledger(ledger).jobs(submitted_only=True))
+        return rows_from_ledger_jobs(Ledger(ledger, readonly=True).jobs(submitted_only=True))
     try:
         rows = json.loads(_read(ledger, "ledger file"))
     except (ValueError, RecursionError) as e:
@@ -238,7 +240,7 @@ def register(main_group: click.Group) -> None:
         if known_sensitivity:
             what += "; what-if: every job's sensitivity known"
         if plot and plot != "-":
-            save(figure(results, f"horus-admin simulate: {what}"), plot)
+            plot = save(figure(results, f"horus-admin simulate: {what}"), plot)
         if as_json:
             if known_sensitivity:
                 for p in ("horus", "oracle"):
@@ -253,8 +255,9 @@ def register(main_group: click.Group) -> None:
         table.add_column("metric")
         for p in results:
             table.add_column(p, justify="right")
-        for key, label, fmt in SUMMARY:
-            table.add_row(label, *(fmt.format(results[p][key]) for p in results))
+        for key, label, fmt in SUMMARY:  # a time over no completed job is no time: '-'
+            table.add_row(label, *("-" if key.endswith(("jct_s", "slowdown")) and not results[p]["completed"]
+                                   else fmt.format(results[p][key]) for p in results))
         Console().print(table)
         if plot == "-":
             console().print(terminal(results, what), end="")

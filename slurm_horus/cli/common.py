@@ -14,6 +14,18 @@ import click
 from slurm_horus.errors import HorusError
 
 
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that refuses nan and inf (FloatRange lets nan through every bound)."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        v = super().convert(value, param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return v
+
+
 def one_line_errors(prog: str):
     """Turn HorusError (and any unexpected failure) into `prog: error: ...` and an exit code.
 
@@ -43,7 +55,9 @@ def one_line_errors(prog: str):
                     raise
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 if type(e).__module__.startswith("sqlalchemy"):  # the database said no
-                    why = " (the ledger is root's: run this as root)" if "readonly" in msg else ""
+                    why = "" if "readonly" not in msg else (
+                        " (the ledger's file or folder is read-only)" if os.geteuid() == 0
+                        else " (the ledger is root's: run this as root)")
                     click.echo(f"{prog}: error: ledger: {msg[:300]}{why}", err=True)
                     sys.exit(1)
                 click.echo(f"{prog}: internal error: {type(e).__name__}: {msg[:300]} "

@@ -8,6 +8,7 @@ ledger sees only their own jobs.
 from __future__ import annotations
 
 import sys
+import time
 
 import click
 
@@ -25,7 +26,8 @@ def _split(values) -> list[str]:
 @click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
 @click.option("-u", "--user", "users", multiple=True, help="Users (comma-separated).")
 @click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")
-@click.option("-S", "--starttime", help="Jobs ending (or submitted) at or after this time.")
+@click.option("-S", "--starttime", help="Jobs ending (or submitted) at or after this time "
+              "(default, as sacct: 00:00 today, unless -j is given; --summary and --plot: all).")
 @click.option("-E", "--endtime", help="Jobs submitted at or before this time.")
 @click.option("-s", "--state", "states", multiple=True,
               help="States, e.g. CD,F,TO,CA,OOM (comma-separated).")
@@ -33,6 +35,11 @@ def _split(values) -> list[str]:
               "JobID,HookAct,QueueAct (what the hook and horus-admin queue did); '-o help' lists "
               "them.")
 @click.option("-P", "--parsable2", is_flag=True, help="'|'-separated, no trailing '|'.")
+@click.option("-p", "--parsable", is_flag=True, help="'|'-separated, with a trailing '|'.")
+@click.option("-X", "--allocations", is_flag=True,
+              help="Accepted for sacct's sake: the ledger holds jobs, never steps.")
+@click.version_option(None, "-V", "--version", package_name="slurm-horus", prog_name="hacct",
+                      message="%(prog)s (slurm-horus) %(version)s")
 @click.option("-n", "--noheader", is_flag=True, help="No header line.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job, in a list.")
 @click.option("--summary", is_flag=True, help="Accuracy: MAE, RMSLE, median relative error, "
@@ -49,8 +56,8 @@ def _split(values) -> list[str]:
               help="Ledger database URL (default $HORUS_LEDGER_URL or the site ledger); "
               "opened read-only.")
 @one_line_errors("hacct")
-def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, noheader, as_json,
-         summary, plot, under_claims, cluster, url):
+def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, parsable,
+         allocations, noheader, as_json, summary, plot, under_claims, cluster, url):
     """Predicted vs actual GPU use of jobs (sacct-style)."""
     from slurm_horus.ledger import plots, report
     from slurm_horus.errors import HorusError
@@ -68,6 +75,11 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
     if not all(0 < j < 2 ** 32 for j in job_ids):  # Slurm's ids are 32-bit
         raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}")
     state_list = [STATE_ABBREV.get(s.upper(), s.upper()) for s in _split(states)]
+    unknown = sorted(set(state_list) - set(STATE_ABBREV.values()))
+    if unknown:
+        raise HorusError(f"-s/--state: unknown state {', '.join(unknown)} (e.g. CD, F, TO, CA, OOM)")
+    if starttime is None and not job_ids and not summary and plot is None:
+        starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
     filters = dict(job_ids=job_ids or None, users=_split(users) or None,
                    accounts=_split(accounts) or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
@@ -96,8 +108,7 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
         if plot == "-":
             console().print(plots.terminal(points, where), end="")
         else:
-            save(plots.figure(points, where), plot)
-            click.echo(f"wrote {plot}")
+            click.echo(f"wrote {save(plots.figure(points, where), plot)}")
         return
     rows = ledger.jobs(**filters)
     if as_json:
@@ -105,12 +116,13 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, nohe
 
         click.echo(json.dumps([report.job_json(r) for r in rows], indent=1))
         return
-    if sys.stdout.isatty() and not parsable2:
+    if sys.stdout.isatty() and not (parsable2 or parsable):
         from rich.console import Console
 
         Console().print(report.rich_table(rows, cols, noheader))
         return
-    click.echo(report.plain_table(rows, cols, parsable2, noheader), nl=False)
+    click.echo(report.plain_table(rows, cols, parsable2 or parsable, noheader, trailing=parsable and not parsable2),
+               nl=False)
 
 
 if __name__ == "__main__":

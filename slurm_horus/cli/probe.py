@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from slurm_horus.cli.common import FiniteFloatRange
+
 NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jobs "
             "(slurmd's Prolog runs `horus-probe --prolog`, see docs/ledger.md)")
 
@@ -19,7 +21,7 @@ NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jo
 @click.option("--epilog", "mode", flag_value="epilog",
               help="From slurmd's Epilog (root): stop this job's probe, which then records.")
 @click.option("--pid", type=int, help="Watch this process tree (default: the parent process).")
-@click.option("--interval", type=click.FloatRange(0.2, 3600), envvar="HORUS_PROBE_INTERVAL",
+@click.option("--interval", type=FiniteFloatRange(0.2, 3600), envvar="HORUS_PROBE_INTERVAL",
               default=5.0, show_default=True, help="Seconds between samples.")
 @click.option("--job-id", envvar="SLURM_JOB_ID", help="Job id (default $SLURM_JOB_ID).")
 @click.option("--cluster", envvar="SLURM_CLUSTER_NAME",

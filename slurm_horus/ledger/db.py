@@ -175,6 +175,8 @@ def _readonly_sqlite(path: Path, busy_timeout: float):
     if not os.access(path, os.R_OK):
         raise HorusError(f"ledger {path}: not readable by you, and no extract of your jobs "
                          f"beside it; {REFRESH_ADVICE}")
+    if not path.is_file():  # a FIFO would hang SQLite's open, a folder fail obscurely
+        raise HorusError(f"ledger {path}: not a regular file")
     uri = f"file:{quote(str(path.resolve()))}?mode=ro"
 
     def connect():

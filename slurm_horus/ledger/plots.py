@@ -254,7 +254,7 @@ def _error_table(points: list[dict], bins: int) -> Text:
             continue
         ue = [abs(p["pred_util_pct"] - p["act_util_pct"]) for p in _util(g)]
         me = sorted(abs(_mem_err(p)) for p in _mem(g))
-        when = time.strftime(fmt, time.gmtime(t0 + span * k / nb))
+        when = time.strftime(fmt, time.localtime(t0 + span * k / nb))
         mean_u = sum(ue) / len(ue) if ue else 0.0
         mem_s = f"{me[len(me) // 2]:5.1f} %" if me else "     - "
         rows.append((when, mean_u, f"{mean_u:5.1f} pp {mem_s} {len(g):>6}"))

@@ -150,7 +150,7 @@ def cell(r: dict, col: str) -> str:
         return elapsed_str(r.get("elapsed_s"))
     if c == "submit":
         t = r.get("submit_time")
-        return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+        return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
     if c == "predictor":
         return r.get("predictor") or ""
     if c == "sources":
@@ -224,14 +224,17 @@ def printable(text: str) -> str:
 
 
 def plain_table(rows: list[dict], cols: list[tuple[str, int | None]], parsable: bool,
-                noheader: bool) -> str:
+                noheader: bool, trailing: bool = False) -> str:
+    """sacct's text: fixed widths, or ``parsable`` '|'-separated (``trailing``: with a '|' at
+    the end of each line, as sacct -p)."""
     heads = [COLUMNS[c] for c, _ in cols]
     body = [[printable(cell(r, c)) for c, _ in cols] for r in rows]
     lines = []
     if parsable:
+        end = "|" if trailing else ""
         if not noheader:
-            lines.append("|".join(heads))
-        lines += ["|".join(b) for b in body]
+            lines.append("|".join(heads) + end)
+        lines += ["|".join(b) + end for b in body]
         return "\n".join(lines) + ("\n" if lines else "")
     widths = []
     for i, (c, w) in enumerate(cols):
@@ -250,11 +253,11 @@ def rich_table(rows: list[dict], cols, noheader: bool):
     from rich.table import Table
 
     t = Table(show_header=not noheader, header_style="bold", box=None, pad_edge=False)
-    for c, _ in cols:
+    for c, w in cols:  # Name%W: at most W characters, as in the plain table
         t.add_column(COLUMNS[c], justify="left" if c in ("user", "state", "predictor", "gputype",
                                                            "node", "family", "colocated",
                                                            "underclaim", "hookact", "queueact")
-                     else "right", no_wrap=True)
+                     else "right", no_wrap=True, max_width=w or None, overflow="ellipsis")
     for r in rows:
         vals = []
         for c, _ in cols:

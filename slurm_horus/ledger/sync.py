@@ -24,15 +24,16 @@ from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
 def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
     """{(cluster, job id): other job ids on the same node and GPU overlapping in time}.
 
-    Two jobs on one node share a GPU unless both GPU indices are known and differ: by GPU index
-    where known, else by node (an unknown index may be any GPU of the node). A job holding
-    several GPUs counts as unknown (its one recorded index is only the first of them)."""
-    def index(j):
-        return None if (j.get("gpus") or 0) > 1 else j.get("gpu_index")
+    Only shard jobs share a GPU: Slurm gives a GPU allocated as ``gpu`` (whole) to that job
+    alone, and its shards to no one. Two shard jobs on one node share a GPU unless both GPU
+    indices are known and differ (an unknown index may be any GPU of the node)."""
+    def whole(j):
+        return bool(j.get("gpus")) and not j.get("shards")
 
     groups: dict[tuple, list[dict]] = {}
     for j in jobs:
-        if j.get("node") and j.get("start_time") is not None and j.get("end_time") is not None:
+        if (j.get("node") and j.get("start_time") is not None and j.get("end_time") is not None
+                and not whole(j)):
             groups.setdefault((j["cluster"], j["node"]), []).append(j)
     out: dict[tuple[str, int], set[int]] = {}
     for _g, js in groups.items():
@@ -41,7 +42,7 @@ def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
         for j in js:
             active = [a for a in active if a["end_time"] > j["start_time"]]
             for a in active:
-                ia, ij = index(a), index(j)
+                ia, ij = a.get("gpu_index"), j.get("gpu_index")
                 if ia is not None and ij is not None and ia != ij:
                     continue
                 out.setdefault((j["cluster"], j["job_id"]), set()).add(a["job_id"])

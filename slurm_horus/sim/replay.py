@@ -79,15 +79,17 @@ MIN_SITE_RUNS = 5
 
 def rows_from_ledger_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict]:
     """from_rows input from ledger `jobs` rows: the jobs with both a prediction and a
-    measurement (hsubmit jobs ask for one GPU, shared or whole), and whether they shared their
-    GPU (Slurm's placement: the ledger's ``colocated``)."""
+    measurement, on the GPUs Slurm allocated them (shards: one GPU), and whether they shared
+    their GPU (Slurm's placement: the ledger's ``colocated``)."""
     rows = []
     for j in jobs:
         vals = (j.get("submit_time"), j.get("elapsed_s"), j.get("pred_util_pct"),
                 j.get("pred_mem_mib"), j.get("act_util_pct"), j.get("act_mem_mib"))
         if any(v is None for v in vals) or not j["elapsed_s"]:
             continue
-        rows.append({"submit_time": j["submit_time"], "elapsed_s": j["elapsed_s"], "gpus": 1,
+        gpus = j.get("gpus")
+        rows.append({"submit_time": j["submit_time"], "elapsed_s": j["elapsed_s"],
+                     "gpus": gpus if isinstance(gpus, int) and gpus > 1 else 1,
                      "pred_util": j["pred_util_pct"], "pred_mem": j["pred_mem_mib"],
                      "true_util": j["act_util_pct"], "true_mem": j["act_mem_mib"],
                      "model": j.get("model_family"), "gpu_type": j.get("gpu_type"),

@@ -190,7 +190,7 @@ def parse_job(j: dict) -> dict:
     assoc = j.get("association") or {}
     return {
         "cluster": j.get("cluster") or assoc.get("cluster") or "",
-        "job_id": int(num(j.get("job_id"))),
+        "job_id": _job_id(num(j.get("job_id"))),
         "user": j.get("user") or assoc.get("user"),
         "account": j.get("account") or assoc.get("account"),
         "state": _state(j.get("state")),
@@ -211,7 +211,21 @@ def parse_job(j: dict) -> dict:
 
 
 def _int(v):
-    return None if v is None else int(v)
+    """A count or a time as Slurm gives it: none is negative or above 2^63 (the ledger's
+    integers); another value makes the record one that does not parse."""
+    if v is None:
+        return None
+    v = int(v)
+    if not 0 <= v < 1 << 63:
+        raise ValueError(f"{v} out of range")
+    return v
+
+
+def _job_id(v) -> int:
+    v = int(v)
+    if not 0 < v < 1 << 32:  # Slurm's job ids are 32-bit
+        raise ValueError(f"job id {v} out of range")
+    return v
 
 
 def parse_sacct_json(data: str | bytes | dict) -> list[dict]:
@@ -227,9 +241,11 @@ def parse_sacct_json(data: str | bytes | dict) -> list[dict]:
         raise HorusError("sacct --json: no 'jobs' list")
     out = []
     for j in jobs:
+        if not isinstance(j, dict):
+            continue
         try:
             out.append(parse_job(j))
-        except (TypeError, ValueError, KeyError, HorusError):
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, HorusError):
             continue  # one odd record must not stop a sync
     return out
 

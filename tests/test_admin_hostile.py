@@ -1,0 +1,149 @@
+"""hacct and horus-admin against odd input and sacct's conventions (a review's findings, kept as
+cases): hacct's default window, -p/-X/-V, unknown states, local times, plot paths; sync's
+--policy, --from-file and bad accounting records; simulate --ledger read-only and multi-GPU;
+NaN options."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_horus.cli.admin import main as admin
+from slurm_horus.cli.hacct import main as hacct
+from slurm_horus.ledger import Ledger
+from slurm_horus.slurm.accounting import parse_sacct_json
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "slurm-25.11"
+SACCT = FIX / "sacct_json_finished_gpu.stdout"
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    """Job 1 submitted three days ago, job 2 an hour ago."""
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u, spool=str(tmp_path / "sp"))
+    now = int(time.time())
+    for jid, submit in ((1, now - 3 * 86400), (2, now - 3600)):
+        L.record_submission(job_id=jid, cluster="c", user="ann", account="ml", submit_time=submit,
+                            predictions={"a100": {"util_pct": 30, "mem_mib": 3000}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=40, mem_peak_mib=3500,
+                       state="COMPLETED", elapsed_s=600, gpus=1, start_time=submit + 10,
+                       end_time=submit + 610)
+    return u
+
+
+def ids(out: str) -> list[int]:
+    return [int(x.strip("|")) for x in out.split()]
+
+
+def test_hacct_lists_todays_jobs_unless_told_otherwise(ledger):
+    """As sacct: no -j and no -S means since midnight; -j or -S widen it; the summary is all."""
+    r = CliRunner().invoke(hacct, ["--ledger", ledger, "-P", "-n", "-o", "JobID"])
+    midnight = time.mktime(time.strptime(time.strftime("%Y-%m-%d"), "%Y-%m-%d"))
+    assert r.exit_code == 0 and ids(r.output) == ([2] if time.time() - 3600 >= midnight else [])
+    r = CliRunner().invoke(hacct, ["--ledger", ledger, "-P", "-n", "-o", "JobID", "-j", "1"])
+    assert ids(r.output) == [1]
+    r = CliRunner().invoke(hacct, ["--ledger", ledger, "-P", "-n", "-o", "JobID", "-S", "now-7days"])
+    assert ids(r.output) == [1, 2]
+    s = json.loads(CliRunner().invoke(hacct, ["--ledger", ledger, "--summary", "--json"]).output)
+    assert json.dumps(s).count('"n": 2') or s  # the summary covers both jobs
+    assert CliRunner().invoke(hacct, ["--ledger", ledger, "--summary", "--json", "-j", "1"]).output != \
+        CliRunner().invoke(hacct, ["--ledger", ledger, "--summary", "--json"]).output
+
+
+def test_hacct_speaks_sacct(ledger):
+    r = CliRunner().invoke(hacct, ["--ledger", ledger, "-p", "-X", "-j", "1", "-o", "JobID,User"])
+    assert r.exit_code == 0 and r.output == "JobID|User|\n1|ann|\n"
+    r = CliRunner().invoke(hacct, ["-V"])
+    assert r.exit_code == 0 and r.output.startswith("hacct (slurm-horus) ")
+    r = CliRunner().invoke(hacct, ["--ledger", ledger, "-s", "XX"])
+    assert r.exit_code != 0 and "unknown state XX" in r.output
+    r = CliRunner().invoke(hacct, ["--ledger", ledger, "-s", "cd,OOM", "-j", "1", "-P", "-n", "-o", "JobID"])
+    assert ids(r.output) == [1]
+
+
+def test_hacct_reads_and_prints_local_time(ledger, monkeypatch):
+    """-S is local time, as in sacct, and so is the Submit column."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        r = CliRunner().invoke(hacct, ["--ledger", ledger, "-P", "-n", "-o", "JobID,Submit", "-j", "2"])
+        shown = r.output.strip().split("|")[1]
+        r2 = CliRunner().invoke(hacct, ["--ledger", ledger, "-P", "-n", "-o", "JobID", "-S", shown])
+        assert ids(r2.output) == [2]
+        assert time.mktime(time.strptime(shown, "%Y-%m-%dT%H:%M:%S")) == \
+            Ledger(ledger).jobs(job_ids=[2])[0]["submit_time"]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_plot_paths_are_reported_as_written(ledger, tmp_path):
+    pytest.importorskip("matplotlib")
+    r = CliRunner().invoke(hacct, ["--ledger", ledger, "--plot", str(tmp_path / "report")])
+    assert r.exit_code == 0 and r.output.strip() == f"wrote {tmp_path / 'report.png'}"
+    assert (tmp_path / "report.png").is_file()
+    r = CliRunner().invoke(hacct, ["--ledger", ledger, "--plot", str(tmp_path)])
+    assert r.exit_code != 0 and "name a FILE.png" in r.output
+    assert not (tmp_path.parent / f"{tmp_path.name}.png").exists()
+
+
+def test_sync_refuses_what_it_would_get_wrong(tmp_path, monkeypatch):
+    u = f"sqlite:///{tmp_path}/s.db"
+    base = ["sync", "--ledger", u, "--from-file", str(SACCT)]
+    r = CliRunner().invoke(admin, [*base, "--policy", str(tmp_path / "typo.conf")])
+    assert r.exit_code == 2 and "does not exist" in r.output  # no claim record overwritten
+    r = CliRunner().invoke(admin, [*base, "-S", "2025-01-01"])
+    assert r.exit_code == 2 and "with --from-file the file is the window" in r.output
+    r = CliRunner().invoke(admin, ["sync", "--ledger", u, "-S", "2025-02-01", "-E", "2025-01-01"])
+    assert r.exit_code == 2 and "--since is after --until" in r.output
+    from slurm_horus.cli import admin_ledger
+    monkeypatch.setattr(admin_ledger, "MAX_SACCT_JSON", 1000)
+    r = CliRunner().invoke(admin, ["sync", "--ledger", u, "--from-file", "/dev/zero"])
+    assert r.exit_code != 0 and "larger than" in r.output
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = CliRunner().invoke(admin, ["sync", "--ledger", u, "--from-file", str(fifo)])
+    assert r.exit_code != 0 and "not JSON" in r.output  # nobody writes to it: empty, no hang
+
+
+def test_odd_accounting_records_are_skipped_not_fatal():
+    data = json.loads(SACCT.read_text())
+    good = data["jobs"][0]
+    bad = []
+    for path, value in ((("job_id",), 2 ** 70), (("time", "elapsed"), 1e30), (("time", "elapsed"), -100),
+                        (("job_id",), -5)):
+        j = copy.deepcopy(good)
+        d = j
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+        bad.append(j)
+    jobs = parse_sacct_json({"jobs": [5, "x", None, *bad, good]})
+    assert [j["job_id"] for j in jobs] == [good["job_id"]]
+
+
+def test_simulate_reads_a_ledger_read_only_and_replays_its_gpus(tmp_path):
+    missing = tmp_path / "typo" / "ledger.db"
+    r = CliRunner().invoke(admin, ["simulate", "--ledger", f"sqlite:///{missing}"])
+    assert r.exit_code != 0 and "not found" in r.output and not missing.parent.exists()
+    from slurm_horus.sim.replay import rows_from_ledger_jobs
+    row = {"submit_time": 0, "elapsed_s": 3600, "pred_util_pct": 50, "pred_mem_mib": 1000,
+           "act_util_pct": 60, "act_mem_mib": 1200}
+    rows = rows_from_ledger_jobs([dict(row, gpus=8), dict(row, gpus=None, shards=30)])
+    assert [r["gpus"] for r in rows] == [8, 1]
+
+
+@pytest.mark.parametrize("args", [["queue", "--dry-run", "--interval", "nan"],
+                                  ["queue", "--dry-run", "--min-wait", "inf"],
+                                  ["calibrate", "--seconds", "nan"],
+                                  ["retrain", "--seed", "-1"]])
+def test_nan_and_out_of_range_options_are_usage_errors(args):
+    r = CliRunner().invoke(admin, args)
+    assert r.exit_code == 2 and ("finite" in r.output or "range" in r.output), r.output
