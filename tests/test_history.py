@@ -295,3 +295,15 @@ def test_a_graph_counts_for_the_user_who_ran_it_most_in_both_pooled_medians():
     from slurm_horus.predict.history import _owner
     assert _owner(["bob", "alice", "alice"]) == "alice"  # not the first run's user
     assert _owner(iter(["bob", "alice"])) == "bob"       # a tie: the earliest
+
+
+def test_runs_another_user_claims_for_a_graph_cannot_lower_its_figures(resnet):
+    """Anyone may name a shared model file: three cheap runs mallory claims for ResNet-50 do
+    not pull alice's measured batch-32 figures down (each user's median; the highest counts)."""
+    mem, util = _site(32)
+    alice = [_run(resnet[32], 32, mem, util, user="alice")]
+    mallory = [_run(resnet[32], 32, 600.0, 2.0, user="mallory") for _ in range(3)]
+    p = HistoryPredictor(user="alice").fit(alice + mallory).predict(resnet[32], A100,
+                                                                   Workload(batch_size=32))
+    assert p.predictor == "history:exact"
+    assert p.mem_mib >= mem * 0.98 and p.util_pct >= util - 1.0

@@ -341,3 +341,36 @@ def test_shipped_prolog_epilog_always_exit_zero(tmp_path):
                                                 "HORUS_PROBE": str(tmp_path / "missing")},
                            capture_output=True, timeout=30)
         assert r.returncode == 0
+
+
+def test_a_job_slurmctld_has_purged_is_gone_not_unanswered(tmp_path):
+    """The probe's job check: squeue's recorded answer for a job slurmctld no longer knows is
+    GONE (the probe stops); no answer at all is None (it waits, up to UNANSWERED_LIMIT_S)."""
+    rec = json.loads((FIX / "probe" / "index.json").read_text())["fixtures"]["squeue_state_purged_job"]
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "squeue").write_text(f"#!/bin/sh\ncat '{FIX / 'probe' / 'squeue_state_purged_job.stderr'}' >&2\n"
+                                 f"exit {rec['rc']}\n")
+    (bin_ / "squeue").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}")
+    assert pl.job_state("4000000", env) == "GONE" and "GONE" not in pl.LIVE_STATES
+    (bin_ / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n")
+    assert pl.job_state("4000000", env) is None
+
+
+def test_a_record_is_not_spooled_into_a_folder_that_failed_its_check(tmp_path):
+    from slurm_horus.ledger.store import record_usage_safely
+
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "spool"
+    link.symlink_to(target)
+    assert pl._root_folder(str(link))  # a link is no root-only folder
+    (tmp_path / "file").write_text("")
+    bad_url = f"sqlite:///{tmp_path}/file/l.db"  # under a file: the ledger cannot be reached
+    ok = record_usage_safely(url=bad_url, spool=str(link), spool_ok=False,
+                             job_id=1, source="probe", util_mean=10.0)
+    assert not ok and list(target.iterdir()) == []
+    ok = record_usage_safely(url=bad_url, spool=str(target),
+                             job_id=1, source="probe", util_mean=10.0)
+    assert not ok and list(target.iterdir())  # with a good folder it is spooled

@@ -525,3 +525,78 @@ def test_sync_flags_failed_measurements_and_keeps_p95_p99(tmp_path):
     preds = json.loads(L.submission("gpucl", 401)["predictions"])["a100"]
     assert (preds["mem_mib_p90"], preds["mem_mib_p95"], preds["mem_mib_p99"]) == (4500, 4800, 5200)
     assert "mem_mib_p95" not in json.loads(L.submission("gpucl", 402)["predictions"])["a100"]
+
+
+# ------------------------------------------------- root reading what users name (a review's cases)
+
+def test_a_workload_the_cold_start_refuses_costs_the_job_its_cold_figures_not_the_sync(tmp_path):
+    """bf16 on a T4 has no cold start: that job gets none, and the other jobs are recorded."""
+    model = tmp_path / "m.onnx"
+    shutil.copy(ZOO / "small_cnn.onnx", model)
+    bad = _claim(model).replace("prec=fp32", "prec=bf16")
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    res = sync(L, sacct_json={"jobs": [_job(801, bad, shards=10), _job(802, _claim(model), shards=10)]})
+    assert res["recorded"] == 2
+    preds = json.loads(L.submission("gpucl", 801)["predictions"])
+    assert "cold" not in preds["t4"] and preds["a100"]["cold"]["mem_mib"] > 0
+
+
+def test_a_model_file_that_grows_under_the_hash_is_not_read_to_its_end(tmp_path, monkeypatch):
+    """sync hashes at most the size it checked: a file made huge (sparse) meanwhile is a
+    changed file, not gigabytes of zeros read as root."""
+    import hashlib
+
+    from slurm_horus.ledger import claims
+
+    model = tmp_path / "m.onnx"
+    shutil.copy(ZOO / "small_cnn.onnx", model)
+    claim = {"model": str(model), "sha": hashlib.sha256(model.read_bytes()).hexdigest()}
+    wl = {"batch_size": 8, "task": "train", "optimizer": "adam", "precision": "fp32", "dims": {}}
+    real, read = claims._sha256, []
+
+    def grow_then_hash(fd, size):
+        with open(model, "r+b") as f:
+            f.truncate(8 << 30)  # sparse: 8 GiB of zeros after the graph
+        read.append(size)
+        return real(fd, size)
+    monkeypatch.setattr(claims, "_sha256", grow_then_hash)
+    assert claims.ModelFeatures().get(claim, wl, 0, {0}) is None
+    assert read == [len(open(ZOO / "small_cnn.onnx", "rb").read())]
+
+
+def test_one_users_analyses_are_bounded_per_sync(tmp_path, monkeypatch):
+    """Each batch size is a new analysis: past its budget a user's jobs get no features in this
+    sync, and another user's still do."""
+    import hashlib
+
+    from slurm_horus.ledger import claims
+
+    model = tmp_path / "m.onnx"
+    shutil.copy(ZOO / "small_cnn.onnx", model)
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    mf = claims.ModelFeatures(user_budget_s=0.0)
+    wl = {"task": "train", "optimizer": "adam", "precision": "fp32", "dims": {}}
+    assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=2), 0, {0}) is None
+    mf = claims.ModelFeatures(user_budget_s=1e-9)
+    assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=2), 0, {0}) is not None
+    assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=3), 0, {0}) is None
+    assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=2), 0, {0}) is not None  # cached
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="opens as another user: needs root")
+def test_open_as_owner_lets_the_kernel_judge(open_dir):
+    """Mode bits alone say yes to these; the kernel says no: another user's process's view of the
+    file system through /proc, and an ACL that denies the user."""
+    f = open_dir / "m.onnx"
+    f.write_bytes(b"x")
+    os.chmod(f, 0o644)
+    other = (5002, {5002})
+    assert open_as_owner(str(f), *other) is not None
+    via_proc = f"/proc/{os.getpid()}/root{f}"  # this (root) process's root: no way in for 5002
+    assert open_as_owner(via_proc, *other) is None
+    fd = open_as_owner(via_proc, 0, {0})
+    assert fd is not None
+    os.close(fd)
+    if shutil.which("setfacl"):
+        subprocess.run(["setfacl", "-m", "u:5002:---", str(f)], check=True)
+        assert open_as_owner(str(f), *other) is None

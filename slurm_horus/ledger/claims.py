@@ -12,7 +12,10 @@ import hashlib
 import json
 import os
 import pwd
+import signal
+import socket
 import stat
+import time
 
 from slurm_horus.graph.features import extract_features
 from slurm_horus.graph.load import MAX_PROTO_BYTES
@@ -22,6 +25,9 @@ from slurm_horus.predict.workload import workload_from
 from slurm_horus.slurm.hint import BOUND_NAMES
 
 HASH_BUDGET_BYTES = 64 << 30  # what one sync may read of users' model files to check their sha256
+# what one sync may spend analysing one user's graphs (each analysis: graph.limits' 60 s at most);
+# a user who varies the batch size of a slow graph job after job must not hold the sync for hours
+USER_ANALYSIS_BUDGET_S = 300.0
 
 
 def submission_of(j: dict, hint_token: str | None, hint: dict | None, claim: dict | None,
@@ -67,45 +73,67 @@ def owner_ids(user: str | None) -> tuple[int | None, set[int]]:
     return pw.pw_uid, gids
 
 
-def _may(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
-    """Would ``uid`` (in ``gids``) get permission ``bit`` (4 read, 1 search) on this inode?"""
-    if uid == 0:
-        return True
-    if st.st_uid == uid:
-        return bool(st.st_mode & (bit << 6))
-    if st.st_gid in gids:
-        return bool(st.st_mode & (bit << 3))
-    return bool(st.st_mode & bit)
+OPEN_TIMEOUT_S = 10.0  # a hung network file system must not hold a sync
+
+
+def _open_regular(path: str) -> int | None:
+    """An fd on ``path`` if it is a regular file (never waiting on a FIFO, never making a
+    terminal ours), else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def open_as_owner(path: str, uid: int | None, gids: set[int]) -> int | None:
-    """An fd on the regular file ``path`` if ``uid`` could read it (mode bits of the file, search
-    bits of every folder above it), else None. Checked on the opened inode, so a file swapped
-    after the check is not the one read."""
+    """An fd on the regular file ``path``, opened with the credentials of ``uid`` (in ``gids``)
+    so that the kernel judges it: mode bits, ACLs, every folder's search bit, /proc's links to
+    other users' processes and their mounts.  A child process drops to the user, opens, and
+    passes the fd back; None where the user could not open it (or it is no regular file)."""
     if uid is None or not os.path.isabs(path):
         return None
+    if uid == os.geteuid():
+        return _open_regular(path)
+    if os.geteuid() != 0:
+        return None  # only root can open as someone else
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # its exit: EOF
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            parent.close()
+            groups = sorted(gids) or [65534]
+            os.setgroups(groups)
+            os.setresgid(groups[0], groups[0], groups[0])
+            os.setresuid(uid, uid, uid)
+            fd = _open_regular(path)
+            if fd is not None:
+                socket.send_fds(child, [b"fd"], [fd])
+        except BaseException:
+            pass
+        finally:
+            os._exit(0)
+    child.close()
+    fd = None
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO or a device as root
-            return None
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        real = os.readlink(f"/proc/self/fd/{fd}") if os.path.isdir("/proc/self/fd") \
-            else os.path.realpath(path)
-        ok = stat.S_ISREG(st.st_mode) and _may(st, uid, gids, 4)
-        parent = os.path.dirname(real)
-        while ok:
-            ok = _may(os.stat(parent), uid, gids, 1)
-            if parent == os.path.dirname(parent):
-                break
-            parent = os.path.dirname(parent)
-    except OSError:
-        ok = False
-    if not ok:
-        os.close(fd)
-        return None
+        parent.settimeout(OPEN_TIMEOUT_S)
+        _, fds, _, _ = socket.recv_fds(parent, 16, 1)
+        fd = fds[0] if fds else None
+    except (OSError, ValueError):
+        fd = None
+    finally:
+        parent.close()
+        try:
+            os.kill(pid, signal.SIGKILL) if fd is None else None
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
     return fd
 
 
@@ -113,10 +141,14 @@ class ModelFeatures:
     """Features and cold-start figures of the model a job claims, computed as the admin from
     the file only when the job's owner can read it and its sha256 is the claimed one; cached
     by (sha, workload) for one sync.  A user names the file, so what is read is bounded: no
-    file larger than an ONNX graph can be, and at most ``hash_budget`` bytes per sync."""
-    def __init__(self, hash_budget: int = HASH_BUDGET_BYTES):
+    file larger than an ONNX graph can be, at most ``hash_budget`` bytes per sync, and at most
+    ``user_budget_s`` seconds of analysis per user."""
+    def __init__(self, hash_budget: int = HASH_BUDGET_BYTES,
+                 user_budget_s: float = USER_ANALYSIS_BUDGET_S):
         self.hash_budget = hash_budget
-        self._sha: dict[tuple, str] = {}
+        self.user_budget_s = user_budget_s
+        self._spent: dict[int | None, float] = {}
+        self._sha: dict[tuple, str | None] = {}
         self._found: dict[tuple, object] = {}
         self._cold: dict[tuple, dict | None] = {}
 
@@ -132,12 +164,16 @@ class ModelFeatures:
                 if st.st_size > min(MAX_PROTO_BYTES, self.hash_budget):
                     return None  # not a graph, or this sync has read enough of users' files
                 self.hash_budget -= st.st_size
-                self._sha[ident] = _sha256(fd)
+                self._sha[ident] = _sha256(fd, st.st_size)
             if self._sha[ident] != claim["sha"]:
                 return None
             key = (claim["sha"], json.dumps(workload, sort_keys=True))
             if key not in self._found:
+                if self._spent.get(uid, 0.0) >= self.user_budget_s:
+                    return None  # this user's share of the sync is spent (not cached: theirs only)
+                t0 = time.monotonic()
                 self._found[key] = _features(f"/proc/self/fd/{fd}", claim["sha"], workload)
+                self._spent[uid] = self._spent.get(uid, 0.0) + time.monotonic() - t0
             return self._found[key]
         finally:
             os.close(fd)
@@ -148,7 +184,10 @@ class ModelFeatures:
         key = (report.sha256, json.dumps(workload, sort_keys=True), gtype)
         if key not in self._cold:
             gpu = default_catalog().find(gtype)
-            c = ColdStartEstimator().predict(report, gpu, workload_from(workload)) if gpu else None
+            try:  # the workload is the user's claim (bf16 on a T4 ...): none, never a failed sync
+                c = ColdStartEstimator().predict(report, gpu, workload_from(workload)) if gpu else None
+            except Exception:
+                c = None
             self._cold[key] = c and {
                 "util_pct": c.util_pct, "mem_mib": c.mem_mib,
                 "gpu_ms_per_step": c.breakdown.get("gpu_ms_per_step", 0.0),
@@ -156,12 +195,16 @@ class ModelFeatures:
         return self._cold[key]
 
 
-def _sha256(fd: int) -> str:
+def _sha256(fd: int, size: int) -> str | None:
+    """The sha256 of the file's first ``size`` bytes (its size when checked); None when it has
+    more by now (it grew under us: a user can make it endless)."""
     h = hashlib.sha256()
     os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, 1 << 20):
+    left = size
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
         h.update(chunk)
-    return h.hexdigest()
+        left -= len(chunk)
+    return None if left or os.read(fd, 1) else h.hexdigest()
 
 
 def _features(path: str, sha: str, workload: dict):

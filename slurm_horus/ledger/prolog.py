@@ -30,6 +30,7 @@ DEFAULT_SPOOL = "/var/spool/slurm-horus"  # fallback when the ledger is unreacha
 DEFAULT_INTERVAL = 5.0
 SLURM_TIMEOUT_S = 10.0
 JOB_CHECK_EVERY_S = 60.0                  # a probe whose job is gone (Epilog missed) stops itself
+UNANSWERED_LIMIT_S = 1800.0               # ... and one that Slurm stops answering about, after this
 LIVE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING", "STOPPED", "RESIZING",
                "SIGNALING", "STAGE_OUT", "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
@@ -84,13 +85,18 @@ def _root_folder(path: str) -> str | None:
     return None
 
 
-def _slurm(command: str, args: list[str], env: dict, timeout: float = SLURM_TIMEOUT_S) -> str | None:
+def _run(command: str, args: list[str], env: dict, timeout: float = SLURM_TIMEOUT_S):
+    """The finished command (None when it could not run or timed out)."""
     try:
-        cp = subprocess.run([command, *args], capture_output=True, text=True, errors="replace",
-                            timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+        return subprocess.run([command, *args], capture_output=True, text=True, errors="replace",
+                              timeout=timeout, env=env, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
-    return cp.stdout if cp.returncode == 0 else None
+
+
+def _slurm(command: str, args: list[str], env: dict, timeout: float = SLURM_TIMEOUT_S) -> str | None:
+    cp = _run(command, args, env, timeout)
+    return cp.stdout if cp is not None and cp.returncode == 0 else None
 
 
 def job_record(job_id: str, env: dict, tries: int = 3) -> dict | None:
@@ -109,10 +115,15 @@ def job_record(job_id: str, env: dict, tries: int = 3) -> dict | None:
 
 
 def job_state(job_id: str, env: dict) -> str | None:
-    """The job's state, or None when Slurm does not answer: ``squeue -o %T`` prints that one
-    field (server-side filtered, unlike 22.05's JSON), which nothing the user wrote can mimic."""
-    out = _slurm("squeue", ["-h", "--states=all", "--jobs", str(job_id), "-o", "%T"], env)
-    words = out.split() if out else []
+    """The job's state, GONE when slurmctld no longer knows it (purged after MinJobAge), or None
+    when Slurm does not answer: ``squeue -o %T`` prints that one field (server-side filtered,
+    unlike 22.05's JSON), which nothing the user wrote can mimic."""
+    cp = _run("squeue", ["-h", "--states=all", "--jobs", str(job_id), "-o", "%T"], env)
+    if cp is None:
+        return None
+    if cp.returncode != 0:
+        return "GONE" if "invalid job id" in cp.stderr.lower() else None
+    words = cp.stdout.split()
     return words[0] if len(words) == 1 else None
 
 
@@ -233,7 +244,7 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
     log(f"probing GPU {place['indices']} type {place['type']} every {interval:g}s "
         f"({type(sampler).__name__})")
     start = time.time()
-    last_check = {"t": start}
+    last_check = {"t": start, "answered": start}
 
     def still_mine() -> bool:
         try:
@@ -250,6 +261,11 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
             state = job_state(job_id, env)
             if state is not None and state not in LIVE_STATES:
                 log(f"job is {state} and no Epilog stopped the probe: stopping")
+                return True
+            if state is not None:
+                last_check["answered"] = last_check["t"]
+            elif last_check["t"] - last_check["answered"] >= UNANSWERED_LIMIT_S:
+                log(f"Slurm has not said the job runs for {UNANSWERED_LIMIT_S:.0f} s: stopping")
                 return True
         return False
 
@@ -283,7 +299,7 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
         if why:
             log(f"spool {why}: a record that cannot reach the ledger is lost")
         ok = record_usage_safely(
-            url=url or env.get("HORUS_LEDGER_URL") or None, spool=spool,
+            url=url or env.get("HORUS_LEDGER_URL") or None, spool=spool, spool_ok=not why,
             job_id=int(job_id), source="probe", cluster=cluster, util_mean=r["util_mean"],
             util_max=r["util_max"], mem_peak_mib=r["mem_peak_mib"],
             elapsed_s=int(time.time() - start), node=node, gpu_index=index,

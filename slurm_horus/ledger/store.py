@@ -232,8 +232,9 @@ class Ledger:
 
 
 def record_usage_safely(*, url: str | None = None, spool: str | None = None,
-                        timeout: float = 10.0, **kwargs) -> bool:
-    """record_usage for horus-probe: never raises. True if written, False if spooled."""
+                        timeout: float = 10.0, spool_ok: bool = True, **kwargs) -> bool:
+    """record_usage for horus-probe: never raises. True if written, False if spooled (or, where
+    ``spool_ok`` is False because the folder failed its check, lost)."""
     try:
         data = usage_record(**kwargs)
     except Exception:
@@ -250,6 +251,8 @@ def record_usage_safely(*, url: str | None = None, spool: str | None = None,
         if isinstance(e, KeyboardInterrupt):
             raise
         try:
+            if not spool_ok:
+                raise HorusError(f"spool {spool} failed its check")
             Spool(spool).put("usage", data)
         except Exception as e2:
             try:

@@ -219,7 +219,9 @@ class HistoryPredictor:
 
     @staticmethod
     def _aggregate(runs: list[dict]) -> dict[str, list[dict]]:
-        """Repeated runs of one setting and batch size become one run (medians, n counted)."""
+        """Repeated runs of one setting and batch size become one run (medians, n counted).
+        Memory and utilization: the highest of each user's median, so that runs one user claims
+        for a graph (its file is anyone's to name) can raise, never lower, another's figures."""
         groups = defaultdict(list)
         for r in runs:
             if r.get("sha"):
@@ -227,13 +229,21 @@ class HistoryPredictor:
                         r["bs"])].append(r)
         graphs = defaultdict(list)
         for (sha, gpu, task, opt, prec, dims, bs), rs in sorted(groups.items()):
-            def med(field):
+            def med(field, rs=rs):
                 vals = [r[field] for r in rs if r.get(field) is not None]
                 return statistics.median(vals) if vals else None
 
+            def highest_user_median(field):
+                by_user = defaultdict(list)
+                for r in rs:
+                    by_user[r.get("user")].append(r)
+                vals = [v for v in (med(field, u) for u in by_user.values()) if v is not None]
+                return max(vals) if vals else None
+
             graphs[sha].append({
                 "gpu": gpu, "bs": bs, "task": task, "opt": opt, "prec": prec, "dims": dims,
-                "mem": med("mem"), "util": med("util"), "cold_mem": med("cold_mem"),
+                "mem": highest_user_median("mem"), "util": highest_user_median("util"),
+                "cold_mem": med("cold_mem"),
                 "cold_util": med("cold_util"), "n": len(rs),
                 "family": Counter(r.get("family") for r in rs).most_common(1)[0][0],
                 "user": Counter(r.get("user") for r in rs).most_common(1)[0][0]})

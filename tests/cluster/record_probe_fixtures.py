@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record what horus-probe reads from Slurm, from the local test cluster, as fixtures.
 
-    tests/cluster/up && python3 tests/cluster/record_probe_fixtures.py [OUTDIR]
+    tests/cluster/up && python3 tests/cluster/record_probe_fixtures.py [--purged-only] [OUTDIR]
 
 OUTDIR defaults to tests/fixtures/slurm/probe. Submits four short jobs: two that the site hook
 (etc/job_submit.lua) packs on shards for the hint they carry (untyped on the t4 partition, typed
@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE.parent / "fixtures" / "slurm" / "probe"
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+OUT = Path(ARGS[0]) if ARGS else HERE.parent / "fixtures" / "slurm" / "probe"
 STATE = Path(os.environ.get("HORUS_CLUSTER_DIR", "/tmp/horus-cluster"))
 os.environ["SLURM_CONF"] = str(STATE / "etc" / "slurm.conf")
 JOBDIR = STATE / "jobs"
@@ -79,5 +80,22 @@ def main():
     print(f"recorded {len(index['fixtures'])} fixtures in {OUT}")
 
 
+def record_purged_job():
+    """What the probe's job-state check gets for a job slurmctld no longer knows (purged after
+    MinJobAge): stderr and exit code of ``squeue -o %T`` for an id never used.  Its own entry
+    of index.json (``--purged-only`` records just this)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    cmd = ["squeue", "-h", "--states=all", "--jobs", "4000000", "-o", "%T"]
+    p = sh(*cmd)
+    (OUT / "squeue_state_purged_job.stderr").write_text(p.stderr)
+    path = OUT / "index.json"
+    index = json.loads(path.read_text()) if path.exists() else {"fixtures": {}}
+    index["fixtures"]["squeue_state_purged_job"] = {"command": " ".join(cmd), "rc": p.returncode,
+                                                    "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    path.write_text(json.dumps(index, indent=1) + "\n")
+
+
 if __name__ == "__main__":
-    main()
+    if "--purged-only" not in sys.argv:
+        main()
+    record_purged_job()
