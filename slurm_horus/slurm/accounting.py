@@ -39,10 +39,11 @@ _UNSET_TIME = 4294967294
 QUEUE_TOKEN = "horus-queue:v1"
 QUEUE_ACTIONS_MAX = 255  # jobs.queue_actions is VARCHAR(255)
 _QUEUE_RE = re.compile(re.escape(QUEUE_TOKEN) + r"((?:;[a-z]+=[A-Za-z0-9:/._-]*)+)")
+# the job states sacct -s takes, by their short names (sacct(1), JOB STATE CODES)
 STATE_ABBREV = {"CD": "COMPLETED", "F": "FAILED", "TO": "TIMEOUT", "CA": "CANCELLED",
                 "OOM": "OUT_OF_MEMORY", "NF": "NODE_FAIL", "PR": "PREEMPTED", "R": "RUNNING",
                 "PD": "PENDING", "BF": "BOOT_FAIL", "DL": "DEADLINE", "RQ": "REQUEUED",
-                "S": "SUSPENDED"}
+                "S": "SUSPENDED", "RS": "RESIZING", "RV": "REVOKED"}
 
 
 def num(v: Any) -> float | None:
