@@ -322,10 +322,14 @@ end
 -- Read the policy (re-read at each submission; parsed again only when the text changes).
 local function load_policy()
 	local path = policy_path()
-	local f = io.open(path, "r")
+	local f, _, errno = io.open(path, "r")
 	if not f then
-		log_once("horus: policy file " .. path .. " not readable, using built-in defaults (no GPU types: nothing is packed)")
-		return builtin_policy()
+		if errno == 2 then  -- ENOENT: no policy, the hook is off
+			log_once("horus: policy file " .. path .. " not readable, using built-in defaults (no GPU types: nothing is packed)")
+			return builtin_policy()
+		end
+		log_once("horus: policy file " .. path .. " cannot be opened, using built-in defaults with raw_shards = whole")
+		return builtin_policy(true)
 	end
 	local text, err = f:read(MAX_POLICY_BYTES + 1)
 	f:close()
@@ -637,7 +641,7 @@ end
 -- cannot be converted, (nil, nil) when it asks for no shard after all (shard:0).
 -- Third value: the shard type, if the request named one.
 local function whole_gpu_request(job, pol)
-	local set, found, gtype, gpus_too = {}, false, nil, false
+	local set, found, gtype, gpus_too, seen = {}, false, nil, false, {}
 	for _, field in ipairs(TRES_FIELDS) do
 		local items = split_list(job[field])
 		if not items then
@@ -657,6 +661,9 @@ local function whole_gpu_request(job, pol)
 				elseif e.name == "shard" then
 					if field ~= "tres_per_node" then return nil, "shards asked per job, task or socket" end
 					if e.gtype and not is_gtype(e.gtype) then return nil, "unusual GPU type name in request" end
+					local t = e.gtype or ""
+					if seen[t] then return nil, "shards of one type asked twice" end
+					seen[t] = true
 					if e.count > 999999999 then return nil, "unusual shard count" end
 					local n = ceil_div(e.count, pol.shards_per_gpu)
 					out[#out + 1] = e.prefix .. "gpu:" .. (e.gtype and (e.gtype .. ":") or "") .. string.format("%d", n)
@@ -949,14 +956,15 @@ local function hint_plan(job, pol, uid, preds)
 		else set.tres_per_node = gres end
 	end
 	if features then set.features = features end
-	-- gpu:0 entries ask for nothing; beside shards they would only make Slurm doubt the job.
+	-- gpu:0 / shard:0 entries ask for nothing; beside the shards they would only make Slurm
+	-- doubt the job (a second shard entry: which count?).
 	for _, f in ipairs({ "tres_per_node", "tres_per_job" }) do
 		local list = split_list(set[f] or job[f])
 		if list then
 			local keep, dropped = {}, false
 			for _, item in ipairs(list) do
 				local pe = parse_entry(item)
-				if pe and pe.name == "gpu" and pe.count == 0 then dropped = true
+				if pe and (pe.name == "gpu" or pe.name == "shard") and pe.count == 0 then dropped = true
 				else keep[#keep + 1] = item end
 			end
 			if dropped then set[f] = table.concat(keep, ",") end

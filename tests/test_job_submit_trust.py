@@ -5,6 +5,7 @@ job_modify path, and slurm_horus.slurm.policy.policy_value()."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -79,6 +80,8 @@ def assert_valid_gres(s: str | None):
     assert all(_GRES_ITEM.fullmatch(i) for i in items), s
     names = [i.split("/")[-1].split(":")[1 if i.startswith("gres:") else 0] for i in items]
     assert not ("gpu" in names and "shard" in names), s
+    typed = [tuple(re.sub(r"^gres[:/]", "", i).split(":")[:-1]) for i in items]
+    assert len(typed) == len(set(typed)), s  # a name (and type) twice: which count would Slurm take?
 
 
 # --------------------------------------------------------------------------- raw_shards
@@ -151,6 +154,29 @@ def test_a_policy_that_cannot_be_used_fails_closed_on_raw_shards(site, tmp_path)
         assert d.rc == 0 and dict(job, **changed(job, d)) == want, pol
     assert policy_value("raw_shards", "allow", path=cases[0][0]) == "whole"
     assert policy_value("raw_shards", "allow", path=bom) == "allow"
+    for unusable in (tmp_path, big):  # the admin tools say what the hook does
+        assert policy_value("raw_shards", "allow", path=unusable) == "whole"
+    assert policy_value("raw_shards", "allow", path=tmp_path / "missing.conf") == "allow"
+
+
+def test_a_policy_the_hook_may_not_open_fails_closed(site, tmp_path):
+    """slurmctld runs the hook as SlurmUser: a policy it cannot open (EACCES) is a broken
+    policy, not a missing one."""
+    import subprocess
+    import sys
+
+    pol = site("raw_shards = allow\n")
+    os.chmod(pol, 0o600)  # root's alone
+    code = ("import json, sys; from slurm_horus.slurm.policy import decide; "
+            "d = decide({'tres_per_node': 'gres:shard:5'}, policy_path=sys.argv[1], hook_path=sys.argv[2], "
+            "submit_uid=1); print(json.dumps(d.job_desc))")
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                        "-c", code, str(pol), str(HOOK)], capture_output=True, text=True, timeout=60,
+                       cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
+    if r.returncode != 0 and "Operation not permitted" in r.stderr:
+        pytest.skip("setpriv needs root")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tres_per_node"] == "gres:gpu:1"
 
 
 @pytest.mark.parametrize("gres", ["gres:gpu:1,gres:shardfs:1", "gres:gpu:a100_shard:1",
@@ -165,6 +191,8 @@ def test_a_gres_named_like_shard_or_no_shard_at_all_is_no_shard_request(site, gr
     if "a100_shard" not in gres:  # an unknown type is left unchanged anyway
         d = run(dict(job, comment=LIGHT), site("raw_shards = allow\n", name="hint.conf"))
         assert d.action == "shared" and "already asks" not in (d.admin_comment or ""), gres
+        assert_valid_gres(d.job_desc["tres_per_node"])
+        assert d.job_desc["tres_per_node"].startswith("gres:shard:"), d.job_desc
     rt = HookRuntime(HOOK)
     assert modify(rt, {"tres_per_node": gres}, 1002, site("raw_shards = refuse\n", name="m.conf"))[0] == 0
 
@@ -209,6 +237,7 @@ UNCONVERTIBLE = [
     ("shards per task", {"tres_per_task": "gres/shard:2"}, "per job, task or socket"),
     ("shards per job", {"tres_per_job": "gres:shard:2"}, "per job, task or socket"),
     ("gpu and shard together", {"tres_per_node": "gres:gpu:1,gres:shard:2"}, "together"),
+    ("shards twice", {"tres_per_node": "gres:shard:3,gres/shard:150"}, "asked twice"),
     ("count with a suffix", {"tres_per_node": "gres:shard:2k"}, "unreadable"),
     ("odd type", {"tres_per_node": "gres:shard:A%s:2"}, "unusual GPU type"),
     ("huge count", {"tres_per_node": "gres:shard:99999999999999999999"}, "unusual shard count"),

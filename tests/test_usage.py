@@ -592,11 +592,16 @@ def test_open_as_owner_lets_the_kernel_judge(open_dir):
     os.chmod(f, 0o644)
     other = (5002, {5002})
     assert open_as_owner(str(f), *other) is not None
-    via_proc = f"/proc/{os.getpid()}/root{f}"  # this (root) process's root: no way in for 5002
-    assert open_as_owner(via_proc, *other) is None
-    fd = open_as_owner(via_proc, 0, {0})
-    assert fd is not None
-    os.close(fd)
+    root_proc = subprocess.Popen(["sleep", "60"])  # another root process
+    try:
+        via_proc = f"/proc/{root_proc.pid}/root{f}"  # its view of the file system: none for 5002
+        assert open_as_owner(via_proc, *other) is None
+        fd = open_as_owner(via_proc, 0, {0})
+        assert fd is not None
+        os.close(fd)
+    finally:
+        root_proc.kill()
+        root_proc.wait()
     if shutil.which("setfacl"):
         subprocess.run(["setfacl", "-m", "u:5002:---", str(f)], check=True)
         assert open_as_owner(str(f), *other) is None

@@ -27,7 +27,7 @@ def _split(values) -> list[str]:
 @click.option("-u", "--user", "users", multiple=True, help="Users (comma-separated).")
 @click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")
 @click.option("-S", "--starttime", help="Jobs ending (or submitted) at or after this time "
-              "(default, as sacct: 00:00 today, unless -j is given; --summary and --plot: all).")
+              "(default, as sacct: 00:00 today, unless -j or -E is given; --summary and --plot: all).")
 @click.option("-E", "--endtime", help="Jobs submitted at or before this time.")
 @click.option("-s", "--state", "states", multiple=True,
               help="States, e.g. CD,F,TO,CA,OOM (comma-separated).")
@@ -78,7 +78,7 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, pars
     unknown = sorted(set(state_list) - set(STATE_ABBREV.values()))
     if unknown:
         raise HorusError(f"-s/--state: unknown state {', '.join(unknown)} (e.g. CD, F, TO, CA, OOM)")
-    if starttime is None and not job_ids and not summary and plot is None:
+    if starttime is None and endtime is None and not job_ids and not summary and plot is None:
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
     filters = dict(job_ids=job_ids or None, users=_split(users) or None,
                    accounts=_split(accounts) or None, states=state_list or None,

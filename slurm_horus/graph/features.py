@@ -7,6 +7,7 @@ listed under docs/admin-guide.md's Upgrades instead (a bump refuses every site's
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -106,6 +107,9 @@ def extract_features(model: str | os.PathLike, batch_size: int | None = None,
                      dims: dict[str, int] | None = None) -> FeatureReport:
     """Load `model`, bind its dimensions and compute its feature vector, within bounded memory
     and time (a user names the file: graph.limits)."""
+    for lib in ("numpy", "onnx"):  # imported outside the limits: their import maps memory too
+        importlib.import_module(lib)
+
     try:
         size = os.stat(model).st_size
     except OSError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import resource
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -46,25 +47,28 @@ def _mapped_bytes() -> int | None:
 def analysis_limits(what: str, mem_mib: int = ANALYSIS_MEM_MIB,
                     timeout_s: float = ANALYSIS_TIMEOUT_S) -> Iterator[None]:
     """Run the body with at most ``mem_mib`` more address space and ``timeout_s`` seconds;
-    running out of either raises ModelError naming ``what``."""
+    running out of either raises ModelError naming ``what``.  The timer is checked between
+    Python steps: one call into ONNX's C++ shape inference runs to its end first.  Import the
+    libraries the body needs before (their import maps memory too)."""
     old_limit = resource.getrlimit(resource.RLIMIT_AS)
-    mapped = _mapped_bytes()
-    if mapped is not None:
-        want = mapped + mem_mib * 1024 * 1024
-        soft, hard = old_limit
-        if hard != resource.RLIM_INFINITY:
-            want = min(want, hard)
-        if soft == resource.RLIM_INFINITY or want < soft:
-            resource.setrlimit(resource.RLIMIT_AS, (want, hard))
     timed = timeout_s > 0 and threading.current_thread() is threading.main_thread()
     active = [True]  # a timer firing after the body is done raises nothing
-    if timed:
-        def on_alarm(signum, frame):
-            if active[0]:
-                raise _Timeout()
-        old_handler = signal.signal(signal.SIGALRM, on_alarm)
-        old_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    old_handler, old_timer, t0 = None, (0.0, 0.0), time.monotonic()
     try:
+        mapped = _mapped_bytes()
+        if mapped is not None:
+            want = mapped + mem_mib * 1024 * 1024
+            soft, hard = old_limit
+            if hard != resource.RLIM_INFINITY:
+                want = min(want, hard)
+            if soft == resource.RLIM_INFINITY or want < soft:
+                resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+        if timed:
+            def on_alarm(signum, frame):
+                if active[0]:
+                    raise _Timeout()
+            old_handler = signal.signal(signal.SIGALRM, on_alarm)
+            old_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
             yield
         finally:
@@ -75,9 +79,10 @@ def analysis_limits(what: str, mem_mib: int = ANALYSIS_MEM_MIB,
     except _Timeout:
         raise ModelError(f"{what}: analysing the graph took more than {timeout_s:g} s") from None
     finally:
-        if timed:
+        if old_handler is not None:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old_handler)
-            if old_timer[0] > 0:
-                signal.setitimer(signal.ITIMER_REAL, *old_timer)
+            if old_timer[0] > 0:  # a caller's timer: what was left of it, less our time
+                left = old_timer[0] - (time.monotonic() - t0)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), old_timer[1])
         resource.setrlimit(resource.RLIMIT_AS, old_limit)

@@ -12,8 +12,6 @@ import hashlib
 import json
 import os
 import pwd
-import signal
-import socket
 import stat
 import time
 
@@ -73,18 +71,33 @@ def owner_ids(user: str | None) -> tuple[int | None, set[int]]:
     return pw.pw_uid, gids
 
 
-OPEN_TIMEOUT_S = 10.0  # a hung network file system must not hold a sync
+FUSE_SUPER_MAGIC = 0x65735546  # a user's own FUSE daemon answers reads, or never does
+
+
+def _on_fuse(fd: int) -> bool:
+    """Whether the fd's file system is FUSE (statfs's f_type; False where it cannot be told)."""
+    import ctypes
+    import struct
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)  # struct statfs: f_type is its first word
+        if libc.fstatfs(fd, buf) != 0:
+            return False
+        return struct.unpack_from("l", buf.raw)[0] == FUSE_SUPER_MAGIC
+    except (OSError, AttributeError):
+        return False
 
 
 def _open_regular(path: str) -> int | None:
-    """An fd on ``path`` if it is a regular file (never waiting on a FIFO, never making a
-    terminal ours), else None."""
+    """An fd on ``path`` if it is a regular file on a file system that is not FUSE (never
+    waiting on a FIFO, never making a terminal ours), else None."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
+        if stat.S_ISREG(os.fstat(fd).st_mode) and not _on_fuse(fd):
             return fd
     except OSError:
         pass
@@ -93,47 +106,63 @@ def _open_regular(path: str) -> int | None:
 
 
 def open_as_owner(path: str, uid: int | None, gids: set[int]) -> int | None:
-    """An fd on the regular file ``path``, opened with the credentials of ``uid`` (in ``gids``)
-    so that the kernel judges it: mode bits, ACLs, every folder's search bit, /proc's links to
-    other users' processes and their mounts.  A child process drops to the user, opens, and
-    passes the fd back; None where the user could not open it (or it is no regular file)."""
+    """An fd on the regular file ``path`` if ``uid`` (in ``gids``) could open it, else None.
+
+    As root: opened with the user's effective uid and groups for the one call, so the kernel
+    judges (mode bits, ACLs, every folder's search bit, /proc's links into other users'
+    processes and mounts); the process is single-threaded where this runs (sync, the queue
+    loop).  Not root (the loop as SlurmUser): opened as ourselves, and kept only if the user's
+    mode bits on the file and its folders allow it too."""
     if uid is None or not os.path.isabs(path):
         return None
-    if uid == os.geteuid():
-        return _open_regular(path)
     if os.geteuid() != 0:
-        return None  # only root can open as someone else
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # its exit: EOF
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        try:
-            parent.close()
-            groups = sorted(gids) or [65534]
-            os.setgroups(groups)
-            os.setresgid(groups[0], groups[0], groups[0])
-            os.setresuid(uid, uid, uid)
-            fd = _open_regular(path)
-            if fd is not None:
-                socket.send_fds(child, [b"fd"], [fd])
-        except BaseException:
-            pass
-        finally:
-            os._exit(0)
-    child.close()
-    fd = None
+        return _open_checked(path, uid, gids)
+    if uid == 0:
+        return _open_regular(path)
+    groups, egid = os.getgroups(), os.getegid()
+    primary = min(gids) if gids else 65534
     try:
-        parent.settimeout(OPEN_TIMEOUT_S)
-        _, fds, _, _ = socket.recv_fds(parent, 16, 1)
-        fd = fds[0] if fds else None
-    except (OSError, ValueError):
-        fd = None
-    finally:
-        parent.close()
+        os.setgroups(sorted(gids) or [65534])
+        os.setegid(primary)
+        os.seteuid(uid)
         try:
-            os.kill(pid, signal.SIGKILL) if fd is None else None
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
+            return _open_regular(path)
+        finally:
+            os.seteuid(0)
+    except OSError:
+        return None
+    finally:
+        os.setegid(egid)
+        os.setgroups(groups)
+
+
+def _may(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
+    """Would ``uid`` (in ``gids``) get permission ``bit`` (4 read, 1 search) by mode bits?"""
+    if st.st_uid == uid:
+        return bool(st.st_mode & (bit << 6))
+    if st.st_gid in gids:
+        return bool(st.st_mode & (bit << 3))
+    return bool(st.st_mode & bit)
+
+
+def _open_checked(path: str, uid: int, gids: set[int]) -> int | None:
+    """Opened as ourselves, kept if ``uid``'s mode bits allow it (the file, each folder)."""
+    fd = _open_regular(path)
+    if fd is None or uid == os.geteuid():
+        return fd
+    try:
+        ok = _may(os.fstat(fd), uid, gids, 4)
+        parent = os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
+        while ok:
+            ok = _may(os.stat(parent), uid, gids, 1)
+            if parent == os.path.dirname(parent):
+                break
+            parent = os.path.dirname(parent)
+    except OSError:
+        ok = False
+    if not ok:
+        os.close(fd)
+        return None
     return fd
 
 

@@ -20,6 +20,7 @@ that these checks accept exactly the values the hook accepts.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -28,6 +29,7 @@ from typing import Any
 
 from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hook_runtime import Decision, HookCache
+from slurm_horus.textfile import open_for_reading
 
 __all__ = ["decide", "find_hook", "policy_file", "policy_value", "policy_values", "policy_with_overrides"]
 
@@ -225,11 +227,14 @@ def policy_value(key: str, default: str | None = None,
     ``default`` when the file is missing, unreadable, over 64 KiB, or sets no acceptable value
     for the key (the hook then uses its built-in default: pass that as ``default``)."""
     try:
-        with open(policy_file(path), "rb") as f:
+        with open_for_reading(policy_file(path)) as f:
             data = f.read(POLICY_MAX_BYTES + 1)
-    except OSError:
-        return default
-    return policy_values(data.decode("utf-8", "surrogateescape")).get(key, default)
+    except OSError as e:  # missing: the hook is off; there but unusable: it fails closed
+        return "whole" if key == "raw_shards" and e.errno != errno.ENOENT else default
+    values = policy_values(data.decode("utf-8", "surrogateescape"))
+    if key == "raw_shards" and len(data) > POLICY_MAX_BYTES:
+        return "whole"
+    return values.get(key, default)
 
 
 def charged_mem_mib(expected: float, p90: float, p95: float | None = None,
