@@ -62,5 +62,7 @@ def run_id(model: str, batch_size: int, task: str, gpu_type: str) -> str:
 
 
 def plan(models: list[str], batch_sizes: list[int], tasks: list[str]) -> list[Run]:
-    """Every (model, task, batch size), smallest batch first so an out-of-memory skips the rest."""
-    return [Run(m, b, t) for m in models for t in tasks for b in sorted(batch_sizes)]
+    """Every (model, task, batch size) once, smallest batch first so an out-of-memory skips the
+    rest."""
+    return [Run(m, b, t) for m in dict.fromkeys(models) for t in dict.fromkeys(tasks)
+            for b in sorted(set(batch_sizes))]

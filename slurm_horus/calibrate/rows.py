@@ -24,18 +24,31 @@ EXTRA_COLUMNS = ("calib_id", "seconds", "steps", "samples", "torch_max_alloc_mib
 CSV_COLUMNS = (*IMPORT_COLUMNS, *EXTRA_COLUMNS)
 
 
+def _regular(path: Path) -> bool:
+    """Whether ``path`` exists; HorusError when it is there but no regular file (a FIFO would
+    hang the read, /dev/zero never end it)."""
+    if not path.exists():
+        return False
+    if not path.is_file():
+        raise HorusError(f"{path}: not a regular file; choose another --out")
+    return True
+
+
 def done_ids(path: Path) -> set[str]:
     """calib_id of every complete row already in the CSV."""
-    if not path.exists():
+    if not _regular(path):
         return set()
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if reader.fieldnames is None:
-            return set()
-        if "calib_id" not in reader.fieldnames:
-            raise HorusError(f"{path}: not a calibrate CSV (no calib_id column); "
-                             "choose another --out")
-        return {r["calib_id"] for r in reader if r.get("calib_id") and r.get("mem_mib")}
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames is None:
+                return set()
+            if "calib_id" not in reader.fieldnames:
+                raise HorusError(f"{path}: not a calibrate CSV (no calib_id column); "
+                                 "choose another --out")
+            return {r["calib_id"] for r in reader if r.get("calib_id") and r.get("mem_mib")}
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise HorusError(f"{path}: not a calibrate CSV ({type(e).__name__}: {str(e)[:100]})") from None
 
 
 class CsvAppender:
@@ -44,7 +57,7 @@ class CsvAppender:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        new = not self.path.exists() or self.path.stat().st_size == 0
+        new = not _regular(self.path) or self.path.stat().st_size == 0
         if not new:
             with open(self.path, newline="") as f:
                 header = next(csv.reader(f), None)
@@ -89,10 +102,12 @@ def make_row(run: Run, gpu_type: str, m: Measurement, onnx_path: Path, family: s
         mem = m.torch_max_reserved_mib or m.torch_max_alloc_mib
     util = min(max(m.util_mean or 0.0, 0.0), 100.0)
     return {
-        "model": str(onnx_path), "features": json.dumps(report.values, sort_keys=True),
+        "model": str(Path(onnx_path).resolve()),  # read from anywhere when imported
+        "features": json.dumps(report.values, sort_keys=True),
         "gpu_type": gpu_type, "batch_size": run.batch_size, "task": run.task,
         "optimizer": "adam" if run.task == "train" else "", "precision": "fp32",
-        "cpus_per_task": "", "util_pct": _fmt(util), "mem_mib": _fmt(mem, 1),
+        "cpus_per_task": len(os.sched_getaffinity(0)),  # the CPUs the measurement had
+        "util_pct": _fmt(util), "mem_mib": _fmt(mem, 1),
         "util_max_pct": _fmt(m.util_max), "user": "calibrate", "model_family": family,
         "cold_util_pct": _fmt(cold.util_pct), "cold_mem_mib": _fmt(cold.mem_mib, 1),
         "cold_gpu_ms": _fmt(cold.breakdown.get("gpu_ms_per_step", 0.0), 4),

@@ -95,6 +95,8 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
         click.echo(f"  {r.model} b{r.batch_size} {r.task}: {why}", err=True)
     if res.done and not ledger:
         click.echo(f"next: horus-admin import {out} && horus-admin retrain")
+    if res.failed and not res.done:
+        raise HorusError(f"every run failed ({len(res.failed)}); nothing was measured")
 
 
 def register(main_group: click.Group) -> None:

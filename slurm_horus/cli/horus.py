@@ -45,19 +45,19 @@ def _print_feature_table(report) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"{report.model}", title_justify="left")
+    table = Table(title=escape(f"{report.model}"), title_justify="left")  # names are not markup
     for col, justify in (("op", "left"), ("count", "right"), ("FLOPs", "right"),
                          ("params", "right"), ("activations", "right")):
         table.add_column(col, justify=justify)
     for op, s in sorted(report.by_op.items(), key=lambda kv: -kv[1].flops):
-        table.add_row(op, str(s.count), human(s.flops), human(s.params),
+        table.add_row(escape(op), str(s.count), human(s.flops), human(s.params),
                       human(s.activation_bytes, "B"))
     v = report.values
     table.add_section()
     table.add_row("total", str(int(v["n_nodes"])), human(v["flops"]), human(v["params"]),
                   human(v["activation_bytes"], "B"), style="bold")
     console.print(table)
-    console.print(f"bound: {_fmt_dims(report.bound_dims)}   depth: {int(v['depth'])}   "
+    console.print(f"bound: {escape(_fmt_dims(report.bound_dims))}   depth: {int(v['depth'])}   "
                   f"kernels: {int(v['kernels'])}   memory traffic: "
                   f"{human(v['read_bytes'] + v['write_bytes'], 'B')}   "
                   f"kept for backward: {human(v['saved_activation_bytes'], 'B')}")
@@ -65,10 +65,10 @@ def _print_feature_table(report) -> None:
         console.print(f"[yellow]warning: {escape(warning)}[/yellow]")
     if report.unknown_dims:
         console.print(f"[yellow]unknown dimensions (bind with --dim NAME=VALUE): "
-                      f"{_few(report.unknown_dims)}[/yellow]")
+                      f"{escape(_few(report.unknown_dims))}[/yellow]")
     if report.missing_external_data:
         console.print(f"weights not present (not needed): "
-                      f"{', '.join(report.missing_external_data)}")
+                      f"{escape(', '.join(report.missing_external_data))}")
 
 
 def _few(names: list[str], n: int = 6) -> str:
@@ -105,8 +105,9 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     from slurm_horus.predict.gpus import default_catalog
     from slurm_horus.predict.chain import choose_predictor, predict_for
 
+    # no --cpus-per-task: Slurm's default, one, as hsubmit assumes
     workload = Workload(batch_size=batch_size, task=task, optimizer=optimizer,
-                        precision=precision, cpus_per_task=cpus_per_task)
+                        precision=precision, cpus_per_task=cpus_per_task or 1)
     catalog = default_catalog()
     gpus = [catalog.get(t) for t in gpu_types] if gpu_types else list(catalog)
     if not gpu_types and precision == "bf16":
@@ -169,11 +170,12 @@ def hook_fit(p, gpu, asked: str | None = None) -> Fit:
 
 def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"{report.model}  batch {workload.batch_size}, {workload.task}, "
-                        f"{workload.optimizer}, {workload.precision}", title_justify="left")
+    table = Table(title=escape(f"{report.model}  batch {workload.batch_size}, {workload.task}, "
+                               f"{workload.optimizer}, {workload.precision}"), title_justify="left")
     for col in ("GPU", "util %", "memory MiB", "p90 MiB", "limit MiB", "fits", "predictor"):
         table.add_column(col, justify="left" if col in ("GPU", "predictor") else "right")
     for p, g, f in zip(predictions, gpus, fits):
@@ -183,11 +185,11 @@ def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> 
     console.print(table)
     judged = [(g, f) for g, f in zip(gpus, fits) if f.fits is not None]
     if judged:
-        console.print(f"fits: judged as the job_submit hook packs, e.g. {judged[0][0].name}: "
-                      f"{judged[0][1].rule}")
+        console.print(escape(f"fits: judged as the job_submit hook packs, e.g. {judged[0][0].name}: "
+                             f"{judged[0][1].rule}"))
     if len(judged) < len(fits):
-        console.print("-: " + next(f.rule for f in fits if f.fits is None))
-    console.print(note)
+        console.print(escape("-: " + next(f.rule for f in fits if f.fits is None)))
+    console.print(escape(note))
 
 
 if __name__ == "__main__":

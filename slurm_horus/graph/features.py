@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs, parameter_tensors, weight_views
-from slurm_horus.graph.load import Graph, load_graph
+from slurm_horus.graph.load import BATCH_DIM_NAMES, Graph, load_graph
 from slurm_horus.graph.limits import ANALYSIS_FILE_FACTOR, ANALYSIS_MEM_MIB, analysis_limits
 
 FEATURE_VERSION = 1
@@ -54,6 +54,7 @@ class FeatureReport:
     missing_external_data: list[str] = field(default_factory=list)
     assumed_shapes: list[str] = field(default_factory=list)
     unused_dims: list[str] = field(default_factory=list)
+    fixed_batch: list[int] = field(default_factory=list)
     shapeless: list[str] = field(default_factory=list)
     version: int = FEATURE_VERSION
 
@@ -73,6 +74,10 @@ class FeatureReport:
         if self.unused_dims:
             out.append(f"--dim {_few(self.unused_dims)}: the model has no dimension of that name; "
                        "ignored")
+        if self.fixed_batch:
+            out.append(f"batch size {self.values.get('batch_size')} not applied: the model's inputs "
+                       f"have a fixed leading size ({', '.join(map(str, self.fixed_batch))}; "
+                       "exported with a fixed batch?), so the figures are for that size")
         return out
 
     def require_bound(self) -> None:
@@ -139,8 +144,8 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
     write = sum(c.write_bytes for c in costs)
     kernels = sum(c.kernels for c in costs)
     saved = {n for c in costs for n in c.saved}
-    if batch_size is None:
-        batch_size = next(iter(graph.bound_dims.values()), 1)
+    if batch_size is None:  # the batch-like dimension bound by --dim, if any (not a seq's)
+        batch_size = next((v for k, v in graph.bound_dims.items() if BATCH_DIM_NAMES.match(k)), 1)
     values: dict[str, float] = {
         "batch_size": batch_size,
         "flops": flops,
@@ -170,7 +175,7 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         unknown_ops=sorted({c.op_type for c in costs if not c.has_rule}),
         unknown_dims=graph.unknown_dims, bound_dims=graph.bound_dims,
         missing_external_data=graph.missing_external_data, assumed_shapes=graph.assumed_shapes,
-        unused_dims=graph.unused_dims, shapeless=graph.shapeless)
+        unused_dims=graph.unused_dims, shapeless=graph.shapeless, fixed_batch=graph.fixed_batch)
 
 
 def _few(names: list[str], n: int = 4) -> str:

@@ -88,6 +88,8 @@ class Graph:
     missing_external_data: list[str] = field(default_factory=list)
     assumed_shapes: list[str] = field(default_factory=list)  # outputs of ops ONNX cannot infer
     unused_dims: list[str] = field(default_factory=list)  # --dim names the graph does not have
+    fixed_batch: list[int] = field(default_factory=list)  # the inputs' fixed leading sizes, where
+    #                                                      the batch size asked bound nothing
     shapeless: list[str] = field(default_factory=list)  # op outputs whose shape stayed unknown
     opset: int = 0
     producer: str = ""
@@ -129,6 +131,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     _check_static_dims(graph, path)
     unused = sorted(set(dims) - _symbolic_names(graph))
     bound = _bind_inputs(graph, batch_size, dims)
+    fixed = [] if batch_size is None or batch_size in bound.values() else _fixed_leading(graph)
     _check_input_dims(graph, path)
     _bind_annotations(graph, {**bound, **dims})
     initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
@@ -163,6 +166,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                  graph_outputs=[o.name for o in graph.output], bound_dims=bound,
                  unknown_dims=unknown, missing_external_data=missing,
                  assumed_shapes=sorted(assumed), unused_dims=unused, shapeless=shapeless,
+                 fixed_batch=[] if batch_size in fixed else fixed,
                  opset=opset,
                  producer=model.producer_name, sha256=sha256)
 
@@ -357,6 +361,19 @@ def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
                 dim.dim_value = value  # clears dim_param (oneof)
                 bound[name or f"{inp.name}[{pos}]"] = value
     return bound
+
+
+def _fixed_leading(graph) -> list[int]:
+    """The fixed leading sizes of the graph's inputs (a model exported with a fixed batch)."""
+    init_names = {t.name for t in graph.initializer}
+    out = set()
+    for inp in graph.input:
+        if inp.name in init_names or not inp.type.HasField("tensor_type"):
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+            out.add(int(dims[0].dim_value))
+    return sorted(out)
 
 
 def _bind_annotations(graph, values: dict[str, int]) -> None:

@@ -209,6 +209,13 @@ def _row_id(row: dict) -> int:
 
 
 MAX_IMPORT_BYTES = 1 << 30
+MAX_MEM_MIB = 10_000_000  # 10 TB: no GPU's memory, a typo or a forgery
+
+
+def _plain_number(v) -> bool:
+    """A finite, non-negative int or float (not a bool, not a string): a feature or a time."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v >= 0)
 
 
 def _csv_rows(reader, path: str):
@@ -241,15 +248,23 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                 if gpu is None:
                     raise HorusError(f"unknown GPU type {row.get('gpu_type')!r}")
                 w = workload_from(row)
+                if not 0 < w.batch_size < 2 ** 31:
+                    raise HorusError(f"batch_size {w.batch_size} out of range")
                 util, mem = float(row["util_pct"]), float(row["mem_mib"])
-                if not (0 <= util <= 100) or not (mem > 0) or math.isnan(mem):
-                    raise HorusError("util_pct must be 0..100 and mem_mib > 0")
+                if not (0 <= util <= 100) or not (0 < mem <= MAX_MEM_MIB):
+                    raise HorusError(f"util_pct must be 0..100 and mem_mib 0..{MAX_MEM_MIB:,}")
+                util_max = float(row["util_max_pct"]) if row.get("util_max_pct") else None
+                if util_max is not None and not 0 <= util_max <= 100:
+                    raise HorusError("util_max_pct must be 0..100")
                 model = (row.get("model") or "").strip()
                 report = None
                 if row.get("features"):
                     values = json.loads(row["features"])
                     if not isinstance(values, dict) or any(n not in values for n in FEATURE_NAMES):
                         raise HorusError("features JSON lacks some of the feature names")
+                    bad = [n for n in FEATURE_NAMES if not _plain_number(values[n])]
+                    if bad:  # one such row would stop every later retrain
+                        raise HorusError(f"feature {bad[0]} is not a finite number >= 0")
                 elif model:
                     key = (model, w.batch_size)
                     if key not in reports:
@@ -263,6 +278,11 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                             "mem_mib": float(row["cold_mem_mib"]),
                             "gpu_ms_per_step": float(row.get("cold_gpu_ms") or 0),
                             "host_ms_per_step": float(row.get("cold_host_ms") or 0)}
+                    if not (0 <= cold["util_pct"] <= 100 and 0 < cold["mem_mib"] <= MAX_MEM_MIB
+                            and all(_plain_number(cold[k]) for k in ("gpu_ms_per_step",
+                                                                     "host_ms_per_step"))):
+                        raise HorusError("cold_* columns must be finite: util 0..100, memory > 0, "
+                                         "times >= 0")
                 elif report is None:
                     raise HorusError("features without cold_util_pct and cold_mem_mib: the cold "
                                      "start needs the model's graph (give model, or those columns)")
@@ -290,7 +310,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                                                  "predictor": "cold-start", "cold": cold}}})
             usages.append({"job_id": jid, "cluster": cluster, "source": "import",
                            "util_mean": util, "mem_peak_mib": mem, "gpu_type": gname,
-                           "util_max": float(row["util_max_pct"]) if row.get("util_max_pct") else None})
+                           "util_max": util_max})
     ledger.record_runs(subs, usages)
     once = {u["job_id"]: u for u in usages}  # a row repeated is one measurement (its id is its content)
     failed = sum(1 for u in once.values() if failed_measurement(u["util_mean"], u["mem_peak_mib"]))

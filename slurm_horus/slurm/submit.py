@@ -247,15 +247,17 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
 
 
 def _hint_of(predictions: dict) -> str:
-    """The hint token: p95/p99 memory where calibrated (for policies that ask for them),
-    dropped when the token would not fit."""
+    """The hint token: p95 (and p99) memory where calibrated (for policies that ask for them),
+    dropped when the token would not fit: what horus predict's fit column reads too."""
     from slurm_horus.slurm.hint import encode_hint
 
     def fields(p, bounds: bool):
         mem = max(p.mem_mib, 0.0)
         out = [min(max(p.util_pct, 0.0), 100.0), mem, max(p.mem_mib_p90, mem)]
-        if bounds and p.mem_mib_p95 is not None and p.mem_mib_p99 is not None:
-            out += [max(p.mem_mib_p95, out[2]), max(p.mem_mib_p99, p.mem_mib_p95, out[2])]
+        if bounds and p.mem_mib_p95 is not None:  # p95 alone where only it is calibrated
+            out.append(max(p.mem_mib_p95, out[2]))
+            if p.mem_mib_p99 is not None:
+                out.append(max(p.mem_mib_p99, out[3]))
         return tuple(out)
 
     try:

@@ -1,0 +1,129 @@
+"""horus, calibrate and import against odd input (a review's findings, kept as cases): horus
+predict agrees with hsubmit on the CPU count and the hint's memory bounds; names are not markup;
+a fixed-batch graph says the batch size was not applied; calibrate's output is a regular file,
+its rows name the model absolutely and its plan has no repeats; an import refuses rows that
+would break every later retrain."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from slurm_horus.errors import HorusError
+from slurm_horus.graph.features import extract_features
+from slurm_horus.predict.coldstart import Prediction
+
+ZOO = Path(__file__).resolve().parent / "data" / "zoo"
+
+
+def test_horus_predict_assumes_one_cpu_as_hsubmit_does():
+    from slurm_horus.cli.horus import main
+
+    r = CliRunner().invoke(main, ["predict", str(ZOO / "resnet50.onnx"), "-b", "8", "--gpu", "a100",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["workload"]["cpus_per_task"] == 1
+
+
+def test_a_p95_calibrated_without_a_p99_travels_in_the_hint():
+    """The fit column charges the p95 where it exists (memory = p95): so must the hint."""
+    from slurm_horus.slurm.hint import parse_hint
+    from slurm_horus.slurm.submit import _hint_of
+
+    p = Prediction("a100-40gb", 30.0, 4000.0, 4500.0, "learned", mem_mib_p95=5200.0)
+    assert parse_hint(_hint_of({"a100": p}))["a100"][3] == 5200
+    both = Prediction("a100-40gb", 30.0, 4000.0, 4500.0, "learned", mem_mib_p95=5200.0, mem_mib_p99=6000.0)
+    assert parse_hint(_hint_of({"a100": both}))["a100"][3:] == (5200, 6000)
+
+
+def test_names_in_horus_tables_are_not_markup(tmp_path):
+    from slurm_horus.cli.horus import main
+
+    path = tmp_path / "[red]net.onnx"
+    shutil.copy(ZOO / "small_cnn.onnx", path)
+    for args in (["features", str(path), "-b", "2"], ["predict", str(path), "-b", "2", "--gpu", "a100"]):
+        r = CliRunner().invoke(main, args, terminal_width=200)
+        assert r.exit_code == 0 and "[red]net.onnx" in r.output, r.output
+
+
+def _static(path: Path) -> Path:
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_batch_size_a_fixed_graph_cannot_take_is_said(tmp_path):
+    path = _static(tmp_path / "static.onnx")
+    r = extract_features(path, batch_size=32)
+    assert r.fixed_batch == [1] and any("batch size 32 not applied" in w for w in r.warnings())
+    assert not extract_features(path, batch_size=1).warnings()
+    assert not extract_features(ZOO / "resnet50.onnx", batch_size=32).fixed_batch
+
+
+def test_without_a_batch_size_a_sequence_length_is_no_batch():
+    seq = next(p for p in ("bert_base.onnx", "gpt2.onnx", "t5_small.onnx") if (ZOO / p).exists())
+    r = extract_features(ZOO / seq, dims={"seq": 128})
+    assert r.values["batch_size"] == 1
+
+
+def test_calibrate_output_must_be_a_regular_file(tmp_path):
+    from slurm_horus.calibrate.rows import CsvAppender, done_ids
+
+    fifo = tmp_path / "out.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(HorusError, match="not a regular file"):
+        done_ids(fifo)
+    with pytest.raises(HorusError, match="not a regular file"):
+        CsvAppender(fifo)
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"calib_id,mem_mib\n\xff\xfe,1\n")
+    with pytest.raises(HorusError, match="not a calibrate CSV"):
+        done_ids(bad)
+
+
+def test_calibrate_plans_each_run_once():
+    from slurm_horus.calibrate.plan import plan
+
+    runs = plan(["mlp", "mlp"], [8, 8, 4], ["train", "train"])
+    assert [(r.model, r.batch_size, r.task) for r in runs] == [("mlp", 4, "train"), ("mlp", 8, "train")]
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("features", "nan", "not a finite number"),
+    ("features", '"=cmd|x"', "not a finite number"),
+    ("cold_mem_mib", "nan", "cold_"),
+    ("mem_mib", "inf", "mem_mib"),
+    ("util_max_pct", "1e308", "util_max_pct"),
+    ("batch_size", "99999999999999999999999", "out of range"),
+])
+def test_an_import_refuses_rows_that_would_break_every_retrain(tmp_path, field, value, why):
+    import csv
+
+    from slurm_horus.graph.features import FEATURE_NAMES
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.ledger.retrain import import_csv
+
+    feats = {n: 1.0 for n in FEATURE_NAMES}
+    row = {"gpu_type": "a100", "util_pct": "40", "mem_mib": "5000", "batch_size": "8",
+           "cold_util_pct": "30", "cold_mem_mib": "4000", "util_max_pct": "90"}
+    if field == "features":
+        feats["flops"] = float("nan") if value == "nan" else "=cmd|x"
+    else:
+        row[field] = value
+    row["features"] = json.dumps(feats)
+    path = tmp_path / "rows.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
+    with pytest.raises(HorusError, match=why):
+        import_csv(Ledger(f"sqlite:///{tmp_path}/l.db"), str(path))
