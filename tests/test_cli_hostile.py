@@ -127,3 +127,17 @@ def test_an_import_refuses_rows_that_would_break_every_retrain(tmp_path, field, 
         w.writerow(row)
     with pytest.raises(HorusError, match=why):
         import_csv(Ledger(f"sqlite:///{tmp_path}/l.db"), str(path))
+
+
+def test_a_refused_registry_file_is_quoted_in_one_short_printable_line(tmp_path):
+    """A model file whose refusal quotes megabytes of escape codes: hsubmit and horus print a
+    short line (the whole text took minutes to lay out)."""
+    from slurm_horus.predict.chain import MAX_WARNING, choose_predictor
+
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    (reg / "v0001.json").write_text(json.dumps({"format_version": "\x1b[2J" + "x" * 3_000_000}))
+    (reg / "current.json").write_text(json.dumps({"serving": "v0001"}))
+    choice = choose_predictor(str(reg))
+    for text in (choice.warning, choice.note):
+        assert text and len(text) <= MAX_WARNING and "\x1b" not in text

@@ -307,3 +307,19 @@ def test_runs_another_user_claims_for_a_graph_cannot_lower_its_figures(resnet):
                                                                    Workload(batch_size=32))
     assert p.predictor == "history:exact"
     assert p.mem_mib >= mem * 0.98 and p.util_pct >= util - 1.0
+
+
+def test_a_users_own_runs_answer_for_them_whatever_others_claim(resnet):
+    """Cells only mallory filled (other batch sizes, another precision) neither bend alice's
+    line nor stand in for her own graph tier."""
+    own = [_run(resnet[b], b, *_site(b), user="alice") for b in (8, 64)]
+    cheap = [_run(resnet[b], b, 600.0, 2.0, user="mallory") for b in (16, 32)]
+    cheap += [_run(resnet[32], 32, 600.0, 2.0, user="mallory", precision="amp")]
+    for w in (Workload(batch_size=32), Workload(batch_size=32, precision="amp")):
+        alone = HistoryPredictor(user="alice").fit(own).predict(resnet[32], A100, w)
+        mixed = HistoryPredictor(user="alice").fit(own + cheap).predict(resnet[32], A100, w)
+        assert (mixed.mem_mib, mixed.util_pct, mixed.predictor) == (alone.mem_mib, alone.util_pct,
+                                                                    alone.predictor), w
+    # a user with no runs of the graph still gets the site's evidence
+    bob = HistoryPredictor(user="bob").fit(own + cheap).predict(resnet[32], A100, Workload(batch_size=32))
+    assert bob.predictor == "history:exact"

@@ -18,6 +18,7 @@ from slurm_horus.predict.gpus import GPU
 from slurm_horus.predict.history import HistoryPredictor
 from slurm_horus.predict.learned import LearnedEstimator
 from slurm_horus.predict.registry import CALIBRATION_FILE, Registry
+from slurm_horus.slurm.hint import CONTROL_CHARS
 
 QUANTILES = ("0.9", "0.95", "0.99")
 
@@ -74,6 +75,9 @@ def _checked(entry, key: str, lo: float, hi: float) -> dict[str, float]:
     return out
 
 
+MAX_WARNING = 400  # characters of a refusal shown to users
+
+
 @dataclass
 class PredictorChoice:
     estimator: object
@@ -94,7 +98,14 @@ def choose_predictor(model_dir=None) -> PredictorChoice:
     except HorusError as e:
         why = f"calibration refused ({e}); bounds are the predictors' own"
         choice.warning = "; ".join(w for w in (choice.warning, why) if w)
+    # both may quote a registry file's content: short printable lines
+    choice.note, choice.warning = _line(choice.note), choice.warning and _line(choice.warning)
     return choice
+
+
+def _line(text: str) -> str:
+    text = CONTROL_CHARS.sub("?", text[:MAX_WARNING + 1])
+    return text if len(text) <= MAX_WARNING else text[:MAX_WARNING - 3] + "..."
 
 
 def _choose(registry: Registry) -> PredictorChoice:

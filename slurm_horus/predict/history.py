@@ -351,6 +351,8 @@ class HistoryPredictor:
                  base_mem: float, base_util: float, base_name: str) -> Answer:
         """The answer for one job from primitives (the benchmark's entry point too)."""
         runs = [r for r in self.graphs.get(sha, ()) if r["gpu"] == gpu]
+        own = [r for r in runs if user and r.get("user") == user]
+        runs = own or runs  # a user's own runs of a graph answer for them: no one else's can
         setting = {"task": workload.task, "opt": workload.optimizer,
                    "prec": workload.precision, "dims": dims}
         same = [r for r in runs if _same_setting(r, setting)]
