@@ -1,6 +1,7 @@
 """Shared test set-up: no test touches the machine's own ledger, spool, model registry, policy
 or hook record file."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,25 @@ def simulate_cli():
 
     register(main)
     return main
+
+
+@pytest.fixture()
+def slurm_bin(tmp_path):
+    """Slurm's commands stood in for by scripts that record (there is no cluster in these
+    cases; the real-cluster path is tests/test_cluster_submit.py)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch.args"
+    scripts = {
+        "scontrol": "printf 'NodeName=n1 Partitions=gpu Gres=gpu:a100:4 State=IDLE Reason=caf\\351\\n'",
+        "sinfo": "echo 'slurm 22.05.11'",
+        "sbatch": f'printf "%s\\n" "$@" > {log}; cat > /dev/null; '
+                  'if [ -n "$SBATCH_DIE" ]; then kill -TERM $$; fi; echo "Submitted batch job 42"',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HORUS_SLURM_BACKEND": "cli",
+           "HORUS_CONF": str(tmp_path / "no.conf")}
+    env.pop("SLURM_CONF", None)
+    return env, log

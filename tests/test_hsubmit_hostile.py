@@ -41,29 +41,9 @@ def _range_bomb(path: Path) -> Path:
     return path
 
 
-@pytest.fixture()
-def slurm_bin(tmp_path):
-    """Slurm's commands stood in for by scripts that record (there is no cluster in these
-    cases; the real-cluster path is tests/test_cluster_submit.py)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "sbatch.args"
-    scripts = {
-        "scontrol": "printf 'NodeName=n1 Partitions=gpu Gres=gpu:a100:4 State=IDLE Reason=caf\\351\\n'",
-        "sinfo": "echo 'slurm 22.05.11'",
-        "sbatch": f'printf "%s\\n" "$@" > {log}; cat > /dev/null; '
-                  'if [ -n "$SBATCH_DIE" ]; then kill -TERM $$; fi; echo "Submitted batch job 42"',
-    }
-    for name, body in scripts.items():
-        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HORUS_SLURM_BACKEND": "cli",
-           "HORUS_CONF": str(tmp_path / "no.conf")}
-    env.pop("SLURM_CONF", None)
-    return env, log
-
-
 def hsubmit(args, env, **kw):
+    if "input" not in kw:
+        kw["stdin"] = subprocess.DEVNULL  # the stand-in sbatch drains its stdin
     return subprocess.run([sys.executable, "-m", "slurm_horus.cli.hsubmit", *args],
                           capture_output=True, text=True, timeout=120, env=env, **kw)
 

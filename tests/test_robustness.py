@@ -407,25 +407,14 @@ def test_registry_under_a_sticky_world_writable_parent_serves(model_json, tmp_pa
     assert choose_predictor(root).warning is None
 
 
-def test_hsubmit_submits_the_job_with_a_refused_model(model_json, tmp_path):
+def test_hsubmit_submits_the_job_with_a_refused_model(model_json, tmp_path, slurm_bin):
     """Through the real hsubmit, with Slurm's commands stood in for by scripts that record."""
     root = _registry(tmp_path / "models", _damage(model_json, DAMAGE["string leaves"]))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "sbatch.args"
-    scripts = {
-        "scontrol": "echo 'NodeName=n1 Partitions=gpu Gres=gpu:a100:4 State=IDLE'",
-        "sinfo": "echo 'slurm 22.05.11'",
-        "sbatch": f'printf "%s\\n" "$@" > {log}; echo "Submitted batch job 42"',
-    }
-    for name, body in scripts.items():
-        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env, log = slurm_bin
     cp = subprocess.run([sys.executable, "-m", "slurm_horus.cli.hsubmit", "-p", "gpu",
                          "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "32",
                          "--horus-model-dir", str(root), "--wrap", "true"],
-                        capture_output=True, text=True, timeout=120, env=env)
+                        capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
     assert cp.returncode == 0, cp.stderr
     assert "Submitted batch job 42" in cp.stdout
     assert "horus:v1;a100=" in log.read_text()  # with the cold-start hint

@@ -10,14 +10,13 @@ import sys
 import click
 
 from slurm_horus.cli.common import one_line_errors, parse_time, print_json
-from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.history_export import export_history
 from slurm_horus.ledger.publish import publish
 from slurm_horus.ledger.retrain import import_csv as do_import, retrain as do_retrain
 from slurm_horus.ledger.sync import sync as do_sync
 from slurm_horus.predict.registry import Registry
-from slurm_horus.textfile import open_for_reading
+from slurm_horus.textfile import read_text
 
 MAX_SACCT_JSON = 2 << 30  # sacct --json of a busy day is hundreds of MB; /dev/zero is endless
 
@@ -52,14 +51,7 @@ def sync(url, since, until, all_jobs, from_file, policy, as_json):
         if since or until:
             raise click.UsageError("-S/-E choose what sacct is asked for; with --from-file the "
                                    "file is the window")
-        try:
-            with open_for_reading(from_file) as f:  # a FIFO nobody writes to: empty, no hang
-                data = f.read(MAX_SACCT_JSON + 1)
-        except OSError as e:
-            raise HorusError(f"{from_file}: {e.strerror}") from None
-        if len(data) > MAX_SACCT_JSON:
-            raise HorusError(f"{from_file}: larger than {MAX_SACCT_JSON >> 20:,} MiB; sync a shorter "
-                             "window at a time")
+        data = read_text(from_file, "--from-file", MAX_SACCT_JSON)  # bounded; a FIFO: no hang
     ledger = Ledger(url)
     res = do_sync(ledger, sacct_json=data, since=start, until=end, all_jobs=all_jobs)
     res.update(publish(ledger, policy=policy))

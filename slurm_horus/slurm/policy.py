@@ -184,7 +184,7 @@ def policy_values(text: str) -> dict[str, str]:
     line's; after a rejected raw_shards line, whole until a valid one); keys it leaves at the
     hook's built-in default are absent."""
     if len(text.encode("utf-8", "surrogateescape")) > POLICY_MAX_BYTES:
-        return {}  # the hook ignores the whole file
+        return {"raw_shards": "whole"}  # the hook ignores the whole file, failing closed
     values = {}
     for _, key, value, ok in _policy_entries(text):
         if ok:
@@ -231,10 +231,7 @@ def policy_value(key: str, default: str | None = None,
             data = f.read(POLICY_MAX_BYTES + 1)
     except OSError as e:  # missing: the hook is off; there but unusable: it fails closed
         return "whole" if key == "raw_shards" and e.errno != errno.ENOENT else default
-    values = policy_values(data.decode("utf-8", "surrogateescape"))
-    if key == "raw_shards" and len(data) > POLICY_MAX_BYTES:
-        return "whole"
-    return values.get(key, default)
+    return policy_values(data.decode("utf-8", "surrogateescape")).get(key, default)
 
 
 def charged_mem_mib(expected: float, p90: float, p95: float | None = None,
