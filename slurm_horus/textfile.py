@@ -13,11 +13,13 @@ from slurm_horus.errors import HorusError
 __all__ = ["open_for_reading", "read_text"]
 
 
-def open_for_reading(path: str | os.PathLike) -> BinaryIO:
+def open_for_reading(path: str | os.PathLike, follow_symlinks: bool = True) -> BinaryIO:
     """``open(path, "rb")`` that does not wait for a writer: a FIFO nobody writes to reads as
     empty instead of hanging the command (a pipe being written, as from ``<(...)``, reads as
-    usual).  Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    usual).  Without ``follow_symlinks`` a symlink as the last component raises OSError (ELOOP).
+    Raises OSError."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return os.fdopen(fd, "rb")

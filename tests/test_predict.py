@@ -326,3 +326,54 @@ def test_models_list_shows_a_bad_figure_as_unknown(trained, tmp_path):
     assert cp.returncode == 0, cp.stderr
     lines = {ln.split()[0]: ln for ln in cp.stdout.splitlines()}
     assert "mem_mdape=?%" in lines[bad] and "mem_mdape=?%" not in lines[good]
+
+
+def _chain(n: int) -> dict:
+    """One tree of n nodes in a chain: each split's left child a leaf, its right the next split."""
+    feature, threshold, left, right, leaf, value = [], [], [], [], [], []
+    for i in range(n):
+        last = i == n - 1 or i % 2 == 1
+        feature.append(0)
+        threshold.append(0.0)
+        left.append(0 if last else i + 1)
+        right.append(0 if last else i + 2)
+        leaf.append(1 if last else 0)
+        value.append(0.0)
+    return {"feature": feature, "threshold": threshold, "missing_left": [0] * n, "left": left,
+            "right": right, "leaf": leaf, "value": value}
+
+
+def test_model_files_beyond_what_retrain_writes_are_refused():
+    """A model file of one deep chain had made every prediction walk a million levels (hsubmit
+    20 s); depth, tree size and tree count are bounded when the file is read."""
+    from slurm_horus.predict.trees import MAX_DEPTH, MAX_TREE_NODES, MAX_TREES
+
+    ok = TreeEnsemble.from_dict({"baseline": 0.0, "trees": [_chain(2 * MAX_DEPTH + 1)]}, 1, 1.0)
+    assert ok.flat.depth == MAX_DEPTH and ok.predict(np.ones((2, 1))).tolist() == [0.0, 0.0]
+    with pytest.raises(HorusError, match=f"deeper than {MAX_DEPTH} levels"):
+        TreeEnsemble.from_dict({"baseline": 0.0, "trees": [_chain(2 * MAX_DEPTH + 3)]}, 1, 1.0)
+    with pytest.raises(HorusError, match="nodes"):
+        TreeEnsemble.from_dict({"baseline": 0.0, "trees": [_chain(MAX_TREE_NODES + 2)]}, 1, 1.0)
+    with pytest.raises(HorusError, match="trees"):
+        TreeEnsemble.from_dict({"baseline": 0.0, "trees": [_chain(1)] * (MAX_TREES + 1)}, 1, 1.0)
+    # children shared by two parents are walked once per level, not once per path
+    shared = _chain(2 * MAX_DEPTH + 1)
+    shared["left"] = [0 if lf else i + 2 for i, lf in enumerate(shared["leaf"])]
+    assert TreeEnsemble.from_dict({"baseline": 0.0, "trees": [shared]}, 1, 1.0).flat.depth == MAX_DEPTH
+
+
+def test_registry_refuses_a_symlinked_file(trained, tmp_path):
+    """promote/hsubmit had served a symlink planted in the registry to a file in a folder no
+    trust check covered."""
+    reg = Registry(tmp_path / "models")
+    v1 = reg.add(trained)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes((tmp_path / "models" / f"{v1}.json").read_bytes())
+    (tmp_path / "models" / "v0002.json").symlink_to(elsewhere)
+    with pytest.raises(HorusError, match="a symlink"):
+        reg.promote("v0002")
+    with pytest.raises(HorusError, match="a symlink"):
+        reg.load("v0002")
+    assert reg.serving() is None
+    reg.promote(v1)
+    assert reg.serving() == v1

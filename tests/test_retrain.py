@@ -1,11 +1,13 @@
 """retrain: import CSV, cross-validate, promote only if better, rollback; bad model files refused."""
 
 import csv
+import hashlib
 import json
 import math
 import pickle
 import random
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -17,7 +19,7 @@ from slurm_horus.predict.registry import Registry
 
 def _features(rng, scale):
     v = {n: 0.0 for n in FEATURE_NAMES}
-    v.update(batch_size=scale, flops=1e9 * scale * rng.uniform(0.5, 2), params=2.5e7,
+    v.update(batch_size=scale, flops=1e9 * scale * rng.uniform(0.5, 2), params=float(rng.randrange(10**6, 10**8)),
              param_bytes=1e8, activation_bytes=5e7 * scale, saved_activation_bytes=4e7 * scale,
              peak_live_bytes=6e7 * scale, max_activation_bytes=1e7 * scale,
              input_bytes=6e5 * scale, read_bytes=2e8 * scale, write_bytes=1e8 * scale,
@@ -273,7 +275,6 @@ def test_foreign_model_file_refused(tmp_path):
 def test_retrain_learns_from_sync_built_rows(tmp_path):
     """Jobs recorded by horus-admin sync alone (claims from the comment, features recomputed
     from the model file, use from sacct's TRES) are rows retrain can train on."""
-    import hashlib
     from pathlib import Path
 
     from slurm_horus.slurm.hint import encode_workload
@@ -283,9 +284,9 @@ def test_retrain_learns_from_sync_built_rows(tmp_path):
 
     zoo = Path(__file__).parent / "data" / "zoo"
     jobs, rng = [], random.Random(1)
-    for i in range(36):  # three graphs: each cross-validation fold trains on the other two's 24
+    for i in range(48):  # three graphs at 16 settings: each fold trains on the other two's 32
         model = zoo / ("small_cnn.onnx", "mobilenet_v2.onnx", "resnet50.onnx")[i % 3]
-        bs = (4, 8, 16, 32, 64, 128, 256, 2)[i % 8]
+        bs = (4, 8, 16, 32, 64, 128, 256, 2)[(i // 3) % 8]
         sha = hashlib.sha256(model.read_bytes()).hexdigest()
         comment = ("horus:v1;a100=20/3000/3500;t4=40/3000/3500 "
                    + encode_workload({"sha": sha, "bs": bs, "task": "train", "model": str(model)}))
@@ -295,18 +296,18 @@ def test_retrain_learns_from_sync_built_rows(tmp_path):
                      "time": {"elapsed": 60, "submission": 1, "start": 2 + i * 100,
                               "end": 62 + i * 100},
                      "tres": {"allocated": [{"type": "gres", "name": "shard", "count": 20}]},
-                     "nodes": ("gpu-a100", "gpu-t4")[i % 2], "state": {"current": "COMPLETED"},
+                     "nodes": ("gpu-a100", "gpu-t4")[(i // 24) % 2], "state": {"current": "COMPLETED"},
                      "steps": [{"time": {"elapsed": 60}, "tres": {"requested": {
                          "max": [{"type": "gres", "name": "gpuutil", "count": util},
                                  {"type": "gres", "name": "gpumem", "count": int(mem * 2 ** 20)}],
                          "average": [{"type": "gres", "name": "gpuutil", "count": util}]}}}]})
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     res = sync(L, sacct_json={"jobs": jobs}, node_types={"gpu-a100": "a100", "gpu-t4": "t4"})
-    assert res["recorded"] == res["features"] == 36
+    assert res["recorded"] == res["features"] == 48
     ts = training_set(L)
-    assert len(ts.X) == 36 and ts.skipped == 0 and len(set(ts.graphs)) == 3
+    assert len(ts.X) == 48 and ts.skipped == 0 and len(set(ts.graphs)) == 3
     out = retrain(L, Registry(tmp_path / "models"), folds=4, max_iter=10, log=lambda m: None)
-    assert out["rows"] == 36 and out["version"] == "v0001"
+    assert out["rows"] == 48 and out["version"] == "v0001"
 
 
 def test_folds_keep_each_graph_whole():
@@ -320,7 +321,7 @@ def test_folds_keep_each_graph_whole():
     for p in parts:
         inside = {graphs[i] for i in p}
         assert all(graphs[i] not in inside for q in parts if q is not p for i in q)
-    with pytest.raises(HorusError, match="at least 2 graphs"):
+    with pytest.raises(HorusError, match="at least 2 architectures"):
         graph_folds(["same"] * 40, 5, seed=0)
     with pytest.raises(HorusError, match="would train on"):
         graph_folds([f"g{i % 2}" for i in range(30)], 5, seed=0)  # two graphs: 15 rows a fold
@@ -346,3 +347,76 @@ def test_an_import_without_a_model_names_its_graph_by_batch_free_features(tmp_pa
                        mem_peak_mib=5000.0, gpu_type="a100-40gb")
     g = training_set(L).graphs
     assert len(g) == 3 and g[0] == g[1] != g[2]
+
+
+def _record_run(L, jid, values, *, user, util, mem, sha="", gpu="a100-40gb"):
+    from slurm_horus.graph.features import FEATURE_VERSION
+
+    L.record_submission(job_id=jid, cluster="c", user=user, features=values,
+                        feature_version=FEATURE_VERSION, model_sha256=sha or None,
+                        workload={"batch_size": int(values["batch_size"]), "task": "train"},
+                        predictions={gpu: {"util_pct": 50.0, "mem_mib": 5000.0, "cold": {
+                            "util_pct": 50.0, "mem_mib": 5000.0}}})
+    L.record_usage(job_id=jid, cluster="c", source="import", util_mean=util, mem_peak_mib=mem,
+                   gpu_type=gpu)
+
+
+def test_copies_of_an_architecture_under_other_hashes_share_a_fold(tmp_path):
+    """Folds by sha256 had put a byte-edited copy of a graph in the scoring fold of a model
+    trained on the original: held-out scores were optimistic and a worse model was promoted."""
+    from pathlib import Path
+
+    from slurm_horus.graph.features import extract_features
+    from slurm_horus.ledger.retrain import graph_folds
+    from slurm_horus.ledger.training import training_set
+
+    zoo = Path(__file__).parent / "data" / "zoo"
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    jid = 0
+    for model in ("resnet50", "mobilenet_v2", "small_cnn"):
+        values = extract_features(zoo / f"{model}.onnx", batch_size=16).values
+        for copy in range(12):  # twelve files of one graph, each under its own hash
+            jid += 1
+            _record_run(L, jid, values, user=f"u{copy}", util=40.0, mem=4000.0,
+                        sha=hashlib.sha256(f"{model}-{copy}".encode()).hexdigest())
+    ts = training_set(L)
+    assert len(ts.graphs) == 36 and len(set(ts.graphs)) == 3
+    _, parts = graph_folds(ts.graphs, 3, seed=0)
+    for p in parts:
+        assert len({ts.graphs[i] for i in p}) == 1  # each architecture whole in one fold
+
+
+def test_one_users_reruns_count_once_in_training(tmp_path):
+    """Rows had counted per job: one user's 200 runs of a setting set the learned model's answer
+    for it, against four other users who ran it at 80 %. A user's runs at one setting are now
+    one training row (their medians), and every job is still scored."""
+    from pathlib import Path
+
+    from slurm_horus.graph.features import extract_features
+    from slurm_horus.ledger.retrain import retrain
+    from slurm_horus.ledger.training import training_set, training_units, unit_medians
+
+    unit, first = training_units(["a", "a", "b", "a"], np.array([[1.0], [1.0], [1.0], [2.0]]))
+    assert unit.tolist() == [0, 0, 1, 2] and first.tolist() == [0, 2, 3]
+    assert unit_medians(unit, [10, 20, 7, 9]).tolist() == [15, 7, 9]
+    zoo = Path(__file__).parent / "data" / "zoo"
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    jid = 0
+    for model in ("resnet50", "mobilenet_v2", "small_cnn"):
+        for bs in (8, 16, 32, 64, 128):
+            values = extract_features(zoo / f"{model}.onnx", batch_size=bs).values
+            for user in ("ann", "bob", "cy", "dee"):
+                jid += 1
+                _record_run(L, jid, values, user=user, util=80.0, mem=6000.0)
+            if (model, bs) == ("resnet50", 16):
+                for _ in range(200):
+                    jid += 1
+                    _record_run(L, jid, values, user="mallory", util=5.0, mem=6000.0)
+    reg = Registry(tmp_path / "models")
+    res = retrain(L, reg, folds=3, max_iter=50, log=lambda m: None)
+    assert res["rows"] == 260 and res["cv"]["rows"] == 260  # every job scored
+    ts = training_set(L)
+    X = np.asarray(ts.X)
+    target = X[ts.users.index("mallory")][None]
+    util = reg.load(res["version"]).answer(target, np.array([5000.0]), np.array([50.0]))[1][0]
+    assert reg.load(res["version"]).meta["units"] == 61 and util > 60

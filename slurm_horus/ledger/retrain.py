@@ -27,7 +27,7 @@ from slurm_horus.errors import HorusError
 from slurm_horus.textfile import read_text
 from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, extract_features
 from slurm_horus.ledger import failed_measurement
-from slurm_horus.ledger.training import training_set
+from slurm_horus.ledger.training import training_set, training_units, unit_medians
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.learned import MIN_TRAIN_ROWS, accuracy, fit
@@ -96,12 +96,13 @@ def trained_rows(registry, version: str) -> set | None:
 
 
 def graph_folds(graphs: list, folds: int, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(every row, the rows of each fold) with each graph's runs in one fold: a model scored on
-    reruns of graphs it trained on looked better than the cold start and was promoted while
-    worse on new graphs (its p90 covered 62 % of them, not 90 %)."""
+    """(every row, the rows of each fold) with each architecture's runs in one fold
+    (training.architecture): a model scored on reruns of graphs it trained on looked better
+    than the cold start and was promoted while worse on new graphs (its p90 covered 62 % of
+    them, not 90 %)."""
     ids = {g: i for i, g in enumerate(dict.fromkeys(graphs))}
     if len(ids) < 2:
-        raise HorusError(f"need runs of at least 2 graphs to cross-validate, the ledger has {len(ids)}")
+        raise HorusError(f"need runs of at least 2 architectures (graphs of different sizes) to cross-validate, the ledger has {len(ids)}")
     folds = min(folds, len(ids))
     of_graph = np.empty(len(ids), int)
     of_graph[np.random.default_rng(seed).permutation(len(ids))] = np.arange(len(ids)) % folds
@@ -110,7 +111,8 @@ def graph_folds(graphs: list, folds: int, seed: int) -> tuple[np.ndarray, list[n
     smallest = len(graphs) - max(len(p) for p in parts)
     if smallest < MIN_TRAIN_ROWS:
         raise HorusError(f"need more measured jobs: a cross-validation fold would train on "
-                         f"{smallest} (at least {MIN_TRAIN_ROWS})")
+                         f"{smallest} settings (a user's runs of one setting count once; at "
+                         f"least {MIN_TRAIN_ROWS})")
     return np.arange(len(graphs)), parts
 
 
@@ -128,6 +130,9 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     X = np.asarray(ts.X, float)
     mem, util = np.asarray(ts.mem, float), np.asarray(ts.util, float)
     cmem, cutil = np.asarray(ts.cold_mem, float), np.asarray(ts.cold_util, float)
+    # trained on units (a user's runs at one setting, their medians), scored on every job
+    unit, first = training_units(ts.users, X)
+    Xu, umem, uutil, ucmem = X[first], unit_medians(unit, mem), unit_medians(unit, util), cmem[first]
     serving_version = registry.serving()
     serving = seen = None
     if serving_version:
@@ -141,17 +146,20 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
         if seen is None:
             log(f"serving model {serving_version} has no record of its training rows "
                 f"(rows-{serving_version}.json): no row is known to be unseen by it")
-    order, parts = graph_folds(ts.graphs, folds, seed)
+    order, parts = graph_folds([ts.graphs[i] for i in first], folds, seed)
     folds = len(parts)  # fewer than asked where there are fewer graphs
     oof_mem, oof_util = np.zeros(n), np.zeros(n)
     with Progress("retrain", folds + 1, enabled=progress) as bar:
-        for k, test in enumerate(parts):
-            train = np.setdiff1d(order, test, assume_unique=True)
-            m = fit(X[train], mem[train], util[train], cmem[train], seed=seed, max_iter=max_iter)
-            # through the gate that serves (LearnedModel.answer): scored as it would answer
+        for k, test_units in enumerate(parts):
+            train = np.setdiff1d(order, test_units, assume_unique=True)
+            m = fit(Xu[train], umem[train], uutil[train], ucmem[train], seed=seed,
+                    max_iter=max_iter)
+            # every job of the held-out units, through the gate that serves
+            # (LearnedModel.answer): scored as it would answer
+            test = np.flatnonzero(np.isin(unit, test_units))
             oof_mem[test], oof_util[test], _ = m.answer(X[test], cmem[test], cutil[test])
             bar.advance(f"fold {k + 1}/{folds}")
-        model = fit(X, mem, util, cmem, seed=seed, max_iter=max_iter)
+        model = fit(Xu, umem, uutil, ucmem, seed=seed, max_iter=max_iter)
         bar.advance("final fit")
     if serving is None:
         held = np.arange(n)
@@ -172,7 +180,8 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     q90 = conformal_quantile(np.log(mem / oof_mem), 0.9)
     model.metrics = {**cv, "cv_folds": folds}
     model.mem_log_q90 = float(q90 if q90 is not None else np.max(np.log(mem / oof_mem)))
-    model.meta.update({"rows": n, "cv_folds": folds, "baseline": baseline,
+    model.meta.update({"rows": n, "units": int(len(first)), "cv_folds": folds,
+                       "baseline": baseline,
                        "baseline_metrics": old, "held_out_rows": int(len(held)),
                        "source": "horus-admin retrain"})
     version = registry.add(model)

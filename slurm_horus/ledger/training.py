@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sqlalchemy import and_, or_, select
 
 from slurm_horus.errors import HorusError
@@ -26,7 +28,8 @@ from slurm_horus.predict.workload import workload_from
 @dataclass
 class TrainingSet:
     keys: list = field(default_factory=list)       # "cluster/job_id" of each row
-    graphs: list = field(default_factory=list)     # each row's graph: sha256, path or _graph_key
+    graphs: list = field(default_factory=list)     # each row's architecture (architecture())
+    users: list = field(default_factory=list)      # the user Slurm ran it for (None: an import's)
     X: list = field(default_factory=list)
     mem: list = field(default_factory=list)
     util: list = field(default_factory=list)
@@ -49,12 +52,36 @@ def stored_cold(c: dict | None, gpu) -> Prediction:
                                  "host_ms_per_step": float(c.get("host_ms_per_step") or 0)})
 
 
-def _graph_key(values: dict) -> str:
-    """What names a graph an import gives only features of: what it has at any batch size
-    (its size, its node count and depth, its FLOPs per sample to three figures)."""
-    per_sample = values["flops"] / max(values["batch_size"], 1)
-    return json.dumps([values[k] for k in ("params", "n_nodes", "depth", "kernels")]
-                      + [float(f"{per_sample:.3g}")])
+def architecture(values: dict) -> int:
+    """What names a row's architecture for cross-validation: its trainable parameter count,
+    which no re-export, batch size, opset, renaming or byte edit of the file changes (folds by
+    sha256 had scored a model on copies of graphs it trained on, and promoted a worse one).
+    Two architectures of one size share a fold, which only makes the scores stricter."""
+    return int(values["params"])
+
+
+def training_units(users: list, X) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's unit, each unit's first row): one user's runs at one setting (the same input
+    row: graph, batch, GPU type, workload) are one unit, trained on as one row of their median
+    measurements, so a user's reruns count once against the site's other users (one user's 200
+    runs had set the learned answer against four users who ran the same graph)."""
+    seen: dict = {}
+    unit = np.fromiter((seen.setdefault((u, row.tobytes()), len(seen))
+                        for u, row in zip(users, np.asarray(X, dtype=float))), int, len(users))
+    first = np.full(len(seen), len(users))
+    np.minimum.at(first, unit, np.arange(len(users)))
+    return unit, first
+
+
+def unit_medians(unit, values) -> np.ndarray:
+    """The median of ``values`` over each unit's rows (training_units), by unit."""
+    order = np.argsort(unit, kind="stable")
+    v = np.asarray(values, dtype=float)[order]
+    bounds = np.flatnonzero(np.r_[True, np.diff(unit[order]) != 0, True])  # unit k: k-th slice
+    out = v[bounds[:-1]]  # a unit of one row: its own value
+    for k in np.flatnonzero(np.diff(bounds) > 1):
+        out[k] = np.median(v[bounds[k]:bounds[k + 1]])
+    return out
 
 
 def completed_run(jobs):
@@ -71,7 +98,7 @@ def training_set(ledger) -> TrainingSet:
     s, j = t["submissions"], t["jobs"]
     stmt = (select(j.c.cluster, j.c.job_id, s.c.features, s.c.workload, s.c.predictions,
                    s.c.feature_version, j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib,
-                   j.c.failed_measurement, s.c.model_sha256, s.c.model_path)
+                   j.c.failed_measurement, j.c.user_name)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
             .where(j.c.act_util_pct.isnot(None), j.c.act_mem_mib > 0, s.c.features.isnot(None),
                    j.c.gpu_type.isnot(None), completed_run(j))
@@ -80,7 +107,7 @@ def training_set(ledger) -> TrainingSet:
     gpus: dict = {}
     ts = TrainingSet()
     with ledger.engine.connect() as conn:
-        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed, sha, path in conn.execute(stmt):
+        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed, user in conn.execute(stmt):
             if failed:
                 ts.failed += 1
                 continue
@@ -98,13 +125,14 @@ def training_set(ledger) -> TrainingSet:
                 w = workload_from(json.loads(wl) if wl else None)
                 pred = (json.loads(preds) if preds else {}).get(gtype)
                 cold = stored_cold(pred.get("cold") if isinstance(pred, dict) else None, gpu)
+                arch = architecture(values)
                 ts.X.append(input_row(values, gpu, w, cold))
-            except (ValueError, TypeError, KeyError, AttributeError, HorusError):
+            except (ValueError, TypeError, KeyError, AttributeError, OverflowError, HorusError):
                 ts.skipped += 1
                 continue
             ts.keys.append(f"{cluster}/{int(job_id)}")
-            # an import without a model names its graph by what does not change with the batch
-            ts.graphs.append(sha or path or _graph_key(values))
+            ts.graphs.append(arch)
+            ts.users.append(user)
             ts.mem.append(float(mem))
             ts.util.append(min(max(float(util), 0.0), 100.0))
             ts.cold_mem.append(cold.mem_mib)

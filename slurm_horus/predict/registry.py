@@ -14,6 +14,7 @@ and the files must be owned by root or the reader and not writable by group or o
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -108,8 +109,16 @@ class Registry:
         return self.load_json(HISTORY_FILE)
 
     def _read(self, path: Path) -> bytes:
-        """A registry file's bytes, refused unless it and its folders are trusted (see above)."""
-        with open_for_reading(path) as f:  # a FIFO planted here must not hang hsubmit
+        """A registry file's bytes, refused unless it and its folders are trusted (see above).
+        The registry writes only regular files, so a symlink there is refused: it could serve
+        a file from a folder nobody checked."""
+        try:
+            f = open_for_reading(path, follow_symlinks=False)  # a FIFO must not hang hsubmit
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise HorusError(f"{path}: a symlink, not a file the registry wrote") from None
+            raise
+        with f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise HorusError(f"{path}: not a regular file")
             root = self.root.resolve()

@@ -23,6 +23,12 @@ KINDS = {"feature": "iu", "left": "iu", "right": "iu", "missing_left": "biu", "l
 # 300-tree model parses in a few milliseconds instead of a quarter of a million JSON numbers.
 PACKED = {"sizes": "<i4", "feature": "<i4", "threshold": "<f8", "missing_left": "|u1",
           "left": "<i4", "right": "<i4", "leaf": "|u1", "value": "<f8"}
+# What a model file may hold: retrain fits at most 2,000 trees of 31 leaves (61 nodes, depth at
+# most 30) per ensemble. Predicting walks one numpy step per level, so a file of one
+# million-node chain had taken hsubmit 20 s; these bounds keep any file's walk to milliseconds.
+MAX_TREES = 4000
+MAX_TREE_NODES = 1023
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,9 @@ def _flat_trees(sizes, a: dict, n_inputs: int) -> FlatTrees:
             raise HorusError(f"malformed tree in model file ('{k}' holds "
                              f"{'non-numbers' if kinds != 'iu' else 'non-integers'})")
     sizes = np.asarray(sizes, dtype=np.int64)
+    if len(sizes) > MAX_TREES or sizes.max() > MAX_TREE_NODES:
+        raise HorusError(f"model file holds {len(sizes):,} trees of up to {sizes.max():,} nodes "
+                         f"(at most {MAX_TREES:,} of {MAX_TREE_NODES:,})")
     roots = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     start = np.repeat(roots, sizes)          # each node's tree's first node
     end = start + np.repeat(sizes, sizes)    # and one past its last
@@ -107,7 +116,21 @@ def _flat_trees(sizes, a: dict, n_inputs: int) -> FlatTrees:
     feature = np.where(split, a["feature"], 0)  # a leaf's feature is never read; keep it valid
     return FlatTrees(sizes=sizes, roots=roots, feature=feature, threshold=threshold,
                      missing_left=a["missing_left"].astype(bool), left=left, right=right,
-                     leaf=leaf, value=value, depth=int(sizes.max()))
+                     leaf=leaf, value=value, depth=_depth(roots, left, right, split))
+
+
+def _depth(roots, left, right, split) -> int:
+    """The longest root-to-leaf path of checked trees (children after their parent), level by
+    level over every tree at once; HorusError beyond MAX_DEPTH."""
+    level, depth = roots, 0
+    while True:
+        level = level[split[level]]
+        if not len(level):
+            return depth
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise HorusError(f"malformed tree in model file (deeper than {MAX_DEPTH} levels)")
+        level = np.unique(np.concatenate((left[level], right[level])))  # shared children once
 
 
 @dataclass
