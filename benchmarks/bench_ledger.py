@@ -137,6 +137,7 @@ def run(a, tmp: Path) -> None:
         from test_retrain import write_csv
 
         from slurm_horus.predict.registry import Registry
+        from slurm_horus.ledger.history_export import export_history
         from slurm_horus.ledger.retrain import import_csv, retrain
 
         write_csv(tmp / "train.csv", n=a.train_rows)
@@ -147,8 +148,12 @@ def run(a, tmp: Path) -> None:
         t = time.perf_counter()
         res = retrain(L, Registry(tmp / "models"))
         out["retrain_s"] = round(time.perf_counter() - t, 2)
+        t = time.perf_counter()
+        export_history(L, Registry(tmp / "models"))  # what retrain, import and sync add
+        out["history_s"] = round(time.perf_counter() - t, 2)
         print(f"import of {a.train_rows} CSV rows: {out['import_s']} s; retrain (5-fold CV + "
-              f"final fit, 200 rounds): {out['retrain_s']} s, promoted={res['promoted']}", flush=True)
+              f"final fit, 200 rounds): {out['retrain_s']} s, promoted={res['promoted']}; "
+              f"history export: {out['history_s']} s", flush=True)
     print(json.dumps(out))
 
 

@@ -323,3 +323,27 @@ def test_a_users_own_runs_answer_for_them_whatever_others_claim(resnet):
     # a user with no runs of the graph still gets the site's evidence
     bob = HistoryPredictor(user="bob").fit(own + cheap).predict(resnet[32], A100, Workload(batch_size=32))
     assert bob.predictor == "history:exact"
+
+
+def test_sync_refreshes_the_history_hsubmit_reads(tmp_path, monkeypatch):
+    """history.json had been written by retrain and import only (weekly as shipped), so a
+    graph's runs served its reruns a week later, not a sync (15 min) after they ended."""
+    from click.testing import CliRunner
+
+    from slurm_horus.cli.admin import main as admin
+
+    sacct = Path(__file__).resolve().parent / "fixtures" / "slurm-25.11" / "sacct_json_finished_gpu.stdout"
+    models = tmp_path / "models"
+    base = ["sync", "--all", "--from-file", str(sacct), "--json", "--model-dir", str(models)]
+
+    def run(url, *extra):
+        r = CliRunner().invoke(admin, [*base, "--ledger", f"sqlite:///{tmp_path}/{url}", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    assert run("a.db")["history"] is None and not models.exists()  # no registry: nothing made
+    models.mkdir(mode=0o755)
+    assert run("b.db", "--no-history")["history"] is None and not (models / "history.json").exists()
+    res = run("c.db")
+    assert res["recorded"] == 1 and res["history"]["path"] == str(models / "history.json")
+    assert json.loads((models / "history.json").read_text())["graphs"] == {}

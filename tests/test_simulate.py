@@ -1016,3 +1016,31 @@ def test_median_speeds_are_speed_for_arrays_of_groups():
     big = np.array([2, 3000])  # more jobs than the precomputed table holds
     assert Interference().median_speeds(np.array([150.0, 150.0]), big) == pytest.approx(
         [Interference().speed(150.0, 2), Interference().speed(150.0, 3000)])
+
+
+def test_simulate_decides_and_bounds_by_one_policy_file(tmp_path, monkeypatch):
+    """Without --policy-file the bound came from the site's policy while the hook's decisions
+    came from the shipped one beside the packaged hook: the what-if mixed two policies."""
+    from slurm_horus.cli.admin import main as admin
+
+    site = tmp_path / "etc"
+    site.mkdir()
+    (site / "slurm.conf").write_text("ClusterName=x\n")
+    (site / "job_submit.lua").write_text((REPO / "etc" / "job_submit.lua").read_text())
+    pol = site / "horus_policy.conf"
+    pol.write_text((REPO / "etc" / "horus_policy.conf").read_text()
+                   + "\nexclusive_util_pct = 20\nslowdown_bound = 1.5\n")
+    monkeypatch.delenv("HORUS_POLICY", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(site / "slurm.conf"))
+    base = ["simulate", "--jobs", "150", "--gpus", "8", "--load", "4", "--seed", "3",
+            "--policies", "horus", "--json"]
+
+    def horus(*extra):
+        r = CliRunner().invoke(admin, [*base, *extra])
+        assert r.exit_code == 0, r.output
+        return {k: v for k, v in json.loads(r.output)["horus"].items() if not k.endswith(("_wall_s", "_cpu_s"))}
+
+    site_run = horus()
+    assert site_run == horus("--policy-file", str(pol))
+    assert site_run != horus("--policy-file", str(REPO / "etc" / "horus_policy.conf"),
+                             "--slowdown-bound", "1.5")

@@ -10,6 +10,7 @@ import sys
 import click
 
 from slurm_horus.cli.common import one_line_errors, parse_time, print_json
+from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.history_export import export_history
 from slurm_horus.ledger.publish import publish
@@ -21,7 +22,8 @@ from slurm_horus.textfile import read_text
 MAX_SACCT_JSON = 2 << 30  # sacct --json of a busy day is hundreds of MB; /dev/zero is endless
 
 LEDGER = click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
-                      help="Ledger database URL (default $HORUS_LEDGER_URL or "
+                      help="Ledger database URL (default $HORUS_LEDGER_URL, else ledger_url in "
+                           "/etc/slurm-horus/horus.conf, else "
                            "sqlite:////var/lib/slurm-horus/ledger.db).")
 MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
                          help="Registry folder (default /var/lib/slurm-horus/models).")
@@ -38,11 +40,17 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
 @click.option("--policy", envvar="HORUS_POLICY", type=click.Path(exists=True, dir_okay=False),
               help="Policy file naming record_file and underclaim_window_days (default: the "
                    "hook's).")
+@MODEL_DIR
+@click.option("--history/--no-history", default=True, show_default=True,
+              help="Refresh the registry's measured-run history for hsubmit when jobs were "
+                   "recorded and the registry folder exists.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors("horus-admin sync")
-def sync(url, since, until, all_jobs, from_file, policy, as_json):
+def sync(url, since, until, all_jobs, from_file, policy, model_dir, history, as_json):
     """Record finished jobs from sacct (idempotent), replay the probes' spool, then write the
-    hook's claim record (and users' extracts where Slurm keeps jobs private)."""
+    hook's claim record (and users' extracts where Slurm keeps jobs private) and refresh the
+    history hsubmit predicts reruns from (a graph is predicted from its own runs a sync after
+    they end, not a retrain later)."""
     start, end = parse_time(since, "--since"), parse_time(until, "--until")
     if start is not None and end is not None and start > end:
         raise click.UsageError("--since is after --until")
@@ -55,6 +63,13 @@ def sync(url, since, until, all_jobs, from_file, policy, as_json):
     ledger = Ledger(url)
     res = do_sync(ledger, sacct_json=data, since=start, until=end, all_jobs=all_jobs)
     res.update(publish(ledger, policy=policy))
+    res["history"] = None
+    registry = Registry(model_dir)
+    if history and (res["recorded"] or res["replayed"]) and registry.root.is_dir():
+        try:
+            res["history"] = export_history(ledger, registry)
+        except (HorusError, OSError) as e:  # the sync itself is done and kept
+            res["problems"].append(f"history not refreshed: {e}")
     if as_json:
         print_json(res)
         return
@@ -67,6 +82,8 @@ def sync(url, since, until, all_jobs, from_file, policy, as_json):
                f"spool: {res['replayed']} replayed, {res['quarantined']} quarantined, "
                f"{res['skipped']} skipped; {res['record_file']}: {res['record_users']} users, "
                f"{res['record_accounts']} accounts{extracts}")
+    if res["history"]:
+        click.echo(_history_line(res["history"]))
 
 
 @click.command("retrain")

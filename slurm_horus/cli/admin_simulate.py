@@ -149,7 +149,8 @@ def register(main_group: click.Group) -> None:
     @click.option("--naive-shards", type=int, default=50, show_default=True,
                   help="Shards per 1-GPU job under the naive policy.")
     @click.option("--policy-file", type=click.Path(dir_okay=False),
-                  help="horus_policy.conf to use (default: next to job_submit.lua).")
+                  help="horus_policy.conf for the hook's decisions and the bound (default: the "
+                       "site's, as horus-admin queue reads it, else the one beside the hook).")
     @click.option("--bf-window", type=int, default=100, show_default=True,
                   help="Waiting jobs the backfill pass looks at (bf_max_job_test).")
     @click.option("--bf-interval", type=float, default=0.0, show_default=True,
@@ -187,7 +188,8 @@ def register(main_group: click.Group) -> None:
         from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
         from slurm_horus.sim.engine import run_policies
         from slurm_horus.sim.plot import figure, terminal
-        from slurm_horus.slurm.policy import policy_value
+        from slurm_horus.slurm.policy import find_hook, policy_value
+        from slurm_horus.slurm.policy import policy_file as site_policy_file
 
         floats = {"--load": load, "--sigma-util": sigma_util, "--sigma-mem": sigma_mem,
                   "--history-lag": history_lag, "--oom-delay": oom_delay, "--bf-interval": bf_interval,
@@ -209,7 +211,14 @@ def register(main_group: click.Group) -> None:
                 raise HorusError(f"{name} applies to generated traces, not to --sacct or --ledger")
         if history_lag < 0:
             raise HorusError("--history-lag must be >= 0")
-        if slowdown_bound is None:  # the site's own bound, as horus-admin queue reads it
+        # one policy file for the hook's decisions and the bound: the site's (as horus-admin queue
+        # reads it), else the one beside the hook that runs (the bound had been the site's while
+        # the decisions were the shipped file's)
+        if policy_file is None:
+            policy_file = site_policy_file()
+            if not policy_file.is_file():
+                policy_file = find_hook().parent / "horus_policy.conf"
+        if slowdown_bound is None:
             slowdown_bound = float(policy_value("slowdown_bound", "2", path=policy_file))
         if not 0 < slowdown_quantile < 1:
             raise HorusError("--slowdown-quantile must be between 0 and 1 (e.g. 0.95)")
