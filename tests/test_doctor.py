@@ -250,6 +250,11 @@ def test_a_ledger_or_registry_that_cannot_be_read_is_a_problem(tmp_path):
     (reg / "current.json").write_text("[" * 100_000 + "]" * 100_000)
     (p,) = check_registry(reg)
     assert "cannot be served" in p.what
+    (reg / "current.json").unlink()
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (reg / "calibration.json").symlink_to(tmp_path / "elsewhere.json")  # hsubmit refuses it
+    (p,) = check_registry(reg)
+    assert "is a symlink" in p.what
 
 
 def test_the_shipped_policy_passes_the_pressure_check():

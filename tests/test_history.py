@@ -347,3 +347,39 @@ def test_sync_refreshes_the_history_hsubmit_reads(tmp_path, monkeypatch):
     res = run("c.db")
     assert res["recorded"] == 1 and res["history"]["path"] == str(models / "history.json")
     assert json.loads((models / "history.json").read_text())["graphs"] == {}
+    from slurm_horus.cli import admin_ledger
+
+    def broken(*a):
+        raise RuntimeError("server gone away")
+
+    monkeypatch.setattr(admin_ledger, "export_history", broken)
+    res = run("d.db")  # the sync is recorded and reported; the history is a warning
+    assert res["recorded"] == 1 and res["problems"] == ["history not refreshed: RuntimeError"]
+
+
+def test_the_history_is_read_in_short_transactions(tmp_path):
+    """sync rebuilds the history every period: one cursor over the whole ledger held SQLite's
+    shared lock (writers such as the probe waited) for the whole build. Chunks return every row
+    once, in order, across clusters."""
+    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+    from slurm_horus.ledger import Ledger, tables
+    from slurm_horus.ledger.history_export import _in_chunks, ledger_runs
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    for cluster in ("b", "a"):
+        for jid in range(1, 8):
+            L.record_submission(job_id=jid, cluster=cluster, user="alice", model_sha256="ab" * 32,
+                                features={n: 1.0 for n in FEATURE_NAMES}, feature_version=FEATURE_VERSION,
+                                workload={"batch_size": 32, "task": "train"},
+                                predictions={"a100-40gb": {"util_pct": 80.0, "mem_mib": 5000.0}})
+            L.record_usage(job_id=jid, cluster=cluster, source="sacct", util_mean=50.0,
+                           mem_peak_mib=5000.0 + jid + (100 if cluster == "b" else 0), gpu_index=0,
+                           state="COMPLETED", elapsed_s=600, node="n1", gpu_type="a100-40gb")
+    from sqlalchemy import select
+
+    j = tables()["jobs"]
+    stmt = select(j.c.cluster, j.c.job_id)
+    for size in (1, 3, 7, 100):
+        assert [tuple(r) for r in _in_chunks(L, stmt, j, size)] == \
+            [(c, i) for c in ("a", "b") for i in range(1, 8)]
+    assert sorted(r["mem"] for r in ledger_runs(L)) == [5000.0 + i + o for o in (0, 100) for i in range(1, 8)]

@@ -346,16 +346,18 @@ def test_shipped_prolog_epilog_always_exit_zero(tmp_path):
         probe, seen = tmp_path / "probe", tmp_path / f"seen-{name}"
         probe.write_text(f"#!/bin/sh\necho \"$HORUS_LEDGER_URL $1\" > '{seen}'\n")
         probe.chmod(0o755)
-        good, bad = tmp_path / "admin.env", tmp_path / "broken.env"
-        good.write_text("HORUS_LEDGER_URL=mysql+pymysql://w@db/horus\n")
-        bad.write_text("if then (\n")
-        for env_file in (bad, good):
-            r = subprocess.run([str(script)], env={"PATH": "/usr/bin:/bin", "HORUS_PROBE": str(probe),
-                                                    "HORUS_ADMIN_ENV": str(env_file)},
-                               capture_output=True, text=True, timeout=30)
-            assert r.returncode == 0 and r.stdout == r.stderr == ""
+        # taken literally, as systemd's EnvironmentFile= takes it: never run as shell code (a
+        # URL's & had emptied it, a ( had stopped the probe)
+        env_file = tmp_path / "admin.env"
+        env_file.write_text(f"# the writing account\nif then (\ntouch {tmp_path}/ran\n"
+                            "HORUS_LEDGER_URL='mysql+pymysql://w:p&s$1(x@db/horus'\n")
+        r = subprocess.run([str(script)], env={"PATH": "/usr/bin:/bin", "HORUS_PROBE": str(probe),
+                                                "HORUS_ADMIN_ENV": str(env_file)},
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and r.stdout == r.stderr == ""
         flag = "--prolog" if name == "horus-prolog" else "--epilog"
-        assert seen.read_text() == f"mysql+pymysql://w@db/horus {flag}\n"
+        assert seen.read_text() == f"mysql+pymysql://w:p&s$1(x@db/horus {flag}\n"
+        assert not (tmp_path / "ran").exists()
 
 
 def test_a_job_slurmctld_has_purged_is_gone_not_unanswered(tmp_path):

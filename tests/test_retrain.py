@@ -399,6 +399,7 @@ def test_one_users_reruns_count_once_in_training(tmp_path):
     unit, first = training_units(["a", "a", "b", "a"], np.array([[1.0], [1.0], [1.0], [2.0]]))
     assert unit.tolist() == [0, 0, 1, 2] and first.tolist() == [0, 2, 3]
     assert unit_medians(unit, [10, 20, 7, 9]).tolist() == [15, 7, 9]
+    assert training_units([None, None], np.ones((2, 1)))[0].tolist() == [0, 1]  # an import's rows
     zoo = Path(__file__).parent / "data" / "zoo"
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     jid = 0

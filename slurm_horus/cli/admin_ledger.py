@@ -68,8 +68,9 @@ def sync(url, since, until, all_jobs, from_file, policy, model_dir, history, as_
     if history and (res["recorded"] or res["replayed"]) and registry.root.is_dir():
         try:
             res["history"] = export_history(ledger, registry)
-        except (HorusError, OSError) as e:  # the sync itself is done and kept
-            res["problems"].append(f"history not refreshed: {e}")
+        except Exception as e:  # noqa: BLE001  the sync is recorded and kept whatever failed here
+            why = str(e) if isinstance(e, (HorusError, OSError)) else type(e).__name__
+            res["problems"].append(f"history not refreshed: {why}")
     if as_json:
         print_json(res)
         return

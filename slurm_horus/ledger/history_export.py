@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, func, select, tuple_
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, FeatureReport
@@ -24,6 +24,8 @@ from slurm_horus.predict.history_format import MAX_MIB, check_run
 from slurm_horus.predict.learned import LearnedEstimator, input_row
 from slurm_horus.predict.workload import dims_key, workload_from
 
+CHUNK_ROWS = 5000
+
 
 def ledger_runs(ledger, learned=None) -> list[dict]:
     """The ledger's measured jobs as history runs (see HistoryPredictor.fit). With a learned
@@ -32,8 +34,8 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
     measured its share of the GPU beside the other jobs, not what it needs alone."""
     t = tables()
     s, j = t["submissions"], t["jobs"]
-    stmt = (select(s.c.model_sha256, s.c.model_path, s.c.model_family, s.c.user_name,
-                   s.c.features, s.c.feature_version, s.c.workload, s.c.predictions,
+    stmt = (select(j.c.cluster, j.c.job_id, s.c.model_sha256, s.c.model_path, s.c.model_family,
+                   s.c.user_name, s.c.features, s.c.feature_version, s.c.workload, s.c.predictions,
                    j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib, j.c.colocated)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
             .where(j.c.act_mem_mib > 0, j.c.gpu_type.isnot(None), completed_run(j),
@@ -45,40 +47,57 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
     gpus: dict = {}
     shas: dict = {}
     runs, inputs = [], []
-    with ledger.engine.connect() as conn:
-        for sha, path, family, user, feats, fv, wl, preds, gtype, util, mem, coloc in conn.execute(stmt):
-            try:
-                if gtype not in gpus:
-                    gpus[gtype] = catalog.find(gtype)
-                gpu = gpus[gtype]
-                w = json.loads(wl) if wl else {}
-                if gpu is None or mem is None or not 0 < float(mem) <= MAX_MIB:
-                    continue
-                wk = workload_from(w)
-                run = {"sha": sha or _file_sha(path, shas), "gpu": gpu.name,
-                       "bs": wk.batch_size, "task": wk.task, "opt": wk.optimizer,
-                       "prec": wk.precision, "mem": float(mem),
-                       "util": None if util is None or coloc else min(max(float(util), 0.0), 100.0),
-                       "family": family or None, "user": user or None}
-                run["dims"] = dims_key(w.get("dims"), run["bs"])
-                p = (json.loads(preds) if preds else {}) or {}
-                c = (p.get(gtype) or p.get(gpu.name) or {}).get("cold") or {}
-                values = json.loads(feats) if feats and (fv is None or int(fv) == FEATURE_VERSION) \
-                    else None
-                if values is not None and any(n not in values for n in FEATURE_NAMES):
-                    values = None
-                run["cold_mem"] = float(c["mem_mib"]) if c.get("mem_mib") else None
-                run["cold_util"] = float(c["util_pct"]) if c.get("util_pct") is not None else None
-                if run["cold_mem"] is None and values is not None:
-                    run["cold_mem"] = _cold_memory(values, gpu, wk)
-                runs.append(check_run(run, "ledger row"))
-                if learned is not None and values is not None:
-                    inputs.append((len(runs) - 1, values, gpu, wk, c))
-            except (ValueError, TypeError, KeyError, HorusError):
-                continue  # an unusable row teaches nothing; retrain counts them
+    for _, _, sha, path, family, user, feats, fv, wl, preds, gtype, util, mem, coloc in \
+            _in_chunks(ledger, stmt, j):
+        try:
+            if gtype not in gpus:
+                gpus[gtype] = catalog.find(gtype)
+            gpu = gpus[gtype]
+            w = json.loads(wl) if wl else {}
+            if gpu is None or mem is None or not 0 < float(mem) <= MAX_MIB:
+                continue
+            wk = workload_from(w)
+            run = {"sha": sha or _file_sha(path, shas), "gpu": gpu.name,
+                   "bs": wk.batch_size, "task": wk.task, "opt": wk.optimizer,
+                   "prec": wk.precision, "mem": float(mem),
+                   "util": None if util is None or coloc else min(max(float(util), 0.0), 100.0),
+                   "family": family or None, "user": user or None}
+            run["dims"] = dims_key(w.get("dims"), run["bs"])
+            p = (json.loads(preds) if preds else {}) or {}
+            c = (p.get(gtype) or p.get(gpu.name) or {}).get("cold") or {}
+            values = json.loads(feats) if feats and (fv is None or int(fv) == FEATURE_VERSION) \
+                else None
+            if values is not None and any(n not in values for n in FEATURE_NAMES):
+                values = None
+            run["cold_mem"] = float(c["mem_mib"]) if c.get("mem_mib") else None
+            run["cold_util"] = float(c["util_pct"]) if c.get("util_pct") is not None else None
+            if run["cold_mem"] is None and values is not None:
+                run["cold_mem"] = _cold_memory(values, gpu, wk)
+            runs.append(check_run(run, "ledger row"))
+            if learned is not None and values is not None:
+                inputs.append((len(runs) - 1, values, gpu, wk, c))
+        except (ValueError, TypeError, KeyError, HorusError):
+            continue  # an unusable row teaches nothing; retrain counts them
     if learned is not None and inputs:
         _add_learned(runs, inputs, learned)
     return runs
+
+
+def _in_chunks(ledger, stmt, jobs, size: int = CHUNK_ROWS):
+    """``stmt``'s rows (its first two columns the job's cluster and id) in order, read in short
+    transactions of ``size`` rows: a SQLite reader keeps writers (the probe, the queue loop)
+    waiting while its cursor is open, and sync now reads the whole history every period."""
+    last = None
+    while True:
+        q = stmt.order_by(jobs.c.cluster, jobs.c.job_id).limit(size)
+        if last is not None:
+            q = q.where(tuple_(jobs.c.cluster, jobs.c.job_id) > tuple_(*last))
+        with ledger.engine.connect() as conn:
+            rows = conn.execute(q).fetchall()
+        yield from rows
+        if len(rows) < size:
+            return
+        last = (rows[-1][0], rows[-1][1])
 
 
 def _file_sha(path: str | None, cache: dict) -> str | None:

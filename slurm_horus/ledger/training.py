@@ -54,20 +54,23 @@ def stored_cold(c: dict | None, gpu) -> Prediction:
 
 def architecture(values: dict) -> int:
     """What names a row's architecture for cross-validation: its trainable parameter count,
-    which no re-export, batch size, opset, renaming or byte edit of the file changes (folds by
-    sha256 had scored a model on copies of graphs it trained on, and promoted a worse one).
+    which a batch size, a renaming, a byte edit of the file or a re-export by the same exporter
+    does not change (folds by sha256 had scored a model on copies of graphs it trained on, and
+    promoted a worse one).
     Two architectures of one size share a fold, which only makes the scores stricter."""
     return int(values["params"])
 
 
 def training_units(users: list, X) -> tuple[np.ndarray, np.ndarray]:
     """(each row's unit, each unit's first row): one user's runs at one setting (the same input
-    row: graph, batch, GPU type, workload) are one unit, trained on as one row of their median
-    measurements, so a user's reruns count once against the site's other users (one user's 200
-    runs had set the learned answer against four users who ran the same graph)."""
+    row: graph, batch, GPU type, workload, CPUs and the cold-start figures stored with it) are
+    one unit, trained on as one row of their median measurements, so a user's reruns count once
+    against the site's other users (one user's 200 runs had set the learned answer against four
+    users who ran the same graph). Rows of no user (an admin's import) are a unit each."""
     seen: dict = {}
-    unit = np.fromiter((seen.setdefault((u, row.tobytes()), len(seen))
-                        for u, row in zip(users, np.asarray(X, dtype=float))), int, len(users))
+    unit = np.fromiter((seen.setdefault((u if u is not None else ("row", i), row.tobytes()), len(seen))
+                        for i, (u, row) in enumerate(zip(users, np.asarray(X, dtype=float)))),
+                       int, len(users))
     first = np.full(len(seen), len(users))
     np.minimum.at(first, unit, np.arange(len(users)))
     return unit, first

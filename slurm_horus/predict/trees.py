@@ -121,16 +121,19 @@ def _flat_trees(sizes, a: dict, n_inputs: int) -> FlatTrees:
 
 def _depth(roots, left, right, split) -> int:
     """The longest root-to-leaf path of checked trees (children after their parent), level by
-    level over every tree at once; HorusError beyond MAX_DEPTH."""
-    level, depth = roots, 0
-    while True:
-        level = level[split[level]]
-        if not len(level):
-            return depth
+    level over every tree at once, each node once per level (a mask: children shared by many
+    parents cost nothing more); HorusError beyond MAX_DEPTH."""
+    level, depth = roots[split[roots]], 0
+    reached = np.zeros(len(split), dtype=bool)
+    while len(level):
         depth += 1
         if depth > MAX_DEPTH:
             raise HorusError(f"malformed tree in model file (deeper than {MAX_DEPTH} levels)")
-        level = np.unique(np.concatenate((left[level], right[level])))  # shared children once
+        reached[:] = False
+        reached[left[level]] = True
+        reached[right[level]] = True
+        level = np.flatnonzero(reached & split)
+    return depth
 
 
 @dataclass
