@@ -152,3 +152,39 @@ def test_non_root_probe_refuses(args):
                 f"HORUS_LEDGER_URL=sqlite:///{LEDGER_DB}", "horus-probe", *args)
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "refusing to record" in r.stderr
+
+
+def test_a_rerun_is_predicted_from_its_run_after_one_sync(jobs):
+    """Right the second time: once `horus-admin sync` recorded a finished job (measured by the
+    root probe), its user's rerun of the same graph is predicted from that measurement
+    (history:exact). The history had been refreshed by the weekly retrain only."""
+    zoo = Path(__file__).resolve().parent / "data" / "zoo" / "mobilenet_v2.onnx"
+    model = D / "jobs" / f"rerun-{os.getpid()}.onnx"
+    reg = D / f"models-rerun-{os.getpid()}"
+    shutil.copyfile(zoo, model)
+    model.chmod(0o644)
+    reg.mkdir(mode=0o755)
+    try:
+        hsubmit = ["env", f"HORUS_MODEL_DIR={reg}", "hsubmit", "--model", str(model), "--batch-size", "32",
+                   "--task", "train", "--gres=gpu:1", "-t", "2", "-o", "/dev/null"]
+        wrap = (f"printf '{{\"util_pct\": 33, \"mem_mib\": 2500}}' > {FAKE}/$SLURM_JOB_ID.json; sleep 6")
+        r = as_user("horus-alice", *hsubmit, "--parsable", "-J", "horus-rerun-test", "--wrap", wrap)
+        assert r.returncode == 0, r.stderr
+        jobs.append(sp.parse_sbatch_stdout(r.stdout))
+        deadline = time.time() + 120
+        while time.time() < deadline and not probe_row(jobs[0]):
+            time.sleep(1)
+        assert probe_row(jobs[0]), "the probe recorded nothing"
+        deadline, a100 = time.time() + 60, ""
+        while time.time() < deadline and "history:exact" not in a100:  # until accounting has it
+            s = sh("horus-admin", "sync", "--ledger", f"sqlite:///{LEDGER_DB}", "--model-dir", str(reg),
+                   "-S", "now-30minutes")
+            assert s.returncode == 0, s.stderr
+            r = as_user("horus-alice", *hsubmit, "--explain", "--wrap", "sleep 1")
+            assert r.returncode == 0, r.stderr
+            a100 = next(line for line in r.stdout.splitlines() if line.strip().startswith("a100:"))
+            time.sleep(1)
+        assert "(history:exact)" in a100 and "33.0 %" in a100 and "2500 MiB" in a100, r.stdout
+    finally:
+        model.unlink(missing_ok=True)
+        shutil.rmtree(reg, ignore_errors=True)
