@@ -158,6 +158,9 @@ def test_json_trees_predict_exactly_like_scikit_learn():
     stored = json.loads(json.dumps(TreeEnsemble.from_sklearn(est, 5).to_dict()))
     trees = TreeEnsemble.from_dict(stored, 5, 30.0)
     assert np.allclose(trees.predict(X), est.predict(X))
+    many = rng.normal(size=(2500, 5))  # walked in blocks of rows: the same figures
+    assert np.allclose(trees.predict(many), est.predict(many))
+    assert np.array_equal(trees.predict(many)[1500:1510], trees.predict(many[1500:1510]))
 
 
 def test_unfamiliar_model_falls_back_to_cold_start(trained):

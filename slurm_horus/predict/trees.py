@@ -29,6 +29,10 @@ PACKED = {"sizes": "<i4", "feature": "<i4", "threshold": "<f8", "missing_left": 
 MAX_TREES = 4000
 MAX_TREE_NODES = 1023
 MAX_DEPTH = 64
+# Rows walked at once: each step indexes rows x trees arrays, which for the history export's
+# 100,000 rows were 160 MB each; blocks of 1,024 rows give the same answers in far less memory
+# and time (BENCHMARKS.md section 5).
+PREDICT_CHUNK = 1024
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class FlatTrees:
     right: object
     leaf: object
     value: object
-    depth: int  # the longest path: how many steps a walk can take
+    depth: int  # the longest path (checked against MAX_DEPTH when the file is read)
 
 
 def _from_lists(trees) -> tuple:
@@ -191,14 +195,18 @@ class TreeEnsemble:
 
     def predict(self, X):
         X = np.asarray(X, dtype=float)
+        if len(X) > PREDICT_CHUNK:  # rows are independent: the same figures, a bounded walk
+            return np.concatenate([self.predict(X[i:i + PREDICT_CHUNK])
+                                   for i in range(0, len(X), PREDICT_CHUNK)])
         f = self.flat
-        idx = np.broadcast_to(f.roots, (len(X), len(f.roots))).copy()  # one walker per tree
-        rows = np.arange(len(X))[:, None]
-        for _ in range(f.depth):  # bounded: a path is never longer than its tree
-            if f.leaf[idx].all():
-                break
-            x = X[rows, f.feature[idx]]
-            go_left = np.where(np.isnan(x), f.missing_left[idx], x <= f.threshold[idx])
-            idx = np.where(go_left, f.left[idx], f.right[idx])  # a leaf points at itself
-        return self.baseline + f.value[idx].sum(axis=1)
-
+        n, k = len(X), len(f.roots)
+        node = np.tile(f.roots, n)  # one walker per row and tree, row by row
+        row = np.repeat(np.arange(n), k)
+        walking = np.flatnonzero(~f.leaf[node])
+        while len(walking):  # at most f.depth steps: children come after their parent
+            at = node[walking]
+            x = X[row[walking], f.feature[at]]
+            go_left = np.where(np.isnan(x), f.missing_left[at], x <= f.threshold[at])
+            node[walking] = at = np.where(go_left, f.left[at], f.right[at])
+            walking = walking[~f.leaf[at]]  # only the walkers not at a leaf step again
+        return self.baseline + f.value[node].reshape(n, k).sum(axis=1)
