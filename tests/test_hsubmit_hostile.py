@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -181,3 +182,21 @@ def test_sbatch_killed_by_a_signal_exits_as_a_shell_says(tmp_path, slurm_bin):
     cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8"],
                  {**env, "SBATCH_DIE": "1"}, input="#!/bin/sh\ntrue\n")
     assert cp.returncode == 128 + 15
+
+
+def test_a_model_path_that_is_not_utf8_costs_only_the_path(tmp_path, slurm_bin):
+    """A path's undecodable bytes went into the workload token, which sync then could not read
+    back: the job's whole workload (batch size, task, sha) was lost, not just its path."""
+    from slurm_horus.slurm.hint import parse_workload
+
+    env, log = slurm_bin
+    folder = os.path.join(os.fsencode(tmp_path), b"caf\xe9")
+    os.mkdir(folder)
+    model = os.path.join(folder, b"resnet50.onnx")
+    shutil.copyfile(ZOO / "resnet50.onnx", model)
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", os.fsdecode(model), "--batch-size", "8",
+                  "--wrap", "true"], env)
+    assert cp.returncode == 0 and "not UTF-8 text" in cp.stderr, cp.stderr
+    comment = next(a for a in log.read_text().splitlines() if a.startswith("--comment="))
+    w = parse_workload(comment[len("--comment="):])
+    assert w is not None and w["bs"] == 8 and "model" not in w and "horus:v1;a100=" in comment

@@ -238,6 +238,12 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     job = {"sha": report.sha256, "bs": workload.batch_size, "task": workload.task,
            "opt": workload.optimizer, "prec": workload.precision, "dims": dims,
            "model": os.path.abspath(str(model))}
+    try:
+        job["model"].encode("utf-8")
+    except UnicodeEncodeError:  # a token that names it could not be read back: all of it was lost
+        del job["model"]
+        plan.warnings.append("the model's path is not UTF-8 text: the job is submitted without "
+                             "it, so the site cannot measure this graph's features")
     plan.comment = attach_tokens(plan.user_comment(), plan.hint, job)
     if plan.comment is None:
         plan.hint = None
