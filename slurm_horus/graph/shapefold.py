@@ -13,11 +13,17 @@ _EXTERNAL = 1  # TensorProto.EXTERNAL
 
 
 def _inline_array(t):
-    """A tensor's values, never read from an external file (numpy_helper would open its
-    location relative to the working directory, outside the model's folder); None then."""
+    """A small tensor's values (at most MAX_FOLD_ELEMENTS), never read from an external file
+    (numpy_helper would open its location relative to the working directory, outside the
+    model's folder); None for those, and for a tensor without data (stripped weights)."""
     from onnx import numpy_helper
 
-    return None if t.data_location == _EXTERNAL else numpy_helper.to_array(t)
+    if t.data_location == _EXTERNAL or _numel(t.dims) > MAX_FOLD_ELEMENTS:
+        return None
+    try:
+        return numpy_helper.to_array(t)
+    except Exception:
+        return None
 
 
 def fold_shapes(model, shape_of) -> int:
@@ -31,23 +37,17 @@ def fold_shapes(model, shape_of) -> int:
     graph = model.graph
     values: dict[str, np.ndarray] = {}
     for t in graph.initializer:
-        if t.data_location != _EXTERNAL and _numel(t.dims) <= MAX_FOLD_ELEMENTS and t.data_type != 8:
-            try:
-                values[t.name] = numpy_helper.to_array(t)
-            except Exception:  # an initializer without data (stripped weights)
-                continue
+        v = _inline_array(t) if t.data_type != 8 else None  # 8: strings
+        if v is not None:
+            values[t.name] = v
     folded = 0
     for index, node in enumerate(graph.node):
         op = node.op_type
         if op == "Constant":
             for a in node.attribute:
-                if a.name == "value" and _numel(a.t.dims) <= MAX_FOLD_ELEMENTS:
-                    try:
-                        v = _inline_array(a.t)
-                    except Exception:
-                        continue
-                    if v is not None:
-                        values[node.output[0]] = v
+                v = _inline_array(a.t) if a.name == "value" else None
+                if v is not None:
+                    values[node.output[0]] = v
             continue
         if op not in EVALUATORS or len(node.output) != 1:
             continue
@@ -164,7 +164,7 @@ def _constant_of_shape(inputs, attrs, shape):
 
     value = _inline_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
     if value is None:
-        raise ValueError("external data")
+        raise ValueError("no inline value")
     dims = [int(d) for d in inputs[0]]
     if _numel(dims) > MAX_FOLD_ELEMENTS:
         raise ValueError("too large")
