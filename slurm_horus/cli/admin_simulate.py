@@ -23,6 +23,7 @@ SUMMARY = (("completed", "completed jobs", "{:,}"), ("failed_jobs", "failed jobs
            ("sm_busy", "SM busy (window)", "{:.3f}"), ("gpus_alloc", "GPUs alloc (window)", "{:.3f}"),
            ("oom_failures", "OOM failures", "{}"), ("timeouts", "timeouts", "{}"),
            ("shared_starts", "shared starts", "{}"), ("history_hits", "from history", "{}"),
+           ("site_hits", "site-corrected", "{}"),
            ("sim_cpu_s", "sim CPU (s)", "{:.2f}"))
 
 

@@ -145,6 +145,13 @@ def _pool(summaries: list[tuple[float | None, float | None]], users: list) -> di
             "n": len(ratios)}
 
 
+def pooled_correction(graphs: list[list[dict]], owners: list, off: dict) -> dict | None:
+    """Other graphs' runs (one list per graph, ``owners`` the user each counts for) pooled into
+    one correction of the cold start corrected by the site offsets ``off``: a family's or a
+    user's (the simulator's horus pools its families with it too)."""
+    return _pool([_graph_summary(rs, off) for rs in graphs], owners)
+
+
 def _owner(users) -> object:
     """The user a graph's runs count for in pooled medians (_user_weights): the one who ran
     it most, the earliest of them on a tie."""
@@ -266,8 +273,8 @@ class HistoryPredictor:
         out: dict[str, dict[str, dict]] = defaultdict(dict)
         for (gpu, name), graphs in sorted(by.items()):
             off = self.cold_offset(gpu)
-            pooled = _pool([_graph_summary(rs, off) for rs in graphs.values()],
-                           [_owner(r.get("user") for r in rs) for rs in graphs.values()])
+            pooled = pooled_correction(list(graphs.values()),
+                                       [_owner(r.get("user") for r in rs) for rs in graphs.values()], off)
             if pooled:
                 out[gpu][name] = pooled
         return dict(out)
@@ -292,15 +299,12 @@ class HistoryPredictor:
         owner = {g: _owner(u) for g, u in users.items()}
         out: dict[str, dict[str, dict]] = defaultdict(dict)
         for (gpu, base), graphs in sorted(by.items()):
-            jobs = sum(len(v) for v in graphs.values())
-            if jobs < MIN_OFFSET_JOBS or len(graphs) < MIN_OFFSET_GRAPHS:
-                continue
             mem = [(statistics.median(m for m, _ in v), owner[g]) for g, v in graphs.items()]
             util = [(statistics.median(us), owner[g]) for g, v in graphs.items()
                     if (us := [u for _, u in v if u is not None])]
-            out[gpu][base] = {"mem_mib": _shrunk_median(*_by_user(mem)),
-                              "util_pp": _shrunk_median(*_by_user(util)),
-                              "n": len(graphs)}
+            off = site_offset(mem, util, sum(len(v) for v in graphs.values()))
+            if off:
+                out[gpu][base] = off
         return dict(out)
 
     def _margins(self) -> dict[str, float]:
@@ -367,27 +371,10 @@ class HistoryPredictor:
         if est is not None:
             mem, util = est
             return Answer(mem, base_util if util is None else util, tier)
-        off = self.offsets.get(gpu, {}).get(base_name)
-        if off:
-            base_mem = _shifted(base_mem, off)
-            base_util = min(max(base_util + off["util_pp"], 0.0), 100.0)
-        cold_off = self.cold_offset(gpu)
-        log_mem, util, weight, tier = math.log(base_mem), base_util, 1.0, None
-        w_util = 1.0
-        for kind, pools, key, strength in (("family", self.families, family, FAMILY_WEIGHT),
-                                           ("user", self.users, user, USER_WEIGHT)):
-            p = pools.get(gpu, {}).get(key) if key else None
-            if not p or not cold_mem:
-                continue
-            w = strength * p["n"] / (p["n"] + 1)
-            log_mem += w * (math.log(_shifted(cold_mem, cold_off)) + p["mem_log_ratio"])
-            weight += w
-            if p["util_shift"] is not None and cold_util is not None:
-                util += w * min(max(cold_util + cold_off["util_pp"] + p["util_shift"], 0.0),
-                                100.0)
-                w_util += w
-            tier = tier or kind
-        return Answer(math.exp(log_mem / weight), util / w_util, tier)
+        pools = (("family", self.families.get(gpu, {}).get(family) if family else None, FAMILY_WEIGHT),
+                 ("user", self.users.get(gpu, {}).get(user) if user else None, USER_WEIGHT))
+        return corrected_answer(base_mem, base_util, self.offsets.get(gpu, {}).get(base_name),
+                                cold_mem, cold_util, self.cold_offset(gpu), pools)
 
     def predict(self, report, gpu, workload) -> Prediction:
         base = self.base or ColdStartEstimator()
@@ -439,6 +426,42 @@ def _graph_estimate(runs: list[dict], task: str, cq_mem: float | None,
     util = min(max(statistics.median(utils), 0.0), 100.0) if utils else None
     mem = statistics.median(mems)
     return (mem, util) if mem > 0 else None
+
+
+def site_offset(mem: list[tuple[float, object]], util: list[tuple[float, object]],
+                jobs: int) -> dict | None:
+    """A GPU type's site offsets against one base predictor from its measured graphs' median
+    residuals, (value, owner) pairs of memory and of utilization, over ``jobs`` jobs; None
+    while too few jobs or graphs (one graph's error is not the site's)."""
+    if jobs < MIN_OFFSET_JOBS or len(mem) < MIN_OFFSET_GRAPHS:
+        return None
+    return {"mem_mib": _shrunk_median(*_by_user(mem)), "util_pp": _shrunk_median(*_by_user(util)),
+            "n": len(mem)}
+
+
+def corrected_answer(base_mem: float, base_util: float, off: dict | None, cold_mem: float | None,
+                     cold_util: float | None, cold_off: dict, pools) -> Answer:
+    """The answer where no run of the graph itself answers: the base predictor's figures moved
+    by the GPU type's site offsets against it (``off``), then pulled, in log memory and in
+    utilization, towards each pooled correction of other graphs (``pools``: (tier, pool or
+    None, strength), e.g. the family's) applied to the offset-corrected cold start; tier: the
+    first pool that pulled, None for the base alone (the simulator's horus uses it too)."""
+    if off:
+        base_mem = _shifted(base_mem, off)
+        base_util = min(max(base_util + off["util_pp"], 0.0), 100.0)
+    log_mem, util, weight, tier = math.log(base_mem), base_util, 1.0, None
+    w_util = 1.0
+    for kind, p, strength in pools:
+        if not p or not cold_mem:
+            continue
+        w = strength * p["n"] / (p["n"] + 1)
+        log_mem += w * (math.log(_shifted(cold_mem, cold_off)) + p["mem_log_ratio"])
+        weight += w
+        if p["util_shift"] is not None and cold_util is not None:
+            util += w * min(max(cold_util + cold_off["util_pp"] + p["util_shift"], 0.0), 100.0)
+            w_util += w
+        tier = tier or kind
+    return Answer(math.exp(log_mem / weight), util / w_util, tier)
 
 
 def _shifted(mem: float, off: dict) -> float:

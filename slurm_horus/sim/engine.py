@@ -24,7 +24,10 @@ trace ran and finished at least ``history_lag_s`` before (the sync period that r
 history.json) on its first-choice GPU type is predicted from those runs, as hsubmit's
 history:exact does: utilization from the runs that had their GPU alone (a shared run's NVML
 utilization is its share, not its need), memory from every run times the cold start's p90/mean
-ratio.
+ratio; a job of a graph not measured there gets hsubmit's answer from the site's other graphs
+(its type's site offsets and its family's pooled correction: predict.history.corrected_answer).
+horus reads its tail shares over the prediction's error (``util_sigma``, placement.UTIL_SIGMA;
+none for a measured rerun).
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ from itertools import islice
 from typing import Any, Iterable, Sequence
 
 from slurm_horus.errors import HorusError
+from slurm_horus.graph.names import family_of
+from slurm_horus.predict.history import (FAMILY_WEIGHT, NO_OFFSET, corrected_answer, pooled_correction,
+                                         site_offset)
 from slurm_horus.sim.cluster import ClusterSpec
 from slurm_horus.sim.interference import Interference
 from slurm_horus.sim.metrics import metrics
-from slurm_horus.sim.placement import INF, Placement, pair_limits
+from slurm_horus.sim.placement import INF, UTIL_SIGMA, Placement, pair_limits
 from slurm_horus.sim.policies import POLICIES, HorusDecider, JobTable, Request, build_requests, job_table
 from slurm_horus.sim.traces import SimJob
 
@@ -51,12 +57,18 @@ _FINISH, _ARRIVE, _TICK = 0, 1, 2
 # seconds from a job's end to its measurement in hsubmit's history.json: horus-admin sync's period
 # in etc/horus-retrain.scrontab (every 15 minutes), at its longest
 HISTORY_LAG_S = 900.0
+# a GPU type's site offsets and family corrections are pooled again once its measured jobs grew
+# by this factor: a median over many graphs barely moves with one more, and pooling at every
+# sync would cost a 100k-job run more than the rest of it
+POOL_GROWTH = 1.1
 
 
 class Simulator(Placement):
     """One policy on one cluster and trace.  ``run()`` returns the metrics (a dict).
     ``known_sensitivity``: a what-if, the tail budget knows each job's interference sensitivity
-    (no real scheduler does; it shows what that knowledge is worth)."""
+    (no real scheduler does; it shows what that knowledge is worth).  ``util_sigma``: the
+    relative error of a predicted utilization (the tail budget reads its shares over it;
+    placement.UTIL_SIGMA for horus, 0 for true figures); a measured rerun's is 0."""
 
     def __init__(self, cluster: ClusterSpec, jobs: Sequence[SimJob], requests: Sequence[Request | None],
                  shards_per_gpu: int = 100, *, interference: Interference | None = None,
@@ -64,7 +76,7 @@ class Simulator(Placement):
                  backfill: bool = True, slowdown_bound: float = 2.0, max_group: int = 4,
                  slowdown_quantile: float = 0.95, window_s: float | None = None,
                  history_lag_s: float | None = None, table: JobTable | None = None,
-                 known_sensitivity: bool = False):
+                 known_sensitivity: bool = False, util_sigma: float = 0.0):
         if len(jobs) != len(requests):
             raise HorusError("one request per job needed")
         self.cluster, self.jobs, self.reqs = cluster, list(jobs), list(requests)
@@ -90,6 +102,9 @@ class Simulator(Placement):
             raise HorusError("--history-lag must be >= 0")
         self.history_lag = history_lag_s
         self.known_sensitivity = bool(known_sensitivity)
+        if not 0.0 <= util_sigma <= 3.0:
+            raise HorusError("the utilization error sigma must be in [0, 3]")
+        self.util_sigma = float(util_sigma)
 
     # -- time accounting ---------------------------------------------------------------------
 
@@ -162,6 +177,7 @@ class Simulator(Placement):
             g = alloc[0]
             self.pu[g] += req.share[0]
             self.pm[g] += req.share[1]
+            self.pvar[g] += (req.share[0] * self.jsig[j]) ** 2
             self.ns[g] += 1
             self._set_share(g)
             self._track_loss(g, now, joined=j)
@@ -213,6 +229,7 @@ class Simulator(Placement):
             self.ns[g] -= 1
             self.pu[g] = self.pu[g] - req.share[0] if self.ns[g] else 0.0
             self.pm[g] = self.pm[g] - req.share[1] if self.ns[g] else 0.0
+            self.pvar[g] = max(self.pvar[g] - (req.share[0] * self.jsig[j]) ** 2, 0.0) if self.ns[g] else 0.0
             self._set_share(g)
         for g in alloc:
             self.gjobs[g].remove(j)
@@ -254,39 +271,86 @@ class Simulator(Placement):
             self.timeouts += 1
             self.timed_out[j] = True
         self.end[j] = now
-        if self.history_lag is not None and self.rerun[j]:
+        if self.history_lag is not None and self.jobs[j].graph:
             t = self.gtype[self.alloc[j][0]]
             u, m = self.jtrue[j][t]
-            self.measured.append((now + self.history_lag, (self.jobs[j].graph, t),
-                                  None if self.shared[j] else u, m))
+            self.measured.append((now + self.history_lag, j, t, None if self.shared[j] else u, m))
         self._release(j, now)
 
     def _use_history(self, j: int, now: float) -> None:
-        """Job j, arriving: its prediction from the measured runs of its graph synced by now."""
-        measured, hist = self.measured, self.hist
+        """Job j, arriving: its prediction from the measured runs synced by now, as hsubmit's
+        history predictor gives it: its graph's runs on its first-choice type (history:exact),
+        else the cold start corrected by that type's site offsets and pulled towards its
+        family's pooled correction (predict.history.corrected_answer)."""
+        measured, hist, types = self.measured, self.hist, self.types
         while measured and measured[0][0] <= now:
-            _, key, u, m = measured.popleft()
-            rec = hist.setdefault(key, [0.0, 0, 0.0, 0])
+            _, x, t, u, m = measured.popleft()
+            job = self.jobs[x]
+            rec = hist.get((job.graph, t))
+            if rec is None:
+                cu, cm, _ = job.pred[types[t]]
+                rec = hist[job.graph, t] = [0.0, 0, 0.0, 0, cu, cm, self._family(job.model)]
+                self.type_graphs[t].append(rec)
             if u is not None:
                 rec[0] += u
                 rec[1] += 1
             rec[2] += m
             rec[3] += 1
+            self.type_runs[t] += 1
         req = self.cur_req[j]
-        graph = self.jobs[j].graph
-        if req.share is None or not graph:
+        job = self.jobs[j]
+        if req.share is None or not job.graph:
             return
         t = req.types[0]
-        rec = hist.get((graph, t))
-        if rec is None:
-            return
         u, p90, rx, lim = req.share
-        _, mean, cold_p90 = self.jobs[j].pred[self.types[t]]
-        if rec[1]:
-            u = rec[0] / rec[1]
-        p90 = rec[2] / rec[3] * (cold_p90 / mean if mean > 0 else 1.0)
+        cold_u, mean, cold_p90 = job.pred[types[t]]
+        rec = hist.get((job.graph, t))
+        if rec is not None:
+            if rec[1]:
+                u = rec[0] / rec[1]
+                self.jsig[j] = 0.0  # measured
+            p90 = rec[2] / rec[3] * (cold_p90 / mean if mean > 0 else 1.0)
+            self.history_hits += 1
+        else:
+            if self.type_runs[t] >= self.pooled_at[t] * POOL_GROWTH and self.type_runs[t] > self.pooled_at[t]:
+                self._pool_site(t)
+            off, families = self.pools[t]
+            fam = families.get(self._family(job.model))
+            if (off is None and fam is None) or mean <= 0:
+                return
+            a = corrected_answer(mean, cold_u, off, mean, cold_u, off or NO_OFFSET,
+                                 (("family", fam, FAMILY_WEIGHT),))
+            u, p90 = a.util_pct, a.mem_mib * cold_p90 / mean
+            self.site_hits += 1
         self._set_req(j, Request(req.types, req.shards, req.gpus, (u, p90, rx, lim)))
-        self.history_hits += 1
+
+    def _family(self, model: str) -> str:
+        """A trace model's family, as hsubmit names it from the model file (graph.names)."""
+        fam = self.families.get(model)
+        if fam is None:
+            fam = self.families[model] = family_of(model.split("/")[0])
+        return fam
+
+    def _pool_site(self, t: int) -> None:
+        """GPU type t's site offsets and per-family corrections from its measured graphs, as
+        horus-admin pools them into history.json (each graph counted once, by its mean
+        figures; the simulated site has no users to weigh)."""
+        graphs = self.type_graphs[t]
+        mem = [(r[2] / r[3] - r[5], None) for r in graphs]
+        util = [(r[0] / r[1] - r[4], None) for r in graphs if r[1]]
+        off = site_offset(mem, util, self.type_runs[t])
+        by_family: dict[str, list[list[dict]]] = {}
+        for r in graphs:
+            by_family.setdefault(r[6], []).append([{"mem": r[2] / r[3], "cold_mem": r[5],
+                                                    "util": r[0] / r[1] if r[1] else None,
+                                                    "cold_util": r[4]}])
+        families = {}
+        for fam, runs in by_family.items():
+            p = pooled_correction(runs, [None] * len(runs), off or NO_OFFSET)
+            if p:
+                families[fam] = p
+        self.pools[t] = (off, families)
+        self.pooled_at[t] = self.type_runs[t]
 
     def _set_req(self, j: int, req: Request) -> None:
         """Job j's current request and what backfill reads of it: (memo key, shards, predicted
@@ -404,6 +468,7 @@ class Simulator(Placement):
         t_wall, t_cpu = time.perf_counter(), time.process_time()
         self._setup()
         N = len(self.jobs)
+        self.jsig = [self.util_sigma if r is not None and r.share is not None else 0.0 for r in self.reqs]
         self.cur_req: list[Request | None] = [None] * N
         self.jrec: list[tuple | None] = [None] * N
         self.kid: dict[tuple, int] = {}
@@ -422,14 +487,16 @@ class Simulator(Placement):
         self.failed = [False] * N
         self.timed_out = [False] * N
         self.shared = [False] * N  # ever on a GPU with another job
-        runs: dict[str, int] = {}
-        for x in self.jobs:
-            if x.graph:
-                runs[x.graph] = runs.get(x.graph, 0) + 1
-        self.rerun = [runs.get(x.graph, 0) > 1 for x in self.jobs]  # its measurement can serve
-        self.measured: deque[tuple] = deque()  # (synced at, (graph, type), util or None, memory)
-        self.hist: dict[tuple[str, int], list] = {}  # (graph, type): [util sum, n, memory sum, n]
-        self.history_hits = 0
+        self.measured: deque[tuple] = deque()  # (synced at, job, type, util or None, memory)
+        # (graph, type): [util sum, n, memory sum, n, cold util, cold memory, family]
+        self.hist: dict[tuple[str, int], list] = {}
+        T = len(self.types)
+        self.type_graphs: list[list[list]] = [[] for _ in range(T)]  # the hist records per type
+        self.type_runs = [0] * T  # measured jobs per type
+        self.pools: list[tuple] = [(None, {})] * T  # (site offsets or None, {family: pool})
+        self.pooled_at = [0] * T  # type_runs when pooled last
+        self.families: dict[str, str] = {}
+        self.history_hits = self.site_hits = 0
         # the wait queue: a deque, as starts take jobs from its front (and the backfill window)
         self.queue: deque[int] = deque()
         self.qkey = [(j.submit, i) for i, j in enumerate(self.jobs)]
@@ -534,8 +601,9 @@ def simulate(cluster: ClusterSpec, jobs: Sequence[SimJob], policy: str, *,
                                  naive_shards=naive_shards, decider=decider, table=table)
     t_req = time.process_time() - t
     lag = kw.pop("history_lag_s", HISTORY_LAG_S)
+    sigma = kw.pop("util_sigma", UTIL_SIGMA)
     out = Simulator(cluster, jobs, reqs, shards_per_gpu, history_lag_s=lag if policy == "horus" else None,
-                    table=table, **kw).run()
+                    table=table, util_sigma=sigma if policy == "horus" else 0.0, **kw).run()
     out["decisions"] = stats
     out["request_cpu_s"] = t_req
     return out

@@ -66,6 +66,7 @@ def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> d
         "shared_starts": sim.shared_starts,
         "backfilled": sim.backfilled,
         "history_hits": sim.history_hits,
+        "site_hits": sim.site_hits,
         "beyond_bound": sum(1 for x in slow if x > sim.bound),
         "expected_beyond": sim.risk,
         "sim_wall_s": wall,
