@@ -421,3 +421,22 @@ def test_one_users_reruns_count_once_in_training(tmp_path):
     target = X[ts.users.index("mallory")][None]
     util = reg.load(res["version"]).answer(target, np.array([5000.0]), np.array([50.0]))[1][0]
     assert reg.load(res["version"]).meta["units"] == 61 and util > 60
+    # and in the promotion score each user's jobs weigh one user: with no serving model every
+    # row is held out, and the score is no longer the jobs' own (cv), which mallory's 200 set
+    assert res["held_out"]["rows"] == res["cv"]["rows"] == 260 and res["held_out"] != res["cv"]
+
+
+def test_each_users_jobs_weigh_one_user_in_the_promotion_score():
+    from slurm_horus.ledger.retrain import user_weights
+    from slurm_horus.predict.learned import accuracy
+
+    assert user_weights(["a", "a", "b", None, None]).tolist() == [0.5, 0.5, 1.0, 1.0, 1.0]
+    # one user's 9 reruns predicted exactly, two other users' jobs 50 % off
+    mem, util = np.full(11, 1000.0), np.full(11, 50.0)
+    pred_mem, pred_util = np.array([1000.0] * 9 + [1500.0] * 2), np.array([50.0] * 9 + [80.0] * 2)
+    users = ["m"] * 9 + ["a", "b"]
+    by_job = accuracy(pred_mem, mem, pred_util, util)
+    by_user = accuracy(pred_mem, mem, pred_util, util, user_weights(users))
+    assert by_job["mem_mdape_pct"] == 0.0 and by_user["mem_mdape_pct"] == pytest.approx(50.0)
+    assert by_user["util_mae_pct"] == pytest.approx(20.0) and by_job["util_mae_pct"] == pytest.approx(60 / 11)
+    assert accuracy(pred_mem, mem, pred_util, util, np.ones(11)) == pytest.approx(by_job)

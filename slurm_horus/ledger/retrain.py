@@ -5,8 +5,8 @@ was trained on them. Those rows are the measured jobs the serving model never sa
 rows are listed in the registry's ``rows-<version>.json``); the candidate's predictions on them
 are out-of-fold (5-fold cross-validation over every row). With no serving model, the cold-start
 estimator (never trained on site data) is the baseline on every row. The candidate is promoted
-only when its score (memory median |relative error| as a fraction + utilization RMSLE) is lower,
-unless forced. Every trained model is kept in the Registry and in predictor_versions.
+only when its score (memory median |relative error| as a fraction + utilization RMSLE, each
+user's jobs weighing one user: user_weights) is lower, unless forced. Every trained model is kept in the Registry and in predictor_versions.
 
 Bounds: held-out residuals of each predictor source (cold-start, learned) per GPU type give
 split-conformal quantiles, written to the registry's ``calibration.json`` (docs/definitions.md).
@@ -20,6 +20,7 @@ import io
 import hashlib
 import json
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -85,6 +86,14 @@ def calibrate(gpu_types, sources: dict) -> dict:
             if e["mem_log_q"]:
                 out.setdefault(gtype, {})[source] = e
     return out
+
+
+def user_weights(users: list) -> np.ndarray:
+    """Each user's jobs share one unit of weight in the promotion score (an import's rows, of no
+    user, one each), as in training (training_units): the models are compared for the site's
+    users, and one user's 200 reruns of a setting had decided which model served everyone."""
+    counts = Counter(u for u in users if u is not None)
+    return np.array([1.0 / counts[u] if u is not None else 1.0 for u in users])
 
 
 def trained_rows(registry, version: str) -> set | None:
@@ -168,8 +177,9 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
         held = np.array([i for i, key in enumerate(ts.keys) if seen is not None
                          and key not in seen], int)
         base_mem, base_util, _ = serving.answer(X[held], cmem[held], cutil[held])
-    new = accuracy(oof_mem[held], mem[held], oof_util[held], util[held]) if len(held) else None
-    old = accuracy(base_mem, mem[held], base_util, util[held]) if len(held) else None
+    w = user_weights([ts.users[i] for i in held])
+    new = accuracy(oof_mem[held], mem[held], oof_util[held], util[held], w) if len(held) else None
+    old = accuracy(base_mem, mem[held], base_util, util[held], w) if len(held) else None
     judged = len(held) >= MIN_EVAL_ROWS
     better = bool(judged and score(new) < score(old))
     baseline = serving_version or "cold-start"

@@ -140,8 +140,8 @@ def _pool(summaries: list[tuple[float | None, float | None]], users: list) -> di
     shifts = [(s, u) for (_, s), u in zip(summaries, users) if s is not None]
     if not ratios:
         return None
-    return {"mem_log_ratio": _weighted_median(*_by_user(ratios)),
-            "util_shift": _weighted_median(*_by_user(shifts)) if shifts else None,
+    return {"mem_log_ratio": weighted_median(*_by_user(ratios)),
+            "util_shift": weighted_median(*_by_user(shifts)) if shifts else None,
             "n": len(ratios)}
 
 
@@ -171,7 +171,7 @@ def _user_weights(users: list) -> list[float]:
     return [1.0 / counts[u] for u in users]
 
 
-def _weighted_median(values: list[float], weights: list[float]) -> float:
+def weighted_median(values: list[float], weights: list[float]) -> float:
     """The median of ``values`` under ``weights`` (with equal weights, statistics.median)."""
     pairs = sorted(zip(values, weights))
     half = sum(weights) / 2.0
@@ -476,8 +476,8 @@ def _shrunk_median(values: list[float], weights: list[float]) -> float:
     its standard error from the MAD and the weights' effective count)."""
     if len(values) < 2:
         return 0.0
-    med = _weighted_median(values, weights)
-    mad = 1.4826 * _weighted_median([abs(v - med) for v in values], weights)
+    med = weighted_median(values, weights)
+    mad = 1.4826 * weighted_median([abs(v - med) for v in values], weights)
     n_eff = sum(weights) ** 2 / sum(w * w for w in weights)
     se = 1.2533 * mad / math.sqrt(n_eff)
     return med * max(0.0, 1.0 - (se / med) ** 2) if med else 0.0

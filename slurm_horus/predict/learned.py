@@ -28,6 +28,7 @@ from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, FeatureRe
 from slurm_horus.predict.coldstart import (OPTIMIZERS, PRECISIONS, ColdStartEstimator,
                                            Prediction, Workload)
 from slurm_horus.predict.gpus import GPU, get_gpu
+from slurm_horus.predict.history import weighted_median
 from slurm_horus.predict.trees import TreeEnsemble
 
 MIN_TRAIN_ROWS = 20  # fewer rows cannot fill the trees' leaves (min_samples_leaf 10)
@@ -300,13 +301,20 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
     return model
 
 
-def accuracy(pred_mem, mem, pred_util, util) -> dict:
-    """The figures reports quote: memory median |relative error|, utilization RMSLE and MAE."""
+def accuracy(pred_mem, mem, pred_util, util, weights=None) -> dict:
+    """The figures reports quote: memory median |relative error|, utilization RMSLE and MAE;
+    ``weights``: each row's weight in them (default: every job alike)."""
     pred_mem, mem = np.asarray(pred_mem, float), np.asarray(mem, float)
     pred_util, util = np.asarray(pred_util, float), np.asarray(util, float)
-    return {"mem_mdape_pct": float(np.median(np.abs(pred_mem - mem) / mem) * 100),
-            "util_rmsle": float(np.sqrt(np.mean((np.log1p(pred_util) - np.log1p(util)) ** 2))),
-            "util_mae_pct": float(np.mean(np.abs(pred_util - util))),
+    rel = np.abs(pred_mem - mem) / mem
+    sq = (np.log1p(pred_util) - np.log1p(util)) ** 2
+    if weights is None:
+        return {"mem_mdape_pct": float(np.median(rel) * 100), "util_rmsle": float(np.sqrt(np.mean(sq))),
+                "util_mae_pct": float(np.mean(np.abs(pred_util - util))), "rows": int(len(mem))}
+    w = np.asarray(weights, float)
+    return {"mem_mdape_pct": weighted_median(rel.tolist(), w.tolist()) * 100,
+            "util_rmsle": float(np.sqrt(np.average(sq, weights=w))),
+            "util_mae_pct": float(np.average(np.abs(pred_util - util), weights=w)),
             "rows": int(len(mem))}
 
 
