@@ -383,3 +383,35 @@ def test_the_history_is_read_in_short_transactions(tmp_path):
         assert [tuple(r) for r in _in_chunks(L, stmt, j, size)] == \
             [(c, i) for c in ("a", "b") for i in range(1, 8)]
     assert sorted(r["mem"] for r in ledger_runs(L)) == [5000.0 + i + o for o in (0, 100) for i in range(1, 8)]
+
+
+def test_one_other_users_runs_may_raise_a_newcomers_figures_never_lower_them(resnet):
+    """A graph file is anyone's to name: its sole runner could run it starved (5 %, little
+    memory) so that the next user's job is predicted light and packed tight.  One other user's
+    runs can only raise a newcomer's figures; the runner's own reruns, two users' runs, or an
+    admin's import (no user) answer as measured."""
+    w = Workload(batch_size=32)
+    cold = COLD.predict(resnet[32], A100, w)
+    starved = _run(resnet[32], 32, 0.5 * cold.mem_mib, 5.0, user="mallory")
+    heavy = _run(resnet[32], 32, 1.5 * cold.mem_mib, 99.0, user="mallory")
+
+    def predict(runs, user):
+        p = HistoryPredictor(user=user).fit(runs).predict(resnet[32], A100, w)
+        assert p.predictor == "history:exact"
+        return p.mem_mib, p.util_pct
+
+    assert predict([starved], "alice") == pytest.approx((cold.mem_mib, cold.util_pct))
+    assert predict([starved], "mallory") == pytest.approx((0.5 * cold.mem_mib, 5.0))
+    assert predict([heavy], "alice") == pytest.approx((1.5 * cold.mem_mib, 99.0))  # raising: kept
+    both = [starved, dict(starved, user="bob")]
+    assert predict(both, "alice") == pytest.approx((0.5 * cold.mem_mib, 5.0))
+    assert predict([dict(starved, user=None)], "alice") == pytest.approx((0.5 * cold.mem_mib, 5.0))
+    # the count of users travels in history.json and is checked there
+    h = HistoryPredictor(user="alice").fit(both)
+    again = HistoryPredictor.from_dict(json.loads(json.dumps(h.to_dict())), user="alice")
+    assert again.predict(resnet[32], A100, w).util_pct == pytest.approx(5.0)
+    bad = h.to_dict()
+    next(iter(bad["graphs"].values()))[0]["users"] = 0
+    from slurm_horus.errors import HorusError
+    with pytest.raises(HorusError, match="users"):
+        HistoryPredictor.from_dict(bad)

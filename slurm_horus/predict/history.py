@@ -253,7 +253,8 @@ class HistoryPredictor:
                 "cold_mem": med("cold_mem"),
                 "cold_util": med("cold_util"), "n": len(rs),
                 "family": Counter(r.get("family") for r in rs).most_common(1)[0][0],
-                "user": Counter(r.get("user") for r in rs).most_common(1)[0][0]})
+                "user": Counter(r.get("user") for r in rs).most_common(1)[0][0],
+                "users": len({r.get("user") for r in rs})})
         return dict(graphs)
 
     def cold_offset(self, gpu: str) -> dict:
@@ -357,6 +358,11 @@ class HistoryPredictor:
         runs = [r for r in self.graphs.get(sha, ()) if r["gpu"] == gpu]
         own = [r for r in runs if user and r.get("user") == user]
         runs = own or runs  # a user's own runs of a graph answer for them: no one else's can
+        # another user's runs alone (one user, not an admin's import) may raise a newcomer's
+        # figures, never lower them: a graph file is anyone's to name, and its sole runner could
+        # have run it starved to make the next user's job pack tighter
+        one_other = not own and runs and all(r.get("users", 1) == 1 and r.get("user") is not None
+                                              for r in runs)
         setting = {"task": workload.task, "opt": workload.optimizer,
                    "prec": workload.precision, "dims": dims}
         same = [r for r in runs if _same_setting(r, setting)]
@@ -370,7 +376,10 @@ class HistoryPredictor:
             tier = "graph"
         if est is not None:
             mem, util = est
-            return Answer(mem, base_util if util is None else util, tier)
+            util = base_util if util is None else util
+            if one_other:
+                mem, util = max(mem, base_mem), max(util, base_util)
+            return Answer(mem, util, tier)
         pools = (("family", self.families.get(gpu, {}).get(family) if family else None, FAMILY_WEIGHT),
                  ("user", self.users.get(gpu, {}).get(user) if user else None, USER_WEIGHT))
         return corrected_answer(base_mem, base_util, self.offsets.get(gpu, {}).get(base_name),

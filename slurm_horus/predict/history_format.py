@@ -98,8 +98,9 @@ def check_run(r, what: str, stored: bool = False) -> dict:
         if r.get(k) is not None:
             r[k] = _name(r[k])
     if stored:
-        if not isinstance(r.get("n", 1), int) or r.get("n", 1) < 1:
-            raise HorusError(f"malformed history file ({what}: n)")
+        for k in ("n", "users"):
+            if not isinstance(r.get(k, 1), int) or r.get(k, 1) < 1:
+                raise HorusError(f"malformed history file ({what}: {k})")
     elif r.get("sha") is not None:
         r["sha"] = _sha(r["sha"])
     return r
