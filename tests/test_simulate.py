@@ -1033,6 +1033,25 @@ def test_a_predicted_sum_is_read_over_its_error():
         assert over_error > at_point if su < 160 else over_error < at_point
 
 
+def test_a_settled_charge_averages_its_groups_loss_over_the_error():
+    # a job that ran 100 s, 80 of them in a group whose predicted sum put its loss integral at
+    # 20 / 28 / 36 (c x L at the three QUAD points): its charge is the weighted chance over them
+    from slurm_horus.sim.interference import share_above
+    from slurm_horus.sim.placement import QUAD, Placement
+    p = object.__new__(Placement)
+    p.itf, p.bound, p.known_sensitivity = Interference(), 2.0, False
+    p.timed_out, p.jsens, p.jrisk, p.risk, p.risk_var = [False], [1.0], [0.0], 0.0, 0.0
+    p.rate, p.rate_since = [(1.0, (0.0, 0.0, 0.0))], [100.0]
+    p.lost_c, p.lossy, p.lost_k = [0.0], [80.0], [(20.0, 28.0, 36.0)]
+    p._settle_risk(0, 100.0, 100.0)
+    spare = 100.0 - 100.0 / 2.0
+    want = sum(w * share_above(spare / lk) for (_, w), lk in zip(QUAD, (20.0, 28.0, 36.0)))
+    assert p.jrisk[0] == pytest.approx(want) and p.jrisk[0] != pytest.approx(share_above(spare / 28.0))
+    p.lost_k, p.jrisk = [(28.0, 28.0, 28.0)], [0.0]  # no error: the one point, exactly as before
+    p._settle_risk(0, 100.0, 100.0)
+    assert p.jrisk[0] == share_above(spare / 28.0)
+
+
 def test_horus_reads_its_tail_over_the_prediction_error_and_the_oracle_does_not():
     jobs = generate_trace("philly", 300, ["a100"], 16, seed=5, load=4)
     cl = homogeneous_cluster(16)
