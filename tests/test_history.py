@@ -32,10 +32,10 @@ def _site(b: int) -> tuple[float, float]:
     return 2 * math.ceil((2350 + 97.5 * b) / 2), min(25 + 14 * math.log2(b), 97.0)
 
 
-def _run(report, b, mem, util, family="resnet50", user="alice", **workload):
+def _run(report, b, mem, util, family="resnet50", user="alice", sha=None, **workload):
     w = Workload(batch_size=b, **workload)
     c = COLD.predict(report, A100, w)
-    return {"sha": report.sha256, "gpu": A100.name, "bs": b, "task": w.task,
+    return {"sha": sha or report.sha256, "gpu": A100.name, "bs": b, "task": w.task,
             "opt": w.optimizer, "prec": w.precision, "dims": dims_key(report.bound_dims, b),
             "mem": mem, "util": util, "cold_mem": c.mem_mib, "cold_util": c.util_pct,
             "family": family, "user": user}
@@ -406,6 +406,21 @@ def test_one_other_users_runs_may_raise_a_newcomers_figures_never_lower_them(res
     both = [starved, dict(starved, user="bob")]
     assert predict(both, "alice") == pytest.approx((0.5 * cold.mem_mib, 5.0))
     assert predict([dict(starved, user=None)], "alice") == pytest.approx((0.5 * cold.mem_mib, 5.0))
+    # honest runs of other settings (two users at batch 8, an import at 64) leave the setting
+    # mallory alone ran guarded, in the exact and in the graph tier
+    honest = [_run(resnet[8], 8, 2000.0, 40.0, user=u) for u in ("bob", "cy")] + \
+        [_run(resnet[64], 64, 9000.0, 90.0, user=None)]
+    assert predict([starved, *honest], "alice") == pytest.approx((cold.mem_mib, cold.util_pct))
+    amp = dict(starved, prec="amp")
+    p = HistoryPredictor(user="alice").fit([amp, *[dict(r, prec="amp") for r in honest]]).predict(
+        resnet[32], A100, w)
+    assert p.predictor == "history:graph" and p.mem_mib >= cold.mem_mib and p.util_pct >= cold.util_pct
+    # where the site's offsets put the graph above the cold start, the floor is that answer
+    site = [_run(resnet[b], b, COLD.predict(resnet[b], A100, Workload(batch_size=b)).mem_mib + 3000.0,
+                 None, user=f"u{b}", family="other", sha=f"{b:064x}") for b in (8, 16, 64)]
+    offset = HistoryPredictor(user="alice").fit(site).predict(resnet[32], A100, w).mem_mib
+    assert offset > cold.mem_mib + 2000.0
+    assert predict([starved, *site], "alice")[0] == pytest.approx(offset)
     # the count of users travels in history.json and is checked there
     h = HistoryPredictor(user="alice").fit(both)
     again = HistoryPredictor.from_dict(json.loads(json.dumps(h.to_dict())), user="alice")

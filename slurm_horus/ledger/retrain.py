@@ -89,9 +89,10 @@ def calibrate(gpu_types, sources: dict) -> dict:
 
 
 def user_weights(users: list) -> np.ndarray:
-    """Each user's jobs share one unit of weight in the promotion score (an import's rows, of no
-    user, one each), as in training (training_units): the models are compared for the site's
-    users, and one user's 200 reruns of a setting had decided which model served everyone."""
+    """Each user's jobs share one unit of weight in the promotion score (an import's rows, the
+    admin's, one each): the models are compared for the site's users, and one user's 200 reruns
+    of a setting had decided which model served everyone (training, too, counts a user's runs at
+    one setting once: training_units)."""
     counts = Counter(u for u in users if u is not None)
     return np.array([1.0 / counts[u] if u is not None else 1.0 for u in users])
 

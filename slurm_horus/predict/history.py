@@ -358,32 +358,33 @@ class HistoryPredictor:
         runs = [r for r in self.graphs.get(sha, ()) if r["gpu"] == gpu]
         own = [r for r in runs if user and r.get("user") == user]
         runs = own or runs  # a user's own runs of a graph answer for them: no one else's can
-        # another user's runs alone (one user, not an admin's import) may raise a newcomer's
-        # figures, never lower them: a graph file is anyone's to name, and its sole runner could
-        # have run it starved to make the next user's job pack tighter
-        one_other = not own and runs and all(r.get("users", 1) == 1 and r.get("user") is not None
-                                              for r in runs)
         setting = {"task": workload.task, "opt": workload.optimizer,
                    "prec": workload.precision, "dims": dims}
         same = [r for r in runs if _same_setting(r, setting)]
         ctx = self.context(gpu)
-        est = (exact_estimate(same, workload.batch_size, cold_mem, cold_util, ctx)
-               if same else None)
-        tier = "exact"
+        used, tier = same, "exact"
+        est = exact_estimate(same, workload.batch_size, cold_mem, cold_util, ctx) if same else None
         if est is None:
-            est = _graph_estimate([r for r in runs if not _same_setting(r, setting)],
-                                  workload.task, cold_mem, cold_util, ctx)
-            tier = "graph"
-        if est is not None:
-            mem, util = est
-            util = base_util if util is None else util
-            if one_other:
-                mem, util = max(mem, base_mem), max(util, base_util)
-            return Answer(mem, util, tier)
+            used, tier = [r for r in runs if not _same_setting(r, setting)], "graph"
+            est = _graph_estimate(used, workload.task, cold_mem, cold_util, ctx)
+        off, cold_off = self.offsets.get(gpu, {}).get(base_name), self.cold_offset(gpu)
         pools = (("family", self.families.get(gpu, {}).get(family) if family else None, FAMILY_WEIGHT),
                  ("user", self.users.get(gpu, {}).get(user) if user else None, USER_WEIGHT))
-        return corrected_answer(base_mem, base_util, self.offsets.get(gpu, {}).get(base_name),
-                                cold_mem, cold_util, self.cold_offset(gpu), pools)
+        without = corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, pools)
+        if est is None:
+            return without
+        mem, util = est
+        util = base_util if util is None else util
+        if not own and any(r.get("users", 1) == 1 and r.get("user") is not None for r in used):
+            # a setting one other user alone ran (not an admin's import) may raise a newcomer's
+            # figures, never lower them below what they would be without its runs: the base
+            # predictor's, with the site's offsets, with the pools (the family's may hold those
+            # very runs, so it lowers nothing here); a graph file is anyone's to name, and its
+            # sole runner could have run it starved to get the next user's job packed tight
+            bare = corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, ())
+            mem = max(mem, base_mem, bare.mem_mib, without.mem_mib)
+            util = max(util, base_util, bare.util_pct, without.util_pct)
+        return Answer(mem, util, tier)
 
     def predict(self, report, gpu, workload) -> Prediction:
         base = self.base or ColdStartEstimator()
