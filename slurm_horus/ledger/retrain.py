@@ -6,7 +6,8 @@ rows are listed in the registry's ``rows-<version>.json``); the candidate's pred
 are out-of-fold (5-fold cross-validation over every row). With no serving model, the cold-start
 estimator (never trained on site data) is the baseline on every row. The candidate is promoted
 only when its score (memory median |relative error| as a fraction + utilization RMSLE, each
-user's jobs weighing one user: user_weights) is lower, unless forced. Every trained model is kept in the Registry and in predictor_versions.
+user's jobs weighing one user: user_weights) is lower, unless forced. Every trained model is
+kept in the Registry and in predictor_versions.
 
 Bounds: held-out residuals of each predictor source (cold-start, learned) per GPU type give
 split-conformal quantiles, written to the registry's ``calibration.json`` (docs/definitions.md).

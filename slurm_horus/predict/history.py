@@ -370,9 +370,8 @@ class HistoryPredictor:
         off, cold_off = self.offsets.get(gpu, {}).get(base_name), self.cold_offset(gpu)
         pools = (("family", self.families.get(gpu, {}).get(family) if family else None, FAMILY_WEIGHT),
                  ("user", self.users.get(gpu, {}).get(user) if user else None, USER_WEIGHT))
-        without = corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, pools)
         if est is None:
-            return without
+            return corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, pools)
         mem, util = est
         util = base_util if util is None else util
         if not own and any(r.get("users", 1) == 1 and r.get("user") is not None for r in used):
@@ -382,8 +381,9 @@ class HistoryPredictor:
             # very runs, so it lowers nothing here); a graph file is anyone's to name, and its
             # sole runner could have run it starved to get the next user's job packed tight
             bare = corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, ())
-            mem = max(mem, base_mem, bare.mem_mib, without.mem_mib)
-            util = max(util, base_util, bare.util_pct, without.util_pct)
+            pooled = corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, pools)
+            mem = max(mem, base_mem, bare.mem_mib, pooled.mem_mib)
+            util = max(util, base_util, bare.util_pct, pooled.util_pct)
         return Answer(mem, util, tier)
 
     def predict(self, report, gpu, workload) -> Prediction:

@@ -177,7 +177,6 @@ class Simulator(Placement):
             g = alloc[0]
             self.pu[g] += req.share[0]
             self.pm[g] += req.share[1]
-            self.pvar[g] += (req.share[0] * self.jsig[j]) ** 2
             self.ns[g] += 1
             self._set_share(g)
             self._track_loss(g, now, joined=j)
@@ -229,10 +228,6 @@ class Simulator(Placement):
             self.ns[g] -= 1
             self.pu[g] = self.pu[g] - req.share[0] if self.ns[g] else 0.0
             self.pm[g] = self.pm[g] - req.share[1] if self.ns[g] else 0.0
-            # summed again over the jobs that stay (at most max_group): subtracting left residues
-            # that read a group of measured jobs over an error of 1e-7
-            self.pvar[g] = sum([(self.cur_req[x].share[0] * self.jsig[x]) ** 2 for x in self.gjobs[g]
-                                if x != j and self.cur_req[x].share is not None])
             self._set_share(g)
         for g in alloc:
             self.gjobs[g].remove(j)

@@ -41,6 +41,12 @@ UTIL_SIGMA = 0.25
 QUAD = ((-math.sqrt(3.0), 1.0 / 6.0), (0.0, 2.0 / 3.0), (math.sqrt(3.0), 1.0 / 6.0))
 
 
+def _quad_sums(su: float, sd: float, n: int) -> list[float]:
+    """The summed utils a share is read at over the sum's error: su + z sd at each QUAD point,
+    within what n jobs can sum to (0..100 n)."""
+    return [min(max(su + z * sd, 0.0), 100.0 * n) for z, _ in QUAD]
+
+
 def pair_limits(itf: Interference, slowdown_bound: float, max_group: int, k_tail: float = 1.0) -> list[float]:
     """umax[n]: the largest summed PREDICTED util at which n co-located jobs keep the per-job
     speed of a job of sensitivity ``k_tail`` (a quantile of the spread, not the median) >=
@@ -102,10 +108,8 @@ class Placement:
         # GPU's shareable jobs, and their count
         self.pu = np.zeros(G)
         self.pm = np.zeros(G)
-        # the variance of pu's error (the jobs' own, independent): sum of (util x jsig)^2;
-        # jsig: each job's relative error of its predicted util (UTIL_SIGMA for a prediction, 0
-        # for a measured or true one; set by the Simulator)
-        self.pvar = [0.0] * G
+        # each job's relative error of its predicted util (UTIL_SIGMA for a prediction, 0 for
+        # a measured or true one; set by the Simulator): _group_var sums a GPU's
         self.jsig = [0.0] * len(self.jobs)
         self.ns = np.zeros(G, dtype=np.int64)
         self.gcap = np.array(self.gmem_cap)
@@ -291,7 +295,7 @@ class Placement:
         (_fails_budget) whatever the partners add (_over_budget): the join would be refused
         anyway."""
         su, n, b = float(self.pu[g]) + u, int(self.ns[g]) + 1, self.bound
-        sd = (self.pvar[g] + (u * self.jsig[j]) ** 2) ** 0.5
+        sd = (self._group_var(g) + (u * self.jsig[j]) ** 2) ** 0.5
         jrisk, cur_req, jlim = self.jrisk, self.cur_req, self.jlim
         res = [x for x in self.gjobs[g] if cur_req[x].share is not None]
         longest = max(jlim[x] for x in res)
@@ -311,16 +315,21 @@ class Placement:
                 var += r * (1.0 - r) - old * (1.0 - old)
         return out, added, var
 
+    def _group_var(self, g: int) -> float:
+        """The variance of GPU g's summed predicted util: its shareable jobs' own errors
+        (independent), each (util x jsig)^2."""
+        cur_req, jsig = self.cur_req, self.jsig
+        return sum([(cur_req[x].share[0] * jsig[x]) ** 2 for x in self.gjobs[g]
+                    if cur_req[x].share is not None])
+
     def _tail(self, su: float, sd: float, n: int, bounds, sens) -> list[float]:
         """Interference.exceed_shares of a group of n whose predicted utils sum to su, averaged
-        over the sum's error (sd; QUAD, within 0..100 n)."""
+        over the sum's error (sd; _quad_sums)."""
         if sd <= 0.0:
             return self.itf.exceed_shares(su, n, bounds, sens=sens)
         out = [0.0] * len(bounds)
-        top = 100.0 * n
-        for z, w in QUAD:
-            for i, r in enumerate(self.itf.exceed_shares(min(max(su + z * sd, 0.0), top), n, bounds,
-                                                         sens=sens)):
+        for (_, w), s in zip(QUAD, _quad_sums(su, sd, n)):
+            for i, r in enumerate(self.itf.exceed_shares(s, n, bounds, sens=sens)):
                 out[i] += w * r
         return out
 
@@ -359,11 +368,10 @@ class Placement:
         of the group it was in, and the new group's rates (``joined``: a job starting now): c
         and c x L at each QUAD point of the predicted sum's error."""
         su, n = float(self.pu[g]), int(self.ns[g])
-        sd = self.pvar[g] ** 0.5 if n > 1 else 0.0
+        sd = self._group_var(g) ** 0.5 if n > 1 else 0.0
         c, ck = self.itf.loss_rates(su, n)
         if sd > 0.0:
-            top = 100.0 * n
-            rate = (c, tuple([self.itf.loss_rates(min(max(su + z * sd, 0.0), top), n)[1] for z, _ in QUAD]))
+            rate = (c, tuple([self.itf.loss_rates(s, n)[1] for s in _quad_sums(su, sd, n)]))
         else:
             rate = (c, (ck, ck, ck))
         cur_req = self.cur_req
