@@ -6,6 +6,7 @@ import os
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from onnx import TensorProto, helper
@@ -14,6 +15,8 @@ from graphs import external_tensor, mlp, save
 from slurm_horus.errors import ModelError
 from slurm_horus.graph.features import extract_features
 from slurm_horus.graph.load import load_graph
+
+ZOO = Path(__file__).parent / "data" / "zoo"
 
 
 def test_binds_batch_and_counts_mlp(tmp_path):
@@ -286,21 +289,72 @@ def test_a_custom_op_with_an_input_never_shaped_still_takes_its_known_input(tmp_
     assert r.by_op["MatMul"].flops == 2 * 4 * 64 * 32
 
 
-def test_shapes_left_unknown_after_the_last_round_are_a_warning(tmp_path):
-    # 40 custom ops, each followed by a standard one: one more inference round per pair, past
-    # the bound of rounds; the tensors left without a shape cost nothing, which was silent
+def _custom_chain(tmp_path, n: int = 40):
+    """n custom ops, each followed by a standard one, then a MatMul: before one inference pass
+    carried shapes past every custom op, each pair took a round of its own."""
+    import numpy as np
+    from onnx import numpy_helper
+
     nodes, prev = [], "x"
-    for i in range(40):
+    for i in range(n):
         nodes += [helper.make_node("MyOp", [prev], [f"c{i}"], domain="com.example"),
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
         prev = f"r{i}"
+    nodes.append(helper.make_node("MatMul", [prev, "w"], ["y"]))
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.zeros((4, 8), np.float32), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.example", 1)])
     model.ir_version = 8
     (tmp_path / "chain.onnx").write_bytes(model.SerializeToString())
+    return tmp_path / "chain.onnx"
+
+
+def test_a_chain_of_custom_ops_longer_than_the_rounds_is_shaped_in_one_pass(tmp_path):
+    import onnx
+
+    g = load_graph(_custom_chain(tmp_path), batch_size=2)
+    assert g.shapeless == [] and len(g.assumed_shapes) == 40
+    assert g.tensors["r39"].shape == (2, 4) and g.tensors["y"].shape == (2, 8)
+    # the schemas lived for the analysis only, and the nodes carry nothing of them
+    assert not onnx.defs.has("MyOp", "com.example")
+    assert all(a.name.startswith("horus") is False for n in g.nodes for a in n.attribute)
     r = extract_features(tmp_path / "chain.onnx", batch_size=2)
+    assert r.by_op["MatMul"].flops == 2 * 2 * 4 * 8 and not any("unknown" in w for w in r.warnings())
+
+
+def test_shapes_left_unknown_after_the_last_round_are_a_warning(tmp_path, monkeypatch):
+    # where ONNX takes no schema from Python, a round per custom op carries the shapes, up to
+    # MAX_SHAPE_ROUNDS; the tensors left without a shape cost nothing, which was silent
+    import onnx
+
+    def refuse(schema):
+        raise RuntimeError("no Python schemas here")
+
+    monkeypatch.setattr(onnx.defs, "register_schema", refuse)
+    r = extract_features(_custom_chain(tmp_path), batch_size=2)
     assert r.shapeless and any("tensor(s) unknown" in w for w in r.warnings())
     short = extract_features(mlp(tmp_path / "m.onnx"), batch_size=2)
     assert short.shapeless == []
+
+
+def test_bert_with_a_custom_op_per_layer_norm_and_softmax_costs_as_bert(tmp_path):
+    # 37 custom ops in a chain (BERT-base's 25 LayerNormalization and 12 Softmax moved to a
+    # custom domain, as a fused-kernel export has them): every MatMul after them still counts
+    import onnx
+
+    model = onnx.load(str(ZOO / "bert_base.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type in ("LayerNormalization", "Softmax"):
+            node.domain = "com.example"
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    onnx.save(model, str(tmp_path / "bert_custom.onnx"))
+    plain = extract_features(ZOO / "bert_base.onnx", batch_size=2)
+    custom = extract_features(tmp_path / "bert_custom.onnx", batch_size=2)
+    # the last LayerNorm's output is the graph's, its shape declared in the file
+    assert custom.shapeless == [] and len(custom.assumed_shapes) == 36
+    # before, the sequence length (symbolic) kept the first LayerNorm waiting until it took its
+    # weight's shape, (768,), and 48 tensors after it had none: half the MatMul FLOPs
+    assert custom.by_op["MatMul"].flops == plain.by_op["MatMul"].flops > 0
+    assert custom.values["params"] == plain.values["params"]

@@ -8,6 +8,8 @@ outside its own folder.
 Ops that ONNX cannot infer (custom domains, unknown ops) would leave every tensor after them
 without a shape, and a whole network would cost nothing: their outputs are assumed to have the
 shape and type of their largest input (listed in `Graph.assumed_shapes`), so shapes keep flowing.
+The rule runs inside ONNX's inference, as a schema registered for the time of the analysis, so
+one pass carries shapes past every such op; where that fails, a round of inference per op does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import hashlib
 import math
 import os
 import re
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,8 +34,15 @@ MAX_DIM = 2**31 - 1
 # A tensor this large (elements) cannot exist on any GPU; refuse rather than report nonsense.
 MAX_TENSOR_ELEMENTS = 2**44
 MAX_FOLD_ROUNDS = 4  # shape arithmetic chains resolve in a round or two; bound the work
-# Each round of inference carries shapes past one more op it cannot infer; bound the work.
+# Each round of inference carries shapes past one more op it cannot infer where the schemas of
+# _opaque_schemas could not be registered (and past ops waiting on folded shapes); bound the work.
 MAX_SHAPE_ROUNDS = 32
+# what _opaque_schemas writes on an opaque node for its inference (removed after): per input 0 an
+# activation, 1 a weight, 2 absent; per output the element type to give it (0: its input's), -1
+# none (no name, or a shape already declared or assumed)
+OPAQUE_INPUTS_ATTR, OPAQUE_OUTPUTS_ATTR = "horus_opaque_inputs", "horus_opaque_outputs"
+# ONNX's schema registry is the process's: one analysis registers its schemas at a time
+_SCHEMA_LOCK = threading.Lock()
 # TensorProto's floating-point types (FLOAT, FLOAT16, DOUBLE, BFLOAT16, the FLOAT8 family):
 # weights, whose values nothing here reads
 FLOAT_TYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20})
@@ -135,20 +146,28 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     _check_input_dims(graph, path)
     _bind_annotations(graph, {**bound, **dims})
     initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
-    inferred = _infer_shapes(model, path, onnx)
-    tensors = _collect_tensors(inferred.graph, onnx)
     assumed: set[str] = set()
-    for round_ in range(MAX_SHAPE_ROUNDS):
-        known = {**tensors, **initializers}
-        changed = (_assume_opaque_outputs(graph, nodes, known, assumed, onnx, wait=True)
-                   or _assume_opaque_outputs(graph, nodes, known, assumed, onnx, wait=False))
-        if round_ < MAX_FOLD_ROUNDS and any(isinstance(d, str) or d is None
-                                            for t in tensors.values() for d in t.shape or ()):
-            changed += fold_shapes(model, lambda n: _known_shape(tensors, n))
-        if not changed:
-            break
+    opaque_nodes = [n for n in nodes if _is_opaque(n, onnx)]  # before any schema is registered
+    with _opaque_schemas(graph, opaque_nodes, onnx) as opaque:
         inferred = _infer_shapes(model, path, onnx)
         tensors = _collect_tensors(inferred.graph, onnx)
+        for round_ in range(MAX_SHAPE_ROUNDS):
+            before = len(assumed)  # the schemas' progress counts as waiting's would
+            assumed.update(n for n in opaque if n in tensors and tensors[n].shape is not None)
+            known = {**tensors, **initializers}
+            changed = (_assume_opaque_outputs(graph, opaque_nodes, known, assumed, onnx, wait=True)
+                       or len(assumed) > before)
+            if round_ < MAX_FOLD_ROUNDS and any(isinstance(d, str) or d is None
+                                                for t in tensors.values() for d in t.shape or ()):
+                changed += fold_shapes(model, lambda n: _known_shape(tensors, n))
+            # stop waiting only when nothing else moved: before folding, an op whose activation
+            # waited on a folded size took its weight's shape (BERT's LayerNorm a (768,) batch)
+            if not changed:
+                changed = _assume_opaque_outputs(graph, opaque_nodes, known, assumed, onnx, wait=False)
+            if not changed:
+                break
+            inferred = _infer_shapes(model, path, onnx)
+            tensors = _collect_tensors(inferred.graph, onnx)
     tensors.update(initializers)
     for name, info in tensors.items():
         if any(isinstance(d, int) and d < 0 for d in info.shape or ()):
@@ -390,24 +409,24 @@ def _bind_annotations(graph, values: dict[str, int]) -> None:
                     dim.Clear()
 
 
-def _assume_opaque_outputs(graph, nodes, tensors: dict[str, TensorInfo], assumed: set[str],
+def _assume_opaque_outputs(graph, opaque, tensors: dict[str, TensorInfo], assumed: set[str],
                            onnx, wait: bool) -> int:
-    """Give each shapeless output of an op ONNX has no schema for the shape and type of the op's
-    largest activation input, once those are known (a weight only for an op that reads no
-    activation: fused Attention or FastGelu had taken their weight's shape, and every MatMul
-    after them cost 0); ``wait=False`` (when waiting changed nothing) takes the largest input
-    known so far instead, activations first; written into `graph.value_info` for the next
-    inference; returns how many."""
+    """Give each shapeless output of an op ONNX has no schema for (``opaque``, in topological
+    order) the shape and type of the op's largest activation input, once each has a shape,
+    symbolic sizes included (a weight only for an op that reads no activation: fused Attention
+    or FastGelu had taken their weight's shape, and every MatMul after them cost 0; waiting for
+    every size to be a number gave BERT's LayerNorm its weight's (768,) at a symbolic sequence
+    length); ``wait=False`` (when nothing else moved) takes the largest input with a shape so
+    far instead, activations first; written into `graph.value_info` for the next inference;
+    returns how many."""
     declared = {vi.name: vi for vi in (*graph.value_info, *graph.output)}
     weights = {t.name for t in graph.initializer}
     count = 0
-    for node in nodes:
-        if onnx.defs.has(node.op_type, "" if node.domain == "ai.onnx" else node.domain):
-            continue
+    for node in opaque:
         inputs = [n for n in node.input if n and n not in weights] or [n for n in node.input if n]
-        known = [tensors[n] for n in inputs if n in tensors and tensors[n].known]
+        known = [tensors[n] for n in inputs if n in tensors and tensors[n].shape is not None]
         if not wait and not known:
-            known = [tensors[n] for n in node.input if n in tensors and tensors[n].known]
+            known = [tensors[n] for n in node.input if n in tensors and tensors[n].shape is not None]
         if not known or (wait and len(known) < len(inputs)):
             continue  # a later round may know the rest
         largest = max(known, key=lambda info: info.nbytes)
@@ -421,7 +440,102 @@ def _assume_opaque_outputs(graph, nodes, tensors: dict[str, TensorInfo], assumed
             tensors[name] = TensorInfo(dtype, largest.shape)  # the next op in this pass sees it
             assumed.add(name)
             count += 1
+            for attr in node.attribute:  # declared now: _infer_opaque leaves it
+                if attr.name == OPAQUE_OUTPUTS_ATTR:
+                    attr.ints[list(node.output).index(name)] = -1
     return count
+
+
+def _is_opaque(node, onnx) -> bool:
+    """An op ONNX has no schema for (a custom domain's, or unknown)."""
+    return not onnx.defs.has(node.op_type, "" if node.domain == "ai.onnx" else node.domain)
+
+
+@contextmanager
+def _opaque_schemas(graph, opaque, onnx):
+    """For the body: a schema for each op ONNX has none for, whose inference applies the rule of
+    _assume_opaque_outputs (waiting included) as ONNX reaches the op, so that one pass carries
+    shapes past every such op: a round per op stopped after MAX_SHAPE_ROUNDS, and a graph with a
+    custom op per layer lost its last layers.  ``opaque``: those ops' nodes.  Yields the names of
+    the outputs it may shape; registers nothing (the rounds alone then) where ONNX cannot take a
+    schema from Python."""
+    defs = onnx.defs
+    if not opaque or not hasattr(defs, "register_schema"):
+        yield set()
+        return
+    weights = {t.name for t in graph.initializer}
+    shaped = {vi.name: vi.type.tensor_type for vi in (*graph.value_info, *graph.output)
+              if vi.type.HasField("tensor_type")}
+    names: set[str] = set()
+    for node in opaque:
+        codes = []
+        for name in node.output:
+            tt = shaped.get(name)
+            codes.append(-1 if not name or (tt is not None and tt.HasField("shape")) else
+                         tt.elem_type if tt is not None else 0)
+            if codes[-1] >= 0:
+                names.add(name)
+        node.attribute.extend([
+            onnx.helper.make_attribute(OPAQUE_INPUTS_ATTR, [2 if not n else int(n in weights) for n in node.input]),
+            onnx.helper.make_attribute(OPAQUE_OUTPUTS_ATTR, codes)])
+    ops = sorted({(n.op_type, "" if n.domain == "ai.onnx" else n.domain) for n in opaque})
+    any_type = [f"tensor({t})" for t in ("float", "float16", "bfloat16", "double", "int8", "int16", "int32",
+                                         "int64", "uint8", "uint16", "uint32", "uint64", "bool", "string")]
+    variadic = dict(param_option=defs.OpSchema.FormalParameterOption.Variadic, is_homogeneous=False)
+    registered = []
+    with _SCHEMA_LOCK:
+        try:
+            try:
+                for op, domain in ops:
+                    schema = defs.OpSchema(op, domain, 1, inputs=[defs.OpSchema.FormalParameter("in", "T", **variadic)],
+                                           outputs=[defs.OpSchema.FormalParameter("out", "T", **variadic)],
+                                           type_constraints=[("T", any_type, "")])
+                    schema.set_type_and_shape_inference_function(_infer_opaque)
+                    defs.register_schema(schema)
+                    registered.append((op, domain))
+            except Exception:  # noqa: BLE001 - an older ONNX, or the name taken meanwhile: rounds
+                names = set()
+                for op, domain in registered:
+                    defs.deregister_schema(op, 1, domain)
+                registered = []
+            yield names
+        finally:
+            for op, domain in registered:
+                defs.deregister_schema(op, 1, domain)
+            for node in opaque:
+                kept = [a for a in node.attribute if a.name not in (OPAQUE_INPUTS_ATTR, OPAQUE_OUTPUTS_ATTR)]
+                del node.attribute[:]
+                node.attribute.extend(kept)
+
+
+def _infer_opaque(ctx) -> None:
+    """ONNX's inference of an opaque op (_opaque_schemas): each output takes the shape of the
+    largest activation input, once every activation input has a shape (a weight's where the op
+    reads none), as _assume_opaque_outputs gives it; nothing otherwise."""
+    try:
+        kinds = list(ctx.get_attribute(OPAQUE_INPUTS_ATTR).ints)
+        codes = list(ctx.get_attribute(OPAQUE_OUTPUTS_ATTR).ints)
+        active = [i for i, k in enumerate(kinds) if k == 0] or [i for i, k in enumerate(kinds) if k < 2]
+        largest, size = None, -1
+        for i in active:
+            t = ctx.get_input_type(i) if i < ctx.get_num_inputs() else None
+            tt = t.tensor_type if t is not None and t.HasField("tensor_type") else None
+            if tt is None or not tt.HasField("shape"):
+                return  # wait: a later round may know it
+            nbytes = math.prod(max(d.dim_value, 1) for d in tt.shape.dim) * DTYPE_BYTES.get(tt.elem_type, 0)
+            if nbytes > size:
+                largest, size = t, nbytes
+        if largest is None:
+            return
+        for o, code in enumerate(codes[:ctx.get_num_outputs()]):
+            if code >= 0:
+                out = type(largest)()
+                out.CopyFrom(largest)
+                if code:
+                    out.tensor_type.elem_type = code
+                ctx.set_output_type(o, out)
+    except Exception:  # noqa: BLE001 - an error here must not stop the analysis: the rounds remain
+        return
 
 
 def _known_shape(tensors: dict, name: str):
