@@ -358,3 +358,67 @@ def test_bert_with_a_custom_op_per_layer_norm_and_softmax_costs_as_bert(tmp_path
     # weight's shape, (768,), and 48 tensors after it had none: half the MatMul FLOPs
     assert custom.by_op["MatMul"].flops == plain.by_op["MatMul"].flops > 0
     assert custom.values["params"] == plain.values["params"]
+
+
+def _save(path, nodes, inits=(), opset_custom: int = 1):
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v[1], dtype=v[2]), v[0]) for v in inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", opset_custom)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+W48 = ("w", [[0.0] * 8] * 4, "float32")
+
+
+def test_custom_ops_with_no_inputs_or_no_outputs_do_not_stop_the_analysis(tmp_path):
+    # a review's finding: an empty attribute list has no type for onnx.helper, and the whole
+    # analysis failed where the rounds alone had shaped everything else
+    nodes = [helper.make_node("MyConst", [], ["k"], domain="com.example"),
+             helper.make_node("MyPrint", ["x"], [], domain="com.example"),
+             helper.make_node("MyOp", ["x"], ["c"], domain="com.example"),
+             helper.make_node("MatMul", ["c", "w"], ["y"])]
+    g = load_graph(_save(tmp_path / "e.onnx", nodes, [W48]), batch_size=2)
+    assert g.tensors["c"].shape == (2, 4) and g.tensors["y"].shape == (2, 8) and g.shapeless == ["k"]
+
+
+def test_a_models_own_attribute_of_the_schemas_name_is_not_read_as_theirs(tmp_path):
+    # the rounds wrote into any attribute of that name (an IndexError on a string one); opset 0
+    # of the custom domain takes the rounds' path, opset 1 the schemas'
+    for version in (0, 1):
+        nodes = [helper.make_node("MyOp", ["x"], ["c"], domain="com.example", horus_opaque_outputs="s",
+                                  horus_opaque_inputs=[1, 1, 1]),
+                 helper.make_node("MatMul", ["c", "w"], ["y"])]
+        g = load_graph(_save(tmp_path / f"a{version}.onnx", nodes, [W48], opset_custom=version), batch_size=2)
+        assert g.tensors["y"].shape == (2, 8) and g.assumed_shapes == ["c"], version
+
+
+def test_without_schemas_a_shape_waiting_on_a_fold_is_not_frozen_early(tmp_path, monkeypatch):
+    # Range(0, batch x 3000) has no size until folded: the rounds must not take it, symbolic,
+    # for good before the fold settles it (MatMul cost 2 x 1 x 512 instead of 2 x 6000 x 512)
+    import onnx
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["g"], axis=0),
+             helper.make_node("Mul", ["g", "k"], ["m"]), helper.make_node("Range", ["zs", "m", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["cf"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["cf", "ax"], ["cu"]),
+             helper.make_node("MyOp", ["cu"], ["c"], domain="com.example"),
+             helper.make_node("MatMul", ["c", "w"], ["y"])]
+    inits = [("zero", 0, "int64"), ("k", 3000, "int64"), ("zs", 0, "int64"), ("one", 1, "int64"),
+             ("ax", [1], "int64"), ("w", [[0.0] * 512], "float32")]
+    path = _save(tmp_path / "fold.onnx", nodes, inits)
+
+    def refuse(schema):
+        raise RuntimeError("no Python schemas here")
+
+    for patched in (False, True):
+        if patched:
+            monkeypatch.setattr(onnx.defs, "register_schema", refuse)
+        g = load_graph(path, batch_size=2)
+        assert g.tensors["c"].shape == (6000, 1) and g.tensors["y"].shape == (6000, 512), patched

@@ -313,7 +313,8 @@ def test_horus_probe_is_accepted_and_ignored():
 
 
 def test_hsubmit_writes_nothing_but_the_comment(tmp_path, monkeypatch):
-    """No ledger, no spool, no child process: the prediction travels in the comment only."""
+    """No ledger, no spool, no process left behind (the graph's analysis runs in a child that
+    is reaped before sbatch): the prediction travels in the comment only."""
     import sys
 
     from slurm_horus.slurm import commands as slurm
@@ -325,11 +326,12 @@ def test_hsubmit_writes_nothing_but_the_comment(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO()))
     monkeypatch.setenv("HORUS_LEDGER_URL", f"sqlite:///{tmp_path}/ledger.db")
     monkeypatch.setenv("HORUS_SPOOL", str(tmp_path / "spool"))
-    monkeypatch.setattr("os.fork", lambda: pytest.fail("hsubmit forked"))
     rc = hsubmit.main(["--horus-probe", "--model", "tests/data/zoo/small_cnn.onnx",
                        "--gres=gpu:1", "--wrap", "true"])
     (argv,) = seen
     assert rc == 1 and not list(tmp_path.iterdir())  # rc: exec_sbatch returned (mocked)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no child of ours left, running or unreaped
     (comment,) = [a for a in argv if a.startswith("--comment=")]
     assert parse_hint(comment[10:]) and parse_workload(comment[10:])["bs"] == 1
 

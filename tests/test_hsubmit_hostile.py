@@ -200,3 +200,97 @@ def test_a_model_path_that_is_not_utf8_costs_only_the_path(tmp_path, slurm_bin):
     comment = next(a for a in log.read_text().splitlines() if a.startswith("--comment="))
     w = parse_workload(comment[len("--comment="):])
     assert w is not None and w["bs"] == 8 and "model" not in w and "horus:v1;a100=" in comment
+
+
+def _many_nodes(path: Path, n: int) -> Path:
+    """n Relu nodes side by side: a file of a few MB whose shape inference takes seconds."""
+    g = helper.make_graph([], "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                          [helper.make_tensor_value_info("y0", TensorProto.FLOAT, None)])
+    for i in range(n):
+        g.node.add(op_type="Relu", input=["x"], output=[f"y{i}"])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_graph_of_more_nodes_than_any_model_is_submitted_without_analysis(tmp_path, slurm_bin):
+    # ONNX's shape inference is one C++ call the 60 s timer cannot stop, its time growing with
+    # the nodes: past the cap the file is refused before it, and the job goes as submitted
+    from slurm_horus.graph.load import MAX_GRAPH_NODES
+
+    env, log = slurm_bin
+    path = _many_nodes(tmp_path / "wide.onnx", MAX_GRAPH_NODES + 1)
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(path), "--batch-size", "2", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    assert f"more than {MAX_GRAPH_NODES:,} nodes" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
+    assert "horus:" not in log.read_text()
+
+
+def test_the_node_cap_counts_subgraphs(tmp_path, monkeypatch):
+    from slurm_horus.graph import load
+
+    monkeypatch.setattr(load, "MAX_GRAPH_NODES", 10)
+    branch = helper.make_graph([helper.make_node("Relu", ["x"], [f"b{i}"]) for i in range(8)], "branch", [],
+                               [helper.make_tensor_value_info("b0", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True), "c")),
+             helper.make_node("If", ["c"], ["o"], then_branch=branch, else_branch=branch)]
+    g = helper.make_graph(nodes, "if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "if.onnx")
+    with pytest.raises(ModelError, match="more than 10 nodes"):
+        extract_features(tmp_path / "if.onnx")  # 2 + 8 + 8
+    monkeypatch.setattr(load, "MAX_GRAPH_NODES", 18)
+    extract_features(tmp_path / "if.onnx")
+
+
+def test_an_analysis_that_aborts_the_process_still_submits_the_job(tmp_path, slurm_bin):
+    # 900,000 nodes, under the cap: the analysis meets its address-space limit inside native
+    # code, and glibc aborts the process ("cannot allocate memory for thread-local data"): run
+    # in hsubmit's own process, that took the user's job with it (no sbatch, exit 127)
+    env, log = slurm_bin
+    path = _many_nodes(tmp_path / "wide.onnx", 900_000)
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(path), "--batch-size", "2", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and "analysing the graph" in lines[0] and "submitting the job unchanged" in lines[0]
+    assert "horus:" not in log.read_text()
+
+
+def test_the_bounded_child_reports_an_abort_a_hang_and_errors_as_model_errors(monkeypatch):
+    import signal
+    import time
+
+    from slurm_horus.graph import limits
+
+    def same(x):
+        return x
+
+    with pytest.raises(ModelError, match=r"m.onnx: analysing the graph failed \(signal SIGABRT\)"):
+        limits.run_bounded("m.onnx", os.abort, same, same)
+    # a call the child's timer cannot interrupt (one C++ call; here SIGALRM blocked) is killed
+    monkeypatch.setattr(limits, "KILL_GRACE_S", 0.5)
+
+    def stuck():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(60)
+
+    t0 = time.monotonic()
+    with pytest.raises(ModelError, match="took more than 1 s"):
+        limits.run_bounded("m.onnx", stuck, same, same, timeout_s=1)
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(ModelError, match="^bad graph$"):
+        limits.run_bounded("m.onnx", lambda: (_ for _ in ()).throw(ModelError("bad graph")), same, same)
+    with pytest.raises(HorusError, match="^bad dims$") as e:
+        limits.run_bounded("m.onnx", lambda: (_ for _ in ()).throw(HorusError("bad dims")), same, same)
+    assert type(e.value) is HorusError
+    with pytest.raises(ModelError, match=r"the analysis failed \(ZeroDivisionError"):
+        limits.run_bounded("m.onnx", lambda: 1 / 0, same, same)
+    assert limits.run_bounded("m.onnx", lambda: {"a": [1, 2.5]}, same, same) == {"a": [1, 2.5]}
+
+
+def test_features_from_the_child_equal_the_in_process_ones():
+    from slurm_horus.graph.features import features_of
+    from slurm_horus.graph.load import load_graph
+
+    for name, batch in (("resnet50", 8), ("gpt2", 2), ("lstm_lm", 4)):
+        path = ZOO / f"{name}.onnx"
+        assert extract_features(path, batch_size=batch) == features_of(load_graph(path, batch_size=batch), batch)

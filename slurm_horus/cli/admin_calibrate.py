@@ -35,7 +35,8 @@ def _csv_list(value: str | None, what: str, cast=str) -> list:
 
 @click.command("calibrate")
 @click.option("--out", "out", type=click.Path(dir_okay=False),
-              help="CSV to append rows to (the `horus-admin import` format); required to run.")
+              help="CSV to write the rows to (the `horus-admin import` format; an existing file "
+                   "only with --resume); required to run.")
 @click.option("--ledger", "url", envvar="HORUS_LEDGER_URL", default=None,
               help="Also record each row in this ledger (as `horus-admin import` would).")
 @click.option("--models", help="Comma-separated model names (default: a ~10 minute set; "

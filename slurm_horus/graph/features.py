@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs, parameter_tensors, weight_views
 from slurm_horus.graph.load import BATCH_DIM_NAMES, Graph, load_graph
-from slurm_horus.graph.limits import ANALYSIS_FILE_FACTOR, ANALYSIS_MEM_MIB, analysis_limits
+from slurm_horus.graph.limits import ANALYSIS_FILE_FACTOR, ANALYSIS_MEM_MIB, run_bounded
 
 FEATURE_VERSION = 1
 MIX_CATEGORIES = ("conv", "matmul", "attention", "rnn", "norm", "pool", "elementwise", "reduce",
@@ -110,18 +110,27 @@ class FeatureReport:
 
 def extract_features(model: str | os.PathLike, batch_size: int | None = None,
                      dims: dict[str, int] | None = None) -> FeatureReport:
-    """Load `model`, bind its dimensions and compute its feature vector, within bounded memory
-    and time (a user names the file: graph.limits)."""
-    for lib in ("numpy", "onnx"):  # imported outside the limits: their import maps memory too
+    """Load `model`, bind its dimensions and compute its feature vector, in a child process
+    within bounded memory and time (a user names the file: graph.limits.run_bounded)."""
+    for lib in ("numpy", "onnx"):  # imported before: the child starts warm, outside the limits
         importlib.import_module(lib)
 
     try:
         size = os.stat(model).st_size
     except OSError:
         size = 0  # load_graph says what is wrong with it
-    with analysis_limits(str(model), ANALYSIS_MEM_MIB + ANALYSIS_FILE_FACTOR * (size >> 20)):
-        graph = load_graph(model, batch_size=batch_size, dims=dims)
-        return features_of(graph, batch_size)
+    return run_bounded(str(model), lambda: features_of(load_graph(model, batch_size=batch_size, dims=dims),
+                                                       batch_size),
+                       asdict, report_from_dict, ANALYSIS_MEM_MIB + ANALYSIS_FILE_FACTOR * (size >> 20))
+
+
+def report_from_dict(d: dict) -> FeatureReport:
+    """The FeatureReport that dataclasses.asdict gave ``d`` (through JSON: tuples as lists)."""
+    d = dict(d)
+    d["nodes"] = [NodeCost(**{k: tuple(v) if isinstance(v, list) else v for k, v in n.items()})
+                  for n in d["nodes"]]
+    d["by_op"] = {k: OpSummary(**v) for k, v in d["by_op"].items()}
+    return FeatureReport(**d)
 
 
 def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:

@@ -3,29 +3,40 @@
 ONNX's shape inference materialises the values it propagates, so a 200-byte graph
 (``Range(0, 3e8)``) or a huge ``--dim`` can ask for tens of GB, and a pathological graph can
 take minutes.  hsubmit must still submit the job and ``horus-admin sync`` must go on, so the
-analysis runs under an address-space limit (its growth over what the process already maps) and
-a timer; both are restored on exit.  The timer needs the main thread (it is a signal); off it,
-only the memory is bounded.
+analysis runs in a child process (run_bounded) under an address-space limit (its growth over
+what the process already maps) and a timer (analysis_limits), and the child is killed when it
+outlives the timer: one call into ONNX's C++ runs on past a Python timer, and native code that
+meets the address-space limit may abort the whole process (glibc's thread-local storage does),
+which had taken hsubmit, and the user's job, with it.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import json
+import os
 import resource
+import select
 import signal
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
-from slurm_horus.errors import ModelError
+from slurm_horus.errors import HorusError, ModelError
 
-__all__ = ["ANALYSIS_FILE_FACTOR", "ANALYSIS_MEM_MIB", "ANALYSIS_TIMEOUT_S", "analysis_limits"]
+__all__ = ["ANALYSIS_FILE_FACTOR", "ANALYSIS_MEM_MIB", "ANALYSIS_TIMEOUT_S", "analysis_limits",
+           "run_bounded"]
+
+T = TypeVar("T")
 
 # growth allowed: this much, plus a few times the file (parsed, then copied by inference); real
 # graphs need tens of MB beyond their own size
 ANALYSIS_MEM_MIB = 1024
 ANALYSIS_FILE_FACTOR = 3
 ANALYSIS_TIMEOUT_S = 60.0
+# the child's own timer reports first; past it by this much the child is killed
+KILL_GRACE_S = 5.0
 
 
 class _Timeout(BaseException):
@@ -86,3 +97,88 @@ def analysis_limits(what: str, mem_mib: int = ANALYSIS_MEM_MIB,
                 left = old_timer[0] - (time.monotonic() - t0)
                 signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), old_timer[1])
         resource.setrlimit(resource.RLIMIT_AS, old_limit)
+
+
+def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], decode: Callable[[Any], T],
+                mem_mib: int = ANALYSIS_MEM_MIB, timeout_s: float = ANALYSIS_TIMEOUT_S) -> T:
+    """``fn()`` in a forked child under analysis_limits(what, mem_mib, timeout_s), its result
+    crossing back as JSON (``encode`` there, ``decode`` here: never pickle).  A HorusError of
+    fn's is raised here as itself (a ModelError or a HorusError, its message); the child's
+    crash, abort, hang past the timer or any other error is a ModelError.  Import what fn needs
+    before: the child then starts warm, and imports map memory outside the limit."""
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        raise ModelError(f"{what}: cannot start the analysis ({e.strerror or e})") from None
+    if pid == 0:  # the child: never returns, never runs the caller's cleanup or flushes its output
+        try:
+            os.close(r)
+            if not os.environ.get("HORUS_DEBUG"):  # native libraries' own messages (an abort's):
+                devnull = os.open(os.devnull, os.O_WRONLY)  # the caller says what failed, in one line
+                os.dup2(devnull, 2)
+                faulthandler.disable()
+            try:
+                with analysis_limits(what, mem_mib, timeout_s):
+                    out = {"ok": encode(fn())}
+            except HorusError as e:
+                out = {"error": str(e), "model": isinstance(e, ModelError)}
+            except BaseException as e:  # noqa: BLE001 - a bug's or a library's error: one line
+                out = {"error": f"{what}: the analysis failed ({type(e).__name__}: {str(e)[:200]})",
+                       "model": True}
+            view = memoryview(json.dumps(out, default=_plain).encode())
+            while view:
+                view = view[os.write(w, view):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    data, done = bytearray(), False
+    try:
+        deadline = time.monotonic() + timeout_s + KILL_GRACE_S
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([r], [], [], left)[0]:
+                chunk = os.read(r, 1 << 20)
+                if not chunk:
+                    done = True
+                    break
+                data += chunk
+    finally:
+        os.close(r)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+        status = _reap(pid)
+    if not done:
+        raise ModelError(f"{what}: analysing the graph took more than {timeout_s:g} s")
+    try:
+        out = json.loads(data) if data else None
+    except ValueError:
+        out = None
+    if not isinstance(out, dict):
+        how = ("no result" if status is None else
+               f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status) else
+               f"exit status {os.WEXITSTATUS(status)}")
+        raise ModelError(f"{what}: analysing the graph failed ({how}); it may need more than "
+                         f"{mem_mib} MiB of memory")
+    if "ok" in out:
+        return decode(out["ok"])
+    raise (ModelError if out.get("model", True) else HorusError)(str(out.get("error")))
+
+
+def _plain(value):
+    """JSON for numpy scalars (their Python value)."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _reap(pid: int) -> int | None:
+    """The child's exit status; None where a SIGCHLD set to be ignored reaped it already."""
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return None

@@ -18,6 +18,7 @@ import hashlib
 import math
 import os
 import re
+import signal
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ MAX_DIM = 2**31 - 1
 # A tensor this large (elements) cannot exist on any GPU; refuse rather than report nonsense.
 MAX_TENSOR_ELEMENTS = 2**44
 MAX_FOLD_ROUNDS = 4  # shape arithmetic chains resolve in a round or two; bound the work
+# ONNX's shape inference is one C++ call that the analysis timer (graph.limits) cannot stop, and
+# its time grows with the nodes: a cap bounds it (the largest real graph here, GPT-2 XL, has
+# 10,096), so that a crafted file cannot stall hsubmit or horus-admin sync's claim checks
+MAX_GRAPH_NODES = 1_000_000
 # Each round of inference carries shapes past one more op it cannot infer where the schemas of
 # _opaque_schemas could not be registered (and past ops waiting on folded shapes); bound the work.
 MAX_SHAPE_ROUNDS = 32
@@ -131,6 +136,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     path = Path(path)
     dims = _check_dims(batch_size, dims)
     model, sha256 = _read_model(path, onnx)
+    _check_node_count(model.graph, path)
     _drop_weight_values(model)
     missing = _check_external_data(model, path.parent.resolve(), onnx)
     graph = model.graph
@@ -147,8 +153,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     _bind_annotations(graph, {**bound, **dims})
     initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
     assumed: set[str] = set()
-    opaque_nodes = [n for n in nodes if _is_opaque(n, onnx)]  # before any schema is registered
-    with _opaque_schemas(graph, opaque_nodes, onnx) as opaque:
+    with _opaque_schemas(graph, nodes, onnx) as (opaque_nodes, opaque):
         inferred = _infer_shapes(model, path, onnx)
         tensors = _collect_tensors(inferred.graph, onnx)
         for round_ in range(MAX_SHAPE_ROUNDS):
@@ -251,6 +256,23 @@ def _read_model(path: Path, onnx):
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise ModelError(f"{path}: not an ONNX model (no graph or IR version)")
     return model, hashlib.sha256(data).hexdigest()
+
+
+def _check_node_count(graph, path: Path) -> None:
+    """Refuse a graph of more than MAX_GRAPH_NODES nodes, its subgraphs' included, before any
+    inference (no real model comes near it)."""
+    left, stack = MAX_GRAPH_NODES, [graph]
+    while stack:
+        g = stack.pop()
+        left -= len(g.node)
+        if left < 0:
+            raise ModelError(f"{path}: the graph has more than {MAX_GRAPH_NODES:,} nodes (subgraphs "
+                             "included); no real model has as many, so it is not analysed")
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
 
 
 def _drop_weight_values(model) -> None:
@@ -412,25 +434,30 @@ def _bind_annotations(graph, values: dict[str, int]) -> None:
 def _assume_opaque_outputs(graph, opaque, tensors: dict[str, TensorInfo], assumed: set[str],
                            onnx, wait: bool) -> int:
     """Give each shapeless output of an op ONNX has no schema for (``opaque``, in topological
-    order) the shape and type of the op's largest activation input, once each has a shape,
-    symbolic sizes included (a weight only for an op that reads no activation: fused Attention
-    or FastGelu had taken their weight's shape, and every MatMul after them cost 0; waiting for
-    every size to be a number gave BERT's LayerNorm its weight's (768,) at a symbolic sequence
-    length); ``wait=False`` (when nothing else moved) takes the largest input with a shape so
-    far instead, activations first; written into `graph.value_info` for the next inference;
-    returns how many."""
+    order) the shape and type of the op's largest activation input, once every size of those is
+    a number (a weight only for an op that reads no activation: fused Attention or FastGelu had
+    taken their weight's shape, and every MatMul after them cost 0); ``wait=False`` (when
+    nothing else moved: a fold may still settle a size) takes the largest input with a shape so
+    far instead, symbolic sizes included, activations first (weights first, when an activation
+    had only symbolic sizes, gave BERT's LayerNorm its weight's (768,) at a symbolic sequence
+    length); written into `graph.value_info` for the next inference (where it stays); returns
+    how many."""
     declared = {vi.name: vi for vi in (*graph.value_info, *graph.output)}
     weights = {t.name for t in graph.initializer}
     count = 0
     for node in opaque:
         inputs = [n for n in node.input if n and n not in weights] or [n for n in node.input if n]
-        known = [tensors[n] for n in inputs if n in tensors and tensors[n].shape is not None]
-        if not wait and not known:
-            known = [tensors[n] for n in node.input if n in tensors and tensors[n].shape is not None]
-        if not known or (wait and len(known) < len(inputs)):
+        if wait:  # every size a number: a later fold may still settle a symbolic one
+            known = [tensors[n] for n in inputs if n in tensors and tensors[n].known]
+            if len(known) < len(inputs):
+                continue
+        else:
+            known = ([tensors[n] for n in inputs if n in tensors and tensors[n].shape is not None]
+                     or [tensors[n] for n in node.input if n in tensors and tensors[n].shape is not None])
+        if not known:
             continue  # a later round may know the rest
         largest = max(known, key=lambda info: info.nbytes)
-        for name in node.output:
+        for index, name in enumerate(node.output):
             info = tensors.get(name)
             if not name or (info is not None and info.shape is not None):
                 continue
@@ -442,7 +469,7 @@ def _assume_opaque_outputs(graph, opaque, tensors: dict[str, TensorInfo], assume
             count += 1
             for attr in node.attribute:  # declared now: _infer_opaque leaves it
                 if attr.name == OPAQUE_OUTPUTS_ATTR:
-                    attr.ints[list(node.output).index(name)] = -1
+                    attr.ints[index] = -1
     return count
 
 
@@ -452,60 +479,104 @@ def _is_opaque(node, onnx) -> bool:
 
 
 @contextmanager
-def _opaque_schemas(graph, opaque, onnx):
-    """For the body: a schema for each op ONNX has none for, whose inference applies the rule of
-    _assume_opaque_outputs (waiting included) as ONNX reaches the op, so that one pass carries
-    shapes past every such op: a round per op stopped after MAX_SHAPE_ROUNDS, and a graph with a
-    custom op per layer lost its last layers.  ``opaque``: those ops' nodes.  Yields the names of
-    the outputs it may shape; registers nothing (the rounds alone then) where ONNX cannot take a
-    schema from Python."""
+def _opaque_schemas(graph, nodes, onnx):
+    """For the body: the nodes (of ``nodes``, in order) of ops ONNX has no schema for, and a
+    schema for each such op whose inference applies the rule of _assume_opaque_outputs as ONNX
+    reaches the op, so that one pass carries shapes past every such op (a round per op stopped
+    after MAX_SHAPE_ROUNDS, and a graph with a custom op per layer lost its last layers).
+    Yields (those nodes, the names of the outputs the schemas may shape); registers nothing (the
+    rounds alone then) where ONNX cannot take a schema from Python.  The registry is the
+    process's, so the lock spans finding the ops to registering and removing them, and the
+    analysis timer's signal waits while they are (re)moved: a schema left behind would make the
+    op known to every later analysis of the process.  extract_features runs each analysis in
+    a child process of its own anyway."""
     defs = onnx.defs
-    if not opaque or not hasattr(defs, "register_schema"):
-        yield set()
-        return
-    weights = {t.name for t in graph.initializer}
-    shaped = {vi.name: vi.type.tensor_type for vi in (*graph.value_info, *graph.output)
-              if vi.type.HasField("tensor_type")}
-    names: set[str] = set()
-    for node in opaque:
-        codes = []
-        for name in node.output:
-            tt = shaped.get(name)
-            codes.append(-1 if not name or (tt is not None and tt.HasField("shape")) else
-                         tt.elem_type if tt is not None else 0)
-            if codes[-1] >= 0:
-                names.add(name)
-        node.attribute.extend([
-            onnx.helper.make_attribute(OPAQUE_INPUTS_ATTR, [2 if not n else int(n in weights) for n in node.input]),
-            onnx.helper.make_attribute(OPAQUE_OUTPUTS_ATTR, codes)])
-    ops = sorted({(n.op_type, "" if n.domain == "ai.onnx" else n.domain) for n in opaque})
+    with _SCHEMA_LOCK:
+        opaque = [n for n in nodes if _is_opaque(n, onnx)]
+        ours = (OPAQUE_INPUTS_ATTR, OPAQUE_OUTPUTS_ATTR)
+        for node in opaque:  # a model's own attribute of these names would be read as ours
+            _drop_attributes(node, ours)
+        if not opaque or not hasattr(defs, "register_schema"):
+            yield opaque, set()
+            return
+        weights = {t.name for t in graph.initializer}
+        shaped = {vi.name: vi.type.tensor_type for vi in (*graph.value_info, *graph.output)
+                  if vi.type.HasField("tensor_type")}
+        names: set[str] = set()
+        ints = onnx.AttributeProto.INTS
+        for node in opaque:
+            codes = []
+            for name in node.output:
+                tt = shaped.get(name)
+                codes.append(-1 if not name or (tt is not None and tt.HasField("shape")) else
+                             tt.elem_type if tt is not None else 0)
+                if codes[-1] >= 0:
+                    names.add(name)
+            kinds = [2 if not n else int(n in weights) for n in node.input]
+            node.attribute.extend([onnx.helper.make_attribute(OPAQUE_INPUTS_ATTR, kinds, attr_type=ints),
+                                   onnx.helper.make_attribute(OPAQUE_OUTPUTS_ATTR, codes, attr_type=ints)])
+        ops = sorted({(n.op_type, "" if n.domain == "ai.onnx" else n.domain) for n in opaque})
+        registered: list[tuple[str, str]] = []
+        try:
+            with _alarm_held():
+                try:
+                    for op, domain in ops:
+                        defs.register_schema(_opaque_schema(defs, op, domain))
+                        registered.append((op, domain))
+                except Exception:  # noqa: BLE001 - an older ONNX, or the name taken: the rounds
+                    names = set()
+                    _deregister(defs, registered)
+            yield opaque, names
+        finally:
+            with _alarm_held():
+                _deregister(defs, registered)
+                for node in opaque:
+                    _drop_attributes(node, ours)
+
+
+def _opaque_schema(defs, op: str, domain: str):
+    """A schema for ``op`` of ``domain`` taking and giving any tensors, inferred by _infer_opaque."""
     any_type = [f"tensor({t})" for t in ("float", "float16", "bfloat16", "double", "int8", "int16", "int32",
                                          "int64", "uint8", "uint16", "uint32", "uint64", "bool", "string")]
     variadic = dict(param_option=defs.OpSchema.FormalParameterOption.Variadic, is_homogeneous=False)
-    registered = []
-    with _SCHEMA_LOCK:
+    schema = defs.OpSchema(op, domain, 1, inputs=[defs.OpSchema.FormalParameter("in", "T", **variadic)],
+                           outputs=[defs.OpSchema.FormalParameter("out", "T", **variadic)],
+                           type_constraints=[("T", any_type, "")])
+    schema.set_type_and_shape_inference_function(_infer_opaque)
+    return schema
+
+
+def _deregister(defs, registered: list[tuple[str, str]]) -> None:
+    """Remove every schema of ``registered`` (emptied), even when one removal fails."""
+    failed = None
+    while registered:
+        op, domain = registered.pop()
         try:
-            try:
-                for op, domain in ops:
-                    schema = defs.OpSchema(op, domain, 1, inputs=[defs.OpSchema.FormalParameter("in", "T", **variadic)],
-                                           outputs=[defs.OpSchema.FormalParameter("out", "T", **variadic)],
-                                           type_constraints=[("T", any_type, "")])
-                    schema.set_type_and_shape_inference_function(_infer_opaque)
-                    defs.register_schema(schema)
-                    registered.append((op, domain))
-            except Exception:  # noqa: BLE001 - an older ONNX, or the name taken meanwhile: rounds
-                names = set()
-                for op, domain in registered:
-                    defs.deregister_schema(op, 1, domain)
-                registered = []
-            yield names
-        finally:
-            for op, domain in registered:
-                defs.deregister_schema(op, 1, domain)
-            for node in opaque:
-                kept = [a for a in node.attribute if a.name not in (OPAQUE_INPUTS_ATTR, OPAQUE_OUTPUTS_ATTR)]
-                del node.attribute[:]
-                node.attribute.extend(kept)
+            defs.deregister_schema(op, 1, domain)
+        except BaseException as e:  # noqa: BLE001 - the others go all the same
+            failed = failed or e
+    if failed is not None:
+        raise failed
+
+
+def _drop_attributes(node, names: tuple[str, ...]) -> None:
+    kept = [a for a in node.attribute if a.name not in names]
+    if len(kept) != len(node.attribute):
+        del node.attribute[:]
+        node.attribute.extend(kept)
+
+
+@contextmanager
+def _alarm_held():
+    """The analysis timer's SIGALRM held back for the body (it raises wherever it lands)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # the timer runs on the main thread only (graph.limits)
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _infer_opaque(ctx) -> None:
