@@ -294,3 +294,55 @@ def test_features_from_the_child_equal_the_in_process_ones():
     for name, batch in (("resnet50", 8), ("gpt2", 2), ("lstm_lm", 4)):
         path = ZOO / f"{name}.onnx"
         assert extract_features(path, batch_size=batch) == features_of(load_graph(path, batch_size=batch), batch)
+
+
+def test_the_bounded_child_survives_what_its_caller_holds_and_how_it_dies(monkeypatch):
+    # a review's findings: select() refused fds past 1024, a real-time signal was no Signals
+    # member, a caller ignoring SIGCHLD met a stale kill, and a crashing child wrote core files
+    import resource
+    import signal
+
+    from slurm_horus.graph import limits
+
+    def same(x):
+        return x
+
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pytest.skip("cannot open 1,100 files here")
+    try:
+        assert limits.run_bounded("m.onnx", lambda: 7, same, same) == 7
+    finally:
+        for fd in held:
+            os.close(fd)
+    with pytest.raises(ModelError, match=r"failed \(signal \d+\)"):
+        limits.run_bounded("m.onnx", lambda: os.kill(os.getpid(), signal.SIGRTMIN + 6), same, same)
+    assert limits.run_bounded("m.onnx", lambda: resource.getrlimit(resource.RLIMIT_CORE), same, same) == [0, 0]
+    monkeypatch.setattr(limits, "KILL_GRACE_S", 0.5)
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert limits.run_bounded("m.onnx", lambda: "fine", same, same) == "fine"
+
+        def stuck():
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            os.kill(os.getpid(), signal.SIGSTOP)  # no timer, no progress: killed past it
+
+        with pytest.raises(ModelError, match="took more than 1 s"):
+            limits.run_bounded("m.onnx", stuck, same, same, timeout_s=1)
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+
+
+def test_a_node_name_that_is_not_utf8_still_gets_its_features(tmp_path):
+    # protobuf gives such a name as bytes, which JSON could not carry: the child wrote nothing
+    # and the analysis failed (blaming memory) where it had worked in the process
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="nQQ"), helper.make_node("Relu", ["y"], ["z"], name="c")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 8])])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    (tmp_path / "n.onnx").write_bytes(data.replace(b"QQ", b"\xff\xfe"))
+    r = extract_features(tmp_path / "n.onnx", batch_size=2)
+    assert r.values["flops"] == 2 * 2 * 8 and len(r.nodes) == 2

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs, parameter_tensors, weight_views
@@ -121,14 +121,31 @@ def extract_features(model: str | os.PathLike, batch_size: int | None = None,
         size = 0  # load_graph says what is wrong with it
     return run_bounded(str(model), lambda: features_of(load_graph(model, batch_size=batch_size, dims=dims),
                                                        batch_size),
-                       asdict, report_from_dict, ANALYSIS_MEM_MIB + ANALYSIS_FILE_FACTOR * (size >> 20))
+                       report_to_dict, report_from_dict, ANALYSIS_MEM_MIB + ANALYSIS_FILE_FACTOR * (size >> 20))
+
+
+_NODE_FIELDS = [f.name for f in fields(NodeCost)]
+_NODE_TUPLES = [i for i, f in enumerate(fields(NodeCost)) if str(f.type).startswith("tuple")]
+
+
+def report_to_dict(report: FeatureReport) -> dict:
+    """The report as JSON-ready values for report_from_dict, each node a row of NodeCost's
+    fields (dataclasses.asdict copies deeply: seconds for a few 100,000 nodes)."""
+    d = {f.name: getattr(report, f.name) for f in fields(report)}
+    d["nodes"] = [[getattr(n, k) for k in _NODE_FIELDS] for n in report.nodes]
+    d["by_op"] = {k: asdict(v) for k, v in report.by_op.items()}
+    return d
 
 
 def report_from_dict(d: dict) -> FeatureReport:
-    """The FeatureReport that dataclasses.asdict gave ``d`` (through JSON: tuples as lists)."""
+    """The FeatureReport of report_to_dict's ``d`` (through JSON: tuples as lists)."""
     d = dict(d)
-    d["nodes"] = [NodeCost(**{k: tuple(v) if isinstance(v, list) else v for k, v in n.items()})
-                  for n in d["nodes"]]
+    nodes = []
+    for row in d["nodes"]:
+        for i in _NODE_TUPLES:
+            row[i] = tuple(row[i])
+        nodes.append(NodeCost(*row))
+    d["nodes"] = nodes
     d["by_op"] = {k: OpSummary(**v) for k, v in d["by_op"].items()}
     return FeatureReport(**d)
 

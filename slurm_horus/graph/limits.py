@@ -12,6 +12,7 @@ which had taken hsubmit, and the user's job, with it.
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import json
 import os
@@ -116,19 +117,16 @@ def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], deco
     if pid == 0:  # the child: never returns, never runs the caller's cleanup or flushes its output
         try:
             os.close(r)
-            if not os.environ.get("HORUS_DEBUG"):  # native libraries' own messages (an abort's):
-                devnull = os.open(os.devnull, os.O_WRONLY)  # the caller says what failed, in one line
-                os.dup2(devnull, 2)
-                faulthandler.disable()
+            _child_setup()
             try:
                 with analysis_limits(what, mem_mib, timeout_s):
-                    out = {"ok": encode(fn())}
+                    data = _dumps({"ok": encode(fn())})
             except HorusError as e:
-                out = {"error": str(e), "model": isinstance(e, ModelError)}
+                data = _dumps({"error": _text(e), "model": isinstance(e, ModelError)})
             except BaseException as e:  # noqa: BLE001 - a bug's or a library's error: one line
-                out = {"error": f"{what}: the analysis failed ({type(e).__name__}: {str(e)[:200]})",
-                       "model": True}
-            view = memoryview(json.dumps(out, default=_plain).encode())
+                data = _dumps({"error": f"{what}: the analysis failed ({type(e).__name__}: {_text(e)[:200]})",
+                               "model": True})
+            view = memoryview(data)
             while view:
                 view = view[os.write(w, view):]
         finally:
@@ -136,9 +134,11 @@ def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], deco
     os.close(w)
     data, done = bytearray(), False
     try:
+        poller = select.poll()  # not select(): a caller may hold fds past 1024
+        poller.register(r, select.POLLIN)
         deadline = time.monotonic() + timeout_s + KILL_GRACE_S
         while (left := deadline - time.monotonic()) > 0:
-            if select.select([r], [], [], left)[0]:
+            if poller.poll(max(1, int(left * 1000))):
                 chunk = os.read(r, 1 << 20)
                 if not chunk:
                     done = True
@@ -147,7 +147,10 @@ def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], deco
     finally:
         os.close(r)
         if not done:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # reaped already (SIGCHLD ignored)
+                pass
         status = _reap(pid)
     if not done:
         raise ModelError(f"{what}: analysing the graph took more than {timeout_s:g} s")
@@ -156,21 +159,60 @@ def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], deco
     except ValueError:
         out = None
     if not isinstance(out, dict):
-        how = ("no result" if status is None else
-               f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status) else
-               f"exit status {os.WEXITSTATUS(status)}")
-        raise ModelError(f"{what}: analysing the graph failed ({how}); it may need more than "
-                         f"{mem_mib} MiB of memory")
+        raise ModelError(f"{what}: analysing the graph failed ({_how(status)}); it may need more "
+                         f"than {mem_mib} MiB of memory")
     if "ok" in out:
         return decode(out["ok"])
     raise (ModelError if out.get("model", True) else HorusError)(str(out.get("error")))
 
 
+def _child_setup() -> None:
+    """The child dies with its parent (a killed hsubmit leaves no analysis running), writes no
+    core file (one per crafted graph, per sync), and keeps native libraries' own messages (an
+    abort's) off the caller's terminal unless HORUS_DEBUG: the caller says what failed, in one
+    line."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before the line above
+        os._exit(0)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if not os.environ.get("HORUS_DEBUG"):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+        faulthandler.disable()
+
+
+def _dumps(value) -> bytes:
+    return json.dumps(value, default=_plain).encode()
+
+
 def _plain(value):
-    """JSON for numpy scalars (their Python value)."""
+    """JSON for numpy scalars (their Python value) and bytes (protobuf's non-UTF-8 strings)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
     if hasattr(value, "item"):
         return value.item()
     raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _text(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001 - an error whose message itself fails
+        return type(e).__name__
+
+
+def _how(status: int | None) -> str:
+    if status is None:
+        return "no result"
+    if os.WIFSIGNALED(status):
+        n = os.WTERMSIG(status)
+        try:
+            return f"signal {signal.Signals(n).name}"
+        except ValueError:  # a real-time signal
+            return f"signal {n}"
+    return f"exit status {os.WEXITSTATUS(status)}"
 
 
 def _reap(pid: int) -> int | None:
