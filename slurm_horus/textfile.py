@@ -38,6 +38,6 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int) -> str:
     if len(data) > max_bytes:
         raise HorusError(f"{what} {path}: larger than {max_bytes:,} bytes")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a leading BOM (Excel's "CSV UTF-8") is no content
     except UnicodeDecodeError:
         raise HorusError(f"{what} {path}: not UTF-8 text") from None

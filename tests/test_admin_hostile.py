@@ -147,3 +147,49 @@ def test_simulate_reads_a_ledger_read_only_and_replays_its_gpus(tmp_path):
 def test_nan_and_out_of_range_options_are_usage_errors(args):
     r = CliRunner().invoke(admin, args)
     assert r.exit_code == 2 and ("finite" in r.output or "range" in r.output), r.output
+
+
+@pytest.mark.parametrize("args,says", [
+    (["simulate", "--jobs", "10000000"], "--jobs must be 1..2,000,000"),
+    (["simulate", "--load", "1e-300"], "--load must be 0.001..1000"),
+    (["simulate", "--bf-interval", "1e300"], "at most 30 days"),
+    (["simulate", "--interference", "1:1,nan:0.5"], "not a pair of finite numbers"),
+])
+def test_simulate_refuses_what_it_cannot_simulate_in_one_line(args, says):
+    # a hostile review: ten million jobs ran out of memory with a traceback, 1e-300 and 1e300
+    # gave results of 1e305 s, and a NaN point an internal IndexError
+    r = CliRunner().invoke(admin, args)
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_simulate_skips_sacct_records_too_large_and_refuses_nesting_too_deep(tmp_path):
+    dump = json.loads(SACCT.read_text())
+    odd = copy.deepcopy(dump["jobs"][0])
+    odd["job_id"] = 999
+    for t in odd.get("tres", {}).get("allocated", []):
+        t["count"] = 1e400  # JSON's infinity: an int of it overflows
+    (tmp_path / "big.json").write_text(json.dumps({**dump, "jobs": [odd, *dump["jobs"]]}))
+    r = CliRunner().invoke(admin, ["simulate", "--sacct", str(tmp_path / "big.json"), "--policies", "exclusive"])
+    assert r.exit_code == 0, r.output
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    r = CliRunner().invoke(admin, ["simulate", "--sacct", str(tmp_path / "deep.json")])
+    assert r.exit_code == 2 and "not JSON" in r.output and "internal error" not in r.output, r.output
+
+
+def test_import_reads_a_csv_with_a_byte_order_mark(tmp_path):
+    # Excel's "CSV UTF-8" starts with one; the first column then did not match its name
+    from slurm_horus.cli.admin_ledger import import_
+
+    src = tmp_path / "m.csv"
+    src.write_bytes(b"\xef\xbb\xbfgpu_type,util_pct,mem_mib,model,batch_size\n"
+                    b"a100,40,3000," + str(Path(__file__).parent / "data" / "zoo" / "small_cnn.onnx").encode()
+                    + b",8\n")
+    r = CliRunner().invoke(import_, [str(src), "--ledger", f"sqlite:///{tmp_path}/l.db"])
+    assert r.exit_code == 0 and "imported 1 rows" in r.output, r.output
+
+
+def test_a_registry_state_with_odd_history_entries_is_refused_in_one_line(tmp_path):
+    (tmp_path / "current.json").write_text(json.dumps({"serving": "v0001", "history": [5]}))
+    r = CliRunner().invoke(admin, ["models", "rollback", "--model-dir", str(tmp_path)])
+    assert r.exit_code != 0 and "not a registry state file" in r.output and "internal" not in r.output, r.output

@@ -113,6 +113,23 @@ def test_squeue_json_gres_detail():
     assert gpu["TresPerNode"] == "gres:gpu:1" and shard["Comment"].startswith("fixture-running")
 
 
+def test_a_json_reply_that_names_errors_is_an_error_not_an_empty_queue():
+    # recorded with slurmctld unreachable: 22.05's squeue --json exits 0 with no jobs and the
+    # failure in "errors"; read as an empty queue, horus-admin queue saw no pressure and wrote so
+    from slurm_horus.errors import HorusError
+    from slurm_horus.slurm.accounting import parse_sacct_json
+
+    assert INDEX["squeue_json_unreachable"]["exit_code"] == 0
+    with pytest.raises(HorusError, match="squeue --json: Failed while looking for jobs"):
+        sp.squeue_json_records(out("squeue_json_unreachable"))
+    reply = json.loads(out("squeue_json_unreachable"))
+    with pytest.raises(HorusError, match="^sacct --json: Failed"):
+        parse_sacct_json(reply)
+    with pytest.raises(HorusError, match="^sinfo --json: Failed"):
+        sp.sinfo_json_nodes(json.dumps({**reply, "nodes": []}))
+    assert sp.squeue_json_records(out("squeue_json"))  # "errors": [] is no error
+
+
 def test_squeue_and_sinfo_text():
     rows = {r["JOBID"]: r for r in sp.parse_pipe_table(out("squeue_text"))}
     shard = rows[str(IDS["running_shard_job"])]

@@ -204,6 +204,9 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--seed must be 0..4294967295")
         if bf_window < 0 or bf_interval < 0 or oom_delay < 0:
             raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
+        if max(bf_interval, oom_delay, history_lag) > 30 * 86400:
+            raise HorusError("--bf-interval, --oom-delay and --history-lag must be at most 30 days "
+                             "(2,592,000 s)")
         if not (0 <= sigma_util <= 5 and 0 <= sigma_mem <= 5):
             raise HorusError("--sigma-util and --sigma-mem must be in 0..5 (lognormal sigmas)")
         for name, value in (("--repeat-share", repeat_share), ("--sensitivity-sigma", sensitivity_sigma),

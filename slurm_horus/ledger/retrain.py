@@ -17,7 +17,6 @@ Failed measurements (ledger.failed_measurement) train and score nothing.
 from __future__ import annotations
 
 import csv
-import io
 import hashlib
 import json
 import math
@@ -247,91 +246,101 @@ def _csv_rows(reader, path: str):
         raise HorusError(f"{path}:{reader.line_num}: not CSV ({e})") from None
 
 
+def _lines(text: str):
+    """The text's lines, newlines kept (as csv wants them), without a copy of the whole: an
+    io.StringIO of it held four bytes a character (a 900 MB file peaked at 4.4 GB)."""
+    start, n = 0, len(text)
+    while start < n:
+        end = text.find("\n", start)
+        end = n if end < 0 else end + 1
+        yield text[start:end]
+        start = end
+
+
 def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
     """Load measurements (see IMPORT_COLUMNS / docs/ledger.md) as submissions + usage 'import'.
     Failed measurements (ledger.failed_measurement) are kept, flagged, and counted."""
-    f = io.StringIO(read_text(path, "import file", MAX_IMPORT_BYTES), newline="")
+    text = read_text(path, "import file", MAX_IMPORT_BYTES)
     catalog = default_catalog()
     subs, usages = [], []
     reports: dict = {}
-    with f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames:
-            raise HorusError(f"{path}: empty CSV")
-        missing = {"gpu_type", "util_pct", "mem_mib"} - set(reader.fieldnames)
-        if missing or not ({"model", "features"} & set(reader.fieldnames)):
-            raise HorusError(f"{path}: needs columns gpu_type, util_pct, mem_mib and model or "
-                             f"features (missing: {', '.join(sorted(missing)) or 'model/features'})")
-        for line, row in enumerate(_csv_rows(reader, path), 2):
-            where = f"{path}:{line}"
-            try:
-                gpu = catalog.find((row.get("gpu_type") or "").strip())
-                if gpu is None:
-                    raise HorusError(f"unknown GPU type {row.get('gpu_type')!r}")
-                w = workload_from(row)
-                if not 0 < w.batch_size < 2 ** 31:
-                    raise HorusError(f"batch_size {w.batch_size} out of range")
-                util, mem = float(row["util_pct"]), float(row["mem_mib"])
-                if not (0 <= util <= 100) or not (0 < mem <= MAX_MEM_MIB):
-                    raise HorusError(f"util_pct must be 0..100 and mem_mib 0..{MAX_MEM_MIB:,}")
-                util_max = float(row["util_max_pct"]) if row.get("util_max_pct") else None
-                if util_max is not None and not 0 <= util_max <= 100:
-                    raise HorusError("util_max_pct must be 0..100")
-                model = (row.get("model") or "").strip()
-                report = None
-                if row.get("features"):
-                    values = json.loads(row["features"])
-                    if not isinstance(values, dict) or any(n not in values for n in FEATURE_NAMES):
-                        raise HorusError("features JSON lacks some of the feature names")
-                    bad = [n for n in FEATURE_NAMES if not _plain_number(values[n])]
-                    if bad:  # one such row would stop every later retrain
-                        raise HorusError(f"feature {bad[0]} is not a finite number >= 0")
-                elif model:
-                    key = (model, w.batch_size)
-                    if key not in reports:
-                        reports[key] = extract_features(model, batch_size=w.batch_size)
-                    report = reports[key]
-                    values = report.values
-                else:
-                    raise HorusError("needs model or features")
-                if row.get("cold_util_pct") and row.get("cold_mem_mib"):
-                    cold = {"util_pct": float(row["cold_util_pct"]),
-                            "mem_mib": float(row["cold_mem_mib"]),
-                            "gpu_ms_per_step": float(row.get("cold_gpu_ms") or 0),
-                            "host_ms_per_step": float(row.get("cold_host_ms") or 0)}
-                    if not (0 <= cold["util_pct"] <= 100 and 0 < cold["mem_mib"] <= MAX_MEM_MIB
-                            and all(_plain_number(cold[k]) for k in ("gpu_ms_per_step",
-                                                                     "host_ms_per_step"))):
-                        raise HorusError("cold_* columns must be finite: util 0..100, memory > 0, "
-                                         "times >= 0")
-                elif report is None:
-                    raise HorusError("features without cold_util_pct and cold_mem_mib: the cold "
-                                     "start needs the model's graph (give model, or those columns)")
-                else:
-                    c = ColdStartEstimator().predict(report, gpu, w)
-                    cold = {"util_pct": c.util_pct, "mem_mib": c.mem_mib,
-                            "gpu_ms_per_step": c.breakdown.get("gpu_ms_per_step", 0.0),
-                            "host_ms_per_step": c.breakdown.get("host_ms_per_step", 0.0)}
-            except HorusError as e:
-                raise HorusError(f"{where}: {e}") from None
-            except (ValueError, TypeError, KeyError) as e:
-                raise HorusError(f"{where}: bad value ({e})") from None
-            except Exception as e:
-                raise HorusError(f"{where}: {type(e).__name__}: {e}") from None
-            jid = _row_id(row)
-            gname = gpu.name
-            subs.append({"job_id": jid, "cluster": cluster, "user": row.get("user") or None,
-                         "model_path": model or None,
-                         "model_family": row.get("model_family") or None,
-                         "feature_version": FEATURE_VERSION, "features": values,
-                         "workload": workload_dict(w),
-                         "gpu_types": [gname], "predictor": "cold-start",
-                         "predictions": {gname: {"util_pct": cold["util_pct"],
-                                                 "mem_mib": cold["mem_mib"],
-                                                 "predictor": "cold-start", "cold": cold}}})
-            usages.append({"job_id": jid, "cluster": cluster, "source": "import",
-                           "util_mean": util, "mem_peak_mib": mem, "gpu_type": gname,
-                           "util_max": util_max})
+    reader = csv.DictReader(_lines(text))
+    if not reader.fieldnames:
+        raise HorusError(f"{path}: empty CSV")
+    missing = {"gpu_type", "util_pct", "mem_mib"} - set(reader.fieldnames)
+    if missing or not ({"model", "features"} & set(reader.fieldnames)):
+        raise HorusError(f"{path}: needs columns gpu_type, util_pct, mem_mib and model or "
+                         f"features (missing: {', '.join(sorted(missing)) or 'model/features'})")
+    for line, row in enumerate(_csv_rows(reader, path), 2):
+        where = f"{path}:{line}"
+        try:
+            gpu = catalog.find((row.get("gpu_type") or "").strip())
+            if gpu is None:
+                raise HorusError(f"unknown GPU type {row.get('gpu_type')!r}")
+            w = workload_from(row)
+            if not 0 < w.batch_size < 2 ** 31:
+                raise HorusError(f"batch_size {w.batch_size} out of range")
+            util, mem = float(row["util_pct"]), float(row["mem_mib"])
+            if not (0 <= util <= 100) or not (0 < mem <= MAX_MEM_MIB):
+                raise HorusError(f"util_pct must be 0..100 and mem_mib 0..{MAX_MEM_MIB:,}")
+            util_max = float(row["util_max_pct"]) if row.get("util_max_pct") else None
+            if util_max is not None and not 0 <= util_max <= 100:
+                raise HorusError("util_max_pct must be 0..100")
+            model = (row.get("model") or "").strip()
+            report = None
+            if row.get("features"):
+                values = json.loads(row["features"])
+                if not isinstance(values, dict) or any(n not in values for n in FEATURE_NAMES):
+                    raise HorusError("features JSON lacks some of the feature names")
+                bad = [n for n in FEATURE_NAMES if not _plain_number(values[n])]
+                if bad:  # one such row would stop every later retrain
+                    raise HorusError(f"feature {bad[0]} is not a finite number >= 0")
+            elif model:
+                key = (model, w.batch_size)
+                if key not in reports:
+                    reports[key] = extract_features(model, batch_size=w.batch_size)
+                report = reports[key]
+                values = report.values
+            else:
+                raise HorusError("needs model or features")
+            if row.get("cold_util_pct") and row.get("cold_mem_mib"):
+                cold = {"util_pct": float(row["cold_util_pct"]),
+                        "mem_mib": float(row["cold_mem_mib"]),
+                        "gpu_ms_per_step": float(row.get("cold_gpu_ms") or 0),
+                        "host_ms_per_step": float(row.get("cold_host_ms") or 0)}
+                if not (0 <= cold["util_pct"] <= 100 and 0 < cold["mem_mib"] <= MAX_MEM_MIB
+                        and all(_plain_number(cold[k]) for k in ("gpu_ms_per_step",
+                                                                 "host_ms_per_step"))):
+                    raise HorusError("cold_* columns must be finite: util 0..100, memory > 0, "
+                                     "times >= 0")
+            elif report is None:
+                raise HorusError("features without cold_util_pct and cold_mem_mib: the cold "
+                                 "start needs the model's graph (give model, or those columns)")
+            else:
+                c = ColdStartEstimator().predict(report, gpu, w)
+                cold = {"util_pct": c.util_pct, "mem_mib": c.mem_mib,
+                        "gpu_ms_per_step": c.breakdown.get("gpu_ms_per_step", 0.0),
+                        "host_ms_per_step": c.breakdown.get("host_ms_per_step", 0.0)}
+        except HorusError as e:
+            raise HorusError(f"{where}: {e}") from None
+        except (ValueError, TypeError, KeyError) as e:
+            raise HorusError(f"{where}: bad value ({e})") from None
+        except Exception as e:
+            raise HorusError(f"{where}: {type(e).__name__}: {e}") from None
+        jid = _row_id(row)
+        gname = gpu.name
+        subs.append({"job_id": jid, "cluster": cluster, "user": row.get("user") or None,
+                     "model_path": model or None,
+                     "model_family": row.get("model_family") or None,
+                     "feature_version": FEATURE_VERSION, "features": values,
+                     "workload": workload_dict(w),
+                     "gpu_types": [gname], "predictor": "cold-start",
+                     "predictions": {gname: {"util_pct": cold["util_pct"],
+                                             "mem_mib": cold["mem_mib"],
+                                             "predictor": "cold-start", "cold": cold}}})
+        usages.append({"job_id": jid, "cluster": cluster, "source": "import",
+                       "util_mean": util, "mem_peak_mib": mem, "gpu_type": gname,
+                       "util_max": util_max})
     ledger.record_runs(subs, usages)
     once = {u["job_id"]: u for u in usages}  # a row repeated is one measurement (its id is its content)
     failed = sum(1 for u in once.values() if failed_measurement(u["util_mean"], u["mem_peak_mib"]))

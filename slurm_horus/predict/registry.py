@@ -68,7 +68,8 @@ class Registry:
             raise HorusError(f"{path}: unreadable registry state ({type(e).__name__})") from None
         if not (isinstance(state, dict) and "serving" in state
                 and (state["serving"] is None or isinstance(state["serving"], str))
-                and isinstance(state.get("history", []), list)):
+                and isinstance(state.get("history", []), list)
+                and all(isinstance(v, str) and VERSION_RE.match(v) for v in state.get("history", []))):
             raise HorusError(f"{path}: not a registry state file")
         return state
 

@@ -75,6 +75,8 @@ class Interference:
         if len(pts) < 1:
             raise HorusError("interference: need at least one point")
         for i, (x, y) in enumerate(pts):
+            if not (math.isfinite(x) and math.isfinite(y)):
+                raise HorusError(f"interference: {x}:{y} is not a pair of finite numbers")
             if not (0.0 < y <= 1.0):
                 raise HorusError(f"interference: speed {y} at {x} % is not in (0, 1]")
             if x < 0 or (i and x <= pts[i - 1][0]):

@@ -32,8 +32,8 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
     time limit is the job's own (``time.limit``, minutes) when set, else the generator's rule."""
     try:
         data = json.loads(text)
-    except ValueError as e:
-        raise HorusError(f"sacct json: not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise HorusError(f"sacct json: not JSON ({type(e).__name__}: {str(e)[:100]})") from None
     raw = data.get("jobs") if isinstance(data, dict) else None
     if not isinstance(raw, list):
         raise HorusError("sacct json: no 'jobs' list (expected `sacct --json` output)")
@@ -49,7 +49,7 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
             continue
         try:
             job = parse_job(j)  # the one sacct parser: a shard job counts as one GPU
-        except (TypeError, ValueError, KeyError, HorusError):
+        except (TypeError, ValueError, KeyError, OverflowError, HorusError):
             continue
         submit, elapsed = job["submit_time"], job["elapsed_s"]
         gpus = job["gpus"] or (1 if job["shards"] else 0)

@@ -35,7 +35,11 @@ MIN_DURATION_S = 30.0
 # The share of jobs that run a graph the site ran before (same model file, batch and task): an
 # ASSUMPTION (no trace in shared/notes counts repeated graphs); 0 makes every job a new graph.
 REPEAT_SHARE = 0.5
-MAX_TRACE_JOBS = 10_000_000  # jobs live in memory while simulated: a bound on what is asked
+# jobs live in memory while simulated (a million took 2.5 GB with one policy; ten million ran
+# out of memory): a bound on what is asked
+MAX_TRACE_JOBS = 2_000_000
+# loads beyond these say nothing (1e-300 gave a makespan of 1e305 s)
+MIN_LOAD, MAX_LOAD = 0.001, 1000.0
 
 
 @dataclass
@@ -172,8 +176,8 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         raise HorusError(f"--jobs must be 1..{MAX_TRACE_JOBS:,}")
     if total_gpus < 1:
         raise HorusError("the cluster has no GPU")
-    if not (0 < load < math.inf):
-        raise HorusError("--load must be a positive number")
+    if not (MIN_LOAD <= load <= MAX_LOAD):
+        raise HorusError(f"--load must be {MIN_LOAD:g}..{MAX_LOAD:g} (the GPU time asked over what the cluster has)")
     if not 0.0 <= repeat_share < 1.0:
         raise HorusError("--repeat-share must be in [0, 1)")
     if not 0.0 <= sensitivity_sigma <= 3.0:

@@ -25,7 +25,7 @@ from typing import Any
 
 from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hint import parse_decision
-from slurm_horus.slurm.parse import parse_gres
+from slurm_horus.slurm.parse import json_errors, parse_gres
 
 __all__ = ["FINISHED", "QUEUE_TOKEN", "STATE_ABBREV", "num", "size_mib", "parse_tres_string",
            "gres_placement", "parse_job", "parse_sacct_json", "queue_tokens", "scheduler_actions"]
@@ -237,6 +237,7 @@ def parse_sacct_json(data: str | bytes | dict) -> list[dict]:
             data = json.loads(data)
         except (ValueError, RecursionError) as e:
             raise HorusError(f"sacct --json: not JSON ({type(e).__name__})") from None
+    json_errors(data, "sacct --json")
     jobs = data.get("jobs") if isinstance(data, dict) else None
     if not isinstance(jobs, list):
         raise HorusError("sacct --json: no 'jobs' list")

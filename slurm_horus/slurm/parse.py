@@ -186,6 +186,17 @@ def parse_pipe_table(text: str) -> list[dict]:
     return [dict(zip(head, ln.split("|"))) for ln in lines[1:]]
 
 
+def json_errors(data, what: str) -> None:
+    """Slurm's ``--json`` replies name the failures they met in ``errors``, exit status 0
+    regardless (22.05's ``squeue --json`` with slurmctld unreachable: no jobs, and "Failed while
+    looking for jobs"): a HorusError here, never an empty queue or cluster."""
+    errors = data.get("errors") if isinstance(data, dict) else None
+    if errors and isinstance(errors, list):
+        first = errors[0] if isinstance(errors[0], dict) else {}
+        text = first.get("description") or first.get("error") or str(errors[0])
+        raise HorusError(f"{what}: {str(text)[:200]}")
+
+
 def sinfo_json_nodes(text: str) -> list[dict]:
     """``sinfo --json`` -> [{name, partitions, gpu_types, features}].
 
@@ -193,6 +204,7 @@ def sinfo_json_nodes(text: str) -> list[dict]:
     partition and group of like nodes (``nodes.nodes`` names them, ``gres.total``,
     ``features.total``, ``partition.name``), merged here into one record per node."""
     data = json.loads(text)
+    json_errors(data, "sinfo --json")
     if "sinfo" in data:
         by: dict[str, dict] = {}
         for e in data["sinfo"]:
@@ -253,8 +265,10 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
     user can write lines that read as any field of the job, or as another user's job."""
     import time
 
+    data = json.loads(text)
+    json_errors(data, "squeue --json")
     out = []
-    for j in json.loads(text).get("jobs", []):
+    for j in data.get("jobs", []):
         if job_id is not None and str(j.get("job_id")) != str(job_id):
             continue
         submit = _json_number(j.get("submit_time"))

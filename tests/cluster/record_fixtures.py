@@ -35,15 +35,15 @@ HINT = "horus:v1;a100=20/2000/2500;t4=20/2000/2500"
 JOBDIR = STATE / "jobs"  # cwd of every command: jobs' slurm-N.out land here, not in the repo
 
 
-def sh(args):
-    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=JOBDIR)
+def sh(args, env=None):
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=JOBDIR, env=env)
 
 
 OWN_JOBS: list[str] = []  # every job this recorder submitted: the only ones it cancels
 
 
-def record(name, args, notes, **extra):
-    p = sh(args)
+def record(name, args, notes, env=None, **extra):
+    p = sh(args, env)
     if args[0] == "sbatch" and p.returncode == 0:
         m = re.search(rb"(\d+)", p.stdout)
         if m:
@@ -167,6 +167,15 @@ def main():
            "ignored), 25.11 the pending and running ones; running shard job has gres_detail", job_id=running)
     record("squeue_text", ["squeue", "-o", "%i|%T|%P|%N|%b|%f|%r|%k"],
            "squeue with format id|state|partition|nodes|tres_per_node|features|reason|comment")
+    # the same query with slurmctld unreachable: a copy of slurm.conf whose port has no listener
+    away = STATE / "unreachable"
+    away.mkdir(exist_ok=True)
+    conf = (STATE / "etc" / "slurm.conf").read_text()
+    (away / "slurm.conf").write_text(re.sub(r"(?m)^SlurmctldPort=.*$", "SlurmctldPort=6999", conf))
+    record("squeue_json_unreachable", ["squeue", "--json"],
+           "squeue --json with slurmctld unreachable (SLURM_CONF a copy of the cluster's whose "
+           "SlurmctldPort has no listener): exit 0, no jobs, the failure in errors",
+           env={**os.environ, "SLURM_CONF": str(away / "slurm.conf")})
 
     # --- node / partition views (while the two jobs run)
     record("sinfo_json", ["sinfo", "--json"], "both nodes; one shard job and one gpu:1 job running")
