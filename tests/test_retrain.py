@@ -6,6 +6,7 @@ import json
 import math
 import pickle
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -440,3 +441,20 @@ def test_each_users_jobs_weigh_one_user_in_the_promotion_score():
     assert by_job["mem_mdape_pct"] == 0.0 and by_user["mem_mdape_pct"] == pytest.approx(50.0)
     assert by_user["util_mae_pct"] == pytest.approx(20.0) and by_job["util_mae_pct"] == pytest.approx(60 / 11)
     assert accuracy(pred_mem, mem, pred_util, util, np.ones(11)) == pytest.approx(by_job)
+
+
+def test_retrain_refuses_a_registry_it_cannot_write_before_training(tmp_path):
+    # a hostile review: it trained for minutes, then failed writing the model (or promoted it
+    # and failed writing the ledger)
+    from slurm_horus.cli.admin_ledger import import_, retrain
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    src = tmp_path / "m.csv"
+    write_csv(src)
+    assert CliRunner().invoke(import_, [str(src), "--ledger", url]).exit_code == 0
+    reg = Path("/sys/kernel")  # a folder no one, root included, may create files in
+    if not reg.is_dir():
+        pytest.skip("no read-only folder (sysfs) here")
+    r = CliRunner().invoke(retrain, ["--ledger", url, "--model-dir", str(reg), "--max-iter", "40"])
+    assert r.exit_code != 0 and "cannot write" in r.output and "internal" not in r.output, r.output
+    assert Ledger(url).count("predictor_versions") == 0

@@ -130,6 +130,7 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
             max_iter: int = 200, progress: bool = False, log=print) -> dict:
     """Train, cross-validate, compare with the serving model on rows neither was trained on,
     store, maybe promote, and write the calibration of the predictor that now serves."""
+    registry.check_writable()
     ts = training_set(ledger)
     n = len(ts.X)
     if n < max(20, folds * 4):

@@ -195,6 +195,15 @@ class Registry:
         tmp = self._write_temp(json.dumps(state, indent=1))
         os.replace(tmp, self.root / "current.json")
 
+    def check_writable(self) -> None:
+        """HorusError unless a file can be written here (what every change of the registry
+        does first): retrain asks before it trains, not after minutes of it."""
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            os.unlink(self._write_temp(""))
+        except OSError as e:
+            raise HorusError(f"model registry {self.root}: cannot write ({e.strerror or e})") from None
+
     def _write_temp(self, text: str) -> str:
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".json")
         with os.fdopen(fd, "w") as f:
