@@ -216,11 +216,9 @@ def _how(status: int | None) -> str:
 
 
 def _reap(pid: int) -> int | None:
-    """The child's exit status; None where a SIGCHLD set to be ignored reaped it already."""
-    while True:
-        try:
-            return os.waitpid(pid, 0)[1]
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            return None
+    """The child's exit status; None where a SIGCHLD set to be ignored reaped it already
+    (waitpid itself retries when a signal interrupts it)."""
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return None

@@ -261,18 +261,12 @@ def _read_model(path: Path, onnx):
 def _check_node_count(graph, path: Path) -> None:
     """Refuse a graph of more than MAX_GRAPH_NODES nodes, its subgraphs' included, before any
     inference (no real model comes near it)."""
-    left, stack = MAX_GRAPH_NODES, [graph]
-    while stack:
-        g = stack.pop()
+    left = MAX_GRAPH_NODES
+    for g in _graphs(graph):
         left -= len(g.node)
         if left < 0:
             raise ModelError(f"{path}: the graph has more than {MAX_GRAPH_NODES:,} nodes (subgraphs "
                              "included); no real model has as many, so it is not analysed")
-        for node in g.node:
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    stack.append(attr.g)
-                stack.extend(attr.graphs)
 
 
 def _drop_weight_values(model) -> None:
@@ -288,18 +282,26 @@ def _drop_weight_values(model) -> None:
                 tensor.ClearField(f)
 
 
-def _all_tensors(graph):
-    """Every TensorProto in the graph: initializers, Constant values and subgraphs."""
-    yield from graph.initializer
+def _graphs(graph):
+    """The graph, then every subgraph in it (If, Loop, Scan bodies), at any depth."""
+    yield graph
     for node in graph.node:
         for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
             if attr.HasField("g"):
-                yield from _all_tensors(attr.g)
+                yield from _graphs(attr.g)
             for sub in attr.graphs:
-                yield from _all_tensors(sub)
+                yield from _graphs(sub)
+
+
+def _all_tensors(graph):
+    """Every TensorProto in the graph: initializers, Constant values and subgraphs."""
+    for g in _graphs(graph):
+        yield from g.initializer
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
 
 
 def _check_external_data(model, folder: Path, onnx) -> list[str]:
@@ -473,9 +475,14 @@ def _assume_opaque_outputs(graph, opaque, tensors: dict[str, TensorInfo], assume
     return count
 
 
+def _schema_domain(node) -> str:
+    """The node's domain as ONNX's schema registry names it ("ai.onnx" is "")."""
+    return "" if node.domain == "ai.onnx" else node.domain
+
+
 def _is_opaque(node, onnx) -> bool:
     """An op ONNX has no schema for (a custom domain's, or unknown)."""
-    return not onnx.defs.has(node.op_type, "" if node.domain == "ai.onnx" else node.domain)
+    return not onnx.defs.has(node.op_type, _schema_domain(node))
 
 
 @contextmanager
@@ -515,7 +522,7 @@ def _opaque_schemas(graph, nodes, onnx):
             kinds = [2 if not n else int(n in weights) for n in node.input]
             node.attribute.extend([onnx.helper.make_attribute(OPAQUE_INPUTS_ATTR, kinds, attr_type=ints),
                                    onnx.helper.make_attribute(OPAQUE_OUTPUTS_ATTR, codes, attr_type=ints)])
-        ops = sorted({(n.op_type, "" if n.domain == "ai.onnx" else n.domain) for n in opaque})
+        ops = sorted({(n.op_type, _schema_domain(n)) for n in opaque})
         registered: list[tuple[str, str]] = []
         try:
             with _alarm_held():
@@ -593,7 +600,7 @@ def _infer_opaque(ctx) -> None:
             tt = t.tensor_type if t is not None and t.HasField("tensor_type") else None
             if tt is None or not tt.HasField("shape"):
                 return  # wait: a later round may know it
-            nbytes = math.prod(max(d.dim_value, 1) for d in tt.shape.dim) * DTYPE_BYTES.get(tt.elem_type, 0)
+            nbytes = _info_of(tt).nbytes  # as the rounds' rule sizes it
             if nbytes > size:
                 largest, size = t, nbytes
         if largest is None:
@@ -625,18 +632,21 @@ def _infer_shapes(model, path: Path, onnx):
         raise ModelError(f"{path}: shape inference failed: {first_line[:300]}") from None
 
 
+def _info_of(tt) -> TensorInfo:
+    """A TypeProto.Tensor as a TensorInfo (a dimension: its size, its name, or None)."""
+    shape = None
+    if tt.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+    return TensorInfo(tt.elem_type, shape)
+
+
 def _collect_tensors(graph, onnx) -> dict[str, TensorInfo]:
     tensors = {}
     for vi in (*graph.input, *graph.value_info, *graph.output):
         t = vi.type
         if not t.HasField("tensor_type"):
             continue
-        tt = t.tensor_type
-        shape = None
-        if tt.HasField("shape"):
-            shape = tuple(d.dim_value if d.HasField("dim_value") else
-                          (d.dim_param or None) for d in tt.shape.dim)
-        tensors[vi.name] = TensorInfo(tt.elem_type, shape)
+        tensors[vi.name] = _info_of(t.tensor_type)
     for node in graph.node:  # Constant nodes' values have exact shapes even where inference is silent
         if node.op_type == "Constant" and node.output and node.output[0] not in tensors:
             for attr in node.attribute:
