@@ -127,6 +127,10 @@ def test_a_json_reply_that_names_errors_is_an_error_not_an_empty_queue():
         parse_sacct_json(reply)
     with pytest.raises(HorusError, match="^sinfo --json: Failed"):
         sp.sinfo_json_nodes(json.dumps({**reply, "nodes": []}))
+    from slurm_horus.sim.replay import from_sacct_json
+
+    with pytest.raises(HorusError, match="^sacct json: Failed"):  # horus-admin simulate --sacct
+        from_sacct_json(json.dumps(reply), ["a100"])
     assert sp.squeue_json_records(out("squeue_json"))  # "errors": [] is no error
 
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from slurm_horus.errors import HorusError
 from slurm_horus.predict.gpus import get_gpu
-from slurm_horus.slurm.accounting import num, parse_job
+from slurm_horus.slurm.accounting import RECORD_ERRORS, num, parse_job
+from slurm_horus.slurm.parse import json_errors
 from slurm_horus.sim.mix import SITE_POOLED, ModelMix
 from slurm_horus.sim.traces import SimJob, graph_residuals, time_limit, truth
 
@@ -34,6 +35,7 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
         data = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise HorusError(f"sacct json: not JSON ({type(e).__name__}: {str(e)[:100]})") from None
+    json_errors(data, "sacct json")  # as parse_sacct_json: a failed sacct is no empty trace
     raw = data.get("jobs") if isinstance(data, dict) else None
     if not isinstance(raw, list):
         raise HorusError("sacct json: no 'jobs' list (expected `sacct --json` output)")
@@ -49,7 +51,7 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
             continue
         try:
             job = parse_job(j)  # the one sacct parser: a shard job counts as one GPU
-        except (TypeError, ValueError, KeyError, OverflowError, HorusError):
+        except RECORD_ERRORS:  # as parse_sacct_json skips them
             continue
         submit, elapsed = job["submit_time"], job["elapsed_s"]
         gpus = job["gpus"] or (1 if job["shards"] else 0)

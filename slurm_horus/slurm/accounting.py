@@ -27,7 +27,7 @@ from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hint import parse_decision
 from slurm_horus.slurm.parse import json_errors, parse_gres
 
-__all__ = ["FINISHED", "QUEUE_TOKEN", "STATE_ABBREV", "num", "size_mib", "parse_tres_string",
+__all__ = ["FINISHED", "QUEUE_TOKEN", "RECORD_ERRORS", "STATE_ABBREV", "num", "size_mib", "parse_tres_string",
            "gres_placement", "parse_job", "parse_sacct_json", "queue_tokens", "scheduler_actions"]
 
 FINISHED = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL",
@@ -229,6 +229,10 @@ def _job_id(v) -> int:
     return v
 
 
+# what parse_job raises on a record it cannot read: skipped wherever sacct's jobs are read
+RECORD_ERRORS = (TypeError, ValueError, KeyError, AttributeError, OverflowError, HorusError)
+
+
 def parse_sacct_json(data: str | bytes | dict) -> list[dict]:
     """Every job of a ``sacct --json`` reply as ``parse_job`` gives it; a record that does not
     parse is skipped (one odd job must not stop a sync), a reply that is not sacct's is an error."""
@@ -247,7 +251,7 @@ def parse_sacct_json(data: str | bytes | dict) -> list[dict]:
             continue
         try:
             out.append(parse_job(j))
-        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, HorusError):
+        except RECORD_ERRORS:
             continue  # one odd record must not stop a sync
     return out
 
