@@ -1,5 +1,15 @@
 """Errors that reach a user as one line, never as a traceback."""
 
+import re
+
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1: never in text for a terminal
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped (a newline as \\n): a message that names a
+    user's file stays one line and cannot drive the reader's terminal."""
+    return CONTROL_CHARS.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
 
 class HorusError(Exception):
     """A problem with the user's input or environment, printed as one line by the CLIs."""

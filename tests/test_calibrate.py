@@ -224,6 +224,24 @@ def test_no_gpu_error(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+def test_options_are_checked_before_the_gpu(tmp_path):
+    # on a node without a GPU, a wrong model name or GPU type was reported only as "no CUDA
+    # GPU": fixed that, the run on a GPU node then failed on the option
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = str(tmp_path / "c.csv")
+    r = CliRunner().invoke(main, ["calibrate", "--out", out, "--models", "mlp,resnet9000"])
+    assert r.exit_code == 2 and "error: --models: unknown or not buildable here: resnet9000" in r.output
+    r = CliRunner().invoke(main, ["calibrate", "--out", out, "--gpu-type", "h9000"])
+    assert r.exit_code == 2 and "error: --gpu-type: unknown GPU type 'h9000'" in r.output
+    r = CliRunner().invoke(main, ["calibrate", "--out", out, "--models", "mlp", "--gpu-type", "h200"])
+    assert r.exit_code == 2 and "error: no CUDA GPU" in r.output, r.output
+    assert not (tmp_path / "c.csv").exists()
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 def test_real_export_and_feature_row_on_cpu(tmp_path):
     """The real export (legacy exporter, weights stripped) of one tiny model + the graph stage."""
     specs = model_specs()

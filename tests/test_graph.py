@@ -324,6 +324,39 @@ def test_a_chain_of_custom_ops_longer_than_the_rounds_is_shaped_in_one_pass(tmp_
     assert r.by_op["MatMul"].flops == 2 * 2 * 4 * 8 and not any("unknown" in w for w in r.warnings())
 
 
+def test_a_custom_op_inside_an_if_body_is_shaped(tmp_path):
+    # the schemas served the top-level graph only: a custom op in a branch left the If's
+    # output, and the MatMul after it, without a shape (it cost nothing)
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    def branch(name):  # reads the outer graph's input x and the outer weight s
+        return helper.make_graph([helper.make_node("MyOp", ["x", "s"], [f"{name}_c"], domain="com.example"),
+                                  helper.make_node("Relu", [f"{name}_c"], [f"{name}_out"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["a"], then_branch=branch("then"), else_branch=branch("else")),
+         helper.make_node("MatMul", ["a", "w"], ["y"])], "branches",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64]),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.zeros((64, 32), np.float32), "w"),
+         numpy_helper.from_array(np.zeros((64,), np.float32), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    (tmp_path / "if.onnx").write_bytes(model.SerializeToString())
+    g = load_graph(tmp_path / "if.onnx", batch_size=4)
+    assert g.shapeless == [] and g.tensors["a"].shape == (4, 64) and g.tensors["y"].shape == (4, 32)
+    assert not onnx.defs.has("MyOp", "com.example")
+    assert not any(a.name.startswith("horus") for sub in g.nodes[0].attribute
+                   for n in sub.g.node for a in n.attribute)
+    r = extract_features(tmp_path / "if.onnx", batch_size=4)
+    assert r.by_op["MatMul"].flops == 2 * 4 * 64 * 32 and not any("unknown" in w for w in r.warnings())
+
+
 def test_shapes_left_unknown_after_the_last_round_are_a_warning(tmp_path, monkeypatch):
     # where ONNX takes no schema from Python, a round per custom op carries the shapes, up to
     # MAX_SHAPE_ROUNDS; the tensors left without a shape cost nothing, which was silent

@@ -346,3 +346,16 @@ def test_a_node_name_that_is_not_utf8_still_gets_its_features(tmp_path):
     (tmp_path / "n.onnx").write_bytes(data.replace(b"QQ", b"\xff\xfe"))
     r = extract_features(tmp_path / "n.onnx", batch_size=2)
     assert r.values["flops"] == 2 * 2 * 8 and len(r.nodes) == 2
+
+
+def test_a_model_path_with_control_characters_warns_in_one_line(tmp_path, slurm_bin):
+    # a newline in the path split the warning over two lines; an escape sequence drove the
+    # terminal.  The job is still submitted, with the user's options
+    env, log = slurm_bin
+    folder = tmp_path / "a\nb\x1b[2J"
+    folder.mkdir()
+    (folder / "m.onnx").write_bytes(b"not a model")
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(folder / "m.onnx"), "--wrap", "true"], env)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1 and "\x1b" not in cp.stderr, cp.stderr
+    assert "a\\nb\\x1b[2J/m.onnx" in cp.stderr and "submitting the job unchanged" in cp.stderr

@@ -331,6 +331,25 @@ def test_models_list_shows_a_bad_figure_as_unknown(trained, tmp_path):
     assert "mem_mdape=?%" in lines[bad] and "mem_mdape=?%" not in lines[good]
 
 
+def test_models_list_prints_the_registrys_text_in_one_line(trained, tmp_path):
+    # metadata with a newline printed as two lines, and an escape sequence reached the terminal
+    import subprocess
+    import sys
+
+    reg = Registry(tmp_path / "models")
+    odd = LearnedModel.from_json(trained.to_json())
+    odd.meta.update(rows="12\nv9999 rows=1", created="\x1b]0;owned\x07today")
+    odd = reg.add(odd)
+    (tmp_path / "models" / "v0002.json").write_text('{"kind": "x\\n\\u001b[31m"}')
+    cp = subprocess.run([sys.executable, "-m", "slurm_horus.cli.admin", "models", "list",
+                         "--model-dir", str(tmp_path / "models")], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    assert len(lines) == 2 and not any("\x1b" in ln or "\x07" in ln for ln in lines), lines
+    assert lines[0].split()[0] == odd and "rows=12\\nv9999 rows=1" in lines[0]
+    assert lines[1].split()[0] == "v0002" and "INVALID" in lines[1]
+
+
 def _chain(n: int) -> dict:
     """One tree of n nodes in a chain: each split's left child a leaf, its right the next split."""
     feature, threshold, left, right, leaf, value = [], [], [], [], [], []

@@ -458,3 +458,46 @@ def test_retrain_refuses_a_registry_it_cannot_write_before_training(tmp_path):
     r = CliRunner().invoke(retrain, ["--ledger", url, "--model-dir", str(reg), "--max-iter", "40"])
     assert r.exit_code != 0 and "cannot write" in r.output and "internal" not in r.output, r.output
     assert Ledger(url).count("predictor_versions") == 0
+
+
+def test_retrain_refuses_a_ledger_it_cannot_write_before_training(tmp_path):
+    # it trained, promoted the model, then failed recording the version in a read-only ledger
+    from slurm_horus.cli.admin_ledger import import_, retrain
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    src = tmp_path / "m.csv"
+    write_csv(src)
+    assert CliRunner().invoke(import_, [str(src), "--ledger", url]).exit_code == 0
+    ro = f"sqlite:///file:{tmp_path}/l.db?mode=ro&uri=true"  # read-only, even for root
+    reg = tmp_path / "models"
+    r = CliRunner().invoke(retrain, ["--ledger", ro, "--model-dir", str(reg), "--max-iter", "40"])
+    assert r.exit_code != 0 and "cannot write" in r.output and "internal" not in r.output, r.output
+    assert Registry(reg).serving() is None and not list(reg.glob("*.json"))
+    assert Ledger(url).count("predictor_versions") == 0
+    Ledger(url).check_writable()  # the same ledger, writable
+
+
+def test_rows_with_json_of_the_wrong_kind_are_skipped_not_fatal(tmp_path):
+    # a tampered ledger: predictions or workload a list or a string where an object belongs;
+    # retrain trained, then its history export failed with an internal AttributeError
+    import sqlite3
+
+    from slurm_horus.cli.admin_ledger import import_, retrain
+    from slurm_horus.ledger.history_export import ledger_runs
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    src = tmp_path / "m.csv"
+    write_csv(src)
+    assert CliRunner().invoke(import_, [str(src), "--ledger", url]).exit_code == 0
+    before = len(ledger_runs(Ledger(url)))
+    con = sqlite3.connect(tmp_path / "l.db")
+    ids = [r[0] for r in con.execute("SELECT job_id FROM submissions ORDER BY job_id LIMIT 4")]
+    for jid, col, val in zip(ids, ("predictions", "predictions", "workload", "predictions"),
+                             ("[1, 2]", '"x"', "[3]", '{"a100-40gb": [1], "t4": {"cold": [2]}}')):
+        con.execute(f"UPDATE submissions SET {col} = ? WHERE job_id = ?", (val, jid))
+    con.commit()
+    con.close()
+    assert len(ledger_runs(Ledger(url))) == before - 4
+    r = CliRunner().invoke(retrain, ["--ledger", url, "--model-dir", str(tmp_path / "reg"),
+                                     "--max-iter", "40"])
+    assert r.exit_code == 0 and "promoted v0001" in r.output, r.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from slurm_horus.cli.common import one_line_errors, print_json
+from slurm_horus.errors import one_line
 
 MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
                          help="Registry folder (default /var/lib/slurm-horus/models).")
@@ -40,7 +41,7 @@ def models_list(model_dir, as_json):
     for e in entries:
         mark = "*" if e["serving"] else " "
         if not e["valid"]:
-            click.echo(f"{mark} {e['version']}  INVALID: {e['error']}")
+            click.echo(f"{mark} {e['version']}  INVALID: {one_line(str(e['error']))}")
             continue
         m, meta = e["metrics"], e["meta"]
 
@@ -48,10 +49,11 @@ def models_list(model_dir, as_json):
             v = m.get(key) if isinstance(m, dict) else None
             return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
 
-        click.echo(f"{mark} {e['version']}  rows={meta.get('rows', '?') if isinstance(meta, dict) else '?'}  "
-                   f"mem_mdape={fig('mem_mdape_pct', '.1f')}%  util_rmsle={fig('util_rmsle', '.3f')}  "
-                   f"util_mae={fig('util_mae_pct', '.1f')}pp  "
-                   f"{meta.get('created', '') if isinstance(meta, dict) else ''}")
+        meta = meta if isinstance(meta, dict) else {}
+        # the registry's files are root's, but what they say is printed, not obeyed
+        click.echo(one_line(f"{mark} {e['version']}  rows={meta.get('rows', '?')}  "
+                            f"mem_mdape={fig('mem_mdape_pct', '.1f')}%  util_rmsle={fig('util_rmsle', '.3f')}  "
+                            f"util_mae={fig('util_mae_pct', '.1f')}pp  {meta.get('created', '')}"))
 
 
 @models.command()

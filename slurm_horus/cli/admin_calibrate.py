@@ -20,6 +20,7 @@ from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.nvml import NvmlSampler
 from slurm_horus.predict.coldstart import TASKS
+from slurm_horus.predict.gpus import default_catalog
 
 
 def _csv_list(value: str | None, what: str, cast=str) -> list:
@@ -70,18 +71,26 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
         return
     if not out:
         raise HorusError("--out CSV is required (where the rows go)")
-    require_torch_gpu(device)  # the clear one-line error before anything else
-    runner = TorchRunner(device, gpu_type)
-    available = list(runner.specs)
+    # every option and dependency first, the GPU last: "no CUDA GPU" then means the options
+    # are right and only the node is wrong
+    import_torch()
+    available = list(model_specs())
     names = _csv_list(models, "--models") if models else default_models(available)
-    if unknown := [m for m in names if m not in runner.specs]:
+    if unknown := [m for m in names if m not in available]:
         raise HorusError(f"--models: unknown or not buildable here: {', '.join(unknown)} "
                          f"(available: {', '.join(available)}; resnet50 etc. need torchvision, "
                          "bert_base/gpt2 need transformers)")
+    if gpu_type:
+        try:
+            default_catalog().get(gpu_type)
+        except HorusError as e:
+            raise HorusError(f"--gpu-type: {e}") from None
     if importlib.util.find_spec("pynvml") is None:
         raise HorusError("calibrate samples the GPU through NVML: "
                          "pip install 'slurm-horus[probe]' (nvidia-ml-py)")
     ledger = Ledger(url) if url else None
+    require_torch_gpu(device)
+    runner = TorchRunner(device, gpu_type)
     runs = plan(names, bs, ts)
     tty = sys.stderr.isatty()
     click.echo(f"calibrate: {len(runs)} runs on {runner.gpu_name} ({runner.gpu_type}), "

@@ -11,7 +11,7 @@ import time
 
 import click
 
-from slurm_horus.errors import HorusError
+from slurm_horus.errors import HorusError, one_line
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -37,7 +37,7 @@ def one_line_errors(prog: str):
             try:
                 return fn(*args, **kwargs)
             except HorusError as e:
-                click.echo(f"{prog}: error: {e}", err=True)
+                click.echo(f"{prog}: error: {one_line(str(e))}", err=True)
                 sys.exit(e.exit_code)
             except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
                 raise
@@ -53,7 +53,7 @@ def one_line_errors(prog: str):
             except Exception as e:  # never a traceback for users
                 if os.environ.get("HORUS_DEBUG"):
                     raise
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                msg = one_line(str(e).strip().splitlines()[0]) if str(e).strip() else ""
                 if type(e).__module__.startswith("sqlalchemy"):  # the database said no
                     why = "" if "readonly" not in msg else (
                         " (the ledger's file or folder is read-only)" if os.geteuid() == 0

@@ -29,7 +29,9 @@ PROG = "hsubmit"
 
 
 def _err(msg: str) -> None:
-    sys.stderr.write(f"{PROG}: {msg}\n")
+    from slurm_horus.errors import one_line
+
+    sys.stderr.write(f"{PROG}: {one_line(msg)}\n")
 
 
 def main(argv: list[str] | None = None) -> int:

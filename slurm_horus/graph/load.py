@@ -500,18 +500,23 @@ def _opaque_schemas(graph, nodes, onnx):
     defs = onnx.defs
     with _SCHEMA_LOCK:
         opaque = [n for n in nodes if _is_opaque(n, onnx)]
+        # the schemas serve the ops in If, Loop and Scan bodies as well (the rounds do not):
+        # one there left the op's outputs, and everything after it, without a shape
+        graphs = list(_graphs(graph))
+        inner = [n for g in graphs[1:] for n in g.node if _is_opaque(n, onnx)]
         ours = (OPAQUE_INPUTS_ATTR, OPAQUE_OUTPUTS_ATTR)
-        for node in opaque:  # a model's own attribute of these names would be read as ours
+        for node in (*opaque, *inner):  # a model's own attribute of these names would be read as ours
             _drop_attributes(node, ours)
-        if not opaque or not hasattr(defs, "register_schema"):
+        if not (opaque or inner) or not hasattr(defs, "register_schema"):
             yield opaque, set()
             return
-        weights = {t.name for t in graph.initializer}
-        shaped = {vi.name: vi.type.tensor_type for vi in (*graph.value_info, *graph.output)
+        # a body reads the weights of the graphs around it too
+        weights = {t.name for g in graphs for t in g.initializer}
+        shaped = {vi.name: vi.type.tensor_type for g in graphs for vi in (*g.value_info, *g.output)
                   if vi.type.HasField("tensor_type")}
         names: set[str] = set()
         ints = onnx.AttributeProto.INTS
-        for node in opaque:
+        for node in (*opaque, *inner):
             codes = []
             for name in node.output:
                 tt = shaped.get(name)
@@ -522,7 +527,7 @@ def _opaque_schemas(graph, nodes, onnx):
             kinds = [2 if not n else int(n in weights) for n in node.input]
             node.attribute.extend([onnx.helper.make_attribute(OPAQUE_INPUTS_ATTR, kinds, attr_type=ints),
                                    onnx.helper.make_attribute(OPAQUE_OUTPUTS_ATTR, codes, attr_type=ints)])
-        ops = sorted({(n.op_type, _schema_domain(n)) for n in opaque})
+        ops = sorted({(n.op_type, _schema_domain(n)) for n in (*opaque, *inner)})
         registered: list[tuple[str, str]] = []
         try:
             with _alarm_held():
@@ -537,7 +542,7 @@ def _opaque_schemas(graph, nodes, onnx):
         finally:
             with _alarm_held():
                 _deregister(defs, registered)
-                for node in opaque:
+                for node in (*opaque, *inner):
                     _drop_attributes(node, ours)
 
 

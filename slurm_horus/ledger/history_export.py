@@ -76,8 +76,10 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
             runs.append(check_run(run, "ledger row"))
             if learned is not None and values is not None:
                 inputs.append((len(runs) - 1, values, gpu, wk, c))
-        except (ValueError, TypeError, KeyError, HorusError):
-            continue  # an unusable row teaches nothing; retrain counts them
+        except (ValueError, TypeError, KeyError, AttributeError, HorusError):
+            # an unusable row teaches nothing (retrain counts them); AttributeError: JSON of the
+            # wrong kind (a list where an object belongs), which only a tampered ledger holds
+            continue
     if learned is not None and inputs:
         _add_learned(runs, inputs, learned)
     return runs

@@ -29,7 +29,7 @@ from slurm_horus.ledger.jobs import (FAR_MEM_FACTOR, FAR_UTIL_PP, job_filters,
                                      mem_err_bucket_bounds)
 from slurm_horus.ledger.jobs import predictor_source  # noqa: F401 - plots.py imports it here
 from slurm_horus.ledger.schema import tables
-from slurm_horus.slurm.hint import CONTROL_CHARS
+from slurm_horus.errors import CONTROL_CHARS
 
 # name -> (header, json key). Order here is the order of `hacct -o help`.
 COLUMNS = {

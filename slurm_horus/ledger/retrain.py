@@ -131,6 +131,7 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     """Train, cross-validate, compare with the serving model on rows neither was trained on,
     store, maybe promote, and write the calibration of the predictor that now serves."""
     registry.check_writable()
+    ledger.check_writable()
     ts = training_set(ledger)
     n = len(ts.X)
     if n < max(20, folds * 4):

@@ -70,6 +70,23 @@ class Ledger:
             return os.geteuid() == 0 or (path is not None and os.access(path, os.W_OK))
         return True
 
+    def check_writable(self) -> None:
+        """HorusError unless this process may write the ledger: an UPDATE that matches no row
+        needs the same grant (a server) or file access (SQLite) as one that does.  retrain asks
+        before it trains and promotes, not after (it promoted, then failed to record it)."""
+        from sqlalchemy import false, update
+        from sqlalchemy.exc import DBAPIError
+
+        if self.readonly:
+            raise HorusError(f"ledger {mask_url(self.url)}: opened read-only")
+        t = tables()["predictor_versions"]
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(update(t).where(false()).values(n_rows=t.c.n_rows))
+        except DBAPIError as e:
+            reason = str(e.orig).strip().splitlines()[0] if e.orig else type(e).__name__
+            raise HorusError(f"ledger {mask_url(self.url)}: cannot write ({reason[:200]})") from None
+
     def schema_version(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.exec_driver_sql("SELECT MAX(version) FROM schema_version").scalar())

@@ -18,7 +18,7 @@ from slurm_horus.predict.gpus import GPU
 from slurm_horus.predict.history import HistoryPredictor
 from slurm_horus.predict.learned import LearnedEstimator
 from slurm_horus.predict.registry import CALIBRATION_FILE, Registry
-from slurm_horus.slurm.hint import CONTROL_CHARS
+from slurm_horus.errors import CONTROL_CHARS
 
 QUANTILES = ("0.9", "0.95", "0.99")
 

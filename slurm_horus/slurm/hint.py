@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
-from slurm_horus.errors import HorusError
+from slurm_horus.errors import CONTROL_CHARS, HorusError
 
 __all__ = [
     "HINT_PREFIX",
@@ -93,7 +93,6 @@ _DECISION_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus-decision:[^ \t\n
 _DECISION_RE = re.compile(r"horus-decision:v1;action=(shared|exclusive|unchanged)(?:;type=([a-z0-9_-]{1,32}))?"
                           r"(?:;shards=([1-9][0-9]{0,8})/([1-9][0-9]{0,8}))?(?:;reason=([a-z_]{1,16}))?")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1: never in text for a terminal
 _INT_RE = re.compile(r"[1-9][0-9]{0,17}")
 
 HintFields = tuple[float, ...]  # (util_pct, mem_mib, mem_p90_mib[, mem_p95_mib[, mem_p99_mib]])

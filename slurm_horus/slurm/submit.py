@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_horus.slurm import sbatch_args as sa
-from slurm_horus.errors import HorusError
+from slurm_horus.errors import HorusError, one_line
 
 __all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error"]
 
@@ -378,4 +378,4 @@ def on_prediction_error(env: dict[str, str] | None = None) -> str:
 
 
 def warn(msg: str) -> None:
-    sys.stderr.write(f"hsubmit: warning: {msg}\n")
+    sys.stderr.write(f"hsubmit: warning: {one_line(msg)}\n")
