@@ -44,7 +44,7 @@ GOLDEN_P = """\
 JobID|User|GPUType|GPUIdx|Alloc|PredUtil|ActUtil|UtilErr|PredMem|ActMem|MemErr|CoLocated|State|Elapsed|Predictor|QueueAct
 101|alice|a100|0|30 shards|40.0|45.0|-5.0|5000|5230|-4.4|102|COMPLETED|01:02:05|cold-start|
 102|bob|a100|0|50 shards|65.0|70.0|-5.0|30000|36260|-17.3|101|COMPLETED|01:02:05|cold-start|pack
-103|alice|a100|||20.0|||2000||||||cold-start|
+103|alice||||20.0|||2000||||||cold-start|
 """
 
 
@@ -82,7 +82,7 @@ GOLDEN_JSON = [
      "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": True, "claim_flags": "mem",
      "hook_action": "exclusive", "hook_reason": "util", "queue_actions": ["pack"]},
     {"job_id": 103, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
-     "gpu_type": "a100", "gpu_index": None, "node": None, "gpus": None, "shards": None,
+     "gpu_type": None, "gpu_index": None, "node": None, "gpus": None, "shards": None,
      "state": None,
      "elapsed_s": None, "submit_time": 1700000103, "pred_util_pct": 20.0, "pred_mem_mib": 2000.0,
      "actual_util_pct": None, "actual_util_max_pct": None, "actual_mem_mib": None,
@@ -264,7 +264,8 @@ def test_summary_figures_match_their_definitions(tmp_path):
             continue  # never measured
         au = 0.0 if r < 0.15 else min(100.0, max(1.0, pred["util_pct"] + rng.gauss(0, 20)))
         am = 300.0 if r < 0.15 else pred["mem_mib"] * rng.lognormvariate(0, 0.3)
-        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=au, mem_peak_mib=am)
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=au, mem_peak_mib=am,
+                       gpu_type=g)
     jobs = L.jobs()
 
     def expect(rows):

@@ -134,6 +134,18 @@ def test_a_json_reply_that_names_errors_is_an_error_not_an_empty_queue():
     assert sp.squeue_json_records(out("squeue_json"))  # "errors": [] is no error
 
 
+def test_a_window_without_jobs_is_an_empty_answer_not_an_error():
+    # recorded: 22.05's sacct --json over a window without jobs says "Nothing found" in errors;
+    # taken for a failure, horus-admin sync failed on every quiet window
+    from slurm_horus.slurm.accounting import parse_sacct_json
+
+    reply = json.loads(out("sacct_json_empty_window"))
+    assert INDEX["sacct_json_empty_window"]["exit_code"] == 0 and reply["errors"]
+    assert parse_sacct_json(out("sacct_json_empty_window")) == []
+    with pytest.raises(Exception, match="Failed"):  # beside a real failure, it hides nothing
+        parse_sacct_json({**reply, "errors": reply["errors"] + json.loads(out("squeue_json_unreachable"))["errors"]})
+
+
 def test_squeue_and_sinfo_text():
     rows = {r["JOBID"]: r for r in sp.parse_pipe_table(out("squeue_text"))}
     shard = rows[str(IDS["running_shard_job"])]

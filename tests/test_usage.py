@@ -375,6 +375,47 @@ def test_sync_reads_no_more_of_a_named_file_than_a_graph_can_be(tmp_path):
     assert ModelFeatures(hash_budget=model.stat().st_size - 1).get(claim, wl, 0, {0}) is None
 
 
+def test_a_named_file_whose_read_fails_costs_only_that_jobs_features(tmp_path, monkeypatch):
+    """/sys/class/net/lo/speed is a readable regular file whose every read fails (EINVAL): a
+    workload token naming it stopped every sync with an internal OSError, for good (the window
+    never moved).  The kernel's file systems are refused at open, and a read that fails anyway
+    is no graph."""
+    from slurm_horus.ledger import claims
+    from slurm_horus.ledger.claims import ModelFeatures
+
+    wl = {"batch_size": 8, "task": "train", "optimizer": "adam", "precision": "fp32", "dims": {}}
+    odd = "/sys/class/net/lo/speed"
+    if not os.path.isfile(odd):
+        pytest.skip("no /sys/class/net/lo here")
+    claim = {"model": odd, "sha": "0" * 64}
+    assert claims.open_as_owner(odd, 0, {0}) is None  # sysfs: not a file system of files
+    monkeypatch.setattr(claims, "_not_files", lambda fd: False)  # were it taken, its read fails
+    assert ModelFeatures().get(claim, wl, 0, {0}) is None
+
+
+def test_one_users_files_spend_only_their_own_read_budget(open_dir):
+    """The byte budget was the sync's: one user naming large files left every later job of the
+    sync, other users' too, without features."""
+    import hashlib
+    import pwd
+
+    from slurm_horus.ledger.claims import ModelFeatures
+
+    nobody = pwd.getpwnam("nobody")
+    wl = {"batch_size": 8, "task": "train", "optimizer": "adam", "precision": "fp32", "dims": {}}
+    model = open_dir / "m.onnx"
+    shutil.copy(ZOO / "small_cnn.onnx", model)
+    os.chmod(model, 0o644)
+    big = open_dir / "big.onnx"
+    big.write_bytes(b"x" * (model.stat().st_size + 10))
+    os.chmod(big, 0o644)
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    models = ModelFeatures(hash_budget=model.stat().st_size + 20)
+    assert models.get({"model": str(big), "sha": sha}, wl, nobody.pw_uid, {nobody.pw_gid}) is None
+    assert models.get({"model": str(model), "sha": sha}, wl, nobody.pw_uid, {nobody.pw_gid}) is None  # spent
+    assert models.get({"model": str(model), "sha": sha}, wl, 0, {0}) is not None  # another user's
+
+
 def test_open_as_owner_follows_unix_permissions(open_dir):
 
     tmp_path = open_dir
@@ -510,6 +551,54 @@ def test_sync_from_real_cluster(tmp_path):
     assert (w["gpus"], w["shards"], w["gpu_type"]) == (1, None, "a100")
 
 
+@pytest.mark.cluster
+def test_a_job_seen_running_is_recorded_though_its_end_falls_outside_every_later_window(tmp_path):
+    """sacct -S/-E returns the jobs of the window; one that a sync saw running and whose end
+    slurmdbd then recorded before the next window began (a backlog longer than the 300 s
+    overlap) was never recorded.  Jobs seen running are read again by id (sacct -j)."""
+    from slurm_horus.slurm import commands as slurm
+
+    if not _cluster_ok():
+        pytest.skip("SLURM_CONF unset or the local cluster is down (tests/cluster/up)")
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    out = subprocess.run(["sbatch", "--parsable", "--gres=gpu:1", "-p", "a100",
+                          "--comment=horus:v1;a100=10/500/600", "-o", str(tmp_path / "out-%j"),
+                          "--wrap", "sleep 6"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=30, check=True)
+    jid = int(out.stdout.strip().split(";")[0])
+    try:
+        def state():
+            return [j["state"] for j in slurm.accounting_jobs_by_id([jid]) if j["job_id"] == jid]
+        deadline = time.time() + 60
+        while state() != ["RUNNING"] and time.time() < deadline:
+            time.sleep(0.5)
+        assert state() == ["RUNNING"], state()
+        sync(L, since=time.time() - 600)
+        assert jid not in [j["job_id"] for j in L.jobs()]
+        deadline = time.time() + 60
+        while state() != ["COMPLETED"] and time.time() < deadline:
+            time.sleep(0.5)
+        assert state() == ["COMPLETED"], state()
+        later = time.time() + 3600  # a window that holds nothing of the job's run
+        res = sync(L, since=later, until=later + 60)
+        assert res["recorded"] == 1 and [j["state"] for j in L.jobs(job_ids=[jid])] == ["COMPLETED"]
+        assert json.loads(L.get_state("open_jobs")) == {}
+    finally:
+        subprocess.run(["scancel", str(jid)], capture_output=True)
+
+
+def test_a_damaged_open_jobs_state_falls_back_to_the_windows(tmp_path):
+    from slurm_horus.ledger.sync import _open_jobs
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    assert _open_jobs(L) == set()
+    for damaged in ("[1, 2]", "{not json", '{"c": ["x"]}', '{"c": 5}'):
+        L.set_state("open_jobs", damaged)
+        assert _open_jobs(L) == set()
+    L.set_state("open_jobs", '{"c": [5, 7]}')
+    assert _open_jobs(L) == {("c", 5), ("c", 7)}
+
+
 def test_sync_flags_failed_measurements_and_keeps_p95_p99(tmp_path):
     """A job whose GPU stayed idle (util 0, memory at most a bare CUDA context) is recorded,
     flagged and counted, and left out of the accuracy; a hint's p95/p99 reach the ledger."""
@@ -577,7 +666,16 @@ def test_one_users_analyses_are_bounded_per_sync(tmp_path, monkeypatch):
     mf = claims.ModelFeatures(user_budget_s=0.0)
     wl = {"task": "train", "optimizer": "adam", "precision": "fp32", "dims": {}}
     assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=2), 0, {0}) is None
-    mf = claims.ModelFeatures(user_budget_s=1e-9)
+    # a clock on which reading the file takes no time and each analysis one second
+    clock = [0.0]
+    analyse = claims._features
+
+    def slow(*a):
+        clock[0] += 1.0
+        return analyse(*a)
+    monkeypatch.setattr(claims, "_features", slow)
+    monkeypatch.setattr(claims.time, "monotonic", lambda: clock[0])
+    mf = claims.ModelFeatures(user_budget_s=0.5)
     assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=2), 0, {0}) is not None
     assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=3), 0, {0}) is None
     assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=2), 0, {0}) is not None  # cached
@@ -605,3 +703,20 @@ def test_open_as_owner_lets_the_kernel_judge(open_dir):
     if shutil.which("setfacl"):
         subprocess.run(["setfacl", "-m", "u:5002:---", str(f)], check=True)
         assert open_as_owner(str(f), *other) is None
+
+
+def test_a_jobs_gpu_type_is_never_its_hints(tmp_path):
+    """With no type from accounting, the probe or the node (scontrol unanswered: node_types
+    {}), a hint naming one type was recorded as the type the job ran on, and its run taught
+    that type's history.  The type the hook pinned (AdminComment) is a fact; the hint is not."""
+    data = json.loads(F2205.read_text())
+    job = data["jobs"][0]
+    job["comment"]["job"] = "horus:v1;h100=20/2000/2500"  # it ran on gpu-t4
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    sync(L, sacct_json=data, node_types={})
+    assert L.jobs()[0]["gpu_type"] is None and L.jobs()[0]["node"] == "gpu-t4"
+    admin = job["comment"]["administrator"]
+    job["comment"]["administrator"] = admin.replace(";type=any;", ";type=t4;")
+    assert admin != job["comment"]["administrator"]
+    sync(L, sacct_json=data, node_types={})
+    assert L.jobs()[0]["gpu_type"] == "t4"

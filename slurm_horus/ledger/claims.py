@@ -71,11 +71,28 @@ def owner_ids(user: str | None) -> tuple[int | None, set[int]]:
     return pw.pw_uid, gids
 
 
-FUSE_SUPER_MAGIC = 0x65735546  # a user's own FUSE daemon answers reads, or never does
+# file systems whose "files" a user can make answer slowly, never, or with an error on read: their
+# own FUSE daemon, and the kernel's views (/proc, /sys, ...), whose regular files are not graphs
+# (/sys/class/net/lo/speed fails every read with EINVAL)
+NOT_FILES_MAGIC = frozenset({
+    0x65735546,  # fuse
+    0x9FA0,  # proc
+    0x62656572,  # sysfs
+    0x64626720,  # debugfs
+    0x74726163,  # tracefs
+    0x73636673,  # securityfs
+    0x62656570,  # configfs
+    0x63677270,  # cgroup2
+    0x27E0EB,  # cgroup
+    0xCAFE4A11,  # bpf
+    0xDE5E81E4,  # efivarfs
+    0x6165676C,  # pstore
+})
 
 
-def _on_fuse(fd: int) -> bool:
-    """Whether the fd's file system is FUSE (statfs's f_type; False where it cannot be told)."""
+def _not_files(fd: int) -> bool:
+    """Whether the fd's file system is one of NOT_FILES_MAGIC (statfs's f_type; False where it
+    cannot be told)."""
     import ctypes
     import struct
 
@@ -84,20 +101,20 @@ def _on_fuse(fd: int) -> bool:
         buf = ctypes.create_string_buffer(256)  # struct statfs: f_type is its first word
         if libc.fstatfs(fd, buf) != 0:
             return False
-        return struct.unpack_from("l", buf.raw)[0] == FUSE_SUPER_MAGIC
+        return struct.unpack_from("l", buf.raw)[0] in NOT_FILES_MAGIC
     except (OSError, AttributeError):
         return False
 
 
 def _open_regular(path: str) -> int | None:
-    """An fd on ``path`` if it is a regular file on a file system that is not FUSE (never
-    waiting on a FIFO, never making a terminal ours), else None."""
+    """An fd on ``path`` if it is a regular file on a file system of files (_not_files: never
+    FUSE, /proc or /sys; never waiting on a FIFO, never making a terminal ours), else None."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        if stat.S_ISREG(os.fstat(fd).st_mode) and not _on_fuse(fd):
+        if stat.S_ISREG(os.fstat(fd).st_mode) and not _not_files(fd):
             return fd
     except OSError:
         pass
@@ -170,12 +187,14 @@ class ModelFeatures:
     """Features and cold-start figures of the model a job claims, computed as the admin from
     the file only when the job's owner can read it and its sha256 is the claimed one; cached
     by (sha, workload) for one sync.  A user names the file, so what is read is bounded: no
-    file larger than an ONNX graph can be, at most ``hash_budget`` bytes per sync, and at most
-    ``user_budget_s`` seconds of analysis per user."""
+    file larger than an ONNX graph can be, and per user and sync at most ``hash_budget`` bytes
+    read and ``user_budget_s`` seconds of reading and analysis: what one user's files cost
+    spends their own budget, never another user's."""
     def __init__(self, hash_budget: int = HASH_BUDGET_BYTES,
                  user_budget_s: float = USER_ANALYSIS_BUDGET_S):
         self.hash_budget = hash_budget
         self.user_budget_s = user_budget_s
+        self._read: dict[int | None, int] = {}
         self._spent: dict[int | None, float] = {}
         self._sha: dict[tuple, str | None] = {}
         self._found: dict[tuple, object] = {}
@@ -190,10 +209,17 @@ class ModelFeatures:
             st = os.fstat(fd)
             ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if ident not in self._sha:
-                if st.st_size > min(MAX_PROTO_BYTES, self.hash_budget):
-                    return None  # not a graph, or this sync has read enough of users' files
-                self.hash_budget -= st.st_size
-                self._sha[ident] = _sha256(fd, st.st_size)
+                read = self._read.get(uid, 0) + st.st_size
+                if st.st_size > MAX_PROTO_BYTES or read > self.hash_budget \
+                        or self._spent.get(uid, 0.0) >= self.user_budget_s:
+                    return None  # not a graph, or this user's share of the sync is spent
+                self._read[uid] = read
+                t0 = time.monotonic()
+                try:
+                    self._sha[ident] = _sha256(fd, st.st_size)
+                except OSError:  # a file whose read fails is no graph: that job's features only
+                    self._sha[ident] = None
+                self._spent[uid] = self._spent.get(uid, 0.0) + time.monotonic() - t0
             if self._sha[ident] != claim["sha"]:
                 return None
             key = (claim["sha"], json.dumps(workload, sort_keys=True))

@@ -186,11 +186,24 @@ def _readonly_sqlite(path: Path, busy_timeout: float):
     return create_engine("sqlite://", creator=connect, poolclass=NullPool)
 
 
+def _within_lengths(table, rows: list[dict]) -> list[dict]:
+    """The rows with each text cut to its column's length (VARCHAR(n)): MariaDB and PostgreSQL
+    refuse a longer one, and with it the whole batch (a sync then failed at every run on one
+    multi-node job's node list), where SQLite keeps any length."""
+    limits = {c.name: c.type.length for c in table.columns if getattr(c.type, "length", None)}
+    out = []
+    for r in rows:
+        long = [k for k, v in r.items() if isinstance(v, str) and k in limits and len(v) > limits[k]]
+        out.append({**r, **{k: r[k][:limits[k]] for k in long}} if long else r)
+    return out
+
+
 def upsert(conn, table, rows: list[dict], keys: tuple[str, ...]) -> None:
     """INSERT ... ON CONFLICT/DUPLICATE KEY UPDATE for SQLite, MariaDB/MySQL and PostgreSQL:
     writing a record twice replaces it, so replays and re-syncs count nothing twice."""
     if not rows:
         return
+    rows = _within_lengths(table, rows)
     name = conn.dialect.name
     cols = list(rows[0].keys())
     upd = [c for c in cols if c not in keys]

@@ -19,6 +19,7 @@ from slurm_horus.ledger.db import upsert
 from slurm_horus.ledger.records import SOURCES
 from slurm_horus.ledger.schema import job_fields, tables
 from slurm_horus.slurm.accounting import scheduler_actions
+from slurm_horus.slurm.hint import parse_decision
 
 # Which measurement wins for utilization/memory, and for placement facts (node, state, ...).
 UTIL_ORDER = ("probe", "sacct", "import")
@@ -168,9 +169,17 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
     row["act_util_pct"] = per_gpu("util_mean", UTIL_ORDER)
     row["act_util_max"] = per_gpu("util_max", UTIL_ORDER)
     row["act_mem_mib"] = per_gpu("mem_peak_mib", UTIL_ORDER)
-    if row["gpu_type"] is None and isinstance(preds, dict) and len(preds) == 1:
-        row["gpu_type"] = next(iter(preds))
-    p = preds.get(row["gpu_type"]) if isinstance(preds, dict) and row["gpu_type"] else None
+    if row["gpu_type"] is None and sub:
+        # the type the hook pinned (AdminComment: only slurmctld writes it), never the hint's
+        # types: those are the user's claim, and a job recorded on a type it never ran on
+        # taught that type's history
+        decision = parse_decision(sub.get("policy_decision"))
+        if decision and decision.action != "unchanged" and decision.gpu_type not in (None, "any"):
+            row["gpu_type"] = decision.gpu_type
+    claimed = row["gpu_type"]
+    if claimed is None and isinstance(preds, dict) and len(preds) == 1:
+        claimed = next(iter(preds))  # the claim's own figures, compared: not a type it ran on
+    p = preds.get(claimed) if isinstance(preds, dict) and claimed else None
     if isinstance(p, dict):
         row["pred_util_pct"] = p.get("util_pct")
         row["pred_mem_mib"] = p.get("mem_mib")

@@ -75,9 +75,10 @@ class Spool:
 
     def replay(self, ledger) -> Replay:
         """Apply every trusted spooled record to ``ledger`` (its ``_apply``). A record that cannot be applied
-        (bad JSON, bad job id, unknown kind) is renamed ``.bad`` and the rest go on; a
-        database error stops the replay and leaves the file for next time."""
-        from sqlalchemy.exc import DBAPIError
+        (bad JSON, bad job id, unknown kind, a value the database refuses for good) is renamed
+        ``.bad`` and the rest go on; any other database error (unreachable, locked) stops the
+        replay and leaves the file for next time."""
+        from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
         uids = tuple({0, os.geteuid()})
         applied = quarantined = skipped = 0
@@ -107,15 +108,23 @@ class Spool:
                 recs = [json.loads(ln) for ln in claimed.read_text().splitlines() if ln.strip()]
                 for rec in recs:
                     ledger._apply(rec["kind"], rec["data"])
-            except DBAPIError:
-                os.rename(claimed, path)  # retry next time
-                raise
-            except Exception as e:  # noqa: BLE001 - whatever is wrong with it, it is this file
-                os.rename(claimed, path.with_suffix(".bad"))
+            except DBAPIError as e:
+                if not isinstance(e, (DataError, IntegrityError)):
+                    os.rename(claimed, path)  # retry next time
+                    raise
+                self._quarantine(claimed, path, e, problems)  # retried, it would fail every sync
                 quarantined += 1
-                reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-                problems.append(f"{path}: quarantined as .bad ({type(e).__name__}: {reason})")
+                continue
+            except Exception as e:  # noqa: BLE001 - whatever is wrong with it, it is this file
+                self._quarantine(claimed, path, e, problems)
+                quarantined += 1
                 continue
             os.unlink(claimed)
             applied += len(recs)
         return Replay(applied, quarantined, skipped, problems)
+
+    @staticmethod
+    def _quarantine(claimed: Path, path: Path, e: Exception, problems: list[str]) -> None:
+        os.rename(claimed, path.with_suffix(".bad"))
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        problems.append(f"{path}: quarantined as .bad ({type(e).__name__}: {reason})")

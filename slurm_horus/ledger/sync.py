@@ -10,6 +10,7 @@ gives the GPU index in accounting: sync takes it from the probe.
 
 from __future__ import annotations
 
+import json
 import time
 
 from sqlalchemy import delete, select, update
@@ -19,6 +20,12 @@ from slurm_horus.ledger.claims import ModelFeatures, submission_of
 from slurm_horus.slurm import commands as slurm
 from slurm_horus.slurm.accounting import FINISHED, parse_sacct_json
 from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
+
+# started jobs carried from one sync to the next while unfinished, at most (the newest ids
+# beyond it): the state is one TEXT value (64 KiB on MariaDB); running jobs are bounded by
+# the GPUs, and a job not started yet is seen running by a later window
+MAX_OPEN_JOBS = 5000
+NOT_STARTED = {"PENDING"}
 
 
 def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
@@ -80,24 +87,42 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
             since = float(last) - 300 if last else now - 86400
         until = until or now
         accounted = slurm.accounting_jobs(since, until)
+        # jobs a sync saw unfinished: by id, wherever their end falls (slurmdbd may record it
+        # late, outside every later window: such a job was never recorded)
+        carried = _open_jobs(ledger)
+        if carried:
+            have = {(j["cluster"], j["job_id"]) for j in accounted}
+            accounted += [j for j in slurm.accounting_jobs_by_id(sorted({i for _, i in carried}))
+                          if (j["cluster"], j["job_id"]) in carried
+                          and (j["cluster"], j["job_id"]) not in have]
         if node_types is None:
             node_types = slurm.node_gpu_types()
     else:
         accounted = parse_sacct_json(sacct_json)
-    parsed = [j for j in accounted if j["state"] and j["state"].split()[0] in FINISHED]
     if cluster:
-        parsed = [j for j in parsed if j["cluster"] == cluster]
+        accounted = [j for j in accounted if j["cluster"] == cluster]
+    parsed = [j for j in accounted if j["state"] and j["state"].split()[0] in FINISHED]
+    unfinished = [j for j in accounted if j["state"] and j["state"].split()[0] not in FINISHED]
     node_types = node_types or {}
-    known = _known_jobs(ledger, parsed)
+    known = _known_jobs(ledger, accounted)
+
+    def wanted(j, hint, claim) -> bool:
+        return bool(hint or claim or (j["cluster"], j["job_id"]) in known
+                    or (all_jobs and (j["shards"] or j["gpus"])))
+
     models = ModelFeatures()
     chosen, subs = [], []
     for j in parsed:
         hint, claim = parse_hint(j["comment"]), parse_workload(j["comment"])
-        if not (hint or claim or (j["cluster"], j["job_id"]) in known
-                or (all_jobs and (j["shards"] or j["gpus"]))):
+        if not wanted(j, hint, claim):
             continue
         chosen.append(j)
         subs.append(submission_of(j, hint and find_hint_token(j["comment"]), hint, claim, models))
+    # every started GPU job: accounting may hold a running job's comment only from its end
+    still_open = [(j["cluster"], j["job_id"]) for j in unfinished
+                  if j["state"].split()[0] not in NOT_STARTED
+                  and (j["shards"] or j["gpus"] or wanted(j, parse_hint(j["comment"]),
+                                                          parse_workload(j["comment"])))]
     _drop_legacy(ledger, chosen)
     probed = _probe_placement(ledger, chosen)
     # co-location: this batch (with the probe's GPU index where accounting has none) plus what
@@ -141,6 +166,10 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     if changed:
         _update_colocated(ledger, changed)
     if ran_sacct:
+        kept: dict[str, list[int]] = {}
+        for c, i in sorted(set(still_open))[-MAX_OPEN_JOBS:]:
+            kept.setdefault(c, []).append(i)
+        ledger.set_state("open_jobs", json.dumps(kept, separators=(",", ":")))
         ledger.set_state("last_sync", str(int(until or now)))
     return {"jobs_seen": len(parsed), "recorded": len(records),
             "failed_measurements": sum(1 for r in records if failed_measurement(
@@ -149,6 +178,15 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
             "features": sum(1 for s in subs if s["features"]), "replayed": replay.applied,
             "quarantined": replay.quarantined, "skipped": replay.skipped,
             "problems": replay.problems, "colocated_updates": len(changed)}
+
+
+def _open_jobs(ledger) -> set[tuple[str, int]]:
+    """(cluster, job id) of the jobs the last sync saw unfinished (its state ``open_jobs``)."""
+    try:
+        return {(str(c), int(i)) for c, ids in json.loads(ledger.get_state("open_jobs") or "{}").items()
+                for i in ids}
+    except (ValueError, TypeError, AttributeError):
+        return set()  # a damaged state: the windows alone, as before there was one
 
 
 def _known_jobs(ledger, jobs: list[dict]) -> set[tuple[str, int]]:

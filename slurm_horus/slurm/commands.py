@@ -132,6 +132,15 @@ def accounting_jobs(since: float, until: float) -> list[dict]:
     return parse_sacct_json(run_sacct(since, until))
 
 
+def accounting_jobs_by_id(job_ids: list[int], chunk: int = 1000) -> list[dict]:
+    """These jobs from Slurm accounting, whenever they ran (sacct -j has no time window)."""
+    out: list[dict] = []
+    for i in range(0, len(job_ids), chunk):
+        ids = ",".join(str(int(x)) for x in job_ids[i:i + chunk])
+        out += parse_sacct_json(run(["sacct", "--json", "--allusers", "-j", ids], timeout=300))
+    return out
+
+
 def default_partition() -> str:
     name = sp.default_partition(scontrol_partitions())
     if not name:

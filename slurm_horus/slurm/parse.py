@@ -186,11 +186,19 @@ def parse_pipe_table(text: str) -> list[dict]:
     return [dict(zip(head, ln.split("|"))) for ln in lines[1:]]
 
 
+# ESLURM_REST_EMPTY_RESULT (slurm_errno.h): "Nothing found", 22.05's sacct --json over a
+# window without jobs; an answer, not a failure
+EMPTY_RESULT = 9003
+
+
 def json_errors(data, what: str) -> None:
     """Slurm's ``--json`` replies name the failures they met in ``errors``, exit status 0
     regardless (22.05's ``squeue --json`` with slurmctld unreachable: no jobs, and "Failed while
-    looking for jobs"): a HorusError here, never an empty queue or cluster."""
+    looking for jobs"): a HorusError here, never an empty queue or cluster.  An empty result
+    (EMPTY_RESULT) is no failure."""
     errors = data.get("errors") if isinstance(data, dict) else None
+    if isinstance(errors, list):
+        errors = [e for e in errors if not (isinstance(e, dict) and e.get("error_number") == EMPTY_RESULT)]
     if errors and isinstance(errors, list):
         first = errors[0] if isinstance(errors[0], dict) else {}
         text = first.get("description") or first.get("error") or str(errors[0])

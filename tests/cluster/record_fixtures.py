@@ -200,6 +200,9 @@ def main():
            job_id=gpu_done)
     record("sacct_json_finished", ["sacct", "--json", "-j", f"{done},{gpu_done}"],
            "both finished jobs (shard and whole-GPU) in one sacct --json", job_ids=[done, gpu_done])
+    record("sacct_json_empty_window", ["sacct", "--json", "--allusers", "-S", "2000-01-01T00:00:00",
+                                       "-E", "2000-01-01T00:01:00"],
+           "a window without jobs: exit 0, no jobs, and 'Nothing found' (9003) in errors")
 
     if OWN_JOBS:
         subprocess.run(["scancel", *OWN_JOBS], cwd=JOBDIR)
