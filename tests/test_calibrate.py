@@ -236,9 +236,13 @@ def test_options_are_checked_before_the_gpu(tmp_path):
     assert r.exit_code == 2 and "error: --models: unknown or not buildable here: resnet9000" in r.output
     r = CliRunner().invoke(main, ["calibrate", "--out", out, "--gpu-type", "h9000"])
     assert r.exit_code == 2 and "error: --gpu-type: unknown GPU type 'h9000'" in r.output
-    r = CliRunner().invoke(main, ["calibrate", "--out", out, "--models", "mlp", "--gpu-type", "h200"])
+    r = CliRunner().invoke(main, ["calibrate", "--out", out, "--models", "mlp", "--device", "cpu"])
+    assert r.exit_code == 2 and "error: --device cpu" in r.output
+    ledger = tmp_path / "new" / "l.db"  # opened (created, migrated) only once a GPU is there
+    r = CliRunner().invoke(main, ["calibrate", "--out", out, "--models", "mlp", "--gpu-type", "h200",
+                                  "--ledger", f"sqlite:///{ledger}"])
     assert r.exit_code == 2 and "error: no CUDA GPU" in r.output, r.output
-    assert not (tmp_path / "c.csv").exists()
+    assert not (tmp_path / "c.csv").exists() and not ledger.exists()
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")

@@ -357,6 +357,35 @@ def test_a_custom_op_inside_an_if_body_is_shaped(tmp_path):
     assert r.by_op["MatMul"].flops == 2 * 4 * 64 * 32 and not any("unknown" in w for w in r.warnings())
 
 
+def test_a_branchs_names_do_not_shadow_the_graphs_for_its_own_custom_ops(tmp_path):
+    # an If branch's initializer named like the graph's input x made the top-level custom op
+    # read x as a weight: its output took w2's (1000, 1000) shape, and the MatMul lost its cost
+    import numpy as np
+    from onnx import numpy_helper
+
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)],
+                             [numpy_helper.from_array(np.zeros((2,), np.float32), "x")])
+    other = helper.make_graph([helper.make_node("Relu", ["q"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("MyOp", ["x", "w2"], ["q"], domain="com.example"),
+         helper.make_node("If", ["cond"], ["a"], then_branch=then, else_branch=other),
+         helper.make_node("MatMul", ["q", "w"], ["y"])], "shadow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64]),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.zeros((64, 32), np.float32), "w"),
+         numpy_helper.from_array(np.zeros((1000, 1000), np.float32), "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    (tmp_path / "s.onnx").write_bytes(model.SerializeToString())
+    g = load_graph(tmp_path / "s.onnx", batch_size=4)
+    assert g.tensors["q"].shape == (4, 64) and g.tensors["y"].shape == (4, 32)
+
+
 def test_shapes_left_unknown_after_the_last_round_are_a_warning(tmp_path, monkeypatch):
     # where ONNX takes no schema from Python, a round per custom op carries the shapes, up to
     # MAX_SHAPE_ROUNDS; the tensors left without a shape cost nothing, which was silent

@@ -359,3 +359,10 @@ def test_a_model_path_with_control_characters_warns_in_one_line(tmp_path, slurm_
     assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
     assert len(cp.stderr.strip().splitlines()) == 1 and "\x1b" not in cp.stderr, cp.stderr
     assert "a\\nb\\x1b[2J/m.onnx" in cp.stderr and "submitting the job unchanged" in cp.stderr
+    # --explain prints the path (and the sbatch line) too: the same escapes, for a real model
+    shutil.copy(ZOO / "small_cnn.onnx", folder / "m.onnx")
+    cp = hsubmit(["--explain", "-p", "gpu", "--gres=gpu:1", "--model", str(folder / "m.onnx"),
+                  "--batch-size", "4", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "model: " in cp.stdout, cp.stderr
+    assert "\x1b" not in cp.stdout and "a\\nb\\x1b[2J/m.onnx" in cp.stdout
+    assert sum(line.startswith("model: ") for line in cp.stdout.splitlines()) == 1

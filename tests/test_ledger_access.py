@@ -211,3 +211,22 @@ def test_private_ledger_falls_back_to_the_users_extract(ordinary_user):
     r = _as(user, py, "-c", f"import sqlite3; sqlite3.connect({str(ext)!r})"
                             ".execute('DELETE FROM jobs').connection.commit()")
     assert r.returncode != 0 and "readonly" in r.stderr
+
+
+def test_a_ledger_whose_folder_is_read_only_is_not_writable(ordinary_user):
+    """The user owns the SQLite file, root its folder: SQLite cannot make its journal there.  A
+    write that changes no page passed the check, and retrain trained and promoted, then failed
+    to record the version."""
+    user, root, py = ordinary_user
+    url = _site_ledger(root / "ro", user.pw_name)
+    db = root / "ro" / "lib" / "ledger.db"
+    os.chown(db, user.pw_uid, user.pw_gid)
+    os.chmod(db.parent, 0o755)
+    check = ("from slurm_horus.ledger import Ledger\n"
+             f"Ledger({url!r}).check_writable()\n")
+    r = _as(user, py, "-c", check)
+    assert r.returncode != 0 and "cannot write (attempt to write a readonly database)" in r.stderr, r.stderr
+    os.chmod(db.parent, 0o777)  # the folder writable too: the check passes, and leaves nothing
+    r = _as(user, py, "-c", check)
+    assert r.returncode == 0, r.stderr
+    assert Ledger(url).count("predictor_versions") == 0

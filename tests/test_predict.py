@@ -341,6 +341,7 @@ def test_models_list_prints_the_registrys_text_in_one_line(trained, tmp_path):
     odd.meta.update(rows="12\nv9999 rows=1", created="\x1b]0;owned\x07today")
     odd = reg.add(odd)
     (tmp_path / "models" / "v0002.json").write_text('{"kind": "x\\n\\u001b[31m"}')
+    (tmp_path / "models" / "v0003\n.json").write_text("{}")  # not a version's name
     cp = subprocess.run([sys.executable, "-m", "slurm_horus.cli.admin", "models", "list",
                          "--model-dir", str(tmp_path / "models")], capture_output=True, text=True)
     assert cp.returncode == 0, cp.stderr

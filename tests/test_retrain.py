@@ -501,3 +501,32 @@ def test_rows_with_json_of_the_wrong_kind_are_skipped_not_fatal(tmp_path):
     r = CliRunner().invoke(retrain, ["--ledger", url, "--model-dir", str(tmp_path / "reg"),
                                      "--max-iter", "40"])
     assert r.exit_code == 0 and "promoted v0001" in r.output, r.output
+    # numbers past a float (1e400) and a feature that is no number, with a learned model
+    # serving (its figures are added to each run): both ended retrain with an internal error
+    ids = [r[0] for r in con_rows(tmp_path / "l.db", "SELECT job_id FROM submissions ORDER BY job_id LIMIT 6 OFFSET 4")]
+    con = sqlite3.connect(tmp_path / "l.db")
+    con.execute("UPDATE submissions SET workload = ? WHERE job_id = ?", ('{"batch_size": 1e400}', ids[0]))
+    con.execute("UPDATE submissions SET workload = ? WHERE job_id = ?", ("[" * 50000 + "]" * 50000, ids[1]))
+    feats = json.loads(con.execute("SELECT features FROM submissions WHERE job_id = ?", (ids[2],)).fetchone()[0])
+    con.execute("UPDATE submissions SET features = ? WHERE job_id = ?", (json.dumps({**feats, "flops": None}), ids[2]))
+    con.commit()
+    con.close()
+    r = CliRunner().invoke(retrain, ["--ledger", url, "--model-dir", str(tmp_path / "reg"),
+                                     "--max-iter", "40", "--force"])
+    assert r.exit_code == 0 and "promoted v0002" in r.output, r.output
+    from slurm_horus.predict.learned import LearnedEstimator
+
+    reg = Registry(tmp_path / "reg")
+    runs = ledger_runs(Ledger(url), LearnedEstimator(reg.load("v0002"), "v0002"))
+    assert len(runs) == before - 6  # the run whose features are no numbers keeps its measurement
+    assert sum("base" in r for r in runs) < len(runs)
+
+
+def con_rows(db, query):
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(query).fetchall()
+    finally:
+        con.close()

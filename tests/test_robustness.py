@@ -84,6 +84,27 @@ def test_cli_names_the_custom_op(tmp_path):
     assert "com.acme.Preprocess" in cp.stderr
 
 
+def test_the_models_names_reach_the_terminal_without_control_characters(tmp_path):
+    # an op type and a dimension name are the model's text: an escape sequence in them drove
+    # the terminal of whoever looked at the model (rich's markup escape leaves them in)
+    op = "Ev\x1b[31mil\nFAKE"
+    g = helper.make_graph([helper.make_node(op, ["x"], ["c"], domain="com.ev"),
+                           helper.make_node("Relu", ["c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b\x1b]0;t\x07", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.ev", 1)])
+    m.ir_version = 8
+    path = tmp_path / "evil.onnx"
+    path.write_bytes(m.SerializeToString())
+    for args in (("features", path, "-b", "2"), ("features", path, "-b", "2", "--json"),
+                 ("predict", path, "-b", "2", "--gpu", "a100")):
+        cp = _horus(*args)
+        assert cp.returncode == 0, cp.stderr
+        out = cp.stdout + cp.stderr
+        assert "\x1b" not in out and "\x07" not in out, out
+        assert args[0] == "predict" or "com.ev.Ev\\x1b[31mil\\nFAKE" in out, out
+
+
 def _chain(tmp_path, ops):
     """x[batch, 64] -> (op, then a 64x64 MatMul)* -> y: each op given as (domain, op_type)."""
     nodes, inits, prev = [], [], "x"

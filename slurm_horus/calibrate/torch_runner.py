@@ -30,11 +30,16 @@ def import_torch():
     return torch
 
 
+def check_device(device: str) -> None:
+    """HorusError unless ``device`` names a CUDA device (checked with the other options)."""
+    if not device.startswith("cuda"):
+        raise HorusError(f"--device {device}: calibrate measures GPUs, use cuda or cuda:N")
+
+
 def require_torch_gpu(device: str):
     """-> (torch, torch.device); HorusError (exit 2) without torch or without a CUDA GPU."""
     torch = import_torch()
-    if not device.startswith("cuda"):
-        raise HorusError(f"--device {device}: calibrate measures GPUs, use cuda or cuda:N")
+    check_device(device)
     if not torch.cuda.is_available():
         raise HorusError(f"no CUDA GPU visible to PyTorch {torch.__version__} "
                          f"(CUDA build: {torch.version.cuda or 'none'}); "

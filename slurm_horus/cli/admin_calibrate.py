@@ -14,7 +14,7 @@ from slurm_horus.calibrate.models import default_models, model_specs
 from slurm_horus.calibrate.orchestrate import calibrate as run_calibration
 from slurm_horus.calibrate.plan import DEFAULT_BATCH_SIZES, DEFAULT_TASKS, plan
 from slurm_horus.calibrate.sampler import BackgroundSampler
-from slurm_horus.calibrate.torch_runner import TorchRunner, import_torch, require_torch_gpu
+from slurm_horus.calibrate.torch_runner import TorchRunner, check_device, import_torch, require_torch_gpu
 from slurm_horus.cli.common import FiniteFloatRange, one_line_errors
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
@@ -71,8 +71,9 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
         return
     if not out:
         raise HorusError("--out CSV is required (where the rows go)")
-    # every option and dependency first, the GPU last: "no CUDA GPU" then means the options
-    # are right and only the node is wrong
+    # every option and dependency first, the GPU next (nothing is opened or created before
+    # it): "no CUDA GPU" then means the options are right and only the node is wrong
+    check_device(device)
     import_torch()
     available = list(model_specs())
     names = _csv_list(models, "--models") if models else default_models(available)
@@ -88,9 +89,9 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
     if importlib.util.find_spec("pynvml") is None:
         raise HorusError("calibrate samples the GPU through NVML: "
                          "pip install 'slurm-horus[probe]' (nvidia-ml-py)")
-    ledger = Ledger(url) if url else None
     require_torch_gpu(device)
     runner = TorchRunner(device, gpu_type)
+    ledger = Ledger(url) if url else None
     runs = plan(names, bs, ts)
     tty = sys.stderr.isatty()
     click.echo(f"calibrate: {len(runs)} runs on {runner.gpu_name} ({runner.gpu_type}), "

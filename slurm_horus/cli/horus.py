@@ -8,6 +8,7 @@ import click
 
 from slurm_horus.graph.load import parse_dims
 from slurm_horus.cli.common import human, one_line_errors, print_json
+from slurm_horus.errors import one_line
 
 BATCH_HELP = "Bind the batch dimension (symbolic batch-like or leading input dimensions)."
 DIM_HELP = "Bind a symbolic dimension by name, e.g. --dim seq=512 (repeatable)."
@@ -33,7 +34,7 @@ def features(model, batch_size, dims, as_json, nodes):
     report = extract_features(model, batch_size=batch_size, dims=parse_dims(dims))
     if as_json:
         for warning in report.warnings():
-            click.echo(f"horus features: warning: {warning}", err=True)
+            click.echo(f"horus features: warning: {one_line(warning)}", err=True)
         print_json(report.to_dict(nodes=nodes))
         return
     _print_feature_table(report)
@@ -41,34 +42,41 @@ def features(model, batch_size, dims, as_json, nodes):
 
 def _print_feature_table(report) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
-    table = Table(title=escape(f"{report.model}"), title_justify="left")  # names are not markup
+    table = Table(title=_plain(f"{report.model}"), title_justify="left")  # names are not markup
     for col, justify in (("op", "left"), ("count", "right"), ("FLOPs", "right"),
                          ("params", "right"), ("activations", "right")):
         table.add_column(col, justify=justify)
     for op, s in sorted(report.by_op.items(), key=lambda kv: -kv[1].flops):
-        table.add_row(escape(op), str(s.count), human(s.flops), human(s.params),
+        table.add_row(_plain(op), str(s.count), human(s.flops), human(s.params),
                       human(s.activation_bytes, "B"))
     v = report.values
     table.add_section()
     table.add_row("total", str(int(v["n_nodes"])), human(v["flops"]), human(v["params"]),
                   human(v["activation_bytes"], "B"), style="bold")
     console.print(table)
-    console.print(f"bound: {escape(_fmt_dims(report.bound_dims))}   depth: {int(v['depth'])}   "
+    console.print(f"bound: {_plain(_fmt_dims(report.bound_dims))}   depth: {int(v['depth'])}   "
                   f"kernels: {int(v['kernels'])}   memory traffic: "
                   f"{human(v['read_bytes'] + v['write_bytes'], 'B')}   "
                   f"kept for backward: {human(v['saved_activation_bytes'], 'B')}")
     for warning in report.warnings():
-        console.print(f"[yellow]warning: {escape(warning)}[/yellow]")
+        console.print(f"[yellow]warning: {_plain(warning)}[/yellow]")
     if report.unknown_dims:
         console.print(f"[yellow]unknown dimensions (bind with --dim NAME=VALUE): "
-                      f"{escape(_few(report.unknown_dims))}[/yellow]")
+                      f"{_plain(_few(report.unknown_dims))}[/yellow]")
     if report.missing_external_data:
         console.print(f"weights not present (not needed): "
-                      f"{escape(', '.join(report.missing_external_data))}")
+                      f"{_plain(', '.join(report.missing_external_data))}")
+
+
+def _plain(text: str) -> str:
+    """Text from a model file (its path, op and dimension names) for rich: no markup, and no
+    control characters to drive the terminal."""
+    from rich.markup import escape
+
+    return escape(one_line(text))
 
 
 def _few(names: list[str], n: int = 6) -> str:
@@ -170,11 +178,10 @@ def hook_fit(p, gpu, asked: str | None = None) -> Fit:
 
 def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
-    table = Table(title=escape(f"{report.model}  batch {workload.batch_size}, {workload.task}, "
+    table = Table(title=_plain(f"{report.model}  batch {workload.batch_size}, {workload.task}, "
                                f"{workload.optimizer}, {workload.precision}"), title_justify="left")
     for col in ("GPU", "util %", "memory MiB", "p90 MiB", "limit MiB", "fits", "predictor"):
         table.add_column(col, justify="left" if col in ("GPU", "predictor") else "right")
@@ -185,11 +192,11 @@ def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> 
     console.print(table)
     judged = [(g, f) for g, f in zip(gpus, fits) if f.fits is not None]
     if judged:
-        console.print(escape(f"fits: judged as the job_submit hook packs, e.g. {judged[0][0].name}: "
+        console.print(_plain(f"fits: judged as the job_submit hook packs, e.g. {judged[0][0].name}: "
                              f"{judged[0][1].rule}"))
     if len(judged) < len(fits):
-        console.print(escape("-: " + next(f.rule for f in fits if f.fits is None)))
-    console.print(escape(note))
+        console.print(_plain("-: " + next(f.rule for f in fits if f.fits is None)))
+    console.print(_plain(note))
 
 
 if __name__ == "__main__":

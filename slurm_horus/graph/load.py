@@ -510,19 +510,23 @@ def _opaque_schemas(graph, nodes, onnx):
         if not (opaque or inner) or not hasattr(defs, "register_schema"):
             yield opaque, set()
             return
-        # a body reads the weights of the graphs around it too
-        weights = {t.name for g in graphs for t in g.initializer}
-        shaped = {vi.name: vi.type.tensor_type for g in graphs for vi in (*g.value_info, *g.output)
-                  if vi.type.HasField("tensor_type")}
+
+        def scope(gs):  # the weights and declared types a node of these graphs may read
+            return ({t.name for g in gs for t in g.initializer},
+                    {vi.name: vi.type.tensor_type for g in gs for vi in (*g.value_info, *g.output)
+                     if vi.type.HasField("tensor_type")})
+        # the graph's own names for its nodes; a body reads the graphs' around it too (a
+        # body's names never shadow the graph's for the graph's own nodes)
+        scopes = [scope(graphs[:1])] * len(opaque) + [scope(graphs)] * len(inner)
         names: set[str] = set()
         ints = onnx.AttributeProto.INTS
-        for node in (*opaque, *inner):
+        for k, (node, (weights, shaped)) in enumerate(zip((*opaque, *inner), scopes)):
             codes = []
             for name in node.output:
                 tt = shaped.get(name)
                 codes.append(-1 if not name or (tt is not None and tt.HasField("shape")) else
                              tt.elem_type if tt is not None else 0)
-                if codes[-1] >= 0:
+                if codes[-1] >= 0 and k < len(opaque):  # the graph's tensors, not a body's
                     names.add(name)
             kinds = [2 if not n else int(n in weights) for n in node.input]
             node.attribute.extend([onnx.helper.make_attribute(OPAQUE_INPUTS_ATTR, kinds, attr_type=ints),

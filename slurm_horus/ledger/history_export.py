@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 from sqlalchemy import and_, func, select, tuple_
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, FeatureReport
 from slurm_horus.ledger import tables
-from slurm_horus.ledger.training import completed_run, stored_cold
+from slurm_horus.ledger.training import ROW_ERRORS, completed_run, stored_cold
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.history import HistoryPredictor
@@ -67,8 +68,8 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
             c = (p.get(gtype) or p.get(gpu.name) or {}).get("cold") or {}
             values = json.loads(feats) if feats and (fv is None or int(fv) == FEATURE_VERSION) \
                 else None
-            if values is not None and any(n not in values for n in FEATURE_NAMES):
-                values = None
+            if values is not None:
+                values = _feature_values(values)
             run["cold_mem"] = float(c["mem_mib"]) if c.get("mem_mib") else None
             run["cold_util"] = float(c["util_pct"]) if c.get("util_pct") is not None else None
             if run["cold_mem"] is None and values is not None:
@@ -76,10 +77,8 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
             runs.append(check_run(run, "ledger row"))
             if learned is not None and values is not None:
                 inputs.append((len(runs) - 1, values, gpu, wk, c))
-        except (ValueError, TypeError, KeyError, AttributeError, HorusError):
-            # an unusable row teaches nothing (retrain counts them); AttributeError: JSON of the
-            # wrong kind (a list where an object belongs), which only a tampered ledger holds
-            continue
+        except ROW_ERRORS:
+            continue  # an unusable row teaches nothing (retrain counts them)
     if learned is not None and inputs:
         _add_learned(runs, inputs, learned)
     return runs
@@ -123,6 +122,18 @@ def _values_report(values: dict) -> FeatureReport:
                          unknown_ops=[], unknown_dims=[], bound_dims={})
 
 
+def _feature_values(values) -> dict | None:
+    """Every feature as a finite float, or None (the run keeps its measurement, not its
+    features): the learned model reads them all."""
+    if not isinstance(values, dict):
+        return None
+    try:
+        out = {n: float(values[n]) for n in FEATURE_NAMES}
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return out if all(math.isfinite(v) for v in out.values()) else None
+
+
 def _cold_memory(values: dict, gpu, w) -> float:
     return ColdStartEstimator().memory_mib(_values_report(values), gpu, w)[0]
 
@@ -131,17 +142,23 @@ def _add_learned(runs: list[dict], inputs: list, learned: LearnedEstimator) -> N
     """The learned model's figures for the runs it answers (its familiar, in-bounds rows),
     in one batch."""
     cold_est = ColdStartEstimator()
-    rows, colds = [], []
-    for _, values, gpu, wl, c in inputs:
+    rows, colds, kept = [], [], []
+    for i, values, gpu, wl, c in inputs:
         try:
-            cp = stored_cold(c, gpu)
-        except ValueError:
-            cp = cold_est.predict(_values_report(values), gpu, wl)
-        rows.append(input_row(values, gpu, wl, cp))
+            try:
+                cp = stored_cold(c, gpu)
+            except ValueError:
+                cp = cold_est.predict(_values_report(values), gpu, wl)
+            rows.append(input_row(values, gpu, wl, cp))
+        except (ValueError, TypeError, OverflowError, HorusError):
+            continue  # the run keeps its measurement; the learned model has no answer for it
         colds.append(cp)
+        kept.append(i)
+    if not rows:
+        return
     mem, util, why = learned.model.answer(rows, [c.mem_mib for c in colds],
                                           [c.util_pct for c in colds])
-    for k, (i, *_) in enumerate(inputs):
+    for k, i in enumerate(kept):
         if not why[k]:
             runs[i].update(base=learned.name, base_mem=float(mem[k]), base_util=float(util[k]))
 

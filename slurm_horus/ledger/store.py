@@ -71,18 +71,26 @@ class Ledger:
         return True
 
     def check_writable(self) -> None:
-        """HorusError unless this process may write the ledger: an UPDATE that matches no row
-        needs the same grant (a server) or file access (SQLite) as one that does.  retrain asks
-        before it trains and promotes, not after (it promoted, then failed to record it)."""
-        from sqlalchemy import false, update
+        """HorusError unless this process may write the ledger: a row inserted and updated, then
+        rolled back, needs what an upsert does (a server's INSERT and UPDATE grants; for SQLite
+        write access to the file and, for its journal, the folder: a write that changes no page
+        needs neither).  retrain asks before it trains and promotes, not after (it promoted,
+        then failed to record it)."""
+        from sqlalchemy import insert, update
         from sqlalchemy.exc import DBAPIError
 
         if self.readonly:
             raise HorusError(f"ledger {mask_url(self.url)}: opened read-only")
         t = tables()["predictor_versions"]
+        probe = "horus-write-check"
         try:
-            with self.engine.begin() as conn:
-                conn.execute(update(t).where(false()).values(n_rows=t.c.n_rows))
+            with self.engine.connect() as conn:
+                trans = conn.begin()
+                try:
+                    conn.execute(insert(t).values(version=probe, created=0, n_rows=0, promoted=0))
+                    conn.execute(update(t).where(t.c.version == probe).values(n_rows=1))
+                finally:
+                    trans.rollback()
         except DBAPIError as e:
             reason = str(e.orig).strip().splitlines()[0] if e.orig else type(e).__name__
             raise HorusError(f"ledger {mask_url(self.url)}: cannot write ({reason[:200]})") from None

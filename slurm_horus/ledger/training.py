@@ -94,6 +94,12 @@ def completed_run(jobs):
     return or_(jobs.c.state.is_(None), jobs.c.state.like("COMPLETED%"))
 
 
+# what reading a ledger row's JSON can raise, where only a tampered ledger has such a row: the
+# wrong kind (a list for an object: AttributeError), numbers past a float (1e400:
+# OverflowError), nesting past the parser (RecursionError); the row is skipped and counted
+ROW_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError, HorusError)
+
+
 def training_set(ledger) -> TrainingSet:
     """Rows of measured jobs (utilization and memory both known, not a failed measurement)
     with features and the cold-start figures they were predicted with."""
@@ -130,7 +136,7 @@ def training_set(ledger) -> TrainingSet:
                 cold = stored_cold(pred.get("cold") if isinstance(pred, dict) else None, gpu)
                 arch = architecture(values)
                 ts.X.append(input_row(values, gpu, w, cold))
-            except (ValueError, TypeError, KeyError, AttributeError, OverflowError, HorusError):
+            except ROW_ERRORS:
                 ts.skipped += 1
                 continue
             ts.keys.append(f"{cluster}/{int(job_id)}")

@@ -29,7 +29,7 @@ from slurm_horus.predict.learned import MAX_MODEL_BYTES, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
 DEFAULT_DIR = Path("/var/lib/slurm-horus/models")
-VERSION_RE = re.compile(r"^v(\d{4,})$")
+VERSION_RE = re.compile(r"v(\d{4,})")  # fullmatch only: with "$", "v0001\n" matched too
 HISTORY_FILE = "history.json"
 CALIBRATION_FILE = "calibration.json"
 
@@ -55,7 +55,7 @@ class Registry:
     def versions(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        found = [p.stem for p in self.root.glob("v*.json") if VERSION_RE.match(p.stem)]
+        found = [p.stem for p in self.root.glob("v*.json") if VERSION_RE.fullmatch(p.stem)]
         return sorted(found, key=lambda v: int(v[1:]))
 
     def state(self) -> dict:
@@ -69,7 +69,7 @@ class Registry:
         if not (isinstance(state, dict) and "serving" in state
                 and (state["serving"] is None or isinstance(state["serving"], str))
                 and isinstance(state.get("history", []), list)
-                and all(isinstance(v, str) and VERSION_RE.match(v) for v in state.get("history", []))):
+                and all(isinstance(v, str) and VERSION_RE.fullmatch(v) for v in state.get("history", []))):
             raise HorusError(f"{path}: not a registry state file")
         return state
 
@@ -77,7 +77,7 @@ class Registry:
         return self.state().get("serving")
 
     def load(self, version: str) -> LearnedModel:
-        if not VERSION_RE.match(version or ""):
+        if not VERSION_RE.fullmatch(version or ""):
             raise HorusError(f"not a model version: '{version}' (expected e.g. v0003)")
         path = self.root / f"{version}.json"
         try:

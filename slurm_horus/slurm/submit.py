@@ -364,7 +364,7 @@ def explain_text(plan: Plan) -> str:
     for m in d.user_messages:
         lines.append(f"hook says: {m}")
     lines.append("sbatch " + " ".join(shlex.quote(a) for a in plan.sbatch_argv))
-    return "\n".join(lines)
+    return "\n".join(one_line(line) for line in lines)  # the user's paths, the model's names
 
 
 def on_prediction_error(env: dict[str, str] | None = None) -> str:
