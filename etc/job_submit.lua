@@ -856,6 +856,16 @@ local function hint_plan(job, pol, uid, preds)
 		return unchanged("GPU types in --gres and --constraint differ")
 	end
 	asked = asked or ftype
+	-- A type the hook picks itself is ANDed to the user's other constraint terms, and no one
+	-- here knows whether any node of that type has them (Slurm refuses a constraint no node
+	-- satisfies: a valid job made invalid).  With a type the user named, the terms stay theirs.
+	if not asked then
+		for _, t in ipairs(toks) do
+			if not pol.gpus[t] then
+				return unchanged("--constraint names features, not a GPU type")
+			end
+		end
+	end
 	local choice
 	if asked then
 		if not pol.gpus[asked] then return unchanged("policy does not know type " .. asked) end
@@ -870,6 +880,11 @@ local function hint_plan(job, pol, uid, preds)
 		-- request, so it too may start wherever a GPU frees up.
 		if pol.type_choice == "any" then
 			local worst, whole, fits, n_shared = nil, nil, true, 0
+			-- untyped shards may land on any type the job's partition has (those the hint
+			-- names): each must be one the policy costs
+			for t in pairs(preds) do
+				if not pol.gpus[t] then fits = false end
+			end
 			for _, t in ipairs(pol.type_order) do
 				local r = preds[t] and evaluate(pol, t, preds[t])
 				if not r or r.kind == "nofit" then fits = false break end

@@ -233,6 +233,22 @@ def check_hook(conf_dir: Path) -> list[Problem]:
     return out
 
 
+def check_regular_files(paths: dict[str, str | Path | None]) -> list[Problem]:
+    """slurmctld opens the hook's files at each submission (Lua cannot tell a FIFO from a file):
+    one that is not a regular file makes every submission wait on whoever writes it."""
+    out = []
+    for what, p in paths.items():
+        try:
+            mode = os.stat(p).st_mode if p else None
+        except OSError:
+            continue  # missing: the checks of each say what that means
+        if mode is not None and not stat.S_ISREG(mode):
+            out.append(Problem(f"{what} {p} is not a regular file: slurmctld would wait on it at "
+                               "every submission", f"replace {p} with a regular file on a local "
+                               "file system"))
+    return out
+
+
 def _hook_code(hook: Path) -> str | None:
     """The hook's source (its first 4 MiB: the shipped one is a few tens of kB); None when it
     cannot be read."""
@@ -448,7 +464,11 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     except OSError:
         gres_conf = None
     pol = policy_file(policy, hook_path=path.parent / "job_submit.lua")
-    out = check_version(version_text) + check_slurm_conf(conf) + check_hook(path.parent)
+    out = check_version(version_text) + check_slurm_conf(conf)
+    unreadable = check_regular_files({"the hook": path.parent / "job_submit.lua", "the policy": pol})
+    if unreadable:
+        return out + unreadable  # reading them would wait as slurmctld does
+    out += check_hook(path.parent)
     if not pol.is_file():
         out.append(Problem(f"policy {pol} is missing: the hook uses its built-in defaults",
                            f"install {_packaged('horus_policy.conf')} as {pol}"))
@@ -460,6 +480,9 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}
     declared = set(re.split(r"[,\s]+", policy_value("type_features", "", pol) or "")) - {""}
     out += check_nodes(conf, gres_conf, spg, type_via, mem_types, declared)
+    out += check_regular_files({"the claim record (record_file)":
+                                policy_value("record_file", "/var/lib/slurm-horus/record", pol),
+                                "the pressure file (pressure_file)": policy_value("pressure_file", "", pol)})
     out += check_pressure_keys(pol) + check_slowdown_bound(pol)
     out += check_pack_heavy(conf, pol, parse_version(version_text or ""))
     out += check_ledger(ledger_url or default_url())

@@ -196,6 +196,31 @@ def test_hook_missing_or_foreign(site):
     assert "job_submit.lua is missing" in p.what
 
 
+def test_a_fifo_where_the_hook_reads_is_found_without_waiting_on_it(site, tmp_path):
+    # slurmctld's hook opens the policy, the claim record and the pressure file at every
+    # submission; a FIFO there holds every submission (and held the doctor reading it)
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    text = (site / "horus_policy.conf").read_text()
+    (site / "horus_policy.conf").write_text(text + f"\nrecord_file = {fifo}\n")
+    found = []
+    t = threading.Thread(target=lambda: found.extend(problems(site)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive() and [p.what for p in found] == [
+        f"the claim record (record_file) {fifo} is not a regular file: slurmctld would wait on it "
+        "at every submission"]
+    (site / "horus_policy.conf").unlink()
+    os.mkfifo(site / "horus_policy.conf")
+    found.clear()
+    t = threading.Thread(target=lambda: found.extend(problems(site)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive() and len(found) == 1 and "the policy" in found[0].what
+
+
 def test_permissions_of_policy_ledger_and_registry(site, tmp_path):
     os.chmod(site / "horus_policy.conf", 0o664)
     ledger = tmp_path / "ledger"

@@ -148,8 +148,8 @@ CASES = [
         {"tres_per_job": "gres:gpu:t4:1"},
     ),
     (
-        "existing plain constraint gets &type",
-        {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "features": "ib&fast"},
+        "a constraint with the user's type keeps the user's other terms",
+        {"comment": LIGHT, "tres_per_node": "gres:gpu:t4:1", "features": "ib&fast"},
         "shared", "t4", 26,
         {"tres_per_node": "gres:shard:26", "features": "ib&fast&t4"},
     ),
@@ -216,6 +216,14 @@ UNCHANGED_CASES = [
                                  "features": "t4&a100"}, "several GPU types"),
     ("gres and constraint differ", {"comment": LIGHT, "tres_per_node": "gres:gpu:t4:1",
                                     "features": "a100"}, "differ"),
+    # a type the hook picked, ANDed to terms it cannot see on any node, made a valid job one
+    # Slurm refuses ("Requested node configuration is not available")
+    ("other features, no type", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
+                                 "features": "ib&fast"}, "names features, not a GPU type"),
+    ("a type the policy lacks", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
+                                 "features": "v100"}, "names features, not a GPU type"),
+    ("whole GPU, other features", {"comment": HEAVY, "tres_per_node": "gres:gpu:1",
+                                   "features": "ib"}, "names features, not a GPU type"),
     ("odd type name", {"comment": LIGHT, "tres_per_node": "gres:gpu:A%s\n:1"}, "unusual GPU type"),
     ("odd count", {"comment": LIGHT, "tres_per_node": "gres:gpu:1k"}, "unreadable GPU request"),
 ]
@@ -592,6 +600,16 @@ def test_any_falls_back_to_pinning_when_a_type_cannot_share():
     assert d.action == "shared" and d.gpu_type == "a100" and d.job_desc["features"] == "a100"
     d = run({"comment": HEAVY_T4, "tres_per_node": "gres:gpu:1"}, policy=SHIPPED_POLICY)
     assert d.gpu_type == "a100" and d.job_desc["features"] == "a100"
+
+
+def test_any_pins_a_type_where_the_hint_names_one_the_policy_lacks():
+    # hsubmit predicts for the partition's types: an l4 there, unknown to the policy, would
+    # take untyped shards costed for t4 and a100 only
+    d = run({"comment": LIGHT + ";l4=20/3000/3500", "tres_per_node": "gres:gpu:1"}, policy=SHIPPED_POLICY)
+    assert d.action == "shared" and d.gpu_type in ("t4", "a100") and d.job_desc["features"] == d.gpu_type
+    d = run({"comment": LIGHT + ";l4=20/3000/3500", "tres_per_node": "gres:gpu:1", "features": "ib"},
+            policy=SHIPPED_POLICY)
+    assert d.action == "unchanged"
 
 
 def test_any_keeps_the_users_type():

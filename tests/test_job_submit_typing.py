@@ -77,8 +77,10 @@ def test_only_declared_features_are_added(policy):
     job = {"comment": LIGHT, "tres_per_node": "gres/gpu:1"}
     # t4 comes first in type_order but has no declared feature: not pinned, not moved to a100
     assert_as_submitted(run(job, pol), job, "horus: unchanged (type_via = features, no node feature t4 declared)")
-    d = run({"comment": BIG_MEM, "tres_per_node": "gres/gpu:1", "features": "ib"}, pol)
+    d = run({"comment": BIG_MEM, "tres_per_node": "gres/gpu:1"}, pol)
     assert (d.action, d.gpu_type, d.shards) == ("shared", "a100", 40)
+    assert d.job_desc["tres_per_node"] == "gres/shard:40" and d.job_desc["features"] == "a100"
+    d = run({"comment": BIG_MEM, "tres_per_node": "gres/gpu:a100:1", "features": "ib"}, pol)
     assert d.job_desc["tres_per_node"] == "gres/shard:40" and d.job_desc["features"] == "ib&a100"
     assert not any("type_features not set" in m for _, m in d.log)
 
@@ -86,7 +88,7 @@ def test_only_declared_features_are_added(policy):
 def test_users_type_without_declared_feature_is_kept(policy):
     pol = policy("type_features = a100\n")
     for job in ({"comment": LIGHT, "tres_per_node": "gres:gpu:t4:1"},
-                {"comment": LIGHT, "tres_per_job": "gres/gpu:1", "features": "ib&fast"}):
+                {"comment": LIGHT, "tres_per_job": "gres/gpu:t4:1", "features": "ib"}):
         assert_as_submitted(run(job, pol), job,
                             "horus: unchanged (type_via = features, no node feature t4 declared)")
 
@@ -178,19 +180,27 @@ def features_of(job: dict) -> set[str]:
     return set(filter(None, (job.get("features") or "").split("&")))
 
 
-def valid(job: dict, feats: set[str], types: set[str]) -> bool:
-    """What slurmctld checks that the hook can affect: known features, GRES names and types,
-    and no gpu beside shard."""
+def valid(job: dict, nodes: list[tuple[str, set[str]]]) -> bool:
+    """What slurmctld checks that the hook can affect: GRES names, no gpu beside shard, and
+    some node (GPU type, features) with every feature the job asks for and the GPU type its
+    typed GRES names (checked per node: a set of the cluster's features let "ib&t4" pass
+    where no t4 node has ib)."""
     entries = gres_entries(job)
     names = {n for n, _, c in entries if c > 0}
-    return (features_of(job) <= feats and all(n in GRES_NAMES for n, _, _ in entries)
-            and all(t is None or t in types for _, t, _ in entries)
-            and not {"gpu", "shard"} <= names)
+    if not all(n in GRES_NAMES for n, _, _ in entries) or {"gpu", "shard"} <= names:
+        return False
+    return any(features_of(job) <= nf and all(t is None or t == nt for _, t, _ in entries)
+               for nt, nf in nodes)
 
 
 def random_case(rng: random.Random):
     types = set(rng.sample(POOL, rng.randint(1, 4)))                     # the cluster's GRES types
-    feats = {t for t in types if rng.random() < 0.6} | {"ib"}             # its node features
+    feats = {t for t in types if rng.random() < 0.6}                      # type features on their nodes
+    # one node per type, with its type's feature and, on some, ib
+    nodes = [(t, ({t} if t in feats else set()) | ({"ib"} if rng.random() < 0.5 else set()))
+             for t in sorted(types)]
+    if not any("ib" in f for _, f in nodes):
+        nodes[0][1].add("ib")
     known = rng.sample(sorted(types), rng.randint(1, len(types)))         # gpu.<type>.mem_mib
     lines = [f"gpu.{t}.mem_mib = {MEM[t]}" for t in known]
     declared: set[str] = set()
@@ -211,13 +221,13 @@ def random_case(rng: random.Random):
     job = {req[0]: req[1]}
     if rng.random() < 0.3:
         job["tres_per_node"] = ",".join(filter(None, [job.get("tres_per_node"), f"{p}nvme:1"]))
-    cons = [f for f in sorted(feats) if rng.random() < 0.3]
+    cons = [f for f in sorted(feats | {"ib"}) if rng.random() < 0.3]
     if cons:
         job["features"] = "&".join(cons)
     preds = {g: (rng.choice([1, 20, 50, 85]), rng.choice([500, 3000, 14000, 30000]))
              for g in rng.sample(POOL, rng.randint(1, 4))}
     job["comment"] = "horus:v1;" + ";".join(f"{g}={u}/{m}/{m + 500}" for g, (u, m) in preds.items())
-    return "\n".join(lines) + "\n", feats, types, declared, set(known), job
+    return "\n".join(lines) + "\n", nodes, declared, set(known), job
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -227,9 +237,9 @@ def test_random_jobs_stay_valid_and_use_only_declared_typing(tmp_path, seed):
     pol = tmp_path / "policy.conf"
     changed = kept = 0
     for i in range(400):
-        text, feats, types, declared, known, job = random_case(rng)
+        text, nodes, declared, known, job = random_case(rng)
         pol.write_text(text)
-        if not valid(job, feats, types):
+        if not valid(job, nodes):
             continue
         d = rt.submit(job, policy_path=pol, submit_uid=UID)
         if d.rc != 0:  # a refusal the policy asked for (raw_shards = refuse), said to the user
@@ -237,7 +247,7 @@ def test_random_jobs_stay_valid_and_use_only_declared_typing(tmp_path, seed):
             continue
         out = d.job_desc
         ctx = (text, job, out, d.admin_comment)
-        assert valid(out, feats, types), ctx
+        assert valid(out, nodes), ctx
         assert features_of(out) - features_of(job) <= declared, ctx
         new_types = {t for _, t, _ in gres_entries(out)} - {t for _, t, _ in gres_entries(job)} - {None}
         assert new_types <= known, ctx

@@ -454,9 +454,28 @@ def test_claim_record_counts_users_and_accounts():
             {"user_name": "bob", "uid": 1002, "account": "ml", "under_claims": 0, "jobs": 3},
             {"user_name": "bad name", "uid": 7, "account": None, "under_claims": 9, "jobs": 9}]
     text, users, accounts = claim_record(rows)
-    assert text == RECORD_HEADER + ("user 1001 ann 3 6\nuser 1002 bob 0 3\n"
-                                    "account - cv 2 2\naccount - ml 1 7\n")
-    assert (users, accounts) == (2, 2)
+    # most under-claims first, users and accounts together; bob has none: not listed
+    assert text == RECORD_HEADER + ("user 1001 ann 3 6\naccount - cv 2 2\naccount - ml 1 7\n")
+    assert (users, accounts) == (1, 2)
+
+
+def test_the_hook_reads_an_accounts_record_behind_thousands_of_users(tmp_path):
+    # users without under-claims came first, and at ~2,400 of them the accounts' lines lay past
+    # the 64 KiB the hook reads: an account over its limit shared on
+    from slurm_horus.slurm.policy import decide
+
+    rows = [{"user_name": f"u{i}", "uid": 10000 + i, "account": f"a{i % 50}", "under_claims": 0,
+             "jobs": 3} for i in range(4000)]
+    rows += [{"user_name": n, "uid": u, "account": "physics", "under_claims": 2, "jobs": 5}
+             for n, u in (("m", 777), ("e", 778))]
+    record = tmp_path / "record"
+    record.write_text(claim_record(rows)[0])
+    pol = tmp_path / "policy.conf"
+    pol.write_text("gpu.t4.mem_mib = 15360\ntype_order = t4\ntype_features = t4\n"
+                   f"underclaim_limit = 3\nrecord_file = {record}\n")
+    d = decide({"comment": "horus:v1;t4=20/3000/3500", "tres_per_node": "gres/gpu:1",
+                "account": "physics"}, policy_path=pol, submit_uid=999)
+    assert d.action == "exclusive" and "account physics" in d.admin_comment, d.admin_comment
 
 
 def test_sync_cli_reports_quarantined_spool_and_writes_the_record(tmp_path):

@@ -22,8 +22,9 @@ _NAME_OK = re.compile(r"[^\s#]{1,128}")
 
 
 def claim_record(rows: list[dict]) -> tuple[str, int, int]:
-    """(text, users, accounts) of the hook's record file from Ledger.under_claims rows, most
-    under-claims first, since the hook reads only the first 64 KiB."""
+    """(text, users, accounts) of the hook's record file from Ledger.under_claims rows: users
+    and accounts with under-claims, most first, since the hook reads only the first 64 KiB (a
+    site's thousands of users without one, listed first, pushed every account past it)."""
     users: dict[str, list] = {}
     accounts: dict[str, list] = {}
     for r in rows:
@@ -34,12 +35,13 @@ def claim_record(rows: list[dict]) -> tuple[str, int, int]:
                 e[1] += r["under_claims"]
                 e[2] += r["jobs"]
 
-    def order(kv):
-        return (-kv[1][1], kv[0])
-    lines = [f"user {'-' if uid is None else uid} {name} {n} {m}\n"
-             for name, (uid, n, m) in sorted(users.items(), key=order)]
-    lines += [f"account - {name} {n} {m}\n" for name, (_, n, m) in sorted(accounts.items(), key=order)]
-    return RECORD_HEADER + "".join(lines), len(users), len(accounts)
+    entries = [(-n, 0, name, f"user {'-' if uid is None else uid} {name} {n} {m}\n")
+               for name, (uid, n, m) in users.items() if n > 0]
+    entries += [(-n, 1, name, f"account - {name} {n} {m}\n")
+                for name, (_, n, m) in accounts.items() if n > 0]
+    entries.sort()
+    return (RECORD_HEADER + "".join(e[3] for e in entries), sum(e[1] == 0 for e in entries),
+            sum(e[1] == 1 for e in entries))
 
 
 def write_atomically(path: str | os.PathLike, text: str, mode: int = 0o644) -> None:
