@@ -387,3 +387,20 @@ def test_a_failed_measurement_shows_no_error(tmp_path):
     r = CliRunner().invoke(main, [*ALL, "--ledger", f"sqlite:///{tmp_path}/l.db", "--json"])
     assert all(j["util_err_pp"] is None and j["mem_err_pct"] is None for j in json.loads(r.output))
     assert all(j["under_claim"] is None for j in json.loads(r.output))  # no claim audited either
+
+
+def test_a_model_name_cannot_shift_the_columns(tmp_path):
+    # the family comes from the file name the user chose: a '|' in it added a column to -P's
+    # output, a space one to the plain table's
+    from slurm_horus.graph.names import family_of
+
+    assert family_of("/home/u/my|net v2.onnx") == "my_net_v2" and family_of("/m/résnet.onnx") == "résnet"
+    assert family_of("/m/resnet50_bs64.onnx") == "resnet50" and family_of("/m/Llama-3.1-8B.onnx") == "llama-3.1-8b"
+    url = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(url)
+    L.record_submission(job_id=1, cluster="c", user="u", model_path="/home/u/a|b c.onnx",
+                        predictions={"a100": {"util_pct": 10, "mem_mib": 100}})
+    L.record_usage(job_id=1, cluster="c", source="sacct", util_mean=10, mem_peak_mib=100,
+                   gpu_type="a100", state="COMPLETED")
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID,Family,State"])
+    assert r.output == "1|a_b_c|COMPLETED\n", r.output

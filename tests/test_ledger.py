@@ -655,3 +655,20 @@ def test_a_measurement_no_gpu_can_give_is_not_kept(tmp_path):
     assert (u1["util_mean"], u1["util_max"], u1["mem_peak_mib"]) == (None, None, None)
     assert (u2["util_mean"], u2["mem_peak_mib"]) == (150.0, 80000.0)  # two GPUs: up to 200 %
     assert u3["util_mean"] is None  # one GPU: 150 % is no measurement
+
+
+def test_a_probe_of_an_earlier_run_does_not_speak_for_the_rerun(tmp_path):
+    """A requeued job (an OOM rerun on a whole GPU) keeps its first run's probe row until the
+    rerun is probed: that run's use, type and GPU must not pass for the rerun's."""
+    L = Ledger(_url(tmp_path), spool=str(tmp_path / "spool"))
+    L.record_submission(job_id=9, cluster="c", user="u", predictions=PRED)
+    L.record_usage(job_id=9, cluster="c", source="probe", util_mean=30, mem_peak_mib=39000,
+                   gpu_type="a100", gpu_index=1, shards=40, start_time=1000, end_time=1100)
+    L.record_usage(job_id=9, cluster="c", source="sacct", state="COMPLETED", gpus=1, node="n1",
+                   util_mean=80, mem_peak_mib=20000, start_time=1200, end_time=1900)
+    (job,) = L.jobs()
+    assert (job["act_util_pct"], job["gpu_index"], job["sources"]) == (80, None, "sacct")
+    L.record_usage(job_id=9, cluster="c", source="probe", util_mean=85, mem_peak_mib=21000,
+                   gpu_type="a100", gpu_index=0, gpus=1, start_time=1201, end_time=1899)
+    (job,) = L.jobs()
+    assert (job["act_util_pct"], job["gpu_index"], job["gpu_type"]) == (85, 0, "a100")

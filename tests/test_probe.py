@@ -67,6 +67,7 @@ def test_run_probe_records_usage(tmp_path):
     u = Ledger(url).usage("c", 77)["probe"]
     assert u["mem_peak_mib"] >= 1000 and u["gpu_index"] == 2 and u["shards"] == 30
     assert u["node"] == "gpu-a100" and u["util_max"] is not None
+    assert 1 <= u["end_time"] - u["start_time"] <= 30  # which run it measured (a requeue reruns)
 
 
 def test_a_command_that_cannot_start_exits_127_and_records_nothing(tmp_path, capsys):

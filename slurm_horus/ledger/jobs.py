@@ -140,6 +140,12 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
                 return u[field]
         return None
 
+    probe, acct = usages.get("probe"), usages.get("sacct")
+    if probe and acct and probe.get("end_time") and acct.get("start_time") \
+            and probe["end_time"] < acct["start_time"]:
+        # the probe measured an earlier run of a requeued job (its row is replaced only when
+        # the rerun is probed too): accounting's run is the one recorded
+        usages = {src: u for src, u in usages.items() if src != "probe"}
     row = dict.fromkeys(job_fields())
     row["has_submission"] = 1 if sub else 0
     preds = {}

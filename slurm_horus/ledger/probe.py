@@ -192,5 +192,6 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
                             node=env.get("SLURMD_NODENAME"),
                             gpu_index=getattr(sampler, "index", None),
                             shards=int(env["SLURM_SHARDS_ON_NODE"])
-                            if env.get("SLURM_SHARDS_ON_NODE", "").isdigit() else None)
+                            if env.get("SLURM_SHARDS_ON_NODE", "").isdigit() else None,
+                            start_time=int(start), end_time=int(time.time()))  # which run
     return rc

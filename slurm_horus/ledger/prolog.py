@@ -303,7 +303,8 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
             job_id=int(job_id), source="probe", cluster=cluster, util_mean=r["util_mean"],
             util_max=r["util_max"], mem_peak_mib=r["mem_peak_mib"],
             elapsed_s=int(time.time() - start), node=node, gpu_index=index,
-            gpu_type=place["type"], shards=place["shards"], gpus=place["gpus"])
+            gpu_type=place["type"], shards=place["shards"], gpus=place["gpus"],
+            start_time=int(start), end_time=int(time.time()))  # which run of a requeued job
         log(("recorded" if ok else "ledger unreachable, spooled") +
             f": {r['samples']} samples, util mean {r['util_mean']} max {r['util_max']}, "
             f"peak {r['mem_peak_mib']} MiB")
