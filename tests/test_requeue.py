@@ -12,6 +12,7 @@ from slurm_horus.slurm.accounting import queue_tokens, scheduler_actions
 from slurm_horus.slurm.hint import parse_decision
 
 EXCL = "horus: exclusive a100 (util 95% >= 70%) horus-decision:v1;action=exclusive;type=a100;reason=util"
+SHARED = "horus: shared a100 shards=30/100 horus-decision:v1;action=shared;type=a100;shards=30/100"
 
 
 def rec(jid, state, tres, admin="", **kw):
@@ -31,12 +32,15 @@ def test_oom_patterns_of_the_frameworks():
 
 def test_only_failed_shared_jobs_with_a_gpu_oom_once():
     oom = "x\ntorch.OutOfMemoryError: CUDA out of memory.\n"
-    jobs = [rec(1, "FAILED", "gres:shard:a100:30"),
-            rec(2, "FAILED", "gres:gpu:a100:1"),                          # whole GPU already
-            rec(3, "FAILED", "gres:shard:30"),                            # other error text
-            rec(4, "COMPLETED", "gres:shard:30"),
-            rec(5, "FAILED", "gres/shard:30", "horus-queue:v1;action=oom-requeue;from=shard:30")]
-    texts = {"1": oom, "2": oom, "3": "ValueError", "4": oom, "5": oom}
+    jobs = [rec(1, "FAILED", "gres:shard:a100:30", SHARED),
+            rec(2, "FAILED", "gres:gpu:a100:1", SHARED),                  # whole GPU already
+            rec(3, "FAILED", "gres:shard:30", SHARED),                    # other error text
+            rec(4, "COMPLETED", "gres:shard:30", SHARED),
+            rec(5, "FAILED", "gres/shard:30", SHARED + " horus-queue:v1;action=oom-requeue;from=shard:30"),
+            rec(6, "FAILED", "gres/shard:30"),                            # raw shards: not horus's
+            rec(7, "FAILED", "gres/shard:30", SHARED, _flags="COMPLETING"),  # not done yet
+            rec(8, "FAILED", "gres/shard:30", SHARED, _het=8)]            # a hetjob component
+    texts = {str(i): oom for i in range(1, 9)} | {"3": "ValueError"}
     acts = oom_actions(jobs, lambda r: texts[r["JobId"]], shards_per_gpu(_node("")))
     # written as Slurm writes the job's own TresPerNode (22.05: gres:), with every shard of one
     # GPU as the fallback where Slurm will not turn shards into a gpu
@@ -59,12 +63,19 @@ def test_marks_keep_the_hooks_decision_readable_and_stay_in_order():
                                        "queue_actions": "pack,spread,oom-requeue"}
     assert marked(None, "horus-queue:v1;action=pack;from=gpu:1") == \
         "horus-queue:v1;action=pack;from=gpu:1"
-    # Slurm keeps the whole AdminComment (5,000 characters on 22.05 and 25.11): no cut, so the
-    # hook's decision token stays after many marks
-    note = "horus-decision:v1;action=exclusive;type=a100;reason=util"
-    for _ in range(40):
-        note = marked(note, "horus-queue:v1;action=pack;from=gpu:1")
-    assert parse_decision(note).reason == "util" and len(note) > 1000
+    # a queue that swings every pass: the newest MAX_QUEUE_MARKS pack and spread marks stay
+    # (the comment grew ~50 characters a pass, past one scontrol argument in two days), the
+    # hook's decision and the OOM mark always
+    from slurm_horus.ledger.requeue import MAX_QUEUE_MARKS
+
+    note = "user text horus-decision:v1;action=exclusive;type=a100;reason=util"
+    note = marked(note, "horus-queue:v1;action=oom-requeue;from=shard:50;to=gpu:1")
+    for i in range(40):
+        note = marked(note, f"horus-queue:v1;action={'pack' if i % 2 else 'spread'};from=x;to=y{i}")
+    assert parse_decision(note).reason == "util" and note.startswith("user text horus-decision")
+    acts = [t["action"] for t in queue_tokens(note)]
+    assert acts[0] == "oom-requeue" and len(acts) == MAX_QUEUE_MARKS + 1 and note.endswith("to=y39")
+    assert len(note) < 1000
     # a job marked very often: the column keeps the latest actions that fit
     many = " ".join(["horus-queue:v1;action=pack;from=gpu:1",
                      "horus-queue:v1;action=spread;from=shard:50"] * 40)
@@ -233,3 +244,117 @@ def test_one_changing_pass_at_a_time(tmp_path, monkeypatch):
     with pass_lock(dry_run=False):  # released
         pass
     assert oct((tmp_path / "run").stat().st_mode & 0o777) == "0o700"
+
+
+def test_held_or_waiting_jobs_are_no_load_and_are_left_alone():
+    """Four A100s idle and a user's four held jobs: they had made a100 look pressed, so the
+    hook packed new heavy jobs and the loop packed another user's waiting job and an
+    admin-held one, while every GPU sat idle."""
+    idle = _node("gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)")
+    held = [rec(10 + i, "PENDING", "gres:gpu:a100:1", EXCL, Reason="JobHeldUser", Priority="0")
+            for i in range(4)]
+    waiting = rec(1, "PENDING", "gres:gpu:a100:1", EXCL, Reason="Resources", Priority="100")
+    admin_held = rec(2, "PENDING", "gres:gpu:a100:1", EXCL, Reason="JobHeldAdmin", Priority="0")
+    later = rec(3, "PENDING", "gres:gpu:a100:1", EXCL, Reason="BeginTime", Priority="100")
+    dep = rec(4, "PENDING", "gres:gpu:a100:1", EXCL, Reason="Dependency", Priority="100")
+    jobs = [*held, waiting, admin_held, later, dep]
+    assert pressure_types(jobs, idle) == [] and pressure_actions(jobs, idle, 50, lambda *a: 1, 0, 1.9e9) == []
+    # what does wait for GPUs still counts: five such jobs on four idle GPUs
+    five = [rec(20 + i, "PENDING", "gres:gpu:a100:1", EXCL, Reason="Priority", Priority="9")
+            for i in range(5)]
+    assert pressure_types(five + held, idle) == ["a100"]
+    acts = pressure_actions(five + held + [admin_held], idle, 50, lambda *a: 1, 0, 1.9e9)
+    assert [a.job_id for a in acts] == [20]  # one job left without a GPU; never a held one
+
+
+def test_jobs_the_loop_must_not_reshape():
+    """A hetjob component (scontrol would reach the whole hetjob), an array record of tasks not
+    split yet (every task), a job whose state carries flags (REQUEUE_HOLD, SPECIAL_EXIT)."""
+    busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
+    jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL, _het=1),
+            rec(2, "PENDING", "gres:gpu:a100:1", EXCL, _tasks="3-9"),
+            rec(3, "PENDING", "gres:gpu:a100:1", EXCL, _flags="REQUEUE_HOLD"),
+            rec(4, "PENDING", "gres:gpu:a100:1", EXCL)]
+    acts = pressure_actions(jobs, busy, 50, lambda *a: 1, 0, now=1.9e9)
+    assert [a.job_id for a in acts] == [4]
+
+
+def test_the_submit_time_is_squeues_number_not_local_time():
+    # 01:30 on the night clocks go back is two instants: read from the local ISO text, a job
+    # could seem to have waited an hour longer than it had
+    from slurm_horus.ledger.requeue import _submitted
+
+    assert _submitted(rec(1, "PENDING", "", SubmitTime="2026-11-01T01:30:00", _submit=1793511000)) == 1793511000
+    assert _submitted(rec(1, "PENDING", "", SubmitTime="garbage")) == float("inf")
+
+
+class _Slurm:
+    """A stand-in for requeue.run: records each command, answers squeue from ``tres``, fails
+    where ``fail`` says (an argument prefix), and can send a signal during one command."""
+
+    def __init__(self, tres="gres/shard=50", fail=(), signal_on=None):
+        self.calls, self.tres, self.fail, self.signal_on = [], tres, fail, signal_on
+
+    def __call__(self, args, timeout=30):
+        import json as _json
+        import signal as _signal
+
+        from slurm_horus.errors import HorusError
+
+        self.calls.append(args)
+        if self.signal_on and args[:2] == self.signal_on:
+            os.kill(os.getpid(), _signal.SIGTERM)
+        if any(" ".join(args).startswith(f) for f in self.fail):
+            raise HorusError(f"{args[:2]}: refused")
+        if args[0] == "squeue":
+            return _json.dumps({"jobs": [{"job_id": 1795, "tres_req_str": self.tres, "user_id": 5,
+                                          "array_job_id": 1792, "array_task_id": 3}]})
+        return ""
+
+
+def test_a_pack_whose_mark_fails_is_undone(monkeypatch):
+    from slurm_horus.errors import HorusError
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import Action, apply
+
+    slurm = _Slurm(fail=("scontrol update JobId=1795 AdminComment",))
+    monkeypatch.setattr(requeue, "run", slurm)
+    a = Action(1795, "pack", "gres/shard:50", "horus-queue:v1;action=pack;from=gpu:1")
+    with pytest.raises(HorusError):
+        apply(a, EXCL, "gres/gpu:a100:1")
+    assert slurm.calls[-1] == ["scontrol", "update", "JobId=1795", "TresPerNode=gres/gpu:a100:1"]
+
+
+def test_an_array_tasks_reshape_is_checked_on_its_own_record(monkeypatch):
+    # squeue's record of task 1792_3 has its own id (1795): looked up as "1792_3" it was never
+    # found, and an applied pack was reported as refused (and left unmarked)
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import Action, apply
+
+    slurm = _Slurm()
+    monkeypatch.setattr(requeue, "run", slurm)
+    a = Action(1795, "pack", "gres/shard:50", "horus-queue:v1;action=pack;from=gpu:1", ref="1792_3")
+    assert apply(a, EXCL, "gres/gpu:a100:1") == "gres/shard:50"
+    assert ["scontrol", "update", "JobId=1792_3", "TresPerNode=gres/shard:50"] in slurm.calls
+    assert any(c[0] == "scontrol" and c[3].startswith("AdminComment=") for c in slurm.calls)
+
+
+def test_a_stop_during_an_oom_requeue_waits_until_the_job_is_released(monkeypatch):
+    """systemd's SIGTERM between requeuehold and release left the job held for good."""
+    import signal as _signal
+
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import Action, apply
+
+    stopped = []
+    old = _signal.signal(_signal.SIGTERM, lambda *a: stopped.append(len(slurm.calls)))
+    try:
+        slurm = _Slurm(tres="gres/gpu=1", signal_on=["scontrol", "requeuehold"])
+        monkeypatch.setattr(requeue, "run", slurm)
+        a = Action(1795, "oom-requeue", "gres/gpu:a100:1", "horus-queue:v1;action=oom-requeue;from=shard:30",
+                   "gres/shard:100")
+        apply(a, SHARED)
+    finally:
+        _signal.signal(_signal.SIGTERM, old)
+    assert slurm.calls[-1] == ["scontrol", "release", "1795"]
+    assert stopped == [len(slurm.calls)]  # the signal arrived once the job was released

@@ -182,3 +182,12 @@ def test_node_default_lines_fold_into_the_lines_after_them():
     assert sp.node_lines(recs) == [
         {"nodename": "a[1-2]", "gres": "gpu:a100:4", "realmemory": "1000", "cpus": "8"},
         {"nodename": "t1", "gres": "gpu:t4:2", "realmemory": "500"}]
+
+
+def test_squeue_json_says_why_a_job_waits_and_its_state_flags():
+    # recorded: 22.05 gives a held job's reason and priority 0 (a held job is no GPU load)
+    recs = {r["JobId"]: r for r in sp.squeue_json_records(out("squeue_json"))}
+    held = [r for r in recs.values() if r["Reason"] == "JobHeldUser"]
+    assert held and all(r["Priority"] == "0" for r in held)
+    assert all(r["_flags"] == "" and r["_het"] is None for r in recs.values())
+    assert all(isinstance(r["_submit"], int) for r in recs.values())

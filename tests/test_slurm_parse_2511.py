@@ -104,3 +104,14 @@ def test_accounting_is_sacct_on_either_backend(monkeypatch):
     monkeypatch.setattr(slurm, "run_sacct", lambda since, until: calls.append(1) or recorded)
     monkeypatch.setattr(slurm, "backend", lambda: "pyslurm")
     assert slurm.accounting_jobs(0, 1) == parse_sacct_json(recorded) and calls == [1]
+
+
+def test_squeue_json_state_flags_are_kept_apart():
+    # recorded: 25.11 lists a state's flags after it (["COMPLETED", "COMPLETING"]); the loop
+    # acts on no job with flags (a FAILED job still COMPLETING, a PENDING one in REQUEUE_HOLD)
+    raw = {j["job_id"]: j for j in json.loads(out("squeue_json"))["jobs"]}
+    jobs = {int(j["JobId"]): j for j in sp.squeue_json_records(out("squeue_json"))}
+    flagged = [i for i, j in raw.items() if len(j["job_state"]) > 1]
+    assert flagged and all(jobs[i]["_flags"] == ",".join(raw[i]["job_state"][1:]) for i in flagged)
+    assert all(jobs[i]["_flags"] == "" for i in raw if i not in flagged)
+    assert all(j["_het"] is None and j["Priority"] == "1" for j in jobs.values())

@@ -30,7 +30,7 @@ def register(admin: click.Group) -> None:
     @one_line_errors("horus-admin queue")
     def queue(interval, pack_shards, min_wait, job_list, dry_run, as_json):
         """Requeue shared jobs that died of a GPU out-of-memory error on a whole GPU (once), and
-        pack or spread pending jobs by queue pressure. Run as root or SlurmUser."""
+        pack or spread pending jobs by queue pressure. Run as root (--dry-run: as anyone)."""
         from slurm_horus.errors import HorusError
         from slurm_horus.ledger.requeue import policy_util_limit, tend
         from slurm_horus.slurm.policy import policy_value
@@ -41,6 +41,11 @@ def register(admin: click.Group) -> None:
             if not parts or not all(x.isdigit() and 0 < int(x) < 2 ** 32 for x in parts):
                 raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15")
             ids = {int(x) for x in parts}
+        if not dry_run and os.geteuid() != 0:
+            # the hook's job_modify takes any other uid's shard update for a user's (raw_shards):
+            # a pack would be undone, an OOM rerun kept on its shards
+            raise HorusError("changing jobs needs root (the hook treats any other uid's updates as "
+                             "a user's); --dry-run shows what a pass would do")
         if dry_run and not as_json:
             click.echo(f"slowdown_bound {policy_value('slowdown_bound', '2')} for the "
                        f"{policy_value('slowdown_tail', 'median')} job: under queue pressure, "
@@ -67,6 +72,10 @@ def register(admin: click.Group) -> None:
                 if interval is None:
                     raise
                 warn(str(e))  # a loop outlives a pass that failed (slurmctld away, a full disk)
+            except Exception as e:  # noqa: BLE001 - and one that met what it did not expect
+                if interval is None:
+                    raise
+                warn(f"internal error: {type(e).__name__}: {str(e)[:200]}")
             if interval is None:
                 sys.exit(1 if failed else 0)
             failed.clear()

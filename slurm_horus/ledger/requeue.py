@@ -12,8 +12,8 @@
 Every change is marked in the job's AdminComment with a ``horus-queue:v1;...`` token
 (``slurm.accounting.queue_tokens`` reads them), which is how the loop knows what it did (at
 most one OOM requeue per job) and how ``horus-admin sync`` records it in the ledger
-(``jobs.queue_actions``). Run it as root or SlurmUser (scontrol update of other users' jobs),
-from scrontab or a systemd timer (etc/horus-queue.*). Jobs are read from ``squeue --json``
+(``jobs.queue_actions``). Run it as root (scontrol update of other users' jobs, which the hook
+takes from no other uid), from scrontab or a systemd timer (etc/horus-queue.*). Jobs are read from ``squeue --json``
 (``parse.squeue_json_records``), never from scontrol's text, in which a user's job name or
 comment can forge fields and whole records."""
 
@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -126,6 +129,32 @@ def _job_id(rec: dict) -> int | None:
         return None
 
 
+# why a pending job waits for GPUs (squeue's state_reason): only these jobs are load; a held,
+# dependent, future or limit-bound job waits on something no GPU frees (a user holding jobs
+# had made a type look pressed, and other users' jobs packed, while its GPUs sat idle)
+WAITING_FOR_RESOURCES = {"Resources", "Priority", "None", ""}
+
+
+def _acts_on(rec: dict) -> bool:
+    """A job the loop may change: one job (not a hetjob component, nor an array record that
+    stands for tasks not split yet: an update would reach them all) in a plain state (23.02+'s
+    flags: COMPLETING, REQUEUE_HOLD, SPECIAL_EXIT, ... wait for the next pass)."""
+    return not (rec.get("_het") or rec.get("_tasks") or rec.get("_flags"))
+
+
+def _waits_for_gpus(rec: dict) -> bool:
+    return (rec.get("JobState") == "PENDING" and rec.get("Reason", "") in WAITING_FOR_RESOURCES
+            and rec.get("Priority") != "0" and not rec.get("_flags"))
+
+
+def _packed_by_horus(rec: dict) -> bool:
+    """The hook gave the job shards from its hint, or this loop packed it: its OOM is horus's
+    to recover (a raw shard request, or another partition's job, is not)."""
+    decision = parse_decision(rec.get("AdminComment"))
+    return bool((decision and decision.action == "shared")
+                or any(t.get("action") == "pack" for t in queue_tokens(rec.get("AdminComment"))))
+
+
 def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
                 per_gpu: dict[str, int] | None = None) -> list[Action]:
     """OOM requeues for ``scontrol show job`` records: FAILED, held shards, never requeued by
@@ -135,7 +164,8 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
     for rec in jobs:
         jid = _job_id(rec)
         shards = _shards(rec.get("TresPerNode"))
-        if jid is None or shards is None or rec.get("JobState") != "FAILED":
+        if jid is None or shards is None or rec.get("JobState") != "FAILED" \
+                or not _acts_on(rec) or not _packed_by_horus(rec):
             continue
         if any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))):
             continue
@@ -169,14 +199,15 @@ def _node_type_free(nodes: list[dict]) -> dict[str, int]:
 
 
 def _pending_by_type(jobs: list[dict], free: dict[str, int]) -> dict[str, list[dict]]:
-    """Pending jobs per GPU type the nodes have, in submission order."""
+    """Pending jobs that wait for GPUs (_waits_for_gpus), per GPU type the nodes have, in
+    submission order."""
     pending: dict[str, list[dict]] = {}
     for rec in jobs:
         gtype = _gpu_type(rec)
-        if rec.get("JobState") == "PENDING" and gtype in free:
+        if _waits_for_gpus(rec) and gtype in free:
             pending.setdefault(gtype, []).append(rec)
     for recs in pending.values():
-        recs.sort(key=lambda r: _epoch(r.get("SubmitTime")))
+        recs.sort(key=_submitted)
     return pending
 
 
@@ -227,7 +258,7 @@ def write_pressure(path: str | os.PathLike, types, now: float | None = None,
     """The pressure file the hook reads (policy ``pressure_file``): ``written <unix time>``,
     ``util_limit_milli <n>`` (policy_util_limit, in 1/1000 %), then ``pressure <type>`` per
     type; whole or not at all (written beside, then renamed), readable by slurmctld, writable
-    only by its owner (root or SlurmUser)."""
+    only by its owner (root)."""
     from slurm_horus.ledger.publish import write_atomically
 
     text = f"written {int(time.time() if now is None else now)}\n" + \
@@ -271,11 +302,11 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
             toks = queue_tokens(rec.get("AdminComment"))
             last = toks[-1].get("action") if toks else None
             tres = rec.get("TresPerNode")
-            if jid is None or any(t.get("action") == "oom-requeue" for t in toks):
+            if jid is None or any(t.get("action") == "oom-requeue" for t in toks) or not _acts_on(rec):
                 continue  # an OOM survivor keeps its whole GPU
             size = None
             if (to_pack > 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
-                    and now - _epoch(rec.get("SubmitTime")) >= min_wait_s
+                    and now - _submitted(rec) >= min_wait_s
                     and (util_limit_pct >= 100.0 or _hint_util(rec, gtype) <= util_limit_pct)):
                 size = _pack_size(mem_shards(rec, gtype), pack_shards, per_gpu.get(gtype, 100))
             if size is not None:
@@ -353,36 +384,54 @@ def read_error_tail(rec: dict) -> str | None:
     return None
 
 
-def _epoch(stamp: str | None) -> float:
-    """scontrol's local ISO time; +inf (never old enough) when unreadable."""
+def _submitted(rec: dict) -> float:
+    """When the job was submitted (epoch seconds): squeue's number, else scontrol's local ISO
+    time; +inf (never old enough) when unreadable."""
+    if isinstance(rec.get("_submit"), (int, float)):
+        return float(rec["_submit"])
     try:
-        return time.mktime(time.strptime(stamp or "", "%Y-%m-%dT%H:%M:%S"))
+        return time.mktime(time.strptime(rec.get("SubmitTime") or "", "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         return float("inf")
+
+
+# pack and spread marks kept in a job's AdminComment, the newest (its OOM requeue mark always):
+# a queue that swings every pass grew it by ~50 characters a pass, past what one scontrol
+# argument holds within two days
+MAX_QUEUE_MARKS = 8
+_SWING_RE = re.compile(rf"{re.escape(QUEUE_TOKEN)};action=(?:pack|spread)\S*")
 
 
 def marked(admin_comment: str | None, token: str) -> str:
     """AdminComment with ``token`` appended after a space: the hook's decision token must stay a
     word of its own for ``parse_decision`` (Slurm keeps the whole text: 5,000 characters
-    were kept on 22.05 and 25.11; a cut would lose that token first)."""
-    return f"{admin_comment} {token}" if admin_comment else token
+    were kept on 22.05 and 25.11; a cut would lose that token first).  The oldest pack and
+    spread marks go beyond MAX_QUEUE_MARKS."""
+    words = (admin_comment or "").split(" ")
+    swings = [i for i, w in enumerate(words) if _SWING_RE.fullmatch(w)]
+    drop = set(swings[:max(0, len(swings) - (MAX_QUEUE_MARKS - 1))])
+    text = " ".join(w for i, w in enumerate(words) if i not in drop)
+    return f"{text} {token}" if text else token
 
 
-def _requests(jid: str, name: str) -> bool:
+def _requests(job_id: int, name: str) -> bool:
     """Whether Slurm now holds the job to a request of gres ``name`` (its TRES, not the
-    TresPerNode text, which 22.05 changes without applying)."""
-    recs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all", "--jobs", jid]), jid)
+    TresPerNode text, which 22.05 changes without applying).  ``job_id``: its own id (an
+    array task's record in squeue's JSON has its own, not ArrayJobId_TaskId)."""
+    recs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all", "--jobs", str(job_id)]),
+                               job_id)
     tres = (recs[0].get("ReqTRES") or recs[0].get("TRES") or "") if recs else ""
     return f"gres/{name}=" in tres
 
 
-def reshape(jid: str, tres: str, fallback: str | None) -> str:
+def reshape(jid: str, tres: str, fallback: str | None, job_id: int | None = None) -> str:
     """Set the job's TresPerNode to ``tres``, else to ``fallback`` where Slurm refuses or
-    ignores the change; -> what it holds now. Raises HorusError when neither takes."""
+    ignores the change; -> what it holds now. Raises HorusError when neither takes.  ``jid``:
+    how scontrol names it; ``job_id``: its own id (default ``jid``)."""
     name = "gpu" if "gpu:" in tres else "shard"
     try:
         run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={tres}"])
-        if _requests(jid, name):
+        if _requests(job_id if job_id is not None else int(jid), name):
             return tres
     except HorusError:
         if fallback is None:
@@ -393,15 +442,49 @@ def reshape(jid: str, tres: str, fallback: str | None) -> str:
     return fallback
 
 
-def apply(action: Action, admin_comment: str | None) -> str:
+@contextmanager
+def _signals_held():
+    """SIGTERM, SIGINT and SIGHUP wait until the body is done (systemd's stop, a timeout): a
+    loop stopped between requeuehold and release left the job held for good, one stopped
+    between a reshape and its mark left it reshaped and unmarked."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    # Python's handlers, not the thread's mask: the kernel gives a process's signal to any
+    # thread that does not block it, and Python then runs the handler on the main thread
+    old = {s: signal.signal(s, lambda n, _f: got.append(n))
+           for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for n in dict.fromkeys(got):
+            signal.raise_signal(n)  # now, to the handler the loop had
+
+
+def apply(action: Action, admin_comment: str | None, old_tres: str | None = None) -> str:
     """Carry one action out with scontrol; -> the TresPerNode the job got. An OOM requeue
     holds the job while it is reshaped, so it never starts again on its old shards unless
-    Slurm refuses every reshape; it is marked either way, so it is requeued at most once."""
+    Slurm refuses every reshape; it is marked either way, so it is requeued at most once.
+    A pack or spread whose mark cannot be written is undone (``old_tres``): unmarked, no later
+    pass would undo it.  Signals that stop the loop wait until the action is whole."""
+    with _signals_held():
+        return _apply(action, admin_comment, old_tres)
+
+
+def _apply(action: Action, admin_comment: str | None, old_tres: str | None) -> str:
     jid = action.ref or str(action.job_id)
     if action.kind != "oom-requeue":
-        got = reshape(jid, action.tres, action.fallback)
-        run(["scontrol", "update", f"JobId={jid}",
-             f"AdminComment={marked(admin_comment, action.token + ';to=' + _short(got))}"])
+        got = reshape(jid, action.tres, action.fallback, action.job_id)
+        try:
+            run(["scontrol", "update", f"JobId={jid}",
+                 f"AdminComment={marked(admin_comment, action.token + ';to=' + _short(got))}"])
+        except HorusError:
+            if old_tres:
+                run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={old_tres}"])
+            raise
         return got
     run(["scontrol", "requeuehold", jid])
     try:
@@ -409,7 +492,7 @@ def apply(action: Action, admin_comment: str | None) -> str:
         # whatever fails after this, the job is never requeued a second time
         run(["scontrol", "update", f"JobId={jid}", f"AdminComment={marked(admin_comment, action.token)}"])
         try:
-            got = reshape(jid, action.tres, action.fallback)
+            got = reshape(jid, action.tres, action.fallback, action.job_id)
         except HorusError:
             got = None
         to = _short(got) if got else "unchanged"
@@ -475,7 +558,7 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
             continue
         rec = by_id[a.job_id]
         try:
-            got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"))
+            got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"), rec.get("TresPerNode"))
             done.append(replace(a, tres=got))
         except HorusError as e:  # the job moved on (started, cancelled): next pass sees it again
             if on_error:

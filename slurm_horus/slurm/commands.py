@@ -50,6 +50,8 @@ def run(args: list[str], timeout: float = TIMEOUT_S) -> str:
                             errors="replace", timeout=timeout)  # a node's Reason may be any bytes
     except subprocess.TimeoutExpired:
         raise HorusError(f"{' '.join(args[:3])} timed out after {timeout:.0f} s") from None
+    except OSError as e:  # an argument past the system's limit (E2BIG), no such program, ...
+        raise HorusError(f"{' '.join(args[:3])}: {e.strerror or e}") from None
     if cp.returncode != 0:
         msg = (cp.stderr.strip().splitlines() or [f"exit {cp.returncode}"])[-1]
         raise HorusError(f"{' '.join(args[:3])}: {msg}")

@@ -246,6 +246,13 @@ def _json_state(j: dict) -> str | None:
     return state
 
 
+def _json_state_flags(j: dict) -> str:
+    """The flags after the state in 23.02+'s ``job_state`` list (COMPLETING, REQUEUE_HOLD,
+    SPECIAL_EXIT, ...), comma-separated; 22.05 gives none."""
+    state = j.get("job_state")
+    return ",".join(str(f) for f in state[1:]) if isinstance(state, list) else ""
+
+
 def _json_number(v):
     """A number of ``squeue --json``: plain in 22.05, ``{set, infinite, number}`` from 23.02;
     None when unset or infinite."""
@@ -267,13 +274,19 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
     """``squeue --json`` jobs as ``scontrol -d show job`` records: the keys and value forms
     parse_scontrol_records gives (JobId, UserId ``name(uid)``, JobState, Partition, Features,
     TresPerNode, TRES, ReqTRES, Comment, AdminComment, Restarts, SubmitTime in local ISO time,
-    NodeList, the detail lines as ``_details``), only ``job_id``'s when given (22.05 ignores
+    NodeList, Reason, Priority, the detail lines as ``_details``), and what scontrol shows
+    otherwise: ``_submit`` (epoch seconds: local ISO time is ambiguous once a year),
+    ``_flags`` (the state's flags, 23.02+), ``_het`` (a hetjob's id), ``_tasks`` (the tasks
+    of an array record not split yet), only ``job_id``'s when given (22.05 ignores
     squeue's ``--jobs`` with ``--json``).  What root acts on is read from here, never from
     scontrol's text: that prints a job's name, comment and paths raw, newlines included, so a
     user can write lines that read as any field of the job, or as another user's job."""
     import time
 
-    data = json.loads(text)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        raise HorusError("squeue --json: not JSON") from None
     json_errors(data, "squeue --json")
     out = []
     for j in data.get("jobs", []):
@@ -294,8 +307,12 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
             "Comment": j.get("comment") or "", "AdminComment": j.get("admin_comment") or "",
             "Restarts": str(_json_number(j.get("restart_cnt")) or 0),
             "SubmitTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submit)) if submit else "Unknown",
-            "NodeList": nodes,
+            "NodeList": nodes, "Reason": j.get("state_reason") or "",
+            "Priority": "" if _json_number(j.get("priority")) is None else str(_json_number(j.get("priority"))),
             "_details": [{"Nodes": h, "GRES": g} for h, g in zip(hosts, detail)],
+            "_submit": submit, "_flags": _json_state_flags(j),
+            "_het": _json_number(j.get("het_job_id")) or None,
+            "_tasks": j.get("array_task_string") or "",
             **_array_ids(j),
         })
     return out
