@@ -169,7 +169,7 @@ def test_a_script_sbatch_must_read_itself_gets_no_hint(tmp_path):
     try:
         os.write(w, b"#!/bin/sh\n#SBATCH --comment='mine'\ntrue\n")
         plan = sub.prepare(["--model", str(ZOO / "resnet50.onnx"), f"/dev/fd/{r}"], env={})
-        with pytest.raises(HorusError, match="not a regular file"):
+        with pytest.raises(HorusError, match="could not be read as a regular file"):
             sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")
         assert plan.hint is None and "--comment" not in " ".join(plan.sbatch_argv)
     finally:
@@ -366,3 +366,55 @@ def test_a_model_path_with_control_characters_warns_in_one_line(tmp_path, slurm_
     assert cp.returncode == 0 and "model: " in cp.stdout, cp.stderr
     assert "\x1b" not in cp.stdout and "a\\nb\\x1b[2J/m.onnx" in cp.stdout
     assert sum(line.startswith("model: ") for line in cp.stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize("closed", ["<&-", ">&-", "2>&-"])
+def test_a_closed_standard_stream_still_submits_the_job(tmp_path, slurm_bin, closed):
+    # sys.stdin (or stdout, stderr) is None then: hsubmit failed with an internal error, and
+    # the job, which plain sbatch submits, was lost
+    env, log = slurm_bin
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -p gpu\ntrue\n")
+    model = ZOO / "small_cnn.onnx"
+    cmd = (f"exec {sys.executable} -m slurm_horus.cli.hsubmit --model {model} --batch-size 2 "
+           f"--dim nosuch=1 --gres=gpu:1 {script} {closed}")  # --dim: a warning to write
+    subprocess.run(["sh", "-c", cmd], env=env, timeout=120, capture_output=closed != ">&-")
+    args = log.read_text().splitlines()
+    assert str(script) in args and any(a.startswith("--comment=horus:v1;") for a in args), args
+
+
+def test_a_script_hsubmit_cannot_read_gets_no_hint_and_keeps_its_comment(tmp_path, slurm_bin):
+    """sbatch reads "--res myres" as --reservation (22.05; 25.11's options make the abbreviation
+    ambiguous here), so hsubmit took "myres" for the script: it read no #SBATCH line and its
+    --comment=<hint> replaced the script's own comment."""
+    env, log = slurm_bin
+    script = tmp_path / "c.sh"
+    script.write_text('#!/bin/sh\n#SBATCH -p gpu\n#SBATCH --comment="keep me"\ntrue\n')
+    cp = hsubmit(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "2", "--res", "myres",
+                  str(script)], env)
+    assert cp.returncode == 0 and "no hint is attached" in cp.stderr, cp.stderr
+    assert not any(a.startswith("--comment") for a in log.read_text().splitlines())
+    # a form feed in a header comment: sbatch's lines end at \n only, and so do hsubmit's now
+    ff = tmp_path / "ff.sh"
+    ff.write_text('#!/bin/sh\n# notes \x0c more\n#SBATCH -p gpu\n#SBATCH --comment="keep me"\ntrue\n')
+    cp = hsubmit(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "2", "--gres=gpu:1", str(ff)], env)
+    assert cp.returncode == 0, cp.stderr
+    assert any(a.startswith("--comment=keep me horus:v1;") for a in log.read_text().splitlines())
+
+
+def test_script_directives_that_hsubmit_honours_only_where_they_are_safe(tmp_path, slurm_bin):
+    env, log = slurm_bin
+    # #HORUS --explain in a script submitted nothing, exit 0, and said it was submitted
+    ex = tmp_path / "ex.sh"
+    ex.write_text("#!/bin/sh\n#HORUS --explain\ntrue\n")
+    cp = hsubmit(["--parsable", str(ex)], env)
+    assert cp.returncode == 0 and "#HORUS --explain is ignored" in cp.stderr and cp.stdout.startswith("Submitted")
+    # a heterogeneous job defined in the script: no hint, as on the command line
+    het = tmp_path / "het.sh"
+    het.write_text("#!/bin/sh\n#SBATCH -p gpu --gres=gpu:1\n#SBATCH hetjob\n#SBATCH -p cpu\ntrue\n")
+    cp = hsubmit(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "2", str(het)], env)
+    assert cp.returncode == 0 and "heterogeneous job" in cp.stderr
+    assert not any(a.startswith("--comment") for a in log.read_text().splitlines())
+    # --help with a model: sbatch answers and submits nothing; nothing to predict
+    cp = hsubmit(["--help", "--model", str(ZOO / "small_cnn.onnx"), "--dim", "nosuch=1"], env)
+    assert cp.returncode == 0 and cp.stderr == "" and log.read_text().splitlines() == ["--help"]

@@ -31,7 +31,11 @@ PROG = "hsubmit"
 def _err(msg: str) -> None:
     from slurm_horus.errors import one_line
 
-    sys.stderr.write(f"{PROG}: {one_line(msg)}\n")
+    try:
+        sys.stderr.write(f"{PROG}: {one_line(msg)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # stderr closed or a closed pipe: the message is lost, never the job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,12 +64,13 @@ def _main(argv: list[str]) -> int:
     from slurm_horus.slurm import submit as sub
     from slurm_horus.errors import HorusError
 
-    stdin = sys.stdin.buffer if not sys.stdin.isatty() else None
+    # a closed stdin (<&-) is None, as is a closed stdout or stderr: sbatch runs without them
+    stdin = sys.stdin.buffer if sys.stdin is not None and not sys.stdin.isatty() else None
     plan = sub.prepare(argv, stdin=stdin)
     for w in plan.warnings:
         sub.warn(w)
     shown = len(plan.warnings)
-    if plan.model and not _predict_or_warn(plan, sub, shown):
+    if plan.model and not plan.answers_only and not _predict_or_warn(plan, sub, shown):
         return 1
     if plan.explain:
         if plan.partition is None:
@@ -79,8 +84,11 @@ def _main(argv: list[str]) -> int:
     if plan.stdin_script is not None:
         rc = slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script).returncode
         return 128 - rc if rc < 0 else rc  # killed by a signal: as a shell reports it
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
     slurm.exec_sbatch(plan.sbatch_argv)  # does not return
     return 1
 
@@ -90,7 +98,7 @@ def _predict_or_warn(plan, sub, shown: int) -> bool:
     submitted), or return False when the site refuses such jobs."""
     from slurm_horus.errors import HorusError
 
-    if plan.split.hetjob:
+    if plan.split.hetjob or plan.script_hetjob:
         err = HorusError("heterogeneous job: no prediction attached")
     else:
         err = None

@@ -196,5 +196,9 @@ def exec_sbatch(argv: list[str]) -> None:
     exe = shutil.which("sbatch")
     if exe is None:
         raise HorusError("sbatch not found on PATH (is Slurm installed?)")
+    import signal
+
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; sbatch must not
+        signal.signal(sig, signal.SIG_DFL)
     os.execv(exe, ["sbatch", *argv])
 

@@ -274,7 +274,7 @@ def script_directives(text: str) -> tuple[list[str], list[str]]:
     leading block of comment and blank lines; the first command line ends it."""
     sb: list[str] = []
     hz: list[str] = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # sbatch's lines: splitlines() also breaks at \f, \v, U+2028, ...
         if line.startswith("#SBATCH"):
             sb.extend(_directive_args(line[len("#SBATCH"):]))
         elif line.startswith("#SLURM"):  # obsolete spelling sbatch still reads

@@ -42,7 +42,10 @@ class Plan:
     split: sa.SplitArgs
     script_text: str | None = None          # the batch script, if read
     stdin_script: bytes | None = None       # the script read from stdin (must be re-fed to sbatch)
-    script_is_pipe: bool = False            # a script path sbatch must read itself, once
+    script_unread: bool = False             # a script path hsubmit could not read (a pipe sbatch
+    #                                         must read itself, once; no such file; no access)
+    script_hetjob: bool = False             # its #SBATCH lines make a heterogeneous job
+    answers_only: bool = False              # --help, --usage, --version: sbatch submits nothing
     script_opts: list[sa.SbatchOpt] = field(default_factory=list)
     horus: dict[str, object] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -108,7 +111,7 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     _horus_dict(split.horus, cmd_horus)
     wrap = sa.has_flag(split.parsed, "wrap")
     text = None
-    answers_only = any(sa.has_flag(split.parsed, f) for f in ("help", "usage", "version"))
+    answers_only = plan.answers_only = any(sa.has_flag(split.parsed, f) for f in ("help", "usage", "version"))
     if not wrap and not answers_only:
         if split.script:
             try:  # a regular file only: a pipe (<(...), /dev/stdin) is sbatch's to read, once
@@ -116,9 +119,9 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
                     with open(split.script, "rb") as f:
                         text = f.read(4 << 20).decode("utf-8", "replace")
                 else:
-                    plan.script_is_pipe = True
-            except OSError:
-                text = None  # sbatch will say what is wrong with it
+                    plan.script_unread = True
+            except OSError:  # sbatch will say what is wrong with it (or the script is another
+                plan.script_unread = True  # word: an option sbatch reads in a way we do not)
         else:
             want = ("model" in cmd_horus or "explain" in cmd_horus) if read_stdin is None else read_stdin
             if want and stdin is not None:
@@ -132,11 +135,15 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     horus: dict = {}
     if text is not None:
         sb, hz = sa.script_directives(text)
+        plan.script_hetjob = any(w in ("hetjob", "packjob") for w in sb)
         plan.script_opts = sa.parse_sbatch_tokens(sb)
         pairs, errs = sa.horus_directives(hz)
         for e in errs:
             plan.warnings.append(f"{e} (ignored)")
         _horus_dict(pairs, horus)
+        if horus.pop("explain", None):  # a script is to be submitted: only the command line
+            plan.warnings.append("#HORUS --explain is ignored (on the command line it shows the "
+                                 "decision and submits nothing)")
     # the command line wins; --dim values add up with #HORUS ones, the command line's last
     dims = horus.pop("dim", []) + cmd_horus.pop("dim", [])
     horus.update(cmd_horus)
@@ -182,9 +189,9 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     model = plan.model
     if not model:
         raise HorusError("no --model")
-    if plan.script_is_pipe:  # its #SBATCH lines (a --comment, the partition) are unknown
-        raise HorusError(f"script {plan.split.script} is not a regular file: its #SBATCH lines "
-                         "cannot be read before sbatch reads it, so no hint is attached")
+    if plan.script_unread:  # its #SBATCH lines (a --comment, the partition) are unknown
+        raise HorusError(f"script {plan.split.script} could not be read as a regular file before "
+                         "sbatch reads it: its #SBATCH lines are unknown, so no hint is attached")
     path = Path(str(model))
     if not path.exists():
         raise HorusError(f"model {model}: no such file")
@@ -378,4 +385,8 @@ def on_prediction_error(env: dict[str, str] | None = None) -> str:
 
 
 def warn(msg: str) -> None:
-    sys.stderr.write(f"hsubmit: warning: {one_line(msg)}\n")
+    try:
+        sys.stderr.write(f"hsubmit: warning: {one_line(msg)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # stderr closed or a closed pipe: the warning is lost, never the job
