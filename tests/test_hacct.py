@@ -2,11 +2,13 @@
 GPUs vs shards; the claim audit; PrivateData."""
 
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
 
 from slurm_horus.cli.hacct import main
+from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 
 ALL = ("-S", "2000-01-01")  # every job of the fixtures: without -j or -S, hacct lists today's, as sacct
@@ -187,7 +189,7 @@ def test_private_data_shows_a_reader_only_their_own_jobs(url, monkeypatch):
     r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID,User"])
     assert r.output == f"104|{me}\n"
     r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID", "-u", "bob"])
-    assert r.output == "104\n"  # -u cannot show others' jobs
+    assert r.output == ""  # -u cannot show others' jobs, nor yours under their name (sacct)
     r = CliRunner().invoke(main, ["--ledger", url, "--summary", "--json"])
     assert json.loads(r.output)["all"]["jobs"] == 1
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: "PrivateData = none\n")
@@ -330,12 +332,13 @@ def test_text_users_wrote_cannot_drive_the_readers_terminal():
 
     from rich.console import Console
 
-    from slurm_horus.ledger.report import plain_table, rich_table
+    from slurm_horus.ledger.report import column_widths, plain_lines, rich_table
 
     row = {"job_id": 7, "model_family": "\x1b]0;pwn\x07\x1b[2j[red]x", "user_name": "alice"}
     cols = [("jobid", None), ("family", None), ("user", None)]
     for parsable in (True, False):
-        out = plain_table([row], cols, parsable, noheader=True)
+        out = "\n".join(plain_lines([row], cols, parsable, noheader=True,
+                                    widths=column_widths([row], cols)))
         assert "\x1b" not in out and "\x07" not in out and "?]0;pwn??[2j[red]x" in out
     buf = io.StringIO()
     Console(file=buf, force_terminal=True, color_system="standard", width=200).print(
@@ -404,3 +407,34 @@ def test_a_model_name_cannot_shift_the_columns(tmp_path):
                    gpu_type="a100", state="COMPLETED")
     r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID,Family,State"])
     assert r.output == "1|a_b_c|COMPLETED\n", r.output
+
+
+def test_sacct_time_formats_and_default_window(url, monkeypatch):
+    # sacct's man page formats (today, noon, MM/DD, HH:MM, now+N, weeks) were "bad time"
+    from slurm_horus.cli.common import parse_time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        now = time.time()
+        day = time.strftime("%Y-%m-%d", time.localtime(now))
+        midnight = parse_time(f"{day}T00:00:00", "-S")
+        for text, want in (("today", midnight), ("midnight", midnight), ("noon", midnight + 43200),
+                           ("teatime", midnight + 57600), ("10:30", midnight + 37800),
+                           ("3:30pm", midnight + 55800), (f"{day}T10", midnight + 36000)):
+            assert parse_time(text, "-S") == want, text
+        assert parse_time("12/01/26", "-S") == parse_time("2026-12-01", "-S") == parse_time("120126", "-S")
+        assert parse_time("12.01.2026-10:00", "-S") == parse_time("2026-12-01T10:00", "-S")
+        assert abs(parse_time("now-1weeks", "-S") - (now - 7 * 86400)) < 5
+        assert abs(parse_time("now+2hours", "-S") - (now + 7200)) < 5
+        for bad in ("13/01", "25:00", "2026-13-01", "now-2x", "tomorrow"):
+            with pytest.raises(HorusError, match="bad time"):
+                parse_time(bad, "-S")
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    # -E alone keeps the midnight default (as sacct; it dropped the start); -s lifts it
+    r = CliRunner().invoke(main, ["--ledger", url, "-E", "now", "-P", "-n", "-o", "JobID"])
+    assert r.exit_code == 0 and r.output == ""  # the fixtures' jobs are from 2023
+    r = CliRunner().invoke(main, ["--ledger", url, "-s", "CD", "-P", "-n", "-o", "JobID"])
+    assert r.output == "101\n102\n"

@@ -169,15 +169,20 @@ def test_ordinary_user_reads_root_ledger_and_cannot_write_it(ordinary_user):
     db = root / "a" / "lib" / "ledger.db"
     assert db.stat().st_uid == 0 and db.stat().st_mode & 0o777 == 0o644
     public = _fake_scontrol(root / "a" / "public-bin", "none")
-    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01", "--json",
-            path_first=public)
-    assert r.returncode == 0, r.stderr
-    assert sorted(j["job_id"] for j in json.loads(r.stdout)) == [1, 2]
+    def jobs(*args, where=public):
+        r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01",
+                "--json", *args, path_first=where)
+        assert r.returncode == 0, r.stderr
+        return [(j["job_id"], j["user"]) for j in json.loads(r.stdout)]
+    # as sacct: a user's own jobs, everyone's with -a or -u
+    assert jobs() == [(1, user.pw_name)]
+    assert jobs("-a") == [(1, user.pw_name), (2, "someone-else")]
+    assert jobs("-u", "someone-else") == [(2, "someone-else")]
     private = _fake_scontrol(root / "a" / "private-bin", "accounts,jobs")
-    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01", "--json",
-            path_first=private)
-    assert r.returncode == 0, r.stderr
-    assert [(j["job_id"], j["user"]) for j in json.loads(r.stdout)] == [(1, user.pw_name)]
+    assert jobs("-a", where=private) == [(1, user.pw_name)]
+    # where jobs are private, -u names another user: none of theirs, and not yours as theirs
+    assert jobs("-u", "someone-else", where=private) == []
+    assert jobs("-u", f"someone-else,{user.pw_name}", where=private) == [(1, user.pw_name)]
     before = db.read_bytes()
     write = ("import sys; from slurm_horus.ledger import Ledger\n"
              "try:\n"

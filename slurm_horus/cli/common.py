@@ -67,8 +67,20 @@ def one_line_errors(prog: str):
     return wrap
 
 
+def finite(obj):
+    """``obj`` with every float that is not finite as None: JSON has no Infinity or NaN (a
+    damaged ledger can hold them; json.dumps would write literals no parser takes)."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def print_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+    click.echo(json.dumps(finite(obj), indent=2, sort_keys=False, default=str))
 
 
 def human(n: float, unit: str = "") -> str:
@@ -85,31 +97,66 @@ def human(n: float, unit: str = "") -> str:
     return str(n)
 
 
-_REL_RE = re.compile(r"^now(?:-(\d+)(days?|hours?|minutes?|seconds?|[dhms])?)?$")
+_REL_RE = re.compile(r"^now(?:([+-])(\d+)(seconds?|minutes?|hours?|days?|weeks?|[smhdw])?)?$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_NAMED = {"today": 0, "midnight": 0, "noon": 12, "fika": 15, "teatime": 16}
+_CLOCK_RE = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\s*([ap]m)?$")
+_DAY_RE = re.compile(r"^(\d{1,2})([/.]?)(\d{1,2})(?:\2(\d{2}(?:\d{2})?))?(?:-(\d{1,2}:\d{2}(?::\d{2})?))?$")
+TIME_FORMATS = ("YYYY-MM-DD[THH[:MM[:SS]]], MM/DD[/YY][-HH:MM[:SS]], MMDD[YY], HH:MM[:SS][AM|PM], "
+                "today, midnight, noon, fika, teatime, now[{+|-}N[seconds|minutes|hours|days|weeks]]")
 
 
 def parse_time(s: str | None, what: str) -> int | None:
-    """sacct-like times: YYYY-MM-DD[THH:MM[:SS]], epoch seconds, now, now-2days, now-3hours."""
+    """sacct's times (its man page's formats: TIME_FORMATS), or epoch seconds, as local time."""
     if s is None:
         return None
     s = s.strip()
-    m = _REL_RE.match(s.lower())
-    if m:
-        n = int(m.group(1) or 0)
-        unit = (m.group(2) or "s")[0]
-        return _in_range(int(time.time()) - n * {"d": 86400, "h": 3600, "m": 60, "s": 1}[unit], what, s)
-    if s.isdigit() and len(s) >= 9:
+    low = s.lower()
+    today = time.localtime()
+
+    def at(y, mo, d, h=0, mi=0, sec=0) -> int | None:
+        try:
+            return int(time.mktime((y, mo, d, h, mi, sec, 0, 0, -1)))
+        except (OverflowError, ValueError):
+            return None
+
+    def clock(text: str | None):
+        m = _CLOCK_RE.match(text or "")
+        if not m:
+            return None
+        h, mi, sec = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+        if m.group(4):
+            if not 1 <= h <= 12:
+                return None
+            h = h % 12 + (12 if m.group(4) == "pm" else 0)
+        return (h, mi, sec) if h < 24 and mi < 60 and sec < 60 else None
+
+    t = None
+    if m := _REL_RE.match(low):
+        n = int(m.group(2) or 0) * _UNITS[(m.group(3) or "s")[0]]
+        t = int(time.time()) + (n if m.group(1) == "+" else -n)
+    elif low in _NAMED:
+        t = at(today.tm_year, today.tm_mon, today.tm_mday, _NAMED[low])
+    elif s.isdigit() and len(s) >= 9:
         t = int(s)
+    elif c := clock(low):
+        t = at(today.tm_year, today.tm_mon, today.tm_mday, *c)
+    elif (m := _DAY_RE.match(low)) and (m.group(2) or len(s.split("-")[0]) in (4, 6)):
+        year = m.group(4)
+        y = today.tm_year if year is None else int(year) + (2000 if len(year) == 2 else 0)
+        c = clock(m.group(5)) if m.group(5) else (0, 0, 0)
+        if c is not None and 1 <= int(m.group(1)) <= 12 and 1 <= int(m.group(3)) <= 31:
+            t = at(y, int(m.group(1)), int(m.group(3)), *c)
     else:
-        t = None
-        for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%Y-%m-%d %H:%M:%S"):
+        for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H", "%Y-%m-%d",
+                    "%Y-%m-%d %H:%M:%S"):
             try:
                 t = int(time.mktime(time.strptime(s, fmt)))
                 break
-            except ValueError:
+            except (ValueError, OverflowError):
                 continue
     if t is None:
-        raise HorusError(f"{what}: bad time '{s}' (YYYY-MM-DD[THH:MM[:SS]], now, now-2days)")
+        raise HorusError(f"{what}: bad time '{s}' ({TIME_FORMATS})")
     return _in_range(t, what, s)
 
 

@@ -7,8 +7,10 @@ ledger sees only their own jobs.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from itertools import chain, islice
 
 import click
 
@@ -26,9 +28,13 @@ def _split(values) -> list[str]:
 @click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
 @click.option("-u", "--user", "users", multiple=True, help="Users (comma-separated).")
 @click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")
+@click.option("-a", "--allusers", is_flag=True, help="Every user's jobs (as sacct: without it, "
+              "and without -u, a user other than root sees their own).")
 @click.option("-S", "--starttime", help="Jobs ending (or submitted) at or after this time "
-              "(default, as sacct: 00:00 today, unless -j or -E is given; --summary and --plot: all).")
-@click.option("-E", "--endtime", help="Jobs submitted at or before this time.")
+              "(default, as sacct: 00:00 today, unless -j or -s is given; --summary and --plot: "
+              "all). sacct's formats: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], HH:MM, today, "
+              "midnight, noon, now-2days, now-1weeks, ...")
+@click.option("-E", "--endtime", help="Jobs submitted at or before this time (default: now).")
 @click.option("-s", "--state", "states", multiple=True,
               help="States, e.g. CD,F,TO,CA,OOM (comma-separated).")
 @click.option("-o", "--format", "fmt", help="Columns, e.g. JobID,User,PredMem,ActMem%8 or "
@@ -56,7 +62,7 @@ def _split(values) -> list[str]:
               help="Ledger database URL (default $HORUS_LEDGER_URL or the site ledger); "
               "opened read-only.")
 @one_line_errors("hacct")
-def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, parsable,
+def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsable2, parsable,
          allocations, noheader, as_json, summary, plot, under_claims, cluster, url):
     """Predicted vs actual GPU use of jobs (sacct-style)."""
     from slurm_horus.ledger import plots, report
@@ -78,7 +84,7 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, pars
     unknown = sorted(set(state_list) - set(STATE_ABBREV.values()))
     if unknown:
         raise HorusError(f"-s/--state: unknown state {', '.join(unknown)} (e.g. CD, F, TO, CA, OOM)")
-    if starttime is None and endtime is None and not job_ids and not summary and plot is None:
+    if starttime is None and not job_ids and not state_list and not summary and plot is None:
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
     filters = dict(job_ids=job_ids or None, users=_split(users) or None,
                    accounts=_split(accounts) or None, states=state_list or None,
@@ -90,8 +96,13 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, pars
 
     me = current_user()
     ledger = open_reader(url, me)
+    asked = filters["users"]
     if not ledger.writable() and slurm.private_jobs(unknown=True):
-        filters["users"] = [me]
+        # as sacct where jobs are private: a user's own, whoever else -u names ("" matches no
+        # one: -u bob shows none of bob's, never your own under his name)
+        filters["users"] = [me] if not asked or me in asked else [""]
+    elif not asked and not allusers and os.geteuid() != 0:
+        filters["users"] = [me]  # as sacct: your own jobs unless -a
     if summary:
         s = report.summary(ledger, **filters)
         if as_json:
@@ -110,19 +121,45 @@ def main(jobs, users, accounts, starttime, endtime, states, fmt, parsable2, pars
         else:
             click.echo(f"wrote {save(plots.figure(points, where), plot)}")
         return
-    rows = ledger.jobs(**filters)
+    # streamed from the ledger a chunk at a time: a window of a million jobs is printed in the
+    # memory of a few thousand (it took 3 GB, 8 GB as JSON, all read before the first line)
+    rows = ledger.iter_jobs(**filters)
     if as_json:
-        import json
-
-        click.echo(json.dumps([report.job_json(r) for r in rows], indent=1))
+        _json_lines(rows)
         return
-    if sys.stdout.isatty() and not (parsable2 or parsable):
-        from rich.console import Console
+    pipe = parsable2 or parsable
+    if sys.stdout.isatty() and not pipe:
+        first = list(islice(rows, RICH_MAX_ROWS + 1))
+        if len(first) <= RICH_MAX_ROWS:
+            from rich.console import Console
 
-        Console().print(report.rich_table(rows, cols, noheader))
-        return
-    click.echo(report.plain_table(rows, cols, parsable2 or parsable, noheader, trailing=parsable and not parsable2),
-               nl=False)
+            Console().print(report.rich_table(first, cols, noheader))
+            return
+        rows = chain(first, rows)
+    # fixed widths: a pass for the widths, then the lines
+    widths = None if pipe else report.column_widths(ledger.iter_jobs(**filters), cols)
+    for line in report.plain_lines(rows, cols, pipe, noheader, trailing=parsable and not parsable2,
+                                   widths=widths):
+        click.echo(line)
+
+
+RICH_MAX_ROWS = 5000  # more than a screen can show: the plain table (streamed) instead
+
+
+def _json_lines(rows) -> None:
+    """The jobs as one JSON list (json.dumps(..., indent=1)'s text), written job by job."""
+    import json
+    import textwrap
+
+    from slurm_horus.cli.common import finite
+    from slurm_horus.ledger.report import job_json
+
+    first = True
+    for r in rows:
+        click.echo("[" if first else ",")
+        click.echo(textwrap.indent(json.dumps(finite(job_json(r)), indent=1), " "), nl=False)
+        first = False
+    click.echo("[]" if first else "\n]")
 
 
 if __name__ == "__main__":

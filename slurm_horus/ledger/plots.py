@@ -9,6 +9,7 @@ same in characters for a login node.
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime, timezone
 
@@ -39,7 +40,10 @@ def plot_points(ledger, limit: int = 20000, **filters) -> list[dict]:
         rows = [r._asdict() for r in conn.execute(stmt)][::-1]
     for r in rows:
         r["source"] = predictor_source(r.pop("predictor")) or "unknown"
-    return rows
+        for k, v in r.items():  # a damaged ledger's inf or nan: no point (it had overflowed)
+            if isinstance(v, float) and not math.isfinite(v):
+                r[k] = None
+    return [r for r in rows if r["submit_time"] is not None]
 
 
 def describe(url: str, filters: dict) -> str:
@@ -254,7 +258,7 @@ def _error_table(points: list[dict], bins: int) -> Text:
             continue
         ue = [abs(p["pred_util_pct"] - p["act_util_pct"]) for p in _util(g)]
         me = sorted(abs(_mem_err(p)) for p in _mem(g))
-        when = time.strftime(fmt, time.localtime(t0 + span * k / nb))
+        when = time.strftime(fmt, time.gmtime(t0 + span * k / nb))
         mean_u = sum(ue) / len(ue) if ue else 0.0
         mem_s = f"{me[len(me) // 2]:5.1f} %" if me else "     - "
         rows.append((when, mean_u, f"{mean_u:5.1f} pp {mem_s} {len(g):>6}"))

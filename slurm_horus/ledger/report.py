@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Iterable, Iterator
 
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger.jobs import (FAR_MEM_FACTOR, FAR_UTIL_PP, job_filters,
@@ -223,29 +224,36 @@ def printable(text: str) -> str:
     return CONTROL_CHARS.sub("?", text)
 
 
-def plain_table(rows: list[dict], cols: list[tuple[str, int | None]], parsable: bool,
-                noheader: bool, trailing: bool = False) -> str:
-    """sacct's text: fixed widths, or ``parsable`` '|'-separated (``trailing``: with a '|' at
-    the end of each line, as sacct -p)."""
+def column_widths(rows: Iterable[dict], cols: list[tuple[str, int | None]]) -> list[int]:
+    """The fixed-width table's columns: the ``%W`` asked, else the widest cell or heading
+    (one pass over ``rows``, which may be a stream)."""
+    widths = [w if w else len(COLUMNS[c]) for c, w in cols]
+    free = [i for i, (_, w) in enumerate(cols) if not w]
+    for r in rows:
+        for i in free:
+            widths[i] = max(widths[i], len(printable(cell(r, cols[i][0]))))
+    return widths
+
+
+def plain_lines(rows: Iterable[dict], cols: list[tuple[str, int | None]], parsable: bool,
+                noheader: bool, trailing: bool = False,
+                widths: list[int] | None = None) -> Iterator[str]:
+    """sacct's text, line by line: fixed ``widths`` (column_widths), or ``parsable``
+    '|'-separated (``trailing``: with a '|' at the end of each line, as sacct -p)."""
     heads = [COLUMNS[c] for c, _ in cols]
-    body = [[printable(cell(r, c)) for c, _ in cols] for r in rows]
-    lines = []
     if parsable:
         end = "|" if trailing else ""
         if not noheader:
-            lines.append("|".join(heads) + end)
-        lines += ["|".join(b) + end for b in body]
-        return "\n".join(lines) + ("\n" if lines else "")
-    widths = []
-    for i, (c, w) in enumerate(cols):
-        widths.append(w if w else max([len(heads[i])] + [len(b[i]) for b in body]))
+            yield "|".join(heads) + end
+        for r in rows:
+            yield "|".join(printable(cell(r, c)) for c, _ in cols) + end
+        return
     if not noheader:
-        lines.append(" ".join(h[:w].rjust(w) for h, w in zip(heads, widths)))
-        lines.append(" ".join("-" * w for w in widths))
-    for b in body:
-        lines.append(" ".join(v[:w].rjust(w) if len(v) <= w else v[:w - 1] + "+"
-                              for v, w in zip(b, widths)))
-    return "\n".join(lines) + ("\n" if lines else "")
+        yield " ".join(h[:w].rjust(w) for h, w in zip(heads, widths))
+        yield " ".join("-" * w for w in widths)
+    for r in rows:
+        yield " ".join(v[:w].rjust(w) if len(v) <= w else v[:w - 1] + "+"
+                       for v, w in zip((printable(cell(r, c)) for c, _ in cols), widths))
 
 
 def rich_table(rows: list[dict], cols, noheader: bool):
