@@ -600,7 +600,8 @@ def test_a_job_seen_running_is_recorded_though_its_end_falls_outside_every_later
         assert state() == ["COMPLETED"], state()
         later = time.time() + 3600  # a window that holds nothing of the job's run
         res = sync(L, since=later, until=later + 60)
-        assert res["recorded"] == 1 and [j["state"] for j in L.jobs(job_ids=[jid])] == ["COMPLETED"]
+        # (with jobs of other tests running beside it, they are carried and recorded too)
+        assert res["recorded"] >= 1 and [j["state"] for j in L.jobs(job_ids=[jid])] == ["COMPLETED"]
         assert json.loads(L.get_state("open_jobs")) == {}
     finally:
         subprocess.run(["scancel", str(jid)], capture_output=True)
