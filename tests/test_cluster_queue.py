@@ -213,11 +213,14 @@ def test_pack_under_pressure_then_spread(mine, tmp_path):
     while time.time() < end and not [a for a in queue("--dry-run", "--min-wait", "0", "--jobs", heavy)
                                      if str(a["job_id"]) == heavy]:
         time.sleep(2)
-    subprocess.run(["scontrol", "hold", heavy], check=True, capture_output=True)
+    # (a held job is no load and is not packed: it waits while every A100 is the fillers')
     packed = [a for a in queue("--min-wait", "0", "--jobs", heavy) if str(a["job_id"]) == heavy]
     assert packed and packed[0]["action"] == "pack", packed
     assert re.search(r"shard:50$", job(heavy).get("TresPerNode", ""))
     assert "gres/shard=50" in job(heavy).get("ReqTRES", "")  # applied, not only written
+    # held now, it would not start on its shards once the fillers go; a packed job held gets
+    # its own request back, as does one whose pressure is gone
+    subprocess.run(["scontrol", "hold", heavy], check=True, capture_output=True)
     subprocess.run(["scancel", *fillers], check=True)
     end = time.time() + 60
     spread = []

@@ -430,3 +430,39 @@ def test_one_other_users_runs_may_raise_a_newcomers_figures_never_lower_them(res
     from slurm_horus.errors import HorusError
     with pytest.raises(HorusError, match="users"):
         HistoryPredictor.from_dict(bad)
+
+
+def test_a_sequence_as_long_as_the_batch_is_no_batch_dimension():
+    """The batch dimension was told by its value: runs of BERT at (64, 64) and (128, 128) shared
+    the key of "no other dimension", and a job at (512, 512) was answered as their exact
+    history, at a third of its memory."""
+    bert = ZOO / "bert_base.onnx"
+    gpu = get_gpu("a100-80gb")
+
+    def run(b, s):
+        r = extract_features(bert, batch_size=b, dims={"seq": s})
+        c = COLD.predict(r, gpu, Workload(batch_size=b))
+        return {"sha": r.sha256, "gpu": gpu.name, "bs": b, "task": "train", "opt": "adam",
+                "prec": "fp32", "dims": dims_key({"seq": s}, b), "mem": c.mem_mib,
+                "util": c.util_pct, "cold_mem": c.mem_mib, "cold_util": c.util_pct,
+                "family": "bert", "user": "alice"}
+    h = HistoryPredictor(user="alice").fit([run(64, 64), run(128, 128)])
+    big = extract_features(bert, batch_size=512, dims={"seq": 512})
+    p = h.predict(big, gpu, Workload(batch_size=512))
+    cold = COLD.predict(big, gpu, Workload(batch_size=512))
+    assert p.predictor != "history:exact" and p.mem_mib >= 0.9 * cold.mem_mib
+    assert dims_key({"batch": 64, "seq": 64}, 64) == "seq=64" and dims_key({"x[0]": 8, "seq": 8}, 8) == "seq=8"
+    # the same sequence length is the same setting: an exact answer
+    again = extract_features(bert, batch_size=128, dims={"seq": 128})
+    assert h.predict(again, gpu, Workload(batch_size=128)).predictor == "history:exact"
+
+
+def test_two_noisy_runs_do_not_flatten_the_extrapolation(resnet):
+    """The larger batch measured lower (GPUMemNet has 119 such pairs): the line through them was
+    drawn flat, and four times their batch was given the smaller batch's memory."""
+    noisy = [_run(resnet[8], 8, _site(8)[0] + 2000, _site(8)[1], user="bob"),
+             _run(resnet[16], 16, *_site(16), user="bob")]  # bob's own runs: his exact history
+    p = HistoryPredictor(user="bob").fit(noisy).predict(resnet[64], A100, Workload(batch_size=64))
+    truth = _site(64)[0]
+    assert p.predictor == "history:exact" and abs(p.mem_mib - truth) / truth < 0.25
+    assert p.mem_mib > _site(8)[0] + 2000 + 1000  # well above the flat line

@@ -418,3 +418,16 @@ def test_script_directives_that_hsubmit_honours_only_where_they_are_safe(tmp_pat
     # --help with a model: sbatch answers and submits nothing; nothing to predict
     cp = hsubmit(["--help", "--model", str(ZOO / "small_cnn.onnx"), "--dim", "nosuch=1"], env)
     assert cp.returncode == 0 and cp.stderr == "" and log.read_text().splitlines() == ["--help"]
+
+
+def test_a_bf16_job_on_a_partition_with_gpus_without_bf16_keeps_the_hint_for_the_others():
+    # the cold start refuses bf16 on a V100, and that refusal had dropped the whole hint
+    plan = sub.prepare(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "4",
+                        "--precision", "bf16", "--wrap", "true"], env={})
+    sub.predict(plan, gpu_types={"a100": 4, "v100": 2}, partition="gpu")
+    assert set(plan.predictions) == {"a100"} and plan.hint.startswith("horus:v1;a100=")
+    assert any("v100" in w and "bf16" in w for w in plan.warnings)
+    only_v100 = sub.prepare(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "4",
+                             "--precision", "bf16", "--wrap", "true"], env={})
+    with pytest.raises(HorusError, match="that runs bf16"):
+        sub.predict(only_v100, gpu_types={"v100": 2}, partition="old")

@@ -124,6 +124,12 @@ def test_unusable_ledger_spools_then_replays(tmp_path, monkeypatch):
     assert record_usage_safely(url=f"sqlite:///{tmp_path}/isdir.db", job_id=11, cluster="c",
                                source="probe", util_mean=5, mem_peak_mib=10, gpus=1) is False
     assert len(Spool(spool).pending()) == 1
+    # a ledger file that is not there: spooled, never made here (a GPU node's default path
+    # had become a ledger of its own, and the record never reached the site's)
+    assert record_usage_safely(url=_url(tmp_path), job_id=12, cluster="c", source="probe",
+                               util_mean=6) is False
+    assert not (tmp_path / "ledger.db").exists() and len(Spool(spool).pending()) == 2
+    Ledger(_url(tmp_path))
     # the next successful write replays everything
     assert record_usage_safely(url=_url(tmp_path), job_id=12, cluster="c", source="probe",
                                util_mean=6)
@@ -672,3 +678,25 @@ def test_a_probe_of_an_earlier_run_does_not_speak_for_the_rerun(tmp_path):
                    gpu_type="a100", gpu_index=0, gpus=1, start_time=1201, end_time=1899)
     (job,) = L.jobs()
     assert (job["act_util_pct"], job["gpu_index"], job["gpu_type"]) == (85, 0, "a100")
+
+
+def test_a_multi_node_jobs_probe_is_per_gpu_of_its_own_node(tmp_path):
+    # each node's probe measures that node's GPUs; the figure was divided by the job's GPUs on
+    # every node (sacct's count), a half of the truth on two nodes
+    L = Ledger(_url(tmp_path), spool=str(tmp_path / "spool"))
+    L.record_submission(job_id=5, cluster="c", user="u", predictions=PRED)
+    L.record_usage(job_id=5, cluster="c", source="sacct", state="COMPLETED", gpus=8, node="n[1-2]")
+    L.record_usage(job_id=5, cluster="c", source="probe", util_mean=320, mem_peak_mib=40000,
+                   gpus=4, node="n2")
+    (job,) = L.jobs()
+    assert (job["act_util_pct"], job["act_mem_mib"]) == (80, 10000)
+
+
+def test_no_memory_and_no_utilization_is_a_failed_measurement():
+    # a probe that saw none of the job's processes recorded 0 MiB and no utilization: taken
+    # for a measurement, it won over accounting's real figures
+    from slurm_horus.ledger import failed_measurement
+
+    assert failed_measurement(None, 0.0) == 1 and failed_measurement(0.0, 300.0) == 1
+    assert failed_measurement(None, 300.0) == 0 and failed_measurement(None, None) is None
+    assert failed_measurement(5.0, 0.0) == 0

@@ -61,6 +61,7 @@ def test_run_probe_records_usage(tmp_path):
     env = {"SLURM_JOB_ID": "77", "SLURM_CLUSTER_NAME": "c", "SLURM_JOB_GPUS": "2",
            "SLURMD_NODENAME": "gpu-a100", "SLURM_SHARDS_ON_NODE": "30",
            "HORUS_SPOOL": str(tmp_path / "sp")}
+    Ledger(url)  # the site's ledger (the probe never makes one: see test_ledger)
     rc = run_probe(command=[sys.executable, "-c", "import time; time.sleep(1.2); raise SystemExit(3)"],
                    interval=0.5, url=url, sampler_factory=FakeSampler, env=env)
     assert rc == 3  # the command's exit code
@@ -241,6 +242,7 @@ def test_prolog_detaches_and_epilog_makes_it_record(tmp_path):
         + ":" + env["PATH"]
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / f"{job_id}.json").write_text('{"util_pct": 37.5, "mem_mib": 4100}')
+    Ledger(env["HORUS_LEDGER_URL"])  # the site's ledger, made by its admin
     t0 = time.time()
     # stdout/stderr are pipes: returning means the detached probe holds none of them
     r = subprocess.run([sys.executable, "-m", "slurm_horus.cli.probe", "--prolog"], env=env,

@@ -265,6 +265,11 @@ def test_held_or_waiting_jobs_are_no_load_and_are_left_alone():
     assert pressure_types(five + held, idle) == ["a100"]
     acts = pressure_actions(five + held + [admin_held], idle, 50, lambda *a: 1, 0, 1.9e9)
     assert [a.job_id for a in acts] == [20]  # one job left without a GPU; never a held one
+    # a job this loop packed, then held: its own request back, pressure or not
+    packed = rec(30, "PENDING", "gres/shard:50", EXCL + " horus-queue:v1;action=pack;from=gpu:1",
+                 Reason="JobHeldAdmin", Priority="0")
+    acts = pressure_actions(five + [packed], idle, 50, lambda *a: 1, 0, 1.9e9)
+    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(30, "spread", "gres/gpu:a100:1"), (20, "pack", "gres:shard:50")]
 
 
 def test_jobs_the_loop_must_not_reshape():

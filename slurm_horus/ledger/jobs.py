@@ -39,13 +39,16 @@ FAR_MEM_FACTOR = 1.25  # actual memory this many times the prediction
 
 def failed_measurement(act_util, act_mem) -> int | None:
     """1 when a measurement shows a job that never used its GPU (utilization exactly 0, memory
-    unknown or at most BARE_CONTEXT_MIB), 0 for a usable one, None when nothing was measured.
+    unknown or at most BARE_CONTEXT_MIB; or no utilization and no memory at all), 0 for a
+    usable one, None when nothing was measured.
     Flagged rows stay in the ledger but count in no accuracy figure and train nothing."""
     if act_util is None and act_mem is None:
         return None
     if act_util is not None and float(act_util) == 0.0 and \
             (act_mem is None or float(act_mem) <= BARE_CONTEXT_MIB):
         return 1
+    if act_util is None and float(act_mem) == 0.0:
+        return 1  # no memory at all on the GPU and no utilization seen: nothing of the job's
     return 0
 
 
@@ -170,6 +173,8 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         for src in sorted(order, key=missed.__contains__):
             u = usages.get(src)
             if u is not None and u.get(field) is not None:
+                if src == "probe" and isinstance(u.get("gpus"), int) and u["gpus"] > 1:
+                    return u[field] / u["gpus"]  # its node's GPUs (a multi-node job's one node)
                 return u[field] / n if src in ("probe", "sacct") else u[field]
         return None
     row["act_util_pct"] = per_gpu("util_mean", UTIL_ORDER)

@@ -211,19 +211,9 @@ def prolog(env: dict | None = None, *, detach: bool = True, sampler_factory=None
 
 
 def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) -> None:
-    place = placement(job_id, node, env)
-    if not place:
-        log("no GPU or shard on this node (or no job record): not probed")
-        return
     why = _root_folder(run_dir(env))
     if why:
         log(f"not probed: run folder {why}")
-        return
-    try:
-        factory = sampler_factory or sampler_factory_from_env(env, job_id)
-        sampler = factory([str(i) for i in place["indices"]])
-    except Exception as e:  # no NVML / no GPU: quietly no record
-        log(f"no sampler ({type(e).__name__}: {e}): not probed")
         return
     stopping = {"flag": False}
 
@@ -231,11 +221,25 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
         stopping["flag"] = True
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_term)
+    # the pid file first: the Epilog of a short job can come while the placement is asked
+    # (squeue, up to three tries), and finding no probe it stopped none, so the probe sampled a
+    # finished job (no samples: no record; it had recorded 0 MiB over accounting's figure)
     pidf = pid_file(env, job_id, node)
     tmp = f"{pidf}.{os.getpid()}.tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
         f.write(f"{os.getpid()} {job_id}\n")
     os.replace(tmp, pidf)
+    place = placement(job_id, node, env)
+    if not place or stopping["flag"]:
+        log("no GPU or shard on this node (or no job record): not probed" if not place else
+            "stopped before the first sample: not probed")
+        return
+    try:
+        factory = sampler_factory or sampler_factory_from_env(env, job_id)
+        sampler = factory([str(i) for i in place["indices"]])
+    except Exception as e:  # no NVML / no GPU: quietly no record
+        log(f"no sampler ({type(e).__name__}: {e}): not probed")
+        return
     if interval is None:
         try:
             interval = max(0.2, float(env.get("HORUS_PROBE_INTERVAL") or DEFAULT_INTERVAL))
@@ -279,8 +283,9 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
     while not stop():
         try:
             pids = job_pids(job_id, node, env) if needs_pids else set()
-            util, mem = sampler.sample(pids)
-            summary.add(util, mem)
+            if pids or not needs_pids:  # none of the job's processes: no sample of the job
+                util, mem = sampler.sample(pids)
+                summary.add(util, mem)
         except Exception:
             pass
         sleep(interval)

@@ -290,10 +290,22 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
     ``min_wait_s``, into ``pack_shards`` shards or its memory's share of the GPU when that is
     more (``mem_shards(job, type)``: hint_mem_shards; _pack_size), when its hinted utilization
     is within ``util_limit_pct`` (the slowdown bound's:
-    policy_util_limit); with as many idle GPUs as pending jobs, the jobs packed are spread back."""
+    policy_util_limit); with as many idle GPUs as pending jobs, the jobs packed are spread back,
+    as is a job packed that no longer waits for GPUs (held, say)."""
     free = _node_type_free(nodes)
     per_gpu = shards_per_gpu(nodes)
     out = []
+    for rec in jobs:  # held (or waiting on something else) after this loop packed it
+        toks = queue_tokens(rec.get("AdminComment"))
+        tres, gtype = rec.get("TresPerNode"), _gpu_type(rec)
+        if (rec.get("JobState") == "PENDING" and not _waits_for_gpus(rec) and _acts_on(rec)
+                and toks and toks[-1].get("action") == "pack" and _shards(tres) is not None
+                and _job_id(rec) is not None and gtype):
+            # the pressure that packed it is no reason to keep a job that waits for no GPU on
+            # shards: its own request back
+            whole, fallback = _whole_gpu(gtype, tres, per_gpu)
+            out.append(Action(_job_id(rec), "spread", whole,
+                              f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}", fallback))
     for gtype, recs in _pending_by_type(jobs, free).items():
         short = len(recs) - free[gtype]  # pending jobs the idle GPUs leave without one
         to_pack = short

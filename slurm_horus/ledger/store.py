@@ -297,6 +297,11 @@ def record_usage_safely(*, url: str | None = None, spool: str | None = None,
     except Exception:
         return False
     try:
+        path = sqlite_file(url or default_url())
+        if path is not None and not path.exists():
+            # a GPU node without the site's ledger (the default path, or a mount that is not
+            # there): making an empty one here would keep the record from ever reaching it
+            raise HorusError(f"ledger {path}: not found")
         ledger = Ledger(url, busy_timeout=timeout, spool=spool)
         try:
             ledger._apply("usage", data)

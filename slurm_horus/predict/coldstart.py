@@ -153,7 +153,9 @@ class ColdStartEstimator:
                      "optimizer_mib": optimizer / MIB, "activations_mib": activations / MIB,
                      "transient_mib": transient / MIB}
         else:
-            weights = params * (4 if w.precision == "fp32" else 2)
+            # amp: autocast leaves the parameters fp32 and caches their half copies during the
+            # forward pass (2 bytes a parameter had counted a third of them)
+            weights = params * _weight_bytes(w.precision)
             live = v["peak_live_bytes"] * act_scale
             transient = p.workspace_factor * v["max_activation_bytes"] * act_scale
             allocated = weights + live + transient

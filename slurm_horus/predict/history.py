@@ -85,22 +85,29 @@ def exact_estimate(runs: list[dict], b: int, cq_mem: float | None, cq_util: floa
                    ctx: float) -> tuple[float, float | None] | None:
     """Memory and utilization at batch b from runs of the very same setting: the measurement
     itself, else a line through the two nearest batch sizes (memory; utilization on log batch
-    between measured ones), else one point moved by the cold start."""
+    between measured ones), else one point moved by the cold start.  Beyond the measured
+    batch sizes, the nearest one moved by the cold start bounds the line from below: two noisy
+    runs (the larger batch measured lower) had drawn it flat, and 16x their batch was given
+    their memory."""
     mem, util = _by_batch(runs, "mem"), _by_batch(runs, "util")
     if not mem:
         return None
+
+    def cold_at(b0: int) -> float | None:
+        return statistics.median([r["cold_mem"] for r in runs if r["bs"] == b0
+                                  and r.get("cold_mem")] or [0]) or None
     if b in mem:
         m = mem[b]
     elif len(mem) >= 2:
         b0, b1 = _nearest_two(mem, b)
         slope = max((mem[b1] - mem[b0]) / (b1 - b0), 0.0)
-        near = mem[min(mem, key=lambda x: abs(math.log(x / b)))]
-        m = max(mem[b0] + slope * (b - b0), min(near, ctx))
+        nb = min(mem, key=lambda x: abs(math.log(x / b)))
+        m = max(mem[b0] + slope * (b - b0), min(mem[nb], ctx))
+        if not min(mem) < b < max(mem):
+            m = max(m, _scaled(mem[nb], cold_at(nb), cq_mem, ctx) or 0.0)
     else:
         (b0, y0), = mem.items()
-        c0 = statistics.median([r["cold_mem"] for r in runs if r["bs"] == b0
-                                and r.get("cold_mem")] or [0]) or None
-        m = _scaled(y0, c0, cq_mem, ctx)
+        m = _scaled(y0, cold_at(b0), cq_mem, ctx)
     if m is None or not m > 0:  # extrapolated below zero (a site offset beyond the context)
         return None
     return m, _util_at(runs, util, b, cq_util)

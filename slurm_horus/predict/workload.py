@@ -45,8 +45,14 @@ def workload_dict(w: Workload) -> dict:
 
 def dims_key(dims: dict | None, batch: int) -> str:
     """The non-batch dimensions a run was bound with, as a stable key (sequence length...).
-    A dimension equal to the batch size is taken for the batch dimension."""
-    items = sorted((str(k), int(v)) for k, v in (dims or {}).items() if int(v) != batch)
+    The batch dimension is known by its name (graph.load.BATCH_DIM_NAMES), or, unnamed (an
+    input's position, ``x[0]``), by holding the batch size.  By value alone, a sequence as
+    long as the batch was dropped too: runs at (64, 64) and (128, 128) shared one key, and a
+    job at (512, 512) was given their memory as an exact answer, a third of its need."""
+    from slurm_horus.graph.load import BATCH_DIM_NAMES
+
+    items = sorted((str(k), int(v)) for k, v in (dims or {}).items()
+                   if not (BATCH_DIM_NAMES.match(str(k)) or ("[" in str(k) and int(v) == batch)))
     return ",".join(f"{k}={v}" for k, v in items)
 
 

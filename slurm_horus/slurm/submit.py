@@ -230,10 +230,16 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         if gpu is None:
             plan.warnings.append(f"GPU type {gtype} not in the GPU catalog: no prediction for it")
             continue
+        if workload.precision == "bf16" and not gpu.has_bf16:
+            # the job cannot run bf16 there: the hint leaves the type out (all of it had been
+            # lost, the types that can run it too), and the hook pins one it names
+            plan.warnings.append(f"GPU type {gtype} ({gpu.name}) has no bf16: no prediction for it")
+            continue
         gpus.append(gpu)
         names.append(gtype)
     if not gpus:
-        raise HorusError(f"partition {plan.partition}: no GPU type the catalog knows")
+        raise HorusError(f"partition {plan.partition}: no GPU type the catalog knows"
+                         + (" that runs bf16" if workload.precision == "bf16" else ""))
     choice = choose_predictor(plan.horus.get("horus-model-dir"))
     if choice.warning:
         plan.warnings.append(choice.warning)

@@ -30,7 +30,7 @@ NODES=(gpu-a100 gpu-t4)
 # Ordinary (non-root) test users made by up, with user-private groups and homes.
 TEST_USERS=(horus-alice horus-bob)
 # Root-owned horus folders of the test cluster (see README: "Ordinary users and the probe").
-LEDGER_DIR="$D/ledger"          # 0755 root: the test ledger (sqlite) written by the Prolog's probe
+LEDGER_DIR="$D/ledger"          # 0755 root: the test ledger (sqlite), made by up, written by the Prolog's probe
 FAKEGPU_DIR="$D/fakegpu"        # 1777: test jobs write <jobid>.json here (fake sampler, tests only)
 HORUS_SPOOL_DIR="$D/horus-spool" # 0700 root: the probe's fallback spool
 PROBE_RUN_DIR="$D/run/horus-probe" # 0700 root: pid files of running probes
