@@ -218,6 +218,7 @@ def test_pack_under_pressure_then_spread(mine, tmp_path):
     assert packed and packed[0]["action"] == "pack", packed
     assert re.search(r"shard:50$", job(heavy).get("TresPerNode", ""))
     assert "gres/shard=50" in job(heavy).get("ReqTRES", "")  # applied, not only written
+    assert job(heavy).get("Features") == "a100"  # untyped shards kept on the A100s
     # held now, it would not start on its shards once the fillers go; a packed job held gets
     # its own request back, as does one whose pressure is gone
     subprocess.run(["scontrol", "hold", heavy], check=True, capture_output=True)

@@ -363,3 +363,22 @@ def test_a_stop_during_an_oom_requeue_waits_until_the_job_is_released(monkeypatc
         _signal.signal(_signal.SIGTERM, old)
     assert slurm.calls[-1] == ["scontrol", "release", "1795"]
     assert stopped == [len(slurm.calls)]  # the signal arrived once the job was released
+
+
+def test_a_pack_keeps_the_jobs_gpu_type_on_a_cluster_of_several():
+    """Shards are asked untyped, and the hook types a whole-GPU job in its GRES (gpu:a100:1),
+    not in its Features: a pack had dropped the type, and the job could start on a T4's shards
+    costed for an A100's memory."""
+    two = [{"NodeName": "a", "State": "MIXED", "Gres": "gpu:a100:4,shard:a100:400",
+            "GresUsed": "gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)"},
+           {"NodeName": "t", "State": "IDLE", "Gres": "gpu:t4:2,shard:t4:200",
+            "GresUsed": "gpu:t4:0(IDX:N/A),shard:t4:0(IDX:N/A)"}]
+    jobs = [rec(1, "PENDING", "gres/gpu:a100:1", EXCL), rec(2, "PENDING", "gres/gpu:a100:1", EXCL, Features="ib")]
+    acts = pressure_actions(jobs, two, 50, lambda *a: 1, 0, 1.9e9, type_features={"a100", "t4"})
+    assert [(a.job_id, a.tres, a.features) for a in acts] == [(1, "gres/shard:50", "a100"),
+                                                               (2, "gres/shard:50", "ib&a100")]
+    # the type's node feature not declared: nothing keeps it on its type, so no pack
+    assert pressure_actions(jobs, two, 50, lambda *a: 1, 0, 1.9e9, type_features={"t4"}) == []
+    # the user's own constraint names the type already: kept as it is
+    own = [rec(3, "PENDING", "gres/gpu:a100:1", EXCL, Features="a100&ib")]
+    assert [a.features for a in pressure_actions(own, two, 50, lambda *a: 1, 0, 1.9e9)] == ["a100&ib"]

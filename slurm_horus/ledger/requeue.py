@@ -58,6 +58,7 @@ class Action:
     token: str
     fallback: str | None = None
     ref: str | None = None  # how scontrol names the job (an array task: A_T); default job_id
+    features: str | None = None  # Features set with the reshape: a pack's shards keep its type
 
 
 def _shards(tres: str | None) -> int | None:
@@ -281,9 +282,28 @@ def signal_pressure(jobs: list[dict], nodes: list[dict], policy_path: str | None
             raise HorusError(f"pressure file {where}: {e.strerror or e}") from None
 
 
+def _type_features(rec: dict, gtype: str, declared: set[str] | None, types: set[str]) -> str | None | bool:
+    """The Features that keep a job packed into untyped shards on its GPU type: its own where
+    they name it, else them and the type's node feature (policy ``type_features``, as the hook
+    pins shared jobs); None where the nodes have one GPU type (nothing to pin); False where
+    nothing can pin it (the type's feature not declared, a constraint too complex to extend).
+    A pack had dropped the type of ``gpu:a100:1``: the job could start on a T4's shards, costed
+    for an A100's memory."""
+    feats = rec.get("Features") or ""
+    feats = "" if feats == "null" else feats
+    if gtype in re.split(r"[&,]", feats):
+        return feats
+    if types <= {gtype}:
+        return None
+    if declared is None or gtype not in declared or not re.fullmatch(r"[\w.&-]*", feats):
+        return False
+    return f"{feats}&{gtype}" if feats else gtype
+
+
 def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                      mem_shards: Callable[[dict, str], int | None], min_wait_s: float,
-                     now: float, util_limit_pct: float = 100.0) -> list[Action]:
+                     now: float, util_limit_pct: float = 100.0,
+                     type_features: set[str] | None = None) -> list[Action]:
     """Pack or spread pending jobs by queue pressure, per GPU type (the job's Features, which
     the hook sets to the chosen type): with more jobs pending than GPUs idle, as many as the idle
     GPUs leave without one are packed, the longest-waiting first, each only after waiting
@@ -321,10 +341,11 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                     and now - _submitted(rec) >= min_wait_s
                     and (util_limit_pct >= 100.0 or _hint_util(rec, gtype) <= util_limit_pct)):
                 size = _pack_size(mem_shards(rec, gtype), pack_shards, per_gpu.get(gtype, 100))
-            if size is not None:
+            pin = _type_features(rec, gtype, type_features, set(free)) if size is not None else False
+            if size is not None and pin is not False:
                 to_pack -= 1
                 out.append(Action(jid, "pack", _shard_gres(size, tres),
-                                  f"{QUEUE_TOKEN};action=pack;from=gpu:1"))
+                                  f"{QUEUE_TOKEN};action=pack;from=gpu:1", features=pin))
             elif (short <= 0 and _shards(tres) is not None
                   and (last == "pack" or (last is None and _hook_pressed(rec)))):
                 whole, fallback = _whole_gpu(gtype, tres, per_gpu)
@@ -436,13 +457,16 @@ def _requests(job_id: int, name: str) -> bool:
     return f"gres/{name}=" in tres
 
 
-def reshape(jid: str, tres: str, fallback: str | None, job_id: int | None = None) -> str:
-    """Set the job's TresPerNode to ``tres``, else to ``fallback`` where Slurm refuses or
-    ignores the change; -> what it holds now. Raises HorusError when neither takes.  ``jid``:
-    how scontrol names it; ``job_id``: its own id (default ``jid``)."""
+def reshape(jid: str, tres: str, fallback: str | None, job_id: int | None = None,
+            features: str | None = None) -> str:
+    """Set the job's TresPerNode to ``tres`` (and its Features to ``features`` in the same
+    update), else to ``fallback`` where Slurm refuses or ignores the change; -> what it holds
+    now. Raises HorusError when neither takes.  ``jid``: how scontrol names it; ``job_id``:
+    its own id (default ``jid``)."""
     name = "gpu" if "gpu:" in tres else "shard"
     try:
-        run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={tres}"])
+        run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={tres}",
+             *([f"Features={features}"] if features else [])])
         if _requests(job_id if job_id is not None else int(jid), name):
             return tres
     except HorusError:
@@ -476,26 +500,29 @@ def _signals_held():
             signal.raise_signal(n)  # now, to the handler the loop had
 
 
-def apply(action: Action, admin_comment: str | None, old_tres: str | None = None) -> str:
+def apply(action: Action, admin_comment: str | None, old_tres: str | None = None,
+          old_features: str | None = None) -> str:
     """Carry one action out with scontrol; -> the TresPerNode the job got. An OOM requeue
     holds the job while it is reshaped, so it never starts again on its old shards unless
     Slurm refuses every reshape; it is marked either way, so it is requeued at most once.
     A pack or spread whose mark cannot be written is undone (``old_tres``): unmarked, no later
     pass would undo it.  Signals that stop the loop wait until the action is whole."""
     with _signals_held():
-        return _apply(action, admin_comment, old_tres)
+        return _apply(action, admin_comment, old_tres, old_features)
 
 
-def _apply(action: Action, admin_comment: str | None, old_tres: str | None) -> str:
+def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
+           old_features: str | None) -> str:
     jid = action.ref or str(action.job_id)
     if action.kind != "oom-requeue":
-        got = reshape(jid, action.tres, action.fallback, action.job_id)
+        got = reshape(jid, action.tres, action.fallback, action.job_id, action.features)
         try:
             run(["scontrol", "update", f"JobId={jid}",
                  f"AdminComment={marked(admin_comment, action.token + ';to=' + _short(got))}"])
         except HorusError:
             if old_tres:
-                run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={old_tres}"])
+                run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={old_tres}",
+                     *([f"Features={old_features or ''}"] if action.features else [])])
             raise
         return got
     run(["scontrol", "requeuehold", jid])
@@ -560,7 +587,10 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
                           shards_per_gpu(nodes))
-    actions += [a for a in pressure_actions(jobs, nodes, pack_shards, mem_shards, min_wait_s, time.time(), limit)
+    declared = set(re.split(r"[,\s]+", policy_value("type_features", "") or "")) - {""} \
+        if policy_value("type_via", "features") == "features" else set()
+    actions += [a for a in pressure_actions(jobs, nodes, pack_shards, mem_shards, min_wait_s, time.time(),
+                                            limit, type_features=declared)
                 if job_ids is None or a.job_id in job_ids]  # every pending job counts in the pressure
     done = []
     by_id = {_job_id(r): r for r in jobs}
@@ -570,7 +600,8 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
             continue
         rec = by_id[a.job_id]
         try:
-            got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"), rec.get("TresPerNode"))
+            got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"), rec.get("TresPerNode"),
+                        rec.get("Features"))
             done.append(replace(a, tres=got))
         except HorusError as e:  # the job moved on (started, cancelled): next pass sees it again
             if on_error:
