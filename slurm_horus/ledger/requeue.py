@@ -92,7 +92,7 @@ def shards_per_gpu(nodes: list[dict]) -> dict[str, int]:
 def _shard_gres(count: int | None, like: str | None) -> str | None:
     """``count`` shards as TresPerNode, untyped: scontrol shows a node's shards typed by their GPU
     (shard:a100:400) but refuses (22.05) or ignores (25.11) a request for shard:a100:N; the job's
-    Features, which the hook sets, keep it on its GPU type."""
+    Features keep it on its GPU type (the hook's for a shared job, _type_features' for a pack)."""
     return _gres("shard", None, count, like) if count else None
 
 
