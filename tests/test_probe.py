@@ -292,6 +292,8 @@ def test_prolog_without_gpu_or_without_fake_file_records_nothing(tmp_path):
     env["SLURMD_NODENAME"] = "gpu-t4"
     pl.prolog(env, detach=False)
     assert "not probed" in (tmp_path / "probe.log").read_text()
+    # its pid file, written before the placement was asked, goes with it
+    assert not list((tmp_path / "run").glob("*.pid"))
 
 
 def test_the_probe_records_what_slurm_holds_not_what_the_job_wrote(tmp_path):

@@ -230,15 +230,18 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
         f.write(f"{os.getpid()} {job_id}\n")
     os.replace(tmp, pidf)
     place = placement(job_id, node, env)
+    sampler = None
     if not place or stopping["flag"]:
         log("no GPU or shard on this node (or no job record): not probed" if not place else
             "stopped before the first sample: not probed")
-        return
-    try:
-        factory = sampler_factory or sampler_factory_from_env(env, job_id)
-        sampler = factory([str(i) for i in place["indices"]])
-    except Exception as e:  # no NVML / no GPU: quietly no record
-        log(f"no sampler ({type(e).__name__}: {e}): not probed")
+    else:
+        try:
+            factory = sampler_factory or sampler_factory_from_env(env, job_id)
+            sampler = factory([str(i) for i in place["indices"]])
+        except Exception as e:  # no NVML / no GPU: quietly no record
+            log(f"no sampler ({type(e).__name__}: {e}): not probed")
+    if sampler is None:
+        _remove_own(pidf)
         return
     if interval is None:
         try:
@@ -319,6 +322,16 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
                 os.unlink(pidf)
             except OSError:
                 pass
+
+
+def _remove_own(pidf: str) -> None:
+    """Remove the pid file if it is still this process's (an Epilog may have taken it)."""
+    try:
+        with open(pidf) as f:
+            if f.read().split()[0] == str(os.getpid()):
+                os.unlink(pidf)
+    except (OSError, IndexError):
+        pass
 
 
 def _is_probe(pid: int) -> bool:
