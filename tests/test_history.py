@@ -452,6 +452,9 @@ def test_a_sequence_as_long_as_the_batch_is_no_batch_dimension():
     cold = COLD.predict(big, gpu, Workload(batch_size=512))
     assert p.predictor != "history:exact" and p.mem_mib >= 0.9 * cold.mem_mib
     assert dims_key({"batch": 64, "seq": 64}, 64) == "seq=64" and dims_key({"x[0]": 8, "seq": 8}, 8) == "seq=8"
+    # a name an exporter made up, bound by position to the batch size, is the batch dimension
+    assert dims_key({"s0": 64, "s1": 128}, 64) == "s1=128" == dims_key({"s0": 32, "s1": 128}, 32)
+    assert dims_key({"unk__12": 32}, 32) == "" == dims_key({"input_dynamic_axes_1": 8}, 8)
     # the same sequence length is the same setting: an exact answer
     again = extract_features(bert, batch_size=128, dims={"seq": 128})
     assert h.predict(again, gpu, Workload(batch_size=128)).predictor == "history:exact"

@@ -690,6 +690,11 @@ def test_a_multi_node_jobs_probe_is_per_gpu_of_its_own_node(tmp_path):
                    gpus=4, node="n2")
     (job,) = L.jobs()
     assert (job["act_util_pct"], job["act_mem_mib"]) == (80, 10000)
+    # one GPU a node: the node's one GPU, not half of it
+    L.record_usage(job_id=5, cluster="c", source="probe", util_mean=80, mem_peak_mib=10000,
+                   gpus=1, node="n2")
+    (job,) = L.jobs()
+    assert (job["act_util_pct"], job["act_mem_mib"]) == (80, 10000)
 
 
 def test_no_memory_and_no_utilization_is_a_failed_measurement():

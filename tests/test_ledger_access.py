@@ -178,6 +178,7 @@ def test_ordinary_user_reads_root_ledger_and_cannot_write_it(ordinary_user):
     assert jobs() == [(1, user.pw_name)]
     assert jobs("-a") == [(1, user.pw_name), (2, "someone-else")]
     assert jobs("-u", "someone-else") == [(2, "someone-else")]
+    assert jobs("-j", "2") == [(2, "someone-else")]  # as sacct: -j names the jobs, anyone's
     private = _fake_scontrol(root / "a" / "private-bin", "accounts,jobs")
     assert jobs("-a", where=private) == [(1, user.pw_name)]
     # where jobs are private, -u names another user: none of theirs, and not yours as theirs

@@ -101,8 +101,8 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         # as sacct where jobs are private: a user's own, whoever else -u names ("" matches no
         # one: -u bob shows none of bob's, never your own under his name)
         filters["users"] = [me] if not asked or me in asked else [""]
-    elif not asked and not allusers and os.geteuid() != 0:
-        filters["users"] = [me]  # as sacct: your own jobs unless -a
+    elif not asked and not allusers and not job_ids and os.geteuid() != 0:
+        filters["users"] = [me]  # as sacct: your own jobs unless -a (or -j: those jobs)
     if summary:
         s = report.summary(ledger, **filters)
         if as_json:

@@ -173,7 +173,7 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         for src in sorted(order, key=missed.__contains__):
             u = usages.get(src)
             if u is not None and u.get(field) is not None:
-                if src == "probe" and isinstance(u.get("gpus"), int) and u["gpus"] > 1:
+                if src == "probe" and isinstance(u.get("gpus"), int) and u["gpus"] >= 1:
                     return u[field] / u["gpus"]  # its node's GPUs (a multi-node job's one node)
                 return u[field] / n if src in ("probe", "sacct") else u[field]
         return None

@@ -8,6 +8,8 @@ so a missing field means the same default everywhere.
 
 from __future__ import annotations
 
+import re
+
 from slurm_horus.errors import HorusError
 from slurm_horus.predict.coldstart import Workload
 
@@ -52,7 +54,14 @@ def dims_key(dims: dict | None, batch: int) -> str:
     from slurm_horus.graph.load import BATCH_DIM_NAMES
 
     items = sorted((str(k), int(v)) for k, v in (dims or {}).items()
-                   if not (BATCH_DIM_NAMES.match(str(k)) or ("[" in str(k) and int(v) == batch)))
+                   if not (BATCH_DIM_NAMES.match(str(k)) or (_GENERATED.match(str(k)) and int(v) == batch)))
     return ",".join(f"{k}={v}" for k, v in items)
+
+
+# names exporters make up for a dimension (torch dynamo's s0, ONNX inference's unk__12,
+# torch.onnx's input_dynamic_axes_1, an input's position x[0]): one holding the batch size is
+# the batch dimension load_graph bound by position; a name someone chose (seq) is never taken
+# for it by its value
+_GENERATED = re.compile(r"^(s\d+|unk__\d+|.*dynamic_axes_\d+|.*\[\d+\])$")
 
 
