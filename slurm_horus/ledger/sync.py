@@ -21,11 +21,9 @@ from slurm_horus.slurm import commands as slurm
 from slurm_horus.slurm.accounting import FINISHED, parse_sacct_json
 from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
 
-# started jobs carried from one sync to the next while unfinished, at most (the newest ids
-# beyond it): the state is one TEXT value (64 KiB on MariaDB); running jobs are bounded by
-# the GPUs, and a job not started yet is seen running by a later window
+# jobs carried from one sync to the next while unfinished, at most (the newest ids beyond
+# it): the state is one TEXT value (64 KiB on MariaDB)
 MAX_OPEN_JOBS = 5000
-NOT_STARTED = {"PENDING"}
 
 
 def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
@@ -118,11 +116,11 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
             continue
         chosen.append(j)
         subs.append(submission_of(j, hint and find_hint_token(j["comment"]), hint, claim, models))
-    # every started GPU job: accounting may hold a running job's comment only from its end
+    # every GPU job not finished, pending ones too (accounting may show a job that runs as
+    # pending for a moment, and a running job's comment only from its end)
     still_open = [(j["cluster"], j["job_id"]) for j in unfinished
-                  if j["state"].split()[0] not in NOT_STARTED
-                  and (j["shards"] or j["gpus"] or wanted(j, parse_hint(j["comment"]),
-                                                          parse_workload(j["comment"])))]
+                  if j["shards"] or j["gpus"] or wanted(j, parse_hint(j["comment"]),
+                                                         parse_workload(j["comment"]))]
     _drop_legacy(ledger, chosen)
     probed = _probe_placement(ledger, chosen)
     # co-location: this batch (with the probe's GPU index where accounting has none) plus what
