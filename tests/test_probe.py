@@ -333,6 +333,29 @@ def test_epilog_without_probe_is_quick_and_quiet(tmp_path):
     assert pl.prolog(dict(env, SLURM_JOB_ID=""), detach=False) == 0
 
 
+@root_only
+def test_the_epilog_signals_no_process_of_a_user_that_calls_itself_a_probe(tmp_path):
+    """A dead probe's pid reused by a user's process named "... probe --prolog" that ignores
+    SIGTERM: root signalled it and the Epilog waited its full 10 s."""
+    import pwd
+
+    env = _prolog_env(tmp_path, 98, "gpu-t4")
+    nobody = pwd.getpwnam("nobody")
+    fake = subprocess.Popen(["bash", "-c", "trap '' TERM; exec -a 'horus-probe --prolog' sleep 30"],
+                            user=nobody.pw_uid, group=nobody.pw_gid)
+    try:
+        time.sleep(0.3)
+        pidf = tmp_path / "run" / "98.gpu-t4.pid"
+        pidf.parent.mkdir(mode=0o700, exist_ok=True)
+        pidf.write_text(f"{fake.pid} 98\n")
+        t0 = time.time()
+        assert pl.epilog(dict(env, HORUS_PROBE_EPILOG_WAIT="5")) == 0
+        assert time.time() - t0 < 2 and fake.poll() is None and not pidf.exists()
+    finally:
+        fake.kill()
+        fake.wait()
+
+
 def test_shipped_prolog_epilog_always_exit_zero(tmp_path):
     for name in ("horus-prolog", "horus-epilog"):
         script = Path(__file__).parent.parent / "etc" / name

@@ -151,7 +151,12 @@ def make_engine(url: str, busy_timeout: float, readonly: bool = False):
         kwargs["connect_args"] = (
             {"timeout": t} if u.get_driver_name() == "pg8000" else
             {"connect_timeout": max(1, int(round(t))),
-             "options": f"-c statement_timeout={int(t * 1000)}"})
+             "options": f"-c statement_timeout={int(t * 1000)}",
+             # libpq's client side: a connection gone half-open is found in about the timeout
+             # plus 6 s, not after the kernel's two hours (the server's statement_timeout
+             # cannot tell); libpq >= 9.0 knows these
+             "keepalives": 1, "keepalives_idle": max(1, int(t)), "keepalives_interval": 2,
+             "keepalives_count": 3})
     try:
         return create_engine(u, **kwargs)
     except ModuleNotFoundError as e:

@@ -335,7 +335,12 @@ def _remove_own(pidf: str) -> None:
 
 
 def _is_probe(pid: int) -> bool:
+    """Whether pid is a root probe: its command line says so, and root owns it (any process
+    can set its own command line: a user's reusing a dead probe's pid took root's SIGTERM and
+    held the Epilog its full wait)."""
     try:
+        if os.stat(f"/proc/{pid}").st_uid != 0:
+            return False
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read()
     except OSError:
