@@ -254,11 +254,7 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
     last_check = {"t": start, "answered": start}
 
     def still_mine() -> bool:
-        try:
-            with open(pidf) as f:
-                return f.read().split()[0] == str(os.getpid())
-        except (OSError, IndexError):
-            return False
+        return _owner_pid(pidf) == os.getpid()
 
     def stop() -> bool:
         if stopping["flag"] or not still_mine():
@@ -317,21 +313,25 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
             f": {r['samples']} samples, util mean {r['util_mean']} max {r['util_max']}, "
             f"peak {r['mem_peak_mib']} MiB")
     finally:
-        if still_mine():
-            try:
-                os.unlink(pidf)
-            except OSError:
-                pass
+        _remove_own(pidf)
+
+
+def _owner_pid(pidf: str) -> int | None:
+    """The pid a probe pid file names (None: none, or unreadable)."""
+    try:
+        with open(pidf) as f:
+            return int(f.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _remove_own(pidf: str) -> None:
     """Remove the pid file if it is still this process's (an Epilog may have taken it)."""
-    try:
-        with open(pidf) as f:
-            if f.read().split()[0] == str(os.getpid()):
-                os.unlink(pidf)
-    except (OSError, IndexError):
-        pass
+    if _owner_pid(pidf) == os.getpid():
+        try:
+            os.unlink(pidf)
+        except OSError:
+            pass
 
 
 def _is_probe(pid: int) -> bool:

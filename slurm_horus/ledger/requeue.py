@@ -323,9 +323,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                 and _job_id(rec) is not None and gtype):
             # the pressure that packed it is no reason to keep a job that waits for no GPU on
             # shards: its own request back
-            whole, fallback = _whole_gpu(gtype, tres, per_gpu)
-            out.append(Action(_job_id(rec), "spread", whole,
-                              f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}", fallback))
+            out.append(_spread(_job_id(rec), gtype, tres, per_gpu))
     for gtype, recs in _pending_by_type(jobs, free).items():
         short = len(recs) - free[gtype]  # pending jobs the idle GPUs leave without one
         to_pack = short
@@ -348,11 +346,15 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                                   f"{QUEUE_TOKEN};action=pack;from=gpu:1", features=pin))
             elif (short <= 0 and _shards(tres) is not None
                   and (last == "pack" or (last is None and _hook_pressed(rec)))):
-                whole, fallback = _whole_gpu(gtype, tres, per_gpu)
-                out.append(Action(jid, "spread", whole,
-                                  f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}",
-                                  fallback))
+                out.append(_spread(jid, gtype, tres, per_gpu))
     return out
+
+
+def _spread(jid: int, gtype: str, tres: str | None, per_gpu: dict[str, int]) -> Action:
+    """Give a job the loop packed its whole GPU (of its type) back."""
+    whole, fallback = _whole_gpu(gtype, tres, per_gpu)
+    return Action(jid, "spread", whole, f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}",
+                  fallback)
 
 
 def _pack_size(mem_shards: int | None, pack_shards: int, per_gpu: int) -> int | None:
