@@ -8,6 +8,7 @@ check protects is said where it is made.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import stat
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
-from slurm_horus.textfile import read_text
+from slurm_horus.textfile import open_for_reading, read_text
 
 # Slurm versions the test suite runs on (tests/cluster/up); shards exist from 22.05.
 TESTED = ("22.05", "25.11")
@@ -130,21 +131,30 @@ def check_slurm_conf(conf: SlurmConf) -> list[Problem]:
 
 
 def _runs(value: str | None, script: str, conf_dir: Path) -> bool:
-    """Whether a Prolog/Epilog setting (a comma list of paths) is ``script`` or a file that
-    calls it."""
+    """Whether a Prolog/Epilog setting (a comma list of paths or globs, as slurmd takes them)
+    is ``script`` or a file that calls it."""
     for item in (value or "").split(","):
         item = item.strip()
         if not item:
             continue
-        path = Path(item) if os.path.isabs(item) else conf_dir / item
-        if path.name == script:
-            return True
-        try:
-            if script in path.read_text(errors="replace"):
+        pattern = item if os.path.isabs(item) else str(conf_dir / item)
+        paths = [Path(p) for p in sorted(glob.glob(pattern))] if glob.has_magic(pattern) else [Path(pattern)]
+        for path in paths:
+            if path.name == script or script in (_small_text(path) or ""):
                 return True
-        except OSError:
-            continue
     return False
+
+
+def _small_text(path: Path, limit: int = 4 * 2**20) -> str | None:
+    """The first ``limit`` bytes of a regular file as text (odd bytes replaced); None for a
+    FIFO, a device, a folder or a file that cannot be read (doctor must not wait on any)."""
+    try:
+        with open_for_reading(path) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
 
 
 def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, type_via: str,
@@ -252,11 +262,7 @@ def check_regular_files(paths: dict[str, str | Path | None]) -> list[Problem]:
 def _hook_code(hook: Path) -> str | None:
     """The hook's source (its first 4 MiB: the shipped one is a few tens of kB); None when it
     cannot be read."""
-    try:
-        with open(hook, "rb") as f:
-            return f.read(4 * 2**20).decode("utf-8", "replace")
-    except OSError:
-        return None
+    return _small_text(hook)
 
 
 def _is_horus_hook(code: str) -> bool:
@@ -459,10 +465,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     path = Path(slurm_conf)
     conf = read_slurm_conf(path)
     gres_path = path.parent / "gres.conf"
-    try:
-        gres_conf = gres_path.read_text()
-    except OSError:
-        gres_conf = None
+    gres_conf = _small_text(gres_path)
     pol = policy_file(policy, hook_path=path.parent / "job_submit.lua")
     out = check_version(version_text) + check_slurm_conf(conf)
     unreadable = check_regular_files({"the hook": path.parent / "job_submit.lua", "the policy": pol})
@@ -480,9 +483,13 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}
     declared = set(re.split(r"[,\s]+", policy_value("type_features", "", pol) or "")) - {""}
     out += check_nodes(conf, gres_conf, spg, type_via, mem_types, declared)
-    out += check_regular_files({"the claim record (record_file)":
-                                policy_value("record_file", "/var/lib/slurm-horus/record", pol),
-                                "the pressure file (pressure_file)": policy_value("pressure_file", "", pol)})
+    hook_files = {"the claim record (record_file)":
+                  policy_value("record_file", "/var/lib/slurm-horus/record", pol),
+                  "the pressure file (pressure_file)": policy_value("pressure_file", "", pol)}
+    out += check_regular_files(hook_files)
+    for what, p in hook_files.items():  # the hook believes them: whoever writes them sets policy
+        if p:
+            out += _trusted(Path(p), what) + _trusted(Path(p).parent, f"the folder of {what}")
     out += check_pressure_keys(pol) + check_slowdown_bound(pol)
     out += check_pack_heavy(conf, pol, parse_version(version_text or ""))
     out += check_ledger(ledger_url or default_url())

@@ -193,3 +193,32 @@ def test_a_registry_state_with_odd_history_entries_is_refused_in_one_line(tmp_pa
     (tmp_path / "current.json").write_text(json.dumps({"serving": "v0001", "history": [5]}))
     r = CliRunner().invoke(admin, ["models", "rollback", "--model-dir", str(tmp_path)])
     assert r.exit_code != 0 and "not a registry state file" in r.output and "internal" not in r.output, r.output
+
+
+def test_a_model_path_that_is_no_file_neither_imports_nor_hangs_the_history_export(tmp_path):
+    """A row with features and model=/dev/zero (or a FIFO) was imported, and every later
+    history export, so every retrain and sync, hashed it for ever."""
+    from slurm_horus.cli.admin_ledger import import_
+    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+    from slurm_horus.ledger.history_export import export_history
+    from slurm_horus.predict.registry import Registry
+
+    feats = json.dumps({n: 1.0 for n in FEATURE_NAMES}).replace('"', '""')
+    src = tmp_path / "m.csv"
+    src.write_text("gpu_type,util_pct,mem_mib,batch_size,cold_util_pct,cold_mem_mib,model,features\n"
+                   f'a100,40,3000,8,40,3000,/dev/zero,"{feats}"\n')
+    r = CliRunner().invoke(import_, [str(src), "--ledger", f"sqlite:///{tmp_path}/l.db"])
+    assert r.exit_code != 0 and "/dev/zero: not a regular file" in r.output, r.output
+    # a row an older version let in: the export skips the file and finishes
+    os.mkfifo(tmp_path / "fifo")
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    for jid, path in ((1, "/dev/zero"), (2, str(tmp_path / "fifo"))):
+        L.record_submission(job_id=jid, cluster="c", user="alice", model_path=path,
+                            features={n: 1.0 for n in FEATURE_NAMES}, feature_version=FEATURE_VERSION,
+                            workload={"batch_size": 8, "task": "train"},
+                            predictions={"a100-40gb": {"util_pct": 40.0, "mem_mib": 3000.0}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=40.0, mem_peak_mib=3000.0,
+                       gpu_index=0, state="COMPLETED", elapsed_s=600, node="n1", gpu_type="a100-40gb",
+                       start_time=1700000000, end_time=1700000600)
+    out = export_history(L, Registry(tmp_path / "models"))
+    assert out["graphs"] == 0  # no graph known by its sha: nothing to answer for

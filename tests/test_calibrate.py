@@ -76,7 +76,8 @@ class FakeRunner:
                                mem_peak_mib=(summary["mem_peak_mib"] or 0) + run.batch_size,
                                torch_max_alloc_mib=1000.0 + run.batch_size,
                                torch_max_reserved_mib=1500.0, steps=10, seconds=seconds,
-                               samples=summary["samples"])
+                               samples=summary["samples"],
+                               util_source=summary.get("util_source", "process"))
 
     def export(self, model, cache_dir):
         self.exports.append(model)
@@ -183,6 +184,75 @@ def test_no_utilization_samples_is_not_written(tmp_path):
     res = calibrate(FakeRunner(), plan(["small_cnn"], [8], ["infer"]), out,
                         sampler_factory=Blind)
     assert not res.done and "no utilization" in res.failed[0][1] and rows(out) == []
+
+
+def test_a_failed_measurement_costs_its_run_only(tmp_path):
+    # a cuDNN or CUDA error (not torch's OutOfMemoryError) had ended the whole calibration
+    class Flaky(FakeRunner):
+        def measure(self, run, sampler, seconds):
+            if run.model == "other_cnn":
+                raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+            return super().measure(run, sampler, seconds)
+
+    res = calibrate(Flaky(), plan(["other_cnn", "small_cnn"], [8], ["train"]), tmp_path / "c.csv",
+                    sampler_factory=FakeSampler)
+    assert [r["calib_id"] for r in rows(tmp_path / "c.csv")] == res.done and len(res.done) == 1
+    assert res.failed[0][1] == "measure: RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def test_a_run_another_process_shared_the_gpu_with_gives_no_row(tmp_path):
+    class Shared(FakeSampler):
+        def stop(self):
+            return {**super().stop(), "util_source": "shared"}
+
+    res = calibrate(FakeRunner(), plan(["small_cnn"], [8], ["infer"]), tmp_path / "c.csv",
+                    sampler_factory=Shared)
+    assert not res.done and "another process" in res.failed[0][1] and rows(tmp_path / "c.csv") == []
+
+
+def test_resume_with_a_ledger_imports_rows_written_before(tmp_path):
+    # a row is on disk before its import: an import that failed (or an interrupt between the
+    # two) left it out of the ledger for good, --resume counting it done
+    out, runs = tmp_path / "c.csv", plan(["small_cnn"], [8, 32], ["train"])
+    calibrate(FakeRunner(fail_after=1), runs[:1], out, sampler_factory=FakeSampler)
+    L = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    res = calibrate(FakeRunner(), runs, out, sampler_factory=FakeSampler, resume=True, ledger=L)
+    assert len(res.skipped) == 1 and len(res.done) == 1 and L.count("usage") == 2
+
+
+def test_a_row_cut_inside_its_features_is_measured_again_and_keeps_the_next(tmp_path):
+    out, runs = tmp_path / "c.csv", plan(["small_cnn"], [8, 32], ["train"])
+    calibrate(FakeRunner(), runs, out, sampler_factory=FakeSampler)
+    text = out.read_text()
+    last = text.rstrip("\n").rsplit("\n", 1)[1]
+    cut = text[:len(text) - len(last) - 1 + last.index('"batch_size"') + 3]  # inside the quote
+    out.write_text(cut)
+    again = FakeRunner()
+    res = calibrate(again, runs, out, sampler_factory=FakeSampler, resume=True)
+    assert [r.batch_size for r in again.measured] == [32] and len(res.skipped) == 1
+    assert sorted(r["batch_size"] for r in rows(out)) == ["32", "8"]
+    L = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    import_csv(L, str(out))
+    assert L.count("usage") == 2
+
+
+def test_nvml_that_cannot_start_leaves_no_csv(tmp_path):
+    def broken():
+        raise OSError("NVML Shared Library Not Found")
+
+    with pytest.raises(HorusError, match="NVML cannot sample the GPU .OSError: NVML Shared"):
+        calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train"]), tmp_path / "c.csv",
+                  sampler_factory=broken)
+    assert not (tmp_path / "c.csv").exists()
+
+
+def test_an_export_cache_others_can_write_is_refused(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.chmod(cache, 0o777)
+    with pytest.raises(HorusError, match="only you can write"):
+        calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train"]), tmp_path / "c.csv",
+                  sampler_factory=FakeSampler, cache_dir=cache)
 
 
 def test_gpu_type_from_device_name():
@@ -305,13 +375,16 @@ class FakeNvml:
     """A GPU stand-in (no GPU here) for the ledger's NvmlSampler: this process's figures are
     `process`, the whole device's (77 %, 5000 MiB)."""
 
-    def __init__(self, process):
+    def __init__(self, process, others=()):
         self.process, self.last_ts = process, {"gpu0": 0}
-        self.pids, self.closed = [], False
+        self.pids, self.closed, self.others = [], False, set(others)
 
     def sample(self, pids):
         self.pids.append(pids)
         return self.process
+
+    def processes(self):
+        return self.others | ({os.getpid()} if self.process[1] else set())
 
     def device_use(self):
         return 77.0, 5000.0
@@ -320,10 +393,15 @@ class FakeNvml:
         self.closed = True
 
 
-@pytest.mark.parametrize("process,want", [((40.0, 1200.0), (40.0, 1200.0, "process")),
-                                          ((None, 0.0), (77.0, 5000.0, "device"))])
-def test_background_sampler_process_or_device_figures(process, want):
-    nvml = FakeNvml(process)
+@pytest.mark.parametrize("process,others,want", [
+    ((40.0, 1200.0), (), (40.0, 1200.0, "process")),
+    ((None, 0.0), (), (77.0, 5000.0, "device")),
+    ((None, 0.0), (4242,), (77.0, 5000.0, "device")),  # the one process may be this one
+    # another process on the GPU: its figures are not this run's alone (no row is written)
+    ((40.0, 1200.0), (4242,), (40.0, 1200.0, "shared")),
+    ((None, 0.0), (4242, 4343), (77.0, 5000.0, "shared"))])
+def test_background_sampler_process_or_device_figures(process, others, want):
+    nvml = FakeNvml(process, others)
     s = BackgroundSampler(nvml, interval=0.01)
     s.start()
     assert nvml.last_ts["gpu0"] > 0  # utilization samples from before start() are not counted

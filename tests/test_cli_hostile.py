@@ -76,18 +76,18 @@ def test_without_a_batch_size_a_sequence_length_is_no_batch():
 
 
 def test_calibrate_output_must_be_a_regular_file(tmp_path):
-    from slurm_horus.calibrate.rows import CsvAppender, done_ids
+    from slurm_horus.calibrate.rows import CsvAppender, complete_rows
 
     fifo = tmp_path / "out.csv"
     os.mkfifo(fifo)
     with pytest.raises(HorusError, match="not a regular file"):
-        done_ids(fifo)
+        complete_rows(fifo)
     with pytest.raises(HorusError, match="not a regular file"):
         CsvAppender(fifo)
     bad = tmp_path / "bad.csv"
     bad.write_bytes(b"calib_id,mem_mib\n\xff\xfe,1\n")
     with pytest.raises(HorusError, match="not a calibrate CSV"):
-        done_ids(bad)
+        complete_rows(bad)
 
 
 def test_calibrate_plans_each_run_once():

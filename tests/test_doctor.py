@@ -321,3 +321,38 @@ def test_a_policy_key_the_installed_hook_does_not_know_is_reported(tmp_path):
     old.write_text((repo / "etc" / "job_submit.lua").read_text().replace("pack_heavy", "pack_hvy"))
     (problem,) = check_policy_known_to_hook(pol, old)
     assert "pack_heavy is unknown to the installed hook" in problem.what
+
+
+def test_prolog_globs_fifos_odd_bytes_and_files_others_write(site, tmp_path):
+    """A glob Prolog (slurmd takes them) is read through, a FIFO Epilog does not hold the
+    doctor, a byte of Latin-1 in gres.conf is no internal error, and a pressure file any user
+    can write (the hook believes it: it turns packing on) is a problem."""
+    import threading
+
+    prolog_d = tmp_path / "prolog.d"
+    prolog_d.mkdir()
+    wrapper = re.search(r"^Prolog=(\S+)", (site / "slurm.conf").read_text(), re.M).group(1)
+    shutil.copy(wrapper, prolog_d / "50-horus")
+    fifo = tmp_path / "epilog-fifo"
+    os.mkfifo(fifo)
+    edit(site / "slurm.conf", r"^Prolog=\S+", f"Prolog={prolog_d}/*")
+    edit(site / "slurm.conf", r"^Epilog=\S+", f"Epilog={fifo}")
+    with open(site / "gres.conf", "ab") as f:
+        f.write(b"# caf\xe9\n")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / "pressure").write_text("")
+    os.chmod(shared / "pressure", 0o666)
+    edit(site / "horus_policy.conf", r"^pressure_file\s*=.*$", f"pressure_file = {shared}/pressure")
+    found = []
+    t = threading.Thread(target=lambda: found.extend(problems(site)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    whats = [p.what for p in found]
+    assert not any(w.startswith("Prolog") for w in whats), whats
+    assert any(w.startswith("Epilog does not run horus-epilog") for w in whats), whats
+    assert any(w.startswith(f"the pressure file (pressure_file) {shared}/pressure is writable") for w in whats)
+    assert any(w.startswith(f"the folder of the pressure file (pressure_file) {shared} is writable")
+               for w in whats), whats

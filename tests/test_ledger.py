@@ -499,9 +499,8 @@ def test_user_extracts(tmp_path):
     assert res == {"written": 1, "skipped": ["no-such-user-xyz"]}
     ext = tmp_path / "users" / f"{me.pw_name}.db"
     st = ext.stat()
-    assert st.st_mode & 0o777 == 0o640 and st.st_gid == me.pw_gid
-    if os.geteuid() == 0:
-        assert st.st_uid == 0
+    # the user's alone: a shared primary group must not read it
+    assert st.st_mode & 0o777 == 0o400 and st.st_uid == me.pw_uid
     assert [j["job_id"] for j in Ledger(f"sqlite:///{ext}", readonly=True).jobs()] == [1]
     assert not [p for p in (tmp_path / "users").iterdir() if p.name.startswith(".")]
 
@@ -598,7 +597,7 @@ def test_mariadb_ledger():
 
 
 def test_text_longer_than_its_column_is_cut_to_it(tmp_path):
-    # SQLite keeps any length, MariaDB and PostgreSQL refuse the batch (test_mariadb_ledger)
+    # SQLite keeps any length, MariaDB refuses the batch (test_mariadb_ledger)
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     nodes = "gpu-a100-[" + ",".join(f"{i:03d}" for i in range(1, 80, 2)) + "]"
     L.record_usage(job_id=2, cluster="m", source="sacct", util_mean=60, node=nodes, state="COMPLETED")
@@ -705,3 +704,10 @@ def test_no_memory_and_no_utilization_is_a_failed_measurement():
     assert failed_measurement(None, 0.0) == 1 and failed_measurement(0.0, 300.0) == 1
     assert failed_measurement(None, 300.0) == 0 and failed_measurement(None, None) is None
     assert failed_measurement(5.0, 0.0) == 0
+
+
+@pytest.mark.parametrize("url", ["postgresql://u@localhost/horus", "oracle://u@localhost/horus"])
+def test_a_server_the_schema_is_not_written_for_is_refused_in_one_line(url):
+    # sql/schema.sql quotes `usage` as SQLite and MariaDB do: PostgreSQL failed at the first CREATE
+    with pytest.raises(HorusError, match="is not supported"):
+        Ledger(url)

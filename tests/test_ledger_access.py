@@ -236,3 +236,36 @@ def test_a_ledger_whose_folder_is_read_only_is_not_writable(ordinary_user):
     r = _as(user, py, "-c", check)
     assert r.returncode == 0, r.stderr
     assert Ledger(url).count("predictor_versions") == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files away")
+@pytest.mark.parametrize("private", ["jobs", "none", None])
+def test_publish_keeps_the_record_and_ledger_to_whom_slurm_shows_jobs(tmp_path, monkeypatch, private):
+    """Where PrivateData hides jobs the record (it names under-claimers) is SlurmUser's group's
+    and the ledger root's; where Slurm cannot say, the record keeps the mode it had."""
+    from slurm_horus.ledger.publish import publish
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "scontrol"
+    script.write_text("#!/bin/sh\nexit 1\n" if private is None else
+                      f"#!/bin/sh\necho 'PrivateData = {private}'\necho 'SlurmUser = daemon(1)'\n")
+    os.chmod(script, 0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    record = tmp_path / "record"
+    (tmp_path / "policy.conf").write_text(f"record_file = {record}\n")
+    record.write_text("old\n")
+    os.chmod(record, 0o600)
+    url = _site_ledger(tmp_path / "s", "daemon")
+    db = tmp_path / "s" / "lib" / "ledger.db"
+    out = publish(Ledger(url), policy=str(tmp_path / "policy.conf"))
+    st = record.stat()
+    if private == "jobs":
+        assert (st.st_mode & 0o777, st.st_gid) == (0o640, pwd.getpwnam("daemon").pw_gid)
+        assert db.stat().st_mode & 0o777 == 0o640 and out["extracts"] == 1
+    elif private == "none":
+        assert st.st_mode & 0o777 == 0o644 and db.stat().st_mode & 0o777 == 0o644
+    else:
+        assert st.st_mode & 0o777 == 0o600 and out["extracts"] is None
+    assert record.read_text().startswith("# slurm-horus claim record")

@@ -530,3 +530,24 @@ def con_rows(db, query):
         return con.execute(query).fetchall()
     finally:
         con.close()
+
+
+def test_a_retrain_the_ledger_fails_to_record_serves_nothing_new(tmp_path, monkeypatch):
+    """A sync holding the ledger's lock past the timeout made the record fail after the model
+    was promoted: the admin saw a failed retrain while it served, unknown to the ledger."""
+    import sqlalchemy.exc
+    from slurm_horus.cli.admin_ledger import import_, retrain
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    src = tmp_path / "m.csv"
+    write_csv(src)
+    assert CliRunner().invoke(import_, [str(src), "--ledger", url]).exit_code == 0
+
+    def locked(*a, **k):
+        raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(Ledger, "record_predictor_version", locked)
+    reg = tmp_path / "models"
+    r = CliRunner().invoke(retrain, ["--ledger", url, "--model-dir", str(reg), "--max-iter", "40", "--force"])
+    assert r.exit_code != 0 and "locked" in r.output, r.output
+    assert Registry(reg).serving() is None and not (reg / "calibration.json").exists()

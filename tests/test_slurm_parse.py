@@ -191,3 +191,10 @@ def test_squeue_json_says_why_a_job_waits_and_its_state_flags():
     assert held and all(r["Priority"] == "0" for r in held)
     assert all(r["_flags"] == "" and r["_het"] is None for r in recs.values())
     assert all(isinstance(r["_submit"], int) for r in recs.values())
+
+
+def test_show_config_slurm_user_and_private_data():
+    conf = sp.parse_scontrol_config(out("scontrol_show_config"))
+    assert sp.config_user_id(conf["SlurmUser"]) == 0  # the test cluster's daemons run as root
+    assert conf["PrivateData"] == "none"
+    assert sp.config_user_id("slurm(64030)") == 64030 and sp.config_user_id("slurm") is None

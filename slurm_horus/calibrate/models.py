@@ -8,11 +8,13 @@ never when this module is imported (calibrate's orchestration and tests run with
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from slurm_horus.calibrate.export import decorrelate, export_weightless
+from slurm_horus.errors import HorusError
 
 
 @dataclass
@@ -214,6 +216,19 @@ def example_input(spec: ModelSpec, batch: int, device=None):
     if spec.kind == "vector":
         return torch.randn(batch, spec.size, device=device)
     return torch.randint(0, spec.vocab, (batch, spec.size), device=device)
+
+
+def trusted_cache(cache_dir: str | Path) -> None:
+    """HorusError unless the export cache is this user's alone (or not there yet): a graph
+    found there is taken as exported, and its features go into the rows root imports."""
+    path = Path(cache_dir)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    if not path.is_dir() or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise HorusError(f"ONNX cache {path}: not a folder of yours that only you can write; "
+                         "pass --cache-dir")
 
 
 def export_spec(spec: ModelSpec, cache_dir: str | Path) -> Path:

@@ -1,6 +1,7 @@
-"""The calibration loop: measure every planned run not yet done, export its model once, and
+"""The calibration loop: export each model once, measure every planned run not yet done, and
 write its row; a run that runs out of memory skips the larger batches of its model and task, a
-failed export only that model's rows."""
+failed export or measurement only that run's row, and a run another process shared the GPU
+with gives none."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from slurm_horus.calibrate.models import trusted_cache
 from slurm_horus.calibrate.plan import OutOfMemory, Run, Runner, Sampler, run_id
-from slurm_horus.calibrate.rows import CsvAppender, done_ids, import_row, make_row
+from slurm_horus.calibrate.rows import CsvAppender, complete_rows, drop_cut_row, import_row, make_row
 from slurm_horus.errors import HorusError
 from slurm_horus.progress import Progress
 
@@ -33,20 +35,36 @@ def calibrate(runner: Runner, runs: list[Run], out: str | os.PathLike, *,
     out = Path(out)
     cache = Path(cache_dir) if cache_dir else out.parent / "horus-calibrate-onnx"
     specs = specs if specs is not None else getattr(runner, "specs", {})
-    done = done_ids(out) if resume else set()
     if not resume and out.exists() and out.stat().st_size > 0:
         raise HorusError(f"{out} exists: pass --resume to continue it, or choose another --out")
+    trusted_cache(cache)
+    if resume:
+        drop_cut_row(out)  # a row a crash cut is measured again
+    rows = complete_rows(out) if resume else []
+    done = {r["calib_id"] for r in rows}
+    if ledger is not None:
+        for row in rows:  # written before an import that failed or was interrupted
+            import_row(ledger, row)
     res = Result()
     todo = []
     for r in runs:
         rid = run_id(r.model, r.batch_size, r.task, runner.gpu_type)
         (res.skipped if rid in done else todo).append(rid if rid in done else r)
-    writer = CsvAppender(out)
+    try:
+        sampler = sampler_factory()  # before the CSV: a GPU NVML cannot sample leaves no file
+    except HorusError:
+        raise
+    except Exception as e:
+        raise HorusError(f"NVML cannot sample the GPU ({type(e).__name__}: {_first_line(e)})") from None
+    try:
+        writer = CsvAppender(out)
+    except BaseException:
+        getattr(sampler, "close", lambda: None)()
+        raise
     oom_at: dict = {}  # (model, task) -> smallest batch that ran out of memory
     torch_version = getattr(getattr(runner, "torch", None), "__version__", "")
     try:
         with Progress("calibrate", len(todo), enabled=progress) as bar:
-            sampler = sampler_factory()
             try:
                 for r in todo:
                     label = f"{r.model} b{r.batch_size} {r.task}"
@@ -89,20 +107,33 @@ def _one(runner: Runner, r: Run, sampler: Sampler, seconds: float, cache: Path, 
     if limit is not None and r.batch_size >= limit:
         raise _Failed(f"skipped: batch {limit} ran out of memory", "skipped (out of memory)")
     try:
+        onnx_path = runner.export(r.model, cache)  # first: a model that cannot export is not run
+    except Exception as e:
+        raise _Failed(f"export: {type(e).__name__}: {_first_line(e)}",
+                      f"export failed ({type(e).__name__})") from None
+    try:
         m = runner.measure(r, sampler, seconds)
     except OutOfMemory as e:
         oom_at[(r.model, r.task)] = r.batch_size
         raise _Failed(f"out of memory ({e})"[:200], "out of memory") from None
+    except Exception as e:  # a CUDA or build error: this run only
+        raise _Failed(f"measure: {type(e).__name__}: {_first_line(e)}",
+                      f"measurement failed ({type(e).__name__})") from None
     if m.util_mean is None:
         raise _Failed("the sampler got no utilization samples",
                       "no utilization samples (NVML); not written")
+    if m.util_source == "shared":
+        raise _Failed("another process computed on the GPU during the run",
+                      "GPU shared with another process; not written")
     try:
-        onnx_path = runner.export(r.model, cache)
         row = make_row(r, runner.gpu_type, m, onnx_path,
                        family=getattr(spec, "family", "") or "",
                        dims=getattr(spec, "dims", None), torch_version=torch_version)
-    except Exception as e:  # export / graph stage: this model only
-        msg = (str(e).strip().splitlines() or [""])[0][:200]
-        raise _Failed(f"export/features: {type(e).__name__}: {msg}",
-                      f"export/features failed ({type(e).__name__})") from None
+    except Exception as e:  # the graph stage: this model only
+        raise _Failed(f"features: {type(e).__name__}: {_first_line(e)}",
+                      f"features failed ({type(e).__name__})") from None
     return row, m.steps
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]

@@ -34,21 +34,32 @@ def _regular(path: Path) -> bool:
     return True
 
 
-def done_ids(path: Path) -> set[str]:
-    """calib_id of every complete row already in the CSV."""
+def complete_rows(path: Path) -> list[dict]:
+    """Every complete row already in the CSV (a calib_id and a measured memory)."""
     if not _regular(path):
-        return set()
+        return []
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             if reader.fieldnames is None:
-                return set()
+                return []
             if "calib_id" not in reader.fieldnames:
                 raise HorusError(f"{path}: not a calibrate CSV (no calib_id column); "
                                  "choose another --out")
-            return {r["calib_id"] for r in reader if r.get("calib_id") and r.get("mem_mib")}
+            return [r for r in reader if r.get("calib_id") and r.get("mem_mib")]
     except (csv.Error, UnicodeDecodeError) as e:
         raise HorusError(f"{path}: not a calibrate CSV ({type(e).__name__}: {str(e)[:100]})") from None
+
+
+def drop_cut_row(path: Path) -> None:
+    """Drop a last row a crash cut (no newline at its end): its run is measured again. Ending
+    it with a newline instead left an open quote that swallowed the next row."""
+    if not _regular(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 class CsvAppender:
@@ -64,19 +75,11 @@ class CsvAppender:
             if header != list(CSV_COLUMNS):
                 raise HorusError(f"{self.path}: exists with other columns; use another --out "
                                  "or move it away")
-            self._fix_tail()
         self.f = open(self.path, "a", newline="")
         self.w = csv.DictWriter(self.f, fieldnames=CSV_COLUMNS)
         if new:
             self.w.writeheader()
             self.f.flush()
-
-    def _fix_tail(self):
-        """A row cut by a crash lacks its newline: end the file with one."""
-        with open(self.path, "rb+") as f:
-            f.seek(0, 2)
-            if f.tell() and (f.seek(-1, 2), f.read(1))[1] != b"\n":
-                f.write(b"\n")
 
     def append(self, row: dict) -> None:
         self.w.writerow(row)

@@ -5,7 +5,9 @@ The figures (SM utilization, memory held) are the one ``NvmlSampler`` of slurm_h
 and its ``Summary``, so calibrate and horus-probe measure the same thing. Where NVML cannot see
 this process (a container with its own PID namespace) each sample falls back to the whole
 device's utilization and used memory, and ``util_source`` says so; that is why calibrate should
-have its GPU to itself.
+have its GPU to itself: a run during which NVML saw another process computing on it (beside
+this one; any second one where this one is invisible) says ``util_source`` "shared", and gives
+no row.
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ class BackgroundSampler:
         while not self._stop.is_set():
             try:
                 util, mem = self.nvml.sample({self.pid})
+                others = self.nvml.processes() - {self.pid}
                 if not mem:  # this PID is invisible to NVML: use the device's figures
                     util, mem = self.nvml.device_use()
-                    self.source = "device"
+                    self.source = "device" if self.source != "shared" else "shared"
+                    others = others if len(others) > 1 else set()  # the one may be this process
+                if others:
+                    self.source = "shared"
                 self.summary.add(util, mem)
             except Exception:
                 pass  # one failed read is one sample fewer; no samples at all is reported

@@ -81,14 +81,29 @@ def gpu_type_of(name: str, override: str | None = None) -> str:
                      f"(known: {', '.join(cat.names())})")
 
 
+def _out_of_memory(message: str) -> bool:
+    """A RuntimeError that is an allocation failure by another name (cuBLAS, cuDNN)."""
+    return any(k in message for k in ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
+                                      "CUDNN_STATUS_ALLOC_FAILED"))
+
+
+def _release(torch) -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 class TorchRunner:
     """The real Runner: builds each model on one CUDA GPU and steps it while a sampler watches."""
 
     def __init__(self, device: str = "cuda:0", gpu_type: str | None = None, seed: int = 0):
         self.torch, self.device = require_torch_gpu(device)
         self.gpu_name = self.torch.cuda.get_device_name(self.device.index)
-        self.gpu_type = gpu_type_of(self.gpu_name, gpu_type)
         self.nvml_id = nvml_id(self.torch, self.device.index)
+        if self.nvml_id.startswith("MIG-") or " MIG " in f" {self.gpu_name} ":
+            raise HorusError(f"{self.gpu_name}: a MIG instance; NVML gives no utilization per "
+                             "instance, and a slice is not its whole GPU's type: calibrate on a "
+                             "whole GPU")
+        self.gpu_type = gpu_type_of(self.gpu_name, gpu_type)
         self.specs = model_specs()
         self.seed = seed
 
@@ -97,7 +112,9 @@ class TorchRunner:
         spec = self.specs[run.model]
         dev = self.device
         t.manual_seed(self.seed)
+        _release(t)  # what an earlier failed run's exception kept alive is gone by now
         model = opt = x = step = None
+        oom = None
         try:
             model = spec.build().to(dev)
             x = example_input(spec, run.batch_size, dev)
@@ -125,11 +142,19 @@ class TorchRunner:
             alloc = t.cuda.max_memory_allocated(dev) / 2**20
             reserved = t.cuda.max_memory_reserved(dev) / 2**20
         except t.cuda.OutOfMemoryError as e:
-            raise OutOfMemory(str(e).splitlines()[0] if str(e) else "CUDA out of memory") from None
+            oom = str(e).splitlines()[0] if str(e) else "CUDA out of memory"
+        except RuntimeError as e:
+            if not _out_of_memory(str(e)):
+                raise
+            oom = str(e).splitlines()[0]
         finally:
-            model = opt = x = step = None  # drop the references before emptying the cache
-            gc.collect()
-            t.cuda.empty_cache()
+            model = opt = x = step = None
+        # out of the except clause: its traceback held the frames that hold the model and its
+        # activations, and the cache emptied inside it kept them (the next row's peak was the
+        # whole GPU)
+        _release(t)
+        if oom is not None:
+            raise OutOfMemory(oom)
         return Measurement(util_mean=summary.get("util_mean"), util_max=summary.get("util_max"),
                            mem_peak_mib=summary.get("mem_peak_mib"), torch_max_alloc_mib=alloc,
                            torch_max_reserved_mib=reserved, steps=steps, seconds=elapsed,

@@ -31,7 +31,7 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
 
 @click.command("sync")
 @LEDGER
-@click.option("-S", "--since", help="Window start (default: the last sync, else 1 day ago).")
+@click.option("-S", "--since", help="Window start (default: 5 minutes before the last sync, else 1 day ago).")
 @click.option("-E", "--until", help="Window end (default now).")
 @click.option("--all", "all_jobs", is_flag=True,
               help="Also record GPU jobs whose comment carries no hint or workload token.")

@@ -2,7 +2,8 @@
 
 SQLite by default, opened with a rollback journal (so that users who may only read the file
 can) and ``BEGIN IMMEDIATE`` (writers queue on the busy timeout); MariaDB/MySQL via
-``mysql+pymysql://...``; PostgreSQL. Every server connection has connect and read timeouts
+``mysql+pymysql://...`` (the schema's DDL is written for these two; other servers are refused).
+Every server connection has connect and read timeouts
 (``db_timeout``): a server that accepts TCP and never answers must not hang a command.
 
 sqlalchemy is imported inside the functions: horus-probe imports this package in every job's
@@ -142,21 +143,13 @@ def make_engine(url: str, busy_timeout: float, readonly: bool = False):
             # instead of failing on a read-to-write upgrade.
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         return engine
+    if u.get_backend_name() not in ("mysql", "mariadb"):
+        raise HorusError(f"ledger: {u.get_backend_name()} is not supported (SQLite or "
+                         "MariaDB/MySQL: sql/schema.sql is written for those)")
     t = db_timeout()
-    kwargs: dict = {"pool_pre_ping": True}
-    if u.get_backend_name() in ("mysql", "mariadb"):
-        kwargs["connect_args"] = {"connect_timeout": max(1, int(round(t))), "read_timeout": t,
-                                  "write_timeout": t}
-    elif u.get_backend_name() == "postgresql":
-        kwargs["connect_args"] = (
-            {"timeout": t} if u.get_driver_name() == "pg8000" else
-            {"connect_timeout": max(1, int(round(t))),
-             "options": f"-c statement_timeout={int(t * 1000)}",
-             # libpq's client side: a connection gone half-open is found in about the timeout
-             # plus 6 s, not after the kernel's two hours (the server's statement_timeout
-             # cannot tell); libpq >= 9.0 knows these
-             "keepalives": 1, "keepalives_idle": max(1, int(t)), "keepalives_interval": 2,
-             "keepalives_count": 3})
+    kwargs: dict = {"pool_pre_ping": True,
+                    "connect_args": {"connect_timeout": max(1, int(round(t))), "read_timeout": t,
+                                     "write_timeout": t}}
     try:
         return create_engine(u, **kwargs)
     except ModuleNotFoundError as e:
@@ -192,8 +185,8 @@ def _readonly_sqlite(path: Path, busy_timeout: float):
 
 
 def _within_lengths(table, rows: list[dict]) -> list[dict]:
-    """The rows with each text cut to its column's length (VARCHAR(n)): MariaDB and PostgreSQL
-    refuse a longer one, and with it the whole batch (a sync then failed at every run on one
+    """The rows with each text cut to its column's length (VARCHAR(n)): MariaDB refuses a
+    longer one, and with it the whole batch (a sync then failed at every run on one
     multi-node job's node list), where SQLite keeps any length."""
     limits = {c.name: c.type.length for c in table.columns if getattr(c.type, "length", None)}
     out = []
@@ -204,7 +197,7 @@ def _within_lengths(table, rows: list[dict]) -> list[dict]:
 
 
 def upsert(conn, table, rows: list[dict], keys: tuple[str, ...]) -> None:
-    """INSERT ... ON CONFLICT/DUPLICATE KEY UPDATE for SQLite, MariaDB/MySQL and PostgreSQL:
+    """INSERT ... ON CONFLICT/DUPLICATE KEY UPDATE for SQLite and MariaDB/MySQL:
     writing a record twice replaces it, so replays and re-syncs count nothing twice."""
     if not rows:
         return
@@ -212,26 +205,17 @@ def upsert(conn, table, rows: list[dict], keys: tuple[str, ...]) -> None:
     name = conn.dialect.name
     cols = list(rows[0].keys())
     upd = [c for c in cols if c not in keys]
-    if name == "sqlite" or name == "postgresql":
-        if name == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:
-            from sqlalchemy.dialects.postgresql import insert
+    if name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+
         stmt = insert(table)
         stmt = (stmt.on_conflict_do_update(index_elements=list(keys),
                                            set_={c: stmt.excluded[c] for c in upd})
                 if upd else stmt.on_conflict_do_nothing(index_elements=list(keys)))
-    elif name in ("mysql", "mariadb"):
+    else:  # MariaDB/MySQL: the only servers make_engine opens
         from sqlalchemy.dialects.mysql import insert
 
         stmt = insert(table)
         stmt = stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in (upd or cols[:1])})
-    else:  # generic: delete + insert
-        from sqlalchemy import and_, delete
-
-        for r in rows:
-            conn.execute(delete(table).where(and_(*(table.c[k] == r[k] for k in keys))))
-        conn.execute(table.insert(), rows)
-        return
     for i in range(0, len(rows), 5000):
         conn.execute(stmt, rows[i:i + 5000])

@@ -46,9 +46,10 @@ def current_user() -> str:
 
 def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
     """Per-user SQLite extracts for sites where Slurm's PrivateData hides others' jobs:
-    ``<folder>/<user>.db``, the ledger schema with only that user's jobs rows, owned by root
-    and the user's primary group, mode 0640, each replaced atomically. Users unknown to this
-    host (no primary group) or with names that are not file names are skipped.
+    ``<folder>/<user>.db``, the ledger schema with only that user's jobs rows, owned by the
+    user, mode 0400 (a site's users often share one primary group, so a group-readable extract
+    showed everyone's jobs to everyone), each replaced atomically. Users unknown to this host
+    or with names that are not file names are skipped.
     Returns {"written": n, "skipped": [names]}."""
     from sqlalchemy import select
 
@@ -61,18 +62,19 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
     written, skipped = 0, []
     for user in users:
         try:
-            gid = pwd.getpwnam(user).pw_gid
+            uid, gid = pwd.getpwnam(user)[2:4]
         except KeyError:
-            gid = None
-        if gid is None or "/" in user or user.startswith("."):
+            uid = gid = None
+        if uid is None or "/" in user or user.startswith("."):
             skipped.append(user)
             continue
         tmp = folder / f".{user}.db.{os.getpid()}.tmp"
         tmp.unlink(missing_ok=True)  # left by a crashed run of this pid
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.fchown(fd, 0 if os.geteuid() == 0 else -1, gid)
-            os.fchmod(fd, 0o640)
+            if os.geteuid() == 0:
+                os.fchown(fd, uid, gid)
+            os.fchmod(fd, 0o400)
         finally:
             os.close(fd)
         try:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import stat
 
 from sqlalchemy import and_, func, select, tuple_
 
 from slurm_horus.errors import HorusError
+from slurm_horus.textfile import open_for_reading
 from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, FeatureReport
 from slurm_horus.ledger import tables
 from slurm_horus.ledger.training import ROW_ERRORS, completed_run, stored_cold
@@ -102,13 +105,16 @@ def _in_chunks(ledger, stmt, jobs, size: int = CHUNK_ROWS):
 
 
 def _file_sha(path: str | None, cache: dict) -> str | None:
-    """sha256 of a model file the admin can read (rows imported before shas were recorded)."""
+    """sha256 of a model file the admin can read (rows imported before shas were recorded);
+    None for anything but a regular file (a FIFO or /dev/zero had hung every export)."""
     if not path:
         return None
     if path not in cache:
         try:
             h = hashlib.sha256()
-            with open(path, "rb") as f:
+            with open_for_reading(path) as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise OSError("not a regular file")
                 while chunk := f.read(1 << 20):
                     h.update(chunk)
             cache[path] = h.hexdigest()
@@ -163,14 +169,25 @@ def _add_learned(runs: list[dict], inputs: list, learned: LearnedEstimator) -> N
             runs[i].update(base=learned.name, base_mem=float(mem[k]), base_util=float(util[k]))
 
 
-def build_history(ledger, learned=None) -> dict:
-    """The ledger's measurements as a history (plain JSON-able dict, see HistoryPredictor)."""
-    return HistoryPredictor().fit(ledger_runs(ledger, learned)).to_dict()
+def build_history(ledger, learned=None, pseudonyms=None) -> dict:
+    """The ledger's measurements as a history (plain JSON-able dict, see HistoryPredictor);
+    with ``pseudonyms`` (a callable: user names -> {name: pseudonym}) its users are named by
+    them, as history.json, which everyone reads, must."""
+    runs = ledger_runs(ledger, learned)
+    if pseudonyms is not None:
+        alias = pseudonyms(sorted({r["user"] for r in runs if r["user"]}))
+        for r in runs:
+            r["user"] = alias.get(r["user"])
+    history = HistoryPredictor().fit(runs).to_dict()
+    if pseudonyms is not None:
+        history["pseudonymous"] = True
+    return history
 
 
 def export_history(ledger, registry) -> dict:
-    """Build the history from the ledger and store it in the registry (history.json), with
-    offsets for the serving learned model when one loads. Returns a short summary."""
+    """Build the history from the ledger and store it in the registry (history.json, users
+    named by the registry's pseudonyms), with offsets for the serving learned model when one
+    loads. Returns a short summary."""
     learned = None
     version = registry.serving()
     if version:
@@ -178,7 +195,7 @@ def export_history(ledger, registry) -> dict:
             learned = LearnedEstimator(registry.load(version), version)
         except HorusError:
             learned = None  # offsets against the cold start still serve
-    history = build_history(ledger, learned)
+    history = build_history(ledger, learned, registry.pseudonyms)
     registry.save_history(history)
     return {"graphs": len(history["graphs"]),
             "runs": sum(len(v) for v in history["graphs"].values()),

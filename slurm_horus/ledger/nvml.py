@@ -62,6 +62,16 @@ class NvmlSampler:
                 pass
         return (min(util, 100.0 * len(self.handles)) if util is not None else None), mem
 
+    def processes(self) -> set[int]:
+        """The pids NVML lists as computing on the sampler's GPUs now (those it can see)."""
+        out: set[int] = set()
+        for h in self.handles:
+            try:
+                out.update(p.pid for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(h))
+            except self.nvml.NVMLError:
+                pass
+        return out
+
     def device_use(self) -> tuple[float, float]:
         """(utilization %, used MiB) of the whole first GPU, every process's: for a caller whose
         processes NVML cannot see (a container with its own PID namespace)."""

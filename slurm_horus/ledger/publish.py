@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import tempfile
 import time
 
@@ -44,8 +45,10 @@ def claim_record(rows: list[dict]) -> tuple[str, int, int]:
             sum(e[1] == 1 for e in entries))
 
 
-def write_atomically(path: str | os.PathLike, text: str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``text`` in one rename (readers see the old or the new file)."""
+def write_atomically(path: str | os.PathLike, text: str, mode: int = 0o644,
+                     gid: int | None = None) -> None:
+    """Replace ``path`` with ``text`` in one rename (readers see the old or the new file),
+    of ``mode`` and, given one, group ``gid``."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, mode=0o755, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".record-")
@@ -53,6 +56,8 @@ def write_atomically(path: str | os.PathLike, text: str, mode: int = 0o644) -> N
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
+            if gid is not None:
+                os.fchown(f.fileno(), -1, gid)
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -65,7 +70,9 @@ def write_atomically(path: str | os.PathLike, text: str, mode: int = 0o644) -> N
 def publish(ledger, *, policy: str | None = None, now: float | None = None) -> dict:
     """After a sync: the hook's record file (policy ``record_file``, counting under-claims over
     ``underclaim_window_days``) and, where Slurm keeps jobs private, each user's extract of a
-    SQLite ledger, with the main file closed to users (0640 root:root)."""
+    SQLite ledger. Where jobs are private the main file is root's alone (0640 root:root) and
+    the record, which names under-claimers, SlurmUser's group's (0640); where they are not,
+    the record is 0644; where Slurm cannot say, the record keeps its mode."""
     path = policy_value("record_file", "/var/lib/slurm-horus/record", policy)
     try:
         days = float(policy_value("underclaim_window_days", "30", policy))
@@ -73,13 +80,29 @@ def publish(ledger, *, policy: str | None = None, now: float | None = None) -> d
         days = 30.0
     text, users, accounts = claim_record(
         ledger.under_claims((now or time.time()) - days * 86400))
-    write_atomically(path, text)
+    private = slurm.private_jobs(unknown=None)
+    mode, gid = _record_mode(path, private)
+    write_atomically(path, text, mode, gid)
     out = {"record_file": path, "record_users": users, "record_accounts": accounts,
            "extracts": None}
     db = ledger.sqlite_path()
-    if db is not None and slurm.private_jobs(unknown=False):
+    if db is not None and private:
         out["extracts"] = write_user_extracts(ledger, db.parent / "users")["written"]
         if os.geteuid() == 0:
             os.chown(db, 0, 0)
         os.chmod(db, 0o640)
     return out
+
+
+def _record_mode(path: str, private: bool | None) -> tuple[int, int | None]:
+    """(mode, group) of the record file: see publish."""
+    if private:
+        gid = slurm.slurm_user_gid()
+        return (0o640, gid) if gid is not None and os.geteuid() == 0 else (0o644, None)
+    if private is None:
+        try:
+            st = os.stat(path)
+            return stat.S_IMODE(st.st_mode), st.st_gid
+        except OSError:
+            pass
+    return 0o644, None

@@ -20,6 +20,7 @@ import csv
 import hashlib
 import json
 import math
+import os
 from collections import Counter
 
 import numpy as np
@@ -198,10 +199,8 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
                        "baseline_metrics": old, "held_out_rows": int(len(held)),
                        "source": "horus-admin retrain"})
     version = registry.add(model)
-    registry.save_json(f"rows-{version}.json", {"version": 1, "keys": ts.keys})
+    registry.save_json(f"rows-{version}.json", {"version": 1, "keys": ts.keys}, mode=0o600)
     promoted = better or force
-    if promoted:
-        registry.promote(version)
     # calibration of what serves now: the cold start on every row; the learned model on rows
     # it did not train on (out-of-fold for the new one, unseen rows for a kept one)
     sources = {"cold-start": (list(range(n)), mem, cmem, util, cutil)}
@@ -210,14 +209,19 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     elif serving is not None and len(held):
         sources["learned"] = (held.tolist(), mem[held], base_mem, util[held], base_util)
     now_serving = version if promoted else serving_version
-    registry.save_json(CALIBRATION_FILE, {"version": CALIBRATION_VERSION, "model": now_serving,
-                                          "quantiles": calibrate(ts.gpu_types, sources)})
+    quantiles = calibrate(ts.gpu_types, sources)
+    # the ledger first: a retrain that fails there (a sync holding the lock past the timeout)
+    # has changed nothing that serves, where promoting first served a model the ledger never knew
     ledger.record_predictor_version(version, {"cv": cv, "held_out": new, "baseline": old,
                                               "baseline_version": baseline,
                                               "held_out_rows": int(len(held)),
                                               "score": new and score(new),
                                               "baseline_score": old and score(old),
                                               "forced": bool(force and not better)}, n, promoted)
+    if promoted:
+        registry.promote(version)
+    registry.save_json(CALIBRATION_FILE, {"version": CALIBRATION_VERSION, "model": now_serving,
+                                          "quantiles": quantiles})
     return {"version": version, "rows": n, "skipped": ts.skipped, "failed": ts.failed,
             "cv": cv, "cv_folds": folds, "held_out": new, "baseline": old, "held_out_rows": int(len(held)),
             "baseline_version": baseline, "better": better, "promoted": promoted}
@@ -297,6 +301,8 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                 bad = [n for n in FEATURE_NAMES if not _plain_number(values[n])]
                 if bad:  # one such row would stop every later retrain
                     raise HorusError(f"feature {bad[0]} is not a finite number >= 0")
+                if model and os.path.exists(model) and not os.path.isfile(model):  # export hashes it
+                    raise HorusError(f"model {model}: not a regular file")
             elif model:
                 key = (model, w.batch_size)
                 if key not in reports:

@@ -15,7 +15,7 @@ from slurm_horus.errors import HorusError
 from slurm_horus.graph.features import FeatureReport
 from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction, Workload
 from slurm_horus.predict.gpus import GPU
-from slurm_horus.predict.history import HistoryPredictor
+from slurm_horus.predict.history import HistoryPredictor, current_user
 from slurm_horus.predict.learned import LearnedEstimator
 from slurm_horus.predict.registry import CALIBRATION_FILE, Registry
 from slurm_horus.errors import CONTROL_CHARS
@@ -127,7 +127,10 @@ def _choose(registry: Registry) -> PredictorChoice:
         if stored is None:
             alone = " alone" if isinstance(base, ColdStartEstimator) and not warnings else ""
             return PredictorChoice(base, note + alone + " (no site history)", *warnings[:1])
-        history = HistoryPredictor.from_dict(stored, base=base, source=str(registry.root))
+        user = None  # a history of names (older exports): the reader's own name
+        if isinstance(stored, dict) and stored.get("pseudonymous") is True:
+            user = registry.pseudonym(current_user() or "") or ""  # "": none of its runs are ours
+        history = HistoryPredictor.from_dict(stored, base=base, user=user, source=str(registry.root))
         return PredictorChoice(history, note + f"; site history of {len(history.graphs)} "
                                "graph(s) first", *warnings[:1])
     except HorusError as e:

@@ -402,7 +402,7 @@ class HistoryPredictor:
         a = self.estimate(report.sha256, gpu.name, workload,
                           dims_key(report.bound_dims, workload.batch_size), c.mem_mib,
                           c.util_pct, family_of(report.model) if report.model else None,
-                          self.user or _current_user(),
+                          current_user() if self.user is None else self.user,
                           b.mem_mib, b.util_pct, b.predictor)
         base_p90 = b.mem_mib_p90 / b.mem_mib if b.mem_mib > 0 else 1.0
         if a.tier is None:
@@ -508,7 +508,7 @@ def _quantile(values: list[float], q: float) -> float:
     return v[lo] + (pos - lo) * (v[hi] - v[lo])
 
 
-def _current_user() -> str | None:
+def current_user() -> str | None:
     try:
         return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:

@@ -3,9 +3,14 @@
 Layout of the registry folder: `vNNNN.json` (one model each, never rewritten), `current.json`
 ({"serving": "vNNNN", "history": [...]}) which says which version serves, `history.json`
 (the site's measured runs and offsets, see history.py; rewritten by each export),
-`calibration.json` (the bounds' conformal quantiles, see retrain.py) and `rows-vNNNN.json` (the
-rows each version was trained on). Readers never see a
-half-written file: everything is written to a temporary file and renamed into place.
+`calibration.json` (the bounds' conformal quantiles, see retrain.py), `rows-vNNNN.json` (the
+rows each version was trained on; root's alone, 0600), `.pseudonym-key` (root's alone) and
+`users/<name>` (that user's pseudonym in history.json, readable by that user alone). Readers
+never see a half-written file: everything is written to a temporary file and renamed into place.
+Folders are made 0755 whatever the umask: a group-writable one would be refused by every reader.
+
+history.json names users by pseudonyms (an HMAC of the name under the registry's key), never by
+name: it is readable by all, and where Slurm keeps jobs private it must not say who ran what.
 
 The serving model answers for every user of a site, so the registry is read only where nobody
 but root (or the user reading it) can write: the folder, its parents (a sticky /tmp is fine)
@@ -15,9 +20,13 @@ and the files must be owned by root or the reader and not writable by group or o
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import json
 import os
+import pwd
 import re
+import secrets
 import stat
 import tempfile
 import time
@@ -32,6 +41,9 @@ DEFAULT_DIR = Path("/var/lib/slurm-horus/models")
 VERSION_RE = re.compile(r"v(\d{4,})")  # fullmatch only: with "$", "v0001\n" matched too
 HISTORY_FILE = "history.json"
 CALIBRATION_FILE = "calibration.json"
+USERS_DIR = "users"
+KEY_FILE = ".pseudonym-key"
+PSEUDONYM_RE = re.compile(r"u-[0-9a-f]{16}")
 
 
 def default_dir() -> Path:
@@ -109,6 +121,17 @@ class Registry:
         """history.json (fields checked by HistoryPredictor.from_dict)."""
         return self.load_json(HISTORY_FILE)
 
+    def pseudonym(self, user: str) -> str | None:
+        """``user``'s name in history.json, from users/<user> (None when there is none, or the
+        file is not one the registry wrote)."""
+        if not _plain_name(user):
+            return None
+        try:
+            text = self._read(self.root / USERS_DIR / user)[:64].decode("ascii").strip()
+        except (OSError, HorusError, UnicodeDecodeError):
+            return None
+        return text if PSEUDONYM_RE.fullmatch(text) else None
+
     def _read(self, path: Path) -> bytes:
         """A registry file's bytes, refused unless it and its folders are trusted (see above).
         The registry writes only regular files, so a symlink there is refused: it could serve
@@ -146,7 +169,7 @@ class Registry:
 
     def add(self, model: LearnedModel) -> str:
         """Store a new version (not serving yet); returns its name."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._make_root()
         while True:
             versions = self.versions()
             number = int(versions[-1][1:]) + 1 if versions else 1
@@ -182,16 +205,75 @@ class Registry:
                            "changed": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         return previous
 
-    def save_json(self, name: str, obj) -> None:
+    def save_json(self, name: str, obj, mode: int = 0o644) -> None:
         """Replace a registry JSON file atomically (readers see the old or the new file, whole)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.replace(self._write_temp(json.dumps(obj, separators=(",", ":"))), self.root / name)
+        self._make_root()
+        os.replace(self._write_temp(json.dumps(obj, separators=(",", ":")), mode), self.root / name)
+
+    def pseudonyms(self, users) -> dict[str, str]:
+        """{name: pseudonym} of ``users`` under the registry's key (made on first use, root's
+        alone), and for each user this host knows, users/<name> holding theirs, owned by them
+        and readable by them alone (rewritten only when it changed)."""
+        key = self._key()
+        out = {u: "u-" + hmac.new(key, u.encode(), hashlib.sha256).hexdigest()[:16] for u in users}
+        folder = self.root / USERS_DIR
+        _make_dir(folder)
+        for user, name in out.items():
+            try:
+                uid, gid = (pwd.getpwnam(user)[2:4]) if _plain_name(user) else (None, None)
+            except KeyError:
+                continue  # unknown here: no login of theirs can read it
+            if uid is None:
+                continue
+            path = folder / user
+            try:
+                st = path.lstat()
+                if (stat.S_ISREG(st.st_mode) and st.st_uid == (uid if os.geteuid() == 0 else st.st_uid)
+                        and stat.S_IMODE(st.st_mode) == 0o400
+                        and _head(path) == name):
+                    continue
+            except OSError:
+                pass
+            tmp = self._write_temp(name + "\n", 0o400, folder)
+            try:
+                if os.geteuid() == 0:
+                    os.chown(tmp, uid, gid)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        return out
+
+    def _key(self) -> bytes:
+        """The pseudonyms' key: 32 random bytes, made once, readable by root alone."""
+        path = self.root / KEY_FILE
+        self._make_root()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            key = self._read(path)
+            if len(key) != 32:
+                raise HorusError(f"{path}: not a key the registry wrote (remove it: the "
+                                 "pseudonyms change once)") from None
+            return key
+        key = secrets.token_bytes(32)
+        try:
+            os.write(fd, key)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return key
+
+    def _make_root(self) -> None:
+        for folder in reversed([self.root, *self.root.parents]):
+            if not folder.exists():
+                _make_dir(folder)
 
     def save_history(self, history: dict) -> None:
         self.save_json(HISTORY_FILE, history)
 
     def _write_state(self, state: dict) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._make_root()
         tmp = self._write_temp(json.dumps(state, indent=1))
         os.replace(tmp, self.root / "current.json")
 
@@ -199,16 +281,37 @@ class Registry:
         """HorusError unless a file can be written here (what every change of the registry
         does first): retrain asks before it trains, not after minutes of it."""
         try:
-            os.makedirs(self.root, exist_ok=True)
+            self._make_root()
             os.unlink(self._write_temp(""))
         except OSError as e:
             raise HorusError(f"model registry {self.root}: cannot write ({e.strerror or e})") from None
+        root = self.root.resolve()
+        for folder in (root, *root.parents):  # what every reader will refuse, found now
+            _check_trusted(folder, folder.stat(), sticky_ok=folder != root)
 
-    def _write_temp(self, text: str) -> str:
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".json")
+    def _write_temp(self, text: str, mode: int = 0o644, folder: Path | None = None) -> str:
+        fd, tmp = tempfile.mkstemp(dir=folder or self.root, prefix=".tmp-", suffix=".json")
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
         return tmp
+
+
+def _plain_name(user: str | None) -> bool:
+    return bool(user) and "/" not in user and not user.startswith(".") and "\0" not in user
+
+
+def _head(path: Path) -> str:
+    with open(path, "rb") as f:
+        return f.read(64).decode("ascii", errors="replace").strip()
+
+
+def _make_dir(folder: Path) -> None:
+    """A registry folder, 0755 whatever the umask."""
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        return
+    os.chmod(folder, 0o755)

@@ -14,6 +14,7 @@ record shape. Accounting is always sacct's (pyslurm has no GPU usage), running j
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -172,14 +173,27 @@ def node_gpu_types() -> dict[str, str]:
     return out
 
 
-def private_jobs(unknown: bool) -> bool:
+def private_jobs(unknown):
     """Whether Slurm's PrivateData hides other users' jobs; ``unknown`` when Slurm cannot say
-    (hacct assumes private: never a leak; sync assumes not: never a file-mode change on a guess)."""
+    (hacct assumes private: never a leak; sync changes no file mode on a guess)."""
+    conf = _config()
+    return unknown if conf is None else "jobs" in conf.get("PrivateData", "").lower().split(",")
+
+
+def slurm_user_gid() -> int | None:
+    """The primary group of SlurmUser (slurmctld's, which runs the job-submit hook), or None."""
+    uid = sp.config_user_id((_config() or {}).get("SlurmUser", ""))
     try:
-        conf = sp.parse_scontrol_config(run(["scontrol", "show", "config"]))
+        return None if uid is None else pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return None
+
+
+def _config() -> dict | None:
+    try:
+        return sp.parse_scontrol_config(run(["scontrol", "show", "config"]))
     except HorusError:
-        return unknown
-    return "jobs" in conf.get("PrivateData", "").lower().split(",")
+        return None
 
 
 def sbatch(argv: list[str], stdin: bytes | None = None) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from slurm_horus.errors import HorusError
 
 __all__ = [
     "parse_scontrol_records", "parse_gres", "gpu_types_of_node", "partition_gpu_types",
-    "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config",
+    "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config", "config_user_id",
     "expand_hostlist", "parse_conf_lines", "parse_pipe_table",
     "job_gpus_on_node", "parse_listpids", "job_state", "sinfo_json_nodes",
     "squeue_json_records",
@@ -391,6 +391,12 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
         if sep and key.strip() and " " not in key.strip():
             out[key.strip()] = value.strip()
     return out
+
+
+def config_user_id(value: str) -> int | None:
+    """The uid of a user setting of ``scontrol show config`` (``SlurmUser = slurm(64030)``)."""
+    m = re.fullmatch(r"[^()]*\((\d+)\)", value.strip())
+    return int(m.group(1)) if m else None
 
 
 # --------------------------------------------------------------------------- slurm.conf

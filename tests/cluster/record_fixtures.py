@@ -183,6 +183,8 @@ def main():
            "both nodes (GresUsed for shards is wrong on 22.05)")
     record("scontrol_show_node_detail", ["scontrol", "-d", "show", "node"], "all nodes, -d")
     record("scontrol_show_partition", ["scontrol", "show", "partition"], "partitions gpu (default), a100, t4")
+    record("scontrol_show_config", ["scontrol", "show", "config"],
+           "the controller's configuration (SlurmUser, PrivateData unset)")
     record("sinfo_text", ["sinfo", "-N", "-o", "%N|%P|%T|%G|%f|%C"], "node|partition|state|gres|features|cpus A/I/O/T")
 
     # --- finished job in accounting

@@ -1,0 +1,113 @@
+"""history.json is readable by every user: it names users by pseudonyms, each user can read
+their own and no one else's, and the registry's private files stay root's."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from slurm_horus.errors import HorusError
+from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+from slurm_horus.ledger import Ledger
+from slurm_horus.ledger.history_export import export_history
+from slurm_horus.predict.registry import PSEUDONYM_RE, Registry
+
+USERS = ("nobody", "daemon")  # accounts every Debian host has
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder other users can traverse (pytest's tmp_path is root's alone)."""
+    d = Path(tempfile.mkdtemp(prefix="horus-privacy-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _ledger(folder: Path) -> Ledger:
+    L = Ledger(f"sqlite:///{folder}/l.db", spool=str(folder / "sp"))
+    for jid, user in enumerate(USERS * 2, 1):
+        L.record_submission(job_id=jid, cluster="c", user=user, model_sha256=f"{jid % 2:02x}" * 32,
+                            model_path="/m/resnet50.onnx", model_family="resnet50",
+                            features={n: 1.0 for n in FEATURE_NAMES}, feature_version=FEATURE_VERSION,
+                            workload={"batch_size": 32, "task": "train"},
+                            predictions={"a100-40gb": {"util_pct": 80.0, "mem_mib": 5000.0}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=60.0, util_max=99,
+                       mem_peak_mib=5000.0 + jid, gpu_index=0, state="COMPLETED", elapsed_s=600,
+                       node="n1", gpu_type="a100-40gb", start_time=1700000000, end_time=1700000600)
+    return L
+
+
+def _as(user: str, code: str) -> subprocess.CompletedProcess:
+    pw = pwd.getpwnam(user)
+    return subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
+                           sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parents[1])})
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_history_names_no_user_and_each_user_reads_only_their_own_pseudonym(shared_dir):
+    root = shared_dir / "models"
+    export_history(_ledger(shared_dir), Registry(root))
+    text = (root / "history.json").read_text()
+    assert not any(u in text for u in USERS)
+    doc = json.loads(text)
+    assert doc["pseudonymous"] is True
+    names = {r["user"] for runs in doc["graphs"].values() for r in runs}
+    assert len(names) == 2 and all(PSEUDONYM_RE.fullmatch(n) for n in names)
+    for user in USERS:
+        st = (root / "users" / user).stat()
+        assert st.st_uid == pwd.getpwnam(user).pw_uid and st.st_mode & 0o777 == 0o400
+    assert (root / ".pseudonym-key").stat().st_mode & 0o777 == 0o600
+    # nobody's hsubmit knows itself in the history, and cannot read daemon's name there
+    r = _as("nobody", "from slurm_horus.predict.chain import choose_predictor\n"
+                      f"print(choose_predictor({str(root)!r}).estimator.user)\n"
+                      f"open({str(root / 'users' / 'daemon')!r})")
+    own = r.stdout.strip()
+    assert own in names and "PermissionError" in r.stderr
+    # jobs 1 and 3 (graph 01..) were nobody's, 2 and 4 (graph 00..) daemon's
+    assert {x["user"] for x in doc["graphs"]["01" * 32]} == {own}
+    assert own not in {x["user"] for x in doc["graphs"]["00" * 32]}
+    # the same names at the next export; a key of the wrong size is refused, not replaced
+    export_history(_ledger(shared_dir), Registry(root))
+    assert {r["user"] for runs in json.loads((root / "history.json").read_text())["graphs"].values()
+            for r in runs} == names
+    (root / ".pseudonym-key").write_bytes(b"short")
+    with pytest.raises(HorusError, match="pseudonym-key"):
+        export_history(_ledger(shared_dir), Registry(root))
+
+
+def test_registry_folders_are_0755_whatever_the_umask(tmp_path):
+    old = os.umask(0o002)
+    try:
+        reg = Registry(tmp_path / "a" / "models")
+        reg.save_json("x.json", {})
+        reg.pseudonyms(["someone-unknown-here"])
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "a", tmp_path / "a" / "models", tmp_path / "a" / "models" / "users"):
+        assert d.stat().st_mode & 0o777 == 0o755
+    assert reg.load_json("x.json") == {}  # a reader trusts what it wrote
+
+
+def test_a_registry_readers_would_refuse_is_refused_before_training(tmp_path):
+    root = tmp_path / "models"
+    root.mkdir()
+    os.chmod(root, 0o775)
+    with pytest.raises(HorusError, match="writable by group or others"):
+        Registry(root).check_writable()
+
+
+def test_rows_file_of_a_version_is_roots_alone(tmp_path):
+    reg = Registry(tmp_path / "models")
+    reg.save_json("rows-v0001.json", {"version": 1, "keys": ["c/1"]}, mode=0o600)
+    assert (tmp_path / "models" / "rows-v0001.json").stat().st_mode & 0o777 == 0o600
+    assert reg.load_json("rows-v0001.json")["keys"] == ["c/1"]
