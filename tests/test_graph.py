@@ -484,3 +484,61 @@ def test_without_schemas_a_shape_waiting_on_a_fold_is_not_frozen_early(tmp_path,
             monkeypatch.setattr(onnx.defs, "register_schema", refuse)
         g = load_graph(path, batch_size=2)
         assert g.tensors["c"].shape == (6000, 1) and g.tensors["y"].shape == (6000, 512), patched
+
+
+def test_a_local_function_is_costed_as_its_body(tmp_path):
+    # a call of a model-local function (export_modules_as_functions) had cost its output's size
+    fn = helper.make_function("local", "Linear", ["a", "w"], ["b"], [helper.make_node("MatMul", ["a", "w"], ["b"])],
+                              [helper.make_opsetid("", 17)])
+    graph = helper.make_graph(
+        [helper.make_node("Linear", ["x", "w"], ["h"], domain="local"),
+         helper.make_node("Linear", ["h", "w"], ["y"], domain="local")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, [256, 256], [0.0] * 256 * 256)])
+    model = helper.make_model(graph, functions=[fn], opset_imports=[helper.make_opsetid("", 17),
+                                                                    helper.make_opsetid("local", 1)])
+    model.ir_version = 8
+    (tmp_path / "f.onnx").write_bytes(model.SerializeToString())
+    v = extract_features(tmp_path / "f.onnx", batch_size=64).values
+    assert v["flops"] == 2 * (2 * 64 * 256 * 256)
+
+
+@pytest.mark.parametrize("node,says", [
+    (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[-1000, 1]), "MaxPool"),
+    (helper.make_node("Einsum", ["x", "x", "x", "x"], ["y"], equation="ab,cd,ef,gh->"), "Einsum"),
+])
+def test_attributes_that_make_a_cost_absurd_are_refused(tmp_path, node, says):
+    # a negative kernel cancelled a network's FLOPs; huge products gave exaflops, exit 0
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4096, 1 << 20])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(ModelError, match=f"{says}.*not plausible"):
+        extract_features(save(graph, tmp_path / "a.onnx"), batch_size=1)
+
+
+def test_an_unbound_name_does_not_hide_huge_numbered_sizes(tmp_path):
+    graph = helper.make_graph([helper.make_node("Foo", ["x"], ["y"], domain="acme")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**31 - 1] * 3 + ["s"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)])
+    model.ir_version = 8
+    (tmp_path / "n.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(ModelError, match="not plausible"):
+        extract_features(tmp_path / "n.onnx", batch_size=1)
+
+
+def test_running_statistics_behind_an_identity_are_no_parameters(tmp_path):
+    # exported before training, a fresh running variance (all ones) shares the norm weight's
+    # initializer behind an Identity, and counted as a parameter
+    from slurm_horus.graph.costs import parameter_tensors
+
+    ones = helper.make_tensor("ones", TensorProto.FLOAT, [8], [1.0] * 8)
+    zeros = helper.make_tensor("zeros", TensorProto.FLOAT, [8], [0.0] * 8)
+    nodes = [helper.make_node("Identity", ["ones"], [f"{k}{i}"]) for i in (1, 2) for k in ("w", "var")]
+    nodes += [helper.make_node("Identity", ["zeros"], [f"{k}{i}"]) for i in (1, 2) for k in ("b", "mean")]
+    nodes += [helper.make_node("BatchNormalization", ["x", "w1", "b1", "mean1", "var1"], ["h"]),
+              helper.make_node("BatchNormalization", ["h", "w2", "b2", "mean2", "var2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [ones, zeros])
+    params = parameter_tensors(load_graph(save(graph, tmp_path / "bn.onnx"), batch_size=2))
+    assert sorted(params) == ["b1", "b2", "w1", "w2"]

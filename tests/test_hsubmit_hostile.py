@@ -431,3 +431,12 @@ def test_a_bf16_job_on_a_partition_with_gpus_without_bf16_keeps_the_hint_for_the
                              "--precision", "bf16", "--wrap", "true"], env={})
     with pytest.raises(HorusError, match="that runs bf16"):
         sub.predict(only_v100, gpu_types={"v100": 2}, partition="old")
+
+
+def test_a_digit_python_reads_but_int_does_not_is_no_internal_error(tmp_path, slurm_bin):
+    # "²".isdigit() is True and int("²") fails: hsubmit said "internal error: ValueError"
+    env, log = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"),
+                  "--batch-size", "\u00b2", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    assert "need a positive integer" in cp.stderr and "internal" not in cp.stderr

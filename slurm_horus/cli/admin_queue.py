@@ -38,7 +38,7 @@ def register(admin: click.Group) -> None:
         ids = None
         if job_list:
             parts = [x.strip() for x in job_list.split(",") if x.strip()]
-            if not parts or not all(x.isdigit() and 0 < int(x) < 2 ** 32 for x in parts):
+            if not parts or not all(x.isascii() and x.isdigit() and 0 < int(x) < 2 ** 32 for x in parts):
                 raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15")
             ids = {int(x) for x in parts}
         if not dry_run and os.geteuid() != 0:

@@ -137,7 +137,7 @@ def parse_time(s: str | None, what: str) -> int | None:
         t = int(time.time()) + (n if m.group(1) == "+" else -n)
     elif low in _NAMED:
         t = at(today.tm_year, today.tm_mon, today.tm_mday, _NAMED[low])
-    elif s.isdigit() and len(s) >= 9:
+    elif s.isascii() and s.isdigit() and len(s) >= 9:
         t = int(s)
     elif c := clock(low):
         t = at(today.tm_year, today.tm_mon, today.tm_mday, *c)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_horus.graph.flops import ELEMENTWISE, NORMS, RNN_GATES, node_flops, int_attr, numel, shape_of
+from slurm_horus.errors import ModelError
 from slurm_horus.graph.load import Graph, TensorInfo
 
 # Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
@@ -72,8 +73,9 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
     """The trainable parameters, keyed by the tensor name their consumers read.
 
     An exporter that deduplicated identical initializers feeds each extra copy through an
-    Identity node: each Identity output is its own parameter. An initializer read directly by
-    several nodes (tied weights) is one parameter. Scalars (rank 0), integer tensors and batch-norm
+    Identity node: each Identity output a node reads as a weight is its own parameter (a fresh
+    running variance is all ones, like a fresh norm weight, and shares its initializer). An
+    initializer read directly by several nodes (tied weights) is one parameter. Scalars (rank 0), integer tensors and batch-norm
     running statistics are constants, not parameters.
     """
     candidates = {name: info for name, info in graph.initializers.items()
@@ -82,11 +84,10 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
     for node in graph.nodes:
         if node.op_type == "Identity" and node.input and node.input[0] in candidates:
             candidates[node.output[0]] = candidates[node.input[0]]
-            params[node.output[0]] = candidates[node.input[0]]
-            continue
+            continue  # a parameter where a node reads the copy as one (not a running stat)
         for i, name in enumerate(node.input):
             running_stat = node.op_type == "BatchNormalization" and i >= 3
-            if name in graph.initializers and name in candidates and not running_stat:
+            if name in candidates and not running_stat:
                 params[name] = candidates[name]
     for name in _folded_tied_embeddings(graph, params):
         del params[name]
@@ -222,6 +223,12 @@ class _BackwardContext:
             and node.input[2].startswith(FOLDED_PREFIX) and node.input[2] in graph.initializers}
 
 
+# one node's work in one step beyond which a model is not plausible: an exaflop (a second of a
+# thousand H100s) and a pebibyte kept for the backward pass
+MAX_NODE_FLOPS = 1e18
+MAX_NODE_BYTES = 2.0 ** 50
+
+
 def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
           ctx: _BackwardContext) -> NodeCost:
     op = op_name(node)
@@ -247,6 +254,11 @@ def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
                    if n and n not in constants and n not in params and n not in ctx.param_views]
     saved, extra = _saved_for_backward(op, category, node, activations, infos, outs, attrs, params,
                                        ctx)
+    if not (0 <= flops <= MAX_NODE_FLOPS and 0 <= extra <= MAX_NODE_BYTES):
+        # attributes no shape check sees (a negative kernel_shape or K, num_heads = 2**62): one
+        # such node cancelled a network's FLOPs, or gave it an exaflop
+        raise ModelError(f"{graph.path}: node '{node.name or op}' ({op}) would cost {flops:.3g} "
+                         f"FLOPs and keep {extra:.3g} bytes; its attributes are not plausible")
     saved = [n for n in saved if n not in ctx.probs]
     return NodeCost(name=node.name or f"{op}:{node.output[0] if node.output else ''}",
                     op_type=op, category=category, inputs=tuple(n for n in node.input if n),

@@ -85,9 +85,13 @@ class FeatureReport:
         the job as one token (what hsubmit and ``horus predict`` both refuse)."""
         if self.unknown_dims:
             named = [d for d in self.unknown_dims if not d.startswith("unk__")]
-            names = named or self.unknown_dims
-            raise HorusError(f"model {self.model}: dimension(s) {', '.join(names[:5])} unbound; "
-                             f"add --dim NAME=VALUE (e.g. --dim {names[0]}=512)")
+            if not named:  # a name an exporter gave an input's size, or ONNX a data-dependent one
+                raise HorusError(f"model {self.model}: size(s) {', '.join(self.unknown_dims[:5])} "
+                                 f"unknown: --dim {self.unknown_dims[0]}=VALUE where an input has "
+                                 "it; otherwise it depends on the data (ops such as NonZero or "
+                                 "Unique) and the graph alone gives no prediction")
+            raise HorusError(f"model {self.model}: dimension(s) {', '.join(named[:5])} unbound; "
+                             f"add --dim NAME=VALUE (e.g. --dim {named[0]}=512)")
 
     def vector(self) -> list[float]:
         return [float(self.values[n]) for n in FEATURE_NAMES]

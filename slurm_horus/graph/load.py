@@ -137,6 +137,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     dims = _check_dims(batch_size, dims)
     model, sha256 = _read_model(path, onnx)
     _check_node_count(model.graph, path)
+    model = _inline_functions(model, path, onnx)
     _drop_weight_values(model)
     missing = _check_external_data(model, path.parent.resolve(), onnx)
     graph = model.graph
@@ -178,7 +179,8 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
         if any(isinstance(d, int) and d < 0 for d in info.shape or ()):
             raise ModelError(f"{path}: tensor '{name}' would have a negative dimension "
                              f"{info.shape}; the model's dimensions are not plausible")
-        if info.known and info.numel > MAX_TENSOR_ELEMENTS:
+        # over its numbered sizes: an unbound name beside three sizes of 2**31 hid them all
+        if info.shape is not None and math.prod(d for d in info.shape if isinstance(d, int)) > MAX_TENSOR_ELEMENTS:
             raise ModelError(f"{path}: tensor '{name}' would have {info.numel:.3g} elements; "
                              "the model's dimensions are not plausible")
     unknown = sorted({d for t in tensors.values() for d in (t.shape or ()) if isinstance(d, str)})
@@ -263,10 +265,44 @@ def _check_node_count(graph, path: Path) -> None:
     inference (no real model comes near it)."""
     left = MAX_GRAPH_NODES
     for g in _graphs(graph):
+        if any(not isinstance(n.op_type, str) or not isinstance(n.domain, str) for n in g.node):
+            raise ModelError(f"{path}: not a valid ONNX model (an op type or domain is not UTF-8 text)")
         left -= len(g.node)
         if left < 0:
             raise ModelError(f"{path}: the graph has more than {MAX_GRAPH_NODES:,} nodes (subgraphs "
                              "included); no real model has as many, so it is not analysed")
+
+
+def _inline_functions(model, path: Path, onnx):
+    """The model with its local functions' bodies in place of their calls: an op ONNX has no
+    schema for is costed as an opaque one, and a call of a two-layer function had cost its
+    output's size (2048x low); refused beyond MAX_GRAPH_NODES nodes once inlined."""
+    if not model.functions:
+        return model
+    bodies = {(f.domain, f.name): f for f in model.functions}
+    sizes: dict = {}
+
+    def size(key, seen=()):  # nodes a call expands to (a recursive function: not plausible)
+        if key in seen:
+            raise ModelError(f"{path}: local function {key[1]!r} calls itself")
+        if key not in sizes:
+            sizes[key] = sum(size((n.domain, n.op_type), (*seen, key)) if (n.domain, n.op_type) in bodies
+                             else 1 for n in bodies[key].node)
+            if sizes[key] > MAX_GRAPH_NODES:
+                raise ModelError(f"{path}: the graph has more than {MAX_GRAPH_NODES:,} nodes once its "
+                                 "functions are inlined; no real model has as many")
+        return sizes[key]
+    total = sum(size((n.domain, n.op_type)) if (n.domain, n.op_type) in bodies else 1
+                for g in _graphs(model.graph) for n in g.node)
+    if total > MAX_GRAPH_NODES:
+        raise ModelError(f"{path}: the graph has more than {MAX_GRAPH_NODES:,} nodes once its "
+                         "functions are inlined; no real model has as many")
+    try:
+        import onnx.inliner
+
+        return onnx.inliner.inline_local_functions(model)
+    except Exception as e:
+        raise ModelError(f"{path}: its local functions cannot be inlined ({type(e).__name__})") from None
 
 
 def _drop_weight_values(model) -> None:

@@ -111,7 +111,7 @@ def parse_gres(text: str | None) -> list[dict]:
             fields[0] = fields[0].split("/", 1)[1]
         name, gtype, count = fields[0], None, 1
         rest = fields[1:]
-        if rest and rest[-1].isdigit():
+        if rest and rest[-1].isascii() and rest[-1].isdigit():
             count = int(rest.pop())
         if rest:
             gtype = rest[0]
@@ -372,7 +372,7 @@ def parse_listpids(text: str) -> list[int]:
     out = []
     for line in text.splitlines():
         f = line.split()
-        if f and f[0].isdigit() and int(f[0]) > 1:
+        if f and f[0].isascii() and f[0].isdigit() and int(f[0]) > 1:
             out.append(int(f[0]))
     return out
 
@@ -424,7 +424,7 @@ def expand_hostlist(expr: str) -> list[str]:
         head, ranges, tail = m.groups()
         for part in ranges.split(","):
             a, sep, b = part.partition("-")
-            if not a.isdigit() or (sep and not b.isdigit()):
+            if not (a.isascii() and a.isdigit()) or (sep and not (b.isascii() and b.isdigit())):
                 raise HorusError(f"hostlist: cannot read '{item}'")
             lo, hi = int(a), int(b) if sep else int(a)
             if hi < lo or hi - lo > 100000:

@@ -168,12 +168,12 @@ def _workload(plan: Plan):
 
     h = plan.horus
     bs = (h.get("batch-size") or "").strip()
-    if bs and not (bs.isdigit() and int(bs) > 0):
+    if bs and not (bs.isascii() and bs.isdigit() and int(bs) > 0):
         raise HorusError(f"--batch-size {bs!r}: need a positive integer")
     cpt = plan.request("cpus-per-task") or ""
     return workload_from({"batch_size": h.get("batch-size"), "task": h.get("task"),
                           "optimizer": h.get("optimizer"), "precision": h.get("precision"),
-                          "cpus_per_task": int(cpt) if cpt.isdigit() and int(cpt) > 0 else 1})
+                          "cpus_per_task": int(cpt) if cpt.isascii() and cpt.isdigit() and int(cpt) > 0 else 1})
 
 
 def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
