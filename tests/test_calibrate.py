@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_horus.calibrate.export import OPSET, export_weightless
-from slurm_horus.calibrate.models import ModelSpec, example_input, export_spec, model_specs
+from slurm_horus.calibrate.models import ModelSpec, example_input, export_spec, model_specs, trusted_cache
 from slurm_horus.calibrate.orchestrate import calibrate
 from slurm_horus.calibrate.plan import Measurement, OutOfMemory, Run, plan, run_id
 from slurm_horus.calibrate.rows import make_row
@@ -321,7 +321,12 @@ def test_real_export_and_feature_row_on_cpu(tmp_path):
     specs = model_specs()
     assert {"small_cnn", "resnet_mini", "mlp", "lstm_lm", "transformer_encoder"} <= set(specs)
     spec = specs["small_cnn"]
-    path = export_spec(spec, tmp_path / "cache")
+    old = os.umask(0o002)  # a user-private-group umask: a 0775 cache was then refused as untrusted
+    try:
+        path = export_spec(spec, tmp_path / "cache")
+    finally:
+        os.umask(old)
+    trusted_cache(tmp_path / "cache")
     assert path.exists() and not list((tmp_path / "cache").glob("*.data"))
     assert path.stat().st_size < 20_000  # weights stripped
     g = onnx.load(str(path), load_external_data=False)
@@ -451,3 +456,30 @@ def test_train_step_updates_weights_and_infer_does_not(name):
     train()
     assert isinstance(opt, torch.optim.Adam) and model.training
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_sampler_stuck_in_nvml_ends_its_run_not_the_calibration(monkeypatch):
+    import slurm_horus.calibrate.sampler as sm
+
+    class Stuck(FakeNvml):
+        def sample(self, pids):
+            time.sleep(0.5)  # an NVML call that does not come back in time
+            return super().sample(pids)
+
+    monkeypatch.setattr(sm, "STOP_WAIT_S", 0.05)
+    s = BackgroundSampler(Stuck((40.0, 1200.0)), interval=0.01)
+    s.start()
+    time.sleep(0.02)
+    with pytest.raises(HorusError, match="NVML stopped answering"):
+        s.stop()
+
+
+def test_resume_on_a_file_that_is_not_calibrates_changes_nothing(tmp_path):
+    # its last line was cut, and with --ledger its rows imported, before the header was checked
+    notes = tmp_path / "notes.txt"
+    notes.write_text("l1\nimportant last line")
+    L = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    with pytest.raises(HorusError, match="other columns"):
+        calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train"]), notes, sampler_factory=FakeSampler,
+                  resume=True, ledger=L)
+    assert notes.read_text() == "l1\nimportant last line" and L.count("usage") == 0

@@ -542,3 +542,24 @@ def test_running_statistics_behind_an_identity_are_no_parameters(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [ones, zeros])
     params = parameter_tensors(load_graph(save(graph, tmp_path / "bn.onnx"), batch_size=2))
     assert sorted(params) == ["b1", "b2", "w1", "w2"]
+
+
+def test_a_layer_weight_shaped_like_a_tables_transpose_is_not_tied(tmp_path):
+    # only a head whose product is the model's output (or its loss's input) can be the tied
+    # embedding; a bias-free FFN weight of shape (256, 1024) beside a (1024, 256) position
+    # table was dropped as tied
+    from slurm_horus.graph.costs import parameter_tensors
+
+    table = helper.make_tensor("pos", TensorProto.FLOAT, [1024, 256], [0.0] * 1024 * 256)
+    w = helper.make_tensor("onnx::MatMul_7", TensorProto.FLOAT, [256, 1024], [0.0] * 1024 * 256)
+    nodes = [helper.make_node("Gather", ["pos", "ids"], ["e"]),
+             helper.make_node("MatMul", ["e", "onnx::MatMul_7"], ["h"]),
+             helper.make_node("Relu", ["h"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [table, w])
+    g = load_graph(save(graph, tmp_path / "u.onnx"), batch_size=2)
+    assert sorted(parameter_tensors(g)) == ["onnx::MatMul_7", "pos"]
+    nodes[2] = helper.make_node("Softmax", ["h"], ["y"])  # a head's logits: tied, counted once
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [table, w])
+    assert sorted(parameter_tensors(load_graph(save(graph, tmp_path / "t.onnx"), batch_size=2))) == ["pos"]

@@ -111,3 +111,13 @@ def test_rows_file_of_a_version_is_roots_alone(tmp_path):
     reg.save_json("rows-v0001.json", {"version": 1, "keys": ["c/1"]}, mode=0o600)
     assert (tmp_path / "models" / "rows-v0001.json").stat().st_mode & 0o777 == 0o600
     assert reg.load_json("rows-v0001.json")["keys"] == ["c/1"]
+
+
+def test_a_user_gone_from_the_history_loses_their_pseudonym_file(tmp_path):
+    # their uid may be given to someone else, who could then read it and find their runs
+    reg = Registry(tmp_path / "models")
+    reg.pseudonyms(["nobody", "daemon"])
+    assert {p.name for p in (tmp_path / "models" / "users").iterdir()} == {"nobody", "daemon"}
+    reg.pseudonyms(["nobody"])
+    assert {p.name for p in (tmp_path / "models" / "users").iterdir()} == {"nobody"}
+    assert len((tmp_path / "models" / ".pseudonym-key").read_bytes()) == 32

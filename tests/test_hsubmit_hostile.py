@@ -285,6 +285,10 @@ def test_the_bounded_child_reports_an_abort_a_hang_and_errors_as_model_errors(mo
     with pytest.raises(ModelError, match=r"the analysis failed \(ZeroDivisionError"):
         limits.run_bounded("m.onnx", lambda: 1 / 0, same, same)
     assert limits.run_bounded("m.onnx", lambda: {"a": [1, 2.5]}, same, same) == {"a": [1, 2.5]}
+    # an answer past the cap is not read whole (a graph of 50 kB names: 909 MB in the caller)
+    monkeypatch.setattr(limits, "MAX_RESULT_BYTES", 1 << 20)
+    with pytest.raises(ModelError, match="result is larger than 1 MiB"):
+        limits.run_bounded("m.onnx", lambda: "x" * (4 << 20), same, same)
 
 
 def test_features_from_the_child_equal_the_in_process_ones():

@@ -269,3 +269,17 @@ def test_publish_keeps_the_record_and_ledger_to_whom_slurm_shows_jobs(tmp_path, 
     else:
         assert st.st_mode & 0o777 == 0o600 and out["extracts"] is None
     assert record.read_text().startswith("# slurm-horus claim record")
+
+
+def test_an_admin_who_is_not_root_writes_the_extracts(ordinary_user):
+    """The extract's mode was set before SQLite wrote into it: only root writes past 0400."""
+    user, root, py = ordinary_user
+    url = _site_ledger(root / "e", user.pw_name)
+    os.chmod(root / "e" / "lib", 0o777)
+    os.chmod(root / "e" / "lib" / "ledger.db", 0o644)
+    code = ("from slurm_horus.ledger import Ledger, write_user_extracts\n"
+            f"print(write_user_extracts(Ledger({url!r}, readonly=True), {str(root / 'e' / 'lib' / 'users')!r}))\n")
+    r = _as(user, py, "-c", code)
+    assert r.returncode == 0 and "'written': 1" in r.stdout, r.stderr
+    ext = root / "e" / "lib" / "users" / f"{user.pw_name}.db"
+    assert ext.stat().st_mode & 0o777 == 0o400

@@ -237,7 +237,9 @@ def export_spec(spec: ModelSpec, cache_dir: str | Path) -> Path:
     import torch
 
     cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    if not cache_dir.is_dir():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(cache_dir, 0o755)  # whatever the umask: trusted_cache refuses a group-writable one
     out = cache_dir / f"{spec.name}.onnx"
     if out.exists():
         return out

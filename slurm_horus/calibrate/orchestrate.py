@@ -12,7 +12,8 @@ from typing import Callable
 
 from slurm_horus.calibrate.models import trusted_cache
 from slurm_horus.calibrate.plan import OutOfMemory, Run, Runner, Sampler, run_id
-from slurm_horus.calibrate.rows import CsvAppender, complete_rows, drop_cut_row, import_row, make_row
+from slurm_horus.calibrate.rows import (CsvAppender, check_header, complete_rows, drop_cut_row,
+                                        import_row, make_row)
 from slurm_horus.errors import HorusError
 from slurm_horus.progress import Progress
 
@@ -39,6 +40,7 @@ def calibrate(runner: Runner, runs: list[Run], out: str | os.PathLike, *,
         raise HorusError(f"{out} exists: pass --resume to continue it, or choose another --out")
     trusted_cache(cache)
     if resume:
+        check_header(out)  # before anything is cut or imported
         drop_cut_row(out)  # a row a crash cut is measured again
     rows = complete_rows(out) if resume else []
     done = {r["calib_id"] for r in rows}

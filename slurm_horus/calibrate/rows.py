@@ -51,6 +51,20 @@ def complete_rows(path: Path) -> list[dict]:
         raise HorusError(f"{path}: not a calibrate CSV ({type(e).__name__}: {str(e)[:100]})") from None
 
 
+def check_header(path: Path) -> None:
+    """HorusError unless the file (there and not empty) starts with calibrate's header: what
+    --resume may read, cut or import."""
+    if not _regular(path) or path.stat().st_size == 0:
+        return
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), None)
+    except (csv.Error, UnicodeDecodeError):
+        header = None
+    if header != list(CSV_COLUMNS):
+        raise HorusError(f"{path}: exists with other columns; use another --out or move it away")
+
+
 def drop_cut_row(path: Path) -> None:
     """Drop a last row a crash cut (no newline at its end): its run is measured again. Ending
     it with a newline instead left an open quote that swallowed the next row."""
@@ -70,11 +84,7 @@ class CsvAppender:
         self.path = Path(path)
         new = not _regular(self.path) or self.path.stat().st_size == 0
         if not new:
-            with open(self.path, newline="") as f:
-                header = next(csv.reader(f), None)
-            if header != list(CSV_COLUMNS):
-                raise HorusError(f"{self.path}: exists with other columns; use another --out "
-                                 "or move it away")
+            check_header(self.path)
         self.f = open(self.path, "a", newline="")
         self.w = csv.DictWriter(self.f, fieldnames=CSV_COLUMNS)
         if new:

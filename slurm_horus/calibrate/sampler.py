@@ -16,7 +16,10 @@ import os
 import threading
 import time
 
+from slurm_horus.errors import HorusError
 from slurm_horus.ledger.nvml import NvmlSampler, Summary
+
+STOP_WAIT_S = 30.0
 
 
 class BackgroundSampler:
@@ -55,7 +58,9 @@ class BackgroundSampler:
     def stop(self) -> dict:
         self._stop.set()
         if self._thread:
-            self._thread.join()
+            self._thread.join(STOP_WAIT_S)
+            if self._thread.is_alive():  # an NVML call that never returns: no figures, no hang
+                raise HorusError(f"NVML stopped answering (the sampler did not stop within {STOP_WAIT_S:g} s)")
         return {**self.summary.result(), "util_source": self.source}
 
     def close(self) -> None:

@@ -113,9 +113,10 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
     turns that Transpose into a new anonymous initializer ('onnx::...') of shape (D, V), read by
     a MatMul with no bias (GPT-2, T5). It is the same parameter and counts once. An untied head
     of the same shape has its own bias, so a MatMul followed by an Add of a (V,) parameter is
-    left alone; an untied head without a bias, and a tied head with its own bias (BERT's masked-LM
-    head: counted twice, D x V parameters high), are the cases this rule cannot tell apart in a
-    folded export. An export without folding (training mode) reads the embedding itself through
+    left alone, and so is a weight whose product is not the model's output or its loss's input
+    (a layer's bias-free weight shaped like a position table's transpose); an untied head
+    without a bias, and a tied head with its own bias (BERT's masked-LM head: counted twice,
+    D x V parameters high), are the cases this rule cannot tell apart in a folded export. An export without folding (training mode) reads the embedding itself through
     a Transpose, so a tied head is one parameter there whatever its bias.
     """
     embeddings = {params[n.input[0]].shape for n in graph.nodes
@@ -133,9 +134,29 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
                 and info.shape[0] != info.shape[1] and tuple(reversed(info.shape)) in embeddings):
             continue
         users = consumers.get(name, [])
-        if users and all(u.op_type == "MatMul" and not has_bias(u) for u in users):
+        if users and all(u.op_type == "MatMul" and not has_bias(u)
+                         and all(_ends_the_model(o, graph, consumers) for o in u.output) for u in users):
             tied.append(name)
     return tied
+
+
+# what a language-model head's logits pass through on their way out: views, and the loss
+_LOGIT_VIEWS = {"Reshape", "Transpose", "Cast", "Identity", "Flatten", "Squeeze", "Unsqueeze"}
+_LOGIT_ENDS = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss",
+               "ArgMax", "TopK"}
+
+
+def _ends_the_model(name: str, graph: Graph, consumers, depth: int = 0) -> bool:
+    """Whether tensor ``name`` is the model's output (through views) or what its loss reads:
+    a head's logits, not a layer's activations (a bias-free FFN weight shaped like a position
+    table's transpose was dropped as tied)."""
+    if name in graph.graph_outputs:
+        return True
+    users = consumers.get(name, ())
+    return bool(users) and depth < 8 and all(
+        u.op_type in _LOGIT_ENDS or (u.op_type in _LOGIT_VIEWS
+                                     and all(_ends_the_model(o, graph, consumers, depth + 1) for o in u.output))
+        for u in users)
 
 
 def node_costs(graph: Graph, params: dict[str, TensorInfo], views: set[str]) -> list[NodeCost]:

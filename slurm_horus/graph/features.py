@@ -208,9 +208,11 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         unused_dims=graph.unused_dims, shapeless=graph.shapeless, fixed_batch=graph.fixed_batch)
 
 
-def _few(names: list[str], n: int = 4) -> str:
+def _few(names: list[str], n: int = 4, width: int = 80) -> str:
+    """A few names for a warning, each cut to ``width`` characters (a graph's names are its
+    author's: 50 kB each had made every warning line that long)."""
     more = f" and {len(names) - n} more" if len(names) > n else ""
-    return ", ".join(names[:n]) + more
+    return ", ".join(x if len(x) <= width else x[:width - 3] + "..." for x in names[:n]) + more
 
 
 def _activation_bytes(c: NodeCost) -> int:

@@ -38,6 +38,9 @@ ANALYSIS_FILE_FACTOR = 3
 ANALYSIS_TIMEOUT_S = 60.0
 # the child's own timer reports first; past it by this much the child is killed
 KILL_GRACE_S = 5.0
+# what the caller reads of the child's answer: GPT-2 XL's 10,096 nodes are 2.2 MB; a graph of
+# 50 kB names had the caller decode 100 MB into 909 MB of objects, outside the child's limits
+MAX_RESULT_BYTES = 64 << 20
 
 
 class _Timeout(BaseException):
@@ -144,6 +147,8 @@ def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], deco
                     done = True
                     break
                 data += chunk
+                if len(data) > MAX_RESULT_BYTES:
+                    break  # the child is killed below
     finally:
         os.close(r)
         if not done:
@@ -152,6 +157,9 @@ def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], deco
             except ProcessLookupError:  # reaped already (SIGCHLD ignored)
                 pass
         status = _reap(pid)
+    if len(data) > MAX_RESULT_BYTES:
+        raise ModelError(f"{what}: the analysis's result is larger than {MAX_RESULT_BYTES >> 20} MiB "
+                         "(names or nodes no real model has); not analysed")
     if not done:
         raise ModelError(f"{what}: analysing the graph took more than {timeout_s:g} s")
     try:

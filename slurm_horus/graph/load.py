@@ -137,8 +137,8 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     dims = _check_dims(batch_size, dims)
     model, sha256 = _read_model(path, onnx)
     _check_node_count(model.graph, path)
+    _drop_weight_values(model)  # first: inlining copies the model, weights and all
     model = _inline_functions(model, path, onnx)
-    _drop_weight_values(model)
     missing = _check_external_data(model, path.parent.resolve(), onnx)
     graph = model.graph
     if not graph.node:

@@ -74,7 +74,6 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
         try:
             if os.geteuid() == 0:
                 os.fchown(fd, uid, gid)
-            os.fchmod(fd, 0o400)
         finally:
             os.close(fd)
         try:
@@ -85,6 +84,7 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
                     upsert(dst, j, [r._asdict() for r in rows], ("cluster", "job_id"))
             finally:
                 ext.close()
+            os.chmod(tmp, 0o400)  # after the copy: only root writes past the mode bits
             os.replace(tmp, folder / f"{user}.db")
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -146,8 +146,9 @@ class Registry:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise HorusError(f"{path}: not a regular file")
             root = self.root.resolve()
-            for folder in (root, *root.parents):
-                _check_trusted(folder, folder.stat(), sticky_ok=folder != root)
+            inner = [] if path.parent.resolve() == root else [path.parent.resolve()]  # users/
+            for folder in (*inner, root, *root.parents):
+                _check_trusted(folder, folder.stat(), sticky_ok=folder != root and folder not in inner)
             _check_trusted(path, os.fstat(f.fileno()))
             return f.read(MAX_MODEL_BYTES + 1)
 
@@ -218,6 +219,9 @@ class Registry:
         out = {u: "u-" + hmac.new(key, u.encode(), hashlib.sha256).hexdigest()[:16] for u in users}
         folder = self.root / USERS_DIR
         _make_dir(folder)
+        for old in os.listdir(folder):  # a user gone: their uid may be someone else's next
+            if old not in out and not old.startswith("."):
+                (folder / old).unlink(missing_ok=True)
         for user, name in out.items():
             try:
                 uid, gid = (pwd.getpwnam(user)[2:4]) if _plain_name(user) else (None, None)
@@ -245,23 +249,26 @@ class Registry:
         return out
 
     def _key(self) -> bytes:
-        """The pseudonyms' key: 32 random bytes, made once, readable by root alone."""
+        """The pseudonyms' key: 32 random bytes, made once (whole, in one link: an export that
+        crashed or raced another never leaves a short one), readable by root alone."""
         path = self.root / KEY_FILE
         self._make_root()
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            key = self._read(path)
-            if len(key) != 32:
-                raise HorusError(f"{path}: not a key the registry wrote (remove it: the "
-                                 "pseudonyms change once)") from None
-            return key
-        key = secrets.token_bytes(32)
-        try:
-            os.write(fd, key)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if not path.exists():
+            tmp = self._write_temp("", 0o600)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(secrets.token_bytes(32))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another export made it first: theirs it is
+            finally:
+                os.unlink(tmp)
+        key = self._read(path)
+        if len(key) != 32:
+            raise HorusError(f"{path}: not a key the registry wrote (remove it: the pseudonyms "
+                             "change once)")
         return key
 
     def _make_root(self) -> None:
