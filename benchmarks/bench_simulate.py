@@ -333,4 +333,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except HorusError as e:  # a bad --mixes or --jobs: one line, as the command line's
+        sys.exit(f"bench_simulate: {e}")

@@ -222,3 +222,27 @@ def test_a_model_path_that_is_no_file_neither_imports_nor_hangs_the_history_expo
                        start_time=1700000000, end_time=1700000600)
     out = export_history(L, Registry(tmp_path / "models"))
     assert out["graphs"] == 0  # no graph known by its sha: nothing to answer for
+
+
+@pytest.mark.parametrize("limit", ["NaN", "Infinity"])
+def test_a_replayed_time_limit_that_is_no_number_is_none_given(tmp_path, limit):
+    # json.loads takes NaN and Infinity: the first emptied a heap (IndexError), the second
+    # divided by it (ZeroDivisionError), both an internal error
+    dump = json.loads(SACCT.read_text())
+    for j in dump["jobs"]:
+        j.setdefault("time", {})["limit"] = "LIMIT"
+    (tmp_path / "s.json").write_text(json.dumps(dump).replace('"LIMIT"', limit))
+    r = CliRunner().invoke(admin, ["simulate", "--sacct", str(tmp_path / "s.json"), "--policies", "horus,naive"])
+    assert r.exit_code == 0 and "internal" not in r.output, r.output
+
+
+def test_a_cluster_the_simulator_cannot_hold_is_refused_in_one_line(tmp_path):
+    # a slurm.conf line of 10^11 GPUs filled 22 GB before the OOM killer came; a node defined
+    # twice was counted twice
+    for text, says in (("NodeName=g1 Gres=gpu:a100:99999999999\n", "more than 1,000,000 GPUs"),
+                       ("NodeName=g[01-02] Gres=gpu:a100:4\nNodeName=g01 Gres=gpu:a100:4\n", "g01 defined twice"),
+                       ("NodeName=big Gres=gpu:a100:500000\nNodeName=s[1-99999] Gres=gpu:a100:1\n",
+                        "very different sizes")):
+        (tmp_path / "slurm.conf").write_text(text)
+        r = CliRunner().invoke(admin, ["simulate", "--slurm-conf", str(tmp_path / "slurm.conf"), "--jobs", "20"])
+        assert r.exit_code == 2 and says in r.output and len(r.output.strip().splitlines()) == 1, r.output

@@ -393,12 +393,16 @@ def test_replayed_colocated_runs_take_a_solo_residual():
 
 def test_from_sacct_json(mix):
     doc = {"jobs": [
-        {"job_id": 1, "time": {"submission": 1000, "elapsed": 300, "limit": 60},
+        {"job_id": 1, "time": {"submission": 1000, "elapsed": 300, "limit": 60, "end": 1400},
          "tres": {"allocated": [{"type": "cpu", "count": 4}, {"type": "gres", "name": "gpu", "count": 2}]}},
         {"job_id": 2, "time": {"submission": {"set": True, "infinite": False, "number": 1010},
-                               "elapsed": 100, "limit": {"set": True, "infinite": False, "number": 5}},
+                               "elapsed": 100, "limit": {"set": True, "infinite": False, "number": 5},
+                               "end": {"set": True, "infinite": False, "number": 1200}},
          "tres": {"allocated": [{"type": "gres", "name": "shard", "count": 30}]}},
-        {"job_id": 3, "time": {"submission": 1020, "elapsed": 100}, "tres": {"allocated": []}},
+        {"job_id": 3, "time": {"submission": 1020, "elapsed": 100, "end": 1300}, "tres": {"allocated": []}},
+        # still running: its elapsed time is only so far (it was replayed as a finished job)
+        {"job_id": 4, "state": {"current": ["RUNNING"]}, "time": {"submission": 1030, "elapsed": 50},
+         "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}},
     ]}
     jobs = from_sacct_json(json.dumps(doc), ["a100"], seed=1, mix=mix)
     assert [(j.submit, j.duration, j.gpus, j.limit) for j in jobs] == [(0, 300, 2, 3600), (10, 100, 1, 300)]
@@ -1133,3 +1137,18 @@ def test_simulate_decides_and_bounds_by_one_policy_file(tmp_path, monkeypatch):
     assert site_run == horus("--policy-file", str(pol))
     assert site_run != horus("--policy-file", str(REPO / "etc" / "horus_policy.conf"),
                              "--slowdown-bound", "1.5")
+
+
+def test_a_job_killed_at_its_limit_ended_but_did_not_complete():
+    # it counted in `completed` and in the window's throughput, which flattered naive
+    jobs = [job(0, 0, 1000, limit=500), job(1, 0, 100), job(2, 600, 10)]
+    sim, m = run(one_node(2), jobs, [Request((0,), 100, 1)] * 3)
+    assert (m["timeouts"], m["ended"], m["completed"]) == (1, 3, 2)
+    assert m["window_s"] == 600 and m["throughput_per_h"] == pytest.approx(3600.0 / 600)  # job 1 alone
+
+
+def test_a_job_that_runs_out_of_memory_holds_its_gpu_no_longer_than_its_limit():
+    # Slurm kills it at its limit: with a limit under the OOM delay it held the GPU past it
+    jobs = [job(0, 0, 10, limit=20, mem=50000, true=(10, 50000))]
+    sim, m = run(one_node(1), jobs, [Request((0,), 100, 1)], oom_delay_s=60)
+    assert m["failed_jobs"] == 1 and sim.end[0] == pytest.approx(40)  # two tries of 20 s, not 120

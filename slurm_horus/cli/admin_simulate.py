@@ -230,7 +230,7 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--plot - draws in the terminal; with --json name a FILE.png")
         if plot and plot != "-":
             pyplot()  # a missing matplotlib fails before the simulation, not after
-        pols = [p.strip() for p in policies.split(",") if p.strip()]
+        pols = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
         if not pols:
             raise HorusError("--policies: none given")
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
@@ -268,8 +268,10 @@ def register(main_group: click.Group) -> None:
         table.add_column("metric")
         for p in results:
             table.add_column(p, justify="right")
-        for key, label, fmt in SUMMARY:  # a time over no completed job is no time: '-'
-            table.add_row(label, *("-" if key.endswith(("jct_s", "slowdown")) and not results[p]["completed"]
+        for key, label, fmt in SUMMARY:  # a time over no completed job, a rate over no window: '-'
+            table.add_row(label, *("-" if (key.endswith(("jct_s", "slowdown")) and not results[p]["ended"])
+                                   or (key in ("throughput_per_h", "sm_busy", "gpus_alloc")
+                                       and not results[p]["window_s"])
                                    else fmt.format(results[p][key]) for p in results))
         Console().print(table)
         if plot == "-":

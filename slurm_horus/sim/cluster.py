@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from slurm_horus.errors import HorusError
@@ -36,6 +37,15 @@ class ClusterSpec:
                 raise HorusError(f"cluster: node {n.name}: need a positive GPU count")
             if not re.fullmatch(r"[a-z0-9_-]{1,32}", n.gpu_type or ""):
                 raise HorusError(f"cluster: node {n.name}: bad GPU type {n.gpu_type!r}")
+        # every way in (a size, JSON, slurm.conf): a node line of 10^11 GPUs filled 22 GB
+        total = sum(n.gpus for n in self.nodes)
+        if total > MAX_CLUSTER_GPUS:
+            raise HorusError(f"cluster: more than {MAX_CLUSTER_GPUS:,} GPUs")
+        if len(self.nodes) * max(n.gpus for n in self.nodes) > max(4 * total, 100_000):
+            # the placement keeps a row per node as wide as the largest node
+            raise HorusError("cluster: nodes of very different sizes (one node has "
+                             f"{max(n.gpus for n in self.nodes):,} GPUs beside {len(self.nodes):,} "
+                             "nodes); simulate them as separate clusters")
 
     @property
     def gpu_types(self) -> list[str]:
@@ -98,10 +108,12 @@ def cluster_from_json(text: str) -> ClusterSpec:
         if not isinstance(e, dict):
             raise HorusError(f"cluster file: node #{i} is not an object")
         try:
-            gpus, count = e["gpus"], e.get("count", 1)
-            gtype = str(e["gpu_type"]).lower()
+            gpus, count, gtype = e["gpus"], e.get("count", 1), e["gpu_type"]
         except KeyError as k:
             raise HorusError(f"cluster file: node #{i}: missing {k}") from None
+        if not isinstance(gtype, str):
+            raise HorusError(f"cluster file: node #{i}: gpu_type must be a name")
+        gtype = gtype.lower()
         if isinstance(gpus, bool) or not isinstance(gpus, int) or isinstance(count, bool) \
                 or not isinstance(count, int) or count < 1:
             raise HorusError(f"cluster file: node #{i}: gpus and count must be positive integers")
@@ -119,6 +131,9 @@ def cluster_from_json(text: str) -> ClusterSpec:
             raise HorusError(f"cluster file: more than {MAX_CLUSTER_GPUS:,} GPUs")
         for c in range(count):
             nodes.append(NodeSpec(name if count == 1 else f"{name}-{c}", gtype, gpus, mem))
+    twice = [x for x, k in Counter(n.name for n in nodes).items() if k > 1]
+    if twice:
+        raise HorusError(f"cluster file: node {twice[0]} named twice")
     return ClusterSpec(tuple(nodes))
 
 
@@ -135,13 +150,16 @@ def cluster_from_slurm_conf(text: str, gres_conf: str | None = None) -> ClusterS
                     gres_types[h] = t
             else:
                 default_type = t
-    nodes = []
+    nodes, seen = [], set()
     for full in node_lines(parse_conf_lines(text)):
         gres = full.get("gres")
         if not gres:
             continue
         gpus = [g for g in parse_gres(gres) if g["name"] == "gpu"]
         for host in expand_hostlist(full["nodename"]):
+            if host in seen:  # as slurmctld, which refuses a node defined twice
+                raise HorusError(f"slurm.conf: node {host} defined twice")
+            seen.add(host)
             for g in gpus:
                 t = g["type"] or gres_types.get(host) or default_type
                 if not t:

@@ -200,7 +200,8 @@ class Simulator(Placement):
             self.version[j] += 1
             # it dies oom_delay in, but Slurm (reservations, drains) knows only its time limit
             self.limit_end[j] = now + self.jobs[j].limit
-            self._push(now + self.oom_delay, _FINISH, j, self.version[j])
+            # (Slurm kills it at its limit first, when that is sooner)
+            self._push(now + min(self.oom_delay, self.jobs[j].limit), _FINISH, j, self.version[j])
         else:
             self.failing[j] = False
             self.remaining[j] = self.jdur[j][t]

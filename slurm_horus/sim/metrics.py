@@ -35,13 +35,15 @@ def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> d
     # that, the kill time, had put a job killed on a T4 exactly at a bound of 2, never beyond).
     slow = sorted(_slowdown(sim, i) for i in done)
     win = sim.w_end - t0
-    in_win = sum(1 for i in done if sim.end[i] <= sim.w_end)
+    # a job killed at its time limit ended, but did not complete: no throughput
+    in_win = sum(1 for i in done if sim.end[i] <= sim.w_end and not sim.timed_out[i])
     t_end = max((sim.end[i] for i in range(len(sim.jobs)) if sim.end[i] >= 0), default=t0)
     span = max(t_end - t0, 0.0)
     G = sim.G
     return {
         "jobs": len(sim.jobs),
-        "completed": len(done),
+        "completed": sum(1 for i in done if not sim.timed_out[i]),
+        "ended": len(done),
         "makespan_s": span,
         "mean_jct_s": sum(jct) / len(jct) if jct else 0.0,
         "median_jct_s": pct(jct, 0.5),

@@ -55,10 +55,13 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
             continue
         submit, elapsed = job["submit_time"], job["elapsed_s"]
         gpus = job["gpus"] or (1 if job["shards"] else 0)
-        if submit is None or not elapsed or elapsed <= 0 or gpus < 1:
-            continue
+        if (submit is None or not elapsed or gpus < 1 or (job.get("state") or "").split()[:1] in UNENDED
+                or not (math.isfinite(submit) and math.isfinite(elapsed) and elapsed > 0)):
+            continue  # not a finished GPU job (a running one's elapsed time is only so far)
         lim = num((j.get("time") or {}).get("limit"))
-        rows.append((float(submit), float(elapsed), min(gpus, max_gpus_per_job), lim * 60.0 if lim else None))
+        lim = lim * 60.0 if lim and math.isfinite(lim) and lim > 0 else None  # NaN, inf: none given
+        # a job larger than the largest node runs on one node of it (documented)
+        rows.append((float(submit), float(elapsed), min(gpus, max_gpus_per_job), lim))
     if not rows:
         raise HorusError("sacct json: no finished GPU job with submit and elapsed times")
     rows.sort(key=lambda r: r[0])
@@ -73,6 +76,7 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
     return jobs
 
 
+UNENDED = (["PENDING"], ["RUNNING"], ["SUSPENDED"], ["REQUEUED"], ["RESIZING"])
 ROW_KEYS = ("submit_time", "elapsed_s", "gpus", "pred_util", "pred_mem", "true_util", "true_mem")
 # runs of a model (or, pooled, of all models) the site must have measured before its residuals
 # replace the shipped ones: fewer say little about the spread
@@ -117,8 +121,10 @@ def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, fl
             lim = float(r["limit_s"]) if r.get("limit_s") is not None else None
         except (TypeError, ValueError):
             raise HorusError(f"row {n}: non-numeric value") from None
-        if not all(math.isfinite(v) for v in vals.values()):
+        if not all(math.isfinite(v) for v in (*vals.values(), p90, 1.0 if lim is None else lim)):
             raise HorusError(f"row {n}: non-finite value")
+        if lim is not None and lim <= 0:
+            raise HorusError(f"row {n}: limit_s must be positive")
         if vals["elapsed_s"] <= 0 or vals["gpus"] < 1 or min(vals.values()) < 0:
             raise HorusError(f"row {n}: need elapsed_s > 0, gpus >= 1 and no negative value")
         colocated = r.get("colocated", False)
