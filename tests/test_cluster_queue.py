@@ -143,6 +143,20 @@ def test_an_oom_requeue_of_an_array_task_moves_that_task_only(mine, tmp_path):
     assert done.get("JobState") == "COMPLETED" and job(t2).get("Restarts") == "1"
 
 
+def test_an_oom_in_an_error_file_named_by_node_and_task_is_found(mine, tmp_path):
+    """scontrol leaves %N, %n and %t of an output pattern as they are (slurmstepd expands them:
+    the batch host's hostname, 0, 0): the loop read a file that does not exist and missed the OOM."""
+    script = tmp_path / "t.sh"
+    script.write_text("#!/bin/bash\n"
+                      f'if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then echo "{OOM}" >&2; exit 1; fi\nexit 0\n')
+    jid = submit(mine, "--gres=gpu:1", f"--comment={hint(30, 6000)}", "-o", "/dev/null",
+                 "-e", str(tmp_path / "e-%N-%t-%n-%%-%j"), str(script))
+    wait(jid, {"FAILED"})
+    assert "%N" in job(jid).get("StdErr", "")  # what scontrol shows
+    acts = queue("--min-wait", "100000", "--jobs", jid)
+    assert [a["action"] for a in acts if str(a["job_id"]) == jid] == ["oom-requeue"]
+
+
 def test_oom_requeue_once_on_a_whole_gpu(mine, tmp_path):
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/bash\n"

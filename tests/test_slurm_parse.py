@@ -198,3 +198,11 @@ def test_show_config_slurm_user_and_private_data():
     assert sp.config_user_id(conf["SlurmUser"]) == 0  # the test cluster's daemons run as root
     assert conf["PrivateData"] == "none"
     assert sp.config_user_id("slurm(64030)") == 64030 and sp.config_user_id("slurm") is None
+
+
+def test_batch_stdio_patterns_scontrol_leaves():
+    # scontrol shows StdErr=/tmp/oomt-%N-%t-%n-1118-root-wrap.err; slurmstepd wrote
+    # /tmp/oomt-vm-0-0-1118-root-wrap.err on the test cluster (host "vm"), and %% as %
+    assert sp.expand_batch_stdio("/tmp/oomt-%N-%t-%n-1118.err", "vm.example.org") == "/tmp/oomt-vm-0-0-1118.err"
+    assert sp.expand_batch_stdio("/x/%%-%3t", None) == "/x/%-000"
+    assert sp.expand_batch_stdio("/x/%N.err", None) is None

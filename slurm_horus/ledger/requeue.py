@@ -33,7 +33,8 @@ from slurm_horus.ledger.claims import open_as_owner, owner_ids
 from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run
 from slurm_horus.slurm.hint import parse_decision, parse_hint
-from slurm_horus.slurm.parse import parse_gres, parse_scontrol_records, squeue_json_records
+from slurm_horus.slurm.parse import (expand_batch_stdio, parse_gres, parse_scontrol_records,
+                                     squeue_json_records)
 from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, policy_value
 from slurm_horus.sim.interference import Interference, sensitivity_at
 
@@ -395,7 +396,16 @@ def stdio_paths(job_id: str) -> dict[str, str]:
     except HorusError:
         return {}  # gone meanwhile: nothing to read
     rec = recs[0] if recs and recs[0].get("JobId") == str(job_id) else {}
-    return {k: rec[k] for k in ("StdErr", "StdOut") if rec.get(k)}
+    out = {k: rec[k] for k in ("StdErr", "StdOut") if rec.get(k)}
+    host = None
+    if any("%N" in v or re.search(r"%\d+N", v) for v in out.values()) and rec.get("BatchHost"):
+        try:  # %N is the batch host's hostname, which scontrol leaves unexpanded
+            nodes = parse_scontrol_records(run(["scontrol", "show", "node", rec["BatchHost"]]))
+            host = nodes[0].get("NodeHostName") if nodes else None
+        except HorusError:
+            host = None
+    expanded = {k: expand_batch_stdio(v, host) for k, v in out.items()}
+    return {k: v for k, v in expanded.items() if v}
 
 
 def read_error_tail(rec: dict) -> str | None:

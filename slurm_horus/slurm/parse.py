@@ -16,7 +16,7 @@ from slurm_horus.errors import HorusError
 
 __all__ = [
     "parse_scontrol_records", "parse_gres", "gpu_types_of_node", "partition_gpu_types",
-    "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config", "config_user_id",
+    "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config", "config_user_id", "expand_batch_stdio",
     "expand_hostlist", "parse_conf_lines", "parse_pipe_table",
     "job_gpus_on_node", "parse_listpids", "job_state", "sinfo_json_nodes",
     "squeue_json_records",
@@ -391,6 +391,29 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
         if sep and key.strip() and " " not in key.strip():
             out[key.strip()] = value.strip()
     return out
+
+
+_NODE_PATTERN = re.compile(r"%(\d*)([Nnt%])")
+
+
+def expand_batch_stdio(path: str, hostname: str | None) -> str | None:
+    """A batch job's StdErr/StdOut as slurmstepd names the file, from scontrol's text, which
+    leaves the per-node and per-task patterns: %N (the batch host's short hostname), %n and
+    %t (0: the batch script is node 0, task 0; a number between % and the letter zero-pads),
+    %% (a %). None when %N is there and the hostname unknown."""
+    def one(m):
+        width, what = int(m.group(1) or 0), m.group(2)
+        if what == "%":
+            return "%"
+        if what == "N":
+            if not hostname:
+                raise LookupError
+            return hostname.split(".")[0]
+        return "0".zfill(width)
+    try:
+        return _NODE_PATTERN.sub(one, path)
+    except LookupError:
+        return None
 
 
 def config_user_id(value: str) -> int | None:
