@@ -188,7 +188,7 @@ def spread(mixes, loads, seeds, sigmas, n_jobs: int, mix: ModelMix, repeat_share
                 runs = [run_policies(cluster, _trace(trace, n_jobs, cluster, s, load, mix, repeat_share, sg), pols)
                         for s in seeds]
                 cells = [_jct_p95(runs, p) for p in pols]
-                within = sum(r["horus"]["p95_slowdown"] <= BOUND for r in runs)
+                within = sum(r["horus"]["p95_slowdown"] <= BOUND + 1e-9 for r in runs)
                 rows.append(f"| {trace} | {load:g} | {sg:g} | {' | '.join(cells)} | {within}/{len(runs)} |")
             print(f"  spread {trace} load {load:g}: done", file=sys.stderr, flush=True)
     return "\n".join([

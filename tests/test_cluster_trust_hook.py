@@ -80,6 +80,10 @@ def show(jid: str) -> dict[str, str]:
     return fields
 
 
+# said, not passed, when the costing a test checks cannot be seen
+RECORDED = "the site's claim record (other tests' syncs) lists this user: the hook gave a whole GPU"
+
+
 def _record_says_whole(admin: str | None) -> bool:
     """The site's claim record (written by other tests' horus-admin sync) may list this uid."""
     return bool(admin) and "claim record:" in admin
@@ -102,7 +106,7 @@ def test_forged_tiny_hint_is_costed_at_the_memory_floor(submit):
     f = show(jid)
     if _record_says_whole(f["AdminComment"]):
         assert tres(f["TresPerNode"]) == "gres:gpu:1"
-        return
+        pytest.skip(RECORDED)
     # 512 MiB on a 15360 MiB t4 at a 90 % pack limit: 4 shards (1 MiB alone would give 2)
     assert tres(f["TresPerNode"]) == "gres:shard:4", f
     assert "mem 512 MiB" in f["AdminComment"]
@@ -115,8 +119,9 @@ def test_workload_token_is_kept_and_ignored(submit):
     f = show(jid)
     assert f["Comment"] == comment
     assert "ignored hint" not in (f["AdminComment"] or "")
-    if not _record_says_whole(f["AdminComment"]):
-        assert tres(f["TresPerNode"]) == "gres:shard:4"
+    if _record_says_whole(f["AdminComment"]):
+        pytest.skip(RECORDED)
+    assert tres(f["TresPerNode"]) == "gres:shard:4"
 
 
 def test_valid_hint_beside_own_shard_request_is_costed_from_the_hint(submit):
@@ -125,7 +130,7 @@ def test_valid_hint_beside_own_shard_request_is_costed_from_the_hint(submit):
     f = show(jid)
     if _record_says_whole(f["AdminComment"]):
         assert tres(f["TresPerNode"]) == "gres:gpu:1"
-        return
+        pytest.skip(RECORDED)
     assert tres(f["TresPerNode"]) == "gres:shard:26" and f["Features"] == "t4"
 
 

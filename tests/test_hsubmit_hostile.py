@@ -132,6 +132,12 @@ def test_a_script_on_stdin_is_read_only_up_to_sbatchs_limit(monkeypatch):
         sub.prepare(["--model", "m.onnx"], env={}, stdin=io.BytesIO(b"#!/bin/sh\n" * 1000))
     plan = sub.prepare(["--model", "m.onnx"], env={}, stdin=io.BytesIO(b"#!/bin/sh\ntrue\n"))
     assert plan.stdin_script == b"#!/bin/sh\ntrue\n"
+    # the whole script goes to sbatch; only its head is decoded for the directives
+    monkeypatch.setattr(sub, "MAX_STDIN_SCRIPT", 1 << 20)
+    monkeypatch.setattr(sub, "DIRECTIVE_BYTES", 64)
+    body = b"#!/bin/sh\n#SBATCH -J early\n" + b"echo x\n" * 1000 + b"#SBATCH -J late\n"
+    plan = sub.prepare(["--model", "m.onnx"], env={}, stdin=io.BytesIO(body))
+    assert plan.stdin_script == body and len(plan.script_text) <= 64
 
 
 def test_a_fifo_in_the_model_registry_does_not_hang(tmp_path):

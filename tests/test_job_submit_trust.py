@@ -9,7 +9,6 @@ import json
 import os
 import random
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -457,18 +456,16 @@ def test_good_lines_survive_garbled_ones_and_duplicates_take_the_max(site):
     assert any("1 unreadable line" in m[1] for m in d.log)
 
 
-def test_only_the_first_64_kib_are_read_and_fast(site):
+def test_only_the_first_64_kib_are_read(site):
     filler = "".join(f"user {100000 + i} u{i} 0 1\n" for i in range(4000))  # ~ 80 KiB
     assert len(filler) > 65536
     at = filler[:65000].rfind("\n") + 1
     early = filler[:at] + "user 54321 alice 4 9\n" + filler[at:]
     late = filler + "user 54321 alice 4 9\n"
     job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1"}
-    t0 = time.perf_counter()
     d_early = run(job, site(record_text=early), uid=54321)
     assert d_early.action == "exclusive"
     assert any("larger than 64 KiB" in m[1] for m in d_early.log)
-    assert time.perf_counter() - t0 < 1.0
     d_late = run(job, site(record_text=late, name="late.conf"), uid=54321)
     assert d_late.action == "shared"
     # the line cut at 64 KiB is not read as a shorter number

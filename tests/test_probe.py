@@ -326,10 +326,14 @@ class _Stopper(pr.FakeSampler):
         return super().sample(pids)
 
 
-def test_epilog_without_probe_is_quick_and_quiet(tmp_path):
+def test_epilog_without_probe_waits_for_nothing_and_is_quiet(tmp_path, monkeypatch):
     env = _prolog_env(tmp_path, 99, "gpu-t4")
-    t0 = time.time()
-    assert pl.epilog(env) == 0 and time.time() - t0 < 1
+
+    def no_wait(*a):
+        raise AssertionError("the Epilog waited for a probe that is not there")
+    monkeypatch.setattr(pl.time, "sleep", no_wait)
+    assert pl.epilog(dict(env, HORUS_PROBE_EPILOG_WAIT="600")) == 0
+    monkeypatch.undo()
     assert pl.prolog(dict(env, SLURM_JOB_ID=""), detach=False) == 0
 
 

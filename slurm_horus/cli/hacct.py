@@ -24,6 +24,29 @@ def _split(values) -> list[str]:
     return out
 
 
+def _array_tasks(tasks: list[str]) -> list[int]:
+    """The own job ids of array tasks named ArrayJobId_TaskId, from Slurm's accounting (as sacct
+    -j takes them; int() had read 224_5 as 2245)."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.slurm import commands as slurm
+
+    pairs = []
+    for x in tasks:
+        a, _, t = x.partition("_")
+        if not (a.isascii() and a.isdigit() and t.isascii() and t.isdigit()
+                and 0 < int(a) < 2 ** 32 and int(t) < 2 ** 32):
+            raise HorusError(f"-j/--jobs: {x!r} is not ArrayJobId_TaskId (task ranges are not read)")
+        pairs.append((int(a), int(t)))
+    try:
+        found = slurm.array_task_job_ids(pairs)
+    except HorusError as e:
+        raise HorusError(f"-j/--jobs: array tasks are looked up in Slurm's accounting: {e}") from None
+    missing = [f"{a}_{t}" for a, t in pairs if (a, t) not in found]
+    if missing:
+        raise HorusError(f"-j/--jobs: Slurm's accounting knows no array task {', '.join(missing)}")
+    return [found[p] for p in pairs]
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
 @click.option("-u", "--user", "users", multiple=True, help="Users (comma-separated).")
@@ -74,9 +97,9 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         return
     cols = report.parse_format(fmt)
     ids = [x.split(".")[0] for x in _split(jobs)]
-    if any("_" in x for x in ids):  # int() reads 224_5 as 2245
-        raise HorusError("-j/--jobs: the ledger keys array tasks by their own job ids (the JobID "
-                         "column), not ArrayJobId_TaskId")
+    tasks = [x for x in ids if "_" in x]  # ArrayJobId_TaskId: the ledger keys tasks by their own ids
+    if tasks:
+        ids = [x for x in ids if "_" not in x] + [str(j) for j in _array_tasks(tasks)]
     job_ids = [int(x) if x.isascii() and x.isdigit() else -1 for x in ids]
     if not all(0 < j < 2 ** 32 for j in job_ids):  # Slurm's ids are 32-bit
         raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}")

@@ -207,8 +207,20 @@ def parse_job(j: dict) -> dict:
         "gpu_index": gidx,
         "comment": comment,
         "admin_comment": admin or None,
+        "array": _array_task(j.get("array")),
         **use,
     }
+
+
+def _array_task(a) -> tuple[int, int] | None:
+    """(ArrayJobId, ArrayTaskId) of an array task; None for other jobs (22.05 gives job_id 0
+    and no task)."""
+    if not isinstance(a, dict):
+        return None
+    job, task = num(a.get("job_id")), num(a.get("task_id"))
+    if not job or task is None or not 0 <= task < 2 ** 32:
+        return None
+    return _job_id(job), int(task)
 
 
 def _int(v):

@@ -29,7 +29,7 @@ from slurm_horus.slurm.accounting import parse_sacct_json
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
            "default_partition", "node_gpu_types", "sbatch", "exec_sbatch", "private_jobs",
-           "backend", "slurm_version", "run_sacct", "accounting_jobs"]
+           "backend", "slurm_version", "run_sacct", "accounting_jobs", "array_task_job_ids"]
 
 TIMEOUT_S = 30
 BACKENDS = ("cli", "pyslurm")
@@ -142,6 +142,15 @@ def accounting_jobs_by_id(job_ids: list[int], chunk: int = 1000) -> list[dict]:
         ids = ",".join(str(int(x)) for x in job_ids[i:i + chunk])
         out += parse_sacct_json(run(["sacct", "--json", "--allusers", "-j", ids], timeout=300))
     return out
+
+
+def array_task_job_ids(tasks: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """{(ArrayJobId, TaskId): the task's own job id} from accounting, for those it knows."""
+    if not tasks:
+        return {}
+    spec = ",".join(f"{a}_{t}" for a, t in tasks)
+    recs = parse_sacct_json(run(["sacct", "--json", "--allusers", "-j", spec], timeout=60))
+    return {r["array"]: r["job_id"] for r in recs if r.get("array") in set(tasks)}
 
 
 def default_partition() -> str:

@@ -26,6 +26,7 @@ from slurm_horus.errors import HorusError, one_line
 __all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error"]
 
 MAX_STDIN_SCRIPT = 512 << 20  # sbatch's MAX_BATCH_SCRIPT_SIZE
+DIRECTIVE_BYTES = 4 << 20  # what is read of a script for its #SBATCH/#HORUS block
 
 # sbatch input environment variables that set request fields we read (22.05).
 _ENV_OPTS = {
@@ -117,7 +118,7 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
             try:  # a regular file only: a pipe (<(...), /dev/stdin) is sbatch's to read, once
                 if stat.S_ISREG(os.stat(split.script).st_mode):
                     with open(split.script, "rb") as f:
-                        text = f.read(4 << 20).decode("utf-8", "replace")
+                        text = f.read(DIRECTIVE_BYTES).decode("utf-8", "replace")
                 else:
                     plan.script_unread = True
             except OSError:  # sbatch will say what is wrong with it (or the script is another
@@ -130,7 +131,8 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
                     raise HorusError(f"script from stdin is too big (over {MAX_STDIN_SCRIPT >> 20} MiB, "
                                      "sbatch's limit)")
                 plan.stdin_script = data
-                text = data.decode("utf-8", "replace")
+                # the directives come first: a 512 MiB script decoded whole took 1.5 GB
+                text = data[:DIRECTIVE_BYTES].decode("utf-8", "replace")
     plan.script_text = text
     horus: dict = {}
     if text is not None:
