@@ -248,12 +248,17 @@ def test_the_node_cap_counts_subgraphs(tmp_path, monkeypatch):
     extract_features(tmp_path / "if.onnx")
 
 
-def test_an_analysis_that_aborts_the_process_still_submits_the_job(tmp_path, slurm_bin):
-    # 900,000 nodes, under the cap: the analysis meets its address-space limit inside native
-    # code, and glibc aborts the process ("cannot allocate memory for thread-local data"): run
-    # in hsubmit's own process, that took the user's job with it (no sbatch, exit 127)
+def test_an_analysis_that_runs_out_of_its_memory_still_submits_the_job(tmp_path, slurm_bin):
+    # one Concat of 5,000,000 inputs, under the node cap: the analysis meets its address-space
+    # limit inside native code (900,000 nodes, under the earlier cap, made glibc abort the
+    # process: run in hsubmit's own process, that took the user's job with it, exit 127)
     env, log = slurm_bin
-    path = _many_nodes(tmp_path / "wide.onnx", 900_000)
+    g = helper.make_graph([], "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    g.node.add(op_type="Concat", input=["x"] * 5_000_000, output=["y"]).attribute.add(
+        name="axis", i=0, type=onnx.AttributeProto.INT)
+    path = tmp_path / "wide.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(path), "--batch-size", "2", "--wrap", "true"], env)
     assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
     lines = cp.stderr.strip().splitlines()

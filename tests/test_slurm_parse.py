@@ -201,8 +201,11 @@ def test_show_config_slurm_user_and_private_data():
 
 
 def test_batch_stdio_patterns_scontrol_leaves():
-    # scontrol shows StdErr=/tmp/oomt-%N-%t-%n-1118-root-wrap.err; slurmstepd wrote
+    # 22.05's scontrol shows StdErr=/tmp/oomt-%N-%t-%n-1118-root-wrap.err; slurmstepd wrote
     # /tmp/oomt-vm-0-0-1118-root-wrap.err on the test cluster (host "vm"), and %% as %
-    assert sp.expand_batch_stdio("/tmp/oomt-%N-%t-%n-1118.err", "vm.example.org") == "/tmp/oomt-vm-0-0-1118.err"
-    assert sp.expand_batch_stdio("/x/%%-%3t", None) == "/x/%-000"
-    assert sp.expand_batch_stdio("/x/%N.err", None) is None
+    f = {"N": "vm.example.org", "j": "1118", "u": "root", "x": "wrap"}
+    assert sp.expand_batch_stdio("/tmp/oomt-%N-%t-%n-1118.err", f) == "/tmp/oomt-vm-0-0-1118.err"
+    assert sp.expand_batch_stdio("/x/%%-%3t", {}) == "/x/%-000"
+    assert sp.expand_batch_stdio("/x/e-%5j-%J-%s.err", f) == "/x/e-01118-1118.batch-batch.err"
+    assert sp.expand_batch_stdio("/x/%N.err", {}) is None
+    assert sp.expand_batch_stdio("/x/a\\%N.err", {}) == "/x/a\\%N.err"  # taken literally

@@ -240,6 +240,7 @@ def export_spec(spec: ModelSpec, cache_dir: str | Path) -> Path:
     if not cache_dir.is_dir():
         cache_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(cache_dir, 0o755)  # whatever the umask: trusted_cache refuses a group-writable one
+    trusted_cache(cache_dir)  # again at use: another user may have made it since the start
     out = cache_dir / f"{spec.name}.onnx"
     if out.exists():
         return out

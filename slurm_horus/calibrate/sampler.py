@@ -48,6 +48,8 @@ class BackgroundSampler:
             self._stop.wait(self.interval)
 
     def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():  # one stuck in NVML before
+            raise HorusError("NVML stopped answering in an earlier run")
         self.summary, self.source = Summary(), "process"
         # utilization only from now on: NVML returns samples newer than this time stamp
         self.nvml.last_ts = {k: int(time.time() * 1e6) for k in self.nvml.last_ts}

@@ -24,7 +24,7 @@ def _split(values) -> list[str]:
     return out
 
 
-def _array_tasks(tasks: list[str]) -> list[int]:
+def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
     """The own job ids of array tasks named ArrayJobId_TaskId, from Slurm's accounting (as sacct
     -j takes them; int() had read 224_5 as 2245)."""
     from slurm_horus.errors import HorusError
@@ -38,7 +38,7 @@ def _array_tasks(tasks: list[str]) -> list[int]:
             raise HorusError(f"-j/--jobs: {x!r} is not ArrayJobId_TaskId (task ranges are not read)")
         pairs.append((int(a), int(t)))
     try:
-        found = slurm.array_task_job_ids(pairs)
+        found = slurm.array_task_job_ids(pairs, cluster)
     except HorusError as e:
         raise HorusError(f"-j/--jobs: array tasks are looked up in Slurm's accounting: {e}") from None
     missing = [f"{a}_{t}" for a, t in pairs if (a, t) not in found]
@@ -99,7 +99,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
     ids = [x.split(".")[0] for x in _split(jobs)]
     tasks = [x for x in ids if "_" in x]  # ArrayJobId_TaskId: the ledger keys tasks by their own ids
     if tasks:
-        ids = [x for x in ids if "_" not in x] + [str(j) for j in _array_tasks(tasks)]
+        ids = [x for x in ids if "_" not in x] + [str(j) for j in _array_tasks(tasks, cluster)]
     job_ids = [int(x) if x.isascii() and x.isdigit() else -1 for x in ids]
     if not all(0 < j < 2 ** 32 for j in job_ids):  # Slurm's ids are 32-bit
         raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}")

@@ -140,8 +140,11 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
     return tied
 
 
-# what a language-model head's logits pass through on their way out: views, and the loss
-_LOGIT_VIEWS = {"Reshape", "Transpose", "Cast", "Identity", "Flatten", "Squeeze", "Unsqueeze"}
+# what a language-model head's logits pass through on their way out: views, the causal shift
+# and last-token picks (Slice, Gather), temperature and soft-capping (Div, Mul, Tanh), and the
+# loss; a layer's product meets another matmul first
+_LOGIT_VIEWS = {"Reshape", "Transpose", "Cast", "Identity", "Flatten", "Squeeze", "Unsqueeze",
+                "Slice", "Gather", "Div", "Mul", "Tanh"}
 _LOGIT_ENDS = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss",
                "ArgMax", "TopK"}
 

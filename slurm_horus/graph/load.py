@@ -38,7 +38,7 @@ MAX_FOLD_ROUNDS = 4  # shape arithmetic chains resolve in a round or two; bound 
 # ONNX's shape inference is one C++ call that the analysis timer (graph.limits) cannot stop, and
 # its time grows with the nodes: a cap bounds it (the largest real graph here, GPT-2 XL, has
 # 10,096), so that a crafted file cannot stall hsubmit or horus-admin sync's claim checks
-MAX_GRAPH_NODES = 1_000_000
+MAX_GRAPH_NODES = 300_000  # GPT-2 XL has 10,096; past it the answer alone would pass limits.MAX_RESULT_BYTES
 # Each round of inference carries shapes past one more op it cannot infer where the schemas of
 # _opaque_schemas could not be registered (and past ops waiting on folded shapes); bound the work.
 MAX_SHAPE_ROUNDS = 32
@@ -138,7 +138,9 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     model, sha256 = _read_model(path, onnx)
     _check_node_count(model.graph, path)
     _drop_weight_values(model)  # first: inlining copies the model, weights and all
-    model = _inline_functions(model, path, onnx)
+    if model.functions:
+        model = _inline_functions(model, path, onnx)
+        _drop_weight_values(model)  # the functions' own Constants, now in the graph
     missing = _check_external_data(model, path.parent.resolve(), onnx)
     graph = model.graph
     if not graph.node:

@@ -31,7 +31,7 @@ from typing import Callable
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger.claims import open_as_owner, owner_ids
 from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
-from slurm_horus.slurm.commands import run
+from slurm_horus.slurm.commands import run, slurm_version
 from slurm_horus.slurm.hint import parse_decision, parse_hint
 from slurm_horus.slurm.parse import (expand_batch_stdio, parse_gres, parse_scontrol_records,
                                      squeue_json_records)
@@ -397,14 +397,21 @@ def stdio_paths(job_id: str) -> dict[str, str]:
         return {}  # gone meanwhile: nothing to read
     rec = recs[0] if recs and recs[0].get("JobId") == str(job_id) else {}
     out = {k: rec[k] for k in ("StdErr", "StdOut") if rec.get(k)}
+    try:
+        if not slurm_version().startswith("22."):
+            return out  # later scontrols expand every pattern themselves (25.11: checked)
+    except HorusError:
+        return out
     host = None
-    if any("%N" in v or re.search(r"%\d+N", v) for v in out.values()) and rec.get("BatchHost"):
-        try:  # %N is the batch host's hostname, which scontrol leaves unexpanded
+    if any(re.search(r"%\d*N", v) for v in out.values()) and rec.get("BatchHost"):
+        try:  # %N is the batch host's hostname, which 22.05's scontrol leaves unexpanded
             nodes = parse_scontrol_records(run(["scontrol", "show", "node", rec["BatchHost"]]))
             host = nodes[0].get("NodeHostName") if nodes else None
         except HorusError:
             host = None
-    expanded = {k: expand_batch_stdio(v, host) for k, v in out.items()}
+    fields = {"N": host, "j": rec.get("JobId"), "A": rec.get("ArrayJobId"), "a": rec.get("ArrayTaskId"),
+              "u": (rec.get("UserId") or "").split("(")[0] or None, "x": rec.get("JobName")}
+    expanded = {k: expand_batch_stdio(v, fields) for k, v in out.items()}
     return {k: v for k, v in expanded.items() if v}
 
 

@@ -223,13 +223,15 @@ class Registry:
             if old not in out and not old.startswith("."):
                 (folder / old).unlink(missing_ok=True)
         for user, name in out.items():
+            path = folder / user
             try:
                 uid, gid = (pwd.getpwnam(user)[2:4]) if _plain_name(user) else (None, None)
             except KeyError:
-                continue  # unknown here: no login of theirs can read it
-            if uid is None:
+                uid = gid = None
+            if uid is None:  # unknown here (deleted?): whoever gets the uid next must not read it
+                if _plain_name(user):
+                    path.unlink(missing_ok=True)
                 continue
-            path = folder / user
             try:
                 st = path.lstat()
                 if (stat.S_ISREG(st.st_mode) and st.st_uid == (uid if os.geteuid() == 0 else st.st_uid)

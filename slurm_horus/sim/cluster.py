@@ -12,6 +12,9 @@ from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.slurm.parse import expand_hostlist, node_lines, parse_conf_lines, parse_gres
 
 MAX_CLUSTER_GPUS = 1_000_000  # the simulator keeps per-GPU arrays: a bound on what it is asked
+# nodes x the largest node's GPUs: the placement keeps a row per node that wide (two lists of
+# them: 20 million slots are about 320 MB)
+MAX_NODE_SLOTS = 20_000_000
 MAX_GPU_MEM_MIB = 16 * 1024 * 1024  # 16 TiB: no GPU has more (a bound on what the file says)
 
 __all__ = ["NodeSpec", "ClusterSpec", "homogeneous_cluster", "cluster_from_json", "cluster_from_slurm_conf"]
@@ -41,7 +44,7 @@ class ClusterSpec:
         total = sum(n.gpus for n in self.nodes)
         if total > MAX_CLUSTER_GPUS:
             raise HorusError(f"cluster: more than {MAX_CLUSTER_GPUS:,} GPUs")
-        if len(self.nodes) * max(n.gpus for n in self.nodes) > max(4 * total, 100_000):
+        if len(self.nodes) * max(n.gpus for n in self.nodes) > MAX_NODE_SLOTS:
             # the placement keeps a row per node as wide as the largest node
             raise HorusError("cluster: nodes of very different sizes (one node has "
                              f"{max(n.gpus for n in self.nodes):,} GPUs beside {len(self.nodes):,} "

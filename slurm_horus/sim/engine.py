@@ -251,6 +251,16 @@ class Simulator(Placement):
         self.freed = True
 
     def _finish(self, j: int, now: float) -> None:
+        if self.failing[j] and self.oom_delay > self.jobs[j].limit:
+            # Slurm killed it at its limit before it ran out of memory: a TIMEOUT, no OOM text
+            # for the queue loop, no requeue (its work counted as done at speed 1 so far)
+            t = self.gtype[self.alloc[j][0]]
+            self.timeouts += 1
+            self.timed_out[j] = True
+            self.remaining[j] = max(self.jdur[j][t] - (now - self.start[j]), 0.0)
+            self.end[j] = now
+            self._release(j, now)
+            return
         if self.failing[j]:
             self.oom_failures += 1
             t = self.gtype[self.alloc[j][0]]

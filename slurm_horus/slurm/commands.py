@@ -144,12 +144,15 @@ def accounting_jobs_by_id(job_ids: list[int], chunk: int = 1000) -> list[dict]:
     return out
 
 
-def array_task_job_ids(tasks: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
-    """{(ArrayJobId, TaskId): the task's own job id} from accounting, for those it knows."""
+def array_task_job_ids(tasks: list[tuple[int, int]], cluster: str | None = None
+                       ) -> dict[tuple[int, int], int]:
+    """{(ArrayJobId, TaskId): the task's own job id} from accounting (``cluster``'s, else the
+    local one's), for those it knows."""
     if not tasks:
         return {}
     spec = ",".join(f"{a}_{t}" for a, t in tasks)
-    recs = parse_sacct_json(run(["sacct", "--json", "--allusers", "-j", spec], timeout=60))
+    where = ["-M", cluster] if cluster else []
+    recs = parse_sacct_json(run(["sacct", "--json", "--allusers", *where, "-j", spec], timeout=60))
     return {r["array"]: r["job_id"] for r in recs if r.get("array") in set(tasks)}
 
 

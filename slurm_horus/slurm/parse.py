@@ -393,25 +393,31 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
     return out
 
 
-_NODE_PATTERN = re.compile(r"%(\d*)([Nnt%])")
+_STDIO_PATTERN = re.compile(r"%(\d*)([AaJjNnstux%])")
 
 
-def expand_batch_stdio(path: str, hostname: str | None) -> str | None:
-    """A batch job's StdErr/StdOut as slurmstepd names the file, from scontrol's text, which
-    leaves the per-node and per-task patterns: %N (the batch host's short hostname), %n and
-    %t (0: the batch script is node 0, task 0; a number between % and the letter zero-pads),
-    %% (a %). None when %N is there and the hostname unknown."""
+def expand_batch_stdio(path: str, fields: dict[str, str | None]) -> str | None:
+    """A batch job's StdErr/StdOut as slurmstepd names the file, from 22.05's scontrol text,
+    which expands only unpadded %A %a %j %u %x: the rest (%N the batch host's hostname, %n and
+    %t 0, %s "batch", %J "<job>.batch", a zero-padded %5j, %% a %) from ``fields`` (letter ->
+    value). A path with a backslash is taken literally, as slurmstepd does. None when a pattern
+    needs a value not given."""
+    if "\\" in path:
+        return path
+    values = {"n": "0", "t": "0", "s": "batch", "%": "%", **fields}
+    if values.get("j"):
+        values.setdefault("J", f"{values['j']}.batch")
+
     def one(m):
         width, what = int(m.group(1) or 0), m.group(2)
-        if what == "%":
-            return "%"
+        v = values.get(what)
+        if v is None:
+            raise LookupError
         if what == "N":
-            if not hostname:
-                raise LookupError
-            return hostname.split(".")[0]
-        return "0".zfill(width)
+            v = v.split(".")[0]
+        return v.zfill(width) if width and v.isdigit() else v
     try:
-        return _NODE_PATTERN.sub(one, path)
+        return _STDIO_PATTERN.sub(one, path)
     except LookupError:
         return None
 
