@@ -472,6 +472,8 @@ def test_a_sampler_stuck_in_nvml_ends_its_run_not_the_calibration(monkeypatch):
     time.sleep(0.02)
     with pytest.raises(HorusError, match="NVML stopped answering"):
         s.stop()
+    with pytest.raises(HorusError, match="stopped answering in an earlier run"):
+        s.start()  # the stuck thread would sample into the next run's figures
 
 
 def test_resume_on_a_file_that_is_not_calibrates_changes_nothing(tmp_path):

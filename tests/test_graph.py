@@ -563,3 +563,35 @@ def test_a_layer_weight_shaped_like_a_tables_transpose_is_not_tied(tmp_path):
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [table, w])
     assert sorted(parameter_tensors(load_graph(save(graph, tmp_path / "t.onnx"), batch_size=2))) == ["pos"]
+    # GPT-2's loss-only export shifts the logits (a Slice) on their way to the loss: still tied
+    ints = [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in (("s0", 0), ("s1", -1), ("ax", 1))]
+    nodes[2:] = [helper.make_node("Slice", ["h", "s0", "s1", "ax"], ["hs"]),
+                 helper.make_node("Div", ["hs", "temp"], ["hd"]),
+                 helper.make_node("LogSoftmax", ["hd"], ["y"])]
+    temp = helper.make_tensor("temp", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [table, w, temp, *ints])
+    assert sorted(parameter_tensors(load_graph(save(graph, tmp_path / "s.onnx"), batch_size=2))) == ["pos"]
+
+
+def test_a_local_functions_constants_are_dropped_once_inlined(tmp_path):
+    # the weights were dropped before inlining, and a function's Constant, copied into the graph
+    # at each call, kept its values through every inference round
+    from onnx import numpy_helper
+    import numpy as np
+
+    big = numpy_helper.from_array(np.zeros((512, 512), dtype=np.float32), "c")
+    fn = helper.make_function("local", "AddC", ["a"], ["b"],
+                              [helper.make_node("Constant", [], ["k"], value=big),
+                               helper.make_node("Add", ["a", "k"], ["b"])], [helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("AddC", ["x"], ["h"], domain="local"),
+                               helper.make_node("AddC", ["h"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, functions=[fn], opset_imports=[helper.make_opsetid("", 17),
+                                                                    helper.make_opsetid("local", 1)])
+    model.ir_version = 8
+    (tmp_path / "c.onnx").write_bytes(model.SerializeToString())
+    g = load_graph(tmp_path / "c.onnx", batch_size=1)
+    consts = [a.t for n in g.nodes for a in n.attribute if a.HasField("t")]
+    assert len(consts) == 2 and not any(t.raw_data or t.float_data for t in consts)

@@ -120,4 +120,8 @@ def test_a_user_gone_from_the_history_loses_their_pseudonym_file(tmp_path):
     assert {p.name for p in (tmp_path / "models" / "users").iterdir()} == {"nobody", "daemon"}
     reg.pseudonyms(["nobody"])
     assert {p.name for p in (tmp_path / "models" / "users").iterdir()} == {"nobody"}
+    # a user deleted from the host whose runs stay in the history loses it too
+    (tmp_path / "models" / "users" / "no-such-user-xyz").write_text("u-0000000000000000\n")
+    reg.pseudonyms(["nobody", "no-such-user-xyz"])
+    assert {p.name for p in (tmp_path / "models" / "users").iterdir()} == {"nobody"}
     assert len((tmp_path / "models" / ".pseudonym-key").read_bytes()) == 32

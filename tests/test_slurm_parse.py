@@ -209,3 +209,12 @@ def test_batch_stdio_patterns_scontrol_leaves():
     assert sp.expand_batch_stdio("/x/e-%5j-%J-%s.err", f) == "/x/e-01118-1118.batch-batch.err"
     assert sp.expand_batch_stdio("/x/%N.err", {}) is None
     assert sp.expand_batch_stdio("/x/a\\%N.err", {}) == "/x/a\\%N.err"  # taken literally
+
+
+def test_an_array_task_is_looked_up_on_the_cluster_asked(monkeypatch):
+    from slurm_horus.slurm import commands
+
+    seen = []
+    monkeypatch.setattr(commands, "run", lambda args, timeout=None: seen.append(args) or '{"jobs": []}')
+    assert commands.array_task_job_ids([(7, 2)], "other") == {}
+    assert seen[0][-4:] == ["-M", "other", "-j", "7_2"]
