@@ -124,12 +124,21 @@ local function decimal_up(s, digits)
 		i, f = string.match(s, "^(%d+)$"), ""
 	end
 	if not i or #i > 9 or #f > 9 then return nil end
-	local v = tonumber(i) * 10 ^ digits
+	-- integer arithmetic on Lua 5.3+ too ("^" gives a float there, and a shard count of 50.0
+	-- would reach the job's GRES as "shard:50.0")
+	local scale = 1
+	for _ = 1, digits do scale = scale * 10 end
+	local v = tonumber(i) * scale
 	if digits > 0 then
 		v = v + tonumber(string.sub(f .. string.rep("0", digits), 1, digits))
 	end
 	if string.find(string.sub(f, digits + 1), "[1-9]") then v = v + 1 end
 	return v
+end
+
+-- a GRES count as Slurm reads it: digits, whatever number type Lua 5.1-5.4 computed it in
+local function count(n)
+	return string.format("%d", math.floor(n + 0.5))
 end
 
 -- 45200 (milli-percent) -> "45.2"
@@ -797,18 +806,18 @@ end
 -- type_via = gres:     gres "shard:<type>:N" (gtype is always a type of gpu.<type>.mem_mib).
 local function shard_request(pol, prefix, gtype, shards, features)
 	if pol.type_via == "gres" then
-		return prefix .. "shard:" .. gtype .. ":" .. shards, nil
+		return prefix .. "shard:" .. gtype .. ":" .. count(shards), nil
 	end
 	local toks = feature_tokens(features)
 	if toks == nil then return nil, nil, "cannot add GPU type to a complex --constraint" end
 	for _, t in ipairs(toks) do
-		if t == gtype then return prefix .. "shard:" .. shards, nil end  -- the user's own constraint
+		if t == gtype then return prefix .. "shard:" .. count(shards), nil end  -- the user's own constraint
 	end
 	if not pol.type_features[gtype] then
 		return nil, nil, "type_via = features, no node feature " .. gtype .. " declared"
 	end
-	if #toks == 0 then return prefix .. "shard:" .. shards, gtype end
-	return prefix .. "shard:" .. shards, features .. "&" .. gtype
+	if #toks == 0 then return prefix .. "shard:" .. count(shards), gtype end
+	return prefix .. "shard:" .. count(shards), features .. "&" .. gtype
 end
 
 local function unchanged(why)
@@ -955,7 +964,7 @@ local function hint_plan(job, pol, uid, preds)
 	-- Shared: the GPU request becomes a shard request in tres_per_node.
 	local gres, features, err
 	if choice.any then
-		gres = e.prefix .. "shard:" .. choice.shards
+		gres = e.prefix .. "shard:" .. count(choice.shards)
 	else
 		gres, features, err = shard_request(pol, e.prefix, choice.gtype, choice.shards, job.features)
 	end

@@ -390,3 +390,14 @@ def test_an_unquoted_hash_ends_a_directive_as_in_sbatch():
     """sbatch 22.05 and 25.11 store --comment=x#y as 'x' (checked on both clusters)."""
     sb, _ = sa.script_directives("#!/bin/bash\n#SBATCH --comment=x#y -J a\n#SBATCH -J 'b # c'\n")
     assert sb == ["--comment=x", "-J", "b # c"]
+
+
+def test_the_explained_job_desc_carries_the_task_counts_the_hook_decides_on():
+    # --explain said "shared" for --gpus=1 -n 4 and --ntasks-per-gpu=2, which slurmctld's hook
+    # leaves unchanged; a --nodes past 64 bits was an OverflowError in lupa
+    plan = sub.prepare(["--gpus=1", "-n", "4", "--ntasks-per-gpu=2", "--nodes=99999999999999999999",
+                        "--wrap", "true"], env={})
+    jd = sub.job_desc_of(plan)
+    assert jd["num_tasks"] == 4 and jd["ntasks_per_tres"] == 2 and "min_nodes" not in jd
+    jd = sub.job_desc_of(sub.prepare(["--gres=gpu:1", "-N", "1-2", "--wrap", "true"], env={}))
+    assert (jd["min_nodes"], jd["max_nodes"]) == (1, 2) and "num_tasks" not in jd

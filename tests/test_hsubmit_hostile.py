@@ -455,3 +455,15 @@ def test_a_digit_python_reads_but_int_does_not_is_no_internal_error(tmp_path, sl
                   "--batch-size", "\u00b2", "--wrap", "true"], env)
     assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
     assert "need a positive integer" in cp.stderr and "internal" not in cp.stderr
+
+
+def test_a_job_no_gpu_of_the_partition_can_hold_is_submitted_with_a_warning(tmp_path, slurm_bin):
+    # GPT-2 XL at batch 16, 512 tokens: 92 GB predicted went in with no word to the user
+    env, log = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "gpt2_xl.onnx"), "--batch-size", "16",
+                  "--dim", "seq=512", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    assert "above every GPU type of partition gpu" in cp.stderr and "run out of GPU memory" in cp.stderr
+    ok = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8",
+                  "--wrap", "true"], env)
+    assert "above every GPU type" not in ok.stderr

@@ -677,3 +677,14 @@ def test_bad_bound_fields_are_bad_hints(comment, why):
     from slurm_horus.slurm.hint import parse_hint
 
     assert parse_hint(comment) is None
+
+
+@pytest.mark.parametrize("lua", ["lua51", "lua54"])
+def test_a_shard_count_from_the_policy_is_an_integer_on_every_lua(lua, tmp_path):
+    # on Lua 5.3+ "^" gives a float: min_shards = 30 reached the job as "gres:shard:30.0"
+    pytest.importorskip(f"lupa.{lua}")
+    policy = tmp_path / "p.conf"
+    policy.write_text(POLICY.read_text() + "\nmin_shards = 30\n")
+    rt = HookRuntime(HOOK, lua=lua)
+    d = rt.submit({"comment": "horus:v1;t4=5/1000/1000", "tres_per_node": "gres:gpu:1"}, policy_path=policy)
+    assert d.action == "shared" and d.job_desc["tres_per_node"] == "gres:shard:30", d.job_desc

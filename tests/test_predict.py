@@ -400,3 +400,20 @@ def test_registry_refuses_a_symlinked_file(trained, tmp_path):
     assert reg.serving() is None
     reg.promote(v1)
     assert reg.serving() == v1
+
+
+def test_the_fits_column_says_no_where_not_even_a_whole_gpu_holds_the_job(tmp_path):
+    # a 92 GB prediction showed "-" on an A100 80 GB (the policy costs no such type), and the
+    # footnote of a "no" read "<=" all the same
+    policy = tmp_path / "policy.conf"
+    policy.write_text("gpu.t4.mem_mib = 15360\npack_limit_pct = 90\n")
+    env = {"HORUS_MODEL_DIR": str(tmp_path / "models"), "HORUS_POLICY": str(policy)}
+    proc = _cli("predict", str(ZOO / "gpt2_xl.onnx"), "-b", "16", "--dim", "seq=512", "--gpu", "t4",
+                "--gpu", "a100-80gb", "--json", env=env)
+    rows = {r["gpu"]: r for r in json.loads(proc.stdout)["predictions"]}
+    assert rows["t4"]["fits"] is False and rows["a100-80gb"]["fits"] is False, rows
+    assert "p90 > a100-80gb's 81920 MiB" in rows["a100-80gb"]["fit_rule"]
+    assert "> 90% of gpu.t4.mem_mib 15360 MiB" in rows["t4"]["fit_rule"]
+    small = json.loads(_cli("predict", str(ZOO / "small_cnn.onnx"), "-b", "8", "--gpu", "t4",
+                            "--gpu", "a100-80gb", "--json", env=env).stdout)
+    assert [r["fits"] for r in small["predictions"]] == [True, None]  # costed; not the policy's question

@@ -159,21 +159,26 @@ def hook_fit(p, gpu, asked: str | None = None) -> Fit:
         with open(path, "rb"):
             pass
     except OSError:
-        return Fit(p.mem_mib_p90 <= gpu.mem_mib, float(gpu.mem_mib),
-                   f"p90 <= {gpu.name}'s {gpu.mem_mib} MiB in the GPU catalog (no readable "
-                   f"policy at {path})")
+        ok = p.mem_mib_p90 <= gpu.mem_mib
+        return Fit(ok, float(gpu.mem_mib),
+                   f"p90 {'<=' if ok else '>'} {gpu.name}'s {gpu.mem_mib} MiB in the GPU catalog "
+                   f"(no readable policy at {path})")
     names = [n for n in dict.fromkeys([asked, gpu.name, *gpu.aliases]) if n]
     mem_of = {n: policy_value(f"gpu.{n.lower()}.mem_mib", path=path) for n in names}
     gtype = next((n for n in names if mem_of[n] is not None), None)
     if gtype is None:
+        if p.mem_mib_p90 > gpu.mem_mib:  # not the hook's question: not even a whole GPU holds it
+            return Fit(False, float(gpu.mem_mib), f"p90 > {gpu.name}'s {gpu.mem_mib} MiB in the "
+                                                  "GPU catalog: it does not fit the GPU at all")
         return Fit(None, None, f"{path} has no gpu.<type>.mem_mib for this type: the hook "
                                "does not pack it")
     pack = int(policy_value("pack_limit_pct", "90", path=path))
     field, mem = charged_mem_mib(p.mem_mib, p.mem_mib_p90, p.mem_mib_p95, p.mem_mib_p99, path=path)
     total = int(mem_of[gtype])
-    return Fit(mem * 100 <= total * pack, total * pack / 100,
-               f"{field} {mem} MiB <= {pack}% of gpu.{gtype.lower()}.mem_mib {total} MiB "
-               f"in {path}")
+    ok = mem * 100 <= total * pack
+    return Fit(ok, total * pack / 100,
+               f"{field} {mem} MiB {'<=' if ok else '>'} {pack}% of gpu.{gtype.lower()}.mem_mib "
+               f"{total} MiB in {path}")
 
 
 def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> None:

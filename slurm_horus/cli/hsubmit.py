@@ -115,7 +115,8 @@ def _predict_or_warn(plan, sub, shown: int) -> bool:
         if sub.on_prediction_error() == "refuse":
             _err(f"error: {err}; job refused (on_prediction_error = refuse)")
             return False
-        sub.warn(f"{err}; submitting the job unchanged")
+        sub.warn(f"{err}; " + ("no prediction to explain (without --explain the job would go "
+                                "unchanged)" if plan.explain else "submitting the job unchanged"))
     return True
 
 

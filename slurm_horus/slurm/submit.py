@@ -248,6 +248,12 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     plan.predictor_note = choice.note
     preds = predict_for(report, gpus, workload, choice)
     plan.predictions = dict(zip(names, preds))
+    if all(p.mem_mib > g.mem_mib for p, g in zip(preds, gpus)):  # not even a whole GPU holds it
+        largest = max(gpus, key=lambda g: g.mem_mib)
+        plan.warnings.append(f"predicted memory {min(p.mem_mib for p in preds):,.0f} MiB or more is above "
+                             f"every GPU type of partition {plan.partition} (the largest, {largest.name}, "
+                             f"has {largest.mem_mib:,} MiB): the job will likely run out of GPU memory "
+                             "(a smaller --batch-size, another partition, or more GPUs)")
     plan.hint = _hint_of(plan.predictions)
     # what sync needs to recompute the features itself, as the admin
     job = {"sha": report.sha256, "bs": workload.batch_size, "task": workload.task,
@@ -312,13 +318,22 @@ def job_desc_of(plan: Plan) -> dict:
     nodes = plan.request("nodes")
     if nodes:
         lo, _, hi = nodes.partition("-")
-        try:
-            jd["min_nodes"] = int(lo)
-            if hi:
-                jd["max_nodes"] = int(hi)
-        except ValueError:
-            pass
+        if _count(lo) is not None:
+            jd["min_nodes"] = _count(lo)
+            if hi and _count(hi) is not None:
+                jd["max_nodes"] = _count(hi)
+    # the task counts the hook decides on too (a GPU per job of several tasks may span nodes)
+    for opt, key in (("ntasks", "num_tasks"), ("ntasks-per-gpu", "ntasks_per_tres")):
+        n = _count(plan.request(opt) or "")
+        if n is not None:
+            jd[key] = n
     return {k: v for k, v in jd.items() if v is not None}
+
+
+def _count(s: str) -> int | None:
+    """A count sbatch would take (32-bit), else None: sbatch itself refuses the rest."""
+    s = s.strip()
+    return int(s) if s.isascii() and s.isdigit() and int(s) < 2 ** 31 else None
 
 
 def _hook_paths(env: dict[str, str]) -> tuple[str | None, str]:
