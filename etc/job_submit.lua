@@ -1176,6 +1176,11 @@ local function frozen_update(job_desc, job_rec)
 				return "a job on GPU shards stays on one node"
 			end
 		end
+		-- a node list of several nodes raises the node count with it (Slurm takes them all)
+		local rn = job_desc.req_nodes
+		if type(rn) == "string" and string.find(rn, "[,%[]") then
+			return "a job on GPU shards stays on one node"
+		end
 	end
 	return nil
 end

@@ -572,6 +572,11 @@ def test_users_cannot_change_the_hint_or_the_gpu_type_of_a_shared_job(site):
         assert modify(rt, fields, 1002, pol, rec=shared)[0] != 0, fields
         assert modify(rt, fields, 1002, pol, rec=whole)[0] == 0, fields
     assert modify(rt, {"max_nodes": 1}, 1002, pol, rec=shared)[0] == 0
+    # a node list of several nodes spreads it as surely (a review: it passed)
+    for nodes in ("n1,n2", "gpu[1-2]"):
+        assert modify(rt, {"req_nodes": nodes}, 1002, pol, rec=shared)[0] != 0, nodes
+        assert modify(rt, {"req_nodes": nodes}, 1002, pol, rec=whole)[0] == 0, nodes
+    assert modify(rt, {"req_nodes": "n1"}, 1002, pol, rec=shared)[0] == 0
     # a comment too long to parse changes no hint
     long = "horus:x " * 10000
     assert modify(rt, {"comment": long}, 1002, pol, rec=dict(shared, comment=long))[0] != 0
