@@ -149,9 +149,7 @@ def _small_text(path: Path, limit: int = 4 * 2**20) -> str | None:
     """The first ``limit`` bytes of a regular file as text (odd bytes replaced); None for a
     FIFO, a device, a folder or a file that cannot be read (doctor must not wait on any)."""
     try:
-        with open_for_reading(path) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
+        with open_for_reading(path, regular_only=True) as f:
             return f.read(limit).decode("utf-8", "replace")
     except OSError:
         return None
@@ -231,7 +229,7 @@ def _packaged(name: str) -> str:
 def check_hook(conf_dir: Path) -> list[Problem]:
     """slurmctld loads job_submit.lua from slurm.conf's folder; it runs as root."""
     hook = conf_dir / "job_submit.lua"
-    code = _hook_code(hook)
+    code = _small_text(hook)
     if code is None:
         return [Problem(f"{hook} is missing: no packing",
                         f"install slurm-horus's {_packaged('job_submit.lua')} as {hook}")]
@@ -257,12 +255,6 @@ def check_regular_files(paths: dict[str, str | Path | None]) -> list[Problem]:
                                "every submission", f"replace {p} with a regular file on a local "
                                "file system"))
     return out
-
-
-def _hook_code(hook: Path) -> str | None:
-    """The hook's source (its first 4 MiB: the shipped one is a few tens of kB); None when it
-    cannot be read."""
-    return _small_text(hook)
 
 
 def _is_horus_hook(code: str) -> bool:
@@ -335,7 +327,7 @@ def check_policy_known_to_hook(pol: Path, hook: Path) -> list[Problem]:
     refuse are check_policy_lines' findings."""
     from slurm_horus.slurm.policy import accepted_policy_keys
 
-    data, code = _policy_bytes(pol), _hook_code(hook)
+    data, code = _policy_bytes(pol), _small_text(hook)
     if data is None or code is None or not _is_horus_hook(code):
         return []  # no hook, or not slurm-horus's: check_hook says so
     out = []
@@ -459,7 +451,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
              version_text: str | None = None) -> list[Problem]:
     """Every problem found. ``version_text``: the Slurm version (``25.11.7``; None: unknown)."""
     from slurm_horus.ledger import default_url
-    from slurm_horus.slurm.policy import policy_file, policy_value
+    from slurm_horus.slurm.policy import declared_type_features, policy_file, policy_value
     from slurm_horus.predict.registry import default_dir
 
     path = Path(slurm_conf)
@@ -481,7 +473,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     spg = int(policy_value("shards_per_gpu", "100", pol))
     type_via = policy_value("type_via", "features", pol)
     mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}
-    declared = set(re.split(r"[,\s]+", policy_value("type_features", "", pol) or "")) - {""}
+    declared = declared_type_features(pol)
     out += check_nodes(conf, gres_conf, spg, type_via, mem_types, declared)
     hook_files = {"the claim record (record_file)":
                   policy_value("record_file", "/var/lib/slurm-horus/record", pol),

@@ -1,26 +1,34 @@
 """Text files a command is pointed at (a cluster description, a policy, slurm.conf, a GPU
 catalog, an export), read as one-line HorusErrors: missing, a folder, larger than the caller
-allows, or not UTF-8 -- never a traceback, and never an endless read of /dev/zero or a pipe."""
+allows, or not UTF-8 -- never a traceback, and never an endless read of /dev/zero or a pipe;
+and the folders the site's own files are written to, made 0755 whatever the umask."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
+from pathlib import Path
 from typing import BinaryIO
 
 from slurm_horus.errors import HorusError
 
-__all__ = ["open_for_reading", "read_text"]
+__all__ = ["create_site_dirs", "open_for_reading", "read_text"]
 
 
-def open_for_reading(path: str | os.PathLike, follow_symlinks: bool = True) -> BinaryIO:
+def open_for_reading(path: str | os.PathLike, follow_symlinks: bool = True,
+                     regular_only: bool = False) -> BinaryIO:
     """``open(path, "rb")`` that does not wait for a writer: a FIFO nobody writes to reads as
     empty instead of hanging the command (a pipe being written, as from ``<(...)``, reads as
-    usual).  Without ``follow_symlinks`` a symlink as the last component raises OSError (ELOOP).
-    Raises OSError."""
+    usual).  Without ``follow_symlinks`` a symlink as the last component raises OSError (ELOOP);
+    with ``regular_only`` anything but a regular file (a FIFO, /dev/zero, a folder) raises
+    OSError too.  Raises OSError."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
+        if regular_only and not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -41,3 +49,19 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int) -> str:
         return data.decode("utf-8-sig")  # a leading BOM (Excel's "CSV UTF-8") is no content
     except UnicodeDecodeError:
         raise HorusError(f"{what} {path}: not UTF-8 text") from None
+
+
+def create_site_dirs(folder: str | os.PathLike) -> None:
+    """Create missing folders 0755 whatever the umask (a group-writable one is refused by every
+    reader that checks trust); existing ones keep their mode."""
+    missing = []
+    d = Path(folder)
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o755)
+            os.chmod(d, 0o755)
+        except FileExistsError:
+            pass

@@ -15,6 +15,7 @@ from typing import Callable
 
 from slurm_horus.calibrate.export import decorrelate, export_weightless
 from slurm_horus.errors import HorusError
+from slurm_horus.textfile import create_site_dirs
 
 
 @dataclass
@@ -237,9 +238,7 @@ def export_spec(spec: ModelSpec, cache_dir: str | Path) -> Path:
     import torch
 
     cache_dir = Path(cache_dir)
-    if not cache_dir.is_dir():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(cache_dir, 0o755)  # whatever the umask: trusted_cache refuses a group-writable one
+    create_site_dirs(cache_dir)  # 0755 whatever the umask: trusted_cache refuses a group-writable one
     trusted_cache(cache_dir)  # again at use: another user may have made it since the start
     out = cache_dir / f"{spec.name}.onnx"
     if out.exists():

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
+from slurm_horus.textfile import create_site_dirs
 
 ENV_URL = "HORUS_LEDGER_URL"
 ENV_DB_TIMEOUT = "HORUS_DB_TIMEOUT"
@@ -63,21 +64,6 @@ def sqlite_file(url: str) -> Path | None:
             or u.database.startswith("file:"):
         return None
     return Path(u.database).expanduser()
-
-
-def create_site_dirs(folder: Path) -> None:
-    """Create missing folders 0755 whatever the umask; existing ones keep their mode."""
-    missing = []
-    d = folder
-    while not d.exists():
-        missing.append(d)
-        d = d.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir(mode=0o755)
-            os.chmod(d, 0o755)
-        except FileExistsError:
-            pass
 
 
 def _create_site_file(path: Path) -> None:

@@ -11,9 +11,10 @@ import os
 import pwd
 from pathlib import Path
 
-from slurm_horus.ledger.db import create_site_dirs, default_url, sqlite_file, upsert
+from slurm_horus.ledger.db import default_url, sqlite_file, upsert
 from slurm_horus.ledger.schema import tables
 from slurm_horus.ledger.store import Ledger
+from slurm_horus.textfile import create_site_dirs
 
 
 def user_extract(url: str | None, user: str) -> Path | None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import stat
 
 from sqlalchemy import and_, func, select, tuple_
 
@@ -112,9 +110,7 @@ def _file_sha(path: str | None, cache: dict) -> str | None:
     if path not in cache:
         try:
             h = hashlib.sha256()
-            with open_for_reading(path) as f:
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    raise OSError("not a regular file")
+            with open_for_reading(path, regular_only=True) as f:
                 while chunk := f.read(1 << 20):
                     h.update(chunk)
             cache[path] = h.hexdigest()

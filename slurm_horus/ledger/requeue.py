@@ -35,7 +35,7 @@ from slurm_horus.slurm.commands import run, slurm_version
 from slurm_horus.slurm.hint import parse_decision, parse_hint
 from slurm_horus.slurm.parse import (expand_batch_stdio, parse_gres, parse_scontrol_records,
                                      squeue_json_records)
-from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, policy_value
+from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, declared_type_features, policy_value
 from slurm_horus.sim.interference import Interference, sensitivity_at
 
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
@@ -606,8 +606,7 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
                           shards_per_gpu(nodes))
-    declared = set(re.split(r"[,\s]+", policy_value("type_features", "") or "")) - {""} \
-        if policy_value("type_via", "features") == "features" else set()
+    declared = declared_type_features() if policy_value("type_via", "features") == "features" else set()
     actions += [a for a in pressure_actions(jobs, nodes, pack_shards, mem_shards, min_wait_s, time.time(),
                                             limit, type_features=declared)
                 if job_ids is None or a.job_id in job_ids]  # every pending job counts in the pressure

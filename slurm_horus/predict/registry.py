@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
-from slurm_horus.textfile import open_for_reading
+from slurm_horus.textfile import create_site_dirs, open_for_reading
 from slurm_horus.predict.learned import MAX_MODEL_BYTES, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
@@ -145,12 +145,19 @@ class Registry:
         with f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise HorusError(f"{path}: not a regular file")
-            root = self.root.resolve()
-            inner = [] if path.parent.resolve() == root else [path.parent.resolve()]  # users/
-            for folder in (*inner, root, *root.parents):
-                _check_trusted(folder, folder.stat(), sticky_ok=folder != root and folder not in inner)
+            self._check_folders(path.parent)
             _check_trusted(path, os.fstat(f.fileno()))
             return f.read(MAX_MODEL_BYTES + 1)
+
+    def _check_folders(self, folder: Path | None = None) -> None:
+        """HorusError unless ``folder`` (the root, or one inside it: users/), the root and its
+        parents are trusted (see above)."""
+        root = self.root.resolve()
+        inner = folder.resolve() if folder is not None else root
+        for d in ([inner] if inner != root else []):
+            _check_trusted(d, d.stat())
+        for d in (root, *root.parents):
+            _check_trusted(d, d.stat(), sticky_ok=d != root)
 
     def list(self) -> list[dict]:
         """One entry per version: its metrics, size of training data and whether it serves."""
@@ -218,7 +225,7 @@ class Registry:
         key = self._key()
         out = {u: "u-" + hmac.new(key, u.encode(), hashlib.sha256).hexdigest()[:16] for u in users}
         folder = self.root / USERS_DIR
-        _make_dir(folder)
+        create_site_dirs(folder)
         for old in os.listdir(folder):  # a user gone: their uid may be someone else's next
             if old not in out and not old.startswith("."):
                 (folder / old).unlink(missing_ok=True)
@@ -274,9 +281,7 @@ class Registry:
         return key
 
     def _make_root(self) -> None:
-        for folder in reversed([self.root, *self.root.parents]):
-            if not folder.exists():
-                _make_dir(folder)
+        create_site_dirs(self.root)
 
     def save_history(self, history: dict) -> None:
         self.save_json(HISTORY_FILE, history)
@@ -294,9 +299,7 @@ class Registry:
             os.unlink(self._write_temp(""))
         except OSError as e:
             raise HorusError(f"model registry {self.root}: cannot write ({e.strerror or e})") from None
-        root = self.root.resolve()
-        for folder in (root, *root.parents):  # what every reader will refuse, found now
-            _check_trusted(folder, folder.stat(), sticky_ok=folder != root)
+        self._check_folders()  # what every reader will refuse, found now
 
     def _write_temp(self, text: str, mode: int = 0o644, folder: Path | None = None) -> str:
         fd, tmp = tempfile.mkstemp(dir=folder or self.root, prefix=".tmp-", suffix=".json")
@@ -316,11 +319,3 @@ def _head(path: Path) -> str:
     with open(path, "rb") as f:
         return f.read(64).decode("ascii", errors="replace").strip()
 
-
-def _make_dir(folder: Path) -> None:
-    """A registry folder, 0755 whatever the umask."""
-    try:
-        folder.mkdir()
-    except FileExistsError:
-        return
-    os.chmod(folder, 0o755)

@@ -31,7 +31,8 @@ from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hook_runtime import Decision, HookCache
 from slurm_horus.textfile import open_for_reading
 
-__all__ = ["decide", "find_hook", "policy_file", "policy_value", "policy_values", "policy_with_overrides"]
+__all__ = ["decide", "declared_type_features", "find_hook", "policy_file", "policy_value", "policy_values",
+           "policy_with_overrides"]
 
 
 def find_hook(hook_path: str | os.PathLike[str] | None = None) -> Path:
@@ -232,6 +233,12 @@ def policy_value(key: str, default: str | None = None,
     except OSError as e:  # missing: the hook is off; there but unusable: it fails closed
         return "whole" if key == "raw_shards" and e.errno != errno.ENOENT else default
     return policy_values(data.decode("utf-8", "surrogateescape")).get(key, default)
+
+
+def declared_type_features(path: str | os.PathLike[str] | None = None) -> set[str]:
+    """The node features the policy's ``type_features`` declares for GPU types (the hook pins a
+    shared job to its type with one)."""
+    return set(re.split(r"[,\s]+", policy_value("type_features", "", path) or "")) - {""}
 
 
 def charged_mem_mib(expected: float, p90: float, p95: float | None = None,

@@ -318,10 +318,9 @@ def job_desc_of(plan: Plan) -> dict:
     nodes = plan.request("nodes")
     if nodes:
         lo, _, hi = nodes.partition("-")
-        if _count(lo) is not None:
-            jd["min_nodes"] = _count(lo)
-            if hi and _count(hi) is not None:
-                jd["max_nodes"] = _count(hi)
+        jd["min_nodes"] = _count(lo)  # None (dropped below) for what sbatch would refuse
+        if jd["min_nodes"] is not None and hi:
+            jd["max_nodes"] = _count(hi)
     # the task counts the hook decides on too (a GPU per job of several tasks may span nodes)
     for opt, key in (("ntasks", "num_tasks"), ("ntasks-per-gpu", "ntasks_per_tres")):
         n = _count(plan.request(opt) or "")
