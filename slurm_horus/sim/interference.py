@@ -159,21 +159,33 @@ class Interference:
                       sigma: float = SENSITIVITY_SIGMA, sens: Sequence[float] | None = None) -> list[float]:
         """:meth:`exceed_share` for each of ``bounds`` in one group (the curve read once);
         ``sens``: each one's known sensitivity, or None (the spread)."""
+        return self.mean_exceed_shares(((1.0, sum_util_pct),), n_jobs, bounds, sigma, sens)
+
+    def mean_exceed_shares(self, weighted_sums: Sequence[tuple[float, float]], n_jobs: int,
+                           bounds: Sequence[float], sigma: float = SENSITIVITY_SIGMA,
+                           sens: Sequence[float] | None = None) -> list[float]:
+        """:meth:`exceed_shares` averaged over (weight, summed util) points: the shares read over
+        the error of a predicted sum (the tail budget prices every candidate join this way)."""
         if n_jobs <= 1:
             return [0.0 for _ in bounds]
-        loss = 1.0 - self._pair(sum_util_pct)  # the median loss; crowd below has the rest
         crowd, worst = self._crowd(n_jobs), self.points[-1][1]
+        # the median loss at each point; crowd below has the rest
+        losses = [(w, 1.0 - self._pair(s)) for w, s in weighted_sums]
         out = []
         for i, bound in enumerate(bounds):
             need = 1.0 / bound / crowd
-            if need >= 1.0:
-                out.append(1.0)
-            elif loss <= 0.0 or worst >= need:
-                out.append(0.0)  # no loss, or even the worst case stays within the bound
-            elif sens is None:
-                out.append(share_above((1.0 - need) / loss, sigma))
-            else:
-                out.append(1.0 if sens[i] > (1.0 - need) / loss else 0.0)
+            total = 0.0
+            for w, loss in losses:
+                if need >= 1.0:
+                    r = 1.0
+                elif loss <= 0.0 or worst >= need:
+                    r = 0.0  # no loss, or even the worst case stays within the bound
+                elif sens is None:
+                    r = share_above((1.0 - need) / loss, sigma)
+                else:
+                    r = 1.0 if sens[i] > (1.0 - need) / loss else 0.0
+                total += w * r
+            out.append(total)
         return out
 
     def loss_rates(self, sum_util_pct: float, n_jobs: int) -> tuple[float, float]:

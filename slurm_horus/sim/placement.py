@@ -200,7 +200,7 @@ class Placement:
         takes (else the idle GPU)."""
         u, m, rx, lim = req.share
         self.no_room = False
-        if u < self.free_sum:
+        if u < self.free_sum and self.lone_pu.min() <= self.free_sum - u:
             cand = np.flatnonzero(self.lone_pu <= self.free_sum - u)
             if len(cand):
                 cand = cand[(self.mroom[cand] >= m) & (self.gtype_np[cand] == req.types[0])]
@@ -244,7 +244,9 @@ class Placement:
         new_speed = self.itf.median_speeds(self.pu[cand] + u, ns + 1)
         cost = (np.asarray(rx)[self.gtype_np[cand]] / new_speed
                 + ns * (self.pspeed[cand] / new_speed - 1.0))
-        i = np.lexsort((self.rank[cand], cost.round(9)))[0]  # rounding drift is no tie-break
+        cost_r = cost.round(9)  # rounding drift is no tie-break
+        ties = np.flatnonzero(cost_r == cost_r.min())
+        i = int(ties[0]) if len(ties) == 1 else int(ties[np.argmin(self.rank[cand[ties]])])
         g = int(cand[i])
         risk = self._join_risk(g, j, u, lim, budget)
         if risk is None or self._fails_budget(risk[1], risk[2], budget):
@@ -278,6 +280,8 @@ class Placement:
                 idle = node_idle[n] if not exclude else node_idle[n] - exclude
                 if idle:
                     best, best_key = min(idle), key
+            if best_key is not None and best_key[0] == 0:
+                break  # nodes with more idle GPUs have larger keys
         return None if best is None else [best]
 
     def _join_risk(self, g: int, j: int, u: float, lim: float, budget: float = INF
@@ -327,11 +331,8 @@ class Placement:
         over the sum's error (sd; _quad_sums)."""
         if sd <= 0.0:
             return self.itf.exceed_shares(su, n, bounds, sens=sens)
-        out = [0.0] * len(bounds)
-        for (_, w), s in zip(QUAD, _quad_sums(su, sd, n)):
-            for i, r in enumerate(self.itf.exceed_shares(s, n, bounds, sens=sens)):
-                out[i] += w * r
-        return out
+        points = [(w, s) for (_, w), s in zip(QUAD, _quad_sums(su, sd, n))]
+        return self.itf.mean_exceed_shares(points, n, bounds, sens=sens)
 
     def _fails_budget(self, added: float, var: float, budget: float) -> bool:
         """The budget's test: a join adding ``added`` expected jobs beyond the bound (and
