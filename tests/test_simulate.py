@@ -626,6 +626,20 @@ def test_exceed_share_matches_the_sensitivity_spread_jobs_are_drawn_from():
     assert itf.exceed_share(70, 2, 2.0) == 0.0 and itf.exceed_share(300, 1, 2.0) == 0.0
 
 
+def test_mean_exceed_shares_is_the_weighted_mean_of_each_points_shares():
+    """The tail budget reads shares over a predicted sum's error in one call; it must be the
+    weighted mean of reading each point alone, bound by bound (known sensitivities too)."""
+    itf = Interference()
+    points = ((0.2, 120.0), (0.5, 175.0), (0.3, 260.0))
+    bounds, sens = (1.5, 2.0, 3.0), (0.4, 1.0, 2.5)
+    for n in (1, 2, 3):
+        for k in (None, sens):
+            want = [sum(w * itf.exceed_shares(s, n, bounds, sens=k)[i] for w, s in points)
+                    for i in range(len(bounds))]
+            assert itf.mean_exceed_shares(points, n, bounds, sens=k) == pytest.approx(want, abs=1e-12)
+    assert any(itf.mean_exceed_shares(points, 2, bounds))  # the case is not all zeros
+
+
 def test_the_sensitivity_spread_gives_the_pair_speeds_lucid_measured():
     """The figures docs/simulator.md quotes for the spread: over Lucid's mix of sums (its six bins'
     pair counts, shared/notes/colocation.md; sums uniform within a bin) the simulated pair speeds
