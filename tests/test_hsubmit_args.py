@@ -125,7 +125,8 @@ echo hello
 
 
 def test_script_directives_only_leading_block():
-    sb, hz = sa.script_directives(SCRIPT)
+    d = sa.script_directives(SCRIPT)
+    sb, hz = d.sbatch, d.horus
     assert sb == ["-p", "a100", "--gres=gpu:1", "--comment=my run", "--job-name=x"]
     assert hz == ["--model=/m/resnet.onnx", "--batch-size", "16", "--dim", "seq=128"]
     opts = sa.parse_sbatch_tokens(sb)
@@ -134,7 +135,7 @@ def test_script_directives_only_leading_block():
 
 
 def test_indented_sbatch_is_not_a_directive_and_command_stops():
-    sb, _ = sa.script_directives("#!/bin/sh\n  #SBATCH -p x\n#SBATCH -p y\n  \nls\n#SBATCH -p z\n")
+    sb = sa.script_directives("#!/bin/sh\n  #SBATCH -p x\n#SBATCH -p y\n  \nls\n#SBATCH -p z\n").sbatch
     assert sb == ["-p", "y"]
 
 
@@ -156,13 +157,16 @@ def test_request_precedence_cmdline_env_script(tmp_path):
     assert sub.prepare(["-p", "gpu", str(script)], env={"SBATCH_PARTITION": "t4"}).request("partition") == "gpu"
 
 
-def test_stdin_script_read_only_with_a_model():
+def test_stdin_script_is_read_for_its_directives_with_or_without_a_model_on_the_command_line():
     data = b"#!/bin/sh\n#SBATCH -p t4\n#HORUS --batch-size=4\nls\n"
     plan = sub.prepare(["--model", "m.onnx"], env={}, stdin=io.BytesIO(data))
     assert plan.stdin_script == data and plan.request("partition") == "t4"
     assert plan.horus["batch-size"] == "4"
-    plan = sub.prepare(["-p", "gpu"], env={}, stdin=io.BytesIO(data))
-    assert plan.stdin_script is None
+    # a #HORUS line may name the model: the script is read (and fed to sbatch) either way
+    plan = sub.prepare(["-p", "gpu"], env={}, stdin=io.BytesIO(data.replace(b"=4", b"=4 --model=m.onnx")))
+    assert plan.stdin_script is not None and plan.model == "m.onnx"
+    # but not with --wrap: sbatch does not read stdin then
+    assert sub.prepare(["--wrap", "true"], env={}, stdin=io.BytesIO(data)).stdin_script is None
 
 
 HINT = "horus:v1;a100=10.0/2000/2500;t4=20.0/2000/2500"
@@ -388,7 +392,7 @@ def test_unbound_model_dimension_attaches_no_hint():
 
 def test_an_unquoted_hash_ends_a_directive_as_in_sbatch():
     """sbatch 22.05 and 25.11 store --comment=x#y as 'x' (checked on both clusters)."""
-    sb, _ = sa.script_directives("#!/bin/bash\n#SBATCH --comment=x#y -J a\n#SBATCH -J 'b # c'\n")
+    sb = sa.script_directives("#!/bin/bash\n#SBATCH --comment=x#y -J a\n#SBATCH -J 'b # c'\n").sbatch
     assert sb == ["--comment=x", "-J", "b # c"]
 
 
@@ -401,3 +405,26 @@ def test_the_explained_job_desc_carries_the_task_counts_the_hook_decides_on():
     assert jd["num_tasks"] == 4 and jd["ntasks_per_tres"] == 2 and "min_nodes" not in jd
     jd = sub.job_desc_of(sub.prepare(["--gres=gpu:1", "-N", "1-2", "--wrap", "true"], env={}))
     assert (jd["min_nodes"], jd["max_nodes"]) == (1, 2) and "num_tasks" not in jd
+
+
+def test_directive_lines_are_split_as_sbatch_get_argument_splits_them():
+    """Checked against 22.05's sbatch -v: a backslash escapes inside quotes too (shlex kept the
+    quote and lost the rest: --comment='it\\'s mine' became "it\\'s"), an empty argument or a
+    hetjob word ends the line, and HetJob in any case is a component separator."""
+    d = sa.script_directives("#!/bin/bash\n#SBATCH --comment='it\\'s mine' -J a\\ b\n"
+                             "#SBATCH -p x '' -J ignored\n#SBATCH -q y HETJOB -J ignored\ntrue\n")
+    assert d.sbatch == ["--comment=it's mine", "-J", "a b", "-p", "x", "-q", "y"] and not d.hetjob
+    assert sa.script_directives("#SBATCH -p a\n#SBATCH   HetJob\n#SBATCH -p b\n").hetjob
+    assert sa.script_directives("#SBATCH -p a\n#SBATCH -J hetjobs\n").hetjob is False
+
+
+def test_pbs_and_bsub_directives_sbatch_translates_are_seen():
+    """sbatch (xlate.c) translates #PBS/#BSUB lines anywhere in the first 100 lines not starting
+    with '#', unless #SBATCH --ignore-pbs: #PBS -q debug after a command still set the partition."""
+    pbs = "#!/bin/bash\n#SBATCH -J x\necho start\n#PBS -q debug\ntrue\n"
+    assert sa.script_directives(pbs).translated == "#PBS"
+    assert sa.script_directives(pbs.replace("-J x", "-J x --ignore-pbs")).translated is None
+    assert sa.script_directives("#BSUB -q a\n#PBS -q b\n").translated == "#BSUB"
+    late = "#!/bin/bash\n" + "true\n" * 101 + "#PBS -q debug\n"
+    assert sa.script_directives(late).translated is None
+    assert sa.script_directives("#!/bin/bash\n#SBATCH -p gpu\ntrue\n").translated is None

@@ -467,3 +467,68 @@ def test_a_job_no_gpu_of_the_partition_can_hold_is_submitted_with_a_warning(tmp_
     ok = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8",
                   "--wrap", "true"], env)
     assert "above every GPU type" not in ok.stderr
+
+
+def test_task_train_never_reaches_sbatch_even_when_the_model_is_named_only_in_the_script(tmp_path, slurm_bin):
+    # sbatch reads --task train as --tasks-per-node and refuses the job: with the model named in
+    # a #HORUS line of a script on stdin, hsubmit passed --task on and the job was lost
+    env, log = slurm_bin
+    script = f"#!/bin/bash\n#HORUS --model={ZOO / 'small_cnn.onnx'}\n#SBATCH --gres=gpu:1 -p gpu\ntrue\n"
+    cp = hsubmit(["--task", "train", "--batch-size", "2"], env, input=script)
+    assert cp.returncode == 0, cp.stderr
+    args = log.read_text().splitlines()
+    assert "--task" not in args and "train" not in args and any(a.startswith("--comment=horus:v1;") for a in args)
+    # no model anywhere: the horus options are dropped with a word, sbatch gets the job as it is
+    cp = hsubmit(["--task", "infer", "--batch-size", "2", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "--task, --batch-size ignored: no --model" in cp.stderr
+    assert log.read_text().splitlines() == ["--wrap", "true"]
+    # a count is sbatch's --tasks-per-node, as before
+    cp = hsubmit(["--task", "4", "--wrap", "true"], env)
+    assert cp.returncode == 0 and log.read_text().splitlines() == ["--task", "4", "--wrap", "true"]
+
+
+def test_the_script_read_is_the_one_sbatch_reads_under_chdir_and_path(tmp_path, slurm_bin):
+    # sbatch looks for a bare script name in -D's folder, then along PATH (checked on 22.05 and
+    # 25.11); hsubmit read ./run.sh and replaced the submitted script's own comment
+    env, log = slurm_bin
+    work, sub_dir, on_path = tmp_path / "w", tmp_path / "w" / "sub", tmp_path / "p"
+    for d in (sub_dir, on_path):
+        d.mkdir(parents=True)
+    (work / "run.sh").write_text("#!/bin/bash\n#SBATCH --comment=wrong-one\ntrue\n")
+    (sub_dir / "run.sh").write_text("#!/bin/bash\n#SBATCH -p gpu --gres=gpu:1 --comment=exp-42\ntrue\n")
+    (on_path / "only-on-path.sh").write_text("#!/bin/bash\n#SBATCH -p gpu --gres=gpu:1 --comment=p-7\ntrue\n")
+    model = ["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "2"]
+    cp = hsubmit(["-D", "sub", *model, "run.sh"], env, cwd=work)
+    assert cp.returncode == 0, cp.stderr
+    assert any(a.startswith("--comment=exp-42 horus:v1;") for a in log.read_text().splitlines()), cp.stderr
+    cp = hsubmit([*model, "only-on-path.sh"], {**env, "PATH": f"{env['PATH']}:{on_path}"}, cwd=work)
+    assert cp.returncode == 0 and "could not be read" not in cp.stderr, cp.stderr
+    assert any(a.startswith("--comment=p-7 horus:v1;") for a in log.read_text().splitlines())
+
+
+def test_a_script_with_pbs_directives_goes_unchanged_with_a_word(tmp_path, slurm_bin):
+    # sbatch turns "#PBS -q debug" into -p debug even after a command; the hint was for the
+    # partition hsubmit saw, not the one the job went to
+    env, log = slurm_bin
+    pbs = tmp_path / "pbs.sh"
+    pbs.write_text("#!/bin/bash\n#SBATCH -p gpu --gres=gpu:1\necho start\n#PBS -q debug\ntrue\n")
+    cp = hsubmit(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "2", str(pbs)], env)
+    assert cp.returncode == 0 and "#PBS directives are translated by sbatch" in cp.stderr
+    assert not any(a.startswith("--comment") for a in log.read_text().splitlines())
+
+
+def test_the_job_gets_the_locale_it_would_get_from_sbatch(tmp_path, slurm_bin):
+    # Python in the C locale sets LC_CTYPE=C.UTF-8 in its environment (PEP 538), and sbatch
+    # copies the environment into the job
+    env, log = slurm_bin
+    bin_dir = Path(env["PATH"].split(":")[0])
+    dump = tmp_path / "sbatch.env"
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\nenv > {dump}\ncat > /dev/null\necho 'Submitted batch job 42'\n")
+    plain = {k: v for k, v in env.items() if not k.startswith("LC_") and k not in ("LANG", "LANGUAGE")}
+    for extra, want in (({}, None), ({"LC_CTYPE": "POSIX"}, "POSIX")):
+        for kw in ({"input": "#!/bin/bash\ntrue\n"}, {}):  # run (stdin script) and exec paths
+            args = [] if kw else ["--wrap", "true"]
+            cp = hsubmit(args, {**plain, **extra, "PYTHONCOERCECLOCALE": "1"}, **kw)
+            assert cp.returncode == 0, cp.stderr
+            got = [x[len("LC_CTYPE="):] for x in dump.read_text().splitlines() if x.startswith("LC_CTYPE=")]
+            assert got == ([] if want is None else [want]), (extra, kw, got)

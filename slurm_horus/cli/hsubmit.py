@@ -100,6 +100,10 @@ def _predict_or_warn(plan, sub, shown: int) -> bool:
 
     if plan.split.hetjob or plan.script_hetjob:
         err = HorusError("heterogeneous job: no prediction attached")
+    elif plan.script_translated:
+        err = HorusError(f"the script's {plan.script_translated} directives are translated by sbatch, "
+                         "not read by hsubmit: no prediction attached (write them as #SBATCH lines, "
+                         "or add #SBATCH --ignore-pbs)")
     else:
         err = None
         try:

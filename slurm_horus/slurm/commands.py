@@ -208,11 +208,31 @@ def _config() -> dict | None:
         return None
 
 
+def _undo_locale_coercion() -> None:
+    """Give LC_CTYPE back the value this process started with.  Python run in the C locale sets
+    LC_CTYPE=C.UTF-8 in its own environment (PEP 538), and sbatch copies its environment into
+    the job: a job sent through hsubmit ran in another locale than one sent by sbatch.  The
+    starting environment is /proc/self/environ; without it nothing is changed."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            start = f.read()
+    except OSError:
+        return
+    was = next((kv[9:] for kv in start.split(b"\0") if kv.startswith(b"LC_CTYPE=")), None)
+    if os.environb.get(b"LC_CTYPE") == was:
+        return
+    if was is None:
+        os.environb.pop(b"LC_CTYPE", None)
+    else:
+        os.environb[b"LC_CTYPE"] = was
+
+
 def sbatch(argv: list[str], stdin: bytes | None = None) -> subprocess.CompletedProcess:
     """Run sbatch with ``argv`` (the script on ``stdin``), its output straight through. No
     timeout of ours, as with exec_sbatch: sbatch bounds its own waits (MessageTimeout, its
     retries), and killing it after it sent the job would leave the user not knowing whether
     the job went in."""
+    _undo_locale_coercion()
     return subprocess.run(["sbatch", *argv], executable=_cmd("sbatch"),  # its messages say "sbatch:"
                           **({"input": stdin} if stdin is not None else {}))
 
@@ -226,5 +246,6 @@ def exec_sbatch(argv: list[str]) -> None:
 
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; sbatch must not
         signal.signal(sig, signal.SIG_DFL)
+    _undo_locale_coercion()
     os.execv(exe, ["sbatch", *argv])
 

@@ -14,13 +14,13 @@ the script; everything else is sbatch's and passes through unchanged.
 
 from __future__ import annotations
 
-import shlex
+import os
 from dataclasses import dataclass, field
 
 __all__ = [
     "SBATCH_LONG_OPTS", "SBATCH_SHORT_OPTS", "HORUS_OPTS", "SbatchOpt", "SplitArgs",
     "resolve_long", "split_args", "parse_sbatch_tokens", "last_value", "has_flag",
-    "script_directives", "horus_directives", "gres_to_tres", "gpus_to_tres",
+    "script_directives", "ScriptDirectives", "script_path", "horus_directives", "gres_to_tres", "gpus_to_tres",
 ]
 
 REQ, OPT, NONE = "required", "optional", "none"
@@ -234,6 +234,20 @@ def split_args(argv: list[str], sbatch_names: frozenset[str] = frozenset()) -> S
     return SplitArgs(out, horus, list(argv[i:]), parsed, hetjob, errors)
 
 
+def script_path(script: str, chdir: str | None, path_env: str | None, cwd: str) -> str:
+    """The file sbatch reads for ``script`` (its search_path, 22.05 and 25.11): a name starting
+    with '.' or '/' as given; any other first in the --chdir folder (the working folder without
+    one), then along PATH, then as given.  A folder is no match; only existence is checked."""
+    if script.startswith((".", "/")):
+        return script
+    base = os.path.join(cwd, chdir) if chdir else cwd
+    for d in [base] + [x for x in (path_env or "").split(":") if x]:
+        full = os.path.join(base, d, script) if d.startswith(".") else os.path.join(d, script)
+        if os.path.exists(full) and not os.path.isdir(full):
+            return full
+    return script
+
+
 def parse_sbatch_tokens(tokens: list[str]) -> list[SbatchOpt]:
     """sbatch options in a token list (a #SBATCH line's arguments), with canonical names."""
     return _scan(list(tokens), None)[1]
@@ -251,42 +265,106 @@ def has_flag(opts: list[SbatchOpt], name: str) -> bool:
     return any(o.name == name for o in opts)
 
 
+_C_SPACE = " \t\n\v\f\r"  # C's isspace(), which sbatch splits on
+_HETJOB_WORDS = ("packjob", "hetjob")
+
+
+def _hetjob_word_at(text: str, i: int) -> int:
+    """Length of a hetjob/packjob word (any case) at ``text[i]`` that ends there, else 0."""
+    for w in _HETJOB_WORDS:
+        end = i + len(w)
+        if text[i:end].lower() == w and (end == len(text) or text[end] in _C_SPACE):
+            return len(w)
+    return 0
+
+
 def _directive_args(rest: str) -> list[str]:
-    """Arguments of one #SBATCH line as sbatch splits them: whitespace separated, quotes group,
-    an unquoted '#' ends the line (``--comment=x#y`` is ``x``, on 22.05 and 25.11)."""
-    try:
-        lex = shlex.shlex(rest, posix=True)
-        lex.whitespace_split = True
-        lex.commenters = "#"
-        words = list(lex)
-    except ValueError:
-        words = rest.split()
-    out = []
-    for w in words:
-        if w.startswith("#"):
-            break
-        out.append(w)
-    return out
+    """Arguments of one directive line as sbatch's get_argument splits them (22.05 and 25.11):
+    whitespace separates, ' and " group, a backslash makes the next character literal (inside
+    quotes too), an unquoted '#' ends the line; a hetjob/packjob word, or an empty argument,
+    ends the line's arguments as it does there (sbatch stops reading the line)."""
+    rest = rest.split("\0", 1)[0]
+    out: list[str] = []
+    i, n = 0, len(rest)
+    while True:
+        while i < n and rest[i] in _C_SPACE:
+            i += 1
+        if i >= n or _hetjob_word_at(rest, i):
+            return out
+        arg: list[str] = []
+        quote = ""
+        while i < n and (quote or rest[i] not in _C_SPACE):
+            c = rest[i]
+            if c == "\\":
+                i += 1
+                if i < n and (quote or rest[i] == " " or rest[i] not in _C_SPACE):
+                    arg.append(rest[i])
+                    i += 1
+                continue
+            if quote:
+                if c != quote:
+                    arg.append(c)
+                else:
+                    quote = ""
+            elif c in "\"'":
+                quote = c
+            elif c == "#":
+                i = n  # the rest of the line is a comment
+                break
+            else:
+                arg.append(c)
+            i += 1
+        if not arg:
+            return out
+        out.append("".join(arg))
 
 
-def script_directives(text: str) -> tuple[list[str], list[str]]:
-    """(#SBATCH arguments, #HORUS arguments) of a batch script, read like sbatch does: only the
-    leading block of comment and blank lines; the first command line ends it."""
+@dataclass
+class ScriptDirectives:
+    """What a batch script's directives say: #SBATCH/#SLURM arguments, #HORUS arguments, whether
+    the #SBATCH lines make a heterogeneous job, and the #PBS/#BSUB magic sbatch would translate
+    (None when there is none, or when #SBATCH --ignore-pbs turns the translation off)."""
+
+    sbatch: list[str]
+    horus: list[str]
+    hetjob: bool = False
+    translated: str | None = None
+
+
+def script_directives(text: str) -> ScriptDirectives:
+    """The directives of a batch script, read like sbatch reads them: #SBATCH/#SLURM/#HORUS
+    lines of the leading block of comment and blank lines (the first command line ends it);
+    #PBS/#BSUB lines anywhere in the first 100 lines not starting with '#' (sbatch's xlate)."""
     sb: list[str] = []
     hz: list[str] = []
+    het = False
     for line in text.split("\n"):  # sbatch's lines: splitlines() also breaks at \f, \v, U+2028, ...
-        if line.startswith("#SBATCH"):
-            sb.extend(_directive_args(line[len("#SBATCH"):]))
-        elif line.startswith("#SLURM"):  # obsolete spelling sbatch still reads
-            sb.extend(_directive_args(line[len("#SLURM"):]))
+        if line.startswith(("#SBATCH", "#SLURM")):  # #SLURM: obsolete spelling sbatch still reads
+            rest = line[len("#SBATCH" if line.startswith("#SBATCH") else "#SLURM"):]
+            head = rest.lstrip(_C_SPACE)
+            het = het or bool(_hetjob_word_at(head, 0))
+            sb.extend(_directive_args(rest))
         elif line.startswith("#HORUS"):
             hz.extend(_directive_args(line[len("#HORUS"):]))
         else:
-            s = line.lstrip()
+            s = line.lstrip(_C_SPACE)
             if s and not s.startswith("#"):
                 break
-    return sb, hz
-
+    translated = None
+    if not has_flag(parse_sbatch_tokens(sb), "ignore-pbs"):
+        for magic in ("#BSUB", "#PBS"):  # sbatch tries them in this order, translates one
+            non_comments = 0
+            for line in text.split("\n"):
+                if line.startswith(magic):
+                    translated = magic
+                    break
+                if not line.startswith("#"):
+                    non_comments += 1
+                    if non_comments > 100:
+                        break
+            if translated:
+                break
+    return ScriptDirectives(sb, hz, het, translated)
 
 
 def horus_directives(tokens: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:

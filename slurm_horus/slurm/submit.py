@@ -46,6 +46,7 @@ class Plan:
     script_unread: bool = False             # a script path hsubmit could not read (a pipe sbatch
     #                                         must read itself, once; no such file; no access)
     script_hetjob: bool = False             # its #SBATCH lines make a heterogeneous job
+    script_translated: str | None = None    # its #PBS/#BSUB directives, which sbatch translates
     answers_only: bool = False              # --help, --usage, --version: sbatch submits nothing
     script_opts: list[sa.SbatchOpt] = field(default_factory=list)
     horus: dict[str, object] = field(default_factory=dict)
@@ -99,10 +100,9 @@ def _horus_dict(pairs: list[tuple[str, str | None]], into: dict) -> None:
 
 
 def prepare(argv: list[str], env: dict[str, str] | None = None,
-            stdin=None, read_stdin: bool | None = None) -> Plan:
+            stdin=None) -> Plan:
     """Split ``argv`` and read the script's directives.  ``stdin`` (a binary file) is read for
-    the script only when there is no script path and no --wrap, and a model was asked on the
-    command line (or ``read_stdin`` says so)."""
+    the script when there is no script path and no --wrap."""
     env = dict(os.environ if env is None else env)
     split = sa.split_args(argv)
     if split.errors:
@@ -115,17 +115,21 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     answers_only = plan.answers_only = any(sa.has_flag(split.parsed, f) for f in ("help", "usage", "version"))
     if not wrap and not answers_only:
         if split.script:
+            # the file sbatch will read: -D's folder, PATH, then the working folder
+            path = sa.script_path(split.script, sa.last_value(split.parsed, "chdir"), env.get("PATH"),
+                                  os.getcwd())
             try:  # a regular file only: a pipe (<(...), /dev/stdin) is sbatch's to read, once
-                if stat.S_ISREG(os.stat(split.script).st_mode):
-                    with open(split.script, "rb") as f:
+                if stat.S_ISREG(os.stat(path).st_mode):
+                    with open(path, "rb") as f:
                         text = f.read(DIRECTIVE_BYTES).decode("utf-8", "replace")
                 else:
                     plan.script_unread = True
             except OSError:  # sbatch will say what is wrong with it (or the script is another
                 plan.script_unread = True  # word: an option sbatch reads in a way we do not)
         else:
-            want = ("model" in cmd_horus or "explain" in cmd_horus) if read_stdin is None else read_stdin
-            if want and stdin is not None:
+            # read whether or not the command line names a model: a #HORUS line may, and then
+            # the command line's --task is hsubmit's, not sbatch's
+            if stdin is not None:
                 data = stdin.read(MAX_STDIN_SCRIPT + 1)
                 if len(data) > MAX_STDIN_SCRIPT:  # sbatch's own limit: it would refuse it too
                     raise HorusError(f"script from stdin is too big (over {MAX_STDIN_SCRIPT >> 20} MiB, "
@@ -136,10 +140,10 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     plan.script_text = text
     horus: dict = {}
     if text is not None:
-        sb, hz = sa.script_directives(text)
-        plan.script_hetjob = any(w in ("hetjob", "packjob") for w in sb)
-        plan.script_opts = sa.parse_sbatch_tokens(sb)
-        pairs, errs = sa.horus_directives(hz)
+        d = sa.script_directives(text)
+        plan.script_hetjob, plan.script_translated = d.hetjob, d.translated
+        plan.script_opts = sa.parse_sbatch_tokens(d.sbatch)
+        pairs, errs = sa.horus_directives(d.horus)
         for e in errs:
             plan.warnings.append(f"{e} (ignored)")
         _horus_dict(pairs, horus)
@@ -151,11 +155,15 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     horus.update(cmd_horus)
     if dims:
         horus["dim"] = dims
-    if "task" in cmd_horus and ("model" not in horus or str(cmd_horus["task"]).strip().isdigit()):
-        # no model asked (hsubmit is sbatch), or a count, not train/infer: --task is sbatch's
-        # (--tasks-per-node)
+    if "task" in cmd_horus and str(cmd_horus["task"]).strip().isdigit():
+        # a count, not train/infer: --task is sbatch's (its abbreviation of --tasks-per-node)
         plan.split = sa.split_args(argv, frozenset({"task"}))
         horus.pop("task")
+    unused = [k for k in horus if k not in ("explain", "horus-probe")]
+    if "model" not in horus and unused and not answers_only:
+        # sbatch would refuse them (--task train is its --tasks-per-node): dropped, not passed on
+        plan.warnings.append(f"{', '.join('--' + k for k in unused)} ignored: no --model on the command "
+                             "line or in #HORUS lines hsubmit could read; submitting the job unchanged")
     plan.horus = horus
     if horus.get("horus-probe"):  # drop-in scripts keep working
         plan.warnings.append("--horus-probe is ignored: the site's Prolog measures every job")
