@@ -469,3 +469,31 @@ def test_two_noisy_runs_do_not_flatten_the_extrapolation(resnet):
     truth = _site(64)[0]
     assert p.predictor == "history:exact" and abs(p.mem_mib - truth) / truth < 0.25
     assert p.mem_mib > _site(8)[0] + 2000 + 1000  # well above the flat line
+
+
+def test_a_correction_from_too_few_users_may_raise_figures_never_lower_them():
+    """One user's two graphs run at 0.3x the cold start (inference submitted as training) had set
+    an a100 offset of -21 GB: every other user's prediction halved.  Two users' files named
+    resnet50_* had pulled every resnet50 down.  Three users' evidence may lower."""
+    def run(i, user, mem, family="other"):
+        return {"sha": f"{i:064x}", "gpu": "a100-40gb", "bs": 8, "task": "train", "opt": "adam",
+                "prec": "fp32", "dims": "", "mem": mem, "util": 30.0, "cold_mem": 12000.0,
+                "cold_util": 60.0, "user": user, "family": family}
+    low = [run(i // 2, "mallory", 3600.0, "resnet50") for i in range(4)]
+    h = HistoryPredictor().fit(low)
+    off = h.offsets["a100-40gb"]["cold-start"]
+    assert off["mem_mib"] == 0.0 and off["util_pp"] == 0.0
+    fam = h.families["a100-40gb"]["resnet50"]
+    assert fam["mem_log_ratio"] == 0.0 and fam["util_shift"] == 0.0
+    # raising needs no quorum: one user's graphs above the cold start still raise
+    high = HistoryPredictor().fit([run(i // 2, "alice", 15000.0) for i in range(4)])
+    assert high.offsets["a100-40gb"]["cold-start"]["mem_mib"] > 2000
+    # three users' graphs alike may lower
+    three = HistoryPredictor().fit([run(i, f"u{i % 3}", 9000.0 + 10 * i, "resnet50") for i in range(6)])
+    assert three.offsets["a100-40gb"]["cold-start"]["mem_mib"] < -2000
+    assert three.families["a100-40gb"]["resnet50"]["mem_log_ratio"] < 0
+    # the admin's imports (no user: calibration runs) are trusted alone, but not beside one user
+    admin = HistoryPredictor().fit([run(i // 2, None, 3600.0) for i in range(4)])
+    assert admin.offsets["a100-40gb"]["cold-start"]["mem_mib"] < -2000
+    mixed = HistoryPredictor().fit([run(10 + i // 2, None, 11000.0) for i in range(4)] + low)
+    assert mixed.offsets["a100-40gb"]["cold-start"]["mem_mib"] == 0.0

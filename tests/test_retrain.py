@@ -110,13 +110,12 @@ def _ground_truth(tmp_path, models, **kw):
 
 def test_worse_serving_model_is_replaced(tmp_path):
     """v0001 saw fp32 jobs only; the site then runs AMP jobs, which keep less memory than the
-    cold start says, and v0001 (which knows the inputs' range) wrongly applies the fp32 ratio to
-    them. Judged on those jobs it never saw, the candidate is promoted, and it is truly better
-    on jobs neither saw. Scoring v0001 on all rows, its own training rows included (as retrain
-    once did), makes it look better and keeps it: checked below, so this test can tell."""
-    from slurm_horus.ledger.retrain import import_csv, retrain, score
+    cold start says.  v0001 never saw an AMP job, so it leaves them to the cold start (it had
+    applied its fp32 ratio to them).  Judged on those jobs it never saw, the candidate, which
+    learned them, is promoted, and it is truly better on jobs neither saw."""
+    from slurm_horus.ledger.retrain import import_csv, retrain
     from slurm_horus.ledger.training import training_set
-    from slurm_horus.predict.learned import accuracy
+    from slurm_horus.predict import learned
 
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     reg = Registry(tmp_path / "models")
@@ -131,9 +130,12 @@ def test_worse_serving_model_is_replaced(tmp_path):
                                          seed=3, precisions=("fp32", "amp"))
     assert truth_new < truth_old
     assert res["promoted"] and res["better"] and reg.serving() == "v0002"
-    ts = training_set(L)  # the old comparison: v0001 on every row, the candidate out-of-fold
-    pm, pu, _ = reg.load("v0001").answer(ts.X, ts.cold_mem, ts.cold_util)
-    assert score(accuracy(pm, ts.mem, pu, ts.util)) < score(res["cv"])
+    ts = training_set(L)
+    _, _, why = reg.load("v0001").answer(ts.X, ts.cold_mem, ts.cold_util)
+    amp = np.array([r[learned.input_names().index("prec_amp")] == 1.0 for r in ts.X])
+    assert amp.sum() == 40 and set(why[amp]) == {"unlike the training data"} and set(why[~amp]) == {""}
+    _, _, why = reg.load("v0002").answer(ts.X, ts.cold_mem, ts.cold_util)
+    assert set(why) == {""}
 
 
 def test_better_serving_model_is_kept(tmp_path):
@@ -551,3 +553,78 @@ def test_a_retrain_the_ledger_fails_to_record_serves_nothing_new(tmp_path, monke
     r = CliRunner().invoke(retrain, ["--ledger", url, "--model-dir", str(reg), "--max-iter", "40", "--force"])
     assert r.exit_code != 0 and "locked" in r.output, r.output
     assert Registry(reg).serving() is None and not (reg / "calibration.json").exists()
+
+
+def test_one_users_reruns_far_above_the_cold_start_do_not_block_retraining(tmp_path):
+    """40 of 190 jobs at 20x the cold start (beyond what any learned model may answer) had put
+    the p90 margin past the loader's bound: v0001.json was written, recorded as promoted, and
+    every later load (and retrain) refused it."""
+    from slurm_horus.ledger.retrain import import_csv, retrain
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    reg = Registry(tmp_path / "models")
+    write_csv(tmp_path / "a.csv", n=150, seed=4)
+    write_csv(tmp_path / "rogue.csv", n=40, seed=9, ratio={"fp32": 20.0})
+    import_csv(L, str(tmp_path / "a.csv"))
+    import_csv(L, str(tmp_path / "rogue.csv"))
+    res = retrain(L, reg, max_iter=40, log=lambda m: None)
+    model = reg.load(res["version"])  # loads: its margin is that of the jobs it may answer
+    assert abs(model.mem_log_q90) < math.log(2.0)
+    assert retrain(L, reg, max_iter=10, force=True, log=lambda m: None)["promoted"]
+    assert reg.load(reg.serving()).mem_log_q90 < math.log(2.0)
+
+
+def test_a_retrain_that_keeps_the_model_keeps_its_calibrated_bounds(tmp_path):
+    """With no job unseen by the serving model, the rewritten calibration had no learned entry:
+    sites with memory = p95 went back to the p90 after a routine retrain."""
+    from slurm_horus.ledger.retrain import import_csv, retrain
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    reg = Registry(tmp_path / "models")
+    write_csv(tmp_path / "a.csv", n=150, seed=4)
+    import_csv(L, str(tmp_path / "a.csv"))
+    retrain(L, reg, max_iter=40, log=lambda m: None)
+    first = json.loads((tmp_path / "models" / "calibration.json").read_text())
+    assert first["model"] == "v0001" and "learned" in first["quantiles"]["*"]
+    res = retrain(L, reg, max_iter=10, log=lambda m: None)
+    assert not res["promoted"] and res["held_out_rows"] == 0
+    again = json.loads((tmp_path / "models" / "calibration.json").read_text())
+    assert again["model"] == "v0001"
+    for gtype, entry in first["quantiles"].items():
+        assert again["quantiles"][gtype]["learned"] == entry["learned"]
+
+
+def test_the_learned_model_answers_only_gpu_types_and_workloads_it_trained_on(tmp_path):
+    """Trained on A100 and T4 training jobs: a V100 job (its figures inside the A100-T4 range) or
+    an inference job goes to the cold start; the same job on an A100 is answered."""
+    from slurm_horus.ledger.retrain import import_csv, retrain
+    from slurm_horus.ledger.training import training_set
+    from slurm_horus.predict import learned
+    from slurm_horus.predict.gpus import get_gpu
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    reg = Registry(tmp_path / "models")
+    write_csv(tmp_path / "a.csv", n=150, seed=4)
+    import_csv(L, str(tmp_path / "a.csv"))
+    retrain(L, reg, max_iter=40, log=lambda m: None)
+    model = reg.load("v0001")
+    names = learned.input_names()
+    ts = training_set(L)
+    row = list(ts.X[0])
+    v100 = get_gpu("v100")
+    other = list(row)
+    for col, x in zip(learned.SEEN_COLUMNS["gpu"], (math.log(v100.fp32_tflops), math.log(v100.fp16_tflops),
+                                                     math.log(v100.mem_bw_gbs), math.log(v100.mem_mib),
+                                                     float(v100.sm_count))):
+        other[names.index(col)] = x
+    infer = list(row)
+    infer[names.index("task_train")] = 0.0
+    _, _, why = model.answer([row, other, infer], [ts.cold_mem[0]] * 3, [ts.cold_util[0]] * 3)
+    assert list(why) == ["", "unlike the training data", "unlike the training data"]
+    # what it saw survives the file; a file listing none is refused
+    text = model.to_json()
+    assert learned.LearnedModel.from_json(text).seen == model.seen
+    bad = json.loads(text)
+    bad["seen"]["gpu"] = []
+    with pytest.raises(HorusError, match="gpu rows it was trained on"):
+        learned.LearnedModel.from_json(json.dumps(bad))

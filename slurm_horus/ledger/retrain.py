@@ -32,7 +32,7 @@ from slurm_horus.ledger import failed_measurement
 from slurm_horus.ledger.training import training_set, training_units, unit_medians
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
-from slurm_horus.predict.learned import MIN_TRAIN_ROWS, accuracy, fit
+from slurm_horus.predict.learned import MAX_MEM_RATIO, MIN_TRAIN_ROWS, accuracy, fit
 from slurm_horus.predict.registry import CALIBRATION_FILE
 from slurm_horus.predict.workload import workload_dict, workload_from
 from slurm_horus.progress import Progress
@@ -162,6 +162,7 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     order, parts = graph_folds([ts.graphs[i] for i in first], folds, seed)
     folds = len(parts)  # fewer than asked where there are fewer graphs
     oof_mem, oof_util = np.zeros(n), np.zeros(n)
+    oof_learned = np.zeros(n, bool)  # the fold's learned model answered (not the cold start)
     with Progress("retrain", folds + 1, enabled=progress) as bar:
         for k, test_units in enumerate(parts):
             train = np.setdiff1d(order, test_units, assume_unique=True)
@@ -170,7 +171,8 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
             # every job of the held-out units, through the gate that serves
             # (LearnedModel.answer): scored as it would answer
             test = np.flatnonzero(np.isin(unit, test_units))
-            oof_mem[test], oof_util[test], _ = m.answer(X[test], cmem[test], cutil[test])
+            oof_mem[test], oof_util[test], why = m.answer(X[test], cmem[test], cutil[test])
+            oof_learned[test] = why == ""
             bar.advance(f"fold {k + 1}/{folds}")
         model = fit(Xu, umem, uutil, ucmem, seed=seed, max_iter=max_iter)
         bar.advance("final fit")
@@ -191,13 +193,20 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
         log(f"only {len(held)} measured jobs unseen by {baseline} (need {MIN_EVAL_ROWS}): "
             "the candidate cannot be judged against it")
     cv = accuracy(oof_mem, mem, oof_util, util)
-    q90 = conformal_quantile(np.log(mem / oof_mem), 0.9)
+    # the margin of the learned model's own answers, on jobs a learned model may answer (within
+    # MAX_MEM_RATIO of the cold start): with the cold start's fallbacks and one user's reruns at
+    # 20x it in, the margin was past the loader's bound, and every later retrain stored a model
+    # nothing could load
+    scored = oof_learned & (np.abs(np.log(mem / cmem)) <= math.log(MAX_MEM_RATIO))
+    resid = np.log(mem[scored] / oof_mem[scored])
+    q90 = conformal_quantile(resid, 0.9)
     model.metrics = {**cv, "cv_folds": folds}
-    model.mem_log_q90 = float(q90 if q90 is not None else np.max(np.log(mem / oof_mem)))
+    model.mem_log_q90 = float(q90 if q90 is not None else (np.max(resid) if len(resid) else 0.0))
     model.meta.update({"rows": n, "units": int(len(first)), "cv_folds": folds,
                        "baseline": baseline,
                        "baseline_metrics": old, "held_out_rows": int(len(held)),
                        "source": "horus-admin retrain"})
+    model.check()  # before anything is stored: a model the loader refuses is never written
     version = registry.add(model)
     registry.save_json(f"rows-{version}.json", {"version": 1, "keys": ts.keys}, mode=0o600)
     promoted = better or force
@@ -210,6 +219,8 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
         sources["learned"] = (held.tolist(), mem[held], base_mem, util[held], base_util)
     now_serving = version if promoted else serving_version
     quantiles = calibrate(ts.gpu_types, sources)
+    if not promoted and serving_version:
+        _keep_learned_bounds(registry, serving_version, quantiles)
     # the ledger first: a retrain that fails there (a sync holding the lock past the timeout)
     # has changed nothing that serves, where promoting first served a model the ledger never knew
     ledger.record_predictor_version(version, {"cv": cv, "held_out": new, "baseline": old,
@@ -225,6 +236,21 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     return {"version": version, "rows": n, "skipped": ts.skipped, "failed": ts.failed,
             "cv": cv, "cv_folds": folds, "held_out": new, "baseline": old, "held_out_rows": int(len(held)),
             "baseline_version": baseline, "better": better, "promoted": promoted}
+
+
+def _keep_learned_bounds(registry, serving_version: str, quantiles: dict) -> None:
+    """The kept model's calibrated bounds where too few jobs are unseen by it to calibrate them
+    anew: a routine retrain with no new jobs had dropped them, and sites with memory = p95 went
+    back to the p90 without a word."""
+    try:
+        before = registry.load_json(CALIBRATION_FILE)
+    except HorusError:
+        return
+    if not isinstance(before, dict) or before.get("model") != serving_version:
+        return
+    for gtype, entry in (before.get("quantiles") or {}).items():
+        if isinstance(entry, dict) and "learned" in entry and "learned" not in quantiles.get(gtype, {}):
+            quantiles.setdefault(gtype, {})["learned"] = entry["learned"]
 
 
 # --------------------------------------------------------------------------- import

@@ -20,6 +20,7 @@ Slurm's NVML-autodetected type names (``nvidia_a100-sxm4-40gb``) and raw NVML na
 
 from __future__ import annotations
 
+import math
 import dataclasses
 import functools
 import json
@@ -316,8 +317,8 @@ class _Builder:
     def _check(name: str, e: Mapping[str, Any], where: str) -> None:
         def number(key: str) -> float:
             v = e[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-                raise HorusError(f"{where}: '{key}' must be a number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise HorusError(f"{where}: '{key}' must be a finite number, got {v!r}")
             return v
 
         for key in _POSITIVE_FIELDS:

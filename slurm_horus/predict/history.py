@@ -46,6 +46,7 @@ USER_WEIGHT = 1.0
 MIN_OFFSET_JOBS = 3      # site offsets need this many measured jobs on a GPU type ...
 MIN_OFFSET_GRAPHS = 2    # ... of at least this many graphs (one graph's error is not the site's)
 MIN_MARGIN_ROWS = 10     # leave-one-out residuals a tier needs before its own p90 is trusted
+MIN_LOWERING_USERS = 3   # distinct users a correction needs to lower figures (admin imports: none)
 NO_OFFSET = {"mem_mib": 0.0, "util_pp": 0.0, "n": 0}
 
 
@@ -178,6 +179,17 @@ def _user_weights(users: list) -> list[float]:
     return [1.0 / counts[u] for u in users]
 
 
+def _raise_only_unless_many(correction: dict, owners: list, keys: tuple[str, ...]) -> dict:
+    """A site offset or pooled correction whose graphs come from fewer than
+    MIN_LOWERING_USERS users may raise the figures it corrects, never lower them: every user
+    weighs one in the medians, so two or three users' runs (a graph run starved, inference
+    submitted as training) had set a lower prediction, and tighter packing, for everyone.
+    Runs the admin imported (no user: calibration measurements) are trusted to lower alone."""
+    if len(set(owners)) >= MIN_LOWERING_USERS or all(o is None for o in owners):
+        return correction
+    return {**correction, **{k: max(correction[k], 0.0) for k in keys if correction.get(k) is not None}}
+
+
 def weighted_median(values: list[float], weights: list[float]) -> float:
     """The median of ``values`` under ``weights`` (with equal weights, statistics.median)."""
     pairs = sorted(zip(values, weights))
@@ -281,10 +293,10 @@ class HistoryPredictor:
         out: dict[str, dict[str, dict]] = defaultdict(dict)
         for (gpu, name), graphs in sorted(by.items()):
             off = self.cold_offset(gpu)
-            pooled = pooled_correction(list(graphs.values()),
-                                       [_owner(r.get("user") for r in rs) for rs in graphs.values()], off)
+            owners = [_owner(r.get("user") for r in rs) for rs in graphs.values()]
+            pooled = pooled_correction(list(graphs.values()), owners, off)
             if pooled:
-                out[gpu][name] = pooled
+                out[gpu][name] = _raise_only_unless_many(pooled, owners, ("mem_log_ratio", "util_shift"))
         return dict(out)
 
     @staticmethod
@@ -312,7 +324,7 @@ class HistoryPredictor:
                     if (us := [u for _, u in v if u is not None])]
             off = site_offset(mem, util, sum(len(v) for v in graphs.values()))
             if off:
-                out[gpu][base] = off
+                out[gpu][base] = _raise_only_unless_many(off, [owner[g] for g in graphs], ("mem_mib", "util_pp"))
         return dict(out)
 
     def _margins(self) -> dict[str, float]:

@@ -42,6 +42,15 @@ MAX_MODEL_BYTES = 64 * 2**20
 RANGE_FEATURES = ("log_flops", "log_params", "log_saved_activation_bytes", "log_batch_size",
                   "gpu_log_bw", "gpu_sm")
 RANGE_MARGIN = 1.0  # beyond the training range still trusted: x e for logs, one SM
+# Columns whose exact values the model must have seen: the GPU type (its figures; trees split
+# between T4 and A100 figures had answered V100, A10 and L4 jobs they never saw) and the
+# workload (a model trained on inference alone could not even see task_train, and answered
+# training jobs with inference memory).  Models stored before this have no such record.
+SEEN_COLUMNS = {
+    "gpu": ("gpu_log_fp32", "gpu_log_tensor", "gpu_log_bw", "gpu_log_mem", "gpu_sm"),
+    "workload": ("task_train", *(f"opt_{o}" for o in OPTIMIZERS), *(f"prec_{p}" for p in PRECISIONS)),
+}
+MAX_SEEN = 1000  # distinct GPU or workload rows a model file may list
 # Bounds of a sane model. Its outputs are logs (memory: of the ratio to the cold-start estimate;
 # utilization: log1p of a percentage), so no baseline, leaf or sum of them goes near +-MAX_LOG;
 # the learned memory stays within MAX_MEM_RATIO of the physics either way; utilization within
@@ -106,13 +115,14 @@ class LearnedModel:
     mem_log_q90: float   # 90th percentile of held-out log(actual / predicted) memory
     metrics: dict
     meta: dict
+    seen: dict[str, list[list[float]]] | None = None  # SEEN_COLUMNS' distinct training rows
 
     def to_json(self) -> str:
         return json.dumps({
             "format": FORMAT, "format_version": FORMAT_VERSION, "feature_version": FEATURE_VERSION,
             "inputs": input_names(), "mem": self.mem.to_dict(), "util": self.util.to_dict(),
             "ranges": self.ranges, "mem_log_q90": self.mem_log_q90, "metrics": self.metrics,
-            "meta": self.meta})
+            "meta": self.meta, **({"seen": self.seen} if self.seen is not None else {})})
 
     @classmethod
     def from_json(cls, text: str | bytes, source: str = "model") -> "LearnedModel":
@@ -141,7 +151,9 @@ class LearnedModel:
                         util=TreeEnsemble.from_dict(d["util"], n_inputs, MAX_LOG),
                         ranges={k: (float(a), float(b)) for k, (a, b) in d["ranges"].items()},
                         mem_log_q90=float(d["mem_log_q90"]), metrics=dict(d.get("metrics", {})),
-                        meta=dict(d.get("meta", {})))
+                        meta=dict(d.get("meta", {})),
+                        seen=None if d.get("seen") is None else
+                        {k: [[float(x) for x in row] for row in d["seen"][k]] for k in SEEN_COLUMNS})
             model.check()
         except HorusError as e:
             raise HorusError(f"{source}: {e}") from None
@@ -156,6 +168,11 @@ class LearnedModel:
         for name, (lo, hi) in self.ranges.items():
             if name not in names or not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
                 raise HorusError(f"bad training range for '{name}': {lo}..{hi}")
+        for kind, cols in (SEEN_COLUMNS.items() if self.seen is not None else ()):
+            rows = self.seen[kind]
+            if not 1 <= len(rows) <= MAX_SEEN or any(
+                    len(r) != len(cols) or not all(math.isfinite(x) for x in r) for r in rows):
+                raise HorusError(f"bad record of the {kind} rows it was trained on")
         if not abs(self.mem_log_q90) <= math.log(MAX_MEM_RATIO):
             raise HorusError(f"p90 memory margin {self.mem_log_q90!r} (log) is out of bounds")
         rows = np.asarray(probe_rows(), dtype=float)
@@ -172,6 +189,10 @@ class LearnedModel:
         for name, (lo, hi) in self.ranges.items():
             x = X[:, names.index(name)]
             ok &= (x >= lo - RANGE_MARGIN) & (x <= hi + RANGE_MARGIN)
+        for kind, cols in (SEEN_COLUMNS.items() if self.seen is not None else ()):
+            got = X[:, [names.index(c) for c in cols]]
+            ok &= np.isclose(got[:, None, :], np.asarray(self.seen[kind])[None], rtol=1e-9,
+                             atol=1e-12).all(axis=2).any(axis=1)
         return ok
 
     def answer(self, X, cold_mem, cold_util) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -294,10 +315,13 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
     names = input_names()
     ranges = {n: (float(X[:, names.index(n)].min()), float(X[:, names.index(n)].max()))
               for n in RANGE_FEATURES}
+    seen = {k: np.unique(X[:, [names.index(c) for c in cols]], axis=0).tolist()
+            for k, cols in SEEN_COLUMNS.items()}
     model = LearnedModel(mem=TreeEnsemble.from_sklearn(mem_est, len(names), columns),
                          util=TreeEnsemble.from_sklearn(util_est, len(names), columns),
                          ranges=ranges,
-                         mem_log_q90=0.0, metrics={}, meta={"rows": int(len(X)), "seed": seed})
+                         mem_log_q90=0.0, metrics={}, meta={"rows": int(len(X)), "seed": seed},
+                         seen=seen)
     return model
 
 
