@@ -2,6 +2,7 @@
 GPUs vs shards; the claim audit; PrivateData."""
 
 import json
+import os
 import time
 
 import pytest
@@ -174,7 +175,7 @@ def test_whole_gpus_and_under_claims(tmp_path):
     assert json.loads(r.output)[0]["gpus"] == 2
 
 
-PRIVATE = "ClusterName             = horus\nPrivateData             = accounts,jobs\n"
+PRIVATE = "ClusterName             = c\nPrivateData             = accounts,jobs\n"
 
 
 def test_private_data_shows_a_reader_only_their_own_jobs(url, monkeypatch):
@@ -192,9 +193,21 @@ def test_private_data_shows_a_reader_only_their_own_jobs(url, monkeypatch):
     assert r.output == ""  # -u cannot show others' jobs, nor yours under their name (sacct)
     r = CliRunner().invoke(main, ["--ledger", url, "--summary", "--json"])
     assert json.loads(r.output)["all"]["jobs"] == 1
+    # the jobs that shared a GPU with yours: named only where they are yours (bob's 102 hidden)
+    L = Ledger(url)
+    L.record_submission(job_id=105, cluster="c", user=me, predictions={"a100": {"util_pct": 1}})
+    L.record_usage(job_id=105, cluster="c", source="sacct", util_mean=5, mem_peak_mib=100,
+                   colocated=[102, 104], state="COMPLETED")
+    for fmt in (["-P"], []):
+        r = CliRunner().invoke(main, [*ALL, "--ledger", url, *fmt, "-n", "-o", "JobID,CoLocated"])
+        assert "102" not in r.output and "104" in r.output, r.output
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "--json", "-j", "105"])
+    assert json.loads(r.output)[0]["colocated"] == [104]
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: "PrivateData = none\n")
     r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID"])
-    assert r.output == "101\n102\n103\n104\n"
+    assert r.output == "101\n102\n103\n104\n105\n"
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "CoLocated", "-j", "105"])
+    assert r.output == "102,104\n"
 
 
 def test_reader_of_old_or_missing_ledger_gets_one_line(tmp_path):
@@ -427,6 +440,14 @@ def test_sacct_time_formats_and_default_window(url, monkeypatch):
         assert parse_time("12.01.2026-10:00", "-S") == parse_time("2026-12-01T10:00", "-S")
         assert abs(parse_time("now-1weeks", "-S") - (now - 7 * 86400)) < 5
         assert abs(parse_time("now+2hours", "-S") - (now + 7200)) < 5
+        # no year: a month after this one is last year's, as sacct's parse_time(past=1) takes it
+        # (on 2027-01-15, 12/01 is 2026-12-01: it was read as 2027-12-01, and -S listed nothing)
+        real = time.localtime
+        jan = time.mktime((2027, 1, 15, 12, 0, 0, 0, 0, -1))
+        monkeypatch.setattr(time, "localtime", lambda t=None: real(jan if t is None else t))
+        for text, year in (("12/01", 2026), ("1201", 2026), ("01/10", 2027), ("0110", 2027)):
+            assert real(parse_time(text, "-S")).tm_year == year, text
+        monkeypatch.setattr(time, "localtime", real)
         for bad in ("13/01", "25:00", "2026-13-01", "now-2x", "tomorrow"):
             with pytest.raises(HorusError, match="bad time"):
                 parse_time(bad, "-S")
@@ -438,3 +459,32 @@ def test_sacct_time_formats_and_default_window(url, monkeypatch):
     assert r.exit_code == 0 and r.output == ""  # the fixtures' jobs are from 2023
     r = CliRunner().invoke(main, ["--ledger", url, "-s", "CD", "-P", "-n", "-o", "JobID"])
     assert r.output == "101\n102\n"
+
+
+def test_sacct_selection_forms_clusters_accounts_uids_and_left_justified_widths(tmp_path, monkeypatch):
+    """sacct shows this cluster's jobs unless -M names others (a list, or all; -L), lower-cases
+    accounts, takes uids for -u, and reads Name%-W as left-justified: hacct mixed clusters by
+    default, printed nothing for -M c,d, -A ML or -u <uid>, and refused %-20."""
+    import pwd
+
+    from slurm_horus.slurm import commands as slurm
+
+    me = pwd.getpwuid(os.getuid())
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u)
+    for cluster, jid in (("c", 101), ("d", 101), ("e", 7)):
+        L.record_submission(job_id=jid, cluster=cluster, user=me.pw_name, account="ml",
+                            submit_time=1700000000, predictions={"a100": {"util_pct": 1}})
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: "ClusterName = c\nPrivateData = none\n")
+    q = [*ALL, "--ledger", u, "-P", "-n", "-o", "Cluster,JobID"]
+    assert CliRunner().invoke(main, q).output == "c|101\n"  # this host's cluster
+    assert CliRunner().invoke(main, [*q, "-M", "c,d"]).output == "c|101\nd|101\n"
+    for every in (["-M", "all"], ["-L"], ["-M", "ALL"]):
+        assert CliRunner().invoke(main, [*q, *every]).output == "c|101\nd|101\ne|7\n", every
+    assert CliRunner().invoke(main, [*q, "-A", "ML"]).output == "c|101\n"
+    assert CliRunner().invoke(main, [*q, "-u", str(me.pw_uid)]).output == "c|101\n"
+    r = CliRunner().invoke(main, [*ALL, "--ledger", u, "-n", "-o", "JobID%-8,Cluster%4"])
+    assert r.exit_code == 0 and r.output == "101         c\n", repr(r.output)
+    # where Slurm cannot say which cluster this is: every cluster's
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: (_ for _ in ()).throw(slurm.HorusError("no")))
+    assert CliRunner().invoke(main, [*q, "-a"]).output == "c|101\nd|101\ne|7\n"

@@ -503,6 +503,12 @@ def test_user_extracts(tmp_path):
     assert st.st_mode & 0o777 == 0o400 and st.st_uid == me.pw_uid
     assert [j["job_id"] for j in Ledger(f"sqlite:///{ext}", readonly=True).jobs()] == [1]
     assert not [p for p in (tmp_path / "users").iterdir() if p.name.startswith(".")]
+    # the jobs that shared a GPU with yours: named only where they are yours (2 is another's)
+    L.record_submission(job_id=4, cluster="c", user=me.pw_name, predictions=PRED)
+    L.record_usage(job_id=1, cluster="c", source="sacct", colocated=[2, 4])
+    write_user_extracts(L, tmp_path / "users")
+    jobs = {j["job_id"]: j for j in Ledger(f"sqlite:///{ext}", readonly=True).jobs()}
+    assert jobs[1]["colocated"] == "4" and L.jobs(job_ids=[1])[0]["colocated"] == "2,4"
 
 
 def _writer(args):

@@ -218,3 +218,29 @@ def test_an_array_task_is_looked_up_on_the_cluster_asked(monkeypatch):
     monkeypatch.setattr(commands, "run", lambda args, timeout=None: seen.append(args) or '{"jobs": []}')
     assert commands.array_task_job_ids([(7, 2)], "other") == {}
     assert seen[0][-4:] == ["-M", "other", "-j", "7_2"]
+
+
+def test_slurmdbd_private_data_hides_jobs_from_sacct_and_so_from_hacct(monkeypatch):
+    """sacct's privacy is slurmdbd.conf's PrivateData, which scontrol does not show: a site
+    that set it there alone had its ledger treated as public (hacct -a listed every user)."""
+    from slurm_horus.slurm import commands as slurm
+
+    text = out("sacctmgr_show_configuration")
+    dbd = sp.parse_slurmdbd_config(text)
+    assert dbd["PrivateData"] == "none" and dbd["StorageType"] == "accounting_storage/mysql"
+    assert "SLURM_VERSION" not in dbd and sp.parse_slurmdbd_config("no section") == {}
+    conf = out("scontrol_show_config")
+    head, _, tail = text.partition("SlurmDBD configuration:")
+    private_dbd = head + "SlurmDBD configuration:" + tail.replace("PrivateData            = none",
+                                                                   "PrivateData            = accounts,jobs")
+    for answer, want in ((text, False), (private_dbd, True)):
+        monkeypatch.setattr(slurm, "run", lambda args, timeout=30, a=answer:
+                            conf if args[0] == "scontrol" else a)
+        assert slurm.private_jobs(unknown=None) is want
+
+    def no_sacctmgr(args, timeout=30):
+        if args[0] == "scontrol":
+            return conf
+        raise slurm.HorusError("sacctmgr: no answer")
+    monkeypatch.setattr(slurm, "run", no_sacctmgr)
+    assert slurm.private_jobs(unknown=None) is None and slurm.private_jobs(unknown=True) is True

@@ -143,7 +143,9 @@ def parse_time(s: str | None, what: str) -> int | None:
         t = at(today.tm_year, today.tm_mon, today.tm_mday, *c)
     elif (m := _DAY_RE.match(low)) and (m.group(2) or len(s.split("-")[0]) in (4, 6)):
         year = m.group(4)
-        y = today.tm_year if year is None else int(year) + (2000 if len(year) == 2 else 0)
+        # no year: sacct's parse_time(past=1) takes a month after this one as last year's
+        y = (today.tm_year - (int(m.group(1)) > today.tm_mon) if year is None
+             else int(year) + (2000 if len(year) == 2 else 0))
         c = clock(m.group(5)) if m.group(5) else (0, 0, 0)
         if c is not None and 1 <= int(m.group(1)) <= 12 and 1 <= int(m.group(3)) <= 31:
             t = at(y, int(m.group(1)), int(m.group(3)), *c)

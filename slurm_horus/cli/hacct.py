@@ -24,6 +24,18 @@ def _split(values) -> list[str]:
     return out
 
 
+def _user_name(user: str) -> str:
+    """-u takes names or uids, as sacct does (a uid no account has stays as given: no match)."""
+    import pwd
+
+    if user.isascii() and user.isdigit():
+        try:
+            return pwd.getpwuid(int(user)).pw_name
+        except (KeyError, OverflowError):
+            pass
+    return user
+
+
 def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
     """The own job ids of array tasks named ArrayJobId_TaskId, from Slurm's accounting (as sacct
     -j takes them; int() had read 224_5 as 2245)."""
@@ -49,7 +61,7 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
-@click.option("-u", "--user", "users", multiple=True, help="Users (comma-separated).")
+@click.option("-u", "--user", "--uid", "users", multiple=True, help="Users or uids (comma-separated).")
 @click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")
 @click.option("-a", "--allusers", is_flag=True, help="Every user's jobs (as sacct: without it, "
               "and without -u, a user other than root sees their own).")
@@ -80,13 +92,16 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
               "(needs matplotlib: pip install 'slurm-horus[plot]').")
 @click.option("--under-claims", "under_claims", is_flag=True,
               help="Only jobs whose measured use exceeded their hint (the claim audit).")
-@click.option("-M", "--cluster", help="Only this cluster.")
+@click.option("-M", "--clusters", "--cluster", "clusters", multiple=True,
+              help="Clusters (comma-separated), or all (default, as sacct: this host's cluster; "
+              "every cluster where Slurm cannot say).")
+@click.option("-L", "--allclusters", is_flag=True, help="Every cluster's jobs (-M all).")
 @click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
               help="Ledger database URL (default $HORUS_LEDGER_URL or the site ledger); "
               "opened read-only.")
 @one_line_errors("hacct")
 def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsable2, parsable,
-         allocations, noheader, as_json, summary, plot, under_claims, cluster, url):
+         allocations, noheader, as_json, summary, plot, under_claims, clusters, allclusters, url):
     """Predicted vs actual GPU use of jobs (sacct-style)."""
     from slurm_horus.ledger import plots, report
     from slurm_horus.errors import HorusError
@@ -96,10 +111,20 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         click.echo(" ".join(report.COLUMNS.values()))
         return
     cols = report.parse_format(fmt)
+    from slurm_horus.slurm import commands as slurm
+
+    names = [c.lower() for c in _split(clusters)]
+    if allclusters or "all" in names:
+        cluster = None
+    else:
+        cluster = names or slurm.local_cluster()  # as sacct: this cluster's jobs by default
     ids = [x.split(".")[0] for x in _split(jobs)]
     tasks = [x for x in ids if "_" in x]  # ArrayJobId_TaskId: the ledger keys tasks by their own ids
     if tasks:
-        ids = [x for x in ids if "_" not in x] + [str(j) for j in _array_tasks(tasks, cluster)]
+        one = cluster if isinstance(cluster, str) or cluster is None else (cluster[0] if len(cluster) == 1 else None)
+        if cluster and one is None:
+            raise HorusError("-j/--jobs: array tasks are looked up in one cluster: give one -M")
+        ids = [x for x in ids if "_" not in x] + [str(j) for j in _array_tasks(tasks, one)]
     job_ids = [int(x) if x.isascii() and x.isdigit() else -1 for x in ids]
     if not all(0 < j < 2 ** 32 for j in job_ids):  # Slurm's ids are 32-bit
         raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}")
@@ -109,18 +134,18 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         raise HorusError(f"-s/--state: unknown state {', '.join(unknown)} (e.g. CD, F, TO, CA, OOM)")
     if starttime is None and not job_ids and not state_list and not summary and plot is None:
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
-    filters = dict(job_ids=job_ids or None, users=_split(users) or None,
-                   accounts=_split(accounts) or None, states=state_list or None,
+    filters = dict(job_ids=job_ids or None, users=[_user_name(u) for u in _split(users)] or None,
+                   accounts=[a.lower() for a in _split(accounts)] or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
                    under_claims=under_claims)
-    from slurm_horus.slurm import commands as slurm
     from slurm_horus.ledger import current_user, open_reader
 
     me = current_user()
     ledger = open_reader(url, me)
     asked = filters["users"]
-    if not ledger.writable() and slurm.private_jobs(unknown=True):
+    private = not ledger.writable() and slurm.private_jobs(unknown=True)
+    if private:
         # as sacct where jobs are private: a user's own, whoever else -u names ("" matches no
         # one: -u bob shows none of bob's, never your own under his name)
         filters["users"] = [me] if not asked or me in asked else [""]
@@ -147,6 +172,9 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
     # streamed from the ledger a chunk at a time: a window of a million jobs is printed in the
     # memory of a few thousand (it took 3 GB, 8 GB as JSON, all read before the first line)
     rows = ledger.iter_jobs(**filters)
+    if private:  # the jobs that shared a GPU with yours are named only where they are yours
+        own = {(r["cluster"], r["job_id"]) for r in ledger.iter_jobs(users=[me])}
+        rows = report.only_own_colocated(rows, own)
     if as_json:
         _json_lines(rows)
         return
@@ -160,7 +188,8 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
             return
         rows = chain(first, rows)
     # fixed widths: a pass for the widths, then the lines
-    widths = None if pipe else report.column_widths(ledger.iter_jobs(**filters), cols)
+    widths = None if pipe else report.column_widths(
+        report.only_own_colocated(ledger.iter_jobs(**filters), own) if private else ledger.iter_jobs(**filters), cols)
     for line in report.plain_lines(rows, cols, pipe, noheader, trailing=parsable and not parsable2,
                                    widths=widths):
         click.echo(line)

@@ -12,6 +12,7 @@ import pwd
 from pathlib import Path
 
 from slurm_horus.ledger.db import default_url, sqlite_file, upsert
+from slurm_horus.ledger.report import only_own_colocated
 from slurm_horus.ledger.schema import tables
 from slurm_horus.ledger.store import Ledger
 from slurm_horus.textfile import create_site_dirs
@@ -81,8 +82,9 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
             ext = Ledger(f"sqlite:///{tmp}", replay=False)
             try:
                 with ledger.engine.connect() as src, ext.engine.begin() as dst:
-                    rows = src.execute(select(j).where(j.c.user_name == user))
-                    upsert(dst, j, [r._asdict() for r in rows], ("cluster", "job_id"))
+                    rows = [r._asdict() for r in src.execute(select(j).where(j.c.user_name == user))]
+                    own = {(r["cluster"], r["job_id"]) for r in rows}
+                    upsert(dst, j, list(only_own_colocated(rows, own)), ("cluster", "job_id"))
             finally:
                 ext.close()
             os.chmod(tmp, 0o400)  # after the copy: only root writes past the mode bits

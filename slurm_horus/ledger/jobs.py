@@ -258,8 +258,8 @@ def job_filters(stmt, *, job_ids=None, users=None, accounts=None, states=None, s
         stmt = stmt.where(j.c.account.in_(list(accounts)))
     if states:
         stmt = stmt.where(or_(*(func.upper(j.c.state).like(s.upper() + "%") for s in states)))
-    if cluster:
-        stmt = stmt.where(j.c.cluster == cluster)
+    if cluster:  # a name, or a list of them
+        stmt = stmt.where(j.c.cluster.in_([cluster] if isinstance(cluster, str) else list(cluster)))
     if start is not None:
         stmt = stmt.where(func.coalesce(j.c.end_time, j.c.submit_time) >= int(start))
     if end is not None:

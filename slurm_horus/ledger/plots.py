@@ -59,7 +59,8 @@ def describe(url: str, filters: dict) -> str:
         if filters.get(key) is not None:
             parts.append(f"{name} {time.strftime('%Y-%m-%d %H:%M', time.localtime(filters[key]))}")
     if filters.get("cluster"):
-        parts.append(f"cluster {filters['cluster']}")
+        c = filters["cluster"]
+        parts.append(f"cluster {c if isinstance(c, str) else ','.join(c)}")
     if filters.get("under_claims"):
         parts.append("under-claims only")
     return ", ".join(parts)

@@ -180,12 +180,25 @@ def parse_format(fmt: str | None) -> list[tuple[str, int | None]]:
             w = int(width) if width else None
         except ValueError:
             w = 0
-        if w is not None and not 1 <= w <= MAX_WIDTH:
-            raise HorusError(f"bad width in '{part}' (1..{MAX_WIDTH})")
+        if w is not None and not 1 <= abs(w) <= MAX_WIDTH:  # -W: left-justified, as sacct
+            raise HorusError(f"bad width in '{part}' (1..{MAX_WIDTH}, or -{MAX_WIDTH}..-1 left-justified)")
         out.append((key, w))
     if not out:
         raise HorusError("empty --format")
     return out
+
+
+def only_own_colocated(rows, own: set):
+    """The rows with CoLocated cut to the jobs in ``own`` ((cluster, job id) of the reader's):
+    where Slurm hides other users' jobs, their ids, even that they exist, are not the reader's
+    to see (hacct and the per-user extracts)."""
+    for r in rows:
+        co = r.get("colocated")
+        if co:
+            keep = [x.strip() for x in co.split(",")
+                    if x.strip().isascii() and x.strip().isdigit() and (r.get("cluster"), int(x)) in own]
+            r = {**r, "colocated": ",".join(keep) or None}
+        yield r
 
 
 def job_json(r: dict) -> dict:
@@ -227,7 +240,7 @@ def printable(text: str) -> str:
 def column_widths(rows: Iterable[dict], cols: list[tuple[str, int | None]]) -> list[int]:
     """The fixed-width table's columns: the ``%W`` asked, else the widest cell or heading
     (one pass over ``rows``, which may be a stream)."""
-    widths = [w if w else len(COLUMNS[c]) for c, w in cols]
+    widths = [abs(w) if w else len(COLUMNS[c]) for c, w in cols]
     free = [i for i, (_, w) in enumerate(cols) if not w]
     for r in rows:
         for i in free:
@@ -248,12 +261,17 @@ def plain_lines(rows: Iterable[dict], cols: list[tuple[str, int | None]], parsab
         for r in rows:
             yield "|".join(printable(cell(r, c)) for c, _ in cols) + end
         return
+    left = [w is not None and w < 0 for _, w in cols]  # Name%-W
+
+    def fit(v: str, w: int, lj: bool) -> str:
+        return v[:w - 1] + "+" if len(v) > w else (v.ljust(w) if lj else v.rjust(w))
+
     if not noheader:
-        yield " ".join(h[:w].rjust(w) for h, w in zip(heads, widths))
+        yield " ".join(fit(h[:w], w, lj) for h, w, lj in zip(heads, widths, left))
         yield " ".join("-" * w for w in widths)
     for r in rows:
-        yield " ".join(v[:w].rjust(w) if len(v) <= w else v[:w - 1] + "+"
-                       for v, w in zip((printable(cell(r, c)) for c, _ in cols), widths))
+        yield " ".join(fit(v, w, lj) for v, w, lj in
+                       zip((printable(cell(r, c)) for c, _ in cols), widths, left))
 
 
 def rich_table(rows: list[dict], cols, noheader: bool):
@@ -265,7 +283,8 @@ def rich_table(rows: list[dict], cols, noheader: bool):
         t.add_column(COLUMNS[c], justify="left" if c in ("user", "state", "predictor", "gputype",
                                                            "node", "family", "colocated",
                                                            "underclaim", "hookact", "queueact")
-                     else "right", no_wrap=True, max_width=w or None, overflow="ellipsis")
+                     or (w or 0) < 0 else "right", no_wrap=True, max_width=abs(w) if w else None,
+                     overflow="ellipsis")
     for r in rows:
         vals = []
         for c, _ in cols:

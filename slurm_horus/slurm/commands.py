@@ -28,7 +28,7 @@ from slurm_horus.slurm import pyslurm_backend
 from slurm_horus.slurm.accounting import parse_sacct_json
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
-           "default_partition", "node_gpu_types", "sbatch", "exec_sbatch", "private_jobs",
+           "default_partition", "node_gpu_types", "sbatch", "exec_sbatch", "private_jobs", "local_cluster",
            "backend", "slurm_version", "run_sacct", "accounting_jobs", "array_task_job_ids"]
 
 TIMEOUT_S = 30
@@ -186,10 +186,30 @@ def node_gpu_types() -> dict[str, str]:
 
 
 def private_jobs(unknown):
-    """Whether Slurm's PrivateData hides other users' jobs; ``unknown`` when Slurm cannot say
-    (hacct assumes private: never a leak; sync changes no file mode on a guess)."""
+    """Whether Slurm's PrivateData hides other users' jobs: slurm.conf's (squeue, scontrol) or
+    slurmdbd.conf's, which is what hides them from sacct (sacctmgr shows it); ``unknown`` when
+    Slurm cannot say (hacct assumes private: never a leak; sync changes no file mode on a
+    guess).  A site that set it in slurmdbd.conf alone had its ledger treated as public."""
     conf = _config()
-    return unknown if conf is None else "jobs" in conf.get("PrivateData", "").lower().split(",")
+    if conf is None:
+        return unknown
+    if _has_jobs(conf):
+        return True
+    if conf.get("AccountingStorageType") != "accounting_storage/slurmdbd":
+        return False  # no slurmdbd: nothing else decides
+    try:
+        return _has_jobs(sp.parse_slurmdbd_config(run(["sacctmgr", "show", "configuration"])))
+    except HorusError:
+        return unknown
+
+
+def local_cluster() -> str | None:
+    """This host's ClusterName (what sacct shows by default), or None when Slurm cannot say."""
+    return (_config() or {}).get("ClusterName") or None
+
+
+def _has_jobs(conf: dict) -> bool:
+    return "jobs" in conf.get("PrivateData", "").lower().replace(" ", "").split(",")
 
 
 def slurm_user_gid() -> int | None:

@@ -393,6 +393,13 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
     return out
 
 
+def parse_slurmdbd_config(text: str) -> dict[str, str]:
+    """slurmdbd.conf's settings from ``sacctmgr show configuration``: the ``Key = Value`` lines
+    after its "SlurmDBD configuration:" line (before it: slurm.conf's, as scontrol shows)."""
+    _, sep, dbd = text.partition("SlurmDBD configuration:")
+    return parse_scontrol_config(dbd) if sep else {}
+
+
 _STDIO_PATTERN = re.compile(r"%(\d*)([AaJjNnstux%])")
 
 

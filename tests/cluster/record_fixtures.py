@@ -185,6 +185,8 @@ def main():
     record("scontrol_show_partition", ["scontrol", "show", "partition"], "partitions gpu (default), a100, t4")
     record("scontrol_show_config", ["scontrol", "show", "config"],
            "the controller's configuration (SlurmUser, PrivateData unset)")
+    record("sacctmgr_show_configuration", ["sacctmgr", "show", "configuration"],
+           "slurm.conf's and, after 'SlurmDBD configuration:', slurmdbd.conf's settings (PrivateData unset)")
     record("sinfo_text", ["sinfo", "-N", "-o", "%N|%P|%T|%G|%f|%C"], "node|partition|state|gres|features|cpus A/I/O/T")
 
     # --- finished job in accounting
