@@ -497,3 +497,15 @@ def test_a_correction_from_too_few_users_may_raise_figures_never_lower_them():
     assert admin.offsets["a100-40gb"]["cold-start"]["mem_mib"] < -2000
     mixed = HistoryPredictor().fit([run(10 + i // 2, None, 11000.0) for i in range(4)] + low)
     assert mixed.offsets["a100-40gb"]["cold-start"]["mem_mib"] == 0.0
+
+
+def test_no_offset_and_no_pool_is_no_site_correction():
+    """exp(log(x)) is not always x: a history with nothing for this GPU type labelled the base
+    predictor's own figures "+ site offsets"."""
+    h = HistoryPredictor(user="bob").fit([])
+    for name in ("resnet50", "mobilenet_v2", "small_cnn"):
+        for b in (1, 3, 7, 32, 100):
+            report = extract_features(ZOO / f"{name}.onnx", batch_size=b)
+            p = h.predict(report, A100, Workload(batch_size=b))
+            c = COLD.predict(report, A100, Workload(batch_size=b))
+            assert "site offsets" not in p.confidence and p.mem_mib == pytest.approx(c.mem_mib, rel=1e-9)

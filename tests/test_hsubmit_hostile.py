@@ -532,3 +532,10 @@ def test_the_job_gets_the_locale_it_would_get_from_sbatch(tmp_path, slurm_bin):
             assert cp.returncode == 0, cp.stderr
             got = [x[len("LC_CTYPE="):] for x in dump.read_text().splitlines() if x.startswith("LC_CTYPE=")]
             assert got == ([] if want is None else [want]), (extra, kw, got)
+
+
+def test_explain_with_stdout_closed_is_one_line(slurm_bin):
+    env, _ = slurm_bin
+    cp = subprocess.run(f"{sys.executable} -m slurm_horus.cli.hsubmit --explain --wrap true >&-",
+                        shell=True, capture_output=True, text=True, timeout=60, env=env)
+    assert cp.returncode == 1 and cp.stderr == "hsubmit: error: --explain: standard output is closed\n"

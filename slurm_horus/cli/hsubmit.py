@@ -78,6 +78,9 @@ def _main(argv: list[str]) -> int:
                 plan.partition = plan.request("partition") or slurm.default_partition()
             except HorusError:
                 pass
+        if sys.stdout is None:  # started with stdout closed (>&-): nowhere to explain
+            _err("error: --explain: standard output is closed")
+            return 1
         sys.stdout.write(sub.explain_text(plan) + "\n")
         return 0
     # with or without a hint, sbatch answers the user itself

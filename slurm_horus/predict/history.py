@@ -418,7 +418,9 @@ class HistoryPredictor:
                           b.mem_mib, b.util_pct, b.predictor)
         base_p90 = b.mem_mib_p90 / b.mem_mib if b.mem_mib > 0 else 1.0
         if a.tier is None:
-            corrected = a.mem_mib != b.mem_mib or a.util_pct != b.util_pct
+            # (exp(log(x)) need not be x: no offset is no correction)
+            corrected = not (math.isclose(a.mem_mib, b.mem_mib, rel_tol=1e-9)
+                             and math.isclose(a.util_pct, b.util_pct, rel_tol=1e-9, abs_tol=1e-9))
             # the base's own figures stay beside the corrected ones: its calibration (quantiles
             # of the measured against the base's figure) bounds the measurement, not the offset
             return Prediction(gpu=b.gpu, util_pct=a.util_pct, mem_mib=a.mem_mib,
