@@ -115,3 +115,10 @@ def test_squeue_json_state_flags_are_kept_apart():
     assert flagged and all(jobs[i]["_flags"] == ",".join(raw[i]["job_state"][1:]) for i in flagged)
     assert all(jobs[i]["_flags"] == "" for i in raw if i not in flagged)
     assert all(j["_het"] is None and j["Priority"] == "1" for j in jobs.values())
+
+
+def test_slurmdbd_settings_are_read_from_25_11s_sacctmgr_too():
+    text = (FIX / "sacctmgr_show_configuration.stdout").read_text()
+    dbd = sp.parse_slurmdbd_config(text)
+    assert dbd["PrivateData"] == "none" and dbd["SLURMDBD_VERSION"].startswith("25.11")
+    assert "SLURM_VERSION" not in dbd
