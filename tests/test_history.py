@@ -497,6 +497,11 @@ def test_a_correction_from_too_few_users_may_raise_figures_never_lower_them():
     assert admin.offsets["a100-40gb"]["cold-start"]["mem_mib"] < -2000
     mixed = HistoryPredictor().fit([run(10 + i // 2, None, 11000.0) for i in range(4)] + low)
     assert mixed.offsets["a100-40gb"]["cold-start"]["mem_mib"] == 0.0
+    # nor do the admin's imports count as a third user beside two
+    eve = [run(20 + i // 2, "eve", 3600.0, "resnet50") for i in range(4)]
+    two = HistoryPredictor().fit([run(10 + i // 2, None, 12000.0) for i in range(4)] + low + eve)
+    assert two.offsets["a100-40gb"]["cold-start"]["mem_mib"] == 0.0
+    assert two.families["a100-40gb"]["resnet50"]["mem_log_ratio"] == 0.0
 
 
 def test_no_offset_and_no_pool_is_no_site_correction():

@@ -157,16 +157,37 @@ def test_request_precedence_cmdline_env_script(tmp_path):
     assert sub.prepare(["-p", "gpu", str(script)], env={"SBATCH_PARTITION": "t4"}).request("partition") == "gpu"
 
 
-def test_stdin_script_is_read_for_its_directives_with_or_without_a_model_on_the_command_line():
+def test_stdin_script_is_read_where_the_command_line_has_horus_options():
     data = b"#!/bin/sh\n#SBATCH -p t4\n#HORUS --batch-size=4\nls\n"
     plan = sub.prepare(["--model", "m.onnx"], env={}, stdin=io.BytesIO(data))
     assert plan.stdin_script == data and plan.request("partition") == "t4"
     assert plan.horus["batch-size"] == "4"
-    # a #HORUS line may name the model: the script is read (and fed to sbatch) either way
-    plan = sub.prepare(["-p", "gpu"], env={}, stdin=io.BytesIO(data.replace(b"=4", b"=4 --model=m.onnx")))
-    assert plan.stdin_script is not None and plan.model == "m.onnx"
-    # but not with --wrap: sbatch does not read stdin then
-    assert sub.prepare(["--wrap", "true"], env={}, stdin=io.BytesIO(data)).stdin_script is None
+    # a #HORUS line may name the model the command line's --task belongs to: read
+    named = data.replace(b"=4", b"=4 --model=m.onnx")
+    plan = sub.prepare(["--task", "train"], env={}, stdin=io.BytesIO(named))
+    assert plan.stdin_script is not None and plan.model == "m.onnx" and plan.horus["task"] == "train"
+    # plain sbatch use is sbatch's to read (it reads none with --external, or when it refuses
+    # an option: hsubmit waited on a pipe sbatch never reads); nor with --wrap
+    for argv in (["-p", "gpu"], ["--external", "--model", "m.onnx"], ["--wrap", "true", "--model", "m.onnx"]):
+        assert sub.prepare(argv, env={}, stdin=io.BytesIO(named)).stdin_script is None, argv
+
+
+def test_a_stdin_script_is_read_without_reserving_sbatchs_whole_limit():
+    class Stream(io.BytesIO):
+        def read(self, n=-1):
+            assert 0 < n <= 1 << 20  # read(512 MiB + 1) reserved it all: MemoryError under ulimit -v
+            return super().read(n)
+
+    data = b"#!/bin/sh\n" + b"#" * (3 << 20) + b"\nls\n"
+    assert sub.prepare(["--model", "m.onnx"], env={}, stdin=Stream(data)).stdin_script == data
+
+
+def test_ignore_pbs_on_the_command_line_or_in_the_environment_keeps_the_hint(tmp_path):
+    script = tmp_path / "pbs.sh"
+    script.write_text("#!/bin/bash\n#PBS -N foo\n#SBATCH -p gpu\ntrue\n")
+    assert sub.prepare([str(script)], env={}).script_translated == "#PBS"
+    assert sub.prepare(["--ignore-pbs", str(script)], env={}).script_translated is None
+    assert sub.prepare([str(script)], env={"SBATCH_IGNORE_PBS": "1"}).script_translated is None
 
 
 HINT = "horus:v1;a100=10.0/2000/2500;t4=20.0/2000/2500"

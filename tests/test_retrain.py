@@ -628,3 +628,20 @@ def test_the_learned_model_answers_only_gpu_types_and_workloads_it_trained_on(tm
     bad["seen"]["gpu"] = []
     with pytest.raises(HorusError, match="gpu rows it was trained on"):
         learned.LearnedModel.from_json(json.dumps(bad))
+
+
+def test_a_margin_past_the_bound_is_kept_at_the_bound_not_a_failed_retrain(tmp_path):
+    """150 jobs at 0.5x the cold start and 40 at 9.5x: learned answers and jobs each within 10x
+    of the cold start can be ~20x apart, and retrain failed on its own margin every time."""
+    from slurm_horus.ledger.retrain import import_csv, retrain
+    from slurm_horus.predict.learned import MAX_MEM_RATIO
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    reg = Registry(tmp_path / "models")
+    write_csv(tmp_path / "a.csv", n=150, seed=4, ratio={"fp32": 0.5})
+    write_csv(tmp_path / "b.csv", n=40, seed=9, ratio={"fp32": 9.5})
+    import_csv(L, str(tmp_path / "a.csv"))
+    import_csv(L, str(tmp_path / "b.csv"))
+    said = []
+    res = retrain(L, reg, max_iter=40, log=said.append)
+    assert abs(reg.load(res["version"]).mem_log_q90) <= math.log(MAX_MEM_RATIO) + 1e-12

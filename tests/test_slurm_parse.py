@@ -228,7 +228,7 @@ def test_slurmdbd_private_data_hides_jobs_from_sacct_and_so_from_hacct(monkeypat
     text = out("sacctmgr_show_configuration")
     dbd = sp.parse_slurmdbd_config(text)
     assert dbd["PrivateData"] == "none" and dbd["StorageType"] == "accounting_storage/mysql"
-    assert "SLURM_VERSION" not in dbd and sp.parse_slurmdbd_config("no section") == {}
+    assert "SLURM_VERSION" not in dbd and sp.parse_slurmdbd_config("no section") is None
     conf = out("scontrol_show_config")
     head, _, tail = text.partition("SlurmDBD configuration:")
     private_dbd = head + "SlurmDBD configuration:" + tail.replace("PrivateData            = none",
@@ -243,4 +243,8 @@ def test_slurmdbd_private_data_hides_jobs_from_sacct_and_so_from_hacct(monkeypat
             return conf
         raise slurm.HorusError("sacctmgr: no answer")
     monkeypatch.setattr(slurm, "run", no_sacctmgr)
+    assert slurm.private_jobs(unknown=None) is None and slurm.private_jobs(unknown=True) is True
+    # slurmdbd away: sacctmgr prints slurm.conf's part alone and exits 0; that is no answer
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30:
+                        conf if args[0] == "scontrol" else head)
     assert slurm.private_jobs(unknown=None) is None and slurm.private_jobs(unknown=True) is True

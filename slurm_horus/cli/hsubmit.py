@@ -106,7 +106,7 @@ def _predict_or_warn(plan, sub, shown: int) -> bool:
     elif plan.script_translated:
         err = HorusError(f"the script's {plan.script_translated} directives are translated by sbatch, "
                          "not read by hsubmit: no prediction attached (write them as #SBATCH lines, "
-                         "or add #SBATCH --ignore-pbs)")
+                         "or submit with --ignore-pbs)")
     else:
         err = None
         try:

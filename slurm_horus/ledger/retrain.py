@@ -201,7 +201,15 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     resid = np.log(mem[scored] / oof_mem[scored])
     q90 = conformal_quantile(resid, 0.9)
     model.metrics = {**cv, "cv_folds": folds}
-    model.mem_log_q90 = float(q90 if q90 is not None else (np.max(resid) if len(resid) else 0.0))
+    q90 = float(q90 if q90 is not None else (np.max(resid) if len(resid) else 0.0))
+    bound = math.log(MAX_MEM_RATIO)
+    if abs(q90) > bound:
+        # a learned answer within 10x of the cold start and a job within 10x of it can be 100x
+        # apart: a margin past the loader's bound had stopped every retrain while such jobs
+        # stayed in the ledger; kept at the bound (a candidate that far off is scored as such)
+        log(f"p90 memory margin {math.exp(q90):.3g}x kept at {MAX_MEM_RATIO:g}x")
+        q90 = math.copysign(bound, q90)
+    model.mem_log_q90 = q90
     model.meta.update({"rows": n, "units": int(len(first)), "cv_folds": folds,
                        "baseline": baseline,
                        "baseline_metrics": old, "held_out_rows": int(len(held)),

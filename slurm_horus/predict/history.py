@@ -46,7 +46,7 @@ USER_WEIGHT = 1.0
 MIN_OFFSET_JOBS = 3      # site offsets need this many measured jobs on a GPU type ...
 MIN_OFFSET_GRAPHS = 2    # ... of at least this many graphs (one graph's error is not the site's)
 MIN_MARGIN_ROWS = 10     # leave-one-out residuals a tier needs before its own p90 is trusted
-MIN_LOWERING_USERS = 3   # distinct users a correction needs to lower figures (admin imports: none)
+MIN_LOWERING_USERS = 3   # distinct users a correction needs to lower figures (admin imports are none)
 NO_OFFSET = {"mem_mib": 0.0, "util_pp": 0.0, "n": 0}
 
 
@@ -185,7 +185,7 @@ def _raise_only_unless_many(correction: dict, owners: list, keys: tuple[str, ...
     weighs one in the medians, so two or three users' runs (a graph run starved, inference
     submitted as training) had set a lower prediction, and tighter packing, for everyone.
     Runs the admin imported (no user: calibration measurements) are trusted to lower alone."""
-    if len(set(owners)) >= MIN_LOWERING_USERS or all(o is None for o in owners):
+    if len({o for o in owners if o is not None}) >= MIN_LOWERING_USERS or all(o is None for o in owners):
         return correction
     return {**correction, **{k: max(correction[k], 0.0) for k in keys if correction.get(k) is not None}}
 

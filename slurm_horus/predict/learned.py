@@ -191,8 +191,10 @@ class LearnedModel:
             ok &= (x >= lo - RANGE_MARGIN) & (x <= hi + RANGE_MARGIN)
         for kind, cols in (SEEN_COLUMNS.items() if self.seen is not None else ()):
             got = X[:, [names.index(c) for c in cols]]
-            ok &= np.isclose(got[:, None, :], np.asarray(self.seen[kind])[None], rtol=1e-9,
-                             atol=1e-12).all(axis=2).any(axis=1)
+            seen = np.zeros(len(X), bool)
+            for row in self.seen[kind]:  # a few dozen rows: one pass each, no N x rows array
+                seen |= np.isclose(got, row, rtol=1e-9, atol=1e-12).all(axis=1)
+            ok &= seen
         return ok
 
     def answer(self, X, cold_mem, cold_util) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -198,9 +198,10 @@ def private_jobs(unknown):
     if conf.get("AccountingStorageType") != "accounting_storage/slurmdbd":
         return False  # no slurmdbd: nothing else decides
     try:
-        return _has_jobs(sp.parse_slurmdbd_config(run(["sacctmgr", "show", "configuration"])))
+        dbd = sp.parse_slurmdbd_config(run(["sacctmgr", "show", "configuration"]))
     except HorusError:
         return unknown
+    return unknown if dbd is None else _has_jobs(dbd)
 
 
 def local_cluster() -> str | None:

@@ -393,11 +393,13 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
     return out
 
 
-def parse_slurmdbd_config(text: str) -> dict[str, str]:
+def parse_slurmdbd_config(text: str) -> dict[str, str] | None:
     """slurmdbd.conf's settings from ``sacctmgr show configuration``: the ``Key = Value`` lines
-    after its "SlurmDBD configuration:" line (before it: slurm.conf's, as scontrol shows)."""
+    after its "SlurmDBD configuration:" line (before it: slurm.conf's, as scontrol shows);
+    None without that section (sacctmgr prints slurm.conf's alone, exit 0, when slurmdbd does
+    not answer)."""
     _, sep, dbd = text.partition("SlurmDBD configuration:")
-    return parse_scontrol_config(dbd) if sep else {}
+    return parse_scontrol_config(dbd) if sep else None
 
 
 _STDIO_PATTERN = re.compile(r"%(\d*)([AaJjNnstux%])")

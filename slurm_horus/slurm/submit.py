@@ -127,10 +127,11 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
             except OSError:  # sbatch will say what is wrong with it (or the script is another
                 plan.script_unread = True  # word: an option sbatch reads in a way we do not)
         else:
-            # read whether or not the command line names a model: a #HORUS line may, and then
-            # the command line's --task is hsubmit's, not sbatch's
-            if stdin is not None:
-                data = stdin.read(MAX_STDIN_SCRIPT + 1)
+            # read where the command line has horus options (a #HORUS line may name the model
+            # their --task belongs to), not for plain sbatch use: sbatch reads no stdin with
+            # --external or when it refuses an option, and hsubmit must not wait where it returns
+            if stdin is not None and cmd_horus and not sa.has_flag(split.parsed, "external"):
+                data = _read_at_most(stdin, MAX_STDIN_SCRIPT + 1)
                 if len(data) > MAX_STDIN_SCRIPT:  # sbatch's own limit: it would refuse it too
                     raise HorusError(f"script from stdin is too big (over {MAX_STDIN_SCRIPT >> 20} MiB, "
                                      "sbatch's limit)")
@@ -141,7 +142,9 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     horus: dict = {}
     if text is not None:
         d = sa.script_directives(text)
-        plan.script_hetjob, plan.script_translated = d.hetjob, d.translated
+        # sbatch sets --ignore-pbs (command line, SBATCH_IGNORE_PBS) before it translates
+        ignore_pbs = sa.has_flag(split.parsed, "ignore-pbs") or "SBATCH_IGNORE_PBS" in env
+        plan.script_hetjob, plan.script_translated = d.hetjob, None if ignore_pbs else d.translated
         plan.script_opts = sa.parse_sbatch_tokens(d.sbatch)
         pairs, errs = sa.horus_directives(d.horus)
         for e in errs:
@@ -168,6 +171,19 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     if horus.get("horus-probe"):  # drop-in scripts keep working
         plan.warnings.append("--horus-probe is ignored: the site's Prolog measures every job")
     return plan
+
+
+def _read_at_most(stream, limit: int) -> bytes:
+    """Up to ``limit`` bytes, a MiB at a time: read(limit) reserved the whole 512 MiB first,
+    a MemoryError under a login node's ulimit -v."""
+    parts, n = [], 0
+    while n < limit:
+        chunk = stream.read(min(1 << 20, limit - n))
+        if not chunk:
+            break
+        parts.append(chunk)
+        n += len(chunk)
+    return b"".join(parts)
 
 
 def _workload(plan: Plan):
