@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from slurm_horus.ledger.requeue import (OOM_RE, marked, oom_actions, pack_util_limit, pressure_actions,
+from slurm_horus.ledger.requeue import (node_gpu_types, OOM_RE, marked, oom_actions, pack_util_limit, pressure_actions,
                                         pressure_types, shards_per_gpu, write_pressure,
                                         read_error_tail)
 from slurm_horus.sim.interference import Interference, sensitivity_at
@@ -382,3 +382,124 @@ def test_a_pack_keeps_the_jobs_gpu_type_on_a_cluster_of_several():
     # the user's own constraint names the type already: kept as it is
     own = [rec(3, "PENDING", "gres/gpu:a100:1", EXCL, Features="a100&ib")]
     assert [a.features for a in pressure_actions(own, two, 50, lambda *a: 1, 0, 1.9e9)] == ["a100&ib"]
+
+
+def test_an_oom_a_batch_size_finder_caught_is_not_the_cause_of_death():
+    """Lightning's and Accelerate's batch-size finders print the OOMs they catch; a job that
+    then died of something else was requeued (and run twice)."""
+    from slurm_horus.ledger.requeue import died_of_oom
+
+    caught = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+              "Batch size 64 failed, retrying with batch size 32\n" * 3 +
+              "Traceback (most recent call last):\n  File \"t.py\", line 9\n"
+              "FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'\n")
+    assert not died_of_oom(caught)
+    assert died_of_oom(caught + "Traceback (most recent call last):\n"
+                       "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB\n"
+                       "srun: error: n1: task 0: Exited with exit code 1\n")
+    # no Python traceback (a C++ or XLA job): its last lines
+    assert died_of_oom("step 1\n2024 W RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB\n")
+    assert not died_of_oom("CUBLAS_STATUS_ALLOC_FAILED\n" + "step ok\n" * 30)
+    jobs = [rec(1, "FAILED", "gres:shard:a100:30", SHARED)]
+    assert oom_actions(jobs, lambda r: caught, shards_per_gpu(_node(""))) == []
+
+
+def test_a_node_feature_is_no_gpu_type():
+    """With type_choice = any the hook names no type; --constraint=ib was read as GPU type ib,
+    and the OOM rerun asked for gpu:ib (refused) and ran again on its shards."""
+    shared_any = "horus: shared any shards=23/100 horus-decision:v1;action=shared;type=any;shards=23/100"
+    jobs = [rec(1, "FAILED", "gres:shard:23", shared_any, Features="ib"),
+            rec(2, "FAILED", "gres:shard:23", shared_any, Features="a100")]
+    nodes = _node("")
+    acts = oom_actions(jobs, lambda r: "torch.OutOfMemoryError: CUDA out of memory.\n",
+                       shards_per_gpu(nodes), node_gpu_types(nodes))
+    assert [(a.job_id, a.tres) for a in acts] == [(1, "gres:gpu:1"), (2, "gres:gpu:a100:1")]
+
+
+def test_idle_gpus_are_counted_per_type_and_never_on_reserved_nodes():
+    from slurm_horus.ledger.requeue import _node_type_free
+
+    mixed = [{"NodeName": "m", "State": "MIXED", "Gres": "gpu:a100:2,gpu:t4:2",
+              "GresUsed": "gpu:a100:0(IDX:N/A),gpu:t4:2(IDX:2-3)"}]
+    assert _node_type_free(mixed) == {"a100": 2, "t4": 0}  # the busy T4s hid the idle A100s
+    held = [{"NodeName": "r", "State": "IDLE+MAINTENANCE+RESERVED", "Gres": "gpu:a100:4",
+             "GresUsed": "gpu:a100:0(IDX:N/A)"}]
+    assert _node_type_free(held) == {}
+    single = _node("gpu:a100:1(IDX:0),shard:a100:30(IDX:1)")
+    assert _node_type_free(single) == {"a100": 2}
+
+
+def test_a_requeue_that_half_fails_is_finished_by_the_next_pass(monkeypatch, tmp_path):
+    """A requeuehold that timed out after Slurm acted, or a release that failed, left the job
+    held for good (no later pass looked at a PENDING job); a first mark that failed released it
+    unmarked on its old shards.  The journal lets the next pass finish each."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import Action, apply, heal, journal_read
+
+    journal = str(tmp_path / "oom-requeues.json")
+    a = Action(1795, "oom-requeue", "gres/gpu:a100:1", "horus-queue:v1;action=oom-requeue;from=shard:30",
+               "gres/shard:100")
+    held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldAdmin")
+
+    # requeuehold times out (Slurm held the job anyway): journaled, then healed
+    slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol requeuehold",))
+    monkeypatch.setattr(requeue, "run", slurm)
+    with pytest.raises(HorusError):
+        apply(a, SHARED, journal=journal)
+    assert list(journal_read(journal)) == ["1795"]
+    slurm.fail = ()
+    got = heal(journal, [held])
+    assert [x.tres for x in got] == ["gres/gpu:a100:1"] and journal_read(journal) == {}
+    assert slurm.calls[-1] == ["scontrol", "release", "1795"]
+    assert any(c[3].startswith("AdminComment=") and "oom-requeue" in c[3] for c in slurm.calls if len(c) > 3)
+
+    # the release fails: still journaled, released by the next pass
+    slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol release",))
+    monkeypatch.setattr(requeue, "run", slurm)
+    with pytest.raises(HorusError):
+        apply(a, SHARED, journal=journal)
+    assert list(journal_read(journal)) == ["1795"]
+    slurm.fail = ()
+    heal(journal, [held])
+    assert journal_read(journal) == {} and slurm.calls[-1] == ["scontrol", "release", "1795"]
+
+    # neither mark nor whole GPU taken: kept held (on its shards it would run out again,
+    # unmarked) until GIVE_UP_S, then released anyway
+    slurm = _Slurm(tres="gres/shard=30", fail=("scontrol update",))
+    monkeypatch.setattr(requeue, "run", slurm)
+    with pytest.raises(HorusError, match="next pass tries again"):
+        apply(a, SHARED, journal=journal)
+    assert ["scontrol", "release", "1795"] not in slurm.calls and list(journal_read(journal)) == ["1795"]
+    errors = []
+    assert heal(journal, [held], errors.append) == [] and "next pass" in errors[0]
+    monkeypatch.setattr(requeue.time, "time", lambda: 1e12)
+    heal(journal, [held], errors.append)
+    assert slurm.calls[-1] == ["scontrol", "release", "1795"] and journal_read(journal) == {}
+
+    # the first mark fails but the whole GPU takes: released on it (never on its shards)
+    monkeypatch.undo()
+    slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol update JobId=1795 AdminComment",))
+    monkeypatch.setattr(requeue, "run", slurm)
+    assert apply(a, SHARED, journal=journal) == "gres/gpu:a100:1"
+    assert slurm.calls[-1] == ["scontrol", "release", "1795"] and journal_read(journal) == {}
+
+    # an entry whose job is not held (the requeuehold never took: FAILED still) leaves the journal
+    requeue.journal_set(journal, "1795", {"job_id": 1795, "tres": a.tres, "token": a.token, "at": 0.0})
+    assert heal(journal, [rec(1795, "FAILED", "gres/shard:30", SHARED)]) == [] and journal_read(journal) == {}
+
+
+def test_a_pack_whose_check_fails_is_put_back(monkeypatch):
+    """The verifying squeue (or a timed-out update Slurm applied) failed: the job stayed on
+    shards, unmarked, and no later pass spread it back."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import Action, apply
+
+    slurm = _Slurm(fail=("squeue",))
+    monkeypatch.setattr(requeue, "run", slurm)
+    a = Action(1795, "pack", "gres/shard:50", "horus-queue:v1;action=pack;from=gpu:1")
+    with pytest.raises(HorusError):
+        apply(a, EXCL, "gres/gpu:a100:1")
+    assert slurm.calls[-1] == ["scontrol", "update", "JobId=1795", "TresPerNode=gres/gpu:a100:1"]
+    assert not any(len(c) > 3 and c[3].startswith("AdminComment=") for c in slurm.calls)

@@ -61,8 +61,10 @@ def register(admin: click.Group) -> None:
         while True:
             try:
                 with pass_lock(dry_run):
+                    # the OOM requeues begun, beside the lock: root's alone
+                    journal = None if dry_run else os.path.join(os.path.dirname(_lock_path()), "oom-requeues.json")
                     for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
-                                  job_ids=ids, on_error=warn):
+                                  job_ids=ids, on_error=warn, journal=journal):
                         if as_json:
                             click.echo(json.dumps({"job_id": a.job_id, "action": a.kind,
                                                    "tres": a.tres, "dry_run": dry_run}))
@@ -93,7 +95,7 @@ def pass_lock(dry_run: bool):
     if dry_run:
         yield
         return
-    path = os.environ.get("HORUS_QUEUE_LOCK") or "/run/slurm-horus/queue.lock"
+    path = _lock_path()
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -109,3 +111,7 @@ def pass_lock(dry_run: bool):
         yield
     finally:
         os.close(fd)
+
+
+def _lock_path() -> str:
+    return os.environ.get("HORUS_QUEUE_LOCK") or "/run/slurm-horus/queue.lock"

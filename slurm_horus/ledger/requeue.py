@@ -19,9 +19,11 @@ comment can forge fields and whole records."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -43,6 +45,22 @@ OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMO
                     r"cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|"
                     r"CUDNN_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory")
 TAIL_BYTES = 256 * 1024  # the end of the error file: where a crash's last words are
+# a Python exception's line (a traceback's last): the error the job died of
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception)\b", re.M)
+LAST_LINES = 20  # without a Python exception: the job's last lines name the error it died of
+
+
+def died_of_oom(text: str) -> bool:
+    """Whether a failed job's error output ends in a GPU out-of-memory error: its last Python
+    exception and what follows it, else its last LAST_LINES lines.  An OOM anywhere in the tail
+    was taken for the cause: a batch-size finder (Lightning's, Accelerate's) prints the OOMs it
+    catches, and a job that then failed of something else was requeued and run twice."""
+    last = None
+    for last in _EXCEPTION_LINE.finditer(text):
+        pass
+    if last is not None:
+        return bool(OOM_RE.search(text, last.start()))
+    return bool(OOM_RE.search("\n".join([x for x in text.splitlines() if x.strip()][-LAST_LINES:])))
 RESTART_DELAY_S = 5  # an OOM rerun starts this long after its requeue (see apply)
 
 
@@ -103,9 +121,15 @@ def _whole_gpu(gtype: str | None, like: str | None,
     return _gres("gpu", gtype, 1, like), _shard_gres(per_gpu.get(gtype or ""), like)
 
 
-def _gpu_type(rec: dict) -> str | None:
+def node_gpu_types(nodes: list[dict]) -> set[str]:
+    """The GPU types the nodes' Gres name."""
+    return {g["type"] for n in nodes for g in parse_gres(n.get("Gres")) if g["name"] == "gpu" and g["type"]}
+
+
+def _gpu_type(rec: dict, types: set[str]) -> str | None:
     """The type the job is bound to: its TresPerNode's, else the hook's decision, else its
-    Features when that is a single word."""
+    Features when that is one of the nodes' GPU ``types`` (a user's --constraint=ib was taken
+    for a type: its OOM rerun asked for gpu:ib, was refused, and ran on its old shards)."""
     typed = next((g["type"] for g in parse_gres(rec.get("TresPerNode"))
                   if g["name"] in ("gpu", "shard") and g["type"]), None)
     if typed:
@@ -114,7 +138,7 @@ def _gpu_type(rec: dict) -> str | None:
     if decision and decision.gpu_type not in (None, "any"):
         return decision.gpu_type
     feat = rec.get("Features") or ""
-    return feat if re.fullmatch(r"[a-z][a-z0-9_-]*", feat) and feat != "null" else None
+    return feat if feat in types else None
 
 
 def job_ref(rec: dict) -> str:
@@ -158,10 +182,11 @@ def _packed_by_horus(rec: dict) -> bool:
 
 
 def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
-                per_gpu: dict[str, int] | None = None) -> list[Action]:
+                per_gpu: dict[str, int] | None = None, types: set[str] | None = None) -> list[Action]:
     """OOM requeues for ``scontrol show job`` records: FAILED, held shards, never requeued by
-    this loop, and the job's error output names a GPU out-of-memory error. ``per_gpu``:
-    shards_per_gpu of the nodes, for the fallback."""
+    this loop, and the job's error output ends in a GPU out-of-memory error (died_of_oom).
+    ``per_gpu``: shards_per_gpu of the nodes, for the fallback; ``types``: the nodes' GPU types
+    (node_gpu_types; default per_gpu's)."""
     out = []
     for rec in jobs:
         jid = _job_id(rec)
@@ -172,8 +197,9 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
         if any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))):
             continue
         text = read_tail(rec)
-        if text and OOM_RE.search(text):
-            whole, fallback = _whole_gpu(_gpu_type(rec), rec.get("TresPerNode"), per_gpu or {})
+        if text and died_of_oom(text):
+            known = set(per_gpu or ()) if types is None else types
+            whole, fallback = _whole_gpu(_gpu_type(rec, known), rec.get("TresPerNode"), per_gpu or {})
             out.append(Action(jid, "oom-requeue", whole,
                               f"{QUEUE_TOKEN};action=oom-requeue;from=shard:{shards}", fallback))
     return out
@@ -184,19 +210,25 @@ def _node_type_free(nodes: list[dict]) -> dict[str, int]:
     free: dict[str, int] = {}
     for n in nodes:
         state = (n.get("State") or "").upper()
-        if any(s in state for s in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")):
+        # a reserved or maintenance node's GPUs are no pending job's: they counted as idle, and
+        # packed jobs were spread back to GPUs they could not use
+        if any(s in state for s in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "RESERVED", "MAINT")):
             continue
         total = {g["type"]: g["count"] for g in parse_gres(n.get("Gres")) if g["name"] == "gpu"}
         used = parse_gres(n.get("GresUsed"))
-        used_gpu = sum(g["count"] or 0 for g in used if g["name"] == "gpu")
-        used_idx: set = set()
-        for g in used:
-            if g["name"] in ("gpu", "shard") and g["idx"]:
-                used_idx.update(g["idx"])
+        one_type = len([t for t in total if t]) == 1
         for t, c in total.items():
-            if t and c:
-                busy = max(used_gpu, len(used_idx))
-                free[t] = free.get(t, 0) + max(0, c - busy)
+            if not (t and c):
+                continue
+            # per type: a node's busy T4s made its idle A100s count as busy
+            mine = [g for g in used if g["type"] == t or (g["type"] is None and one_type)]
+            gpu_idx = {i for g in mine if g["name"] == "gpu" for i in (g["idx"] or ())}
+            shard_idx = {i for g in mine if g["name"] == "shard" for i in (g["idx"] or ())}
+            whole = max(sum(g["count"] or 0 for g in mine if g["name"] == "gpu"), len(gpu_idx))
+            # shards' positions count the type's GPUs, whole GPUs' IDX the node's: one numbering
+            # on a node of one type; on one of several, a GPU is either whole or in shards
+            busy = max(whole, len(gpu_idx | shard_idx)) if one_type else whole + len(shard_idx)
+            free[t] = free.get(t, 0) + max(0, c - busy)
     return free
 
 
@@ -205,7 +237,7 @@ def _pending_by_type(jobs: list[dict], free: dict[str, int]) -> dict[str, list[d
     submission order."""
     pending: dict[str, list[dict]] = {}
     for rec in jobs:
-        gtype = _gpu_type(rec)
+        gtype = _gpu_type(rec, set(free))
         if _waits_for_gpus(rec) and gtype in free:
             pending.setdefault(gtype, []).append(rec)
     for recs in pending.values():
@@ -315,10 +347,11 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
     as is a job packed that no longer waits for GPUs (held, say)."""
     free = _node_type_free(nodes)
     per_gpu = shards_per_gpu(nodes)
+    types = node_gpu_types(nodes)
     out = []
     for rec in jobs:  # held (or waiting on something else) after this loop packed it
         toks = queue_tokens(rec.get("AdminComment"))
-        tres, gtype = rec.get("TresPerNode"), _gpu_type(rec)
+        tres, gtype = rec.get("TresPerNode"), _gpu_type(rec, types)
         if (rec.get("JobState") == "PENDING" and not _waits_for_gpus(rec) and _acts_on(rec)
                 and toks and toks[-1].get("action") == "pack" and _shards(tres) is not None
                 and _job_id(rec) is not None and gtype):
@@ -520,21 +553,32 @@ def _signals_held():
 
 
 def apply(action: Action, admin_comment: str | None, old_tres: str | None = None,
-          old_features: str | None = None) -> str:
+          old_features: str | None = None, journal: str | None = None) -> str:
     """Carry one action out with scontrol; -> the TresPerNode the job got. An OOM requeue
     holds the job while it is reshaped, so it never starts again on its old shards unless
     Slurm refuses every reshape; it is marked either way, so it is requeued at most once.
     A pack or spread whose mark cannot be written is undone (``old_tres``): unmarked, no later
     pass would undo it.  Signals that stop the loop wait until the action is whole."""
     with _signals_held():
-        return _apply(action, admin_comment, old_tres, old_features)
+        return _apply(action, admin_comment, old_tres, old_features, journal)
 
 
 def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
-           old_features: str | None) -> str:
+           old_features: str | None, journal: str | None) -> str:
     jid = action.ref or str(action.job_id)
     if action.kind != "oom-requeue":
-        got = reshape(jid, action.tres, action.fallback, action.job_id, action.features)
+        try:
+            got = reshape(jid, action.tres, action.fallback, action.job_id, action.features)
+        except HorusError:
+            # its check or update failed, maybe after Slurm applied it: unmarked, no later pass
+            # would undo a change that took, so the old request is put back (a no-op if none took)
+            if old_tres:
+                try:
+                    run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={old_tres}",
+                         *([f"Features={old_features or ''}"] if action.features else [])])
+                except HorusError:
+                    pass
+            raise
         try:
             run(["scontrol", "update", f"JobId={jid}",
                  f"AdminComment={marked(admin_comment, action.token + ';to=' + _short(got))}"])
@@ -544,27 +588,130 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
                      *([f"Features={old_features or ''}"] if action.features else [])])
             raise
         return got
+    # journaled first: a requeuehold that times out after Slurm acted, or a release that
+    # fails, left the job held for good; the next pass finishes what is journaled (finish_requeue)
+    journal_set(journal, jid, {"job_id": action.job_id, "tres": action.tres, "token": action.token,
+                               "fallback": action.fallback, "admin": admin_comment or "",
+                               "at": time.time()})
     run(["scontrol", "requeuehold", jid])
+    return finish_requeue(jid, action, admin_comment, journal)
+
+
+def finish_requeue(jid: str, action: Action, admin_comment: str | None, journal: str | None,
+                   give_up: bool = False) -> str:
+    """The rest of an OOM requeue, on a job held by requeuehold: marked (Slurm takes no update of
+    a finished job, so not before the requeue; marked, it is never requeued a second time),
+    reshaped to a whole GPU, restarted a moment later, released, and dropped from the journal.
+    A job neither marked nor reshaped stays held for the next pass (released on its old shards
+    it would run out of memory again, unmarked) unless ``give_up`` (journaled GIVE_UP_S ago)."""
     try:
-        # marked at once (Slurm takes no update of a finished job, so not before the requeue):
-        # whatever fails after this, the job is never requeued a second time
         run(["scontrol", "update", f"JobId={jid}", f"AdminComment={marked(admin_comment, action.token)}"])
-        try:
-            got = reshape(jid, action.tres, action.fallback, action.job_id)
-        except HorusError:
-            got = None
-        to = _short(got) if got else "unchanged"
-        run(["scontrol", "update", f"JobId={jid}",
-             f"AdminComment={marked(admin_comment, action.token + ';to=' + to)}"])
+        is_marked = True
+    except HorusError:
+        is_marked = False
+    try:
+        got = reshape(jid, action.tres, action.fallback, action.job_id)
+    except HorusError:
+        got = None
+    try:
+        if is_marked:
+            to = _short(got) if got else "unchanged"
+            run(["scontrol", "update", f"JobId={jid}",
+                 f"AdminComment={marked(admin_comment, action.token + ';to=' + to)}"])
         # no requeue back-off (the job waited once already), but not at once either: a rerun
         # whose credential is made in the second slurmd revoked the last run's is killed
         # ("Job credential revoked")
         run(["scontrol", "update", f"JobId={jid}", f"StartTime=now+{RESTART_DELAY_S}"])
-    finally:
-        run(["scontrol", "release", jid])
+    except HorusError:
+        pass  # the mark already says it was requeued; a start at once only risks that kill
+    if not (is_marked or got or give_up):
+        raise HorusError(f"job {jid}: held for its OOM rerun, but Slurm took neither its mark nor "
+                         "its whole GPU; the next pass tries again")
+    run(["scontrol", "release", jid])  # a failure keeps it journaled: the next pass releases it
+    journal_set(journal, jid, None)
     if got is None:
         raise HorusError(f"job {jid}: requeued, but Slurm kept its shards")
     return got
+
+
+GIVE_UP_S = 600  # a journaled requeue Slurm will not finish is released after this long anyway
+
+
+def journal_read(path: str | None) -> dict:
+    """The OOM requeues begun and not finished ({job ref: entry}); {} without one.  Root's own
+    file in the lock's root-only folder: read without following a link."""
+    if not path:
+        return {}
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise HorusError(f"requeue journal {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > 16 << 20:
+            raise HorusError(f"requeue journal {path}: not this user's regular file: remove it")
+        data = json.loads(os.read(fd, st.st_size + 1) or b"{}")
+    except ValueError:
+        raise HorusError(f"requeue journal {path}: corrupt: check the jobs it names, then remove it") from None
+    finally:
+        os.close(fd)
+    ok = isinstance(data, dict) and all(isinstance(e, dict) and isinstance(e.get("job_id"), int)
+                                        and isinstance(e.get("tres"), str) and isinstance(e.get("token"), str)
+                                        and isinstance(e.get("at"), (int, float)) for e in data.values())
+    if not ok:
+        raise HorusError(f"requeue journal {path}: corrupt: check the jobs it names, then remove it")
+    return data
+
+
+def journal_set(path: str | None, ref: str, entry: dict | None) -> None:
+    """Add (or, with None, drop) a job's entry, replacing the file atomically (0600)."""
+    if not path:
+        return
+    data = journal_read(path)
+    if entry is None and ref not in data:
+        return
+    if entry is None:
+        data.pop(ref)
+    else:
+        data[ref] = entry
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, json.dumps(data).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _held(rec: dict) -> bool:
+    """Pending and held (requeuehold's hold, or anyone's): a journaled requeue still to finish."""
+    return rec.get("JobState") == "PENDING" and (rec.get("Priority") == "0"
+                                                 or (rec.get("Reason") or "").startswith("JobHeld"))
+
+
+def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] | None = None) -> list[Action]:
+    """Finish the journaled OOM requeues a pass could not (a requeuehold or release that failed,
+    maybe after Slurm acted): a job still held is marked, reshaped and released; one that is
+    not (never requeued, or gone on) leaves the journal, and a FAILED one is requeued anew."""
+    done = []
+    by_id = {_job_id(r): r for r in jobs}
+    for ref, e in journal_read(journal).items():
+        rec = by_id.get(e["job_id"])
+        if rec is None or not _held(rec):
+            journal_set(journal, ref, None)
+            continue
+        a = Action(e["job_id"], "oom-requeue", e["tres"], e["token"], fallback=e.get("fallback"), ref=ref)
+        try:
+            with _signals_held():
+                got = finish_requeue(ref, a, e.get("admin"), journal, give_up=time.time() - e["at"] > GIVE_UP_S)
+            done.append(replace(a, tres=got))
+        except HorusError as err:
+            if on_error:
+                on_error(f"oom-requeue job {e['job_id']}: {err}")
+    return done
 
 
 def _short(tres: str) -> str:
@@ -588,12 +735,13 @@ def hint_mem_shards(rec: dict, gtype: str) -> int | None:
 
 def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_shards: int = 50,
          min_wait_s: float = 60.0, dry_run: bool = False, job_ids: set[int] | None = None,
-         on_error: Callable[[str], None] | None = None) -> list[Action]:
+         on_error: Callable[[str], None] | None = None, journal: str | None = None) -> list[Action]:
     """One pass over the live queue (``squeue --json``; ``scontrol -d`` for the nodes' GresUsed,
     which no user can write): the pressure file for
     the hook (policy ``pressure_file``; not on a dry run or a pass limited to ``job_ids``), OOM
     requeues, then queue pressure on pending jobs; only on ``job_ids`` when given (every job
-    still counts as load).  ``on_error`` hears of what could not be done (the pass goes on)."""
+    still counts as load).  ``on_error`` hears of what could not be done (the pass goes on).
+    ``journal``: the file of OOM requeues begun (heal finishes them first; not on a dry run)."""
     jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
     limit = policy_util_limit(pack_shards)
@@ -603,14 +751,17 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         except HorusError as e:  # the hook ignores a stale file: the actions still run
             if on_error:
                 on_error(str(e))
+    healed = [] if dry_run else heal(journal, jobs, on_error)
+    if healed:  # the queue changed: the actions are read from it as it is now
+        jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
-                          shards_per_gpu(nodes))
+                          shards_per_gpu(nodes), node_gpu_types(nodes))
     declared = declared_type_features() if policy_value("type_via", "features") == "features" else set()
     actions += [a for a in pressure_actions(jobs, nodes, pack_shards, mem_shards, min_wait_s, time.time(),
                                             limit, type_features=declared)
                 if job_ids is None or a.job_id in job_ids]  # every pending job counts in the pressure
-    done = []
+    done = healed
     by_id = {_job_id(r): r for r in jobs}
     for a in actions:
         if dry_run:
@@ -619,7 +770,7 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         rec = by_id[a.job_id]
         try:
             got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"), rec.get("TresPerNode"),
-                        rec.get("Features"))
+                        rec.get("Features"), journal)
             done.append(replace(a, tres=got))
         except HorusError as e:  # the job moved on (started, cancelled): next pass sees it again
             if on_error:
