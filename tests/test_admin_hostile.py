@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -21,6 +22,7 @@ from slurm_horus.slurm.accounting import parse_sacct_json
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "slurm-25.11"
 SACCT = FIX / "sacct_json_finished_gpu.stdout"
+ZOO = Path(__file__).resolve().parent / "data" / "zoo"
 
 
 @pytest.fixture
@@ -111,6 +113,9 @@ def test_sync_refuses_what_it_would_get_wrong(tmp_path, monkeypatch):
     os.mkfifo(fifo)
     r = CliRunner().invoke(admin, ["sync", "--ledger", u, "--from-file", str(fifo)])
     assert r.exit_code != 0 and "not JSON" in r.output  # nobody writes to it: empty, no hang
+    # a FIFO as the policy read as an empty one: the record went to the default path
+    r = CliRunner().invoke(admin, [*base, "--policy", str(fifo)])
+    assert r.exit_code == 2 and "not a regular file" in r.output
 
 
 def test_odd_accounting_records_are_skipped_not_fatal():
@@ -246,3 +251,49 @@ def test_a_cluster_the_simulator_cannot_hold_is_refused_in_one_line(tmp_path):
         (tmp_path / "slurm.conf").write_text(text)
         r = CliRunner().invoke(admin, ["simulate", "--slurm-conf", str(tmp_path / "slurm.conf"), "--jobs", "20"])
         assert r.exit_code == 2 and says in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_sync_ending_in_the_future_leaves_the_next_window_starting_now_at_the_latest(tmp_path, monkeypatch):
+    """sync -E now+30days saved its end as the last sync: every later default window started
+    after it ended, and sacct refused them all for a month."""
+    import time as _time
+
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.ledger import sync as sync_mod
+    from slurm_horus.slurm import commands as slurm
+
+    windows = []
+    monkeypatch.setattr(slurm, "accounting_jobs", lambda since, until: windows.append((since, until)) or [])
+    monkeypatch.setattr(slurm, "accounting_jobs_by_id", lambda ids: [])
+    monkeypatch.setattr(slurm, "node_gpu_types", lambda: {})
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    sync_mod.sync(L, since=_time.time() - 3600, until=_time.time() + 30 * 86400)
+    sync_mod.sync(L)
+    since, until = windows[-1]
+    assert since < until and float(L.get_state("last_sync")) <= _time.time()
+
+
+def test_import_refuses_rows_it_would_get_wrong(tmp_path):
+    from slurm_horus.cli.admin_ledger import import_
+
+    u = f"sqlite:///{tmp_path}/l.db"
+    extra = tmp_path / "extra.csv"
+    extra.write_text(f"model,gpu_type,util_pct,mem_mib,batch_size\n{ZOO / 'small_cnn.onnx'},t4,50,3000,32,x,y\n")
+    r = CliRunner().invoke(import_, [str(extra), "--ledger", u])
+    assert r.exit_code == 2 and "extra.csv:2: 7 fields, the header has 5" in r.output, r.output
+    # a text model's sequence taken as one token: hsubmit and sync refuse it, import taught it
+    text = tmp_path / "text.csv"
+    text.write_text(f"model,gpu_type,util_pct,mem_mib,batch_size\n{ZOO / 'bert_base.onnx'},t4,50,3000,8\n")
+    r = CliRunner().invoke(import_, [str(text), "--ledger", u])
+    assert r.exit_code == 2 and "not set by its batch size" in r.output, r.output
+
+
+def test_a_file_the_command_may_not_write_is_one_line_not_an_internal_error(tmp_path):
+    from slurm_horus.cli.common import one_line_errors
+
+    @one_line_errors("prog")
+    def write():
+        open(tmp_path, "w")  # a folder where a file goes
+
+    r = CliRunner().invoke(click.command()(write))
+    assert r.exit_code == 1 and r.output.startswith("prog: error: Is a directory: ") and "internal" not in r.output

@@ -191,6 +191,7 @@ def test_registry_add_promote_rollback(trained, tmp_path):
     assert (v1, v2) == ("v0001", "v0002")
     reg.promote(v1)
     reg.promote(v2)
+    reg.promote(v2)  # again: no change (it had pushed v0002 on the history, and a rollback stayed there)
     assert reg.serving() == "v0002"
     assert [e["serving"] for e in reg.list()] == [False, True]
     assert reg.rollback() == "v0001" and reg.serving() == "v0001"
@@ -417,3 +418,13 @@ def test_the_fits_column_says_no_where_not_even_a_whole_gpu_holds_the_job(tmp_pa
     small = json.loads(_cli("predict", str(ZOO / "small_cnn.onnx"), "-b", "8", "--gpu", "t4",
                             "--gpu", "a100-80gb", "--json", env=env).stdout)
     assert [r["fits"] for r in small["predictions"]] == [True, None]  # costed; not the policy's question
+
+
+def test_a_policy_that_is_a_fifo_is_no_policy_not_a_hang(tmp_path):
+    import os
+
+    fifo = tmp_path / "policy.fifo"
+    os.mkfifo(fifo)
+    proc = _cli("predict", str(ZOO / "small_cnn.onnx"), "-b", "4", "--gpu", "t4",
+                env={"HORUS_MODEL_DIR": str(tmp_path), "HORUS_POLICY": str(fifo)})
+    assert proc.returncode == 0 and "no readable policy" in proc.stdout, proc.stderr

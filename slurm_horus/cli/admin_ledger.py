@@ -29,6 +29,17 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
                          help="Registry folder (default /var/lib/slurm-horus/models).")
 
 
+
+def _regular_file(value, name: str):
+    """A path option's value where it must be a regular file (a FIFO read as an empty policy
+    and the record went to the default path, not the one the admin named)."""
+    import os
+    import stat
+
+    if value is not None and not stat.S_ISREG(os.stat(value).st_mode):
+        raise click.BadParameter(f"{value}: not a regular file", param_hint=name)
+    return value
+
 @click.command("sync")
 @LEDGER
 @click.option("-S", "--since", help="Window start (default: 5 minutes before the last sync, else 1 day ago).")
@@ -38,6 +49,7 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
 @click.option("--from-file", type=click.Path(dir_okay=False),
               help="Read sacct --json output from this file instead of running sacct.")
 @click.option("--policy", envvar="HORUS_POLICY", type=click.Path(exists=True, dir_okay=False),
+              callback=lambda ctx, param, v: _regular_file(v, "--policy"),
               help="Policy file naming record_file and underclaim_window_days (default: the "
                    "hook's).")
 @MODEL_DIR

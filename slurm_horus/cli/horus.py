@@ -154,9 +154,11 @@ def hook_fit(p, gpu, asked: str | None = None) -> Fit:
     and the rule says so."""
     from slurm_horus.slurm.policy import charged_mem_mib, policy_file, policy_value
 
+    from slurm_horus.textfile import open_for_reading
+
     path = policy_file()
-    try:
-        with open(path, "rb"):
+    try:  # a FIFO is no policy (the hook's io.open would wait on it for ever)
+        with open_for_reading(path, regular_only=True):
             pass
     except OSError:
         ok = p.mem_mib_p90 <= gpu.mem_mib

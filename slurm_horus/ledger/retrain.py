@@ -314,6 +314,9 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
     for line, row in enumerate(_csv_rows(reader, path), 2):
         where = f"{path}:{line}"
         try:
+            if None in row:  # csv puts fields past the header under None
+                raise HorusError(f"{len(reader.fieldnames) + len(row[None])} fields, the header has "
+                                 f"{len(reader.fieldnames)}")
             gpu = catalog.find((row.get("gpu_type") or "").strip())
             if gpu is None:
                 raise HorusError(f"unknown GPU type {row.get('gpu_type')!r}")
@@ -342,6 +345,12 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                 if key not in reports:
                     reports[key] = extract_features(model, batch_size=w.batch_size)
                 report = reports[key]
+                if report.unknown_dims:
+                    # sizes taken as 1 (a text model's sequence) would teach figures far too
+                    # small: refused, as hsubmit and sync refuse them
+                    raise HorusError(f"model {model}: size(s) {', '.join(report.unknown_dims[:5])} not "
+                                     "set by its batch size: give the row's features instead "
+                                     "(horus features MODEL --dim NAME=VALUE --json)")
                 values = report.values
             else:
                 raise HorusError("needs model or features")

@@ -168,7 +168,9 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         for c, i in sorted(set(still_open))[-MAX_OPEN_JOBS:]:
             kept.setdefault(c, []).append(i)
         ledger.set_state("open_jobs", json.dumps(kept, separators=(",", ":")))
-        ledger.set_state("last_sync", str(int(until or now)))
+        # never past now: a sync -E in the future had set every later default window's start
+        # after its end, and sacct refused them all
+        ledger.set_state("last_sync", str(int(min(until or now, now))))
     return {"jobs_seen": len(parsed), "recorded": len(records),
             "failed_measurements": sum(1 for r in records if failed_measurement(
                 r["util_mean"], r["mem_peak_mib"])),

@@ -196,7 +196,7 @@ class Registry:
         self.load(version)  # refuse to serve a file that does not load
         state = self.state()
         history = list(state.get("history", []))
-        if state.get("serving"):
+        if state.get("serving") and state["serving"] != version:  # promoting it again is no change
             history.append(state["serving"])
         self._write_state({"serving": version, "history": history[-50:],
                            "changed": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
