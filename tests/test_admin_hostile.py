@@ -297,3 +297,5 @@ def test_a_file_the_command_may_not_write_is_one_line_not_an_internal_error(tmp_
 
     r = CliRunner().invoke(click.command()(write))
     assert r.exit_code == 1 and r.output.startswith("prog: error: Is a directory: ") and "internal" not in r.output
+    r = CliRunner().invoke(click.command()(write), env={"HORUS_DEBUG": "1"})  # the traceback, as promised
+    assert isinstance(r.exception, IsADirectoryError)

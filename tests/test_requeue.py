@@ -384,24 +384,23 @@ def test_a_pack_keeps_the_jobs_gpu_type_on_a_cluster_of_several():
     assert [a.features for a in pressure_actions(own, two, 50, lambda *a: 1, 0, 1.9e9)] == ["a100&ib"]
 
 
-def test_an_oom_a_batch_size_finder_caught_is_not_the_cause_of_death():
-    """Lightning's and Accelerate's batch-size finders print the OOMs they catch; a job that
-    then died of something else was requeued (and run twice)."""
-    from slurm_horus.ledger.requeue import died_of_oom
-
-    caught = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
-              "Batch size 64 failed, retrying with batch size 32\n" * 3 +
-              "Traceback (most recent call last):\n  File \"t.py\", line 9\n"
-              "FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'\n")
-    assert not died_of_oom(caught)
-    assert died_of_oom(caught + "Traceback (most recent call last):\n"
-                       "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB\n"
-                       "srun: error: n1: task 0: Exited with exit code 1\n")
-    # no Python traceback (a C++ or XLA job): its last lines
-    assert died_of_oom("step 1\n2024 W RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB\n")
-    assert not died_of_oom("CUBLAS_STATUS_ALLOC_FAILED\n" + "step ok\n" * 30)
-    jobs = [rec(1, "FAILED", "gres:shard:a100:30", SHARED)]
-    assert oom_actions(jobs, lambda r: caught, shards_per_gpu(_node(""))) == []
+def test_real_ooms_are_recognised_wherever_the_tail_names_them():
+    """A rule that read only the last exception missed torchrun's ChildFailedError after the
+    worker's OOM, chained exceptions and [rankN]: prefixes; the CUDA runtime's and
+    TensorFlow's own wordings were never matched."""
+    oom = "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    texts = [
+        oom + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n  train.py FAILED\n",
+        oom + "\nDuring handling of the above exception, another exception occurred:\n"
+              "RuntimeError: No executable batch size found, reached zero.\n",
+        oom + "Exception ignored in: <function X.__del__>\nAttributeError: 'NoneType'\n" + "DEBUG:filelock x\n" * 25,
+        "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported\n",
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor "
+        "with shape[64,512,512] on /job:localhost\n",
+    ]
+    jobs = [rec(i, "FAILED", "gres:shard:a100:30", SHARED) for i in range(1, len(texts) + 1)]
+    acts = oom_actions(jobs, lambda r: texts[int(r["JobId"]) - 1], shards_per_gpu(_node("")))
+    assert [a.job_id for a in acts] == list(range(1, len(texts) + 1))
 
 
 def test_a_node_feature_is_no_gpu_type():
@@ -503,3 +502,31 @@ def test_a_pack_whose_check_fails_is_put_back(monkeypatch):
         apply(a, EXCL, "gres/gpu:a100:1")
     assert slurm.calls[-1] == ["scontrol", "update", "JobId=1795", "TresPerNode=gres/gpu:a100:1"]
     assert not any(len(c) > 3 and c[3].startswith("AdminComment=") for c in slurm.calls)
+
+
+def test_heal_keeps_a_users_own_hold_and_moves_an_unreadable_journal_aside(monkeypatch, tmp_path):
+    """A journaled requeue whose requeuehold Slurm refused, of a job its owner then held
+    (JobHeldUser), was released by the next pass; a corrupt journal stopped every pass."""
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import heal, journal_read, journal_set
+
+    journal = str(tmp_path / "oom-requeues.json")
+    slurm = _Slurm(tres="gres/gpu=1")
+    monkeypatch.setattr(requeue, "run", slurm)
+    journal_set(journal, "1795", {"job_id": 1795, "tres": "gres/gpu:a100:1",
+                                  "token": "horus-queue:v1;action=oom-requeue;from=shard:30", "at": 0.0})
+    user_held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldUser")
+    assert heal(journal, [user_held]) == [] and slurm.calls == [] and journal_read(journal) == {}
+    (tmp_path / "oom-requeues.json").write_text('{"1795": {"job_id": 1795}}')
+    errors = []
+    assert heal(journal, [user_held], errors.append) == []
+    assert "moved to" in errors[0] and not (tmp_path / "oom-requeues.json").exists()
+    assert journal_read(journal) == {}  # the next pass goes on
+
+
+def test_untyped_shards_on_a_node_of_several_types_count_for_each():
+    from slurm_horus.ledger.requeue import _node_type_free
+
+    node = [{"NodeName": "m", "State": "MIXED", "Gres": "gpu:a100:2,gpu:t4:2,shard:400",
+             "GresUsed": "gpu:a100:0(IDX:N/A),gpu:t4:0(IDX:N/A),shard:60(IDX:0-1)"}]
+    assert _node_type_free(node) == {"a100": 0, "t4": 0}

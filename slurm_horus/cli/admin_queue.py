@@ -51,7 +51,7 @@ def register(admin: click.Group) -> None:
                        f"{policy_value('slowdown_tail', 'median')} job: under queue pressure, "
                        f"jobs up to {policy_util_limit(pack_shards):.1f} % predicted utilization pack")
         # SIGTERM (systemd's stop or timeout) ends the pass through its cleanups: a job held
-        # for its OOM rerun is released, never left held
+        # for its OOM rerun is released, not left held by a stopped pass
         signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
         failed = []
 

@@ -53,6 +53,8 @@ def one_line_errors(prog: str):
             except (PermissionError, IsADirectoryError, NotADirectoryError, FileNotFoundError) as e:
                 # a file the command may not write or read, or a folder where a file goes: the
                 # system's own reason and the path, not an "internal error"
+                if os.environ.get("HORUS_DEBUG"):
+                    raise
                 where = f": {e.filename}" if e.filename else ""
                 click.echo(f"{prog}: error: {one_line(e.strerror or str(e))}{where}"
                            f"{' (run this as root?)' if isinstance(e, PermissionError) and os.geteuid() else ''}",

@@ -43,24 +43,9 @@ from slurm_horus.sim.interference import Interference, sensitivity_at
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
 OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
                     r"cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|"
-                    r"CUDNN_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory")
+                    r"CUDNN_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory|"
+                    r"CUDA error: out of memory|OOM when allocating tensor")
 TAIL_BYTES = 256 * 1024  # the end of the error file: where a crash's last words are
-# a Python exception's line (a traceback's last): the error the job died of
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception)\b", re.M)
-LAST_LINES = 20  # without a Python exception: the job's last lines name the error it died of
-
-
-def died_of_oom(text: str) -> bool:
-    """Whether a failed job's error output ends in a GPU out-of-memory error: its last Python
-    exception and what follows it, else its last LAST_LINES lines.  An OOM anywhere in the tail
-    was taken for the cause: a batch-size finder (Lightning's, Accelerate's) prints the OOMs it
-    catches, and a job that then failed of something else was requeued and run twice."""
-    last = None
-    for last in _EXCEPTION_LINE.finditer(text):
-        pass
-    if last is not None:
-        return bool(OOM_RE.search(text, last.start()))
-    return bool(OOM_RE.search("\n".join([x for x in text.splitlines() if x.strip()][-LAST_LINES:])))
 RESTART_DELAY_S = 5  # an OOM rerun starts this long after its requeue (see apply)
 
 
@@ -184,7 +169,7 @@ def _packed_by_horus(rec: dict) -> bool:
 def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
                 per_gpu: dict[str, int] | None = None, types: set[str] | None = None) -> list[Action]:
     """OOM requeues for ``scontrol show job`` records: FAILED, held shards, never requeued by
-    this loop, and the job's error output ends in a GPU out-of-memory error (died_of_oom).
+    this loop, and the job's error output names a GPU out-of-memory error.
     ``per_gpu``: shards_per_gpu of the nodes, for the fallback; ``types``: the nodes' GPU types
     (node_gpu_types; default per_gpu's)."""
     out = []
@@ -197,7 +182,10 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
         if any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))):
             continue
         text = read_tail(rec)
-        if text and died_of_oom(text):
+        # anywhere in the tail: the last exception alone missed torchrun's ChildFailedError
+        # after the worker's OOM, chained exceptions, [rankN]: prefixes and shutdown noise; an
+        # OOM a batch-size finder caught before the job failed otherwise costs one rerun
+        if text and OOM_RE.search(text):
             known = set(per_gpu or ()) if types is None else types
             whole, fallback = _whole_gpu(_gpu_type(rec, known), rec.get("TresPerNode"), per_gpu or {})
             out.append(Action(jid, "oom-requeue", whole,
@@ -226,8 +214,13 @@ def _node_type_free(nodes: list[dict]) -> dict[str, int]:
             shard_idx = {i for g in mine if g["name"] == "shard" for i in (g["idx"] or ())}
             whole = max(sum(g["count"] or 0 for g in mine if g["name"] == "gpu"), len(gpu_idx))
             # shards' positions count the type's GPUs, whole GPUs' IDX the node's: one numbering
-            # on a node of one type; on one of several, a GPU is either whole or in shards
-            busy = max(whole, len(gpu_idx | shard_idx)) if one_type else whole + len(shard_idx)
+            # on a node of one type; on one of several, a GPU is either whole or in shards, and
+            # what is untyped there (shard:400 in gres.conf) may be any type's: busy for each
+            untyped = [g for g in used if g["type"] is None and not one_type and g["name"] in ("gpu", "shard")]
+            anyone = max(sum(g["count"] or 0 for g in untyped if g["name"] == "gpu"),
+                         len({i for g in untyped for i in (g["idx"] or ())}))
+            busy = (max(whole, len(gpu_idx | shard_idx)) if one_type
+                    else min(c, whole + len(shard_idx) + anyone))
             free[t] = free.get(t, 0) + max(0, c - busy)
     return free
 
@@ -556,7 +549,8 @@ def apply(action: Action, admin_comment: str | None, old_tres: str | None = None
           old_features: str | None = None, journal: str | None = None) -> str:
     """Carry one action out with scontrol; -> the TresPerNode the job got. An OOM requeue
     holds the job while it is reshaped, so it never starts again on its old shards unless
-    Slurm refuses every reshape; it is marked either way, so it is requeued at most once.
+    Slurm refuses every reshape and every mark for GIVE_UP_S (finish_requeue); marked, it is
+    requeued at most once.
     A pack or spread whose mark cannot be written is undone (``old_tres``): unmarked, no later
     pass would undo it.  Signals that stop the loop wait until the action is whole."""
     with _signals_held():
@@ -677,19 +671,24 @@ def journal_set(path: str | None, ref: str, entry: dict | None) -> None:
     else:
         data[ref] = entry
     tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, json.dumps(data).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, json.dumps(data).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: the requeue is not begun (or stays journaled)
+        raise HorusError(f"requeue journal {path}: {e.strerror or e}") from None
 
 
 def _held(rec: dict) -> bool:
-    """Pending and held (requeuehold's hold, or anyone's): a journaled requeue still to finish."""
-    return rec.get("JobState") == "PENDING" and (rec.get("Priority") == "0"
-                                                 or (rec.get("Reason") or "").startswith("JobHeld"))
+    """Pending under an admin's hold (root's requeuehold: JobHeldAdmin; 23.02+ also flags
+    REQUEUE_HOLD): a journaled requeue still to finish.  A user's own hold (JobHeldUser) is
+    theirs: it was released as if it were the loop's."""
+    return rec.get("JobState") == "PENDING" and (rec.get("Reason") == "JobHeldAdmin"
+                                                 or "REQUEUE_HOLD" in (rec.get("_flags") or "").split(","))
 
 
 def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] | None = None) -> list[Action]:
@@ -698,7 +697,18 @@ def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] 
     not (never requeued, or gone on) leaves the journal, and a FAILED one is requeued anew."""
     done = []
     by_id = {_job_id(r): r for r in jobs}
-    for ref, e in journal_read(journal).items():
+    try:
+        entries = journal_read(journal)
+    except HorusError as err:  # moved aside: a journal no pass can read had stopped every pass
+        aside = f"{journal}.unreadable-{int(time.time())}"
+        try:
+            os.replace(journal, aside)
+        except OSError:
+            aside = journal
+        if on_error:
+            on_error(f"{err}; moved to {aside}: a job it names may still be held")
+        return done
+    for ref, e in entries.items():
         rec = by_id.get(e["job_id"])
         if rec is None or not _held(rec):
             journal_set(journal, ref, None)
