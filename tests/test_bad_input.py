@@ -47,7 +47,7 @@ CASES = {
     "sync --from-file deep": [*ADMIN, "sync", "--ledger", "sqlite:///{d}/sync.db", "--from-file", "{d}/deep.json"],
     "queue --jobs huge": [*ADMIN, "queue", "--dry-run", "--jobs", "99999999999999999999"],
     "hacct -o width huge": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-o", "JobID%300000000"],
-    "hacct -o width negative": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-o", "JobID%-5"],
+    "hacct -o width zero": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-o", "JobID%-0"],
     "hacct -j huge": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-j", "99999999999999999999999"],
     "hacct -j -1": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-j", "-1"],
     "hacct -j array task": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-j", "224_5"],

@@ -485,6 +485,9 @@ def test_sacct_selection_forms_clusters_accounts_uids_and_left_justified_widths(
     assert CliRunner().invoke(main, [*q, "-u", str(me.pw_uid)]).output == "c|101\n"
     r = CliRunner().invoke(main, [*ALL, "--ledger", u, "-n", "-o", "JobID%-8,Cluster%4"])
     assert r.exit_code == 0 and r.output == "101         c\n", repr(r.output)
+    # a ledger of one cluster, or of none under this name: all of it (a renamed cluster)
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: "ClusterName = z\nPrivateData = none\n")
+    assert CliRunner().invoke(main, q).output == "c|101\nd|101\ne|7\n"
     # where Slurm cannot say which cluster this is: every cluster's
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: (_ for _ in ()).throw(slurm.HorusError("no")))
     assert CliRunner().invoke(main, [*q, "-a"]).output == "c|101\nd|101\ne|7\n"

@@ -114,10 +114,10 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
     from slurm_horus.slurm import commands as slurm
 
     names = [c.lower() for c in _split(clusters)]
-    if allclusters or "all" in names:
-        cluster = None
-    else:
-        cluster = names or slurm.local_cluster()  # as sacct: this cluster's jobs by default
+    every = allclusters or "all" in names
+    # as sacct: this host's cluster by default (decided below, once the ledger is open)
+    local = None if every or names else slurm.local_cluster()
+    cluster = None if every else (names or local)
     ids = [x.split(".")[0] for x in _split(jobs)]
     tasks = [x for x in ids if "_" in x]  # ArrayJobId_TaskId: the ledger keys tasks by their own ids
     if tasks:
@@ -143,6 +143,10 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
 
     me = current_user()
     ledger = open_reader(url, me)
+    if local is not None and (held := set(ledger.clusters())) and (local not in held or len(held) == 1):
+        # the ledger holds one cluster's jobs, or none under the name Slurm gives now (a
+        # renamed cluster, a ledger of elsewhere): nothing of another cluster to hide here
+        filters["cluster"] = None
     asked = filters["users"]
     private = not ledger.writable() and slurm.private_jobs(unknown=True)
     if private:

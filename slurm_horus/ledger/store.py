@@ -279,6 +279,14 @@ class Ledger:
         with self.engine.connect() as conn:
             return [r._asdict() for r in conn.execute(select(t).order_by(t.c.version))]
 
+    def clusters(self) -> list[str]:
+        """The clusters the ledger holds jobs of."""
+        from sqlalchemy import select
+
+        j = tables()["jobs"]
+        with self.engine.connect() as conn:
+            return sorted(r[0] for r in conn.execute(select(j.c.cluster).distinct()) if r[0] is not None)
+
     def count(self, table: str) -> int:
         with self.engine.connect() as conn:
             return int(conn.exec_driver_sql(
