@@ -396,11 +396,16 @@ def test_real_ooms_are_recognised_wherever_the_tail_names_them():
         oom + "Exception ignored in: <function X.__del__>\nAttributeError: 'NoneType'\n" + "DEBUG:filelock x\n" * 25,
         "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported\n",
         "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor "
-        "with shape[64,512,512] on /job:localhost\n",
+        "with shape[64,512,512] on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc\n",
     ]
     jobs = [rec(i, "FAILED", "gres:shard:a100:30", SHARED) for i in range(1, len(texts) + 1)]
     acts = oom_actions(jobs, lambda r: texts[int(r["JobId"]) - 1], shards_per_gpu(_node("")))
     assert [a.job_id for a in acts] == list(range(1, len(texts) + 1))
+    # host memory is no GPU's: TensorFlow's CPU allocator, the JVM's heap
+    for line in ("ResourceExhaustedError: OOM when allocating tensor with shape[9] on "
+                 "/job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu",
+                 "java.lang.OutOfMemoryError: Java heap space"):
+        assert not OOM_RE.search(line), line
 
 
 def test_a_node_feature_is_no_gpu_type():
@@ -439,7 +444,10 @@ def test_a_requeue_that_half_fails_is_finished_by_the_next_pass(monkeypatch, tmp
     journal = str(tmp_path / "oom-requeues.json")
     a = Action(1795, "oom-requeue", "gres/gpu:a100:1", "horus-queue:v1;action=oom-requeue;from=shard:30",
                "gres/shard:100")
-    held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldAdmin")
+    # what root's requeuehold leaves (squeue --json on the 22.05 test cluster: JobHeldUser,
+    # "job requeued in held state", priority 0)
+    held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldUser",
+               StateDesc="job requeued in held state")
 
     # requeuehold times out (Slurm held the job anyway): journaled, then healed
     slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol requeuehold",))
@@ -517,6 +525,12 @@ def test_heal_keeps_a_users_own_hold_and_moves_an_unreadable_journal_aside(monke
                                   "token": "horus-queue:v1;action=oom-requeue;from=shard:30", "at": 0.0})
     user_held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldUser")
     assert heal(journal, [user_held]) == [] and slurm.calls == [] and journal_read(journal) == {}
+    # nor an admin's hold placed on a requeued job (the description stays, the reason changes)
+    journal_set(journal, "1795", {"job_id": 1795, "tres": "gres/gpu:a100:1",
+                                  "token": "horus-queue:v1;action=oom-requeue;from=shard:30", "at": 0.0})
+    admin_held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldAdmin",
+                     StateDesc="job requeued in held state")
+    assert heal(journal, [admin_held]) == [] and slurm.calls == [] and journal_read(journal) == {}
     (tmp_path / "oom-requeues.json").write_text('{"1795": {"job_id": 1795}}')
     errors = []
     assert heal(journal, [user_held], errors.append) == []

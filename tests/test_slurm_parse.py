@@ -248,3 +248,15 @@ def test_slurmdbd_private_data_hides_jobs_from_sacct_and_so_from_hacct(monkeypat
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30:
                         conf if args[0] == "scontrol" else head)
     assert slurm.private_jobs(unknown=None) is None and slurm.private_jobs(unknown=True) is True
+
+
+def test_the_queue_loop_knows_its_own_requeuehold_in_recorded_squeue_json():
+    """Root's scontrol requeuehold leaves JobHeldUser and "job requeued in held state" (not
+    JobHeldAdmin): the journal's heal had dropped exactly the jobs it exists for."""
+    from slurm_horus.ledger.requeue import _held
+
+    jid = INDEX["squeue_json_requeue_held"]["job_id"]
+    (rec,) = [r for r in sp.squeue_json_records(out("squeue_json_requeue_held")) if r["JobId"] == str(jid)]
+    assert rec["JobState"] == "PENDING" and rec["Reason"] == "JobHeldUser"
+    assert _held(rec)
+    assert not _held({**rec, "Reason": "JobHeldAdmin"}) and not _held({**rec, "StateDesc": ""})

@@ -41,10 +41,12 @@ from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, declared_t
 from slurm_horus.sim.interference import Interference, sensitivity_at
 
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
-OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
+OOM_RE = re.compile(r"CUDA out of memory|(?<!java\.lang\.)OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
                     r"cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|"
                     r"CUDNN_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory|"
-                    r"CUDA error: out of memory|OOM when allocating tensor")
+                    r"CUDA error: out of memory|"
+                    # TensorFlow's, but not its host allocator's (device:CPU, allocator cpu)
+                    r"OOM when allocating tensor(?![^\n]*(?:device:CPU|allocator cpu))")
 TAIL_BYTES = 256 * 1024  # the end of the error file: where a crash's last words are
 RESTART_DELAY_S = 5  # an OOM rerun starts this long after its requeue (see apply)
 
@@ -683,12 +685,16 @@ def journal_set(path: str | None, ref: str, entry: dict | None) -> None:
         raise HorusError(f"requeue journal {path}: {e.strerror or e}") from None
 
 
+REQUEUE_HELD = "job requeued in held state"  # the state description requeuehold leaves
+
+
 def _held(rec: dict) -> bool:
-    """Pending under an admin's hold (root's requeuehold: JobHeldAdmin; 23.02+ also flags
-    REQUEUE_HOLD): a journaled requeue still to finish.  A user's own hold (JobHeldUser) is
-    theirs: it was released as if it were the loop's."""
-    return rec.get("JobState") == "PENDING" and (rec.get("Reason") == "JobHeldAdmin"
-                                                 or "REQUEUE_HOLD" in (rec.get("_flags") or "").split(","))
+    """Held as requeuehold leaves a job, root's included: JobHeldUser with the description
+    "job requeued in held state" (seen on the 22.05 test cluster; Slurm's _job_requeue_op): a
+    journaled requeue still to finish.  A hold anyone placed afterwards (an admin's
+    JobHeldAdmin, a user's plain hold) is not the loop's to release."""
+    return (rec.get("JobState") == "PENDING" and rec.get("Reason") == "JobHeldUser"
+            and rec.get("StateDesc") == REQUEUE_HELD)
 
 
 def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] | None = None) -> list[Action]:

@@ -308,6 +308,7 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
             "Restarts": str(_json_number(j.get("restart_cnt")) or 0),
             "SubmitTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submit)) if submit else "Unknown",
             "NodeList": nodes, "Reason": j.get("state_reason") or "",
+            "StateDesc": j.get("state_description") or "",
             "Priority": "" if _json_number(j.get("priority")) is None else str(_json_number(j.get("priority"))),
             "_details": [{"Nodes": h, "GRES": g} for h, g in zip(hosts, detail)],
             "_submit": submit, "_flags": _json_state_flags(j),

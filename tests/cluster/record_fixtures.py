@@ -68,6 +68,21 @@ def record(name, args, notes, env=None, **extra):
     return p
 
 
+def record_requeue_held():
+    """A job that failed, then root's scontrol requeuehold: what the queue loop's journal must
+    recognise as its own hold (JobHeldUser, "job requeued in held state")."""
+    p = sh(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "exit 1"])
+    jid = p.stdout.decode().strip().split(";")[0]
+    OWN_JOBS.append(jid)
+    deadline = time.time() + 30
+    while job_state(jid) not in ("FAILED", "") and time.time() < deadline:
+        time.sleep(1)
+    sh(["scontrol", "requeuehold", jid])
+    time.sleep(1)
+    record("squeue_json_requeue_held", ["squeue", "--json", "--jobs", jid],
+           "a failed job after root's scontrol requeuehold", job_id=int(jid))
+
+
 def job_state(jobid):
     p = sh(["squeue", "-h", "-j", str(jobid), "-o", "%T"])
     return p.stdout.decode().strip()
@@ -188,6 +203,7 @@ def main():
     record("sacctmgr_show_configuration", ["sacctmgr", "show", "configuration"],
            "slurm.conf's and, after 'SlurmDBD configuration:', slurmdbd.conf's settings (PrivateData unset)")
     record("sinfo_text", ["sinfo", "-N", "-o", "%N|%P|%T|%G|%f|%C"], "node|partition|state|gres|features|cpus A/I/O/T")
+    record_requeue_held()
 
     # --- finished job in accounting
     wait_sacct_done(done)
