@@ -100,9 +100,11 @@ def _fake_pynvml(procs, util_samples):
     """A stand-in for nvidia-ml-py (the only mock here: there is no GPU): two GPUs, with the
     per-process memory ``procs[gpu]`` and utilization samples ``util_samples[gpu]``."""
     class NVMLError(Exception):
-        pass
+        def __init__(self, value):  # pynvml's: the NVML return code
+            super().__init__(value)
+            self.value = value
 
-    n = types.SimpleNamespace(NVMLError=NVMLError, shut=[], asked_since=[])
+    n = types.SimpleNamespace(NVMLError=NVMLError, NVML_ERROR_NOT_FOUND=6, shut=[], asked_since=[])
     n.nvmlInit = lambda: None
     n.nvmlShutdown = lambda: n.shut.append(True)
     n.nvmlDeviceGetCount = lambda: 2
@@ -114,7 +116,7 @@ def _fake_pynvml(procs, util_samples):
         n.asked_since.append((h[1], since))
         got = [s for s in util_samples[h[1]] if s.timeStamp > since]
         if not got:
-            raise NVMLError("not found")
+            raise NVMLError(6)  # NVML_ERROR_NOT_FOUND: no process computed since
         return got
     n.nvmlDeviceGetProcessUtilization = process_utilization
     n.nvmlDeviceGetComputeRunningProcesses = lambda h: procs[h[1]]
@@ -141,9 +143,11 @@ def test_nvml_sampler_sums_the_jobs_processes_only(monkeypatch):
     # 99 is another job's process; 11 holds memory on GPU 0 but its utilization sample is on GPU 1
     u, mem = s.sample({10, 11, 12, 13})
     assert (u, mem) == (30 + 90 + 40, 1750.0)
-    # the next call asks only for samples newer than those seen; none: utilization unknown
+    # the next call asks only for samples newer than those seen; none while the job holds the
+    # GPUs: its processes were idle, 0 % (as beside a busy neighbour), not unknown
     u, mem = s.sample({10, 11, 12, 13})
-    assert u is None and mem == 1750.0
+    assert u == 0.0 and mem == 1750.0
+    assert s.sample({77}) == (None, 0.0)  # no process of this job on the GPUs: unknown
     assert fake.asked_since[-2:] == [(0, 6), (1, 8)]
     util[0].append(_util(10, 250, 9))  # NVML can report > 100 for one GPU: clamped per GPU count
     assert s.sample({10})[0] == 200.0
@@ -152,7 +156,7 @@ def test_nvml_sampler_sums_the_jobs_processes_only(monkeypatch):
     assert fake.shut == [True]
     one = NvmlSampler(["1"])
     assert one.index == 1 and one.sample({12}) == (90.0, 250.0)
-    assert one.sample({12}) == (None, 250.0)  # no new samples: utilization unknown
+    assert one.sample({12}) == (0.0, 250.0)  # no new samples while it holds the GPU: idle
 
 
 # --------------------------------------------------------------------------- root-only probe
@@ -423,3 +427,15 @@ def test_a_record_is_not_spooled_into_a_folder_that_failed_its_check(tmp_path):
     ok = record_usage_safely(url=bad_url, spool=str(target),
                              job_id=1, source="probe", util_mean=10.0)
     assert not ok and list(target.iterdir())  # with a good folder it is spooled
+
+
+def test_a_probe_interval_out_of_range_is_kept_in_range_not_a_silent_stop():
+    """The command line refused HORUS_PROBE_INTERVAL=0.05 (exit 2, which the Prolog hides), so no
+    job was probed, while the Prolog's own reading would have taken 0.2."""
+    from slurm_horus.cli.probe import main as probe_main
+    from slurm_horus.ledger.prolog import probe_interval
+
+    assert [probe_interval({"HORUS_PROBE_INTERVAL": v}) for v in ("0.05", "abc", "1e9", "nan", "", "7")] \
+        == [0.2, 5.0, 3600.0, 5.0, 5.0, 7.0]
+    interval = next(p for p in probe_main.params if p.name == "interval")
+    assert interval.envvar is None  # the variable is read, clamped, above: not refused by click

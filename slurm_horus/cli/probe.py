@@ -21,8 +21,9 @@ NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jo
 @click.option("--epilog", "mode", flag_value="epilog",
               help="From slurmd's Epilog (root): stop this job's probe, which then records.")
 @click.option("--pid", type=int, help="Watch this process tree (default: the parent process).")
-@click.option("--interval", type=FiniteFloatRange(0.2, 3600), envvar="HORUS_PROBE_INTERVAL",
-              default=5.0, show_default=True, help="Seconds between samples.")
+@click.option("--interval", type=FiniteFloatRange(0.2, 3600),
+              help="Seconds between samples (default $HORUS_PROBE_INTERVAL, kept within "
+                   "0.2..3600, else 5).")
 @click.option("--job-id", envvar="SLURM_JOB_ID", help="Job id (default $SLURM_JOB_ID).")
 @click.option("--cluster", envvar="SLURM_CLUSTER_NAME",
               help="Cluster (default $SLURM_CLUSTER_NAME).")
@@ -55,7 +56,8 @@ def main(mode, pid, interval, job_id, cluster, url, command):
         elif mode == "epilog":
             rc = prolog.epilog()
         else:
-            rc = probe.run_probe(pid=pid, command=list(command) or None, interval=interval,
+            rc = probe.run_probe(pid=pid, command=list(command) or None,
+                                 interval=interval if interval is not None else prolog.probe_interval(os.environ),
                                  job_id=job_id, cluster=cluster, url=url)
     except Exception:  # never a traceback into a job's log or slurmd's
         rc = 0

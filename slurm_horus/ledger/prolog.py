@@ -14,6 +14,7 @@ Nothing here ever prints or raises: a probe must never harm a job or slurmd.
 from __future__ import annotations
 
 import glob
+import math
 import os
 import signal
 import stat
@@ -210,6 +211,16 @@ def prolog(env: dict | None = None, *, detach: bool = True, sampler_factory=None
     return 0
 
 
+def probe_interval(env) -> float:
+    """HORUS_PROBE_INTERVAL, at least 0.2 s and at most an hour; DEFAULT_INTERVAL when unset or
+    not a number (a value the command line refused had stopped every probe, silently)."""
+    try:
+        value = float(env.get("HORUS_PROBE_INTERVAL") or DEFAULT_INTERVAL)
+    except ValueError:
+        return DEFAULT_INTERVAL
+    return min(max(value, 0.2), 3600.0) if math.isfinite(value) else DEFAULT_INTERVAL
+
+
 def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) -> None:
     why = _root_folder(run_dir(env))
     if why:
@@ -244,10 +255,7 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
         _remove_own(pidf)
         return
     if interval is None:
-        try:
-            interval = max(0.2, float(env.get("HORUS_PROBE_INTERVAL") or DEFAULT_INTERVAL))
-        except ValueError:
-            interval = DEFAULT_INTERVAL
+        interval = probe_interval(env)
     log(f"probing GPU {place['indices']} type {place['type']} every {interval:g}s "
         f"({type(sampler).__name__})")
     start = time.time()
