@@ -317,17 +317,22 @@ class _Slurm:
         return ""
 
 
-def test_a_pack_whose_mark_fails_is_undone(monkeypatch):
+@pytest.mark.parametrize("failing", ["scontrol update JobId=1795 AdminComment", "squeue"])
+def test_a_pack_whose_mark_or_check_fails_is_put_back(monkeypatch, failing):
+    """Unmarked, no later pass would undo it: a mark that fails, or a verifying squeue (or a
+    timed-out update Slurm applied) that fails, had left the job on shards."""
     from slurm_horus.errors import HorusError
     from slurm_horus.ledger import requeue
     from slurm_horus.ledger.requeue import Action, apply
 
-    slurm = _Slurm(fail=("scontrol update JobId=1795 AdminComment",))
+    slurm = _Slurm(fail=(failing,))
     monkeypatch.setattr(requeue, "run", slurm)
     a = Action(1795, "pack", "gres/shard:50", "horus-queue:v1;action=pack;from=gpu:1")
     with pytest.raises(HorusError):
         apply(a, EXCL, "gres/gpu:a100:1")
     assert slurm.calls[-1] == ["scontrol", "update", "JobId=1795", "TresPerNode=gres/gpu:a100:1"]
+    if failing == "squeue":  # never marked: the check failed before the mark
+        assert not any(len(c) > 3 and c[3].startswith("AdminComment=") for c in slurm.calls)
 
 
 def test_an_array_tasks_reshape_is_checked_on_its_own_record(monkeypatch):
@@ -449,27 +454,19 @@ def test_a_requeue_that_half_fails_is_finished_by_the_next_pass(monkeypatch, tmp
     held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldUser",
                StateDesc="job requeued in held state")
 
-    # requeuehold times out (Slurm held the job anyway): journaled, then healed
-    slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol requeuehold",))
-    monkeypatch.setattr(requeue, "run", slurm)
-    with pytest.raises(HorusError):
-        apply(a, SHARED, journal=journal)
-    assert list(journal_read(journal)) == ["1795"]
-    slurm.fail = ()
-    got = heal(journal, [held])
-    assert [x.tres for x in got] == ["gres/gpu:a100:1"] and journal_read(journal) == {}
-    assert slurm.calls[-1] == ["scontrol", "release", "1795"]
-    assert any(c[3].startswith("AdminComment=") and "oom-requeue" in c[3] for c in slurm.calls if len(c) > 3)
-
-    # the release fails: still journaled, released by the next pass
-    slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol release",))
-    monkeypatch.setattr(requeue, "run", slurm)
-    with pytest.raises(HorusError):
-        apply(a, SHARED, journal=journal)
-    assert list(journal_read(journal)) == ["1795"]
-    slurm.fail = ()
-    heal(journal, [held])
-    assert journal_read(journal) == {} and slurm.calls[-1] == ["scontrol", "release", "1795"]
+    # requeuehold times out (Slurm held the job anyway), or the release fails: journaled, and
+    # finished by the next pass
+    for failing in ("scontrol requeuehold", "scontrol release"):
+        slurm = _Slurm(tres="gres/gpu=1", fail=(failing,))
+        monkeypatch.setattr(requeue, "run", slurm)
+        with pytest.raises(HorusError):
+            apply(a, SHARED, journal=journal)
+        assert list(journal_read(journal)) == ["1795"], failing
+        slurm.fail = ()
+        got = heal(journal, [held])
+        assert [x.tres for x in got] == ["gres/gpu:a100:1"] and journal_read(journal) == {}
+        assert slurm.calls[-1] == ["scontrol", "release", "1795"]
+        assert any(c[3].startswith("AdminComment=") and "oom-requeue" in c[3] for c in slurm.calls if len(c) > 3)
 
     # neither mark nor whole GPU taken: kept held (on its shards it would run out again,
     # unmarked) until GIVE_UP_S, then released anyway
@@ -494,22 +491,6 @@ def test_a_requeue_that_half_fails_is_finished_by_the_next_pass(monkeypatch, tmp
     # an entry whose job is not held (the requeuehold never took: FAILED still) leaves the journal
     requeue.journal_set(journal, "1795", {"job_id": 1795, "tres": a.tres, "token": a.token, "at": 0.0})
     assert heal(journal, [rec(1795, "FAILED", "gres/shard:30", SHARED)]) == [] and journal_read(journal) == {}
-
-
-def test_a_pack_whose_check_fails_is_put_back(monkeypatch):
-    """The verifying squeue (or a timed-out update Slurm applied) failed: the job stayed on
-    shards, unmarked, and no later pass spread it back."""
-    from slurm_horus.errors import HorusError
-    from slurm_horus.ledger import requeue
-    from slurm_horus.ledger.requeue import Action, apply
-
-    slurm = _Slurm(fail=("squeue",))
-    monkeypatch.setattr(requeue, "run", slurm)
-    a = Action(1795, "pack", "gres/shard:50", "horus-queue:v1;action=pack;from=gpu:1")
-    with pytest.raises(HorusError):
-        apply(a, EXCL, "gres/gpu:a100:1")
-    assert slurm.calls[-1] == ["scontrol", "update", "JobId=1795", "TresPerNode=gres/gpu:a100:1"]
-    assert not any(len(c) > 3 and c[3].startswith("AdminComment=") for c in slurm.calls)
 
 
 def test_heal_keeps_a_users_own_hold_and_moves_an_unreadable_journal_aside(monkeypatch, tmp_path):

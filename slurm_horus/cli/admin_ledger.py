@@ -29,7 +29,6 @@ MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
                          help="Registry folder (default /var/lib/slurm-horus/models).")
 
 
-
 def _regular_file(value, name: str):
     """A path option's value where it must be a regular file (a FIFO read as an empty policy
     and the record went to the default path, not the one the admin named)."""
@@ -39,6 +38,7 @@ def _regular_file(value, name: str):
     if value is not None and not stat.S_ISREG(os.stat(value).st_mode):
         raise click.BadParameter(f"{value}: not a regular file", param_hint=name)
     return value
+
 
 @click.command("sync")
 @LEDGER

@@ -7,6 +7,7 @@ ledger sees only their own jobs.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -113,10 +114,12 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
     cols = report.parse_format(fmt)
     from slurm_horus.slurm import commands as slurm
 
+    # scontrol show config, asked at most once (the cluster's name, its privacy)
+    config = functools.cache(slurm.slurm_config)
     names = [c.lower() for c in _split(clusters)]
     every = allclusters or "all" in names
     # as sacct: this host's cluster by default (decided below, once the ledger is open)
-    local = None if every or names else slurm.local_cluster()
+    local = None if every or names else slurm.local_cluster(config())
     cluster = None if every else (names or local)
     ids = [x.split(".")[0] for x in _split(jobs)]
     tasks = [x for x in ids if "_" in x]  # ArrayJobId_TaskId: the ledger keys tasks by their own ids
@@ -148,7 +151,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         # renamed cluster, a ledger of elsewhere): nothing of another cluster to hide here
         filters["cluster"] = None
     asked = filters["users"]
-    private = not ledger.writable() and slurm.private_jobs(unknown=True)
+    private = not ledger.writable() and slurm.private_jobs(unknown=True, conf=config())
     if private:
         # as sacct where jobs are private: a user's own, whoever else -u names ("" matches no
         # one: -u bob shows none of bob's, never your own under his name)
@@ -175,10 +178,14 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         return
     # streamed from the ledger a chunk at a time: a window of a million jobs is printed in the
     # memory of a few thousand (it took 3 GB, 8 GB as JSON, all read before the first line)
-    rows = ledger.iter_jobs(**filters)
     if private:  # the jobs that shared a GPU with yours are named only where they are yours
         own = {(r["cluster"], r["job_id"]) for r in ledger.iter_jobs(users=[me])}
-        rows = report.only_own_colocated(rows, own)
+
+    def listed():
+        rows = ledger.iter_jobs(**filters)
+        return report.only_own_colocated(rows, own) if private else rows
+
+    rows = listed()
     if as_json:
         _json_lines(rows)
         return
@@ -192,8 +199,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
             return
         rows = chain(first, rows)
     # fixed widths: a pass for the widths, then the lines
-    widths = None if pipe else report.column_widths(
-        report.only_own_colocated(ledger.iter_jobs(**filters), own) if private else ledger.iter_jobs(**filters), cols)
+    widths = None if pipe else report.column_widths(listed(), cols)
     for line in report.plain_lines(rows, cols, pipe, noheader, trailing=parsable and not parsable2,
                                    widths=widths):
         click.echo(line)

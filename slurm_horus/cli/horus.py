@@ -153,7 +153,6 @@ def hook_fit(p, gpu, asked: str | None = None) -> Fit:
     name or an alias). Without a readable policy file: p90 against the catalog's memory,
     and the rule says so."""
     from slurm_horus.slurm.policy import charged_mem_mib, policy_file, policy_value
-
     from slurm_horus.textfile import open_for_reading
 
     path = policy_file()

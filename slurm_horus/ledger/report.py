@@ -195,8 +195,8 @@ def only_own_colocated(rows, own: set):
     for r in rows:
         co = r.get("colocated")
         if co:
-            keep = [x.strip() for x in co.split(",")
-                    if x.strip().isascii() and x.strip().isdigit() and (r.get("cluster"), int(x)) in own]
+            ids = [x.strip() for x in co.split(",")]
+            keep = [x for x in ids if x.isascii() and x.isdigit() and (r.get("cluster"), int(x)) in own]
             r = {**r, "colocated": ",".join(keep) or None}
         yield r
 

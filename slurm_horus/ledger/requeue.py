@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -39,6 +38,7 @@ from slurm_horus.slurm.parse import (expand_batch_stdio, parse_gres, parse_scont
                                      squeue_json_records)
 from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, declared_type_features, policy_value
 from slurm_horus.sim.interference import Interference, sensitivity_at
+from slurm_horus.textfile import open_for_reading
 
 # PyTorch, TensorFlow/XLA/JAX, CUDA runtime and cuBLAS/cuDNN wording of a device allocation failure
 OOM_RE = re.compile(r"CUDA out of memory|(?<!java\.lang\.)OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
@@ -175,6 +175,7 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
     ``per_gpu``: shards_per_gpu of the nodes, for the fallback; ``types``: the nodes' GPU types
     (node_gpu_types; default per_gpu's)."""
     out = []
+    known = set(per_gpu or ()) if types is None else types
     for rec in jobs:
         jid = _job_id(rec)
         shards = _shards(rec.get("TresPerNode"))
@@ -188,7 +189,6 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
         # after the worker's OOM, chained exceptions, [rankN]: prefixes and shutdown noise; an
         # OOM a batch-size finder caught before the job failed otherwise costs one rerun
         if text and OOM_RE.search(text):
-            known = set(per_gpu or ()) if types is None else types
             whole, fallback = _whole_gpu(_gpu_type(rec, known), rec.get("TresPerNode"), per_gpu or {})
             out.append(Action(jid, "oom-requeue", whole,
                               f"{QUEUE_TOKEN};action=oom-requeue;from=shard:{shards}", fallback))
@@ -207,6 +207,11 @@ def _node_type_free(nodes: list[dict]) -> dict[str, int]:
         total = {g["type"]: g["count"] for g in parse_gres(n.get("Gres")) if g["name"] == "gpu"}
         used = parse_gres(n.get("GresUsed"))
         one_type = len([t for t in total if t]) == 1
+        # on a node of several types, what is untyped (shard:400 in gres.conf) may be any
+        # type's: busy for each
+        untyped = [g for g in used if g["type"] is None and not one_type and g["name"] in ("gpu", "shard")]
+        anyone = max(sum(g["count"] or 0 for g in untyped if g["name"] == "gpu"),
+                     len({i for g in untyped for i in (g["idx"] or ())}))
         for t, c in total.items():
             if not (t and c):
                 continue
@@ -216,11 +221,7 @@ def _node_type_free(nodes: list[dict]) -> dict[str, int]:
             shard_idx = {i for g in mine if g["name"] == "shard" for i in (g["idx"] or ())}
             whole = max(sum(g["count"] or 0 for g in mine if g["name"] == "gpu"), len(gpu_idx))
             # shards' positions count the type's GPUs, whole GPUs' IDX the node's: one numbering
-            # on a node of one type; on one of several, a GPU is either whole or in shards, and
-            # what is untyped there (shard:400 in gres.conf) may be any type's: busy for each
-            untyped = [g for g in used if g["type"] is None and not one_type and g["name"] in ("gpu", "shard")]
-            anyone = max(sum(g["count"] or 0 for g in untyped if g["name"] == "gpu"),
-                         len({i for g in untyped for i in (g["idx"] or ())}))
+            # on a node of one type; on one of several, a GPU is either whole or in shards
             busy = (max(whole, len(gpu_idx | shard_idx)) if one_type
                     else min(c, whole + len(shard_idx) + anyone))
             free[t] = free.get(t, 0) + max(0, c - busy)
@@ -563,25 +564,27 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
            old_features: str | None, journal: str | None) -> str:
     jid = action.ref or str(action.job_id)
     if action.kind != "oom-requeue":
+
+        def put_back() -> None:  # the job's old request (a no-op where no change took)
+            if old_tres:
+                run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={old_tres}",
+                     *([f"Features={old_features or ''}"] if action.features else [])])
+
         try:
             got = reshape(jid, action.tres, action.fallback, action.job_id, action.features)
         except HorusError:
             # its check or update failed, maybe after Slurm applied it: unmarked, no later pass
-            # would undo a change that took, so the old request is put back (a no-op if none took)
-            if old_tres:
-                try:
-                    run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={old_tres}",
-                         *([f"Features={old_features or ''}"] if action.features else [])])
-                except HorusError:
-                    pass
+            # would undo a change that took, so the old request is put back
+            try:
+                put_back()
+            except HorusError:
+                pass
             raise
         try:
             run(["scontrol", "update", f"JobId={jid}",
                  f"AdminComment={marked(admin_comment, action.token + ';to=' + _short(got))}"])
         except HorusError:
-            if old_tres:
-                run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={old_tres}",
-                     *([f"Features={old_features or ''}"] if action.features else [])])
+            put_back()
             raise
         return got
     # journaled first: a requeuehold that times out after Slurm acted, or a release that
@@ -635,24 +638,21 @@ GIVE_UP_S = 600  # a journaled requeue Slurm will not finish is released after t
 
 def journal_read(path: str | None) -> dict:
     """The OOM requeues begun and not finished ({job ref: entry}); {} without one.  Root's own
-    file in the lock's root-only folder: read without following a link."""
+    regular file in the lock's root-only folder, read without following a link."""
     if not path:
         return {}
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with open_for_reading(path, follow_symlinks=False, regular_only=True) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.geteuid() or st.st_size > 16 << 20:
+                raise HorusError(f"requeue journal {path}: not this user's regular file: remove it")
+            data = json.loads(f.read(st.st_size + 1) or b"{}")
     except FileNotFoundError:
         return {}
     except OSError as e:
         raise HorusError(f"requeue journal {path}: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > 16 << 20:
-            raise HorusError(f"requeue journal {path}: not this user's regular file: remove it")
-        data = json.loads(os.read(fd, st.st_size + 1) or b"{}")
     except ValueError:
         raise HorusError(f"requeue journal {path}: corrupt: check the jobs it names, then remove it") from None
-    finally:
-        os.close(fd)
     ok = isinstance(data, dict) and all(isinstance(e, dict) and isinstance(e.get("job_id"), int)
                                         and isinstance(e.get("tres"), str) and isinstance(e.get("token"), str)
                                         and isinstance(e.get("at"), (int, float)) for e in data.values())
@@ -663,6 +663,8 @@ def journal_read(path: str | None) -> dict:
 
 def journal_set(path: str | None, ref: str, entry: dict | None) -> None:
     """Add (or, with None, drop) a job's entry, replacing the file atomically (0600)."""
+    from slurm_horus.ledger.publish import write_atomically
+
     if not path:
         return
     data = journal_read(path)
@@ -672,15 +674,8 @@ def journal_set(path: str | None, ref: str, entry: dict | None) -> None:
         data.pop(ref)
     else:
         data[ref] = entry
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, json.dumps(data).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(data), mode=0o600)
     except OSError as e:  # a full disk: the requeue is not begun (or stays journaled)
         raise HorusError(f"requeue journal {path}: {e.strerror or e}") from None
 

@@ -197,12 +197,12 @@ def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int 
     # MAX_MEM_RATIO of the cold start): with the cold start's fallbacks and one user's reruns at
     # 20x it in, the margin was past the loader's bound, and every later retrain stored a model
     # nothing could load
-    scored = oof_learned & (np.abs(np.log(mem / cmem)) <= math.log(MAX_MEM_RATIO))
+    bound = math.log(MAX_MEM_RATIO)
+    scored = oof_learned & (np.abs(np.log(mem / cmem)) <= bound)
     resid = np.log(mem[scored] / oof_mem[scored])
     q90 = conformal_quantile(resid, 0.9)
     model.metrics = {**cv, "cv_folds": folds}
     q90 = float(q90 if q90 is not None else (np.max(resid) if len(resid) else 0.0))
-    bound = math.log(MAX_MEM_RATIO)
     if abs(q90) > bound:
         # a learned answer within 10x of the cold start and a job within 10x of it can be 100x
         # apart: a margin past the loader's bound had stopped every retrain while such jobs

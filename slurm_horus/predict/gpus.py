@@ -20,10 +20,10 @@ Slurm's NVML-autodetected type names (``nvidia_a100-sxm4-40gb``) and raw NVML na
 
 from __future__ import annotations
 
-import math
 import dataclasses
 import functools
 import json
+import math
 import os
 from importlib import resources
 from pathlib import Path

@@ -28,7 +28,7 @@ from slurm_horus.slurm import pyslurm_backend
 from slurm_horus.slurm.accounting import parse_sacct_json
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
-           "default_partition", "node_gpu_types", "sbatch", "exec_sbatch", "private_jobs", "local_cluster",
+           "default_partition", "node_gpu_types", "sbatch", "exec_sbatch", "private_jobs", "local_cluster", "slurm_config",
            "backend", "slurm_version", "run_sacct", "accounting_jobs", "array_task_job_ids"]
 
 TIMEOUT_S = 30
@@ -185,12 +185,16 @@ def node_gpu_types() -> dict[str, str]:
     return out
 
 
-def private_jobs(unknown):
+_ASK = object()  # a parameter not given: ask Slurm
+
+
+def private_jobs(unknown, conf=_ASK):
     """Whether Slurm's PrivateData hides other users' jobs: slurm.conf's (squeue, scontrol) or
     slurmdbd.conf's, which is what hides them from sacct (sacctmgr shows it); ``unknown`` when
     Slurm cannot say (hacct assumes private: never a leak; sync changes no file mode on a
-    guess).  A site that set it in slurmdbd.conf alone had its ledger treated as public."""
-    conf = _config()
+    guess).  A site that set it in slurmdbd.conf alone had its ledger treated as public.
+    ``conf``: slurm_config()'s answer, where the caller has it."""
+    conf = slurm_config() if conf is _ASK else conf
     if conf is None:
         return unknown
     if _has_jobs(conf):
@@ -204,9 +208,10 @@ def private_jobs(unknown):
     return unknown if dbd is None else _has_jobs(dbd)
 
 
-def local_cluster() -> str | None:
-    """This host's ClusterName (what sacct shows by default), or None when Slurm cannot say."""
-    return (_config() or {}).get("ClusterName") or None
+def local_cluster(conf=_ASK) -> str | None:
+    """This host's ClusterName (what sacct shows by default), or None when Slurm cannot say.
+    ``conf``: slurm_config()'s answer, where the caller has it."""
+    return ((slurm_config() if conf is _ASK else conf) or {}).get("ClusterName") or None
 
 
 def _has_jobs(conf: dict) -> bool:
@@ -215,14 +220,15 @@ def _has_jobs(conf: dict) -> bool:
 
 def slurm_user_gid() -> int | None:
     """The primary group of SlurmUser (slurmctld's, which runs the job-submit hook), or None."""
-    uid = sp.config_user_id((_config() or {}).get("SlurmUser", ""))
+    uid = sp.config_user_id((slurm_config() or {}).get("SlurmUser", ""))
     try:
         return None if uid is None else pwd.getpwuid(uid).pw_gid
     except KeyError:
         return None
 
 
-def _config() -> dict | None:
+def slurm_config() -> dict | None:
+    """``scontrol show config`` as a dict; None when Slurm cannot answer."""
     try:
         return sp.parse_scontrol_config(run(["scontrol", "show", "config"]))
     except HorusError:

@@ -338,7 +338,8 @@ def script_directives(text: str) -> ScriptDirectives:
     sb: list[str] = []
     hz: list[str] = []
     het = False
-    for line in text.split("\n"):  # sbatch's lines: splitlines() also breaks at \f, \v, U+2028, ...
+    lines = text.split("\n")  # sbatch's lines: splitlines() also breaks at \f, \v, U+2028, ...
+    for line in lines:
         if line.startswith(("#SBATCH", "#SLURM")):  # #SLURM: obsolete spelling sbatch still reads
             rest = line[len("#SBATCH" if line.startswith("#SBATCH") else "#SLURM"):]
             head = rest.lstrip(_C_SPACE)
@@ -354,7 +355,7 @@ def script_directives(text: str) -> ScriptDirectives:
     if not has_flag(parse_sbatch_tokens(sb), "ignore-pbs"):
         for magic in ("#BSUB", "#PBS"):  # sbatch tries them in this order, translates one
             non_comments = 0
-            for line in text.split("\n"):
+            for line in lines:
                 if line.startswith(magic):
                     translated = magic
                     break

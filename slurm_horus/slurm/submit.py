@@ -102,7 +102,8 @@ def _horus_dict(pairs: list[tuple[str, str | None]], into: dict) -> None:
 def prepare(argv: list[str], env: dict[str, str] | None = None,
             stdin=None) -> Plan:
     """Split ``argv`` and read the script's directives.  ``stdin`` (a binary file) is read for
-    the script when there is no script path and no --wrap."""
+    the script when there is no script path, no --wrap and no --external, and the command line
+    has a horus option."""
     env = dict(os.environ if env is None else env)
     split = sa.split_args(argv)
     if split.errors:
