@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS `usage` (
     end_time BIGINT,
     recorded BIGINT,
     gpus INTEGER,                     -- whole GPUs allocated (gres/gpu)
+    array_job_id BIGINT,              -- v9: an array task's ArrayJobId, from accounting (sacct -j takes it)
     PRIMARY KEY (cluster, job_id, source)
 );
 
@@ -111,6 +112,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     hook_action VARCHAR(16),          -- the hook's decision: 'shared', 'exclusive', 'unchanged'
     hook_reason VARCHAR(16),          -- its reason code ('util', 'memory', ...; shared: NULL, 'pressure', 'pack_heavy')
     queue_actions VARCHAR(255),       -- horus-admin queue's, in order: 'pack,spread', 'oom-requeue'
+    array_job_id BIGINT,              -- v9: an array task's ArrayJobId (hacct -j names the array)
     PRIMARY KEY (cluster, job_id)
 );
 
@@ -122,6 +124,7 @@ CREATE TABLE IF NOT EXISTS ledger_state (
 CREATE INDEX IF NOT EXISTS ix_jobs_submit ON jobs (submit_time);
 CREATE INDEX IF NOT EXISTS ix_jobs_user ON jobs (user_name);
 CREATE INDEX IF NOT EXISTS ix_jobs_end ON jobs (end_time);
+CREATE INDEX IF NOT EXISTS ix_jobs_array ON jobs (array_job_id);
 -- Covering index for hacct --summary: groups stream out in index order, no sort of all jobs,
 -- and every term it adds up is in the index.
 CREATE INDEX IF NOT EXISTS ix_jobs_summary ON jobs (has_submission, model_family, gpu_type,

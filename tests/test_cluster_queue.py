@@ -143,7 +143,7 @@ def test_an_oom_requeue_of_an_array_task_moves_that_task_only(mine, tmp_path):
     assert done.get("JobState") == "COMPLETED" and job(t2).get("Restarts") == "1"
 
 
-def test_hacct_names_an_array_task_as_sacct_does(mine, tmp_path):
+def test_hacct_names_an_array_and_its_tasks_as_sacct_does(mine, tmp_path):
     """`hacct -j A_T`: the ledger keys the task by its own id, found in Slurm's accounting (it
     was refused; int() had read 224_5 as 2245)."""
     aid = submit(mine, "-a", "1-2", "--gres=gpu:1", f"--comment={hint(30, 6000)}", "-o", "/dev/null",
@@ -160,6 +160,10 @@ def test_hacct_names_an_array_task_as_sacct_does(mine, tmp_path):
     cp = subprocess.run([*HACCT, "-j", f"{aid}_1,{aid}_2", "-P", "-n", "-o", "JobID"], capture_output=True,
                         text=True, env=env)
     assert sorted(cp.stdout.split()) == sorted([own[1], own[2]]), cp.stdout + cp.stderr
+    # the array's own id names every task, as in sacct -j (one task keeps that id as its own)
+    cp = subprocess.run([*HACCT, "-j", aid, "-P", "-n", "-o", "JobID,ArrayJobID"], capture_output=True,
+                        text=True, env=env)
+    assert sorted(cp.stdout.split()) == sorted([f"{own[1]}|{aid}", f"{own[2]}|{aid}"]), cp.stdout + cp.stderr
     cp = subprocess.run([*HACCT, "-j", f"{aid}_7"], capture_output=True, text=True, env=env)
     assert cp.returncode != 0 and f"knows no array task {aid}_7" in cp.stderr, cp.stderr
 

@@ -68,7 +68,7 @@ def test_golden_parsable_filters_noheader_format(url):
 
 
 GOLDEN_JSON = [
-    {"job_id": 101, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
+    {"job_id": 101, "array_job_id": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
      "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 30,
      "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000101, "pred_util_pct": 40.0, "pred_mem_mib": 5000.0,
@@ -76,7 +76,7 @@ GOLDEN_JSON = [
      "util_err_pp": -5.0, "mem_err_pct": -4.4, "colocated": [102], "predictor": "cold-start",
      "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": False, "claim_flags": None,
      "hook_action": "shared", "hook_reason": None, "queue_actions": []},
-    {"job_id": 102, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
+    {"job_id": 102, "array_job_id": None, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
      "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 50,
      "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000102, "pred_util_pct": 65.0, "pred_mem_mib": 30000.0,
@@ -84,7 +84,7 @@ GOLDEN_JSON = [
      "util_err_pp": -5.0, "mem_err_pct": -17.26, "colocated": [101], "predictor": "cold-start",
      "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": True, "claim_flags": "mem",
      "hook_action": "exclusive", "hook_reason": "util", "queue_actions": ["pack"]},
-    {"job_id": 103, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
+    {"job_id": 103, "array_job_id": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
      "gpu_type": None, "gpu_index": None, "node": None, "gpus": None, "shards": None,
      "state": None,
      "elapsed_s": None, "submit_time": 1700000103, "pred_util_pct": 20.0, "pred_mem_mib": 2000.0,
@@ -459,6 +459,12 @@ def test_sacct_time_formats_and_default_window(url, monkeypatch):
     assert r.exit_code == 0 and r.output == ""  # the fixtures' jobs are from 2023
     r = CliRunner().invoke(main, ["--ledger", url, "-s", "CD", "-P", "-n", "-o", "JobID"])
     assert r.output == "101\n102\n"
+    # a start after the end is sacct's error, not an empty list (with the default -S too)
+    for args in (["-S", "2023-02-01", "-E", "2023-01-01"], ["-E", "2023-01-01"]):
+        r = CliRunner().invoke(main, ["--ledger", url, *args, "-P", "-n", "-o", "JobID"])
+        assert r.exit_code != 0 and "requested is after end time (2023-01-01T00:00:00)" in r.output, r.output
+    r = CliRunner().invoke(main, ["--ledger", url, "-S", "2023-01-01", "-E", "2023-01-01", "-P", "-n"])
+    assert r.exit_code == 0
 
 
 def test_sacct_selection_forms_clusters_accounts_uids_and_left_justified_widths(tmp_path, monkeypatch):

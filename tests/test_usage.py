@@ -155,6 +155,36 @@ def test_sync_recorded_2511_all_and_idempotent(tmp_path):
     assert s["gpu_index"] is None  # accounting has none, and no probe ran
 
 
+@pytest.mark.parametrize("version", ["slurm", "slurm-25.11"])
+def test_hacct_j_names_an_arrays_tasks_as_sacct_does(tmp_path, version):
+    """A recorded two-task array (one task keeps the array's id, the other has its own):
+    sync keeps each task's ArrayJobId, and hacct -j ARRAYID lists both tasks, as sacct -j
+    does (it listed only the task whose own id is the array's); a task's own id still names
+    that task alone."""
+    from click.testing import CliRunner
+
+    from slurm_horus.cli.hacct import main
+
+    meta = {f["name"]: f for f in json.loads((FIX / version / "index.json").read_text())["fixtures"]}
+    aid = meta["sacct_json_finished_array"]["array_job_id"]
+    text = (FIX / version / "sacct_json_finished_array.stdout").read_text()
+    tasks = {j["array"]: j["job_id"] for j in parse_sacct_json(text)}
+    assert set(tasks) == {(aid, 1), (aid, 2)} and len(set(tasks.values())) == 2 and aid in tasks.values()
+    url = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(url, spool=str(tmp_path / "sp"))
+    assert sync(L, sacct_json=text, node_types={"gpu-a100": "a100", "gpu-t4": "t4"})["recorded"] == 2
+    L.close()
+
+    def listed(ids):
+        r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", ids, "-P", "-n", "-o", "JobID"])
+        assert r.exit_code == 0, r.output
+        return sorted(int(x) for x in r.output.split())
+    assert listed(str(aid)) == sorted(tasks.values())
+    assert listed(str(tasks[aid, 1])) == [tasks[aid, 1]]
+    r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", str(aid), "-P", "-n", "-o", "JobID,ArrayJobID"])
+    assert sorted(r.output.split()) == sorted(f"{t}|{aid}" for t in tasks.values())
+
+
 def test_sync_takes_gpu_index_and_type_from_the_probe(tmp_path):
     """25.11 accounting has no GPU index: the probe's (same cluster and job id) reaches the
     jobs row, its GPU type beats the node's, and co-location goes by that index."""

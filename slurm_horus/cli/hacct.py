@@ -142,6 +142,11 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
                    under_claims=under_claims)
+    if filters["start"] is not None and filters["end"] is not None and filters["start"] > filters["end"]:
+        # as sacct, rather than an empty list (-E before midnight with the default -S too)
+        fmt_t = functools.partial(time.strftime, "%Y-%m-%dT%H:%M:%S")
+        raise HorusError(f"Start time ({fmt_t(time.localtime(filters['start']))}) requested is after "
+                         f"end time ({fmt_t(time.localtime(filters['end']))})")
     from slurm_horus.ledger import current_user, open_reader
 
     me = current_user()

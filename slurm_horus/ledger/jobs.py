@@ -158,7 +158,7 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         preds = _loads(sub.get("predictions"), {}) or {}
         row.update(scheduler_actions(sub.get("policy_decision")))
     for f in ("gpu_type", "gpu_index", "node", "gpus", "shards", "state", "elapsed_s",
-              "start_time", "end_time", "colocated"):
+              "start_time", "end_time", "colocated", "array_job_id"):
         row[f] = first(f, PLACE_ORDER)
     n = row["gpus"] if isinstance(row["gpus"], int) and row["gpus"] > 1 else 1
 
@@ -250,8 +250,9 @@ def job_filters(stmt, *, job_ids=None, users=None, accounts=None, states=None, s
     from sqlalchemy import func, or_
 
     j = tables()["jobs"]
-    if job_ids:
-        stmt = stmt.where(j.c.job_id.in_([int(x) for x in job_ids]))
+    if job_ids:  # as sacct -j: an array's id names its tasks too
+        ids = [int(x) for x in job_ids]
+        stmt = stmt.where(or_(j.c.job_id.in_(ids), j.c.array_job_id.in_(ids)))
     if users:
         stmt = stmt.where(j.c.user_name.in_(list(users)))
     if accounts:

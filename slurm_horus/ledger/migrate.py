@@ -94,8 +94,15 @@ def _migrate_7_to_8(conn) -> None:
     (``_finish_migration``)."""
 
 
+def _migrate_8_to_9(conn) -> None:
+    """v9 keeps an array task's ArrayJobId, so hacct -j ARRAYID lists its tasks as sacct does
+    (rows synced before stay without it: sync them again to fill it)."""
+    _add_columns(conn, "usage", {"array_job_id": "BIGINT"})
+    _add_columns(conn, "jobs", {"array_job_id": "BIGINT"})
+
+
 MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4, 5: _migrate_4_to_5,
-              6: _migrate_5_to_6, 7: _migrate_6_to_7, 8: _migrate_7_to_8}
+              6: _migrate_5_to_6, 7: _migrate_6_to_7, 8: _migrate_7_to_8, 9: _migrate_8_to_9}
 
 
 def _finish_migration(conn) -> None:

@@ -68,8 +68,9 @@ MAX_MEM_MIB = float(1 << 24)  # 16 TiB: beyond any GPU's memory, on any number o
 def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, mem_peak_mib=None,
                  elapsed_s=None, state=None, node=None, gpu_type=None, gpu_index=None,
                  gpus=None, shards=None, colocated=None, start_time=None, end_time=None,
-                 recorded=None) -> dict:
-    """A usage row: ``gpus`` whole GPUs allocated (gres/gpu), ``shards`` shards (gres/shard)."""
+                 recorded=None, array_job_id=None) -> dict:
+    """A usage row: ``gpus`` whole GPUs allocated (gres/gpu), ``shards`` shards (gres/shard),
+    ``array_job_id`` an array task's ArrayJobId."""
     if source not in SOURCES:
         raise HorusError(f"ledger: usage source must be one of {', '.join(SOURCES)}, not {source!r}")
     if isinstance(colocated, (list, tuple, set)):
@@ -94,4 +95,5 @@ def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, m
             "gpu_index": i(gpu_index), "gpus": i(gpus), "shards": i(shards),
             "colocated": colocated,
             "start_time": i(start_time), "end_time": i(end_time),
-            "recorded": int(recorded if recorded is not None else time.time())}
+            "recorded": int(recorded if recorded is not None else time.time()),
+            "array_job_id": i(array_job_id)}

@@ -149,7 +149,7 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
                         "gpu_index": j["gpu_index"], "shards": j["shards"], "gpus": j["gpus"],
                         "colocated": sorted(co.get((j["cluster"], j["job_id"]), ())) or None,
                         "start_time": j["start_time"], "end_time": j["end_time"],
-                        "recorded": int(now)})
+                        "recorded": int(now), "array_job_id": (j.get("array") or (None,))[0]})
     # earlier jobs whose co-located set grew: update their sacct rows too
     changed = []
     for o in others:

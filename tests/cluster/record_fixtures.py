@@ -83,6 +83,20 @@ def record_requeue_held():
            "a failed job after root's scontrol requeuehold", job_id=int(jid))
 
 
+def record_array():
+    """A finished two-task array job in accounting: each task's own job id beside its
+    array.job_id and array.task_id (what sync keeps so that hacct -j ARRAYID lists the tasks)."""
+    p = sh(["sbatch", "--parsable", "-a", "1-2", "--gres=gpu:1", f"--comment=fixture-array {HINT}",
+            "-o", "/dev/null", "--wrap", "sleep 1"])
+    aid = p.stdout.decode().strip().split(";")[0]
+    OWN_JOBS.append(aid)
+    for t in (1, 2):
+        wait_sacct_done(f"{aid}_{t}")
+    record("sacct_json_finished_array", ["sacct", "--json", "-j", aid],
+           "a finished array of two tasks (gpu:1 each, packed into shards by the hook), asked for "
+           "by the array's id", array_job_id=int(aid))
+
+
 def job_state(jobid):
     p = sh(["squeue", "-h", "-j", str(jobid), "-o", "%T"])
     return p.stdout.decode().strip()
@@ -204,6 +218,7 @@ def main():
            "slurm.conf's and, after 'SlurmDBD configuration:', slurmdbd.conf's settings (PrivateData unset)")
     record("sinfo_text", ["sinfo", "-N", "-o", "%N|%P|%T|%G|%f|%C"], "node|partition|state|gres|features|cpus A/I/O/T")
     record_requeue_held()
+    record_array()
 
     # --- finished job in accounting
     wait_sacct_done(done)
