@@ -141,3 +141,22 @@ def test_a_refused_registry_file_is_quoted_in_one_short_printable_line(tmp_path)
     choice = choose_predictor(str(reg))
     for text in (choice.warning, choice.note):
         assert text and len(text) <= MAX_WARNING and "\x1b" not in text
+
+
+@pytest.mark.parametrize("cmd", [
+    "slurm_horus.cli.horus predict tests/data/zoo/mobilenet_v2.onnx --batch-size 8",
+    "slurm_horus.cli.horus features tests/data/zoo/mobilenet_v2.onnx --batch-size 8",
+    "slurm_horus.cli.hacct -a -M all",
+    "slurm_horus.cli.admin models list",
+])
+def test_a_command_whose_answer_is_its_output_fails_with_stdout_closed(cmd, tmp_path):
+    """Started with standard output closed (>&-), as cat does: one line and exit 1 (horus
+    predict printed nothing and exited 0)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HORUS_LEDGER_URL": f"sqlite:///{tmp_path}/l.db", "HORUS_MODEL_DIR": str(tmp_path)}
+    env.pop("SLURM_CONF", None)
+    cp = subprocess.run(f"{sys.executable} -m {cmd} >&-", shell=True, capture_output=True, text=True,
+                        timeout=120, env=env, cwd=Path(__file__).resolve().parent.parent)
+    assert cp.returncode == 1 and cp.stderr.endswith(": error: standard output is closed\n"), cp.stderr

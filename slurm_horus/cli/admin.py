@@ -25,7 +25,7 @@ def models():
 @models.command("list")
 @MODEL_DIR
 @click.option("--json", "as_json", is_flag=True)
-@one_line_errors("horus-admin models list")
+@one_line_errors("horus-admin models list", needs_stdout=True)
 def models_list(model_dir, as_json):
     """List model versions with their cross-validated accuracy (the promotion compares the
     candidate with the serving model on rows neither saw, as retrain reports); * marks the

@@ -26,7 +26,7 @@ def register(main_group: click.Group) -> None:
     @click.option("--model-dir", envvar="HORUS_MODEL_DIR",
                   help="Model registry folder (default /var/lib/slurm-horus/models).")
     @click.option("--json", "as_json", is_flag=True, help="Problems as JSON.")
-    @one_line_errors("horus-admin doctor")
+    @one_line_errors("horus-admin doctor", needs_stdout=True)
     def doctor(slurm_conf, policy, ledger_url, model_dir, as_json):
         """Check slurm.conf, gres.conf, the hook, the policy, accounting, Prolog/Epilog, the
         ledger's and registry's permissions and the Slurm version; print each problem with its

@@ -26,14 +26,19 @@ class FiniteFloatRange(click.FloatRange):
         return v
 
 
-def one_line_errors(prog: str):
+def one_line_errors(prog: str, needs_stdout: bool = False):
     """Turn HorusError (and any unexpected failure) into `prog: error: ...` and an exit code.
+    ``needs_stdout``: a command whose answer is its output fails when started with standard
+    output closed (>&-), as cat does, rather than print nothing and exit 0.
 
     Set HORUS_DEBUG=1 to see the traceback of an unexpected failure.
     """
     def wrap(fn):
         @functools.wraps(fn)
         def inner(*args, **kwargs):
+            if needs_stdout and sys.stdout is None:
+                click.echo(f"{prog}: error: standard output is closed", err=True)
+                sys.exit(1)
             try:
                 return fn(*args, **kwargs)
             except HorusError as e:

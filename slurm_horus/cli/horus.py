@@ -26,7 +26,7 @@ def main():
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help=DIM_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--nodes", is_flag=True, help="Include the per-node breakdown (with --json).")
-@one_line_errors("horus features")
+@one_line_errors("horus features", needs_stdout=True)
 def features(model, batch_size, dims, as_json, nodes):
     """Extract the features of MODEL (FLOPs, parameters, activations, op mix)."""
     from slurm_horus.graph.features import extract_features
@@ -104,7 +104,7 @@ def _fmt_dims(dims: dict[str, int]) -> str:
               help="GPU type or Slurm gres type name (repeatable; default: every catalog type).")
 @click.option("--model-dir", envvar="HORUS_MODEL_DIR", help="Learned-model registry folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object with one --gpu).")
-@one_line_errors("horus predict")
+@one_line_errors("horus predict", needs_stdout=True)
 def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, gpu_types,
             model_dir, as_json):
     """Predict GPU utilization and peak GPU memory of MODEL per GPU type."""
