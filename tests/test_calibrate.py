@@ -381,8 +381,11 @@ class FakeNvml:
     `process`, the whole device's (77 %, 5000 MiB)."""
 
     def __init__(self, process, others=()):
-        self.process, self.last_ts = process, {"gpu0": 0}
+        self.process, self.restarted = process, 0
         self.pids, self.closed, self.others = [], False, set(others)
+
+    def from_now(self):
+        self.restarted += 1
 
     def sample(self, pids):
         self.pids.append(pids)
@@ -409,7 +412,7 @@ def test_background_sampler_process_or_device_figures(process, others, want):
     nvml = FakeNvml(process, others)
     s = BackgroundSampler(nvml, interval=0.01)
     s.start()
-    assert nvml.last_ts["gpu0"] > 0  # utilization samples from before start() are not counted
+    assert nvml.restarted == 1  # utilization samples from before start() are not counted
     time.sleep(0.1)
     got = s.stop()
     assert got["samples"] >= 2 and nvml.pids[0] == {os.getpid()}

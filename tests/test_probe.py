@@ -159,6 +159,41 @@ def test_nvml_sampler_sums_the_jobs_processes_only(monkeypatch):
     assert one.sample({12}) == (0.0, 250.0)  # no new samples while it holds the GPU: idle
 
 
+def test_nvml_sampler_holds_a_sample_for_its_period(monkeypatch):
+    """NVML takes a sample every 1/6 s to 1 s and answers NOT_FOUND until the next: a job busy
+    throughout, polled five times a period, read 20 % (each poll between samples counted as
+    idle); idle past a period it reads 0 %, and a job busy half the time reads half."""
+    from slurm_horus.ledger import nvml as nv
+
+    clock = [0.0]
+    monkeypatch.setattr(nv.time, "time", lambda: clock[0])
+
+    def run(period_s, busy, seconds=20.0, poll_s=0.2):
+        util = {0: [], 1: []}
+        fake = _fake_pynvml({0: [_mem(10, 1000)], 1: []}, util)
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        s, got, t = NvmlSampler(["0"]), Summary(), 0.0
+        clock[0] = 1000.0
+        s.from_now()
+        k = 1
+        while t < seconds:
+            t += poll_s
+            clock[0] = 1000.0 + t
+            while k * period_s <= t + 1e-9:  # NVML's samples taken by now: a job busy in that period
+                at = 1000.0 + k * period_s
+                if busy(k * period_s - period_s / 2):
+                    util[0].append(_util(10, 100, int(at * 1e6)))
+                k += 1
+            u, mem = s.sample({10})
+            got.add(u, mem)
+        return got.result()["util_mean"]
+    for period in (1.0, 0.5, 1 / 6):
+        assert run(period, lambda t: True) == pytest.approx(100.0, abs=2), period
+        assert run(period, lambda t: False) == 0.0
+        half = run(period, lambda t: int(t) % 2 == 0)  # busy one second in two
+        assert half == pytest.approx(50.0, abs=8), (period, half)
+
+
 # --------------------------------------------------------------------------- root-only probe
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"

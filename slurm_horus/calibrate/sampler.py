@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger.nvml import NvmlSampler, Summary
@@ -51,8 +50,7 @@ class BackgroundSampler:
         if self._thread is not None and self._thread.is_alive():  # one stuck in NVML before
             raise HorusError("NVML stopped answering in an earlier run")
         self.summary, self.source = Summary(), "process"
-        # utilization only from now on: NVML returns samples newer than this time stamp
-        self.nvml.last_ts = {k: int(time.time() * 1e6) for k in self.nvml.last_ts}
+        self.nvml.from_now()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()

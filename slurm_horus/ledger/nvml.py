@@ -9,7 +9,10 @@ nvmlDeviceGetComputeRunningProcesses, summed over the given processes on the sam
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+
+MAX_SAMPLE_PERIOD_US = 1_000_000  # NVML samples every 1/6 s to 1 s, by product
 
 
 class NvmlSampler:
@@ -30,6 +33,12 @@ class NvmlSampler:
             else:
                 self.handles.append(pynvml.nvmlDeviceGetHandleByUUID(g))
         self.last_ts = {id(h): 0 for h in self.handles}
+        # per GPU: the job's utilization in the newest sample period and when NVML took it (a
+        # call within the period after it finds no newer sample, NOT_FOUND, though the job
+        # still runs; None: no sample yet since sampling began then), and the shortest gap
+        # seen between samples: that GPU's period
+        self.period = {id(h): MAX_SAMPLE_PERIOD_US for h in self.handles}
+        self.from_now(keep_ts=True)
         self.index = None
         if len(self.handles) == 1:
             try:
@@ -49,22 +58,41 @@ class NvmlSampler:
             except n.NVMLError:
                 running = []
             mem += sum(p.usedGpuMemory / 2 ** 20 for p in running if p.usedGpuMemory)
+            k = id(h)
             try:
-                samples = n.nvmlDeviceGetProcessUtilization(h, self.last_ts[id(h)])
+                samples = n.nvmlDeviceGetProcessUtilization(h, self.last_ts[k])
+                mine = 0.0
                 for s in samples:
-                    self.last_ts[id(h)] = max(self.last_ts[id(h)], int(s.timeStamp))
+                    self.last_ts[k] = max(self.last_ts[k], int(s.timeStamp))
                     if s.pid in pids:
-                        util = (util or 0.0) + float(s.smUtil)
-                if util is None:
-                    util = 0.0
+                        mine += float(s.smUtil)
+                before, at = self.held[k]
+                if before is not None and self.last_ts[k] > at:
+                    self.period[k] = min(self.period[k], self.last_ts[k] - at)
+                self.held[k] = (mine, self.last_ts[k])
+                util = (util or 0.0) + mine
             except n.NVMLError as e:
-                # NOT_FOUND: no process computed on the GPU since the last call.  The job's own,
-                # holding the GPU, were idle: 0 %, as they read beside a busy neighbour (the
-                # idle samples of a job alone were dropped, its mean read 80 % for 8 %).  Else
-                # (not supported, no process of the job here): unknown
+                # NOT_FOUND: no process computed on the GPU since the newest sample.  Within a
+                # sample period of it NVML has taken no newer one: the job's use is still that
+                # sample's (a job busy throughout read 20 % when polled 5 times a period).  Past
+                # it, the job's processes holding the GPU were idle: 0 %, as beside a busy
+                # neighbour (a job alone and idle read 80 % for 8 %).  Else (not supported, no
+                # process of the job here): unknown
                 if running and getattr(e, "value", None) == getattr(n, "NVML_ERROR_NOT_FOUND", 6):
-                    util = util or 0.0
+                    mine, at = self.held[k]
+                    if time.time() * 1e6 - at >= self.period[k]:
+                        util = util or 0.0
+                    elif mine is not None:
+                        util = (util or 0.0) + mine
         return (min(util, 100.0 * len(self.handles)) if util is not None else None), mem
+
+    def from_now(self, keep_ts: bool = False) -> None:
+        """Utilization only from now on: NVML returns samples newer than this time stamp (unless
+        ``keep_ts``), and the first sample period is unknown until its sample comes."""
+        now = int(time.time() * 1e6)
+        if not keep_ts:
+            self.last_ts = {k: now for k in self.last_ts}
+        self.held = {k: (None, now) for k in self.last_ts}
 
     def processes(self) -> set[int]:
         """The pids NVML lists as computing on the sampler's GPUs now (those it can see)."""
