@@ -563,7 +563,7 @@ def test_32_processes_lose_nothing(tmp_path):
     assert L.count("submissions") + L.count("usage") == n_proc * n_each
 
 
-def _mariadb_url():
+def _mariadb_url(db: str = "horus_test", create: str = ""):
     d = os.environ.get("HORUS_CLUSTER_DIR", "/tmp/horus-cluster")
     cnf = os.path.join(d, "etc", "my.cnf")
     if not os.path.exists(cnf):
@@ -575,13 +575,13 @@ def _mariadb_url():
         return None
     # the cluster's MariaDB answers: a grant that fails is a failure, not a reason to skip
     subprocess.run(["mariadb", f"--defaults-file={cnf}", "-uroot", "-e",
-                    "CREATE DATABASE IF NOT EXISTS horus_test; "
-                    "GRANT ALL ON horus_test.* TO 'slurm'@'127.0.0.1'; "
-                    "GRANT ALL ON horus_test.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"],
+                    f"{create}CREATE DATABASE IF NOT EXISTS {db}; "
+                    f"GRANT ALL ON {db}.* TO 'slurm'@'127.0.0.1'; "
+                    f"GRANT ALL ON {db}.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"],
                    check=True, capture_output=True, timeout=20)
     port = 16800 + 6 if not os.environ.get("HORUS_CLUSTER_PORT_BASE") else \
         int(os.environ["HORUS_CLUSTER_PORT_BASE"]) + 6
-    return f"mysql+pymysql://slurm:horus@127.0.0.1:{port}/horus_test"
+    return f"mysql+pymysql://slurm:horus@127.0.0.1:{port}/{db}"
 
 
 @pytest.mark.cluster
@@ -625,6 +625,35 @@ def test_mariadb_ledger():
     L.record_usage(job_id=2, cluster="m", source="sacct", util_mean=60, mem_peak_mib=1300,
                    node=nodes, end_time=1700000000, elapsed_s=5)
     assert [r["node"] for r in L.jobs() if r["job_id"] == 2] == [nodes[:128]]
+
+
+@pytest.mark.cluster
+def test_mariadb_ledger_in_a_latin1_database_keeps_any_model_path():
+    """A database in latin1 (MariaDB's default before 11.6): a job whose model path is in CJK
+    was refused (Incorrect string value), and every later sync failed on it. New tables are
+    utf8mb4, and a v8 ledger's are converted when it migrates."""
+    pytest.importorskip("pymysql")
+    url = _mariadb_url("horus_test_latin1", "DROP DATABASE IF EXISTS horus_test_latin1; "
+                                            "CREATE DATABASE horus_test_latin1 CHARACTER SET latin1; ")
+    if url is None:
+        pytest.skip("local cluster MariaDB not running (tests/cluster/up)")
+    path = "/home/mallory/模型-😀.onnx"
+    L = Ledger(url)
+    L.record_submission(job_id=1, cluster="m", user="u", predictions=PRED, model_path=path)
+    with L.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT model_path FROM submissions").scalar() == path
+        # a v8 ledger made in latin1: its tables are converted by the migration
+        conn.exec_driver_sql("DELETE FROM submissions")
+        conn.exec_driver_sql("ALTER TABLE submissions CONVERT TO CHARACTER SET latin1")
+        conn.exec_driver_sql("UPDATE schema_version SET version = 8")
+        conn.exec_driver_sql("DELETE FROM schema_version WHERE version = 9")
+        conn.commit()
+    L.engine.dispose()
+    M = Ledger(url)
+    M.record_submission(job_id=2, cluster="m", user="u", predictions=PRED, model_path=path)
+    with M.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT model_path FROM submissions").scalar() == path
+    M.engine.dispose()
 
 
 def test_text_longer_than_its_column_is_cut_to_it(tmp_path):

@@ -185,6 +185,29 @@ def test_hacct_j_names_an_arrays_tasks_as_sacct_does(tmp_path, version):
     assert sorted(r.output.split()) == sorted(f"{t}|{aid}" for t in tasks.values())
 
 
+def test_a_long_job_beside_thousands_lists_at_most_max_colocated(tmp_path):
+    """A week-long shard job on a busy node (no GPU index: every overlapping shard job there
+    counts) had a co-located list past MariaDB's 64 kB TEXT: every later sync failed. At most
+    MAX_COLOCATED ids are kept, in the job's own sync and when later jobs join it."""
+    from slurm_horus.ledger.records import MAX_COLOCATED
+
+    base = _recorded(SHARD_JOB)
+
+    def job(jid, start, end):
+        j = json.loads(json.dumps(base))
+        j["job_id"], j["time"]["start"], j["time"]["end"] = jid, start, end
+        return j
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    short = [job(10000 + i, 1000 + i, 1000 + i + 60) for i in range(MAX_COLOCATED + 200)]
+    sync(L, sacct_json={"jobs": [*short, job(500, 900, 900 + 7 * 86400)]}, all_jobs=True)
+    co = {r["job_id"]: r["colocated"] for r in L.jobs()}
+    assert co[500].split(",") == [str(10000 + i) for i in range(MAX_COLOCATED)]
+    later = [job(20000 + i, 5000 + i, 5000 + i + 60) for i in range(50)]
+    assert sync(L, sacct_json={"jobs": later}, all_jobs=True)["colocated_updates"] == 0
+    assert {r["job_id"]: r["colocated"] for r in L.jobs()}[500] == co[500]
+    assert "500" in {r["job_id"]: r["colocated"] for r in L.jobs()}[20000].split(",")
+
+
 def test_sync_takes_gpu_index_and_type_from_the_probe(tmp_path):
     """25.11 accounting has no GPU index: the probe's (same cluster and job id) reaches the
     jobs row, its GPU type beats the node's, and co-location goes by that index."""

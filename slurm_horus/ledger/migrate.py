@@ -14,7 +14,7 @@ import time
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger.db import REFRESH_ADVICE, mask_url, upsert
 from slurm_horus.ledger.jobs import refresh_jobs
-from slurm_horus.ledger.schema import SCHEMA_VERSION, exec_script, schema_text, tables, views_text
+from slurm_horus.ledger.schema import MYSQL_CHARSET, SCHEMA_VERSION, exec_script, schema_text, tables, views_text
 
 
 def _inspect(conn):
@@ -96,9 +96,13 @@ def _migrate_7_to_8(conn) -> None:
 
 def _migrate_8_to_9(conn) -> None:
     """v9 keeps an array task's ArrayJobId, so hacct -j ARRAYID lists its tasks as sacct does
-    (rows synced before stay without it: sync them again to fill it)."""
+    (rows synced before stay without it: sync them again to fill it), and a MySQL/MariaDB
+    ledger's tables hold any text (utf8mb4; schema.exec_script)."""
     _add_columns(conn, "usage", {"array_job_id": "BIGINT"})
     _add_columns(conn, "jobs", {"array_job_id": "BIGINT"})
+    if conn.dialect.name in ("mysql", "mariadb"):
+        for t in set(_inspect(conn).get_table_names()) & set(tables()):
+            conn.exec_driver_sql(f"ALTER TABLE `{t}` CONVERT TO {MYSQL_CHARSET}")
 
 
 MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4, 5: _migrate_4_to_5,

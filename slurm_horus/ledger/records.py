@@ -62,6 +62,16 @@ def submission_record(*, job_id, cluster="", user=None, account=None, submit_tim
             "predictor": predictor, "uid": None if uid is None else int(uid)}
 
 
+MAX_COLOCATED = 1000  # ids listed per job: 11 kB, within a TEXT column anywhere (MariaDB: 64 kB)
+
+
+def colocated_text(ids) -> str | None:
+    """A job's co-located job ids as stored: sorted, at most MAX_COLOCATED (the first), so that
+    a long job beside thousands of short ones on a busy node never outgrows its column (every
+    sync after it had failed on MariaDB)."""
+    return ",".join(str(x) for x in sorted({int(x) for x in ids})[:MAX_COLOCATED]) or None
+
+
 MAX_MEM_MIB = float(1 << 24)  # 16 TiB: beyond any GPU's memory, on any number of GPUs of one job
 
 
@@ -74,7 +84,7 @@ def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, m
     if source not in SOURCES:
         raise HorusError(f"ledger: usage source must be one of {', '.join(SOURCES)}, not {source!r}")
     if isinstance(colocated, (list, tuple, set)):
-        colocated = ",".join(str(x) for x in sorted(colocated, key=lambda x: int(x))) or None
+        colocated = colocated_text(colocated)
 
     def f(x):
         return None if x is None else float(x)

@@ -60,10 +60,18 @@ def split_sql(text: str) -> list[str]:
     return out
 
 
+MYSQL_CHARSET = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"  # any text, compared as SQLite does
+
+
 def exec_script(conn, text: str) -> None:
-    """Run every statement of a .sql text (escaping % for format-paramstyle drivers)."""
+    """Run every statement of a .sql text (escaping % for format-paramstyle drivers). On
+    MySQL/MariaDB tables are made utf8mb4: a server's default (latin1 before MariaDB 11.6)
+    refused a model path in CJK, and that job stopped every sync."""
     pct = conn.dialect.paramstyle in ("format", "pyformat")
+    mysql = conn.dialect.name in ("mysql", "mariadb")
     for stmt in split_sql(text):
+        if mysql and stmt.lstrip().upper().startswith("CREATE TABLE"):
+            stmt = f"{stmt.rstrip().rstrip(';')} {MYSQL_CHARSET}"
         conn.exec_driver_sql(stmt.replace("%", "%%") if pct else stmt)
 
 

@@ -17,6 +17,7 @@ from sqlalchemy import delete, select, update
 
 from slurm_horus.ledger import failed_measurement, refresh_jobs, tables
 from slurm_horus.ledger.claims import ModelFeatures, submission_of
+from slurm_horus.ledger.records import MAX_COLOCATED, colocated_text
 from slurm_horus.slurm import commands as slurm
 from slurm_horus.slurm.accounting import FINISHED, parse_sacct_json
 from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
@@ -158,8 +159,8 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
             continue
         new = set(co.get(key, set()))
         old = {int(x) for x in (o.get("colocated") or "").split(",") if x}
-        if new - old:
-            changed.append((key, ",".join(str(x) for x in sorted(new | old))))
+        if new - old and len(old) < MAX_COLOCATED:
+            changed.append((key, colocated_text(new | old)))
     ledger.record_runs(subs, records)
     if changed:
         _update_colocated(ledger, changed)
