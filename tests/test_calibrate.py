@@ -114,6 +114,7 @@ def test_orchestration_writes_import_rows(tmp_path):
     assert float(r0["torch_max_alloc_mib"]) == 1008.0 and r0["model_family"] == "cnn"
     assert float(r0["cold_mem_mib"]) > 0 and r0["cold_util_pct"]
     assert r0["calib_id"] == run_id("small_cnn", 8, "train", "a100-40gb")
+    assert r0["user"] == ""  # the admin's measurements: no user (the history lets them lower alone)
     # an existing file is not overwritten without --resume
     with pytest.raises(HorusError, match="--resume"):
         calibrate(runner, runs, out, sampler_factory=FakeSampler)
@@ -128,6 +129,9 @@ def test_csv_is_accepted_by_horus_admin_import(tmp_path):
     assert r.exit_code == 0 and "imported 4 rows" in r.output, r.output
     L = Ledger(url)
     assert L.count("usage") == 4 and L.count("submissions") == 4
+    # no user: the admin's own measurements, which may lower the history's figures alone (as
+    # 'calibrate' they were one user's, and could only raise them)
+    assert {j["user_name"] for j in L.jobs()} == {None}
     CliRunner().invoke(main, ["import", str(out), "--ledger", url])  # idempotent
     assert L.count("usage") == 4
 
@@ -141,6 +145,27 @@ def test_ledger_rows_match_a_later_import(tmp_path):
     assert L.count("usage") == 2
     import_csv(L, str(out))
     assert L.count("usage") == 2
+
+
+def test_resume_refuses_rows_another_user_could_write(tmp_path):
+    """--resume takes the CSV's rows as measured and imports them: a file others can write (or
+    a link) is refused, as the export cache is; forged rows had been imported and their runs
+    skipped."""
+    out = tmp_path / "calib.csv"
+    calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train"]), out, sampler_factory=FakeSampler)
+    runs = plan(["small_cnn"], [8, 32], ["train"])
+    for bad in ("mode", "link"):
+        target = out
+        if bad == "mode":
+            out.chmod(0o666)
+        else:
+            out.chmod(0o644)
+            target = tmp_path / "link.csv"
+            target.symlink_to(out)
+        with pytest.raises(HorusError, match="not a file of yours that only you can write"):
+            calibrate(FakeRunner(), runs, target, sampler_factory=FakeSampler, resume=True)
+    res = calibrate(FakeRunner(), runs, out, sampler_factory=FakeSampler, resume=True)
+    assert len(res.skipped) == 1 and len(res.done) == 1
 
 
 def test_resume_skips_done_runs(tmp_path):

@@ -6,6 +6,7 @@ with gives none."""
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -16,6 +17,19 @@ from slurm_horus.calibrate.rows import (CsvAppender, check_header, complete_rows
                                         import_row, make_row)
 from slurm_horus.errors import HorusError
 from slurm_horus.progress import Progress
+
+
+def trusted_rows(out: Path) -> None:
+    """HorusError unless the CSV resumed is a file of this user's that only they can write (or
+    not there yet): another user's rows were imported as measured, and the runs they named
+    skipped."""
+    try:
+        st = out.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise HorusError(f"--resume: {out} is not a file of yours that only you can write; "
+                         "its rows would be imported as measured")
 
 
 @dataclass
@@ -40,6 +54,7 @@ def calibrate(runner: Runner, runs: list[Run], out: str | os.PathLike, *,
         raise HorusError(f"{out} exists: pass --resume to continue it, or choose another --out")
     trusted_cache(cache)
     if resume:
+        trusted_rows(out)  # its rows are taken as measured, and imported
         check_header(out)  # before anything is cut or imported
         drop_cut_row(out)  # a row a crash cut is measured again
     rows = complete_rows(out) if resume else []

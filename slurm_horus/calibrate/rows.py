@@ -121,7 +121,7 @@ def make_row(run: Run, gpu_type: str, m: Measurement, onnx_path: Path, family: s
         "optimizer": "adam" if run.task == "train" else "", "precision": "fp32",
         "cpus_per_task": len(os.sched_getaffinity(0)),  # the CPUs the measurement had
         "util_pct": _fmt(util), "mem_mib": _fmt(mem, 1),
-        "util_max_pct": _fmt(m.util_max), "user": "calibrate", "model_family": family,
+        "util_max_pct": _fmt(m.util_max), "user": "", "model_family": family,
         "cold_util_pct": _fmt(cold.util_pct), "cold_mem_mib": _fmt(cold.mem_mib, 1),
         "cold_gpu_ms": _fmt(cold.breakdown.get("gpu_ms_per_step", 0.0), 4),
         "cold_host_ms": _fmt(cold.breakdown.get("host_ms_per_step", 0.0), 4),
