@@ -266,11 +266,69 @@ def test_a_sync_ending_in_the_future_leaves_the_next_window_starting_now_at_the_
     monkeypatch.setattr(slurm, "accounting_jobs", lambda since, until: windows.append((since, until)) or [])
     monkeypatch.setattr(slurm, "accounting_jobs_by_id", lambda ids: [])
     monkeypatch.setattr(slurm, "node_gpu_types", lambda: {})
+    monkeypatch.setattr(slurm, "local_cluster", lambda conf=None: "c")
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     sync_mod.sync(L, since=_time.time() - 3600, until=_time.time() + 30 * 86400)
     sync_mod.sync(L)
     since, until = windows[-1]
-    assert since < until and float(L.get_state("last_sync")) <= _time.time()
+    assert since < until and sync_mod.last_sync(L, "c") <= _time.time()
+
+
+def test_sync_keeps_each_clusters_progress_never_goes_back_and_asks_a_day_at_a_time(tmp_path, monkeypatch):
+    """One ledger, several clusters: each one's sync kept the ledger's one last_sync and open
+    jobs, so a second cluster's sync moved the first's window past jobs it never asked for and
+    dropped its running jobs; a backfill (-S/-E of last year) set the next window to a year;
+    a long window was asked in one piece (all of it in memory, failing for good)."""
+    import time as _time
+
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.ledger import sync as sync_mod
+    from slurm_horus.slurm import commands as slurm
+
+    now = _time.time()
+    windows, here = [], ["alpha"]
+
+    def running(i):
+        return {"cluster": here[0], "job_id": i, "state": "RUNNING", "shards": 10, "gpus": None, "comment": ""}
+
+    def accounting(since, until):
+        windows.append((here[0], since, until))
+        return [running(700)] if until >= now - 60 else []
+    by_id = []
+    monkeypatch.setattr(slurm, "accounting_jobs", accounting)
+    monkeypatch.setattr(slurm, "accounting_jobs_by_id", lambda ids: by_id.append(ids) or [running(i) for i in ids])
+    monkeypatch.setattr(slurm, "node_gpu_types", lambda: {})
+    monkeypatch.setattr(slurm, "local_cluster", lambda conf=None: here[0])
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    sync_mod.sync(L, since=now - 3600)
+    alpha = sync_mod.last_sync(L, "alpha")
+    here[0] = "beta"
+    sync_mod.sync(L, since=now - 60)
+    assert sync_mod.last_sync(L, "alpha") == alpha and sync_mod._open_jobs(L) == {("alpha", 700), ("beta", 700)}
+    here[0] = "alpha"
+    by_id.clear()
+    sync_mod.sync(L, since=now - 400 * 86400, until=now - 399 * 86400)  # a backfill
+    assert sync_mod.last_sync(L, "alpha") == alpha and sync_mod._open_jobs(L) == {("alpha", 700), ("beta", 700)}
+    assert by_id == [[700]]  # alpha's own open job, asked of alpha's sacct
+    windows.clear()
+    sync_mod.sync(L, since=now - 3 * 86400 - 5, until=now)
+    assert [round(u - s) for _, s, u in windows] == [86400, 86400, 86400, 5]
+    assert windows[0][1] == now - 3 * 86400 - 5 and windows[-1][2] == now
+
+
+def test_sacct_is_asked_in_seconds_before_its_now(monkeypatch):
+    """A local clock time is ambiguous in the hour the clocks go back: sacct read 02:30 as the
+    later one, and a window around it ended before it began."""
+    import time as _time
+
+    from slurm_horus.slurm import commands as slurm
+
+    asked = []
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: asked.append(args) or '{"jobs": []}')
+    slurm.run_sacct(_time.time() - 600.5, _time.time() - 60)
+    (args,) = asked
+    start, end = args[args.index("-S") + 1], args[args.index("-E") + 1]
+    assert start in ("now-601", "now-602") and end in ("now-60", "now-59"), args
 
 
 def test_import_refuses_rows_it_would_get_wrong(tmp_path):

@@ -621,7 +621,9 @@ def test_sync_from_real_cluster(tmp_path):
                                                         else (None, 1)), jobs[i]
     assert all(jobs[i]["state"] == "COMPLETED" and jobs[i]["node"] == "gpu-a100" for i in hinted)
     assert all(jobs[i]["gpu_type"] == "a100" for i in hinted)
-    assert L.get_state("last_sync") is not None
+    from slurm_horus.ledger.sync import last_sync
+
+    assert last_sync(L, cluster) is not None
     sync(L, since=time.time() - 3600, all_jobs=True)
     jobs = {j["job_id"]: j for j in L.jobs(job_ids=ids)}
     assert len(jobs) == 3 and L.count("jobs") == L.count("submissions")

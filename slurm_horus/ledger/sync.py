@@ -25,6 +25,10 @@ from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
 # jobs carried from one sync to the next while unfinished, at most (the newest ids beyond
 # it): the state is one TEXT value (64 KiB on MariaDB)
 MAX_OPEN_JOBS = 5000
+SYNC_CHUNK_S = 86400  # sacct is asked a day at a time: a long outage's window, whole, held every
+#                       job of it in memory at once (3.6x its JSON) and, failing, failed forever
+COUNTS = ("jobs_seen", "recorded", "failed_measurements", "claims", "features", "replayed",
+          "quarantined", "skipped", "colocated_updates")
 
 
 def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
@@ -77,25 +81,57 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     The sacct usage row keeps only what accounting said: the jobs row takes the probe's index
     and type where it is null. Co-location (see ``colocations``) uses the index where known.
     """
+    if sacct_json is not None:
+        return _sync_window(ledger, sacct_json=sacct_json, since=since, until=until,
+                            all_jobs=all_jobs, node_types=node_types, cluster=cluster, local=None)
+    now = time.time()
+    local = slurm.local_cluster()  # sacct's cluster: whose progress this sync keeps
+    if since is None:
+        last = last_sync(ledger, local)
+        since = last - 300 if last is not None else now - 86400
+    until = until or now
+    if node_types is None:
+        node_types = slurm.node_gpu_types()
+    total: dict | None = None
+    start = since
+    while True:  # a day at a time, each recorded (and its progress kept) before the next
+        end = min(start + SYNC_CHUNK_S, until)
+        res = _sync_window(ledger, sacct_json=None, since=start, until=end, all_jobs=all_jobs,
+                           node_types=node_types, cluster=cluster, local=local)
+        if total is None:
+            total = res
+        else:
+            total.update({k: total[k] + res[k] for k in COUNTS}, problems=total["problems"] + res["problems"])
+        if end >= until:
+            return total
+        start = end
+
+
+def last_sync(ledger, cluster: str | None) -> float | None:
+    """When ``cluster``'s last sync ended (the ledger-wide entry of a ledger from before each
+    cluster kept its own, or where Slurm cannot name the cluster)."""
+    value = (cluster and ledger.get_state(f"last_sync:{cluster}")) or ledger.get_state("last_sync")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+def _sync_window(ledger, *, sacct_json, since, until, all_jobs, node_types, cluster, local) -> dict:
+    """sync() of one window (or of a sacct dump); ``local``: the cluster sacct answered for."""
     now = time.time()
     replay = ledger.spool.replay(ledger)
     ran_sacct = sacct_json is None
     if ran_sacct:
-        if since is None:
-            last = ledger.get_state("last_sync")
-            since = float(last) - 300 if last else now - 86400
-        until = until or now
         accounted = slurm.accounting_jobs(since, until)
         # jobs a sync saw unfinished: by id, wherever their end falls (slurmdbd may record it
         # late, outside every later window: such a job was never recorded)
-        carried = _open_jobs(ledger)
+        carried = {(c, i) for c, i in _open_jobs(ledger) if local is None or c == local}  # sacct's
         if carried:
             have = {(j["cluster"], j["job_id"]) for j in accounted}
             accounted += [j for j in slurm.accounting_jobs_by_id(sorted({i for _, i in carried}))
                           if (j["cluster"], j["job_id"]) in carried
                           and (j["cluster"], j["job_id"]) not in have]
-        if node_types is None:
-            node_types = slurm.node_gpu_types()
     else:
         accounted = parse_sacct_json(sacct_json)
     if cluster:
@@ -165,13 +201,18 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     if changed:
         _update_colocated(ledger, changed)
     if ran_sacct:
-        kept: dict[str, list[int]] = {}
+        # the other clusters' open jobs are theirs to carry (one ledger, several clusters)
+        kept = {c: ids for c, ids in _open_state(ledger).items() if local is not None and c != local}
         for c, i in sorted(set(still_open))[-MAX_OPEN_JOBS:]:
             kept.setdefault(c, []).append(i)
         ledger.set_state("open_jobs", json.dumps(kept, separators=(",", ":")))
         # never past now: a sync -E in the future had set every later default window's start
-        # after its end, and sacct refused them all
-        ledger.set_state("last_sync", str(int(min(until or now, now))))
+        # after its end, and sacct refused them all; never back: a backfill (-S/-E of last
+        # year) had set the next default window to a year
+        end = min(until or now, now)
+        before = last_sync(ledger, local)
+        ledger.set_state(f"last_sync:{local}" if local else "last_sync",
+                         str(int(end if before is None else max(before, end))))
     return {"jobs_seen": len(parsed), "recorded": len(records),
             "failed_measurements": sum(1 for r in records if failed_measurement(
                 r["util_mean"], r["mem_peak_mib"])),
@@ -181,13 +222,18 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
             "problems": replay.problems, "colocated_updates": len(changed)}
 
 
-def _open_jobs(ledger) -> set[tuple[str, int]]:
-    """(cluster, job id) of the jobs the last sync saw unfinished (its state ``open_jobs``)."""
+def _open_state(ledger) -> dict[str, list[int]]:
+    """{cluster: job ids} the syncs saw unfinished (the state ``open_jobs``); {} where damaged."""
     try:
-        return {(str(c), int(i)) for c, ids in json.loads(ledger.get_state("open_jobs") or "{}").items()
-                for i in ids}
+        state = json.loads(ledger.get_state("open_jobs") or "{}")
+        return {str(c): [int(i) for i in ids] for c, ids in state.items()}
     except (ValueError, TypeError, AttributeError):
-        return set()  # a damaged state: the windows alone, as before there was one
+        return {}  # a damaged state: the windows alone, as before there was one
+
+
+def _open_jobs(ledger) -> set[tuple[str, int]]:
+    """(cluster, job id) of the jobs the last syncs saw unfinished."""
+    return {(c, i) for c, ids in _open_state(ledger).items() for i in ids}
 
 
 def _known_jobs(ledger, jobs: list[dict]) -> set[tuple[str, int]]:

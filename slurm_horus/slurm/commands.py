@@ -13,6 +13,7 @@ record shape. Accounting is always sacct's (pyslurm has no GPU usage), running j
 
 from __future__ import annotations
 
+import math
 import os
 import pwd
 import re
@@ -121,10 +122,12 @@ def scontrol_partitions() -> list[dict]:
 
 
 def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:
-    """``sacct --json`` of every user's jobs between ``since`` and ``until`` (epoch seconds)."""
-    fmt = "%Y-%m-%dT%H:%M:%S"
-    args = ["sacct", "--json", "--allusers", "-S", time.strftime(fmt, time.localtime(since)),
-            "-E", time.strftime(fmt, time.localtime(until)), *extra]
+    """``sacct --json`` of every user's jobs between ``since`` and ``until`` (epoch seconds),
+    given to sacct as seconds before its now: a local clock time is ambiguous in the hour the
+    clocks go back (sacct read 02:30 as the later one, and windows ended before they began)."""
+    now = time.time()
+    args = ["sacct", "--json", "--allusers", "-S", f"now-{max(0, math.ceil(now - since))}",
+            "-E", f"now-{max(0, math.floor(now - until))}", *extra]
     return run(args, timeout=300)
 
 
