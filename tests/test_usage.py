@@ -208,6 +208,37 @@ def test_a_long_job_beside_thousands_lists_at_most_max_colocated(tmp_path):
     assert "500" in {r["job_id"]: r["colocated"] for r in L.jobs()}[20000].split(",")
 
 
+def test_sync_takes_a_jobs_newest_run_and_carries_running_jobs_before_pending_ones(tmp_path, monkeypatch):
+    """sacct -D lists every run of a requeued job, oldest last: the last record read won, and
+    the job was recorded as its NODE_FAIL run. Open jobs are capped at MAX_OPEN_JOBS: one user's
+    pending jobs had pushed a running job out of them."""
+    from slurm_horus.ledger import sync as sync_mod
+    from slurm_horus.slurm import commands as slurm
+
+    new = _recorded(SHARD_JOB)
+    old = json.loads(json.dumps(new))
+    old["time"]["submission"] -= 5000
+    old["time"]["start"], old["time"]["end"] = new["time"]["start"] - 4000, new["time"]["start"] - 3000
+    old["state"]["current"] = ["NODE_FAIL"]
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    sync(L, sacct_json={"jobs": [new, old]}, all_jobs=True)
+    (j,) = L.jobs()
+    assert (j["state"], j["start_time"]) == ("COMPLETED", new["time"]["start"])
+
+    def job(i, state):
+        j = json.loads(json.dumps(new))
+        j["job_id"], j["state"]["current"] = i, [state]
+        return j
+    flood = [*(job(100000 + i, "PENDING") for i in range(sync_mod.MAX_OPEN_JOBS)), job(5, "RUNNING")]
+    monkeypatch.setattr(slurm, "accounting_jobs", lambda since, until: parse_sacct_json(json.dumps({"jobs": flood})))
+    monkeypatch.setattr(slurm, "accounting_jobs_by_id", lambda ids: [])
+    monkeypatch.setattr(slurm, "node_gpu_types", lambda: {})
+    monkeypatch.setattr(slurm, "local_cluster", lambda conf=None: "horus")
+    sync(L, since=time.time() - 60)
+    carried = sync_mod._open_jobs(L)
+    assert ("horus", 5) in carried and len(carried) == sync_mod.MAX_OPEN_JOBS
+
+
 def test_sync_takes_gpu_index_and_type_from_the_probe(tmp_path):
     """25.11 accounting has no GPU index: the probe's (same cluster and job id) reaches the
     jobs row, its GPU type beats the node's, and co-location goes by that index."""

@@ -136,6 +136,12 @@ def _sync_window(ledger, *, sacct_json, since, until, all_jobs, node_types, clus
         accounted = parse_sacct_json(sacct_json)
     if cluster:
         accounted = [j for j in accounted if j["cluster"] == cluster]
+    newest: dict[tuple[str, int], dict] = {}
+    for j in accounted:  # one record per job: its newest run (sacct -D lists every one, oldest last)
+        k, run = (j["cluster"], j["job_id"]), (j.get("submit_time") or 0, j.get("start_time") or 0)
+        if k not in newest or run >= (newest[k].get("submit_time") or 0, newest[k].get("start_time") or 0):
+            newest[k] = j
+    accounted = list(newest.values())
     parsed = [j for j in accounted if j["state"] and j["state"].split()[0] in FINISHED]
     unfinished = [j for j in accounted if j["state"] and j["state"].split()[0] not in FINISHED]
     node_types = node_types or {}
@@ -155,7 +161,7 @@ def _sync_window(ledger, *, sacct_json, since, until, all_jobs, node_types, clus
         subs.append(submission_of(j, hint and find_hint_token(j["comment"]), hint, claim, models))
     # every GPU job not finished, pending ones too (accounting may show a job that runs as
     # pending for a moment, and a running job's comment only from its end)
-    still_open = [(j["cluster"], j["job_id"]) for j in unfinished
+    still_open = [(j["state"].split()[0] != "PENDING", j["cluster"], j["job_id"]) for j in unfinished
                   if j["shards"] or j["gpus"] or wanted(j, parse_hint(j["comment"]),
                                                          parse_workload(j["comment"]))]
     _drop_legacy(ledger, chosen)
@@ -203,7 +209,8 @@ def _sync_window(ledger, *, sacct_json, since, until, all_jobs, node_types, clus
     if ran_sacct:
         # the other clusters' open jobs are theirs to carry (one ledger, several clusters)
         kept = {c: ids for c, ids in _open_state(ledger).items() if local is not None and c != local}
-        for c, i in sorted(set(still_open))[-MAX_OPEN_JOBS:]:
+        # running jobs first: one user's thousands of pending jobs had pushed them out
+        for _running, c, i in sorted(set(still_open))[-MAX_OPEN_JOBS:]:
             kept.setdefault(c, []).append(i)
         ledger.set_state("open_jobs", json.dumps(kept, separators=(",", ":")))
         # never past now: a sync -E in the future had set every later default window's start
