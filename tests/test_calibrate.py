@@ -168,6 +168,24 @@ def test_resume_refuses_rows_another_user_could_write(tmp_path):
     assert len(res.skipped) == 1 and len(res.done) == 1
 
 
+@pytest.mark.parametrize("damage,want", [
+    (lambda line: line + ",extra", "has more fields than the header"),
+    (lambda line: line.replace(",3008.0,", ",abc,", 1), "mem_mib 'abc' is not a number")])
+def test_resume_refuses_rows_calibrate_did_not_write(tmp_path, damage, want):
+    """A resumed row with a field too many was an internal error; one whose memory is not a
+    number was counted done (its run never measured) or failed naming a deleted temporary
+    file."""
+    out = tmp_path / "calib.csv"
+    calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train"]), out, sampler_factory=FakeSampler)
+    head, row = out.read_text().splitlines()
+    assert ",3008.0," in row
+    out.write_text(f"{head}\n{damage(row)}\n")
+    for ledger in (None, Ledger(f"sqlite:///{tmp_path}/l.db")):
+        with pytest.raises(HorusError, match=want):
+            calibrate(FakeRunner(), plan(["small_cnn"], [8, 32], ["train"]), out,
+                      sampler_factory=FakeSampler, resume=True, ledger=ledger)
+
+
 def test_resume_skips_done_runs(tmp_path):
     out = tmp_path / "calib.csv"
     runs = plan(["small_cnn", "other_cnn"], [8, 32], ["train"])
@@ -331,8 +349,9 @@ def test_options_are_checked_before_the_gpu(tmp_path):
     assert r.exit_code == 2 and "error: --models: unknown or not buildable here: resnet9000" in r.output
     r = CliRunner().invoke(main, ["calibrate", "--out", out, "--gpu-type", "h9000"])
     assert r.exit_code == 2 and "error: --gpu-type: unknown GPU type 'h9000'" in r.output
-    r = CliRunner().invoke(main, ["calibrate", "--out", out, "--models", "mlp", "--device", "cpu"])
-    assert r.exit_code == 2 and "error: --device cpu" in r.output
+    for dev in ("cpu", "cudax", "cuda:abc", "cuda:0,1"):  # torch.device's own error was internal
+        r = CliRunner().invoke(main, ["calibrate", "--out", out, "--models", "mlp", "--device", dev])
+        assert r.exit_code == 2 and f"error: --device {dev}: calibrate measures GPUs" in r.output, r.output
     ledger = tmp_path / "new" / "l.db"  # opened (created, migrated) only once a GPU is there
     r = CliRunner().invoke(main, ["calibrate", "--out", out, "--models", "mlp", "--gpu-type", "h200",
                                   "--ledger", f"sqlite:///{ledger}"])

@@ -61,7 +61,7 @@ def calibrate(runner: Runner, runs: list[Run], out: str | os.PathLike, *,
     done = {r["calib_id"] for r in rows}
     if ledger is not None:
         for row in rows:  # written before an import that failed or was interrupted
-            import_row(ledger, row)
+            import_row(ledger, row, str(out))
     res = Result()
     todo = []
     for r in runs:
@@ -95,7 +95,7 @@ def calibrate(runner: Runner, runs: list[Run], out: str | os.PathLike, *,
                     else:
                         writer.append(row)
                         if ledger is not None:
-                            import_row(ledger, row)
+                            import_row(ledger, row, str(out))
                         res.done.append(row["calib_id"])
                         log(f"{label}: util {row['util_pct']}%  mem {row['mem_mib']} MiB  "
                             f"(torch alloc {row['torch_max_alloc_mib']} MiB, {steps} steps)")

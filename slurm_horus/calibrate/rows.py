@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import tempfile
 import time
@@ -46,9 +47,21 @@ def complete_rows(path: Path) -> list[dict]:
             if "calib_id" not in reader.fieldnames:
                 raise HorusError(f"{path}: not a calibrate CSV (no calib_id column); "
                                  "choose another --out")
-            return [r for r in reader if r.get("calib_id") and r.get("mem_mib")]
+            rows = [r for r in reader if r.get("calib_id") and r.get("mem_mib")]
     except (csv.Error, UnicodeDecodeError) as e:
         raise HorusError(f"{path}: not a calibrate CSV ({type(e).__name__}: {str(e)[:100]})") from None
+    for r in rows:  # rows calibrate did not write: counted done, their runs were never measured
+        if None in r:
+            raise HorusError(f"{path}: row {r['calib_id']!r} has more fields than the header; "
+                             "move the file away or fix it")
+        try:
+            ok = math.isfinite(float(r["mem_mib"]))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise HorusError(f"{path}: row {r['calib_id']!r}: mem_mib {r['mem_mib'][:40]!r} is not a "
+                             "number; move the file away or fix it")
+    return rows
 
 
 def check_header(path: Path) -> None:
@@ -85,7 +98,7 @@ class CsvAppender:
         new = not _regular(self.path) or self.path.stat().st_size == 0
         if not new:
             check_header(self.path)
-        self.f = open(self.path, "a", newline="")
+        self.f = open(self.path, "a", newline="", encoding="utf-8")  # what import reads
         self.w = csv.DictWriter(self.f, fieldnames=CSV_COLUMNS)
         if new:
             self.w.writeheader()
@@ -134,15 +147,19 @@ def make_row(run: Run, gpu_type: str, m: Measurement, onnx_path: Path, family: s
     }
 
 
-def import_row(ledger, row: dict) -> None:
+def import_row(ledger, row: dict, where: str = "calibrate") -> None:
     """Record one row in the ledger exactly as `horus-admin import` of the CSV would (same
-    stable id, so importing the CSV later changes nothing)."""
+    stable id, so importing the CSV later changes nothing); its errors name ``where`` and the
+    row, not the temporary file."""
     fd, tmp = tempfile.mkstemp(suffix=".csv", prefix="horus-calibrate-")
     try:
-        with os.fdopen(fd, "w", newline="") as f:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
             w.writeheader()
             w.writerow(row)
         import_csv(ledger, tmp)
+    except HorusError as e:
+        msg = str(e).removeprefix(f"{tmp}:2: ").replace(tmp, where)
+        raise HorusError(f"{where}: row {row.get('calib_id')!r}: {msg}") from None
     finally:
         os.unlink(tmp)

@@ -8,6 +8,7 @@ under no_grad; after WARMUP_STEPS the sampler runs while the model steps for the
 from __future__ import annotations
 
 import gc
+import re
 import os
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ def import_torch():
 
 def check_device(device: str) -> None:
     """HorusError unless ``device`` names a CUDA device (checked with the other options)."""
-    if not device.startswith("cuda"):
+    if not re.fullmatch(r"cuda(:[0-9]{1,4})?", device):
         raise HorusError(f"--device {device}: calibrate measures GPUs, use cuda or cuda:N")
 
 
