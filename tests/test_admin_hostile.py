@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from slurm_horus.cli.admin import main as admin
 from slurm_horus.cli.hacct import main as hacct
+from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.slurm.accounting import parse_sacct_json
 
@@ -306,16 +307,33 @@ def test_sync_keeps_each_clusters_progress_never_goes_back_and_asks_a_day_at_a_t
     alpha = sync_mod.last_sync(L, "alpha")
     here[0] = "beta"
     sync_mod.sync(L, since=now - 60)
-    assert sync_mod.last_sync(L, "alpha") == alpha and sync_mod._open_jobs(L) == {("alpha", 700), ("beta", 700)}
+    assert sync_mod.last_sync(L, "alpha") == alpha and sync_mod._open_jobs(L, "alpha") | sync_mod._open_jobs(L, "beta") == {("alpha", 700), ("beta", 700)}
     here[0] = "alpha"
     by_id.clear()
     sync_mod.sync(L, since=now - 400 * 86400, until=now - 399 * 86400)  # a backfill
-    assert sync_mod.last_sync(L, "alpha") == alpha and sync_mod._open_jobs(L) == {("alpha", 700), ("beta", 700)}
+    assert sync_mod.last_sync(L, "alpha") == alpha and sync_mod._open_jobs(L, "alpha") | sync_mod._open_jobs(L, "beta") == {("alpha", 700), ("beta", 700)}
     assert by_id == [[700]]  # alpha's own open job, asked of alpha's sacct
     windows.clear()
     sync_mod.sync(L, since=now - 3 * 86400 - 5, until=now)
     assert [round(u - s) for _, s, u in windows] == [86400, 86400, 86400, 5]
     assert windows[0][1] == now - 3 * 86400 - 5 and windows[-1][2] == now
+    windows.clear()
+    sync_mod.sync(L, since=_time.time() - 60, until=_time.time() + 365 * 86400)  # nothing ends ahead
+    assert len(windows) == 1 and windows[0][2] <= _time.time()
+    # 6,000 open jobs on each of two clusters: each keeps its own, within one TEXT column
+    many = [running(1000000 + i) for i in range(6000)]
+    monkeypatch.setattr(slurm, "accounting_jobs", lambda since, until: many)
+    for here[0] in ("alpha", "beta"):
+        sync_mod.sync(L, since=now - 60)
+        assert len(L.get_state(f"open_jobs:{here[0]}")) < 65535
+    assert len(sync_mod._open_jobs(L, "alpha")) == sync_mod.MAX_OPEN_JOBS
+    # Slurm cannot name the cluster (slurmctld restarting): nothing synced, no state touched
+    # (a legacy window from before the upgrade had been read, and the other clusters' lost)
+    monkeypatch.setattr(slurm, "local_cluster", lambda conf=None: None)
+    state = {k: L.get_state(k) for k in ("last_sync:alpha", "open_jobs:alpha", "open_jobs:beta")}
+    with pytest.raises(HorusError, match="does not name this cluster"):
+        sync_mod.sync(L)
+    assert state == {k: L.get_state(k) for k in state}
 
 
 def test_sacct_is_asked_in_seconds_before_its_now(monkeypatch):

@@ -166,6 +166,15 @@ def test_resume_refuses_rows_another_user_could_write(tmp_path):
             calibrate(FakeRunner(), runs, target, sampler_factory=FakeSampler, resume=True)
     res = calibrate(FakeRunner(), runs, out, sampler_factory=FakeSampler, resume=True)
     assert len(res.skipped) == 1 and len(res.done) == 1
+    # its own file, written under a umask that lets the group write (user-private groups)
+    old = os.umask(0o002)
+    try:
+        own = tmp_path / "own.csv"
+        calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train"]), own, sampler_factory=FakeSampler)
+        res = calibrate(FakeRunner(), runs, own, sampler_factory=FakeSampler, resume=True)
+    finally:
+        os.umask(old)
+    assert len(res.skipped) == 1 and len(res.done) == 1 and own.stat().st_mode & 0o777 == 0o644
 
 
 @pytest.mark.parametrize("damage,want", [

@@ -160,3 +160,26 @@ def test_a_command_whose_answer_is_its_output_fails_with_stdout_closed(cmd, tmp_
     cp = subprocess.run(f"{sys.executable} -m {cmd} >&-", shell=True, capture_output=True, text=True,
                         timeout=120, env=env, cwd=Path(__file__).resolve().parent.parent)
     assert cp.returncode == 1 and cp.stderr.endswith(": error: standard output is closed\n"), cp.stderr
+
+
+def test_hacct_plot_to_a_file_needs_no_stdout(tmp_path):
+    """--plot FILE.png: the file is the answer, written with standard output closed."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    from slurm_horus.ledger import Ledger
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(url)
+    L.record_submission(job_id=1, cluster="c", user="root", submit_time=1700000000,
+                        predictions={"a100": {"util_pct": 30, "mem_mib": 3000}})
+    L.record_usage(job_id=1, cluster="c", source="sacct", util_mean=40, mem_peak_mib=3500,
+                   state="COMPLETED", gpu_type="a100", end_time=1700000600)
+    L.close()
+    env = {**os.environ, "HORUS_LEDGER_URL": url}
+    env.pop("SLURM_CONF", None)
+    png = tmp_path / "p.png"
+    cp = subprocess.run(f"{sys.executable} -m slurm_horus.cli.hacct -a -M all --plot {png} >&-", shell=True,
+                        capture_output=True, text=True, timeout=120, env=env)
+    assert cp.returncode == 0 and png.stat().st_size > 0, cp.stderr

@@ -235,7 +235,7 @@ def test_sync_takes_a_jobs_newest_run_and_carries_running_jobs_before_pending_on
     monkeypatch.setattr(slurm, "node_gpu_types", lambda: {})
     monkeypatch.setattr(slurm, "local_cluster", lambda conf=None: "horus")
     sync(L, since=time.time() - 60)
-    carried = sync_mod._open_jobs(L)
+    carried = sync_mod._open_jobs(L, "horus")
     assert ("horus", 5) in carried and len(carried) == sync_mod.MAX_OPEN_JOBS
 
 
@@ -694,7 +694,9 @@ def test_a_job_seen_running_is_recorded_though_its_end_falls_outside_every_later
         res = sync(L, since=later, until=later + 60)
         # (with jobs of other tests running beside it, they are carried and recorded too)
         assert res["recorded"] >= 1 and [j["state"] for j in L.jobs(job_ids=[jid])] == ["COMPLETED"]
-        assert jid not in sum(json.loads(L.get_state("open_jobs")).values(), [])  # ended: not carried
+        from slurm_horus.ledger.sync import _open_jobs
+
+        assert jid not in {i for _, i in _open_jobs(L, slurm.local_cluster())}  # ended: not carried
     finally:
         subprocess.run(["scancel", str(jid)], capture_output=True)
 
@@ -703,12 +705,16 @@ def test_a_damaged_open_jobs_state_falls_back_to_the_windows(tmp_path):
     from slurm_horus.ledger.sync import _open_jobs
 
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
-    assert _open_jobs(L) == set()
+    assert _open_jobs(L, "c") == set()
     for damaged in ("[1, 2]", "{not json", '{"c": ["x"]}', '{"c": 5}'):
         L.set_state("open_jobs", damaged)
-        assert _open_jobs(L) == set()
-    L.set_state("open_jobs", '{"c": [5, 7]}')
-    assert _open_jobs(L) == {("c", 5), ("c", 7)}
+        assert _open_jobs(L, "c") == set()
+    L.set_state("open_jobs", '{"c": [5, 7], "d": [9]}')  # a ledger-wide state from before
+    assert _open_jobs(L, "c") == {("c", 5), ("c", 7)} and _open_jobs(L, "d") == {("d", 9)}
+    L.set_state("open_jobs:c", "[8]")  # each cluster's own
+    assert _open_jobs(L, "c") == {("c", 8)}
+    L.set_state("open_jobs:c", '{"x": 1}')
+    assert _open_jobs(L, "c") == set()
 
 
 def test_sync_flags_failed_measurements_and_keeps_p95_p99(tmp_path):

@@ -98,6 +98,9 @@ class CsvAppender:
         new = not _regular(self.path) or self.path.stat().st_size == 0
         if not new:
             check_header(self.path)
+        if new:  # 0644 whatever the umask: --resume takes only a file no one else can write
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
+            os.chmod(self.path, 0o644)
         self.f = open(self.path, "a", newline="", encoding="utf-8")  # what import reads
         self.w = csv.DictWriter(self.f, fieldnames=CSV_COLUMNS)
         if new:

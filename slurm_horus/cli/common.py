@@ -26,17 +26,18 @@ class FiniteFloatRange(click.FloatRange):
         return v
 
 
-def one_line_errors(prog: str, needs_stdout: bool = False):
+def one_line_errors(prog: str, needs_stdout=False):
     """Turn HorusError (and any unexpected failure) into `prog: error: ...` and an exit code.
-    ``needs_stdout``: a command whose answer is its output fails when started with standard
-    output closed (>&-), as cat does, rather than print nothing and exit 0.
+    ``needs_stdout`` (True, or a test of the command's options): a command whose answer is its
+    output fails when started with standard output closed (>&-), as cat does, rather than
+    print nothing and exit 0.
 
     Set HORUS_DEBUG=1 to see the traceback of an unexpected failure.
     """
     def wrap(fn):
         @functools.wraps(fn)
         def inner(*args, **kwargs):
-            if needs_stdout and sys.stdout is None:
+            if sys.stdout is None and (needs_stdout(kwargs) if callable(needs_stdout) else needs_stdout):
                 click.echo(f"{prog}: error: standard output is closed", err=True)
                 sys.exit(1)
             try:

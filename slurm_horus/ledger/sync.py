@@ -15,6 +15,7 @@ import time
 
 from sqlalchemy import delete, select, update
 
+from slurm_horus.errors import HorusError
 from slurm_horus.ledger import failed_measurement, refresh_jobs, tables
 from slurm_horus.ledger.claims import ModelFeatures, submission_of
 from slurm_horus.ledger.records import MAX_COLOCATED, colocated_text
@@ -86,10 +87,14 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
                             all_jobs=all_jobs, node_types=node_types, cluster=cluster, local=None)
     now = time.time()
     local = slurm.local_cluster()  # sacct's cluster: whose progress this sync keeps
+    if local is None:  # slurmctld away: its nodes' GPU types too; the next run syncs
+        raise HorusError("Slurm does not name this cluster (scontrol show config gave no "
+                         "ClusterName): nothing synced")
     if since is None:
         last = last_sync(ledger, local)
         since = last - 300 if last is not None else now - 86400
-    until = until or now
+    until = min(until or now, now)  # nothing has ended in the future
+    since = min(since, until)
     if node_types is None:
         node_types = slurm.node_gpu_types()
     total: dict | None = None
@@ -107,10 +112,10 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         start = end
 
 
-def last_sync(ledger, cluster: str | None) -> float | None:
-    """When ``cluster``'s last sync ended (the ledger-wide entry of a ledger from before each
-    cluster kept its own, or where Slurm cannot name the cluster)."""
-    value = (cluster and ledger.get_state(f"last_sync:{cluster}")) or ledger.get_state("last_sync")
+def last_sync(ledger, cluster: str) -> float | None:
+    """When ``cluster``'s last sync ended (else the ledger-wide entry of a ledger from before
+    each cluster kept its own)."""
+    value = ledger.get_state(f"last_sync:{cluster}") or ledger.get_state("last_sync")
     try:
         return float(value) if value else None
     except ValueError:
@@ -126,7 +131,7 @@ def _sync_window(ledger, *, sacct_json, since, until, all_jobs, node_types, clus
         accounted = slurm.accounting_jobs(since, until)
         # jobs a sync saw unfinished: by id, wherever their end falls (slurmdbd may record it
         # late, outside every later window: such a job was never recorded)
-        carried = {(c, i) for c, i in _open_jobs(ledger) if local is None or c == local}  # sacct's
+        carried = _open_jobs(ledger, local)
         if carried:
             have = {(j["cluster"], j["job_id"]) for j in accounted}
             accounted += [j for j in slurm.accounting_jobs_by_id(sorted({i for _, i in carried}))
@@ -207,19 +212,17 @@ def _sync_window(ledger, *, sacct_json, since, until, all_jobs, node_types, clus
     if changed:
         _update_colocated(ledger, changed)
     if ran_sacct:
-        # the other clusters' open jobs are theirs to carry (one ledger, several clusters)
-        kept = {c: ids for c, ids in _open_state(ledger).items() if local is not None and c != local}
-        # running jobs first: one user's thousands of pending jobs had pushed them out
-        for _running, c, i in sorted(set(still_open))[-MAX_OPEN_JOBS:]:
-            kept.setdefault(c, []).append(i)
-        ledger.set_state("open_jobs", json.dumps(kept, separators=(",", ":")))
+        # each cluster keeps its own (one ledger, several clusters), within one state value's
+        # column (MariaDB's TEXT); running jobs first: one user's thousands of pending jobs
+        # had pushed them out
+        mine = [i for _running, c, i in sorted(set(still_open)) if c == local][-MAX_OPEN_JOBS:]
+        ledger.set_state(f"open_jobs:{local}", json.dumps(sorted(mine), separators=(",", ":")))
         # never past now: a sync -E in the future had set every later default window's start
         # after its end, and sacct refused them all; never back: a backfill (-S/-E of last
         # year) had set the next default window to a year
         end = min(until or now, now)
         before = last_sync(ledger, local)
-        ledger.set_state(f"last_sync:{local}" if local else "last_sync",
-                         str(int(end if before is None else max(before, end))))
+        ledger.set_state(f"last_sync:{local}", str(int(end if before is None else max(before, end))))
     return {"jobs_seen": len(parsed), "recorded": len(records),
             "failed_measurements": sum(1 for r in records if failed_measurement(
                 r["util_mean"], r["mem_peak_mib"])),
@@ -229,18 +232,19 @@ def _sync_window(ledger, *, sacct_json, since, until, all_jobs, node_types, clus
             "problems": replay.problems, "colocated_updates": len(changed)}
 
 
-def _open_state(ledger) -> dict[str, list[int]]:
-    """{cluster: job ids} the syncs saw unfinished (the state ``open_jobs``); {} where damaged."""
+def _open_jobs(ledger, cluster: str) -> set[tuple[str, int]]:
+    """(cluster, job id) of ``cluster``'s jobs its last sync saw unfinished (state
+    ``open_jobs:CLUSTER``; else its part of a ledger-wide ``open_jobs`` from before); none
+    where the state is damaged (the windows alone, as before there was one)."""
     try:
-        state = json.loads(ledger.get_state("open_jobs") or "{}")
-        return {str(c): [int(i) for i in ids] for c, ids in state.items()}
+        own = ledger.get_state(f"open_jobs:{cluster}")
+        if own is not None:
+            ids = json.loads(own)
+        else:
+            ids = json.loads(ledger.get_state("open_jobs") or "{}").get(cluster, [])
+        return {(cluster, int(i)) for i in ids}
     except (ValueError, TypeError, AttributeError):
-        return {}  # a damaged state: the windows alone, as before there was one
-
-
-def _open_jobs(ledger) -> set[tuple[str, int]]:
-    """(cluster, job id) of the jobs the last syncs saw unfinished."""
-    return {(c, i) for c, ids in _open_state(ledger).items() for i in ids}
+        return set()
 
 
 def _known_jobs(ledger, jobs: list[dict]) -> set[tuple[str, int]]:
