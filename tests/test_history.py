@@ -144,6 +144,11 @@ def test_saved_history_serves_through_choose_predictor(tmp_path, resnet):
     lambda d: d["offsets"].update({"a100-40gb": {"cold-start": {"mem_mib": 1e30, "util_pp": 0,
                                                                 "n": 3}}}),
     lambda d: d.update(format="slurm-horus-learned"),
+    # a count no site has: its weight overflowed a float inside the prediction (internal error)
+    lambda d: d["offsets"].update({"a100-40gb": {"cold-start": {"mem_mib": 0, "util_pp": 0,
+                                                                "n": 10 ** 400}}}),
+    lambda d: d.setdefault("families", {}).update({"a100-40gb": {"resnet": {
+        "mem_log_ratio": 0, "util_shift": 0, "n": 10 ** 400}}}),
 ])
 def test_tampered_history_is_refused_and_prediction_still_works(tmp_path, resnet, damage):
     root = _saved(tmp_path, resnet)

@@ -73,6 +73,10 @@ def test_history_names_no_user_and_each_user_reads_only_their_own_pseudonym(shar
                       f"open({str(root / 'users' / 'daemon')!r})")
     own = r.stdout.strip()
     assert own in names and "PermissionError" in r.stderr
+    # nor who has a pseudonym at all (users/ was 0755: listing it, and comparing exports,
+    # tied a new pseudonym to the one new name)
+    r = _as("nobody", f"import os\nos.listdir({str(root / 'users')!r})")
+    assert "PermissionError" in r.stderr and (root / "users").stat().st_mode & 0o777 == 0o711
     # jobs 1 and 3 (graph 01..) were nobody's, 2 and 4 (graph 00..) daemon's
     assert {x["user"] for x in doc["graphs"]["01" * 32]} == {own}
     assert own not in {x["user"] for x in doc["graphs"]["00" * 32]}
@@ -85,7 +89,7 @@ def test_history_names_no_user_and_each_user_reads_only_their_own_pseudonym(shar
         export_history(_ledger(shared_dir), Registry(root))
 
 
-def test_registry_folders_are_0755_whatever_the_umask(tmp_path):
+def test_registry_folders_are_0755_whatever_the_umask_and_users_0711(tmp_path):
     old = os.umask(0o002)
     try:
         reg = Registry(tmp_path / "a" / "models")
@@ -93,9 +97,41 @@ def test_registry_folders_are_0755_whatever_the_umask(tmp_path):
         reg.pseudonyms(["someone-unknown-here"])
     finally:
         os.umask(old)
-    for d in (tmp_path / "a", tmp_path / "a" / "models", tmp_path / "a" / "models" / "users"):
+    for d in (tmp_path / "a", tmp_path / "a" / "models"):
         assert d.stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "a" / "models" / "users").stat().st_mode & 0o777 == 0o711
     assert reg.load_json("x.json") == {}  # a reader trusts what it wrote
+
+
+def test_registry_changes_one_at_a_time_and_files_readers_take(tmp_path):
+    """A retrain that read the serving version before another promoted wrote bounds for a model
+    no longer serving: retrain, promote and rollback hold the registry's lock. A state naming no
+    version (hand-edited) is refused before anything builds on it (a retrain had promoted over
+    it and left every later change refused); a file readers would refuse is not written; a
+    huge current.json or calibration.json is refused, not parsed by every hsubmit."""
+    root = tmp_path / "models"
+    a, b = Registry(root), Registry(root)
+    with a.lock(), a.lock():  # re-entrant in one Registry
+        with pytest.raises(HorusError, match="another retrain, promote or rollback is running"):
+            b.promote("v0001")
+        with pytest.raises(HorusError, match="another retrain"):
+            b.rollback()
+    with pytest.raises(HorusError, match="not in the registry"):
+        b.promote("v0001")  # the lock is free again: the version's own error
+    root.joinpath("current.json").write_text('{"serving": "v1", "history": []}')
+    with pytest.raises(HorusError, match="not a registry state file"):
+        a.state()
+    root.joinpath("current.json").write_text('{"serving": null, "history": [], "x": "' + "y" * (1 << 20) + '"}')
+    with pytest.raises(HorusError, match="too large"):
+        a.state()
+    root.joinpath("calibration.json").write_text("[" + "[]," * (1 << 19) + "[]]")
+    from slurm_horus.predict.registry import MAX_SMALL_JSON
+
+    with pytest.raises(HorusError, match="too large"):
+        a.load_json("calibration.json", max_bytes=MAX_SMALL_JSON)
+    with pytest.raises(HorusError, match="readers take; not replaced"):
+        a.save_json("history.json", {"x": "y" * (65 << 20)})
+    assert not root.joinpath("history.json").exists()
 
 
 def test_a_registry_readers_would_refuse_is_refused_before_training(tmp_path):

@@ -130,8 +130,15 @@ def graph_folds(graphs: list, folds: int, seed: int) -> tuple[np.ndarray, list[n
 def retrain(ledger, registry, *, folds: int = 5, force: bool = False, seed: int = 0,
             max_iter: int = 200, progress: bool = False, log=print) -> dict:
     """Train, cross-validate, compare with the serving model on rows neither was trained on,
-    store, maybe promote, and write the calibration of the predictor that now serves."""
+    store, maybe promote, and write the calibration of the predictor that now serves; under
+    the registry's lock, so that what serves cannot change meanwhile."""
     registry.check_writable()
+    with registry.lock():
+        return _retrain(ledger, registry, folds=folds, force=force, seed=seed, max_iter=max_iter,
+                        progress=progress, log=log)
+
+
+def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -> dict:
     ledger.check_writable()
     ts = training_set(ledger)
     n = len(ts.X)

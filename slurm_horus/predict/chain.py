@@ -17,7 +17,7 @@ from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction, Worklo
 from slurm_horus.predict.gpus import GPU
 from slurm_horus.predict.history import HistoryPredictor, current_user
 from slurm_horus.predict.learned import LearnedEstimator
-from slurm_horus.predict.registry import CALIBRATION_FILE, Registry
+from slurm_horus.predict.registry import CALIBRATION_FILE, MAX_SMALL_JSON, Registry
 from slurm_horus.errors import CONTROL_CHARS
 
 QUANTILES = ("0.9", "0.95", "0.99")
@@ -92,7 +92,7 @@ def choose_predictor(model_dir=None) -> PredictorChoice:
     registry = Registry(model_dir)
     choice = _choose(registry)
     try:
-        stored = registry.load_json(CALIBRATION_FILE)
+        stored = registry.load_json(CALIBRATION_FILE, max_bytes=MAX_SMALL_JSON)
         if stored is not None:
             choice.calibration = Calibration(stored, registry.serving())
     except HorusError as e:

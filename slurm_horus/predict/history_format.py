@@ -17,6 +17,11 @@ FORMAT_VERSION = 1
 TIERS = ("exact", "graph", "family", "user")
 MAX_MIB = 2.0**24        # 16 TiB: anything above is not a measurement
 MAX_LOG_RATIO = math.log(20.0)
+MAX_COUNT = 10**12        # runs or users: a count past any site's (a huge one overflowed a weight)
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_COUNT
 
 
 def read_history(d, source: str = "history") -> dict:
@@ -99,7 +104,7 @@ def check_run(r, what: str, stored: bool = False) -> dict:
             r[k] = _name(r[k])
     if stored:
         for k in ("n", "users"):
-            if not isinstance(r.get(k, 1), int) or r.get(k, 1) < 1:
+            if not _count(r.get(k, 1)):
                 raise HorusError(f"malformed history file ({what}: {k})")
     elif r.get("sha") is not None:
         r["sha"] = _sha(r["sha"])
@@ -112,7 +117,7 @@ def _pools(d) -> dict[str, dict[str, dict]]:
         out[_name(gpu)] = {}
         for name, p in _dict(v).items():
             p = _dict(p)
-            if not isinstance(p.get("n"), int) or p["n"] < 1:
+            if not _count(p.get("n")):
                 raise HorusError("malformed history file (pool count)")
             out[gpu][_name(name)] = {
                 "mem_log_ratio": _number(p["mem_log_ratio"], -MAX_LOG_RATIO, MAX_LOG_RATIO,
@@ -124,7 +129,7 @@ def _pools(d) -> dict[str, dict[str, dict]]:
 
 def _offset(o) -> dict:
     o = _dict(o)
-    if not isinstance(o.get("n"), int) or o["n"] < 1:
+    if not _count(o.get("n")):
         raise HorusError("malformed history file (offset count)")
     return {"mem_mib": _number(o["mem_mib"], -MAX_MIB, MAX_MIB, "memory offset"),
             "util_pp": _number(o["util_pp"], -100.0, 100.0, "utilization offset"), "n": o["n"]}

@@ -20,6 +20,7 @@ and the files must be owned by root or the reader and not writable by group or o
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import hmac
 import json
@@ -42,6 +43,7 @@ VERSION_RE = re.compile(r"v(\d{4,})")  # fullmatch only: with "$", "v0001\n" mat
 HISTORY_FILE = "history.json"
 CALIBRATION_FILE = "calibration.json"
 USERS_DIR = "users"
+MAX_SMALL_JSON = 1 << 20  # current.json, calibration.json: a few kB written; a huge one cost every hsubmit seconds
 KEY_FILE = ".pseudonym-key"
 PSEUDONYM_RE = re.compile(r"u-[0-9a-f]{16}")
 
@@ -61,6 +63,8 @@ def _check_trusted(path: Path, st: os.stat_result, sticky_ok: bool = False) -> N
 class Registry:
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root) if root else default_dir()
+        self._lock_fd: int | None = None
+        self._lock_depth = 0
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -73,13 +77,17 @@ class Registry:
     def state(self) -> dict:
         path = self.root / "current.json"
         try:
-            state = json.loads(self._read(path))
+            data = self._read(path)
+            if len(data) > MAX_SMALL_JSON:
+                raise HorusError(f"{path}: file too large")
+            state = json.loads(data)
         except FileNotFoundError:
             return {"serving": None, "history": []}
         except (OSError, ValueError, RecursionError) as e:
             raise HorusError(f"{path}: unreadable registry state ({type(e).__name__})") from None
         if not (isinstance(state, dict) and "serving" in state
-                and (state["serving"] is None or isinstance(state["serving"], str))
+                and (state["serving"] is None
+                     or (isinstance(state["serving"], str) and VERSION_RE.fullmatch(state["serving"])))
                 and isinstance(state.get("history", []), list)
                 and all(isinstance(v, str) and VERSION_RE.fullmatch(v) for v in state.get("history", []))):
             raise HorusError(f"{path}: not a registry state file")
@@ -100,7 +108,7 @@ class Registry:
             raise HorusError(f"{path}: {e.strerror}") from None
         return LearnedModel.from_json(data, source=str(path))
 
-    def load_json(self, name: str) -> dict | list | None:
+    def load_json(self, name: str, max_bytes: int = MAX_MODEL_BYTES) -> dict | list | None:
         """A registry JSON file's content (None when there is none), under the same trust
         checks as models; its fields are the caller's to check."""
         path = self.root / name
@@ -110,7 +118,7 @@ class Registry:
             return None
         except OSError as e:
             raise HorusError(f"{path}: {e.strerror}") from None
-        if len(data) > MAX_MODEL_BYTES:
+        if len(data) > max_bytes:
             raise HorusError(f"{path}: file too large")
         try:
             return json.loads(data)
@@ -192,7 +200,38 @@ class Registry:
             finally:
                 os.unlink(tmp)
 
+    def lock(self):
+        """The registry's changes one at a time (retrain, promote, rollback): a retrain that
+        read the serving version before another promoted wrote bounds for a model no longer
+        serving. Re-entrant within this Registry; another holder is an error, not a wait."""
+        registry = self
+
+        class _Lock:
+            def __enter__(self):
+                if registry._lock_depth == 0:
+                    registry._make_root()
+                    fd = os.open(registry.root / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        os.close(fd)
+                        raise HorusError(f"model registry {registry.root}: another retrain, promote "
+                                         "or rollback is running; try again when it ends") from None
+                    registry._lock_fd = fd
+                registry._lock_depth += 1
+
+            def __exit__(self, *exc):
+                registry._lock_depth -= 1
+                if registry._lock_depth == 0:
+                    os.close(registry._lock_fd)
+                    registry._lock_fd = None
+        return _Lock()
+
     def promote(self, version: str) -> None:
+        with self.lock():
+            self._promote(version)
+
+    def _promote(self, version: str) -> None:
         self.load(version)  # refuse to serve a file that does not load
         state = self.state()
         history = list(state.get("history", []))
@@ -203,6 +242,10 @@ class Registry:
 
     def rollback(self) -> str:
         """Serve the previously serving version again."""
+        with self.lock():
+            return self._rollback()
+
+    def _rollback(self) -> str:
         state = self.state()
         history = list(state.get("history", []))
         if not history:
@@ -215,8 +258,12 @@ class Registry:
 
     def save_json(self, name: str, obj, mode: int = 0o644) -> None:
         """Replace a registry JSON file atomically (readers see the old or the new file, whole)."""
+        text = json.dumps(obj, separators=(",", ":"))
+        if len(text) > MAX_MODEL_BYTES:  # every reader would refuse it: the old one serves
+            raise HorusError(f"{name}: {len(text) / 2**20:.0f} MiB, over the {MAX_MODEL_BYTES >> 20} MiB "
+                             "readers take; not replaced")
         self._make_root()
-        os.replace(self._write_temp(json.dumps(obj, separators=(",", ":")), mode), self.root / name)
+        os.replace(self._write_temp(text, mode), self.root / name)
 
     def pseudonyms(self, users) -> dict[str, str]:
         """{name: pseudonym} of ``users`` under the registry's key (made on first use, root's
@@ -226,6 +273,7 @@ class Registry:
         out = {u: "u-" + hmac.new(key, u.encode(), hashlib.sha256).hexdigest()[:16] for u in users}
         folder = self.root / USERS_DIR
         create_site_dirs(folder)
+        os.chmod(folder, 0o711)  # each user opens their own file; nobody lists who has one
         for old in os.listdir(folder):  # a user gone: their uid may be someone else's next
             if old not in out and not old.startswith("."):
                 (folder / old).unlink(missing_ok=True)
