@@ -111,6 +111,7 @@ def test_registry_changes_one_at_a_time_and_files_readers_take(tmp_path):
     huge current.json or calibration.json is refused, not parsed by every hsubmit."""
     root = tmp_path / "models"
     a, b = Registry(root), Registry(root)
+    a.save_json("x.json", {})  # a registry there: the lock guards it
     with a.lock(), a.lock():  # re-entrant in one Registry
         with pytest.raises(HorusError, match="another retrain, promote or rollback is running"):
             b.promote("v0001")
@@ -132,6 +133,15 @@ def test_registry_changes_one_at_a_time_and_files_readers_take(tmp_path):
     with pytest.raises(HorusError, match="readers take; not replaced"):
         a.save_json("history.json", {"x": "y" * (65 << 20)})
     assert not root.joinpath("history.json").exists()
+    # a mistyped registry path is not made one by a failed promote; a FIFO at .lock is no wait
+    none = Registry(tmp_path / "typo" / "models")
+    with pytest.raises(HorusError, match="nothing to roll back"):
+        none.rollback()
+    assert not (tmp_path / "typo").exists()
+    (root / ".lock").unlink()
+    os.mkfifo(root / ".lock")
+    with pytest.raises(HorusError, match=r"\.lock: "):  # one line (ENXIO), never a wait
+        a.rollback()
 
 
 def test_a_registry_readers_would_refuse_is_refused_before_training(tmp_path):

@@ -122,7 +122,11 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
     res = do_retrain(ledger, registry, folds=folds, force=force, seed=seed,
                      max_iter=max_iter, progress=sys.stderr.isatty() and not as_json,
                      log=lambda m: click.echo(m, err=True))
-    res["history"] = export_history(ledger, registry)
+    try:  # the model is stored (and maybe serving): a history not refreshed is a warning
+        res["history"] = export_history(ledger, registry)
+    except HorusError as e:
+        res["history"] = None
+        click.echo(f"horus-admin retrain: warning: history not refreshed: {e}", err=True)
     if as_json:
         print_json(res)
         return

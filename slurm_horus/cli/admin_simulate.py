@@ -176,7 +176,7 @@ def register(main_group: click.Group) -> None:
     @click.option("--plot", is_flag=False, flag_value="-", default=None, metavar="[FILE.png|-]",
                   help="The policies side by side per metric: in the terminal (no file, or -), "
                        "else into FILE.png (needs matplotlib: pip install 'slurm-horus[plot]').")
-    @one_line_errors("horus-admin simulate", needs_stdout=lambda o: o.get("plot") in (None, "-"))
+    @one_line_errors("horus-admin simulate", needs_stdout=True)  # the table, a plot beside it
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
                      sacct, ledger, residuals_from, seed, load, sigma_util, sigma_mem, repeat_share,
                      sensitivity_sigma, known_sensitivity, history_lag, no_history,

@@ -100,7 +100,8 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
 @click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
               help="Ledger database URL (default $HORUS_LEDGER_URL or the site ledger); "
               "opened read-only.")
-@one_line_errors("hacct", needs_stdout=lambda o: o.get("plot") in (None, "-"))  # a PNG is the answer
+@one_line_errors("hacct", needs_stdout=lambda o: o.get("plot") in (None, "-") or o.get("summary")
+                 or (o.get("fmt") or "").strip().lower() == "help")  # else a PNG is the answer
 def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsable2, parsable,
          allocations, noheader, as_json, summary, plot, under_claims, clusters, allclusters, url):
     """Predicted vs actual GPU use of jobs (sacct-style)."""

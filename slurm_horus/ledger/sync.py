@@ -88,8 +88,8 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     now = time.time()
     local = slurm.local_cluster()  # sacct's cluster: whose progress this sync keeps
     if local is None:  # slurmctld away: its nodes' GPU types too; the next run syncs
-        raise HorusError("Slurm does not name this cluster (scontrol show config gave no "
-                         "ClusterName): nothing synced")
+        raise HorusError("Slurm does not name this cluster (scontrol show config failed or "
+                         "gave no ClusterName): nothing synced")
     if since is None:
         last = last_sync(ledger, local)
         since = last - 300 if last is not None else now - 86400

@@ -208,9 +208,16 @@ class Registry:
 
         class _Lock:
             def __enter__(self):
-                if registry._lock_depth == 0:
-                    registry._make_root()
-                    fd = os.open(registry.root / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+                if registry._lock_depth == 0 and registry.root.is_dir():  # none: nothing to change
+                    path = registry.root / ".lock"
+                    try:  # never a FIFO's wait, never through a link
+                        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+                    except OSError as e:
+                        raise HorusError(f"{path}: {e.strerror or e}") from None
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                        os.close(fd)
+                        raise HorusError(f"{path}: not a lock file the registry made: remove it")
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
@@ -222,7 +229,7 @@ class Registry:
 
             def __exit__(self, *exc):
                 registry._lock_depth -= 1
-                if registry._lock_depth == 0:
+                if registry._lock_depth == 0 and registry._lock_fd is not None:
                     os.close(registry._lock_fd)
                     registry._lock_fd = None
         return _Lock()

@@ -38,6 +38,8 @@ def _one_line_errors(fn):
             return fn(*args)
         except ps.PyslurmError as e:
             raise HorusError(f"pyslurm {fn.__name__}: {e}") from None
+        except Exception as e:  # its parsers too (a Gres count Slurm writes as 1K was a ValueError)
+            raise HorusError(f"pyslurm {fn.__name__}: {type(e).__name__}: {str(e)[:200]}") from None
     return inner
 
 
