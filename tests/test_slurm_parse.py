@@ -104,6 +104,15 @@ def test_parse_gres_forms():
     assert sp.parse_gres("(null)") == [] and sp.parse_gres(None) == []
 
 
+def test_parse_gres_count_suffix():
+    """Slurm prints a count that is a multiple of 1024 as nK/nM (gres.c, _get_suffix): four GPUs
+    of 256 shards read as one shard made the queue loop never pack that type."""
+    got = sp.parse_gres("gpu:a100:4,shard:a100:1K")
+    assert [g["count"] for g in got] == [4, 1024] and got[1]["type"] == "a100"
+    assert sp.parse_gres("shard:2M(IDX:0)")[0]["count"] == 2 * 1024 ** 2
+    assert sp.parse_gres("gpu:3090:4")[0] == {"name": "gpu", "type": "3090", "count": 4, "idx": None}
+
+
 def test_squeue_json_gres_detail():
     jobs = {int(j["JobId"]): j for j in sp.squeue_json_records(out("squeue_json"))}
     shard, gpu = jobs[IDS["running_shard_job"]], jobs[IDS["running_gpu_job"]]

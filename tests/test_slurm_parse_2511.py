@@ -4,6 +4,8 @@ tests/cluster/record_fixtures.py in tests/fixtures/slurm-25.11 (job ids from its
 import json
 from pathlib import Path
 
+import pytest
+
 from slurm_horus.slurm import parse as sp
 
 FIX = Path(__file__).parent / "fixtures" / "slurm-25.11"
@@ -122,3 +124,29 @@ def test_slurmdbd_settings_are_read_from_25_11s_sacctmgr_too():
     dbd = sp.parse_slurmdbd_config(text)
     assert dbd["PrivateData"] == "none" and dbd["SLURMDBD_VERSION"].startswith("25.11")
     assert "SLURM_VERSION" not in dbd
+
+
+def test_auto_backend_falls_back_to_the_cli_when_pyslurm_will_not_load(monkeypatch, tmp_path):
+    """A pyslurm built for this Slurm whose libslurm is gone had been chosen anyway: every
+    command then failed although the CLI worked. Forced, it is still pyslurm (and one line)."""
+    import sys
+
+    from slurm_horus.errors import HorusError
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm import pyslurm_backend
+
+    broken = tmp_path / "pyslurm"
+    broken.mkdir()
+    (broken / "version.py").write_text('__version__ = "25.11.0"\n')
+    (broken / "__init__.py").write_text(
+        'raise ImportError("libslurm.so.43: cannot open shared object file")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pyslurm", raising=False)
+    monkeypatch.setattr(slurm, "slurm_version", lambda: "25.11.7")
+    monkeypatch.setattr(slurm, "_chosen", {})
+    monkeypatch.setenv("HORUS_SLURM_BACKEND", "auto")
+    assert slurm._pyslurm_version() == "25.11.0" and slurm.backend() == "cli"
+    monkeypatch.setenv("HORUS_SLURM_BACKEND", "pyslurm")
+    assert slurm.backend() == "pyslurm"
+    with pytest.raises(HorusError, match="pyslurm does not import .*libslurm.so.43"):
+        pyslurm_backend.nodes()

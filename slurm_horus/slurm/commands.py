@@ -5,8 +5,8 @@
 * ``pyslurm``: Slurm's C API through pyslurm (``pyslurm_backend``), no process per query.
 
 ``HORUS_SLURM_BACKEND=cli|pyslurm`` picks one; unset (or ``auto``), pyslurm is used when it is
-installed and built for the Slurm the tools on PATH report (pyslurm X.Y pairs with Slurm X.Y and
-fails in odd ways on any other), else the CLI. Both give nodes and partitions in scontrol's
+installed, built for the Slurm the tools on PATH report (pyslurm X.Y pairs with Slurm X.Y and
+fails in odd ways on any other) and loads, else the CLI. Both give nodes and partitions in scontrol's
 record shape. Accounting is always sacct's (pyslurm has no GPU usage), running jobs squeue's
 (``parse.squeue_json_records``: what root acts on) and submission sbatch's (every option exact).
 """
@@ -98,6 +98,11 @@ def backend() -> str:
         major = ".".join(slurm_version().split(".")[:2])
         if have and have.startswith(major + "."):
             got = "pyslurm"
+            if want == "auto":
+                try:
+                    pyslurm_backend.load()
+                except HorusError:  # built for this Slurm but will not load (libslurm gone)
+                    got = "cli"
         elif want == "pyslurm":
             raise HorusError(f"HORUS_SLURM_BACKEND=pyslurm: "
                              f"{'pyslurm ' + have if have else 'no pyslurm'} installed, Slurm is "

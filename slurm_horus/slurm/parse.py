@@ -93,6 +93,10 @@ def _split_gres(text: str) -> list[str]:
     return [x.strip() for x in out if x.strip()]
 
 
+# Slurm writes a count that is a multiple of 1024 with a suffix (gres.c, _get_suffix): 1K = 1024
+_GRES_COUNT = re.compile(r"([0-9]+)([KMGTP]?)")
+
+
 def parse_gres(text: str | None) -> list[dict]:
     """``gpu:a100:4,shard:a100:400`` / ``shard:30(IDX:0)`` / ``gres:gpu:1`` ->
     [{name, type, count, idx}].  idx: the GPU indices of ``(IDX:0-1,3)``, or of a shared gres's
@@ -111,8 +115,9 @@ def parse_gres(text: str | None) -> list[dict]:
             fields[0] = fields[0].split("/", 1)[1]
         name, gtype, count = fields[0], None, 1
         rest = fields[1:]
-        if rest and rest[-1].isascii() and rest[-1].isdigit():
-            count = int(rest.pop())
+        if rest and _GRES_COUNT.fullmatch(rest[-1]):
+            digits, suffix = _GRES_COUNT.fullmatch(rest.pop()).groups()
+            count = int(digits) * 1024 ** "_KMGTP".index(suffix or "_")
         if rest:
             gtype = rest[0]
         idx = None

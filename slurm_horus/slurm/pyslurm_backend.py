@@ -21,7 +21,8 @@ import functools
 from slurm_horus.errors import HorusError
 
 
-def _ps():
+def load():
+    """The pyslurm module, imported on first use (it initialises libslurm)."""
     try:
         import pyslurm
     except Exception as e:  # a broken build or a missing libslurm: say so in one line
@@ -33,7 +34,7 @@ def _one_line_errors(fn):
     """pyslurm's RPC errors as HorusError (callers print one line, never a traceback)."""
     @functools.wraps(fn)
     def inner(*args):
-        ps = _ps()
+        ps = load()
         try:
             return fn(*args)
         except ps.PyslurmError as e:
@@ -51,7 +52,7 @@ def _gres_text(gres: dict) -> str:
 @_one_line_errors
 def nodes() -> list[dict]:
     out = []
-    for n in _ps().Nodes.load().values():
+    for n in load().Nodes.load().values():
         out.append({"NodeName": n.name, "Gres": _gres_text(n.configured_gres or {}),
                     "Partitions": ",".join(n.partitions or []),
                     "AvailableFeatures": ",".join(n.available_features or []),
@@ -63,4 +64,4 @@ def nodes() -> list[dict]:
 def partitions() -> list[dict]:
     return [{"PartitionName": p.name, "Default": "YES" if p.is_default else "NO",
              "Nodes": p.nodes or "", "_details": []}
-            for p in _ps().Partitions.load().values()]
+            for p in load().Partitions.load().values()]
