@@ -281,7 +281,8 @@ def test_sync_keeps_each_clusters_progress_never_goes_back_and_asks_a_day_at_a_t
     """One ledger, several clusters: each one's sync kept the ledger's one last_sync and open
     jobs, so a second cluster's sync moved the first's window past jobs it never asked for and
     dropped its running jobs; a backfill (-S/-E of last year) set the next window to a year;
-    a long window was asked in one piece (all of it in memory, failing for good)."""
+    a long window was asked in one piece (all of it in memory, failing for good); then the
+    day windows each asked sacct for the carried jobs and replayed the spool."""
     import time as _time
 
     from slurm_horus.ledger import Ledger
@@ -314,8 +315,13 @@ def test_sync_keeps_each_clusters_progress_never_goes_back_and_asks_a_day_at_a_t
     assert sync_mod.last_sync(L, "alpha") == alpha and sync_mod._open_jobs(L, "alpha") | sync_mod._open_jobs(L, "beta") == {("alpha", 700), ("beta", 700)}
     assert by_id == [[700]]  # alpha's own open job, asked of alpha's sacct
     windows.clear()
+    by_id.clear()
+    replays, replay = [], L.spool.replay
+    monkeypatch.setattr(L.spool, "replay", lambda ledger: replays.append(1) or replay(ledger))
     sync_mod.sync(L, since=now - 3 * 86400 - 5, until=now)
     assert [round(u - s) for _, s, u in windows] == [86400, 86400, 86400, 5]
+    assert by_id == [[700]] and replays == [1]  # once a sync, not once a day
+    assert sync_mod._open_jobs(L, "alpha") == {("alpha", 700)}
     assert windows[0][1] == now - 3 * 86400 - 5 and windows[-1][2] == now
     windows.clear()
     sync_mod.sync(L, since=_time.time() - 60, until=_time.time() + 365 * 86400)  # nothing ends ahead

@@ -28,8 +28,8 @@ from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
 MAX_OPEN_JOBS = 5000
 SYNC_CHUNK_S = 86400  # sacct is asked a day at a time: a long outage's window, whole, held every
 #                       job of it in memory at once (3.6x its JSON) and, failing, failed forever
-COUNTS = ("jobs_seen", "recorded", "failed_measurements", "claims", "features", "replayed",
-          "quarantined", "skipped", "colocated_updates")
+COUNTS = ("jobs_seen", "recorded", "failed_measurements", "claims", "features",
+          "colocated_updates")
 
 
 def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
@@ -82,14 +82,20 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     The sacct usage row keeps only what accounting said: the jobs row takes the probe's index
     and type where it is null. Co-location (see ``colocations``) uses the index where known.
     """
+    local = None
+    if sacct_json is None:
+        local = slurm.local_cluster()  # sacct's cluster: whose progress this sync keeps
+        if local is None:  # slurmctld away: its nodes' GPU types too; the next run syncs
+            raise HorusError("Slurm does not name this cluster (scontrol show config failed or "
+                             "gave no ClusterName): nothing synced")
+    replay = ledger.spool.replay(ledger)  # the probe's rows first: placement below reads them
+    replayed = {"replayed": replay.applied, "quarantined": replay.quarantined,
+                "skipped": replay.skipped, "problems": replay.problems}
     if sacct_json is not None:
-        return _sync_window(ledger, sacct_json=sacct_json, since=since, until=until,
-                            all_jobs=all_jobs, node_types=node_types, cluster=cluster, local=None)
+        res, _ = _record(ledger, parse_sacct_json(sacct_json), all_jobs=all_jobs,
+                         node_types=node_types, cluster=cluster)
+        return {**res, **replayed}
     now = time.time()
-    local = slurm.local_cluster()  # sacct's cluster: whose progress this sync keeps
-    if local is None:  # slurmctld away: its nodes' GPU types too; the next run syncs
-        raise HorusError("Slurm does not name this cluster (scontrol show config failed or "
-                         "gave no ClusterName): nothing synced")
     if since is None:
         last = last_sync(ledger, local)
         since = last - 300 if last is not None else now - 86400
@@ -97,19 +103,44 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     since = min(since, until)
     if node_types is None:
         node_types = slurm.node_gpu_types()
-    total: dict | None = None
+    # jobs a sync saw unfinished, by id wherever their end falls (slurmdbd may record it late,
+    # outside every later window: such a job was never recorded); asked once, with the first day
+    carried = _open_jobs(ledger, local)
+    extra = [j for j in slurm.accounting_jobs_by_id(sorted({i for _, i in carried}))
+             if (j["cluster"], j["job_id"]) in carried] if carried else []
+    total = {k: 0 for k in COUNTS} | replayed
+    still_open: dict[int, bool] = {}  # job id -> running, over this sync's windows
     start = since
     while True:  # a day at a time, each recorded (and its progress kept) before the next
         end = min(start + SYNC_CHUNK_S, until)
-        res = _sync_window(ledger, sacct_json=None, since=start, until=end, all_jobs=all_jobs,
-                           node_types=node_types, cluster=cluster, local=local)
-        if total is None:
-            total = res
-        else:
-            total.update({k: total[k] + res[k] for k in COUNTS}, problems=total["problems"] + res["problems"])
+        accounted = slurm.accounting_jobs(start, end)
+        have = {(j["cluster"], j["job_id"]) for j in accounted}
+        accounted += [j for j in extra if (j["cluster"], j["job_id"]) not in have]
+        extra = []
+        res, unfinished = _record(ledger, accounted, all_jobs=all_jobs, node_types=node_types,
+                                  cluster=cluster)
+        total.update({k: total[k] + res[k] for k in res})
+        for running, c, i in unfinished:
+            if c == local:
+                still_open[i] = still_open.get(i, False) or running
+        _keep_progress(ledger, local, end, still_open)
         if end >= until:
             return total
         start = end
+
+
+def _keep_progress(ledger, local: str, end: float, still_open: dict[int, bool]) -> None:
+    """Save ``local``'s open jobs and how far its sync has read, each cluster its own (one
+    ledger, several clusters), within one state value's column (MariaDB's TEXT): running jobs
+    first (one user's thousands of pending jobs had pushed them out)."""
+    mine = sorted(still_open, key=lambda i: (still_open[i], i))[-MAX_OPEN_JOBS:]
+    ledger.set_state(f"open_jobs:{local}", json.dumps(sorted(mine), separators=(",", ":")))
+    # never past now: a sync -E in the future had set every later default window's start after
+    # its end, and sacct refused them all; never back: a backfill (-S/-E of last year) had set
+    # the next default window to a year
+    end = min(end, time.time())
+    before = last_sync(ledger, local)
+    ledger.set_state(f"last_sync:{local}", str(int(end if before is None else max(before, end))))
 
 
 def last_sync(ledger, cluster: str) -> float | None:
@@ -122,23 +153,10 @@ def last_sync(ledger, cluster: str) -> float | None:
         return None
 
 
-def _sync_window(ledger, *, sacct_json, since, until, all_jobs, node_types, cluster, local) -> dict:
-    """sync() of one window (or of a sacct dump); ``local``: the cluster sacct answered for."""
+def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster) -> tuple[dict, list]:
+    """Record these accounting rows' finished jobs; returns the counts and (running, cluster,
+    job id) of the unfinished GPU jobs."""
     now = time.time()
-    replay = ledger.spool.replay(ledger)
-    ran_sacct = sacct_json is None
-    if ran_sacct:
-        accounted = slurm.accounting_jobs(since, until)
-        # jobs a sync saw unfinished: by id, wherever their end falls (slurmdbd may record it
-        # late, outside every later window: such a job was never recorded)
-        carried = _open_jobs(ledger, local)
-        if carried:
-            have = {(j["cluster"], j["job_id"]) for j in accounted}
-            accounted += [j for j in slurm.accounting_jobs_by_id(sorted({i for _, i in carried}))
-                          if (j["cluster"], j["job_id"]) in carried
-                          and (j["cluster"], j["job_id"]) not in have]
-    else:
-        accounted = parse_sacct_json(sacct_json)
     if cluster:
         accounted = [j for j in accounted if j["cluster"] == cluster]
     newest: dict[tuple[str, int], dict] = {}
@@ -211,25 +229,12 @@ def _sync_window(ledger, *, sacct_json, since, until, all_jobs, node_types, clus
     ledger.record_runs(subs, records)
     if changed:
         _update_colocated(ledger, changed)
-    if ran_sacct:
-        # each cluster keeps its own (one ledger, several clusters), within one state value's
-        # column (MariaDB's TEXT); running jobs first: one user's thousands of pending jobs
-        # had pushed them out
-        mine = [i for _running, c, i in sorted(set(still_open)) if c == local][-MAX_OPEN_JOBS:]
-        ledger.set_state(f"open_jobs:{local}", json.dumps(sorted(mine), separators=(",", ":")))
-        # never past now: a sync -E in the future had set every later default window's start
-        # after its end, and sacct refused them all; never back: a backfill (-S/-E of last
-        # year) had set the next default window to a year
-        end = min(until or now, now)
-        before = last_sync(ledger, local)
-        ledger.set_state(f"last_sync:{local}", str(int(end if before is None else max(before, end))))
     return {"jobs_seen": len(parsed), "recorded": len(records),
             "failed_measurements": sum(1 for r in records if failed_measurement(
                 r["util_mean"], r["mem_peak_mib"])),
             "claims": sum(1 for s in subs if s["hint"] or s["model_sha256"]),
-            "features": sum(1 for s in subs if s["features"]), "replayed": replay.applied,
-            "quarantined": replay.quarantined, "skipped": replay.skipped,
-            "problems": replay.problems, "colocated_updates": len(changed)}
+            "features": sum(1 for s in subs if s["features"]),
+            "colocated_updates": len(changed)}, still_open
 
 
 def _open_jobs(ledger, cluster: str) -> set[tuple[str, int]]:
