@@ -55,6 +55,7 @@ local DEFAULTS = {
 	pressure_file = "",            -- written by horus-admin queue; "" = off (see load_pressure)
 	pressure_shards = 50,          -- shards a job kept whole for util gets under queue pressure
 	pressure_max_age_s = 180,      -- an older pressure file is stale: no pressure
+	admin_uids = { [0] = true },   -- whose job updates pass unlooked-at (root always; add SlurmUser, operators)
 	pack_heavy = "pressure",       -- pressure: heavy jobs share on types under pressure only;
 	--                                always: on every type (Slurm's LL_SHARED_GRES spreads them)
 	-- slowdown_bound (default 2) and slowdown_tail (default median): horus-admin queue's;
@@ -235,6 +236,14 @@ local function parse_policy(text)
 			elseif key == "pressure_file" then
 				if val == "" or absolute_path(val) then pol.pressure_file = val
 				else bad(key, "need an absolute path, or nothing (off)") end
+			elseif key == "admin_uids" then
+				local ids, ok = { [0] = true }, string.find(val, "^[%d,%s]+$") ~= nil
+				for id in string.gmatch(val, "%d+") do
+					local n = whole_in(id, 0, 4294967294)
+					if n then ids[n] = true else ok = false end
+				end
+				if ok then pol.admin_uids = ids
+				else bad(key, "need numeric user ids, comma-separated") end
 			elseif key == "pack_heavy" then
 				if val == "pressure" or val == "always" then pol.pack_heavy = val
 				else bad(key, "need pressure or always") end
@@ -1185,14 +1194,14 @@ local function frozen_update(job_desc, job_rec)
 	return nil
 end
 
--- An update by a user (root's pass): one that changes the hint, or the GPU type of a job
+-- An update by a user (root's and admin_uids' pass): one that changes the hint, or the GPU type of a job
 -- on shards, is refused; one that asks for shards (scontrol update job=.. Gres=shard:N)
 -- gets the same raw_shards / claim record treatment as a submission.  Nothing else is
 -- looked at.  Only the GRES fields are written: an AdminComment change by a user would
 -- make Slurm deny the whole update.
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 	local ok, res = pcall(function()
-		if modify_uid == 0 then return slurm.SUCCESS end
+		if modify_uid == 0 or load_policy().admin_uids[modify_uid] then return slurm.SUCCESS end
 		local frozen = job_rec ~= nil and frozen_update(job_desc, job_rec)
 		if frozen then
 			log_info(string.format("horus: update by uid %d refused: %s", modify_uid, frozen))

@@ -582,6 +582,32 @@ def test_users_cannot_change_the_hint_or_the_gpu_type_of_a_shared_job(site):
     assert modify(rt, {"comment": long}, 1002, pol, rec=dict(shared, comment=long))[0] != 0
 
 
+def test_admin_uids_update_jobs_as_root_does(site):
+    """Only uid 0's updates passed: an operator (or SlurmUser) moving a shared job off a
+    draining partition was refused as a user would be. admin_uids lists them; the hook and
+    the admin tools read the same values."""
+    from slurm_horus.slurm.policy import ignored_policy_lines, policy_values
+
+    rt = HookRuntime(HOOK)
+    shared = {"comment": "horus:v1;a100=30/4000/12000", "tres_per_node": "gres:shard:34",
+              "features": "a100", "partition": "gpu"}
+    move = {"partition": "other", "features": "t4"}
+    text = "raw_shards = whole\nadmin_uids = 450, 64030\n"
+    pol = site(text)
+    for uid in (450, 64030, 0):
+        assert modify(rt, move, uid, pol, rec=shared) == (0, move), uid
+        assert modify(rt, {"tres_per_node": "gres:shard:1"}, uid, pol)[1] == {"tres_per_node": "gres:shard:1"}
+    assert modify(rt, move, 1002, pol, rec=shared)[0] != 0
+    assert modify(rt, {"tres_per_node": "gres:shard:1"}, 1002, pol)[1] == {"tres_per_node": "gres:gpu:1"}
+    assert policy_values(text)["admin_uids"] == "450, 64030"
+    # names (the hook cannot resolve them) or a uid past 32 bits: the line is ignored, root only
+    for bad in ("admin_uids = slurm\n", "admin_uids = 4294967295\n", "admin_uids =\n"):
+        pol = site("raw_shards = whole\n" + bad, name="bad.conf")
+        assert modify(rt, move, 450, pol, rec=shared)[0] != 0, bad
+        assert modify(rt, move, 0, pol, rec=shared)[0] == 0, bad
+        assert [k for _, k, _ in ignored_policy_lines(bad)] == ["admin_uids"], bad
+
+
 # --------------------------------------------------------------------------- policy_value
 
 def test_policy_value_reads_what_the_hook_reads(site, tmp_path):
