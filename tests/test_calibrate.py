@@ -312,6 +312,14 @@ def test_gpu_type_from_device_name():
     assert gpu_type_of("NVIDIA H200") == "h200"
     with pytest.raises(HorusError, match="--gpu-type"):
         gpu_type_of("Imaginary GPU 9000")
+    assert gpu_type_of("Imaginary GPU 9000", "a100-40gb") == "a100-40gb"  # the only way to name it
+    # --gpu-type names what the device is, never another GPU: an H200's runs had been filed
+    # as an A100's, and the A100 predictions learned from them
+    with pytest.raises(HorusError, match=r"--gpu-type a100-40gb: this device is 'NVIDIA H200' \(h200"):
+        gpu_type_of("NVIDIA H200", "a100-40gb", 143771)
+    with pytest.raises(HorusError, match="not a100-40gb"):  # same architecture, twice the memory
+        gpu_type_of("NVIDIA A100-SXM4-80GB", "a100-40gb", 81050)
+    assert gpu_type_of("NVIDIA A100-SXM4-80GB", "a100-pcie-80gb", 81050) == "a100-pcie-80gb"
 
 
 def test_cli_errors_are_one_line(tmp_path):

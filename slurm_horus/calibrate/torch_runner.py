@@ -65,21 +65,38 @@ def nvml_id(torch, index: int) -> str:
     return visible[index] if index < len(visible) else str(index)
 
 
-def gpu_type_of(name: str, override: str | None = None) -> str:
-    """The catalog name of a device name like 'NVIDIA H100 80GB HBM3'."""
+def gpu_type_of(name: str, override: str | None = None, mem_mib: int | None = None) -> str:
+    """The catalog name of a device name like 'NVIDIA H100 80GB HBM3'; ``override`` (--gpu-type)
+    may rename it within what the device is (its architecture and, given ``mem_mib``, its
+    memory within 10 %), never file its measurements under another GPU."""
     cat = default_catalog()
+    found = _catalog_entry(name)
     if override:
-        return cat.get(override).name
-    if g := cat.find(name):
-        return g.name
-    key = normalize(name)
-    words = key.split("-")
-    # the longest leading run of words the catalog knows: 'h100-80gb-hbm3' -> 'h100'
-    for n in range(len(words), 0, -1):
-        if g := cat.find("-".join(words[:n])):
-            return g.name
+        want = cat.get(override)
+        if found and found.name != want.name and (
+                found.arch != want.arch
+                or (mem_mib and abs(want.mem_mib - mem_mib) > 0.1 * want.mem_mib)):
+            raise HorusError(f"--gpu-type {override}: this device is {name!r} ({found.name}, "
+                             f"{found.arch}, {mem_mib or found.mem_mib} MiB), not {want.name} "
+                             f"({want.arch}, {want.mem_mib} MiB)")
+        return want.name
+    if found:
+        return found.name
     raise HorusError(f"GPU {name!r} is not in the GPU catalog; pass --gpu-type NAME "
                      f"(known: {', '.join(cat.names())})")
+
+
+def _catalog_entry(name: str):
+    """The catalog's GPU for a device name: the name itself, else the longest leading run of
+    its words the catalog knows ('h100-80gb-hbm3' -> 'h100'); None if none."""
+    cat = default_catalog()
+    if g := cat.find(name):
+        return g
+    words = normalize(name).split("-")
+    for n in range(len(words), 0, -1):
+        if g := cat.find("-".join(words[:n])):
+            return g
+    return None
 
 
 def _out_of_memory(message: str) -> bool:
@@ -104,7 +121,8 @@ class TorchRunner:
             raise HorusError(f"{self.gpu_name}: a MIG instance; NVML gives no utilization per "
                              "instance, and a slice is not its whole GPU's type: calibrate on a "
                              "whole GPU")
-        self.gpu_type = gpu_type_of(self.gpu_name, gpu_type)
+        mem_mib = self.torch.cuda.get_device_properties(self.device.index).total_memory >> 20
+        self.gpu_type = gpu_type_of(self.gpu_name, gpu_type, mem_mib)
         self.specs = model_specs()
         self.seed = seed
 
