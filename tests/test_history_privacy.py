@@ -171,3 +171,36 @@ def test_a_user_gone_from_the_history_loses_their_pseudonym_file(tmp_path):
     reg.pseudonyms(["nobody", "no-such-user-xyz"])
     assert {p.name for p in (tmp_path / "models" / "users").iterdir()} == {"nobody"}
     assert len((tmp_path / "models" / ".pseudonym-key").read_bytes()) == 32
+
+
+def test_history_names_no_model_family_and_the_family_still_answers(tmp_path):
+    """Families are users' model file names ('acquisition-target.onnx'): history.json listed
+    them for every user to read. It names them by salted hashes; a job whose file names one
+    still gets its family's correction, as from the ledger itself."""
+    from slurm_horus.ledger.history_export import build_history
+    from slurm_horus.predict.history import HistoryPredictor
+    from slurm_horus.predict.workload import Workload
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    for jid in range(1, 7):
+        L.record_submission(job_id=jid, cluster="c", user=f"u{jid % 3}", model_sha256=f"{jid % 3:02x}" * 32,
+                            model_path="/m/acquisition-target.onnx", model_family="acquisition-target",
+                            features={n: 1.0 for n in FEATURE_NAMES}, feature_version=FEATURE_VERSION,
+                            workload={"batch_size": 32, "task": "train"},
+                            predictions={"a100-40gb": {"util_pct": 40.0, "mem_mib": 3000.0}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=70.0, util_max=99,
+                       mem_peak_mib=9000.0 + jid, gpu_index=0, state="COMPLETED", elapsed_s=600,
+                       node="n1", gpu_type="a100-40gb", start_time=1700000000, end_time=1700000600)
+    plain = build_history(L)
+    published = build_history(L, pseudonyms=lambda users: {u: f"u-{i:016x}" for i, u in enumerate(users)})
+    assert "acquisition-target" in json.dumps(plain)
+    assert "acquisition" not in json.dumps(published) and published["family_salt"]
+    w = Workload(batch_size=32, task="train")
+
+    def answer(doc, family):
+        h = HistoryPredictor.from_dict(json.loads(json.dumps(doc)))
+        return h.estimate("ff" * 32, "a100-40gb", w, "", 3000.0, 40.0, family, None,
+                          3000.0, 40.0, "cold-start")
+    got = answer(published, "acquisition-target")
+    assert got == answer(plain, "acquisition-target") and got.tier == "family"
+    assert answer(published, "other-model").tier != "family"

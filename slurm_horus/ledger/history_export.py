@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import secrets
 
 from sqlalchemy import and_, func, select, tuple_
 
@@ -22,7 +23,7 @@ from slurm_horus.ledger.training import ROW_ERRORS, completed_run, stored_cold
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.history import HistoryPredictor
-from slurm_horus.predict.history_format import MAX_MIB, check_run
+from slurm_horus.predict.history_format import MAX_MIB, check_run, family_key
 from slurm_horus.predict.learned import LearnedEstimator, input_row
 from slurm_horus.predict.workload import dims_key, workload_from
 
@@ -177,6 +178,12 @@ def build_history(ledger, learned=None, pseudonyms=None) -> dict:
     history = HistoryPredictor().fit(runs).to_dict()
     if pseudonyms is not None:
         history["pseudonymous"] = True
+        salt = secrets.token_hex(8)  # families too: their names are users' model file names
+        history["family_salt"] = salt
+        history["families"] = {gpu: {family_key(salt, f): p for f, p in pools.items()}
+                               for gpu, pools in history["families"].items()}
+        for r in (r for rs in history["graphs"].values() for r in rs):
+            r.pop("family", None)  # a run's family is for the pools alone
     return history
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.history_format import (FORMAT, FORMAT_VERSION, MAX_LOG_RATIO, check_run,
-                                                read_history)
+                                                family_key, read_history)
 from slurm_horus.graph.names import family_of
 from slurm_horus.predict.workload import dims_key
 
@@ -229,6 +229,7 @@ class HistoryPredictor:
         self.users: dict[str, dict[str, dict]] = {}
         self.offsets: dict[str, dict[str, dict]] = {}
         self.margins: dict[str, float] = {}
+        self.family_salt: str | None = None  # families named by history_format.family_key
         self.created = ""
 
     # --- fitting (admin side) ------------------------------------------------------------
@@ -353,7 +354,8 @@ class HistoryPredictor:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "created": self.created,
                 "context_mib": _context(), "graphs": self.graphs, "families": self.families,
-                "users": self.users, "offsets": self.offsets, "margins": self.margins}
+                "users": self.users, "offsets": self.offsets, "margins": self.margins,
+                **({"family_salt": self.family_salt} if self.family_salt is not None else {})}
 
     @classmethod
     def from_dict(cls, d, base=None, user: str | None = None,
@@ -387,6 +389,8 @@ class HistoryPredictor:
             used, tier = [r for r in runs if not _same_setting(r, setting)], "graph"
             est = _graph_estimate(used, workload.task, cold_mem, cold_util, ctx)
         off, cold_off = self.offsets.get(gpu, {}).get(base_name), self.cold_offset(gpu)
+        if family and self.family_salt is not None:
+            family = family_key(self.family_salt, family)
         pools = (("family", self.families.get(gpu, {}).get(family) if family else None, FAMILY_WEIGHT),
                  ("user", self.users.get(gpu, {}).get(user) if user else None, USER_WEIGHT))
         if est is None:

@@ -7,6 +7,7 @@ forged file must fail here, with one line that says why, never deep inside a pre
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 from slurm_horus.errors import HorusError
@@ -20,13 +21,22 @@ MAX_LOG_RATIO = math.log(20.0)
 MAX_COUNT = 10**12        # runs or users: a count past any site's (a huge one overflowed a weight)
 
 
+def family_key(salt: str, family: str) -> str:
+    """How a published history names a model family: a salted hash, so that everyone who reads
+    history.json can look up a family they name (their own file's) but not list the site's
+    (family names are users' model file names: 'acquisition-target-llm')."""
+    return "f-" + hashlib.sha256(f"{salt}:{family}".encode()).hexdigest()[:32]
+
+
 def _count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_COUNT
 
 
 def read_history(d, source: str = "history") -> dict:
     """A history file's content as fit() keeps it: {"created", "graphs", "families", "users",
-    "offsets", "margins"}, each checked; HorusError (naming ``source``) otherwise."""
+    "offsets", "margins", "family_salt"}, each checked; HorusError (naming ``source``)
+    otherwise. family_salt: None where families are named (a file from before they were
+    hashed, or fit()'s own), else the salt of their family_key()s."""
     try:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise HorusError("not a slurm-horus history file")
@@ -42,7 +52,8 @@ def read_history(d, source: str = "history") -> dict:
                 "offsets": {_name(g): {_name(b): _offset(o) for b, o in _dict(v).items()}
                             for g, v in _dict(d["offsets"]).items()},
                 "margins": {t: _number(v, -MAX_LOG_RATIO, MAX_LOG_RATIO, f"margin {t}")
-                            for t, v in _dict(d["margins"]).items() if t in TIERS}}
+                            for t, v in _dict(d["margins"]).items() if t in TIERS},
+                "family_salt": _salt(d.get("family_salt"))}
     except HorusError as e:
         raise HorusError(f"{source}: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -64,6 +75,13 @@ def _list(v) -> list:
 def _name(v) -> str:
     if not isinstance(v, str) or not 0 < len(v) <= 128:
         raise HorusError(f"malformed history file (bad name {str(v)[:40]!r})")
+    return v
+
+
+def _salt(v) -> str | None:
+    if v is not None and not (isinstance(v, str) and 0 < len(v) <= 64
+                              and all(c in "0123456789abcdef" for c in v)):
+        raise HorusError("malformed history file (bad family salt)")
     return v
 
 
