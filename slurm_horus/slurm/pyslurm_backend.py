@@ -10,7 +10,7 @@ is read with the tools:
   AutoDetect=nvml): pyslurm's job statistics carry only CPU, memory and disk, so accounting is
   always read with sacct (``commands.accounting_jobs``).
 
-pyslurm itself is imported (``_ps``) only once ``commands.backend()`` has checked that it
+pyslurm itself is imported (``load``) only once ``commands.backend()`` has checked that it
 matches the running Slurm: an import initialises libslurm.
 """
 
