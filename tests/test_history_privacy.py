@@ -32,16 +32,18 @@ def shared_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _ledger(folder: Path) -> Ledger:
+def _ledger(folder: Path, users=USERS * 2, family: str = "resnet50", graphs: int = 2,
+            predicted=(80.0, 5000.0), used=(60.0, 5000.0)) -> Ledger:
+    """Job i (from 1) run by users[i-1], of graph i % graphs, every one of ``family``."""
     L = Ledger(f"sqlite:///{folder}/l.db", spool=str(folder / "sp"))
-    for jid, user in enumerate(USERS * 2, 1):
-        L.record_submission(job_id=jid, cluster="c", user=user, model_sha256=f"{jid % 2:02x}" * 32,
-                            model_path="/m/resnet50.onnx", model_family="resnet50",
+    for jid, user in enumerate(users, 1):
+        L.record_submission(job_id=jid, cluster="c", user=user, model_sha256=f"{jid % graphs:02x}" * 32,
+                            model_path=f"/m/{family}.onnx", model_family=family,
                             features={n: 1.0 for n in FEATURE_NAMES}, feature_version=FEATURE_VERSION,
                             workload={"batch_size": 32, "task": "train"},
-                            predictions={"a100-40gb": {"util_pct": 80.0, "mem_mib": 5000.0}})
-        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=60.0, util_max=99,
-                       mem_peak_mib=5000.0 + jid, gpu_index=0, state="COMPLETED", elapsed_s=600,
+                            predictions={"a100-40gb": {"util_pct": predicted[0], "mem_mib": predicted[1]}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=used[0], util_max=99,
+                       mem_peak_mib=used[1] + jid, gpu_index=0, state="COMPLETED", elapsed_s=600,
                        node="n1", gpu_type="a100-40gb", start_time=1700000000, end_time=1700000600)
     return L
 
@@ -181,16 +183,8 @@ def test_history_names_no_model_family_and_the_family_still_answers(tmp_path):
     from slurm_horus.predict.history import HistoryPredictor
     from slurm_horus.predict.workload import Workload
 
-    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
-    for jid in range(1, 7):
-        L.record_submission(job_id=jid, cluster="c", user=f"u{jid % 3}", model_sha256=f"{jid % 3:02x}" * 32,
-                            model_path="/m/acquisition-target.onnx", model_family="acquisition-target",
-                            features={n: 1.0 for n in FEATURE_NAMES}, feature_version=FEATURE_VERSION,
-                            workload={"batch_size": 32, "task": "train"},
-                            predictions={"a100-40gb": {"util_pct": 40.0, "mem_mib": 3000.0}})
-        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=70.0, util_max=99,
-                       mem_peak_mib=9000.0 + jid, gpu_index=0, state="COMPLETED", elapsed_s=600,
-                       node="n1", gpu_type="a100-40gb", start_time=1700000000, end_time=1700000600)
+    L = _ledger(tmp_path, users=[f"u{j % 3}" for j in range(1, 7)], family="acquisition-target",
+                graphs=3, predicted=(40.0, 3000.0), used=(70.0, 9000.0))
     plain = build_history(L)
     published = build_history(L, pseudonyms=lambda users: {u: f"u-{i:016x}" for i, u in enumerate(users)})
     assert "acquisition-target" in json.dumps(plain)
