@@ -150,3 +150,27 @@ def test_auto_backend_falls_back_to_the_cli_when_pyslurm_will_not_load(monkeypat
     assert slurm.backend() == "pyslurm"
     with pytest.raises(HorusError, match="pyslurm does not import .*libslurm.so.43"):
         pyslurm_backend.nodes()
+
+
+def test_auto_backend_reads_with_the_tools_what_pyslurms_parser_cannot(monkeypatch):
+    """pyslurm's Gres parser fails on a count Slurm writes as 1K (1,024 shards a node): every
+    hsubmit of such a site lost its GPU types. Auto mode reads those records with scontrol."""
+    from types import SimpleNamespace
+
+    from slurm_horus.errors import HorusError
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm import pyslurm_backend
+
+    def unparsable():
+        raise ValueError("invalid literal for int() with base 10: '1K'")  # what pyslurm raises
+    fake = SimpleNamespace(PyslurmError=RuntimeError, Nodes=SimpleNamespace(load=unparsable))
+    monkeypatch.setattr(pyslurm_backend, "load", lambda: fake)
+    monkeypatch.setattr(slurm, "backend", lambda: "pyslurm")
+    asked = []
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: asked.append(args) or out("scontrol_show_node"))
+    monkeypatch.setenv("HORUS_SLURM_BACKEND", "auto")
+    nodes = slurm.scontrol_nodes()
+    assert asked == [["scontrol", "show", "node", "-o"]] and {n["NodeName"] for n in nodes} >= {"gpu-a100"}
+    monkeypatch.setenv("HORUS_SLURM_BACKEND", "pyslurm")  # forced: its error, in one line
+    with pytest.raises(HorusError, match="pyslurm nodes: ValueError: invalid literal .*'1K'"):
+        slurm.scontrol_nodes()

@@ -115,15 +115,29 @@ def scontrol_nodes() -> list[dict]:
     """Nodes as ``scontrol show node`` records (NodeName, Gres, Partitions, AvailableFeatures,
     ActiveFeatures, ...), from the chosen backend."""
     if backend() == "pyslurm":
-        return pyslurm_backend.nodes()
+        try:
+            return pyslurm_backend.nodes()
+        except pyslurm_backend.UnreadableRecord:
+            if _forced_pyslurm():
+                raise
     return sp.parse_scontrol_records(run(["scontrol", "show", "node", "-o"]))
 
 
 def scontrol_partitions() -> list[dict]:
     """Partitions as ``scontrol show partition`` records (PartitionName, Default, Nodes)."""
     if backend() == "pyslurm":
-        return pyslurm_backend.partitions()
+        try:
+            return pyslurm_backend.partitions()
+        except pyslurm_backend.UnreadableRecord:
+            if _forced_pyslurm():
+                raise
     return sp.parse_scontrol_records(run(["scontrol", "show", "partition", "-o"]))
+
+
+def _forced_pyslurm() -> bool:
+    """HORUS_SLURM_BACKEND=pyslurm: no fallback (auto mode reads with the tools what pyslurm's
+    parsers cannot)."""
+    return (os.environ.get("HORUS_SLURM_BACKEND") or "").strip().lower() == "pyslurm"
 
 
 def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:

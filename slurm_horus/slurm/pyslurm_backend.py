@@ -30,6 +30,11 @@ def load():
     return pyslurm
 
 
+class UnreadableRecord(HorusError):
+    """pyslurm got Slurm's answer but its own parser failed on it (a Gres count Slurm writes as
+    1K): the tools read the same records."""
+
+
 def _one_line_errors(fn):
     """pyslurm's RPC errors as HorusError (callers print one line, never a traceback)."""
     @functools.wraps(fn)
@@ -40,7 +45,7 @@ def _one_line_errors(fn):
         except ps.PyslurmError as e:
             raise HorusError(f"pyslurm {fn.__name__}: {e}") from None
         except Exception as e:  # its parsers too (a Gres count Slurm writes as 1K was a ValueError)
-            raise HorusError(f"pyslurm {fn.__name__}: {type(e).__name__}: {str(e)[:200]}") from None
+            raise UnreadableRecord(f"pyslurm {fn.__name__}: {type(e).__name__}: {str(e)[:200]}") from None
     return inner
 
 
