@@ -66,9 +66,12 @@ def wait(jid, states, timeout=90):
     raise AssertionError(f"job {jid} not in {states}: {job(jid).get('JobState')}")
 
 
+JOURNAL = f"/tmp/horus-test-queue-{os.getpid()}/oom-requeues.json"  # this run's, not the site's
+
+
 def queue(*args):
     cp = subprocess.run([*ADMIN, "queue", "--json", *args], capture_output=True, text=True,
-                        timeout=120)
+                        timeout=120, env={**os.environ, "HORUS_QUEUE_JOURNAL": JOURNAL})
     assert cp.returncode == 0, cp.stderr
     return [json.loads(x) for x in cp.stdout.splitlines() if x.strip()]
 

@@ -246,6 +246,17 @@ def test_one_changing_pass_at_a_time(tmp_path, monkeypatch):
     assert oct((tmp_path / "run").stat().st_mode & 0o777) == "0o700"
 
 
+def test_the_requeue_journal_outlives_a_reboot(monkeypatch):
+    """It lay beside the lock in /run: a reboot mid-requeue lost it, and the job waited held."""
+    from slurm_horus.cli.admin_queue import _journal_path, _lock_path
+
+    monkeypatch.delenv("HORUS_QUEUE_JOURNAL", raising=False)
+    monkeypatch.delenv("HORUS_QUEUE_LOCK", raising=False)
+    assert _lock_path().startswith("/run/") and _journal_path() == "/var/lib/slurm-horus/oom-requeues.json"
+    monkeypatch.setenv("HORUS_QUEUE_JOURNAL", "/srv/horus/j.json")
+    assert _journal_path() == "/srv/horus/j.json"
+
+
 def test_held_or_waiting_jobs_are_no_load_and_are_left_alone():
     """Four A100s idle and a user's four held jobs: they had made a100 look pressed, so the
     hook packed new heavy jobs and the loop packed another user's waiting job and an

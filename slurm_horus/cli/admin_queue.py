@@ -61,8 +61,7 @@ def register(admin: click.Group) -> None:
         while True:
             try:
                 with pass_lock(dry_run):
-                    # the OOM requeues begun, beside the lock: root's alone
-                    journal = None if dry_run else os.path.join(os.path.dirname(_lock_path()), "oom-requeues.json")
+                    journal = None if dry_run else _journal_path()
                     for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
                                   job_ids=ids, on_error=warn, journal=journal):
                         if as_json:
@@ -115,3 +114,9 @@ def pass_lock(dry_run: bool):
 
 def _lock_path() -> str:
     return os.environ.get("HORUS_QUEUE_LOCK") or "/run/slurm-horus/queue.lock"
+
+
+def _journal_path() -> str:
+    """The OOM requeues begun and not finished: on disk, not in /run beside the lock (a reboot
+    mid-requeue had lost it, and its job waited held for an admin)."""
+    return os.environ.get("HORUS_QUEUE_JOURNAL") or "/var/lib/slurm-horus/oom-requeues.json"

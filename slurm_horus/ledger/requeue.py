@@ -638,7 +638,7 @@ GIVE_UP_S = 600  # a journaled requeue Slurm will not finish is released after t
 
 def journal_read(path: str | None) -> dict:
     """The OOM requeues begun and not finished ({job ref: entry}); {} without one.  Root's own
-    regular file in the lock's root-only folder, read without following a link."""
+    regular file, read without following a link."""
     if not path:
         return {}
     try:
