@@ -239,8 +239,9 @@ local function parse_policy(text)
 			elseif key == "admin_uids" then
 				local ids, ok = { [0] = true }, string.find(val, "^[%d,%s]+$") ~= nil
 				for id in string.gmatch(val, "%d+") do
-					local n = whole_in(id, 0, 4294967294)
-					if n then ids[n] = true else ok = false end
+					-- up to 10 digits (directory uids like 1862400001), below NO_VAL: exact doubles
+					local n = #id <= 10 and tonumber(id)
+					if n and n <= 4294967294 then ids[n] = true else ok = false end
 				end
 				if ok then pol.admin_uids = ids
 				else bad(key, "need numeric user ids, comma-separated") end

@@ -159,16 +159,15 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
                 gpu_mem_types: set[str], declared: set[str]) -> list[Problem]:
     """GPU node lines against the policy: shard counts, typing (the node features the policy
     declares in type_features must exist), the policy's GPU memory table."""
-    from slurm_horus.slurm.parse import parse_conf_lines
-    from slurm_horus.slurm.parse import parse_gres
+    from slurm_horus.slurm.parse import gres_count, parse_conf_lines, parse_gres
 
     out = []
     shard_lines: dict[str, int] = {}
     for rec in parse_conf_lines(gres_conf or ""):
         if rec.get("name") == "shard" and rec.get("count") and "file" not in rec:
             for host in _hosts(rec.get("nodename")):
-                if rec["count"].isdigit():
-                    shard_lines[host] = int(rec["count"])
+                if gres_count(rec["count"]) is not None:
+                    shard_lines[host] = gres_count(rec["count"])
     for node in conf.nodes:
         gres = parse_gres(node.get("gres"))
         gpus = [g for g in gres if g["name"] == "gpu"]

@@ -383,3 +383,29 @@ def test_a_file_the_command_may_not_write_is_one_line_not_an_internal_error(tmp_
     assert r.exit_code == 1 and r.output.startswith("prog: error: Is a directory: ") and "internal" not in r.output
     r = CliRunner().invoke(click.command()(write), env={"HORUS_DEBUG": "1"})  # the traceback, as promised
     assert isinstance(r.exception, IsADirectoryError)
+
+
+def test_a_job_that_ends_within_a_caught_up_sync_is_not_carried(tmp_path, monkeypatch):
+    """A sync over several days kept a job running in an early window as open though a later
+    window saw it end: the next sync asked sacct for it again and recorded it twice."""
+    import time as _time
+
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.ledger import sync as sync_mod
+    from slurm_horus.slurm import commands as slurm
+
+    now = _time.time()
+
+    def accounting(since, until):
+        state = "RUNNING" if until < now - 86400 else "COMPLETED"
+        return [{"cluster": "alpha", "job_id": 800, "state": state, "shards": 10, "gpus": None,
+                 "comment": "", "submit_time": 1, "start_time": 2},
+                {"cluster": "alpha", "job_id": 801, "state": "RUNNING", "shards": 10, "gpus": None,
+                 "comment": "", "submit_time": 1, "start_time": 2}]
+    monkeypatch.setattr(slurm, "accounting_jobs", accounting)
+    monkeypatch.setattr(slurm, "accounting_jobs_by_id", lambda ids: [])
+    monkeypatch.setattr(slurm, "node_gpu_types", lambda: {})
+    monkeypatch.setattr(slurm, "local_cluster", lambda conf=None: "alpha")
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    sync_mod.sync(L, since=now - 3 * 86400, until=now)
+    assert sync_mod._open_jobs(L, "alpha") == {("alpha", 801)}

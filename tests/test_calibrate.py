@@ -315,10 +315,17 @@ def test_gpu_type_from_device_name():
     assert gpu_type_of("Imaginary GPU 9000", "a100-40gb") == "a100-40gb"  # the only way to name it
     # --gpu-type names what the device is, never another GPU: an H200's runs had been filed
     # as an A100's, and the A100 predictions learned from them
-    with pytest.raises(HorusError, match=r"--gpu-type a100-40gb: this device is 'NVIDIA H200' \(h200"):
+    with pytest.raises(HorusError, match=r"--gpu-type a100-40gb: this device, 'NVIDIA H200' \(hopper"):
         gpu_type_of("NVIDIA H200", "a100-40gb", 143771)
     with pytest.raises(HorusError, match="not a100-40gb"):  # same architecture, twice the memory
         gpu_type_of("NVIDIA A100-SXM4-80GB", "a100-40gb", 81050)
+    # by memory where the catalog knows the name in part, or not at all
+    with pytest.raises(HorusError, match=r"GPU type: .*\(65536 MiB\), is not a100-40gb.*--gpu-type"):
+        gpu_type_of("NVIDIA A100-SXM-64GB", None, 65536)
+    for name, override, mib in (("NVIDIA A100-SXM-64GB", "a100", 65536), ("NVIDIA H20", "a100-40gb", 97871)):
+        with pytest.raises(HorusError, match="is not a100-40gb"):
+            gpu_type_of(name, override, mib)
+    assert gpu_type_of("Tesla T4", None, 15109) == "t4"  # ECC on: a little less
     assert gpu_type_of("NVIDIA A100-SXM4-80GB", "a100-pcie-80gb", 81050) == "a100-pcie-80gb"
 
 

@@ -91,6 +91,15 @@ def test_gres_conf_shard_count_and_policy_shards_per_gpu(site):
     (p,) = problems(site)
     assert "Count=150 on gpu-t4" in p.what and "Count=200" in p.fix
     edit(site / "gres.conf", r"Name=shard Count=150", "Name=shard Count=200")
+    # counts with Slurm's suffixes, in either case: 1024 shards on four A100s is 256 a GPU
+    edit(site / "slurm.conf", r"Gres=gpu:a100:4,shard:400", "Gres=gpu:a100:4,shard:1k")
+    edit(site / "gres.conf", r"NodeName=gpu-a100 Name=shard Count=400", "NodeName=gpu-a100 Name=shard Count=1K")
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write("\nshards_per_gpu = 256\n")
+    found = problems(site)
+    assert not [p for p in found if "gpu-a100" in p.what], found
+    edit(site / "slurm.conf", r"shard:1k", "shard:400")
+    edit(site / "gres.conf", r"Count=1K", "Count=400")
     with open(site / "horus_policy.conf", "a") as f:
         f.write("\nshards_per_gpu = 50\n")
     found = problems(site)

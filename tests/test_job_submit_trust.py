@@ -592,16 +592,17 @@ def test_admin_uids_update_jobs_as_root_does(site):
     shared = {"comment": "horus:v1;a100=30/4000/12000", "tres_per_node": "gres:shard:34",
               "features": "a100", "partition": "gpu"}
     move = {"partition": "other", "features": "t4"}
-    text = "raw_shards = whole\nadmin_uids = 450, 64030\n"
+    text = "raw_shards = whole\nadmin_uids = 0000000450, 64030 1862400001\n"
     pol = site(text)
-    for uid in (450, 64030, 0):
+    for uid in (450, 64030, 1862400001, 0):  # a directory's uids have 10 digits
         assert modify(rt, move, uid, pol, rec=shared) == (0, move), uid
         assert modify(rt, {"tres_per_node": "gres:shard:1"}, uid, pol)[1] == {"tres_per_node": "gres:shard:1"}
     assert modify(rt, move, 1002, pol, rec=shared)[0] != 0
     assert modify(rt, {"tres_per_node": "gres:shard:1"}, 1002, pol)[1] == {"tres_per_node": "gres:gpu:1"}
-    assert policy_values(text)["admin_uids"] == "450, 64030"
+    assert policy_values(text)["admin_uids"] == "0000000450, 64030 1862400001"
     # names (the hook cannot resolve them) or a uid past 32 bits: the line is ignored, root only
-    for bad in ("admin_uids = slurm\n", "admin_uids = 4294967295\n", "admin_uids =\n"):
+    for bad in ("admin_uids = slurm\n", "admin_uids = 4294967295\n", "admin_uids =\n",
+                "admin_uids = 00000000450\n", "admin_uids = -450\n"):
         pol = site("raw_shards = whole\n" + bad, name="bad.conf")
         assert modify(rt, move, 450, pol, rec=shared)[0] != 0, bad
         assert modify(rt, move, 0, pol, rec=shared)[0] == 0, bad

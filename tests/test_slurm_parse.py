@@ -111,6 +111,9 @@ def test_parse_gres_count_suffix():
     assert [g["count"] for g in got] == [4, 1024] and got[1]["type"] == "a100"
     assert sp.parse_gres("shard:2M(IDX:0)")[0]["count"] == 2 * 1024 ** 2
     assert sp.parse_gres("gpu:3090:4")[0] == {"name": "gpu", "type": "3090", "count": 4, "idx": None}
+    # slurm.conf and gres.conf take the suffix in either case (gres.c, _get_gres_cnt)
+    assert [g["count"] for g in sp.parse_gres("shard:a100:1k,shard:2m")] == [1024, 2 * 1024 ** 2]
+    assert sp.gres_count("1K") == sp.gres_count("1k") == 1024 and sp.gres_count("1x") is None
 
 
 def test_squeue_json_gres_detail():

@@ -67,23 +67,26 @@ def nvml_id(torch, index: int) -> str:
 
 def gpu_type_of(name: str, override: str | None = None, mem_mib: int | None = None) -> str:
     """The catalog name of a device name like 'NVIDIA H100 80GB HBM3'; ``override`` (--gpu-type)
-    may rename it within what the device is (its architecture and, given ``mem_mib``, its
-    memory within 10 %), never file its measurements under another GPU."""
+    may rename it within what the device is, never file its measurements under another GPU:
+    the type must be of the architecture the name says and, given the device's ``mem_mib``,
+    hold its memory within 10 % (a name the catalog half knows, 'A100-SXM-64GB', is checked
+    by its memory too)."""
     cat = default_catalog()
     found = _catalog_entry(name)
-    if override:
-        want = cat.get(override)
-        if found and found.name != want.name and (
-                found.arch != want.arch
-                or (mem_mib and abs(want.mem_mib - mem_mib) > 0.1 * want.mem_mib)):
-            raise HorusError(f"--gpu-type {override}: this device is {name!r} ({found.name}, "
-                             f"{found.arch}, {mem_mib or found.mem_mib} MiB), not {want.name} "
-                             f"({want.arch}, {want.mem_mib} MiB)")
-        return want.name
-    if found:
-        return found.name
-    raise HorusError(f"GPU {name!r} is not in the GPU catalog; pass --gpu-type NAME "
-                     f"(known: {', '.join(cat.names())})")
+    want = cat.get(override) if override else found
+    if want is None:
+        raise HorusError(f"GPU {name!r} is not in the GPU catalog; pass --gpu-type NAME "
+                         f"(known: {', '.join(cat.names())})")
+    other_arch = found is not None and found.arch != want.arch
+    other_mem = bool(mem_mib) and abs(want.mem_mib - mem_mib) > 0.1 * want.mem_mib
+    if other_arch or other_mem:
+        seen = f"{found.arch}, " if other_arch else ""
+        raise HorusError(f"{'--gpu-type ' + override if override else 'GPU type'}: this device, "
+                         f"{name!r} ({seen}{mem_mib or found.mem_mib} MiB), is not {want.name} "
+                         f"({want.arch}, {want.mem_mib} MiB)"
+                         f"{'' if override else '; pass --gpu-type NAME of what it is'} (a GPU "
+                         f"the catalog lacks: add it, $HORUS_GPU_CATALOG)")
+    return want.name
 
 
 def _catalog_entry(name: str):

@@ -120,6 +120,9 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         res, unfinished = _record(ledger, accounted, all_jobs=all_jobs, node_types=node_types,
                                   cluster=cluster)
         total.update({k: total[k] + res[k] for k in res})
+        for j in accounted:  # a later window's answer is the newer: a job ended meanwhile is not open
+            if j["cluster"] == local and j["state"] and j["state"].split()[0] in FINISHED:
+                still_open.pop(j["job_id"], None)
         for running, c, i in unfinished:
             if c == local:
                 still_open[i] = still_open.get(i, False) or running

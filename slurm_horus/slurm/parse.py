@@ -93,8 +93,15 @@ def _split_gres(text: str) -> list[str]:
     return [x.strip() for x in out if x.strip()]
 
 
-# Slurm writes a count that is a multiple of 1024 with a suffix (gres.c, _get_suffix): 1K = 1024
-_GRES_COUNT = re.compile(r"([0-9]+)([KMGTP]?)")
+# Slurm writes a count that is a multiple of 1024 with a suffix (gres.c, _get_suffix: 1K = 1024)
+# and reads one in either case (slurm.conf, gres.conf Count=)
+_GRES_COUNT = re.compile(r"([0-9]+)([KMGTPkmgtp]?)")
+
+
+def gres_count(text: str) -> int | None:
+    """A GRES count as Slurm reads it ('400', '1K', '2m'), else None."""
+    m = _GRES_COUNT.fullmatch(text.strip())
+    return int(m.group(1)) * 1024 ** "_KMGTP".index((m.group(2) or "_").upper()) if m else None
 
 
 def parse_gres(text: str | None) -> list[dict]:
@@ -115,9 +122,8 @@ def parse_gres(text: str | None) -> list[dict]:
             fields[0] = fields[0].split("/", 1)[1]
         name, gtype, count = fields[0], None, 1
         rest = fields[1:]
-        if rest and _GRES_COUNT.fullmatch(rest[-1]):
-            digits, suffix = _GRES_COUNT.fullmatch(rest.pop()).groups()
-            count = int(digits) * 1024 ** "_KMGTP".index(suffix or "_")
+        if rest and gres_count(rest[-1]) is not None:
+            count = gres_count(rest.pop())
         if rest:
             gtype = rest[0]
         idx = None

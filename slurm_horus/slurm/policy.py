@@ -134,7 +134,7 @@ _POLICY_KEYS = {
     "pressure_max_age_s": _int_in(1, 86400),
     "pack_heavy": _one_of("pressure", "always"),
     "admin_uids": lambda v: bool(re.fullmatch(r"[0-9, \t\r\v\f]+", v))
-    and all(int(i) <= 4294967294 for i in re.findall(r"[0-9]+", v)),
+    and all(len(i) <= 10 and int(i) <= 4294967294 for i in re.findall(r"[0-9]+", v)),
     "slowdown_bound": _decimal_in(1, 10),
     "slowdown_tail": _one_of(*SLOWDOWN_TAILS),
     "underclaim_limit": _int_in(0, 1000000),
