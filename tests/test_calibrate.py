@@ -136,6 +136,24 @@ def test_csv_is_accepted_by_horus_admin_import(tmp_path):
     assert L.count("usage") == 4
 
 
+
+def test_imported_rows_keep_their_graph_when_the_export_cache_is_gone(tmp_path):
+    """Imported rows had no sha: each export hashed the cached ONNX named in the row, so once
+    the calibration's cache was cleaned the rows lost their graph and answered for no job."""
+    import shutil
+
+    from slurm_horus.ledger.history_export import build_history
+
+    out = tmp_path / "calib.csv"
+    calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train", "infer"]), out,
+              sampler_factory=FakeSampler)
+    L = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    import_csv(L, str(out))
+    before = build_history(L)["graphs"]
+    shutil.rmtree(tmp_path / "horus-calibrate-onnx")
+    assert before and build_history(L)["graphs"] == before
+
+
 def test_ledger_rows_match_a_later_import(tmp_path):
     """--ledger imports each row as it is written; importing the CSV afterwards adds nothing."""
     out = tmp_path / "calib.csv"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import random
+import shutil
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -21,6 +23,7 @@ HOOK = REPO / "etc" / "job_submit.lua"
 SHIPPED_POLICY = REPO / "etc" / "horus_policy.conf"
 # Most cases check pinned type choice; the shipped policy's `type_choice = any` has its own tests.
 _ORDER_DIR = Path(tempfile.mkdtemp(prefix="horus-policy-"))
+atexit.register(shutil.rmtree, _ORDER_DIR, True)  # each run had left one in /tmp
 POLICY = _ORDER_DIR / "horus_policy.conf"
 # Never the site's claim record: tests give their own (see tests/test_job_submit_record.py).
 NO_RECORD = _ORDER_DIR / "no-record"

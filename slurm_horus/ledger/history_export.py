@@ -60,7 +60,7 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
             if gpu is None or mem is None or not 0 < float(mem) <= MAX_MIB:
                 continue
             wk = workload_from(w)
-            run = {"sha": sha or _file_sha(path, shas), "gpu": gpu.name,
+            run = {"sha": sha or file_sha256(path, shas), "gpu": gpu.name,
                    "bs": wk.batch_size, "task": wk.task, "opt": wk.optimizer,
                    "prec": wk.precision, "mem": float(mem),
                    "util": None if util is None or coloc else min(max(float(util), 0.0), 100.0),
@@ -103,9 +103,10 @@ def _in_chunks(ledger, stmt, jobs, size: int = CHUNK_ROWS):
         last = (rows[-1][0], rows[-1][1])
 
 
-def _file_sha(path: str | None, cache: dict) -> str | None:
-    """sha256 of a model file the admin can read (rows imported before shas were recorded);
-    None for anything but a regular file (a FIFO or /dev/zero had hung every export)."""
+def file_sha256(path: str | None, cache: dict) -> str | None:
+    """sha256 of a model file the admin can read (imports record it; rows imported before
+    they did are hashed at export); None for anything but a regular file (a FIFO or
+    /dev/zero had hung every export)."""
     if not path:
         return None
     if path not in cache:

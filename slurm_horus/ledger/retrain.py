@@ -29,6 +29,7 @@ from slurm_horus.errors import HorusError
 from slurm_horus.textfile import read_text
 from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, extract_features
 from slurm_horus.ledger import failed_measurement
+from slurm_horus.ledger.history_export import file_sha256
 from slurm_horus.ledger.training import training_set, training_units, unit_medians
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
@@ -311,6 +312,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
     catalog = default_catalog()
     subs, usages = [], []
     reports: dict = {}
+    shas: dict = {}  # model path -> sha256 (file_sha256's cache)
     reader = csv.DictReader(_lines(text))
     if not reader.fieldnames:
         raise HorusError(f"{path}: empty CSV")
@@ -389,6 +391,8 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
         gname = gpu.name
         subs.append({"job_id": jid, "cluster": cluster, "user": row.get("user") or None,
                      "model_path": model or None,
+                     # now: a calibration's cached ONNX may be gone by the next export
+                     "model_sha256": report.sha256 if report else file_sha256(model, shas),
                      "model_family": row.get("model_family") or None,
                      "feature_version": FEATURE_VERSION, "features": values,
                      "workload": workload_dict(w),
