@@ -497,3 +497,31 @@ def test_sacct_selection_forms_clusters_accounts_uids_and_left_justified_widths(
     # where Slurm cannot say which cluster this is: every cluster's
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: (_ for _ in ()).throw(slurm.HorusError("no")))
     assert CliRunner().invoke(main, [*q, "-a"]).output == "c|101\nd|101\ne|7\n"
+
+
+def test_a_terminal_narrower_than_the_table_gets_whole_values(url):
+    """rich fitted the table to the terminal: at 80 columns every job id and user read '…'.
+    sacct prints whole values and lets the terminal wrap; so does hacct."""
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    with subprocess.Popen([sys.executable, "-m", "slurm_horus.cli.hacct", *ALL, "--ledger", url],
+                          stdout=follower, stderr=subprocess.PIPE, env=env) as p:
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed its end
+                break
+            if not chunk:
+                break
+            out += chunk
+        p.wait(timeout=60)
+    os.close(leader)
+    text = out.decode()
+    assert p.returncode == 0 and "…" not in text, text
+    assert all(v in text for v in ("101", "alice", "COMPLETED", "01:02:05", "cold-start")), text

@@ -201,7 +201,12 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         if len(first) <= RICH_MAX_ROWS:
             from rich.console import Console
 
-            Console().print(report.rich_table(first, cols, noheader))
+            table, console = report.rich_table(first, cols, noheader), Console()
+            need = console.measure(table, options=console.options.update_width(1 << 16)).maximum
+            if need > console.width:  # whole values, lines the terminal wraps, as sacct's
+                # (fitted, ids and users were cut to '…'); a height too, or a dumb terminal's 80 wins
+                console = Console(width=need, height=console.height)
+            console.print(table)
             return
         rows = chain(first, rows)
     # fixed widths: a pass for the widths, then the lines
