@@ -110,6 +110,20 @@ def test_option_table_matches_sbatch_help():
     assert sa.resolve_long("cpus-per-t") == "cpus-per-task"
 
 
+
+def test_prefixes_22_05_reads_as_one_option_are_that_option():
+    """25.11's options in the one table made --cons (22.05: constraint), --res, --ext, --conta
+    look ambiguous: hsubmit read the value as the script, stopped reading #SBATCH lines after
+    it, and a user's --comment further down was replaced by the hint."""
+    for prefix, name in (("cons", "constraint"), ("res", "reservation"),
+                         ("ext", "extra-node-info"), ("conta", "container")):
+        assert sa.resolve_long(prefix) == name, prefix
+    opts = sa.parse_sbatch_tokens(sa.script_directives(
+        "#!/bin/sh\n#SBATCH --cons a100\n#SBATCH -p a100\n#SBATCH --comment=keepme\nhostname\n").sbatch)
+    assert [sa.last_value(opts, k) for k in ("constraint", "partition", "comment")] == ["a100", "a100", "keepme"]
+    assert sa.resolve_long("cont") is None  # contiguous, container: ambiguous on 22.05 too
+
+
 SCRIPT = """#!/bin/bash
 # a comment
 #SBATCH -p a100 --gres=gpu:1

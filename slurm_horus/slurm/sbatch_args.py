@@ -79,12 +79,23 @@ HORUS_OPTS: dict[str, bool] = {
 }
 
 
+# the options 25.11 added: a prefix 22.05 reads as one option (--cons: constraint) is ambiguous
+# on 25.11 only (consolidate-segments), where sbatch refuses it itself
+SBATCH_2511_OPTS = frozenset({
+    "container-id", "segment", "tres-bind", "autocomplete", "context", "extra",
+    "ntasks-per-tres", "resources", "oom-kill-step", "resv-ports", "spread-segments",
+    "consolidate-segments", "external", "stepmgr"})
+
+
 def resolve_long(name: str) -> str | None:
-    """sbatch's long option for ``name`` (exact, else an unambiguous prefix), or None when
-    unknown or ambiguous (sbatch then fails itself)."""
+    """sbatch's long option for ``name`` (exact, else an unambiguous prefix: among 22.05's
+    options when 25.11's make it ambiguous), or None when unknown or ambiguous (sbatch then
+    fails itself)."""
     if name in SBATCH_LONG_OPTS:
         return name
     hits = [o for o in SBATCH_LONG_OPTS if o.startswith(name)] if name else []
+    if len(hits) > 1:
+        hits = [o for o in hits if o not in SBATCH_2511_OPTS]
     return hits[0] if len(hits) == 1 else None
 
 
