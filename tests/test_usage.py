@@ -156,7 +156,7 @@ def test_sync_recorded_2511_all_and_idempotent(tmp_path):
 
 
 @pytest.mark.parametrize("version", ["slurm", "slurm-25.11"])
-def test_hacct_j_names_an_arrays_tasks_as_sacct_does(tmp_path, version):
+def test_hacct_j_names_an_arrays_tasks_as_sacct_does(tmp_path, version, monkeypatch):
     """A recorded two-task array (one task keeps the array's id, the other has its own):
     sync keeps each task's ArrayJobId, and hacct -j ARRAYID lists both tasks, as sacct -j
     does (it listed only the task whose own id is the array's); a task's own id still names
@@ -183,6 +183,15 @@ def test_hacct_j_names_an_arrays_tasks_as_sacct_does(tmp_path, version):
     assert listed(str(tasks[aid, 1])) == [tasks[aid, 1]]
     r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", str(aid), "-P", "-n", "-o", "JobID,ArrayJobID"])
     assert sorted(r.output.split()) == sorted(f"{t}|{aid}" for t in tasks.values())
+
+    # the task that has the array's id, named ArrayJobId_TaskId, is that task alone (it listed
+    # the whole array, as -j ARRAYID does); the ids come from accounting, here the recording
+    from slurm_horus.slurm import commands as slurm
+
+    (first,) = [t for (_, t), own in tasks.items() if own == aid]
+    monkeypatch.setattr(slurm, "array_task_job_ids", lambda pairs, cluster=None: {p: tasks[p] for p in pairs})
+    assert listed(f"{aid}_{first}") == [aid]
+    assert listed(f"{aid}_{3 - first},{aid}_{first}") == sorted(tasks.values())
 
 
 def test_a_long_job_beside_thousands_lists_at_most_max_colocated(tmp_path):

@@ -124,11 +124,12 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
     cluster = None if every else (names or local)
     ids = [x.split(".")[0] for x in _split(jobs)]
     tasks = [x for x in ids if "_" in x]  # ArrayJobId_TaskId: the ledger keys tasks by their own ids
+    task_ids = []
     if tasks:
         one = cluster if isinstance(cluster, str) or cluster is None else (cluster[0] if len(cluster) == 1 else None)
         if cluster and one is None:
             raise HorusError("-j/--jobs: array tasks are looked up in one cluster: give one -M")
-        ids = [x for x in ids if "_" not in x] + [str(j) for j in _array_tasks(tasks, one)]
+        ids, task_ids = [x for x in ids if "_" not in x], _array_tasks(tasks, one)
     job_ids = [int(x) if x.isascii() and x.isdigit() else -1 for x in ids]
     if not all(0 < j < 2 ** 32 for j in job_ids):  # Slurm's ids are 32-bit
         raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}")
@@ -136,9 +137,9 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
     unknown = sorted(set(state_list) - set(STATE_ABBREV.values()))
     if unknown:
         raise HorusError(f"-s/--state: unknown state {', '.join(unknown)} (e.g. CD, F, TO, CA, OOM)")
-    if starttime is None and not job_ids and not state_list and not summary and plot is None:
+    if starttime is None and not job_ids and not task_ids and not state_list and not summary and plot is None:
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
-    filters = dict(job_ids=job_ids or None, users=[_user_name(u) for u in _split(users)] or None,
+    filters = dict(job_ids=job_ids or None, task_ids=task_ids or None, users=[_user_name(u) for u in _split(users)] or None,
                    accounts=[a.lower() for a in _split(accounts)] or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
@@ -162,7 +163,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         # as sacct where jobs are private: a user's own, whoever else -u names ("" matches no
         # one: -u bob shows none of bob's, never your own under his name)
         filters["users"] = [me] if not asked or me in asked else [""]
-    elif not asked and not allusers and not job_ids and os.geteuid() != 0:
+    elif not asked and not allusers and not job_ids and not task_ids and os.geteuid() != 0:
         filters["users"] = [me]  # as sacct: your own jobs unless -a (or -j: those jobs)
     if summary:
         s = report.summary(ledger, **filters)

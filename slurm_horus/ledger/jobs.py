@@ -243,16 +243,20 @@ def refresh_jobs(conn, keys: Iterable[tuple[str, int]]) -> None:
     upsert(conn, t["jobs"], out, ("cluster", "job_id"))
 
 
-def job_filters(stmt, *, job_ids=None, users=None, accounts=None, states=None, start=None,
-                end=None, cluster=None, submitted_only=False, under_claims=False):
+def job_filters(stmt, *, job_ids=None, task_ids=None, users=None, accounts=None, states=None,
+                start=None, end=None, cluster=None, submitted_only=False, under_claims=False):
     """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window),
-    and hacct's --under-claims."""
-    from sqlalchemy import func, or_
+    and hacct's --under-claims. job_ids: as sacct -j N, an array's id names its tasks too;
+    task_ids: the own ids of tasks named ArrayJobId_TaskId, each that task alone (one task of
+    every array has the array's id)."""
+    from sqlalchemy import false, func, or_
 
     j = tables()["jobs"]
-    if job_ids:  # as sacct -j: an array's id names its tasks too
-        ids = [int(x) for x in job_ids]
-        stmt = stmt.where(or_(j.c.job_id.in_(ids), j.c.array_job_id.in_(ids)))
+    if job_ids or task_ids:
+        ids, exact = [int(x) for x in job_ids or ()], [int(x) for x in task_ids or ()]
+        stmt = stmt.where(or_(j.c.job_id.in_(ids) if ids else false(),
+                              j.c.array_job_id.in_(ids) if ids else false(),
+                              j.c.job_id.in_(exact) if exact else false()))
     if users:
         stmt = stmt.where(j.c.user_name.in_(list(users)))
     if accounts:

@@ -50,7 +50,7 @@ def describe(url: str, filters: dict) -> str:
     """'ledger sqlite:///l.db, user alice, since 2024-05-01 00:00': where the points came from."""
     parts = [f"ledger {mask_url(url)}"]
     for key, name in (("users", "user"), ("accounts", "account"), ("states", "state"),
-                      ("job_ids", "jobs")):
+                      ("job_ids", "jobs"), ("task_ids", "array tasks")):
         vals = filters.get(key)
         if vals:
             s = ",".join(map(str, vals))

@@ -206,13 +206,14 @@ class Ledger:
                     select(t.c.job_id).where(t.c.cluster == cluster, t.c.job_id.in_(chunk)))}
         return found
 
-    def jobs(self, *, job_ids: Iterable[int] | None = None, users: Iterable[str] | None = None,
+    def jobs(self, *, job_ids: Iterable[int] | None = None, task_ids: Iterable[int] | None = None,
+             users: Iterable[str] | None = None,
              accounts: Iterable[str] | None = None, states: Iterable[str] | None = None,
              start: float | None = None, end: float | None = None, cluster: str | None = None,
              submitted_only: bool = False, under_claims: bool = False,
              limit: int | None = None) -> list[dict]:
         """Jobs (submission joined with the best measurement), oldest first, as dicts."""
-        rows = self.iter_jobs(job_ids=job_ids, users=users, accounts=accounts, states=states,
+        rows = self.iter_jobs(job_ids=job_ids, task_ids=task_ids, users=users, accounts=accounts, states=states,
                               start=start, end=end, cluster=cluster, submitted_only=submitted_only,
                               under_claims=under_claims)
         return list(rows if not limit else islice(rows, limit))
