@@ -237,6 +237,13 @@ def test_passthrough_and_errors(workdir):
     e = subprocess.run([*HSUBMIT, "--model", str(bad), "--wrap", "true"], capture_output=True,
                        text=True, cwd=workdir, env={**os.environ, "HORUS_ON_PREDICTION_ERROR": "refuse"})
     assert e.returncode == 1 and e.stdout == "" and "refused" in e.stderr
+    # an empty --model (an unset variable) is a model that cannot be read, not no model: it had
+    # gone unchanged past on_prediction_error = refuse, with no word
+    e = subprocess.run([*HSUBMIT, "--model", "", "--wrap", "true"], capture_output=True,
+                       text=True, cwd=workdir, env={**os.environ, "HORUS_ON_PREDICTION_ERROR": "refuse"})
+    assert e.returncode == 1 and e.stdout == "" and "--model is empty" in e.stderr
+    d = hsubmit(workdir, "--model", "", "--gres=gpu:1", "--wrap", "true")
+    assert "--model is empty" in d.stderr and tres(show(d.stdout.strip())["TresPerNode"]) == "gres:gpu:1"
     # a script file with #SBATCH/#HORUS lines and its own arguments
     script = workdir / "job.sh"
     script.write_text("#!/bin/sh\n#SBATCH --gres=gpu:1 -J fromscript\n#SBATCH --comment=scripted\n"

@@ -70,7 +70,7 @@ def _main(argv: list[str]) -> int:
     for w in plan.warnings:
         sub.warn(w)
     shown = len(plan.warnings)
-    if plan.model and not plan.answers_only and not _predict_or_warn(plan, sub, shown):
+    if plan.model is not None and not plan.answers_only and not _predict_or_warn(plan, sub, shown):
         return 1
     if plan.explain:
         if plan.partition is None:

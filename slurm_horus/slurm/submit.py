@@ -214,8 +214,10 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     from slurm_horus.predict.chain import choose_predictor, predict_for
 
     model = plan.model
-    if not model:
+    if model is None:
         raise HorusError("no --model")
+    if not model.strip():
+        raise HorusError("--model is empty (an unset variable?)")
     if plan.script_unread:  # its #SBATCH lines (a --comment, the partition) are unknown
         raise HorusError(f"script {plan.split.script} could not be read as a regular file before "
                          "sbatch reads it: its #SBATCH lines are unknown, so no hint is attached")
