@@ -525,3 +525,19 @@ def test_a_terminal_narrower_than_the_table_gets_whole_values(url):
     text = out.decode()
     assert p.returncode == 0 and "…" not in text, text
     assert all(v in text for v in ("101", "alice", "COMPLETED", "01:02:05", "cold-start")), text
+
+
+def test_long_options_take_unambiguous_prefixes_and_usage_errors_are_one_line(url):
+    """As sacct (getopt_long): --start, --end, --form; click had refused them, in four lines."""
+    want = CliRunner().invoke(main, ["--ledger", url, "-S", "2000-01-01", "-o", "JobID,State", "-P"])
+    got = CliRunner().invoke(main, ["--led", url, "--start", "2000-01-01", "--end=now",
+                                    "--form", "JobID,State", "--parsable2"])
+    assert got.exit_code == 0 and got.output == want.output and "101|COMPLETED" in got.output
+    for bad, says in ((["--sta", "x"], "No such option '--sta'"),  # --starttime or --state
+                      (["--bogus"], "No such option '--bogus'"), (["-S"], "requires an argument")):
+        r = CliRunner().invoke(main, ["--ledger", url, *bad], prog_name="hacct")
+        assert r.exit_code == 2 and r.output.startswith("hacct: error: ") and says in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    # a value that looks like an option is the option's value, never spelled out
+    r = CliRunner().invoke(main, ["--ledger", url, "-S", "2000-01-01", "-o", "--sta"])
+    assert r.exit_code != 0 and "'--sta'" in r.output and "--state" not in r.output, r.output

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from slurm_horus.cli.common import one_line_errors, print_json
+from slurm_horus.cli.common import Group, one_line_errors, print_json
 from slurm_horus.errors import one_line
 
 MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
                          help="Registry folder (default /var/lib/slurm-horus/models).")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="slurm-horus")
 def main():
     """Administer slurm-horus."""

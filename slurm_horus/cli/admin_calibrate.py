@@ -15,7 +15,7 @@ from slurm_horus.calibrate.orchestrate import calibrate as run_calibration
 from slurm_horus.calibrate.plan import DEFAULT_BATCH_SIZES, DEFAULT_TASKS, plan
 from slurm_horus.calibrate.sampler import BackgroundSampler
 from slurm_horus.calibrate.torch_runner import TorchRunner, check_device, import_torch, require_torch_gpu
-from slurm_horus.cli.common import FiniteFloatRange, one_line_errors
+from slurm_horus.cli.common import Command, FiniteFloatRange, one_line_errors
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.nvml import NvmlSampler
@@ -34,7 +34,7 @@ def _csv_list(value: str | None, what: str, cast=str) -> list:
     return out
 
 
-@click.command("calibrate")
+@click.command("calibrate", cls=Command)
 @click.option("--out", "out", type=click.Path(dir_okay=False),
               help="CSV to write the rows to (the `horus-admin import` format; an existing file "
                    "only with --resume); required to run.")

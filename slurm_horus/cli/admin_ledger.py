@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from slurm_horus.cli.common import one_line_errors, parse_time, print_json
+from slurm_horus.cli.common import Command, one_line_errors, parse_time, print_json
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.history_export import export_history
@@ -40,7 +40,7 @@ def _regular_file(value, name: str):
     return value
 
 
-@click.command("sync")
+@click.command("sync", cls=Command)
 @LEDGER
 @click.option("-S", "--since", help="Window start (default: 5 minutes before the last sync, else 1 day ago).")
 @click.option("-E", "--until", help="Window end (default now).")
@@ -99,7 +99,7 @@ def sync(url, since, until, all_jobs, from_file, policy, model_dir, history, as_
         click.echo(_history_line(res["history"]))
 
 
-@click.command("retrain")
+@click.command("retrain", cls=Command)
 @LEDGER
 @MODEL_DIR
 @click.option("--import", "import_csv", type=click.Path(dir_okay=False),
@@ -163,7 +163,7 @@ def _history_line(h: dict) -> str:
             f"to {h.get('path')}")
 
 
-@click.command("import")
+@click.command("import", cls=Command)
 @click.argument("csv_file", type=click.Path(dir_okay=False))
 @LEDGER
 @MODEL_DIR

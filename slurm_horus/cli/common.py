@@ -26,6 +26,79 @@ class FiniteFloatRange(click.FloatRange):
         return v
 
 
+class OneLineUsageError(click.UsageError):
+    """A usage error as ``prog: error: ...``, one line (click's own takes four: usage, a hint,
+    a blank line, the error)."""
+
+    def show(self, file=None):
+        prog = self.ctx.command_path if self.ctx else "error"
+        click.echo(f"{prog}: error: {one_line(self.format_message())} (see {prog} --help)", err=True)
+
+
+class Command(click.Command):
+    """click.Command with one-line usage errors and, as getopt_long (sacct, sbatch), long
+    options abbreviated to any unambiguous prefix (hacct --start, --end, --form)."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, _expand_prefixes(self.get_params(ctx), args))
+        except OneLineUsageError:
+            raise
+        except click.UsageError as e:
+            raise OneLineUsageError(e.format_message(), e.ctx or ctx) from None
+
+
+class Group(click.Group):
+    """click.Group whose usage errors are one line, and whose commands and groups are these."""
+
+    command_class = Command
+    group_class = type  # subgroups: this class
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except OneLineUsageError:
+            raise
+        except click.UsageError as e:
+            raise OneLineUsageError(e.format_message(), e.ctx or ctx) from None
+
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except OneLineUsageError:
+            raise
+        except click.UsageError as e:
+            raise OneLineUsageError(e.format_message(), e.ctx or ctx) from None
+
+
+def _expand_prefixes(params, args: list[str]) -> list[str]:
+    """``args`` with each long option written as an unambiguous prefix of one option's name
+    spelled out; a value (the token after an option that takes one) is left as it is."""
+    takes_value, owner = {}, {}  # takes_value: True, False, or "optional" (--plot [FILE])
+    for p in params:
+        for o in (*p.opts, *p.secondary_opts):
+            owner[o] = p
+            takes_value[o] = (isinstance(p, click.Option) and not p.is_flag and not p.count
+                              and ("optional" if p._flag_needs_value else True))
+    out, value_next = [], False
+    for i, a in enumerate(args):
+        if value_next is True or (value_next == "optional" and not a.startswith("-")):
+            out.append(a)
+            value_next = False
+            continue
+        if a == "--":
+            return out + args[i:]
+        name, eq, val = a.partition("=")
+        if name.startswith("--") and len(name) > 2 and name not in owner:
+            hits = sorted(o for o in owner if o.startswith(name))
+            if hits and len({id(owner[o]) for o in hits}) == 1:  # --clu: --cluster, --clusters
+                name = hits[0]
+                a = name + eq + val
+        value_next = takes_value.get(name, False) and not eq
+        out.append(a)
+    return out
+
+
 def one_line_errors(prog: str, needs_stdout=False):
     """Turn HorusError (and any unexpected failure) into `prog: error: ...` and an exit code.
     ``needs_stdout`` (True, or a test of the command's options): a command whose answer is its

@@ -15,7 +15,7 @@ from itertools import chain, islice
 
 import click
 
-from slurm_horus.cli.common import one_line_errors, parse_time
+from slurm_horus.cli.common import Command, one_line_errors, parse_time
 
 
 def _split(values) -> list[str]:
@@ -60,7 +60,7 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
     return [found[p] for p in pairs]
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
 @click.option("-u", "--user", "--uid", "users", multiple=True, help="Users or uids (comma-separated).")
 @click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 import click
 
 from slurm_horus.graph.load import parse_dims
-from slurm_horus.cli.common import human, one_line_errors, print_json
+from slurm_horus.cli.common import Group, human, one_line_errors, print_json
 from slurm_horus.errors import one_line
 
 BATCH_HELP = "Bind the batch dimension (symbolic batch-like or leading input dimensions)."
 DIM_HELP = "Bind a symbolic dimension by name, e.g. --dim seq=512 (repeatable)."
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="slurm-horus")
 def main():
     """Predict a deep-learning job's GPU use from its ONNX graph."""

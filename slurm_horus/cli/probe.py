@@ -7,13 +7,13 @@ import sys
 
 import click
 
-from slurm_horus.cli.common import FiniteFloatRange
+from slurm_horus.cli.common import Command, FiniteFloatRange
 
 NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jobs "
             "(slurmd's Prolog runs `horus-probe --prolog`, see docs/ledger.md)")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"],
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"],
                                  "ignore_unknown_options": True})
 @click.option("--prolog", "mode", flag_value="prolog",
               help="From slurmd's Prolog (root): probe $SLURM_JOB_ID's GPUs on this node in the "
