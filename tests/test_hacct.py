@@ -448,7 +448,10 @@ def test_sacct_time_formats_and_default_window(url, monkeypatch):
         for text, year in (("12/01", 2026), ("1201", 2026), ("01/10", 2027), ("0110", 2027)):
             assert real(parse_time(text, "-S")).tm_year == year, text
         monkeypatch.setattr(time, "localtime", real)
-        for bad in ("13/01", "25:00", "2026-13-01", "now-2x", "tomorrow"):
+        # tomorrow, and spaces around the sign and the unit: sacct takes them (parse_time.c)
+        assert parse_time("tomorrow", "-E") == midnight + 86400
+        assert abs(parse_time("now - 2 hours", "-S") - (now - 7200)) < 5
+        for bad in ("13/01", "25:00", "2026-13-01", "now-2x", "tomorrow2"):
             with pytest.raises(HorusError, match="bad time"):
                 parse_time(bad, "-S")
     finally:

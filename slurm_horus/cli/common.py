@@ -186,13 +186,14 @@ def human(n: float, unit: str = "") -> str:
     return str(n)
 
 
-_REL_RE = re.compile(r"^now(?:([+-])(\d+)(seconds?|minutes?|hours?|days?|weeks?|[smhdw])?)?$")
+_REL_RE = re.compile(r"^now(?:\s*([+-])\s*(\d+)\s*(seconds?|minutes?|hours?|days?|weeks?|[smhdw])?)?$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _NAMED = {"today": 0, "midnight": 0, "noon": 12, "fika": 15, "teatime": 16}
 _CLOCK_RE = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\s*([ap]m)?$")
 _DAY_RE = re.compile(r"^(\d{1,2})([/.]?)(\d{1,2})(?:\2(\d{2}(?:\d{2})?))?(?:-(\d{1,2}:\d{2}(?::\d{2})?))?$")
 TIME_FORMATS = ("YYYY-MM-DD[THH[:MM[:SS]]], MM/DD[/YY][-HH:MM[:SS]], MMDD[YY], HH:MM[:SS][AM|PM], "
-                "today, midnight, noon, fika, teatime, now[{+|-}N[seconds|minutes|hours|days|weeks]]")
+                "today, tomorrow, midnight, noon, fika, teatime, "
+                "now[{+|-}N[seconds|minutes|hours|days|weeks]]")
 
 
 def parse_time(s: str | None, what: str) -> int | None:
@@ -226,6 +227,8 @@ def parse_time(s: str | None, what: str) -> int | None:
         t = int(time.time()) + (n if m.group(1) == "+" else -n)
     elif low in _NAMED:
         t = at(today.tm_year, today.tm_mon, today.tm_mday, _NAMED[low])
+    elif low == "tomorrow":  # its midnight (mktime carries the day past the month's end)
+        t = at(today.tm_year, today.tm_mon, today.tm_mday + 1)
     elif s.isascii() and s.isdigit() and len(s) >= 9:
         t = int(s)
     elif c := clock(low):
