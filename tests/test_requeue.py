@@ -257,6 +257,22 @@ def test_the_requeue_journal_outlives_a_reboot(monkeypatch):
     assert _journal_path() == "/srv/horus/j.json"
 
 
+def test_a_journal_left_in_run_by_the_version_before_is_adopted(tmp_path, monkeypatch):
+    """After the upgrade a pass reads the new journal: the requeues the old one named would
+    have waited held."""
+    from slurm_horus.cli.admin_queue import _adopt_legacy_journal
+    from slurm_horus.ledger.requeue import journal_read, journal_set
+
+    monkeypatch.setenv("HORUS_QUEUE_LOCK", str(tmp_path / "run" / "queue.lock"))
+    legacy, new = tmp_path / "run" / "oom-requeues.json", tmp_path / "lib" / "oom-requeues.json"
+    entry = {"job_id": 1795, "tres": "gres/gpu:a100:1", "token": "t", "at": 1.0}
+    journal_set(str(legacy), "1795", entry)
+    _adopt_legacy_journal(str(new))
+    assert journal_read(str(new)) == {"1795": entry} and not legacy.exists()
+    _adopt_legacy_journal(str(new))  # nothing left to adopt
+    assert journal_read(str(new)) == {"1795": entry}
+
+
 def test_held_or_waiting_jobs_are_no_load_and_are_left_alone():
     """Four A100s idle and a user's four held jobs: they had made a100 look pressed, so the
     hook packed new heavy jobs and the loop packed another user's waiting job and an

@@ -62,6 +62,8 @@ def register(admin: click.Group) -> None:
             try:
                 with pass_lock(dry_run):
                     journal = None if dry_run else _journal_path()
+                    if journal:
+                        _adopt_legacy_journal(journal)
                     for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
                                   job_ids=ids, on_error=warn, journal=journal):
                         if as_json:
@@ -114,6 +116,19 @@ def pass_lock(dry_run: bool):
 
 def _lock_path() -> str:
     return os.environ.get("HORUS_QUEUE_LOCK") or "/run/slurm-horus/queue.lock"
+
+
+def _adopt_legacy_journal(journal: str) -> None:
+    """Move the requeues a version before 2026-12-03 journaled beside the lock (in /run) into
+    ``journal``, so that the first pass after an upgrade finishes them too."""
+    from slurm_horus.ledger.requeue import journal_read, journal_set
+
+    legacy = os.path.join(os.path.dirname(_lock_path()), "oom-requeues.json")
+    if os.path.abspath(legacy) == os.path.abspath(journal) or not os.path.lexists(legacy):
+        return
+    for ref, entry in journal_read(legacy).items():
+        journal_set(journal, ref, entry)
+    os.unlink(legacy)
 
 
 def _journal_path() -> str:
