@@ -152,6 +152,8 @@ def test_imported_rows_keep_their_graph_when_the_export_cache_is_gone(tmp_path):
     before = build_history(L)["graphs"]
     shutil.rmtree(tmp_path / "horus-calibrate-onnx")
     assert before and build_history(L)["graphs"] == before
+    import_csv(L, str(out))  # again, the files gone: the shas read the first time stay
+    assert build_history(L)["graphs"] == before
 
 
 def test_ledger_rows_match_a_later_import(tmp_path):

@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+import click
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -183,3 +184,33 @@ def test_hacct_plot_to_a_file_needs_no_stdout(tmp_path):
     cp = subprocess.run(f"{sys.executable} -m slurm_horus.cli.hacct -a -M all --plot {png} >&-", shell=True,
                         capture_output=True, text=True, timeout=120, env=env)
     assert cp.returncode == 0 and png.stat().st_size > 0, cp.stderr
+
+
+def test_click_usage_errors_one_line_help_whole_and_prefixes_where_getopt_takes_them(tmp_path):
+    """One-line usage errors must not squash a group's help (click 8.2 raises it as a usage
+    error), nor reach into a command's own arguments (horus-probe CMD --job x), and errors a
+    command's body raises are one line too."""
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=60)
+    bare = run("slurm_horus.cli.admin")
+    help_text = bare.stdout + bare.stderr
+    assert help_text.startswith("Usage: ") and "\n  Administer slurm-horus.\n" in help_text
+    assert ", version " in run("slurm_horus.cli.admin", "--vers").stdout  # the group's own options
+    body = run("slurm_horus.cli.admin", "sync", "--ledger", f"sqlite:///{tmp_path}/l.db", "-S", "now",
+               "-E", "now-1hour")
+    (line,) = body.stderr.strip().splitlines()
+    assert body.returncode == 2 and line.endswith(" sync: error: --since is after --until (see "
+                                                  "python -m slurm_horus.cli.admin sync --help)")
+    from slurm_horus.cli import probe
+    from slurm_horus.cli.common import _expand_prefixes
+
+    params = probe.main.get_params(click.Context(probe.main))
+    assert _expand_prefixes(params, ["--int", "3", "echo", "hi", "--job", "x"], stop_at_argument=True) == [
+        "--interval", "3", "echo", "hi", "--job", "x"]
+    from slurm_horus.cli.hacct import main as hacct
+
+    params = hacct.get_params(click.Context(hacct))
+    assert _expand_prefixes(params, ["-Xo", "--allus", "--allus"]) == ["-Xo", "--allus", "--allusers"]

@@ -399,14 +399,20 @@ def test_a_closed_standard_stream_still_submits_the_job(tmp_path, slurm_bin, clo
 
 
 def test_a_script_hsubmit_cannot_read_gets_no_hint_and_keeps_its_comment(tmp_path, slurm_bin):
-    """sbatch reads "--res myres" as --reservation (22.05; 25.11's options make the abbreviation
-    ambiguous here), so hsubmit took "myres" for the script: it read no #SBATCH line and its
-    --comment=<hint> replaced the script's own comment."""
+    """sbatch 22.05 reads "--res myres" as --reservation (25.11's options make the abbreviation
+    ambiguous, and its sbatch refuses it), so hsubmit had taken "myres" for the script: it read
+    no #SBATCH line and its --comment=<hint> replaced the script's own comment. A script it
+    cannot read gets no hint, and keeps its comment."""
     env, log = slurm_bin
     script = tmp_path / "c.sh"
     script.write_text('#!/bin/sh\n#SBATCH -p gpu\n#SBATCH --comment="keep me"\ntrue\n')
     cp = hsubmit(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "2", "--res", "myres",
-                  str(script)], env)
+                  "--gres=gpu:1", str(script)], env)
+    assert cp.returncode == 0, cp.stderr
+    assert any(a.startswith("--comment=keep me horus:v1;") for a in log.read_text().splitlines())
+    log.write_text("")
+    cp = hsubmit(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "2", "--gres=gpu:1",
+                  str(tmp_path / "missing.sh")], env)
     assert cp.returncode == 0 and "no hint is attached" in cp.stderr, cp.stderr
     assert not any(a.startswith("--comment") for a in log.read_text().splitlines())
     # a form feed in a header comment: sbatch's lines end at \n only, and so do hsubmit's now

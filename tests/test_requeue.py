@@ -267,10 +267,16 @@ def test_a_journal_left_in_run_by_the_version_before_is_adopted(tmp_path, monkey
     legacy, new = tmp_path / "run" / "oom-requeues.json", tmp_path / "lib" / "oom-requeues.json"
     entry = {"job_id": 1795, "tres": "gres/gpu:a100:1", "token": "t", "at": 1.0}
     journal_set(str(legacy), "1795", entry)
-    _adopt_legacy_journal(str(new))
-    assert journal_read(str(new)) == {"1795": entry} and not legacy.exists()
-    _adopt_legacy_journal(str(new))  # nothing left to adopt
-    assert journal_read(str(new)) == {"1795": entry}
+    warned = []
+    _adopt_legacy_journal(str(new), warned.append)
+    assert journal_read(str(new)) == {"1795": entry} and not legacy.exists() and not warned
+    _adopt_legacy_journal(str(new), warned.append)  # nothing left to adopt
+    assert journal_read(str(new)) == {"1795": entry} and not warned
+    # one it cannot read is set aside with a warning: it had stopped every pass
+    legacy.write_text('{"12": {"job_id": 12')
+    _adopt_legacy_journal(str(new), warned.append)
+    assert not legacy.exists() and list(legacy.parent.glob("oom-requeues.json.unreadable-*"))
+    assert len(warned) == 1 and "release any still held" in warned[0]
 
 
 def test_held_or_waiting_jobs_are_no_load_and_are_left_alone():

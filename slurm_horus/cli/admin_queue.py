@@ -63,7 +63,7 @@ def register(admin: click.Group) -> None:
                 with pass_lock(dry_run):
                     journal = None if dry_run else _journal_path()
                     if journal:
-                        _adopt_legacy_journal(journal)
+                        _adopt_legacy_journal(journal, warn)
                     for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
                                   job_ids=ids, on_error=warn, journal=journal):
                         if as_json:
@@ -118,17 +118,29 @@ def _lock_path() -> str:
     return os.environ.get("HORUS_QUEUE_LOCK") or "/run/slurm-horus/queue.lock"
 
 
-def _adopt_legacy_journal(journal: str) -> None:
+def _adopt_legacy_journal(journal: str, warn) -> None:
     """Move the requeues a version before 2026-12-03 journaled beside the lock (in /run) into
-    ``journal``, so that the first pass after an upgrade finishes them too."""
+    ``journal``, so that the first pass after an upgrade finishes them too; one that cannot be
+    moved is set aside with a warning (as heal() sets aside a journal it cannot read), never
+    stopping the passes."""
+    from slurm_horus.errors import HorusError
     from slurm_horus.ledger.requeue import journal_read, journal_set
 
     legacy = os.path.join(os.path.dirname(_lock_path()), "oom-requeues.json")
     if os.path.abspath(legacy) == os.path.abspath(journal) or not os.path.lexists(legacy):
         return
-    for ref, entry in journal_read(legacy).items():
-        journal_set(journal, ref, entry)
-    os.unlink(legacy)
+    try:
+        for ref, entry in journal_read(legacy).items():
+            journal_set(journal, ref, entry)
+        os.unlink(legacy)
+    except (HorusError, OSError) as e:
+        aside = f"{legacy}.unreadable-{int(time.time())}"
+        try:
+            os.replace(legacy, aside)
+        except OSError:
+            aside = legacy
+        warn(f"the journal an older version left ({legacy}) was not taken over ({e}); "
+             f"check the jobs it names ({aside}): release any still held")
 
 
 def _journal_path() -> str:

@@ -35,45 +35,56 @@ class OneLineUsageError(click.UsageError):
         click.echo(f"{prog}: error: {one_line(self.format_message())} (see {prog} --help)", err=True)
 
 
+# click 8.2+ raises its help for a group run bare as a UsageError: that one is shown whole
+_HELP_ERRORS = tuple(e for e in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if e)
+
+
+def _one_line_usage(fn, ctx, *args):
+    """fn(ctx, *args) with its usage errors one line."""
+    try:
+        return fn(ctx, *args)
+    except (OneLineUsageError, *_HELP_ERRORS):
+        raise
+    except click.UsageError as e:
+        raise OneLineUsageError(e.format_message(), e.ctx or ctx) from None
+
+
 class Command(click.Command):
-    """click.Command with one-line usage errors and, as getopt_long (sacct, sbatch), long
-    options abbreviated to any unambiguous prefix (hacct --start, --end, --form)."""
+    """click.Command with one-line usage errors (parsing, and those its body raises) and, as
+    getopt_long (sacct, sbatch), long options abbreviated to any unambiguous prefix (hacct
+    --start, --end, --form)."""
 
     def parse_args(self, ctx, args):
-        try:
-            return super().parse_args(ctx, _expand_prefixes(self.get_params(ctx), args))
-        except OneLineUsageError:
-            raise
-        except click.UsageError as e:
-            raise OneLineUsageError(e.format_message(), e.ctx or ctx) from None
+        # a command that passes unknown options on (horus-probe CMD ...) stops at the first
+        # argument, as its own parser does: the rest is the command's
+        stop = ctx.ignore_unknown_options or not ctx.allow_interspersed_args
+        args = _expand_prefixes(self.get_params(ctx), args, stop_at_argument=stop)
+        return _one_line_usage(super().parse_args, ctx, args)
+
+    def invoke(self, ctx):
+        return _one_line_usage(super().invoke, ctx)
 
 
 class Group(click.Group):
-    """click.Group whose usage errors are one line, and whose commands and groups are these."""
+    """click.Group with the same one-line usage errors and prefixes (its own options, before
+    the command's name), whose commands and groups are these."""
 
     command_class = Command
     group_class = type  # subgroups: this class
 
     def parse_args(self, ctx, args):
-        try:
-            return super().parse_args(ctx, args)
-        except OneLineUsageError:
-            raise
-        except click.UsageError as e:
-            raise OneLineUsageError(e.format_message(), e.ctx or ctx) from None
+        args = _expand_prefixes(self.get_params(ctx), args, stop_at_argument=True)
+        return _one_line_usage(super().parse_args, ctx, args)
 
     def resolve_command(self, ctx, args):
-        try:
-            return super().resolve_command(ctx, args)
-        except OneLineUsageError:
-            raise
-        except click.UsageError as e:
-            raise OneLineUsageError(e.format_message(), e.ctx or ctx) from None
+        return _one_line_usage(super().resolve_command, ctx, args)
 
 
-def _expand_prefixes(params, args: list[str]) -> list[str]:
+def _expand_prefixes(params, args: list[str], stop_at_argument: bool = False) -> list[str]:
     """``args`` with each long option written as an unambiguous prefix of one option's name
-    spelled out; a value (the token after an option that takes one) is left as it is."""
+    spelled out; a value (the token after an option that takes one, also at the end of a
+    cluster of short options: -Xo VALUE) is left as it is, and with ``stop_at_argument`` so is
+    everything from the first argument on."""
     takes_value, owner = {}, {}  # takes_value: True, False, or "optional" (--plot [FILE])
     for p in params:
         for o in (*p.opts, *p.secondary_opts):
@@ -86,7 +97,7 @@ def _expand_prefixes(params, args: list[str]) -> list[str]:
             out.append(a)
             value_next = False
             continue
-        if a == "--":
+        if a == "--" or (stop_at_argument and not a.startswith("-")):
             return out + args[i:]
         name, eq, val = a.partition("=")
         if name.startswith("--") and len(name) > 2 and name not in owner:
@@ -94,7 +105,15 @@ def _expand_prefixes(params, args: list[str]) -> list[str]:
             if hits and len({id(owner[o]) for o in hits}) == 1:  # --clu: --cluster, --clusters
                 name = hits[0]
                 a = name + eq + val
-        value_next = takes_value.get(name, False) and not eq
+            value_next = takes_value.get(name, False) and not eq
+        elif not name.startswith("--") and len(a) > 2 and a.startswith("-"):
+            value_next = False  # -Xo VALUE: the first short option that takes one ends the cluster
+            for k, c in enumerate(a[1:], 1):
+                if takes_value.get("-" + c):
+                    value_next = takes_value["-" + c] if k == len(a) - 1 else False
+                    break
+        else:
+            value_next = takes_value.get(name, False) and not eq
         out.append(a)
     return out
 

@@ -403,6 +403,12 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
         usages.append({"job_id": jid, "cluster": cluster, "source": "import",
                        "util_mean": util, "mem_peak_mib": mem, "gpu_type": gname,
                        "util_max": util_max})
+    # a row imported again once its model file is gone keeps the sha its first import read
+    unread = [s["job_id"] for s in subs if s["model_path"] and s["model_sha256"] is None]
+    if unread:
+        known = ledger.model_shas(cluster, unread)
+        for s in subs:
+            s["model_sha256"] = s["model_sha256"] or known.get(s["job_id"])
     ledger.record_runs(subs, usages)
     once = {u["job_id"]: u for u in usages}  # a row repeated is one measurement (its id is its content)
     failed = sum(1 for u in once.values() if failed_measurement(u["util_mean"], u["mem_peak_mib"]))

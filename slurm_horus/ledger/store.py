@@ -194,16 +194,18 @@ class Ledger:
                      "account": r.account, "under_claims": int(r.under_claims or 0),
                      "jobs": int(r.jobs)} for r in conn.execute(stmt)]
 
-    def submissions_exist(self, cluster: str, job_ids: list[int]) -> set[int]:
+    def model_shas(self, cluster: str, job_ids: list[int]) -> dict[int, str]:
+        """{job id: model sha256} of these submissions that have one."""
         from sqlalchemy import select
 
         t = tables()["submissions"]
-        found: set[int] = set()
+        found: dict[int, str] = {}
         with self.engine.connect() as conn:
             for i in range(0, len(job_ids), 900):
                 chunk = job_ids[i:i + 900]
-                found |= {int(r[0]) for r in conn.execute(
-                    select(t.c.job_id).where(t.c.cluster == cluster, t.c.job_id.in_(chunk)))}
+                found |= {int(r[0]): r[1] for r in conn.execute(
+                    select(t.c.job_id, t.c.model_sha256).where(
+                        t.c.cluster == cluster, t.c.job_id.in_(chunk), t.c.model_sha256.isnot(None)))}
         return found
 
     def jobs(self, *, job_ids: Iterable[int] | None = None, task_ids: Iterable[int] | None = None,

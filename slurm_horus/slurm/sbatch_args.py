@@ -41,8 +41,9 @@ SBATCH_LONG_OPTS: dict[str, str] = {
         "ntasks-per-node", "ntasks-per-socket", "open-mode", "output", "partition", "power",
         "prefer", "priority", "profile", "qos", "reservation", "signal", "sockets-per-node",
         "switches", "thread-spec", "threads-per-core", "time", "time-min", "tmp",
-        "tres-per-task", "uid", "wait-all-nodes", "wckey", "wrap",
+        "uid", "wait-all-nodes", "wckey", "wrap",
         "tasks-per-node",  # 22.05's hidden alias of ntasks-per-node
+        "tres-per-task",  # 23.02+ (22.05.8's sbatch refuses it)
         "container-id", "segment", "tres-bind",  # 25.11
         "autocomplete", "context", "extra", "ntasks-per-tres", "resources",  # 25.11 (slurm_opt.c)
     )},
@@ -82,7 +83,7 @@ HORUS_OPTS: dict[str, bool] = {
 # the options 25.11 added: a prefix 22.05 reads as one option (--cons: constraint) is ambiguous
 # on 25.11 only (consolidate-segments), where sbatch refuses it itself
 SBATCH_2511_OPTS = frozenset({
-    "container-id", "segment", "tres-bind", "autocomplete", "context", "extra",
+    "container-id", "segment", "tres-bind", "tres-per-task", "autocomplete", "context", "extra",
     "ntasks-per-tres", "resources", "oom-kill-step", "resv-ports", "spread-segments",
     "consolidate-segments", "external", "stepmgr"})
 
