@@ -11,7 +11,9 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import stat
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +41,8 @@ class SlurmConf:
 def read_slurm_conf(path: Path) -> SlurmConf:
     from slurm_horus.slurm.parse import node_lines, parse_conf_lines
 
-    text = _with_includes(path, read_text(path, "slurm.conf", SLURM_CONF_MAX_BYTES), 0)
+    # a stray byte (a name in a comment, in Latin-1) is Slurm's to ignore, and doctor's
+    text = _with_includes(path, read_text(path, "slurm.conf", SLURM_CONF_MAX_BYTES, "replace"), 0)
     recs = parse_conf_lines(text)
     settings: dict[str, str] = {}
     for rec in recs:
@@ -69,7 +72,7 @@ def _with_includes(path: Path, text: str, depth: int) -> str:
             for name in names:
                 sub = Path(name)
                 out.append(_with_includes(sub, read_text(sub, "slurm.conf Include",
-                                                         SLURM_CONF_MAX_BYTES), depth + 1))
+                                                         SLURM_CONF_MAX_BYTES, "replace"), depth + 1))
             continue
         out.append(line)
     return "\n".join(out)
@@ -140,7 +143,8 @@ def _runs(value: str | None, script: str, conf_dir: Path) -> bool:
         pattern = item if os.path.isabs(item) else str(conf_dir / item)
         paths = [Path(p) for p in sorted(glob.glob(pattern))] if glob.has_magic(pattern) else [Path(pattern)]
         for path in paths:
-            if path.name == script or script in (_small_text(path) or ""):
+            text = _small_text(path)  # None: missing, or no file slurmd could run
+            if text is not None and (path.name == script or script in text):
                 return True
     return False
 
@@ -162,12 +166,13 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
     from slurm_horus.slurm.parse import gres_count, parse_conf_lines, parse_gres
 
     out = []
-    shard_lines: dict[str, int] = {}
+    shard_lines: dict[str | None, int] = {}  # None: a line without NodeName, every node's
     for rec in parse_conf_lines(gres_conf or ""):
         if rec.get("name") == "shard" and rec.get("count") and "file" not in rec:
-            for host in _hosts(rec.get("nodename")):
-                if gres_count(rec["count"]) is not None:
-                    shard_lines[host] = gres_count(rec["count"])
+            count = gres_count(rec["count"])
+            for host in _hosts(rec["nodename"]) if rec.get("nodename") else [None]:
+                if count is not None:
+                    shard_lines[host] = count
     for node in conf.nodes:
         gres = parse_gres(node.get("gres"))
         gpus = [g for g in gres if g["name"] == "gpu"]
@@ -183,10 +188,12 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
                                f"set shard:{want} in {name}'s Gres= (and its gres.conf shard "
                                "Count)"))
         for host in _hosts(name):
-            if host in shard_lines and shard_lines[host] != want:
-                out.append(Problem(f"gres.conf: Name=shard Count={shard_lines[host]} on {host}, "
+            line = shard_lines.get(host, shard_lines.get(None))
+            if line is not None and line != want:
+                out.append(Problem(f"gres.conf: Name=shard Count={line} on {host}, "
                                    f"expected {want}", f"set Count={want} on {host}'s shard line"))
-        feats = _words(node.get("features") or node.get("availablefeatures"))
+        # as Slurm matches them: case and all (a job's --constraint=a100 fits no Features=A100)
+        feats = {w.strip() for w in (node.get("features") or node.get("availablefeatures") or "").split(",")}
         for g in gpus:
             if not g["type"]:
                 out.append(Problem(f"node {name}: untyped GPUs (gpu:{g['count']}): no "
@@ -195,6 +202,12 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
                                    "type named as in the policy's gpu.<type>.mem_mib"))
                 continue
             t = g["type"].lower()
+            if t != g["type"]:
+                out.append(Problem(f"node {name}: GPU type {g['type']} is not lower case: the "
+                                   "hook and the policy name types in lower case, and Slurm "
+                                   "matches types and features case and all",
+                                   f"rename it {t} in {name}'s Gres=, Features= and gres.conf"))
+                continue
             if type_via == "features" and t in declared and t not in feats:
                 out.append(Problem(f"node {name}: no Features={t} while the policy declares "
                                    f"type_features {t}: the hook's constraint makes jobs "
@@ -233,10 +246,24 @@ def check_hook(conf_dir: Path) -> list[Problem]:
         return [Problem(f"{hook} is missing: no packing",
                         f"install slurm-horus's {_packaged('job_submit.lua')} as {hook}")]
     out = []
+    packaged = _small_text(Path(_packaged("job_submit.lua")))
     if not _is_horus_hook(code):
         out.append(Problem(f"{hook} is not slurm-horus's hook",
                            f"install {_packaged('job_submit.lua')} as {hook}"))
-    out += _trusted(hook.resolve(), "the hook")
+    elif packaged is not None and code != packaged:
+        out.append(Problem(f"{hook} differs from this package's hook (an older one, or edited): "
+                           "the hook and the package must be of one version",
+                           f"install {_packaged('job_submit.lua')} as {hook}"))
+    luac = shutil.which("luac5.1") or shutil.which("luac")
+    if luac and _is_horus_hook(code):
+        try:  # slurmctld would keep its old script, or not start the plugin
+            cp = subprocess.run([luac, "-p", str(hook)], capture_output=True, text=True, timeout=30)
+            if cp.returncode:
+                out.append(Problem(f"{hook} is not valid Lua: {(cp.stderr.strip().splitlines() or ['?'])[-1]}",
+                                   f"install {_packaged('job_submit.lua')} as {hook}"))
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    out += _trusted(hook.resolve(), "the hook") + _trusted(hook.resolve().parent, "the hook's folder")
     return out
 
 
@@ -467,13 +494,15 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
         out.append(Problem(f"policy {pol} is missing: the hook uses its built-in defaults",
                            f"install {_packaged('horus_policy.conf')} as {pol}"))
     else:
-        out += (_trusted(pol.resolve(), "the policy") + check_policy_lines(pol)
+        out += (_trusted(pol.resolve(), "the policy")
+                + _trusted(pol.resolve().parent, "the policy's folder") + check_policy_lines(pol)
                 + check_policy_known_to_hook(pol, path.parent / "job_submit.lua"))
     spg = int(policy_value("shards_per_gpu", "100", pol))
     type_via = policy_value("type_via", "features", pol)
     mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}
     declared = declared_type_features(pol)
     out += check_nodes(conf, gres_conf, spg, type_via, mem_types, declared)
+    out += check_gpu_memory({t: policy_value(f"gpu.{t}.mem_mib", None, pol) for t in mem_types})
     hook_files = {"the claim record (record_file)":
                   policy_value("record_file", "/var/lib/slurm-horus/record", pol),
                   "the pressure file (pressure_file)": policy_value("pressure_file", "", pol)}
@@ -485,6 +514,24 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     out += check_pack_heavy(conf, pol, parse_version(version_text or ""))
     out += check_ledger(ledger_url or default_url())
     out += check_registry(Path(model_dir) if model_dir else default_dir())
+    return out
+
+
+def check_gpu_memory(mem_mib: dict[str, str]) -> list[Problem]:
+    """The policy's gpu.TYPE.mem_mib against the GPU catalog: more than a GPU of that name has
+    packs jobs into memory it lacks (a T4 given an A100's 80 GiB)."""
+    from slurm_horus.predict.gpus import default_catalog
+
+    cat, out = default_catalog(), []
+    for t, value in sorted(mem_mib.items()):
+        # every model the name may stand for (a100: 40 and 80 GB): the largest of them
+        models = [g for g in cat if g.name == t or g.name.startswith(t + "-") or t in g.aliases]
+        most = max((g.mem_mib for g in models), default=None)
+        if most and value and int(value) > most * 1.02:
+            out.append(Problem(f"policy gpu.{t}.mem_mib = {value} is more than a {t} has "
+                               f"({most} MiB in the GPU catalog): jobs would be packed into "
+                               "memory it lacks", f"set gpu.{t}.mem_mib to at most {most} "
+                               "(what nvidia-smi reports)"))
     return out
 
 

@@ -36,8 +36,9 @@ def open_for_reading(path: str | os.PathLike, follow_symlinks: bool = True,
         raise
 
 
-def read_text(path: str | os.PathLike, what: str, max_bytes: int) -> str:
-    """The file's text; HorusError("<what> <path>: ...") when it cannot be had."""
+def read_text(path: str | os.PathLike, what: str, max_bytes: int, errors: str = "strict") -> str:
+    """The file's text; HorusError("<what> <path>: ...") when it cannot be had (``errors``:
+    "replace" reads a file with a stray byte as Slurm does, bytes it does not care about)."""
     try:
         with open_for_reading(path) as f:
             data = f.read(max_bytes + 1)
@@ -46,7 +47,7 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int) -> str:
     if len(data) > max_bytes:
         raise HorusError(f"{what} {path}: larger than {max_bytes:,} bytes")
     try:
-        return data.decode("utf-8-sig")  # a leading BOM (Excel's "CSV UTF-8") is no content
+        return data.decode("utf-8-sig", errors)  # a leading BOM (Excel's "CSV UTF-8") is no content
     except UnicodeDecodeError:
         raise HorusError(f"{what} {path}: not UTF-8 text") from None
 

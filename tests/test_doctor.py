@@ -365,3 +365,39 @@ def test_prolog_globs_fifos_odd_bytes_and_files_others_write(site, tmp_path):
     assert any(w.startswith(f"the pressure file (pressure_file) {shared}/pressure is writable") for w in whats)
     assert any(w.startswith(f"the folder of the pressure file (pressure_file) {shared} is writable")
                for w in whats), whats
+
+
+def test_slurm_syntax_doctor_had_misread_is_no_problem(site):
+    """Spaces about '=' and quoted values are slurm.conf as Slurm reads it (a review: each gave
+    a false problem and a wrong fix); a Latin-1 byte in a comment stopped every check."""
+    edit(site / "slurm.conf", r"^GresTypes=gpu,shard", "GresTypes = gpu,shard")
+    edit(site / "slurm.conf", r"Features=a100", 'Features="a100"')
+    edit(site / "slurm.conf", r"^Prolog=(\S+)", r'Prolog="\1"')
+    with open(site / "slurm.conf", "ab") as f:
+        f.write(b"# maintainer: J\xfcrgen\n")
+    assert problems(site) == []
+
+
+@pytest.mark.parametrize("seed, says", [
+    # Slurm matches features case and all: --constraint=a100 fits no Features=A100
+    (lambda s: edit(s / "slurm.conf", r"Features=a100", "Features=A100"), "no Features=a100"),
+    (lambda s: edit(s / "slurm.conf", r"gpu:a100:4", "gpu:A100:4"), "GPU type A100 is not lower case"),
+    # a hook slurmctld cannot load, or one of another version
+    (lambda s: open(s / "job_submit.lua", "a").write("\nthis is not lua )(\n"), "is not valid Lua"),
+    (lambda s: open(s / "job_submit.lua", "a").write("\n-- edited\n"), "differs from this package's hook"),
+    # whoever may write the hook's folder may replace the hook slurmctld runs as root
+    (lambda s: os.chmod(s, 0o777), "the hook's folder"),
+    # a gres.conf line without NodeName is every node's
+    (lambda s: (edit(s / "gres.conf", r"^NodeName=\S+ Name=shard Count=\d+\n", ""),
+                open(s / "gres.conf", "a").write("Name=shard Count=300\n")), "Name=shard Count=300 on gpu-t4"),
+    # a Prolog that does not exist runs nothing
+    (lambda s: edit(s / "slurm.conf", r"^Prolog=.*$", f"Prolog={s}/horus-prolog"), "Prolog does not run"),
+    # more memory than the type has: jobs packed into memory it lacks
+    (lambda s: edit(s / "horus_policy.conf", r"^gpu\.t4\.mem_mib = \d+", "gpu.t4.mem_mib = 81920"),
+     "more than a t4 has"),
+])
+def test_each_problem_a_review_found_doctor_passing_is_found(site, seed, says):
+    seed(site)
+    found = problems(site)
+    assert any(says in p.what for p in found), found
+    assert all(p.fix for p in found)

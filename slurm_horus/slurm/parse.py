@@ -484,19 +484,19 @@ def expand_hostlist(expr: str) -> list[str]:
     return out
 
 
+# a slurm.conf / gres.conf pair as Slurm's parser reads it (s_p_parse_line): spaces about the
+# '=' and a double-quoted value allowed ("Prolog = /x", Features="a100")
+_CONF_PAIR = re.compile(r'([A-Za-z0-9_.]+)[ \t]*[-*+/]?=[ \t]*(?:"([^"]*)"|(\S+))')
+
+
 def parse_conf_lines(text: str) -> list[dict[str, str]]:
     """slurm.conf / gres.conf lines as {lower-case key: value} (comments, continuations and
     lines without key=value dropped)."""
     recs = []
     for line in text.replace("\\\n", " ").splitlines():
         line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        rec = {}
-        for tok in line.split():
-            k, sep, v = tok.partition("=")
-            if sep:
-                rec[k.lower()] = v
+        rec = {m.group(1).lower(): m.group(2) if m.group(2) is not None else m.group(3)
+               for m in _CONF_PAIR.finditer(line)}
         if rec:
             recs.append(rec)
     return recs
