@@ -43,6 +43,8 @@ def read_slurm_conf(path: Path) -> SlurmConf:
 
     # a stray byte (a name in a comment, in Latin-1) is Slurm's to ignore, and doctor's
     text = _with_includes(path, read_text(path, "slurm.conf", SLURM_CONF_MAX_BYTES, "replace"), 0)
+    if "\x00" in text or text.count("\ufffd") > max(16, len(text) // 100):
+        raise HorusError(f"{path}: not a text file (binary bytes): not a slurm.conf")
     recs = parse_conf_lines(text)
     settings: dict[str, str] = {}
     for rec in recs:
