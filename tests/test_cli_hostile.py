@@ -207,10 +207,14 @@ def test_click_usage_errors_one_line_help_whole_and_prefixes_where_getopt_takes_
     from slurm_horus.cli import probe
     from slurm_horus.cli.common import _expand_prefixes
 
-    params = probe.main.get_params(click.Context(probe.main))
-    assert _expand_prefixes(params, ["--int", "3", "echo", "hi", "--job", "x"], stop_at_argument=True) == [
-        "--interval", "3", "echo", "hi", "--job", "x"]
+    # horus-probe CMD: CMD's options are CMD's, whole or in part (--interval had been the probe's)
+    for argv in (["python", "t.py", "--job", "x"], ["python", "t.py", "--interval", "5", "--prolog"]):
+        ctx = probe.main.make_context("horus-probe", ["--int", "3", *argv])
+        assert ctx.params["command"] == tuple(argv) and ctx.params["interval"] == 3.0, ctx.params
+        assert ctx.params["mode"] is None
     from slurm_horus.cli.hacct import main as hacct
 
     params = hacct.get_params(click.Context(hacct))
     assert _expand_prefixes(params, ["-Xo", "--allus", "--allus"]) == ["-Xo", "--allus", "--allusers"]
+    # an option whose value is optional (--plot [FILE]) leaves the next option to be spelled out
+    assert _expand_prefixes(params, ["--plot", "--sum"]) == ["--plot", "--summary"]

@@ -277,6 +277,17 @@ def test_a_journal_left_in_run_by_the_version_before_is_adopted(tmp_path, monkey
     _adopt_legacy_journal(str(new), warned.append)
     assert not legacy.exists() and list(legacy.parent.glob("oom-requeues.json.unreadable-*"))
     assert len(warned) == 1 and "release any still held" in warned[0]
+    # a job both name keeps the new journal's entry; a new journal that cannot be read leaves
+    # the old one where it is, for a later pass (heal() sets the new one aside)
+    journal_set(str(legacy), "1795", dict(entry, token="older"))
+    journal_set(str(legacy), "1800", dict(entry, job_id=1800))
+    _adopt_legacy_journal(str(new), warned.append)
+    got = journal_read(str(new))
+    assert got["1795"] == entry and got["1800"]["job_id"] == 1800 and not legacy.exists()
+    journal_set(str(legacy), "1801", dict(entry, job_id=1801))
+    new.write_text('{"1795": ')
+    _adopt_legacy_journal(str(new), warned.append)
+    assert legacy.exists() and "not taken over yet" in warned[-1]
 
 
 def test_held_or_waiting_jobs_are_no_load_and_are_left_alone():

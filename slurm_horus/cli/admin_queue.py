@@ -130,17 +130,24 @@ def _adopt_legacy_journal(journal: str, warn) -> None:
     if os.path.abspath(legacy) == os.path.abspath(journal) or not os.path.lexists(legacy):
         return
     try:
-        for ref, entry in journal_read(legacy).items():
-            journal_set(journal, ref, entry)
-        os.unlink(legacy)
-    except (HorusError, OSError) as e:
+        entries = journal_read(legacy)
+    except HorusError as e:
         aside = f"{legacy}.unreadable-{int(time.time())}"
         try:
             os.replace(legacy, aside)
         except OSError:
             aside = legacy
-        warn(f"the journal an older version left ({legacy}) was not taken over ({e}); "
-             f"check the jobs it names ({aside}): release any still held")
+        warn(f"the journal an older version left cannot be read ({e}); check the jobs it "
+             f"names ({aside}): release any still held")
+        return
+    try:
+        have = journal_read(journal)
+        for ref, entry in entries.items():
+            if ref not in have:  # the newer entry of a job both name stays
+                journal_set(journal, ref, entry)
+        os.unlink(legacy)
+    except (HorusError, OSError) as e:  # the new journal's trouble: heal() sets it aside
+        warn(f"the journal an older version left ({legacy}) is not taken over yet: {e}")
 
 
 def _journal_path() -> str:

@@ -14,7 +14,10 @@ NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jo
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"],
-                                 "ignore_unknown_options": True})
+                                 "ignore_unknown_options": True,
+                                 # CMD's own options are CMD's, as --interval of `python train.py
+                                 # --interval 5`
+                                 "allow_interspersed_args": False})
 @click.option("--prolog", "mode", flag_value="prolog",
               help="From slurmd's Prolog (root): probe $SLURM_JOB_ID's GPUs on this node in the "
                    "background until --epilog; returns at once.")
