@@ -42,10 +42,10 @@ def register(admin: click.Group) -> None:
                 raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15")
             ids = {int(x) for x in parts}
         if not dry_run and os.geteuid() != 0:
-            # the hook's job_modify takes any other uid's shard update for a user's (raw_shards):
-            # a pack would be undone, an OOM rerun kept on its shards
-            raise HorusError("changing jobs needs root (the hook treats any other uid's updates as "
-                             "a user's); --dry-run shows what a pass would do")
+            # the hook's job_modify takes a shard update by any uid but root's (and policy
+            # admin_uids') for a user's (raw_shards): a pack undone, an OOM rerun kept on shards
+            raise HorusError("changing jobs needs root (the hook may treat another uid's updates "
+                             "as a user's); --dry-run shows what a pass would do")
         if dry_run and not as_json:
             click.echo(f"slowdown_bound {policy_value('slowdown_bound', '2')} for the "
                        f"{policy_value('slowdown_tail', 'median')} job: under queue pressure, "
