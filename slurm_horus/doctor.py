@@ -500,10 +500,10 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
                 + check_policy_known_to_hook(pol, path.parent / "job_submit.lua"))
     spg = int(policy_value("shards_per_gpu", "100", pol))
     type_via = policy_value("type_via", "features", pol)
-    mem_types = {t for t in _policy_gpu_types(pol) if policy_value(f"gpu.{t}.mem_mib", None, pol)}
+    mem_mib = {t: v for t in _policy_gpu_types(pol) if (v := policy_value(f"gpu.{t}.mem_mib", None, pol))}
     declared = declared_type_features(pol)
-    out += check_nodes(conf, gres_conf, spg, type_via, mem_types, declared)
-    out += check_gpu_memory({t: policy_value(f"gpu.{t}.mem_mib", None, pol) for t in mem_types})
+    out += check_nodes(conf, gres_conf, spg, type_via, set(mem_mib), declared)
+    out += check_gpu_memory(mem_mib)
     hook_files = {"the claim record (record_file)":
                   policy_value("record_file", "/var/lib/slurm-horus/record", pol),
                   "the pressure file (pressure_file)": policy_value("pressure_file", "", pol)}
@@ -530,7 +530,7 @@ def check_gpu_memory(mem_mib: dict[str, str]) -> list[Problem]:
         most = max((g.mem_mib for g in models), default=None)
         # twice the most: a model the catalog lacks (a GH200 of 144 GB) is no problem, a T4
         # given an A100's 80 GiB is
-        if most and value and int(value) > 2 * most:
+        if most and int(value) > 2 * most:
             out.append(Problem(f"policy gpu.{t}.mem_mib = {value} is over twice what a {t} has "
                                f"({most} MiB in the GPU catalog): jobs would be packed into "
                                "memory it lacks", f"set gpu.{t}.mem_mib to what nvidia-smi "

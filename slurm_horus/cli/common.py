@@ -105,8 +105,7 @@ def _expand_prefixes(params, args: list[str], stop_at_argument: bool = False) ->
             if hits and len({id(owner[o]) for o in hits}) == 1:  # --clu: --cluster, --clusters
                 name = hits[0]
                 a = name + eq + val
-            value_next = False if eq else takes_value.get(name, False)
-        elif not name.startswith("--") and len(a) > 2 and a.startswith("-"):
+        if not name.startswith("--") and len(a) > 2 and a.startswith("-"):
             value_next = False  # -Xo VALUE: the first short option that takes one ends the cluster
             for k, c in enumerate(a[1:], 1):
                 if takes_value.get("-" + c):

@@ -137,7 +137,8 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
     unknown = sorted(set(state_list) - set(STATE_ABBREV.values()))
     if unknown:
         raise HorusError(f"-s/--state: unknown state {', '.join(unknown)} (e.g. CD, F, TO, CA, OOM)")
-    if starttime is None and not job_ids and not task_ids and not state_list and not summary and plot is None:
+    named = bool(job_ids or task_ids)  # -j: those jobs, whenever and whoever's
+    if starttime is None and not named and not state_list and not summary and plot is None:
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
     filters = dict(job_ids=job_ids or None, task_ids=task_ids or None, users=[_user_name(u) for u in _split(users)] or None,
                    accounts=[a.lower() for a in _split(accounts)] or None, states=state_list or None,
@@ -163,7 +164,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         # as sacct where jobs are private: a user's own, whoever else -u names ("" matches no
         # one: -u bob shows none of bob's, never your own under his name)
         filters["users"] = [me] if not asked or me in asked else [""]
-    elif not asked and not allusers and not job_ids and not task_ids and os.geteuid() != 0:
+    elif not asked and not allusers and not named and os.geteuid() != 0:
         filters["users"] = [me]  # as sacct: your own jobs unless -a (or -j: those jobs)
     if summary:
         s = report.summary(ledger, **filters)

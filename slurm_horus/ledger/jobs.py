@@ -249,14 +249,17 @@ def job_filters(stmt, *, job_ids=None, task_ids=None, users=None, accounts=None,
     and hacct's --under-claims. job_ids: as sacct -j N, an array's id names its tasks too;
     task_ids: the own ids of tasks named ArrayJobId_TaskId, each that task alone (one task of
     every array has the array's id)."""
-    from sqlalchemy import false, func, or_
+    from sqlalchemy import func, or_
 
     j = tables()["jobs"]
-    if job_ids or task_ids:
-        ids, exact = [int(x) for x in job_ids or ()], [int(x) for x in task_ids or ()]
-        stmt = stmt.where(or_(j.c.job_id.in_(ids) if ids else false(),
-                              j.c.array_job_id.in_(ids) if ids else false(),
-                              j.c.job_id.in_(exact) if exact else false()))
+    named = []
+    if job_ids:
+        ids = [int(x) for x in job_ids]
+        named += [j.c.job_id.in_(ids), j.c.array_job_id.in_(ids)]
+    if task_ids:
+        named.append(j.c.job_id.in_([int(x) for x in task_ids]))
+    if named:
+        stmt = stmt.where(or_(*named))
     if users:
         stmt = stmt.where(j.c.user_name.in_(list(users)))
     if accounts:

@@ -114,30 +114,24 @@ def backend() -> str:
 def scontrol_nodes() -> list[dict]:
     """Nodes as ``scontrol show node`` records (NodeName, Gres, Partitions, AvailableFeatures,
     ActiveFeatures, ...), from the chosen backend."""
-    if backend() == "pyslurm":
-        try:
-            return pyslurm_backend.nodes()
-        except pyslurm_backend.UnreadableRecord:
-            if _forced_pyslurm():
-                raise
-    return sp.parse_scontrol_records(run(["scontrol", "show", "node", "-o"]))
+    return _records(pyslurm_backend.nodes, "node")
 
 
 def scontrol_partitions() -> list[dict]:
     """Partitions as ``scontrol show partition`` records (PartitionName, Default, Nodes)."""
+    return _records(pyslurm_backend.partitions, "partition")
+
+
+def _records(read_with_pyslurm, kind: str) -> list[dict]:
+    """``scontrol show KIND`` records from the chosen backend; in auto mode those pyslurm's
+    parsers cannot read are read with scontrol (HORUS_SLURM_BACKEND=pyslurm: no fallback)."""
     if backend() == "pyslurm":
         try:
-            return pyslurm_backend.partitions()
+            return read_with_pyslurm()
         except pyslurm_backend.UnreadableRecord:
-            if _forced_pyslurm():
+            if (os.environ.get("HORUS_SLURM_BACKEND") or "").strip().lower() == "pyslurm":
                 raise
-    return sp.parse_scontrol_records(run(["scontrol", "show", "partition", "-o"]))
-
-
-def _forced_pyslurm() -> bool:
-    """HORUS_SLURM_BACKEND=pyslurm: no fallback (auto mode reads with the tools what pyslurm's
-    parsers cannot)."""
-    return (os.environ.get("HORUS_SLURM_BACKEND") or "").strip().lower() == "pyslurm"
+    return sp.parse_scontrol_records(run(["scontrol", "show", kind, "-o"]))
 
 
 def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:
