@@ -26,6 +26,7 @@ of each policy's requests (the hook) and simulation.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from slurm_horus.errors import HorusError  # noqa: E402
 from slurm_horus.plot import save  # noqa: E402
-from slurm_horus.sim.cluster import cluster_from_json, homogeneous_cluster  # noqa: E402
+from slurm_horus.sim.cluster import SLURM_BF_INTERVAL_S, cluster_from_json, homogeneous_cluster  # noqa: E402
 from slurm_horus.sim.engine import run_policies  # noqa: E402
 from slurm_horus.sim.interference import SENSITIVITY_SIGMA, Interference  # noqa: E402
 from slurm_horus.sim.mix import ModelMix  # noqa: E402
@@ -283,6 +284,9 @@ def main() -> None:
     ap.add_argument("--known-sensitivity", default="", metavar="LOADS",
                     help="loads at which to run horus and the oracle with each job's sensitivity "
                          "known, on --mixes (a what-if; '' to skip, the default)")
+    ap.add_argument("--bf-interval", type=float, default=float(SLURM_BF_INTERVAL_S),
+                    help="seconds between backfill passes in every run (default: Slurm's, "
+                         "%(default)g; 0: at every event, the default before 2026-12-03)")
     ap.add_argument("--scale-jobs", type=int, default=100_000)
     ap.add_argument("--scale-gpus", type=int, default=1000)
     ap.add_argument("--scale-load", type=float, default=4.0)
@@ -304,9 +308,14 @@ def main() -> None:
                  "--spread-loads and --known-sensitivity take numbers, --seeds integers, comma-separated")
     if any(not 0.0 <= x <= 3.0 for x in s_sigmas):
         sys.exit("bench_simulate: --spread takes sigmas in [0, 3]")
+    if not 0.0 <= args.bf_interval <= 30 * 86400.0:
+        sys.exit("bench_simulate: --bf-interval takes seconds in [0, 2592000] (30 days, as horus-admin simulate)")
+    global run_policies  # every run of this invocation at that interval
+    run_policies = functools.partial(run_policies, bf_interval=args.bf_interval)
     mixes = [x.strip() for x in args.mixes.split(",") if x.strip()]
     mix = ModelMix()
-    out = [f"python {platform.python_version()}, {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs\n"]
+    out = [f"python {platform.python_version()}, {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs, "
+           f"backfill every {args.bf_interval:g} s\n"]
     print(out[0], flush=True)
     if not args.skip_sweep:
         t = time.process_time()

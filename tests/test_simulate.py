@@ -15,8 +15,8 @@ from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hint import encode_hint
 from slurm_horus.slurm.policy import decide
 from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
-from slurm_horus.sim.cluster import (ClusterSpec, NodeSpec, cluster_from_json, cluster_from_slurm_conf,
-                                     homogeneous_cluster)
+from slurm_horus.sim.cluster import (Backfill, ClusterSpec, NodeSpec, backfill_from_slurm_conf, cluster_from_json,
+                                     cluster_from_slurm_conf, homogeneous_cluster)
 from slurm_horus.sim.engine import Simulator, run_policies
 from slurm_horus.sim.mix import ModelMix
 from slurm_horus.sim.policies import HorusDecider, Request, build_requests, job_table
@@ -42,6 +42,9 @@ def by_id(sim, jobs):
 
 
 def run(cluster, jobs, reqs, **kw):
+    """A hand-worked schedule: backfill at every event unless a test spaces it (the
+    simulator's default is Slurm's bf_interval, 30 s)."""
+    kw.setdefault("bf_interval", 0.0)
     sim = Simulator(cluster, jobs, reqs, 100, **kw)
     return sim, sim.run()
 
@@ -519,6 +522,56 @@ def test_cli_replays_ledger_and_sacct_on_a_slurm_conf_cluster(simulate_cli, tmp_
     assert list(json.loads(r.output)) == ["exclusive", "horus"]
     r = CliRunner().invoke(simulate_cli, ["simulate", "--sacct", str(sacct), "--ledger", str(ledger)])
     assert r.exit_code == 2 and "not both" in r.output
+
+
+def test_backfill_settings_read_from_slurm_conf_as_slurmctld_reads_them():
+    b = backfill_from_slurm_conf
+    assert b("NodeName=n1 Gres=gpu:a100:1\n") == Backfill(True, 30.0, 500)  # sched/backfill's defaults
+    # keys in any case, found as substrings (xstrcasestr), numbers by C's atoi
+    assert b("SchedulerParameters=bf_continue,BF_Interval=120x,bf_max_job_test=20\n") == Backfill(True, 120.0, 20)
+    assert b("SchedulerParameters=foo=bf_interval=60\n").interval_s == 60.0
+    assert b("SchedulerParameters=bf_interval=4294967356\n").interval_s == 60.0  # cut to 32 bits
+    assert b("SchedulerParameters=bf_interval=99999999999999999999\n").enabled is False  # saturated: -1
+    assert b("SchedulerParameters=bf_interval=\u0666\u0660\n").interval_s == 30.0  # ASCII digits only
+    # the latest line wins ("specified more than once, latest value used"), the first key in it
+    assert b("SchedulerParameters=bf_interval=5\nSchedulerParameters=bf_interval=60,bf_interval=7\n"
+             ) == Backfill(True, 60.0, 500)
+    # out of range: the default, as slurmctld (which logs an error); -1: no backfill loop
+    assert b("SchedulerParameters=bf_interval=0,bf_max_job_test=0\n") == Backfill(True, 30.0, 500)
+    assert b("SchedulerParameters=bf_interval=10801,bf_max_job_test=1000001\n") == Backfill(True, 30.0, 500)
+    assert b("SchedulerParameters=bf_interval=-1\n").enabled is False
+    assert b("SchedulerType=sched/builtin\nSchedulerParameters=bf_interval=60\n").enabled is False
+
+
+def test_cli_schedules_as_the_slurm_conf_says(simulate_cli, tmp_path):
+    """--slurm-conf brings its backfill settings; a flag given still wins."""
+    nodes = "NodeName=g[1-2] Gres=gpu:a100:4\n"
+    plain, tuned, builtin = (tmp_path / f"{n}.conf" for n in ("plain", "tuned", "builtin"))
+    plain.write_text(nodes)
+    tuned.write_text(nodes + "SchedulerParameters=bf_interval=600,bf_max_job_test=3\n")
+    builtin.write_text(nodes + "SchedulerType=sched/builtin\n")
+    base = ["simulate", "--jobs", "150", "--load", "3", "--seed", "4", "--policies", "exclusive", "--json"]
+
+    def run(conf, *flags):
+        r = CliRunner().invoke(simulate_cli, base + ["--slurm-conf", str(conf), *flags])
+        assert r.exit_code == 0, r.output
+        m = json.loads(r.output)["exclusive"]
+        return {k: v for k, v in m.items() if "cpu" not in k and "wall" not in k}
+
+    default = run(plain)
+    assert (default["bf_interval_s"], default["bf_window"]) == (30.0, 500)
+    assert run(plain, "--bf-interval", "30", "--bf-window", "500") == default
+    assert run(tuned) == run(plain, "--bf-interval", "600", "--bf-window", "3") != default
+    assert run(tuned, "--bf-interval", "30", "--bf-window", "500") == default
+    off = run(builtin)
+    assert default["backfilled"] > 0 and off["backfilled"] == 0 and off["bf_interval_s"] is None
+    # a flag still wins: -1 turns backfill off as in slurm.conf, an interval turns it back on
+    assert run(plain, "--bf-interval", "-1") == off
+    assert run(builtin, "--bf-interval", "30", "--bf-window", "500") == default
+    r = CliRunner().invoke(simulate_cli, base + ["--slurm-conf", str(plain), "--bf-interval", "-2"])
+    assert r.exit_code == 2 and "-1: no backfill" in r.output
+    r = CliRunner().invoke(simulate_cli, base + ["--cluster", str(plain), "--slurm-conf", str(tmp_path / "none")])
+    assert r.exit_code == 2 and "not both" in r.output  # before reading either file
 
 
 def test_cli_draws_errors_from_the_sites_rows(simulate_cli, tmp_path):
@@ -1115,14 +1168,39 @@ def test_a_join_is_priced_with_the_slowdown_it_gives_its_partners():
     assert sim.end[2] > 1030 and sim.end[3] > 1030
 
 
-def test_median_speeds_are_speed_for_arrays_of_groups():
+def test_speed_table_is_speed_for_arrays_of_groups():
+    """The horus scheduler prices every candidate group at once from speed_table."""
     rng = np.random.default_rng(3)
-    sums, ns = rng.uniform(0, 500, 400), rng.integers(1, 7, 400)
+    sums, ns = rng.uniform(0, 500, 400), rng.integers(2, 7, 400)
     for itf in (Interference(), Interference(mem_bw_penalty=0.1), Interference(beyond_pairs=0.0)):
-        assert itf.median_speeds(sums, ns) == pytest.approx([itf.speed(x, int(n)) for x, n in zip(sums, ns)])
-    big = np.array([2, 3000])  # more jobs than the precomputed table holds
-    assert Interference().median_speeds(np.array([150.0, 150.0]), big) == pytest.approx(
-        [Interference().speed(150.0, 2), Interference().speed(150.0, 3000)])
+        xs, ys, crowd = itf.speed_table(int(ns.max()))
+        assert np.interp(sums, xs, ys) * crowd[ns] == pytest.approx([itf.speed(x, int(n)) for x, n in zip(sums, ns)])
+    xs, ys, crowd = Interference().speed_table(3000)  # more jobs than the table held before
+    assert np.interp(150.0, xs, ys) * crowd[3000] == pytest.approx(Interference().speed(150.0, 3000))
+
+
+def test_a_group_read_at_once_is_each_job_read_alone():
+    """speeds and loss_rates_at (the simulator reads a group's curve once) give, bit for bit,
+    what speed and loss_rates give job by job."""
+    for itf in (Interference(), Interference(mem_bw_penalty=0.1), Interference(beyond_pairs=0.0)):
+        for su in (0.0, 80.0, 150.0, 450.0):
+            for n in (1, 2, 3, 5):
+                sens = [1.0, 0.3, 2.5, 9.0]
+                assert itf.speeds(su, n, sens) == [itf.speed(su, n, k) for k in sens]
+                sums = (su, su + 20.0, su + 40.0)
+                c, cks = itf.loss_rates_at(sums, n)
+                assert (c, cks) == (itf.loss_rates(su, n)[0], tuple(itf.loss_rates(x, n)[1] for x in sums))
+
+
+def test_pooled_means_is_the_pool_of_one_run_per_graph():
+    from slurm_horus.predict.history import pooled_correction, pooled_means
+    rng = np.random.default_rng(5)
+    graphs = [(float(rng.uniform(1000, 30000)), float(rng.uniform(800, 30000)) if i % 7 else 0.0,
+               None if i % 5 == 0 else float(rng.uniform(0, 100)), float(rng.uniform(0, 100)))
+              for i in range(60)]
+    for off in ({"mem_mib": 0.0, "util_pp": 0.0}, {"mem_mib": -900.0, "util_pp": 4.5}):
+        runs = [[{"mem": m, "cold_mem": cm, "util": u, "cold_util": cu}] for m, cm, u, cu in graphs]
+        assert pooled_means(graphs, off) == pooled_correction(runs, [None] * len(runs), off)
 
 
 def test_simulate_decides_and_bounds_by_one_policy_file(tmp_path, monkeypatch):

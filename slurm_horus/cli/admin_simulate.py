@@ -36,17 +36,16 @@ def _read(path: str, what: str) -> str:
     return read_text(path, what, MAX_INPUT_BYTES)
 
 
-def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf):
-    from slurm_horus.errors import HorusError
+def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf_text, gres_conf):
+    """The simulated cluster: --cluster's JSON, the slurm.conf text read once (its backfill
+    settings are read from the same text), else --gpus of --gpu-type."""
     from slurm_horus.sim.cluster import cluster_from_json, cluster_from_slurm_conf, homogeneous_cluster
 
-    if cluster_file and slurm_conf:
-        raise HorusError("give --cluster or --slurm-conf, not both")
     if cluster_file:
         return cluster_from_json(_read(cluster_file, "cluster file"))
-    if slurm_conf:
+    if slurm_conf_text is not None:
         gres = _read(gres_conf, "gres.conf") if gres_conf else None
-        return cluster_from_slurm_conf(_read(slurm_conf, "slurm.conf"), gres)
+        return cluster_from_slurm_conf(slurm_conf_text, gres)
     return homogeneous_cluster(gpus, gpu_type.lower(), gpus_per_node)
 
 
@@ -110,7 +109,9 @@ def register(main_group: click.Group) -> None:
     @click.option("--gpus-per-node", type=int, default=8, show_default=True)
     @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
                   help='Cluster JSON: {"nodes": [{"name", "gpu_type", "gpus", "count"}]}.')
-    @click.option("--slurm-conf", type=click.Path(dir_okay=False), help="Read nodes' Gres from slurm.conf.")
+    @click.option("--slurm-conf", type=click.Path(dir_okay=False),
+                  help="Read nodes' Gres, and the backfill settings (SchedulerType, bf_interval, "
+                       "bf_max_job_test), from slurm.conf.")
     @click.option("--gres-conf", type=click.Path(dir_okay=False), help="gres.conf for untyped GPUs.")
     @click.option("--sacct", type=click.Path(dir_okay=False), help="Replay a `sacct --json` dump.")
     @click.option("--ledger", metavar="URL|FILE",
@@ -152,10 +153,12 @@ def register(main_group: click.Group) -> None:
     @click.option("--policy-file", type=click.Path(dir_okay=False),
                   help="horus_policy.conf for the hook's decisions and the bound (default: the "
                        "site's, as horus-admin queue reads it, else the one beside the hook).")
-    @click.option("--bf-window", type=int, default=100, show_default=True,
-                  help="Waiting jobs the backfill pass looks at (bf_max_job_test).")
-    @click.option("--bf-interval", type=float, default=0.0, show_default=True,
-                  help="Seconds between backfill passes (0: at every event).")
+    @click.option("--bf-window", type=int, default=None,
+                  help="Waiting jobs the backfill pass looks at (bf_max_job_test) [default: "
+                       "--slurm-conf's, else 100].")
+    @click.option("--bf-interval", type=float, default=None,
+                  help="Seconds between backfill passes (bf_interval; 0: at every event, -1: no "
+                       "backfill) [default: --slurm-conf's, else Slurm's 30].")
     @click.option("--oom-delay", type=float, default=60.0, show_default=True,
                   help="Seconds an OOM-failing job holds its GPU before it dies.")
     @click.option("--interference", "itf_points",
@@ -187,6 +190,7 @@ def register(main_group: click.Group) -> None:
         from slurm_horus.errors import HorusError
         from slurm_horus.plot import console, pyplot, save
         from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
+        from slurm_horus.sim.cluster import SLURM_BF_INTERVAL_S, backfill_from_slurm_conf
         from slurm_horus.sim.engine import run_policies
         from slurm_horus.sim.plot import figure, terminal
         from slurm_horus.slurm.policy import find_hook, policy_value
@@ -202,8 +206,21 @@ def register(main_group: click.Group) -> None:
             raise HorusError(f"{', '.join(bad)}: need a finite number")
         if not 0 <= seed < 2 ** 32:
             raise HorusError("--seed must be 0..4294967295")
-        if bf_window < 0 or bf_interval < 0 or oom_delay < 0:
-            raise HorusError("--bf-window, --bf-interval and --oom-delay must be >= 0")
+        conf_text = None
+        if slurm_conf:
+            if cluster_file:
+                raise HorusError("give --cluster or --slurm-conf, not both")
+            conf_text = _read(slurm_conf, "slurm.conf")
+        sched = backfill_from_slurm_conf(conf_text) if conf_text is not None else None
+        if bf_window is None:
+            bf_window = sched.max_job_test if sched else 100
+        if bf_interval is None:
+            backfill = sched.enabled if sched else True
+            bf_interval = sched.interval_s if sched else float(SLURM_BF_INTERVAL_S)
+        else:
+            backfill = bf_interval != -1  # slurm.conf's bf_interval=-1: no backfill loop
+        if bf_window < 0 or (bf_interval < 0 and backfill) or oom_delay < 0:
+            raise HorusError("--bf-window and --oom-delay must be >= 0, --bf-interval >= 0 (or -1: no backfill)")
         if max(bf_interval, oom_delay, history_lag) > 30 * 86400:
             raise HorusError("--bf-interval, --oom-delay and --history-lag must be at most 30 days "
                              "(2,592,000 s)")
@@ -234,11 +251,12 @@ def register(main_group: click.Group) -> None:
         if not pols:
             raise HorusError("--policies: none given")
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
-        cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf)
+        cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, conf_text, gres_conf)
         jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
                            repeat_share, residuals_from, sensitivity_sigma)
         results = run_policies(cluster, jobs, pols, policy_path=policy_file, naive_shards=naive_shards,
-                               interference=itf, bf_window=bf_window, bf_interval=bf_interval,
+                               interference=itf, bf_window=bf_window, bf_interval=max(bf_interval, 0.0),
+                               backfill=backfill,
                                oom_delay_s=oom_delay, slowdown_bound=slowdown_bound,
                                slowdown_quantile=slowdown_quantile, max_group=max_group,
                                history_lag_s=None if no_history else history_lag,
@@ -250,6 +268,10 @@ def register(main_group: click.Group) -> None:
         if residuals_from:
             src += f", errors from {shown(residuals_from)}"
         what = f"{len(jobs)} jobs ({src}) on {cluster.describe()}"
+        if not backfill:
+            what += "; no backfill"
+        else:
+            what += f"; backfill {f'every {bf_interval:g} s' if bf_interval else 'at every event'} over {bf_window} jobs"
         if known_sensitivity:
             what += "; what-if: every job's sensitivity known"
         if plot and plot != "-":

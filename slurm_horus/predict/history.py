@@ -133,12 +133,17 @@ def _util_at(runs, util: dict[int, float], b: int, cq_util: float | None) -> flo
 def _graph_summary(runs: list[dict], off: dict) -> tuple[float | None, float | None]:
     """One graph's (median log of measured over offset-corrected cold-start memory, median
     utilization shift from the offset-corrected cold start): its error beyond the site's."""
-    ratios = [max(min(math.log(r["mem"] / c), MAX_LOG_RATIO), -MAX_LOG_RATIO) for r in runs
+    ratios = [_log_ratio(r["mem"], c) for r in runs
               if r.get("cold_mem") and (c := _shifted(r["cold_mem"], off)) > 0]
     shifts = [r["util"] - r["cold_util"] - off["util_pp"] for r in runs
               if r.get("util") is not None and r.get("cold_util") is not None]
     return (statistics.median(ratios) if ratios else None,
             statistics.median(shifts) if shifts else None)
+
+
+def _log_ratio(mem: float, cold_mem: float) -> float:
+    """log(measured / cold-start memory), within +-MAX_LOG_RATIO."""
+    return max(min(math.log(mem / cold_mem), MAX_LOG_RATIO), -MAX_LOG_RATIO)
 
 
 def _pool(summaries: list[tuple[float | None, float | None]], users: list) -> dict | None:
@@ -158,6 +163,16 @@ def pooled_correction(graphs: list[list[dict]], owners: list, off: dict) -> dict
     one correction of the cold start corrected by the site offsets ``off``: a family's or a
     user's (the simulator's horus pools its families with it too)."""
     return _pool([_graph_summary(rs, off) for rs in graphs], owners)
+
+
+def pooled_means(graphs: list[tuple[float, float, float | None, float]], off: dict) -> dict | None:
+    """:func:`pooled_correction` of graphs known each by one run's figures, (memory, cold-start
+    memory, util or None, cold-start util), and no user's: the simulator's horus, which pools
+    each graph by its mean figures, without a run dict per graph (a 100k-job run pools often)."""
+    off_util = off["util_pp"]
+    return _pool([(_log_ratio(mem, c) if cold_mem and (c := _shifted(cold_mem, off)) > 0 else None,
+                   None if util is None or cold_util is None else util - cold_util - off_util)
+                  for mem, cold_mem, util, cold_util in graphs], [None] * len(graphs))
 
 
 def _owner(users) -> object:

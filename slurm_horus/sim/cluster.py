@@ -17,7 +17,12 @@ MAX_CLUSTER_GPUS = 1_000_000  # the simulator keeps per-GPU arrays: a bound on w
 MAX_NODE_SLOTS = 20_000_000
 MAX_GPU_MEM_MIB = 16 * 1024 * 1024  # 16 TiB: no GPU has more (a bound on what the file says)
 
-__all__ = ["NodeSpec", "ClusterSpec", "homogeneous_cluster", "cluster_from_json", "cluster_from_slurm_conf"]
+# sched/backfill's defaults and limits (Slurm 25.11, src/plugins/sched/backfill/backfill.c)
+SLURM_BF_INTERVAL_S, SLURM_BF_MAX_JOB_TEST = 30, 500
+_MAX_BF_INTERVAL_S, _MAX_BF_MAX_JOB_TEST = 10800, 1_000_000
+
+__all__ = ["NodeSpec", "ClusterSpec", "Backfill", "homogeneous_cluster", "cluster_from_json",
+           "cluster_from_slurm_conf", "backfill_from_slurm_conf"]
 
 
 @dataclass(frozen=True)
@@ -172,3 +177,46 @@ def cluster_from_slurm_conf(text: str, gres_conf: str | None = None) -> ClusterS
     if not nodes:
         raise HorusError("slurm.conf: no NodeName line with Gres=gpu:...")
     return ClusterSpec(tuple(nodes))
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """How a slurm.conf backfills: at all, every how many seconds, over how many waiting jobs."""
+    enabled: bool
+    interval_s: float
+    max_job_test: int
+
+
+def _atoi(text: str) -> int:
+    """glibc's atoi, as slurmctld reads a number: (int) strtol, so ASCII digits after blanks,
+    0 when there are none, saturated at 64 bits and then cut to 32 (C's conversion to int)."""
+    m = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text, re.ASCII)
+    n = max(min(int(m.group(1)), 2 ** 63 - 1), -2 ** 63) if m else 0
+    return (n + 2 ** 31) % 2 ** 32 - 2 ** 31
+
+
+def _sched_param(params: str, key: str) -> int | None:
+    """A SchedulerParameters number as slurmctld finds it: the first case-insensitive
+    occurrence of ``key=`` anywhere in the value (xstrcasestr), the number after it."""
+    i = params.lower().find(key + "=")
+    return None if i < 0 else _atoi(params[i + len(key) + 1:])
+
+
+def backfill_from_slurm_conf(text: str) -> Backfill:
+    """SchedulerType and SchedulerParameters' bf_interval and bf_max_job_test, as slurmctld 25.11
+    reads them (backfill.c _load_config): the latest line of each wins, a key is found as a
+    substring in any case, a number is C's atoi; a value out of range is the default (slurmctld
+    logs an error); bf_interval=-1 or SchedulerType=sched/builtin: no backfill."""
+    sched_type, params = "sched/backfill", ""
+    for rec in parse_conf_lines(text):
+        sched_type = rec.get("schedulertype", sched_type).strip()
+        params = rec.get("schedulerparameters", params)
+    interval, enabled = SLURM_BF_INTERVAL_S, sched_type != "sched/builtin"
+    n = _sched_param(params, "bf_interval")
+    if n == -1:
+        enabled = False
+    elif n is not None and 1 <= n <= _MAX_BF_INTERVAL_S:
+        interval = n
+    n = _sched_param(params, "bf_max_job_test")
+    return Backfill(enabled, float(interval),
+                    n if n is not None and 1 <= n <= _MAX_BF_MAX_JOB_TEST else SLURM_BF_MAX_JOB_TEST)

@@ -9,11 +9,12 @@ Policies (:mod:`slurm_horus.sim.policies`, docs/simulator.md):
   shared (type, shards) / exclusive / unchanged;
 * ``oracle``: the same hook fed the TRUE util/mem.
 
-Scheduling as Slurm does it: priority = submit time (FIFO); the main scheduler starts jobs in
-priority order and stops at the first that does not fit; EASY backfill then reserves the
-resources of that first job at the earliest time running jobs' time limits free them, and
-starts later jobs of a bounded window (``bf_window``, like ``bf_max_job_test``) that fit now
-and either end (by their time limit) before that reservation or stay off the reserved GPUs.
+Scheduling as Slurm does it: priority = submit time (FIFO); the main scheduler, at every event,
+starts jobs in priority order and stops at the first that does not fit; EASY backfill, every
+``bf_interval`` seconds (Slurm's default 30; 0: at every event), reserves the resources of that
+first job at the earliest time running jobs' time limits free them, and starts later jobs of a
+bounded window (``bf_window``, Slurm's ``bf_max_job_test``) that fit now and either end (by
+their time limit) before that reservation or stay off the reserved GPUs.
 Multi-GPU jobs take whole GPUs on one node.  Co-located jobs slow each other down
 (:mod:`slurm_horus.sim.interference`); a job whose true memory does not fit next to the jobs
 already on its GPU fails with OOM ``oom_delay_s`` after its start and is requeued once, on a
@@ -42,9 +43,8 @@ from typing import Any, Iterable, Sequence
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.names import family_of
-from slurm_horus.predict.history import (FAMILY_WEIGHT, NO_OFFSET, corrected_answer, pooled_correction,
-                                         site_offset)
-from slurm_horus.sim.cluster import ClusterSpec
+from slurm_horus.predict.history import FAMILY_WEIGHT, NO_OFFSET, corrected_answer, pooled_means, site_offset
+from slurm_horus.sim.cluster import SLURM_BF_INTERVAL_S, ClusterSpec
 from slurm_horus.sim.interference import Interference
 from slurm_horus.sim.metrics import metrics
 from slurm_horus.sim.placement import INF, UTIL_SIGMA, Placement, pair_limits
@@ -72,7 +72,7 @@ class Simulator(Placement):
 
     def __init__(self, cluster: ClusterSpec, jobs: Sequence[SimJob], requests: Sequence[Request | None],
                  shards_per_gpu: int = 100, *, interference: Interference | None = None,
-                 bf_window: int = 100, bf_interval: float = 0.0, oom_delay_s: float = 60.0,
+                 bf_window: int = 100, bf_interval: float = SLURM_BF_INTERVAL_S, oom_delay_s: float = 60.0,
                  backfill: bool = True, slowdown_bound: float = 2.0, max_group: int = 4,
                  slowdown_quantile: float = 0.95, window_s: float | None = None,
                  history_lag_s: float | None = None, table: JobTable | None = None,
@@ -121,20 +121,21 @@ class Simulator(Placement):
 
     def _refresh(self, g: int, now: float, new_job: int = -1) -> None:
         """Recompute the speed of GPU g's jobs after its job set changed; re-plan their ends."""
-        n, tot, t = self.ghealthy[g], self.gutil[g], self.gtype[g]
-        speed, gspeed, jspeed = self.itf.speed, self.gspeed, self.speed
-        failing, allocs, jtrue, jsens = self.failing, self.alloc, self.jtrue, self.jsens
-        gspeed[g] = speed(tot, n) if n > 1 else 1.0  # alone: full speed, as speed() says
+        n, tot, t, jobs = self.ghealthy[g], self.gutil[g], self.gtype[g], self.gjobs[g]
+        gspeed, jspeed = self.gspeed, self.speed
+        failing, allocs, jtrue = self.failing, self.alloc, self.jtrue
+        if n > 1:  # the GPU's speed (the median job's), then each job's by its sensitivity
+            gspeed[g], *own = self.itf.speeds(tot, n, [1.0] + [self.jsens[j] for j in jobs])
+        else:
+            gspeed[g], own = 1.0, [1.0] * len(jobs)  # alone: full speed, as speed() says
         remaining, last, version, limit_end = self.remaining, self.last, self.version, self.limit_end
         events = self.events
         work = 0.0
-        for j in self.gjobs[g]:
+        for j, s in zip(jobs, own):
             if failing[j]:
                 continue
             alloc = allocs[j]
-            if len(alloc) == 1:
-                s = speed(tot, n, jsens[j]) if n > 1 else 1.0
-            else:
+            if len(alloc) > 1:
                 s = min(gspeed[x] for x in alloc)
             work += jtrue[j][t][0] * s
             if s == jspeed[j] and j != new_job:
@@ -173,6 +174,7 @@ class Simulator(Placement):
                     self.shared[x] = True
             self._set_free(g, self.free[g] - req.shards)
             self.gjobs[g].append(j)
+            self.groups[g] = None
         if req.share is not None:
             g = alloc[0]
             self.pu[g] += req.share[0]
@@ -232,6 +234,7 @@ class Simulator(Placement):
             self._set_share(g)
         for g in alloc:
             self.gjobs[g].remove(j)
+            self.groups[g] = None
             if not self.gjobs[g]:
                 self.cur_busy -= 1
             self._set_free(g, self.free[g] + req.shards)
@@ -298,8 +301,9 @@ class Simulator(Placement):
             rec = hist.get((job.graph, t))
             if rec is None:
                 cu, cm, _ = job.pred[types[t]]
-                rec = hist[job.graph, t] = [0.0, 0, 0.0, 0, cu, cm, self._family(job.model)]
+                rec = hist[job.graph, t] = [0.0, 0, 0.0, 0, cu, cm]
                 self.type_graphs[t].append(rec)
+                self.type_families[t].setdefault(self._family(job.model), []).append(rec)
             if u is not None:
                 rec[0] += u
                 rec[1] += 1
@@ -348,14 +352,10 @@ class Simulator(Placement):
         mem = [(r[2] / r[3] - r[5], None) for r in graphs]
         util = [(r[0] / r[1] - r[4], None) for r in graphs if r[1]]
         off = site_offset(mem, util, self.type_runs[t])
-        by_family: dict[str, list[list[dict]]] = {}
-        for r in graphs:
-            by_family.setdefault(r[6], []).append([{"mem": r[2] / r[3], "cold_mem": r[5],
-                                                    "util": r[0] / r[1] if r[1] else None,
-                                                    "cold_util": r[4]}])
         families = {}
-        for fam, runs in by_family.items():
-            p = pooled_correction(runs, [None] * len(runs), off or NO_OFFSET)
+        for fam, recs in self.type_families[t].items():
+            p = pooled_means([(r[2] / r[3], r[5], r[0] / r[1] if r[1] else None, r[4]) for r in recs],
+                             off or NO_OFFSET)
             if p:
                 families[fam] = p
         self.pools[t] = (off, families)
@@ -497,10 +497,11 @@ class Simulator(Placement):
         self.timed_out = [False] * N
         self.shared = [False] * N  # ever on a GPU with another job
         self.measured: deque[tuple] = deque()  # (synced at, job, type, util or None, memory)
-        # (graph, type): [util sum, n, memory sum, n, cold util, cold memory, family]
+        # (graph, type): [util sum, n, memory sum, n, cold util, cold memory]
         self.hist: dict[tuple[str, int], list] = {}
         T = len(self.types)
         self.type_graphs: list[list[list]] = [[] for _ in range(T)]  # the hist records per type
+        self.type_families: list[dict[str, list[list]]] = [{} for _ in range(T)]  # and by family
         self.type_runs = [0] * T  # measured jobs per type
         self.pools: list[tuple] = [(None, {})] * T  # (site offsets or None, {family: pool})
         self.pooled_at = [0] * T  # type_runs when pooled last

@@ -98,6 +98,17 @@ class Interference:
             s *= self._crowd(n_jobs)
         return s
 
+    def speeds(self, sum_util_pct: float, n_jobs: int, sens: Sequence[float]) -> list[float]:
+        """:meth:`speed` of a job of each of these sensitivities in one group (the curve read once)."""
+        if n_jobs <= 1:
+            return [1.0 for _ in sens]
+        s, worst = self._pair(sum_util_pct), self.points[-1][1]
+        out = [s if k == 1.0 else max(worst, 1.0 - (1.0 - s) * k) for k in sens]
+        if n_jobs > 2 or self.mem_bw_penalty:
+            crowd = self._crowd(n_jobs)
+            return [x * crowd for x in out]
+        return out
+
     def _pair(self, sum_util_pct: float) -> float:
         """The pair curve's median speed at ``sum_util_pct``, before any crowding factor."""
         pts, xs = self.points, self._xs
@@ -109,21 +120,20 @@ class Interference:
         (x0, y0), (x1, y1) = pts[i - 1], pts[i]
         return y0 + (y1 - y0) * (sum_util_pct - x0) / (x1 - x0)
 
-    def median_speeds(self, sums: "np.ndarray", n_jobs: "np.ndarray") -> "np.ndarray":
-        """:meth:`speed` of the median job (sensitivity 1) for numpy arrays of summed utils and
-        group sizes, at once (the horus scheduler prices every candidate group).  numpy is
-        imported here: the queue loop reads this module too and needs none of it."""
+    def speed_table(self, max_jobs: int) -> tuple["np.ndarray", "np.ndarray", "np.ndarray"]:
+        """The curve as numpy arrays (sums, speeds, crowding factor by group size up to at least
+        ``max_jobs``): ``np.interp(s, sums, speeds) * crowd[n]`` is :meth:`speed` of the median
+        job in groups of n >= 2 (the horus scheduler prices every candidate group at once).
+        numpy is imported here: the queue loop reads this module too and needs none of it."""
         import numpy as np
 
         tables = self.__dict__.get("_tables")
-        if tables is None or n_jobs.max(initial=0) >= len(tables[2]):
-            size = max(1025, int(n_jobs.max(initial=0)) + 1)  # _crowd by group size
+        if tables is None or max_jobs >= len(tables[2]):
+            size = max(1025, max_jobs + 1)  # _crowd by group size
             tables = (np.array(self._xs), np.array([p[1] for p in self.points]),
                       np.array([1.0, 1.0] + [self._crowd(n) for n in range(2, size)]))
             object.__setattr__(self, "_tables", tables)
-        xs, ys, crowds = tables
-        s = np.interp(sums, xs, ys) * crowds[n_jobs]
-        return s if n_jobs.min(initial=2) >= 2 else np.where(n_jobs >= 2, s, 1.0)
+        return tables
 
     def _crowd(self, n_jobs: int) -> float:
         """The factor on every speed in a group of ``n_jobs`` >= 2 beyond the pair curve:
@@ -196,6 +206,14 @@ class Interference:
             return 1.0, 0.0
         c = self._crowd(n_jobs)
         return c, c * (1.0 - self._pair(sum_util_pct))
+
+    def loss_rates_at(self, sums: Sequence[float], n_jobs: int) -> tuple[float, tuple[float, ...]]:
+        """:meth:`loss_rates` at each of ``sums`` in a group of ``n_jobs``: (c, (c x L, ...)),
+        c the same at every sum."""
+        if n_jobs <= 1:
+            return 1.0, tuple([0.0 for _ in sums])
+        c = self._crowd(n_jobs)
+        return c, tuple([c * (1.0 - self._pair(s)) for s in sums])
 
 
 def sensitivity_at(q: float, sigma: float = SENSITIVITY_SIGMA) -> float:

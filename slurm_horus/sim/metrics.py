@@ -17,32 +17,34 @@ def pct(xs: list[float], p: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def _slowdown(sim, i: int) -> float:
-    ran, solo = sim.end[i] - sim.start[i], sim.solo[i]
-    if not sim.timed_out[i]:
+def _slowdown(ran: float, solo: float, timed_out: bool, remaining: float) -> float:
+    if not timed_out:
         return ran / solo
-    return ran / max(solo - sim.remaining[i], 1e-9 * solo)
+    return ran / max(solo - remaining, 1e-9 * solo)
 
 
 def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> dict[str, Any]:
     """Per-policy figures of the Simulator ``sim`` after its run (t0: the first submit)."""
-    done = [i for i in range(len(sim.jobs)) if sim.end[i] >= 0 and not sim.failed[i]]
-    jct = sorted(sim.end[i] - sim.jobs[i].submit for i in done)
-    waits = [sim.start[i] - sim.jobs[i].submit for i in done]
+    end, start, timed_out, w_end = sim.end, sim.start, sim.timed_out, sim.w_end
+    submit = [j.submit for j in sim.jobs]
+    done = [i for i, (e, f) in enumerate(zip(end, sim.failed)) if e >= 0 and not f]
+    jct = sorted([end[i] - submit[i] for i in done])
+    waits = [start[i] - submit[i] for i in done]
     # per-job slowdown: run time over the solo run time on the GPU type it ran on (interference
     # only, not the type).  A job killed at its time limit counts at the slowdown it ran at: its
     # run time over the solo work it did, above its limit over its solo time (counting it at
     # that, the kill time, had put a job killed on a T4 exactly at a bound of 2, never beyond).
-    slow = sorted(_slowdown(sim, i) for i in done)
-    win = sim.w_end - t0
+    solo, remaining = sim.solo, sim.remaining
+    slow = sorted([_slowdown(end[i] - start[i], solo[i], timed_out[i], remaining[i]) for i in done])
+    win = w_end - t0
     # a job killed at its time limit ended, but did not complete: no throughput
-    in_win = sum(1 for i in done if sim.end[i] <= sim.w_end and not sim.timed_out[i])
-    t_end = max((sim.end[i] for i in range(len(sim.jobs)) if sim.end[i] >= 0), default=t0)
+    in_win = sum(1 for i in done if end[i] <= w_end and not timed_out[i])
+    t_end = max((e for e in end if e >= 0), default=t0)
     span = max(t_end - t0, 0.0)
     G = sim.G
     return {
         "jobs": len(sim.jobs),
-        "completed": sum(1 for i in done if not sim.timed_out[i]),
+        "completed": sum(1 for i in done if not timed_out[i]),
         "ended": len(done),
         "makespan_s": span,
         "mean_jct_s": sum(jct) / len(jct) if jct else 0.0,
@@ -67,6 +69,8 @@ def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> d
         "unschedulable": unschedulable,
         "shared_starts": sim.shared_starts,
         "backfilled": sim.backfilled,
+        "bf_interval_s": sim.bf_interval if sim.backfill else None,
+        "bf_window": sim.bf_window if sim.backfill else None,
         "history_hits": sim.history_hits,
         "site_hits": sim.site_hits,
         "beyond_bound": sum(1 for x in slow if x > sim.bound),

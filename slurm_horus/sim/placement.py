@@ -90,6 +90,7 @@ class Placement:
         self.n_avail = G  # GPUs with at least one free shard
         self.n_idle = G  # GPUs with every shard free
         self.gjobs: list[list[int]] = [[] for _ in range(G)]
+        self.groups: list[tuple | None] = [None] * G  # _group's, while a GPU's jobs stay
         self.gutil = [0.0] * G
         self.gmemu = [0.0] * G
         self.ghealthy = [0] * G
@@ -97,6 +98,7 @@ class Placement:
         self.gcontrib = [0.0] * G
         self.node_idle = [set(ids) for ids in self.node_gpus]
         self.part = [[set() for _ in range(S)] for _ in types]     # [type][free] partially used
+        self.n_part = [0] * len(types)  # the GPUs in part[type]
         self.nodeb = [[set() for _ in range(self.maxk + 1)] for _ in types]  # [type][idle count]
         for n, ids in enumerate(self.node_gpus):
             self.nodeb[self.node_type[n]][len(ids)].add(n)
@@ -105,13 +107,19 @@ class Placement:
         self.jsens = [j.sens for j in self.jobs]
         self.jlim = [j.limit for j in self.jobs]
         # co-location state of the horus scheduler: predicted util / p90 memory summed over each
-        # GPU's shareable jobs, and their count
-        self.pu = np.zeros(G)
+        # GPU's shareable jobs, and their count (ns, a float).  pu and ns are rows of gcols,
+        # beside what _set_share keeps of them, the predicted median speed of the GPU's shareable
+        # jobs (pspeed) and the crowding factor of ns + 1 jobs: one fancy index in _share_place
+        # fetches what it reads of every candidate GPU
+        self.curve = self.itf.speed_table(self.max_group + 1)  # (sums, speeds, crowd by group size)
+        self.gcols = np.zeros((4, G))
+        self.pu, self.ns, self.pspeed, self.crowd_next = self.gcols
+        self.pspeed[:] = 1.0
+        self.crowd_next[:] = self.curve[2][1]
         self.pm = np.zeros(G)
         # each job's relative error of its predicted util (UTIL_SIGMA for a prediction, 0 for
-        # a measured or true one; set by the Simulator): _group_var sums a GPU's
+        # a measured or true one; set by the Simulator): _group sums a GPU's
         self.jsig = [0.0] * len(self.jobs)
-        self.ns = np.zeros(G, dtype=np.int64)
         self.gcap = np.array(self.gmem_cap)
         self.gtype_np = np.array(self.gtype)
         # what _share_place reads of each GPU, kept by _set_share: the predicted memory one more
@@ -122,7 +130,6 @@ class Placement:
         self.uroom = np.full(G, -INF)
         self.rank = np.zeros(G)
         self.lone_pu = np.full(G, INF)  # predicted util of a GPU's only shareable job, else inf
-        self.pspeed = np.ones(G)  # the predicted median speed of a GPU's shareable jobs
         self.whole_req = [Request((t,), S, 1) for t in range(len(types))]
         # the slowdown tail budget (_join_risk): jobs expected beyond the bound, charged so far,
         # each job's worst share so far, first starts, and the last join _share_place priced
@@ -155,6 +162,7 @@ class Placement:
             self.n_avail -= 1
         if 0 < old < S:
             self.part[t][old].discard(g)
+            self.n_part[t] -= 1
         elif old == S:
             self.n_idle -= 1
             idle = self.node_idle[n]
@@ -173,6 +181,7 @@ class Placement:
             self.nodeb[t][k + 1].add(n)
         elif new > 0:
             self.part[t][new].add(g)
+            self.n_part[t] += 1
         self.free[g] = new
 
     def _set_share(self, g: int) -> None:
@@ -184,6 +193,7 @@ class Placement:
         self.rank[g] = pu + 1000.0 * n
         self.lone_pu[g] = pu if n == 1 and self.max_group > 1 else INF
         self.pspeed[g] = self.itf.speed(pu, n)
+        self.crowd_next[g] = self.curve[2][n + 1]
 
     def _share_place(self, j: int, req: Request, exclude: set | None) -> list[int] | None:
         """The horus scheduler.  A job that a lone partner on its fastest type would not slow
@@ -212,12 +222,12 @@ class Placement:
                     return [g]
         best, best_cost = None, INF
         for t in req.types:  # fastest type first: the first idle GPU is the best idle one
-            whole = self._spread_place(t, exclude, self.now + lim)
+            whole = self._spread_place(t, exclude, self.now + lim) if self.n_idle else None
             if whole is not None:
                 best, best_cost = whole, rx[t]
                 break
         pressure = len(self.queue) > self.n_idle  # not every waiting job can have an idle GPU
-        if best_cost <= min(rx[t] for t in req.types) and not pressure:
+        if not pressure and best_cost <= min(rx[t] for t in req.types):
             return best
         budget = self.risk_share * (self.n_first + 1)
         if self._over_budget(0.0, budget):
@@ -230,7 +240,7 @@ class Placement:
             ok &= np.isin(self.gtype_np, req.types)
         if exclude:
             ok[list(exclude)] = False
-        cand = np.flatnonzero(ok)
+        cand = ok.nonzero()[0]
         if not len(cand):
             # no idle GPU and no group with room: true of every job of these types and
             # exclusion that is no smaller, until resources grow (the backfill memo)
@@ -240,12 +250,17 @@ class Placement:
         # the group's median speed with it, plus, per partner, the share of its runtime the job
         # adds (its speed before over its speed after, less one); the fewest jobs, then the least
         # util, on ties.  Set against an idle GPU below, which adds the job's runtime there
-        ns = self.ns[cand]
-        new_speed = self.itf.median_speeds(self.pu[cand] + u, ns + 1)
-        cost = (np.asarray(rx)[self.gtype_np[cand]] / new_speed
-                + ns * (self.pspeed[cand] / new_speed - 1.0))
-        cost_r = cost.round(9)  # rounding drift is no tie-break
-        ties = np.flatnonzero(cost_r == cost_r.min())
+        pu, ns, pspeed, crowd = self.gcols[:, cand]
+        sums, speeds, _ = self.curve
+        new_speed = np.interp(pu + u, sums, speeds) * crowd  # the median job's (speed_table)
+        runtime = rx[0] if len(rx) == 1 else np.asarray(rx)[self.gtype_np[cand]]
+        cost = runtime / new_speed + ns * (pspeed / new_speed - 1.0)
+        # rounding drift is no tie-break: the costs that round (9 decimals) to the least one's,
+        # among the few near it (rounding keeps order, and moves a cost by under 1e-9)
+        least = cost.min()
+        near = (cost <= least + 1e-6 * (1.0 + abs(least))).nonzero()[0]
+        near_r = cost[near].round(9)
+        ties = near[near_r == near_r.min()]
         i = int(ties[0]) if len(ties) == 1 else int(ties[np.argmin(self.rank[cand[ties]])])
         g = int(cand[i])
         risk = self._join_risk(g, j, u, lim, budget)
@@ -299,19 +314,19 @@ class Placement:
         (_fails_budget) whatever the partners add (_over_budget): the join would be refused
         anyway."""
         su, n, b = float(self.pu[g]) + u, int(self.ns[g]) + 1, self.bound
-        sd = (self._group_var(g) + (u * self.jsig[j]) ** 2) ** 0.5
-        jrisk, cur_req, jlim = self.jrisk, self.cur_req, self.jlim
-        res = [x for x in self.gjobs[g] if cur_req[x].share is not None]
-        longest = max(jlim[x] for x in res)
+        res, group_var, longest = self._group(g)
+        sd = (group_var + (u * self.jsig[j]) ** 2) ** 0.5
+        jrisk, jlim = self.jrisk, self.jlim
         known = self.jsens if self.known_sensitivity else None
-        r = self._tail(su, sd, n, (1.0 + (b - 1.0) / min(1.0, longest / lim),),
-                       None if known is None else (known[j],))[0]
+        # the newcomer's share first, then each partner's (one reading of the curve)
+        shares = self._tail(su, sd, n, [1.0 + (b - 1.0) / min(1.0, longest / lim)]
+                            + [1.0 + (b - 1.0) / min(1.0, lim / jlim[x]) for x in res],
+                            None if known is None else [known[j]] + [known[x] for x in res])
+        r = shares[0]
         if self._over_budget(r, budget):
             return None
         out, added, var = [(-1, r)], r, r * (1.0 - r)
-        shares = self._tail(su, sd, n, [1.0 + (b - 1.0) / min(1.0, lim / jlim[x]) for x in res],
-                            None if known is None else [known[x] for x in res])
-        for x, r in zip(res, shares):
+        for x, r in zip(res, shares[1:]):
             out.append((x, r))
             old = jrisk[x]
             if r > old:
@@ -319,12 +334,18 @@ class Placement:
                 var += r * (1.0 - r) - old * (1.0 - old)
         return out, added, var
 
-    def _group_var(self, g: int) -> float:
-        """The variance of GPU g's summed predicted util: its shareable jobs' own errors
-        (independent), each (util x jsig)^2."""
-        cur_req, jsig = self.cur_req, self.jsig
-        return sum([(cur_req[x].share[0] * jsig[x]) ** 2 for x in self.gjobs[g]
-                    if cur_req[x].share is not None])
+    def _group(self, g: int) -> tuple[list[int], float, float]:
+        """GPU g's shareable jobs, the variance of their summed predicted util (their own
+        errors, independent: each (util x jsig)^2) and their longest time limit (-inf: none).
+        Kept until its jobs change (_start and _release forget it): pricing a join reads it for
+        every job that waits."""
+        group = self.groups[g]
+        if group is None:
+            cur_req, jsig, jlim = self.cur_req, self.jsig, self.jlim
+            res = [x for x in self.gjobs[g] if cur_req[x].share is not None]
+            group = self.groups[g] = (res, sum([(cur_req[x].share[0] * jsig[x]) ** 2 for x in res]),
+                                      max([jlim[x] for x in res], default=-INF))
+        return group
 
     def _tail(self, su: float, sd: float, n: int, bounds, sens) -> list[float]:
         """Interference.exceed_shares of a group of n whose predicted utils sum to su, averaged
@@ -369,16 +390,14 @@ class Placement:
         of the group it was in, and the new group's rates (``joined``: a job starting now): c
         and c x L at each QUAD point of the predicted sum's error."""
         su, n = float(self.pu[g]), int(self.ns[g])
-        sd = self._group_var(g) ** 0.5 if n > 1 else 0.0
-        c, ck = self.itf.loss_rates(su, n)
+        res, group_var, _ = self._group(g)
+        sd = group_var ** 0.5 if n > 1 else 0.0
         if sd > 0.0:
-            rate = (c, tuple([self.itf.loss_rates(s, n)[1] for s in _quad_sums(su, sd, n)]))
+            rate = self.itf.loss_rates_at(_quad_sums(su, sd, n), n)
         else:
+            c, ck = self.itf.loss_rates(su, n)
             rate = (c, (ck, ck, ck))
-        cur_req = self.cur_req
-        for x in self.gjobs[g]:
-            if cur_req[x].share is None:
-                continue
+        for x in res:
             if x == joined:
                 self.lost_c[x] = self.lossy[x] = 0.0
                 self.lost_k[x] = (0.0, 0.0, 0.0)
@@ -434,14 +453,16 @@ class Placement:
         S, req = self.S, self.cur_req[j]
         if req.share is not None:
             return self._share_place(j, req, exclude)
+        k = req.gpus
         for t in req.types:
-            if req.gpus == 1 and req.shards < S:
+            if k == 1 and req.shards < S and self.n_part[t]:
                 part = self.part[t]
                 for f in range(req.shards, S):
                     for g in part[f]:
                         if exclude is None or g not in exclude:
                             return [g]
-            k = req.gpus
+            if self.n_idle < k:
+                continue  # no node has k idle GPUs
             nodeb = self.nodeb[t]
             for c in range(k, self.maxk + 1):
                 for n in nodeb[c]:
