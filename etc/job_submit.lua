@@ -186,10 +186,15 @@ local function parse_policy(text)
 		return nil
 	end
 
+	-- raw_shards given (validly or not), and lines the hook cannot take at all: with the latter
+	-- and not the former the file is a mistake, and it fails closed (raw_shards = whole below)
+	local raw_given, mistaken = false, false
 	local nlines, pos, len = 0, 1, #text
 	while pos <= len do
-		local nl = string.find(text, "\n", pos, true)
+		-- a line ends at LF, CRLF or a lone CR (a file saved with old Mac line ends)
+		local nl = string.find(text, "[\r\n]", pos)
 		local line = string.sub(text, pos, (nl or (len + 1)) - 1)
+		if nl and string.byte(text, nl) == 13 and string.byte(text, nl + 1) == 10 then nl = nl + 1 end
 		pos = (nl or len) + 1
 		nlines = nlines + 1
 		if nlines > MAX_POLICY_LINES then
@@ -202,6 +207,7 @@ local function parse_policy(text)
 		elseif string.find(line, "%S") then
 			local key, val = string.match(line, "^%s*([%w_%.%-]+)%s*=%s*(.-)%s*$")
 			if not key then
+				mistaken = true
 				warn[#warn + 1] = "policy: unreadable line " .. nlines
 			elseif INTEGER_KEYS[key] then
 				local range = INTEGER_KEYS[key]
@@ -225,6 +231,7 @@ local function parse_policy(text)
 				if val == "order" or val == "any" then pol.type_choice = val
 				else bad(key, "need order or any") end
 			elseif key == "raw_shards" then
+				raw_given = true
 				if val == "allow" or val == "whole" or val == "refuse" then pol.raw_shards = val
 				else  -- fail closed: a mistyped value never lets uncosted shards through
 					pol.raw_shards = "whole"
@@ -286,10 +293,16 @@ local function parse_policy(text)
 						warn[#warn + 1] = "policy: " .. key .. ": need an integer MiB, type ignored"
 					end
 				else
+					mistaken = true
 					warn[#warn + 1] = "policy: unknown key " .. key .. " ignored"
 				end
 			end
 		end
+	end
+	if mistaken and not raw_given then
+		-- a misspelt "raw_shards" (or its line unreadable) must not leave uncosted shards allowed
+		pol.raw_shards = "whole"
+		warn[#warn + 1] = "policy: lines the hook cannot read and no raw_shards line: raw_shards = whole"
 	end
 	if pol.min_shards > pol.shards_per_gpu then
 		bad("min_shards", "larger than shards_per_gpu")
@@ -631,6 +644,14 @@ local function mentions_shard(s)
 	return type(s) == "string" and (string.find(s, "shard", 1, true) ~= nil)
 end
 
+-- The GRES name of a request item parse_entry cannot read ("shard" of "gres:shard:1k"), as
+-- Slurm names it (case and all), or nil
+local function entry_name(item)
+	local head = string.sub(item, 1, 5)
+	local rest = (head == "gres:" or head == "gres/") and string.sub(item, 6) or item
+	return string.match(rest, "^([%w_%-%.]+)")
+end
+
 -- Run on every submission (a plain string search first): does the job ask for shards, an
 -- entry named shard with a count (or one that cannot be read: whole_gpu_request says why)?
 -- "shardfs:1" or "gpu:a100_shard:1" is no shard request.
@@ -643,7 +664,7 @@ local function asks_for_shards(job)
 			for _, item in ipairs(items) do
 				local e = parse_entry(item)
 				if not e then
-					if mentions_shard(item) then return true end
+					if entry_name(item) == "shard" then return true end
 				elseif e.name == "shard" and e.count > 0 then
 					return true
 				end
@@ -670,7 +691,8 @@ local function whole_gpu_request(job, pol)
 			for _, item in ipairs(items) do
 				local e = parse_entry(item)
 				if not e then
-					if mentions_shard(item) or mentions_gpu(item) then return nil, "unreadable GRES request" end
+					local name = entry_name(item)
+					if name == "shard" or name == "gpu" then return nil, "unreadable GRES request" end
 					out[#out + 1] = item
 				elseif (e.name == "gpu" or e.name == "shard") and e.count == 0 then
 					changed = true  -- asks for nothing
@@ -1188,7 +1210,7 @@ local function frozen_update(job_desc, job_rec)
 		end
 		-- a node list of several nodes raises the node count with it (Slurm takes them all)
 		local rn = job_desc.req_nodes
-		if type(rn) == "string" and string.find(rn, "[,%[]") then
+		if type(rn) == "string" and string.find(rn, "[,%[%s]") then  -- Slurm splits at ",", space, tab
 			return "a job on GPU shards stays on one node"
 		end
 	end

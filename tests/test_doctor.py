@@ -194,6 +194,11 @@ def test_policy_lines_the_hook_ignores_are_named_with_their_line(site):
     assert sum("unreadable line" in m for m in warns) == 2, warns
     pol.write_text("# " + "x" * 70000 + "\n")
     assert any("the hook ignores all of it" in p.what for p in problems(site))
+    # no raw_shards line and a key the hook does not know: it fails closed, and doctor says so
+    pol.write_text("gpu.a100.mem_mib = 40960\nraw-shards = allow\n")
+    assert any("no raw_shards line" in p.what and "whole GPUs" in p.what for p in problems(site))
+    pol.write_text("gpu.a100.mem_mib = 40960\nraw-shards = allow\nraw_shards = allow\n")
+    assert not any("no raw_shards line" in p.what for p in problems(site))
 
 
 def test_hook_missing_or_foreign(site):

@@ -333,3 +333,32 @@ def test_the_loops_memory_share_is_the_hooks(tmp_path, monkeypatch, mem):
     d = decide(job, policy_path=pol, hook_path=HOOK, submit_uid=UID)
     loop = _pack_size(hint_mem_shards({"Comment": job["comment"]}, "t4"), 50, 100)
     assert (d.shards if d.action == "shared" else None) == loop, d.admin_comment
+
+
+def test_a_comment_of_bytes_that_are_not_utf8_is_decided_not_an_error(tmp_path):
+    """hsubmit --explain with such a comment (sbatch passes any bytes; Python holds them as
+    surrogates) failed with an internal UnicodeEncodeError (a review).  The hook reads them as
+    U+FFFD: no hint, the job unchanged, the caller's own value kept."""
+    from slurm_horus.slurm.policy import decide
+
+    pol = tmp_path / "p.conf"
+    pol.write_text("gpu.a100.mem_mib = 40960\ntype_via = gres\n")
+    odd = "note \udcff\ud800 horus:v1;a100=10/3000/3500"
+    d = decide({"comment": odd, "tres_per_node": "gres:gpu:1"}, policy_path=pol)
+    assert d.rc == 0 and d.job_desc["comment"] == odd
+    plain = decide({"comment": "horus:v1;a100=10/3000/3500", "tres_per_node": "gres:gpu:1"}, policy_path=pol)
+    assert plain.action == "shared" and d.action == plain.action  # the hint after the odd bytes still reads
+
+
+def test_the_note_is_the_hooks_own_entry_even_when_its_reason_says_horus(tmp_path):
+    """Decision.note had been cut at the last "horus: ", inside the hook's reason "more than one
+    horus: token" (a review)."""
+    from slurm_horus.slurm.policy import decide
+
+    pol = tmp_path / "p.conf"
+    pol.write_text("gpu.a100.mem_mib = 40960\ntype_via = gres\n")
+    two = "horus:v1;a100=10/3000/3500 horus:v1;a100=90/3000/3500"
+    d = decide({"comment": two, "tres_per_node": "gres:gpu:1"}, policy_path=pol)
+    assert d.note and d.note.startswith("horus: ") and "more than one horus: token" in d.note, d.admin_comment
+    d = decide({"comment": two, "tres_per_node": "gres:gpu:1", "admin_comment": "moved by ops"}, policy_path=pol)
+    assert d.admin_comment.startswith("moved by ops; horus: ") and d.note == d.admin_comment[len("moved by ops; "):]

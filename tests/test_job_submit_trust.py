@@ -158,6 +158,39 @@ def test_a_policy_that_cannot_be_used_fails_closed_on_raw_shards(site, tmp_path)
     assert policy_value("raw_shards", "allow", path=tmp_path / "missing.conf") == "allow"
 
 
+@pytest.mark.parametrize("text", ["raw_shards: whole\n", "raw_shards whole\n", "raw-shards = whole\n",
+                                  "# the site's policy\rraw_shards = allow\rnot a line\r"],
+                         ids=["colon", "no equals", "misspelt key", "CR-only line ends"])
+def test_a_policy_line_the_hook_cannot_take_fails_closed_without_raw_shards(site, text):
+    """A misspelt or unreadable raw_shards line had left the built-in allow; a file saved with
+    CR line ends was one comment line, every default (a review).  Without a raw_shards line the
+    hook takes, an unreadable line or unknown key gives whole; a valid one still decides."""
+    job = {"tres_per_node": "gres:shard:5"}
+    pol = site(text)
+    d = run(job, pol)
+    cr = "\r" in text
+    want = job if cr else {"tres_per_node": "gres:gpu:1"}  # CR: its raw_shards = allow line is read
+    assert d.rc == 0 and dict(job, **changed(job, d)) == want, text
+    assert policy_value("raw_shards", "x", path=pol) == ("allow" if cr else "whole")
+    fine = site("type_via = gres\n", name="fine.conf")  # no mistake: the built-in allow stays
+    assert run(job, fine).written == () and policy_value("raw_shards", "allow", path=fine) == "allow"
+    lone_cr = site("raw_shards = whole\rtype_via = gres\r", name="cr.conf")
+    assert dict(job, **changed(job, run(job, lone_cr))) == {"tres_per_node": "gres:gpu:1"}
+    assert policy_value("type_via", path=lone_cr) == "gres"
+
+
+@pytest.mark.parametrize("gres", ["gres:shardfs:1k", "gres:nvme:shard0:2G", "gres/bandwidth:shardnet:4G"])
+def test_a_gres_that_only_contains_shard_is_no_shard_request(site, gres):
+    """Slurm names a GRES exactly (gres.c _get_next_gres, case and all): a site GRES whose name
+    or type contains "shard", with a suffixed count the hook cannot read, was taken for an
+    unreadable shard request and rejected under raw_shards = whole (a review)."""
+    job = {"tres_per_node": gres}
+    d = run(job, site("raw_shards = whole\n"))
+    assert d.rc == 0 and d.written == () and d.job_desc == job
+    d = run({"tres_per_node": "gres:shard:1k"}, site("raw_shards = whole\n", name="w.conf"))
+    assert d.rc != 0  # a shard count the hook cannot read is still not let through uncosted
+
+
 def test_a_policy_the_hook_may_not_open_fails_closed(site, tmp_path):
     """slurmctld runs the hook as SlurmUser: a policy it cannot open (EACCES) is a broken
     policy, not a missing one."""
@@ -573,7 +606,7 @@ def test_users_cannot_change_the_hint_or_the_gpu_type_of_a_shared_job(site):
         assert modify(rt, fields, 1002, pol, rec=whole)[0] == 0, fields
     assert modify(rt, {"max_nodes": 1}, 1002, pol, rec=shared)[0] == 0
     # a node list of several nodes spreads it as surely (a review: it passed)
-    for nodes in ("n1,n2", "gpu[1-2]"):
+    for nodes in ("n1,n2", "gpu[1-2]", "n1 n2", "n1\tn2"):  # Slurm splits at space and tab too
         assert modify(rt, {"req_nodes": nodes}, 1002, pol, rec=shared)[0] != 0, nodes
         assert modify(rt, {"req_nodes": nodes}, 1002, pol, rec=whole)[0] == 0, nodes
     assert modify(rt, {"req_nodes": "n1"}, 1002, pol, rec=shared)[0] == 0

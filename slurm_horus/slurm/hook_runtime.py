@@ -117,8 +117,9 @@ class Decision:
         wrote anything: the text ``scontrol show job`` then ends with."""
         if "admin_comment" not in self.written or not self.admin_comment:
             return None
-        i = self.admin_comment.rfind("horus: ")
-        return self.admin_comment[i:] if i >= 0 else None
+        text = self.admin_comment  # the hook appends "; " + its note to an AdminComment there
+        i = text.rfind("; horus: ")  # (its own reason may say "horus: " too)
+        return text[i + 2:] if i >= 0 else text if text.startswith("horus: ") else None
 
 
 def _make_decision(rc, job, user, log, written) -> Decision:
@@ -181,10 +182,14 @@ class HookRuntime:
         (what slurmctld passes for a job submitted by the caller: the claim record is keyed by it)."""
         if submit_uid is None:
             submit_uid = os.getuid()
-        fields = {k: v for k, v in job_desc.items() if v is not None}
-        for k, v in fields.items():
+        given = {k: v for k, v in job_desc.items() if v is not None}
+        for k, v in given.items():
             if not isinstance(v, (str, int, float, bool)):
                 raise HorusError(f"job_desc[{k!r}]: unsupported value type {type(v).__name__}")
+        # bytes that are not UTF-8 (sbatch passes any; Python holds them as surrogates) reach the
+        # hook as U+FFFD: the runtime speaks UTF-8, and no hint or GRES is read from such bytes
+        fields = {k: v.encode("utf-8", "surrogatepass").decode("utf-8", "replace") if isinstance(v, str) else v
+                  for k, v in given.items()}
         with self._lock:
             g = self._g
             g._horus_reset()
@@ -202,8 +207,8 @@ class HookRuntime:
         # Keep the caller's Python values for fields the hook did not write.
         result = {}
         for k, v in after.items():
-            if k in fields and k not in written:
-                result[k] = fields[k]
+            if k in given and k not in written:
+                result[k] = given[k]
             elif isinstance(v, float) and v.is_integer():
                 result[k] = int(v)
             else:

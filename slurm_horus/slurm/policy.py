@@ -157,7 +157,7 @@ def _policy_entries(text: str) -> list[tuple[int, str, str, bool]]:
     the hook takes the value (an unknown key or a rejected value changes nothing)."""
     out = []
     text = text.removeprefix("\ufeff")  # the hook skips a UTF-8 BOM too
-    for n, line in enumerate(text.split("\n")[:_POLICY_MAX_LINES]):
+    for n, line in enumerate(re.split(r"\r\n|\r|\n", text)[:_POLICY_MAX_LINES]):  # the hook's line ends
         line = line.split("#", 1)[0]
         if len(line.encode("utf-8", "surrogateescape")) > _POLICY_MAX_LINE:
             continue
@@ -184,16 +184,20 @@ def accepted_policy_keys(text: str) -> list[str]:
 
 def policy_values(text: str) -> dict[str, str]:
     """Every key the policy text sets validly, with the value the hook uses (the last accepted
-    line's; after a rejected raw_shards line, whole until a valid one); keys it leaves at the
+    line's; after a rejected raw_shards line, whole until a valid one; whole too when no line
+    names raw_shards and one cannot be read or names an unknown key); keys it leaves at the
     hook's built-in default are absent."""
     if len(text.encode("utf-8", "surrogateescape")) > POLICY_MAX_BYTES:
         return {"raw_shards": "whole"}  # the hook ignores the whole file, failing closed
     values = {}
-    for _, key, value, ok in _policy_entries(text):
+    entries = _policy_entries(text)
+    for _, key, value, ok in entries:
         if ok:
             values[key] = value
         elif key == "raw_shards":
             values[key] = "whole"  # the hook fails closed on a bad raw_shards line
+    if "raw_shards" not in values and any(not key or _check(key) is None for _, key, _, _ in entries):
+        values["raw_shards"] = "whole"  # an unreadable line or unknown key, and no raw_shards line
     for key in ("min_shards", "pressure_shards"):
         if int(values.get(key, 1)) > int(values.get("shards_per_gpu", 100)):
             del values[key]  # the hook's cross-check: back to its default
