@@ -595,3 +595,37 @@ def test_a_local_functions_constants_are_dropped_once_inlined(tmp_path):
     g = load_graph(tmp_path / "c.onnx", batch_size=1)
     consts = [a.t for n in g.nodes for a in n.attribute if a.HasField("t")]
     assert len(consts) == 2 and not any(t.raw_data or t.float_data for t in consts)
+
+
+def test_a_node_listing_its_input_many_times_does_not_make_the_tied_head_search_explode(tmp_path):
+    """Eight Identity views that each list their input 40 times made every path from a
+    tied-head candidate count (40**8): a 1.7 KB file ran until the analysis timer (a review).
+    Each (tensor, depth) is now answered once; the answer is unchanged: tied, counted once."""
+    from slurm_horus.graph.costs import parameter_tensors
+
+    table = helper.make_tensor("E", TensorProto.FLOAT, [6, 4], [0.0] * 24)
+    head = helper.make_tensor("onnx::W", TensorProto.FLOAT, [4, 6], [0.0] * 24)
+    nodes = [helper.make_node("Gather", ["E", "ids"], ["h"]), helper.make_node("MatMul", ["h", "onnx::W"], ["t0"])]
+    nodes += [helper.make_node("Identity", [f"t{d}"] * 40, [f"t{d + 1}"]) for d in range(8)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 3])],
+                              [helper.make_tensor_value_info("t8", TensorProto.FLOAT, None)], [table, head])
+    g = load_graph(save(graph, tmp_path / "fan.onnx"), batch_size=4)
+    assert sorted(parameter_tensors(g)) == ["E"]  # the head's product is the output: tied
+    for _ in range(3):  # each call alone had taken minutes
+        assert sorted(parameter_tensors(g)) == ["E"]
+
+
+def test_a_dimension_name_that_is_not_utf8_is_refused_not_costed_as_one(tmp_path):
+    """protobuf hands such a name over as bytes: it was neither bound nor counted unknown, so a
+    sequence input's unbound length was costed as 1 with no warning (a review)."""
+    w = helper.make_tensor("W", TensorProto.FLOAT, [64, 64], [0.0] * 64 * 64)
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, ["SEQLEN", 64])
+    nodes = [helper.make_node("Constant", [], ["i0"], value=helper.make_tensor("iv", TensorProto.INT64, [], [0])),
+             helper.make_node("SequenceAt", ["s", "i0"], ["t"]), helper.make_node("MatMul", ["t", "W"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [seq], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    good = save(graph, tmp_path / "str.onnx")
+    assert "SEQLEN" in load_graph(good, batch_size=2).unknown_dims  # a str name: unbound, so refused
+    bad = tmp_path / "bytes.onnx"
+    bad.write_bytes(good.read_bytes().replace(b"SEQLEN", b"\xff\xfeQLEN"))
+    with pytest.raises(ModelError, match="not UTF-8 text"):
+        load_graph(bad, batch_size=2)

@@ -128,14 +128,14 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
         return any(c.op_type == "Add" and any(i in params for i in c.input)
                    for o in matmul.output for c in consumers.get(o, ()))
 
-    tied = []
+    tied, ends = [], {}
     for name, info in params.items():
         if not (name.startswith("onnx::") and len(info.shape) == 2
                 and info.shape[0] != info.shape[1] and tuple(reversed(info.shape)) in embeddings):
             continue
         users = consumers.get(name, [])
         if users and all(u.op_type == "MatMul" and not has_bias(u)
-                         and all(_ends_the_model(o, graph, consumers) for o in u.output) for u in users):
+                         and all(_ends_the_model(o, graph, consumers, ends) for o in u.output) for u in users):
             tied.append(name)
     return tied
 
@@ -149,17 +149,21 @@ _LOGIT_ENDS = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss", "NegativeLogL
                "ArgMax", "TopK"}
 
 
-def _ends_the_model(name: str, graph: Graph, consumers, depth: int = 0) -> bool:
+def _ends_the_model(name: str, graph: Graph, consumers, memo: dict, depth: int = 0) -> bool:
     """Whether tensor ``name`` is the model's output (through views) or what its loss reads:
     a head's logits, not a layer's activations (a bias-free FFN weight shaped like a position
-    table's transpose was dropped as tied)."""
+    table's transpose was dropped as tied).  ``memo`` keeps each (tensor, depth) answered once:
+    a node listing its input many times made every path count (a 1.7 KB file took minutes)."""
     if name in graph.graph_outputs:
         return True
-    users = consumers.get(name, ())
-    return bool(users) and depth < 8 and all(
-        u.op_type in _LOGIT_ENDS or (u.op_type in _LOGIT_VIEWS
-                                     and all(_ends_the_model(o, graph, consumers, depth + 1) for o in u.output))
-        for u in users)
+    key = (name, depth)
+    if key not in memo:
+        users = consumers.get(name, ())
+        memo[key] = bool(users) and depth < 8 and all(
+            u.op_type in _LOGIT_ENDS or (u.op_type in _LOGIT_VIEWS and all(
+                _ends_the_model(o, graph, consumers, memo, depth + 1) for o in u.output))
+            for u in users)
+    return memo[key]
 
 
 def node_costs(graph: Graph, params: dict[str, TensorInfo], views: set[str]) -> list[NodeCost]:

@@ -209,15 +209,30 @@ def _check_dims(batch_size, dims):
     return dims
 
 
+def _tensor_types(tp) -> list:
+    """The tensor types a TypeProto holds: its own, or its sequence's, optional's or map's
+    element's (protobuf bounds the nesting)."""
+    if tp.HasField("tensor_type"):
+        return [tp.tensor_type]
+    for kind in ("sequence_type", "optional_type"):
+        if tp.HasField(kind):
+            return _tensor_types(getattr(tp, kind).elem_type)
+    return _tensor_types(tp.map_type.value_type) if tp.HasField("map_type") else []
+
+
 def _check_static_dims(graph, path: Path) -> None:
     """A negative size written in the file is never a model: refuse it before it turns into
-    negative FLOPs or bytes."""
+    negative FLOPs or bytes.  A dimension name that is not UTF-8 text (protobuf hands it over
+    as bytes) was neither bound nor counted unknown, and was costed as 1."""
     for vi in (*graph.input, *graph.value_info, *graph.output):
-        if vi.type.HasField("tensor_type"):
-            for dim in vi.type.tensor_type.shape.dim:
+        for tt in _tensor_types(vi.type):
+            for dim in tt.shape.dim:
                 if dim.HasField("dim_value") and dim.dim_value < 0:
                     raise ModelError(f"{path}: tensor '{vi.name}' has a negative dimension "
                                      f"({dim.dim_value})")
+                if dim.HasField("dim_param") and not isinstance(dim.dim_param, str):
+                    raise ModelError(f"{path}: tensor '{vi.name}' has a dimension name that is not "
+                                     "UTF-8 text")
     for t in graph.initializer:
         if any(d < 0 for d in t.dims):
             raise ModelError(f"{path}: initializer '{t.name}' has a negative dimension "
@@ -684,6 +699,8 @@ def _info_of(tt) -> TensorInfo:
     shape = None
     if tt.HasField("shape"):
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        if any(isinstance(d, bytes) for d in shape):  # a subgraph's, which _check_static_dims does not see
+            raise ModelError("a dimension name in the graph is not UTF-8 text")
     return TensorInfo(tt.elem_type, shape)
 
 
