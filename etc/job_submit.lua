@@ -645,10 +645,16 @@ local function mentions_shard(s)
 end
 
 -- The GRES name of a request item parse_entry cannot read ("shard" of "gres:shard:1k"), as
--- Slurm names it (case and all), or nil
+-- Slurm names it (case and all), or nil; blanks and repeated gres:/gres/ prefixes are passed
+-- over, in case Slurm does too (an item the hook cannot name is no shard request)
 local function entry_name(item)
-	local head = string.sub(item, 1, 5)
-	local rest = (head == "gres:" or head == "gres/") and string.sub(item, 6) or item
+	local rest = item
+	for _ = 1, 8 do
+		rest = string.gsub(rest, "^%s+", "")
+		local head = string.sub(rest, 1, 5)
+		if head ~= "gres:" and head ~= "gres/" then break end
+		rest = string.sub(rest, 6)
+	end
 	return string.match(rest, "^([%w_%-%.]+)")
 end
 

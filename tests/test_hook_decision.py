@@ -348,6 +348,11 @@ def test_a_comment_of_bytes_that_are_not_utf8_is_decided_not_an_error(tmp_path):
     assert d.rc == 0 and d.job_desc["comment"] == odd
     plain = decide({"comment": "horus:v1;a100=10/3000/3500", "tres_per_node": "gres:gpu:1"}, policy_path=pol)
     assert plain.action == "shared" and d.action == plain.action  # the hint after the odd bytes still reads
+    # each such byte counts one byte, as in slurmctld: a comment just under the hook's 64 KiB
+    hint = "horus:v1;a100=10/3000/3500 "
+    for pad in ("x", "\udcff"):
+        d = decide({"comment": hint + pad * (65526 - len(hint)), "tres_per_node": "gres:gpu:1"}, policy_path=pol)
+        assert d.action == "shared", (pad, d.admin_comment)
 
 
 def test_the_note_is_the_hooks_own_entry_even_when_its_reason_says_horus(tmp_path):

@@ -16,7 +16,8 @@ import pytest
 pytest.importorskip("lupa")
 
 from slurm_horus.slurm.hook_runtime import Decision, HookCache, HookRuntime  # noqa: E402
-from slurm_horus.slurm.policy import charged_mem_mib, decide, policy_file, policy_value  # noqa: E402
+from slurm_horus.slurm.policy import (charged_mem_mib, decide, policy_file, policy_value, policy_values,  # noqa: E402
+                                      policy_with_overrides)
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "etc" / "job_submit.lua"
@@ -177,6 +178,37 @@ def test_a_policy_line_the_hook_cannot_take_fails_closed_without_raw_shards(site
     lone_cr = site("raw_shards = whole\rtype_via = gres\r", name="cr.conf")
     assert dict(job, **changed(job, run(job, lone_cr))) == {"tres_per_node": "gres:gpu:1"}
     assert policy_value("type_via", path=lone_cr) == "gres"
+
+
+@pytest.mark.parametrize("text,whole", [("gpu.A100.mem_mib = 40960\n", False), ("gpu.a.b.mem_mib = 40960\n", False),
+                                        ("shards_per_gpu = 100\n\u00a0\n", True), ("\u3000\n", True)],
+                         ids=["bad type name", "dotted type", "no-break space line", "ideographic space line"])
+def test_python_and_the_hook_agree_on_when_a_policy_fails_closed(site, text, whole):
+    """A gpu.<type>.mem_mib key with a bad type name is a key the hook knows (it logs the name);
+    a line of Unicode spaces is text to Lua's ASCII %s, so unreadable (a regression review)."""
+    pol = site(text)
+    job = {"tres_per_node": "gres:shard:5"}
+    d = run(job, pol)
+    assert (d.job_desc["tres_per_node"] == "gres:gpu:1") is whole, d
+    assert policy_value("raw_shards", "allow", path=pol) == ("whole" if whole else "allow")
+
+
+def test_an_override_comments_out_the_right_line_of_a_policy_with_lone_cr_line_ends():
+    """policy_with_overrides numbered lines at LF while the hook (and _policy_entries) split at
+    CR too: the wrong line was commented out, or an IndexError (a regression review)."""
+    base = "gpu.t4.mem_mib = 15360\rtype_order = t4\nraw_shards = refuse\nmemory = p99\r"
+    text = policy_with_overrides(base, {"memory": "p90", "shards_per_gpu": "50"})
+    got = policy_values(text)
+    assert got["raw_shards"] == "refuse" and got["memory"] == "p90" and got["type_order"] == "t4"
+    assert got["shards_per_gpu"] == "50"
+
+
+@pytest.mark.parametrize("gres", [" shard:1", "\tshard:1", "gres/ shard:1", "gres/gres/shard:1"])
+def test_a_shard_item_with_blanks_or_a_doubled_prefix_is_still_a_shard_request(site, gres):
+    """Whether slurmctld trims these is not known here: the hook takes them for shard requests it
+    cannot read (refused under raw_shards = refuse), as before the exact-name change."""
+    d = run({"tres_per_node": gres}, site("raw_shards = refuse\n"))
+    assert d.rc != 0 and d.action == "rejected"
 
 
 @pytest.mark.parametrize("gres", ["gres:shardfs:1k", "gres:nvme:shard0:2G", "gres/bandwidth:shardnet:4G"])

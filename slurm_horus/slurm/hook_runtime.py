@@ -122,6 +122,17 @@ class Decision:
         return text[i + 2:] if i >= 0 else text if text.startswith("horus: ") else None
 
 
+def _lua_text(v: str) -> str:
+    """``v`` as the runtime can pass it: bytes that are not UTF-8 (sbatch passes any; Python
+    holds each as a surrogate) become one "?" each, so the hook's byte limits fall where
+    slurmctld's do; no hint or GRES is read from such bytes either way."""
+    try:
+        v.encode("utf-8")
+        return v
+    except UnicodeEncodeError:
+        return "".join("?" if 0xD800 <= ord(c) <= 0xDFFF else c for c in v)
+
+
 def _make_decision(rc, job, user, log, written) -> Decision:
     admin = job.get("admin_comment")
     token = (parse_decision(admin) if "admin_comment" in written else None) or HookDecision("unchanged")
@@ -186,10 +197,7 @@ class HookRuntime:
         for k, v in given.items():
             if not isinstance(v, (str, int, float, bool)):
                 raise HorusError(f"job_desc[{k!r}]: unsupported value type {type(v).__name__}")
-        # bytes that are not UTF-8 (sbatch passes any; Python holds them as surrogates) reach the
-        # hook as U+FFFD: the runtime speaks UTF-8, and no hint or GRES is read from such bytes
-        fields = {k: v.encode("utf-8", "surrogatepass").decode("utf-8", "replace") if isinstance(v, str) else v
-                  for k, v in given.items()}
+        fields = {k: _lua_text(v) if isinstance(v, str) else v for k, v in given.items()}
         with self._lock:
             g = self._g
             g._horus_reset()

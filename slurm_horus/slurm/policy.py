@@ -141,6 +141,7 @@ _POLICY_KEYS = {
     "underclaim_window_days": _int_in(1, 36500),
 }
 _GPU_MEM_KEY = re.compile(r"gpu\.([a-z0-9_\-]{1,32})\.mem_mib")
+_GPU_KEY = re.compile(r"gpu\..+\.mem_mib", re.S)  # the hook's gpu.<type>.mem_mib: a known key even with a bad type
 
 
 def _check(key: str):
@@ -151,13 +152,21 @@ def _check(key: str):
     return check
 
 
+_LUA_SPACE = " \t\n\v\f\r"  # what Lua 5.1's %s matches (C isspace)
+
+
+def _policy_lines(text: str) -> list[str]:
+    """The policy's lines as the hook splits them: at LF, CRLF or a lone CR."""
+    return re.split(r"\r\n|\r|\n", text)
+
+
 def _policy_entries(text: str) -> list[tuple[int, str, str, bool]]:
     """(line index, key, value, accepted) of every ``key = value`` line the hook reads, in order:
     the first 1000 lines, ``#`` comments stripped, lines over 1024 bytes skipped.  accepted:
     the hook takes the value (an unknown key or a rejected value changes nothing)."""
     out = []
     text = text.removeprefix("\ufeff")  # the hook skips a UTF-8 BOM too
-    for n, line in enumerate(re.split(r"\r\n|\r|\n", text)[:_POLICY_MAX_LINES]):  # the hook's line ends
+    for n, line in enumerate(_policy_lines(text)[:_POLICY_MAX_LINES]):
         line = line.split("#", 1)[0]
         if len(line.encode("utf-8", "surrogateescape")) > _POLICY_MAX_LINE:
             continue
@@ -165,7 +174,8 @@ def _policy_entries(text: str) -> list[tuple[int, str, str, bool]]:
         if m:
             check = _check(m.group(1))
             out.append((n, m.group(1), m.group(2), check is not None and bool(check(m.group(2)))))
-        elif line.strip():  # the hook logs it as an unreadable line and reads on
+        elif line.strip(_LUA_SPACE):  # the hook logs it as an unreadable line and reads on
+            # (Lua's %s is ASCII: a line of no-break spaces is unreadable to it, not empty)
             out.append((n, "", line.strip(), False))
     return out
 
@@ -196,7 +206,8 @@ def policy_values(text: str) -> dict[str, str]:
             values[key] = value
         elif key == "raw_shards":
             values[key] = "whole"  # the hook fails closed on a bad raw_shards line
-    if "raw_shards" not in values and any(not key or _check(key) is None for _, key, _, _ in entries):
+    if "raw_shards" not in values and any(not key or (_check(key) is None and not _GPU_KEY.fullmatch(key))
+                                          for _, key, _, _ in entries):
         values["raw_shards"] = "whole"  # an unreadable line or unknown key, and no raw_shards line
     for key in ("min_shards", "pressure_shards"):
         if int(values.get(key, 1)) > int(values.get("shards_per_gpu", 100)):
@@ -268,7 +279,7 @@ def policy_with_overrides(base_text: str, overrides: dict[str, str]) -> str:
     value) and ``key = value`` lines are appended.  Raises HorusError when the hook would not use
     an override as given (unknown key, rejected value, ``#``/newline/edge spaces, min_shards above
     shards_per_gpu) or would not read the result whole (over 64 KiB or 1000 lines)."""
-    lines = base_text.split("\n")
+    lines = _policy_lines(base_text)  # numbered as _policy_entries numbers them
     if lines and lines[-1] == "":
         lines.pop()
     for n, key, _, _ in _policy_entries(base_text):
