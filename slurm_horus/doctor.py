@@ -370,7 +370,7 @@ def check_policy_known_to_hook(pol: Path, hook: Path) -> list[Problem]:
 def check_policy_lines(pol: Path) -> list[Problem]:
     """Lines of the policy the hook ignores (it logs them in slurmctld's log only), and a file
     too large for it to read at all."""
-    from slurm_horus.slurm.policy import POLICY_MAX_BYTES, accepted_policy_keys, ignored_policy_lines, policy_values
+    from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_lines, policy_fails_closed
 
     text = _policy_bytes(pol)
     if text is None:
@@ -387,9 +387,7 @@ def check_policy_lines(pol: Path) -> list[Problem]:
                    "ignores it",
                    "correct it; docs/hint-and-policy.md lists each key's values")
            for n, key, value in ignored]
-    if not any(key == "raw_shards" for _, key, _ in ignored) and policy_values(body).get("raw_shards") == "whole" \
-            and "raw_shards" not in accepted_policy_keys(body):
-        # no raw_shards line, and a line it cannot read or a key it does not know: it fails closed
+    if policy_fails_closed(body):
         out.append(Problem(f"policy {pol} has no raw_shards line and lines the hook cannot take: it "
                            "turns raw shard requests into whole GPUs (raw_shards = whole)",
                            "correct those lines, or set raw_shards"))

@@ -89,14 +89,7 @@ class Interference:
     def speed(self, sum_util_pct: float, n_jobs: int = 2, sens: float = 1.0) -> float:
         """Per-job speed (0..1] of a job of sensitivity ``sens`` among ``n_jobs`` co-located jobs
         whose solo utils sum to ``sum_util_pct``.  One job alone runs at 1.0."""
-        if n_jobs <= 1:
-            return 1.0
-        s = self._pair(sum_util_pct)
-        if sens != 1.0:
-            s = max(self.points[-1][1], 1.0 - (1.0 - s) * sens)
-        if n_jobs > 2 or self.mem_bw_penalty:
-            s *= self._crowd(n_jobs)
-        return s
+        return self.speeds(sum_util_pct, n_jobs, (sens,))[0]
 
     def speeds(self, sum_util_pct: float, n_jobs: int, sens: Sequence[float]) -> list[float]:
         """:meth:`speed` of a job of each of these sensitivities in one group (the curve read once)."""
@@ -202,10 +195,8 @@ class Interference:
         """(c, c x L) of a job among ``n_jobs`` whose utils sum to ``sum_util_pct``: its speed is
         c x (1 - k L) for sensitivity k (L the median loss, c the factor beyond pairs; the
         curve's floor left out), so its time-averaged speed over a run is linear in k."""
-        if n_jobs <= 1:
-            return 1.0, 0.0
-        c = self._crowd(n_jobs)
-        return c, c * (1.0 - self._pair(sum_util_pct))
+        c, (loss,) = self.loss_rates_at((sum_util_pct,), n_jobs)
+        return c, loss
 
     def loss_rates_at(self, sums: Sequence[float], n_jobs: int) -> tuple[float, tuple[float, ...]]:
         """:meth:`loss_rates` at each of ``sums`` in a group of ``n_jobs``: (c, (c x L, ...)),

@@ -192,6 +192,19 @@ def accepted_policy_keys(text: str) -> list[str]:
     return list(dict.fromkeys(key for _, key, _, ok in _policy_entries(text) if ok))
 
 
+def _fails_closed(entries: list[tuple[int, str, str, bool]]) -> bool:
+    """No raw_shards line, and a line the hook cannot read or a key it does not know (its
+    gpu.<type>.mem_mib lines it knows whatever the type): the hook takes raw_shards = whole."""
+    return (not any(key == "raw_shards" for _, key, _, _ in entries)
+            and any(not key or (_check(key) is None and not _GPU_KEY.fullmatch(key)) for _, key, _, _ in entries))
+
+
+def policy_fails_closed(text: str) -> bool:
+    """Whether the hook turns raw shard requests into whole GPUs for the mistakes of a policy
+    text that has no raw_shards line (_fails_closed)."""
+    return _fails_closed(_policy_entries(text))
+
+
 def policy_values(text: str) -> dict[str, str]:
     """Every key the policy text sets validly, with the value the hook uses (the last accepted
     line's; after a rejected raw_shards line, whole until a valid one; whole too when no line
@@ -206,9 +219,8 @@ def policy_values(text: str) -> dict[str, str]:
             values[key] = value
         elif key == "raw_shards":
             values[key] = "whole"  # the hook fails closed on a bad raw_shards line
-    if "raw_shards" not in values and any(not key or (_check(key) is None and not _GPU_KEY.fullmatch(key))
-                                          for _, key, _, _ in entries):
-        values["raw_shards"] = "whole"  # an unreadable line or unknown key, and no raw_shards line
+    if _fails_closed(entries):
+        values["raw_shards"] = "whole"
     for key in ("min_shards", "pressure_shards"):
         if int(values.get(key, 1)) > int(values.get("shards_per_gpu", 100)):
             del values[key]  # the hook's cross-check: back to its default
