@@ -625,6 +625,11 @@ def test_a_dimension_name_that_is_not_utf8_is_refused_not_costed_as_one(tmp_path
     graph = helper.make_graph(nodes, "g", [seq], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
     good = save(graph, tmp_path / "str.onnx")
     assert "SEQLEN" in load_graph(good, batch_size=2).unknown_dims  # a str name: unbound, so refused
+    # --dim binds it (it had been taken for a typo, and the advice to bind it could not work);
+    # the batch size alone does not: a sequence's leading dimension is not known to be a batch
+    g = load_graph(good, batch_size=2, dims={"SEQLEN": 128})
+    assert g.unknown_dims == [] and g.bound_dims == {"SEQLEN": 128} and g.unused_dims == []
+    assert g.tensors["y"].shape == (128, 64)
     bad = tmp_path / "bytes.onnx"
     bad.write_bytes(good.read_bytes().replace(b"SEQLEN", b"\xff\xfeQLEN"))
     with pytest.raises(ModelError, match="not UTF-8 text"):

@@ -248,6 +248,34 @@ def test_the_node_cap_counts_subgraphs(tmp_path, monkeypatch):
     extract_features(tmp_path / "if.onnx")
 
 
+def test_the_node_cap_counts_function_calls_inside_a_functions_branches(tmp_path, monkeypatch):
+    # a function whose body is an If, each branch calling another function: a 2.3 KB file of
+    # such levels had inlined to 262k nodes while the cap counted the If alone
+    from slurm_horus.graph import load
+
+    relus = [helper.make_node("Relu", ["a" if i == 0 else f"r{i - 1}"], [f"r{i}" if i < 3 else "b"])
+             for i in range(4)]
+    leaf = helper.make_function("local", "Leaf", ["a"], ["b"], relus, [helper.make_opsetid("", 17)])
+    calls = [helper.make_node("Leaf", ["x" if i == 0 else f"c{i - 1}"], [f"c{i}"], domain="local")
+             for i in range(4)]
+    branch = helper.make_graph(calls, "branch", [], [helper.make_tensor_value_info("c3", TensorProto.FLOAT, None)])
+    body = [helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(np.array(True), "t")),
+            helper.make_node("If", ["t"], ["b"], then_branch=branch, else_branch=branch)]
+    fork = helper.make_function("local", "Fork", ["x"], ["b"], body, [helper.make_opsetid("", 17)])
+    g = helper.make_graph([helper.make_node("Fork", ["x"], ["h"], domain="local"),
+                           helper.make_node("Fork", ["h"], ["y"], domain="local")], "calls",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, functions=[leaf, fork], opset_imports=[helper.make_opsetid("", 17),
+                                                                        helper.make_opsetid("local", 1)])
+    onnx.save(model, tmp_path / "fork.onnx")
+    monkeypatch.setattr(load, "MAX_GRAPH_NODES", 60)
+    with pytest.raises(ModelError, match="more than 60 nodes once its functions are inlined"):
+        extract_features(tmp_path / "fork.onnx")  # 2 x (2 + 2 x 4 x 4)
+    monkeypatch.setattr(load, "MAX_GRAPH_NODES", 68)
+    extract_features(tmp_path / "fork.onnx")
+
+
 def test_an_analysis_that_runs_out_of_its_memory_still_submits_the_job(tmp_path, slurm_bin):
     # one Concat of 5,000,000 inputs, under the node cap: the analysis meets its address-space
     # limit inside native code (900,000 nodes, under the earlier cap, made glibc abort the

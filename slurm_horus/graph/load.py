@@ -243,9 +243,9 @@ def _check_input_dims(graph, path: Path) -> None:
     """A graph input still of size zero after binding describes no job at all."""
     init_names = {t.name for t in graph.initializer}
     for inp in graph.input:
-        if inp.name in init_names or not inp.type.HasField("tensor_type"):
+        if inp.name in init_names:
             continue
-        for pos, dim in enumerate(inp.type.tensor_type.shape.dim):
+        for pos, dim in ((p, d) for tt in _tensor_types(inp.type) for p, d in enumerate(tt.shape.dim)):
             if dim.HasField("dim_value") and dim.dim_value == 0:
                 raise ModelError(f"{path}: input '{inp.name}' has size 0 at dimension {pos}; "
                                  "bind it (--batch-size, --dim) or export it with a real size")
@@ -304,13 +304,13 @@ def _inline_functions(model, path: Path, onnx):
             raise ModelError(f"{path}: local function {key[1]!r} calls itself")
         if key not in sizes:
             sizes[key] = sum(size((n.domain, n.op_type), (*seen, key)) if (n.domain, n.op_type) in bodies
-                             else 1 for n in bodies[key].node)
+                             else 1 for n in _nested_nodes(bodies[key].node))
             if sizes[key] > MAX_GRAPH_NODES:
                 raise ModelError(f"{path}: the graph has more than {MAX_GRAPH_NODES:,} nodes once its "
                                  "functions are inlined; no real model has as many")
         return sizes[key]
     total = sum(size((n.domain, n.op_type)) if (n.domain, n.op_type) in bodies else 1
-                for g in _graphs(model.graph) for n in g.node)
+                for n in _nested_nodes(model.graph.node))
     if total > MAX_GRAPH_NODES:
         raise ModelError(f"{path}: the graph has more than {MAX_GRAPH_NODES:,} nodes once its "
                          "functions are inlined; no real model has as many")
@@ -344,6 +344,18 @@ def _graphs(graph):
                 yield from _graphs(attr.g)
             for sub in attr.graphs:
                 yield from _graphs(sub)
+
+
+def _nested_nodes(nodes):
+    """The nodes, each followed by those of its subgraphs (If, Loop, Scan bodies), at any depth:
+    a function body's branches call functions too."""
+    for node in nodes:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _nested_nodes(attr.g.node)
+            for sub in attr.graphs:
+                yield from _nested_nodes(sub.node)
 
 
 def _all_tensors(graph):
@@ -427,27 +439,29 @@ def _topological_order(graph, path: Path) -> list:
 
 
 def _symbolic_names(graph) -> set[str]:
-    """The symbolic dimension names of the graph's inputs and annotated tensors: what --dim
-    can bind (a name outside them is a typo the user should hear of)."""
+    """The symbolic dimension names of the graph's inputs and annotated tensors (a sequence's
+    elements' too): what --dim can bind (a name outside them is a typo the user should hear of)."""
     return {d.dim_param for vi in (*graph.input, *graph.value_info, *graph.output)
-            if vi.type.HasField("tensor_type")
-            for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}
+            for tt in _tensor_types(vi.type) for d in tt.shape.dim if d.HasField("dim_param")}
 
 
 def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
-    """Write the user's values into the graph inputs' symbolic dimensions (in place)."""
+    """Write the user's values into the graph inputs' symbolic dimensions (in place).  A
+    sequence's (or optional's) elements are bound by name alone: their leading dimension may
+    as well be the sequence's length as a batch."""
     bound = {}
     init_names = {t.name for t in graph.initializer}
     for inp in graph.input:
-        if inp.name in init_names or not inp.type.HasField("tensor_type"):
+        if inp.name in init_names:
             continue
-        for pos, dim in enumerate(inp.type.tensor_type.shape.dim):
+        tensor = inp.type.HasField("tensor_type")
+        for pos, dim in ((p, d) for tt in _tensor_types(inp.type) for p, d in enumerate(tt.shape.dim)):
             name = dim.dim_param if dim.HasField("dim_param") else None
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue  # a static size; 0 means unknown to some exporters, bound below
             value = dims.get(name) if name else None
             if value is None and batch_size is not None and (
-                    (name and BATCH_DIM_NAMES.match(name)) or pos == 0):
+                    (name and BATCH_DIM_NAMES.match(name)) or (pos == 0 and tensor)):
                 value = batch_size
             elif (value is not None and batch_size is not None and value != batch_size
                   and pos == 0 and name and BATCH_DIM_NAMES.match(name)):
@@ -476,9 +490,7 @@ def _bind_annotations(graph, values: dict[str, int]) -> None:
     """Exporters annotate intermediate tensors with the same symbolic names: bind those too,
     and forget symbolic expressions (e.g. 'Min(512, seq)') so inference can recompute them."""
     for vi in (*graph.value_info, *graph.output):
-        if not vi.type.HasField("tensor_type"):
-            continue
-        for dim in vi.type.tensor_type.shape.dim:
+        for dim in (d for tt in _tensor_types(vi.type) for d in tt.shape.dim):
             if dim.HasField("dim_param"):
                 if dim.dim_param in values:
                     dim.dim_value = values[dim.dim_param]
