@@ -67,6 +67,15 @@ def test_golden_parsable_filters_noheader_format(url):
     assert r.output == "101|shared|\n102|exclusive:util|pack\n103||\n"
 
 
+def test_of_p_and_P_the_last_given_wins_as_in_sacct(url):
+    # -P had always won, whatever the order (sacct -P -p ends each line with '|')
+    q = ["--ledger", url, "-n", "-j", "102", "-o", "JobID,User"]
+    assert CliRunner().invoke(main, [*q, "-P", "-p"]).output == "102|bob|\n"
+    assert CliRunner().invoke(main, [*q, "-p", "-P"]).output == "102|bob\n"
+    assert CliRunner().invoke(main, [*q, "-p"]).output == "102|bob|\n"
+    assert CliRunner().invoke(main, [*q, "--parsable2", "--parsable"]).output == "102|bob|\n"
+
+
 GOLDEN_JSON = [
     {"job_id": 101, "array_job_id": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
      "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 30,

@@ -39,7 +39,8 @@ def _user_name(user: str) -> str:
 
 def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
     """The own job ids of array tasks named ArrayJobId_TaskId, from Slurm's accounting (as sacct
-    -j takes them; int() had read 224_5 as 2245)."""
+    -j takes them; int() had read 224_5 as 2245).  A task Slurm does not know names no job, as
+    in sacct: it is left out, not an error."""
     from slurm_horus.errors import HorusError
     from slurm_horus.slurm import commands as slurm
 
@@ -54,10 +55,14 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
         found = slurm.array_task_job_ids(pairs, cluster)
     except HorusError as e:
         raise HorusError(f"-j/--jobs: array tasks are looked up in Slurm's accounting: {e}") from None
-    missing = [f"{a}_{t}" for a, t in pairs if (a, t) not in found]
-    if missing:
-        raise HorusError(f"-j/--jobs: Slurm's accounting knows no array task {', '.join(missing)}")
-    return [found[p] for p in pairs]
+    return [found[p] for p in pairs if p in found]
+
+
+def _last_parsable(ctx, param, value):
+    """Note which of -p and -P came last: click calls callbacks in command-line order."""
+    if value:
+        ctx.meta["hacct.trailing_bar"] = param.name == "parsable"
+    return value
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,8 +81,10 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
 @click.option("-o", "--format", "fmt", help="Columns, e.g. JobID,User,PredMem,ActMem%8 or "
               "JobID,HookAct,QueueAct (what the hook and horus-admin queue did); '-o help' lists "
               "them.")
-@click.option("-P", "--parsable2", is_flag=True, help="'|'-separated, no trailing '|'.")
-@click.option("-p", "--parsable", is_flag=True, help="'|'-separated, with a trailing '|'.")
+@click.option("-P", "--parsable2", is_flag=True, callback=_last_parsable,
+              help="'|'-separated, no trailing '|'.")
+@click.option("-p", "--parsable", is_flag=True, callback=_last_parsable,
+              help="'|'-separated, with a trailing '|' (of -p and -P, the last given wins, as in sacct).")
 @click.option("-X", "--allocations", is_flag=True,
               help="Accepted for sacct's sake: the ledger holds jobs, never steps.")
 @click.version_option(None, "-V", "--version", package_name="slurm-horus", prog_name="hacct",
@@ -137,10 +144,10 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
     unknown = sorted(set(state_list) - set(STATE_ABBREV.values()))
     if unknown:
         raise HorusError(f"-s/--state: unknown state {', '.join(unknown)} (e.g. CD, F, TO, CA, OOM)")
-    named = bool(job_ids or task_ids)  # -j: those jobs, whenever and whoever's
+    named = bool(job_ids or tasks)  # -j: those jobs, whenever and whoever's (a task Slurm lacks: none)
     if starttime is None and not named and not state_list and not summary and plot is None:
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
-    filters = dict(job_ids=job_ids or None, task_ids=task_ids or None, users=[_user_name(u) for u in _split(users)] or None,
+    filters = dict(job_ids=job_ids or None, task_ids=task_ids if tasks else None, users=[_user_name(u) for u in _split(users)] or None,
                    accounts=[a.lower() for a in _split(accounts)] or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
@@ -213,7 +220,8 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         rows = chain(first, rows)
     # fixed widths: a pass for the widths, then the lines
     widths = None if pipe else report.column_widths(listed(), cols)
-    for line in report.plain_lines(rows, cols, pipe, noheader, trailing=parsable and not parsable2,
+    trailing = click.get_current_context().meta.get("hacct.trailing_bar", False)
+    for line in report.plain_lines(rows, cols, pipe, noheader, trailing=trailing,
                                    widths=widths):
         click.echo(line)
 

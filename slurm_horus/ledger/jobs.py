@@ -248,16 +248,17 @@ def job_filters(stmt, *, job_ids=None, task_ids=None, users=None, accounts=None,
     """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window),
     and hacct's --under-claims. job_ids: as sacct -j N, an array's id names its tasks too;
     task_ids: the own ids of tasks named ArrayJobId_TaskId, each that task alone (one task of
-    every array has the array's id)."""
-    from sqlalchemy import func, or_
+    every array has the array's id; an empty list: tasks were named and none exists, so
+    those name no job)."""
+    from sqlalchemy import false, func, or_
 
     j = tables()["jobs"]
     named = []
     if job_ids:
         ids = [int(x) for x in job_ids]
         named += [j.c.job_id.in_(ids), j.c.array_job_id.in_(ids)]
-    if task_ids:
-        named.append(j.c.job_id.in_([int(x) for x in task_ids]))
+    if task_ids is not None:
+        named.append(j.c.job_id.in_([int(x) for x in task_ids]) if task_ids else false())
     if named:
         stmt = stmt.where(or_(*named))
     if users:
