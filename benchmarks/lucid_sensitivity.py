@@ -6,13 +6,14 @@ max(1/3.2, 1 - k L(S)), L(S) = 1 - f(S) the measured median loss at the pair's s
 utilization S, and draws k per job (lognormal, mean 1, sigma 0.6), independent of the model.
 Lucid's 1,388 measured pairs give each job's k_obs = (1 - speed) / L(S); this script asks, out of
 sample, how much of the variance of log k_obs knowing the job's own configuration (model, data,
-batch size, AMP), its model alone, or its partner's configuration removes.
+batch size, AMP), its model alone, or its partner's configuration removes, and how that depends on
+the least predicted loss counted and on how many pairs a configuration has been seen in.
 
 Method: 20 repeats of 5-fold cross-validation over pairs (both jobs of a held-out pair held out);
 a key's estimate is its training observations' mean of log k, shrunk towards the training mean by
 one-way random-effects moments fitted on the training folds alone.  PPO and TD3 (speed exactly
 1.000 in every pair: not measured) count only as partners.  Observations with L(S) <= 0.03 (no
-predicted loss to scale) are left out; k_obs <= 0 (faster with a partner) is dropped, or, in the
+predicted loss to scale; also 0.05 and 0.10) are left out; k_obs <= 0 (faster with a partner) is dropped, or, in the
 second table, clipped at 0.1.
 
 The data is Lucid's artifact (github.com/S-Lab-System-Group/Lucid, commit 9b9ba89):
@@ -73,8 +74,10 @@ def _effects(y: np.ndarray, g: np.ndarray, ng: int) -> tuple[float, float]:
     return float(y.mean()), within / between
 
 
-def cross_validated(y: np.ndarray, keys: np.ndarray, pair: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
-    """(R^2 out of sample against the population mean, sd of log k before, after)."""
+def cross_validated(y: np.ndarray, keys: np.ndarray, pair: np.ndarray, cap: int | None = None,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """(R^2 out of sample against the population mean, sd of log k before, after); ``cap``: each
+    key's estimate from at most that many of its training observations (a short history)."""
     _, g = np.unique(keys, return_inverse=True)
     ng, pairs = g.max() + 1, np.unique(pair)
     rng = np.random.default_rng(seed)
@@ -87,13 +90,34 @@ def cross_validated(y: np.ndarray, keys: np.ndarray, pair: np.ndarray, seed: int
         for k in range(FOLDS):
             tr, te = fold != k, fold == k
             mu, m = _effects(y[tr], g[tr], ng)
-            n = np.bincount(g[tr], minlength=ng)
-            shrunk = (np.bincount(g[tr], weights=y[tr], minlength=ng) + m * mu) / (n + m)
+            used = tr
+            if cap is not None:  # a random cap of each key's training observations
+                used = np.zeros_like(tr)
+                for key in range(ng):
+                    idx = np.flatnonzero(tr & (g == key))
+                    used[rng.permutation(idx)[:cap]] = True
+            n = np.bincount(g[used], minlength=ng)
+            shrunk = (np.bincount(g[used], weights=y[used], minlength=ng) + m * mu) / (n + m)
             pop[te], own[te] = mu, shrunk[g[te]]
         r2.append(1.0 - np.sum((y - own) ** 2) / np.sum((y - pop) ** 2))
         before.append(np.sqrt(np.mean((y - pop) ** 2)))
         after.append(np.sqrt(np.mean((y - own) ** 2)))
     return float(np.mean(r2)), float(np.mean(before)), float(np.mean(after))
+
+
+def _log_k(o: dict[str, np.ndarray], min_loss: float, clip: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(the jobs used, their log k_obs): measured jobs where L > min_loss; k_obs <= 0 dropped,
+    or with ``clip`` raised to it."""
+    k = (1.0 - o["speed"]) / np.where(o["L"] > 0, o["L"], 1.0)
+    sel = o["measured"] & (o["L"] > min_loss)
+    if clip is None:
+        sel &= k > 0
+        return sel, np.log(k[sel])
+    return sel, np.log(np.maximum(k[sel], clip))
+
+
+KEYS = (("its configuration (model, data, batch, AMP)", "config"), ("its model (model, data)", "model"),
+        ("its partner's configuration", "partner"))
 
 
 def report(o: dict[str, np.ndarray]) -> str:
@@ -108,20 +132,29 @@ def report(o: dict[str, np.ndarray]) -> str:
     k = (1.0 - o["speed"][base]) / o["L"][base]
     sim = np.exp(SENSITIVITY_SIGMA * np.random.default_rng(0).standard_normal(100_000) - SENSITIVITY_SIGMA ** 2 / 2)
     out += ["", f"k_obs where L > {MIN_LOSS} ({base.sum()} jobs): median {np.median(k):.2f}, p10 {np.quantile(k, 0.1):.2f}, "
-            f"p90 {np.quantile(k, 0.9):.2f}, {np.mean(k <= 0):.1%} at or below 0 (faster with a partner); "
+            f"p90 {np.quantile(k, 0.9):.2f}; {np.mean(k < 0):.1%} below 0 (faster beside a partner), "
+            f"{np.mean(k == 0):.1%} at 0 (speed 1.000); "
             f"the simulator's k: median {np.median(sim):.2f}, p10 {np.quantile(sim, 0.1):.2f}, p90 {np.quantile(sim, 0.9):.2f}", ""]
+    losses = (MIN_LOSS, 0.05, 0.10)
     for title, clip in (("k_obs <= 0 dropped", None), ("k_obs clipped at 0.1", 0.1)):
-        kk = (1.0 - o["speed"]) / np.where(o["L"] > 0, o["L"], 1.0)
-        sel = base & (kk > 0) if clip is None else base
-        y = np.log(kk[sel] if clip is None else np.maximum(kk[sel], clip))
-        out += [f"#### log k out of sample, {title} ({sel.sum()} jobs; {REPEATS} x {FOLDS}-fold over pairs)", "",
-                "| the job's history known by | R^2 out of sample | sd of log k: population | with the key |",
-                "|---|---|---|---|"]
-        for name, key in (("its configuration (model, data, batch, AMP)", "config"), ("its model (model, data)", "model"),
-                          ("its partner's configuration", "partner")):
-            r2, before, after = cross_validated(y, o[key][sel], o["pair"][sel])
-            out.append(f"| {name} | {r2:.2f} | {before:.2f} | {after:.2f} |")
+        cols = [_log_k(o, x, clip) for x in losses]
+        out += [f"#### log k out of sample, {title} ({REPEATS} x {FOLDS}-fold over pairs): R^2 (sd of log k: "
+                "population -> with the key), by the least loss L counted", "",
+                "| the job's history known by | " + " | ".join(f"L > {x:g} ({sel.sum()} jobs)" for x, (sel, _) in zip(losses, cols)) + " |",
+                "|---|" + "---|" * len(losses)]
+        for name, key in KEYS:
+            cells = []
+            for sel, y in cols:
+                r2, before, after = cross_validated(y, o[key][sel], o["pair"][sel])
+                cells.append(f"{r2:.2f} ({before:.2f} -> {after:.2f})")
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
+    sel, y = _log_k(o, MIN_LOSS, None)
+    out += [f"#### A short history: each configuration's estimate from at most n of its pairs (L > {MIN_LOSS}, "
+            "k_obs <= 0 dropped)", "", "| n | R^2 out of sample | sd of log k: population -> with the key |", "|---|---|---|"]
+    for cap in (1, 2, 4, 8, None):
+        r2, before, after = cross_validated(y, o["config"][sel], o["pair"][sel], cap=cap)
+        out.append(f"| {cap or 'all'} | {r2:.2f} | {before:.2f} -> {after:.2f} |")
     return "\n".join(out)
 
 

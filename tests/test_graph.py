@@ -630,6 +630,10 @@ def test_a_dimension_name_that_is_not_utf8_is_refused_not_costed_as_one(tmp_path
     g = load_graph(good, batch_size=2, dims={"SEQLEN": 128})
     assert g.unknown_dims == [] and g.bound_dims == {"SEQLEN": 128} and g.unused_dims == []
     assert g.tensors["y"].shape == (128, 64)
+    # a 0 in a sequence's element is not refused as a plain input's is: no flag could bind it
+    zero = helper.make_graph(nodes, "g", [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [0, 64])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    load_graph(save(zero, tmp_path / "zero.onnx"), batch_size=2)
     bad = tmp_path / "bytes.onnx"
     bad.write_bytes(good.read_bytes().replace(b"SEQLEN", b"\xff\xfeQLEN"))
     with pytest.raises(ModelError, match="not UTF-8 text"):

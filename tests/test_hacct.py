@@ -74,6 +74,10 @@ def test_of_p_and_P_the_last_given_wins_as_in_sacct(url):
     assert CliRunner().invoke(main, [*q, "-p", "-P"]).output == "102|bob\n"
     assert CliRunner().invoke(main, [*q, "-p"]).output == "102|bob|\n"
     assert CliRunner().invoke(main, [*q, "--parsable2", "--parsable"]).output == "102|bob|\n"
+    # a repeated flag counts where it is last used (click orders options by their first use)
+    assert CliRunner().invoke(main, [*q, "-p", "-P", "-p"]).output == "102|bob|\n"
+    assert CliRunner().invoke(main, [*q, "-P", "-p", "-P"]).output == "102|bob\n"
+    assert CliRunner().invoke(main, [*q, "-Pp", "-nP"]).output == "102|bob\n"
 
 
 GOLDEN_JSON = [

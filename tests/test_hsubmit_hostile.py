@@ -276,6 +276,29 @@ def test_the_node_cap_counts_function_calls_inside_a_functions_branches(tmp_path
     extract_features(tmp_path / "fork.onnx")
 
 
+def test_a_function_taking_a_graph_from_its_caller_is_refused(tmp_path):
+    # the inliner copies the caller's graph into each reference: three such levels, 4 KB,
+    # inlined to 648k nodes while the cap counted 8k (a review)
+    def ref(name):
+        a = onnx.AttributeProto(name=name, ref_attr_name="body", type=onnx.AttributeProto.GRAPH)
+        return a
+    branch_if = helper.make_node("If", ["c"], ["out"])
+    branch_if.attribute.extend([ref("then_branch"), ref("else_branch")])
+    fn = helper.make_function("local", "Pick", ["x", "c"], ["out"], [branch_if], [helper.make_opsetid("", 17)],
+                              attributes=["body"])
+    body = helper.make_graph([helper.make_node("Relu", ["X"], ["r"])], "body", [],
+                             [helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])])
+    g = helper.make_graph([helper.make_node("Pick", ["X", "C"], ["Y"], domain="local", body=body)], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4]),
+                           helper.make_tensor_value_info("C", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(g, functions=[fn], opset_imports=[helper.make_opsetid("", 17),
+                                                                 helper.make_opsetid("local", 1)])
+    onnx.save(model, tmp_path / "ref.onnx")
+    with pytest.raises(ModelError, match="'Pick' takes a graph from its caller"):
+        extract_features(tmp_path / "ref.onnx")
+
+
 def test_an_analysis_that_runs_out_of_its_memory_still_submits_the_job(tmp_path, slurm_bin):
     # one Concat of 5,000,000 inputs, under the node cap: the analysis meets its address-space
     # limit inside native code (900,000 nodes, under the earlier cap, made glibc abort the

@@ -64,6 +64,29 @@ class Command(click.Command):
     def invoke(self, ctx):
         return _one_line_usage(super().invoke, ctx)
 
+    def make_parser(self, ctx):
+        """The parser, noting every option's uses in command-line order (last_given): click
+        itself keeps only each option's first."""
+        parser = super().make_parser(ctx)
+        parse = parser.parse_args
+
+        def parse_args(args):
+            opts, largs, order = parse(args=args)
+            ctx.meta[_OPTION_ORDER] = [p.name for p in order]
+            return opts, largs, order
+        parser.parse_args = parse_args
+        return parser
+
+
+_OPTION_ORDER = "slurm_horus.option_order"
+
+
+def last_given(ctx, *names: str) -> str | None:
+    """Which of these options (parameter names) was used last on the command line, as getopt
+    reads repeated and opposing flags (sacct -P ... -p); None: none of them."""
+    used = [n for n in ctx.meta.get(_OPTION_ORDER, ()) if n in names]
+    return used[-1] if used else None
+
 
 class Group(click.Group):
     """click.Group with the same one-line usage errors and prefixes (its own options, before

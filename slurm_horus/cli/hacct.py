@@ -15,7 +15,7 @@ from itertools import chain, islice
 
 import click
 
-from slurm_horus.cli.common import Command, one_line_errors, parse_time
+from slurm_horus.cli.common import Command, last_given, one_line_errors, parse_time
 
 
 def _split(values) -> list[str]:
@@ -58,13 +58,6 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
     return [found[p] for p in pairs if p in found]
 
 
-def _last_parsable(ctx, param, value):
-    """Note which of -p and -P came last: click calls callbacks in command-line order."""
-    if value:
-        ctx.meta["hacct.trailing_bar"] = param.name == "parsable"
-    return value
-
-
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
 @click.option("-u", "--user", "--uid", "users", multiple=True, help="Users or uids (comma-separated).")
@@ -81,10 +74,8 @@ def _last_parsable(ctx, param, value):
 @click.option("-o", "--format", "fmt", help="Columns, e.g. JobID,User,PredMem,ActMem%8 or "
               "JobID,HookAct,QueueAct (what the hook and horus-admin queue did); '-o help' lists "
               "them.")
-@click.option("-P", "--parsable2", is_flag=True, callback=_last_parsable,
-              help="'|'-separated, no trailing '|'.")
-@click.option("-p", "--parsable", is_flag=True, callback=_last_parsable,
-              help="'|'-separated, with a trailing '|' (of -p and -P, the last given wins, as in sacct).")
+@click.option("-P", "--parsable2", is_flag=True, help="'|'-separated, no trailing '|'.")
+@click.option("-p", "--parsable", is_flag=True, help="'|'-separated, with a trailing '|' (of -p and -P, the last given wins, as in sacct).")
 @click.option("-X", "--allocations", is_flag=True,
               help="Accepted for sacct's sake: the ledger holds jobs, never steps.")
 @click.version_option(None, "-V", "--version", package_name="slurm-horus", prog_name="hacct",
@@ -220,7 +211,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         rows = chain(first, rows)
     # fixed widths: a pass for the widths, then the lines
     widths = None if pipe else report.column_widths(listed(), cols)
-    trailing = click.get_current_context().meta.get("hacct.trailing_bar", False)
+    trailing = last_given(click.get_current_context(), "parsable", "parsable2") == "parsable"
     for line in report.plain_lines(rows, cols, pipe, noheader, trailing=trailing,
                                    widths=widths):
         click.echo(line)

@@ -243,9 +243,9 @@ def _check_input_dims(graph, path: Path) -> None:
     """A graph input still of size zero after binding describes no job at all."""
     init_names = {t.name for t in graph.initializer}
     for inp in graph.input:
-        if inp.name in init_names:
-            continue
-        for pos, dim in ((p, d) for tt in _tensor_types(inp.type) for p, d in enumerate(tt.shape.dim)):
+        if inp.name in init_names or not inp.type.HasField("tensor_type"):
+            continue  # (a sequence's element sizes are bound by name alone: no advice fits a 0 there)
+        for pos, dim in enumerate(inp.type.tensor_type.shape.dim):
             if dim.HasField("dim_value") and dim.dim_value == 0:
                 raise ModelError(f"{path}: input '{inp.name}' has size 0 at dimension {pos}; "
                                  "bind it (--batch-size, --dim) or export it with a real size")
@@ -297,6 +297,13 @@ def _inline_functions(model, path: Path, onnx):
     if not model.functions:
         return model
     bodies = {(f.domain, f.name): f for f in model.functions}
+    graph_types = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    for f in model.functions:
+        if any(a.ref_attr_name and a.type in graph_types for n in _nested_nodes(f.node) for a in n.attribute):
+            # the inliner copies the caller's graph into every such use: its size is the call's,
+            # not the function's, and no exporter writes one
+            raise ModelError(f"{path}: local function {f.name!r} takes a graph from its caller "
+                             "(a graph attribute reference); such a model is not analysed")
     sizes: dict = {}
 
     def size(key, seen=()):  # nodes a call expands to (a recursive function: not plausible)
