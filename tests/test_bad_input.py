@@ -50,7 +50,7 @@ CASES = {
     "hacct -o width zero": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-o", "JobID%-0"],
     "hacct -j huge": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-j", "99999999999999999999999"],
     "hacct -j -1": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-j", "-1"],
-    "hacct -j array task": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-j", "224_5"],
+    "hacct -j array task range": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-j", "224_[1-5]"],
     "hacct -j unicode digits": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-j", "\u0661\u0662"],
     "hacct -S huge": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-S", "99999999999999999999"],
     "hacct -S now-huge": [*HACCT, "--ledger", "sqlite:///{d}/ledger.db", "-S", "now-99999999999999999999days"],

@@ -289,7 +289,12 @@ def test_comment_never_passes_slurms_limit(user_len, kept):
     assert ("model" in job) == (kept == "model")
     assert ("dims" in job) == (kept in ("model", "dims"))
     assert ("sha" in job) == (kept != "hint")
-    assert parse_hint(plan.comment) and not plan.warnings
+    assert parse_hint(plan.comment)
+    # the user hears when the run cannot teach the site (the path, or the whole token, dropped)
+    assert plan.warnings == ([] if kept == "model" else
+                             [w for w in plan.warnings if "the site cannot learn from this run" in w
+                              and ("model's path" in w) == (kept != "hint")])
+    assert len(plan.warnings) == (kept != "model")
 
 
 def test_job_desc_gpus_and_nodes():

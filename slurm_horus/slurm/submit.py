@@ -210,7 +210,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     from slurm_horus.graph.load import parse_dims
     from slurm_horus.graph.features import extract_features
     from slurm_horus.predict.gpus import default_catalog
-    from slurm_horus.slurm.hint import MAX_SLURM_COMMENT, attach_tokens
+    from slurm_horus.slurm.hint import MAX_SLURM_COMMENT, attach_tokens, parse_workload
     from slurm_horus.predict.chain import choose_predictor, predict_for
 
     model = plan.model
@@ -297,6 +297,12 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         plan.hint = None
         plan.warnings.append(f"no room for the hint in Slurm's {MAX_SLURM_COMMENT}-character "
                              "comment beside yours: submitting the job without it")
+    elif "model" in job and "model" not in (sent := parse_workload(plan.comment) or {}):
+        # sync needs the path to measure the graph's features itself: the run teaches nothing
+        what = "the model's path" if sent else "the job's workload (batch size, task, model path)"
+        plan.warnings.append(f"no room for {what} in Slurm's {MAX_SLURM_COMMENT}-character comment "
+                             "beside yours: the job is submitted without it, so the site cannot "
+                             "learn from this run (a shorter --comment)")
     return plan
 
 
