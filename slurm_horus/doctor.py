@@ -522,7 +522,20 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     out += check_pack_heavy(conf, pol, parse_version(version_text or ""))
     out += check_ledger(ledger_url or default_url())
     out += check_registry(Path(model_dir) if model_dir else default_dir())
+    out += check_site_settings()
     return out
+
+
+def check_site_settings(env: dict[str, str] | None = None) -> list[Problem]:
+    """horus.conf's on_prediction_error is submit or refuse: a misspelt 'refuse' submits every
+    job whose model cannot be read, while the admin believes they are refused (the users'
+    environment variable is theirs, not the site's: not read here)."""
+    from slurm_horus.siteconf import CONF_PATH, ENV_CONF
+    from slurm_horus.slurm.submit import on_prediction_error_problem
+
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "HORUS_ON_PREDICTION_ERROR"}
+    problem = on_prediction_error_problem(env)
+    return [Problem(problem, f"write on_prediction_error = refuse (or submit) in {env.get(ENV_CONF) or CONF_PATH}")] if problem else []
 
 
 def check_gpu_memory(mem_mib: dict[str, str]) -> list[Problem]:

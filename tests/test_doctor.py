@@ -404,3 +404,18 @@ def test_each_problem_a_review_found_doctor_passing_is_found(site, seed, says):
     found = problems(site)
     assert any(says in p.what for p in found), found
     assert all(p.fix for p in found)
+
+
+def test_a_misspelt_on_prediction_error_in_horus_conf_is_a_problem(tmp_path):
+    # hsubmit takes it for submit: every job whose model cannot be read went in, while the
+    # admin believed refusal was on, and doctor had said nothing
+    from slurm_horus.doctor import check_site_settings
+
+    conf = tmp_path / "horus.conf"
+    conf.write_text("on_prediction_error = refuse_jobs\n")
+    (p,) = check_site_settings({"HORUS_CONF": str(conf)})
+    assert "'refuse_jobs' (horus.conf) is neither submit nor refuse" in p.what and str(conf) in p.fix
+    # the users' environment variable is theirs: not the site's setting
+    conf.write_text("on_prediction_error = refuse\n")
+    assert check_site_settings({"HORUS_CONF": str(conf), "HORUS_ON_PREDICTION_ERROR": "x"}) == []
+    assert check_site_settings({"HORUS_CONF": str(tmp_path / "none.conf")}) == []

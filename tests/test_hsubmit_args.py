@@ -335,6 +335,24 @@ def test_on_prediction_error_setting(tmp_path):
     assert sub.on_prediction_error({"HORUS_CONF": str(conf)}) == "refuse"
     conf.write_text("on_prediction_error = submit\n")
     assert sub.on_prediction_error({"HORUS_CONF": str(conf)}) == "submit"
+    assert sub.on_prediction_error_problem({"HORUS_CONF": str(conf)}) is None
+    # a misspelt refuse submits (no job lost to a typo), and says so
+    conf.write_text("on_prediction_error = refuse_jobs\n")
+    assert sub.on_prediction_error({"HORUS_CONF": str(conf)}) == "submit"
+    assert "'refuse_jobs' (horus.conf) is neither submit nor refuse" in sub.on_prediction_error_problem(
+        {"HORUS_CONF": str(conf)})
+    assert "($HORUS_ON_PREDICTION_ERROR)" in sub.on_prediction_error_problem({"HORUS_ON_PREDICTION_ERROR": "refuze"})
+
+
+def test_a_misspelt_on_prediction_error_is_named_when_it_matters(tmp_path, monkeypatch, capsys):
+    from slurm_horus.cli import hsubmit
+
+    monkeypatch.setenv("HORUS_ON_PREDICTION_ERROR", "refuze")
+    plan = sub.prepare(["--model", str(tmp_path / "missing.onnx"), "--wrap", "true"], env={})
+    monkeypatch.setattr(sub, "predict", lambda plan: (_ for _ in ()).throw(HorusError("model missing.onnx: no such file")))
+    assert hsubmit._predict_or_warn(plan, sub, 0) is True  # submitted
+    err = capsys.readouterr().err
+    assert "'refuze' ($HORUS_ON_PREDICTION_ERROR) is neither submit nor refuse" in err and "submitting the job" in err
 
 
 def test_hsubmit_start_is_lazy():

@@ -119,6 +119,8 @@ def _predict_or_warn(plan, sub, shown: int) -> bool:
         sub.warn(w)
     if err is not None:
         plan.hint = plan.comment = None
+        if problem := sub.on_prediction_error_problem():
+            sub.warn(problem)
         if sub.on_prediction_error() == "refuse":
             _err(f"error: {err}; job refused (on_prediction_error = refuse)")
             return False

@@ -23,7 +23,8 @@ from pathlib import Path
 from slurm_horus.slurm import sbatch_args as sa
 from slurm_horus.errors import HorusError, one_line
 
-__all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error"]
+__all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error",
+           "on_prediction_error_problem"]
 
 MAX_STDIN_SCRIPT = 512 << 20  # sbatch's MAX_BATCH_SCRIPT_SIZE
 DIRECTIVE_BYTES = 4 << 20  # what is read of a script for its #SBATCH/#HORUS block
@@ -429,14 +430,29 @@ def explain_text(plan: Plan) -> str:
     return "\n".join(one_line(line) for line in lines)  # the user's paths, the model's names
 
 
-def on_prediction_error(env: dict[str, str] | None = None) -> str:
-    """'submit' (default) or 'refuse': $HORUS_ON_PREDICTION_ERROR, else
-    ``on_prediction_error`` in /etc/slurm-horus/horus.conf ($HORUS_CONF)."""
+def _on_prediction_error_setting(env: dict[str, str] | None) -> tuple[str, str]:
+    """(the setting as written, where): $HORUS_ON_PREDICTION_ERROR, else ``on_prediction_error``
+    in /etc/slurm-horus/horus.conf ($HORUS_CONF)."""
     from slurm_horus.siteconf import site_setting
 
     env = os.environ if env is None else env
-    v = (env.get("HORUS_ON_PREDICTION_ERROR") or site_setting("on_prediction_error", env) or "")
-    return "refuse" if v.strip().lower() == "refuse" else "submit"
+    if env.get("HORUS_ON_PREDICTION_ERROR"):
+        return env["HORUS_ON_PREDICTION_ERROR"], "$HORUS_ON_PREDICTION_ERROR"
+    return site_setting("on_prediction_error", env) or "", "horus.conf"
+
+
+def on_prediction_error(env: dict[str, str] | None = None) -> str:
+    """'submit' (default, and for a value that is neither) or 'refuse'."""
+    return "refuse" if _on_prediction_error_setting(env)[0].strip().lower() == "refuse" else "submit"
+
+
+def on_prediction_error_problem(env: dict[str, str] | None = None) -> str | None:
+    """What is wrong with the setting, if it is neither submit nor refuse (a misspelt 'refuse'
+    submits: the job is never lost to a typo, but whoever set it must hear of it)."""
+    value, where = _on_prediction_error_setting(env)
+    if value.strip().lower() in ("", "submit", "refuse"):
+        return None
+    return f"on_prediction_error {one_line(value)!r} ({where}) is neither submit nor refuse: taken as submit"
 
 
 def warn(msg: str) -> None:
