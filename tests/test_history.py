@@ -519,3 +519,17 @@ def test_no_offset_and_no_pool_is_no_site_correction():
             p = h.predict(report, A100, Workload(batch_size=b))
             c = COLD.predict(report, A100, Workload(batch_size=b))
             assert "site offsets" not in p.confidence and p.mem_mib == pytest.approx(c.mem_mib, rel=1e-9)
+
+
+def test_a_registry_folder_named_on_purpose_that_is_missing_is_said(tmp_path, monkeypatch):
+    # --horus-model-dir /nonexistent had gone unnoticed: the cold start served in silence
+    from slurm_horus.predict import registry
+    from slurm_horus.predict.chain import choose_predictor
+
+    monkeypatch.delenv("HORUS_MODEL_DIR", raising=False)
+    assert "no such folder" in choose_predictor(tmp_path / "typo").warning
+    monkeypatch.setattr(registry, "DEFAULT_DIR", tmp_path / "not-made-yet")  # the site's, before a retrain
+    assert "no such folder" not in (choose_predictor().warning or "")
+    monkeypatch.setenv("HORUS_MODEL_DIR", str(tmp_path / "not-made-either"))
+    assert "no such folder" not in (choose_predictor().warning or "")
+    assert choose_predictor(tmp_path).warning is None  # a folder, empty: the cold start, no warning

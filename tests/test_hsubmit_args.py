@@ -486,3 +486,28 @@ def test_pbs_and_bsub_directives_sbatch_translates_are_seen():
     late = "#!/bin/bash\n" + "true\n" * 101 + "#PBS -q debug\n"
     assert sa.script_directives(late).translated is None
     assert sa.script_directives("#!/bin/bash\n#SBATCH -p gpu\ntrue\n").translated is None
+
+
+def test_a_gpu_type_the_partition_lacks_is_named_before_the_hook_says_it_does_not_know_it():
+    zoo = "tests/data/zoo/mobilenet_v2.onnx"
+    for opt in ("--gres=gpu:v100:1", "--gpus=v100:1", "--gpus-per-node=V100:2"):
+        plan = sub.prepare(["--model", zoo, "--batch-size", "8", opt, "--wrap", "true"], env={})
+        sub.predict(plan, gpu_types={"a100": 4, "t4": 2}, partition="gpu")
+        assert any("requested, but partition gpu has a100, t4: Slurm will likely refuse" in w
+                   for w in plan.warnings), (opt, plan.warnings)
+    for opt in ("--gres=gpu:A100:1", "--gpus=2", "--gres=gpu:1", "--gpus=t4:1,a100:1"):  # Slurm's own judgement
+        plan = sub.prepare(["--model", zoo, "--batch-size", "8", opt, "--wrap", "true"], env={})
+        sub.predict(plan, gpu_types={"a100": 4, "t4": 2}, partition="gpu")
+        assert not any("requested, but" in w for w in plan.warnings), (opt, plan.warnings)
+
+
+def test_a_partition_no_node_is_in_is_called_so(monkeypatch):
+    from slurm_horus.slurm import commands
+
+    nodes = [{"NodeName": "n1", "Partitions": "gpu,debug", "Gres": "gpu:a100:4"},
+             {"NodeName": "n2", "Partitions": "cpu", "Gres": "(null)"}]
+    monkeypatch.setattr(commands, "scontrol_nodes", lambda: nodes)
+    with pytest.raises(HorusError, match="partition gpux: no node of Slurm's is in it"):
+        commands.partition_gpu_types("gpux")
+    assert commands.partition_gpu_types("cpu") == ("cpu", {})  # a real partition without GPUs
+    assert commands.partition_gpu_types("debug,cpu") == ("debug,cpu", {"a100": 4})

@@ -228,6 +228,21 @@ def test_cli_json_for_one_gpu(tmp_path):
     assert out["predictor"] == "cold-start" and "cold-start estimator serves alone" in out["note"]
 
 
+def test_cli_gpu_lists_and_a_registry_folder_named_by_mistake(tmp_path):
+    # --gpu a100,t4 had been one unknown type; a --model-dir that is not there had gone unsaid,
+    # while the site's folder ($HORUS_MODEL_DIR) not made yet by a first retrain is no typo;
+    # the p90 is shown rounded up, as the hook charges it (fit_rule's figure)
+    base = ("predict", str(ZOO / "resnet50.onnx"), "-b", "32", "--json")
+    proc = _cli(*base, "--gpu", "a100,t4", env={"HORUS_MODEL_DIR": str(tmp_path / "not-yet")})
+    assert proc.returncode == 0 and "no such folder" not in proc.stderr, proc.stderr
+    rows = json.loads(proc.stdout)["predictions"]
+    assert [r["gpu"] for r in rows] == ["a100-40gb", "t4"]
+    for r in rows:
+        assert f"p90 {r['mem_mib_p90']} MiB" in r["fit_rule"]
+    proc = _cli(*base, "--gpu", "a100", "--model-dir", str(tmp_path / "typo"))
+    assert proc.returncode == 0 and f"model registry {tmp_path / 'typo'}: no such folder" in proc.stderr
+
+
 def test_cli_fits_as_the_hook_decides(tmp_path):
     """`fits` is the hook's judgement: the p90 against pack_limit_pct % of the policy's memory
     for the type. A p90 below the catalog's memory but above 90 % of the policy's (where `fits`

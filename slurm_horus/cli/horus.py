@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import click
@@ -101,7 +103,8 @@ def _fmt_dims(dims: dict[str, int]) -> str:
               show_default=True, help="amp = torch.autocast mixed precision.")
 @click.option("--cpus-per-task", type=int, help="CPUs the job gets (feeds the input pipeline).")
 @click.option("--gpu", "gpu_types", multiple=True, metavar="TYPE",
-              help="GPU type or Slurm gres type name (repeatable; default: every catalog type).")
+              help="GPU type or Slurm gres type name (repeatable or comma-separated; default: every "
+              "catalog type).")
 @click.option("--model-dir", envvar="HORUS_MODEL_DIR", help="Learned-model registry folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object with one --gpu).")
 @one_line_errors("horus predict", needs_stdout=True)
@@ -117,11 +120,14 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     workload = Workload(batch_size=batch_size, task=task, optimizer=optimizer,
                         precision=precision, cpus_per_task=cpus_per_task or 1)
     catalog = default_catalog()
+    gpu_types = [t.strip() for v in gpu_types for t in v.split(",") if t.strip()]  # as Slurm's lists
     gpus = [catalog.get(t) for t in gpu_types] if gpu_types else list(catalog)
     if not gpu_types and precision == "bf16":
         gpus = [g for g in gpus if g.has_bf16]
     report = extract_features(model, batch_size=batch_size, dims=parse_dims(dims))
     report.require_bound()  # as hsubmit: no prediction from sizes taken as 1
+    if click.get_current_context().get_parameter_source("model_dir") is not click.core.ParameterSource.COMMANDLINE:
+        model_dir = None  # the site's folder ($HORUS_MODEL_DIR), not one named here: none yet is no typo
     choice = choose_predictor(model_dir)
     predictions = predict_for(report, gpus, workload, choice)
     fits = [hook_fit(p, g, asked) for p, g, asked in
@@ -193,7 +199,7 @@ def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> 
         table.add_column(col, justify="left" if col in ("GPU", "predictor") else "right")
     for p, g, f in zip(predictions, gpus, fits):
         shown = {True: "yes", False: "[red]no[/red]", None: "-"}[f.fits]
-        table.add_row(g.name, f"{p.util_pct:.1f}", f"{p.mem_mib:,.0f}", f"{p.mem_mib_p90:,.0f}",
+        table.add_row(g.name, f"{p.util_pct:.1f}", f"{p.mem_mib:,.0f}", f"{math.ceil(p.mem_mib_p90):,}",
                       "-" if f.limit_mib is None else f"{f.limit_mib:,.0f}", shown, p.predictor)
     console.print(table)
     judged = [(g, f) for g, f in zip(gpus, fits) if f.fits is not None]

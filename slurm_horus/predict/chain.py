@@ -91,6 +91,11 @@ def choose_predictor(model_dir=None) -> PredictorChoice:
     site's calibrated bounds."""
     registry = Registry(model_dir)
     choice = _choose(registry)
+    if model_dir is not None and not registry.root.is_dir():
+        # a folder the user named (--horus-model-dir, --model-dir) that is not there: a typo to
+        # hear of (the site's folder, default or $HORUS_MODEL_DIR, is made by the first retrain)
+        missing = f"model registry {registry.root}: no such folder"
+        choice.warning = "; ".join(w for w in (choice.warning, missing) if w)
     try:
         stored = registry.load_json(CALIBRATION_FILE, max_bytes=MAX_SMALL_JSON)
         if stored is not None:

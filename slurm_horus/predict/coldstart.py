@@ -9,6 +9,7 @@ the input pipeline, which dominate small models. docs/cold-start.md explains eac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from slurm_horus.errors import HorusError
@@ -67,13 +68,15 @@ class Prediction:
     util_pct_p90: float | None = None
 
     def to_dict(self) -> dict:
+        # the bounds rounded up, as the hook charges them (policy.charged_mem_mib): a p90 shown
+        # as 5830 had been judged as 5831
         out = {"gpu": self.gpu, "util_pct": round(self.util_pct, 1),
-               "mem_mib": round(self.mem_mib), "mem_mib_p90": round(self.mem_mib_p90),
+               "mem_mib": round(self.mem_mib), "mem_mib_p90": math.ceil(self.mem_mib_p90),
                "predictor": self.predictor, "confidence": self.confidence,
                "breakdown": self.breakdown}
         for name in ("mem_mib_p95", "mem_mib_p99"):
             if getattr(self, name) is not None:
-                out[name] = round(getattr(self, name))
+                out[name] = math.ceil(getattr(self, name))
         if self.util_pct_p90 is not None:
             out["util_pct_p90"] = round(self.util_pct_p90, 1)
         return out

@@ -13,6 +13,7 @@ fast.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import stat
@@ -253,6 +254,11 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     plan.gpu_types = dict(gpu_types)
     if not gpu_types:
         raise HorusError(f"partition {plan.partition}: no typed GPUs (Gres=gpu:<type>:N)")
+    missing = sorted(t for t in _requested_gpu_types(plan) if t.lower() not in {g.lower() for g in gpu_types})
+    if missing:
+        # the hook then says it does not know the type: the cause is the partition's nodes
+        plan.warnings.append(f"GPU type {', '.join(missing)} requested, but partition {plan.partition} "
+                             f"has {', '.join(sorted(gpu_types))}: Slurm will likely refuse the job")
     catalog = default_catalog()
     gpus, names = [], []
     for gtype in sorted(gpu_types):
@@ -305,6 +311,22 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
                              "beside yours: the job is submitted without it, so the site cannot "
                              "learn from this run (a shorter --comment)")
     return plan
+
+
+def _requested_gpu_types(plan: Plan) -> set[str]:
+    """The GPU types the job names itself (--gres=gpu:TYPE:N, --gpus[-per-*]=TYPE:N); what does
+    not read as such is sbatch's to judge."""
+    from slurm_horus.slurm.parse import parse_gres
+
+    try:
+        out = {g["type"] for g in parse_gres(plan.request("gres")) if g["name"] == "gpu" and g["type"]}
+    except (HorusError, ValueError, IndexError):
+        out = set()
+    for opt in ("gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket"):
+        for item in (plan.request(opt) or "").split(","):
+            if item.count(":") == 1 and not item.split(":")[0].isdigit():
+                out.add(item.split(":")[0].strip())
+    return out
 
 
 def _hint_of(predictions: dict) -> str:
@@ -404,7 +426,7 @@ def explain_text(plan: Plan) -> str:
         lines.append(f"predictor: {plan.predictor_note}")
         for g, p in plan.predictions.items():
             lines.append(f"  {g:>8}: util {p.util_pct:5.1f} %  mem {p.mem_mib:8.0f} MiB"
-                         f"  p90 {p.mem_mib_p90:8.0f} MiB  ({p.predictor})")
+                         f"  p90 {math.ceil(p.mem_mib_p90):8d} MiB  ({p.predictor})")
         lines.append(f"hint: {plan.hint}")
     else:
         lines.append("no prediction (no usable --model): the job is submitted unchanged")
