@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS `usage` (
     recorded BIGINT,
     gpus INTEGER,                     -- whole GPUs allocated (gres/gpu)
     array_job_id BIGINT,              -- v9: an array task's ArrayJobId, from accounting (sacct -j takes it)
+    array_task_id BIGINT,             -- v10: and its ArrayTaskId (sacct's JobID ARRAY_TASK)
     PRIMARY KEY (cluster, job_id, source)
 );
 
@@ -113,6 +114,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     hook_reason VARCHAR(16),          -- its reason code ('util', 'memory', ...; shared: NULL, 'pressure', 'pack_heavy')
     queue_actions VARCHAR(255),       -- horus-admin queue's, in order: 'pack,spread', 'oom-requeue'
     array_job_id BIGINT,              -- v9: an array task's ArrayJobId (hacct -j names the array)
+    array_task_id BIGINT,             -- v10: and its ArrayTaskId (hacct's ArrayTaskID)
     PRIMARY KEY (cluster, job_id)
 );
 

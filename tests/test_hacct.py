@@ -81,7 +81,7 @@ def test_of_p_and_P_the_last_given_wins_as_in_sacct(url):
 
 
 GOLDEN_JSON = [
-    {"job_id": 101, "array_job_id": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
+    {"job_id": 101, "array_job_id": None, "array_task_id": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
      "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 30,
      "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000101, "pred_util_pct": 40.0, "pred_mem_mib": 5000.0,
@@ -89,7 +89,7 @@ GOLDEN_JSON = [
      "util_err_pp": -5.0, "mem_err_pct": -4.4, "colocated": [102], "predictor": "cold-start",
      "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": False, "claim_flags": None,
      "hook_action": "shared", "hook_reason": None, "queue_actions": []},
-    {"job_id": 102, "array_job_id": None, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
+    {"job_id": 102, "array_job_id": None, "array_task_id": None, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
      "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 50,
      "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000102, "pred_util_pct": 65.0, "pred_mem_mib": 30000.0,
@@ -97,7 +97,7 @@ GOLDEN_JSON = [
      "util_err_pp": -5.0, "mem_err_pct": -17.26, "colocated": [101], "predictor": "cold-start",
      "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": True, "claim_flags": "mem",
      "hook_action": "exclusive", "hook_reason": "util", "queue_actions": ["pack"]},
-    {"job_id": 103, "array_job_id": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
+    {"job_id": 103, "array_job_id": None, "array_task_id": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
      "gpu_type": None, "gpu_index": None, "node": None, "gpus": None, "shards": None,
      "state": None,
      "elapsed_s": None, "submit_time": 1700000103, "pred_util_pct": 20.0, "pred_mem_mib": 2000.0,

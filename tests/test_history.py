@@ -533,3 +533,6 @@ def test_a_registry_folder_named_on_purpose_that_is_missing_is_said(tmp_path, mo
     monkeypatch.setenv("HORUS_MODEL_DIR", str(tmp_path / "not-made-either"))
     assert "no such folder" not in (choose_predictor().warning or "")
     assert choose_predictor(tmp_path).warning is None  # a folder, empty: the cold start, no warning
+    assert "no such folder" not in (choose_predictor("").warning or "")  # an unset variable: the site's
+    # a name that cannot even be looked at is no folder either: a warning, never an OSError
+    assert choose_predictor(tmp_path / ("a" * 300)).warning

@@ -344,6 +344,20 @@ def test_on_prediction_error_setting(tmp_path):
     assert "($HORUS_ON_PREDICTION_ERROR)" in sub.on_prediction_error_problem({"HORUS_ON_PREDICTION_ERROR": "refuze"})
 
 
+def test_a_model_path_with_control_characters_goes_without_the_path_and_says_why(tmp_path):
+    # the token had named it %09, which its own reader refuses: the whole workload was lost,
+    # and the new room check blamed the user's (absent) --comment
+    model = tmp_path / "tab\tm.onnx"
+    model.write_bytes(Path("tests/data/zoo/mobilenet_v2.onnx").read_bytes())
+    plan = sub.prepare(["--model", str(model), "--batch-size", "8", "--wrap", "true"], env={})
+    sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")
+    job = parse_workload(plan.comment, strict=True)
+    assert job["bs"] == 8 and "model" not in job
+    assert [w for w in plan.warnings if "room" in w or "path" in w] == [
+        "the model's path has control characters: the job is submitted without it, so the site "
+        "cannot measure this graph's features"]
+
+
 def test_a_misspelt_on_prediction_error_is_named_when_it_matters(tmp_path, monkeypatch, capsys):
     from slurm_horus.cli import hsubmit
 

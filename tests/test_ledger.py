@@ -282,7 +282,7 @@ def test_migrate_v3_file(tmp_path):
     with pytest.raises(HorusError, match="older than this slurm-horus.*horus-admin sync"):
         Ledger(f"sqlite:///{db}", readonly=True)  # a reader cannot migrate it
     L = Ledger(f"sqlite:///{db}")
-    assert L.schema_version() == SCHEMA_VERSION == 9
+    assert L.schema_version() == SCHEMA_VERSION == 10
     (job,) = L.jobs()
     assert job["pred_mem_p90_mib"] == 1200 and (job["under_claim"], job["claim_flags"]) == \
         (1, "mem,util")  # 2000 > 1200 * 1.1 + 256 and 80 > 50 * 1.25 + 10
@@ -358,7 +358,7 @@ def test_migrate_v5_file_same_summary_and_schema(tmp_path):
     with pytest.raises(HorusError, match="schema version 5 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)
     M = Ledger(f"sqlite:///{old}")
-    assert M.schema_version() == SCHEMA_VERSION == 9
+    assert M.schema_version() == SCHEMA_VERSION == 10
     assert summary(M) == want
     assert want["all"]["far_exceeding"] == 2 and want["all"]["excluded"] == 1
     assert _schema_of(old) == _schema_of(new)
@@ -410,7 +410,8 @@ def test_migrate_v8_file_gains_array_ids(tmp_path):
     old.write_bytes(new.read_bytes())
     con = sqlite3.connect(old)
     con.executescript("DROP INDEX ix_jobs_array; ALTER TABLE jobs DROP COLUMN array_job_id; "
-                      "ALTER TABLE usage DROP COLUMN array_job_id; UPDATE schema_version SET version = 8;")
+                      "ALTER TABLE usage DROP COLUMN array_job_id; ALTER TABLE jobs DROP COLUMN array_task_id; "
+                      "ALTER TABLE usage DROP COLUMN array_task_id; UPDATE schema_version SET version = 8;")
     con.close()
     with pytest.raises(HorusError, match="schema version 8 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)
@@ -419,6 +420,27 @@ def test_migrate_v8_file_gains_array_ids(tmp_path):
     assert [(r["job_id"], r["array_job_id"]) for r in M.jobs()] == [(7, None)]
     M.record_usage(job_id=7, cluster="c", source="sacct", state="COMPLETED", shards=30, array_job_id=5)
     assert [r["job_id"] for r in M.jobs(job_ids=[5])] == [7]
+
+
+def test_migrate_v9_file_gains_array_task_ids(tmp_path):
+    """v10 keeps an array task's ArrayTaskId too (hacct's rows had said which array, never
+    which task): a v9 file gains the columns and keeps its rows."""
+    new = tmp_path / "new.db"
+    L = Ledger(f"sqlite:///{new}")
+    L.record_usage(job_id=7, cluster="c", source="sacct", state="COMPLETED", shards=30, array_job_id=5)
+    L.close()
+    old = tmp_path / "v9.db"
+    old.write_bytes(new.read_bytes())
+    con = sqlite3.connect(old)
+    con.executescript("ALTER TABLE jobs DROP COLUMN array_task_id; ALTER TABLE usage DROP COLUMN array_task_id; "
+                      "UPDATE schema_version SET version = 9;")
+    con.close()
+    M = Ledger(f"sqlite:///{old}")
+    assert M.schema_version() == SCHEMA_VERSION == 10 and _schema_of(old) == _schema_of(new)
+    assert [(r["job_id"], r["array_job_id"], r["array_task_id"]) for r in M.jobs()] == [(7, 5, None)]
+    M.record_usage(job_id=7, cluster="c", source="sacct", state="COMPLETED", shards=30, array_job_id=5,
+                   array_task_id=2)
+    assert [(r["job_id"], r["array_task_id"]) for r in M.jobs(job_ids=[5])] == [(7, 2)]
 
 
 def test_sync_records_what_the_scheduler_did_from_admin_comment_only(tmp_path):

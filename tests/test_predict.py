@@ -241,6 +241,18 @@ def test_cli_gpu_lists_and_a_registry_folder_named_by_mistake(tmp_path):
         assert f"p90 {r['mem_mib_p90']} MiB" in r["fit_rule"]
     proc = _cli(*base, "--gpu", "a100", "--model-dir", str(tmp_path / "typo"))
     assert proc.returncode == 0 and f"model registry {tmp_path / 'typo'}: no such folder" in proc.stderr
+    out = json.loads(_cli(*base, "--gpu", "a100", env={"HORUS_POLICY": str(
+        _policy(tmp_path, "memory = expected\ngpu.a100.mem_mib = 40960\n"))}).stdout)
+    assert out["fit_rule"].startswith(f"expected {out['mem_mib']} MiB <="), out["fit_rule"]
+    for empty in ("", ","):  # an unset variable: an error, not every type in another JSON shape
+        proc = _cli(*base, "--gpu", empty)
+        assert proc.returncode == 2 and "--gpu: no GPU type given" in proc.stderr
+
+
+def _policy(tmp_path, text):
+    p = tmp_path / "pol.conf"
+    p.write_text(text)
+    return p
 
 
 def test_cli_fits_as_the_hook_decides(tmp_path):

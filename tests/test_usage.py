@@ -183,6 +183,10 @@ def test_hacct_j_names_an_arrays_tasks_as_sacct_does(tmp_path, version, monkeypa
     assert listed(str(tasks[aid, 1])) == [tasks[aid, 1]]
     r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", str(aid), "-P", "-n", "-o", "JobID,ArrayJobID"])
     assert sorted(r.output.split()) == sorted(f"{t}|{aid}" for t in tasks.values())
+    # and which task each row is (v10: the row whose own id is the array's is not task 1 here)
+    r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", str(aid), "-P", "-n", "-o",
+                                  "JobID,ArrayJobID,ArrayTaskID"])
+    assert sorted(r.output.split()) == sorted(f"{own}|{a}|{t}" for (a, t), own in tasks.items())
 
     # the task that has the array's id, named ArrayJobId_TaskId, is that task alone (it listed
     # the whole array, as -j ARRAYID does); the ids come from accounting, here the recording

@@ -10,7 +10,7 @@ import click
 
 from slurm_horus.graph.load import parse_dims
 from slurm_horus.cli.common import Group, human, one_line_errors, print_json
-from slurm_horus.errors import one_line
+from slurm_horus.errors import HorusError, one_line
 
 BATCH_HELP = "Bind the batch dimension (symbolic batch-like or leading input dimensions)."
 DIM_HELP = "Bind a symbolic dimension by name, e.g. --dim seq=512 (repeatable)."
@@ -120,7 +120,10 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     workload = Workload(batch_size=batch_size, task=task, optimizer=optimizer,
                         precision=precision, cpus_per_task=cpus_per_task or 1)
     catalog = default_catalog()
-    gpu_types = [t.strip() for v in gpu_types for t in v.split(",") if t.strip()]  # as Slurm's lists
+    if gpu_types:  # comma lists, as Slurm's
+        gpu_types = [t.strip() for v in gpu_types for t in v.split(",") if t.strip()]
+        if not gpu_types:
+            raise HorusError("--gpu: no GPU type given")
     gpus = [catalog.get(t) for t in gpu_types] if gpu_types else list(catalog)
     if not gpu_types and precision == "bf16":
         gpus = [g for g in gpus if g.has_bf16]
@@ -199,7 +202,7 @@ def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> 
         table.add_column(col, justify="left" if col in ("GPU", "predictor") else "right")
     for p, g, f in zip(predictions, gpus, fits):
         shown = {True: "yes", False: "[red]no[/red]", None: "-"}[f.fits]
-        table.add_row(g.name, f"{p.util_pct:.1f}", f"{p.mem_mib:,.0f}", f"{math.ceil(p.mem_mib_p90):,}",
+        table.add_row(g.name, f"{p.util_pct:.1f}", f"{math.ceil(p.mem_mib):,}", f"{math.ceil(p.mem_mib_p90):,}",
                       "-" if f.limit_mib is None else f"{f.limit_mib:,.0f}", shown, p.predictor)
     console.print(table)
     judged = [(g, f) for g, f in zip(gpus, fits) if f.fits is not None]

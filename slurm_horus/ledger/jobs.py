@@ -158,7 +158,7 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         preds = _loads(sub.get("predictions"), {}) or {}
         row.update(scheduler_actions(sub.get("policy_decision")))
     for f in ("gpu_type", "gpu_index", "node", "gpus", "shards", "state", "elapsed_s",
-              "start_time", "end_time", "colocated", "array_job_id"):
+              "start_time", "end_time", "colocated", "array_job_id", "array_task_id"):
         row[f] = first(f, PLACE_ORDER)
     n = row["gpus"] if isinstance(row["gpus"], int) and row["gpus"] > 1 else 1
 

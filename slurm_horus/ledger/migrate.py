@@ -105,8 +105,17 @@ def _migrate_8_to_9(conn) -> None:
             conn.exec_driver_sql(f"ALTER TABLE `{t}` CONVERT TO {MYSQL_CHARSET}")
 
 
+def _migrate_9_to_10(conn) -> None:
+    """v10 keeps an array task's ArrayTaskId beside its ArrayJobId: hacct's rows of an array's
+    tasks had said which array, never which task (rows synced before stay without it: sync
+    them again to fill it)."""
+    _add_columns(conn, "usage", {"array_task_id": "BIGINT"})
+    _add_columns(conn, "jobs", {"array_task_id": "BIGINT"})
+
+
 MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4, 5: _migrate_4_to_5,
-              6: _migrate_5_to_6, 7: _migrate_6_to_7, 8: _migrate_7_to_8, 9: _migrate_8_to_9}
+              6: _migrate_5_to_6, 7: _migrate_6_to_7, 8: _migrate_7_to_8, 9: _migrate_8_to_9,
+              10: _migrate_9_to_10}
 
 
 def _finish_migration(conn) -> None:

@@ -34,7 +34,7 @@ from slurm_horus.errors import CONTROL_CHARS
 
 # name -> (header, json key). Order here is the order of `hacct -o help`.
 COLUMNS = {
-    "jobid": "JobID", "arrayjobid": "ArrayJobID", "cluster": "Cluster", "user": "User", "account": "Account",
+    "jobid": "JobID", "arrayjobid": "ArrayJobID", "arraytaskid": "ArrayTaskID", "cluster": "Cluster", "user": "User", "account": "Account",
     "family": "Family", "gputype": "GPUType", "gpuidx": "GPUIdx", "node": "Node",
     "alloc": "Alloc", "gpus": "GPUs", "shards": "Shards", "predutil": "PredUtil", "actutil": "ActUtil", "maxutil": "MaxUtil",
     "utilerr": "UtilErr", "predmem": "PredMem", "actmem": "ActMem", "memerr": "MemErr",
@@ -129,6 +129,8 @@ def cell(r: dict, col: str) -> str:
         return "" if r.get("gpus") is None else str(r["gpus"])
     if c == "arrayjobid":
         return "" if r.get("array_job_id") is None else str(r["array_job_id"])
+    if c == "arraytaskid":
+        return "" if r.get("array_task_id") is None else str(r["array_task_id"])
     if c == "shards":
         return "" if r.get("shards") is None else str(r["shards"])
     if c == "predutil":
@@ -206,7 +208,8 @@ def only_own_colocated(rows, own: set):
 def job_json(r: dict) -> dict:
     ue, me = _errs(r)
     co = [int(x) for x in (r.get("colocated") or "").split(",") if x.strip()]
-    return {"job_id": r["job_id"], "array_job_id": r.get("array_job_id"), "cluster": r.get("cluster"), "user": r.get("user_name"),
+    return {"job_id": r["job_id"], "array_job_id": r.get("array_job_id"), "array_task_id": r.get("array_task_id"),
+            "cluster": r.get("cluster"), "user": r.get("user_name"),
             "account": r.get("account"), "model_family": r.get("model_family"),
             "gpu_type": r.get("gpu_type"), "gpu_index": r.get("gpu_index"),
             "node": r.get("node"), "gpus": r.get("gpus"), "shards": r.get("shards"),

@@ -218,7 +218,8 @@ def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster) -> 
                         "gpu_index": j["gpu_index"], "shards": j["shards"], "gpus": j["gpus"],
                         "colocated": sorted(co.get((j["cluster"], j["job_id"]), ())) or None,
                         "start_time": j["start_time"], "end_time": j["end_time"],
-                        "recorded": int(now), "array_job_id": (j.get("array") or (None,))[0]})
+                        "recorded": int(now), "array_job_id": (j.get("array") or (None, None))[0],
+                        "array_task_id": (j.get("array") or (None, None))[1]})
     # earlier jobs whose co-located set grew: update their sacct rows too
     changed = []
     for o in others:

@@ -91,7 +91,7 @@ def choose_predictor(model_dir=None) -> PredictorChoice:
     site's calibrated bounds."""
     registry = Registry(model_dir)
     choice = _choose(registry)
-    if model_dir is not None and not registry.root.is_dir():
+    if model_dir and not _is_dir(registry.root):
         # a folder the user named (--horus-model-dir, --model-dir) that is not there: a typo to
         # hear of (the site's folder, default or $HORUS_MODEL_DIR, is made by the first retrain)
         missing = f"model registry {registry.root}: no such folder"
@@ -106,6 +106,15 @@ def choose_predictor(model_dir=None) -> PredictorChoice:
     # both may quote a registry file's content: short printable lines
     choice.note, choice.warning = _line(choice.note), choice.warning and _line(choice.warning)
     return choice
+
+
+def _is_dir(path) -> bool:
+    """Whether ``path`` is a folder; one that cannot be looked at (no permission, a name too
+    long) is none either (Path.is_dir raises those)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def _line(text: str) -> str:

@@ -68,10 +68,10 @@ class Prediction:
     util_pct_p90: float | None = None
 
     def to_dict(self) -> dict:
-        # the bounds rounded up, as the hook charges them (policy.charged_mem_mib): a p90 shown
-        # as 5830 had been judged as 5831
+        # memory rounded up, as the hint carries it and the hook charges it (hint._fmt,
+        # policy.charged_mem_mib): a p90 shown as 5830 had been judged as 5831
         out = {"gpu": self.gpu, "util_pct": round(self.util_pct, 1),
-               "mem_mib": round(self.mem_mib), "mem_mib_p90": math.ceil(self.mem_mib_p90),
+               "mem_mib": math.ceil(self.mem_mib), "mem_mib_p90": math.ceil(self.mem_mib_p90),
                "predictor": self.predictor, "confidence": self.confidence,
                "breakdown": self.breakdown}
         for name in ("mem_mib_p95", "mem_mib_p99"):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_horus.slurm import sbatch_args as sa
-from slurm_horus.errors import HorusError, one_line
+from slurm_horus.errors import CONTROL_CHARS, HorusError, one_line
 
 __all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error",
            "on_prediction_error_problem"]
@@ -295,9 +295,12 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
            "model": os.path.abspath(str(model))}
     try:
         job["model"].encode("utf-8")
-    except UnicodeEncodeError:  # a token that names it could not be read back: all of it was lost
+        unreadable = "has control characters" if CONTROL_CHARS.search(job["model"]) else None
+    except UnicodeEncodeError:
+        unreadable = "is not UTF-8 text"
+    if unreadable:  # a token naming it could not be read back (parse_workload): all of it was lost
         del job["model"]
-        plan.warnings.append("the model's path is not UTF-8 text: the job is submitted without "
+        plan.warnings.append(f"the model's path {unreadable}: the job is submitted without "
                              "it, so the site cannot measure this graph's features")
     plan.comment = attach_tokens(plan.user_comment(), plan.hint, job)
     if plan.comment is None:
@@ -425,7 +428,7 @@ def explain_text(plan: Plan) -> str:
                      + ", ".join(f"{t} x{n}" for t, n in sorted(plan.gpu_types.items())))
         lines.append(f"predictor: {plan.predictor_note}")
         for g, p in plan.predictions.items():
-            lines.append(f"  {g:>8}: util {p.util_pct:5.1f} %  mem {p.mem_mib:8.0f} MiB"
+            lines.append(f"  {g:>8}: util {p.util_pct:5.1f} %  mem {math.ceil(p.mem_mib):8d} MiB"
                          f"  p90 {math.ceil(p.mem_mib_p90):8d} MiB  ({p.predictor})")
         lines.append(f"hint: {plan.hint}")
     else:
