@@ -275,3 +275,23 @@ def test_optional_p95_p99_round_trip():
             encode_hint(bad)
     for bad in ("horus:v1;t4=1/2/3/4/5/6", "horus:v1;t4=1/2/3//5", "horus:v1;t4=1/2/3/4/x"):
         assert parse_hint(bad) is None
+
+
+def test_every_display_shows_the_figures_the_hint_carries():
+    # the hook judges the hint's figures, rounded up: a utilization shown as 69.9 % went in as
+    # 70.0 (kept exclusive at util_threshold 70), a p90 shown as 5830 MiB as 5831
+    import random
+
+    from slurm_horus.predict.coldstart import Prediction
+    from slurm_horus.slurm.hint import encode_hint, parse_hint
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        u, m = rng.uniform(0, 100), rng.uniform(0, 80000)
+        p90 = m * rng.uniform(1, 1.5)
+        shown = Prediction(gpu="a100", util_pct=u, mem_mib=m, mem_mib_p90=p90, predictor="x",
+                           confidence="", breakdown={}).to_dict()
+        hinted = parse_hint(encode_hint({"a100": (u, m, p90)}))["a100"]
+        assert (shown["util_pct"], shown["mem_mib"], shown["mem_mib_p90"]) == tuple(hinted[:3])
+    assert Prediction(gpu="a100", util_pct=69.94, mem_mib=1.0, mem_mib_p90=1.0, predictor="x",
+                      confidence="", breakdown={}).to_dict()["util_pct"] == 70.0

@@ -793,3 +793,26 @@ def test_a_server_the_schema_is_not_written_for_is_refused_in_one_line(url):
     # sql/schema.sql quotes `usage` as SQLite and MariaDB do: PostgreSQL failed at the first CREATE
     with pytest.raises(HorusError, match="is not supported"):
         Ledger(url)
+
+
+@pytest.mark.cluster
+def test_mariadb_migrates_a_v1_ledger(tmp_path):
+    # v4's migration dropped an index of the jobs table, which a v1 ledger does not have yet:
+    # NoSuchTableError on every try (SQLite's DROP INDEX IF EXISTS had hidden it)
+    pytest.importorskip("pymysql")
+    url = _mariadb_url("horus_test_v1", "DROP DATABASE IF EXISTS horus_test_v1; ")
+    if url is None:
+        pytest.skip("the local cluster's MariaDB is not running (tests/cluster/up)")
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for stmt in V1_DDL.replace("CREATE TABLE usage", "CREATE TABLE `usage`").split(";"):
+            if stmt.strip():
+                conn.exec_driver_sql(stmt)
+        conn.exec_driver_sql("INSERT INTO `usage` VALUES ('c', 3, 'sacct', 70, 99, 2000, 60, 'COMPLETED', 'n', 'a100')")
+    engine.dispose()
+    L = Ledger(url)
+    assert L.schema_version() == SCHEMA_VERSION
+    assert [(r["job_id"], r["gpu_type"]) for r in L.jobs()] == [(3, "a100")]
+    L.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ import click
 from slurm_horus.graph.load import parse_dims
 from slurm_horus.cli.common import Group, human, one_line_errors, print_json
 from slurm_horus.errors import HorusError, one_line
+from slurm_horus.rounding import shown
 
 BATCH_HELP = "Bind the batch dimension (symbolic batch-like or leading input dimensions)."
 DIM_HELP = "Bind a symbolic dimension by name, e.g. --dim seq=512 (repeatable)."
@@ -201,9 +201,10 @@ def _print_prediction_table(report, workload, predictions, gpus, fits, note) -> 
     for col in ("GPU", "util %", "memory MiB", "p90 MiB", "limit MiB", "fits", "predictor"):
         table.add_column(col, justify="left" if col in ("GPU", "predictor") else "right")
     for p, g, f in zip(predictions, gpus, fits):
-        shown = {True: "yes", False: "[red]no[/red]", None: "-"}[f.fits]
-        table.add_row(g.name, f"{p.util_pct:.1f}", f"{math.ceil(p.mem_mib):,}", f"{math.ceil(p.mem_mib_p90):,}",
-                      "-" if f.limit_mib is None else f"{f.limit_mib:,.0f}", shown, p.predictor)
+        verdict = {True: "yes", False: "[red]no[/red]", None: "-"}[f.fits]
+        table.add_row(g.name, f"{shown(p.util_pct, 1):.1f}", f"{shown(p.mem_mib, 0):,.0f}",
+                      f"{shown(p.mem_mib_p90, 0):,.0f}",
+                      "-" if f.limit_mib is None else f"{f.limit_mib:,.0f}", verdict, p.predictor)
     console.print(table)
     judged = [(g, f) for g, f in zip(gpus, fits) if f.fits is not None]
     if judged:

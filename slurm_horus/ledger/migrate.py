@@ -35,6 +35,8 @@ def _add_columns(conn, table: str, cols: dict[str, str]) -> None:
 def _drop_index(conn, table: str, name: str) -> None:
     """Drop an index that schema.sql now defines differently (it is recreated from there)."""
     if conn.dialect.name in ("mysql", "mariadb"):
+        if table not in _inspect(conn).get_table_names():
+            return  # a v1 ledger has no jobs table yet: schema.sql makes it, index and all
         if name in {i["name"] for i in _inspect(conn).get_indexes(table)}:
             conn.exec_driver_sql(f"DROP INDEX {name} ON {table}")
     else:

@@ -94,8 +94,8 @@ def choose_predictor(model_dir=None) -> PredictorChoice:
     if model_dir and not _is_dir(registry.root):
         # a folder the user named (--horus-model-dir, --model-dir) that is not there: a typo to
         # hear of (the site's folder, default or $HORUS_MODEL_DIR, is made by the first retrain)
-        missing = f"model registry {registry.root}: no such folder"
-        choice.warning = "; ".join(w for w in (choice.warning, missing) if w)
+        missing = f"model registry {registry.root}: no such folder (or not one you may look in)"
+        choice.warning = "; ".join(w for w in (missing, choice.warning) if w)  # first: the cause
     try:
         stored = registry.load_json(CALIBRATION_FILE, max_bytes=MAX_SMALL_JSON)
         if stored is not None:

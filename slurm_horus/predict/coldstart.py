@@ -9,12 +9,12 @@ the input pipeline, which dominate small models. docs/cold-start.md explains eac
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.features import FeatureReport
 from slurm_horus.predict.gpus import GPU
+from slurm_horus.rounding import shown
 
 TASKS = ("train", "infer")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -68,15 +68,14 @@ class Prediction:
     util_pct_p90: float | None = None
 
     def to_dict(self) -> dict:
-        # memory rounded up, as the hint carries it and the hook charges it (hint._fmt,
-        # policy.charged_mem_mib): a p90 shown as 5830 had been judged as 5831
-        out = {"gpu": self.gpu, "util_pct": round(self.util_pct, 1),
-               "mem_mib": math.ceil(self.mem_mib), "mem_mib_p90": math.ceil(self.mem_mib_p90),
+        # as the hint writes them and the hook judges them (slurm_horus.rounding)
+        out = {"gpu": self.gpu, "util_pct": shown(self.util_pct, 1),
+               "mem_mib": int(shown(self.mem_mib, 0)), "mem_mib_p90": int(shown(self.mem_mib_p90, 0)),
                "predictor": self.predictor, "confidence": self.confidence,
                "breakdown": self.breakdown}
         for name in ("mem_mib_p95", "mem_mib_p99"):
             if getattr(self, name) is not None:
-                out[name] = math.ceil(getattr(self, name))
+                out[name] = int(shown(getattr(self, name), 0))
         if self.util_pct_p90 is not None:
             out["util_pct_p90"] = round(self.util_pct_p90, 1)
         return out

@@ -43,9 +43,10 @@ import math
 import numbers
 import re
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 
 from slurm_horus.errors import CONTROL_CHARS, HorusError
+from slurm_horus.rounding import round_up
 
 __all__ = [
     "HINT_PREFIX",
@@ -116,8 +117,7 @@ def _number(value: object, what: str) -> Decimal:
 
 
 def _fmt(d: Decimal, places: int) -> str:
-    q = d.quantize(Decimal(1).scaleb(-places), rounding=ROUND_CEILING)
-    return format(q, "f")
+    return format(round_up(d, places), "f")
 
 
 def encode_hint(predictions: dict[str, tuple]) -> str:

@@ -13,7 +13,6 @@ fast.
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import stat
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from slurm_horus.slurm import sbatch_args as sa
 from slurm_horus.errors import CONTROL_CHARS, HorusError, one_line
+from slurm_horus.rounding import shown
 
 __all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error",
            "on_prediction_error_problem"]
@@ -428,8 +428,8 @@ def explain_text(plan: Plan) -> str:
                      + ", ".join(f"{t} x{n}" for t, n in sorted(plan.gpu_types.items())))
         lines.append(f"predictor: {plan.predictor_note}")
         for g, p in plan.predictions.items():
-            lines.append(f"  {g:>8}: util {p.util_pct:5.1f} %  mem {math.ceil(p.mem_mib):8d} MiB"
-                         f"  p90 {math.ceil(p.mem_mib_p90):8d} MiB  ({p.predictor})")
+            lines.append(f"  {g:>8}: util {shown(p.util_pct, 1):5.1f} %  mem {shown(p.mem_mib, 0):8.0f} MiB"
+                         f"  p90 {shown(p.mem_mib_p90, 0):8.0f} MiB  ({p.predictor})")
         lines.append(f"hint: {plan.hint}")
     else:
         lines.append("no prediction (no usable --model): the job is submitted unchanged")

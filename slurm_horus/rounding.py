@@ -1,0 +1,19 @@
+"""How the hint writes a figure: rounded UP (utilization to 0.1 %, memory to whole MiB) from the
+float's shortest decimal form, so 40.2 stays 40.2.  The hook charges what the hint says, so every
+place that shows a prediction rounds the same way (a p90 shown as 5830 had been charged 5831, a
+utilization shown as 69.9 % judged at 70.0)."""
+
+from __future__ import annotations
+
+from decimal import ROUND_CEILING, Decimal
+
+__all__ = ["round_up", "shown"]
+
+
+def round_up(value: Decimal, places: int) -> Decimal:
+    return value.quantize(Decimal(1).scaleb(-places), rounding=ROUND_CEILING)
+
+
+def shown(value: float, places: int) -> float:
+    """``value`` as the hint writes it, as a number (``places``: 1 for utilization, 0 for MiB)."""
+    return float(round_up(Decimal(repr(float(value))), places))
