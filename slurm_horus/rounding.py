@@ -5,15 +5,20 @@ utilization shown as 69.9 % judged at 70.0)."""
 
 from __future__ import annotations
 
-from decimal import ROUND_CEILING, Decimal
+import math
+from decimal import ROUND_CEILING, Context, Decimal
 
 __all__ = ["round_up", "shown"]
 
+_EXACT = Context(prec=400)  # any float's integer part (up to 1.8e308) without loss
+
 
 def round_up(value: Decimal, places: int) -> Decimal:
-    return value.quantize(Decimal(1).scaleb(-places), rounding=ROUND_CEILING)
+    return value.quantize(Decimal(1).scaleb(-places), rounding=ROUND_CEILING, context=_EXACT)
 
 
 def shown(value: float, places: int) -> float:
-    """``value`` as the hint writes it, as a number (``places``: 1 for utilization, 0 for MiB)."""
-    return float(round_up(Decimal(repr(float(value))), places))
+    """``value`` as the hint writes it, as a number (``places``: 1 for utilization, 0 for MiB);
+    a value that is not finite as it is."""
+    v = float(value)
+    return float(round_up(Decimal(repr(v)), places)) if math.isfinite(v) else v

@@ -295,3 +295,20 @@ def test_every_display_shows_the_figures_the_hint_carries():
         assert (shown["util_pct"], shown["mem_mib"], shown["mem_mib_p90"]) == tuple(hinted[:3])
     assert Prediction(gpu="a100", util_pct=69.94, mem_mib=1.0, mem_mib_p90=1.0, predictor="x",
                       confidence="", breakdown={}).to_dict()["util_pct"] == 70.0
+
+
+def test_any_real_number_is_written_rounded_up_and_negative_zero_as_zero():
+    # numpy's float32 and other non-float reals had gone through int(): 69.94 written as 69.0;
+    # -0.0 had been written '-0.0', which parse_hint (and the hook) refuse
+    from fractions import Fraction
+
+    import numpy as np
+
+    from slurm_horus.rounding import shown
+    from slurm_horus.slurm.hint import encode_hint, parse_hint
+
+    assert encode_hint({"a100": (np.float32(69.94), np.int64(100), 100.2)}) == "horus:v1;a100=70.0/100/101"
+    assert encode_hint({"a100": (Fraction(1, 3), 1, 1)}) == "horus:v1;a100=0.4/1/1"
+    assert parse_hint(encode_hint({"a100": (-0.0, -0.0, -0.0)})) == {"a100": (0.0, 0.0, 0.0)}
+    assert shown(float("inf"), 0) == float("inf") and shown(1e300, 0) == 1e300  # never an error
+    assert shown(np.float32(69.94), 1) == 70.0

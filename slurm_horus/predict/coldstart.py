@@ -77,7 +77,7 @@ class Prediction:
             if getattr(self, name) is not None:
                 out[name] = int(shown(getattr(self, name), 0))
         if self.util_pct_p90 is not None:
-            out["util_pct_p90"] = round(self.util_pct_p90, 1)
+            out["util_pct_p90"] = shown(self.util_pct_p90, 1)
         return out
 
 

@@ -108,12 +108,14 @@ def _number(value: object, what: str) -> Decimal:
         f = float(value)
         if not math.isfinite(f):
             raise HorusError(f"{what}: not a finite number: {value!r}")
-        d = Decimal(repr(f)) if isinstance(value, float) else Decimal(int(value))
+        # an integer exactly; any other real (numpy's float32 too) by its float's shortest
+        # form, as rounding.shown reads it (int() had rounded 69.94 down to 69)
+        d = Decimal(int(value)) if isinstance(value, numbers.Integral) else Decimal(repr(f))
     if not d.is_finite():
         raise HorusError(f"{what}: not a finite number: {value!r}")
     if d < 0:
         raise HorusError(f"{what}: negative: {value!r}")
-    return d
+    return d if d else Decimal(0)  # -0.0 would be written '-0.0', which no reader takes
 
 
 def _fmt(d: Decimal, places: int) -> str:

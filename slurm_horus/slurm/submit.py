@@ -284,7 +284,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     plan.predictions = dict(zip(names, preds))
     if all(p.mem_mib > g.mem_mib for p, g in zip(preds, gpus)):  # not even a whole GPU holds it
         largest = max(gpus, key=lambda g: g.mem_mib)
-        plan.warnings.append(f"predicted memory {min(p.mem_mib for p in preds):,.0f} MiB or more is above "
+        plan.warnings.append(f"predicted memory {shown(min(p.mem_mib for p in preds), 0):,.0f} MiB or more is above "
                              f"every GPU type of partition {plan.partition} (the largest, {largest.name}, "
                              f"has {largest.mem_mib:,} MiB): the job will likely run out of GPU memory "
                              "(a smaller --batch-size, another partition, or more GPUs)")
