@@ -325,9 +325,13 @@ def test_a_users_own_runs_answer_for_them_whatever_others_claim(resnet):
         mixed = HistoryPredictor(user="alice").fit(own + cheap).predict(resnet[32], A100, w)
         assert (mixed.mem_mib, mixed.util_pct, mixed.predictor) == (alone.mem_mib, alone.util_pct,
                                                                     alone.predictor), w
-    # a user with no runs of the graph still gets the site's evidence
+    # a user with no runs of the graph gets the site's evidence, guarded: mallory's cheap runs
+    # (one user's) pull the line below the cold start, so the cold start answers, named so
     bob = HistoryPredictor(user="bob").fit(own + cheap).predict(resnet[32], A100, Workload(batch_size=32))
-    assert bob.predictor == "history:exact"
+    cold = COLD.predict(resnet[32], A100, Workload(batch_size=32))
+    assert (bob.predictor, bob.mem_mib, bob.util_pct) == ("cold-start", cold.mem_mib, cold.util_pct)
+    fair = HistoryPredictor(user="bob").fit(own).predict(resnet[32], A100, Workload(batch_size=32))
+    assert fair.predictor == "history:exact" and fair.mem_mib > cold.mem_mib  # alice's runs raise it
 
 
 def test_sync_refreshes_the_history_hsubmit_reads(tmp_path, monkeypatch):
@@ -400,12 +404,14 @@ def test_one_other_users_runs_may_raise_a_newcomers_figures_never_lower_them(res
     starved = _run(resnet[32], 32, 0.5 * cold.mem_mib, 5.0, user="mallory")
     heavy = _run(resnet[32], 32, 1.5 * cold.mem_mib, 99.0, user="mallory")
 
-    def predict(runs, user):
+    def predict(runs, user, served="history:exact"):
         p = HistoryPredictor(user=user).fit(runs).predict(resnet[32], A100, w)
-        assert p.predictor == "history:exact"
+        assert p.predictor == served
         return p.mem_mib, p.util_pct
 
-    assert predict([starved], "alice") == pytest.approx((cold.mem_mib, cold.util_pct))
+    # the guard leaves the cold start's figures, and says the cold start served (it had said
+    # history:exact over them)
+    assert predict([starved], "alice", "cold-start") == pytest.approx((cold.mem_mib, cold.util_pct))
     assert predict([starved], "mallory") == pytest.approx((0.5 * cold.mem_mib, 5.0))
     assert predict([heavy], "alice") == pytest.approx((1.5 * cold.mem_mib, 99.0))  # raising: kept
     both = [starved, dict(starved, user="bob")]
@@ -415,17 +421,17 @@ def test_one_other_users_runs_may_raise_a_newcomers_figures_never_lower_them(res
     # mallory alone ran guarded, in the exact and in the graph tier
     honest = [_run(resnet[8], 8, 2000.0, 40.0, user=u) for u in ("bob", "cy")] + \
         [_run(resnet[64], 64, 9000.0, 90.0, user=None)]
-    assert predict([starved, *honest], "alice") == pytest.approx((cold.mem_mib, cold.util_pct))
+    assert predict([starved, *honest], "alice", "cold-start") == pytest.approx((cold.mem_mib, cold.util_pct))
     amp = dict(starved, prec="amp")
     p = HistoryPredictor(user="alice").fit([amp, *[dict(r, prec="amp") for r in honest]]).predict(
         resnet[32], A100, w)
-    assert p.predictor == "history:graph" and p.mem_mib >= cold.mem_mib and p.util_pct >= cold.util_pct
+    assert p.predictor == "cold-start" and p.mem_mib >= cold.mem_mib and p.util_pct >= cold.util_pct
     # where the site's offsets put the graph above the cold start, the floor is that answer
     site = [_run(resnet[b], b, COLD.predict(resnet[b], A100, Workload(batch_size=b)).mem_mib + 3000.0,
                  None, user=f"u{b}", family="other", sha=f"{b:064x}") for b in (8, 16, 64)]
     offset = HistoryPredictor(user="alice").fit(site).predict(resnet[32], A100, w).mem_mib
     assert offset > cold.mem_mib + 2000.0
-    assert predict([starved, *site], "alice")[0] == pytest.approx(offset)
+    assert predict([starved, *site], "alice", "cold-start")[0] == pytest.approx(offset)
     # the count of users travels in history.json and is checked there
     h = HistoryPredictor(user="alice").fit(both)
     again = HistoryPredictor.from_dict(json.loads(json.dumps(h.to_dict())), user="alice")

@@ -420,8 +420,13 @@ class HistoryPredictor:
             # sole runner could have run it starved to get the next user's job packed tight
             bare = corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, ())
             pooled = corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, pools)
-            mem = max(mem, base_mem, bare.mem_mib, pooled.mem_mib)
-            util = max(util, base_util, bare.util_pct, pooled.util_pct)
+            floor_mem = max(base_mem, bare.mem_mib, pooled.mem_mib)
+            floor_util = max(base_util, bare.util_pct, pooled.util_pct)
+            if mem <= floor_mem and util <= floor_util:
+                # the runs raised nothing: the base predictor answers, and is named (the answer
+                # had been labelled history while it carried the cold start's figures)
+                return Answer(floor_mem, floor_util, None)
+            mem, util = max(mem, floor_mem), max(util, floor_util)
         return Answer(mem, util, tier)
 
     def predict(self, report, gpu, workload) -> Prediction:
