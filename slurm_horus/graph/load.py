@@ -342,15 +342,20 @@ def _drop_weight_values(model) -> None:
                 tensor.ClearField(f)
 
 
+def _subgraphs(node):
+    """The graphs a node holds in its attributes (If's branches, Loop's and Scan's bodies)."""
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
+
+
 def _graphs(graph):
-    """The graph, then every subgraph in it (If, Loop, Scan bodies), at any depth."""
+    """The graph, then every subgraph in it, at any depth."""
     yield graph
     for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _graphs(attr.g)
-            for sub in attr.graphs:
-                yield from _graphs(sub)
+        for sub in _subgraphs(node):
+            yield from _graphs(sub)
 
 
 def _nested_nodes(nodes):
@@ -358,11 +363,8 @@ def _nested_nodes(nodes):
     a function body's branches call functions too."""
     for node in nodes:
         yield node
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _nested_nodes(attr.g.node)
-            for sub in attr.graphs:
-                yield from _nested_nodes(sub.node)
+        for sub in _subgraphs(node):
+            yield from _nested_nodes(sub.node)
 
 
 def _all_tensors(graph):

@@ -183,11 +183,8 @@ def partition_gpu_types(partition: str | None) -> tuple[str, dict[str, int]]:
     """(partition, {gres type: GPU count}) of ``partition`` (None: the default partition)."""
     if not partition:
         partition = default_partition()
-    nodes = scontrol_nodes()
-    if not sp.partition_gpu_types(nodes, partition) and not any(
-            {p.strip() for p in partition.split(",")} & {p.strip() for p in (n.get("Partitions") or "").split(",")}
-            for n in nodes):
-        # a typo: say so, rather than that its (no) nodes have no typed GPUs
+    nodes = sp.partition_nodes(scontrol_nodes(), partition)
+    if not nodes:  # a typo: say so, rather than that its (no) nodes have no typed GPUs
         raise HorusError(f"partition {partition}: no node of Slurm's is in it (no such partition?)")
     return partition, sp.partition_gpu_types(nodes, partition)
 

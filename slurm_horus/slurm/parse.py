@@ -15,7 +15,7 @@ import re
 from slurm_horus.errors import HorusError
 
 __all__ = [
-    "parse_scontrol_records", "parse_gres", "gpu_types_of_node", "partition_gpu_types",
+    "parse_scontrol_records", "parse_gres", "gpu_types_of_node", "partition_nodes", "partition_gpu_types",
     "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config", "config_user_id", "expand_batch_stdio",
     "expand_hostlist", "parse_conf_lines", "parse_pipe_table",
     "job_gpus_on_node", "parse_listpids", "job_state", "sinfo_json_nodes",
@@ -157,16 +157,19 @@ def default_partition(partitions: list[dict]) -> str | None:
     return None
 
 
-def partition_gpu_types(nodes: list[dict], partition: str) -> dict[str, int]:
-    """{gres type: GPU count} over the nodes of ``partition`` (a comma list is a union), from
-    ``scontrol show node`` records (their ``Partitions=`` field)."""
+def partition_nodes(nodes: list[dict], partition: str) -> list[dict]:
+    """The ``scontrol show node`` records of ``partition``'s nodes (a comma list is a union),
+    by their ``Partitions=`` field."""
     wanted = {p.strip() for p in partition.split(",") if p.strip()}
+    return [n for n in nodes if wanted & {p.strip() for p in (n.get("Partitions") or "").split(",")}]
+
+
+def partition_gpu_types(nodes: list[dict], partition: str) -> dict[str, int]:
+    """{gres type: GPU count} over the nodes of ``partition`` (partition_nodes)."""
     out: dict[str, int] = {}
-    for node in nodes:
-        parts = {p.strip() for p in (node.get("Partitions") or "").split(",") if p.strip()}
-        if parts & wanted:
-            for t, c in gpu_types_of_node(node).items():
-                out[t] = out.get(t, 0) + c
+    for node in partition_nodes(nodes, partition):
+        for t, c in gpu_types_of_node(node).items():
+            out[t] = out.get(t, 0) + c
     return out
 
 

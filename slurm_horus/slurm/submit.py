@@ -254,7 +254,8 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     plan.gpu_types = dict(gpu_types)
     if not gpu_types:
         raise HorusError(f"partition {plan.partition}: no typed GPUs (Gres=gpu:<type>:N)")
-    missing = sorted(t for t in _requested_gpu_types(plan) if t.lower() not in {g.lower() for g in gpu_types})
+    offered = {g.lower() for g in gpu_types}
+    missing = sorted(t for t in _requested_gpu_types(plan) if t.lower() not in offered)
     if missing:
         # the hook then says it does not know the type: the cause is the partition's nodes
         plan.warnings.append(f"GPU type {', '.join(missing)} requested, but partition {plan.partition} "
@@ -317,19 +318,17 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
 
 
 def _requested_gpu_types(plan: Plan) -> set[str]:
-    """The GPU types the job names itself (--gres=gpu:TYPE:N, --gpus[-per-*]=TYPE:N); what does
-    not read as such is sbatch's to judge."""
+    """The GPU types the job names itself (--gres=gpu:TYPE:N, --gpus[-per-*]=TYPE:N), from the
+    TRES strings the hook sees (job_desc_of); what does not read as such is sbatch's to judge."""
     from slurm_horus.slurm.parse import parse_gres
 
+    jd = job_desc_of(plan)
+    tres = ",".join(filter(None, (jd.get(k) for k in ("tres_per_node", "tres_per_job", "tres_per_task",
+                                                    "tres_per_socket"))))
     try:
-        out = {g["type"] for g in parse_gres(plan.request("gres")) if g["name"] == "gpu" and g["type"]}
+        return {g["type"] for g in parse_gres(tres) if g["name"] == "gpu" and g["type"]}
     except (HorusError, ValueError, IndexError):
-        out = set()
-    for opt in ("gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket"):
-        for item in (plan.request(opt) or "").split(","):
-            if item.count(":") == 1 and not item.split(":")[0].isdigit():
-                out.add(item.split(":")[0].strip())
-    return out
+        return set()
 
 
 def _hint_of(predictions: dict) -> str:
