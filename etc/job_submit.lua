@@ -156,6 +156,10 @@ local function is_gtype(s)
 end
 
 -- Slurm reports unset numbers as NO_VAL (or nil here); treat those as unset.
+local function nonempty(s)
+	return type(s) == "string" and string.find(s, "%S") ~= nil
+end
+
 local function is_set_number(v)
 	return type(v) == "number" and v ~= slurm.NO_VAL and v ~= slurm.NO_VAL16
 		and v ~= slurm.NO_VAL64 and v ~= 4294967294 and v ~= 65534
@@ -625,11 +629,12 @@ local function find_gpu_request(job)
 	if gpus > 1 then return nil, "multi-GPU request" end
 	if is_set_number(job.min_nodes) and job.min_nodes > 1 then return nil, "multi-node job" end
 	if is_set_number(job.max_nodes) and job.max_nodes > 1 then return nil, "multi-node job" end
-	-- a GPU per job (--gpus) becomes shards per node: only for a job that cannot span nodes
-	-- (one node at most, or one task), else it would get shards on every node it spans
-	if found.field == "tres_per_job" and not (is_set_number(job.max_nodes) and job.max_nodes == 1)
+	-- one GPU's shards are costed for one node: a job of several tasks may span nodes (Slurm
+	-- spreads them where one node lacks the CPUs) unless it is held to one (--nodes=1); a GPU
+	-- per node would then be one on each, and shards on every node it spans
+	if not (is_set_number(job.max_nodes) and job.max_nodes == 1)
 		and is_set_number(job.num_tasks) and job.num_tasks > 1 then
-		return nil, "GPU per job of a job that may span nodes"
+		return nil, "several tasks that may span nodes (--nodes=1 holds them to one)"
 	end
 	return found, nil
 end
@@ -879,6 +884,9 @@ local function hint_plan(job, pol, uid, preds)
 
 	local req, why = find_gpu_request(job)
 	if not req then return unchanged(why) end
+	-- --exclusive (any kind): Slurm gives the job whole nodes and every GRES on them, which
+	-- shards can never be (it would wait forever); as submitted it runs
+	if is_set_number(job.shared) and job.shared ~= 1 then return unchanged("--exclusive set") end
 	if mentions_gpu(job.cpus_per_tres) or mentions_gpu(job.mem_per_tres) then
 		return unchanged("--cpus-per-gpu/--mem-per-gpu set")
 	end
@@ -959,18 +967,40 @@ local function hint_plan(job, pol, uid, preds)
 		end
 		choice = choice or exclusive
 		if not choice then return unchanged("no GPU type fits the prediction") end
+		-- a type the hook pins must be one the nodes the job names (or leaves) have, and no
+		-- one here knows theirs: untyped requests stay valid wherever the job may run
+		if not choice.any and (nonempty(job.req_nodes) or nonempty(job.exc_nodes)) then
+			return unchanged("--nodelist/--exclude set: the hook does not know those nodes' GPU types")
+		end
 	end
 	-- On a type horus-admin queue sees under pressure (a new job finds no idle GPU; with
 	-- pack_heavy = always, any type while the loop's file is fresh), a job within the slowdown
 	-- bound's utilization limit: kept whole for its utilization, it shares at pressure_shards
 	-- (or its memory's share) instead; shared, it asks for at most pressure_shards for its
 	-- utilization (evaluate).
-	if not choice.any and ((choice.kind == "exclusive" and choice.code == "util")
-			or (choice.kind == "shared" and choice.shards > pol.pressure_shards)) then
+	if (choice.kind == "exclusive" and choice.code == "util")
+			or (choice.kind == "shared" and choice.shards > pol.pressure_shards) then
 		local pressure = load_pressure(pol)
-		if pressure.all or pressure.types[choice.gtype] then
-			local r = evaluate(pol, choice.gtype, preds[choice.gtype], pressure)
-			if r.kind == "shared" then choice = r end
+		if not choice.any then
+			if pressure.all or pressure.types[choice.gtype] then
+				local r = evaluate(pol, choice.gtype, preds[choice.gtype], pressure)
+				if r.kind == "shared" then choice = r end
+			end
+		else
+			-- a job of no type (type_choice = any; on a one-type site every job) waits for
+			-- whichever type frees first: it packs when every type is pressed and it may
+			-- share on each, at the most shards any of them needs
+			local worst = nil
+			for _, t in ipairs(pol.type_order) do
+				local r = preds[t] and (pressure.all or pressure.types[t]) and evaluate(pol, t, preds[t], pressure)
+				if not r or r.kind ~= "shared" then worst = nil break end
+				if not worst or r.shards > worst.shards then worst = r end
+			end
+			if worst then
+				choice = { kind = "shared", any = true, gtype = worst.gtype, shards = worst.shards,
+					util_milli = worst.util_milli, mem = worst.mem, mem_field = worst.mem_field,
+					code = worst.code }
+			end
 		end
 	end
 
@@ -1018,6 +1048,9 @@ local function hint_plan(job, pol, uid, preds)
 		else set.tres_per_node = gres end
 	end
 	if features then set.features = features end
+	-- one node, for good: a later task or CPU count (scontrol update NumTasks=) cannot spread
+	-- the job over nodes with shards on each
+	set.max_nodes = 1
 	-- gpu:0 / shard:0 entries ask for nothing; beside the shards they would only make Slurm
 	-- doubt the job (a second shard entry: which count?).
 	for _, f in ipairs({ "tres_per_node", "tres_per_job" }) do
@@ -1036,7 +1069,7 @@ local function hint_plan(job, pol, uid, preds)
 		choice.any and "any" or choice.gtype, choice.shards, pol.shards_per_gpu,
 		fmt_milli(choice.util_milli), choice.mem, choice.mem_field,
 		choice.any and (" on " .. choice.gtype .. ", the most of any type") or "",
-		choice.code == "pressure" and ("; queue pressure on " .. choice.gtype)
+		choice.code == "pressure" and ("; queue pressure on " .. (choice.any and "every type" or choice.gtype))
 			or choice.code == "pack_heavy" and "; pack_heavy = always" or "")
 	return { rc = slurm.SUCCESS, set = set, note = note, kind = "shared",
 		gtype = choice.any and "any" or choice.gtype, shards = choice.shards, per_gpu = pol.shards_per_gpu,
@@ -1113,7 +1146,7 @@ end
 -- Apply the plan (the only place that writes to job_desc)
 -------------------------------------------------------------------------------
 
-local APPLY_ORDER = { "tres_per_job", "tres_per_task", "tres_per_socket", "tres_per_node", "features" }
+local APPLY_ORDER = { "max_nodes", "tres_per_job", "tres_per_task", "tres_per_socket", "tres_per_node", "features" }
 
 -- The machine-readable twin of a plan's note, written after it in AdminComment:
 --   horus-decision:v1;action=<shared|exclusive|unchanged>[;type=<gtype|any>][;shards=<n>/<S>][;reason=<code>]

@@ -244,6 +244,26 @@ def test_oom_requeue_once_on_a_whole_gpu(mine, tmp_path):
     assert (q["oom_requeues"], q["oom_requeues_completed"]) == (1, 1), q
 
 
+def test_an_oom_rerun_of_a_job_of_no_type_gets_a_whole_gpu(mine, tmp_path):
+    """type_choice = any (the cluster's policy) gives a job that may share both types untyped
+    shards; its OOM rerun had kept them (22.05 refuses shard -> gpu and there was no fallback)
+    and failed again."""
+    script = tmp_path / "any.sh"
+    script.write_text("#!/bin/bash\n"
+                      'if [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ]; then exit 0; fi\n'
+                      f'echo "{OOM}" >&2\nexit 1\n')
+    jid = submit(mine, "--gres=gpu:1", "--comment=horus:v1;a100=30/3000/3450;t4=30/3000/3450",
+                 "-o", "/dev/null", "-e", str(tmp_path / "e-%j"), str(script))
+    first = wait(jid, {"FAILED"})
+    assert re.fullmatch(r"gres[:/]shard:\d+", first.get("TresPerNode", "")), first.get("TresPerNode")
+    acts = [a for a in queue("--min-wait", "100000", "--jobs", jid) if str(a["job_id"]) == jid]
+    assert [a["action"] for a in acts] == ["oom-requeue"]
+    assert re.fullmatch(r"gres[:/](gpu:1|shard:100)", acts[0]["tres"]), acts
+    done = wait(jid, {"COMPLETED"}, timeout=150)
+    alloc = done.get("AllocTRES") or done.get("TRES") or ""
+    assert re.search(r"gres/gpu(:\w+)?=1\b|gres/shard(:\w+)?=100\b", alloc), alloc
+
+
 def test_pack_under_pressure_then_spread(mine, tmp_path):
     if slurm.slurm_version().startswith("22."):
         pytest.skip("Slurm 22.05 refuses to change a pending job's GRES between gpu and shard "

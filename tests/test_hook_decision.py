@@ -292,6 +292,25 @@ def test_queue_pressure_packs_at_submission_only_when_fresh_and_fitting(tmp_path
     assert parse_decision(d.admin_comment) == HookDecision(*want[:3], 100 if want[2] else None, want[3])
 
 
+@pytest.mark.parametrize("pressed,extra,want", [
+    (("t4", "a100"), "", ("shared", "any", 50, "pressure")),
+    (("t4",), "", ("exclusive", "any", None, "util")),      # an idle A100 may take it whole
+    ((), "pack_heavy = always\n", ("shared", "any", 50, "pack_heavy")),
+    (("t4", "a100"), "pressure_max_age_s = 1\n", ("exclusive", "any", None, "util")),
+], ids=["every type pressed", "one type pressed", "pack_heavy", "stale"])
+def test_a_job_of_no_type_packs_when_every_type_is_pressed(tmp_path, pressed, extra, want):
+    """type_choice = any (the shipped policy) leaves a heavy job untyped: the pressure file never
+    reached it, so on a site of one GPU type queue pressure packed nothing at submission."""
+    path = _pressure(tmp_path, *pressed, age_s=5 if "max_age" in extra else 0)
+    pol = _policy(tmp_path, f"type_choice = any\npressure_file = {path}\n{extra}")
+    d = decide(HEAVY, policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    assert _outcome(d) == want, d.admin_comment
+    assert d.job_desc["tres_per_node"] == ("gres:shard:50" if want[0] == "shared" else "gres:gpu:1")
+    assert not d.job_desc.get("features")
+    if want[3] == "pressure":
+        assert "queue pressure on every type" in d.admin_comment
+
+
 MID = {"comment": "horus:v1;t4=60/3000/3500", "tres_per_node": "gres:gpu:1"}
 
 

@@ -479,6 +479,24 @@ def test_the_explained_job_desc_carries_the_task_counts_the_hook_decides_on():
     assert (jd["min_nodes"], jd["max_nodes"]) == (1, 2) and "num_tasks" not in jd
 
 
+def test_the_explained_job_desc_carries_what_keeps_a_job_unshared():
+    """--explain had said "shared" for --exclusive (the shards then waited forever) and for a
+    node list the hook's pinned type may miss (sbatch refused the job); -N 1 is 1-1, as sbatch
+    sets it, which lets several tasks share (checked on 22.05)."""
+    jd = sub.job_desc_of(sub.prepare(["--gres=gpu:1", "--exclusive", "-w", "n1", "-x", "n2", "-N", "1",
+                                      "--wrap", "true"], env={}))
+    assert (jd["shared"], jd["req_nodes"], jd["exc_nodes"]) == (0, "n1", "n2")
+    assert (jd["min_nodes"], jd["max_nodes"]) == (1, 1)
+    for argv, env, shared in ((["--exclusive=user"], {}, 2), (["--exclusive", "-s"], {}, 1),
+                              (["-s", "--exclusive"], {}, 0), ([], {"SBATCH_EXCLUSIVE": ""}, 0),
+                              (["-s"], {"SBATCH_EXCLUSIVE": ""}, 1), ([], {}, None)):
+        jd = sub.job_desc_of(sub.prepare(["--gres=gpu:1", *argv, "--wrap", "true"], env=env))
+        assert jd.get("shared") == shared, argv
+    plan = sub.prepare(["--gres=gpu:1", "--wrap", "true"], env={})
+    plan.script_opts = sa.parse_sbatch_tokens(["--exclusive"])
+    assert sub.job_desc_of(plan)["shared"] == 0
+
+
 def test_directive_lines_are_split_as_sbatch_get_argument_splits_them():
     """Checked against 22.05's sbatch -v: a backslash escapes inside quotes too (shlex kept the
     quote and lost the rest: --comment='it\\'s mine' became "it\\'s"), an empty argument or a

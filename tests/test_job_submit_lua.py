@@ -196,6 +196,17 @@ UNCHANGED_CASES = [
     ("gpu per node and per job", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
                                   "tres_per_job": "gres:gpu:1"}, "multi-GPU"),
     ("multi-node", {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "min_nodes": 2}, "multi-node"),
+    # Slurm gives an --exclusive job every GRES of its nodes: shards would never start
+    ("--exclusive", {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "shared": 0}, "--exclusive"),
+    ("--exclusive=user", {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "shared": 2}, "--exclusive"),
+    # tasks Slurm may spread over nodes (-n 20 where one node has 16 CPUs): a GPU on each
+    ("several tasks, GPU per node", {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "num_tasks": 20},
+     "may span nodes"),
+    # the hook would pin a type the named (or remaining) nodes may lack
+    ("--nodelist, type the hook picks", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
+                                         "req_nodes": "gpu-t4"}, "--nodelist"),
+    ("--exclude, type the hook picks", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
+                                        "exc_nodes": "gpu-a100"}, "--nodelist"),
     ("node range", {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "min_nodes": 1,
                     "max_nodes": 3}, "multi-node"),
     ("no GPU", {"comment": LIGHT, "tres_per_node": "gres:nvme:1"}, "no GPU requested"),
@@ -242,6 +253,8 @@ def test_policy_cases(name, job, action, gtype, shards, changes):
     d = run(job)
     assert d.rc == 0
     assert (d.action, d.gpu_type, d.shards) == (action, gtype, shards), d.admin_comment
+    if action == "shared" and job.get("max_nodes") != 1:
+        changes = {**changes, "max_nodes": 1}  # a job on shards is held to its one node
     assert _changed(job, d.job_desc) == changes
     assert d.admin_comment.startswith("horus: " + action)
     assert "\n" not in d.admin_comment
@@ -613,6 +626,19 @@ def test_any_pins_a_type_where_the_hint_names_one_the_policy_lacks():
     d = run({"comment": LIGHT + ";l4=20/3000/3500", "tres_per_node": "gres:gpu:1", "features": "ib"},
             policy=SHIPPED_POLICY)
     assert d.action == "unchanged"
+
+
+def test_a_job_the_hook_cannot_spread_still_shares():
+    """What stays shareable beside those refusals: --oversubscribe, several tasks held to one
+    node, a node list with the user's own type or with untyped shards (type_choice = any)."""
+    for extra in ({"shared": 1}, {"shared": 65534}, {"num_tasks": 4, "max_nodes": 1}, {"num_tasks": 1}):
+        d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", **extra})
+        assert d.action == "shared" and d.job_desc["max_nodes"] == 1, extra
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:a100:1", "req_nodes": "gpu-a100"})
+    assert d.action == "shared" and d.gpu_type == "a100"
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "exc_nodes": "gpu-a100"}, policy=SHIPPED_POLICY)
+    assert d.action == "shared" and d.gpu_type == "any" and d.job_desc["tres_per_node"] == "gres:shard:26"
+    assert not d.job_desc.get("features")
 
 
 def test_any_keeps_the_users_type():

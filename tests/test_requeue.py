@@ -463,10 +463,14 @@ def test_a_node_feature_is_no_gpu_type():
     shared_any = "horus: shared any shards=23/100 horus-decision:v1;action=shared;type=any;shards=23/100"
     jobs = [rec(1, "FAILED", "gres:shard:23", shared_any, Features="ib"),
             rec(2, "FAILED", "gres:shard:23", shared_any, Features="a100")]
-    nodes = _node("")
+    nodes = _node("") + [{"NodeName": "t", "State": "IDLE", "Gres": "gpu:t4:1,shard:t4:100", "GresUsed": ""}]
     acts = oom_actions(jobs, lambda r: "torch.OutOfMemoryError: CUDA out of memory.\n",
                        shards_per_gpu(nodes), node_gpu_types(nodes))
     assert [(a.job_id, a.tres) for a in acts] == [(1, "gres:gpu:1"), (2, "gres:gpu:a100:1")]
+    # where the nodes have one GPU type, that is every job's
+    acts = oom_actions(jobs, lambda r: "torch.OutOfMemoryError: CUDA out of memory.\n",
+                       shards_per_gpu(_node("")), node_gpu_types(_node("")))
+    assert [(a.job_id, a.tres) for a in acts] == [(1, "gres:gpu:a100:1"), (2, "gres:gpu:a100:1")]
 
 
 def test_idle_gpus_are_counted_per_type_and_never_on_reserved_nodes():
@@ -569,3 +573,59 @@ def test_untyped_shards_on_a_node_of_several_types_count_for_each():
     node = [{"NodeName": "m", "State": "MIXED", "Gres": "gpu:a100:2,gpu:t4:2,shard:400",
              "GresUsed": "gpu:a100:0(IDX:N/A),gpu:t4:0(IDX:N/A),shard:60(IDX:0-1)"}]
     assert _node_type_free(node) == {"a100": 0, "t4": 0}
+
+
+ANY_SHARED = "horus: shared any shards=26/100 horus-decision:v1;action=shared;type=any;shards=26/100"
+
+
+def test_an_untyped_oom_rerun_asks_for_a_whole_gpus_shards():
+    """type_choice = any leaves a shared job with no type: 22.05 refuses its shards -> gpu:1
+    and the fallback had been None, so it reran on the same 26 shards and failed again."""
+    nodes = [{"NodeName": "a", "State": "IDLE", "Gres": "gpu:a100:1,shard:a100:100", "GresUsed": ""},
+             {"NodeName": "t", "State": "IDLE", "Gres": "gpu:t4:1,shard:t4:100", "GresUsed": ""}]
+    jobs = [rec(1, "FAILED", "gres:shard:26", ANY_SHARED)]
+    acts = oom_actions(jobs, lambda r: "torch.OutOfMemoryError: CUDA out of memory.",
+                       shards_per_gpu(nodes), node_gpu_types(nodes))
+    assert [(a.tres, a.fallback) for a in acts] == [("gres:gpu:1", "gres:shard:100")]
+
+
+def test_a_reshape_keeps_the_jobs_other_gres():
+    """Every reshape had replaced the whole TresPerNode: gres:shard:26,gres:nvme:1 lost its nvme."""
+    oom = oom_actions([rec(1, "FAILED", "gres:shard:30,gres:nvme:1", SHARED)],
+                      lambda r: "CUDA out of memory", shards_per_gpu(_node("")))
+    assert (oom[0].tres, oom[0].fallback) == ("gres:gpu:a100:1,gres:nvme:1", "gres:shard:100,gres:nvme:1")
+    busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
+    acts = pressure_actions([rec(2, "PENDING", "gres:nvme:1,gres:gpu:a100:1", EXCL)], busy, 50,
+                            lambda *a: 1, 0, now=1.9e9)
+    assert [a.tres for a in acts] == ["gres:nvme:1,gres:shard:50"]
+
+
+def test_a_pending_array_is_as_much_load_as_its_tasks():
+    """An array record not split yet stands for all its tasks: counted as one, 100 waiting
+    tasks beside 2 idle GPUs were no pressure, and the loop spread a packed job back."""
+    two_idle = _node("gpu:a100:2(IDX:0-1),shard:a100:0(IDX:N/A)")
+    array = rec(7, "PENDING", "gres:gpu:a100:1", EXCL, _tasks="1-100")
+    packed = rec(8, "PENDING", "gres:shard:50", EXCL + " horus-queue:v1;action=pack;from=gpu:1",
+                 SubmitTime="2026-01-01T00:00:01")
+    assert pressure_types([array], two_idle) == ["a100"]
+    assert pressure_types([{**array, "_tasks": "1-3%1"}], two_idle) == []  # one at a time
+    assert pressure_actions([array, packed], two_idle, 50, lambda *a: 1, 0, now=1.9e9) == []
+
+
+def test_jobs_of_no_type_are_load_and_packed_where_the_nodes_have_one_type():
+    """type_choice = any types no job: such jobs were no load and never packed, so on a site of
+    one GPU type the loop did nothing; on nodes of several types they are load on each."""
+    any_excl = ("horus: exclusive any (util 85% >= 70%) "
+                "horus-decision:v1;action=exclusive;type=any;reason=util")
+    busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
+    jobs = [rec(1, "PENDING", "gres:gpu:1", any_excl, Comment="horus:v1;a100=85/3000/3500")]
+    assert pressure_types(jobs, busy) == ["a100"]
+    acts = pressure_actions(jobs, busy, 50, lambda *a: 1, 0, now=1.9e9)
+    assert [(a.job_id, a.kind, a.tres, a.features) for a in acts] == [(1, "pack", "gres:shard:50", None)]
+    t4_idle = {"NodeName": "t", "State": "IDLE", "Gres": "gpu:t4:2,shard:t4:200", "GresUsed": ""}
+    typed = rec(2, "PENDING", "gres:gpu:t4:1", EXCL.replace("a100", "t4"))
+    # one t4 job and one of no type wait beside two idle T4s: a new job would find none
+    assert pressure_types([typed, *jobs], busy + [t4_idle]) == ["a100", "t4"]
+    assert pressure_types([typed], busy + [t4_idle]) == ["a100"]  # the A100s are all busy
+    cpu_only = rec(3, "PENDING", "", "")
+    assert pressure_types([typed, cpu_only], busy + [t4_idle]) == ["a100"]

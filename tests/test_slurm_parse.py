@@ -272,3 +272,11 @@ def test_the_queue_loop_knows_its_own_requeuehold_in_recorded_squeue_json():
     assert rec["JobState"] == "PENDING" and rec["Reason"] == "JobHeldUser"
     assert _held(rec)
     assert not _held({**rec, "Reason": "JobHeldAdmin"}) and not _held({**rec, "StateDesc": ""})
+
+
+def test_an_array_records_tasks_are_counted_never_expanded():
+    from slurm_horus.slurm.parse import array_task_count
+
+    cases = {"1-100": 100, "1-99:2": 50, "3,5,7-9": 5, "0-31%4": 4, "1-3%0": 3, "7": 1,
+             "0-4294967294": 4294967295, "": 1, "9-1": 1, "1-5:0": 1, "a-b": 1}
+    assert {t: array_task_count(t) for t in cases} == cases

@@ -34,8 +34,8 @@ from slurm_horus.ledger.claims import open_as_owner, owner_ids
 from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run, slurm_version
 from slurm_horus.slurm.hint import parse_decision, parse_hint
-from slurm_horus.slurm.parse import (expand_batch_stdio, parse_gres, parse_scontrol_records,
-                                     squeue_json_records)
+from slurm_horus.slurm.parse import (array_task_count, expand_batch_stdio, parse_gres,
+                                     parse_scontrol_records, squeue_json_records)
 from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, declared_type_features, policy_value
 from slurm_horus.sim.interference import Interference, sensitivity_at
 from slurm_horus.textfile import open_for_reading
@@ -80,7 +80,17 @@ def _gres(name: str, gtype: str | None, count: int, like: str | None = None) -> 
     written as Slurm writes the job's own (22.05 ``gres:``, 23.02+ ``gres/``): 22.05 takes
     ``gres/gpu:...`` from scontrol update without a word and never applies it."""
     prefix = "gres:" if (like or "").startswith("gres:") else "gres/"
-    return f"{prefix}{name}:{gtype}:{count}" if gtype else f"{prefix}{name}:{count}"
+    item = f"{prefix}{name}:{gtype}:{count}" if gtype else f"{prefix}{name}:{count}"
+    # the job's other GRES (gres:nvme:1) stay where they were: only its GPU request changes
+    out: list[str] = []
+    for old in (like or "").split(","):
+        gres = parse_gres(old)
+        if gres and gres[0]["name"] in ("gpu", "shard"):
+            if item not in out:
+                out.append(item)
+        elif old.strip():
+            out.append(old)
+    return ",".join(out if item in out else [item, *out])
 
 
 def shards_per_gpu(nodes: list[dict]) -> dict[str, int]:
@@ -104,8 +114,11 @@ def _shard_gres(count: int | None, like: str | None) -> str | None:
 
 def _whole_gpu(gtype: str | None, like: str | None,
                per_gpu: dict[str, int]) -> tuple[str, str | None]:
-    """A whole GPU of the type as TresPerNode, and all of one GPU's shards as its fallback."""
-    return _gres("gpu", gtype, 1, like), _shard_gres(per_gpu.get(gtype or ""), like)
+    """A whole GPU of the type as TresPerNode, and all of one GPU's shards as its fallback (a
+    job of no type, as type_choice = any leaves one: as many as the type with the most per GPU
+    has, so it holds a whole GPU of whichever type it lands on)."""
+    count = per_gpu.get(gtype) if gtype else max(per_gpu.values(), default=None)
+    return _gres("gpu", gtype, 1, like), _shard_gres(count, like)
 
 
 def node_gpu_types(nodes: list[dict]) -> set[str]:
@@ -125,7 +138,10 @@ def _gpu_type(rec: dict, types: set[str]) -> str | None:
     if decision and decision.gpu_type not in (None, "any"):
         return decision.gpu_type
     feat = rec.get("Features") or ""
-    return feat if feat in types else None
+    if feat in types:
+        return feat
+    # on nodes of one GPU type every job is of that type (type_choice = any types none)
+    return next(iter(types)) if len(types) == 1 else None
 
 
 def job_ref(rec: dict) -> str:
@@ -228,17 +244,30 @@ def _node_type_free(nodes: list[dict]) -> dict[str, int]:
     return free
 
 
-def _pending_by_type(jobs: list[dict], free: dict[str, int]) -> dict[str, list[dict]]:
+def _waiting(recs: list[dict]) -> int:
+    """How many jobs ``recs`` stand for: an array record not split yet, for its tasks."""
+    return sum(array_task_count(r["_tasks"]) if r.get("_tasks") else 1 for r in recs)
+
+
+def _pending_by_type(jobs: list[dict], free: dict[str, int]) -> tuple[dict[str, list[dict]], int]:
     """Pending jobs that wait for GPUs (_waits_for_gpus), per GPU type the nodes have, in
-    submission order."""
+    submission order (an array's tasks not split yet in one record: _waiting counts them), and
+    how many wait for a GPU of no type (type_choice = any on nodes of several types): each
+    takes whichever type frees first, so it is load on every type (the loop leaves it as is)."""
     pending: dict[str, list[dict]] = {}
+    untyped: list[dict] = []
     for rec in jobs:
+        if not _waits_for_gpus(rec):
+            continue
         gtype = _gpu_type(rec, set(free))
-        if _waits_for_gpus(rec) and gtype in free:
+        if gtype in free:
             pending.setdefault(gtype, []).append(rec)
+        elif gtype is None and any(g["name"] in ("gpu", "shard") and g["count"]
+                                   for g in parse_gres(rec.get("TresPerNode"))):
+            untyped.append(rec)
     for recs in pending.values():
         recs.sort(key=_submitted)
-    return pending
+    return pending, _waiting(untyped)
 
 
 def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
@@ -246,8 +275,8 @@ def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
     many jobs pending for them as their GPUs idle, or more (the hook's view of pressure: the
     new job counts itself, as a pending job does in pressure_actions)."""
     free = _node_type_free(nodes)
-    pending = _pending_by_type(jobs, free)
-    return sorted(t for t in free if len(pending.get(t, ())) + 1 > free[t])
+    pending, untyped = _pending_by_type(jobs, free)
+    return sorted(t for t in free if _waiting(pending.get(t, [])) + untyped + 1 > free[t])
 
 
 def pack_util_limit(bound: float, group: int, itf: Interference | None = None,
@@ -354,8 +383,9 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
             # the pressure that packed it is no reason to keep a job that waits for no GPU on
             # shards: its own request back
             out.append(_spread(_job_id(rec), gtype, tres, per_gpu))
-    for gtype, recs in _pending_by_type(jobs, free).items():
-        short = len(recs) - free[gtype]  # pending jobs the idle GPUs leave without one
+    pending, untyped = _pending_by_type(jobs, free)
+    for gtype, recs in pending.items():
+        short = _waiting(recs) + untyped - free[gtype]  # pending jobs the idle GPUs leave without one
         to_pack = short
         for rec in recs:
             jid = _job_id(rec)

@@ -19,7 +19,7 @@ __all__ = [
     "default_partition", "job_gres_detail", "parse_sbatch_stdout", "parse_scontrol_config", "config_user_id", "expand_batch_stdio",
     "expand_hostlist", "parse_conf_lines", "parse_pipe_table",
     "job_gpus_on_node", "parse_listpids", "job_state", "sinfo_json_nodes",
-    "squeue_json_records",
+    "squeue_json_records", "array_task_count",
 ]
 
 
@@ -331,6 +331,26 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
             **_array_ids(j),
         })
     return out
+
+
+def array_task_count(text: str | None) -> int:
+    """How many tasks an array record not split yet stands for that may still start
+    (squeue's array_task_string: ``1-100``, ``1-99:2``, ``3,5,7-9``, ``0-31%4``; at most the
+    ``%`` throttle), counted, never expanded; 1 for a text Slurm would not write."""
+    m = re.fullmatch(r"([0-9,:\-]+)(?:%([0-9]+))?", (text or "").strip())
+    if not m:
+        return 1
+    n = 0
+    for part in m.group(1).split(","):
+        r = re.fullmatch(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?", part)
+        if not r:
+            return 1
+        a, b, step = int(r.group(1)), int(r.group(2) or r.group(1)), int(r.group(3) or 1)
+        if b < a or step < 1:
+            return 1
+        n += (b - a) // step + 1
+    cap = int(m.group(2) or 0)  # %0: no throttle
+    return max(1, min(n, cap) if cap else n)
 
 
 # --------------------------------------------------------------------------- horus-probe (Prolog)

@@ -377,14 +377,36 @@ def job_desc_of(plan: Plan) -> dict:
     if nodes:
         lo, _, hi = nodes.partition("-")
         jd["min_nodes"] = _count(lo)  # None (dropped below) for what sbatch would refuse
-        if jd["min_nodes"] is not None and hi:
-            jd["max_nodes"] = _count(hi)
+        if jd["min_nodes"] is not None:
+            jd["max_nodes"] = _count(hi) if hi else jd["min_nodes"]  # -N 1 is 1-1
+    jd["req_nodes"] = plan.request("nodelist")
+    jd["exc_nodes"] = plan.request("exclude")
+    jd["shared"] = _shared(plan)
     # the task counts the hook decides on too (a GPU per job of several tasks may span nodes)
     for opt, key in (("ntasks", "num_tasks"), ("ntasks-per-gpu", "ntasks_per_tres")):
         n = _count(plan.request(opt) or "")
         if n is not None:
             jd[key] = n
     return {k: v for k, v in jd.items() if v is not None}
+
+
+# job_desc.shared as sbatch sets it: --oversubscribe, --exclusive[=user|mcs|topo]
+_SHARED = {"oversubscribe": 1, "exclusive": 0, "exclusive=user": 2, "exclusive=mcs": 3, "exclusive=topo": 4}
+
+
+def _shared(plan: Plan) -> int | None:
+    """The last of --exclusive / --oversubscribe sbatch reads (command line, then
+    SBATCH_EXCLUSIVE, then #SBATCH lines), as job_desc.shared; None when neither is given."""
+    def last(opts):
+        for o in reversed(opts):
+            if o.name in ("exclusive", "oversubscribe"):
+                return _SHARED.get(o.name if o.name == "oversubscribe" or not o.value else f"exclusive={o.value}")
+        return None
+    found = last(plan.split.parsed)
+    if found is None and plan.env.get("SBATCH_EXCLUSIVE") is not None:
+        v = plan.env["SBATCH_EXCLUSIVE"]
+        found = _SHARED.get(f"exclusive={v}" if v else "exclusive")
+    return found if found is not None else last(plan.script_opts)
 
 
 def _count(s: str) -> int | None:
