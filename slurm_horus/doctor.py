@@ -304,18 +304,78 @@ def _trusted(path: Path, what: str) -> list[Problem]:
     return out
 
 
+def check_slurm_user_reads(conf: SlurmConf, paths: dict[str, str | Path | None]) -> list[Problem]:
+    """slurmctld runs as SlurmUser and reads the hook's files as that user: one it cannot read
+    makes the hook run on its built-in defaults (a policy with no GPU types shares nothing;
+    no claim record, no pressure) while root's view of the files says nothing is wrong."""
+    from slurm_horus.ledger.claims import may_access, owner_ids
+
+    name = (conf.settings.get("slurmuser") or "root").strip()
+    uid, gids = owner_ids(name)
+    if uid is None:
+        return [Problem(f"SlurmUser={name} is no user on this host", "set SlurmUser to slurmctld's user")]
+    if uid == 0:
+        return []
+
+    def readable(p: Path) -> bool:  # the mode bits on it and search on every folder above
+        try:
+            p = p.resolve()
+            return all(may_access(os.stat(d), uid, gids, 1) for d in p.parents) and \
+                may_access(os.stat(p), uid, gids, 4)
+        except OSError:
+            return True  # missing: the checks of each file say what that means
+    return [Problem(f"{what} {p} cannot be read by SlurmUser {name}, whom slurmctld runs the "
+                    "hook as", f"chmod o+r {p} (and o+x on its folders), or give it SlurmUser's group")
+            for what, p in paths.items() if p and not readable(Path(p))]
+
+
+def check_probe_reaches_ledger(conf: SlurmConf, url: str) -> list[Problem]:
+    """The root probe in each GPU node's Prolog writes the ledger: a SQLite file serves only
+    nodes on its own host (the controller's), and another node's records stay in its local
+    spool, which no sync collects (on Slurm without GPU accounting the only measurements)."""
+    from slurm_horus.ledger.db import sqlite_file
+    from slurm_horus.slurm.parse import expand_hostlist
+
+    if sqlite_file(url) is None or not _runs(conf.settings.get("prolog"), "horus-prolog", conf.path.parent):
+        return []
+    ctld = re.split(r"[(,\s]", (conf.settings.get("slurmctldhost") or conf.settings.get("controlmachine") or ""))[0]
+    away = []
+    for node in conf.nodes:
+        if "gpu" not in (node.get("gres") or ""):
+            continue
+        try:
+            hosts = expand_hostlist(node.get("nodehostname") or node.get("nodename") or "")
+        except HorusError:
+            continue
+        away += [h for h in hosts if h.split(".")[0] != ctld.split(".")[0]]
+    if not ctld or not away:
+        return []
+    return [Problem(f"the ledger is a SQLite file, but the probe on GPU nodes away from the "
+                    f"controller {ctld} ({', '.join(away[:3])}{', ...' if len(away) > 3 else ''}) "
+                    "cannot write it: their measurements stay in each node's spool",
+                    "use a MariaDB ledger the GPU nodes reach (HORUS_LEDGER_URL in their "
+                    "/etc/slurm-horus/admin.env); docs/admin-guide.md, which host runs what")]
+
+
 def check_ledger(url: str) -> list[Problem]:
     """The ledger opens and reads at this version (a SQLite file not made yet is not a problem:
-    the first sync makes it); a SQLite ledger and its folder are written by root only (usage
-    rows count as measured)."""
-    from slurm_horus.ledger.db import make_engine, mask_url
+    the first sync makes it); a SQLite ledger, its folder and the readers' copy beside it are
+    written by root only (usage rows count as measured), and users cannot read the live file
+    (one holding a read transaction on it stops every write)."""
+    from slurm_horus.ledger.db import make_engine, mask_url, sqlite_file
+    from slurm_horus.ledger.extracts import readers_copy
     from slurm_horus.ledger.migrate import check_readable
 
     out: list[Problem] = []
-    db = Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+    db = sqlite_file(url)
+    if db is not None and not db.is_absolute():
+        return [Problem(f"the ledger {url} is a relative path: each command would find (or make) "
+                        "its own under the folder it runs in",
+                        f"give the absolute path: sqlite:////{str(db).lstrip('/')}")]
     if db is not None:
         out += _trusted(db.parent, "the ledger folder") if db.parent.exists() else []
         out += _trusted(db, "the ledger")
+        out += _trusted(readers_copy(db), "the readers' copy of the ledger")
         if out or not db.exists():
             return out  # one problem at a time: who may write it first
     try:
@@ -332,6 +392,11 @@ def check_ledger(url: str) -> list[Problem]:
         out.append(Problem(f"cannot read the ledger: {msg}",
                            "check ledger_url in /etc/slurm-horus/horus.conf or $HORUS_LEDGER_URL; "
                            "horus-admin sync (as root) creates and migrates it"))
+    if not out and db is not None and db.stat().st_mode & 0o004:
+        out.append(Problem(f"the ledger {db} is readable by others: a user holding a read "
+                           "transaction on it stops every sync and probe write",
+                           f"chmod 0640 {db} (horus-admin sync does, and publishes "
+                           f"{readers_copy(db).name} or users' extracts for hacct)"))
     return out
 
 
@@ -365,6 +430,27 @@ def check_policy_known_to_hook(pol: Path, hook: Path) -> list[Problem]:
                                "ignores that line (a hook older than this package?)",
                                f"install {_packaged('job_submit.lua')} as {hook}"))
     return out
+
+
+# what the hook says of keys that contradict each other (its parse_policy), which no line alone shows
+_CROSS_KEY = re.compile(r"policy: (\w+: larger than shards_per_gpu|type_(?:order|features): \S+ has no "
+                        r"gpu\.\S+\.mem_mib)")
+
+
+def check_policy_cross_keys(pol: Path, hook: Path) -> list[Problem]:
+    """Keys the hook drops for what other keys say (a type_order type with no memory, shards
+    beyond shards_per_gpu): the hook itself reads the policy, and only slurmctld's log said so."""
+    from slurm_horus.slurm.policy import decide
+
+    try:
+        d = decide({"comment": "horus:v1;doctor=1/1/1", "tres_per_node": "gres:gpu:1"},
+                   policy_path=pol, hook_path=hook if hook.is_file() else None, submit_uid=0)
+    except (HorusError, OSError, ImportError):
+        return []  # no hook to run: check_hook says so
+    said = dict.fromkeys(m.group(1) for _, msg in d.log if (m := _CROSS_KEY.search(msg)))
+    return [Problem(f"policy {pol}: {w}: the hook ignores it",
+                    "give the type its gpu.<type>.mem_mib (or drop it), and keep pressure_shards and "
+                    "min_shards within shards_per_gpu") for w in said]
 
 
 def check_policy_lines(pol: Path) -> list[Problem]:
@@ -464,6 +550,8 @@ def check_registry(root: Path) -> list[Problem]:
     if not root.is_dir():
         return []
     out = _trusted(root, "the model registry")
+    for d in root.resolve().parents:  # hsubmit trusts no file beneath a folder others may write
+        out += _trusted(d, "a folder above the model registry")
     for f in sorted(root.glob("*.json")):
         if f.is_symlink():  # hsubmit refuses it (it could serve a file no check covers)
             out.append(Problem(f"the model registry file {f} is a symlink: hsubmit refuses it",
@@ -504,7 +592,8 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     else:
         out += (_trusted(pol.resolve(), "the policy")
                 + _trusted(pol.resolve().parent, "the policy's folder") + check_policy_lines(pol)
-                + check_policy_known_to_hook(pol, path.parent / "job_submit.lua"))
+                + check_policy_known_to_hook(pol, path.parent / "job_submit.lua")
+                + check_policy_cross_keys(pol, path.parent / "job_submit.lua"))
     spg = int(policy_value("shards_per_gpu", "100", pol))
     type_via = policy_value("type_via", "features", pol)
     mem_mib = {t: v for t in _policy_gpu_types(pol) if (v := policy_value(f"gpu.{t}.mem_mib", None, pol))}
@@ -518,9 +607,12 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     for what, p in hook_files.items():  # the hook believes them: whoever writes them sets policy
         if p:
             out += _trusted(Path(p), what) + _trusted(Path(p).parent, f"the folder of {what}")
+    out += check_slurm_user_reads(conf, {"the hook": path.parent / "job_submit.lua", "the policy": pol,
+                                         **hook_files})
     out += check_pressure_keys(pol) + check_slowdown_bound(pol)
     out += check_pack_heavy(conf, pol, parse_version(version_text or ""))
     out += check_ledger(ledger_url or default_url())
+    out += check_probe_reaches_ledger(conf, ledger_url or default_url())
     out += check_registry(Path(model_dir) if model_dir else default_dir())
     out += check_site_settings()
     return out
@@ -529,13 +621,30 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
 def check_site_settings(env: dict[str, str] | None = None) -> list[Problem]:
     """horus.conf's on_prediction_error is submit or refuse: a misspelt 'refuse' submits every
     job whose model cannot be read, while the admin believes they are refused (the users'
-    environment variable is theirs, not the site's: not read here)."""
-    from slurm_horus.siteconf import CONF_PATH, ENV_CONF
+    environment variable is theirs, not the site's: not read here); its keys are ones a
+    command reads; HORUS_SLURM_BACKEND, where set, names a backend that works."""
+    from slurm_horus.siteconf import CONF_PATH, ENV_CONF, SITE_KEYS, unknown_site_keys
+    from slurm_horus.slurm.commands import BACKENDS, backend
     from slurm_horus.slurm.submit import on_prediction_error_problem
 
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != "HORUS_ON_PREDICTION_ERROR"}
+    conf = env.get(ENV_CONF) or CONF_PATH
     problem = on_prediction_error_problem(env)
-    return [Problem(problem, f"write on_prediction_error = refuse (or submit) in {env.get(ENV_CONF) or CONF_PATH}")] if problem else []
+    out = [Problem(problem, f"write on_prediction_error = refuse (or submit) in {conf}")] if problem else []
+    out += [Problem(f"{conf} line {n}: {key!r} is no setting: nothing reads it (a misspelt key leaves "
+                    "its default in force)", f"the settings are {', '.join(SITE_KEYS)}")
+            for n, key in unknown_site_keys(env)]
+    want = (env.get("HORUS_SLURM_BACKEND") or "").strip().lower()
+    if want and want != "cli":  # the admin's own choice (auto falls back to cli by itself)
+        try:
+            if want not in (*BACKENDS, "auto"):
+                raise HorusError(f"HORUS_SLURM_BACKEND={want}: need cli, pyslurm or auto")
+            if want == "pyslurm" and want == (os.environ.get("HORUS_SLURM_BACKEND") or "").strip().lower():
+                backend()  # pyslurm built for another Slurm, or none
+        except HorusError as e:
+            out.append(Problem(f"{e}: every command run so fails, and hsubmit submits without a hint",
+                               "unset HORUS_SLURM_BACKEND (or set it to cli)"))
+    return out
 
 
 def check_gpu_memory(mem_mib: dict[str, str]) -> list[Problem]:
@@ -543,7 +652,11 @@ def check_gpu_memory(mem_mib: dict[str, str]) -> list[Problem]:
     packs jobs into memory it lacks (a T4 given an A100's 80 GiB)."""
     from slurm_horus.predict.gpus import default_catalog
 
-    cat, out = default_catalog(), []
+    try:
+        cat, out = default_catalog(), []
+    except HorusError as e:  # every prediction and sync stops on it: the finding, not a crash
+        return [Problem(f"the GPU catalog cannot be read: {e}",
+                        "correct or remove /etc/slurm-horus/gpus.json (or $HORUS_GPU_CATALOG)")]
     for t, value in sorted(mem_mib.items()):
         # every model the name may stand for (a100: 40 and 80 GB): the largest of them
         models = [g for g in cat if g.name == t or g.name.startswith(t + "-") or t in g.aliases]

@@ -370,6 +370,13 @@ def test_import_refuses_rows_it_would_get_wrong(tmp_path):
     text.write_text(f"model,gpu_type,util_pct,mem_mib,batch_size\n{ZOO / 'bert_base.onnx'},t4,50,3000,8\n")
     r = CliRunner().invoke(import_, [str(text), "--ledger", u])
     assert r.exit_code == 2 and "not set by its batch size" in r.output, r.output
+    # batch_size 0 had become 1 (workload_from's "not given"), a user name with a newline was kept
+    for cells, says in ((("0", "alice"), "batch_size 0"), (("8", '"a\nb"'), "not a user name")):
+        bad = tmp_path / "bad.csv"
+        bad.write_text(f"model,gpu_type,util_pct,mem_mib,batch_size,user\n{ZOO / 'small_cnn.onnx'},t4,50,3000,"
+                       + ",".join(cells) + "\n")
+        r = CliRunner().invoke(import_, [str(bad), "--ledger", u])
+        assert r.exit_code == 2 and "bad.csv:2: " in r.output and says in r.output, r.output
 
 
 def test_a_file_the_command_may_not_write_is_one_line_not_an_internal_error(tmp_path):
@@ -409,3 +416,59 @@ def test_a_job_that_ends_within_a_caught_up_sync_is_not_carried(tmp_path, monkey
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     sync_mod.sync(L, since=now - 3 * 86400, until=now)
     assert sync_mod._open_jobs(L, "alpha") == {("alpha", 801)}
+
+
+def test_the_queue_packs_by_the_policys_shards(tmp_path, monkeypatch):
+    """--pack-shards was 1..99 "of 100 per GPU" whatever the policy said: with shards_per_gpu =
+    200 a half-GPU pack (100) was refused, with 1000 the default packed onto 5 % of a GPU."""
+    policy = tmp_path / "policy.conf"
+    policy.write_text("shards_per_gpu = 200\npressure_shards = 100\n")
+    monkeypatch.setenv("HORUS_POLICY", str(policy))
+    r = CliRunner().invoke(admin, ["queue", "--dry-run", "--pack-shards", "200"])
+    assert r.exit_code != 0 and "--pack-shards 200: must be 1..199" in r.output, r.output
+    r = CliRunner().invoke(admin, ["queue", "--dry-run", "--pack-shards", "150"])
+    assert "--pack-shards" not in r.output, r.output  # a quarter of a GPU here
+
+
+def test_models_list_says_a_named_registry_folder_is_not_there(tmp_path, monkeypatch):
+    """`models list --model-dir /typo` printed "no models" with exit 0, as for a new site."""
+    monkeypatch.delenv("HORUS_MODEL_DIR", raising=False)
+    r = CliRunner().invoke(admin, ["models", "list", "--model-dir", str(tmp_path / "typo")])
+    assert r.exit_code != 0 and f"no registry folder {tmp_path / 'typo'}" in r.output, r.output
+    r = CliRunner().invoke(admin, ["models", "list", "--model-dir", str(tmp_path)])
+    assert r.exit_code == 0 and "no models" in r.output, r.output
+
+
+def test_a_ledger_a_mistyped_url_makes_replaces_neither_record_nor_history(tmp_path, monkeypatch):
+    """sync --ledger sqlite:////nonexist/x.db made a new ledger, then wrote its empty claim
+    record over the site's (forgiving every under-claimer) and its history.json of 0 runs over
+    one of 72; a relative sqlite:/// path made a ledger in whatever folder sync ran from."""
+    record = tmp_path / "record"
+    record.write_text("# record\nuser 1001 alice 4 9\n")
+    policy = tmp_path / "policy.conf"
+    policy.write_text(f"record_file = {record}\n")
+    models = tmp_path / "models"
+    models.mkdir()
+    history = {"version": 1, "graphs": {"g": [{"gpu": "a100"}] * 3}, "offsets": {}}
+    (models / "history.json").write_text(json.dumps(history))
+    monkeypatch.setenv("HORUS_MODEL_DIR", str(models))
+    new = f"sqlite:///{tmp_path}/typo/x.db"
+    r = CliRunner().invoke(admin, ["sync", "--ledger", new, "--from-file", str(SACCT), "--policy", str(policy)])
+    assert r.exit_code == 0, r.output
+    assert "record names under-claimers (a new or wrong ledger?)" in r.output
+    assert "user 1001 alice" in record.read_text()
+    from slurm_horus.ledger.history_export import export_history
+    from slurm_horus.predict.registry import Registry
+    with pytest.raises(HorusError, match="history.json kept: this ledger was made by this command"):
+        export_history(Ledger(f"sqlite:///{tmp_path}/typo2/y.db"), Registry(models))
+    assert json.loads((models / "history.json").read_text()) == history
+    # the next sync of that ledger is an ordinary one: it writes them
+    r = CliRunner().invoke(admin, ["sync", "--ledger", new, "--from-file", str(SACCT), "--policy", str(policy)])
+    assert r.exit_code == 0 and "kept" not in r.output, r.output
+    assert "alice" not in record.read_text()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HorusError, match="a relative path; give the absolute one"):
+        Ledger("sqlite:///var/lib/ledger.db")
+    assert not (tmp_path / "var").exists()
+    from slurm_horus.doctor import check_ledger
+    assert "relative path" in check_ledger("sqlite:///var/lib/ledger.db")[0].what

@@ -195,7 +195,7 @@ def test_the_loop_is_closed_and_trusted(jobs, tmp_path):
         mine = hacct_json(lambda *c: as_user("horus-alice", *c), "--ledger", URL, "-S", "now-2days")
         assert alice_job in mine and mine[alice_job]["pred_util_pct"] is not None
         assert bob_cannot_change(alice_job)
-        assert oct(LEDGER_DB.stat().st_mode & 0o777) == "0o644" and LEDGER_DB.stat().st_uid == 0
+        assert oct(LEDGER_DB.stat().st_mode & 0o777) == "0o640" and LEDGER_DB.stat().st_uid == 0
         again = hacct_json(as_root, "-j", alice_job)[alice_job]
         assert again["actual_mem_mib"] == 700 and again["user"] == "horus-alice"
 
@@ -219,12 +219,14 @@ def test_the_loop_is_closed_and_trusted(jobs, tmp_path):
 
 
 def bob_cannot_change(alice_job) -> bool:
-    """horus-bob, through sqlite directly, can neither update alice's row nor delete it."""
-    for stmt in (f"UPDATE jobs SET act_mem_mib = 1 WHERE job_id = {int(alice_job)}",
-                 f"DELETE FROM usage WHERE job_id = {int(alice_job)}"):
-        r = as_user("horus-bob", "python3", "-c",
-                    "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute(sys.argv[2]);"
-                    " c.commit()", str(LEDGER_DB), stmt)
-        if r.returncode == 0 or "readonly" not in r.stderr:
-            return False
+    """horus-bob, through sqlite directly, can neither update alice's row nor delete it: not in
+    the live ledger (which he cannot even open) nor in the copy users read."""
+    for db in (LEDGER_DB, LEDGER_DB.with_name(LEDGER_DB.name + ".readers")):
+        for stmt in (f"UPDATE jobs SET act_mem_mib = 1 WHERE job_id = {int(alice_job)}",
+                     f"DELETE FROM usage WHERE job_id = {int(alice_job)}"):
+            r = as_user("horus-bob", "python3", "-c",
+                        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute(sys.argv[2]);"
+                        " c.commit()", str(db), stmt)
+            if r.returncode == 0 or not ("readonly" in r.stderr or "unable to open" in r.stderr):
+                return False
     return True

@@ -125,8 +125,8 @@ def test_policy_without_features_typing_or_gpu_memory(site):
     edit(site / "slurm.conf", r" Features=\w+", "")
     assert problems(site) == []  # typed gres needs no Features=
     edit(site / "horus_policy.conf", r"^gpu\.t4\.mem_mib.*$", "")
-    (p,) = problems(site)
-    assert "gpu.t4.mem_mib" in p.what
+    found = problems(site)  # the nodes' T4s unknown to the policy, and its type_order's t4
+    assert found and all("gpu.t4.mem_mib" in p.what for p in found), found
 
 
 def test_slowdown_bound_needs_the_pressure_file_and_room_to_pack(site):
@@ -296,6 +296,26 @@ def test_a_ledger_or_registry_that_cannot_be_read_is_a_problem(tmp_path):
     assert "is a symlink" in p.what
 
 
+def test_a_ledger_users_can_read_or_a_readers_copy_they_can_write_is_a_problem(tmp_path):
+    """A user who can read the live ledger can hold a read transaction and stop every write;
+    one who can write the readers' copy writes what others' hacct shows."""
+    from slurm_horus.doctor import check_ledger
+    from slurm_horus.ledger import Ledger
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    Ledger(url).close()
+    assert check_ledger(url) == []  # made 0640
+    os.chmod(tmp_path / "ledger.db", 0o644)
+    (p,) = check_ledger(url)
+    assert "readable by others" in p.what and p.fix.startswith(f"chmod 0640 {tmp_path}/ledger.db")
+    os.chmod(tmp_path / "ledger.db", 0o640)
+    copy = tmp_path / "ledger.db.readers"
+    copy.write_bytes(b"")
+    os.chmod(copy, 0o646)
+    (p,) = check_ledger(url)
+    assert "the readers' copy" in p.what and "group or others" in p.what
+
+
 def test_the_shipped_policy_passes_the_pressure_check():
     # a fresh install (no pressure_file yet) had failed doctor on the policy it ships
     from slurm_horus.doctor import check_pressure_keys
@@ -419,3 +439,88 @@ def test_a_misspelt_on_prediction_error_in_horus_conf_is_a_problem(tmp_path):
     conf.write_text("on_prediction_error = refuse\n")
     assert check_site_settings({"HORUS_CONF": str(conf), "HORUS_ON_PREDICTION_ERROR": "x"}) == []
     assert check_site_settings({"HORUS_CONF": str(tmp_path / "none.conf")}) == []
+
+
+def test_files_the_hook_reads_that_slurmuser_cannot_read_are_found(site, tmp_path):
+    """slurmctld runs the hook as SlurmUser: a 0600 root policy left it on its built-in
+    defaults (no GPU types: nothing shared) while doctor, reading as root, said nothing."""
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own folders are 0700: no one else reads
+    try:
+        os.chmod(top, 0o755)
+        shutil.copytree(site, top / "etc")
+        _slurm_user_cases(top / "etc")
+    finally:
+        shutil.rmtree(top)
+
+
+def _slurm_user_cases(site):
+    edit(site / "slurm.conf", r"^SlurmUser=.*$", "SlurmUser=horus-bob")
+    assert not [p for p in problems(site) if "SlurmUser" in p.what]
+    os.chmod(site / "horus_policy.conf", 0o600)
+    found = [p for p in problems(site) if "SlurmUser" in p.what]
+    assert [p.what.split(" cannot")[0] for p in found] == [f"the policy {site / 'horus_policy.conf'}"]
+    assert "chmod o+r" in found[0].fix
+    os.chmod(site / "horus_policy.conf", 0o644)
+    os.chmod(site, 0o700)  # its folder: no search for others
+    assert len([p for p in problems(site) if "SlurmUser" in p.what]) == 2  # the hook and the policy
+    os.chmod(site, 0o755)
+    edit(site / "slurm.conf", r"^SlurmUser=.*$", "SlurmUser=no-such-user-xyz")
+    assert [p for p in problems(site) if "no user on this host" in p.what]
+
+
+def test_policy_keys_the_hook_drops_for_what_other_keys_say_are_found(site):
+    """A type_order type with no gpu.<type>.mem_mib, and shards beyond shards_per_gpu: the hook
+    dropped them and said so only in slurmctld's log."""
+    pol = site / "horus_policy.conf"
+    pol.write_text(pol.read_text() + "\ntype_order = a100, h100\nmin_shards = 150\n")
+    found = [p.what for p in problems(site) if "the hook ignores it" in p.what]
+    assert any("type_order: h100 has no gpu.h100.mem_mib" in w for w in found), found
+    assert any("min_shards: larger than shards_per_gpu" in w for w in found), found
+
+
+def test_a_misspelt_site_setting_a_bad_backend_and_a_broken_gpu_catalog_are_found(tmp_path, monkeypatch):
+    """Each had left doctor silent (a misspelt ledgerurl: the default ledger without a word; a
+    backend name no command takes) or stopped it with exit 2 (a broken gpus.json)."""
+    from slurm_horus.doctor import check_gpu_memory, check_site_settings
+
+    conf = tmp_path / "horus.conf"
+    conf.write_text("# site\nledgerurl = mysql://x\nledger_url = sqlite:////var/lib/l.db\n")
+    (p,) = check_site_settings({"HORUS_CONF": str(conf)})
+    assert "line 2: 'ledgerurl' is no setting" in p.what and "ledger_url" in p.fix
+    (p,) = check_site_settings({"HORUS_CONF": str(conf.with_name("none")), "HORUS_SLURM_BACKEND": "pyslrum"})
+    assert "HORUS_SLURM_BACKEND=pyslrum: need cli, pyslurm or auto" in p.what
+    assert check_site_settings({"HORUS_CONF": str(conf.with_name("none")), "HORUS_SLURM_BACKEND": "CLI"}) == []
+    bad = tmp_path / "gpus.json"
+    bad.write_text("{not json")
+    monkeypatch.setenv("HORUS_GPU_CATALOG", str(bad))
+    from slurm_horus.predict.gpus import default_catalog
+    default_catalog.cache_clear()  # read once per process
+    try:
+        (p,) = check_gpu_memory({"a100": "40960"})
+    finally:
+        default_catalog.cache_clear()
+    assert p.what.startswith("the GPU catalog cannot be read") and "gpus.json" in p.fix
+
+
+def test_a_sqlite_ledger_the_probe_on_other_hosts_cannot_reach_is_a_problem(site):
+    """The guide exported the ledger read-only to GPU nodes whose probe must write it: every
+    measurement stayed in the nodes' spools (on 22.05 the only ones)."""
+    url = "sqlite:////var/lib/slurm-horus/ledger.db"
+    assert not [p for p in problems(site, ledger_url=url) if "probe on GPU nodes" in p.what]
+    edit(site / "slurm.conf", r"^NodeName=gpu-t4 NodeHostname=\S+", "NodeName=gpu-t4 NodeHostname=node07")
+    (p,) = [p for p in problems(site, ledger_url=url) if "probe on GPU nodes" in p.what]
+    assert "(node07)" in p.what and "MariaDB" in p.fix
+    assert not [p for p in problems(site, ledger_url="mysql+pymysql://h/db") if "probe on GPU nodes" in p.what]
+
+
+def test_a_registry_beneath_a_folder_others_may_write_says_chmod(tmp_path):
+    """The fix had read "horus-admin models rollback, or retrain" for a group-writable parent."""
+    from slurm_horus.doctor import check_registry
+
+    reg = tmp_path / "site" / "models"
+    reg.mkdir(parents=True)
+    os.chmod(tmp_path / "site", 0o775)
+    found = check_registry(reg)
+    assert [p.fix for p in found] == [f"chmod go-w {tmp_path / 'site'}"], found

@@ -15,6 +15,7 @@ from graphs import external_tensor, mlp, save
 from slurm_horus.errors import ModelError
 from slurm_horus.graph.features import extract_features
 from slurm_horus.graph.load import load_graph
+from slurm_horus.predict.workload import dims_key
 
 ZOO = Path(__file__).parent / "data" / "zoo"
 
@@ -48,6 +49,39 @@ def test_a_non_batch_dim_with_a_batch_like_name_is_not_a_contradiction(tmp_path)
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n", 3])])
     r = extract_features(save(graph, tmp_path / "p.onnx"), batch_size=8, dims={"n": 1024})
     assert r.bound_dims == {"batch": 8, "n": 1024}
+
+
+def _matmul_inputs(path, *shapes):
+    """x0, x1...: each input's MatMul by a (64, 64) weight, so every input's shape is its own."""
+    w = helper.make_tensor("W", TensorProto.FLOAT, [64, 64], [0.0] * 64 * 64)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [f"x{i}", "W"], [f"y{i}"]) for i in range(len(shapes))], "g",
+        [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, s) for i, s in enumerate(shapes)],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(len(shapes))], [w])
+    return save(graph, path)
+
+
+def test_a_sequence_first_input_binds_the_batch_by_name_not_position(tmp_path):
+    """nn.LSTM's and nn.Transformer's (seq, batch, d): the batch size had bound seq by its
+    position, so the job was costed at a sequence as long as the batch, and nothing said so."""
+    path = _matmul_inputs(tmp_path / "sf.onnx", ["seq", "batch", 64])
+    g = load_graph(path, batch_size=16)
+    assert g.bound_dims == {"batch": 16} and g.unknown_dims == ["seq"]
+    g = load_graph(path, batch_size=16, dims={"seq": 512})
+    assert g.bound_dims == {"seq": 512, "batch": 16} and g.tensors["y0"].shape == (512, 16, 64)
+    # hsubmit keys its history lookup by the bound dims, the history export by the --dim given
+    assert dims_key(g.bound_dims, 16) == dims_key({"seq": 512}, 16) == "seq=512"
+    with pytest.raises(ModelError, match="contradicts --batch-size 16"):
+        load_graph(path, batch_size=16, dims={"batch": 8})
+
+
+def test_the_leading_dim_binds_by_position_unless_a_sequence_or_beside_a_batch(tmp_path):
+    # time first without a batch name; a name some input holds beside its batch; one unnamed;
+    # one an exporter made up
+    path = _matmul_inputs(tmp_path / "p.onnx", ["time", 64], ["batch", "src", 64], ["src", 64],
+                          [0, 64], ["s0", 64])
+    g = load_graph(path, batch_size=4)
+    assert g.bound_dims == {"batch": 4, "x3[0]": 4, "s0": 4} and g.unknown_dims == ["src", "time"]
 
 
 def test_a_dim_the_model_lacks_is_reported(tmp_path):

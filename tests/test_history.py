@@ -542,3 +542,40 @@ def test_a_registry_folder_named_on_purpose_that_is_missing_is_said(tmp_path, mo
     assert "no such folder" not in (choose_predictor("").warning or "")  # an unset variable: the site's
     # a name that cannot even be looked at is no folder either: a warning, never an OSError
     assert choose_predictor(tmp_path / ("a" * 300)).warning
+
+
+def _sweep(batches, noise: int = 0) -> list[dict]:
+    """One graph's runs at each batch size, one job each, memory a line (plus some noise)."""
+    return [{"sha": "ab" * 32, "gpu": A100.name, "bs": b, "task": "train", "opt": "adam",
+             "prec": "fp32", "dims": "", "mem": 2000.0 + 10 * b + (b * 37 % noise if noise else 0),
+             "util": 50.0, "cold_mem": 2100.0 + 10 * b, "cold_util": 55.0, "user": "u", "family": "f"}
+            for b in batches]
+
+
+def test_the_margins_of_a_graph_of_thousands_of_batch_sizes_take_no_time(monkeypatch):
+    """Leaving each run of a graph out compared it with all the others: a graph measured at 2000
+    batch sizes (one user's sweep) took every export 12 s, 10,000 of them minutes; the margins
+    of a graph of no more than MAX_MARGIN_RUNS runs are what they were."""
+    import time
+
+    from slurm_horus.predict import history
+
+    t0 = time.monotonic()
+    h = HistoryPredictor().fit(_sweep(range(1, 2001)))
+    assert time.monotonic() - t0 < 3 and h.margins["exact"] == pytest.approx(0.0, abs=1e-9)
+    normal = _sweep(range(1, 61), noise=50)
+    bounded = HistoryPredictor().fit(normal).margins
+    monkeypatch.setattr(history, "MAX_MARGIN_RUNS", 10**9)
+    assert HistoryPredictor().fit(normal).margins == bounded and bounded["exact"] > 0
+    # beyond it, the settings most run are the ones left out, in their order
+    runs = [dict(r, n=3 if r["bs"] % 10 == 0 else 1) for r in _sweep(range(1, 21))]
+    assert [r["bs"] for r in history._most_run(runs, 4)] == [1, 2, 10, 20]
+
+
+def test_a_history_answer_is_never_below_a_bare_cuda_context():
+    """The history format takes a run of 0.001 MiB: its history:exact answer was 0 MiB (a hint
+    of 0 MiB); no GPU job peaks below a bare CUDA context (BARE_CONTEXT_MIB)."""
+    h = HistoryPredictor(user="u").fit([dict(r, mem=0.001) for r in _sweep([8])])
+    a = h.estimate("ab" * 32, A100.name, Workload(batch_size=8), "", 2180.0, 55.0, None, "u",
+                   2180.0, 55.0, "cold-start")
+    assert a.tier == "exact" and a.mem_mib == 512.0

@@ -198,3 +198,33 @@ def test_history_names_no_model_family_and_the_family_still_answers(tmp_path):
     got = answer(published, "acquisition-target")
     assert got == answer(plain, "acquisition-target") and got.tier == "family"
     assert answer(published, "other-model").tier != "family"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_a_lease_on_a_pseudonym_file_holds_no_export(shared_dir):
+    """users/<name> is its user's own file: a write lease on it (F_SETLEASE) had held the export's
+    plain open() for lease-break-time (45 s), every export; it is read without waiting now, and
+    a file that cannot be read is written anew."""
+    import time
+
+    reg = Registry(shared_dir / "models")
+    (name,) = reg.pseudonyms(["nobody"]).values()
+    path = shared_dir / "models" / "users" / "nobody"
+    pw = pwd.getpwnam("nobody")
+    holder = subprocess.Popen(
+        ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", sys.executable,
+         "-c", "import fcntl, os, signal, sys\n"
+               "signal.signal(signal.SIGIO, signal.SIG_IGN)\n"  # the lease's break kills no holder
+               f"fd = os.open({str(path)!r}, os.O_RDONLY)\n"
+               "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n"
+               "print('held', flush=True)\nsys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        assert reg.pseudonyms(["nobody"]) == {"nobody": name}
+        assert time.monotonic() - t0 < 10
+        assert path.read_text().strip() == name and path.stat().st_uid == pw.pw_uid
+    finally:
+        holder.kill()
+        holder.wait()

@@ -520,7 +520,9 @@ def test_readonly_reader_writes_nothing(tmp_path):
     assert not list(tmp_path.glob("ledger.db-*"))  # no WAL, no journal left behind
 
 
-def test_new_ledger_file_and_folders_are_world_readable(tmp_path):
+def test_new_ledger_folders_are_world_readable_and_its_file_root_s(tmp_path):
+    """Users read the copy each sync publishes, never the live file (a reader's lock on it
+    blocked every write)."""
     old = os.umask(0o077)
     try:
         Ledger(f"sqlite:///{tmp_path}/a/b/ledger.db").close()
@@ -528,7 +530,7 @@ def test_new_ledger_file_and_folders_are_world_readable(tmp_path):
         os.umask(old)
     assert (tmp_path / "a").stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o755
-    assert (tmp_path / "a" / "b" / "ledger.db").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "a" / "b" / "ledger.db").stat().st_mode & 0o777 == 0o640
 
 
 def test_user_extracts(tmp_path):
@@ -816,3 +818,73 @@ def test_mariadb_migrates_a_v1_ledger(tmp_path):
     assert L.schema_version() == SCHEMA_VERSION
     assert [(r["job_id"], r["gpu_type"]) for r in L.jobs()] == [(3, "a100")]
     L.close()
+
+
+def _analysis_child() -> dict:
+    """What a run_bounded child is: its ids, parent-death signal and open fds (their targets)."""
+    import ctypes
+
+    sig = ctypes.c_int()
+    ctypes.CDLL(None).prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+    fds = {}
+    for fd in range(1024):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return {"uid": [os.getuid(), os.geteuid()], "gid": [os.getgid(), os.getegid()],
+            "groups": sorted(os.getgroups()), "pdeathsig": sig.value, "fds": fds}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="analyses as another user: needs root")
+def test_sync_analyses_a_users_graph_as_that_user_with_none_of_the_syncs_fds(tmp_path, monkeypatch):
+    """sync (root) had analysed a user's ONNX file in a child that stayed root and held every fd
+    of the sync (the ledger's database among them): the child now keeps the model's fd alone
+    (and its pipe, the standard ones), takes the job user's ids before it parses, still dies with
+    the sync, and still reads the file (a 0600 file of the user's, through /proc/self/fd)."""
+    import hashlib
+    import pwd
+    import shutil
+    import signal
+    import tempfile
+    from pathlib import Path
+
+    from slurm_horus.graph.limits import run_bounded
+    from slurm_horus.ledger import claims
+
+    try:
+        alice = pwd.getpwnam("horus-alice")
+    except KeyError:
+        pytest.skip("no user horus-alice here")
+    secret = tmp_path / "ledger.db"  # a fd the sync holds
+    secret.write_bytes(b"root's")
+    held = os.open(secret, os.O_RDONLY)
+    folder = Path(tempfile.mkdtemp(prefix="horus-test-", dir="/tmp"))
+    try:
+        os.chmod(folder, 0o755)
+        model = folder / "m.onnx"
+        shutil.copy(Path(__file__).parent / "data" / "zoo" / "small_cnn.onnx", model)
+        os.chown(model, alice.pw_uid, alice.pw_gid)
+        os.chmod(model, 0o600)
+        seen = []
+        real = claims.extract_features
+
+        def probed(path, **kw):
+            seen.append(run_bounded("probe", _analysis_child, dict, dict))
+            return real(path, **kw)
+        monkeypatch.setattr(claims, "extract_features", probed)
+        uid, gids = claims.owner_ids("horus-alice")
+        wl = {"batch_size": 8, "task": "train", "optimizer": "adam", "precision": "fp32", "dims": {}}
+        claim = {"model": str(model), "sha": hashlib.sha256(model.read_bytes()).hexdigest()}
+        assert claims.ModelFeatures().get(claim, wl, uid, gids) is not None
+        (child,) = seen
+        assert child["uid"] == [alice.pw_uid] * 2 and child["gid"][0] == child["gid"][1] in gids
+        assert child["groups"] == sorted(gids) and child["pdeathsig"] == signal.SIGKILL
+        assert str(model) in child["fds"].values() and str(secret) not in child["fds"].values()
+        assert len(child["fds"]) <= 6  # std, the pipe, the model (and /dev/null for stderr)
+        # hsubmit's analyses (no confinement: it runs as the user) are as they were
+        mine = run_bounded("probe", _analysis_child, dict, dict)
+        assert mine["uid"] == [0, 0] and str(secret) in mine["fds"].values()
+    finally:
+        os.close(held)
+        shutil.rmtree(folder)

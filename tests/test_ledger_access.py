@@ -1,6 +1,8 @@
-"""Who may read and write the ledger: an ordinary user reads a root-owned ledger (or their own
-extract where the site keeps jobs private) and cannot write it; a database server that never
-answers fails within seconds and the probe's record is spooled, not lost."""
+"""Who may read and write the ledger: an ordinary user never opens the live SQLite file (root's,
+0640) but the copy the last sync published, a snapshot or, where the site keeps jobs private,
+their own extract, and can write none of them; a reader holding a transaction open blocks no
+write; a database server that never answers fails within seconds and the probe's record is
+spooled, not lost."""
 
 import json
 import os
@@ -20,7 +22,9 @@ from click.testing import CliRunner
 
 from slurm_horus.cli.hacct import main as hacct
 from slurm_horus.errors import HorusError
-from slurm_horus.ledger import Ledger, Spool, record_usage_safely, write_user_extracts
+from slurm_horus.ledger import (Ledger, Spool, open_reader, record_usage_safely,
+                                write_user_extracts)
+from slurm_horus.ledger.publish import publish
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -142,10 +146,12 @@ def _as(user, py, *args, path_first=None):
                           env=env, capture_output=True, text=True, timeout=60, cwd="/")
 
 
-def _fake_scontrol(folder: Path, private: str) -> Path:
+def _fake_scontrol(folder: Path, private: str | None) -> Path:
+    """An scontrol that shows this PrivateData (None: one that cannot answer)."""
     folder.mkdir(exist_ok=True)
     script = folder / "scontrol"
-    script.write_text(f"#!/bin/sh\necho 'ClusterName = horus'\necho 'PrivateData = {private}'\n")
+    script.write_text("#!/bin/sh\nexit 1\n" if private is None else
+                      f"#!/bin/sh\necho 'ClusterName = horus'\necho 'PrivateData = {private}'\n")
     os.chmod(script, 0o755)
     os.chmod(folder, 0o755)
     return folder
@@ -163,12 +169,35 @@ def _site_ledger(root: Path, user: str) -> str:
     return url
 
 
-def test_ordinary_user_reads_root_ledger_and_cannot_write_it(ordinary_user):
+def _publish(url: str, folder: Path, private: str | None, monkeypatch) -> dict:
+    """What horus-admin sync publishes after a sync, where Slurm shows this PrivateData."""
+    scontrol = _fake_scontrol(folder / "sync-bin", private)
+    monkeypatch.setenv("PATH", f"{scontrol}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    (folder / "policy.conf").write_text(f"record_file = {folder / 'record'}\n")
+    L = Ledger(url)
+    try:
+        return publish(L, policy=str(folder / "policy.conf"))
+    finally:
+        L.close()
+
+
+def test_ordinary_user_reads_the_published_copy_and_cannot_write_it(ordinary_user, monkeypatch):
     user, root, py = ordinary_user
     url = _site_ledger(root / "a", user.pw_name)
     db = root / "a" / "lib" / "ledger.db"
-    assert db.stat().st_uid == 0 and db.stat().st_mode & 0o777 == 0o644
+    assert db.stat().st_uid == 0 and db.stat().st_mode & 0o777 == 0o640
     public = _fake_scontrol(root / "a" / "public-bin", "none")
+    # nothing published yet: one line that says what makes it
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, path_first=public)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "no copy for readers yet" in r.stderr and "horus-admin sync" in r.stderr
+    out = _publish(url, root / "a", "none", monkeypatch)
+    copy = db.with_name("ledger.db.readers")
+    assert out["readers_copy"] == str(copy) and out["extracts"] is None
+    assert (copy.stat().st_uid, copy.stat().st_mode & 0o777) == (0, 0o644)
+    assert (db.stat().st_uid, db.stat().st_mode & 0o777) == (0, 0o640)
+    assert open_reader(url).sqlite_path() == db  # root reads the live file
     def jobs(*args, where=public):
         r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01",
                 "--json", *args, path_first=where)
@@ -179,6 +208,9 @@ def test_ordinary_user_reads_root_ledger_and_cannot_write_it(ordinary_user):
     assert jobs("-a") == [(1, user.pw_name), (2, "someone-else")]
     assert jobs("-u", "someone-else") == [(2, "someone-else")]
     assert jobs("-j", "2") == [(2, "someone-else")]  # as sacct: -j names the jobs, anyone's
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", f"sqlite:///{copy}", "-a", "-S",
+            "2000-01-01", "--json", path_first=public)  # the copy named itself
+    assert r.returncode == 0 and len(json.loads(r.stdout)) == 2, r.stderr
     private = _fake_scontrol(root / "a" / "private-bin", "accounts,jobs")
     assert jobs("-a", where=private) == [(1, user.pw_name)]
     # where jobs are private, -u names another user: none of theirs, and not yours as theirs
@@ -193,7 +225,9 @@ def test_ordinary_user_reads_root_ledger_and_cannot_write_it(ordinary_user):
              "    print(type(e).__name__, e); sys.exit(3)\n")
     r = _as(user, py, "-c", write)
     assert r.returncode == 3, (r.stdout, r.stderr)
-    r = _as(user, py, "-c", f"import sqlite3; sqlite3.connect({str(db)!r})"
+    r = _as(user, py, "-c", f"open({str(db)!r}, 'rb')")
+    assert r.returncode != 0 and "PermissionError" in r.stderr
+    r = _as(user, py, "-c", f"import sqlite3; sqlite3.connect({str(copy)!r})"
                             ".execute('DELETE FROM jobs').connection.commit()")
     assert r.returncode != 0 and "readonly" in r.stderr
     assert db.read_bytes() == before
@@ -201,13 +235,12 @@ def test_ordinary_user_reads_root_ledger_and_cannot_write_it(ordinary_user):
     assert con.execute("SELECT COUNT(*) FROM usage WHERE source = 'probe'").fetchone() == (0,)
 
 
-def test_private_ledger_falls_back_to_the_users_extract(ordinary_user):
+def test_private_ledger_falls_back_to_the_users_extract(ordinary_user, monkeypatch):
     user, root, py = ordinary_user
     url = _site_ledger(root / "b", user.pw_name)
     db = root / "b" / "lib" / "ledger.db"
-    res = write_user_extracts(Ledger(url), db.parent / "users")
-    assert user.pw_name not in res["skipped"]
-    os.chmod(db, 0o640)  # what sync does where PrivateData hides jobs
+    assert _publish(url, root / "b", "jobs", monkeypatch)["extracts"] == 1
+    assert not db.with_name("ledger.db.readers").exists()
     private = _fake_scontrol(root / "b" / "bin", "jobs")
     r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01", "-P", "-n", "-o",
             "JobID,User,Alloc", path_first=private)
@@ -241,10 +274,10 @@ def test_a_ledger_whose_folder_is_read_only_is_not_writable(ordinary_user):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files away")
 @pytest.mark.parametrize("private", ["jobs", "none", None])
 def test_publish_keeps_the_record_and_ledger_to_whom_slurm_shows_jobs(tmp_path, monkeypatch, private):
-    """Where PrivateData hides jobs the record (it names under-claimers) is SlurmUser's group's
-    and the ledger root's; where Slurm cannot say, the record keeps the mode it had."""
-    from slurm_horus.ledger.publish import publish
-
+    """Where PrivateData hides jobs the record (it names under-claimers) is SlurmUser's group's;
+    where Slurm cannot say, the record keeps the mode it had. The live ledger is root's
+    everywhere; readers get a snapshot only where Slurm says jobs are public, else extracts
+    (a stale snapshot is removed)."""
     folder = tmp_path / "bin"
     folder.mkdir()
     script = folder / "scontrol"
@@ -259,15 +292,24 @@ def test_publish_keeps_the_record_and_ledger_to_whom_slurm_shows_jobs(tmp_path, 
     os.chmod(record, 0o600)
     url = _site_ledger(tmp_path / "s", "daemon")
     db = tmp_path / "s" / "lib" / "ledger.db"
+    copy = db.with_name("ledger.db.readers")
+    copy.write_bytes(b"stale")
+    os.chmod(db, 0o644)  # an older install's
     out = publish(Ledger(url), policy=str(tmp_path / "policy.conf"))
     st = record.stat()
+    assert (db.stat().st_uid, db.stat().st_mode & 0o777) == (0, 0o640)
     if private == "jobs":
         assert (st.st_mode & 0o777, st.st_gid) == (0o640, pwd.getpwnam("daemon").pw_gid)
-        assert db.stat().st_mode & 0o777 == 0o640 and out["extracts"] == 1
     elif private == "none":
-        assert st.st_mode & 0o777 == 0o644 and db.stat().st_mode & 0o777 == 0o644
+        assert st.st_mode & 0o777 == 0o644
     else:
-        assert st.st_mode & 0o777 == 0o600 and out["extracts"] is None
+        assert st.st_mode & 0o777 == 0o600
+    if private == "none":
+        assert out["extracts"] is None and out["readers_copy"] == str(copy)
+        assert [j["job_id"] for j in Ledger(f"sqlite:///{copy}", readonly=True).jobs()] == [1, 2]
+        assert not [p for p in db.parent.iterdir() if p.name.endswith(".tmp")]
+    else:
+        assert out["extracts"] == 1 and out["readers_copy"] is None and not copy.exists()
     assert record.read_text().startswith("# slurm-horus claim record")
 
 
@@ -283,3 +325,65 @@ def test_an_admin_who_is_not_root_writes_the_extracts(ordinary_user):
     assert r.returncode == 0 and "'written': 1" in r.stdout, r.stderr
     ext = root / "e" / "lib" / "users" / f"{user.pw_name}.db"
     assert ext.stat().st_mode & 0o777 == 0o400
+
+
+@pytest.mark.parametrize("private", ["none", "jobs"])
+def test_a_reader_holding_a_transaction_blocks_no_write(ordinary_user, monkeypatch, private):
+    """A user who held a read transaction on the file they open (the live ledger, 0644) made
+    every write wait out the busy timeout and fail: sync, the probe (spooled), the record."""
+    user, root, py = ordinary_user
+    url = _site_ledger(root / f"h-{private}", user.pw_name)
+    db = root / f"h-{private}" / "lib" / "ledger.db"
+    _publish(url, root / f"h-{private}", private, monkeypatch)
+    hold = ("import sqlite3, sys\n"
+            "from slurm_horus.ledger import open_reader\n"
+            f"path = open_reader({url!r}).sqlite_path()\n"
+            "c = sqlite3.connect(f'file:{path}?mode=ro', uri=True, isolation_level=None)\n"
+            "c.execute('BEGIN')\n"
+            "print(path, c.execute('SELECT count(*) FROM jobs').fetchone()[0], flush=True)\n"
+            "sys.stdin.read()\n"
+            "print(c.execute('SELECT count(*) FROM jobs').fetchone()[0], flush=True)\n")
+    exe, env = py
+    reader = subprocess.Popen([exe, "-c", hold], user=user.pw_uid, group=user.pw_gid,
+                              extra_groups=[], env=env, cwd="/", text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = reader.stdout.readline()
+        assert line, reader.stderr.read()
+        held, n = line.split()
+        assert Path(held) != db and n == ("2" if private == "none" else "1")
+        L = Ledger(url, busy_timeout=2)
+        L.record_submission(job_id=3, cluster="horus", user=user.pw_name,
+                            submit_time=1700000003, predictions={"t4": {"util_pct": 10.0}})
+        L.close()
+        _publish(url, root / f"h-{private}", private, monkeypatch)  # replaces what is held
+        reader.stdin.close()
+        assert reader.stdout.readline().strip() == n  # the reader kept its snapshot
+    finally:
+        reader.kill()
+        reader.wait(10)
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01", "-P",
+            "-n", "-o", "JobID", path_first=_fake_scontrol(root / f"h-{private}" / "bin", private))
+    assert r.returncode == 0 and r.stdout.split() == ["1", "3"], r.stderr
+
+
+def test_the_extract_is_roots_until_it_is_complete(ordinary_user, monkeypatch):
+    """The temp file of a user's extract was theirs (0600) before root filled it: they could
+    lock it, stalling the sync, or write SQLite content root then opened."""
+    from slurm_horus.ledger import extracts
+
+    user, root, _ = ordinary_user
+    url = _site_ledger(root / "x", user.pw_name)
+    folder = root / "x" / "lib" / "users"
+    seen = []
+    real = extracts.upsert
+
+    def filling(*args, **kw):
+        seen.extend(os.stat(p) for p in folder.glob(".*.tmp"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(extracts, "upsert", filling)
+    assert write_user_extracts(Ledger(url), folder)["written"] == 1
+    assert seen and all((st.st_uid, st.st_mode & 0o777) == (0, 0o600) for st in seen)
+    st = (folder / f"{user.pw_name}.db").stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (user.pw_uid, 0o400)

@@ -209,6 +209,21 @@ def test_fit_needs_enough_rows():
         fit([[0.0] * 3] * 5, [1] * 5, [1] * 5, [1] * 5)
 
 
+def test_retrain_writes_only_quantiles_the_calibration_reader_takes():
+    """One job in 121 at 25x the cold start gave a p99 of log 25, past the reader's 3: it
+    refused calibration.json whole, and every bound went back to the predictors' own."""
+    from slurm_horus.ledger.retrain import calibrate
+    from slurm_horus.predict.chain import MEM_LOG_Q_BOUNDS, Calibration
+
+    actual = [1000.0] * 120 + [25_000.0]
+    q = calibrate(["t4"] * 121, {"cold-start": (list(range(121)), actual, [1000.0] * 121,
+                                                [50.0] * 121, [40.0] * 121)})
+    assert q["t4"]["cold-start"]["mem_log_q"]["0.99"] == MEM_LOG_Q_BOUNDS[1]
+    p = Calibration({"version": 1, "model": None, "quantiles": q}, None).apply(
+        _predict(gpu=get_gpu("t4")))
+    assert p.mem_mib_p99 == pytest.approx(p.mem_mib * math.exp(MEM_LOG_Q_BOUNDS[1]))
+
+
 # --- CLI -------------------------------------------------------------------------------------
 
 def _cli(*args, env=None):

@@ -299,7 +299,14 @@ def test_prolog_detaches_and_epilog_makes_it_record(tmp_path):
     with open(f"/proc/{pid}/stat") as f:  # a new session (not slurmd's), and not its leader
         sid = int(f.read().rsplit(")", 1)[1].split()[3])
     assert sid not in (pid, os.getsid(0))
-    assert sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2"]  # /dev/null, nothing else
+    # /dev/null, nothing else: an fd it inherited stays, one it opens to sample (squeue's pipe)
+    # closes, so it is looked at until a moment between samples (under load it had been mid-sample)
+    for _ in range(50):
+        fds = sorted(os.listdir(f"/proc/{pid}/fd"))
+        if fds == ["0", "1", "2"]:
+            break
+        time.sleep(0.1)
+    assert fds == ["0", "1", "2"]
     assert {os.readlink(f"/proc/{pid}/fd/{k}") for k in "012"} == {os.devnull}
     time.sleep(1.2)
     r = subprocess.run([sys.executable, "-m", "slurm_horus.cli.probe", "--epilog"], env=env,

@@ -645,3 +645,51 @@ def test_a_margin_past_the_bound_is_kept_at_the_bound_not_a_failed_retrain(tmp_p
     said = []
     res = retrain(L, reg, max_iter=40, log=said.append)
     assert abs(reg.load(res["version"]).mem_log_q90) <= math.log(MAX_MEM_RATIO) + 1e-12
+
+
+def test_a_dozen_jobs_far_beyond_the_cold_start_are_left_out_not_a_failed_retrain(tmp_path):
+    """12 of 132 jobs at 25x the cold start (JAX or TensorFlow preallocating the GPU): trained
+    on, they pulled the memory model's probe-set answers past check()'s bound, and every
+    retrain of the site failed; their cold-start quantiles (log 25) the calibration reader
+    refuses, calibration.json and all."""
+    from slurm_horus.ledger.retrain import import_csv, retrain
+    from slurm_horus.predict.chain import MEM_LOG_Q_BOUNDS, Calibration
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    reg = Registry(tmp_path / "models")
+    rng = random.Random(1)
+    extra = []
+    for _ in range(12):
+        bs = rng.choice([1, 2, 4, 8])
+        extra.append({"features": json.dumps(_features(rng, bs)),
+                      "gpu_type": rng.choice(["a100-40gb", "t4"]), "batch_size": bs, "task": rng.choice(["train", "infer"]), "optimizer": "adam",
+                      "precision": "fp32", "util_pct": 30, "mem_mib": (1500 + 40 * bs) * 25,
+                      "model_family": "x", "cold_util_pct": 50, "cold_mem_mib": 1500 + 40 * bs})
+    write_csv(tmp_path / "a.csv", extra=extra)
+    import_csv(L, str(tmp_path / "a.csv"))
+    said = []
+    res = retrain(L, reg, max_iter=100, log=said.append)
+    assert res["mem_rows_left_out"] == 12 and reg.load(res["version"]).meta["mem_rows_left_out"] == 12
+    assert [m for m in said if m.startswith("12 of 132 jobs left out of the memory model")]
+    cal = json.loads((reg.root / "calibration.json").read_text())
+    assert cal["quantiles"]["*"]["cold-start"]["mem_log_q"]["0.99"] == MEM_LOG_Q_BOUNDS[1]
+    Calibration(cal, reg.serving())  # read whole
+
+
+def test_the_learned_bounds_leave_out_jobs_the_learned_model_left_to_the_cold_start(tmp_path):
+    """The one inference job: its fold's model never saw one and left it to the cold start,
+    whose error had gone into the learned model's calibrated bounds."""
+    from slurm_horus.ledger.retrain import import_csv, retrain
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    reg = Registry(tmp_path / "models")
+    infer = {"features": json.dumps(_features(random.Random(3), 16)), "gpu_type": "t4",
+             "batch_size": 16, "task": "infer", "optimizer": "adam", "precision": "fp32",
+             "util_pct": 20, "mem_mib": 8000, "model_family": "x", "cold_util_pct": 50,
+             "cold_mem_mib": 2140}
+    write_csv(tmp_path / "a.csv", n=150, seed=4, extra=[infer])
+    import_csv(L, str(tmp_path / "a.csv"))
+    assert retrain(L, reg, max_iter=40, log=lambda m: None)["promoted"]
+    q = json.loads((reg.root / "calibration.json").read_text())["quantiles"]
+    assert q["*"]["cold-start"]["n"] == 151 and q["*"]["learned"]["n"] == 150
+    assert q["*"]["learned"]["mem_log_q"]["0.99"] < math.log(2.0)  # not the cold start's 3.7x

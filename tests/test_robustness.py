@@ -439,3 +439,31 @@ def test_hsubmit_submits_the_job_with_a_refused_model(model_json, tmp_path, slur
     assert cp.returncode == 0, cp.stderr
     assert "Submitted batch job 42" in cp.stdout
     assert "horus:v1;a100=" in log.read_text()  # with the cold-start hint
+
+
+def _open_fds() -> list[int]:
+    out = []
+    for fd in range(1024):
+        try:
+            os.fstat(fd)
+            out.append(fd)
+        except OSError:
+            pass
+    return out
+
+
+def test_a_confined_analysis_keeps_only_the_fds_it_is_given(tmp_path):
+    """The sync's analysis child had every fd of its caller (the ledger's database ...): it
+    keeps those it is given, its pipe and the standard ones."""
+    from slurm_horus.graph.limits import confined, run_bounded
+
+    kept, other = (os.open(tmp_path / name, os.O_RDWR | os.O_CREAT) for name in "ab")
+    try:
+        same = lambda x: x  # noqa: E731
+        with confined([kept]):
+            fds = run_bounded("m.onnx", _open_fds, same, same)
+        assert kept in fds and other not in fds and {0, 1, 2} <= set(fds) and len(fds) <= 6
+        assert other in run_bounded("m.onnx", _open_fds, same, same)  # unconfined: as it was
+    finally:
+        os.close(kept)
+        os.close(other)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from slurm_horus.cli.common import Group, one_line_errors, print_json
@@ -30,8 +32,13 @@ def models_list(model_dir, as_json):
     """List model versions with their cross-validated accuracy (the promotion compares the
     candidate with the serving model on rows neither saw, as retrain reports); * marks the
     serving one."""
+    from slurm_horus.errors import HorusError
     from slurm_horus.predict.registry import Registry
 
+    if model_dir is not None and not os.path.isdir(model_dir):
+        # a folder named (--model-dir, $HORUS_MODEL_DIR) and not there is a typo, not a site
+        # without models yet
+        raise HorusError(f"no registry folder {model_dir}")
     entries = Registry(model_dir).list()
     if as_json:
         print_json(entries)

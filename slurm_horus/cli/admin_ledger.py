@@ -75,6 +75,9 @@ def sync(url, since, until, all_jobs, from_file, policy, model_dir, history, as_
     ledger = Ledger(url)
     res = do_sync(ledger, sacct_json=data, since=start, until=end, all_jobs=all_jobs)
     res.update(publish(ledger, policy=policy))
+    if res["record_kept"]:
+        res["problems"].append(f"{res['record_file']} kept: this sync made the ledger, and the "
+                               "record names under-claimers (a new or wrong ledger?)")
     res["history"] = None
     registry = Registry(model_dir)
     if history and (res["recorded"] or res["replayed"]) and registry.root.is_dir():

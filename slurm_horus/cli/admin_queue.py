@@ -19,8 +19,9 @@ def register(admin: click.Group) -> None:
     @admin.command("queue")
     @click.option("--interval", type=FiniteFloatRange(min=5), default=None,
                   help="Repeat every this many seconds (default: one pass, for scrontab/systemd).")
-    @click.option("--pack-shards", type=click.IntRange(1, 99), default=50, show_default=True,
-                  help="Shards (of 100 per GPU) a packed job gets under queue pressure.")
+    @click.option("--pack-shards", type=click.IntRange(min=1), default=None,
+                  help="Shards a packed job gets under queue pressure, fewer than the policy's "
+                       "shards_per_gpu [default: the policy's pressure_shards, 50].")
     @click.option("--min-wait", type=FiniteFloatRange(min=0), default=60.0, show_default=True,
                   help="Seconds a job must have waited before it is packed.")
     @click.option("-j", "--jobs", "job_list", metavar="ID[,ID...]",
@@ -35,6 +36,12 @@ def register(admin: click.Group) -> None:
         from slurm_horus.ledger.requeue import policy_util_limit, tend
         from slurm_horus.slurm.policy import policy_value
 
+        per_gpu = int(policy_value("shards_per_gpu", "100"))
+        if pack_shards is None:  # as the hook reads it: more than a GPU's shards is its shards
+            pack_shards = min(int(policy_value("pressure_shards", "50")), per_gpu)
+        elif pack_shards >= per_gpu:
+            raise HorusError(f"--pack-shards {pack_shards}: must be 1..{per_gpu - 1} (the policy's "
+                             f"shards_per_gpu is {per_gpu}: a pack is less than a whole GPU)")
         ids = None
         if job_list:
             parts = [x.strip() for x in job_list.split(",") if x.strip()]

@@ -8,6 +8,9 @@ what the process already maps) and a timer (analysis_limits), and the child is k
 outlives the timer: one call into ONNX's C++ runs on past a Python timer, and native code that
 meets the address-space limit may abort the whole process (glibc's thread-local storage does),
 which had taken hsubmit, and the user's job, with it.
+
+``horus-admin sync`` runs as root and analyses graphs users name: under ``confined`` the child
+keeps only the fds it needs and, before it parses a byte, takes the job's user's ids.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from contextvars import ContextVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from slurm_horus.errors import HorusError, ModelError
 
 __all__ = ["ANALYSIS_FILE_FACTOR", "ANALYSIS_MEM_MIB", "ANALYSIS_TIMEOUT_S", "analysis_limits",
-           "run_bounded"]
+           "confined", "run_bounded"]
 
 T = TypeVar("T")
 
@@ -41,6 +45,8 @@ KILL_GRACE_S = 5.0
 # what the caller reads of the child's answer: GPT-2 XL's 10,096 nodes are 2.2 MB; a graph of
 # 50 kB names had the caller decode 100 MB into 909 MB of objects, outside the child's limits
 MAX_RESULT_BYTES = 64 << 20
+# set by confined(): (fds the child keeps, uid, gid, groups) or None
+_CONFINEMENT: ContextVar[tuple | None] = ContextVar("horus_analysis_confinement", default=None)
 
 
 class _Timeout(BaseException):
@@ -103,6 +109,22 @@ def analysis_limits(what: str, mem_mib: int = ANALYSIS_MEM_MIB,
         resource.setrlimit(resource.RLIMIT_AS, old_limit)
 
 
+@contextmanager
+def confined(keep_fds: Iterable[int], uid: int | None = None, gid: int | None = None,
+             groups: Iterable[int] = ()) -> Iterator[None]:
+    """run_bounded's children started in the body close every fd but the standard ones, their
+    result pipe and ``keep_fds`` (the sync's ledger connection, spool ... are no graph parser's
+    business) and, where we are root and ``uid`` is given, take ``uid``, ``gid`` and ``groups``
+    before ``fn`` runs: ONNX's parser meets a user's bytes with that user's rights alone.  A kept
+    fd reads as before; reopening it as /proc/self/fd/N (what load_graph does) checks the file's
+    mode against those ids, so the caller opens it as them (claims.open_as_owner)."""
+    token = _CONFINEMENT.set((frozenset(keep_fds), uid, gid, tuple(groups)))
+    try:
+        yield
+    finally:
+        _CONFINEMENT.reset(token)
+
+
 def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], decode: Callable[[Any], T],
                 mem_mib: int = ANALYSIS_MEM_MIB, timeout_s: float = ANALYSIS_TIMEOUT_S) -> T:
     """``fn()`` in a forked child under analysis_limits(what, mem_mib, timeout_s), its result
@@ -120,8 +142,8 @@ def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], deco
     if pid == 0:  # the child: never returns, never runs the caller's cleanup or flushes its output
         try:
             os.close(r)
-            _child_setup()
             try:
+                _child_setup(w, _CONFINEMENT.get())
                 with analysis_limits(what, mem_mib, timeout_s):
                     data = _dumps({"ok": encode(fn())})
             except HorusError as e:
@@ -174,12 +196,20 @@ def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], deco
     raise (ModelError if out.get("model", True) else HorusError)(str(out.get("error")))
 
 
-def _child_setup() -> None:
-    """The child dies with its parent (a killed hsubmit leaves no analysis running), writes no
-    core file (one per crafted graph, per sync), and keeps native libraries' own messages (an
+def _child_setup(pipe: int, confinement: tuple | None) -> None:
+    """The child confined (see confined(); a failure is the analysis's, never an analysis as
+    root), dies with its parent (a killed hsubmit leaves no analysis running), writes no core
+    file (one per crafted graph, per sync), and keeps native libraries' own messages (an
     abort's) off the caller's terminal unless HORUS_DEBUG: the caller says what failed, in one
     line."""
-    try:
+    if confinement is not None:
+        keep_fds, uid, gid, groups = confinement
+        _close_fds_except({0, 1, 2, pipe, *keep_fds})
+        if uid is not None and os.geteuid() == 0:
+            os.setgroups(list(groups))
+            os.setgid(gid)
+            os.setuid(uid)  # real, effective and saved: no way back
+    try:  # after the ids change, which clears the parent-death signal
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -189,6 +219,16 @@ def _child_setup() -> None:
     if not os.environ.get("HORUS_DEBUG"):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         faulthandler.disable()
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    """Close every fd below the fd limit but ``keep``'s (an empty range is skipped:
+    os.closerange(0, 0) asks close_range(2) for 0..UINT_MAX, every fd)."""
+    lo = 0
+    for hi in [*sorted(keep), os.sysconf("SC_OPEN_MAX")]:
+        if lo < hi:
+            os.closerange(lo, hi)
+        lo = max(lo, hi + 1)
 
 
 def _dumps(value) -> bytes:

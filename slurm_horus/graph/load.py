@@ -52,6 +52,9 @@ _SCHEMA_LOCK = threading.Lock()
 # weights, whose values nothing here reads
 FLOAT_TYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20})
 BATCH_DIM_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*batch.*)$", re.IGNORECASE)
+# a sequence or time axis: never taken for the batch by its position (nn.LSTM's and
+# nn.Transformer's inputs are (seq, batch, ...) by default)
+SEQUENCE_DIM_NAMES = re.compile(r"^(t|l|.*(seq|len|time|step|token|frame).*)$", re.IGNORECASE)
 
 # ONNX TensorProto data types -> bytes per element (strings and unknown types count as 0).
 DTYPE_BYTES = {
@@ -128,8 +131,9 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                dims: dict[str, int] | None = None) -> Graph:
     """Read `path`, bind symbolic dimensions and infer every tensor's shape.
 
-    `batch_size` binds dimensions named like a batch and, failing that, the leading symbolic
-    dimension of each graph input; `dims` binds dimensions by name and wins over `batch_size`.
+    `batch_size` binds dimensions named like a batch and, in an input without one, the leading
+    symbolic dimension unless named like a sequence's (see _bind_inputs); `dims` binds
+    dimensions by name and wins over `batch_size`.
     """
     import onnx
 
@@ -455,25 +459,35 @@ def _symbolic_names(graph) -> set[str]:
 
 
 def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
-    """Write the user's values into the graph inputs' symbolic dimensions (in place).  A
-    sequence's (or optional's) elements are bound by name alone: their leading dimension may
-    as well be the sequence's length as a batch."""
-    bound = {}
+    """Write the user's values into the graph inputs' symbolic dimensions (in place).
+
+    The batch size binds every dimension named like a batch, wherever it is, and a tensor
+    input's leading one by position only where no input holds it beside a batch-named one and
+    its name is not a sequence's (a (seq, batch, d) input had its seq costed at the batch
+    size).  A sequence's (or optional's) elements are bound by name alone: their leading
+    dimension may as well be the sequence's length as a batch."""
     init_names = {t.name for t in graph.initializer}
-    for inp in graph.input:
-        if inp.name in init_names:
-            continue
-        tensor = inp.type.HasField("tensor_type")
-        for pos, dim in ((p, d) for tt in _tensor_types(inp.type) for p, d in enumerate(tt.shape.dim)):
-            name = dim.dim_param if dim.HasField("dim_param") else None
+    inputs = [(inp, [(p, d, d.dim_param if d.HasField("dim_param") else None)
+                     for tt in _tensor_types(inp.type) for p, d in enumerate(tt.shape.dim)])
+              for inp in graph.input if inp.name not in init_names]
+    batch_named = {inp.name: next((p for p, _, n in ds if n and BATCH_DIM_NAMES.match(n)), None)
+                   for inp, ds in inputs}
+    beside_batch = {n for inp, ds in inputs if batch_named[inp.name] is not None for _, _, n in ds}
+    # the leading dimensions taken for the batch by position: by name, or unnamed by place
+    by_position = {n or (inp.name, 0) for inp, ds in inputs if inp.type.HasField("tensor_type")
+                   and batch_named[inp.name] is None for _, _, n in ds[:1]
+                   if not (n and (n in beside_batch or SEQUENCE_DIM_NAMES.match(n)))}
+    bound = {}
+    for inp, ds in inputs:
+        for pos, dim, name in ds:
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue  # a static size; 0 means unknown to some exporters, bound below
             value = dims.get(name) if name else None
             if value is None and batch_size is not None and (
-                    (name and BATCH_DIM_NAMES.match(name)) or (pos == 0 and tensor)):
+                    (name and BATCH_DIM_NAMES.match(name)) or (name or (inp.name, pos)) in by_position):
                 value = batch_size
             elif (value is not None and batch_size is not None and value != batch_size
-                  and pos == 0 and name and BATCH_DIM_NAMES.match(name)):
+                  and pos == batch_named[inp.name]):
                 # the graph would be costed at one and the job's workload record say the other
                 raise ModelError(f"--dim {name}={value} contradicts --batch-size {batch_size}")
             if value is not None:

@@ -16,6 +16,7 @@ import stat
 import time
 
 from slurm_horus.graph.features import extract_features
+from slurm_horus.graph.limits import confined
 from slurm_horus.graph.load import MAX_PROTO_BYTES
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
@@ -137,9 +138,9 @@ def open_as_owner(path: str, uid: int | None, gids: set[int]) -> int | None:
     if uid == 0:
         return _open_regular(path)
     groups, egid = os.getgroups(), os.getegid()
-    primary = min(gids) if gids else 65534
+    primary, owner_groups = _credentials(gids)
     try:
-        os.setgroups(sorted(gids) or [65534])
+        os.setgroups(owner_groups)
         os.setegid(primary)
         os.seteuid(uid)
         try:
@@ -153,7 +154,13 @@ def open_as_owner(path: str, uid: int | None, gids: set[int]) -> int | None:
         os.setgroups(groups)
 
 
-def _may(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
+def _credentials(gids: set[int]) -> tuple[int, list[int]]:
+    """(gid, groups) that act for a user in ``gids``: each of them grants alike (the kernel's
+    group checks look at the effective gid and the groups both), nobody's where none."""
+    return (min(gids) if gids else 65534), (sorted(gids) or [65534])
+
+
+def may_access(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
     """Would ``uid`` (in ``gids``) get permission ``bit`` (4 read, 1 search) by mode bits?"""
     if st.st_uid == uid:
         return bool(st.st_mode & (bit << 6))
@@ -168,10 +175,10 @@ def _open_checked(path: str, uid: int, gids: set[int]) -> int | None:
     if fd is None or uid == os.geteuid():
         return fd
     try:
-        ok = _may(os.fstat(fd), uid, gids, 4)
+        ok = may_access(os.fstat(fd), uid, gids, 4)
         parent = os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
         while ok:
-            ok = _may(os.stat(parent), uid, gids, 1)
+            ok = may_access(os.stat(parent), uid, gids, 1)
             if parent == os.path.dirname(parent):
                 break
             parent = os.path.dirname(parent)
@@ -227,7 +234,10 @@ class ModelFeatures:
                 if self._spent.get(uid, 0.0) >= self.user_budget_s:
                     return None  # this user's share of the sync is spent (not cached: theirs only)
                 t0 = time.monotonic()
-                self._found[key] = _features(f"/proc/self/fd/{fd}", claim["sha"], workload)
+                # the analysis child keeps the file's fd alone and runs as the job's user (who
+                # opened it): ONNX's parser meets the user's bytes with their rights, never root's
+                with confined([fd], uid, *_credentials(gids)):
+                    self._found[key] = _features(f"/proc/self/fd/{fd}", claim["sha"], workload)
                 self._spent[uid] = self._spent.get(uid, 0.0) + time.monotonic() - t0
             return self._found[key]
         finally:

@@ -1,7 +1,8 @@
 """The ledger's database connection: URLs, engines with timeouts, file permissions, upserts.
 
-SQLite by default, opened with a rollback journal (so that users who may only read the file
-can) and ``BEGIN IMMEDIATE`` (writers queue on the busy timeout); MariaDB/MySQL via
+SQLite by default, root's alone (users read the copy each sync publishes: extracts.py), opened
+with a rollback journal (so that readers of a file, opened ``mode=ro``, need only read access)
+and ``BEGIN IMMEDIATE`` (writers queue on the busy timeout); MariaDB/MySQL via
 ``mysql+pymysql://...`` (the schema's DDL is written for these two; other servers are refused).
 Every server connection has connect and read timeouts
 (``db_timeout``): a server that accepts TCP and never answers must not hang a command.
@@ -67,15 +68,16 @@ def sqlite_file(url: str) -> Path | None:
 
 
 def _create_site_file(path: Path) -> None:
-    """Create the ledger's folders 0755 and its file 0644 whatever the umask, so that users
-    can read what only the site writes. Existing ones keep the mode the admin gave them."""
+    """Create the ledger's folders 0755 (users reach the copies published beside it) and its
+    file 0640 whatever the umask: a user who could read it could hold a read transaction and
+    stop every write. Existing ones keep the mode the admin gave them."""
     create_site_dirs(path.parent)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
     except FileExistsError:
         return
     try:
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, 0o640)
     finally:
         os.close(fd)
 
@@ -93,7 +95,7 @@ def _sqlite_functions(dbapi_conn) -> None:
 
 
 def make_engine(url: str, busy_timeout: float, readonly: bool = False):
-    """An engine for ``url``; a missing SQLite file is created 0644 (not when ``readonly``)."""
+    """An engine for ``url``; a missing SQLite file is created 0640 (not when ``readonly``)."""
     from sqlalchemy import create_engine, event
     from sqlalchemy.engine import make_url
     from sqlalchemy.pool import NullPool
@@ -107,6 +109,11 @@ def make_engine(url: str, busy_timeout: float, readonly: bool = False):
         if readonly and path is not None:
             return _readonly_sqlite(path, busy_timeout)
         if path is not None:
+            if not path.is_absolute():
+                # sqlite:///var/lib/... is var/lib/... under the current folder: a ledger nobody
+                # else finds (the site's path takes four slashes)
+                raise HorusError(f"ledger {url}: a relative path; give the absolute one "
+                                 f"(sqlite:////{str(path).lstrip('/')})")
             _create_site_file(path)
         engine = create_engine(u, poolclass=NullPool,
                                connect_args={"timeout": busy_timeout, "isolation_level": None})
@@ -157,8 +164,7 @@ def _readonly_sqlite(path: Path, busy_timeout: float):
     if not path.exists():
         raise HorusError(f"ledger {path}: not found; {REFRESH_ADVICE}")
     if not os.access(path, os.R_OK):
-        raise HorusError(f"ledger {path}: not readable by you, and no extract of your jobs "
-                         f"beside it; {REFRESH_ADVICE}")
+        raise HorusError(f"ledger {path}: not readable by you; {REFRESH_ADVICE}")
     if not path.is_file():  # a FIFO would hang SQLite's open, a folder fail obscurely
         raise HorusError(f"ledger {path}: not a regular file")
     uri = f"file:{quote(str(path.resolve()))}?mode=ro"

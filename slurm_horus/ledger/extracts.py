@@ -1,21 +1,33 @@
-"""Readers' access to the ledger: the read-only opener hacct uses, and per-user extracts.
+"""Readers' access to the ledger: the read-only opener hacct uses, and what sync publishes for it.
 
-Where Slurm's PrivateData hides other users' jobs, the site keeps the main SQLite file private
-and ``horus-admin sync`` writes each user an extract of their own jobs rows beside it
-(users/<user>.db); ``open_reader`` opens the ledger if the user may read it, else their extract.
+Users never open the live SQLite file: one holding a read transaction on it stopped every
+write (sync, the probe) until they let go. It is root's alone (0640), and after each sync
+``publish`` writes readers a copy: a full snapshot beside it (``<ledger>.readers``) where jobs
+are not private, else each user an extract of their own jobs rows (users/<user>.db). A reader
+holding either open blocks nothing: the next copy replaces it in one rename.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import sqlite3
+import tempfile
 from pathlib import Path
 
-from slurm_horus.ledger.db import default_url, sqlite_file, upsert
+from slurm_horus.errors import HorusError
+from slurm_horus.ledger.db import (BUSY_TIMEOUT_S, REFRESH_ADVICE, default_url, sqlite_file,
+                                   upsert)
 from slurm_horus.ledger.report import only_own_colocated
 from slurm_horus.ledger.schema import tables
 from slurm_horus.ledger.store import Ledger
 from slurm_horus.textfile import create_site_dirs
+
+
+def readers_copy(path: Path) -> Path:
+    """The snapshot readers open where jobs are not private: ``<ledger>.readers`` beside it
+    (never under users/, where an extract takes any user's name)."""
+    return path.with_name(path.name + ".readers")
 
 
 def user_extract(url: str | None, user: str) -> Path | None:
@@ -28,15 +40,49 @@ def user_extract(url: str | None, user: str) -> Path | None:
 
 
 def open_reader(url: str | None = None, user: str | None = None) -> Ledger:
-    """The ledger for a reader (hacct): read-only, and where the site keeps the main SQLite file
-    private (0640 root:root), the user's own extract instead."""
+    """The ledger for a reader (hacct), read-only: a server's, or the live SQLite file for root
+    and those who may write it; anyone else the copy the last sync published (the snapshot,
+    else their own extract), never the live file."""
     url = url or default_url()
     path = sqlite_file(url)
-    if path is not None and path.exists() and not os.access(path, os.R_OK):
-        ext = user_extract(url, user or current_user())
-        if ext is not None and ext.exists() and os.access(ext, os.R_OK):
-            return Ledger(f"sqlite:///{ext}", readonly=True)
-    return Ledger(url, readonly=True)
+    if path is None or os.geteuid() == 0 or os.access(path, os.W_OK) or path.name.endswith(".readers"):
+        return Ledger(url, readonly=True)  # (a readers' copy named itself: that copy)
+    for copy in (readers_copy(path), user_extract(url, user or current_user())):
+        if copy is not None and copy.is_file() and os.access(copy, os.R_OK):
+            return Ledger(f"sqlite:///{copy}", readonly=True)
+    raise HorusError(f"ledger {path}: no copy for readers yet ({readers_copy(path).name}, or "
+                     f"users/<you>.db where jobs are private); {REFRESH_ADVICE}, which writes it")
+
+
+def write_readers_copy(db: Path) -> Path:
+    """Snapshot the live SQLite ledger ``db`` for readers (sqlite3's backup API, one read
+    transaction): a root-owned temp file beside it, synced, made 0644, then renamed over the
+    last one, which readers still holding it keep reading."""
+    dest = readers_copy(db)
+    fd, tmp = tempfile.mkstemp(dir=db.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        # not mode=ro: a crashed writer's hot journal needs rolling back before a read
+        src = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
+        try:
+            dst = sqlite3.connect(tmp)
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest
 
 
 def current_user() -> str:
@@ -72,12 +118,8 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
             continue
         tmp = folder / f".{user}.db.{os.getpid()}.tmp"
         tmp.unlink(missing_ok=True)  # left by a crashed run of this pid
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            if os.geteuid() == 0:
-                os.fchown(fd, uid, gid)
-        finally:
-            os.close(fd)
+        # root's (0600) until complete: given to the user first, it was theirs to lock or write
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             ext = Ledger(f"sqlite:///{tmp}", replay=False)
             try:
@@ -87,7 +129,9 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
                     upsert(dst, j, list(only_own_colocated(rows, own)), ("cluster", "job_id"))
             finally:
                 ext.close()
-            os.chmod(tmp, 0o400)  # after the copy: only root writes past the mode bits
+            if os.geteuid() == 0:
+                os.chown(tmp, uid, gid)
+            os.chmod(tmp, 0o400)
             os.replace(tmp, folder / f"{user}.db")
         except BaseException:
             tmp.unlink(missing_ok=True)

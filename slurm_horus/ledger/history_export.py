@@ -200,8 +200,18 @@ def export_history(ledger, registry) -> dict:
         except HorusError:
             learned = None  # offsets against the cold start still serve
     history = build_history(ledger, learned, registry.pseudonyms)
+    runs = sum(len(v) for v in history["graphs"].values())
+    if getattr(ledger, "created", False):
+        # a ledger this command made (a mistyped --ledger): its history would erase the site's
+        try:
+            old = registry.load_history()
+            kept = sum(len(v) for v in old["graphs"].values()) if old else 0
+        except (HorusError, AttributeError, KeyError, TypeError):
+            kept = 0  # none readable: nothing to keep
+        if kept > runs:
+            raise HorusError(f"history.json kept: this ledger was made by this command and has "
+                             f"{runs} measured runs, the history {kept} (a new or wrong ledger?)")
     registry.save_history(history)
-    return {"graphs": len(history["graphs"]),
-            "runs": sum(len(v) for v in history["graphs"].values()),
+    return {"graphs": len(history["graphs"]), "runs": runs,
             "gpu_types_with_offsets": sorted(history["offsets"]),
             "path": str(registry.root / "history.json")}

@@ -18,6 +18,7 @@ from typing import Iterable
 from slurm_horus.ledger.db import upsert
 from slurm_horus.ledger.records import SOURCES
 from slurm_horus.ledger.schema import job_fields, tables
+from slurm_horus.predict.gpus import BARE_CONTEXT_MIB
 from slurm_horus.slurm.accounting import scheduler_actions
 from slurm_horus.slurm.hint import parse_decision
 
@@ -30,8 +31,7 @@ TRUSTED_ORDER = ("probe", "sacct")
 UNDERCLAIM_MEM = (1.10, 256.0)   # act_mem_mib > claimed mem_p90 * 1.10 + 256
 UNDERCLAIM_UTIL = (1.25, 10.0)   # act_util_pct > claimed util * 1.25 + 10
 # A GPU job that never used its GPU is a failed measurement (docs/definitions.md): utilization
-# exactly 0 with memory unknown or at most a bare CUDA context (the hook's min_mem_mib floor).
-BARE_CONTEXT_MIB = 512.0
+# exactly 0 with memory unknown or at most a bare CUDA context (BARE_CONTEXT_MIB).
 # Actual use far above the prediction: hacct --summary counts and lists these jobs.
 FAR_UTIL_PP = 25.0     # actual utilization this many points above the prediction
 FAR_MEM_FACTOR = 1.25  # actual memory this many times the prediction

@@ -1,4 +1,5 @@
-"""After a sync: the claim record the hook reads, and per-user extracts where jobs are private.
+"""After a sync: the claim record the hook reads, and what readers (hacct) open of a SQLite
+ledger: a snapshot, or per-user extracts where jobs are private.
 
 The record file lists, per user and per account, how often measured use exceeded what was
 claimed (``Ledger.under_claims``); ``etc/job_submit.lua`` reads it to refuse shards to repeat
@@ -14,7 +15,7 @@ import stat
 import tempfile
 import time
 
-from slurm_horus.ledger import write_user_extracts
+from slurm_horus.ledger.extracts import readers_copy, write_readers_copy, write_user_extracts
 from slurm_horus.slurm import commands as slurm
 from slurm_horus.slurm.policy import policy_value
 
@@ -69,10 +70,12 @@ def write_atomically(path: str | os.PathLike, text: str, mode: int = 0o644,
 
 def publish(ledger, *, policy: str | None = None, now: float | None = None) -> dict:
     """After a sync: the hook's record file (policy ``record_file``, counting under-claims over
-    ``underclaim_window_days``) and, where Slurm keeps jobs private, each user's extract of a
-    SQLite ledger. Where jobs are private the main file is root's alone (0640 root:root) and
-    the record, which names under-claimers, SlurmUser's group's (0640); where they are not,
-    the record is 0644; where Slurm cannot say, the record keeps its mode."""
+    ``underclaim_window_days``) and, for a SQLite ledger, what readers open. The live file is
+    root's alone (0640 root:root: a reader's transaction on it stopped every write); readers
+    get a snapshot (``<ledger>.readers``, 0644) where Slurm shows jobs to everyone, else each
+    user an extract of their own, the snapshot removed: where Slurm cannot say, extracts too
+    (never a leak). The record, which names under-claimers, is SlurmUser's group's (0640)
+    where jobs are private, 0644 where they are not, and keeps its mode where Slurm cannot say."""
     path = policy_value("record_file", "/var/lib/slurm-horus/record", policy)
     try:
         days = float(policy_value("underclaim_window_days", "30", policy))
@@ -81,17 +84,33 @@ def publish(ledger, *, policy: str | None = None, now: float | None = None) -> d
     text, users, accounts = claim_record(
         ledger.under_claims((now or time.time()) - days * 86400))
     private = slurm.private_jobs(unknown=None)
-    mode, gid = _record_mode(path, private)
-    write_atomically(path, text, mode, gid)
+    kept = ledger.created and _has_entries(path)
+    if not kept:  # a ledger just made (a mistyped --ledger) would forgive every under-claimer
+        mode, gid = _record_mode(path, private)
+        write_atomically(path, text, mode, gid)
     out = {"record_file": path, "record_users": users, "record_accounts": accounts,
-           "extracts": None}
+           "record_kept": kept, "extracts": None, "readers_copy": None}
     db = ledger.sqlite_path()
-    if db is not None and private:
+    if db is None:
+        return out
+    if os.geteuid() == 0:
+        os.chown(db, 0, 0)
+    os.chmod(db, 0o640)
+    if private is False:
+        out["readers_copy"] = str(write_readers_copy(db))
+    else:
+        readers_copy(db).unlink(missing_ok=True)
         out["extracts"] = write_user_extracts(ledger, db.parent / "users")["written"]
-        if os.geteuid() == 0:
-            os.chown(db, 0, 0)
-        os.chmod(db, 0o640)
     return out
+
+
+def _has_entries(path: str) -> bool:
+    """Whether the record file names anyone (an unreadable one: no)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return any(line.startswith(("user ", "account ")) for line in f.read(1 << 16).splitlines())
+    except OSError:
+        return False
 
 
 def _record_mode(path: str, private: bool | None) -> tuple[int, int | None]:

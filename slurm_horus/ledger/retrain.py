@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections import Counter
 
 import numpy as np
@@ -33,7 +34,8 @@ from slurm_horus.ledger.history_export import file_sha256
 from slurm_horus.ledger.training import training_set, training_units, unit_medians
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
-from slurm_horus.predict.learned import MAX_MEM_RATIO, MIN_TRAIN_ROWS, accuracy, fit
+from slurm_horus.predict.chain import MEM_LOG_Q_BOUNDS
+from slurm_horus.predict.learned import MAX_MEM_RATIO, MIN_TRAIN_ROWS, accuracy, fit, mem_in_bounds
 from slurm_horus.predict.registry import CALIBRATION_FILE
 from slurm_horus.predict.workload import workload_dict, workload_from
 from slurm_horus.progress import Progress
@@ -65,10 +67,14 @@ def calibration_entry(actual_mem, pred_mem, actual_util, pred_util) -> dict:
     mem_r = [math.log(a / p) for a, p in zip(actual_mem, pred_mem)]
     util_r = [a - p for a, p in zip(actual_util, pred_util)]
     out: dict = {"mem_log_q": {}, "util_q": {}, "n": len(mem_r)}
+    lo, hi = MEM_LOG_Q_BOUNDS
     for q in QUANTILES:
         m, u = conformal_quantile(mem_r, q), conformal_quantile(util_r, q)
         if m is not None:
-            out["mem_log_q"][str(q)] = round(m, 6)
+            # clamped to what Calibration reads, which refuses the whole file past it: a dozen
+            # jobs at 25x the cold start had taken every calibrated bound away; clamped, not
+            # dropped, the bound stays the widest the reader takes (dropped: the predictor's own)
+            out["mem_log_q"][str(q)] = round(min(max(m, lo), hi), 6)
             out["util_q"][str(q)] = round(u, 4)
     return out
 
@@ -154,6 +160,11 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     # trained on units (a user's runs at one setting, their medians), scored on every job
     unit, first = training_units(ts.users, X)
     Xu, umem, uutil, ucmem = X[first], unit_medians(unit, mem), unit_medians(unit, util), cmem[first]
+    left_out = int((~mem_in_bounds(umem, ucmem))[unit].sum())  # by fit(): its jobs, counted
+    if left_out:
+        log(f"{left_out} of {n} jobs left out of the memory model's training: measured beyond "
+            f"{MAX_MEM_RATIO:g}x of the cold-start estimate, further than a learned answer may "
+            "go (a framework preallocating GPU memory, as JAX and TensorFlow do?)")
     serving_version = registry.serving()
     serving = seen = None
     if serving_version:
@@ -190,7 +201,7 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     else:
         held = np.array([i for i, key in enumerate(ts.keys) if seen is not None
                          and key not in seen], int)
-        base_mem, base_util, _ = serving.answer(X[held], cmem[held], cutil[held])
+        base_mem, base_util, base_why = serving.answer(X[held], cmem[held], cutil[held])
     w = user_weights([ts.users[i] for i in held])
     new = accuracy(oof_mem[held], mem[held], oof_util[held], util[held], w) if len(held) else None
     old = accuracy(base_mem, mem[held], base_util, util[held], w) if len(held) else None
@@ -206,7 +217,7 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     # 20x it in, the margin was past the loader's bound, and every later retrain stored a model
     # nothing could load
     bound = math.log(MAX_MEM_RATIO)
-    scored = oof_learned & (np.abs(np.log(mem / cmem)) <= bound)
+    scored = oof_learned & mem_in_bounds(mem, cmem)
     resid = np.log(mem[scored] / oof_mem[scored])
     q90 = conformal_quantile(resid, 0.9)
     model.metrics = {**cv, "cv_folds": folds}
@@ -218,7 +229,8 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
         log(f"p90 memory margin {math.exp(q90):.3g}x kept at {MAX_MEM_RATIO:g}x")
         q90 = math.copysign(bound, q90)
     model.mem_log_q90 = q90
-    model.meta.update({"rows": n, "units": int(len(first)), "cv_folds": folds,
+    model.meta.update({"rows": n, "units": int(len(first)), "mem_rows_left_out": left_out,
+                       "cv_folds": folds,
                        "baseline": baseline,
                        "baseline_metrics": old, "held_out_rows": int(len(held)),
                        "source": "horus-admin retrain"})
@@ -227,12 +239,16 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     registry.save_json(f"rows-{version}.json", {"version": 1, "keys": ts.keys}, mode=0o600)
     promoted = better or force
     # calibration of what serves now: the cold start on every row; the learned model on rows
-    # it did not train on (out-of-fold for the new one, unseen rows for a kept one)
+    # it did not train on (out-of-fold for the new one, unseen rows for a kept one) and
+    # answered itself: the rows it left to the cold start carry the cold start's errors
     sources = {"cold-start": (list(range(n)), mem, cmem, util, cutil)}
     if promoted:
-        sources["learned"] = (list(range(n)), mem, oof_mem, util, oof_util)
+        own = np.flatnonzero(oof_learned)
+        sources["learned"] = (own.tolist(), mem[own], oof_mem[own], util[own], oof_util[own])
     elif serving is not None and len(held):
-        sources["learned"] = (held.tolist(), mem[held], base_mem, util[held], base_util)
+        own = base_why == ""
+        sources["learned"] = (held[own].tolist(), mem[held][own], base_mem[own],
+                              util[held][own], base_util[own])
     now_serving = version if promoted else serving_version
     quantiles = calibrate(ts.gpu_types, sources)
     if not promoted and serving_version:
@@ -250,6 +266,7 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     registry.save_json(CALIBRATION_FILE, {"version": CALIBRATION_VERSION, "model": now_serving,
                                           "quantiles": quantiles})
     return {"version": version, "rows": n, "skipped": ts.skipped, "failed": ts.failed,
+            "mem_rows_left_out": left_out,
             "cv": cv, "cv_folds": folds, "held_out": new, "baseline": old, "held_out_rows": int(len(held)),
             "baseline_version": baseline, "better": better, "promoted": promoted}
 
@@ -305,6 +322,10 @@ def _lines(text: str):
         start = end
 
 
+# what an imported row may name as its user: hacct and the history print and key it
+_USER_NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,128}")
+
+
 def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
     """Load measurements (see IMPORT_COLUMNS / docs/ledger.md) as submissions + usage 'import'.
     Failed measurements (ledger.failed_measurement) are kept, flagged, and counted."""
@@ -329,6 +350,10 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
             gpu = catalog.find((row.get("gpu_type") or "").strip())
             if gpu is None:
                 raise HorusError(f"unknown GPU type {row.get('gpu_type')!r}")
+            if (row.get("batch_size") or "").strip() == "0":  # workload_from's "not given"
+                raise HorusError("batch_size 0: a step holds at least one sample (leave it empty for 1)")
+            if row.get("user") and not _USER_NAME.fullmatch(row["user"]):
+                raise HorusError(f"user {row['user']!r}: not a user name (no blanks or control characters)")
             w = workload_from(row)
             if not 0 < w.batch_size < 2 ** 31:
                 raise HorusError(f"batch_size {w.batch_size} out of range")

@@ -40,6 +40,10 @@ class Ledger:
         self.readonly = readonly
         self.spool = spool if isinstance(spool, Spool) else Spool(spool)
         self._replay = replay and not readonly
+        path = sqlite_file(self.url)
+        # made by this very open: what a sync publishes from it must not replace the site's
+        # history and claim record (a mistyped --ledger)
+        self.created = not readonly and path is not None and not path.exists()
         self.engine = make_engine(self.url, busy_timeout, readonly)
         from sqlalchemy.exc import DBAPIError
 

@@ -21,6 +21,10 @@ from slurm_horus.predict.registry import CALIBRATION_FILE, MAX_SMALL_JSON, Regis
 from slurm_horus.errors import CONTROL_CHARS
 
 QUANTILES = ("0.9", "0.95", "0.99")
+# the calibrated quantiles a calibration.json may hold (retrain clamps memory's to them):
+# log(actual / predicted) memory, 0.135x..20x; actual - predicted utilization, points
+MEM_LOG_Q_BOUNDS = (-2.0, 3.0)
+UTIL_Q_BOUNDS = (-100.0, 100.0)
 
 
 class Calibration:
@@ -40,7 +44,7 @@ class Calibration:
                 raise HorusError(f"calibration.json: {gtype!r}: expected an object")
             for source, e in by_source.items():
                 self.quantiles[(str(gtype), str(source))] = (
-                    _checked(e, "mem_log_q", -2.0, 3.0), _checked(e, "util_q", -100.0, 100.0))
+                    _checked(e, "mem_log_q", *MEM_LOG_Q_BOUNDS), _checked(e, "util_q", *UTIL_Q_BOUNDS))
 
     def apply(self, p: Prediction) -> Prediction:
         """p with calibrated bounds where this GPU type and predictor source have them."""

@@ -35,6 +35,9 @@ from slurm_horus.textfile import read_text
 ENV_VAR = "HORUS_GPU_CATALOG"
 DEFAULT_SITE_FILE = Path("/etc/slurm-horus/gpus.json")
 CATALOG_MAX_BYTES = 4 << 20  # a catalog of every GPU ever made is a few hundred KiB
+# What a bare CUDA context holds, the least any GPU job peaks at (the hook's min_mem_mib
+# default): a measurement at or below it used no GPU, and no prediction goes below it
+BARE_CONTEXT_MIB = 512.0
 
 ARCHES = ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "amp")

@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction
-from slurm_horus.predict.gpus import default_catalog
+from slurm_horus.predict.gpus import BARE_CONTEXT_MIB, default_catalog
 from slurm_horus.predict.history_format import (FORMAT, FORMAT_VERSION, MAX_LOG_RATIO, check_run,
                                                 family_key, read_history)
 from slurm_horus.graph.names import family_of
@@ -47,6 +47,10 @@ MIN_OFFSET_JOBS = 3      # site offsets need this many measured jobs on a GPU ty
 MIN_OFFSET_GRAPHS = 2    # ... of at least this many graphs (one graph's error is not the site's)
 MIN_MARGIN_ROWS = 10     # leave-one-out residuals a tier needs before its own p90 is trusted
 MIN_LOWERING_USERS = 3   # distinct users a correction needs to lower figures (admin imports are none)
+# Runs of one graph its leave-one-out margins come from: leaving each out compares it with all
+# the others, so one user's sweep of 2000 batch sizes had cost every export 12 s (10,000 ones,
+# minutes); a real graph is measured at a few dozen settings and batch sizes at most
+MAX_MARGIN_RUNS = 100
 NO_OFFSET = {"mem_mib": 0.0, "util_pp": 0.0, "n": 0}
 
 
@@ -345,9 +349,11 @@ class HistoryPredictor:
 
     def _margins(self) -> dict[str, float]:
         """Leave-one-out 90th percentile of log(measured / estimated) memory per tier, where
-        at least MIN_MARGIN_ROWS runs could be left out."""
+        at least MIN_MARGIN_ROWS runs could be left out (of each graph's MAX_MARGIN_RUNS most
+        run settings)."""
         resid: dict[str, list[float]] = defaultdict(list)
         for sha, runs in self.graphs.items():
+            runs = _most_run(runs, MAX_MARGIN_RUNS)
             for r in runs:
                 rest = [o for o in runs if o is not r]
                 same = [o for o in rest if _same_setting(o, r) and o["bs"] != r["bs"]]
@@ -409,7 +415,7 @@ class HistoryPredictor:
         pools = (("family", self.families.get(gpu, {}).get(family) if family else None, FAMILY_WEIGHT),
                  ("user", self.users.get(gpu, {}).get(user) if user else None, USER_WEIGHT))
         if est is None:
-            return corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, pools)
+            return _floored(corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, pools))
         mem, util = est
         util = base_util if util is None else util
         if not own and any(r.get("users", 1) == 1 and r.get("user") is not None for r in used):
@@ -427,7 +433,7 @@ class HistoryPredictor:
                 # had been labelled history while it carried the cold start's figures)
                 return Answer(floor_mem, floor_util, None)
             mem, util = max(mem, floor_mem), max(util, floor_util)
-        return Answer(mem, util, tier)
+        return _floored(Answer(mem, util, tier))
 
     def predict(self, report, gpu, workload) -> Prediction:
         base = self.base or ColdStartEstimator()
@@ -458,6 +464,22 @@ class HistoryPredictor:
                           mem_mib=a.mem_mib, mem_mib_p90=max(p90, a.mem_mib),
                           predictor=f"history:{a.tier}", confidence=f"history ({a.tier})",
                           breakdown=b.breakdown)
+
+
+def _floored(a: Answer) -> Answer:
+    """A history tier's answer at least a bare CUDA context, below which no real job peaks (a
+    run of 0.001 MiB, which the history format takes, gave a 0 MiB history:exact hint); the
+    base predictor's (tier None) as is."""
+    return Answer(max(a.mem_mib, BARE_CONTEXT_MIB), a.util_pct, a.tier) if a.tier else a
+
+
+def _most_run(runs: list[dict], k: int) -> list[dict]:
+    """The ``k`` runs of the most jobs (the earlier on a tie), in their order: the settings a
+    site runs most, which its predictions meet most; all of them where there are no more."""
+    if len(runs) <= k:
+        return runs
+    keep = set(sorted(range(len(runs)), key=lambda i: -runs[i].get("n", 1))[:k])
+    return [r for i, r in enumerate(runs) if i in keep]
 
 
 def _same_setting(r: dict, s: dict) -> bool:

@@ -226,6 +226,14 @@ def _in_bounds(util_log, mem_log) -> np.ndarray:
                 & (np.abs(mem_log) <= math.log(MAX_MEM_RATIO)))
 
 
+def mem_in_bounds(mem_mib, cold_mem_mib) -> np.ndarray:
+    """Per job: whether its measured memory lies within MAX_MEM_RATIO of the cold start, the
+    most a learned answer may move it (NaN is not)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.asarray(mem_mib, float) / np.asarray(cold_mem_mib, float)
+        return np.abs(np.log(ratio)) <= math.log(MAX_MEM_RATIO)
+
+
 def out_of_bounds(util_log, mem_log) -> str | None:
     """What is insane in raw model outputs (arrays: log1p(utilization %), log(memory /
     cold-start)), or None."""
@@ -312,7 +320,14 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
     varying = np.flatnonzero((X != X[0]).any(axis=0))  # NaN != NaN: such columns stay
     columns = varying if len(varying) else np.arange(1)
     Xv = X[:, columns]
-    mem_est = HistGradientBoostingRegressor(**params).fit(Xv, np.log(mem / cold))
+    # memory is learned from jobs within MAX_MEM_RATIO of the cold start only: a dozen far
+    # beyond it (JAX or TensorFlow preallocating 90 % of the GPU) pulled the probe set's
+    # answers past check()'s bound, and no retrain could store a model
+    inside = mem_in_bounds(mem, cold)
+    if inside.sum() < MIN_TRAIN_ROWS:
+        raise HorusError(f"need at least {MIN_TRAIN_ROWS} measured jobs within {MAX_MEM_RATIO:g}x "
+                         f"of the cold-start memory to train, have {int(inside.sum())}")
+    mem_est = HistGradientBoostingRegressor(**params).fit(Xv[inside], np.log(mem[inside] / cold[inside]))
     util_est = HistGradientBoostingRegressor(**params).fit(Xv, np.log1p(util))
     names = input_names()
     ranges = {n: (float(X[:, names.index(n)].min()), float(X[:, names.index(n)].max()))
@@ -322,7 +337,9 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
     model = LearnedModel(mem=TreeEnsemble.from_sklearn(mem_est, len(names), columns),
                          util=TreeEnsemble.from_sklearn(util_est, len(names), columns),
                          ranges=ranges,
-                         mem_log_q90=0.0, metrics={}, meta={"rows": int(len(X)), "seed": seed},
+                         mem_log_q90=0.0, metrics={},
+                         meta={"rows": int(len(X)), "seed": seed,
+                               "mem_rows_left_out": int(len(X) - inside.sum())},
                          seen=seen)
     return model
 

@@ -300,7 +300,7 @@ class Registry:
                         and stat.S_IMODE(st.st_mode) == 0o400
                         and _head(path) == name):
                     continue
-            except OSError:
+            except OSError:  # gone, or not to be read now (_head): written anew
                 pass
             tmp = self._write_temp(name + "\n", 0o400, folder)
             try:
@@ -371,6 +371,8 @@ def _plain_name(user: str | None) -> bool:
 
 
 def _head(path: Path) -> str:
-    with open(path, "rb") as f:
+    """The file's first line, read without waiting (OSError otherwise): its owner may hold a
+    write lease on it, which had held a plain open(), and the export, lease-break-time (45 s)."""
+    with open_for_reading(path, follow_symlinks=False, regular_only=True) as f:
         return f.read(64).decode("ascii", errors="replace").strip()
 
