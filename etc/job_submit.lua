@@ -1247,6 +1247,13 @@ local function frozen_update(job_desc, job_rec)
 				return "a job on GPU shards stays on one node"
 			end
 		end
+		-- held to one node (max_nodes = 1), more tasks than it holds would leave it pending for
+		-- good (BadConstraints): refused, with the reason, instead
+		for _, f in ipairs({ "num_tasks", "ntasks_per_node" }) do
+			if is_set_number(job_desc[f]) and job_desc[f] > 1 then
+				return "a job on GPU shards keeps its task count (its shards were costed for one node)"
+			end
+		end
 		-- a node list of several nodes raises the node count with it (Slurm takes them all)
 		local rn = job_desc.req_nodes
 		if type(rn) == "string" and string.find(rn, "[,%[%s]") then  -- Slurm splits at ",", space, tab

@@ -329,14 +329,16 @@ def check_slurm_user_reads(conf: SlurmConf, paths: dict[str, str | Path | None])
             for what, p in paths.items() if p and not readable(Path(p))]
 
 
-def check_probe_reaches_ledger(conf: SlurmConf, url: str) -> list[Problem]:
+def check_probe_reaches_ledger(conf: SlurmConf, url: str, gres_conf: str | None) -> list[Problem]:
     """The root probe in each GPU node's Prolog writes the ledger: a SQLite file serves only
     nodes on its own host (the controller's), and another node's records stay in its local
-    spool, which no sync collects (on Slurm without GPU accounting the only measurements)."""
+    spool, which no sync collects (where Slurm has no GPU accounting, AutoDetect=nvml, the
+    only measurements)."""
     from slurm_horus.ledger.db import sqlite_file
     from slurm_horus.slurm.parse import expand_hostlist
 
-    if sqlite_file(url) is None or not _runs(conf.settings.get("prolog"), "horus-prolog", conf.path.parent):
+    if sqlite_file(url) is None or not _runs(conf.settings.get("prolog"), "horus-prolog", conf.path.parent) \
+            or re.search(r"(?im)^[^#]*\bautodetect\s*=\s*nvml", gres_conf or ""):
         return []
     ctld = re.split(r"[(,\s]", (conf.settings.get("slurmctldhost") or conf.settings.get("controlmachine") or ""))[0]
     away = []
@@ -378,6 +380,8 @@ def check_ledger(url: str) -> list[Problem]:
         out += _trusted(readers_copy(db), "the readers' copy of the ledger")
         if out or not db.exists():
             return out  # one problem at a time: who may write it first
+        if os.geteuid() != 0 and not os.access(db, os.R_OK):
+            return out  # root's alone, as it should be: only root can look further
     try:
         engine = make_engine(url, busy_timeout=5.0, readonly=True)
         try:
@@ -612,7 +616,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     out += check_pressure_keys(pol) + check_slowdown_bound(pol)
     out += check_pack_heavy(conf, pol, parse_version(version_text or ""))
     out += check_ledger(ledger_url or default_url())
-    out += check_probe_reaches_ledger(conf, ledger_url or default_url())
+    out += check_probe_reaches_ledger(conf, ledger_url or default_url(), gres_conf)
     out += check_registry(Path(model_dir) if model_dir else default_dir())
     out += check_site_settings()
     return out

@@ -235,6 +235,24 @@ def test_ordinary_user_reads_the_published_copy_and_cannot_write_it(ordinary_use
     assert con.execute("SELECT COUNT(*) FROM usage WHERE source = 'probe'").fetchone() == (0,)
 
 
+def test_a_ledger_from_before_the_copies_reads_as_before_until_a_sync(ordinary_user, monkeypatch):
+    """An upgraded site's 0644 ledger has no copy until its first sync: hacct had said "no copy
+    for readers yet" over a file users could read; an extract named itself had failed too."""
+    user, root, py = ordinary_user
+    url = _site_ledger(root / "c", user.pw_name)
+    db = root / "c" / "lib" / "ledger.db"
+    os.chmod(db, 0o644)
+    public = _fake_scontrol(root / "c" / "public-bin", "none")
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-a", "-S", "2000-01-01",
+            "--json", path_first=public)
+    assert r.returncode == 0 and len(json.loads(r.stdout)) == 2, r.stderr
+    _publish(url, root / "c", "jobs", monkeypatch)  # private: extracts, the live file 0640
+    ext = db.parent / "users" / f"{user.pw_name}.db"
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", f"sqlite:///{ext}", "-S", "2000-01-01",
+            "--json", path_first=public)
+    assert r.returncode == 0 and [j["job_id"] for j in json.loads(r.stdout)] == [1], r.stderr
+
+
 def test_private_ledger_falls_back_to_the_users_extract(ordinary_user, monkeypatch):
     user, root, py = ordinary_user
     url = _site_ledger(root / "b", user.pw_name)

@@ -629,3 +629,23 @@ def test_jobs_of_no_type_are_load_and_packed_where_the_nodes_have_one_type():
     assert pressure_types([typed], busy + [t4_idle]) == ["a100"]  # the A100s are all busy
     cpu_only = rec(3, "PENDING", "", "")
     assert pressure_types([typed, cpu_only], busy + [t4_idle]) == ["a100"]
+
+
+def test_only_jobs_the_hook_left_untyped_are_load_on_the_types_their_partition_has():
+    """A plain --gres=gpu:1 job in an A100 partition had made the idle T4s look pressed (so the
+    hook packed T4 jobs beside idle T4s); and with the A100 node drained, the site looked like
+    T4s only, so untyped jobs were packed onto T4 shards and spread back as gpu:t4:1."""
+    a100 = {"NodeName": "a", "State": "MIXED", "Partitions": "a100", "Gres": "gpu:a100:4,shard:a100:400",
+            "GresUsed": "gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)"}
+    t4 = {"NodeName": "t", "State": "IDLE", "Partitions": "t4,all", "Gres": "gpu:t4:2,shard:t4:200", "GresUsed": ""}
+    plain = [rec(i, "PENDING", "gres:gpu:1", "", Partition="a100") for i in (1, 2)]
+    assert pressure_types(plain, [a100, t4]) == ["a100"]
+    any_excl = "horus: exclusive any horus-decision:v1;action=exclusive;type=any;reason=util"
+    left = [rec(i, "PENDING", "gres:gpu:1", any_excl, Partition="all") for i in (3, 4)]
+    assert pressure_types(left, [a100, t4]) == ["a100", "t4"]  # partition all: the T4s
+    assert pressure_types([{**r, "Partition": "a100"} for r in left], [a100, t4]) == ["a100"]
+    drained = {**a100, "State": "IDLE+DRAIN", "GresUsed": ""}
+    busy_t4 = {**t4, "State": "MIXED", "GresUsed": "gpu:t4:2(IDX:0-1),shard:t4:0(IDX:N/A)"}
+    acts = pressure_actions([{**r, "Comment": "horus:v1;a100=85/3000/3450;t4=85/3000/3450"} for r in left],
+                            [drained, busy_t4], 50, lambda *a: 1, 0, now=1.9e9)
+    assert acts == []  # still of no type: left as they are

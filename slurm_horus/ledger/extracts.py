@@ -42,14 +42,18 @@ def user_extract(url: str | None, user: str) -> Path | None:
 def open_reader(url: str | None = None, user: str | None = None) -> Ledger:
     """The ledger for a reader (hacct), read-only: a server's, or the live SQLite file for root
     and those who may write it; anyone else the copy the last sync published (the snapshot,
-    else their own extract), never the live file."""
+    else their own extract), and the file itself only where it is readable to them and no copy
+    is (a copy named itself, or a ledger from before the copies until a sync)."""
     url = url or default_url()
     path = sqlite_file(url)
-    if path is None or os.geteuid() == 0 or os.access(path, os.W_OK) or path.name.endswith(".readers"):
-        return Ledger(url, readonly=True)  # (a readers' copy named itself: that copy)
+    if path is None or os.geteuid() == 0 or os.access(path, os.W_OK):
+        return Ledger(url, readonly=True)
     for copy in (readers_copy(path), user_extract(url, user or current_user())):
         if copy is not None and copy.is_file() and os.access(copy, os.R_OK):
             return Ledger(f"sqlite:///{copy}", readonly=True)
+    if path.is_file() and os.access(path, os.R_OK):
+        # a copy named itself, or a ledger of before the copies (0644) until a sync publishes one
+        return Ledger(url, readonly=True)
     raise HorusError(f"ledger {path}: no copy for readers yet ({readers_copy(path).name}, or "
                      f"users/<you>.db where jobs are private); {REFRESH_ADVICE}, which writes it")
 
@@ -129,9 +133,9 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
                     upsert(dst, j, list(only_own_colocated(rows, own)), ("cluster", "job_id"))
             finally:
                 ext.close()
+            os.chmod(tmp, 0o400)  # before it is theirs: never a moment they may write it
             if os.geteuid() == 0:
                 os.chown(tmp, uid, gid)
-            os.chmod(tmp, 0o400)
             os.replace(tmp, folder / f"{user}.db")
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -249,25 +249,42 @@ def _waiting(recs: list[dict]) -> int:
     return sum(array_task_count(r["_tasks"]) if r.get("_tasks") else 1 for r in recs)
 
 
-def _pending_by_type(jobs: list[dict], free: dict[str, int]) -> tuple[dict[str, list[dict]], int]:
+def _pending_by_type(jobs: list[dict], free: dict[str, int],
+                     nodes: list[dict]) -> tuple[dict[str, list[dict]], dict[str, int]]:
     """Pending jobs that wait for GPUs (_waits_for_gpus), per GPU type the nodes have, in
     submission order (an array's tasks not split yet in one record: _waiting counts them), and
-    how many wait for a GPU of no type (type_choice = any on nodes of several types): each
-    takes whichever type frees first, so it is load on every type (the loop leaves it as is)."""
+    per type how many jobs the hook left without one (``type=any``) wait where it is: each takes
+    whichever type its partition has frees first, so it is load on each (the loop leaves it as
+    is).  A job typed by no one else (a plain --gres=gpu:1) is no horus job's load, as before."""
+    types = node_gpu_types(nodes)  # of every node: a drained type is still a type
     pending: dict[str, list[dict]] = {}
-    untyped: list[dict] = []
+    untyped: dict[str, int] = {}
     for rec in jobs:
         if not _waits_for_gpus(rec):
             continue
-        gtype = _gpu_type(rec, set(free))
+        gtype = _gpu_type(rec, types)
         if gtype in free:
             pending.setdefault(gtype, []).append(rec)
-        elif gtype is None and any(g["name"] in ("gpu", "shard") and g["count"]
-                                   for g in parse_gres(rec.get("TresPerNode"))):
-            untyped.append(rec)
+        elif gtype is None and _left_untyped(rec):
+            for t in _partition_types(rec, nodes) & set(free):
+                untyped[t] = untyped.get(t, 0) + _waiting([rec])
     for recs in pending.values():
         recs.sort(key=_submitted)
-    return pending, _waiting(untyped)
+    return pending, untyped
+
+
+def _left_untyped(rec: dict) -> bool:
+    """The hook's decision left the job free to take any type (type_choice = any)."""
+    decision = parse_decision(rec.get("AdminComment"))
+    return bool(decision and decision.gpu_type == "any" and decision.action in ("shared", "exclusive"))
+
+
+def _partition_types(rec: dict, nodes: list[dict]) -> set[str]:
+    """The GPU types of the nodes in the job's partitions (all nodes' where the records say
+    none)."""
+    wanted = {p for p in (rec.get("Partition") or "").split(",") if p}
+    mine = [n for n in nodes if not wanted or wanted & {p.strip() for p in (n.get("Partitions") or "").split(",")}]
+    return node_gpu_types(mine)
 
 
 def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
@@ -275,8 +292,8 @@ def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
     many jobs pending for them as their GPUs idle, or more (the hook's view of pressure: the
     new job counts itself, as a pending job does in pressure_actions)."""
     free = _node_type_free(nodes)
-    pending, untyped = _pending_by_type(jobs, free)
-    return sorted(t for t in free if _waiting(pending.get(t, [])) + untyped + 1 > free[t])
+    pending, untyped = _pending_by_type(jobs, free, nodes)
+    return sorted(t for t in free if _waiting(pending.get(t, [])) + untyped.get(t, 0) + 1 > free[t])
 
 
 def pack_util_limit(bound: float, group: int, itf: Interference | None = None,
@@ -383,9 +400,9 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
             # the pressure that packed it is no reason to keep a job that waits for no GPU on
             # shards: its own request back
             out.append(_spread(_job_id(rec), gtype, tres, per_gpu))
-    pending, untyped = _pending_by_type(jobs, free)
+    pending, untyped = _pending_by_type(jobs, free, nodes)
     for gtype, recs in pending.items():
-        short = _waiting(recs) + untyped - free[gtype]  # pending jobs the idle GPUs leave without one
+        short = _waiting(recs) + untyped.get(gtype, 0) - free[gtype]  # pending jobs the idle GPUs leave without one
         to_pack = short
         for rec in recs:
             jid = _job_id(rec)
