@@ -1247,11 +1247,13 @@ local function frozen_update(job_desc, job_rec)
 				return "a job on GPU shards stays on one node"
 			end
 		end
-		-- held to one node (max_nodes = 1), more tasks than it holds would leave it pending for
-		-- good (BadConstraints): refused, with the reason, instead
+		-- held to one node (max_nodes = 1), more tasks than the CPUs it holds could leave it
+		-- pending for good (BadConstraints): refused, with the reason, instead; as many or
+		-- fewer fit where it already fits (the job record has no task count in Lua)
+		local cpus = is_set_number(job_rec.min_cpus) and job_rec.min_cpus or 1
 		for _, f in ipairs({ "num_tasks", "ntasks_per_node" }) do
-			if is_set_number(job_desc[f]) and job_desc[f] > 1 then
-				return "a job on GPU shards keeps its task count (its shards were costed for one node)"
+			if is_set_number(job_desc[f]) and job_desc[f] > math.max(1, cpus) then
+				return "a job on GPU shards keeps to the CPUs of its one node (its shards were costed for one node)"
 			end
 		end
 		-- a node list of several nodes raises the node count with it (Slurm takes them all)

@@ -340,16 +340,21 @@ def check_probe_reaches_ledger(conf: SlurmConf, url: str, gres_conf: str | None)
     if sqlite_file(url) is None or not _runs(conf.settings.get("prolog"), "horus-prolog", conf.path.parent) \
             or re.search(r"(?im)^[^#]*\bautodetect\s*=\s*nvml", gres_conf or ""):
         return []
+    import socket
+
     ctld = re.split(r"[(,\s]", (conf.settings.get("slurmctldhost") or conf.settings.get("controlmachine") or ""))[0]
+    # the ledger's host: the controller's (the last SlurmctldHost line read may be a backup's),
+    # where doctor runs (on the controller, as sync), and this host's own names
+    here = {h.split(".")[0].lower() for h in (ctld, socket.gethostname(), "localhost", "127.0.0.1") if h}
     away = []
     for node in conf.nodes:
-        if "gpu" not in (node.get("gres") or ""):
+        if "gpu" not in (node.get("gres") or "") or (node.get("nodeaddr") or "").lower() in here:
             continue
         try:
             hosts = expand_hostlist(node.get("nodehostname") or node.get("nodename") or "")
         except HorusError:
             continue
-        away += [h for h in hosts if h.split(".")[0] != ctld.split(".")[0]]
+        away += [h for h in hosts if h.split(".")[0].lower() not in here]
     if not ctld or not away:
         return []
     return [Problem(f"the ledger is a SQLite file, but the probe on GPU nodes away from the "

@@ -455,17 +455,34 @@ def test_a_ledger_a_mistyped_url_makes_replaces_neither_record_nor_history(tmp_p
     new = f"sqlite:///{tmp_path}/typo/x.db"
     r = CliRunner().invoke(admin, ["sync", "--ledger", new, "--from-file", str(SACCT), "--policy", str(policy)])
     assert r.exit_code == 0, r.output
-    assert "record names under-claimers (a new or wrong ledger?)" in r.output
+    assert "kept: it names under-claimers" in r.output and "remove the record" in r.output
     assert "user 1001 alice" in record.read_text()
+    # and at every pass after (a scrontab line with the typo), until the admin says otherwise
+    r = CliRunner().invoke(admin, ["sync", "--ledger", new, "--from-file", str(SACCT), "--policy", str(policy)])
+    assert r.exit_code == 0 and "kept: it names under-claimers" in r.output, r.output
     from slurm_horus.ledger.history_export import export_history
     from slurm_horus.predict.registry import Registry
-    with pytest.raises(HorusError, match="history.json kept: this ledger was made by this command"):
-        export_history(Ledger(f"sqlite:///{tmp_path}/typo2/y.db"), Registry(models))
+    typo = Ledger(f"sqlite:///{tmp_path}/typo2/y.db")
+    for _ in range(2):
+        with pytest.raises(HorusError, match="history.json kept: it holds 3 measured runs"):
+            export_history(typo, Registry(models))
     assert json.loads((models / "history.json").read_text()) == history
-    # the next sync of that ledger is an ordinary one: it writes them
+    # the site's own new ledger: the record removed, it writes both from then on
+    record.unlink()
     r = CliRunner().invoke(admin, ["sync", "--ledger", new, "--from-file", str(SACCT), "--policy", str(policy)])
     assert r.exit_code == 0 and "kept" not in r.output, r.output
-    assert "alice" not in record.read_text()
+    (models / "history.json").unlink()
+    export_history(typo, Registry(models))
+    assert json.loads((models / "history.json").read_text())["graphs"] == {}
+    # a ledger from before this guard (no "made" mark) is the site's
+    site = Ledger(f"sqlite:///{tmp_path}/site.db")
+    assert site.unproven("published")
+    import sqlite3
+    con = sqlite3.connect(tmp_path / "site.db")
+    con.execute("DELETE FROM ledger_state WHERE name = 'made'")
+    con.commit()
+    con.close()
+    assert not site.unproven("published") and not site.unproven("history")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(HorusError, match="a relative path; give the absolute one"):
         Ledger("sqlite:///var/lib/ledger.db")

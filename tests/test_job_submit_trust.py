@@ -637,11 +637,16 @@ def test_users_cannot_change_the_hint_or_the_gpu_type_of_a_shared_job(site):
         assert modify(rt, fields, 1002, pol, rec=shared)[0] != 0, fields
         assert modify(rt, fields, 1002, pol, rec=whole)[0] == 0, fields
     assert modify(rt, {"max_nodes": 1}, 1002, pol, rec=shared)[0] == 0
-    # more tasks on its one node: pending for good (BadConstraints on 22.05), so refused
+    # more tasks than its CPUs on its one node: pending for good (BadConstraints on 22.05), so
+    # refused; as many or fewer (-N1 -n4 restating 4, or 2) fit where it fits
     for fields in ({"num_tasks": 20}, {"ntasks_per_node": 2}):
         assert modify(rt, fields, 1002, pol, rec=shared)[0] != 0, fields
         assert modify(rt, fields, 1002, pol, rec=whole)[0] == 0, fields
     assert modify(rt, {"num_tasks": 1}, 1002, pol, rec=shared)[0] == 0
+    four = dict(shared, min_cpus=4)
+    for n in (2, 4):
+        assert modify(rt, {"num_tasks": n, "ntasks_per_node": n}, 1002, pol, rec=four)[0] == 0, n
+    assert modify(rt, {"num_tasks": 5}, 1002, pol, rec=four)[0] != 0
     # a node list of several nodes spreads it as surely (a review: it passed)
     for nodes in ("n1,n2", "gpu[1-2]", "n1 n2", "n1\tn2"):  # Slurm splits at space and tab too
         assert modify(rt, {"req_nodes": nodes}, 1002, pol, rec=shared)[0] != 0, nodes

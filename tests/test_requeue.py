@@ -649,3 +649,19 @@ def test_only_jobs_the_hook_left_untyped_are_load_on_the_types_their_partition_h
     acts = pressure_actions([{**r, "Comment": "horus:v1;a100=85/3000/3450;t4=85/3000/3450"} for r in left],
                             [drained, busy_t4], 50, lambda *a: 1, 0, now=1.9e9)
     assert acts == []  # still of no type: left as they are
+
+
+def test_a_cpu_job_is_no_gpu_load_and_a_drained_type_still_pins_a_pack():
+    """The one-type rule had typed CPU jobs too: a CPU backlog kept a one-type site under GPU
+    pressure for good; and a drained T4 node had made the A100 a lone type, so a pack got no
+    feature pin and could start on T4 shards costed for A100 memory."""
+    two_idle = _node("gpu:a100:2(IDX:0-1),shard:a100:0(IDX:N/A)")
+    cpu = [rec(i, "PENDING", "", "", Reason="Resources") for i in range(1, 6)]
+    assert pressure_types(cpu, two_idle) == []
+    assert pressure_actions([*cpu, rec(9, "PENDING", "gres:gpu:a100:1", EXCL)], two_idle, 50,
+                            lambda *a: 1, 0, now=1.9e9) == []
+    busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
+    t4 = {"NodeName": "t", "State": "IDLE+DRAIN", "Gres": "gpu:t4:2,shard:t4:200", "GresUsed": ""}
+    acts = pressure_actions([rec(9, "PENDING", "gres:gpu:a100:1", EXCL)], busy + [t4], 50, lambda *a: 1, 0,
+                            now=1.9e9, type_features={"a100", "t4"})
+    assert [(a.kind, a.features) for a in acts] == [("pack", "a100")]

@@ -76,8 +76,9 @@ def sync(url, since, until, all_jobs, from_file, policy, model_dir, history, as_
     res = do_sync(ledger, sacct_json=data, since=start, until=end, all_jobs=all_jobs)
     res.update(publish(ledger, policy=policy))
     if res["record_kept"]:
-        res["problems"].append(f"{res['record_file']} kept: this sync made the ledger, and the "
-                               "record names under-claimers (a new or wrong ledger?)")
+        res["problems"].append(f"{res['record_file']} kept: it names under-claimers, and this ledger "
+                               "was made here and has never written it (a new or wrong ledger? if it "
+                               "is the site's, remove the record)")
     res["history"] = None
     registry = Registry(model_dir)
     if history and (res["recorded"] or res["replayed"]) and registry.root.is_dir():
@@ -181,7 +182,10 @@ def import_(csv_file, url, model_dir):
     click.echo(f"imported {imp['rows']} rows{_failed_note(imp)}")
     registry = Registry(model_dir)
     if registry.root.is_dir():
-        click.echo(_history_line(export_history(ledger, registry)))
+        try:  # the rows are in: a history not refreshed is a warning, as after a retrain
+            click.echo(_history_line(export_history(ledger, registry)))
+        except HorusError as e:
+            click.echo(f"horus-admin import: warning: history not refreshed: {e}", err=True)
 
 
 def register(main_group: click.Group) -> None:

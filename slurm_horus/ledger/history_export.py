@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import secrets
+import time
 
 from sqlalchemy import and_, func, select, tuple_
 
@@ -201,17 +202,19 @@ def export_history(ledger, registry) -> dict:
             learned = None  # offsets against the cold start still serve
     history = build_history(ledger, learned, registry.pseudonyms)
     runs = sum(len(v) for v in history["graphs"].values())
-    if getattr(ledger, "created", False):
-        # a ledger this command made (a mistyped --ledger): its history would erase the site's
+    if ledger.unproven("history"):
+        # a ledger a mistyped --ledger made: its history would erase the site's
         try:
             old = registry.load_history()
             kept = sum(len(v) for v in old["graphs"].values()) if old else 0
         except (HorusError, AttributeError, KeyError, TypeError):
             kept = 0  # none readable: nothing to keep
         if kept > runs:
-            raise HorusError(f"history.json kept: this ledger was made by this command and has "
-                             f"{runs} measured runs, the history {kept} (a new or wrong ledger?)")
+            raise HorusError(f"{registry.root / 'history.json'} kept: it holds {kept} measured runs, "
+                             f"this ledger, made here and never exported, {runs} (a new or wrong "
+                             "ledger? if it is the site's, remove history.json)")
     registry.save_history(history)
+    ledger.set_state("history", str(int(time.time())))
     return {"graphs": len(history["graphs"]), "runs": runs,
             "gpu_types_with_offsets": sorted(history["offsets"]),
             "path": str(registry.root / "history.json")}

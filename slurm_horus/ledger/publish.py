@@ -84,10 +84,11 @@ def publish(ledger, *, policy: str | None = None, now: float | None = None) -> d
     text, users, accounts = claim_record(
         ledger.under_claims((now or time.time()) - days * 86400))
     private = slurm.private_jobs(unknown=None)
-    kept = ledger.created and _has_entries(path)
-    if not kept:  # a ledger just made (a mistyped --ledger) would forgive every under-claimer
+    kept = ledger.unproven("published") and _has_entries(path)
+    if not kept:  # a ledger a mistyped --ledger made would forgive every under-claimer
         mode, gid = _record_mode(path, private)
         write_atomically(path, text, mode, gid)
+        ledger.set_state("published", str(int(now or time.time())))
     out = {"record_file": path, "record_users": users, "record_accounts": accounts,
            "record_kept": kept, "extracts": None, "readers_copy": None}
     db = ledger.sqlite_path()

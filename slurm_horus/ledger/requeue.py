@@ -140,8 +140,13 @@ def _gpu_type(rec: dict, types: set[str]) -> str | None:
     feat = rec.get("Features") or ""
     if feat in types:
         return feat
-    # on nodes of one GPU type every job is of that type (type_choice = any types none)
-    return next(iter(types)) if len(types) == 1 else None
+    # on nodes of one GPU type every GPU job is of that type (type_choice = any types none)
+    return next(iter(types)) if len(types) == 1 and _asks_for_gpus(rec) else None
+
+
+def _asks_for_gpus(rec: dict) -> bool:
+    """The job's TresPerNode asks for GPUs or shards (a CPU job waits for no GPU)."""
+    return any(g["name"] in ("gpu", "shard") and g["count"] for g in parse_gres(rec.get("TresPerNode")))
 
 
 def job_ref(rec: dict) -> str:
@@ -255,7 +260,7 @@ def _pending_by_type(jobs: list[dict], free: dict[str, int],
     submission order (an array's tasks not split yet in one record: _waiting counts them), and
     per type how many jobs the hook left without one (``type=any``) wait where it is: each takes
     whichever type its partition has frees first, so it is load on each (the loop leaves it as
-    is).  A job typed by no one else (a plain --gres=gpu:1) is no horus job's load, as before."""
+    is).  A plain --gres=gpu:1 on nodes of several types is typed by no one: no load, as before."""
     types = node_gpu_types(nodes)  # of every node: a drained type is still a type
     pending: dict[str, list[dict]] = {}
     untyped: dict[str, int] = {}
@@ -265,7 +270,7 @@ def _pending_by_type(jobs: list[dict], free: dict[str, int],
         gtype = _gpu_type(rec, types)
         if gtype in free:
             pending.setdefault(gtype, []).append(rec)
-        elif gtype is None and _left_untyped(rec):
+        elif gtype is None and _left_untyped(rec) and _asks_for_gpus(rec):
             for t in _partition_types(rec, nodes) & set(free):
                 untyped[t] = untyped.get(t, 0) + _waiting([rec])
     for recs in pending.values():
@@ -416,7 +421,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                     and now - _submitted(rec) >= min_wait_s
                     and (util_limit_pct >= 100.0 or _hint_util(rec, gtype) <= util_limit_pct)):
                 size = _pack_size(mem_shards(rec, gtype), pack_shards, per_gpu.get(gtype, 100))
-            pin = _type_features(rec, gtype, type_features, set(free)) if size is not None else False
+            pin = _type_features(rec, gtype, type_features, types) if size is not None else False
             if size is not None and pin is not False:
                 to_pack -= 1
                 out.append(Action(jid, "pack", _shard_gres(size, tres),

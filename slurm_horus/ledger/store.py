@@ -41,9 +41,10 @@ class Ledger:
         self.spool = spool if isinstance(spool, Spool) else Spool(spool)
         self._replay = replay and not readonly
         path = sqlite_file(self.url)
-        # made by this very open: what a sync publishes from it must not replace the site's
-        # history and claim record (a mistyped --ledger)
-        self.created = not readonly and path is not None and not path.exists()
+        try:  # made by this open (or left empty by a failed one): see unproven()
+            made = not readonly and path is not None and (not path.exists() or path.stat().st_size == 0)
+        except OSError:
+            made = False  # what cannot be looked at, make_engine says
         self.engine = make_engine(self.url, busy_timeout, readonly)
         from sqlalchemy.exc import DBAPIError
 
@@ -62,6 +63,8 @@ class Ledger:
         except HorusError:
             self.engine.dispose()
             raise
+        if made:
+            self.set_state("made", str(int(time.time())))
 
     def sqlite_path(self) -> Path | None:
         """The database file of a SQLite ledger (None for a server)."""
@@ -158,6 +161,13 @@ class Ledger:
     def set_state(self, name: str, value: str) -> None:
         with self.engine.begin() as conn:
             upsert(conn, tables()["ledger_state"], [{"name": name, "value": value}], ("name",))
+
+    def unproven(self, what: str) -> bool:
+        """Whether this SQLite ledger was made by a command of this package and has not yet
+        written ``what`` (``published``: the claim record; ``history``: history.json): until
+        then it must not replace the site's ones, which a mistyped --ledger's new ledger would
+        (erasing every under-claim and measured run, at every pass of a scrontab line)."""
+        return self.get_state("made") is not None and self.get_state(what) is None
 
     def get_state(self, name: str) -> str | None:
         from sqlalchemy import select
