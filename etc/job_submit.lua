@@ -155,11 +155,12 @@ local function is_gtype(s)
 		and string.find(s, "^[a-z0-9_%-]+$") ~= nil
 end
 
--- Slurm reports unset numbers as NO_VAL (or nil here); treat those as unset.
+-- A string field the job sets (nil or blanks: not set).
 local function nonempty(s)
 	return type(s) == "string" and string.find(s, "%S") ~= nil
 end
 
+-- Slurm reports unset numbers as NO_VAL (or nil here); treat those as unset.
 local function is_set_number(v)
 	return type(v) == "number" and v ~= slurm.NO_VAL and v ~= slurm.NO_VAL16
 		and v ~= slurm.NO_VAL64 and v ~= 4294967294 and v ~= 65534

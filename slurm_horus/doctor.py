@@ -308,7 +308,7 @@ def check_slurm_user_reads(conf: SlurmConf, paths: dict[str, str | Path | None])
     """slurmctld runs as SlurmUser and reads the hook's files as that user: one it cannot read
     makes the hook run on its built-in defaults (a policy with no GPU types shares nothing;
     no claim record, no pressure) while root's view of the files says nothing is wrong."""
-    from slurm_horus.ledger.claims import may_access, owner_ids
+    from slurm_horus.ledger.claims import may_read, owner_ids
 
     name = (conf.settings.get("slurmuser") or "root").strip()
     uid, gids = owner_ids(name)
@@ -317,11 +317,10 @@ def check_slurm_user_reads(conf: SlurmConf, paths: dict[str, str | Path | None])
     if uid == 0:
         return []
 
-    def readable(p: Path) -> bool:  # the mode bits on it and search on every folder above
+    def readable(p: Path) -> bool:
         try:
             p = p.resolve()
-            return all(may_access(os.stat(d), uid, gids, 1) for d in p.parents) and \
-                may_access(os.stat(p), uid, gids, 4)
+            return may_read(str(p), os.stat(p), uid, gids)
         except OSError:
             return True  # missing: the checks of each file say what that means
     return [Problem(f"{what} {p} cannot be read by SlurmUser {name}, whom slurmctld runs the "
@@ -334,14 +333,14 @@ def check_probe_reaches_ledger(conf: SlurmConf, url: str, gres_conf: str | None)
     nodes on its own host (the controller's), and another node's records stay in its local
     spool, which no sync collects (where Slurm has no GPU accounting, AutoDetect=nvml, the
     only measurements)."""
+    import socket
+
     from slurm_horus.ledger.db import sqlite_file
     from slurm_horus.slurm.parse import expand_hostlist
 
     if sqlite_file(url) is None or not _runs(conf.settings.get("prolog"), "horus-prolog", conf.path.parent) \
             or re.search(r"(?im)^[^#]*\bautodetect\s*=\s*nvml", gres_conf or ""):
         return []
-    import socket
-
     ctld = re.split(r"[(,\s]", (conf.settings.get("slurmctldhost") or conf.settings.get("controlmachine") or ""))[0]
     # the ledger's host: the controller's (the last SlurmctldHost line read may be a backup's),
     # where doctor runs (on the controller, as sync), and this host's own names

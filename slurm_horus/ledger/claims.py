@@ -160,7 +160,7 @@ def _credentials(gids: set[int]) -> tuple[int, list[int]]:
     return (min(gids) if gids else 65534), (sorted(gids) or [65534])
 
 
-def may_access(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
+def _may(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
     """Would ``uid`` (in ``gids``) get permission ``bit`` (4 read, 1 search) by mode bits?"""
     if st.st_uid == uid:
         return bool(st.st_mode & (bit << 6))
@@ -169,19 +169,27 @@ def may_access(st: os.stat_result, uid: int, gids: set[int], bit: int) -> bool:
     return bool(st.st_mode & bit)
 
 
+def may_read(path: str, st: os.stat_result, uid: int, gids: set[int]) -> bool:
+    """Would ``uid`` read the file at the resolved ``path`` (its stat ``st``) by mode bits: read
+    on it, search on every folder above it.  OSError where a folder cannot be looked at."""
+    if not _may(st, uid, gids, 4):
+        return False
+    parent = os.path.dirname(path)
+    while True:
+        if not _may(os.stat(parent), uid, gids, 1):
+            return False
+        if parent == os.path.dirname(parent):
+            return True
+        parent = os.path.dirname(parent)
+
+
 def _open_checked(path: str, uid: int, gids: set[int]) -> int | None:
     """Opened as ourselves, kept if ``uid``'s mode bits allow it (the file, each folder)."""
     fd = _open_regular(path)
     if fd is None or uid == os.geteuid():
         return fd
     try:
-        ok = may_access(os.fstat(fd), uid, gids, 4)
-        parent = os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
-        while ok:
-            ok = may_access(os.stat(parent), uid, gids, 1)
-            if parent == os.path.dirname(parent):
-                break
-            parent = os.path.dirname(parent)
+        ok = may_read(os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd), uid, gids)
     except OSError:
         ok = False
     if not ok:

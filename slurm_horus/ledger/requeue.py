@@ -35,7 +35,7 @@ from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run, slurm_version
 from slurm_horus.slurm.hint import parse_decision, parse_hint
 from slurm_horus.slurm.parse import (array_task_count, expand_batch_stdio, parse_gres,
-                                     parse_scontrol_records, squeue_json_records)
+                                     parse_scontrol_records, partition_nodes, squeue_json_records)
 from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, declared_type_features, policy_value
 from slurm_horus.sim.interference import Interference, sensitivity_at
 from slurm_horus.textfile import open_for_reading
@@ -287,9 +287,8 @@ def _left_untyped(rec: dict) -> bool:
 def _partition_types(rec: dict, nodes: list[dict]) -> set[str]:
     """The GPU types of the nodes in the job's partitions (all nodes' where the records say
     none)."""
-    wanted = {p for p in (rec.get("Partition") or "").split(",") if p}
-    mine = [n for n in nodes if not wanted or wanted & {p.strip() for p in (n.get("Partitions") or "").split(",")}]
-    return node_gpu_types(mine)
+    partition = rec.get("Partition") or ""
+    return node_gpu_types(partition_nodes(nodes, partition) if partition.strip(",") else nodes)
 
 
 def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:

@@ -9,6 +9,7 @@ left serves, and the user is told why.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 
 from slurm_horus.errors import HorusError
@@ -95,7 +96,7 @@ def choose_predictor(model_dir=None) -> PredictorChoice:
     site's calibrated bounds."""
     registry = Registry(model_dir)
     choice = _choose(registry)
-    if model_dir and not _is_dir(registry.root):
+    if model_dir and not os.path.isdir(registry.root):  # no folder, or none we may look in
         # a folder the user named (--horus-model-dir, --model-dir) that is not there: a typo to
         # hear of (the site's folder, default or $HORUS_MODEL_DIR, is made by the first retrain)
         missing = f"model registry {registry.root}: no such folder (or not one you may look in)"
@@ -110,15 +111,6 @@ def choose_predictor(model_dir=None) -> PredictorChoice:
     # both may quote a registry file's content: short printable lines
     choice.note, choice.warning = _line(choice.note), choice.warning and _line(choice.warning)
     return choice
-
-
-def _is_dir(path) -> bool:
-    """Whether ``path`` is a folder; one that cannot be looked at (no permission, a name too
-    long) is none either (Path.is_dir raises those)."""
-    try:
-        return path.is_dir()
-    except OSError:
-        return False
 
 
 def _line(text: str) -> str:
