@@ -1,8 +1,10 @@
 """In-process cost of the job-submit hook: the real etc/job_submit.lua in a Lua 5.1 runtime
 (hook_runtime.HookRuntime, as slurmctld keeps it loaded), for a job without a hint and for a hinted
 job that the hook rewrites into shards. Includes the Python-Lua marshalling of the job table.
+Then the hinted job with the worst batch scripts for the hook's srun scan (4 MiB each: sbatch's
+default limit), which must stay bounded: slurmctld waits for the hook.
 
-    python3 benchmarks/bench_hook.py [--calls 20000] [--rounds 5]
+    python3 benchmarks/bench_hook.py [--calls 20000] [--rounds 5] [--script-calls 20]
 
 Prints the median per-call time of each kind over alternating rounds and their difference.
 """
@@ -34,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--script-calls", type=int, default=20)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         # the shipped policy, with the claim record pointed at an empty file of this run
@@ -50,10 +53,18 @@ def main() -> None:
         for _ in range(a.rounds):
             times["no hint"].append(per_call_us(rt, plain, str(policy), a.calls))
             times["hint"].append(per_call_us(rt, hinted, str(policy), a.calls))
+        size = 4 << 20
+        scripts = {"one line of srun words": "srun " * (size // 5),
+                   "srun -x srun -x ... lines": ("srun -x " * 4096 + "\n") * (size // (8 * 4096 + 1)),
+                   "blanks, then srun --gpus=1": " " * (size - 32) + "srun --gpus=1 x\n"}
+        worst = {k: statistics.median(per_call_us(rt, dict(hinted, script=v), str(policy), a.script_calls)
+                                      for _ in range(a.rounds)) for k, v in scripts.items()}
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"hook per call, median of {a.rounds} alternating rounds of {a.calls}: "
           f"no hint {med['no hint']:.1f} us, hint {med['hint']:.1f} us, "
           f"difference {med['hint'] - med['no hint']:+.1f} us")
+    print(f"hinted job with a 4 MiB script, median of {a.rounds} rounds of {a.script_calls}: "
+          + "; ".join(f"{k} {v / 1000:.1f} ms" for k, v in worst.items()))
 
 
 if __name__ == "__main__":

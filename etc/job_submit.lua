@@ -604,6 +604,98 @@ local function mentions_gpu(s)
 	return type(s) == "string" and (string.find(s, "gpu", 1, true) ~= nil)
 end
 
+-- Is this srun option (name, its value or nil) a GPU request of the step?  --gpus*,
+-- -G, --cpus-per-gpu and the like, a --gres or --tres-per-task naming gpu (long options
+-- as getopt takes them, abbreviated too)
+local function step_gpu_option(name, value)
+	if string.sub(name, 1, 6) == "--gpus" or string.find(name, "^%-%-[%w%-]*per%-gpu")
+		or string.find(name, "^%-G%d*$") then
+		return true
+	end
+	if string.sub(name, 1, 5) == "--gre" or string.sub(name, 1, 6) == "--tres" then
+		return value ~= nil and mentions_gpu(value)
+	end
+	return false
+end
+
+-- srun's options that take no value (the next word is the program, not their value), and
+-- its one-letter options that do
+local SRUN_FLAGS = {}
+for _, o in ipairs({ "--label", "--unbuffered", "--verbose", "--quiet", "--kill-on-bad-exit",
+	"--disable-status", "--no-allocate", "--preserve-env", "--no-kill", "--overcommit", "--hold",
+	"--oversubscribe", "--exclusive", "--pty", "--overlap", "--exact", "--multi-prog", "--contiguous",
+	"--spread-job", "--test-only", "--whole", "--x11", "--use-min-nodes", "--quit-on-interrupt",
+	"--immediate", "--reboot", "--send-libs", "--help", "--usage", "--version" }) do
+	SRUN_FLAGS[o] = true
+end
+local SRUN_SHORT_WITH_VALUE = "ABCDFGJLMNSTWbcdeimnopqrtwx"
+
+-- Does srun take the next word as this option's value (an option written without "=")?
+local function takes_value(name)
+	if string.sub(name, 1, 2) == "--" then return not SRUN_FLAGS[name] end
+	-- -n 4 takes one; -n4, -lu (a value attached, or several flags) and -l do not
+	return #name == 2 and string.find(SRUN_SHORT_WITH_VALUE, string.sub(name, 2, 2), 1, true) ~= nil
+end
+
+-- Do srun's own options on this command line (after the word srun, up to the program it
+-- runs) ask for GPUs?  A word after an option that takes a value is read as its value.
+local function srun_asks_for_gpus(rest)
+	rest = string.match(rest, "^[^;&|]*")  -- one command: up to ; & | && ||
+	local pending
+	for w in string.gmatch(rest, "%S+") do
+		w = string.gsub(w, "[\"']", "")
+		if w == "--" then return false end
+		if string.sub(w, 1, 1) == "-" then
+			local name, value = string.match(w, "^([^=]+)=(.*)$")
+			name = name or w
+			if step_gpu_option(name, value) then return true end
+			if value == nil and takes_value(name) then pending = name else pending = nil end
+		elseif pending then
+			if step_gpu_option(pending, w) then return true end
+			pending = nil
+		else
+			return false  -- the program srun runs: the rest are its own arguments
+		end
+	end
+	return false
+end
+
+-- The script is read at most this far for srun: srun words looked at, and the bytes after
+-- each read for its options (a hostile script must not stall slurmctld: every step is
+-- bounded, and the script is walked once)
+local MAX_SRUN_WORDS = 1000
+local SRUN_WINDOW = 512
+
+-- A step that asks for GPUs by name (srun --gres=gpu:1, --gpus=1, -G 1, --cpus-per-gpu ...)
+-- finds no gpu GRES in a job on shards and fails ("Invalid generic resource (gres)
+-- specification"): does the batch script (--wrap's too) run one?  Only srun lines of the
+-- script itself are seen (the first MAX_SRUN_WORDS), not a program that starts srun.
+local function steps_ask_for_gpus(script)
+	if type(script) ~= "string" then return false end
+	local pos, line_start, comment = 1, 1, nil
+	local next_nl = string.find(script, "\n", 1, true) or (#script + 1)
+	for _ = 1, MAX_SRUN_WORDS do
+		local s, e = string.find(script, "srun", pos, true)
+		if not s then return false end
+		pos = e + 1
+		while next_nl < s do  -- the line it is on: each newline is found once
+			line_start = next_nl + 1
+			next_nl = string.find(script, "\n", line_start, true) or (#script + 1)
+			comment = nil
+		end
+		if comment == nil then comment = string.find(script, "^[ \t]*#", line_start) ~= nil end
+		local before, after = string.sub(script, s - 1, s - 1), string.sub(script, e + 1, e + 1)
+		-- the command word srun (or a path to it), not a part of another word, on no comment line
+		if not comment and (before == "" or string.find(before, "[%s;&|(`/\"'{]"))
+			and (after == "" or string.find(after, "%s")) then
+			-- its command, continued lines joined, within the window
+			local rest = string.gsub(string.sub(script, e + 1, e + SRUN_WINDOW), "\\\r?\n", " ")
+			if srun_asks_for_gpus(string.match(rest, "^[^\n]*")) then return true end
+		end
+	end
+	return false
+end
+
 -- Find the job's single-GPU request. Returns a request table or nil and a reason.
 -- request = { field = "tres_per_node"|"tres_per_job", items = {...}, index = i, entry = parsed }
 local function find_gpu_request(job)
@@ -893,6 +985,9 @@ local function hint_plan(job, pol, uid, preds)
 	end
 	if is_set_number(job.ntasks_per_tres) and job.ntasks_per_tres > 0 then
 		return unchanged("--ntasks-per-gpu set")
+	end
+	if steps_ask_for_gpus(job.script) then
+		return unchanged("the script's srun steps ask for GPUs by name, which a job on shards has none of")
 	end
 	if #pol.type_order == 0 then return unchanged("policy knows no GPU types") end
 

@@ -234,12 +234,12 @@ def test_passthrough_and_errors(workdir):
     assert "hsubmit: warning:" in d.stderr and len(ours(d.stderr)) == 1
     assert tres(show(d.stdout.strip())["TresPerNode"]) == "gres:gpu:1"
     # ... or refused
-    e = subprocess.run([*HSUBMIT, "--model", str(bad), "--wrap", "true"], capture_output=True,
+    e = subprocess.run([*HSUBMIT, "--model", str(bad), "--gres=gpu:1", "--wrap", "true"], capture_output=True,
                        text=True, cwd=workdir, env={**os.environ, "HORUS_ON_PREDICTION_ERROR": "refuse"})
     assert e.returncode == 1 and e.stdout == "" and "refused" in e.stderr
     # an empty --model (an unset variable) is a model that cannot be read, not no model: it had
     # gone unchanged past on_prediction_error = refuse, with no word
-    e = subprocess.run([*HSUBMIT, "--model", "", "--wrap", "true"], capture_output=True,
+    e = subprocess.run([*HSUBMIT, "--model", "", "--gres=gpu:1", "--wrap", "true"], capture_output=True,
                        text=True, cwd=workdir, env={**os.environ, "HORUS_ON_PREDICTION_ERROR": "refuse"})
     assert e.returncode == 1 and e.stdout == "" and "--model is empty" in e.stderr
     d = hsubmit(workdir, "--model", "", "--gres=gpu:1", "--wrap", "true")
@@ -348,3 +348,20 @@ def test_the_loop_through_slurm(workdir, tmp_path):
         subprocess.run([*ADMIN, "sync", "-S", "now-1hours", *extra], capture_output=True, env=env,
                        check=True)
     assert len([s for s in Ledger(url).jobs(job_ids=[int(jid)])]) == 1
+
+
+def test_a_step_asking_for_a_gpu_by_name_still_runs(workdir):
+    """srun --gres=gpu:1 (or --gpus=1) inside a job moved onto shards failed: "Invalid generic
+    resource (gres) specification".  The hook leaves such a job as submitted, and --explain
+    says so too; a plain srun step is still shared."""
+    model = ["--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer", "--gres=gpu:1"]
+    for step, shared in (("srun --gres=gpu:1 true", False), ("srun --gpus=1 true", False), ("srun true", True)):
+        exp = subprocess.run([*HSUBMIT, *model, "--explain", "--wrap", step], capture_output=True, text=True,
+                             cwd=workdir)
+        decision = next(ln for ln in exp.stdout.splitlines() if ln.startswith("decision: "))
+        jid = hsubmit(workdir, *model, "-t", "1", "-o", str(workdir / "out-%j"), "--wrap", step).stdout.strip()
+        job = show(jid)
+        assert decision[len("decision: "):] == job["AdminComment"], (decision, job["AdminComment"])
+        assert tres(job["TresPerNode"]).startswith("gres:shard:") == shared, job["TresPerNode"]
+        assert ("srun steps ask for GPUs" in job["AdminComment"]) == (not shared)
+        assert wait_finished(jid) == "COMPLETED", (step, (workdir / f"out-{jid}").read_text())

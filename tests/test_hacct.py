@@ -518,28 +518,8 @@ def test_sacct_selection_forms_clusters_accounts_uids_and_left_justified_widths(
 def test_a_terminal_narrower_than_the_table_gets_whole_values(url):
     """rich fitted the table to the terminal: at 80 columns every job id and user read '…'.
     sacct prints whole values and lets the terminal wrap; so does hacct."""
-    import pty
-    import subprocess
-    import sys
-
-    leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
-    with subprocess.Popen([sys.executable, "-m", "slurm_horus.cli.hacct", *ALL, "--ledger", url],
-                          stdout=follower, stderr=subprocess.PIPE, env=env) as p:
-        os.close(follower)
-        out = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the child closed its end
-                break
-            if not chunk:
-                break
-            out += chunk
-        p.wait(timeout=60)
-    os.close(leader)
-    text = out.decode()
-    assert p.returncode == 0 and "…" not in text, text
+    rc, text = _on_terminal([*ALL, "--ledger", url], columns="80")
+    assert rc == 0 and "…" not in text, text
     assert all(v in text for v in ("101", "alice", "COMPLETED", "01:02:05", "cold-start")), text
 
 
@@ -557,3 +537,103 @@ def test_long_options_take_unambiguous_prefixes_and_usage_errors_are_one_line(ur
     # a value that looks like an option is the option's value, never spelled out
     r = CliRunner().invoke(main, ["--ledger", url, "-S", "2000-01-01", "-o", "--sta"])
     assert r.exit_code != 0 and "'--sta'" in r.output and "--state" not in r.output, r.output
+
+
+def _on_terminal(args, columns="200"):
+    """hacct's output and exit status with a terminal (a pty) as its standard output."""
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": columns, "TERM": "dumb"}
+    with subprocess.Popen([sys.executable, "-m", "slurm_horus.cli.hacct", *args],
+                          stdout=follower, stderr=subprocess.PIPE, env=env) as p:
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed its end
+                break
+            if not chunk:
+                break
+            out += chunk
+        p.wait(timeout=60)
+    os.close(leader)
+    return p.returncode, out.decode().replace("\r\n", "\n")
+
+
+def test_sacct_fields_the_ledger_holds_and_a_clear_no_for_those_it_lacks(url, monkeypatch):
+    """-o Start, End, JobIDRaw (and NodeList, ElapsedRaw) were 'unknown field' though the ledger
+    stores them; JobName, Partition, ExitCode are sacct's but not recorded: the error says so."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-o",
+                                      "JobID,JobIDRaw,Submit,Start,End,ElapsedRaw,NodeList"])
+        assert r.exit_code == 0, r.output
+        assert r.output == (
+            "JobID|JobIDRaw|Submit|Start|End|ElapsedRaw|NodeList\n"
+            "101|101|2023-11-14T22:15:01|2023-11-14T22:16:40|2023-11-14T23:18:45|3725|gpu-a100\n"
+            "102|102|2023-11-14T22:15:02|2023-11-14T22:16:40|2023-11-14T23:18:45|3725|gpu-a100\n"
+            "103|103|2023-11-14T22:15:03|Unknown|Unknown||\n"), r.output  # as sacct: Unknown
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    for field in ("JobName", "Partition", "ExitCode"):
+        r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-o", f"JobID,{field},State"])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+        assert f"field '{field}': the ledger does not record it (available: JobID," in r.output
+        assert "Start, End" in r.output, r.output
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-o", "JobID,Bogus"])
+    assert r.exit_code == 2 and "unknown field 'Bogus' (available: JobID," in r.output, r.output
+
+
+def test_helpformat_and_delimiter_as_in_sacct(url):
+    """sacct -e lists the fields (four a line, padded to 19) and exits 0; --delimiter sets the
+    separator of -p/-P and is ignored without them. hacct had neither."""
+    from slurm_horus.ledger.report import COLUMNS
+
+    for args in (["-e"], ["--helpformat"], ["-o", "help"]):
+        r = CliRunner().invoke(main, ["--ledger", url, *args])
+        assert r.exit_code == 0, r.output
+        lines = r.output.splitlines()
+        assert lines[0] == "JobID               JobIDRaw            ArrayJobID          ArrayTaskID        "
+        assert r.output.split() == list(COLUMNS.values()) and "Start" in r.output
+        assert all(len(ln.split()) <= 4 for ln in lines)
+    q = [*ALL, "--ledger", url, "-o", "JobID,User"]
+    assert CliRunner().invoke(main, [*q, "-P", "--delimiter=,"]).output == \
+        "JobID,User\n101,alice\n102,bob\n103,alice\n"
+    assert CliRunner().invoke(main, [*q, "-p", "-n", "--delimiter", "::"]).output == \
+        "101::alice::\n102::bob::\n103::alice::\n"
+    plain = CliRunner().invoke(main, q).output
+    assert CliRunner().invoke(main, [*q, "--delimiter=,"]).output == plain and "-----" in plain
+
+
+def test_widths_in_format_give_sacct_fixed_width_table_on_a_terminal(url):
+    """On a terminal hacct printed its rich table whatever -o said: Name%W cut values to '…'
+    and there was no '-----' line. A width asks for sacct's table, there as when piped."""
+    rc, text = _on_terminal([*ALL, "--ledger", url, "-o", "JobID%6,User%3,State%-10"])
+    assert rc == 0, text
+    assert text.splitlines()[:3] == [" JobID Use State     ", "------ --- ----------",
+                                     "   101 al+ COMPLETED "], text
+    assert "…" not in text
+    rc, text = _on_terminal([*ALL, "--ledger", url, "-o", "JobID,User"])  # no width: rich
+    assert rc == 0 and "-----" not in text and "alice" in text, text
+
+
+def test_a_start_after_now_is_an_error_without_E_too(url):
+    """-S tomorrow, now+1hours or a later hour today listed nothing and exited 0: sacct compares
+    the start with its default end, now, and exits 1."""
+    later = time.localtime(time.time() + 7200)
+    starts = ["tomorrow", "now+1hours"]
+    if later.tm_mday == time.localtime().tm_mday:  # an hour later today (as teatime may be)
+        starts.append(time.strftime("%H:%M", later))
+    for s in starts:
+        r = CliRunner().invoke(main, ["--ledger", url, "-S", s, "-P", "-o", "JobID"])
+        assert r.exit_code == 1, (s, r.output)
+        assert r.output.startswith("hacct: error: Start time (") and "requested is after end time (" in r.output
+        assert len(r.output.strip().splitlines()) == 1
+    r = CliRunner().invoke(main, ["--ledger", url, "-S", "now", "-P", "-n", "-o", "JobID"])
+    assert r.exit_code == 0 and r.output == "", r.output

@@ -362,7 +362,7 @@ def test_a_misspelt_on_prediction_error_is_named_when_it_matters(tmp_path, monke
     from slurm_horus.cli import hsubmit
 
     monkeypatch.setenv("HORUS_ON_PREDICTION_ERROR", "refuze")
-    plan = sub.prepare(["--model", str(tmp_path / "missing.onnx"), "--wrap", "true"], env={})
+    plan = sub.prepare(["--model", str(tmp_path / "missing.onnx"), "--gres=gpu:1", "--wrap", "true"], env={})
     monkeypatch.setattr(sub, "predict", lambda plan: (_ for _ in ()).throw(HorusError("model missing.onnx: no such file")))
     assert hsubmit._predict_or_warn(plan, sub, 0) is True  # submitted
     err = capsys.readouterr().err
@@ -543,3 +543,37 @@ def test_a_partition_no_node_is_in_is_called_so(monkeypatch):
         commands.partition_gpu_types("gpux")
     assert commands.partition_gpu_types("cpu") == ("cpu", {})  # a real partition without GPUs
     assert commands.partition_gpu_types("debug,cpu") == ("debug,cpu", {"a100": 4})
+
+
+def test_the_explained_job_desc_carries_the_script_the_hook_reads(tmp_path):
+    """A job whose srun steps ask for GPUs by name stays unchanged in the hook; --explain
+    must see the same script sbatch sends (--wrap's as sbatch writes it)."""
+    jd = sub.job_desc_of(sub.prepare(["--gres=gpu:1", "--wrap", "srun --gpus=1 x"], env={}))
+    assert jd["script"] == "#!/bin/sh\n# This script was created by sbatch --wrap.\n\nsrun --gpus=1 x\n"
+    for step, action in (("srun --gres=gpu:1 python t.py", "unchanged"), ("srun python t.py", "shared")):
+        script = tmp_path / "job.sh"
+        script.write_text(f"#!/bin/bash\n#SBATCH --gres=gpu:1\n{step}\n")
+        plan = sub.prepare(["--model", "tests/data/zoo/small_cnn.onnx", "--batch-size", "8", str(script)], env={})
+        sub.predict(plan, gpu_types={"a100": 4, "t4": 2}, partition="gpu")
+        assert sub.job_desc_of(plan)["script"] == script.read_text()
+        d = sub.decision_of(plan)
+        assert d.action == action and (action == "shared" or "srun steps" in d.note), d.note
+
+
+def test_only_plain_batch_names_in_dim_are_the_batch_size():
+    """--dim n=64 (an axis named n, beside the batch) with --batch-size 8 had become "contradicts
+    --batch-size 8", and alone had set the batch to 64: n and b may be other axes, which the
+    graph loader judges by position."""
+    for dims, bs in ((["--dim", "n=64", "--batch-size", "8"], 8), (["--dim", "n=64"], 1),
+                     (["--dim", "bs=16"], 16), (["--dim", "Batch_Size=4"], 4)):
+        w, got = sub.check_options(sub.prepare(["--model", "m.onnx", *dims, "--wrap", "true"], env={}))
+        assert w.batch_size == bs, dims
+
+
+def test_tres_per_task_is_a_gpu_request_the_hook_sees():
+    """sbatch 23.02+ --tres-per-task=gres/gpu:1 (or SBATCH_TRES_PER_TASK) asks for a GPU: the
+    job had lost its prediction as one that "asks for no GPU"."""
+    for argv, env in ((["--tres-per-task=gres/gpu:1"], {}), ([], {"SBATCH_TRES_PER_TASK": "gres/gpu:1"})):
+        plan = sub.prepare([*argv, "--wrap", "true"], env=env)
+        assert sub.job_desc_of(plan)["tres_per_task"] == "gres/gpu:1" and sub.asks_for_gpus(plan)
+    assert not sub.asks_for_gpus(sub.prepare(["-c", "4", "--wrap", "true"], env={}))

@@ -24,6 +24,7 @@ from slurm_horus.graph.features import extract_features
 from slurm_horus.graph.limits import analysis_limits
 from slurm_horus.slurm import sbatch_args as sa
 from slurm_horus.slurm import submit as sub
+from slurm_horus.slurm.hint import parse_workload
 
 ZOO = Path(__file__).resolve().parent / "data" / "zoo"
 
@@ -510,7 +511,7 @@ def test_a_digit_python_reads_but_int_does_not_is_no_internal_error(tmp_path, sl
     env, log = slurm_bin
     cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"),
                   "--batch-size", "\u00b2", "--wrap", "true"], env)
-    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    assert cp.returncode == 2 and "Submitted" not in cp.stdout and not log.exists(), cp.stderr
     assert "need a positive integer" in cp.stderr and "internal" not in cp.stderr
 
 
@@ -596,3 +597,77 @@ def test_explain_with_stdout_closed_is_one_line(slurm_bin):
     cp = subprocess.run(f"{sys.executable} -m slurm_horus.cli.hsubmit --explain --wrap true >&-",
                         shell=True, capture_output=True, text=True, timeout=60, env=env)
     assert cp.returncode == 1 and cp.stderr == "hsubmit: error: --explain: standard output is closed\n"
+
+
+@pytest.mark.parametrize("opts,msg", [
+    (["--precision", "fp8"], "unknown precision 'fp8'"),
+    (["--task", "foo"], "unknown task 'foo'"),
+    (["--optimizer", "lbfgs"], "unknown optimizer 'lbfgs'"),
+    (["--batch-size", "-3"], "need a positive integer"),
+    (["--dim", "seq=x"], "'x' is not an integer"),
+    (["--dim", "seq"], "--dim expects name=value"),
+    (["--batch-size", "8", "--dim", "batch=16"], "--dim batch=16 contradicts --batch-size 8"),
+])
+def test_a_bad_value_of_hsubmits_own_options_is_an_error_and_submits_nothing(tmp_path, slurm_bin, opts, msg):
+    """A typo such as --precision fp8 warned and submitted the job without its hint, exit 0:
+    a pipeline could not tell.  sbatch refuses its own options' bad values; so does hsubmit,
+    on the command line and in #HORUS lines alike."""
+    env, log = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"), *opts, "--wrap", "true"], env)
+    assert cp.returncode == 2 and not log.exists() and cp.stdout == "", cp.stderr
+    assert cp.stderr.count("\n") == 1 and msg in cp.stderr and "hsubmit: error: " in cp.stderr
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --gres=gpu:1\n#HORUS --model=" + str(ZOO / "resnet50.onnx") + "\n"
+                      + "".join(f"#HORUS {a}={b}\n" for a, b in zip(opts[::2], opts[1::2]) if a != "--dim" or "=" in b)
+                      + "true\n")
+    if all(a != "--dim" or "=" in b for a, b in zip(opts[::2], opts[1::2])):
+        cp = hsubmit(["-p", "gpu", str(script)], env)
+        assert cp.returncode == 2 and not log.exists() and msg in cp.stderr, cp.stderr
+
+
+def test_a_batch_dimension_bound_with_dim_alone_is_the_batch_size(slurm_bin):
+    """--dim batch=16 without --batch-size said it contradicted a --batch-size 1 the user never
+    gave, and the job lost its hint."""
+    env, log = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"), "--dim", "batch=16",
+                  "--wrap", "true"], env)
+    assert cp.returncode == 0 and "contradicts" not in cp.stderr, cp.stderr
+    comment = next(a for a in log.read_text().splitlines() if a.startswith("--comment="))
+    assert parse_workload(comment[len("--comment="):])["bs"] == 16
+
+
+def test_explain_without_a_prediction_exits_non_zero(slurm_bin):
+    env, log = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", "/nonexistent.onnx", "--explain", "--wrap", "true"], env)
+    assert cp.returncode == 1 and "no such file" in cp.stderr and not log.exists()
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8",
+                  "--explain", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "decision: " in cp.stdout and not log.exists(), cp.stderr
+
+
+def test_a_removed_working_folder_is_sbatchs_to_report(tmp_path, slurm_bin):
+    """Plain hsubmit in a folder that was removed said "internal error: FileNotFoundError";
+    without a model hsubmit is sbatch, which answers "getcwd failed" itself."""
+    env, log = slurm_bin
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    cp = subprocess.run(["sh", "-c", f'cd "{gone}" && rmdir "{gone}" && exec "$0" -m slurm_horus.cli.hsubmit '
+                         "--test-only job.sh", sys.executable], capture_output=True, text=True, timeout=120,
+                        env={**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                        stdin=subprocess.DEVNULL)
+    assert "internal error" not in cp.stderr and cp.returncode == 0, cp.stderr
+    assert log.read_text().splitlines() == ["--test-only", "job.sh"]
+
+
+def test_a_job_that_asks_for_no_gpu_gets_no_hint(slurm_bin):
+    """A CPU job with --model got a GPU prediction, and the ledger then counted it as a GPU job
+    of its node's type; now it goes unchanged, with a warning.  A GPU asked in the
+    environment (SBATCH_GPUS) is a GPU request."""
+    env, log = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "asks for no GPU" in cp.stderr, cp.stderr
+    assert not any(a.startswith("--comment") for a in log.read_text().splitlines())
+    cp = hsubmit(["-p", "gpu", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8", "--wrap", "true"],
+                 {**env, "SBATCH_GPUS": "1"})
+    assert cp.returncode == 0 and "asks for no GPU" not in cp.stderr, cp.stderr
+    assert any(a.startswith("--comment=horus:v1;") for a in log.read_text().splitlines())

@@ -717,3 +717,64 @@ def test_a_shard_count_from_the_policy_is_an_integer_on_every_lua(lua, tmp_path)
     rt = HookRuntime(HOOK, lua=lua)
     d = rt.submit({"comment": "horus:v1;t4=5/1000/1000", "tres_per_node": "gres:gpu:1"}, policy_path=policy)
     assert d.action == "shared" and d.job_desc["tres_per_node"] == "gres:shard:30", d.job_desc
+
+
+# a step asking for GPUs by name finds no gpu GRES in a job on shards: srun fails with
+# "Invalid generic resource (gres) specification" (seen on the 22.05 cluster)
+WRAP = "#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{}\n"
+
+
+@pytest.mark.parametrize("line", [
+    "srun --gres=gpu:1 python train.py",
+    "srun --gres gpu:1 python train.py",
+    "srun -n 1 --gpus=1 python train.py",
+    "srun -G1 python train.py",
+    "srun -G 1 python train.py",
+    "srun --gpus-per-task=1 -n1 python train.py",
+    "srun --cpus-per-gpu=4 python train.py",
+    "srun --tres-per-task=gres/gpu:1 python train.py",
+    "srun --gre=gpu:1 python train.py",  # getopt's abbreviation
+    "cd /x && srun -l --gres=gpu:a100:1 python train.py",
+    "time /usr/bin/srun --gpus 1 hostname",
+    "srun -n 2 \\\n  --gres=gpu:1 \\\n  python train.py",
+    "srun hostname; srun --gpus=1 nvidia-smi",
+])
+def test_a_script_whose_steps_ask_for_gpus_by_name_stays_unchanged(line):
+    for script in (f"#!/bin/bash\n#SBATCH -t 5\nmodule load cuda\n{line}\n", WRAP.format(line)):
+        d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": script})
+        assert d.action == "unchanged" and "srun steps ask for GPUs" in d.admin_comment, line
+        assert d.written == ("admin_comment",)
+
+
+@pytest.mark.parametrize("line", [
+    "srun python train.py",
+    "srun python train.py --gpus 4",  # the program's own options (Lightning's --gpus)
+    "srun -n 1 -c 4 python train.py --gres=gpu:1",
+    "# srun --gres=gpu:1 python train.py",
+    "python train.py --gpus 1",
+    "mysrun --gpus=1 x",
+    "srun --gres=shard:10 python train.py",
+    "srun --gpu-bind=closest python train.py",
+    "srun -u python -u train.py --gpus 1",  # a flag of srun's: the next word is the program
+    "srun --exclusive python -m train --gpus 2",
+    "srun -lu python train.py --gpus 2",
+    "srun -n4 python train.py --gpus 2",
+])
+def test_a_script_whose_steps_ask_no_gpu_by_name_is_still_shared(line):
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": f"#!/bin/bash\n{line}\n"})
+    assert d.action == "shared", (line, d.admin_comment)
+
+
+@pytest.mark.parametrize("script", [
+    "srun " * 800_000,  # one 4 MB line of srun words
+    ("srun -x " * 20_000 + "\n") * 25,  # each srun's options running on past the next srun
+    " " * 4_000_000 + "srun --gpus=1 x\n",  # a long run of blanks before the first word
+    "#" + "srun " * 800_000,  # a comment line
+])
+def test_the_script_scan_is_bounded_on_hostile_scripts(script):
+    """Each srun word had copied the rest of its line: 20,000 on one line took 4 s in Lua 5.1,
+    200 KB 15 s, quadratic (slurmctld stalls; these had taken hours).  Now the script is walked
+    once, each word's options read within a window, and at most MAX_SRUN_WORDS words looked at
+    (the time: benchmarks/bench_hook.py)."""
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": script})
+    assert d.rc == 0 and d.action == ("unchanged" if "--gpus=1" in script else "shared"), d.admin_comment

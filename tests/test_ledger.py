@@ -888,3 +888,25 @@ def test_sync_analyses_a_users_graph_as_that_user_with_none_of_the_syncs_fds(tmp
     finally:
         os.close(held)
         shutil.rmtree(folder)
+
+
+def test_a_cpu_job_on_a_gpu_node_is_no_gpu_job(tmp_path):
+    """A CPU job with a hint, run on a T4 node, was recorded as a T4 job (its node's type) and
+    hacct scored its prediction against a GPU it never had (recorded 22.05 output, its GPU
+    taken away)."""
+    from slurm_horus.ledger.sync import sync
+
+    fix = os.path.join(os.path.dirname(__file__), "fixtures", "slurm", "sacct_json_finished_gpu.stdout")
+    data = json.loads(open(fix).read())
+    (job,) = data["jobs"]
+    job["comment"]["job"] = "horus:v1;t4=60/3000/3500"
+    L = Ledger(_url(tmp_path))
+    sync(L, sacct_json=json.dumps(data), all_jobs=True, node_types={job["nodes"]: "t4"})
+    (gpu_row,) = L.jobs()
+    assert gpu_row["gpu_type"] == "t4"  # it held a GPU on its T4 node
+    for tres in (job["tres"]["allocated"], job["tres"]["requested"]):
+        tres[:] = [t for t in tres if t["type"] != "gres"]
+    job["job_id"] += 1
+    sync(L, sacct_json=json.dumps(data), all_jobs=True, node_types={job["nodes"]: "t4"})
+    cpu_row = next(r for r in L.jobs() if r["job_id"] == job["job_id"])
+    assert cpu_row["gpu_type"] is None and cpu_row["gpus"] is None

@@ -432,7 +432,7 @@ def test_hsubmit_submits_the_job_with_a_refused_model(model_json, tmp_path, slur
     """Through the real hsubmit, with Slurm's commands stood in for by scripts that record."""
     root = _registry(tmp_path / "models", _damage(model_json, DAMAGE["string leaves"]))
     env, log = slurm_bin
-    cp = subprocess.run([sys.executable, "-m", "slurm_horus.cli.hsubmit", "-p", "gpu",
+    cp = subprocess.run([sys.executable, "-m", "slurm_horus.cli.hsubmit", "-p", "gpu", "--gres=gpu:1",
                          "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "32",
                          "--horus-model-dir", str(root), "--wrap", "true"],
                         capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)

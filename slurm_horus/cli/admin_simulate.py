@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import click
+from click.core import ParameterSource
 
 from slurm_horus.cli.common import one_line_errors, print_json
 
@@ -28,6 +30,7 @@ SUMMARY = (("completed", "completed jobs", "{:,}"), ("failed_jobs", "failed jobs
 
 
 MAX_INPUT_BYTES = 1 << 30  # a trace, an export or a cluster description: never endless
+MAX_BF_WINDOW = 1_000_000  # as backfill_from_slurm_conf caps bf_max_job_test
 
 
 def _read(path: str, what: str) -> str:
@@ -70,7 +73,9 @@ def ledger_rows(ledger: str) -> list:
 
 
 def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
-                repeat_share=None, residuals_from=None, sensitivity_sigma=None):
+                repeat_share=None, residuals_from=None, sensitivity_sigma=None, report=None):
+    """The jobs to simulate: --ledger's rows, --sacct's dump (``report``, a dict, is filled with
+    what from_sacct_json left out), else a generated trace."""
     from slurm_horus.errors import HorusError
     from slurm_horus.sim.mix import ModelMix
     from slurm_horus.sim.replay import from_rows, from_sacct_json, site_residuals
@@ -88,13 +93,63 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
     if sacct:
         return from_sacct_json(_read(sacct, "sacct file"), cluster.gpu_types, seed=seed, trace_mix=trace,
                                sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
-                               max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap)
+                               max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap,
+                               report=report)
     extra = {} if repeat_share is None else {"repeat_share": repeat_share}
     if sensitivity_sigma is not None:
         extra["sensitivity_sigma"] = sensitivity_sigma
     return generate_trace(trace, jobs, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load,
                           sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
                           max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap, **extra)
+
+
+def check_plot_path(path: str) -> None:
+    """A --plot FILE that cannot be written fails before the simulation, not after it: a
+    format matplotlib does not write, a folder, a folder that is not there."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from slurm_horus.errors import HorusError
+
+    if not path or os.path.isdir(path):
+        raise HorusError(f"--plot {path!r}: name a FILE.png")
+    ext = os.path.splitext(path)[1].lstrip(".").lower() or "png"  # none: save adds .png
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if ext not in kinds:
+        raise HorusError(f"--plot {path}: .{ext} is no image format matplotlib writes "
+                         f"(use .png; also {', '.join(sorted(k for k in kinds if k != 'png'))})")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise HorusError(f"--plot {path}: no folder {folder}")
+
+
+def sacct_warning(report: dict) -> str | None:
+    """The one line that says which rows of a --sacct dump were not replayed as they are, or
+    None when every row was."""
+    from slurm_horus.sim.replay import skip_summary
+
+    parts = []
+    if report.get("skipped"):
+        parts.append(f"{report['rows'] - report['jobs']:,} of {report['rows']:,} sacct rows skipped: "
+                     f"{skip_summary(report)}")
+    if report.get("clipped"):
+        parts.append(f"{report['clipped']:,} jobs clipped to the largest node (they asked for more GPUs "
+                     "than it has)")
+    return "; ".join(parts) or None
+
+
+def policy_warning(path, text: str) -> str | None:
+    """The policy file's lines the hook ignores, in one line, or None."""
+    from slurm_horus.errors import one_line
+    from slurm_horus.slurm.policy import ignored_policy_lines
+
+    ignored = ignored_policy_lines(text)
+    if not ignored:
+        return None
+    n, key, value = ignored[0]
+    first = f"{key} = {value[:60]!r}" if key else repr(value[:60])
+    return one_line(f"the hook ignores {len(ignored):,} line{'s' * (len(ignored) > 1)} of policy file "
+                    f"{path} (line {n}: {first}; an unknown key, a value it does not take or no "
+                    "'key = value' line)")
 
 
 def register(main_group: click.Group) -> None:
@@ -112,7 +167,7 @@ def register(main_group: click.Group) -> None:
     @click.option("--slurm-conf", type=click.Path(dir_okay=False),
                   help="Read nodes' Gres, and the backfill settings (SchedulerType, bf_interval, "
                        "bf_max_job_test), from slurm.conf.")
-    @click.option("--gres-conf", type=click.Path(dir_okay=False), help="gres.conf for untyped GPUs.")
+    @click.option("--gres-conf", type=click.Path(dir_okay=False), help="gres.conf for untyped GPUs (with --slurm-conf).")
     @click.option("--sacct", type=click.Path(dir_okay=False), help="Replay a `sacct --json` dump.")
     @click.option("--ledger", metavar="URL|FILE",
                   help="Replay the measured jobs of a ledger (its SQLAlchemy URL, e.g. "
@@ -152,9 +207,10 @@ def register(main_group: click.Group) -> None:
                   help="Shards per 1-GPU job under the naive policy.")
     @click.option("--policy-file", type=click.Path(dir_okay=False),
                   help="horus_policy.conf for the hook's decisions and the bound (default: the "
-                       "site's, as horus-admin queue reads it, else the one beside the hook).")
+                       "site's, as horus-admin queue reads it: $HORUS_POLICY, which must exist when "
+                       "set; else the one beside the hook).")
     @click.option("--bf-window", type=int, default=None,
-                  help="Waiting jobs the backfill pass looks at (bf_max_job_test) [default: "
+                  help="Waiting jobs the backfill pass looks at (bf_max_job_test, 0..1,000,000) [default: "
                        "--slurm-conf's, else 100].")
     @click.option("--bf-interval", type=float, default=None,
                   help="Seconds between backfill passes (bf_interval; 0: at every event, -1: no "
@@ -193,8 +249,9 @@ def register(main_group: click.Group) -> None:
         from slurm_horus.sim.cluster import SLURM_BF_INTERVAL_S, backfill_from_slurm_conf
         from slurm_horus.sim.engine import run_policies
         from slurm_horus.sim.plot import figure, terminal
-        from slurm_horus.slurm.policy import find_hook, policy_value
+        from slurm_horus.slurm.policy import POLICY_MAX_BYTES, find_hook, policy_value
         from slurm_horus.slurm.policy import policy_file as site_policy_file
+        from slurm_horus.textfile import read_text
 
         floats = {"--load": load, "--sigma-util": sigma_util, "--sigma-mem": sigma_mem,
                   "--history-lag": history_lag, "--oom-delay": oom_delay, "--bf-interval": bf_interval,
@@ -206,10 +263,21 @@ def register(main_group: click.Group) -> None:
             raise HorusError(f"{', '.join(bad)}: need a finite number")
         if not 0 <= seed < 2 ** 32:
             raise HorusError("--seed must be 0..4294967295")
+        given = click.get_current_context().get_parameter_source
+        typed = lambda name: given(name) not in (ParameterSource.DEFAULT, None)  # noqa: E731
+        if slurm_conf and cluster_file:
+            raise HorusError("give --cluster or --slurm-conf, not both")
+        if gres_conf and not slurm_conf:
+            raise HorusError("--gres-conf applies with --slurm-conf (the types of its untyped GPUs)")
+        for name, opt in (("gpus", "--gpus"), ("gpu_type", "--gpu-type"), ("gpus_per_node", "--gpus-per-node")):
+            if typed(name) and (cluster_file or slurm_conf):
+                raise HorusError(f"{opt} applies to the homogeneous cluster, not to "
+                                 f"{'--cluster' if cluster_file else '--slurm-conf'} (it names its nodes)")
+        if bf_window is not None and not 0 <= bf_window <= MAX_BF_WINDOW:
+            raise HorusError(f"--bf-window must be 0..{MAX_BF_WINDOW:,} (slurm.conf's bf_max_job_test "
+                             "takes at most that too)")
         conf_text = None
         if slurm_conf:
-            if cluster_file:
-                raise HorusError("give --cluster or --slurm-conf, not both")
             conf_text = _read(slurm_conf, "slurm.conf")
         sched = backfill_from_slurm_conf(conf_text) if conf_text is not None else None
         if bf_window is None:
@@ -227,33 +295,43 @@ def register(main_group: click.Group) -> None:
         if not (0 <= sigma_util <= 5 and 0 <= sigma_mem <= 5):
             raise HorusError("--sigma-util and --sigma-mem must be in 0..5 (lognormal sigmas)")
         for name, value in (("--repeat-share", repeat_share), ("--sensitivity-sigma", sensitivity_sigma),
-                            ("--known-sensitivity", known_sensitivity or None)):
+                            ("--known-sensitivity", known_sensitivity or None),
+                            ("--jobs", n_jobs if typed("n_jobs") else None), ("--load", load if typed("load") else None)):
             if value is not None and (sacct or ledger):
                 raise HorusError(f"{name} applies to generated traces, not to --sacct or --ledger")
         if history_lag < 0:
             raise HorusError("--history-lag must be >= 0")
-        # one policy file for the hook's decisions and the bound: the site's (as horus-admin queue
-        # reads it), else the one beside the hook that runs (the bound had been the site's while
-        # the decisions were the shipped file's)
-        if policy_file is None:
-            policy_file = site_policy_file()
-            if not policy_file.is_file():
-                policy_file = find_hook().parent / "horus_policy.conf"
-        if slowdown_bound is None:
-            slowdown_bound = float(policy_value("slowdown_bound", "2", path=policy_file))
         if not 0 < slowdown_quantile < 1:
             raise HorusError("--slowdown-quantile must be between 0 and 1 (e.g. 0.95)")
         if plot == "-" and as_json:
             raise HorusError("--plot - draws in the terminal; with --json name a FILE.png")
         if plot and plot != "-":
             pyplot()  # a missing matplotlib fails before the simulation, not after
+            check_plot_path(plot)  # and so does a file it cannot write
         pols = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
         if not pols:
             raise HorusError("--policies: none given")
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
         cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, conf_text, gres_conf)
+        replayed: dict = {}
         jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
-                           repeat_share, residuals_from, sensitivity_sigma)
+                           repeat_share, residuals_from, sensitivity_sigma, report=replayed)
+        # one policy file for the hook's decisions and the bound: the site's (as horus-admin queue
+        # reads it), else the one beside the hook that runs (the bound had been the site's while
+        # the decisions were the shipped file's); one named (--policy-file, $HORUS_POLICY) must
+        # be there: a typo had silently run the shipped policy
+        from_env = policy_file is None and bool(os.environ.get("HORUS_POLICY"))
+        if policy_file is None:
+            policy_file = site_policy_file()
+            if not from_env and not policy_file.is_file():
+                policy_file = find_hook().parent / "horus_policy.conf"
+        policy_text = read_text(policy_file, "policy file" + (" (HORUS_POLICY)" if from_env else ""),
+                                POLICY_MAX_BYTES)
+        if slowdown_bound is None:
+            slowdown_bound = float(policy_value("slowdown_bound", "2", path=policy_file))
+        for warning in (sacct_warning(replayed) if sacct else None, policy_warning(policy_file, policy_text)):
+            if warning:
+                click.echo(f"horus-admin simulate: warning: {warning}", err=True)
         results = run_policies(cluster, jobs, pols, policy_path=policy_file, naive_shards=naive_shards,
                                interference=itf, bf_window=bf_window, bf_interval=max(bf_interval, 0.0),
                                backfill=backfill,
@@ -274,6 +352,12 @@ def register(main_group: click.Group) -> None:
             what += f"; backfill {f'every {bf_interval:g} s' if bf_interval else 'at every event'} over {bf_window} jobs"
         if known_sensitivity:
             what += "; what-if: every job's sensitivity known"
+        what += f"; policy {policy_file}, slowdown bound {slowdown_bound:g}"
+        for res in results.values():  # what the run read: in each policy's entry, as its bf_window
+            res["policy_file"] = str(policy_file)
+            res["slowdown_bound"] = slowdown_bound
+            if sacct:
+                res["sacct_rows"] = dict(replayed)  # rows, jobs, skipped (per reason), examples, clipped
         if plot and plot != "-":
             plot = save(figure(results, f"horus-admin simulate: {what}"), plot)
         if as_json:

@@ -71,11 +71,15 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
 @click.option("-E", "--endtime", help="Jobs submitted at or before this time (default: now).")
 @click.option("-s", "--state", "states", multiple=True,
               help="States, e.g. CD,F,TO,CA,OOM (comma-separated).")
-@click.option("-o", "--format", "fmt", help="Columns, e.g. JobID,User,PredMem,ActMem%8 or "
-              "JobID,HookAct,QueueAct (what the hook and horus-admin queue did); '-o help' lists "
-              "them.")
+@click.option("-o", "--format", "fmt", help="Columns, e.g. JobID,User,PredMem,ActMem%8, "
+              "JobID,Start,End,NodeList or JobID,HookAct,QueueAct (what the hook and "
+              "horus-admin queue did); '-o help' or -e lists them. With a Name%W width, sacct's "
+              "fixed-width table on a terminal too.")
+@click.option("-e", "--helpformat", is_flag=True, help="List the columns -o takes, as sacct -e.")
 @click.option("-P", "--parsable2", is_flag=True, help="'|'-separated, no trailing '|'.")
 @click.option("-p", "--parsable", is_flag=True, help="'|'-separated, with a trailing '|' (of -p and -P, the last given wins, as in sacct).")
+@click.option("--delimiter", default="|", metavar="CHARACTERS",
+              help="The separator of -p and -P instead of '|' (as sacct: ignored without them).")
 @click.option("-X", "--allocations", is_flag=True,
               help="Accepted for sacct's sake: the ledger holds jobs, never steps.")
 @click.version_option(None, "-V", "--version", package_name="slurm-horus", prog_name="hacct",
@@ -99,16 +103,18 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
               help="Ledger database URL (default $HORUS_LEDGER_URL or the site ledger); "
               "opened read-only.")
 @one_line_errors("hacct", needs_stdout=lambda o: o.get("plot") in (None, "-") or o.get("summary")
+                 or o.get("helpformat")
                  or (o.get("fmt") or "").strip().lower() == "help")  # else a PNG is the answer
-def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsable2, parsable,
-         allocations, noheader, as_json, summary, plot, under_claims, clusters, allclusters, url):
+def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpformat, parsable2,
+         parsable, delimiter, allocations, noheader, as_json, summary, plot, under_claims,
+         clusters, allclusters, url):
     """Predicted vs actual GPU use of jobs (sacct-style)."""
     from slurm_horus.ledger import plots, report
     from slurm_horus.errors import HorusError
     from slurm_horus.slurm.accounting import STATE_ABBREV
 
-    if fmt and fmt.strip().lower() == "help":
-        click.echo(" ".join(report.COLUMNS.values()))
+    if helpformat or (fmt and fmt.strip().lower() == "help"):  # as sacct -e (and -o help)
+        click.echo(report.help_format(), nl=False)
         return
     cols = report.parse_format(fmt)
     from slurm_horus.slurm import commands as slurm
@@ -143,11 +149,14 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
                    under_claims=under_claims)
-    if filters["start"] is not None and filters["end"] is not None and filters["start"] > filters["end"]:
-        # as sacct, rather than an empty list (-E before midnight with the default -S too)
-        fmt_t = functools.partial(time.strftime, "%Y-%m-%dT%H:%M:%S")
-        raise HorusError(f"Start time ({fmt_t(time.localtime(filters['start']))}) requested is after "
-                         f"end time ({fmt_t(time.localtime(filters['end']))})")
+    end = filters["end"] if filters["end"] is not None else int(time.time())  # sacct's default -E: now
+    if filters["start"] is not None and filters["start"] > end:
+        # as sacct, rather than an empty list (-E before midnight with the default -S too; -S
+        # tomorrow, now+1hours or a later hour today against the default end, now)
+        e = HorusError(f"Start time ({report.sacct_time(filters['start'])}) requested is after "
+                       f"end time ({report.sacct_time(end)})")
+        e.exit_code = 1  # sacct's
+        raise e
     from slurm_horus.ledger import current_user, open_reader
 
     me = current_user()
@@ -196,7 +205,10 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
         _json_lines(rows)
         return
     pipe = parsable2 or parsable
-    if sys.stdout.isatty() and not pipe:
+    # a Name%W width asks for sacct's fixed-width table, on a terminal too (the rich table
+    # ignored it: no '-----' line, values cut to '…')
+    fixed = any(w for _, w in cols)
+    if sys.stdout.isatty() and not pipe and not fixed:
         first = list(islice(rows, RICH_MAX_ROWS + 1))
         if len(first) <= RICH_MAX_ROWS:
             from rich.console import Console
@@ -213,7 +225,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, parsa
     widths = None if pipe else report.column_widths(listed(), cols)
     trailing = last_given(click.get_current_context(), "parsable", "parsable2") == "parsable"
     for line in report.plain_lines(rows, cols, pipe, noheader, trailing=trailing,
-                                   widths=widths):
+                                   widths=widths, delimiter=delimiter):
         click.echo(line)
 
 

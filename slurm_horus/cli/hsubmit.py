@@ -17,7 +17,9 @@ Everything else goes to sbatch unchanged; sbatch's output and exit code are hsub
 The prediction travels in the job's comment only: hsubmit writes nothing anywhere else.
 A model that cannot be used gives a one-line warning and the job is submitted unchanged, or
 refused (exit 1) with HORUS_ON_PREDICTION_ERROR=refuse (or on_prediction_error = refuse in
-/etc/slurm-horus/horus.conf).
+/etc/slurm-horus/horus.conf).  A value these options cannot take (--precision fp8) is an
+error, as sbatch's own options' are: nothing is submitted (exit 2).  --explain exits 1 when
+it has no prediction to explain.
 """
 
 from __future__ import annotations
@@ -70,8 +72,10 @@ def _main(argv: list[str]) -> int:
     for w in plan.warnings:
         sub.warn(w)
     shown = len(plan.warnings)
-    if plan.model is not None and not plan.answers_only and not _predict_or_warn(plan, sub, shown):
-        return 1
+    if plan.model is not None and not plan.answers_only:
+        sub.check_options(plan)  # a bad value of hsubmit's own options: an error, nothing submitted
+        if not _predict_or_warn(plan, sub, shown):
+            return 1
     if plan.explain:
         if plan.partition is None:
             try:
@@ -82,7 +86,7 @@ def _main(argv: list[str]) -> int:
             _err("error: --explain: standard output is closed")
             return 1
         sys.stdout.write(sub.explain_text(plan) + "\n")
-        return 0
+        return 1 if plan.model is not None and not plan.predictions else 0  # nothing predicted
     # with or without a hint, sbatch answers the user itself
     if plan.stdin_script is not None:
         rc = slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script).returncode
@@ -107,6 +111,9 @@ def _predict_or_warn(plan, sub, shown: int) -> bool:
         err = HorusError(f"the script's {plan.script_translated} directives are translated by sbatch, "
                          "not read by hsubmit: no prediction attached (write them as #SBATCH lines, "
                          "or submit with --ignore-pbs)")
+    elif not sub.asks_for_gpus(plan):
+        sub.warn("the job asks for no GPU (--gres=gpu:N, --gpus=N): no prediction attached")
+        return True
     else:
         err = None
         try:

@@ -17,6 +17,11 @@ exceeded the job's hint, ``no`` when it did not, empty when there was nothing to
 ``HookAct`` is the hook's decision at submission (``shared``, ``exclusive:util``, ...) and
 ``QueueAct`` what ``horus-admin queue`` did afterwards, in order (``oom-requeue``,
 ``pack,spread``), both from the job's AdminComment (ledger.jobs, schema v7).
+
+Of sacct's own fields, those whose values the ledger holds as Slurm facts are columns under
+sacct's names (JobIDRaw, Start, End, ElapsedRaw, NodeList: the nodes Slurm's accounting gave
+the job, as Node); another of sacct's fields (JobName, Partition, ExitCode, ...) is refused with
+a message saying the ledger does not record it.
 """
 
 from __future__ import annotations
@@ -34,14 +39,32 @@ from slurm_horus.errors import CONTROL_CHARS
 
 # name -> (header, json key). Order here is the order of `hacct -o help`.
 COLUMNS = {
-    "jobid": "JobID", "arrayjobid": "ArrayJobID", "arraytaskid": "ArrayTaskID", "cluster": "Cluster", "user": "User", "account": "Account",
-    "family": "Family", "gputype": "GPUType", "gpuidx": "GPUIdx", "node": "Node",
+    "jobid": "JobID", "jobidraw": "JobIDRaw", "arrayjobid": "ArrayJobID", "arraytaskid": "ArrayTaskID", "cluster": "Cluster", "user": "User", "account": "Account",
+    "family": "Family", "gputype": "GPUType", "gpuidx": "GPUIdx", "node": "Node", "nodelist": "NodeList",
     "alloc": "Alloc", "gpus": "GPUs", "shards": "Shards", "predutil": "PredUtil", "actutil": "ActUtil", "maxutil": "MaxUtil",
     "utilerr": "UtilErr", "predmem": "PredMem", "actmem": "ActMem", "memerr": "MemErr",
-    "colocated": "CoLocated", "state": "State", "elapsed": "Elapsed", "submit": "Submit",
+    "colocated": "CoLocated", "state": "State", "elapsed": "Elapsed", "elapsedraw": "ElapsedRaw",
+    "submit": "Submit", "start": "Start", "end": "End",
     "predictor": "Predictor", "sources": "Sources", "underclaim": "UnderClaim",
     "hookact": "HookAct", "queueact": "QueueAct",
 }
+# sacct's (22.05) fields that the ledger does not record: asked for, they are refused as such,
+# not as unknown names (a field in COLUMNS is left out of this set below)
+SACCT_FIELDS = frozenset(x.lower() for x in """
+    Account AdminComment AllocCPUS AllocNodes AllocTRES AssocID AveCPU AveCPUFreq AveDiskRead
+    AveDiskWrite AvePages AveRSS AveVMSize BlockID Cluster Comment Constraints Container
+    ConsumedEnergy ConsumedEnergyRaw CPUTime CPUTimeRAW DBIndex DerivedExitCode Elapsed ElapsedRaw
+    Eligible End ExitCode Flags GID Group JobID JobIDRaw JobName Layout MaxDiskRead MaxDiskReadNode
+    MaxDiskReadTask MaxDiskWrite MaxDiskWriteNode MaxDiskWriteTask MaxPages MaxPagesNode
+    MaxPagesTask MaxRSS MaxRSSNode MaxRSSTask MaxVMSize MaxVMSizeNode MaxVMSizeTask McsLabel MinCPU
+    MinCPUNode MinCPUTask NCPUS NNodes NodeList NTasks Priority Partition QOS QOSRAW Reason
+    ReqCPUFreq ReqCPUFreqMin ReqCPUFreqMax ReqCPUFreqGov ReqCPUS ReqMem ReqNodes ReqTRES Reservation
+    ReservationId Reserved ResvCPU ResvCPURAW Start State Submit SubmitLine Suspended SystemCPU
+    SystemComment Timelimit TimelimitRaw TotalCPU TRESUsageInAve TRESUsageInMax TRESUsageInMaxNode
+    TRESUsageInMaxTask TRESUsageInMin TRESUsageInMinNode TRESUsageInMinTask TRESUsageInTot
+    TRESUsageOutAve TRESUsageOutMax TRESUsageOutMaxNode TRESUsageOutMaxTask TRESUsageOutMin
+    TRESUsageOutMinNode TRESUsageOutMinTask TRESUsageOutTot UID User UserCPU WCKey WCKeyID WorkDir
+    """.split()) - frozenset(COLUMNS)
 DEFAULT_FORMAT = ("JobID,User,GPUType,GPUIdx,Alloc,PredUtil,ActUtil,UtilErr,PredMem,ActMem,"
                   "MemErr,CoLocated,State,Elapsed,Predictor,QueueAct")
 
@@ -54,6 +77,18 @@ def elapsed_str(s) -> str:
     h, rem = divmod(rem, 3600)
     m, sec = divmod(rem, 60)
     return f"{d}-{h:02d}:{m:02d}:{sec:02d}" if d else f"{h:02d}:{m:02d}:{sec:02d}"
+
+
+def sacct_time(t) -> str:
+    """Epoch seconds as sacct prints a time (local, YYYY-MM-DDTHH:MM:SS); 'Unknown' when unset."""
+    return "Unknown" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def help_format() -> str:
+    """The columns, as ``sacct -e`` prints its fields: four a line, each padded to 19."""
+    names = list(COLUMNS.values())
+    return "\n".join(" ".join(f"{n:<19}" for n in names[i:i + 4])
+                     for i in range(0, len(names), 4)) + "\n"
 
 
 def _errs(r: dict) -> tuple[float | None, float | None]:
@@ -107,7 +142,7 @@ def cell(r: dict, col: str) -> str:
     """One column of one job as sacct would print it (empty when unknown)."""
     ue, me = _errs(r)
     c = col.lower()
-    if c == "jobid":
+    if c in ("jobid", "jobidraw"):  # the ledger keys array tasks by their own ids
         return str(r["job_id"])
     if c == "cluster":
         return r.get("cluster") or ""
@@ -121,7 +156,7 @@ def cell(r: dict, col: str) -> str:
         return r.get("gpu_type") or ""
     if c == "gpuidx":
         return "" if r.get("gpu_index") is None else str(r["gpu_index"])
-    if c == "node":
+    if c in ("node", "nodelist"):
         return r.get("node") or ""
     if c == "alloc":
         return alloc_str(r)
@@ -153,9 +188,14 @@ def cell(r: dict, col: str) -> str:
         return r.get("state") or ""
     if c == "elapsed":
         return elapsed_str(r.get("elapsed_s"))
+    if c == "elapsedraw":
+        return "" if r.get("elapsed_s") is None else str(int(r["elapsed_s"]))
     if c == "submit":
-        t = r.get("submit_time")
-        return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+        return sacct_time(r.get("submit_time"))
+    if c == "start":
+        return sacct_time(r.get("start_time"))
+    if c == "end":
+        return sacct_time(r.get("end_time"))
     if c == "predictor":
         return r.get("predictor") or ""
     if c == "sources":
@@ -179,7 +219,11 @@ def parse_format(fmt: str | None) -> list[tuple[str, int | None]]:
         name, _, width = part.partition("%")
         key = name.strip().lower()
         if key not in COLUMNS:
-            raise HorusError(f"unknown field '{name}' (valid: {', '.join(COLUMNS.values())})")
+            valid = ", ".join(COLUMNS.values())
+            if key in SACCT_FIELDS:
+                raise HorusError(f"field '{name.strip()}': the ledger does not record it "
+                                 f"(available: {valid})")
+            raise HorusError(f"unknown field '{name.strip()}' (available: {valid})")
         try:
             w = int(width) if width else None
         except ValueError:
@@ -255,16 +299,16 @@ def column_widths(rows: Iterable[dict], cols: list[tuple[str, int | None]]) -> l
 
 def plain_lines(rows: Iterable[dict], cols: list[tuple[str, int | None]], parsable: bool,
                 noheader: bool, trailing: bool = False,
-                widths: list[int] | None = None) -> Iterator[str]:
+                widths: list[int] | None = None, delimiter: str = "|") -> Iterator[str]:
     """sacct's text, line by line: fixed ``widths`` (column_widths), or ``parsable``
-    '|'-separated (``trailing``: with a '|' at the end of each line, as sacct -p)."""
+    ``delimiter``-separated (``trailing``: with one at the end of each line, as sacct -p)."""
     heads = [COLUMNS[c] for c, _ in cols]
     if parsable:
-        end = "|" if trailing else ""
+        end = delimiter if trailing else ""
         if not noheader:
-            yield "|".join(heads) + end
+            yield delimiter.join(heads) + end
         for r in rows:
-            yield "|".join(printable(cell(r, c)) for c, _ in cols) + end
+            yield delimiter.join(printable(cell(r, c)) for c, _ in cols) + end
         return
     left = [w is not None and w < 0 for _, w in cols]  # Name%-W
 
@@ -286,7 +330,7 @@ def rich_table(rows: list[dict], cols, noheader: bool):
     t = Table(show_header=not noheader, header_style="bold", box=None, pad_edge=False)
     for c, w in cols:  # Name%W: at most W characters, as in the plain table
         t.add_column(COLUMNS[c], justify="left" if c in ("user", "state", "predictor", "gputype",
-                                                           "node", "family", "colocated",
+                                                           "node", "nodelist", "family", "colocated",
                                                            "underclaim", "hookact", "queueact")
                      or (w or 0) < 0 else "right", no_wrap=True, max_width=abs(w) if w else None,
                      overflow="ellipsis")

@@ -210,7 +210,9 @@ def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster) -> 
     records = []
     for j in chosen:
         _pidx, ptype = probed.get((j["cluster"], j["job_id"]), (None, None))
-        gtype = j["gpu_type"] or (None if ptype else node_types.get(j["node"] or ""))
+        # the node's type only for a job that held a GPU or shards there (a CPU job is no GPU job)
+        gtype = j["gpu_type"] or (None if ptype or not (j["gpus"] or j["shards"])
+                                  else node_types.get(j["node"] or ""))
         array_job_id, array_task_id = j.get("array") or (None, None)
         records.append({"job_id": j["job_id"], "cluster": j["cluster"], "source": "sacct",
                         "util_mean": j["util_mean"], "util_max": j["util_max"],

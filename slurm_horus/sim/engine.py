@@ -18,7 +18,8 @@ their time limit) before that reservation or stay off the reserved GPUs.
 Multi-GPU jobs take whole GPUs on one node.  Co-located jobs slow each other down
 (:mod:`slurm_horus.sim.interference`); a job whose true memory does not fit next to the jobs
 already on its GPU fails with OOM ``oom_delay_s`` after its start and is requeued once, on a
-whole GPU (as CARMA does).  Where jobs fit: :mod:`slurm_horus.sim.placement`.
+whole GPU (as CARMA does).  A job killed at its time limit is submitted again, once, by its
+user (its lost run and the rerun count in its JCT).  Where jobs fit: :mod:`slurm_horus.sim.placement`.
 
 The site's history (horus only, ``history_lag_s``): a job of a graph that an earlier job of the
 trace ran and finished at least ``history_lag_s`` before (the sync period that refreshes
@@ -46,7 +47,7 @@ from slurm_horus.graph.names import family_of
 from slurm_horus.predict.history import FAMILY_WEIGHT, NO_OFFSET, corrected_answer, pooled_means, site_offset
 from slurm_horus.sim.cluster import SLURM_BF_INTERVAL_S, ClusterSpec
 from slurm_horus.sim.interference import Interference
-from slurm_horus.sim.metrics import metrics
+from slurm_horus.sim.metrics import metrics, run_slowdown
 from slurm_horus.sim.placement import INF, UTIL_SIGMA, Placement, pair_limits
 from slurm_horus.sim.policies import POLICIES, HorusDecider, JobTable, Request, build_requests, job_table
 from slurm_horus.sim.traces import SimJob
@@ -258,11 +259,8 @@ class Simulator(Placement):
             # Slurm killed it at its limit before it ran out of memory: a TIMEOUT, no OOM text
             # for the queue loop, no requeue (its work counted as done at speed 1 so far)
             t = self.gtype[self.alloc[j][0]]
-            self.timeouts += 1
-            self.timed_out[j] = True
             self.remaining[j] = max(self.jdur[j][t] - (now - self.start[j]), 0.0)
-            self.end[j] = now
-            self._release(j, now)
+            self._killed(j, now)
             return
         if self.failing[j]:
             self.oom_failures += 1
@@ -279,15 +277,34 @@ class Simulator(Placement):
             return
         self.remaining[j] -= (now - self.last[j]) * self.speed[j]
         self.last[j] = now
-        if self.remaining[j] > 1e-6 * max(1.0, self.jobs[j].duration):
-            self.timeouts += 1
-            self.timed_out[j] = True
-        self.end[j] = now
+        killed = self.remaining[j] > 1e-6 * max(1.0, self.jobs[j].duration)
         if self.history_lag is not None and self.jobs[j].graph:
             t = self.gtype[self.alloc[j][0]]
             u, m = self.jtrue[j][t]
             self.measured.append((now + self.history_lag, j, t, None if self.shared[j] else u, m))
+        if killed:
+            self._killed(j, now)
+            return
+        self.end[j] = now
         self._release(j, now)
+
+    def _killed(self, j: int, now: float) -> None:
+        """Slurm killed job j at its time limit (TIMEOUT): its run is lost.  Its user submits it
+        again, once, as it was, at the time of the kill (behind the jobs already waiting);
+        killed again, it ends there, counted at the slowdown it ran at.  A kill that ended a
+        job's life at the kill had made killing look cheap: the lost run and the rerun never
+        showed in its JCT."""
+        self.timeouts += 1
+        self.timed_out[j] = True
+        self.end[j] = now
+        self._release(j, now)
+        if not self.resubmitted[j]:
+            self.resubmitted[j] = True
+            self.killed_slowdown[j] = run_slowdown(now - self.start[j], self.solo[j], True, self.remaining[j])
+            self.timed_out[j] = False
+            self.end[j] = -1.0
+            self.qkey[j] = (now, j)
+            self._enqueue(j)
 
     def _use_history(self, j: int, now: float) -> None:
         """Job j, arriving: its prediction from the measured runs synced by now, as hsubmit's
@@ -493,6 +510,8 @@ class Simulator(Placement):
         self.limit_end = [0.0] * N
         self.failing = [False] * N
         self.requeued = [False] * N
+        self.resubmitted = [False] * N  # killed at its limit once and submitted again
+        self.killed_slowdown = [0.0] * N  # the slowdown of the run that was killed, if any
         self.failed = [False] * N
         self.timed_out = [False] * N
         self.shared = [False] * N  # ever on a GPU with another job

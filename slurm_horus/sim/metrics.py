@@ -17,7 +17,9 @@ def pct(xs: list[float], p: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def _slowdown(ran: float, solo: float, timed_out: bool, remaining: float) -> float:
+def run_slowdown(ran: float, solo: float, timed_out: bool, remaining: float) -> float:
+    """A run's slowdown: its run time over its solo runtime, or, killed at its time limit, over
+    the solo time of the work it did."""
     if not timed_out:
         return ran / solo
     return ran / max(solo - remaining, 1e-9 * solo)
@@ -34,8 +36,11 @@ def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> d
     # only, not the type).  A job killed at its time limit counts at the slowdown it ran at: its
     # run time over the solo work it did, above its limit over its solo time (counting it at
     # that, the kill time, had put a job killed on a T4 exactly at a bound of 2, never beyond).
-    solo, remaining = sim.solo, sim.remaining
-    slow = sorted([_slowdown(end[i] - start[i], solo[i], timed_out[i], remaining[i]) for i in done])
+    # A job killed once and submitted again counts at the worse of its two runs: the rerun
+    # alone must not hide the interference that killed it.
+    solo, remaining, killed = sim.solo, sim.remaining, sim.killed_slowdown
+    slow = sorted([max(killed[i], run_slowdown(end[i] - start[i], solo[i], timed_out[i], remaining[i]))
+                   for i in done])
     win = w_end - t0
     # a job killed at its time limit ended, but did not complete: no throughput
     in_win = sum(1 for i in done if end[i] <= w_end and not timed_out[i])
@@ -65,6 +70,7 @@ def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> d
         "oom_failures": sim.oom_failures,
         "failed_jobs": sum(sim.failed),
         "timeouts": sim.timeouts,
+        "resubmitted": sum(sim.resubmitted),
         "rejected": rejected,
         "unschedulable": unschedulable,
         "shared_starts": sim.shared_starts,

@@ -3,7 +3,8 @@ fits now (best fit; the horus scheduler's spread-then-pack), and when one will f
 reservations by running jobs' time limits).
 
 :class:`Placement` is the base of :class:`slurm_horus.sim.engine.Simulator`, which owns the jobs
-and the event loop; this half only reads of them ``cur_req``, ``ends``, ``limit_end``, ``timed_out``, the
+and the event loop; this half only reads of them ``cur_req``, ``ends``, ``limit_end``, ``timed_out``,
+``resubmitted``, the
 wait ``queue`` (its length: queue pressure) and ``now``.  The
 state is kept in flat lists and numpy arrays indexed by GPU, updated incrementally, because
 placement runs at every event of a 100k-job run.
@@ -424,11 +425,12 @@ class Placement:
         the run was alone or lost nothing, else k > (run - integral of (1 - c) - run / b) /
         integral of c L (the floor left out: an upper bound of the chance)."""
         self._accrue(j, now)
-        if self.timed_out[j]:
+        if self.timed_out[j] or self.resubmitted[j]:
             # Slurm says TIMEOUT: a job alone never runs past its limit, so interference took it
             # there; how far it is unknown (its solo time is), so it counts as beyond the bound.
             # Exact where limits are at least the bound times the solo time (generated traces:
-            # 2x on the slowest type); over-charged where a limit is tighter (the 7-day cap)
+            # 2x on the slowest type); over-charged where a limit is tighter (the 7-day cap).
+            # Its rerun keeps that charge: the job counts at the worse of its runs
             self._set_jrisk(j, 1.0)
             return
         lost_c, lost_k, lossy = self.lost_c[j], self.lost_k[j], self.lossy[j]

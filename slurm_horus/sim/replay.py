@@ -7,30 +7,37 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from slurm_horus.errors import HorusError
+from slurm_horus.errors import HorusError, one_line
 from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.slurm.accounting import RECORD_ERRORS, num, parse_job
 from slurm_horus.slurm.parse import json_errors
 from slurm_horus.sim.mix import SITE_POOLED, ModelMix
 from slurm_horus.sim.traces import SimJob, graph_residuals, time_limit, truth
 
-__all__ = ["from_sacct_json", "from_rows", "rows_from_ledger_jobs", "site_residuals", "ROW_KEYS",
-           "MIN_SITE_RUNS"]
+__all__ = ["from_sacct_json", "from_rows", "rows_from_ledger_jobs", "site_residuals", "skip_summary",
+           "ROW_KEYS", "MIN_SITE_RUNS", "SKIP_REASONS"]
 
 
 def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace_mix: str = "philly",
                     sigma_util: float = 0.05, sigma_mem: float = 0.05, mix: ModelMix | None = None,
                     mem_cap_mib: float | None = None, max_gpus_per_job: int = 8,
-                    limit_factor: float = 2.0, limit_cap_s: float = 7 * 86400.0) -> list[SimJob]:
+                    limit_factor: float = 2.0, limit_cap_s: float = 7 * 86400.0,
+                    report: dict | None = None) -> list[SimJob]:
     """Jobs of a ``sacct --json`` dump: submit time, elapsed time, GPU count (jobs without GPUs
     are skipped; a shard job counts as one GPU).  Their util/mem are unknown, so each job draws
     a model from the ``trace_mix`` mix, as a graph of its own (no history: which jobs repeated a
     graph is not in sacct).  Times are shifted so that the first submit is 0.  The
-    time limit is the job's own (``time.limit``, minutes) when set, else the generator's rule."""
+    time limit is the job's own (``time.limit``, minutes) when set, else the generator's rule;
+    Slurm's unset values (0, NO_VAL, INFINITE, as numbers or ``{set, infinite, number}``) are
+    none given, in every time field.  ``report``, when given, is filled in: ``rows`` (entries
+    of the dump), ``jobs`` (replayed), ``skipped`` ({reason: rows}, SKIP_REASONS' order),
+    ``examples`` ({reason: a job id}) and ``clipped`` (jobs asking more GPUs than
+    ``max_gpus_per_job``, replayed on one whole node of the largest)."""
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as e:
@@ -46,24 +53,27 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
     rng = np.random.default_rng(seed)
     items, p = mix.entries(trace_mix)
     rows = []
+    skipped: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    clipped = 0
     for j in raw:
-        if not isinstance(j, dict):
+        row = _sacct_row(j) if isinstance(j, dict) else "not job records"
+        if isinstance(row, str):  # why the row is unusable
+            skipped[row] = skipped.get(row, 0) + 1
+            if isinstance(j, dict) and row not in examples and j.get("job_id") is not None:
+                examples[row] = one_line(str(j["job_id"]))[:40]
             continue
-        try:
-            job = parse_job(j)  # the one sacct parser: a shard job counts as one GPU
-        except RECORD_ERRORS:  # as parse_sacct_json skips them
-            continue
-        submit, elapsed = job["submit_time"], job["elapsed_s"]
-        gpus = job["gpus"] or (1 if job["shards"] else 0)
-        if (submit is None or not elapsed or gpus < 1 or (job.get("state") or "").split()[:1] in UNENDED
-                or not (math.isfinite(submit) and math.isfinite(elapsed) and elapsed > 0)):
-            continue  # not a finished GPU job (a running one's elapsed time is only so far)
-        lim = num((j.get("time") or {}).get("limit"))
-        lim = lim * 60.0 if lim and math.isfinite(lim) and lim > 0 else None  # NaN, inf: none given
+        submit, elapsed, gpus, lim = row
         # a job larger than the largest node runs on one node of it (documented)
-        rows.append((float(submit), float(elapsed), min(gpus, max_gpus_per_job), lim))
+        clipped += gpus > max_gpus_per_job
+        rows.append((submit, elapsed, min(gpus, max_gpus_per_job), lim))
+    said = {"rows": len(raw), "jobs": len(rows), "skipped": {k: skipped[k] for k in SKIP_REASONS if k in skipped},
+            "examples": examples, "clipped": clipped}
+    if report is not None:
+        report.update(said)
     if not rows:
-        raise HorusError("sacct json: no finished GPU job with submit and elapsed times")
+        raise HorusError("sacct json: no finished GPU job with submit and elapsed times"
+                         + (f" (of {len(raw):,} rows: {skip_summary(said)})" if raw else ""))
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
     jobs = []
@@ -74,6 +84,77 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
         limit = max(lim, 1.2 * elapsed) if lim else time_limit(elapsed, limit_factor, limit_cap_s)
         jobs.append(SimJob(i, submit - t0, elapsed, gpus, limit, f"{m}/b{b}/{task}", pred, true))
     return jobs
+
+
+# why a sacct row is not replayed, in the order they are tested (the report's order)
+SKIP_REASONS = ("not job records", "steps", "unreadable", "without GPUs", "not ended",
+                "without times", "impossible times")
+# Slurm's NO_VAL (4294967294) and INFINITE (4294967295) as uint32, in a time field given as a
+# plain number (seconds for times, minutes for time.limit): unset, as accounting._epoch reads them
+UNSET = 4294967294
+# Bounds of a usable row: submitted from 1970 to 2100 (epoch seconds), and ran less than a year
+# (366 days: a site's longest partition limit is a year, MaxTime=525600 on the clusters the tests
+# record, and the generator's jobs run at most 2 days): beyond them a time is a broken record
+# (9e18, 1e308), and replaying it gave a makespan of 9e18 s and a p95 slowdown below 1
+MAX_EPOCH_S = 4102444800.0  # 2100-01-01T00:00:00Z
+MAX_ELAPSED_S = 366 * 86400.0
+_STEP_ID = re.compile(r"[0-9]+(?:_[0-9]+)?\.\S+")  # 123.batch, 123_4.0: a step, not a job
+
+
+def _time(v: Any) -> float | None:
+    """A sacct time field (or a parsed one) as a float: None when unset (missing, 0, NO_VAL,
+    INFINITE, a ``{set: false}`` or ``{infinite: true}`` struct, no number), NaN when it is
+    no finite number."""
+    v = num(v)
+    if v is None or v == 0 or v in (UNSET, UNSET + 1):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:  # an integer beyond a float
+        return math.nan
+    return v if math.isfinite(v) else math.nan
+
+
+def _impossible(submit: float | None, elapsed: float | None) -> bool:
+    """A submit time outside 1970..2100 or an elapsed time below 0 or over MAX_ELAPSED_S (NaN:
+    no finite number)."""
+    return ((submit is not None and not 0 <= submit <= MAX_EPOCH_S)
+            or (elapsed is not None and not 0 <= elapsed <= MAX_ELAPSED_S))
+
+
+def _sacct_row(j: dict) -> tuple[float, float, int, float | None] | str:
+    """(submit, elapsed, GPUs, limit in seconds or None) of one sacct job, else why it is not
+    replayed (one of SKIP_REASONS)."""
+    if isinstance(j.get("job_id"), str) and _STEP_ID.fullmatch(j["job_id"].strip()):
+        return "steps"  # a step's row (123.batch): its job has a row of its own
+    t = j.get("time") if isinstance(j.get("time"), dict) else {}
+    try:
+        job = parse_job(j)  # the one sacct parser: a shard job counts as one GPU
+    except RECORD_ERRORS:  # as parse_sacct_json skips them
+        return ("impossible times" if _impossible(_time(t.get("submission")), _time(t.get("elapsed")))
+                else "unreadable")
+    gpus = job["gpus"] or (1 if job["shards"] else 0)
+    if gpus < 1:
+        return "without GPUs"
+    if (job.get("state") or "").split()[:1] in UNENDED:
+        return "not ended"  # a running job's elapsed time is only so far
+    submit, elapsed = _time(job["submit_time"]), _time(job["elapsed_s"])
+    if submit is None or elapsed is None:
+        return "without times"
+    if _impossible(submit, elapsed):
+        return "impossible times"
+    lim = num(t.get("limit"))  # minutes; NO_VAL, INFINITE (or above: no uint32) are none given
+    lim = _time(lim) if lim is None or lim < UNSET else None
+    # a limit that is no finite positive number counts as none given (documented)
+    lim = lim * 60.0 if lim is not None and math.isfinite(lim) and lim > 0 else None
+    return submit, elapsed, int(gpus), lim
+
+
+def skip_summary(report: Mapping[str, Any]) -> str:
+    """'5 steps (123.batch), 4 without times (5), ...': the rows a from_sacct_json report says
+    were skipped, per reason, with a job id of each."""
+    return ", ".join(f"{n:,} {why}" + (f" ({report['examples'][why]})" if why in report.get("examples", {}) else "")
+                     for why, n in report.get("skipped", {}).items())
 
 
 UNENDED = (["PENDING"], ["RUNNING"], ["SUSPENDED"], ["REQUEUED"], ["RESIZING"])
@@ -91,8 +172,9 @@ def rows_from_ledger_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict]:
     for j in jobs:
         vals = (j.get("submit_time"), j.get("elapsed_s"), j.get("pred_util_pct"),
                 j.get("pred_mem_mib"), j.get("act_util_pct"), j.get("act_mem_mib"))
-        if any(v is None for v in vals) or not j["elapsed_s"]:
-            continue
+        if (any(v is None for v in vals) or not j["elapsed_s"]
+                or not _sane_times(vals[0], vals[1])):
+            continue  # no measurement, or times no job had (as from_sacct_json skips them)
         gpus = j.get("gpus")
         rows.append({"submit_time": j["submit_time"], "elapsed_s": j["elapsed_s"],
                      "gpus": gpus if isinstance(gpus, int) and gpus > 1 else 1,
@@ -103,6 +185,15 @@ def rows_from_ledger_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict]:
     if not rows:
         raise HorusError("the ledger has no job with both a prediction and a measurement")
     return rows
+
+
+def _sane_times(submit: Any, elapsed: Any) -> bool:
+    """A ledger row's submit time within 1970..2100 and its elapsed time within 0..a year
+    (MAX_ELAPSED_S); a value that is no number is for _parse_rows to name."""
+    try:
+        return 0 <= float(submit) <= MAX_EPOCH_S and 0 < float(elapsed) <= MAX_ELAPSED_S
+    except (TypeError, ValueError, OverflowError):
+        return True
 
 
 def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, float | None, str | None, bool, str | None]]:
@@ -125,6 +216,11 @@ def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, fl
             raise HorusError(f"row {n}: non-finite value")
         if lim is not None and lim <= 0:
             raise HorusError(f"row {n}: limit_s must be positive")
+        if lim is not None and lim >= UNSET * 60.0:
+            lim = None  # Slurm's NO_VAL and INFINITE minutes (or above): none given, as in sacct's
+        if vals["submit_time"] > MAX_EPOCH_S or vals["elapsed_s"] > MAX_ELAPSED_S:
+            raise HorusError(f"row {n}: need submit_time up to 4102444800 (2100) and elapsed_s up to "
+                             f"{MAX_ELAPSED_S:,.0f} (366 days)")
         if vals["elapsed_s"] <= 0 or vals["gpus"] < 1 or min(vals.values()) < 0:
             raise HorusError(f"row {n}: need elapsed_s > 0, gpus >= 1 and no negative value")
         colocated = r.get("colocated", False)

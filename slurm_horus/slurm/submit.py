@@ -24,7 +24,7 @@ from slurm_horus.slurm import sbatch_args as sa
 from slurm_horus.errors import CONTROL_CHARS, HorusError, one_line
 from slurm_horus.rounding import shown
 
-__all__ = ["Plan", "prepare", "predict", "job_desc_of", "explain_text", "on_prediction_error",
+__all__ = ["Plan", "prepare", "check_options", "asks_for_gpus", "predict", "job_desc_of", "explain_text", "on_prediction_error",
            "on_prediction_error_problem"]
 
 MAX_STDIN_SCRIPT = 512 << 20  # sbatch's MAX_BATCH_SCRIPT_SIZE
@@ -36,6 +36,7 @@ _ENV_OPTS = {
     "constraint": "SBATCH_CONSTRAINT", "gpus-per-node": "SBATCH_GPUS_PER_NODE",
     "gpus-per-task": "SBATCH_GPUS_PER_TASK", "gpus-per-socket": "SBATCH_GPUS_PER_SOCKET",
     "cpus-per-gpu": "SBATCH_CPUS_PER_GPU", "mem-per-gpu": "SBATCH_MEM_PER_GPU",
+    "tres-per-task": "SBATCH_TRES_PER_TASK",
 }
 
 
@@ -119,9 +120,10 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     if not wrap and not answers_only:
         if split.script:
             # the file sbatch will read: -D's folder, PATH, then the working folder
-            path = sa.script_path(split.script, sa.last_value(split.parsed, "chdir"), env.get("PATH"),
-                                  os.getcwd())
             try:  # a regular file only: a pipe (<(...), /dev/stdin) is sbatch's to read, once
+                # (a working folder that was removed: sbatch says "getcwd failed")
+                path = sa.script_path(split.script, sa.last_value(split.parsed, "chdir"), env.get("PATH"),
+                                      os.getcwd())
                 if stat.S_ISREG(os.stat(path).st_mode):
                     with open(path, "rb") as f:
                         text = f.read(DIRECTIVE_BYTES).decode("utf-8", "replace")
@@ -189,18 +191,39 @@ def _read_at_most(stream, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _workload(plan: Plan):
+_BATCH_NAMES = ("batch", "batch_size", "batchsize", "bs")
+
+
+def check_options(plan: Plan):
+    """(Workload, dims) of hsubmit's own options (command line and #HORUS lines).  A value they
+    cannot take (--precision fp8, --batch-size -3, --dim seq=x) is a HorusError, as sbatch
+    refuses its own options' bad values: hsubmit stops before anything is submitted, where a
+    model that cannot be used later only costs the job its hint."""
+    from slurm_horus.graph.load import parse_dims
+
+    dims = parse_dims(tuple(plan.horus.get("dim", [])))  # type: ignore[arg-type]
+    return _workload(plan, dims), dims
+
+
+def _workload(plan: Plan, dims: dict[str, int]):
     """The job's Workload from its horus options and its --cpus-per-task (Slurm's default,
     one CPU per task, where it asks none or one that is not a count: sync records what Slurm
-    allocated)."""
+    allocated).  Without --batch-size, a batch dimension bound with --dim is the batch size."""
     from slurm_horus.predict.workload import workload_from
 
     h = plan.horus
     bs = (h.get("batch-size") or "").strip()
     if bs and not (bs.isascii() and bs.isdigit() and int(bs) > 0):
         raise HorusError(f"--batch-size {bs!r}: need a positive integer")
+    # only the plain batch names: "n" or "b" may be another axis, which the loader judges
+    named = {k: v for k, v in dims.items() if k.lower() in _BATCH_NAMES}
+    for k, v in named.items():
+        if bs and v != int(bs):
+            raise HorusError(f"--dim {k}={v} contradicts --batch-size {bs}")
+    if not bs and len(set(named.values())) == 1 and next(iter(named.values())) > 0:
+        bs = str(next(iter(named.values())))
     cpt = plan.request("cpus-per-task") or ""
-    return workload_from({"batch_size": h.get("batch-size"), "task": h.get("task"),
+    return workload_from({"batch_size": bs or None, "task": h.get("task"),
                           "optimizer": h.get("optimizer"), "precision": h.get("precision"),
                           "cpus_per_task": int(cpt) if cpt.isascii() and cpt.isdigit() and int(cpt) > 0 else 1})
 
@@ -209,7 +232,6 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
             partition: str | None = None) -> Plan:
     """Features, predictions per GPU type of the target partition, the hint and the merged
     comment.  ``gpu_types`` / ``partition`` skip asking Slurm (tests).  Raises HorusError."""
-    from slurm_horus.graph.load import parse_dims
     from slurm_horus.graph.features import extract_features
     from slurm_horus.predict.gpus import default_catalog
     from slurm_horus.slurm.hint import MAX_SLURM_COMMENT, attach_tokens, parse_workload
@@ -230,8 +252,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         raise HorusError(f"model {model}: not a regular file")
     if not os.access(path, os.R_OK):
         raise HorusError(f"model {model}: not readable")
-    workload = _workload(plan)
-    dims = parse_dims(tuple(plan.horus.get("dim", [])))  # type: ignore[arg-type]
+    workload, dims = check_options(plan)
     try:
         report = extract_features(path, batch_size=workload.batch_size, dims=dims)
     except HorusError as e:
@@ -317,14 +338,24 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     return plan
 
 
+_TRES_KEYS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
+
+
+def asks_for_gpus(plan: Plan) -> bool:
+    """Does the job ask for a GPU (or shards) in any form sbatch reads (command line,
+    environment, #SBATCH lines)?  A CPU job is left alone by the hook, and a hint would make
+    it a GPU job in the ledger."""
+    jd = job_desc_of(plan)
+    return any("gpu" in (jd.get(k) or "") or "shard" in (jd.get(k) or "") for k in _TRES_KEYS)
+
+
 def _requested_gpu_types(plan: Plan) -> set[str]:
     """The GPU types the job names itself (--gres=gpu:TYPE:N, --gpus[-per-*]=TYPE:N), from the
     TRES strings the hook sees (job_desc_of); what does not read as such is sbatch's to judge."""
     from slurm_horus.slurm.parse import parse_gres
 
     jd = job_desc_of(plan)
-    tres = ",".join(filter(None, (jd.get(k) for k in ("tres_per_node", "tres_per_job", "tres_per_task",
-                                                    "tres_per_socket"))))
+    tres = ",".join(filter(None, (jd.get(k) for k in _TRES_KEYS)))
     try:
         return {g["type"] for g in parse_gres(tres) if g["name"] == "gpu" and g["type"]}
     except (HorusError, ValueError, IndexError):
@@ -360,7 +391,9 @@ def job_desc_of(plan: Plan) -> dict:
     jd: dict = {
         "tres_per_node": ",".join(t for t in tpn if t) or None,
         "tres_per_job": sa.gpus_to_tres(plan.request("gpus")),
-        "tres_per_task": sa.gpus_to_tres(plan.request("gpus-per-task")),
+        # --tres-per-task=gres/gpu:1 (sbatch 23.02+) as the hook sees it, beside --gpus-per-task
+        "tres_per_task": ",".join(filter(None, (sa.gpus_to_tres(plan.request("gpus-per-task")),
+                                                plan.request("tres-per-task")))) or None,
         "tres_per_socket": sa.gpus_to_tres(plan.request("gpus-per-socket")),
         "features": plan.request("constraint"),
         "partition": plan.partition or plan.request("partition"),
@@ -382,6 +415,10 @@ def job_desc_of(plan: Plan) -> dict:
     jd["req_nodes"] = plan.request("nodelist")
     jd["exc_nodes"] = plan.request("exclude")
     jd["shared"] = _shared(plan)
+    # the hook reads the script's srun lines (a step asking for GPUs by name fails on shards)
+    wrap = sa.last_value(plan.split.parsed, "wrap")
+    jd["script"] = (f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{wrap}\n"
+                    if wrap is not None else plan.script_text)
     # the task counts the hook decides on too (a GPU per job of several tasks may span nodes)
     for opt, key in (("ntasks", "num_tasks"), ("ntasks-per-gpu", "ntasks_per_tres")):
         n = _count(plan.request(opt) or "")
@@ -442,7 +479,7 @@ def explain_text(plan: Plan) -> str:
         lines.append(f"features: {v['flops'] / 1e9:.2f} GFLOP/step, {v['params'] / 1e6:.2f} M params, "
                      f"{v['activation_bytes'] / 2**20:.0f} MiB activations, "
                      f"{int(v['kernels'])} kernels, depth {int(v['depth'])}")
-        w = _workload(plan)
+        w, _ = check_options(plan)
         lines.append(f"workload: task={w.task} optimizer={w.optimizer} precision={w.precision}"
                      f" cpus_per_task={w.cpus_per_task or '-'}")
         lines.append(f"partition: {plan.partition}  GPU types: "
@@ -455,7 +492,7 @@ def explain_text(plan: Plan) -> str:
     else:
         lines.append("no prediction (no usable --model): the job is submitted unchanged")
     jd = job_desc_of(plan)
-    lines.append("job_desc: " + " ".join(f"{k}={v!r}" for k, v in jd.items()))
+    lines.append("job_desc: " + " ".join(f"{k}={v!r}" for k, v in jd.items() if k != "script"))
     hook, pol = _hook_paths(plan.env)
     if hook is None:
         from slurm_horus.slurm.policy import find_hook
