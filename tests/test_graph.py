@@ -672,3 +672,267 @@ def test_a_dimension_name_that_is_not_utf8_is_refused_not_costed_as_one(tmp_path
     bad.write_bytes(good.read_bytes().replace(b"SEQLEN", b"\xff\xfeQLEN"))
     with pytest.raises(ModelError, match="not UTF-8 text"):
         load_graph(bad, batch_size=2)
+
+
+def _loop_model(path, trip, n=64, nested_trip=None, cond=None):
+    """s = tanh(s @ W), ``trip`` times (a Constant M, or None: M is a graph input), W (n, n)
+    of the enclosing graph; ``nested_trip``: the body is itself such a Loop, run that often;
+    ``cond``: None (no condition input), "pass" (the body hands it on) or "computed" (the body
+    makes a new one: a while loop that M only bounds)."""
+    def body(name, inner):
+        ins = [helper.make_tensor_value_info(f"{name}_i", TensorProto.INT64, []),
+               helper.make_tensor_value_info(f"{name}_c", TensorProto.BOOL, []),
+               helper.make_tensor_value_info(f"{name}_s", TensorProto.FLOAT, ["batch", n])]
+        outs = [helper.make_tensor_value_info(f"{name}_co", TensorProto.BOOL, []),
+                helper.make_tensor_value_info(f"{name}_so", TensorProto.FLOAT, ["batch", n])]
+        if inner is None:
+            nodes = [helper.make_node("MatMul", [f"{name}_s", "W"], [f"{name}_m"]),
+                     helper.make_node("Tanh", [f"{name}_m"], [f"{name}_so"])]
+        else:
+            nodes = [helper.make_node("Constant", [], [f"{name}_M"],
+                                      value=helper.make_tensor("v", TensorProto.INT64, [], [inner])),
+                     helper.make_node("Loop", [f"{name}_M", "", f"{name}_s"], [f"{name}_so"],
+                                      body=body(f"{name}x", None), name="inner")]
+        nodes.append(helper.make_node("Not" if cond == "computed" and inner is None and name == "b" else "Identity",
+                                      [f"{name}_c"], [f"{name}_co"]))
+        return helper.make_graph(nodes, name, ins, outs)
+
+    w = helper.make_tensor("W", TensorProto.FLOAT, [n, n], [0.0] * n * n)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", n])]
+    nodes = [helper.make_node("Loop", ["M", "c0" if cond else "", "x"], ["y"], body=body("b", nested_trip),
+                              name="loop")]
+    if cond:
+        inputs.append(helper.make_tensor_value_info("c0", TensorProto.BOOL, []))
+    if trip is None:
+        inputs.append(helper.make_tensor_value_info("M", TensorProto.INT64, []))
+    else:
+        nodes.insert(0, helper.make_node("Constant", [], ["M"],
+                                         value=helper.make_tensor("m", TensorProto.INT64, [], [trip])))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    return save(graph, path)
+
+
+def test_a_loop_body_costs_its_trip_count_and_its_outer_weight_is_a_parameter(tmp_path):
+    """A Loop's body and the weight it reads from the graph around it cost nothing: 100 steps
+    of tanh(s @ W) were 0 parameters and 1 FLOP (a review)."""
+    from slurm_horus.graph.features import features_of
+
+    r = features_of(load_graph(_loop_model(tmp_path / "l.onnx", 100), batch_size=8), 8)
+    assert r.values["params"] == 64 * 64 and r.by_op["MatMul"].params == 64 * 64
+    assert r.by_op["MatMul"].flops == 100 * 2 * 8 * 64 * 64 and r.by_op["Tanh"].flops == 100 * 4 * 8 * 64
+    assert r.values["kernels"] == 200 and r.unknown_ops == [] and r.warnings() == []
+    # each iteration keeps its MatMul's input and its Tanh's output for the backward pass
+    assert r.values["saved_activation_bytes"] == 100 * 2 * 8 * 64 * 4
+    assert r.values["peak_live_bytes"] >= 3 * 8 * 64 * 4  # x, y, and the body's own tensors
+    # a trip count computed at run time: the body once, and a warning that says so
+    r = features_of(load_graph(_loop_model(tmp_path / "u.onnx", None), batch_size=8), 8)
+    assert r.by_op["MatMul"].flops == 2 * 8 * 64 * 64 and r.values["params"] == 64 * 64
+    assert r.single_trips == ["loop"]
+    assert any("trip count of loop unknown" in w and "one iteration" in w for w in r.warnings())
+    # nested loops multiply; beyond any plausible step they are refused, not summed to 1e30
+    r = features_of(load_graph(_loop_model(tmp_path / "n.onnx", 10, nested_trip=7), batch_size=8), 8)
+    assert r.by_op["MatMul"].flops == 70 * 2 * 8 * 64 * 64 and r.values["params"] == 64 * 64
+    with pytest.raises(ModelError, match="not plausible"):
+        features_of(load_graph(_loop_model(tmp_path / "h.onnx", 2**31 - 1, nested_trip=2**31 - 1),
+                               batch_size=8), 8)
+
+
+
+def test_a_loop_whose_condition_may_end_it_is_costed_once_not_m_times(tmp_path):
+    """A generation loop bounds its steps with a large M and ends on a condition it computes:
+    M was taken as exact (2^31 - 1 trips: 3.6e16 FLOPs, or the model refused as implausible)
+    (a regression review).  A condition handed on unchanged leaves M exact."""
+    from slurm_horus.graph.features import features_of
+
+    r = features_of(load_graph(_loop_model(tmp_path / "w.onnx", 2**31 - 1, cond="computed"), batch_size=8), 8)
+    assert r.by_op["MatMul"].flops == 2 * 8 * 64 * 64 and r.single_trips == ["loop"]
+    assert any("may end it sooner" in w for w in r.warnings())
+    r = features_of(load_graph(_loop_model(tmp_path / "p.onnx", 100, cond="pass"), batch_size=8), 8)
+    assert r.by_op["MatMul"].flops == 100 * 2 * 8 * 64 * 64 and r.single_trips == []
+
+
+def test_shape_arithmetic_through_a_small_float_vector_still_folds(tmp_path):
+    """Shape -> Cast(float) -> Mul by a float vector initializer (an exporter's folded scale)
+    -> Cast(int64) -> ConstantOfShape: folding had stopped at every float initializer, so the
+    shape was lost (34 FLOPs instead of 2,048) and the vector counted as a parameter."""
+    from slurm_horus.graph.features import features_of
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["sf", "F"], ["sm"]),
+             helper.make_node("Cast", ["sm"], ["si"], to=TensorProto.INT64),
+             helper.make_node("ConstantOfShape", ["si"], ["z"],
+                              value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])),
+             helper.make_node("MatMul", ["z", "W"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [helper.make_tensor("F", TensorProto.FLOAT, [2], [1.0, 2.0]),
+                               helper.make_tensor("W", TensorProto.FLOAT, [16, 8], [0.0] * 128)])
+    r = features_of(load_graph(save(graph, tmp_path / "f.onnx"), batch_size=8), 8)
+    assert r.values["params"] == 128 and r.values["flops"] == 2 * 8 * 16 * 8
+
+
+def test_an_if_costs_its_costlier_branch_and_counts_both_branches_weights(tmp_path):
+    from slurm_horus.graph.features import features_of
+
+    out = [helper.make_tensor_value_info("o", TensorProto.FLOAT, ["batch", 64])]
+    heavy = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["o"])], "then", [], out)
+    light = helper.make_graph([helper.make_node("Mul", ["x", "g"], ["o"])], "else", [], out)
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=light, else_branch=heavy, name="if"),
+         helper.make_node("Relu", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [helper.make_tensor("W", TensorProto.FLOAT, [64, 64], [0.0] * 64 * 64),
+         helper.make_tensor("g", TensorProto.FLOAT, [64], [1.0] * 64)])
+    r = features_of(load_graph(save(graph, tmp_path / "if.onnx"), batch_size=4), 4)
+    assert r.values["params"] == 64 * 64 + 64  # the branch not costed still holds a weight
+    assert r.by_op["If"].params == 64 and "Mul" not in r.by_op
+    assert r.values["flops"] == 2 * 4 * 64 * 64 + 4 * 64  # the MatMul branch, then the Relu
+    assert r.unknown_ops == [] and r.warnings() == []
+
+
+def test_a_scan_body_costs_its_scan_length(tmp_path):
+    from slurm_horus.graph.features import features_of
+
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["xt", "W"], ["a"]), helper.make_node("Add", ["a", "h"], ["h2"]),
+         helper.make_node("Identity", ["h2"], ["yt"])], "body",
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("xt", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("h2", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("yt", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["h0", "xs"], ["hT", "ys"], body=body, num_scan_inputs=1)], "g",
+        [helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["batch", 16]),
+         helper.make_tensor_value_info("xs", TensorProto.FLOAT, ["seq", "batch", 16])],
+        [helper.make_tensor_value_info("hT", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, None)],
+        [helper.make_tensor("W", TensorProto.FLOAT, [16, 16], [0.0] * 256)])
+    path = save(graph, tmp_path / "scan.onnx")
+    r = features_of(load_graph(path, batch_size=8, dims={"seq": 10}), 8)
+    assert r.values["params"] == 256 and r.by_op["MatMul"].flops == 10 * 2 * 8 * 16 * 16
+    assert r.warnings() == []
+
+
+def test_folding_never_turns_a_weight_into_a_constant(tmp_path):
+    """Shape folding evaluated whatever had values, small weights included: Linear's W.t() of a
+    training-mode export, a Gather from a position table, the Identity copy of a deduplicated
+    norm weight became Constants and stopped being parameters (0 of 24,576; a review)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    n = 64
+    const = lambda name, v: helper.make_node("Constant", [], [name],  # noqa: E731
+                                             value=helper.make_tensor(name, TensorProto.INT64, [], [v]))
+    nodes = [const("zero", 0), const("one", 1), helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["L"]),
+             helper.make_node("Range", ["zero", "L", "one"], ["pos"]),  # leaves seq to folding
+             helper.make_node("Gather", ["P", "pos"], ["pe"]), helper.make_node("Add", ["x", "pe"], ["h"]),
+             helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "Wt"], ["m"]),
+             helper.make_node("Identity", ["gamma"], ["ln2.weight"]),
+             helper.make_node("LayerNormalization", ["m", "gamma"], ["l1"], axis=-1),
+             helper.make_node("LayerNormalization", ["l1", "ln2.weight"], ["y"], axis=-1)]
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.random((n, n), dtype=np.float32), "W"),
+             numpy_helper.from_array(rng.random((32, n), dtype=np.float32), "P"),
+             numpy_helper.from_array(np.ones(n, np.float32), "gamma")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    r = extract_features(save(graph, tmp_path / "f.onnx"), batch_size=2, dims={"seq": 16})
+    assert r.values["params"] == n * n + 32 * n + 2 * n
+    assert r.by_op["MatMul"].flops == 2 * 2 * 16 * n * n and r.unknown_dims == []
+
+
+def test_a_fixed_batch_warns_whatever_value_another_dimension_took(tmp_path):
+    """The warning looked for the batch size among all bound values: --dim seq=8 with -b 8 hid
+    it, and the figures were for batch 16 (a review)."""
+    path = _matmul_inputs(tmp_path / "f.onnx", [16, "seq", 64])
+    for seq in (8, 9):
+        r = extract_features(path, batch_size=8, dims={"seq": seq})
+        assert r.fixed_batch == [16] and any("batch size 8 not applied" in w for w in r.warnings())
+    assert extract_features(path, batch_size=16, dims={"seq": 8}).fixed_batch == []
+
+
+def test_an_unnamed_input_dimension_is_bound_by_its_position(tmp_path):
+    """ONNX calls an input's unnamed dynamic size unk__0, which --dim cannot bind: the error
+    advised --dim unk__0=VALUE, which did nothing (a review)."""
+    from slurm_horus.errors import HorusError
+
+    path = _matmul_inputs(tmp_path / "u.onnx", ["batch", None, 64])
+    r = extract_features(path, batch_size=8)
+    assert r.unnamed_dims == ["x0[1]"]
+    with pytest.raises(HorusError, match=r"dimension\(s\) x0\[1\] unbound; add --dim NAME=VALUE "
+                                         r"\(e.g. --dim x0\[1\]=512; an input's unnamed dimension is INPUT\[POS\]"):
+        r.require_bound()
+    r = extract_features(path, batch_size=8, dims={"x0[1]": 32})
+    assert r.bound_dims == {"batch": 8, "x0[1]": 32} and r.unknown_dims == [] and r.unused_dims == []
+    assert r.by_op["MatMul"].flops == 2 * 8 * 32 * 64 * 64
+    r.require_bound()
+
+
+def test_a_sparse_initializer_is_a_parameter_of_its_full_shape(tmp_path):
+    """A weight stored as a sparse_initializer had 0 parameters and left its MatMul without
+    shapes, reported as having no cost rule (a review)."""
+    values = helper.make_tensor("W", TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])
+    indices = helper.make_tensor("W_idx", TensorProto.INT64, [4], [0, 513, 1026, 1539])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              sparse_initializer=[helper.make_sparse_tensor(values, indices, [512, 512])])
+    r = extract_features(save(graph, tmp_path / "s.onnx"), batch_size=8)
+    assert r.values["params"] == 512 * 512 and r.values["flops"] == 2 * 8 * 512 * 512
+    assert r.warnings() == []
+    # its files are checked as a dense weight's
+    values.data_location = TensorProto.EXTERNAL
+    values.ClearField("float_data")
+    values.external_data.add(key="location", value="../w.bin")
+    graph.ClearField("sparse_initializer")
+    graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [512, 512]))
+    with pytest.raises(ModelError, match="outside the model's folder"):
+        load_graph(save(graph, tmp_path / "e.onnx"), batch_size=8)
+
+
+def test_an_op_whose_inputs_have_no_shape_is_not_reported_as_having_no_rule(tmp_path):
+    from slurm_horus.graph.features import features_of
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor("W", TensorProto.FLOAT, [16, 8], [0.0] * 128)])
+    r = features_of(load_graph(save(graph, tmp_path / "n.onnx"), batch_size=4), 4)
+    assert r.unknown_ops == [] and r.unshaped_ops == ["MatMul"] and r.values["n_unknown_ops"] == 1
+    assert r.values["flops"] == 4 * 8  # one per output element, as the warning says
+    assert any(w.startswith("shapes of the inputs of MatMul unknown: costed at one FLOP per output")
+               for w in r.warnings())
+    assert not any("no cost rule" in w for w in r.warnings())
+
+
+def test_a_file_that_cannot_be_a_message_is_refused_before_it_is_read(tmp_path):
+    """A 2 GiB file of zeros (sparse on disk) was read whole, 2.1 GB, before protobuf refused it."""
+    zeros = tmp_path / "zeros.onnx"
+    with open(zeros, "wb") as f:
+        f.truncate(2**31 - 2)
+    proc = subprocess.run([sys.executable, "-m", "slurm_horus.cli.horus", "features", str(zeros)],
+                          capture_output=True, text=True, timeout=60, preexec_fn=_limit_memory)
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [
+        f"horus features: error: {zeros}: not a readable ONNX model (no protobuf field at byte 0)"]
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(mlp(tmp_path / "m.onnx").read_bytes()[:-10])
+    with pytest.raises(ModelError, match="runs past the end of the file"):
+        load_graph(cut, batch_size=1)
+    assert load_graph(tmp_path / "m.onnx", batch_size=1).nodes  # the whole file still loads
+
+
+def test_an_einsum_equation_that_is_not_utf8_is_a_model_error(tmp_path):
+    import onnx
+
+    node = helper.make_node("Einsum", ["x", "x"], ["y"], name="mix")
+    attr = node.attribute.add()
+    attr.name, attr.type, attr.s = "equation", onnx.AttributeProto.STRING, b"\xff\xfe"
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(ModelError, match=r"node 'mix' \(Einsum\): its equation is not UTF-8 text"):
+        extract_features(save(graph, tmp_path / "e.onnx"), batch_size=2)

@@ -8,11 +8,13 @@ and outputs kept for the backward pass, since we cannot know what it needs.
 
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import dataclass
 
 from slurm_horus.graph.flops import ELEMENTWISE, NORMS, RNN_GATES, node_flops, int_attr, numel, shape_of
 from slurm_horus.errors import ModelError
-from slurm_horus.graph.load import Graph, TensorInfo
+from slurm_horus.graph.load import (MAX_DIM, MAX_SUBGRAPH_DEPTH, Graph, TensorInfo, _subgraphs, bodies,
+                                    body_scope)
 
 # Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size",
@@ -67,6 +69,7 @@ class NodeCost:
     saved: tuple[str, ...]  # tensors the backward pass keeps (deduplicated across nodes later)
     extra_saved_bytes: int  # backward state that is no graph tensor (masks, indices, RNN reserve)
     has_rule: bool
+    shapes_known: bool = True  # False: its rule lacked its inputs' shapes (costed per output element)
 
 
 def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
@@ -76,22 +79,38 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
     Identity node: each Identity output a node reads as a weight is its own parameter (a fresh
     running variance is all ones, like a fresh norm weight, and shares its initializer). An
     initializer read directly by several nodes (tied weights) is one parameter. Scalars (rank 0), integer tensors and batch-norm
-    running statistics are constants, not parameters.
+    running statistics are constants, not parameters.  An initializer only an If, Loop or Scan
+    body reads (by name, from the graph around it, at any depth) is a parameter all the same;
+    a body's own initializers are its constants.
     """
-    candidates = {name: info for name, info in graph.initializers.items()
-                  if info.is_float and info.shape}
+    candidates = ChainMap({name: info for name, info in graph.initializers.items()
+                           if info.is_float and info.shape})
     params: dict[str, TensorInfo] = {}
-    for node in graph.nodes:
-        if node.op_type == "Identity" and node.input and node.input[0] in candidates:
+    _read_parameters(graph.nodes, candidates, params, 0)
+    for name in _folded_tied_embeddings(graph, params):
+        del params[name]
+    return params
+
+
+def _read_parameters(nodes, candidates: ChainMap, params: dict, depth: int) -> None:
+    """Add to ``params`` the ``candidates`` (name -> info, None: a body's own tensor of that
+    name hides the enclosing scope's) that ``nodes`` read as weights, the nodes of their
+    subgraphs (If, Loop, Scan bodies) included, at any depth: a weight only a loop body reads
+    from the enclosing graph is a parameter all the same."""
+    for node in nodes:
+        if node.op_type == "Identity" and node.input and candidates.get(node.input[0]) is not None:
             candidates[node.output[0]] = candidates[node.input[0]]
             continue  # a parameter where a node reads the copy as one (not a running stat)
         for i, name in enumerate(node.input):
             running_stat = node.op_type == "BatchNormalization" and i >= 3
-            if name in candidates and not running_stat:
+            if candidates.get(name) is not None and not running_stat:
                 params[name] = candidates[name]
-    for name in _folded_tied_embeddings(graph, params):
-        del params[name]
-    return params
+        for sub in _subgraphs(node):
+            if depth >= MAX_SUBGRAPH_DEPTH:
+                break
+            local = {n: None for n in (*(i.name for i in sub.input), *(t.name for t in sub.initializer),
+                                       *(o for n in sub.node for o in n.output)) if n in candidates}
+            _read_parameters(sub.node, candidates.new_child(local), params, depth + 1)
 
 
 def weight_views(graph: Graph, params) -> set[str]:
@@ -166,20 +185,184 @@ def _ends_the_model(name: str, graph: Graph, consumers, memo: dict, depth: int =
     return memo[key]
 
 
-def node_costs(graph: Graph, params: dict[str, TensorInfo], views: set[str]) -> list[NodeCost]:
+def node_costs(graph: Graph, params: dict[str, TensorInfo], views: set[str],
+               single_trips: list[str] | None = None) -> list[NodeCost]:
     """Cost every node of `graph`, attributing each parameter to the first node that reads it.
     ``params``: parameter_tensors(graph); ``views``: weight_views(graph, params) (the caller
-    keeps both for the live-tensor count)."""
-    claimed: set[str] = set()
-    constants = set(graph.initializers) | {o for n in graph.nodes if n.op_type == "Constant"
-                                           for o in n.output}
+    keeps both for the live-tensor count).
+
+    The nodes of If, Loop and Scan bodies are costed too, listed before the node that runs them
+    (named after it, 'loop/MatMul:m'): an If's costlier branch (by FLOPs, then bytes moved); a
+    Loop's body times its trip count where that is a constant, a Scan's times its scan length
+    where that is known, once otherwise, naming the node in ``single_trips``.  A body node's
+    FLOPs, bytes moved, kernels and backward state count once per iteration, its parameters
+    and output size once; a parameter only the branch not taken reads is the If's own."""
+    constants = _Names(set(graph.initializers), {o for n in graph.nodes if n.op_type == "Constant"
+                                                 for o in n.output})
+    return _scope_costs(graph, params, _Names(views), _Claims(), constants, _Names(),
+                        single_trips if single_trips is not None else [], 1, "")
+
+
+class _Names:
+    """Membership in any of some name sets: a scope's own and its enclosing scopes' (chained,
+    not copied, so that many small bodies cost their own size each)."""
+
+    __slots__ = ("sets",)
+
+    def __init__(self, *sets):
+        self.sets = sets
+
+    def __contains__(self, name) -> bool:
+        return any(name in s for s in self.sets)
+
+    def child(self, names) -> "_Names":
+        return _Names(names, *self.sets)
+
+
+class _Claims:
+    """The parameters claimed so far: an If's branches each claim in a child, merged after."""
+
+    __slots__ = ("own", "outer")
+
+    def __init__(self, outer: "_Claims | None" = None):
+        self.own: set[str] = set()
+        self.outer = outer
+
+    def __contains__(self, name) -> bool:
+        return name in self.own or (self.outer is not None and name in self.outer)
+
+    def update(self, names) -> None:
+        self.own.update(names)
+
+
+# nested loops' iterations beyond which a step is not plausible (a microsecond each: 12 days)
+MAX_TRIPS = 2**40
+
+
+def _scope_costs(graph: Graph, params, views: _Names, claimed: _Claims, constants: _Names,
+                 local: _Names, single_trips: list[str], times: int, prefix: str) -> list[NodeCost]:
+    """node_costs for one scope: ``graph`` (a body's: load.body_scope), run ``times`` times;
+    ``local``: the names the enclosing bodies (and this one) define, whose tensors exist per
+    iteration (a body's tensor kept for backward is counted in bytes, per iteration)."""
     ctx = _BackwardContext(graph, params, constants, views)
     out = []
     for node in graph.nodes:
         if node.op_type == "Identity" and node.output and node.output[0] in params:
             continue  # a parameter copy, costed where it is used
-        out.append(_cost(node, graph, params, claimed, constants, ctx))
+        if bodies(node):
+            out += _control_flow_costs(node, graph, params, views, claimed, constants, local,
+                                       single_trips, times, prefix)
+            continue
+        cost = _cost(node, graph, params, claimed, constants, ctx)
+        out.append(cost if not prefix else _per_iteration(cost, graph, local, times, prefix))
     return out
+
+
+def _per_iteration(c: NodeCost, graph: Graph, local: _Names, times: int, prefix: str) -> NodeCost:
+    """A body node's cost run ``times`` times: what it does and keeps per iteration times that;
+    a tensor of the body it keeps for backward, one per iteration, in bytes (a tensor of the
+    model's graph it keeps is that one tensor, named)."""
+    kept = sum(graph.info(n).nbytes for n in c.saved if n in local and graph.info(n) is not None)
+    flops, extra = c.flops * times, (c.extra_saved_bytes + kept) * times
+    if not (flops <= MAX_NODE_FLOPS and extra <= MAX_NODE_BYTES):
+        raise ModelError(f"{graph.path}: node '{prefix}{c.name}' ({c.op_type}) would cost {flops:.3g} "
+                         f"FLOPs and keep {extra:.3g} bytes over its loop's iterations; the model's "
+                         "trip counts or sizes are not plausible")
+    return NodeCost(name=prefix + c.name, op_type=c.op_type, category=c.category, inputs=c.inputs,
+                    outputs=c.outputs, flops=flops, params=c.params, param_bytes=c.param_bytes,
+                    out_bytes=c.out_bytes, read_bytes=c.read_bytes * times,
+                    write_bytes=c.write_bytes * times, kernels=c.kernels * times,
+                    saved=tuple(n for n in c.saved if n not in local), extra_saved_bytes=extra,
+                    has_rule=c.has_rule, shapes_known=c.shapes_known)
+
+
+def _runs_all_trips(node) -> bool:
+    """Does this Loop run all of its M trips: no condition input, or a body that hands its
+    condition on unchanged (as is, or through an Identity)?  A body that computes its
+    condition may stop early: M is then only a bound."""
+    if len(node.input) < 2 or not node.input[1]:
+        return True
+    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    if body is None or len(body.input) < 2 or not body.output:
+        return False
+    cond_in, cond_out = body.input[1].name, body.output[0].name
+    if cond_out == cond_in:
+        return True
+    return any(n.op_type == "Identity" and list(n.output) == [cond_out] and list(n.input) == [cond_in]
+               for n in body.node)
+
+
+def _trips(node, graph: Graph) -> int | None:
+    """How many times a Loop or Scan runs its body, where the graph says; None otherwise (a
+    Loop's trip count M computed at run time, or absent: a while loop; a Scan's symbolic
+    length); an If runs one branch once."""
+    if node.op_type == "Loop":
+        m = node.input[0] if node.input else ""
+        trip = graph.trip_counts.get(m) if m else None
+        if trip is None or not 0 <= trip <= MAX_DIM or not _runs_all_trips(node):
+            return None  # M from the run, or a bound a condition may cut short (generation)
+        return trip
+    if node.op_type == "Scan":
+        attrs = {a.name: a for a in node.attribute}
+        n_scan = int_attr(attrs, "num_scan_inputs")
+        if graph.opset and graph.opset < 9:  # Scan-8: (sequence_lens, states..., inputs...), batch first
+            first, axis = len(node.input) - n_scan, 1
+        else:
+            first = len(node.input) - n_scan
+            axes = tuple(attrs["scan_input_axes"].ints) if "scan_input_axes" in attrs else ()
+            axis = axes[0] if axes else 0
+        info = graph.info(node.input[first]) if 0 <= first < len(node.input) and node.input[first] else None
+        if info is None or info.shape is None or not -len(info.shape) <= axis < len(info.shape):
+            return None
+        length = info.shape[axis]
+        return length if isinstance(length, int) else None
+    return 1
+
+
+def _control_flow_costs(node, graph: Graph, params, views: _Names, claimed: _Claims,
+                        constants: _Names, local: _Names, single_trips: list[str], times: int,
+                        prefix: str) -> list[NodeCost]:
+    """The costs of an If's, a Loop's or a Scan's body nodes (node_costs), then the node's own:
+    no work of its own, the parameters it reads itself or only a branch not taken reads."""
+    op = node.op_type
+    name = node.name or f"{op}:{node.output[0] if node.output else ''}"
+    trips = _trips(node, graph)
+    if trips is None:
+        single_trips.append(prefix + name)
+        trips = 1
+    if times * trips > MAX_TRIPS:
+        raise ModelError(f"{graph.path}: node '{prefix}{name}' ({op}) would run its body "
+                         f"{times * trips:.3g} times; the model's trip counts are not plausible")
+    own = [n for n in node.input if n in params and n not in claimed]
+    claimed.update(own)
+    runs = []  # (body costs, its claims, its outputs)
+    for _, body in bodies(node):
+        scope = body_scope(graph, body)
+        names = {*scope.graph_inputs, *(t.name for t in body.initializer),
+                 *(o for n in scope.nodes for o in n.output)}
+        claims = _Claims(claimed) if op == "If" else claimed
+        consts = constants.child({*(t.name for t in body.initializer),
+                                  *(o for n in scope.nodes if n.op_type == "Constant" for o in n.output)})
+        sub_views = views.child(weight_views(scope, params))
+        costs = _scope_costs(scope, params, sub_views, claims, consts, local.child(names),
+                             single_trips, times * trips, f"{prefix}{name}/")
+        runs.append((costs, claims, scope.graph_outputs))
+    chosen = max(runs, key=lambda r: (sum(c.flops for c in r[0]),
+                                      sum(c.read_bytes + c.write_bytes for c in r[0])),
+                 default=([], claimed, []))
+    if op == "If":
+        branch_only = {n for _, claims, _ in runs if claims is not chosen[1] for n in claims.own}
+        branch_only -= chosen[1].own
+        claimed.update(chosen[1].own | branch_only)
+        own += sorted(branch_only)
+    outs = [graph.info(n) for n in node.output if n]
+    return [*chosen[0], NodeCost(
+        name=prefix + name, op_type=op, category="view",
+        inputs=tuple(n for n in (*node.input, *chosen[2]) if n),
+        outputs=tuple(n for n in node.output if n), flops=0,
+        params=sum(params[n].numel for n in own), param_bytes=sum(params[n].nbytes for n in own),
+        out_bytes=sum(o.nbytes for o in outs if o), read_bytes=0, write_bytes=0, kernels=0,
+        saved=(), extra_saved_bytes=0, has_rule=True)]
 
 
 class _BackwardContext:
@@ -257,7 +440,7 @@ MAX_NODE_FLOPS = 1e18
 MAX_NODE_BYTES = 2.0 ** 50
 
 
-def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
+def _cost(node, graph: Graph, params, claimed: "_Claims", constants: "_Names",
           ctx: _BackwardContext) -> NodeCost:
     op = op_name(node)
     infos = [graph.info(n) if n else None for n in node.input]
@@ -271,7 +454,10 @@ def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
     param_view = bool(node.output) and node.output[0] in ctx.param_views
     category = "view" if param_view else categorize(op, outs)
     attrs = {a.name: a for a in node.attribute}
-    flops, has_rule = node_flops(op, category, infos, outs, attrs)
+    try:
+        flops, has_rule, shapes_known = node_flops(op, category, infos, outs, attrs)
+    except ModelError as e:  # an attribute no rule can read (an Einsum equation not UTF-8)
+        raise ModelError(f"{graph.path}: node '{node.name or op}' ({op}): {e}") from None
     if category in ("view", "shape"):
         read = write = kernels = 0
     else:
@@ -293,7 +479,7 @@ def _cost(node, graph: Graph, params, claimed: set[str], constants: set[str],
                     outputs=tuple(n for n in node.output if n), flops=int(flops), params=n_params,
                     param_bytes=param_bytes, out_bytes=out_bytes, read_bytes=read,
                     write_bytes=write, kernels=kernels, saved=tuple(saved),
-                    extra_saved_bytes=int(extra), has_rule=has_rule)
+                    extra_saved_bytes=int(extra), has_rule=has_rule, shapes_known=shapes_known)
 
 
 def op_name(node) -> str:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs, parameter_tensors, weight_views
-from slurm_horus.graph.load import BATCH_DIM_NAMES, Graph, load_graph
+from slurm_horus.graph.load import BATCH_DIM_NAMES, MAX_SUBGRAPH_DEPTH, Graph, bodies, body_scope, load_graph
 from slurm_horus.graph.limits import ANALYSIS_FILE_FACTOR, ANALYSIS_MEM_MIB, run_bounded
 
 FEATURE_VERSION = 1
@@ -56,6 +56,9 @@ class FeatureReport:
     unused_dims: list[str] = field(default_factory=list)
     fixed_batch: list[int] = field(default_factory=list)
     shapeless: list[str] = field(default_factory=list)
+    unshaped_ops: list[str] = field(default_factory=list)  # ops whose rule lacked input shapes
+    single_trips: list[str] = field(default_factory=list)  # Loops and Scans costed as one iteration
+    unnamed_dims: list[str] = field(default_factory=list)  # inputs' unnamed unbound sizes, INPUT[POS]
     version: int = FEATURE_VERSION
 
     def warnings(self) -> list[str]:
@@ -65,6 +68,14 @@ class FeatureReport:
         if self.unknown_ops:
             out.append(f"no cost rule for {_few(self.unknown_ops)}: costed conservatively (one "
                        "FLOP per output element, inputs and outputs kept for the backward pass)")
+        if self.unshaped_ops:
+            out.append(f"shapes of the inputs of {_few(self.unshaped_ops)} unknown: costed at one "
+                       "FLOP per output element (none where the output's shape is unknown too), so "
+                       "the figures are low")
+        if self.single_trips:
+            out.append(f"trip count of {_few(self.single_trips)} unknown (not a constant in the "
+                       "graph, or a condition that may end it sooner): its body is costed as one "
+                       "iteration, so the figures are low if it runs more")
         if self.assumed_shapes:
             out.append(f"shape of {_few(self.assumed_shapes)} assumed equal to its op's largest "
                        "activation input (ONNX cannot infer it)")
@@ -84,14 +95,18 @@ class FeatureReport:
         """Refuse to predict from sizes taken as 1: a sequence length left unbound would cost
         the job as one token (what hsubmit and ``horus predict`` both refuse)."""
         if self.unknown_dims:
-            named = [d for d in self.unknown_dims if not d.startswith("unk__")]
+            # an input's size without a name is ONNX's unk__N, which no --dim binds: it is
+            # bound by its input's name and position (INPUT[POS], as bound_dims names it)
+            named = [d for d in self.unknown_dims if not d.startswith("unk__")] + self.unnamed_dims
             if not named:  # a name an exporter gave an input's size, or ONNX a data-dependent one
                 raise HorusError(f"model {self.model}: size(s) {', '.join(self.unknown_dims[:5])} "
                                  f"unknown: --dim {self.unknown_dims[0]}=VALUE where an input has "
                                  "it; otherwise it depends on the data (ops such as NonZero or "
                                  "Unique) and the graph alone gives no prediction")
+            positional = ("; an input's unnamed dimension is INPUT[POS], its position from 0"
+                          if self.unnamed_dims else "")
             raise HorusError(f"model {self.model}: dimension(s) {', '.join(named[:5])} unbound; "
-                             f"add --dim NAME=VALUE (e.g. --dim {named[0]}=512)")
+                             f"add --dim NAME=VALUE (e.g. --dim {named[0]}=512{positional})")
 
     def vector(self) -> list[float]:
         return [float(self.values[n]) for n in FEATURE_NAMES]
@@ -157,7 +172,8 @@ def report_from_dict(d: dict) -> FeatureReport:
 def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
     params = parameter_tensors(graph)
     views = weight_views(graph, params)
-    costs = node_costs(graph, params, views)
+    single_trips: list[str] = []
+    costs = node_costs(graph, params, views, single_trips)
     by_op: dict[str, OpSummary] = {}
     flops_by_cat: Counter = Counter()
     count_by_cat: Counter = Counter()
@@ -192,7 +208,7 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         "kernels": kernels,
         "depth": graph_depth(costs),
         "n_nodes": len(costs),
-        "n_unknown_ops": sum(1 for c in costs if not c.has_rule),
+        "n_unknown_ops": sum(1 for c in costs if not (c.has_rule and c.shapes_known)),
         "arithmetic_intensity": flops / max(read + write, 1),
         "flops_per_kernel": flops / max(kernels, 1),
     }
@@ -205,7 +221,9 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         unknown_ops=sorted({c.op_type for c in costs if not c.has_rule}),
         unknown_dims=graph.unknown_dims, bound_dims=graph.bound_dims,
         missing_external_data=graph.missing_external_data, assumed_shapes=graph.assumed_shapes,
-        unused_dims=graph.unused_dims, shapeless=graph.shapeless, fixed_batch=graph.fixed_batch)
+        unused_dims=graph.unused_dims, shapeless=graph.shapeless, fixed_batch=graph.fixed_batch,
+        unshaped_ops=sorted({c.op_type for c in costs if c.has_rule and not c.shapes_known}),
+        single_trips=single_trips, unnamed_dims=graph.unnamed_dims)
 
 
 def _few(names: list[str], n: int = 4, width: int = 80) -> str:
@@ -236,26 +254,37 @@ def graph_depth(costs: list[NodeCost]) -> int:
     return best
 
 
-def peak_live_bytes(graph: Graph, weights: set[str]) -> int:
+def peak_live_bytes(graph: Graph, weights: set[str], _reads: dict | None = None) -> int:
     """Largest total of activations alive at once in a forward pass (inference working set).
 
     Each tensor lives from the node that makes it to its last reader; view ops alias their input.
     Parameters are not counted (they are accounted separately), nor a copy or view of one
     (``weights``: the parameters and costs.weight_views, as the W.t() of an unfolded export is
     the weight, not a tensor).
+
+    An If, Loop or Scan node keeps what its bodies read of the graph alive until it runs, and
+    adds, while it runs, the largest of its bodies' own peaks (one iteration's).
     """
     alias: dict[str, str] = {}
     last_use: dict[str, int] = {}
-    init = set(graph.initializers) | weights
+    made = {*graph.graph_inputs, *(o for n in graph.nodes for o in n.output if o)}
+
+    def is_init(name):  # a scope's membership tests: a body's initializers chain its graph's
+        return name in graph.initializers or name in weights
+
+    reads = {} if _reads is None else _reads  # each body's outer reads, found once for all depths
+    outer_reads: dict[int, set[str]] = {}
     for step, node in enumerate(graph.nodes):
         if node.output and node.output[0] in weights:
             continue  # a parameter's copy or view: made by no kernel, alive as the parameter
-        for name in node.input:
-            if name and name not in init:
+        if bodies(node):
+            outer_reads[step] = _outer_reads(node, 0, reads)
+        for name in (*node.input, *outer_reads.get(step, ())):
+            if name and name in made and not is_init(name):
                 root = alias.get(name, name)
                 last_use[root] = step
         if node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity") \
-                and node.input and node.input[0] not in init:
+                and node.input and not is_init(node.input[0]):
             alias[node.output[0]] = alias.get(node.input[0], node.input[0])
     for name in graph.graph_outputs:
         last_use[alias.get(name, name)] = len(graph.nodes)
@@ -271,6 +300,30 @@ def peak_live_bytes(graph: Graph, weights: set[str]) -> int:
             if o and o not in alias:
                 live += _nbytes(graph, o) if o in last_use else 0
         peak = max(peak, live)
+        if step in outer_reads:  # a body's working set, on top of what is alive around it
+            peak = max(peak, live + max((peak_live_bytes(body_scope(graph, b), weights, reads)
+                                         for _, b in bodies(node)), default=0))
         for name in freed_at.get(step, ()):
             live -= _nbytes(graph, name)
     return peak
+
+
+def _outer_reads(node, depth: int, memo: dict) -> set[str]:
+    """The names an If's, Loop's or Scan's bodies read from the graphs around them, at any
+    depth (their implicit inputs).  ``memo``: by the node's op and outputs (names are unique in
+    a model), so a deep nest is walked once, not once per level above it."""
+    key = (node.op_type, tuple(node.output))
+    if key in memo:
+        return memo[key]
+    out: set[str] = set()
+    for _, body in bodies(node):
+        if depth >= MAX_SUBGRAPH_DEPTH:
+            break
+        own = {*(i.name for i in body.input), *(t.name for t in body.initializer),
+               *(o for n in body.node for o in n.output)}
+        for inner in body.node:
+            out.update(n for n in inner.input if n and n not in own)
+            if bodies(inner):
+                out.update(n for n in _outer_reads(inner, depth + 1, memo) if n not in own)
+    memo[key] = out
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from slurm_horus.errors import ModelError
 from slurm_horus.graph.load import TensorInfo
 
 # Element-wise ops and their FLOPs per output element (transcendentals cost more than a multiply).
@@ -49,8 +50,20 @@ def int_attr(attrs, name, default=0):
     return a.i if a is not None else default
 
 
-def node_flops(op, category, infos, outs, attrs) -> tuple[int, bool]:
-    """Forward FLOPs of one node and whether a rule covered it."""
+def node_flops(op, category, infos, outs, attrs) -> tuple[int, bool, bool]:
+    """Forward FLOPs of one node, whether a rule covered it, and whether the rule had the shapes
+    it needs.  A node without a rule, or whose rule lacks its inputs' shapes, costs one FLOP per
+    output element (nothing where the output's shape is unknown too)."""
+    y = outs[0] if outs else None
+    n_out = numel(y)
+    flops, has_rule = _rule_flops(op, category, infos, outs, attrs)
+    if flops is None:  # the rule's inputs have no shape
+        return n_out, True, False
+    return (flops if has_rule else n_out), has_rule, True
+
+
+def _rule_flops(op, category, infos, outs, attrs) -> tuple[int | None, bool]:
+    """(FLOPs, whether a rule covers the op); FLOPs None where the rule lacks a shape."""
     y = outs[0] if outs else None
     x = infos[0] if infos else None
     n_out = numel(y)
@@ -60,7 +73,7 @@ def node_flops(op, category, infos, outs, attrs) -> tuple[int, bool]:
         w_index = 3 if op == "QLinearConv" else 1
         w = shape_of(infos[w_index]) if len(infos) > w_index else None
         if w is None or y is None:
-            return 0, False
+            return None, True
         per_out = math.prod(w[1:])
         if op == "ConvTranspose":  # each input element scatters into Cout/g * kernel outputs
             macs = numel(x) * per_out
@@ -92,14 +105,16 @@ def node_flops(op, category, infos, outs, attrs) -> tuple[int, bool]:
     return n_out, False
 
 
-def _matmul_flops(op, infos, y, attrs) -> tuple[int, bool]:
+def _matmul_flops(op, infos, y, attrs) -> tuple[int | None, bool]:
     if op == "Einsum":
         return _einsum_flops(infos, attrs)
     b_index = 3 if op == "QLinearMatMul" else 1
     a = shape_of(infos[0]) if infos else None
     b = shape_of(infos[b_index]) if len(infos) > b_index else None
-    if a is None or b is None or y is None or not a:
-        return 0, False
+    if a is None or b is None or y is None:
+        return None, True
+    if not a:
+        return 0, False  # a scalar operand: no matrix product
     if op in ("Gemm", "FusedGemm"):
         k = a[0] if int_attr(attrs, "transA") else a[-1]
         macs = numel(y) * k
@@ -112,23 +127,28 @@ def _matmul_flops(op, infos, y, attrs) -> tuple[int, bool]:
     return 2 * numel(y) * k, True
 
 
-def _einsum_flops(infos, attrs) -> tuple[int, bool]:
-    eq = attrs["equation"].s.decode() if "equation" in attrs else ""
+def _einsum_flops(infos, attrs) -> tuple[int | None, bool]:
+    try:
+        eq = attrs["equation"].s.decode() if "equation" in attrs else ""
+    except UnicodeDecodeError:
+        raise ModelError("its equation is not UTF-8 text") from None
     lhs = eq.replace(" ", "").split("->")[0].split(",")
     sizes: dict[str, int] = {}
     for term, info in zip(lhs, infos):
         shape = shape_of(info)
-        if shape is None or "." in term or len(term) != len(shape):
-            return 0, False
+        if shape is None:
+            return None, True
+        if "." in term or len(term) != len(shape):
+            return 0, False  # an ellipsis, or a term that does not match its input: no rule
         sizes.update(zip(term, shape))
     return 2 * math.prod(sizes.values()), True
 
 
-def _attention_flops(op, infos, attrs) -> tuple[int, bool]:
+def _attention_flops(op, infos, attrs) -> tuple[int | None, bool]:
     """Scores (Q K^T) and context (P V) matmuls, softmax, and packed projections if present."""
     q = shape_of(infos[0]) if infos else None
     if q is None:
-        return 0, False
+        return None, True
     heads = max(int_attr(attrs, "num_heads", 1), 1)
     flops = 0
     if op == "Attention" and len(infos) > 1 and infos[1] is not None and len(q) == 3 \
@@ -152,10 +172,12 @@ def _attention_flops(op, infos, attrs) -> tuple[int, bool]:
     return flops, True
 
 
-def _rnn_flops(op, infos, attrs) -> tuple[int, bool]:
+def _rnn_flops(op, infos, attrs) -> tuple[int | None, bool]:
     x = shape_of(infos[0]) if infos else None
     w = shape_of(infos[1]) if len(infos) > 1 else None
-    if x is None or w is None or len(x) != 3 or len(w) != 3:
+    if x is None or w is None:
+        return None, True
+    if len(x) != 3 or len(w) != 3:
         return 0, False
     seq, batch = (x[1], x[0]) if int_attr(attrs, "layout") else (x[0], x[1])
     directions, gates_h, inputs = w

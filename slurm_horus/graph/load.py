@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import threading
+from collections import ChainMap
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -42,6 +43,12 @@ MAX_GRAPH_NODES = 300_000  # GPT-2 XL has 10,096; past it the answer alone would
 # Each round of inference carries shapes past one more op it cannot infer where the schemas of
 # _opaque_schemas could not be registered (and past ops waiting on folded shapes); bound the work.
 MAX_SHAPE_ROUNDS = 32
+# If, Loop and Scan bodies nest; protobuf's own parsing limit keeps real files far below this,
+# and the costing recursion stops here whatever the parser allowed
+MAX_SUBGRAPH_DEPTH = 64
+# the top-level protobuf fields _check_framing walks before reading a file whole (a ModelProto
+# has a handful: ir_version, opset_import, graph...); past them protobuf decides
+MAX_FRAMING_FIELDS = 4096
 # what _opaque_schemas writes on an opaque node for its inference (removed after): per input 0 an
 # activation, 1 a weight, 2 absent; per output the element type to give it (0: its input's), -1
 # none (no name, or a shape already declared or assumed)
@@ -110,6 +117,11 @@ class Graph:
     fixed_batch: list[int] = field(default_factory=list)  # the inputs' fixed leading sizes, where
     #                                                      the batch size asked bound nothing
     shapeless: list[str] = field(default_factory=list)  # op outputs whose shape stayed unknown
+    unnamed_dims: list[str] = field(default_factory=list)  # inputs' unnamed dynamic dimensions
+    #                                                       left unbound, as INPUT[POS]
+    trip_counts: dict[str, int] = field(default_factory=dict)  # Loop trip-count inputs' constant
+    #                                                           values, by tensor name
+    depth: int = 0  # 0: the model's graph; n: an If, Loop or Scan body n levels down (body_scope)
     opset: int = 0
     producer: str = ""
     sha256: str = ""
@@ -146,6 +158,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
         model = _inline_functions(model, path, onnx)
         _drop_weight_values(model)  # the functions' own Constants, now in the graph
     missing = _check_external_data(model, path.parent.resolve(), onnx)
+    _densify_sparse(model.graph)  # after the check: a sparse weight's files are checked as a dense one's
     graph = model.graph
     if not graph.node:
         raise ModelError(f"{path}: the graph has no nodes")
@@ -153,9 +166,12 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     # Constants, so this order stays valid to the end.
     nodes = _topological_order(graph, path)
     _check_static_dims(graph, path)
-    unused = sorted(set(dims) - _symbolic_names(graph))
-    bound = _bind_inputs(graph, batch_size, dims)
-    fixed = [] if batch_size is None or batch_size in bound.values() else _fixed_leading(graph)
+    positional = _positional_names(graph)
+    unused = sorted(set(dims) - _symbolic_names(graph) - set(positional))
+    bound, batch_bound = _bind_inputs(graph, batch_size, dims)
+    # the batch size bound no dimension (whatever other dimension took the same value)
+    fixed = [] if batch_size is None or batch_bound else _fixed_leading(graph)
+    unnamed = [n for n in positional if n not in bound]
     _check_input_dims(graph, path)
     _bind_annotations(graph, {**bound, **dims})
     initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
@@ -172,6 +188,10 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
             if round_ < MAX_FOLD_ROUNDS and any(isinstance(d, str) or d is None
                                                 for t in tensors.values() for d in t.shape or ()):
                 changed += fold_shapes(model, lambda n: _known_shape(tensors, n))
+            # Loop bodies and outputs ONNX leaves unshaped (its inference drops a loop-carried
+            # value's sizes): the state keeps its initial shape
+            changed += _shape_loops(graph, inferred.graph, {**tensors, **initializers},
+                                    _trip_counts(graph), 0)
             # stop waiting only when nothing else moved: before folding, an op whose activation
             # waited on a folded size took its weight's shape (BERT's LayerNorm a (768,) batch)
             if not changed:
@@ -180,6 +200,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                 break
             inferred = _infer_shapes(model, path, onnx)
             tensors = _collect_tensors(inferred.graph, onnx)
+    _adopt_body_types(graph, inferred.graph, 0)  # If, Loop and Scan bodies' shapes, for costing
     tensors.update(initializers)
     for name, info in tensors.items():
         if any(isinstance(d, int) and d < 0 for d in info.shape or ()):
@@ -192,14 +213,15 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     unknown = sorted({d for t in tensors.values() for d in (t.shape or ()) if isinstance(d, str)})
     shapeless = [n for node in nodes for n in node.output
                  if n and (tensors.get(n) is None or tensors[n].shape is None)]
+    shapeless += _body_shapeless(graph, tensors, 0)
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     return Graph(path=path, nodes=nodes, tensors=tensors, initializers=initializers,
                  graph_inputs=[i.name for i in graph.input if i.name not in initializers],
                  graph_outputs=[o.name for o in graph.output], bound_dims=bound,
                  unknown_dims=unknown, missing_external_data=missing,
                  assumed_shapes=sorted(assumed), unused_dims=unused, shapeless=shapeless,
-                 fixed_batch=[] if batch_size in fixed else fixed,
-                 opset=opset,
+                 fixed_batch=[] if batch_size in fixed else fixed, unnamed_dims=unnamed,
+                 trip_counts=_trip_counts(graph), opset=opset,
                  producer=model.producer_name, sha256=sha256)
 
 
@@ -268,6 +290,7 @@ def _read_model(path: Path, onnx):
         raise ModelError(f"{path}: {size / 2**30:.1f} GiB is above protobuf's 2 GiB limit; "
                          "save the model with external data (onnx.save_model(..., "
                          "save_as_external_data=True))")
+    _check_framing(path, size)
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -279,6 +302,54 @@ def _read_model(path: Path, onnx):
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise ModelError(f"{path}: not an ONNX model (no graph or IR version)")
     return model, hashlib.sha256(data).hexdigest()
+
+
+def _varint(buf: bytes, i: int) -> tuple[int | None, int]:
+    """The protobuf varint at ``buf[i:]`` and the index after it; None where it is cut off or
+    longer than ten bytes."""
+    value = 0
+    for k in range(10):
+        if i + k >= len(buf):
+            return None, i
+        value |= (buf[i + k] & 0x7F) << (7 * k)
+        if buf[i + k] < 0x80:
+            return value, i + k + 1
+    return None, i
+
+
+def _check_framing(path: Path, size: int) -> None:
+    """Walk the file's top-level protobuf fields (their tags and lengths: a few bytes each)
+    before reading it whole, and refuse it where they cannot be a message: a field number 0
+    (a file of zero bytes, sparse on disk, had been read whole, 2 GB, before protobuf said so),
+    an invalid wire type, or a field running past the end (a truncated copy).  Every file
+    protobuf parses passes; groups, and fields past MAX_FRAMING_FIELDS, are left to it."""
+    try:
+        with open(path, "rb") as f:
+            pos = 0
+            for _ in range(MAX_FRAMING_FIELDS):
+                if pos == size:
+                    return
+                f.seek(pos)
+                head = f.read(22)  # a tag and a length: ten bytes each at most
+                tag, i = _varint(head, 0)
+                if tag is None or tag >> 3 == 0 or tag & 7 in (6, 7):
+                    raise ModelError(f"{path}: not a readable ONNX model (no protobuf field at byte {pos})")
+                wire = tag & 7
+                if wire in (3, 4):
+                    return  # a group: protobuf decides
+                if wire in (0, 2):
+                    value, i = _varint(head, i)
+                    if value is None:
+                        raise ModelError(f"{path}: not a readable ONNX model (a field at byte {pos} "
+                                         "is cut off)")
+                    pos += i + (value if wire == 2 else 0)
+                else:
+                    pos += i + (8 if wire == 1 else 4)
+                if pos > size:
+                    raise ModelError(f"{path}: not a readable ONNX model (a field runs past the end "
+                                     "of the file: truncated?)")
+    except OSError as e:
+        raise ModelError(f"{path}: {e.strerror or e}") from None
 
 
 def _check_node_count(graph, path: Path) -> None:
@@ -372,14 +443,39 @@ def _nested_nodes(nodes):
 
 
 def _all_tensors(graph):
-    """Every TensorProto in the graph: initializers, Constant values and subgraphs."""
+    """Every TensorProto in the graph: initializers (sparse ones' values and indices too),
+    Constant values and subgraphs."""
     for g in _graphs(graph):
         yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield from (sparse.values, sparse.indices)
         for node in g.node:
             for attr in node.attribute:
                 if attr.HasField("t"):
                     yield attr.t
                 yield from attr.tensors
+                for sparse in (*([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []),
+                               *attr.sparse_tensors):
+                    yield from (sparse.values, sparse.indices)
+
+
+def _densify_sparse(graph) -> None:
+    """Each sparse initializer (a pruned weight, stored as values and indices) as a dense
+    initializer of its full shape, without values (none is ever read): ONNX's inference gave
+    what reads it no shape, and it was no parameter.  Its files were checked already
+    (_check_external_data); a dense initializer of the same name wins."""
+    for g in _graphs(graph):
+        if not g.sparse_initializer:
+            continue
+        dense = {t.name for t in g.initializer}
+        for sparse in g.sparse_initializer:
+            name = sparse.values.name
+            if name and name not in dense:
+                t = g.initializer.add()
+                t.name, t.data_type = name, sparse.values.data_type
+                t.dims.extend(sparse.dims)
+                dense.add(name)
+        g.ClearField("sparse_initializer")
 
 
 def _check_external_data(model, folder: Path, onnx) -> list[str]:
@@ -458,8 +554,20 @@ def _symbolic_names(graph) -> set[str]:
             for tt in _tensor_types(vi.type) for d in tt.shape.dim if d.HasField("dim_param")}
 
 
-def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
-    """Write the user's values into the graph inputs' symbolic dimensions (in place).
+def _positional_names(graph) -> list[str]:
+    """The inputs' dynamic dimensions that have no name (neither a size nor a dim_param: ONNX's
+    inference calls them unk__N, a name no --dim can bind), as INPUT[POS], the name --dim
+    binds them by and bound_dims reports them under."""
+    init_names = {t.name for t in graph.initializer}
+    return [f"{inp.name}[{pos}]" for inp in graph.input if inp.name not in init_names
+            for tt in _tensor_types(inp.type) for pos, d in enumerate(tt.shape.dim)
+            if not d.HasField("dim_param") and not (d.HasField("dim_value") and d.dim_value > 0)]
+
+
+def _bind_inputs(graph, batch_size, dims) -> tuple[dict[str, int], bool]:
+    """Write the user's values into the graph inputs' symbolic dimensions (in place); returns
+    them by name (an unnamed one as INPUT[POS], the name ``dims`` may give it too), and whether
+    a batch dimension (named like one, or taken by position) was bound.
 
     The batch size binds every dimension named like a batch, wherever it is, and a tensor
     input's leading one by position only where no input holds it beside a batch-named one and
@@ -477,14 +585,14 @@ def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
     by_position = {n or (inp.name, 0) for inp, ds in inputs if inp.type.HasField("tensor_type")
                    and batch_named[inp.name] is None for _, _, n in ds[:1]
                    if not (n and (n in beside_batch or SEQUENCE_DIM_NAMES.match(n)))}
-    bound = {}
+    bound, batch_bound = {}, False
     for inp, ds in inputs:
         for pos, dim, name in ds:
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue  # a static size; 0 means unknown to some exporters, bound below
-            value = dims.get(name) if name else None
-            if value is None and batch_size is not None and (
-                    (name and BATCH_DIM_NAMES.match(name)) or (name or (inp.name, pos)) in by_position):
+            value = dims.get(name or f"{inp.name}[{pos}]")
+            is_batch = bool(name and BATCH_DIM_NAMES.match(name)) or (name or (inp.name, pos)) in by_position
+            if value is None and batch_size is not None and is_batch:
                 value = batch_size
             elif (value is not None and batch_size is not None and value != batch_size
                   and pos == batch_named[inp.name]):
@@ -493,7 +601,8 @@ def _bind_inputs(graph, batch_size, dims) -> dict[str, int]:
             if value is not None:
                 dim.dim_value = value  # clears dim_param (oneof)
                 bound[name or f"{inp.name}[{pos}]"] = value
-    return bound
+                batch_bound = batch_bound or is_batch
+    return bound, batch_bound
 
 
 def _fixed_leading(graph) -> list[int]:
@@ -511,14 +620,20 @@ def _fixed_leading(graph) -> list[int]:
 
 def _bind_annotations(graph, values: dict[str, int]) -> None:
     """Exporters annotate intermediate tensors with the same symbolic names: bind those too,
-    and forget symbolic expressions (e.g. 'Min(512, seq)') so inference can recompute them."""
-    for vi in (*graph.value_info, *graph.output):
-        for dim in (d for tt in _tensor_types(vi.type) for d in tt.shape.dim):
-            if dim.HasField("dim_param"):
-                if dim.dim_param in values:
-                    dim.dim_value = values[dim.dim_param]
-                else:
-                    dim.Clear()
+    and forget symbolic expressions (e.g. 'Min(512, seq)') so inference can recompute them;
+    in If, Loop and Scan bodies their inputs' too (a body's own 'batch' had stayed a name)."""
+    for i, g in enumerate(_graphs(graph)):
+        for vi in (*(g.input if i else ()), *g.value_info, *g.output):
+            _bind_dims(vi, values)
+
+
+def _bind_dims(vi, values: dict[str, int]) -> None:
+    for dim in (d for tt in _tensor_types(vi.type) for d in tt.shape.dim):
+        if dim.HasField("dim_param"):
+            if dim.dim_param in values:
+                dim.dim_value = values[dim.dim_param]
+            else:
+                dim.Clear()
 
 
 def _assume_opaque_outputs(graph, opaque, tensors: dict[str, TensorInfo], assumed: set[str],
@@ -711,6 +826,171 @@ def _infer_opaque(ctx) -> None:
                 ctx.set_output_type(o, out)
     except Exception:  # noqa: BLE001 - an error here must not stop the analysis: the rounds remain
         return
+
+
+# the ops whose bodies (graph attributes) run as part of them, and are costed so
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+_INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})
+
+
+def bodies(node) -> list:
+    """(attribute name, graph) of each body of an If, Loop or Scan node; [] for another node."""
+    if node.op_type not in CONTROL_FLOW or node.domain not in ("", "ai.onnx"):
+        return []
+    return [(a.name, a.g) for a in node.attribute if a.HasField("g")]
+
+
+def body_scope(parent: Graph, body) -> Graph:
+    """A body of one of ``parent``'s If, Loop or Scan nodes as a Graph of its own: its nodes in
+    order, its tensors (their shapes as load_graph's inference left them) over the enclosing
+    scopes' (a body reads those by name), its own initializers over theirs.  The enclosing
+    scopes are chained, not copied: a graph of 300,000 small bodies costs each body's size."""
+    if parent.depth >= MAX_SUBGRAPH_DEPTH:
+        raise ModelError(f"{parent.path}: If, Loop or Scan bodies nest more than {MAX_SUBGRAPH_DEPTH} "
+                         "deep; such a model is not analysed")
+    inits = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in body.initializer}
+    local = _collect_tensors(body, None)
+    local.update(inits)
+    return Graph(path=parent.path, nodes=_topological_order(body, parent.path),
+                 tensors=_child(parent.tensors, local), initializers=_child(parent.initializers, inits),
+                 graph_inputs=[i.name for i in body.input if i.name not in inits],
+                 graph_outputs=[o.name for o in body.output], bound_dims=parent.bound_dims,
+                 unknown_dims=[], trip_counts=parent.trip_counts, depth=parent.depth + 1,
+                 opset=parent.opset, producer=parent.producer, sha256=parent.sha256)
+
+
+def _child(outer, local: dict) -> ChainMap:
+    """``local`` over ``outer`` (a dict or a ChainMap, kept flat)."""
+    return outer.new_child(local) if isinstance(outer, ChainMap) else ChainMap(local, outer)
+
+
+def _int_scalar(t) -> int | None:
+    """The value of a one-element integer tensor written in the file, else None."""
+    from onnx import numpy_helper
+
+    if t.data_type not in _INT_TYPES or math.prod(t.dims) != 1 or t.data_location == 1:
+        return None
+    try:
+        return int(numpy_helper.to_array(t).ravel()[0])
+    except Exception:  # noqa: BLE001 - no data (stripped), or malformed: not known
+        return None
+
+
+def _trip_counts(graph) -> dict[str, int]:
+    """The values of the Loops' trip-count inputs (M) that are constants (a Constant node's,
+    folded shape arithmetic's, an initializer's), by tensor name, at any depth."""
+    wanted = {n.input[0] for g in _graphs(graph) for n in g.node
+              if n.op_type == "Loop" and n.domain in ("", "ai.onnx") and n.input and n.input[0]}
+    out: dict[str, int] = {}
+    if not wanted:
+        return out
+    for g in _graphs(graph):
+        for t in g.initializer:
+            if t.name in wanted and (v := _int_scalar(t)) is not None:
+                out.setdefault(t.name, v)
+        for n in g.node:
+            if n.op_type != "Constant" or not n.output or n.output[0] not in wanted:
+                continue
+            for a in n.attribute:
+                v = _int_scalar(a.t) if a.name == "value" else a.i if a.name == "value_int" else None
+                if v is not None:
+                    out.setdefault(n.output[0], v)
+    return out
+
+
+def _declare(vi, info: TensorInfo) -> int:
+    """Give ``vi`` (a tensor's declared type) the sizes of ``info`` where it knows fewer, of the
+    same rank or none; 1 if that changed it."""
+    if vi.type.WhichOneof("value") not in (None, "tensor_type"):
+        return 0
+    tt = vi.type.tensor_type
+    mine = _info_of(tt)
+    if mine.known or (mine.shape is not None and len(mine.shape) != len(info.shape)):
+        return 0
+    tt.elem_type = tt.elem_type or info.dtype
+    tt.shape.ClearField("dim")
+    for d in info.shape:
+        tt.shape.dim.add().dim_value = d
+    return 1
+
+
+def _shape_loops(graph, inferred, known, trips: dict[str, int], depth: int) -> int:
+    """Shapes ONNX's inference leaves out of a Loop, written into ``graph`` (and its bodies, at
+    any depth) for the next round: its body's loop-carried inputs take their initial values'
+    shapes (ONNX passes the body their ranks only, so the whole body had no sizes), and the
+    Loop's outputs its body's outputs' (a scan output stacked over a constant trip count).
+    ``inferred`` is ``graph`` as the last inference left it, ``known`` the shapes so far.
+    Returns how many types it changed."""
+    count, declared = 0, None
+    for node, done in zip(graph.node, inferred.node):
+        subs = dict(bodies(node))
+        if not subs or depth >= MAX_SUBGRAPH_DEPTH:
+            continue
+        done_subs = dict(bodies(done))
+        body, body_done = subs.get("body"), done_subs.get("body")
+        if node.op_type == "Loop" and body is not None and body_done is not None:
+            carried = list(node.input[2:])
+            for k, name in enumerate(carried):
+                info = known.get(name)
+                if info is not None and info.known and k + 2 < len(body.input):
+                    count += _declare(body.input[k + 2], info)
+            trip = trips.get(node.input[0]) if node.input and node.input[0] else None
+            for i, out in enumerate(node.output):
+                info = known.get(out)
+                if (not out or (info is not None and info.known) or i + 1 >= len(body_done.output)
+                        or not body_done.output[i + 1].type.HasField("tensor_type")):
+                    continue
+                got = _info_of(body_done.output[i + 1].type.tensor_type)
+                if not got.known:
+                    continue
+                if i >= len(carried):  # a scan output: each iteration's value, stacked
+                    if trip is None or not 0 <= trip <= MAX_DIM:
+                        continue
+                    got = TensorInfo(got.dtype, (trip, *got.shape))
+                if declared is None:
+                    declared = {vi.name: vi for vi in (*graph.value_info, *graph.output)}
+                if out not in declared:
+                    declared[out] = graph.value_info.add()
+                    declared[out].name = out
+                count += _declare(declared[out], got)
+        for key, sub in subs.items():
+            if key in done_subs:
+                count += _shape_loops(sub, done_subs[key],
+                                      _child(known, _collect_tensors(done_subs[key], None)),
+                                      trips, depth + 1)
+    return count
+
+
+def _adopt_body_types(graph, inferred, depth: int) -> None:
+    """Copy the types the last inference gave the tensors of ``graph``'s bodies (``inferred``
+    is ``graph`` inferred), at any depth, into them: costing reads a body's shapes there."""
+    for node, done in zip(graph.node, inferred.node):
+        done_subs = {a.name: a.g for a in done.attribute if a.HasField("g")}
+        for attr in node.attribute:
+            if not attr.HasField("g") or attr.name not in done_subs or depth >= MAX_SUBGRAPH_DEPTH:
+                continue
+            sub, sub_done = attr.g, done_subs[attr.name]
+            del sub.value_info[:]
+            sub.value_info.extend(sub_done.value_info)
+            for mine, theirs in zip((*sub.input, *sub.output), (*sub_done.input, *sub_done.output)):
+                mine.type.CopyFrom(theirs.type)
+            _adopt_body_types(sub, sub_done, depth + 1)
+
+
+def _body_shapeless(graph, known, depth: int) -> list[str]:
+    """The outputs of the nodes of ``graph``'s If, Loop and Scan bodies, at any depth, that have
+    no shape (their readers cost nothing)."""
+    out = []
+    for node in graph.node:
+        for _, body in bodies(node):
+            if depth >= MAX_SUBGRAPH_DEPTH:
+                continue
+            inits = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in body.initializer}
+            scope = _child(known, {**_collect_tensors(body, None), **inits})
+            out += [n for b in body.node for n in b.output
+                    if n and (scope.get(n) is None or scope[n].shape is None)]
+            out += _body_shapeless(body, scope, depth + 1)
+    return out
 
 
 def _known_shape(tensors: dict, name: str):

@@ -10,6 +10,17 @@ from __future__ import annotations
 
 MAX_FOLD_ELEMENTS = 1 << 16
 _EXTERNAL = 1  # TensorProto.EXTERNAL
+# TensorProto's floating-point types (load.FLOAT_DTYPES): an initializer of one, of rank 1 or
+# more, is a weight (costs.parameter_tensors), never shape arithmetic's input
+_FLOAT_TYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20, 23})
+_MAX_SHAPE_VECTOR = 8  # ONNX shapes in practice have at most 8 dimensions
+
+
+def _elements(t) -> int:
+    n = 1
+    for d in t.dims:
+        n *= max(int(d), 0)
+    return n
 
 
 def _inline_array(t):
@@ -30,6 +41,12 @@ def fold_shapes(model, shape_of) -> int:
     """Replace foldable nodes of `model.graph` by Constants, in place; returns how many.
 
     `shape_of(name)` gives a tensor's fully known shape (tuple of ints) or None.
+
+    Weights are never evaluated: a node reading a floating-point initializer of rank 1 or more
+    and more than 8 elements (smaller ones are shape arithmetic's vectors) (Linear's W.t() in a training-mode export, a Gather from a position table, the Identity
+    copy of a deduplicated norm weight), or reading what such a node makes, stays as it is.
+    Folded into a Constant, a weight of up to MAX_FOLD_ELEMENTS had stopped being a parameter,
+    and only where folding ran (a graph with a symbolic size left after inference).
     """
     import numpy as np
     from onnx import numpy_helper
@@ -37,7 +54,10 @@ def fold_shapes(model, shape_of) -> int:
     graph = model.graph
     values: dict[str, np.ndarray] = {}
     for t in graph.initializer:
-        v = _inline_array(t) if t.data_type != 8 else None  # 8: strings
+        # a vector of at most a tensor's rank (a Resize scale, a shape's factors folded by the
+        # exporter) is shape arithmetic's; a weight has more elements
+        weight = t.data_type in _FLOAT_TYPES and len(t.dims) > 0 and _elements(t) > _MAX_SHAPE_VECTOR
+        v = _inline_array(t) if t.data_type != 8 and not weight else None  # 8: strings
         if v is not None:
             values[t.name] = v
     folded = 0
