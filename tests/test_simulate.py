@@ -1387,11 +1387,8 @@ def test_ledger_rows_with_times_no_job_had_are_refused_or_left_out():
 
 
 def test_bf_window_is_capped_as_slurm_conf_caps_it(simulate_cli):
-    # 10^20 had been an internal error (islice's stop argument)
-    from slurm_horus.cli.admin_simulate import MAX_BF_WINDOW
-    from slurm_horus.sim import cluster
-
-    assert MAX_BF_WINDOW == cluster._MAX_BF_MAX_JOB_TEST
+    # 10^20 had been an internal error (islice's stop argument); the cap is
+    # cluster.MAX_BF_MAX_JOB_TEST, the one backfill_from_slurm_conf applies
     for n in ("99999999999999999999", "1000001", "-1"):
         r = CliRunner().invoke(simulate_cli, ["simulate", "--jobs", "10", "--bf-window", n])
         assert r.exit_code == 2 and r.output.count("\n") == 1, r.output

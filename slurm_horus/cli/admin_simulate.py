@@ -30,7 +30,6 @@ SUMMARY = (("completed", "completed jobs", "{:,}"), ("failed_jobs", "failed jobs
 
 
 MAX_INPUT_BYTES = 1 << 30  # a trace, an export or a cluster description: never endless
-MAX_BF_WINDOW = 1_000_000  # as backfill_from_slurm_conf caps bf_max_job_test
 
 
 def _read(path: str, what: str) -> str:
@@ -246,10 +245,10 @@ def register(main_group: click.Group) -> None:
         from slurm_horus.errors import HorusError
         from slurm_horus.plot import console, pyplot, save
         from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
-        from slurm_horus.sim.cluster import SLURM_BF_INTERVAL_S, backfill_from_slurm_conf
+        from slurm_horus.sim.cluster import MAX_BF_MAX_JOB_TEST, SLURM_BF_INTERVAL_S, backfill_from_slurm_conf
         from slurm_horus.sim.engine import run_policies
         from slurm_horus.sim.plot import figure, terminal
-        from slurm_horus.slurm.policy import POLICY_MAX_BYTES, find_hook, policy_value
+        from slurm_horus.slurm.policy import POLICY_MAX_BYTES, find_hook, policy_values
         from slurm_horus.slurm.policy import policy_file as site_policy_file
         from slurm_horus.textfile import read_text
 
@@ -273,8 +272,8 @@ def register(main_group: click.Group) -> None:
             if typed(name) and (cluster_file or slurm_conf):
                 raise HorusError(f"{opt} applies to the homogeneous cluster, not to "
                                  f"{'--cluster' if cluster_file else '--slurm-conf'} (it names its nodes)")
-        if bf_window is not None and not 0 <= bf_window <= MAX_BF_WINDOW:
-            raise HorusError(f"--bf-window must be 0..{MAX_BF_WINDOW:,} (slurm.conf's bf_max_job_test "
+        if bf_window is not None and not 0 <= bf_window <= MAX_BF_MAX_JOB_TEST:
+            raise HorusError(f"--bf-window must be 0..{MAX_BF_MAX_JOB_TEST:,} (slurm.conf's bf_max_job_test "
                              "takes at most that too)")
         conf_text = None
         if slurm_conf:
@@ -328,7 +327,7 @@ def register(main_group: click.Group) -> None:
         policy_text = read_text(policy_file, "policy file" + (" (HORUS_POLICY)" if from_env else ""),
                                 POLICY_MAX_BYTES)
         if slowdown_bound is None:
-            slowdown_bound = float(policy_value("slowdown_bound", "2", path=policy_file))
+            slowdown_bound = float(policy_values(policy_text).get("slowdown_bound", "2"))
         for warning in (sacct_warning(replayed) if sacct else None, policy_warning(policy_file, policy_text)):
             if warning:
                 click.echo(f"horus-admin simulate: warning: {warning}", err=True)

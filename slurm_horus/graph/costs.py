@@ -9,7 +9,7 @@ and outputs kept for the backward pass, since we cannot know what it needs.
 from __future__ import annotations
 
 from collections import ChainMap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_horus.graph.flops import ELEMENTWISE, NORMS, RNN_GATES, node_flops, int_attr, numel, shape_of
 from slurm_horus.errors import ModelError
@@ -268,12 +268,9 @@ def _per_iteration(c: NodeCost, graph: Graph, local: _Names, times: int, prefix:
         raise ModelError(f"{graph.path}: node '{prefix}{c.name}' ({c.op_type}) would cost {flops:.3g} "
                          f"FLOPs and keep {extra:.3g} bytes over its loop's iterations; the model's "
                          "trip counts or sizes are not plausible")
-    return NodeCost(name=prefix + c.name, op_type=c.op_type, category=c.category, inputs=c.inputs,
-                    outputs=c.outputs, flops=flops, params=c.params, param_bytes=c.param_bytes,
-                    out_bytes=c.out_bytes, read_bytes=c.read_bytes * times,
-                    write_bytes=c.write_bytes * times, kernels=c.kernels * times,
-                    saved=tuple(n for n in c.saved if n not in local), extra_saved_bytes=extra,
-                    has_rule=c.has_rule, shapes_known=c.shapes_known)
+    return replace(c, name=prefix + c.name, flops=flops, read_bytes=c.read_bytes * times,
+                   write_bytes=c.write_bytes * times, kernels=c.kernels * times,
+                   saved=tuple(n for n in c.saved if n not in local), extra_saved_bytes=extra)
 
 
 def _runs_all_trips(node) -> bool:
@@ -282,7 +279,7 @@ def _runs_all_trips(node) -> bool:
     condition may stop early: M is then only a bound."""
     if len(node.input) < 2 or not node.input[1]:
         return True
-    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    body = dict(bodies(node)).get("body")
     if body is None or len(body.input) < 2 or not body.output:
         return False
     cond_in, cond_out = body.input[1].name, body.output[0].name

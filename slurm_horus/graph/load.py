@@ -27,7 +27,7 @@ from functools import cached_property
 from pathlib import Path
 
 from slurm_horus.errors import HorusError, ModelError
-from slurm_horus.graph.shapefold import MAX_FOLD_ELEMENTS, fold_shapes
+from slurm_horus.graph.shapefold import FLOAT_DTYPES, MAX_FOLD_ELEMENTS, fold_shapes
 
 # protobuf cannot parse a message above 2 GiB; bigger models must keep weights in external files.
 MAX_PROTO_BYTES = 2**31 - 1
@@ -68,7 +68,6 @@ DTYPE_BYTES = {
     1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8,
     14: 8, 15: 16, 16: 2, 17: 1, 18: 1, 19: 1, 20: 1, 21: 1, 22: 1, 23: 1,
 }
-FLOAT_DTYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20, 23})
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,10 @@ from __future__ import annotations
 
 MAX_FOLD_ELEMENTS = 1 << 16
 _EXTERNAL = 1  # TensorProto.EXTERNAL
-# TensorProto's floating-point types (load.FLOAT_DTYPES): an initializer of one, of rank 1 or
-# more, is a weight (costs.parameter_tensors), never shape arithmetic's input
-_FLOAT_TYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20, 23})
+# TensorProto's floating-point types (load reads them from here): an initializer of one, of
+# rank 1 or more, is a weight (costs.parameter_tensors), never shape arithmetic's input
+FLOAT_DTYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20, 23})
 _MAX_SHAPE_VECTOR = 8  # ONNX shapes in practice have at most 8 dimensions
-
-
-def _elements(t) -> int:
-    n = 1
-    for d in t.dims:
-        n *= max(int(d), 0)
-    return n
 
 
 def _inline_array(t):
@@ -56,7 +49,8 @@ def fold_shapes(model, shape_of) -> int:
     for t in graph.initializer:
         # a vector of at most a tensor's rank (a Resize scale, a shape's factors folded by the
         # exporter) is shape arithmetic's; a weight has more elements
-        weight = t.data_type in _FLOAT_TYPES and len(t.dims) > 0 and _elements(t) > _MAX_SHAPE_VECTOR
+        weight = (t.data_type in FLOAT_DTYPES and len(t.dims) > 0
+                  and _numel(max(int(d), 0) for d in t.dims) > _MAX_SHAPE_VECTOR)
         v = _inline_array(t) if t.data_type != 8 and not weight else None  # 8: strings
         if v is not None:
             values[t.name] = v

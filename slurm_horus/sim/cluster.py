@@ -19,7 +19,7 @@ MAX_GPU_MEM_MIB = 16 * 1024 * 1024  # 16 TiB: no GPU has more (a bound on what t
 
 # sched/backfill's defaults and limits (Slurm 25.11, src/plugins/sched/backfill/backfill.c)
 SLURM_BF_INTERVAL_S, SLURM_BF_MAX_JOB_TEST = 30, 500
-_MAX_BF_INTERVAL_S, _MAX_BF_MAX_JOB_TEST = 10800, 1_000_000
+_MAX_BF_INTERVAL_S, MAX_BF_MAX_JOB_TEST = 10800, 1_000_000
 
 __all__ = ["NodeSpec", "ClusterSpec", "Backfill", "homogeneous_cluster", "cluster_from_json",
            "cluster_from_slurm_conf", "backfill_from_slurm_conf"]
@@ -219,4 +219,4 @@ def backfill_from_slurm_conf(text: str) -> Backfill:
         interval = n
     n = _sched_param(params, "bf_max_job_test")
     return Backfill(enabled, float(interval),
-                    n if n is not None and 1 <= n <= _MAX_BF_MAX_JOB_TEST else SLURM_BF_MAX_JOB_TEST)
+                    n if n is not None and 1 <= n <= MAX_BF_MAX_JOB_TEST else SLURM_BF_MAX_JOB_TEST)
