@@ -48,16 +48,34 @@ def color(name: str, i: int = 0) -> str:
     return COLORS.get(name, _CYCLE[i % len(_CYCLE)])
 
 
-def save(fig, path: str) -> str:
-    """Write the figure (format from the file's suffix; none: .png, added to the name) and free
-    it; the path written.  Bad paths are one line."""
-    plt = pyplot()
+def check_path(path: str) -> str:
+    """The file a --plot FILE names (no suffix: .png added, as matplotlib would write), checked
+    before any work is done: a folder, a format matplotlib does not write or a folder that is not
+    there is a one-line HorusError, not a failure after the simulation or the query."""
+    pyplot()  # a missing matplotlib is one line too
+    from matplotlib.backend_bases import FigureCanvasBase
+
     if not path or os.path.isdir(path):
-        plt.close(fig)
         raise HorusError(f"--plot {path!r}: name a FILE.png")
-    if not os.path.splitext(path)[1]:
-        path += ".png"  # what matplotlib would write: say so
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if not ext:
+        path, ext = path + ".png", "png"
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if ext not in kinds:
+        raise HorusError(f"--plot {path}: .{ext} is no image format matplotlib writes "
+                         f"(use .png; also {', '.join(sorted(k for k in kinds if k != 'png'))})")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise HorusError(f"--plot {path}: no folder {folder}")
+    return path
+
+
+def save(fig, path: str) -> str:
+    """Write the figure (format from the file's suffix; none: .png) and free it; the path
+    written.  Bad paths are one line (check_path)."""
+    plt = pyplot()
     try:
+        path = check_path(path)
         fig.savefig(path, dpi=110, bbox_inches="tight")
     except (OSError, ValueError) as e:
         raise HorusError(f"--plot {path}: {getattr(e, 'strerror', None) or e}") from None

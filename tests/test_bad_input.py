@@ -14,6 +14,7 @@ from slurm_horus.ledger import Ledger
 
 ADMIN = [sys.executable, "-m", "slurm_horus.cli.admin"]
 HACCT = [sys.executable, "-m", "slurm_horus.cli.hacct"]
+POLICY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "etc", "horus_policy.conf")
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +61,12 @@ CASES = {
 @pytest.mark.parametrize("name", CASES)
 def test_a_one_line_error_and_a_non_zero_exit(name, files):
     cmd = [a.format(d=files) for a in CASES[name]]
-    env = {**os.environ, "HORUS_POLICY": str(files / "no-policy"), "HORUS_SPOOL": str(files / "spool")}
+    # the shipped policy: each case must fail on its own input, not on a policy file it lacks
+    env = {**os.environ, "HORUS_POLICY": POLICY, "HORUS_SPOOL": str(files / "spool")}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     lines = r.stderr.strip().splitlines()
     assert r.returncode != 0, r.stdout[-500:]
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
     # one line, usage errors too (click's own took four: usage, a hint, a blank, the error)
     assert len(lines) == 1 and ": error: " in lines[0], r.stderr
+    assert "policy-file" in name or "policy file" not in lines[0], r.stderr

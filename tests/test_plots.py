@@ -151,6 +151,15 @@ def test_hacct_nothing_to_plot(tmp_path):
     assert len(r.output.strip().splitlines()) == 1
 
 
+def test_hacct_plot_path_is_checked_before_the_ledger(tmp_path):
+    pytest.importorskip("matplotlib")
+    none = f"sqlite:///{tmp_path}/none.db"  # no ledger there: the path is what it says first
+    r = CliRunner().invoke(hacct, ["--ledger", none, "--plot", str(tmp_path / "acc.docx")])
+    assert r.exit_code != 0 and ".docx is no image format matplotlib writes" in r.output, r.output
+    r = CliRunner().invoke(hacct, ["--ledger", none, "--plot", str(tmp_path / "no" / "acc.png")])
+    assert r.exit_code != 0 and "no folder" in r.output, r.output
+
+
 def test_hacct_without_matplotlib(url, tmp_path, monkeypatch):
     _no_matplotlib(monkeypatch)
     png = tmp_path / "acc.png"

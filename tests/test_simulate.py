@@ -1403,6 +1403,10 @@ def test_the_policy_file_named_must_be_there_and_is_named_in_the_output(simulate
     assert f"policy file (HORUS_POLICY) {tmp_path / 'typo.conf'}: No such file" in r.output
     r = CliRunner().invoke(simulate_cli, [*base, "--policy-file", str(tmp_path / "none.conf")])
     assert r.exit_code == 2 and "none.conf: No such file" in r.output
+    # before the trace is built: a ledger that is not there is not what it says first
+    r = CliRunner().invoke(simulate_cli, ["simulate", "--ledger", f"sqlite:///{tmp_path}/none.db",
+                                          "--policy-file", str(tmp_path / "none.conf")])
+    assert r.exit_code == 2 and "none.conf: No such file" in r.output, r.output
     # a file that is no policy (/etc/passwd) runs, with the lines the hook ignores said once
     junk = tmp_path / "passwd"
     junk.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/usr/sbin/nologin\n")

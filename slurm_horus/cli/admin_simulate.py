@@ -102,25 +102,6 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
                           max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap, **extra)
 
 
-def check_plot_path(path: str) -> None:
-    """A --plot FILE that cannot be written fails before the simulation, not after it: a
-    format matplotlib does not write, a folder, a folder that is not there."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    from slurm_horus.errors import HorusError
-
-    if not path or os.path.isdir(path):
-        raise HorusError(f"--plot {path!r}: name a FILE.png")
-    ext = os.path.splitext(path)[1].lstrip(".").lower() or "png"  # none: save adds .png
-    kinds = FigureCanvasBase.get_supported_filetypes()
-    if ext not in kinds:
-        raise HorusError(f"--plot {path}: .{ext} is no image format matplotlib writes "
-                         f"(use .png; also {', '.join(sorted(k for k in kinds if k != 'png'))})")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise HorusError(f"--plot {path}: no folder {folder}")
-
-
 def sacct_warning(report: dict) -> str | None:
     """The one line that says which rows of a --sacct dump were not replayed as they are, or
     None when every row was."""
@@ -243,7 +224,7 @@ def register(main_group: click.Group) -> None:
                      slowdown_quantile, max_group, zoo, as_json, plot):
         """Simulate a GPU cluster running a job trace under several placement policies."""
         from slurm_horus.errors import HorusError
-        from slurm_horus.plot import console, pyplot, save
+        from slurm_horus.plot import check_path, console, save
         from slurm_horus.sim.interference import LUCID_POINTS, Interference, parse_points
         from slurm_horus.sim.cluster import MAX_BF_MAX_JOB_TEST, SLURM_BF_INTERVAL_S, backfill_from_slurm_conf
         from slurm_horus.sim.engine import run_policies
@@ -305,20 +286,16 @@ def register(main_group: click.Group) -> None:
         if plot == "-" and as_json:
             raise HorusError("--plot - draws in the terminal; with --json name a FILE.png")
         if plot and plot != "-":
-            pyplot()  # a missing matplotlib fails before the simulation, not after
-            check_plot_path(plot)  # and so does a file it cannot write
+            check_path(plot)  # a missing matplotlib or a file it cannot write fails before the simulation
         pols = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
         if not pols:
             raise HorusError("--policies: none given")
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
-        cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, conf_text, gres_conf)
-        replayed: dict = {}
-        jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
-                           repeat_share, residuals_from, sensitivity_sigma, report=replayed)
         # one policy file for the hook's decisions and the bound: the site's (as horus-admin queue
         # reads it), else the one beside the hook that runs (the bound had been the site's while
         # the decisions were the shipped file's); one named (--policy-file, $HORUS_POLICY) must
-        # be there: a typo had silently run the shipped policy
+        # be there: a typo had silently run the shipped policy.  Read before the trace is built: a
+        # missing file had been reported only after it
         from_env = policy_file is None and bool(os.environ.get("HORUS_POLICY"))
         if policy_file is None:
             policy_file = site_policy_file()
@@ -328,6 +305,10 @@ def register(main_group: click.Group) -> None:
                                 POLICY_MAX_BYTES)
         if slowdown_bound is None:
             slowdown_bound = float(policy_values(policy_text).get("slowdown_bound", "2"))
+        cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, conf_text, gres_conf)
+        replayed: dict = {}
+        jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
+                           repeat_share, residuals_from, sensitivity_sigma, report=replayed)
         for warning in (sacct_warning(replayed) if sacct else None, policy_warning(policy_file, policy_text)):
             if warning:
                 click.echo(f"horus-admin simulate: warning: {warning}", err=True)

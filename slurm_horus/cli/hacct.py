@@ -117,6 +117,10 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
         click.echo(report.help_format(), nl=False)
         return
     cols = report.parse_format(fmt)
+    if plot not in (None, "-"):
+        from slurm_horus.plot import check_path
+
+        plot = check_path(plot)  # before the ledger is read
     from slurm_horus.slurm import commands as slurm
 
     # scontrol show config, asked at most once (the cluster's name, its privacy)

@@ -14,7 +14,7 @@ import numpy as np
 
 from slurm_horus.errors import HorusError, one_line
 from slurm_horus.predict.gpus import get_gpu
-from slurm_horus.slurm.accounting import RECORD_ERRORS, num, parse_job
+from slurm_horus.slurm.accounting import RECORD_ERRORS, UNSET_TIME, num, parse_job
 from slurm_horus.slurm.parse import json_errors
 from slurm_horus.sim.mix import SITE_POOLED, ModelMix
 from slurm_horus.sim.traces import SimJob, graph_residuals, time_limit, truth
@@ -89,9 +89,6 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
 # why a sacct row is not replayed, in the order they are tested (the report's order)
 SKIP_REASONS = ("not job records", "steps", "unreadable", "without GPUs", "not ended",
                 "without times", "impossible times")
-# Slurm's NO_VAL (4294967294) and INFINITE (4294967295) as uint32, in a time field given as a
-# plain number (seconds for times, minutes for time.limit): unset, as accounting._epoch reads them
-UNSET = 4294967294
 # Bounds of a usable row: submitted from 1970 to 2100 (epoch seconds), and ran less than a year
 # (366 days: a site's longest partition limit is a year, MaxTime=525600 on the clusters the tests
 # record, and the generator's jobs run at most 2 days): beyond them a time is a broken record
@@ -106,7 +103,7 @@ def _time(v: Any) -> float | None:
     INFINITE, a ``{set: false}`` or ``{infinite: true}`` struct, no number), NaN when it is
     no finite number."""
     v = num(v)
-    if v is None or v == 0 or v in (UNSET, UNSET + 1):
+    if v is None or v == 0 or v in (UNSET_TIME, UNSET_TIME + 1):
         return None
     try:
         v = float(v)
@@ -144,7 +141,7 @@ def _sacct_row(j: dict) -> tuple[float, float, int, float | None] | str:
     if _impossible(submit, elapsed):
         return "impossible times"
     lim = num(t.get("limit"))  # minutes; NO_VAL, INFINITE (or above: no uint32) are none given
-    lim = _time(lim) if lim is None or lim < UNSET else None
+    lim = _time(lim) if lim is None or lim < UNSET_TIME else None
     # a limit that is no finite positive number counts as none given (documented)
     lim = lim * 60.0 if lim is not None and math.isfinite(lim) and lim > 0 else None
     return submit, elapsed, int(gpus), lim
@@ -216,7 +213,7 @@ def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, fl
             raise HorusError(f"row {n}: non-finite value")
         if lim is not None and lim <= 0:
             raise HorusError(f"row {n}: limit_s must be positive")
-        if lim is not None and lim >= UNSET * 60.0:
+        if lim is not None and lim >= UNSET_TIME * 60.0:
             lim = None  # Slurm's NO_VAL and INFINITE minutes (or above): none given, as in sacct's
         if vals["submit_time"] > MAX_EPOCH_S or vals["elapsed_s"] > MAX_ELAPSED_S:
             raise HorusError(f"row {n}: need submit_time up to 4102444800 (2100) and elapsed_s up to "

@@ -34,8 +34,9 @@ FINISHED = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NOD
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 _UNITS = {"": None, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2, "P": 1024.0 ** 3}
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?)i?B?\s*$", re.I)
-# time.start / time.end of a job that never started or has not ended (NO_VAL, INFINITE as uint32)
-_UNSET_TIME = 4294967294
+# Slurm's NO_VAL (4294967294) and INFINITE (4294967295) as uint32 in a time field (time.start /
+# time.end of a job that never started or has not ended; a limit in minutes): unset, at or above it
+UNSET_TIME = 4294967294
 QUEUE_TOKEN = "horus-queue:v1"
 QUEUE_ACTIONS_MAX = 255  # jobs.queue_actions is VARCHAR(255)
 _QUEUE_RE = re.compile(re.escape(QUEUE_TOKEN) + r"((?:;[a-z]+=[A-Za-z0-9:/._-]*)+)")
@@ -145,7 +146,7 @@ def _gres_counts(alloc: dict) -> tuple[dict[str, int], str | None]:
 def _epoch(v) -> int | None:
     """Epoch seconds of a sacct time; None for 0 and the unset sentinels (>= 4294967294)."""
     v = num(v)
-    return None if not v or v >= _UNSET_TIME else int(v)
+    return None if not v or v >= UNSET_TIME else int(v)
 
 
 def _gpu_use(steps: list) -> dict:
