@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     model_family VARCHAR(64),
     feature_version INTEGER,
     features TEXT,            -- JSON {feature name: value}
-    workload TEXT,            -- JSON {batch_size, task, optimizer, precision, cpus_per_task}
+    workload TEXT,            -- JSON {batch_size, task, optimizer, precision, cpus, gpus, dims}
     gpu_types TEXT,           -- JSON [gres type, ...] the job may run on
     predictions TEXT,         -- JSON {gres type: {util_pct, mem_mib, mem_mib_p90, predictor, cold: {...}}}
     hint TEXT,

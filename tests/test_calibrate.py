@@ -115,6 +115,8 @@ def test_orchestration_writes_import_rows(tmp_path):
     assert float(r0["cold_mem_mib"]) > 0 and r0["cold_util_pct"]
     assert r0["calib_id"] == run_id("small_cnn", 8, "train", "a100-40gb")
     assert r0["user"] == ""  # the admin's measurements: no user (the history lets them lower alone)
+    # the learned model's CPU input: CPUs per GPU, here all the run had, for its one GPU
+    assert float(r0["cpus_per_gpu"]) == len(os.sched_getaffinity(0)) and "cpus_per_task" not in r0
     # an existing file is not overwritten without --resume
     with pytest.raises(HorusError, match="--resume"):
         calibrate(runner, runs, out, sampler_factory=FakeSampler)

@@ -24,13 +24,31 @@ from slurm_horus.predict.coldstart import Prediction
 ZOO = Path(__file__).resolve().parent / "data" / "zoo"
 
 
-def test_horus_predict_assumes_one_cpu_as_hsubmit_does():
+def test_horus_predict_assumes_one_cpu_per_gpu_as_hsubmit_does_for_a_one_gpu_job():
     from slurm_horus.cli.horus import main
+    from slurm_horus.slurm import submit as sub
 
     r = CliRunner().invoke(main, ["predict", str(ZOO / "resnet50.onnx"), "-b", "8", "--gpu", "a100",
                                   "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["workload"]["cpus_per_task"] == 1
+    workload = json.loads(r.stdout)["workload"]
+    assert workload["cpus_per_gpu"] == 1 and "cpus_per_task" not in workload
+    one_gpu = sub.prepare(["--gres=gpu:1", "--wrap", "x"], env={})
+    assert sub.check_options(one_gpu)[0].cpus_per_gpu == 1
+    r = CliRunner().invoke(main, ["predict", str(ZOO / "resnet50.onnx"), "-b", "8", "--gpu", "a100",
+                                  "--cpus-per-gpu", "8", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["workload"]["cpus_per_gpu"] == 8, r.output
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "nan", "inf", "x"])
+def test_horus_predict_refuses_a_cpu_count_per_gpu_that_is_none_in_one_line(value):
+    from slurm_horus.cli.horus import main
+
+    r = CliRunner().invoke(main, ["predict", str(ZOO / "resnet50.onnx"), "-b", "8", "--gpu", "a100",
+                                  f"--cpus-per-gpu={value}"])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "No such option" not in r.output and len(r.output.strip().splitlines()) == 1
+    assert "cpus-per-gpu" in r.output.lower().replace("cpus per gpu", "cpus-per-gpu")
 
 
 def test_a_p95_calibrated_without_a_p99_travels_in_the_hint():

@@ -304,6 +304,69 @@ def test_job_desc_gpus_and_nodes():
     assert jd["cpus_per_tres"] == "gres:gpu:4"
 
 
+@pytest.mark.parametrize("argv, env, want", [
+    # the learned model's CPU input is CPUs per GPU, on both sides: this job had served as 8
+    # (its --cpus-per-task) and trained as 32 (its CPUs in all)
+    (["--gres=gpu:4", "--ntasks-per-node=4", "-c", "8"], {}, 8.0),
+    (["--cpus-per-gpu=8", "--gpus=2"], {}, 8.0),  # had served as 1 (no --cpus-per-task)
+    (["--gpus=2"], {"SBATCH_CPUS_PER_GPU": "6"}, 6.0),
+    (["--gpus=2"], {}, 0.5),  # Slurm's one CPU for the job's one task
+    (["-G", "a100:2,v100:2", "-c", "4"], {}, 1.0),
+    (["-N", "2", "--gpus-per-node=4", "--ntasks-per-node=4", "-c", "8"], {}, 8.0),
+    (["-N", "1-2", "--gpus-per-node=4", "--ntasks-per-node=4", "-c", "8"], {}, 8.0),  # either way 8
+    (["-N", "2", "--gres=gpu:2", "-c", "4"], {}, 2.0),  # a task a node
+    (["-n", "8", "--gpus-per-task=1", "-c", "6"], {}, 6.0),
+    (["--ntasks-per-gpu=2", "--gpus=4", "-c", "3"], {}, 6.0),
+    (["--task", "4", "--gres=gpu:2", "-c", "2"], {}, 4.0),  # sbatch's --tasks-per-node
+    # what cannot be told is unknown (the model's missing value), never an error
+    (["-N", "1-2", "--gpus=4", "--ntasks-per-node=4", "-c", "8"], {}, None),
+    (["--gpus-per-socket=1", "-c", "6"], {}, None),
+    (["--gres=shard:10"], {}, None),
+    (["--gres=gpu:0"], {}, None),
+    ([], {}, None),
+    (["-c", "x", "--gpus=1"], {}, None),
+    (["-n", "0", "--gpus=1"], {}, None),
+    (["-N", "two", "--gpus-per-node=1"], {}, None),
+    (["--cpus-per-gpu=none", "--gpus=1"], {}, None),
+    (["--gpus=" + "9" * 60], {}, None),
+    (["--gres=gpu:a100:1(IDX:x)"], {}, 1.0),
+    # from the regression review: -n with --ntasks-per-node gives the nodes (2 here, 8 GPUs, 64
+    # CPUs: 8, served as 16), and -n alone with GPUs per node may span nodes (unknown)
+    (["--gres=gpu:4", "-n", "8", "--ntasks-per-node=4", "-c", "8"], {}, 8.0),
+    (["--gres=gpu:1", "-n", "2", "--ntasks-per-node=1", "-c", "4"], {}, 4.0),
+    (["--gres=gpu:1", "-n", "2", "-c", "4"], {}, None),
+    (["--gres=gpu:1", "-N", "1", "-n", "2", "-c", "4"], {}, 8.0),
+    # a -c on the command line overrides SBATCH_CPUS_PER_GPU, as in sbatch (slurm_opt.c)
+    (["--gres=gpu:1", "-c", "8"], {"SBATCH_CPUS_PER_GPU": "2"}, 8.0),
+    # --tres-per-task's cpu is the CPUs per task (23.02+)
+    (["-n", "2", "--tres-per-task=cpu=4,gres/gpu:1"], {}, 4.0),
+    # a count of thousands of digits is sbatch's to refuse, not an internal error
+    (["--gres=gpu:1", "--cpus-per-gpu=" + "9" * 4301], {}, None),
+    (["--gres=gpu:1", "--tasks-per-node=" + "9" * 4301], {}, None),
+])
+def test_the_cpus_per_gpu_a_job_asks_for(argv, env, want):
+    plan = sub.prepare([*argv, "--model", "m.onnx", "--wrap", "x"], env=env)
+    assert sub.requested_cpus_per_gpu(plan) == want
+    assert sub.check_options(plan)[0].cpus_per_gpu == want
+
+
+def test_the_cpus_per_gpu_of_sbatch_lines(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --gpus-per-node=2\n#SBATCH --ntasks-per-node=2\n"
+                      "#SBATCH -c 16\n#HORUS --model=m.onnx\npython train.py\n")
+    assert sub.check_options(sub.prepare([str(script)], env={}))[0].cpus_per_gpu == 16
+    assert sub.check_options(sub.prepare(["-c", "4", str(script)], env={}))[0].cpus_per_gpu == 4
+    # --tasks-per-node (the alias) on the command line wins over the script's --ntasks-per-node
+    assert sub.check_options(sub.prepare(["--tasks-per-node=1", str(script)], env={}))[0].cpus_per_gpu == 8
+
+
+def test_an_environment_cpus_per_gpu_gives_way_to_a_command_line_c():
+    plan = sub.prepare(["--gres=gpu:1", "-c", "8", "--wrap", "x"], env={"SBATCH_CPUS_PER_GPU": "2"})
+    assert "cpus_per_tres" not in sub.job_desc_of(plan)  # what the hook sees: sbatch drops it
+    plan = sub.prepare(["--gres=gpu:1", "--wrap", "x"], env={"SBATCH_CPUS_PER_GPU": "2"})
+    assert sub.job_desc_of(plan)["cpus_per_tres"] == "gres:gpu:2"
+
+
 def test_bad_model_raises_horus_error(tmp_path):
     bad = tmp_path / "x.onnx"
     bad.write_text("not onnx")

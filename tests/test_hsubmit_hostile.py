@@ -671,3 +671,22 @@ def test_a_job_that_asks_for_no_gpu_gets_no_hint(slurm_bin):
                  {**env, "SBATCH_GPUS": "1"})
     assert cp.returncode == 0 and "asks for no GPU" not in cp.stderr, cp.stderr
     assert any(a.startswith("--comment=horus:v1;") for a in log.read_text().splitlines())
+
+
+def test_explain_shows_the_cpus_per_gpu_the_job_asks_for_and_unknown_ones_still_submit(slurm_bin):
+    """The learned model's CPU input is the job's CPUs per GPU (it had been its --cpus-per-task,
+    8 here, where the model trained on the job's CPUs in all, 32); where it cannot be told the
+    job still goes in, with its hint."""
+    env, log = slurm_bin
+    model = ["--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8"]
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:4", "--ntasks-per-node=4", "-c", "8", *model, "--explain",
+                  "--wrap", "true"], env)
+    assert cp.returncode == 0 and not log.exists(), cp.stderr
+    assert " cpus_per_gpu=8\n" in cp.stdout and "cpus_per_task" not in cp.stdout
+    cp = hsubmit(["-p", "gpu", "--gpus-per-socket=1", "-c", "6", *model, "--explain", "--wrap", "true"], env)
+    assert cp.returncode == 0 and " cpus_per_gpu=-\n" in cp.stdout, cp.stderr
+    for odd in (["--gpus-per-socket=1", "-c", "6"], ["--gpus=2", "-c", "x"], ["--gres=gpu:1", "-n", "0"]):
+        cp = hsubmit(["-p", "gpu", *odd, *model, "--wrap", "true"], env)
+        assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout and "Traceback" not in cp.stderr
+        assert any(a.startswith("--comment=horus:v1;a100=") for a in log.read_text().splitlines()), odd
+

@@ -549,6 +549,8 @@ def test_user_extracts(tmp_path):
     assert st.st_mode & 0o777 == 0o400 and st.st_uid == me.pw_uid
     assert [j["job_id"] for j in Ledger(f"sqlite:///{ext}", readonly=True).jobs()] == [1]
     assert not [p for p in (tmp_path / "users").iterdir() if p.name.startswith(".")]
+    # where jobs are private, the folder lists no one's: 0711 (each opens their own by name)
+    assert (tmp_path / "users").stat().st_mode & 0o777 == 0o711
     # the jobs that shared a GPU with yours: named only where they are yours (2 is another's)
     L.record_submission(job_id=4, cluster="c", user=me.pw_name, predictions=PRED)
     L.record_usage(job_id=1, cluster="c", source="sacct", colocated=[2, 4])

@@ -73,7 +73,10 @@ def test_faster_gpu_is_less_utilized_by_the_same_job():
 @pytest.mark.parametrize("kwargs, message", [
     ({"batch_size": 0}, "batch size"), ({"batch_size": -4}, "batch size"),
     ({"optimizer": "lbfgs"}, "optimizer"), ({"precision": "fp8"}, "precision"),
-    ({"task": "serve"}, "task")])
+    ({"task": "serve"}, "task"), ({"cpus_per_gpu": 0}, "CPUs per GPU"),
+    ({"cpus_per_gpu": -1}, "CPUs per GPU"), ({"cpus_per_gpu": float("nan")}, "CPUs per GPU"),
+    ({"cpus_per_gpu": float("inf")}, "CPUs per GPU"), ({"cpus_per_gpu": True}, "CPUs per GPU"),
+    ({"cpus_per_gpu": "8"}, "CPUs per GPU")])
 def test_workload_validation(kwargs, message):
     with pytest.raises(HorusError, match=message):
         Workload(**{"batch_size": 1, **kwargs})
@@ -470,3 +473,87 @@ def test_a_policy_that_is_a_fifo_is_no_policy_not_a_hang(tmp_path):
     proc = _cli("predict", str(ZOO / "small_cnn.onnx"), "-b", "4", "--gpu", "t4",
                 env={"HORUS_MODEL_DIR": str(tmp_path), "HORUS_POLICY": str(fifo)})
     assert proc.returncode == 0 and "no readable policy" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("stored, want", [
+    ({"cpus": 32, "gpus": 4}, 8.0),  # what sync stores: Slurm's allocation, CPUs per GPU read from it
+    ({"cpus": 8, "gpus": 3}, 8 / 3),
+    ({"cpus": 8, "gpus": None}, None),  # a job on shards: no whole GPU
+    ({"cpus": 8, "gpus": 0}, None), ({"cpus": None, "gpus": 2}, None),
+    ({"cpus_per_gpu": "2.5"}, 2.5), ({"cpus_per_gpu": 4, "cpus": 1, "gpus": 1}, 4.0),
+    ({"cpus_per_gpu": ""}, None), ({"cpus_per_gpu": 0}, None),
+    ({"cpus_per_task": 32}, None),  # the old, other figure: unknown, never taken for this one
+    ({"cpus": 2 ** 62, "gpus": 1}, None),  # past any node
+])
+def test_the_stored_workloads_cpus_per_gpu(stored, want):
+    from slurm_horus.predict.workload import workload_dict, workload_from
+
+    w = workload_from(stored)
+    assert w.cpus_per_gpu == (pytest.approx(want) if want else want)
+    assert workload_from(workload_dict(w)) == w
+
+
+@pytest.mark.parametrize("stored", [{"cpus_per_gpu": "eight"}, {"cpus_per_gpu": [1]},
+                                    {"cpus": "x", "gpus": 1}, {"cpus_per_gpu": -2}])
+def test_a_stored_cpu_figure_that_is_none_is_a_one_line_error(stored):
+    from slurm_horus.predict.workload import workload_from
+
+    with pytest.raises(HorusError, match="(?i)cpus") as e:
+        workload_from(stored)
+    assert "\n" not in str(e.value)
+
+
+def test_the_learned_models_cpu_input_is_cpus_per_gpu():
+    from slurm_horus.predict.learned import input_names
+
+    names = input_names()
+    assert "cpus_per_gpu" in names and "cpus_per_task" not in names
+    report = _report("resnet50", 8)
+    for cpg, seen in ((8.0, 8.0), (2.5, 2.5), (None, 0.0)):  # 0: unknown
+        w = Workload(batch_size=8, cpus_per_gpu=cpg)
+        row = input_row(report.values, A100, w, EST.predict(report, A100, w))
+        assert row[names.index("cpus_per_gpu")] == seen
+
+
+def _old_cpu_input(trained, root: Path) -> Registry:
+    """A registry serving ``trained`` as a model file written before the CPU input was CPUs per
+    GPU: the same file with the input named cpus_per_task."""
+    reg = Registry(root)
+    version = reg.add(trained)
+    reg.promote(version)
+    doc = json.loads((root / f"{version}.json").read_text())
+    doc["inputs"] = ["cpus_per_task" if n == "cpus_per_gpu" else n for n in doc["inputs"]]
+    (root / f"{version}.json").write_text(json.dumps(doc))
+    return reg
+
+
+def test_a_model_file_with_the_old_cpu_input_is_refused_and_the_next_predictor_serves(trained, tmp_path):
+    """A model trained on cpus_per_task (CPUs in all) must never be fed CPUs per GPU under the
+    new name: refused in one line, and the cold start serves."""
+    from slurm_horus.predict.chain import choose_predictor
+
+    reg = _old_cpu_input(trained, tmp_path / "models")
+    with pytest.raises(HorusError, match="cpus_per_task.*retrain") as e:
+        reg.load("v0001")
+    assert "\n" not in str(e.value)
+    assert [m["valid"] for m in reg.list()] == [False]
+    choice = choose_predictor(reg.root)
+    assert isinstance(choice.estimator, ColdStartEstimator)
+    assert "cpus_per_task" in choice.warning and "cold-start estimator serves" in choice.warning
+    proc = _cli("predict", str(ZOO / "resnet50.onnx"), "-b", "16", "--gpu", "t4", "--json",
+                env={"HORUS_MODEL_DIR": str(reg.root)})
+    assert proc.returncode == 0 and json.loads(proc.stdout)["predictor"] == "cold-start", proc.stderr
+
+
+def test_hsubmit_submits_past_a_model_file_with_the_old_cpu_input(trained, tmp_path, slurm_bin):
+    env, log = slurm_bin
+    reg = _old_cpu_input(trained, tmp_path / "models")
+    cp = subprocess.run([sys.executable, "-m", "slurm_horus.cli.hsubmit", "-p", "gpu", "--gres=gpu:1",
+                         "-c", "8", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8",
+                         "--horus-model-dir", str(reg.root), "--wrap", "true"],
+                        capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    warning = [line for line in cp.stderr.splitlines() if "cpus_per_task" in line]
+    assert len(warning) == 1 and "cold-start estimator serves" in warning[0], cp.stderr
+    assert "Traceback" not in cp.stderr
+    assert any(a.startswith("--comment=horus:v1;a100=") for a in log.read_text().splitlines())

@@ -693,3 +693,115 @@ def test_the_learned_bounds_leave_out_jobs_the_learned_model_left_to_the_cold_st
     q = json.loads((reg.root / "calibration.json").read_text())["quantiles"]
     assert q["*"]["cold-start"]["n"] == 151 and q["*"]["learned"]["n"] == 150
     assert q["*"]["learned"]["mem_log_q"]["0.99"] < math.log(2.0)  # not the cold start's 3.7x
+
+
+def _cpu_input(ts) -> list[float]:
+    from slurm_horus.predict.learned import input_names
+
+    k = input_names().index("cpus_per_gpu")
+    return [row[k] for row in ts.X]
+
+
+def test_sync_built_rows_train_on_the_cpus_per_gpu_slurm_allocated(tmp_path):
+    """The learned model's CPU input is CPUs per GPU: from accounting, the job's allocated CPUs
+    over its allocated whole GPUs (it trained on the CPUs in all, 32 here, where hsubmit served
+    the same job its --cpus-per-task, 8); a job on shards ran on one GPU (4 CPUs: 4)."""
+    from slurm_horus.ledger import tables
+    from slurm_horus.ledger.sync import sync
+    from slurm_horus.ledger.training import training_set
+    from slurm_horus.slurm.hint import encode_workload
+    from sqlalchemy import select
+
+    model = Path(__file__).parent / "data" / "zoo" / "resnet50.onnx"
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    allocations = {1: [{"type": "cpu", "count": 32}, {"type": "gres", "name": "gpu", "count": 4}],
+                   2: [{"type": "cpu", "count": 6}, {"type": "gres", "name": "gpu:a100", "count": 1}],
+                   3: [{"type": "cpu", "count": 4}, {"type": "gres", "name": "shard", "count": 20}]}
+    jobs = [{"job_id": i, "user": "root", "account": "ml", "cluster": "c",
+             "comment": {"job": "horus:v1;a100=20/3000/3500 "
+                         + encode_workload({"sha": sha, "bs": 8, "task": "train", "model": str(model)})},
+             "time": {"elapsed": 60, "submission": 1, "start": 2 + i * 100, "end": 62 + i * 100},
+             "tres": {"allocated": alloc}, "nodes": "gpu-a100", "state": {"current": "COMPLETED"},
+             "steps": [{"time": {"elapsed": 60}, "tres": {"requested": {
+                 "max": [{"type": "gres", "name": "gpuutil", "count": 50},
+                         {"type": "gres", "name": "gpumem", "count": 3000 * 2 ** 20}],
+                 "average": [{"type": "gres", "name": "gpuutil", "count": 50}]}}}]}
+            for i, alloc in allocations.items()]
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    res = sync(L, sacct_json={"jobs": jobs}, node_types={"gpu-a100": "a100"})
+    assert res["recorded"] == res["features"] == 3
+    ts = training_set(L)
+    assert ts.keys == ["c/1", "c/2", "c/3"] and _cpu_input(ts) == [8.0, 6.0, 4.0]
+    s = tables()["submissions"]
+    with L.engine.connect() as conn:  # the facts are kept, the feature read from them
+        stored = [json.loads(w) for w, in conn.execute(select(s.c.workload).order_by(s.c.job_id))]
+    assert [(w["cpus"], w["gpus"]) for w in stored] == [(32, 4), (6, 1), (4, 1)]
+    assert not any("cpus_per_task" in w for w in stored)
+    # rows synced before: the job's CPUs in all as cpus_per_task; with the GPUs of their jobs
+    # rows they train as the same CPUs per GPU (a resync could lose them: a moved model file)
+    with L.engine.begin() as conn:
+        for i, w in zip((1, 2, 3), stored):
+            old = {k: v for k, v in w.items() if k not in ("cpus", "gpus")} | {"cpus_per_task": w["cpus"]}
+            conn.execute(s.update().where(s.c.job_id == i).values(workload=json.dumps(old)))
+    assert _cpu_input(training_set(L)) == [8.0, 6.0, 4.0]
+
+
+def test_an_import_takes_cpus_per_gpu_and_ignores_the_old_cpus_per_task(tmp_path):
+    from slurm_horus.ledger.retrain import IMPORT_COLUMNS, import_csv
+    from slurm_horus.ledger.training import training_set
+
+    assert "cpus_per_gpu" in IMPORT_COLUMNS and "cpus_per_task" not in IMPORT_COLUMNS
+    rng = random.Random(0)
+    src = tmp_path / "m.csv"
+    with open(src, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["features", "gpu_type", "batch_size", "cpus_per_gpu",
+                                          "cpus_per_task", "util_pct", "mem_mib", "cold_util_pct",
+                                          "cold_mem_mib"])
+        w.writeheader()
+        for cpg, cpt in (("8", ""), ("2.5", "32"), ("", "32")):
+            w.writerow({"features": json.dumps(_features(rng, 8)), "gpu_type": "a100-40gb",
+                        "batch_size": 8, "cpus_per_gpu": cpg, "cpus_per_task": cpt, "util_pct": 50,
+                        "mem_mib": 3000, "cold_util_pct": 50, "cold_mem_mib": 2800})
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    import_csv(L, str(src))
+    assert sorted(_cpu_input(training_set(L))) == [0.0, 2.5, 8.0]
+    # a file imported before the rename, imported again with its column renamed: its rows are
+    # replaced, not added a second time
+    old, new = tmp_path / "old.csv", tmp_path / "new.csv"
+    for path, col in ((old, "cpus_per_task"), (new, "cpus_per_gpu")):
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["features", "gpu_type", col, "util_pct", "mem_mib",
+                                              "cold_util_pct", "cold_mem_mib"])
+            w.writeheader()
+            w.writerow({"features": json.dumps(_features(random.Random(1), 8)), "gpu_type": "a100-40gb",
+                        col: "8", "util_pct": 50, "mem_mib": 3000, "cold_util_pct": 50, "cold_mem_mib": 2800})
+    L2 = Ledger(f"sqlite:///{tmp_path}/l2.db")
+    import_csv(L2, str(old))
+    assert _cpu_input(training_set(L2)) == [0.0]
+    import_csv(L2, str(new))
+    assert _cpu_input(training_set(L2)) == [8.0]
+    bad = tmp_path / "bad.csv"
+    bad.write_text(src.read_text().replace(",8,,", ",eight,,", 1))
+    with pytest.raises(HorusError, match="bad.csv:2: cpus per gpu 'eight' is not a number"):
+        import_csv(L, str(bad))
+
+
+def test_retrain_replaces_a_serving_model_trained_on_the_old_cpu_input(tmp_path):
+    """A serving model whose CPU input is cpus_per_task (another figure than the one now fed)
+    is refused, named, and the candidate is judged against the cold start."""
+    from slurm_horus.ledger.retrain import import_csv, retrain
+
+    src = tmp_path / "m.csv"
+    write_csv(src, n=60)
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    import_csv(L, str(src))
+    reg = Registry(tmp_path / "models")
+    assert retrain(L, reg, max_iter=10, force=True, log=lambda m: None)["promoted"]
+    path = reg.root / "v0001.json"
+    doc = json.loads(path.read_text())
+    doc["inputs"] = ["cpus_per_task" if n == "cpus_per_gpu" else n for n in doc["inputs"]]
+    path.write_text(json.dumps(doc))
+    logs = []
+    res = retrain(L, reg, max_iter=10, log=logs.append)
+    assert res["baseline_version"] == "cold-start" and res["version"] == "v0002"
+    assert "v0001 unusable" in logs[0] and "cpus_per_task" in logs[0] and "retrain" in logs[0]

@@ -135,7 +135,8 @@ def make_row(run: Run, gpu_type: str, m: Measurement, onnx_path: Path, family: s
         "features": json.dumps(report.values, sort_keys=True),
         "gpu_type": gpu_type, "batch_size": run.batch_size, "task": run.task,
         "optimizer": "adam" if run.task == "train" else "", "precision": "fp32",
-        "cpus_per_task": len(os.sched_getaffinity(0)),  # the CPUs the measurement had
+        # the CPUs the measurement had, all for its one GPU
+        "cpus_per_gpu": len(os.sched_getaffinity(0)),
         "util_pct": _fmt(util), "mem_mib": _fmt(mem, 1),
         "util_max_pct": _fmt(m.util_max), "user": "", "model_family": family,
         "cold_util_pct": _fmt(cold.util_pct), "cold_mem_mib": _fmt(cold.mem_mib, 1),

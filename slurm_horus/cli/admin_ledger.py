@@ -175,7 +175,7 @@ def _history_line(h: dict) -> str:
 def import_(csv_file, url, model_dir):
     """Load measured jobs from CSV: gpu_type, util_pct, mem_mib, and model (ONNX path) or
     features (JSON) with cold_util_pct and cold_mem_mib, optional batch_size, task, optimizer,
-    precision, cpus_per_task, util_max_pct, user, model_family (see docs/ledger.md). Where the
+    precision, cpus_per_gpu, util_max_pct, user, model_family (see docs/ledger.md). Where the
     registry folder exists, its measured-run history is refreshed for hsubmit."""
     ledger = Ledger(url)
     imp = do_import(ledger, csv_file)

@@ -100,14 +100,16 @@ def _fmt_dims(dims: dict[str, int]) -> str:
               default="adam", show_default=True, help="Optimizer (training only).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "amp"]), default="fp32",
               show_default=True, help="amp = torch.autocast mixed precision.")
-@click.option("--cpus-per-task", type=int, help="CPUs the job gets (feeds the input pipeline).")
+@click.option("--cpus-per-gpu", type=float, metavar="N",
+              help="CPUs per GPU the job gets (they feed each GPU's input pipeline); hsubmit "
+              "reads it from the job's request. Default: 1, Slurm's for a one-GPU job.")
 @click.option("--gpu", "gpu_types", multiple=True, metavar="TYPE",
               help="GPU type or Slurm gres type name (repeatable or comma-separated; default: every "
               "catalog type).")
 @click.option("--model-dir", envvar="HORUS_MODEL_DIR", help="Learned-model registry folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object with one --gpu).")
 @one_line_errors("horus predict", needs_stdout=True)
-def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, gpu_types,
+def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_gpu, gpu_types,
             model_dir, as_json):
     """Predict GPU utilization and peak GPU memory of MODEL per GPU type."""
     from slurm_horus.predict.coldstart import Workload
@@ -115,9 +117,9 @@ def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_task, 
     from slurm_horus.predict.gpus import default_catalog
     from slurm_horus.predict.chain import choose_predictor, predict_for
 
-    # no --cpus-per-task: Slurm's default, one, as hsubmit assumes
-    workload = Workload(batch_size=batch_size, task=task, optimizer=optimizer,
-                        precision=precision, cpus_per_task=cpus_per_task or 1)
+    # no --cpus-per-gpu: one, what hsubmit reads from a one-GPU job that asks for no CPUs
+    workload = Workload(batch_size=batch_size, task=task, optimizer=optimizer, precision=precision,
+                        cpus_per_gpu=1.0 if cpus_per_gpu is None else cpus_per_gpu)
     catalog = default_catalog()
     if gpu_types:  # comma lists, as Slurm's
         gpu_types = [t.strip() for v in gpu_types for t in v.split(",") if t.strip()]

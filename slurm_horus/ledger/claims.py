@@ -45,9 +45,13 @@ def submission_of(j: dict, hint_token: str | None, hint: dict | None, claim: dic
            "feature_version": None}
     if not claim:
         return rec
+    # the CPUs and GPUs Slurm allocated (accounting's facts, not the user's claims; a job on
+    # shards ran on one GPU, as it asked hsubmit for one): the learned model's CPUs-per-GPU
+    # input is read from them (predict.workload.cpus_per_gpu)
+    gpus = j.get("gpus") or (1 if j.get("shards") else None)
     workload = {"batch_size": claim.get("bs", 1), "task": claim.get("task", "train"),
                 "optimizer": claim.get("opt", "adam"), "precision": claim.get("prec", "fp32"),
-                "cpus_per_task": j.get("cpus"), "dims": claim.get("dims", {})}
+                "cpus": j.get("cpus"), "gpus": gpus, "dims": claim.get("dims", {})}
     rec.update(model_path=claim.get("model"), model_sha256=claim["sha"], workload=workload)
     report = models.get(claim, workload, uid, gids)
     if report is not None:

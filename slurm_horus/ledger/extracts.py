@@ -100,13 +100,14 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
     """Per-user SQLite extracts for sites where Slurm's PrivateData hides others' jobs:
     ``<folder>/<user>.db``, the ledger schema with only that user's jobs rows, owned by the
     user, mode 0400 (a site's users often share one primary group, so a group-readable extract
-    showed everyone's jobs to everyone), each replaced atomically. Users unknown to this host
+    showed everyone's jobs to everyone), each replaced atomically, in a folder of mode 0711. Users unknown to this host
     or with names that are not file names are skipped.
     Returns {"written": n, "skipped": [names]}."""
     from sqlalchemy import select
 
     folder = Path(folder)
     create_site_dirs(folder)
+    os.chmod(folder, 0o711)  # each user opens their own extract; nobody lists whose there are
     j = tables()["jobs"]
     with ledger.engine.connect() as conn:
         users = sorted(r[0] for r in conn.execute(select(j.c.user_name).distinct())

@@ -41,7 +41,7 @@ from slurm_horus.predict.workload import workload_dict, workload_from
 from slurm_horus.progress import Progress
 
 IMPORT_COLUMNS = ("model", "features", "gpu_type", "batch_size", "task", "optimizer", "precision",
-                  "cpus_per_task", "util_pct", "mem_mib", "util_max_pct", "user", "model_family",
+                  "cpus_per_gpu", "util_pct", "mem_mib", "util_max_pct", "user", "model_family",
                   "cold_util_pct", "cold_mem_mib", "cold_gpu_ms", "cold_host_ms")
 QUANTILES = (0.9, 0.95, 0.99)
 MIN_EVAL_ROWS = 10      # unseen rows needed to judge a candidate against the serving model
@@ -289,7 +289,12 @@ def _keep_learned_bounds(registry, serving_version: str, quantiles: dict) -> Non
 # --------------------------------------------------------------------------- import
 
 def _row_id(row: dict) -> int:
-    h = hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()
+    """A row's stable id: the hash of its columns.  The CPU column is hashed under its earlier
+    name (cpus_per_task), so a file imported before and again with that column renamed
+    replaces its rows rather than adding them a second time."""
+    key = {("cpus_per_task" if k == "cpus_per_gpu" and "cpus_per_task" not in row else k): v
+           for k, v in row.items()}
+    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return int(h[:12], 16)
 
 

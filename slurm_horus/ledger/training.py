@@ -100,6 +100,15 @@ def completed_run(jobs):
 ROW_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError, HorusError)
 
 
+def _stored_workload(d: dict | None, gpus: int | None, shards: int | None) -> dict | None:
+    """A submissions row's workload as workload_from reads it.  One synced before the CPU input
+    was CPUs per GPU holds the job's allocated CPUs as ``cpus_per_task``: with the GPUs its jobs
+    row says Slurm allocated (one for a job on shards) it gives the same CPUs per GPU."""
+    if not isinstance(d, dict) or "cpus_per_task" not in d or "cpus" in d or "cpus_per_gpu" in d:
+        return d
+    return {**d, "cpus": d["cpus_per_task"], "gpus": gpus or (1 if shards else None)}
+
+
 def training_set(ledger) -> TrainingSet:
     """Rows of measured jobs (utilization and memory both known, not a failed measurement)
     with features and the cold-start figures they were predicted with."""
@@ -107,7 +116,7 @@ def training_set(ledger) -> TrainingSet:
     s, j = t["submissions"], t["jobs"]
     stmt = (select(j.c.cluster, j.c.job_id, s.c.features, s.c.workload, s.c.predictions,
                    s.c.feature_version, j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib,
-                   j.c.failed_measurement, j.c.user_name)
+                   j.c.failed_measurement, j.c.user_name, j.c.gpus, j.c.shards)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
             .where(j.c.act_util_pct.isnot(None), j.c.act_mem_mib > 0, s.c.features.isnot(None),
                    j.c.gpu_type.isnot(None), completed_run(j))
@@ -116,7 +125,8 @@ def training_set(ledger) -> TrainingSet:
     gpus: dict = {}
     ts = TrainingSet()
     with ledger.engine.connect() as conn:
-        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed, user in conn.execute(stmt):
+        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed, user, n_gpus, n_shards \
+                in conn.execute(stmt):
             if failed:
                 ts.failed += 1
                 continue
@@ -131,7 +141,7 @@ def training_set(ledger) -> TrainingSet:
                 gpu = gpus[gtype]
                 if gpu is None:
                     raise ValueError("gpu")
-                w = workload_from(json.loads(wl) if wl else None)
+                w = workload_from(_stored_workload(json.loads(wl) if wl else None, n_gpus, n_shards))
                 pred = (json.loads(preds) if preds else {}).get(gtype)
                 cold = stored_cold(pred.get("cold") if isinstance(pred, dict) else None, gpu)
                 arch = architecture(values)

@@ -27,6 +27,7 @@ MAX_THREADS_PER_SM = {"3.5": 2048, "3.7": 2048, "5.0": 2048, "5.2": 2048, "6.0":
                       "8.6": 1536, "8.7": 2048, "8.9": 1536, "9.0": 2048, "10.0": 2048,
                       "12.0": 1536}
 STACK_BYTES_PER_THREAD = 1024  # cudaLimitStackSize default
+MAX_CPUS_PER_GPU = 1 << 20  # beyond any node; a count past it is a typo or a forgery
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,9 @@ class Workload:
     task: str = "train"
     optimizer: str = "adam"
     precision: str = "fp32"
-    cpus_per_task: int | None = None
+    # CPUs per GPU (what feeds each GPU's input pipeline): the job's CPUs over its GPUs, as
+    # Slurm allocated them (training rows) or as the job asks for them (hsubmit); None: unknown
+    cpus_per_gpu: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -47,8 +50,10 @@ class Workload:
                                      (self.precision, PRECISIONS, "precision")):
             if value not in allowed:
                 raise HorusError(f"unknown {what} '{value}'; choose one of {', '.join(allowed)}")
-        if self.cpus_per_task is not None and self.cpus_per_task < 1:
-            raise HorusError(f"cpus per task must be positive, got {self.cpus_per_task}")
+        if self.cpus_per_gpu is not None and (isinstance(self.cpus_per_gpu, bool) or not (
+                isinstance(self.cpus_per_gpu, (int, float)) and 0 < self.cpus_per_gpu <= MAX_CPUS_PER_GPU)):
+            raise HorusError(f"CPUs per GPU must be a positive number (at most {MAX_CPUS_PER_GPU}), "
+                             f"got {self.cpus_per_gpu!r}")
 
 
 @dataclass(frozen=True)

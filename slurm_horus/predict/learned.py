@@ -37,6 +37,13 @@ FORMAT = "slurm-horus-learned"
 FORMAT_VERSION = 2  # 2: packed trees; 1 (lists of numbers) still loads
 READABLE_VERSIONS = (1, 2)
 MAX_MODEL_BYTES = 64 * 2**20
+# inputs a model file may name that mean something else now: such a file is refused (the next
+# predictor serves), never fed the new quantity under the old name
+RENAMED_INPUTS = {
+    # trained on a job's allocated CPUs in all, served its --cpus-per-task
+    "cpus_per_task": "cpus_per_task (CPUs, trained and served as two different counts), an input "
+                     "now cpus_per_gpu (CPUs per GPU)",
+}
 # Features whose training range defines "like what the model has seen": the graph's size and
 # the GPU's (a model trained on T4 runs alone had answered A100 jobs 20 points off).
 RANGE_FEATURES = ("log_flops", "log_params", "log_saved_activation_bytes", "log_batch_size",
@@ -71,7 +78,7 @@ PROBE_GPUS = ("a100", "t4")
 def _input_names() -> tuple[str, ...]:
     names = [f"log_{n}" if _is_size(n) else n for n in FEATURE_NAMES]
     names += ["gpu_log_fp32", "gpu_log_tensor", "gpu_log_bw", "gpu_log_mem", "gpu_sm",
-              "task_train", "cpus_per_task",
+              "task_train", "cpus_per_gpu",
               *(f"opt_{o}" for o in OPTIMIZERS), *(f"prec_{p}" for p in PRECISIONS),
               "cold_log_mem", "cold_log1p_util", "cold_log_gpu_ms", "cold_log_host_ms"]
     return tuple(names)
@@ -96,7 +103,7 @@ def input_row(report_values: dict, gpu: GPU, w: Workload, cold: Prediction) -> l
     tensor = gpu.fp16_tflops
     row += [math.log(gpu.fp32_tflops), math.log(tensor), math.log(gpu.mem_bw_gbs),
             math.log(gpu.mem_mib), float(gpu.sm_count), float(w.task == "train"),
-            float(w.cpus_per_task or 0),  # 0: not requested
+            float(w.cpus_per_gpu or 0),  # 0: unknown
             *(float(w.optimizer == o) for o in OPTIMIZERS),
             *(float(w.precision == p) for p in PRECISIONS),
             math.log(cold.mem_mib), math.log1p(cold.util_pct),
@@ -143,7 +150,13 @@ class LearnedModel:
         if d.get("format_version") not in READABLE_VERSIONS:
             raise HorusError(f"{source}: model format version {d.get('format_version')} is not "
                              f"supported (expected {FORMAT_VERSION})")
-        if d.get("feature_version") != FEATURE_VERSION or d.get("inputs") != input_names():
+        inputs = d.get("inputs")
+        old = [n for n in (inputs if isinstance(inputs, list) else ()) if isinstance(n, str)
+               and n in RENAMED_INPUTS]
+        if old:
+            raise HorusError(f"{source}: trained on {RENAMED_INPUTS[old[0]]}; retrain it "
+                             "(horus-admin retrain)")
+        if d.get("feature_version") != FEATURE_VERSION or inputs != input_names():
             raise HorusError(f"{source}: trained on another feature version; retrain it")
         try:
             n_inputs = len(input_names())

@@ -11,20 +11,28 @@ from __future__ import annotations
 import re
 
 from slurm_horus.errors import HorusError
-from slurm_horus.predict.coldstart import Workload
+from slurm_horus.predict.coldstart import MAX_CPUS_PER_GPU, Workload
 
 DEFAULTS = {"task": "train", "optimizer": "adam", "precision": "fp32"}
 
 
 def workload_from(d: dict | None) -> Workload:
     """A Workload from ``batch_size``, ``task``, ``optimizer``, ``precision`` and
-    ``cpus_per_task`` (missing, empty or 0: batch 1, train, adam, fp32, CPUs unknown). Text values
-    are stripped; a batch size or CPU count that is not an integer is a HorusError naming it."""
+    ``cpus_per_gpu`` (missing, empty or 0: batch 1, train, adam, fp32, CPUs unknown). Without
+    ``cpus_per_gpu``, a job's ``cpus`` and ``gpus`` (what Slurm allocated it, as sync stores
+    them) give it: cpus_per_gpu(). Text values are stripped; a batch size or CPU/GPU count that
+    is not a number is a HorusError naming it. A stored ``cpus_per_task`` (before the feature
+    was CPUs per GPU) is not read here: it was another quantity (ledger.training reads a synced
+    row's with its GPUs)."""
     d = d or {}
 
-    def count(key: str) -> int | None:
+    def given(key: str):
         v = d.get(key)
-        if v is None or (isinstance(v, str) and not v.strip()):
+        return None if v is None or (isinstance(v, str) and not v.strip()) else v
+
+    def count(key: str) -> int | None:
+        v = given(key)
+        if v is None:
             return None
         try:
             return int(v)
@@ -34,15 +42,41 @@ def workload_from(d: dict | None) -> Workload:
     def text(key: str) -> str:
         return str(d.get(key) or DEFAULTS[key]).strip()
 
+    cpg = given("cpus_per_gpu")
+    if cpg is not None:
+        try:
+            cpg = float(cpg) if not isinstance(cpg, bool) else None
+        except (TypeError, ValueError, OverflowError):
+            cpg = None
+        if cpg is None:
+            raise HorusError(f"cpus per gpu '{d['cpus_per_gpu']}' is not a number")
+    else:
+        cpg = cpus_per_gpu(count("cpus"), count("gpus"))
     return Workload(batch_size=count("batch_size") or 1, task=text("task"),
                     optimizer=text("optimizer"), precision=text("precision"),
-                    cpus_per_task=count("cpus_per_task") or None)
+                    cpus_per_gpu=cpg or None)
+
+
+def cpus_per_gpu(cpus: int | float | None, gpus: int | float | None) -> float | None:
+    """The CPUs-per-GPU feature of a job with ``cpus`` CPUs and ``gpus`` GPUs in all (what
+    Slurm allocated, or what the job asks for): None where either is unknown or not positive
+    (a job on shards has no whole GPU), or past any node (MAX_CPUS_PER_GPU)."""
+    if cpus is None or gpus is None or isinstance(cpus, bool) or isinstance(gpus, bool):
+        return None
+    try:
+        cpus, gpus = float(cpus), float(gpus)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not (0 < cpus < float("inf") and 0 < gpus < float("inf")):
+        return None
+    ratio = cpus / gpus
+    return ratio if 0 < ratio <= MAX_CPUS_PER_GPU else None
 
 
 def workload_dict(w: Workload) -> dict:
     """The stored form of a Workload (what workload_from reads back)."""
     return {"batch_size": w.batch_size, "task": w.task, "optimizer": w.optimizer,
-            "precision": w.precision, "cpus_per_task": w.cpus_per_task}
+            "precision": w.precision, "cpus_per_gpu": w.cpus_per_gpu}
 
 
 def dims_key(dims: dict | None, batch: int) -> str:

@@ -88,6 +88,11 @@ SBATCH_2511_OPTS = frozenset({
     "consolidate-segments", "external", "stepmgr"})
 
 
+# sbatch's long options that set another's field: parsed under that one's name, so that the
+# last of either given wins, as in sbatch (--tasks-per-node=1 after #SBATCH --ntasks-per-node=4)
+ALIASES = {"tasks-per-node": "ntasks-per-node"}
+
+
 def resolve_long(name: str) -> str | None:
     """sbatch's long option for ``name`` (exact, else an unambiguous prefix: among 22.05's
     options when 25.11's make it ambiguous), or None when unknown or ambiguous (sbatch then
@@ -209,7 +214,7 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
                 out.append(argv[i])
                 value = argv[i]
                 i += 1
-            parsed.append(SbatchOpt(canon or "?" + name, value, start, len(out)))
+            parsed.append(SbatchOpt(ALIASES.get(canon, canon) if canon else "?" + name, value, start, len(out)))
             continue
         if tok.startswith("-") and len(tok) > 1:
             start = len(out)

@@ -14,6 +14,7 @@ fast.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import stat
 import sys
@@ -24,7 +25,7 @@ from slurm_horus.slurm import sbatch_args as sa
 from slurm_horus.errors import CONTROL_CHARS, HorusError, one_line
 from slurm_horus.rounding import shown
 
-__all__ = ["Plan", "prepare", "check_options", "asks_for_gpus", "predict", "job_desc_of", "explain_text", "on_prediction_error",
+__all__ = ["Plan", "prepare", "check_options", "asks_for_gpus", "requested_cpus_per_gpu", "predict", "job_desc_of", "explain_text", "on_prediction_error",
            "on_prediction_error_problem"]
 
 MAX_STDIN_SCRIPT = 512 << 20  # sbatch's MAX_BATCH_SCRIPT_SIZE
@@ -206,9 +207,10 @@ def check_options(plan: Plan):
 
 
 def _workload(plan: Plan, dims: dict[str, int]):
-    """The job's Workload from its horus options and its --cpus-per-task (Slurm's default,
-    one CPU per task, where it asks none or one that is not a count: sync records what Slurm
-    allocated).  Without --batch-size, a batch dimension bound with --dim is the batch size."""
+    """The job's Workload from its horus options and the CPUs per GPU it asks for
+    (requested_cpus_per_gpu: None, the model's "unknown", where that cannot be told; sync
+    records what Slurm allocated).  Without --batch-size, a batch dimension bound with --dim is
+    the batch size."""
     from slurm_horus.predict.workload import workload_from
 
     h = plan.horus
@@ -222,10 +224,93 @@ def _workload(plan: Plan, dims: dict[str, int]):
             raise HorusError(f"--dim {k}={v} contradicts --batch-size {bs}")
     if not bs and len(set(named.values())) == 1 and next(iter(named.values())) > 0:
         bs = str(next(iter(named.values())))
-    cpt = plan.request("cpus-per-task") or ""
     return workload_from({"batch_size": bs or None, "task": h.get("task"),
                           "optimizer": h.get("optimizer"), "precision": h.get("precision"),
-                          "cpus_per_task": int(cpt) if cpt.isascii() and cpt.isdigit() and int(cpt) > 0 else 1})
+                          "cpus_per_gpu": requested_cpus_per_gpu(plan)})
+
+
+def requested_cpus_per_gpu(plan: Plan) -> float | None:
+    """The CPUs per GPU the job asks for (all hsubmit knows before submission; the learned
+    model trains on what Slurm allocated, docs/ledger.md): its --cpus-per-gpu as sbatch
+    resolves it (_cpus_per_gpu_option), else its CPUs per task (_cpus_per_task) times its tasks
+    (-n, else --ntasks-per-node times its nodes, else --ntasks-per-gpu times its GPUs, else one
+    a node) over the GPUs it asks for (_gpu_requests, as the hook reads them).  None where that
+    cannot be told: no whole GPU (a CPU job, shards), a count sbatch will refuse, GPUs per
+    socket, GPUs per node of a job whose tasks may span nodes, or a node range (-N 1-4) the
+    figure depends on."""
+    from slurm_horus.predict.workload import cpus_per_gpu
+
+    given = _cpus_per_gpu_option(plan)
+    if given is not None:
+        return cpus_per_gpu(_count(given), 1)
+    jd = job_desc_of(plan)
+    reqs = _gpu_requests(jd)
+    cpt = _cpus_per_task(plan)
+    tasks = jd.get("num_tasks")
+    per_node = plan.request("ntasks-per-node")
+    if per_node is not None:
+        per_node = _count(per_node) or None
+        if per_node is None:
+            return None  # sbatch refuses it
+    if not reqs or cpt is None or (tasks is None and plan.request("ntasks") is not None):
+        return None
+    if plan.request("nodes") is not None:
+        if "min_nodes" not in jd:
+            return None  # sbatch refuses it
+        nodes = {jd["min_nodes"], jd["max_nodes"]}
+    elif tasks is not None and per_node is not None:
+        nodes = {-(-tasks // per_node)}  # the nodes Slurm gives -n at --ntasks-per-node each
+    else:
+        nodes = {1 if tasks is None or tasks <= 1 else None}  # None: tasks that may span nodes
+    figures = {_cpus_per_gpu_on(jd, reqs, cpt, tasks, per_node, n) for n in nodes}
+    return figures.pop() if len(figures) == 1 else None
+
+
+def _cpus_per_gpu_on(jd: dict, reqs: dict[str, list[dict]], cpt: int, tasks: int | None,
+                     per_node: int | None, nodes: int | None) -> float | None:
+    """requested_cpus_per_gpu's figure where the job gets ``nodes`` nodes (None: unknown;
+    rounded, so that a node range whose ends give the same figure gives one)."""
+    from slurm_horus.predict.workload import cpus_per_gpu
+
+    if tasks is None and per_node is not None:
+        tasks = per_node * nodes  # nodes is known: -N, or one
+    count = {k: sum(g["count"] for g in items) for k, items in reqs.items()}
+    if "tres_per_job" in count:
+        gpus = count["tres_per_job"]
+    elif "tres_per_node" in count and nodes is not None:
+        gpus = count["tres_per_node"] * nodes
+    elif "tres_per_task" in count:
+        gpus = count["tres_per_task"] * (tasks if tasks is not None else nodes)
+    else:
+        return None  # GPUs per socket (the sockets are the nodes' to say), or per node of nodes unknown
+    if tasks is None:
+        tasks = jd["ntasks_per_tres"] * gpus if jd.get("ntasks_per_tres") else nodes
+    ratio = cpus_per_gpu(cpt * tasks, gpus)
+    if ratio is None or round(ratio, 6) == 0:  # 0: GPUs past counting
+        return None
+    return round(ratio, 6)
+
+
+def _cpus_per_task(plan: Plan) -> int | None:
+    """The CPUs per task the job asks for: -c, else --tres-per-task's cpu (23.02+), else
+    Slurm's default, one; None for a value sbatch refuses."""
+    c = plan.request("cpus-per-task")
+    if c is not None:
+        return _count(c)
+    m = re.search(r"(?:^|,)\s*cpu[=:]([^,]*)", plan.request("tres-per-task") or "")
+    return _count(m.group(1)) if m else 1
+
+
+def _cpus_per_gpu_option(plan: Plan) -> str | None:
+    """--cpus-per-gpu as sbatch resolves it: SBATCH_CPUS_PER_GPU gives way to a -c (or
+    --tres-per-task=cpu) on the command line or in the script (slurm_opt.c's
+    _validate_cpus_per_tres), which the environment's value would otherwise have overridden."""
+    v = plan.request("cpus-per-gpu")
+    if v is None or sa.last_value(plan.split.parsed, "cpus-per-gpu") is not None \
+            or sa.last_value(plan.script_opts, "cpus-per-gpu") is not None:
+        return v
+    cpus_given = plan.request("cpus-per-task") is not None or "cpu" in (plan.request("tres-per-task") or "")
+    return None if cpus_given else v
 
 
 def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
@@ -352,14 +437,25 @@ def asks_for_gpus(plan: Plan) -> bool:
 def _requested_gpu_types(plan: Plan) -> set[str]:
     """The GPU types the job names itself (--gres=gpu:TYPE:N, --gpus[-per-*]=TYPE:N), from the
     TRES strings the hook sees (job_desc_of); what does not read as such is sbatch's to judge."""
+    reqs = _gpu_requests(job_desc_of(plan)) or {}
+    return {g["type"] for items in reqs.values() for g in items if g["type"]}
+
+
+def _gpu_requests(jd: dict) -> dict[str, list[dict]] | None:
+    """The whole GPUs a job_desc (job_desc_of) asks for: per TRES field (_TRES_KEYS) that asks
+    for some, its gpu items as parse_gres reads them ({name, type, count, idx}); None where a
+    field does not read as GRES (sbatch's to judge)."""
     from slurm_horus.slurm.parse import parse_gres
 
-    jd = job_desc_of(plan)
-    tres = ",".join(filter(None, (jd.get(k) for k in _TRES_KEYS)))
+    out: dict[str, list[dict]] = {}
     try:
-        return {g["type"] for g in parse_gres(tres) if g["name"] == "gpu" and g["type"]}
-    except (HorusError, ValueError, IndexError):
-        return set()
+        for key in _TRES_KEYS:
+            items = [g for g in parse_gres(jd.get(key)) if g["name"] == "gpu"]
+            if items:
+                out[key] = items
+    except (HorusError, ValueError, IndexError, TypeError):
+        return None
+    return out
 
 
 def _hint_of(predictions: dict) -> str:
@@ -400,7 +496,7 @@ def job_desc_of(plan: Plan) -> dict:
         "comment": plan.comment if plan.hint else plan.user_comment(),
         "account": plan.request("account") or plan.env.get("SBATCH_ACCOUNT") or None,
     }
-    cpg = plan.request("cpus-per-gpu")
+    cpg = _cpus_per_gpu_option(plan)
     if cpg:
         jd["cpus_per_tres"] = f"gres:gpu:{cpg}"
     mpg = plan.request("mem-per-gpu")
@@ -447,9 +543,10 @@ def _shared(plan: Plan) -> int | None:
 
 
 def _count(s: str) -> int | None:
-    """A count sbatch would take (32-bit), else None: sbatch itself refuses the rest."""
+    """A count sbatch would take (32-bit), else None: sbatch itself refuses the rest (a
+    string of thousands of digits too, before int() is asked to read it)."""
     s = s.strip()
-    return int(s) if s.isascii() and s.isdigit() and int(s) < 2 ** 31 else None
+    return int(s) if len(s) <= 10 and s.isascii() and s.isdigit() and int(s) < 2 ** 31 else None
 
 
 def _hook_paths(env: dict[str, str]) -> tuple[str | None, str]:
@@ -481,7 +578,7 @@ def explain_text(plan: Plan) -> str:
                      f"{int(v['kernels'])} kernels, depth {int(v['depth'])}")
         w, _ = check_options(plan)
         lines.append(f"workload: task={w.task} optimizer={w.optimizer} precision={w.precision}"
-                     f" cpus_per_task={w.cpus_per_task or '-'}")
+                     f" cpus_per_gpu={'-' if w.cpus_per_gpu is None else f'{w.cpus_per_gpu:.3g}'}")
         lines.append(f"partition: {plan.partition}  GPU types: "
                      + ", ".join(f"{t} x{n}" for t, n in sorted(plan.gpu_types.items())))
         lines.append(f"predictor: {plan.predictor_note}")
