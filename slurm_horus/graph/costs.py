@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from slurm_horus.graph.flops import ELEMENTWISE, NORMS, RNN_GATES, node_flops, int_attr, numel, shape_of
 from slurm_horus.errors import ModelError
 from slurm_horus.graph.load import (MAX_DIM, MAX_SUBGRAPH_DEPTH, Graph, TensorInfo, _subgraphs, bodies,
-                                    body_scope)
+                                    body_names, body_scope)
 
 # Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size",
@@ -96,7 +96,8 @@ def _read_parameters(nodes, candidates: ChainMap, params: dict, depth: int) -> N
     """Add to ``params`` the ``candidates`` (name -> info, None: a body's own tensor of that
     name hides the enclosing scope's) that ``nodes`` read as weights, the nodes of their
     subgraphs (If, Loop, Scan bodies) included, at any depth: a weight only a loop body reads
-    from the enclosing graph is a parameter all the same."""
+    from the enclosing graph is a parameter all the same.  It walks any op's graphs, which
+    load_graph's bound on bodies does not bound: hence its own bound."""
     for node in nodes:
         if node.op_type == "Identity" and node.input and candidates.get(node.input[0]) is not None:
             candidates[node.output[0]] = candidates[node.input[0]]
@@ -108,8 +109,7 @@ def _read_parameters(nodes, candidates: ChainMap, params: dict, depth: int) -> N
         for sub in _subgraphs(node):
             if depth >= MAX_SUBGRAPH_DEPTH:
                 break
-            local = {n: None for n in (*(i.name for i in sub.input), *(t.name for t in sub.initializer),
-                                       *(o for n in sub.node for o in n.output)) if n in candidates}
+            local = {n: None for n in body_names(sub) if n in candidates}
             _read_parameters(sub.node, candidates.new_child(local), params, depth + 1)
 
 
@@ -197,49 +197,35 @@ def node_costs(graph: Graph, params: dict[str, TensorInfo], views: set[str],
     where that is known, once otherwise, naming the node in ``single_trips``.  A body node's
     FLOPs, bytes moved, kernels and backward state count once per iteration, its parameters
     and output size once; a parameter only the branch not taken reads is the If's own."""
-    constants = _Names(set(graph.initializers), {o for n in graph.nodes if n.op_type == "Constant"
-                                                 for o in n.output})
-    return _scope_costs(graph, params, _Names(views), _Claims(), constants, _Names(),
+    constants = _Names({*graph.initializers, *(o for n in graph.nodes if n.op_type == "Constant"
+                                               for o in n.output)})
+    return _scope_costs(graph, params, _Names(views), _Names(), constants, _Names(),
                         single_trips if single_trips is not None else [], 1, "")
 
 
 class _Names:
-    """Membership in any of some name sets: a scope's own and its enclosing scopes' (chained,
-    not copied, so that many small bodies cost their own size each)."""
-
-    __slots__ = ("sets",)
-
-    def __init__(self, *sets):
-        self.sets = sets
-
-    def __contains__(self, name) -> bool:
-        return any(name in s for s in self.sets)
-
-    def child(self, names) -> "_Names":
-        return _Names(names, *self.sets)
-
-
-class _Claims:
-    """The parameters claimed so far: an If's branches each claim in a child, merged after."""
+    """Membership in a scope's own names (``own``) or its enclosing scopes' (chained, not
+    copied, so that many small bodies cost their own size each).  The parameters claimed so
+    far are such names too: an If's branches each claim in a child, merged after."""
 
     __slots__ = ("own", "outer")
 
-    def __init__(self, outer: "_Claims | None" = None):
-        self.own: set[str] = set()
+    def __init__(self, own: set[str] | None = None, outer: "_Names | None" = None):
+        self.own = set() if own is None else own
         self.outer = outer
 
     def __contains__(self, name) -> bool:
         return name in self.own or (self.outer is not None and name in self.outer)
 
-    def update(self, names) -> None:
-        self.own.update(names)
+    def child(self, own: set[str] | None = None) -> "_Names":
+        return _Names(own, self)
 
 
 # nested loops' iterations beyond which a step is not plausible (a microsecond each: 12 days)
 MAX_TRIPS = 2**40
 
 
-def _scope_costs(graph: Graph, params, views: _Names, claimed: _Claims, constants: _Names,
+def _scope_costs(graph: Graph, params, views: _Names, claimed: _Names, constants: _Names,
                  local: _Names, single_trips: list[str], times: int, prefix: str) -> list[NodeCost]:
     """node_costs for one scope: ``graph`` (a body's: load.body_scope), run ``times`` times;
     ``local``: the names the enclosing bodies (and this one) define, whose tensors exist per
@@ -316,7 +302,7 @@ def _trips(node, graph: Graph) -> int | None:
     return 1
 
 
-def _control_flow_costs(node, graph: Graph, params, views: _Names, claimed: _Claims,
+def _control_flow_costs(node, graph: Graph, params, views: _Names, claimed: _Names,
                         constants: _Names, local: _Names, single_trips: list[str], times: int,
                         prefix: str) -> list[NodeCost]:
     """The costs of an If's, a Loop's or a Scan's body nodes (node_costs), then the node's own:
@@ -331,17 +317,15 @@ def _control_flow_costs(node, graph: Graph, params, views: _Names, claimed: _Cla
         raise ModelError(f"{graph.path}: node '{prefix}{name}' ({op}) would run its body "
                          f"{times * trips:.3g} times; the model's trip counts are not plausible")
     own = [n for n in node.input if n in params and n not in claimed]
-    claimed.update(own)
+    claimed.own.update(own)
     runs = []  # (body costs, its claims, its outputs)
     for _, body in bodies(node):
         scope = body_scope(graph, body)
-        names = {*scope.graph_inputs, *(t.name for t in body.initializer),
-                 *(o for n in scope.nodes for o in n.output)}
-        claims = _Claims(claimed) if op == "If" else claimed
+        claims = claimed.child() if op == "If" else claimed
         consts = constants.child({*(t.name for t in body.initializer),
                                   *(o for n in scope.nodes if n.op_type == "Constant" for o in n.output)})
         sub_views = views.child(weight_views(scope, params))
-        costs = _scope_costs(scope, params, sub_views, claims, consts, local.child(names),
+        costs = _scope_costs(scope, params, sub_views, claims, consts, local.child(body_names(body)),
                              single_trips, times * trips, f"{prefix}{name}/")
         runs.append((costs, claims, scope.graph_outputs))
     chosen = max(runs, key=lambda r: (sum(c.flops for c in r[0]),
@@ -350,7 +334,7 @@ def _control_flow_costs(node, graph: Graph, params, views: _Names, claimed: _Cla
     if op == "If":
         branch_only = {n for _, claims, _ in runs if claims is not chosen[1] for n in claims.own}
         branch_only -= chosen[1].own
-        claimed.update(chosen[1].own | branch_only)
+        claimed.own.update(chosen[1].own | branch_only)
         own += sorted(branch_only)
     outs = [graph.info(n) for n in node.output if n]
     return [*chosen[0], NodeCost(
@@ -437,14 +421,14 @@ MAX_NODE_FLOPS = 1e18
 MAX_NODE_BYTES = 2.0 ** 50
 
 
-def _cost(node, graph: Graph, params, claimed: "_Claims", constants: "_Names",
+def _cost(node, graph: Graph, params, claimed: _Names, constants: _Names,
           ctx: _BackwardContext) -> NodeCost:
     op = op_name(node)
     infos = [graph.info(n) if n else None for n in node.input]
     outs = [graph.info(n) for n in node.output if n]
     out_bytes = sum(o.nbytes for o in outs if o)
     own_params = [n for n in node.input if n in params and n not in claimed]
-    claimed.update(own_params)
+    claimed.own.update(own_params)
     n_params = sum(params[n].numel for n in own_params)
     param_bytes = sum(params[n].nbytes for n in own_params)
     # a weight read through a view (W.t()) is no tensor of its own: no kernel, no bytes moved

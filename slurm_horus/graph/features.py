@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs, parameter_tensors, weight_views
-from slurm_horus.graph.load import BATCH_DIM_NAMES, MAX_SUBGRAPH_DEPTH, Graph, bodies, body_scope, load_graph
+from slurm_horus.graph.load import BATCH_DIM_NAMES, Graph, bodies, body_names, body_scope, load_graph
 from slurm_horus.graph.limits import ANALYSIS_FILE_FACTOR, ANALYSIS_MEM_MIB, run_bounded
 
 FEATURE_VERSION = 1
@@ -278,7 +278,7 @@ def peak_live_bytes(graph: Graph, weights: set[str], _reads: dict | None = None)
         if node.output and node.output[0] in weights:
             continue  # a parameter's copy or view: made by no kernel, alive as the parameter
         if bodies(node):
-            outer_reads[step] = _outer_reads(node, 0, reads)
+            outer_reads[step] = _outer_reads(node, reads)
         for name in (*node.input, *outer_reads.get(step, ())):
             if name and name in made and not is_init(name):
                 root = alias.get(name, name)
@@ -308,7 +308,7 @@ def peak_live_bytes(graph: Graph, weights: set[str], _reads: dict | None = None)
     return peak
 
 
-def _outer_reads(node, depth: int, memo: dict) -> set[str]:
+def _outer_reads(node, memo: dict) -> set[str]:
     """The names an If's, Loop's or Scan's bodies read from the graphs around them, at any
     depth (their implicit inputs).  ``memo``: by the node's op and outputs (names are unique in
     a model), so a deep nest is walked once, not once per level above it."""
@@ -317,13 +317,10 @@ def _outer_reads(node, depth: int, memo: dict) -> set[str]:
         return memo[key]
     out: set[str] = set()
     for _, body in bodies(node):
-        if depth >= MAX_SUBGRAPH_DEPTH:
-            break
-        own = {*(i.name for i in body.input), *(t.name for t in body.initializer),
-               *(o for n in body.node for o in n.output)}
+        own = body_names(body)
         for inner in body.node:
             out.update(n for n in inner.input if n and n not in own)
             if bodies(inner):
-                out.update(n for n in _outer_reads(inner, depth + 1, memo) if n not in own)
+                out.update(n for n in _outer_reads(inner, memo) if n not in own)
     memo[key] = out
     return out

@@ -27,7 +27,7 @@ from functools import cached_property
 from pathlib import Path
 
 from slurm_horus.errors import HorusError, ModelError
-from slurm_horus.graph.shapefold import FLOAT_DTYPES, MAX_FOLD_ELEMENTS, fold_shapes
+from slurm_horus.graph.shapefold import FLOAT_DTYPES, MAX_FOLD_ELEMENTS, _inline_array, fold_shapes
 
 # protobuf cannot parse a message above 2 GiB; bigger models must keep weights in external files.
 MAX_PROTO_BYTES = 2**31 - 1
@@ -44,7 +44,8 @@ MAX_GRAPH_NODES = 300_000  # GPT-2 XL has 10,096; past it the answer alone would
 # _opaque_schemas could not be registered (and past ops waiting on folded shapes); bound the work.
 MAX_SHAPE_ROUNDS = 32
 # If, Loop and Scan bodies nest; protobuf's own parsing limit keeps real files far below this,
-# and the costing recursion stops here whatever the parser allowed
+# and load_graph refuses deeper bodies whatever the parser allowed, so that the walks of bodies
+# after it (costing, peak memory) need no bound of their own
 MAX_SUBGRAPH_DEPTH = 64
 # the top-level protobuf fields _check_framing walks before reading a file whole (a ModelProto
 # has a handful: ir_version, opset_import, graph...); past them protobuf decides
@@ -120,7 +121,6 @@ class Graph:
     #                                                       left unbound, as INPUT[POS]
     trip_counts: dict[str, int] = field(default_factory=dict)  # Loop trip-count inputs' constant
     #                                                           values, by tensor name
-    depth: int = 0  # 0: the model's graph; n: an If, Loop or Scan body n levels down (body_scope)
     opset: int = 0
     producer: str = ""
     sha256: str = ""
@@ -173,8 +173,10 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     unnamed = [n for n in positional if n not in bound]
     _check_input_dims(graph, path)
     _bind_annotations(graph, {**bound, **dims})
+    _check_nesting(graph, path, 0)  # before _shape_loops, the first walk that relies on it
     initializers = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in graph.initializer}
     assumed: set[str] = set()
+    trips = _trip_counts(graph)
     with _opaque_schemas(graph, nodes, onnx) as (opaque_nodes, opaque):
         inferred = _infer_shapes(model, path, onnx)
         tensors = _collect_tensors(inferred.graph, onnx)
@@ -186,11 +188,13 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                        or len(assumed) > before)
             if round_ < MAX_FOLD_ROUNDS and any(isinstance(d, str) or d is None
                                                 for t in tensors.values() for d in t.shape or ()):
-                changed += fold_shapes(model, lambda n: _known_shape(tensors, n))
+                folded = fold_shapes(model, lambda n: _known_shape(tensors, n))
+                if folded:  # a trip count may be a Constant now; nothing else makes one
+                    trips = _trip_counts(graph)
+                changed += folded
             # Loop bodies and outputs ONNX leaves unshaped (its inference drops a loop-carried
             # value's sizes): the state keeps its initial shape
-            changed += _shape_loops(graph, inferred.graph, {**tensors, **initializers},
-                                    _trip_counts(graph), 0)
+            changed += _shape_loops(graph, inferred.graph, {**tensors, **initializers}, trips)
             # stop waiting only when nothing else moved: before folding, an op whose activation
             # waited on a folded size took its weight's shape (BERT's LayerNorm a (768,) batch)
             if not changed:
@@ -212,7 +216,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     unknown = sorted({d for t in tensors.values() for d in (t.shape or ()) if isinstance(d, str)})
     shapeless = [n for node in nodes for n in node.output
                  if n and (tensors.get(n) is None or tensors[n].shape is None)]
-    shapeless += _body_shapeless(graph, tensors, 0)
+    shapeless += _body_shapeless(graph, tensors)
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     return Graph(path=path, nodes=nodes, tensors=tensors, initializers=initializers,
                  graph_inputs=[i.name for i in graph.input if i.name not in initializers],
@@ -220,7 +224,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                  unknown_dims=unknown, missing_external_data=missing,
                  assumed_shapes=sorted(assumed), unused_dims=unused, shapeless=shapeless,
                  fixed_batch=[] if batch_size in fixed else fixed, unnamed_dims=unnamed,
-                 trip_counts=_trip_counts(graph), opset=opset,
+                 trip_counts=trips, opset=opset,
                  producer=model.producer_name, sha256=sha256)
 
 
@@ -839,14 +843,21 @@ def bodies(node) -> list:
     return [(a.name, a.g) for a in node.attribute if a.HasField("g")]
 
 
+def body_names(body) -> set[str]:
+    """The names a body defines itself (its inputs, initializers and node outputs); any other
+    name it reads is the enclosing scopes'."""
+    return {*(i.name for i in body.input), *(t.name for t in body.initializer),
+            *(o for n in body.node for o in n.output)}
+
+
 def body_scope(parent: Graph, body) -> Graph:
     """A body of one of ``parent``'s If, Loop or Scan nodes as a Graph of its own: its nodes in
     order, its tensors (their shapes as load_graph's inference left them) over the enclosing
     scopes' (a body reads those by name), its own initializers over theirs.  The enclosing
-    scopes are chained, not copied: a graph of 300,000 small bodies costs each body's size."""
-    if parent.depth >= MAX_SUBGRAPH_DEPTH:
-        raise ModelError(f"{parent.path}: If, Loop or Scan bodies nest more than {MAX_SUBGRAPH_DEPTH} "
-                         "deep; such a model is not analysed")
+    scopes are chained, not copied: a graph of 300,000 small bodies costs each body's size.
+    Built anew at each call: kept for the analysis, 200,000 empty bodies took 40 % longer (the
+    garbage collector walking them) and 250 MB more.  ``parent`` is load_graph's graph or such
+    a scope (load_graph bounded their nesting)."""
     inits = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in body.initializer}
     local = _collect_tensors(body, None)
     local.update(inits)
@@ -854,8 +865,19 @@ def body_scope(parent: Graph, body) -> Graph:
                  tensors=_child(parent.tensors, local), initializers=_child(parent.initializers, inits),
                  graph_inputs=[i.name for i in body.input if i.name not in inits],
                  graph_outputs=[o.name for o in body.output], bound_dims=parent.bound_dims,
-                 unknown_dims=[], trip_counts=parent.trip_counts, depth=parent.depth + 1,
+                 unknown_dims=[], trip_counts=parent.trip_counts,
                  opset=parent.opset, producer=parent.producer, sha256=parent.sha256)
+
+
+def _check_nesting(graph, path: Path, depth: int) -> None:
+    """Refuse If, Loop or Scan bodies nested more than MAX_SUBGRAPH_DEPTH deep (``graph`` is
+    ``depth`` levels down): every walk of the bodies after load_graph relies on it."""
+    for node in graph.node:
+        for _, body in bodies(node):
+            if depth >= MAX_SUBGRAPH_DEPTH:
+                raise ModelError(f"{path}: If, Loop or Scan bodies nest more than {MAX_SUBGRAPH_DEPTH} "
+                                 "deep; such a model is not analysed")
+            _check_nesting(body, path, depth + 1)
 
 
 def _child(outer, local: dict) -> ChainMap:
@@ -865,14 +887,10 @@ def _child(outer, local: dict) -> ChainMap:
 
 def _int_scalar(t) -> int | None:
     """The value of a one-element integer tensor written in the file, else None."""
-    from onnx import numpy_helper
-
-    if t.data_type not in _INT_TYPES or math.prod(t.dims) != 1 or t.data_location == 1:
+    if t.data_type not in _INT_TYPES or math.prod(t.dims) != 1:
         return None
-    try:
-        return int(numpy_helper.to_array(t).ravel()[0])
-    except Exception:  # noqa: BLE001 - no data (stripped), or malformed: not known
-        return None
+    value = _inline_array(t)  # None: external, no data (stripped), or malformed
+    return None if value is None else int(value.ravel()[0])
 
 
 def _trip_counts(graph) -> dict[str, int]:
@@ -913,7 +931,7 @@ def _declare(vi, info: TensorInfo) -> int:
     return 1
 
 
-def _shape_loops(graph, inferred, known, trips: dict[str, int], depth: int) -> int:
+def _shape_loops(graph, inferred, known, trips: dict[str, int]) -> int:
     """Shapes ONNX's inference leaves out of a Loop, written into ``graph`` (and its bodies, at
     any depth) for the next round: its body's loop-carried inputs take their initial values'
     shapes (ONNX passes the body their ranks only, so the whole body had no sizes), and the
@@ -923,7 +941,7 @@ def _shape_loops(graph, inferred, known, trips: dict[str, int], depth: int) -> i
     count, declared = 0, None
     for node, done in zip(graph.node, inferred.node):
         subs = dict(bodies(node))
-        if not subs or depth >= MAX_SUBGRAPH_DEPTH:
+        if not subs:
             continue
         done_subs = dict(bodies(done))
         body, body_done = subs.get("body"), done_subs.get("body")
@@ -955,14 +973,14 @@ def _shape_loops(graph, inferred, known, trips: dict[str, int], depth: int) -> i
         for key, sub in subs.items():
             if key in done_subs:
                 count += _shape_loops(sub, done_subs[key],
-                                      _child(known, _collect_tensors(done_subs[key], None)),
-                                      trips, depth + 1)
+                                      _child(known, _collect_tensors(done_subs[key], None)), trips)
     return count
 
 
 def _adopt_body_types(graph, inferred, depth: int) -> None:
     """Copy the types the last inference gave the tensors of ``graph``'s bodies (``inferred``
-    is ``graph`` inferred), at any depth, into them: costing reads a body's shapes there."""
+    is ``graph`` inferred), at any depth, into them: costing reads a body's shapes there.  It
+    walks any op's graphs, which _check_nesting does not bound: hence its own bound."""
     for node, done in zip(graph.node, inferred.node):
         done_subs = {a.name: a.g for a in done.attribute if a.HasField("g")}
         for attr in node.attribute:
@@ -976,19 +994,17 @@ def _adopt_body_types(graph, inferred, depth: int) -> None:
             _adopt_body_types(sub, sub_done, depth + 1)
 
 
-def _body_shapeless(graph, known, depth: int) -> list[str]:
+def _body_shapeless(graph, known) -> list[str]:
     """The outputs of the nodes of ``graph``'s If, Loop and Scan bodies, at any depth, that have
     no shape (their readers cost nothing)."""
     out = []
     for node in graph.node:
         for _, body in bodies(node):
-            if depth >= MAX_SUBGRAPH_DEPTH:
-                continue
             inits = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in body.initializer}
             scope = _child(known, {**_collect_tensors(body, None), **inits})
             out += [n for b in body.node for n in b.output
                     if n and (scope.get(n) is None or scope[n].shape is None)]
-            out += _body_shapeless(body, scope, depth + 1)
+            out += _body_shapeless(body, scope)
     return out
 
 
