@@ -59,7 +59,7 @@ def check_path(path: str) -> str:
         raise HorusError(f"--plot {path!r}: name a FILE.png")
     ext = os.path.splitext(path)[1].lstrip(".").lower()
     if not ext:
-        path, ext = path + ".png", "png"
+        path, ext = path.rstrip(".") + ".png", "png"  # "out." too: matplotlib's out.png
     kinds = FigureCanvasBase.get_supported_filetypes()
     if ext not in kinds:
         raise HorusError(f"--plot {path}: .{ext} is no image format matplotlib writes "

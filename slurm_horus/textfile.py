@@ -66,3 +66,21 @@ def create_site_dirs(folder: str | os.PathLike) -> None:
             os.chmod(d, 0o755)
         except FileExistsError:
             pass
+
+
+def own_dir(folder: str | os.PathLike, mode: int) -> None:
+    """Create ``folder`` (create_site_dirs) and give it ``mode``, refusing (HorusError) one that
+    is a symbolic link or not this process's user's: root re-moding, or writing users' files
+    into, a folder a link points elsewhere or another user may swap files in."""
+    create_site_dirs(folder)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise HorusError(f"{folder}: not a plain folder ({e.strerror}): nothing written there") from None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise HorusError(f"{folder}: owned by another user: nothing written there")
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+

@@ -94,6 +94,9 @@ def test_plot_paths_are_reported_as_written(ledger, tmp_path):
     r = CliRunner().invoke(hacct, ["--ledger", ledger, "--plot", str(tmp_path / "report")])
     assert r.exit_code == 0 and r.output.strip() == f"wrote {tmp_path / 'report.png'}"
     assert (tmp_path / "report.png").is_file()
+    r = CliRunner().invoke(hacct, ["--ledger", ledger, "--plot", str(tmp_path / "dot.")])
+    assert r.exit_code == 0 and r.output.strip() == f"wrote {tmp_path / 'dot.png'}", r.output  # as matplotlib
+    assert (tmp_path / "dot.png").is_file()
     r = CliRunner().invoke(hacct, ["--ledger", ledger, "--plot", str(tmp_path)])
     assert r.exit_code != 0 and "name a FILE.png" in r.output
     assert not (tmp_path.parent / f"{tmp_path.name}.png").exists()

@@ -343,6 +343,8 @@ def test_job_desc_gpus_and_nodes():
     # a count of thousands of digits is sbatch's to refuse, not an internal error
     (["--gres=gpu:1", "--cpus-per-gpu=" + "9" * 4301], {}, None),
     (["--gres=gpu:1", "--tasks-per-node=" + "9" * 4301], {}, None),
+    (["--gpus=1", "-N", "1-x"], {}, None),  # had been an internal error (no max_nodes), no job
+    (["--gpus=1", "-N", "1-99999999999"], {}, None),
 ])
 def test_the_cpus_per_gpu_a_job_asks_for(argv, env, want):
     plan = sub.prepare([*argv, "--model", "m.onnx", "--wrap", "x"], env=env)
@@ -365,6 +367,19 @@ def test_an_environment_cpus_per_gpu_gives_way_to_a_command_line_c():
     assert "cpus_per_tres" not in sub.job_desc_of(plan)  # what the hook sees: sbatch drops it
     plan = sub.prepare(["--gres=gpu:1", "--wrap", "x"], env={"SBATCH_CPUS_PER_GPU": "2"})
     assert sub.job_desc_of(plan)["cpus_per_tres"] == "gres:gpu:2"
+
+
+def test_a_scripts_cpus_per_gpu_replaced_by_the_environments_goes_with_it(tmp_path):
+    """sbatch reads the script, then the environment, then the command line: the environment's
+    value replaces the script's, and a -c on the command line then drops it (slurm_opt.c)."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --cpus-per-gpu=8\n#SBATCH --gres=gpu:2\n#HORUS --model=m.onnx\ntrue\n")
+    plan = sub.prepare(["-c", "2", str(script)], env={"SBATCH_CPUS_PER_GPU": "4"})
+    assert "cpus_per_tres" not in sub.job_desc_of(plan) and sub.requested_cpus_per_gpu(plan) == 1.0
+    plan = sub.prepare([str(script)], env={"SBATCH_CPUS_PER_GPU": "4"})
+    assert sub.requested_cpus_per_gpu(plan) == 4.0
+    plan = sub.prepare([str(script)], env={})
+    assert sub.requested_cpus_per_gpu(plan) == 8.0
 
 
 def test_bad_model_raises_horus_error(tmp_path):

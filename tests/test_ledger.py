@@ -551,6 +551,17 @@ def test_user_extracts(tmp_path):
     assert not [p for p in (tmp_path / "users").iterdir() if p.name.startswith(".")]
     # where jobs are private, the folder lists no one's: 0711 (each opens their own by name)
     assert (tmp_path / "users").stat().st_mode & 0o777 == 0o711
+    # a user no longer known here: their extract goes (the uid may be someone else's next)
+    gone = tmp_path / "users" / "no-such-user-xyz.db"
+    gone.write_bytes(b"old")
+    write_user_extracts(L, tmp_path / "users")
+    assert not gone.exists() and ext.exists()
+    # a folder that is a symbolic link (to where root would re-mode and write) is refused
+    (tmp_path / "elsewhere").mkdir(mode=0o755)
+    (tmp_path / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(HorusError, match="not a plain folder"):
+        write_user_extracts(L, tmp_path / "linked")
+    assert (tmp_path / "elsewhere").stat().st_mode & 0o777 == 0o755 and not list((tmp_path / "elsewhere").iterdir())
     # the jobs that shared a GPU with yours: named only where they are yours (2 is another's)
     L.record_submission(job_id=4, cluster="c", user=me.pw_name, predictions=PRED)
     L.record_usage(job_id=1, cluster="c", source="sacct", colocated=[2, 4])

@@ -73,7 +73,12 @@ def _main(argv: list[str]) -> int:
         sub.warn(w)
     shown = len(plan.warnings)
     if plan.model is not None and not plan.answers_only:
-        sub.check_options(plan)  # a bad value of hsubmit's own options: an error, nothing submitted
+        try:
+            sub.check_options(plan)  # a bad value of hsubmit's own options: an error, nothing submitted
+        except HorusError:
+            raise
+        except Exception:  # a bug: _predict_or_warn meets it again and submits the job unchanged
+            pass
         if not _predict_or_warn(plan, sub, shown):
             return 1
     if plan.explain:

@@ -21,7 +21,7 @@ from slurm_horus.ledger.db import (BUSY_TIMEOUT_S, REFRESH_ADVICE, default_url, 
 from slurm_horus.ledger.report import only_own_colocated
 from slurm_horus.ledger.schema import tables
 from slurm_horus.ledger.store import Ledger
-from slurm_horus.textfile import create_site_dirs
+from slurm_horus.textfile import own_dir
 
 
 def readers_copy(path: Path) -> Path:
@@ -100,19 +100,19 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
     """Per-user SQLite extracts for sites where Slurm's PrivateData hides others' jobs:
     ``<folder>/<user>.db``, the ledger schema with only that user's jobs rows, owned by the
     user, mode 0400 (a site's users often share one primary group, so a group-readable extract
-    showed everyone's jobs to everyone), each replaced atomically, in a folder of mode 0711. Users unknown to this host
+    showed everyone's jobs to everyone), each replaced atomically, in a folder of root's (own_dir)
+    of mode 0711; the extracts of users no longer known here are removed. Users unknown to this host
     or with names that are not file names are skipped.
     Returns {"written": n, "skipped": [names]}."""
     from sqlalchemy import select
 
     folder = Path(folder)
-    create_site_dirs(folder)
-    os.chmod(folder, 0o711)  # each user opens their own extract; nobody lists whose there are
+    own_dir(folder, 0o711)  # each user opens their own extract; nobody lists whose there are
     j = tables()["jobs"]
     with ledger.engine.connect() as conn:
         users = sorted(r[0] for r in conn.execute(select(j.c.user_name).distinct())
                        if r[0] is not None)
-    written, skipped = 0, []
+    written, skipped, kept = 0, [], set()
     for user in users:
         try:
             uid, gid = pwd.getpwnam(user)[2:4]
@@ -142,4 +142,8 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
             tmp.unlink(missing_ok=True)
             raise
         written += 1
+        kept.add(f"{user}.db")
+    for old in os.listdir(folder):  # a user gone: their uid may be someone else's next
+        if old.endswith(".db") and not old.startswith(".") and old not in kept:
+            (folder / old).unlink(missing_ok=True)
     return {"written": written, "skipped": skipped}

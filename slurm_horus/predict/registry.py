@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
-from slurm_horus.textfile import create_site_dirs, open_for_reading
+from slurm_horus.textfile import create_site_dirs, open_for_reading, own_dir
 from slurm_horus.predict.learned import MAX_MODEL_BYTES, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
@@ -279,8 +279,7 @@ class Registry:
         key = self._key()
         out = {u: "u-" + hmac.new(key, u.encode(), hashlib.sha256).hexdigest()[:16] for u in users}
         folder = self.root / USERS_DIR
-        create_site_dirs(folder)
-        os.chmod(folder, 0o711)  # each user opens their own file; nobody lists who has one
+        own_dir(folder, 0o711)  # each user opens their own file; nobody lists who has one
         for old in os.listdir(folder):  # a user gone: their uid may be someone else's next
             if old not in out and not old.startswith("."):
                 (folder / old).unlink(missing_ok=True)

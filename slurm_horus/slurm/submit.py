@@ -255,8 +255,8 @@ def requested_cpus_per_gpu(plan: Plan) -> float | None:
     if not reqs or cpt is None or (tasks is None and plan.request("ntasks") is not None):
         return None
     if plan.request("nodes") is not None:
-        if "min_nodes" not in jd:
-            return None  # sbatch refuses it
+        if "min_nodes" not in jd or "max_nodes" not in jd:
+            return None  # a count sbatch refuses (or one with a suffix: unknown here)
         nodes = {jd["min_nodes"], jd["max_nodes"]}
     elif tasks is not None and per_node is not None:
         nodes = {-(-tasks // per_node)}  # the nodes Slurm gives -n at --ntasks-per-node each
@@ -302,15 +302,17 @@ def _cpus_per_task(plan: Plan) -> int | None:
 
 
 def _cpus_per_gpu_option(plan: Plan) -> str | None:
-    """--cpus-per-gpu as sbatch resolves it: SBATCH_CPUS_PER_GPU gives way to a -c (or
-    --tres-per-task=cpu) on the command line or in the script (slurm_opt.c's
-    _validate_cpus_per_tres), which the environment's value would otherwise have overridden."""
-    v = plan.request("cpus-per-gpu")
-    if v is None or sa.last_value(plan.split.parsed, "cpus-per-gpu") is not None \
-            or sa.last_value(plan.script_opts, "cpus-per-gpu") is not None:
-        return v
-    cpus_given = plan.request("cpus-per-task") is not None or "cpu" in (plan.request("tres-per-task") or "")
-    return None if cpus_given else v
+    """--cpus-per-gpu as sbatch resolves it (command line > environment > script): the
+    environment's SBATCH_CPUS_PER_GPU is dropped where a -c (or --tres-per-task=cpu) is on the
+    command line or in the script (slurm_opt.c's _validate_cpus_per_tres), and the script's
+    value with it, which the environment's had replaced."""
+    cli = sa.last_value(plan.split.parsed, "cpus-per-gpu")
+    if cli is not None:
+        return cli
+    if plan.env.get(_ENV_OPTS["cpus-per-gpu"]):
+        cpus_given = plan.request("cpus-per-task") is not None or "cpu" in (plan.request("tres-per-task") or "")
+        return None if cpus_given else plan.env[_ENV_OPTS["cpus-per-gpu"]]
+    return sa.last_value(plan.script_opts, "cpus-per-gpu")
 
 
 def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
@@ -578,7 +580,7 @@ def explain_text(plan: Plan) -> str:
                      f"{int(v['kernels'])} kernels, depth {int(v['depth'])}")
         w, _ = check_options(plan)
         lines.append(f"workload: task={w.task} optimizer={w.optimizer} precision={w.precision}"
-                     f" cpus_per_gpu={'-' if w.cpus_per_gpu is None else f'{w.cpus_per_gpu:.3g}'}")
+                     f" cpus_per_gpu={'-' if w.cpus_per_gpu is None else f'{w.cpus_per_gpu:g}'}")
         lines.append(f"partition: {plan.partition}  GPU types: "
                      + ", ".join(f"{t} x{n}" for t, n in sorted(plan.gpu_types.items())))
         lines.append(f"predictor: {plan.predictor_note}")
