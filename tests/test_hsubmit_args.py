@@ -362,6 +362,16 @@ def test_the_cpus_per_gpu_of_sbatch_lines(tmp_path):
     assert sub.check_options(sub.prepare(["--tasks-per-node=1", str(script)], env={}))[0].cpus_per_gpu == 8
 
 
+def test_the_task_count_22_05s_sbatch_sends_without_n():
+    """--ntasks-per-node=2 alone reached the local cluster's hook as 2 tasks (unchanged: they
+    may span nodes), where --explain had shown the job shared."""
+    def tasks(*argv):
+        return sub.job_desc_of(sub.prepare([*argv, "--gres=gpu:1", "--wrap", "x"], env={})).get("num_tasks")
+    assert tasks("--ntasks-per-node=2") == 2 and tasks("-N", "2", "--ntasks-per-node=2") == 4
+    assert tasks("-N", "1-2", "--ntasks-per-node=2") is None and tasks("-n", "3", "--ntasks-per-node=2") == 3
+    assert tasks() is None
+
+
 def test_an_environment_cpus_per_gpu_gives_way_to_a_command_line_c():
     plan = sub.prepare(["--gres=gpu:1", "-c", "8", "--wrap", "x"], env={"SBATCH_CPUS_PER_GPU": "2"})
     assert "cpus_per_tres" not in sub.job_desc_of(plan)  # what the hook sees: sbatch drops it

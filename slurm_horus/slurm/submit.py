@@ -522,6 +522,11 @@ def job_desc_of(plan: Plan) -> dict:
         n = _count(plan.request(opt) or "")
         if n is not None:
             jd[key] = n
+    # without -n, 22.05's sbatch sends its nodes times --ntasks-per-node as the task count (seen
+    # on the local cluster: --ntasks-per-node=2 alone reached the hook as 2 tasks; 25.11's sends none)
+    per_node = _count(plan.request("ntasks-per-node") or "")
+    if per_node and plan.request("ntasks") is None and jd.get("min_nodes", 1) == jd.get("max_nodes", 1):
+        jd["num_tasks"] = jd.get("min_nodes", 1) * per_node
     return {k: v for k, v in jd.items() if v is not None}
 
 
