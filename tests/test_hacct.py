@@ -637,3 +637,16 @@ def test_a_start_after_now_is_an_error_without_E_too(url):
         assert len(r.output.strip().splitlines()) == 1
     r = CliRunner().invoke(main, ["--ledger", url, "-S", "now", "-P", "-n", "-o", "JobID"])
     assert r.exit_code == 0 and r.output == "", r.output
+
+
+def test_of_u_and_a_the_later_wins_and_u_minus_1_is_everyone(url):
+    """As sacct (options.c): -u bob -a lists everyone's jobs, -a -u bob bob's; -u -1 is every
+    user's.  hacct had listed only bob's for -u bob -a."""
+    def users(*args):
+        r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "User", *args])
+        assert r.exit_code == 0, r.output
+        return sorted(set(r.output.split()))
+    assert users("-u", "bob", "-a") == ["alice", "bob"]
+    assert users("-a", "-u", "bob") == ["bob"]
+    assert users("-u", "-1") == ["alice", "bob"]
+    assert users("-u", "bob") == ["bob"]

@@ -37,6 +37,14 @@ def _user_name(user: str) -> str:
     return user
 
 
+def _in_order(ctx, param, value):
+    """Note where -u and -a came (click processes options in the order they were first given):
+    as in sacct, the later of the two wins."""
+    if value:
+        ctx.meta.setdefault("hacct_who", []).append(param.name)
+    return value
+
+
 def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
     """The own job ids of array tasks named ArrayJobId_TaskId, from Slurm's accounting (as sacct
     -j takes them; int() had read 224_5 as 2245).  A task Slurm does not know names no job, as
@@ -60,10 +68,12 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
-@click.option("-u", "--user", "--uid", "users", multiple=True, help="Users or uids (comma-separated).")
+@click.option("-u", "--user", "--uid", "users", multiple=True, callback=_in_order,
+              help="Users or uids (comma-separated; -1: every user's, as -a).")
 @click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")
-@click.option("-a", "--allusers", is_flag=True, help="Every user's jobs (as sacct: without it, "
-              "and without -u, a user other than root sees their own).")
+@click.option("-a", "--allusers", is_flag=True, callback=_in_order,
+              help="Every user's jobs (as sacct: without it, and without -u, a user other than root "
+              "sees their own; the later of -a and -u wins).")
 @click.option("-S", "--starttime", help="Jobs ending (or submitted) at or after this time "
               "(default, as sacct: 00:00 today, unless -j or -s is given; --summary and --plot: "
               "all). sacct's formats: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], HH:MM, today, "
@@ -148,6 +158,12 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
     named = bool(job_ids or tasks)  # -j: those jobs, whenever and whoever's (a task Slurm lacks: none)
     if starttime is None and not named and not state_list and not summary and plot is None:
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
+    # as sacct: -u -1 is every user's, and of -u and -a the later wins (-u bob -a: everyone's)
+    who = click.get_current_context().meta.get("hacct_who", [])
+    if "-1" in users or (allusers and who[-1:] == ["allusers"]):
+        users, allusers = (), True
+    elif users:
+        allusers = False
     filters = dict(job_ids=job_ids or None, task_ids=task_ids if tasks else None, users=[_user_name(u) for u in _split(users)] or None,
                    accounts=[a.lower() for a in _split(accounts)] or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
