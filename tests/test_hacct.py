@@ -650,3 +650,25 @@ def test_of_u_and_a_the_later_wins_and_u_minus_1_is_everyone(url):
     assert users("-a", "-u", "bob") == ["bob"]
     assert users("-u", "-1") == ["alice", "bob"]
     assert users("-u", "bob") == ["bob"]
+
+
+def test_a_state_with_a_window_is_the_state_during_it(url):
+    """As sacct (slurmdbd's _state_time_string): with -S/-E, -s R lists the jobs running at some
+    time in the window, -s PD those waiting in it, an end state those ending in it with it.
+    hacct had matched the final state and -s R/PD found nothing."""
+    import time as _time
+
+    def ids(state, lo, hi):
+        t = lambda x: _time.strftime("%Y-%m-%dT%H:%M:%S", _time.localtime(x))  # noqa: E731
+        r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID", "-s", state,
+                                      "-S", t(lo), "-E", t(hi)])
+        assert r.exit_code == 0, r.output
+        return r.output.split()
+    # 101 and 102: submitted at 1700000101/102, ran 1700000200..1700003925, COMPLETED
+    assert ids("R", 1700001000, 1700002000) == ["101", "102"]
+    assert ids("R", 1700004000, 1700005000) == []
+    assert ids("PD", 1700000150, 1700000180) == ["101", "102"]
+    assert ids("PD", 1700000300, 1700000400) == []
+    assert ids("CD", 1700003900, 1700004000) == ["101", "102"]
+    assert ids("CD", 1700001000, 1700002000) == []  # completed, but not in this window
+    assert ids("R,CD", 1700003900, 1700004000) == ["101", "102"]

@@ -245,8 +245,8 @@ def refresh_jobs(conn, keys: Iterable[tuple[str, int]]) -> None:
 
 def job_filters(stmt, *, job_ids=None, task_ids=None, users=None, accounts=None, states=None,
                 start=None, end=None, cluster=None, submitted_only=False, under_claims=False):
-    """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window),
-    and hacct's --under-claims. job_ids: as sacct -j N, an array's id names its tasks too;
+    """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window;
+    with -s, each state's own time test instead: _state_in_window), and hacct's --under-claims. job_ids: as sacct -j N, an array's id names its tasks too;
     task_ids: the own ids of tasks named ArrayJobId_TaskId, each that task alone (one task of
     every array has the array's id; an empty list: tasks were named and none exists, so
     those name no job)."""
@@ -265,16 +265,46 @@ def job_filters(stmt, *, job_ids=None, task_ids=None, users=None, accounts=None,
         stmt = stmt.where(j.c.user_name.in_(list(users)))
     if accounts:
         stmt = stmt.where(j.c.account.in_(list(accounts)))
+    windowed = start is not None or end is not None
     if states:
-        stmt = stmt.where(or_(*(func.upper(j.c.state).like(s.upper() + "%") for s in states)))
+        stmt = stmt.where(or_(*(_state_in_window(j, s, start, end) if windowed
+                                else func.upper(j.c.state).like(s.upper() + "%") for s in states)))
     if cluster:  # a name, or a list of them
         stmt = stmt.where(j.c.cluster.in_([cluster] if isinstance(cluster, str) else list(cluster)))
-    if start is not None:
+    if start is not None and not states:
         stmt = stmt.where(func.coalesce(j.c.end_time, j.c.submit_time) >= int(start))
-    if end is not None:
+    if end is not None and not states:
         stmt = stmt.where(func.coalesce(j.c.submit_time, j.c.start_time, j.c.end_time) <= int(end))
     if submitted_only:
         stmt = stmt.where(j.c.has_submission == 1)
     if under_claims:
         stmt = stmt.where(j.c.under_claim == 1)
     return stmt
+
+
+def _state_in_window(j, state: str, start, end):
+    """sacct's test of a job in ``state`` during the window (slurmdbd's _state_time_string):
+    PENDING, waiting at some time in it (submitted before its end, started or ended unstarted
+    after its start, or still pending); RUNNING, running at some time in it; SUSPENDED, the
+    state (the ledger keeps no suspend times); an end state, ending in it with that state."""
+    from sqlalchemy import and_, func, or_, true
+
+    lo = int(start) if start is not None else None
+    hi = int(end) if end is not None else None
+    now = func.upper(j.c.state).like(state.upper() + "%")
+    after = (lambda c: c > lo) if lo is not None else (lambda c: c.isnot(None))
+    before = (lambda c: c < hi) if hi is not None else (lambda c: true())
+    if state.upper() == "PENDING":
+        return and_(before(j.c.submit_time), or_(
+            and_(j.c.start_time.isnot(None), after(j.c.start_time)),
+            and_(j.c.start_time.is_(None), j.c.end_time.isnot(None), after(j.c.end_time)),
+            and_(j.c.start_time.is_(None), j.c.end_time.is_(None), now)))
+    if state.upper() == "RUNNING":
+        return and_(j.c.start_time.isnot(None), before(j.c.start_time),
+                    or_(after(j.c.end_time), and_(j.c.end_time.is_(None), now)))
+    if state.upper() == "SUSPENDED":
+        return now
+    return and_(now, j.c.end_time.isnot(None),
+                j.c.end_time >= lo if lo is not None else true(),
+                j.c.end_time <= hi if hi is not None else true())
+
