@@ -58,9 +58,12 @@ def test_golden_parsable(url):
 
 
 def test_golden_parsable_filters_noheader_format(url):
-    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-u", "alice", "-s", "CD",
+    r = CliRunner().invoke(main, [*ALL, "-E", "now", "--ledger", url, "-P", "-n", "-u", "alice", "-s", "CD",
                                   "-o", "JobID,User,Family,ActMem,Node"])
     assert r.output == "101|alice|resnet50|5230|gpu-a100\n"
+    # as sacct: with -s and no -E, the window is the moment -S (nothing completed then)
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-u", "alice", "-s", "CD"])
+    assert r.exit_code == 0 and r.output == ""
     r = CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-j", "102,103", "-o", "jobid"])
     assert r.output == "102\n103\n"
     r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID,HookAct,QueueAct"])
@@ -650,6 +653,11 @@ def test_of_u_and_a_the_later_wins_and_u_minus_1_is_everyone(url):
     assert users("-a", "-u", "bob") == ["bob"]
     assert users("-u", "-1") == ["alice", "bob"]
     assert users("-u", "bob") == ["bob"]
+    # each use in turn, as getopt reads them (the first use of each alone had decided)
+    assert users("-u", "alice", "-a", "-u", "bob") == ["alice", "bob"]
+    assert users("-a", "-u", "bob", "-a") == ["alice", "bob"]
+    assert users("-u", "-1", "-u", "bob") == ["bob"]
+    assert users("-au", "bob") == ["bob"]
 
 
 def test_a_state_with_a_window_is_the_state_during_it(url):
@@ -672,3 +680,12 @@ def test_a_state_with_a_window_is_the_state_during_it(url):
     assert ids("CD", 1700003900, 1700004000) == ["101", "102"]
     assert ids("CD", 1700001000, 1700002000) == []  # completed, but not in this window
     assert ids("R,CD", 1700003900, 1700004000) == ["101", "102"]
+    # without -E, as sacct: the window is the moment -S (running at 1700001000; not at 1700004000)
+    at = lambda x: CliRunner().invoke(main, ["--ledger", url, "-P", "-n", "-o", "JobID", "-s", "R", "-S",  # noqa: E731
+                                             _time.strftime("%Y-%m-%dT%H:%M:%S", _time.localtime(x))]).output.split()
+    assert at(1700001000) == ["101", "102"] and at(1700004000) == []
+    # a row with no submit time (a probe's alone) was never pending, with or without -E
+    L = Ledger(url)
+    L.record_usage(job_id=200, cluster="c", source="probe", util_mean=10, mem_peak_mib=100,
+                   start_time=1700000500, end_time=1700000600)
+    assert "200" not in ids("PD", 1700000100, 1700000300)

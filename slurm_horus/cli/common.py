@@ -81,10 +81,16 @@ class Command(click.Command):
 _OPTION_ORDER = "slurm_horus.option_order"
 
 
+def given_order(ctx, *names: str) -> list[str]:
+    """Each use of these options (parameter names) on the command line, in order (repeats too),
+    as getopt reads repeated and opposing options."""
+    return [n for n in ctx.meta.get(_OPTION_ORDER, ()) if n in names]
+
+
 def last_given(ctx, *names: str) -> str | None:
-    """Which of these options (parameter names) was used last on the command line, as getopt
-    reads repeated and opposing flags (sacct -P ... -p); None: none of them."""
-    used = [n for n in ctx.meta.get(_OPTION_ORDER, ()) if n in names]
+    """Which of these options (parameter names) was used last on the command line (sacct -P
+    ... -p); None: none of them."""
+    used = given_order(ctx, *names)
     return used[-1] if used else None
 
 

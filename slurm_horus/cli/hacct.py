@@ -15,7 +15,7 @@ from itertools import chain, islice
 
 import click
 
-from slurm_horus.cli.common import Command, last_given, one_line_errors, parse_time
+from slurm_horus.cli.common import Command, given_order, last_given, one_line_errors, parse_time
 
 
 def _split(values) -> list[str]:
@@ -37,12 +37,21 @@ def _user_name(user: str) -> str:
     return user
 
 
-def _in_order(ctx, param, value):
-    """Note where -u and -a came (click processes options in the order they were first given):
-    as in sacct, the later of the two wins."""
-    if value:
-        ctx.meta.setdefault("hacct_who", []).append(param.name)
-    return value
+def _who(order: list[str], users: tuple[str, ...], allusers: bool) -> tuple[tuple[str, ...], bool]:
+    """(users, every user's) from -u and -a as sacct reads them, one use after another
+    (options.c): -a sets every user's, -u -1 too, -u NAME unsets it and adds the name.
+    ``order``: each use of users/allusers on the command line (common.given_order)."""
+    if order.count("users") != len(users):  # no order known: -u's names, else -a
+        return users, allusers and not users
+    every, names, values = False, [], iter(users)
+    for name in order:
+        value = next(values) if name == "users" else None
+        if name == "allusers" or value == "-1":
+            every = True
+        else:
+            every = False
+            names.append(value)
+    return (() if every else tuple(names)), every
 
 
 def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
@@ -68,10 +77,10 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
-@click.option("-u", "--user", "--uid", "users", multiple=True, callback=_in_order,
+@click.option("-u", "--user", "--uid", "users", multiple=True,
               help="Users or uids (comma-separated; -1: every user's, as -a).")
 @click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")
-@click.option("-a", "--allusers", is_flag=True, callback=_in_order,
+@click.option("-a", "--allusers", is_flag=True,
               help="Every user's jobs (as sacct: without it, and without -u, a user other than root "
               "sees their own; the later of -a and -u wins).")
 @click.option("-S", "--starttime", help="Jobs ending (or submitted) at or after this time "
@@ -159,16 +168,14 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
     if starttime is None and not named and not state_list and not summary and plot is None:
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
     # as sacct: -u -1 is every user's, and of -u and -a the later wins (-u bob -a: everyone's)
-    who = click.get_current_context().meta.get("hacct_who", [])
-    if "-1" in users or (allusers and who[-1:] == ["allusers"]):
-        users, allusers = (), True
-    elif users:
-        allusers = False
+    users, allusers = _who(given_order(click.get_current_context(), "users", "allusers"), users, allusers)
     filters = dict(job_ids=job_ids or None, task_ids=task_ids if tasks else None, users=[_user_name(u) for u in _split(users)] or None,
                    accounts=[a.lower() for a in _split(accounts)] or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
                    under_claims=under_claims)
+    if state_list and filters["start"] is not None and filters["end"] is None:
+        filters["end"] = filters["start"]  # as sacct: with -s, -E defaults to -S (the states then)
     end = filters["end"] if filters["end"] is not None else int(time.time())  # sacct's default -E: now
     if filters["start"] is not None and filters["start"] > end:
         # as sacct, rather than an empty list (-E before midnight with the default -S too; -S
