@@ -83,4 +83,3 @@ def own_dir(folder: str | os.PathLike, mode: int) -> None:
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
-

@@ -286,7 +286,7 @@ def register(main_group: click.Group) -> None:
         if plot == "-" and as_json:
             raise HorusError("--plot - draws in the terminal; with --json name a FILE.png")
         if plot and plot != "-":
-            check_path(plot)  # a missing matplotlib or a file it cannot write fails before the simulation
+            plot = check_path(plot)  # a missing matplotlib or a file it cannot write fails before the simulation
         pols = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
         if not pols:
             raise HorusError("--policies: none given")

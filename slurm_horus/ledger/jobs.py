@@ -246,8 +246,8 @@ def refresh_jobs(conn, keys: Iterable[tuple[str, int]]) -> None:
 def job_filters(stmt, *, job_ids=None, task_ids=None, users=None, accounts=None, states=None,
                 start=None, end=None, cluster=None, submitted_only=False, under_claims=False):
     """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window;
-    with -s, each state's own time test instead: _state_in_window), and hacct's --under-claims. job_ids: as sacct -j N, an array's id names its tasks too;
-    task_ids: the own ids of tasks named ArrayJobId_TaskId, each that task alone (one task of
+    with -s, each state's own time test instead: _state_in_window), and hacct's
+    --under-claims. job_ids: as sacct -j N, an array's id names its tasks too; task_ids: the own ids of tasks named ArrayJobId_TaskId, each that task alone (one task of
     every array has the array's id; an empty list: tasks were named and none exists, so
     those name no job)."""
     from sqlalchemy import false, func, or_
@@ -291,22 +291,22 @@ def _state_in_window(j, state: str, start, end):
 
     lo = int(start) if start is not None else None
     hi = int(end) if end is not None else None
-    now = func.upper(j.c.state).like(state.upper() + "%")
+    name = state.upper()
+    last = func.upper(j.c.state).like(name + "%")  # the state the ledger last recorded
     after = (lambda c: c > lo) if lo is not None else (lambda c: c.isnot(None))
     before = (lambda c: c < hi) if hi is not None else (lambda c: true())
-    if state.upper() == "PENDING":  # submitted (slurmdbd: eligible) before the window ends
+    if name == "PENDING":  # submitted (slurmdbd: eligible) before the window ends
         return and_(j.c.submit_time.isnot(None), before(j.c.submit_time), or_(
             and_(j.c.start_time.isnot(None), after(j.c.start_time)),
             and_(j.c.start_time.is_(None), j.c.end_time.isnot(None), after(j.c.end_time)),
-            and_(j.c.start_time.is_(None), j.c.end_time.is_(None), now)))
-    if state.upper() == "RUNNING":
+            and_(j.c.start_time.is_(None), j.c.end_time.is_(None), last)))
+    if name == "RUNNING":
         return and_(j.c.start_time.isnot(None), before(j.c.start_time),
-                    or_(after(j.c.end_time), and_(j.c.end_time.is_(None), now)))
-    if state.upper() == "SUSPENDED":
-        return now
+                    or_(after(j.c.end_time), and_(j.c.end_time.is_(None), last)))
+    if name == "SUSPENDED":
+        return last
     # coalesce keeps the planner off ix_jobs_end: iter_jobs pages by submit time, and through
     # that index each page rescanned and sorted the range (a million jobs: 100 s, against 17)
     ended = func.coalesce(j.c.end_time, -1)
-    return and_(now, j.c.end_time.isnot(None), ended >= lo if lo is not None else true(),
+    return and_(last, j.c.end_time.isnot(None), ended >= lo if lo is not None else true(),
                 ended <= hi if hi is not None else true())
-

@@ -59,8 +59,8 @@ def workload_from(d: dict | None) -> Workload:
 
 def cpus_per_gpu(cpus: int | float | None, gpus: int | float | None) -> float | None:
     """The CPUs-per-GPU feature of a job with ``cpus`` CPUs and ``gpus`` GPUs in all (what
-    Slurm allocated, or what the job asks for): None where either is unknown or not positive
-    (a job on shards has no whole GPU), or past any node (MAX_CPUS_PER_GPU)."""
+    Slurm allocated, or what the job asks for): None where either is unknown or not positive,
+    or past any node (MAX_CPUS_PER_GPU)."""
     if cpus is None or gpus is None or isinstance(cpus, bool) or isinstance(gpus, bool):
         return None
     try:
