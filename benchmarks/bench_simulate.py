@@ -54,11 +54,13 @@ KEYS = ("mean_jct_s", "p95_jct_s", "p95_slowdown", "oom_failures", "timeouts", "
 
 
 def _trace(trace: str, n: int, cluster, seed: int, load: float, mix: ModelMix,
-           repeat_share: float = REPEAT_SHARE, sensitivity_sigma: float = SENSITIVITY_SIGMA):
+           repeat_share: float = REPEAT_SHARE, sensitivity_sigma: float = SENSITIVITY_SIGMA,
+           limit_noise: float = 0.0):
     mem_cap = 0.97 * max(cluster.mem_mib(t) for t in cluster.gpu_types)  # as horus-admin simulate
     return generate_trace(trace, n, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load, mix=mix,
                           max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap,
-                          repeat_share=repeat_share, sensitivity_sigma=sensitivity_sigma)
+                          repeat_share=repeat_share, sensitivity_sigma=sensitivity_sigma,
+                          limit_noise=limit_noise)
 
 
 def _run(cluster, jobs) -> dict:
@@ -89,15 +91,17 @@ def _jct_p95(runs: list[dict], p: str) -> str:
     return f"{_mean(runs, p, 'mean_jct_s') / 1e3:.1f} / {_mean(runs, p, 'p95_slowdown'):.2f}"
 
 
-def _goals(runs: list[dict], h: str = "horus") -> tuple[int, int, int]:
-    """Seeds where h (horus) has the lowest mean JCT of exclusive/naive/h (within 2 %), seeds
-    where its mean JCT is within 5 % of the oracle's, and seeds where its p95 slowdown is
-    within the bound."""
-    best = sum(r[h]["mean_jct_s"] <= 1.02 * min(r[p]["mean_jct_s"] for p in ("exclusive", "naive"))
-               for r in runs)
+def _goals(runs: list[dict], h: str = "horus") -> tuple[int, int, int, int]:
+    """Seeds where h (horus) has the lowest mean JCT of exclusive/naive/h (within 2 %, issue
+    12's tolerance), seeds where its mean JCT is within 5 % of the oracle's, seeds where its
+    p95 slowdown is within the bound, and seeds where it is strictly the lowest (the tolerance
+    counts a run naive wins by under 2 % as horus's)."""
+    others = [min(r[p]["mean_jct_s"] for p in ("exclusive", "naive")) for r in runs]
+    best = sum(r[h]["mean_jct_s"] <= 1.02 * o for r, o in zip(runs, others))
     near = sum(r[h]["mean_jct_s"] <= 1.05 * r["oracle"]["mean_jct_s"] for r in runs)
     bound = sum(r[h]["p95_slowdown"] <= BOUND + 1e-9 for r in runs)  # float times
-    return best, near, bound
+    strict = sum(r[h]["mean_jct_s"] < o for r, o in zip(runs, others))
+    return best, near, bound, strict
 
 
 def _cells(m: dict, key: str, fmt: str, scale: float = 1.0, pols=POLICIES) -> str:
@@ -107,21 +111,21 @@ def _cells(m: dict, key: str, fmt: str, scale: float = 1.0, pols=POLICIES) -> st
 def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
     ns = len(seeds)
     lines = []
-    tot = [0, 0, 0]
+    tot = [0, 0, 0, 0]
     for trace in mixes:
         lines += [f"#### {trace}: {n_jobs:,} jobs on 32 A100 + 32 T4, means of seeds "
                   f"{', '.join(map(str, seeds))}\n",
                   "| load | mean JCT (ks) excl | naive | horus | oracle | horus w/o history "
                   "| p95 JCT ks (e/n/h/o) "
                   "| p95 slowdown (n/h/o) | OOMs (e/n/h/o) | timeouts (e/n/h/o) | lost (n/h) "
-                  "| seeds horus lowest of e/n/h | seeds horus <= 1.05 x oracle "
+                  "| seeds horus lowest of e/n/h (strictly) | seeds horus <= 1.05 x oracle "
                   f"| seeds horus p95 <= {BOUND:g} |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for load in loads:
             runs = res[trace, load]
             m = {p: {k: _mean(runs, p, k) for k in KEYS} for p in POLICIES}
-            best, near, bound = _goals(runs)
-            tot = [a + b for a, b in zip(tot, (best, near, bound))]
+            best, near, bound, strict = _goals(runs)
+            tot = [a + b for a, b in zip(tot, (best, near, bound, strict))]
             cold = _mean(runs, "horus-cold", "mean_jct_s")
             lines.append(
                 f"| {load:g} | " + " | ".join(f"{m[p]['mean_jct_s'] / 1e3:.1f}" for p in POLICIES)
@@ -130,7 +134,7 @@ def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
                 + f" | {_cells(m, 'p95_slowdown', '{:.2f}', pols=('naive', 'horus', 'oracle'))}"
                 + f" | {_cells(m, 'oom_failures', '{:.1f}')} | {_cells(m, 'timeouts', '{:.1f}')}"
                 + f" | {_cells(m, 'failed_jobs', '{:.1f}', pols=('naive', 'horus'))}"
-                + f" | {best}/{ns} | {near}/{ns} | {bound}/{ns} |")
+                + f" | {best}/{ns} ({strict}) | {near}/{ns} | {bound}/{ns} |")
         runs = [r for load in loads for r in res[trace, load]]
         ratios = sorted(r["horus"]["mean_jct_s"] / r["oracle"]["mean_jct_s"] for r in runs)
         tail = "; ".join(f"{p} expected {sum(r[p]['expected_beyond'] for r in runs):.0f}, were "
@@ -142,7 +146,8 @@ def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
                   f"jobs beyond the bound over the {len(runs)} runs, the tail budget's expected count "
                   f"(on its predictions) against the simulated truth: {tail}", ""]
     n = ns * len(loads) * len(mixes)
-    lines += [f"all runs: horus lowest of e/n/h in {tot[0]} of {n}, within 5 % of the oracle in {tot[1]}, "
+    lines += [f"all runs: horus lowest of e/n/h in {tot[0]} of {n} (strictly in {tot[3]}), "
+              f"within 5 % of the oracle in {tot[1]}, "
               f"p95 slowdown within {BOUND:g} in {tot[2]}", ""]
     return "\n".join(lines)
 
@@ -217,7 +222,7 @@ def known_sensitivity(mixes, loads, seeds, n_jobs: int, mix: ModelMix, repeat_sh
                 runs.append(r)
             pols = ("naive", "horus", "oracle", "horus known", "oracle known")
             cells = [_jct_p95(runs, p) for p in pols]
-            lowest, _, within = _goals(runs, "horus known")
+            lowest, _, within, _ = _goals(runs, "horus known")
             rows.append(f"| {trace} | {load:g} | {' | '.join(cells)} | {lowest}/{len(runs)} | {within}/{len(runs)} |")
             print(f"  known sensitivity {trace} load {load:g}: done", file=sys.stderr, flush=True)
     return "\n".join([
@@ -284,6 +289,10 @@ def main() -> None:
     ap.add_argument("--known-sensitivity", default="", metavar="LOADS",
                     help="loads at which to run horus and the oracle with each job's sensitivity "
                          "known, on --mixes (a what-if; '' to skip, the default)")
+    ap.add_argument("--limit-noise", type=float, default=0.0,
+                    help="time limits as users give them in every generated trace: the exact 2x "
+                         "the slowest type's run time times exp(NOISE x |N(0,1)|), rounded up to "
+                         "whole hours (default 0: the exact multiple; horus-admin simulate --limit-noise)")
     ap.add_argument("--bf-interval", type=float, default=float(SLURM_BF_INTERVAL_S),
                     help="seconds between backfill passes in every run (default: Slurm's, "
                          "%(default)g; 0: at every event, the default before 2026-12-03)")
@@ -310,12 +319,15 @@ def main() -> None:
         sys.exit("bench_simulate: --spread takes sigmas in [0, 3]")
     if not 0.0 <= args.bf_interval <= 30 * 86400.0:
         sys.exit("bench_simulate: --bf-interval takes seconds in [0, 2592000] (30 days, as horus-admin simulate)")
-    global run_policies  # every run of this invocation at that interval
+    if not 0.0 <= args.limit_noise <= 3.0:
+        sys.exit("bench_simulate: --limit-noise takes a sigma in [0, 3]")
+    global run_policies, _trace  # every run of this invocation at that interval, with those limits
     run_policies = functools.partial(run_policies, bf_interval=args.bf_interval)
+    _trace = functools.partial(_trace, limit_noise=args.limit_noise)
     mixes = [x.strip() for x in args.mixes.split(",") if x.strip()]
     mix = ModelMix()
     out = [f"python {platform.python_version()}, {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs, "
-           f"backfill every {args.bf_interval:g} s\n"]
+           f"backfill every {args.bf_interval:g} s, limit noise {args.limit_noise:g}\n"]
     print(out[0], flush=True)
     if not args.skip_sweep:
         t = time.process_time()

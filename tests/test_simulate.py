@@ -126,6 +126,26 @@ def test_oom_counted_and_job_requeued_once_on_a_whole_gpu():
     assert r["oom_failures"] == 1
 
 
+def test_oom_requeue_keeps_the_types_the_job_asked_for():
+    """Requeued on a whole GPU of any type its request allows, as Slurm keeps a reshaped job's
+    type choices: pinned to the T4 it failed on, it had waited for its partner to end there
+    while the A100 it also asked for was free."""
+    c = ClusterSpec((NodeSpec("n0", "a100", 1), NodeSpec("n1", "t4", 1)))
+    both = {"a100": 1.0, "t4": 1.0}
+
+    def two(i, submit, duration, mem):
+        fig = {"a100": (10.0, mem, mem), "t4": (10.0, mem, mem)}
+        return SimJob(i, submit, duration, 1, 2 * duration, "test", fig,
+                      {t: (10.0, mem) for t in fig}, runtime_x=both)
+
+    jobs = [two(0, 0, 1000, 2000), two(1, 1, 5000, 9000), two(2, 2, 1000, 9000)]
+    reqs = [Request((0,), 100, 1), Request((1,), 50, 1), Request((0, 1), 50, 1)]
+    sim, m = run(c, jobs, reqs, oom_delay_s=60)
+    assert m["oom_failures"] == 1 and m["failed_jobs"] == 0
+    assert sim.cur_req[2] == Request((0, 1), 100, 1)
+    assert (sim.start[2], sim.end[2]) == (1000, 2000)  # on the A100 once job 0 freed it
+
+
 def test_job_larger_than_the_gpu_fails_twice_then_is_lost():
     jobs = [job(0, 0, 100, mem=50000, true=(10, 50000))]
     sim, m = run(one_node(1), jobs, [Request((0,), 100, 1)])
@@ -287,6 +307,20 @@ def test_generated_trace_statistics(trace, mix):
     assert all(0 <= j.true["a100"][0] <= 100 and j.true["a100"][1] <= 0.97 * A100 + 1e-6 for j in jobs)
     assert len({j.model for j in jobs}) >= 5
     assert [j.submit for j in jobs] == sorted(j.submit for j in jobs)
+
+
+def test_limit_noise_loosens_only_the_limits(mix):
+    """Users' limits: over-requested, in whole hours, never below the exact multiple; the rest
+    of the trace is the same job for job, so the two runs compare the limits alone."""
+    exact = generate_trace("philly", 500, ["a100", "t4"], 64, seed=5, mix=mix)
+    loose = generate_trace("philly", 500, ["a100", "t4"], 64, seed=5, mix=mix, limit_noise=1.0)
+    assert [replace(j, limit=0) for j in exact] == [replace(j, limit=0) for j in loose]
+    assert all(b.limit >= a.limit for a, b in zip(exact, loose))
+    hours = [b for a, b in zip(exact, loose) if b.limit != a.limit]
+    assert len(hours) > 400 and all(b.limit % 3600 == 0 and b.limit <= 7 * 86400 for b in hours)
+    assert sum(b.limit >= 2 * a.limit for a, b in zip(exact, loose)) > 50
+    with pytest.raises(HorusError, match="--limit-noise"):
+        generate_trace("philly", 10, ["a100"], 8, seed=5, mix=mix, limit_noise=-1)
 
 
 def test_pai_mix_is_lighter_than_philly(mix):
@@ -1058,6 +1092,8 @@ def test_cli_rejects_bad_history_options():
     r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--sensitivity-sigma", "0.3",
                                   "--ledger", "/nonexistent.json"])
     assert r.exit_code != 0 and "--sensitivity-sigma applies to generated traces" in r.output
+    r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--limit-noise", "4"])
+    assert r.exit_code != 0 and "--limit-noise must be in [0, 3]" in r.output
     r = CliRunner().invoke(main, ["simulate", "--jobs", "20", "--history-lag", "-1"])
     assert r.exit_code != 0 and "--history-lag must be >= 0" in r.output
     r = CliRunner().invoke(main, ["simulate", "--jobs", "50", "--no-history", "--policies", "horus",
@@ -1434,6 +1470,7 @@ def test_the_policy_file_named_must_be_there_and_is_named_in_the_output(simulate
                                                                "cluster, not to --slurm-conf"),
     (["--sacct", "s.json", "--jobs", "10"], "--jobs applies to generated traces, not to --sacct or --ledger"),
     (["--ledger", "l.json", "--load", "2"], "--load applies to generated traces"),
+    (["--sacct", "s.json", "--limit-noise", "1"], "--limit-noise applies to generated traces"),
     (["--plot", "x.txt"], "--plot x.txt: .txt is no image format matplotlib writes"),
     (["--plot", "nowhere/x.png"], "no folder"),
 ])

@@ -72,7 +72,8 @@ def ledger_rows(ledger: str) -> list:
 
 
 def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
-                repeat_share=None, residuals_from=None, sensitivity_sigma=None, report=None):
+                repeat_share=None, residuals_from=None, sensitivity_sigma=None, report=None,
+                limit_noise=None):
     """The jobs to simulate: --ledger's rows, --sacct's dump (``report``, a dict, is filled with
     what from_sacct_json left out), else a generated trace."""
     from slurm_horus.errors import HorusError
@@ -97,6 +98,8 @@ def build_trace(cluster, trace, jobs, seed, load, sigma_util, sigma_mem, sacct, 
     extra = {} if repeat_share is None else {"repeat_share": repeat_share}
     if sensitivity_sigma is not None:
         extra["sensitivity_sigma"] = sensitivity_sigma
+    if limit_noise is not None:
+        extra["limit_noise"] = limit_noise
     return generate_trace(trace, jobs, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load,
                           sigma_util=sigma_util, sigma_mem=sigma_mem, mix=mix,
                           max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap, **extra)
@@ -172,6 +175,10 @@ def register(main_group: click.Group) -> None:
                   help="Spread (lognormal sigma) of generated jobs' true interference sensitivity "
                        "[default: 0.6, fitted to Lucid's pair p10]; the horus scheduler assumes "
                        "0.6 whatever it is.")
+    @click.option("--limit-noise", type=float, default=None,
+                  help="Generated jobs' time limits as users give them: the exact 2x the run time "
+                       "on the slowest type times exp(NOISE x |N(0,1)|), rounded up to whole hours "
+                       "[default: 0, the exact multiple].")
     @click.option("--known-sensitivity", is_flag=True,
                   help="What-if: the tail budget of horus and the oracle knows each generated job's "
                        "true interference sensitivity (placement still ranks by the median; no real "
@@ -218,7 +225,7 @@ def register(main_group: click.Group) -> None:
     @one_line_errors("horus-admin simulate", needs_stdout=True)  # the table, a plot beside it
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
                      sacct, ledger, residuals_from, seed, load, sigma_util, sigma_mem, repeat_share,
-                     sensitivity_sigma, known_sensitivity, history_lag, no_history,
+                     sensitivity_sigma, limit_noise, known_sensitivity, history_lag, no_history,
                      policies, naive_shards, policy_file,
                      bf_window, bf_interval, oom_delay, itf_points, mem_bw_penalty, slowdown_bound,
                      slowdown_quantile, max_group, zoo, as_json, plot):
@@ -237,7 +244,7 @@ def register(main_group: click.Group) -> None:
                   "--history-lag": history_lag, "--oom-delay": oom_delay, "--bf-interval": bf_interval,
                   "--mem-bw-penalty": mem_bw_penalty, "--slowdown-bound": slowdown_bound,
                   "--slowdown-quantile": slowdown_quantile, "--repeat-share": repeat_share,
-                  "--sensitivity-sigma": sensitivity_sigma}
+                  "--sensitivity-sigma": sensitivity_sigma, "--limit-noise": limit_noise}
         bad = [k for k, v in floats.items() if v is not None and not math.isfinite(v)]
         if bad:
             raise HorusError(f"{', '.join(bad)}: need a finite number")
@@ -275,6 +282,7 @@ def register(main_group: click.Group) -> None:
         if not (0 <= sigma_util <= 5 and 0 <= sigma_mem <= 5):
             raise HorusError("--sigma-util and --sigma-mem must be in 0..5 (lognormal sigmas)")
         for name, value in (("--repeat-share", repeat_share), ("--sensitivity-sigma", sensitivity_sigma),
+                            ("--limit-noise", limit_noise),
                             ("--known-sensitivity", known_sensitivity or None),
                             ("--jobs", n_jobs if typed("n_jobs") else None), ("--load", load if typed("load") else None)):
             if value is not None and (sacct or ledger):
@@ -308,7 +316,8 @@ def register(main_group: click.Group) -> None:
         cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, conf_text, gres_conf)
         replayed: dict = {}
         jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
-                           repeat_share, residuals_from, sensitivity_sigma, report=replayed)
+                           repeat_share, residuals_from, sensitivity_sigma, report=replayed,
+                           limit_noise=limit_noise)
         for warning in (sacct_warning(replayed) if sacct else None, policy_warning(policy_file, policy_text)):
             if warning:
                 click.echo(f"horus-admin simulate: warning: {warning}", err=True)

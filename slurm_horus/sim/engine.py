@@ -264,12 +264,14 @@ class Simulator(Placement):
             return
         if self.failing[j]:
             self.oom_failures += 1
-            t = self.gtype[self.alloc[j][0]]
             self._release(j, now)
             if not self.requeued[j]:
-                # requeued once, on a whole GPU of the type it ran on (as CARMA does)
+                # requeued once, on a whole GPU (as CARMA does) of any type its request allows,
+                # as horus-admin queue reshapes it: Slurm keeps the job's own type choices (pinned
+                # to the type it failed on, naive's T4 OOMs had waited for a 3.4x slower T4)
                 self.requeued[j] = True
-                self._set_req(j, Request((t,), self.S, self.cur_req[j].gpus))
+                req = self.cur_req[j]
+                self._set_req(j, Request(req.types, self.S, req.gpus))
                 self._enqueue(j)
             else:
                 self.failed[j] = True

@@ -157,7 +157,7 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
                    limit_cap_s: float = 7 * 86400.0, mem_cap_mib: float | None = None,
                    max_duration_s: float = MAX_DURATION_S,
                    repeat_share: float = REPEAT_SHARE,
-                   sensitivity_sigma: float = SENSITIVITY_SIGMA) -> list[SimJob]:
+                   sensitivity_sigma: float = SENSITIVITY_SIGMA, limit_noise: float = 0.0) -> list[SimJob]:
     """A synthetic trace of ``n_jobs`` jobs like ``trace`` (philly, helios, pai).
 
     Arrivals are Poisson with the rate that offers ``load`` times the cluster's GPU capacity
@@ -169,6 +169,7 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
     uniformly), else a new graph with residuals of its own.  ``sensitivity_sigma``: the spread
     of the jobs' interference sensitivity; the horus scheduler assumes SENSITIVITY_SIGMA
     whatever it is, so another value shows a tail budget misled by its assumption.
+    ``limit_noise``: time limits as users give them, :func:`loose_limit` (0: the exact multiple).
     """
     if trace not in TRACES:
         raise HorusError(f"unknown trace '{trace}'; choose one of {', '.join(TRACES)}")
@@ -182,6 +183,8 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         raise HorusError("--repeat-share must be in [0, 1)")
     if not 0.0 <= sensitivity_sigma <= 3.0:
         raise HorusError("--sensitivity-sigma must be in [0, 3]")
+    if not 0.0 <= limit_noise <= 3.0:
+        raise HorusError("--limit-noise must be in [0, 3]")
     spec = TRACES[trace]
     types = list(dict.fromkeys(gpu_types))
     if not types:
@@ -190,6 +193,8 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
     if mem_cap_mib is None:
         mem_cap_mib = 0.97 * max(get_gpu(t).mem_mib for t in types)
     rng = np.random.default_rng(seed)
+    # the limits' noise has its own stream: the rest of the trace is the same with or without it
+    limit_rng = np.random.default_rng([seed, 1]) if limit_noise > 0 else None
     mu, sigma = lognormal_params(spec.runtime_p50_s, spec.runtime_p95_s)
     durations = np.clip(rng.lognormal(mu, sigma, n_jobs), MIN_DURATION_S, max_duration_s)
     sizes = [g for g, _ in spec.multi_gpu_mix]
@@ -217,6 +222,8 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         true = truth(rng, pred, res, sigma_util, sigma_mem, mem_cap_mib)
         d = float(durations[i])
         rx, sens, limit = _job_extras(rng, types, d, limit_factor, limit_cap_s, sensitivity_sigma)
+        if limit_rng is not None:
+            limit = loose_limit(limit, float(limit_rng.standard_normal()), limit_noise, limit_cap_s)
         jobs.append(SimJob(id=i, submit=float(submits[i]), duration=d, gpus=int(gpus[i]), limit=limit,
                            model=f"{m}/b{b}/{task}", pred=pred, true=true, runtime_x=rx, sens=sens,
                            graph=graph))
@@ -227,3 +234,12 @@ def time_limit(duration: float, factor: float = 2.0, cap_s: float = 7 * 86400.0)
     """The job's time limit: factor x its solo runtime, capped at cap_s (but never below
     1.2 x the runtime, so a job alone always finishes)."""
     return max(min(factor * duration, cap_s), 1.2 * duration)
+
+
+def loose_limit(limit: float, z: float, noise: float, cap_s: float) -> float:
+    """A time limit as a user gives it: the exact one over-requested by exp(noise x |z|) and
+    rounded up to a whole hour (--time=4:00:00), at most cap_s, never below the exact one:
+    real limits are loose, and a limit that is an exact multiple of the run time is a proxy of
+    the true length no scheduler has."""
+    loose = math.ceil(limit * math.exp(noise * abs(z)) / 3600.0 - 1e-9) * 3600.0
+    return max(limit, min(loose, cap_s))
