@@ -971,8 +971,8 @@ local function rejected(msg)
 end
 
 -- The plan for a job with a valid hint (preds).
--- plan = { rc=, set = {field=value}, note=, user=, kind=, why=, gtype=, shards=, reason= }
--- (kind, gtype, shards and reason make the decision token, see decision_token)
+-- plan = { rc=, set = {field=value}, note=, user=, kind=, why=, gtype=, shards=, reason=, unpressed= }
+-- (kind, gtype, shards, reason and unpressed make the decision token, see decision_token)
 local function hint_plan(job, pol, uid, preds)
 
 	local req, why = find_gpu_request(job)
@@ -1073,10 +1073,12 @@ local function hint_plan(job, pol, uid, preds)
 	-- pack_heavy = always, any type while the loop's file is fresh), a job within the slowdown
 	-- bound's utilization limit: kept whole for its utilization, it shares at pressure_shards
 	-- (or its memory's share) instead; shared, it asks for at most pressure_shards for its
-	-- utilization (evaluate).
+	-- utilization (evaluate).  What it would have had without the pressure goes in its token
+	-- (unpressed), which is what horus-admin queue gives it back once the pressure is gone.
 	if (choice.kind == "exclusive" and choice.code == "util")
 			or (choice.kind == "shared" and choice.shards > pol.pressure_shards) then
 		local pressure = load_pressure(pol)
+		local unpressed = choice.kind == "exclusive" and "gpu" or choice.shards
 		if not choice.any then
 			if pressure.all or pressure.types[choice.gtype] then
 				local r = evaluate(pol, choice.gtype, preds[choice.gtype], pressure)
@@ -1098,6 +1100,7 @@ local function hint_plan(job, pol, uid, preds)
 					code = worst.code }
 			end
 		end
+		if choice.code == "pressure" or choice.code == "pack_heavy" then choice.unpressed = unpressed end
 	end
 
 	-- A user or account with a record of under-claiming does not share: the job
@@ -1169,7 +1172,7 @@ local function hint_plan(job, pol, uid, preds)
 			or choice.code == "pack_heavy" and "; pack_heavy = always" or "")
 	return { rc = slurm.SUCCESS, set = set, note = note, kind = "shared",
 		gtype = choice.any and "any" or choice.gtype, shards = choice.shards, per_gpu = pol.shards_per_gpu,
-		reason = choice.code }
+		reason = choice.code, unpressed = choice.unpressed }
 end
 
 -- The plan for a job that asks for shards itself (conv: its whole-GPU equivalent,
@@ -1245,16 +1248,21 @@ end
 local APPLY_ORDER = { "max_nodes", "tres_per_job", "tres_per_task", "tres_per_socket", "tres_per_node", "features" }
 
 -- The machine-readable twin of a plan's note, written after it in AdminComment:
---   horus-decision:v1;action=<shared|exclusive|unchanged>[;type=<gtype|any>][;shards=<n>/<S>][;reason=<code>]
+--   horus-decision:v1;action=<shared|exclusive|unchanged>[;type=<gtype|any>][;shards=<n>/<S>][;reason=<code>][;unpressed=<gpu|m>]
 -- reason: util, pack_limit, memory, record, raw_shards (exclusive); not_handled, bad_hint
--- (unchanged).  Every part is a policy value, a validated type name or a constant, never user
--- text; the hook's token is the last one in AdminComment, so one an admin wrote before it is
--- not taken for the hook's.  Read by slurm_horus.slurm.hint.parse_decision (keep in step).
+-- (unchanged); pressure, pack_heavy (shared: queue pressure decided the shards), each with
+-- unpressed: what the job would have had without the pressure, a whole GPU (gpu, kept whole
+-- for its utilization) or m > n shards (its count for its utilization, capped).  Every part
+-- is a policy value, a validated type name or a constant, never user text; the hook's token
+-- is the last one in AdminComment, so one an admin wrote before it is not taken for the
+-- hook's.  Read by slurm_horus.slurm.hint.parse_decision (keep in step).
 local function decision_token(plan)
 	local t = "horus-decision:v1;action=" .. plan.kind
 	if plan.gtype then t = t .. ";type=" .. plan.gtype end
 	if plan.shards then t = t .. string.format(";shards=%d/%d", plan.shards, plan.per_gpu) end
 	if plan.reason then t = t .. ";reason=" .. plan.reason end
+	if plan.unpressed == "gpu" then t = t .. ";unpressed=gpu"
+	elseif plan.unpressed then t = t .. string.format(";unpressed=%d", plan.unpressed) end
 	return t
 end
 

@@ -56,6 +56,14 @@ def job(jid):
     return recs[0] if recs else {}
 
 
+def req_tres(jid):
+    """What Slurm will allocate a pending job: squeue's (22.05's scontrol shows no ReqTRES)."""
+    text = subprocess.run(["squeue", "--json", "--all", "--states=all", "--jobs", jid],
+                          capture_output=True, text=True).stdout
+    recs = sp.squeue_json_records(text, jid)
+    return recs[0]["ReqTRES"] if recs else ""
+
+
 def wait(jid, states, timeout=90):
     end = time.time() + timeout
     while time.time() < end:
@@ -331,7 +339,7 @@ def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
         during = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 1")
         rec = job(during)
         assert rec["AdminComment"].endswith(
-            "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure"), rec
+            "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure;unpressed=gpu"), rec
         assert re.search(r"shard:50$", rec.get("TresPerNode", "")), rec.get("TresPerNode")
         # an admin's slowdown bound of 1.5 (the loop's policy): the limit the loop writes keeps
         # the 95 % job whole, while an 80 % one still packs
@@ -348,7 +356,7 @@ def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
         strict_heavy = submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 1")
         assert "action=exclusive;type=a100;reason=util" in job(strict_heavy)["AdminComment"]
         mid = submit(mine, "--gres=gpu:1", f"--comment={hint(80, 6000)}", *out, "--wrap", "sleep 1")
-        assert job(mid)["AdminComment"].endswith("shards=50/100;reason=pressure"), job(mid)
+        assert job(mid)["AdminComment"].endswith("shards=50/100;reason=pressure;unpressed=gpu"), job(mid)
         # the default bound of 2 for the 95th-percentile job of the spread: up to 52 %, so the
         # 80 % job now stays whole
         with open(site) as src, open(strict, "w") as dst:
@@ -368,6 +376,68 @@ def test_queue_pressure_packs_at_submission_on_every_slurm(mine, monkeypatch):
     finally:
         for f in (pressure, strict):
             os.unlink(f) if os.path.exists(f) else None
+
+
+def test_jobs_shared_for_pressure_get_back_what_the_hook_would_have_given(mine, monkeypatch):
+    """The hook packs a 95 % job it would keep whole (unpressed=gpu) and caps a 60 % job's 67
+    shards at 50 (unpressed=67) under pressure; once the A100s are idle and the two still wait
+    (here for memory a CPU job holds), the loop gives the first a whole GPU (every shard of
+    one on 22.05) and the second its 67 shards, not a whole GPU, on either Slurm."""
+    from slurm_horus.slurm.policy import policy_value
+
+    site = os.path.join(os.path.dirname(os.environ["SLURM_CONF"]), "horus_policy.conf")
+    monkeypatch.setenv("HORUS_POLICY", site)
+    pressure = policy_value("pressure_file")
+    out = ["-o", os.devnull]
+    try:
+        fillers = [submit(mine, "--gres=gpu:a100:1", "-C", "a100", *out, "--wrap", "sleep 300")
+                   for _ in range(5)]  # four run, one waits: no A100 idle
+        wait(fillers[-1], {"PENDING"})
+        queue("--min-wait", "100000")  # writes the pressure file
+        assert "pressure a100" in open(pressure).read()
+        # -H: they wait for a CPU job's memory, not for a GPU, once released below
+        big = ["-H", "--mem=40G", *out, "--wrap", "sleep 1"]
+        heavy = submit(mine, "--gres=gpu:1", f"--comment={hint(95, 6000)}", *big)
+        capped = submit(mine, "--gres=gpu:1", f"--comment={hint(60, 6000)}", *big)
+        for jid, unpressed in ((heavy, "gpu"), (capped, "67")):
+            rec = job(jid)
+            assert rec["AdminComment"].endswith(f"shards=50/100;reason=pressure;unpressed={unpressed}"), rec
+            assert re.search(r"shard:50$", rec["TresPerNode"]), rec
+        hog = submit(mine, "-p", "a100", "--mem=30G", *out, "--wrap", "sleep 300")
+        wait(hog, {"RUNNING"})
+        subprocess.run(["scancel", *fillers], check=True)
+        subprocess.run(["scontrol", "release", heavy, capped], check=True)
+        end = time.time() + 60
+        acts = []
+        while time.time() < end and len(acts) < 2:
+            time.sleep(2)
+            acts += [a for a in queue("--min-wait", "100000", "--jobs", f"{heavy},{capped}")
+                     if a["action"] == "spread"]
+        got = {str(a["job_id"]): a["tres"] for a in acts}
+        assert set(got) == {heavy, capped}, acts
+        assert re.fullmatch(r"gres[:/](gpu:a100:1|shard:100)", got[heavy]), acts
+        assert re.fullmatch(r"gres[:/]shard:67", got[capped]), acts
+        assert re.search(r"gres/(gpu=1|shard=100)\b", req_tres(heavy)), req_tres(heavy)
+        rec = job(capped)
+        assert "gres/shard=67" in req_tres(capped) and rec["Features"] == "a100", rec
+        assert rec["AdminComment"].endswith("horus-queue:v1;action=spread;from=shard:50;to=shard:67"), rec
+        # once: the next pass leaves both as they are
+        assert not [a for a in queue("--min-wait", "100000", "--jobs", f"{heavy},{capped}")]
+    finally:
+        if pressure and os.path.exists(pressure):
+            os.unlink(pressure)
+
+
+def test_an_oom_of_a_job_slurm_will_not_requeue_is_left_alone(mine, tmp_path):
+    """--no-requeue: scontrol refuses its requeue ("Requested operation is presently disabled"),
+    so every pass had journaled it, failed and exited 1 for the job's whole MinJobAge."""
+    jid = submit(mine, "--no-requeue", "--gres=gpu:1", f"--comment={hint(30, 6000)}", "-o", "/dev/null",
+                 "-e", str(tmp_path / "e-%j"), "--wrap", f"echo '{OOM}' >&2; exit 1")
+    wait(jid, {"FAILED"})
+    assert "shard" in job(jid)["TresPerNode"] and job(jid)["Requeue"] == "0"
+    for _ in range(2):
+        assert not [a for a in queue("--min-wait", "100000", "--jobs", jid)]  # exit status 0
+        assert not os.path.exists(JOURNAL) or jid not in open(JOURNAL).read()
 
 
 def _gpu_of(jid):
@@ -402,7 +472,7 @@ def test_pack_heavy_always_spreads_while_idle_and_packs_when_full(mine, monkeypa
         first = [submit(mine, "--gres=gpu:1", heavy, *out, "--wrap", "sleep 300") for _ in range(4)]
         for jid in first:
             assert job(jid)["AdminComment"].endswith(
-                "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pack_heavy"), job(jid)
+                "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pack_heavy;unpressed=gpu"), job(jid)
             wait(jid, {"RUNNING"})
         gpus = [_gpu_of(jid) for jid in first]
         assert sorted(gpus) == [0, 1, 2, 3], gpus  # spread: one per idle GPU

@@ -99,6 +99,20 @@ def test_attach_keeps_user_comment_and_replaces_old_hint():
     assert parse_hint(attach_hint(f"a {old}\nb {old}", tok)) == {"t4": (10.0, 100.0, 200.0)}
 
 
+def test_attach_keeps_the_users_words_and_replaces_only_earlier_tokens():
+    """Every word starting with horus: or horus-job: had been cut, and the comment trimmed."""
+    from slurm_horus.slurm.hint import encode_workload
+
+    tok = encode_hint({"t4": (10, 100, 200)})
+    old, job = encode_hint({"a100": (50, 100, 200)}), encode_workload({"sha": "0" * 64, "bs": 2})
+    assert attach_hint("  see horus-faq  and xhorus:x ", tok) == "  see horus-faq  and xhorus:x " + tok
+    assert attach_hint(f"run {old}  3\t{job}", tok) == f"run  3 {tok}"
+    assert attach_hint(f"{job} {old} run", tok) == f"run {tok}"
+    for mine in ("  see horus:faq  and x ", "and horus-job:x", f"{old[:-1]}x/1"):  # the hook, sync: two
+        with pytest.raises(HorusError, match="second horus token"):
+            attach_hint(mine, tok)
+
+
 def test_attach_rejects_bad_token_and_huge_comment():
     with pytest.raises(HorusError):
         attach_hint("x", "horus:v1;t4=nan/1/1")

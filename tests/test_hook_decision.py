@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,11 +86,21 @@ def _outcome(d) -> tuple:
     return d.action, d.gpu_type, d.shards, d.reason
 
 
+def _token(tmp_path: Path, job: dict, want: tuple) -> HookDecision:
+    """The decision ``want`` names; shared for queue pressure, with what the hook gives ``job``
+    without it (unpressed: a whole GPU, or its shards)."""
+    d = HookDecision(*want[:3], 100 if want[2] else None, want[3])
+    if want[3] not in ("pressure", "pack_heavy"):
+        return d
+    alone = decide(job, policy_path=_policy(tmp_path, "", "alone.conf"), hook_path=HOOK, submit_uid=UID)
+    return replace(d, unpressed_whole=alone.action == "exclusive", unpressed_shards=alone.shards)
+
+
 @pytest.mark.parametrize("name,job,extra,want", CASES, ids=[c[0] for c in CASES])
 def test_every_outcome_has_a_token_python_reads(tmp_path, name, job, extra, want):
     d = decide(job, policy_path=_policy(tmp_path, extra), hook_path=HOOK, submit_uid=UID)
     assert _outcome(d) == want, d.admin_comment
-    assert parse_decision(d.admin_comment) == HookDecision(*want[:3], 100 if want[2] else None, want[3])
+    assert parse_decision(d.admin_comment) == _token(tmp_path, job, want)
     note, token = d.admin_comment.rsplit(" ", 1)
     assert d.user_messages == [note] and "horus-decision" not in note and len(token) <= 120
 
@@ -289,7 +300,7 @@ def test_queue_pressure_packs_at_submission_only_when_fresh_and_fitting(tmp_path
     pol = _policy(tmp_path, f"pressure_file = {path}\npressure_max_age_s = 300\n")
     d = decide(job, policy_path=pol, hook_path=HOOK, submit_uid=UID)
     assert _outcome(d) == want, d.admin_comment
-    assert parse_decision(d.admin_comment) == HookDecision(*want[:3], 100 if want[2] else None, want[3])
+    assert parse_decision(d.admin_comment) == _token(tmp_path, job, want)
 
 
 @pytest.mark.parametrize("pressed,extra,want", [
@@ -333,7 +344,7 @@ def test_pack_heavy_always_packs_on_every_type_while_the_loop_lives(tmp_path, pr
     pol = _policy(tmp_path, f"pressure_file = {path}\npressure_max_age_s = 300\npack_heavy = {pack_heavy}\n")
     d = decide(job, policy_path=pol, hook_path=HOOK, submit_uid=UID)
     assert _outcome(d) == want, d.admin_comment
-    assert parse_decision(d.admin_comment) == HookDecision(*want[:3], 100 if want[2] else None, want[3])
+    assert parse_decision(d.admin_comment) == _token(tmp_path, job, want)
     if want[3] == "pack_heavy":
         assert "pack_heavy = always" in d.admin_comment
     assert policy_values(pol.read_text()).get("pack_heavy") == (None if pack_heavy == "sometimes" else pack_heavy)

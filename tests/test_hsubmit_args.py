@@ -485,7 +485,7 @@ def test_hsubmit_writes_nothing_but_the_comment(tmp_path, monkeypatch):
     from slurm_horus.cli import hsubmit
 
     seen = []
-    monkeypatch.setattr(slurm, "exec_sbatch", lambda argv: seen.append(argv))
+    monkeypatch.setattr(slurm, "exec_sbatch", lambda argv, stdin=None: seen.append(argv))
     monkeypatch.setattr(slurm, "partition_gpu_types", lambda p: ("gpu", {"t4": 2}))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO()))
     monkeypatch.setenv("HORUS_LEDGER_URL", f"sqlite:///{tmp_path}/ledger.db")
@@ -510,7 +510,7 @@ def test_any_failure_of_the_prediction_still_submits_the_job(tmp_path, monkeypat
     from slurm_horus.cli import hsubmit
 
     seen = []
-    monkeypatch.setattr(slurm, "exec_sbatch", lambda argv: seen.append(argv))
+    monkeypatch.setattr(slurm, "exec_sbatch", lambda argv, stdin=None: seen.append(argv))
     monkeypatch.setattr(slurm, "partition_gpu_types", lambda p: ("gpu", {"t4": 2}))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO()))
     args = ["--model", "tests/data/zoo/small_cnn.onnx", "--gres=gpu:1", "--wrap", "true"]
@@ -665,3 +665,108 @@ def test_tres_per_task_is_a_gpu_request_the_hook_sees():
         plan = sub.prepare([*argv, "--wrap", "true"], env=env)
         assert sub.job_desc_of(plan)["tres_per_task"] == "gres/gpu:1" and sub.asks_for_gpus(plan)
     assert not sub.asks_for_gpus(sub.prepare(["-c", "4", "--wrap", "true"], env={}))
+
+
+def spank_help(options: list[tuple[str, str | None, str]]) -> str:
+    """``sbatch --help`` with a plugin section, written from Slurm 25.11's src/common/spank.c
+    (no SPANK plugin is installed here): spank_print_options prints "\\nOptions provided by
+    plugins:\\n", then _spank_opt_print(opt, fp, 6, 30) per option: info = "%*s--%s%s%s" (pad 6,
+    name, "=" and arginfo where the plugin gives one); "%-*s%s\\n" (info padded to 30, then the
+    usage) when info is under 30 columns, else "\\n%s\\n%*s%s\\n"; the usage wrapped to 80 - 30
+    columns, each further line "%*s%s\\n" indented 30.  sbatch's GPU section follows."""
+    import textwrap
+
+    out = ["Usage: sbatch [OPTIONS(0)...] [ : [OPTIONS(N)...]] script(0) [args(0)...]", "",
+           "Parallel run options:",
+           "      --container             Path to OCI container bundle", "",
+           "Options provided by plugins:"]
+    for name, arginfo, usage in options:
+        info = f"{'':6}--{name}" + (f"={arginfo}" if arginfo else "")
+        first, *more = textwrap.wrap(usage, 50)
+        out += [f"{info:<30}{first}"] if len(info) < 30 else ["", info, f"{'':30}{first}"]
+        out += [f"{'':30}{line}" for line in more]
+    out += ["", "GPU scheduling options:",
+            "      --cpus-per-gpu=n        number of CPUs required per allocated GPU", ""]
+    return "\n".join(out)
+
+
+PYXIS = [("container-image", "[USER@][REGISTRY#]IMAGE[:TAG]|PATH",
+          "the image to use for the container filesystem. Can be either a docker image given as "
+          "an enroot URI, or a path to a squashfs file on the remote host filesystem."),
+         ("container-mounts", "SRC:DST[:FLAGS][,SRC:DST...]", "bind mount[s] inside the container."),
+         ("container-remap-root", None, "ask to be remapped to root inside the container. --foo "
+          "in a wrapped line is no option."),
+         ("q", "n", "short")]
+
+
+def test_sbatch_help_plugin_section_is_read():
+    from slurm_horus.slurm.parse import sbatch_plugin_options
+
+    assert sbatch_plugin_options(spank_help(PYXIS)) == {
+        "container-image": True, "container-mounts": True, "container-remap-root": False, "q": True}
+    assert sbatch_plugin_options(spank_help([])) == {}
+    assert sbatch_plugin_options("Usage: sbatch\n      --container=x  y\n") == {}  # no plugin: no section
+
+
+def test_plugin_options_in_sbatch_lines_take_the_word_after_them():
+    """#SBATCH --container-image nvcr.io/x:1 had stopped the reading of the #SBATCH lines (the
+    image taken for the script): the comment after it was lost to the hint, -p and --gres
+    unread.  sbatch refuses a non-option word in a directive, so it is the option's value."""
+    opts = sa.parse_sbatch_tokens(["--container-image", "nvcr.io/x:1", "--comment=exp-17", "-p", "a100",
+                                   "--container-remap-root", "--gres", "gpu:1"])
+    assert sa.last_value(opts, "comment") == "exp-17" and sa.last_value(opts, "partition") == "a100"
+    assert sa.last_value(opts, "gres") == "gpu:1" and sa.last_value(opts, "?container-image") == "nvcr.io/x:1"
+
+
+def test_plugin_options_on_the_command_line_take_a_value_as_sbatch_lists_them():
+    """--container-image IMAGE had been read as a flag: IMAGE was the script, and --model and
+    --batch-size went on to sbatch, which refused the job."""
+    asked = []
+
+    def plugins():
+        asked.append(1)
+        return {"container-image": True, "container-remap-root": False}
+
+    s = sa.split_args(["--container-image", "nvcr.io/x:1", "--model", "M", "--batch-size", "8", "j.sh"],
+                      plugin_options=plugins)
+    assert s.horus == [("model", "M"), ("batch-size", "8")] and s.rest == ["j.sh"] and not s.unsure
+    assert s.sbatch_argv() == ["--container-image", "nvcr.io/x:1", "j.sh"]
+    # a flag: the next word is the script, whose own arguments stay its own
+    s = sa.split_args(["--model", "M", "--container-remap-root", "t.py", "--model", "x"], plugin_options=plugins)
+    assert s.rest == ["t.py", "--model", "x"] and s.horus == [("model", "M")] and not s.unsure
+    # an unambiguous prefix, as getopt_long reads it
+    s = sa.split_args(["--container-im", "img", "-p", "gpu", "j.sh"], plugin_options=plugins)
+    assert s.rest == ["j.sh"] and sa.last_value(s.parsed, "partition") == "gpu" and not s.unsure
+    # sbatch not asked where no unknown option needs it
+    asked.clear()
+    sa.split_args(["--container-image=img", "-p", "gpu", "--model", "M", "j.sh"], plugin_options=plugins)
+    assert asked == []
+    # not listed, or sbatch could not say: unsure, and no hsubmit option goes on to sbatch
+    for opts in (plugins, lambda: None, None):
+        s = sa.split_args(["--nosuch", "v", "--model", "M", "j.sh"], plugin_options=opts)
+        assert s.unsure == ["nosuch"] and s.horus == [("model", "M")] and s.rest == ["j.sh"]
+    # an exact hsubmit option is never another option's value
+    s = sa.split_args(["--container-image", "--model", "M", "j.sh"], plugin_options=plugins)
+    assert s.unsure == ["container-image"] and s.horus == [("model", "M")]
+
+
+def test_an_unsure_plugin_option_costs_the_hint_not_the_job(monkeypatch):
+    from slurm_horus.slurm import commands
+
+    monkeypatch.setattr(commands, "_plugin_options", [None])  # sbatch --help failed
+    plan = sub.prepare(["--nosuch", "v", "--model", "tests/data/zoo/small_cnn.onnx", "--gres=gpu:1",
+                        "--wrap", "true"], env={})
+    with pytest.raises(HorusError, match="--nosuch is not sbatch's own.*no hint"):
+        sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")
+    assert plan.hint is None and plan.sbatch_argv == ["--nosuch", "v", "--gres=gpu:1", "--wrap", "true"]
+
+
+def test_a_script_from_the_terminal_is_unread():
+    """No script path, no --wrap and stdin a terminal (prepare gets no stdin): sbatch reads the
+    script the user types, hsubmit never sees its #SBATCH --comment, which the hint replaced."""
+    plan = sub.prepare(["--model", "tests/data/zoo/small_cnn.onnx", "--gres=gpu:1"], env={})
+    assert plan.script_unread
+    with pytest.raises(HorusError, match="terminal.*no hint is attached"):
+        sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")
+    assert "--comment" not in " ".join(plan.sbatch_argv)
+    assert not sub.prepare(["--model", "m.onnx", "--external"], env={}).script_unread  # no script at all

@@ -184,11 +184,15 @@ def test_a_script_sbatch_must_read_itself_gets_no_hint(tmp_path):
         os.close(w)
 
 
-def test_sbatch_killed_by_a_signal_exits_as_a_shell_says(tmp_path, slurm_bin):
+def test_sbatch_killed_by_a_signal_ends_hsubmit_as_it_ends_sbatch(tmp_path, slurm_bin):
+    """With the script on stdin sbatch had run as hsubmit's child, whose death by a signal
+    hsubmit turned into exit 143: now sbatch replaces hsubmit, as it does for a script path."""
+    import signal
+
     env, _ = slurm_bin
     cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"), "--batch-size", "8"],
                  {**env, "SBATCH_DIE": "1"}, input="#!/bin/sh\ntrue\n")
-    assert cp.returncode == 128 + 15
+    assert cp.returncode == -signal.SIGTERM
 
 
 def test_a_model_path_that_is_not_utf8_costs_only_the_path(tmp_path, slurm_bin):
@@ -690,3 +694,107 @@ def test_explain_shows_the_cpus_per_gpu_the_job_asks_for_and_unknown_ones_still_
         assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout and "Traceback" not in cp.stderr
         assert any(a.startswith("--comment=horus:v1;a100=") for a in log.read_text().splitlines()), odd
 
+
+
+def _sbatch_with_plugins(env, tmp_path, help_rc: int = 0) -> Path:
+    """The stand-in sbatch, answering --help with pyxis's options in spank.c's format (see
+    test_hsubmit_args.spank_help) and exit ``help_rc``; each --help is counted in the returned file."""
+    from tests.test_hsubmit_args import PYXIS, spank_help
+
+    bin_dir = Path(env["PATH"].split(":")[0])
+    (tmp_path / "help.txt").write_text(spank_help(PYXIS))
+    asked = tmp_path / "help.asked"
+    real = (bin_dir / "sbatch").read_text().split("\n", 1)[1]
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\nif [ "$1" = --help ]; then echo >> {asked}; '
+                                    f'cat {tmp_path / "help.txt"}; exit {help_rc}; fi\n{real}')
+    return asked
+
+
+def test_plugin_options_keep_the_job_and_its_comment(tmp_path, slurm_bin):
+    """pyxis's --container-image IMAGE: on the command line its IMAGE had been taken for the
+    script and --model went on to sbatch, which refused the job; in a #SBATCH line it had ended
+    the reading of the script's #SBATCH lines, so the hint replaced the user's comment."""
+    env, log = slurm_bin
+    asked = _sbatch_with_plugins(env, tmp_path)
+    script = tmp_path / "j.sh"
+    script.write_text('#!/bin/sh\n#SBATCH --container-image nvcr.io/x:1\n#SBATCH --comment="exp-17"\n'
+                      "#SBATCH -p gpu\n#SBATCH --gres=gpu:1\ntrue\n")
+    model = ["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8"]
+    cp = hsubmit(["--container-image", "nvcr.io/x:1", *model, str(script)], env)
+    args = log.read_text().splitlines()
+    assert cp.returncode == 0 and cp.stderr == "", cp.stderr
+    assert args[0].startswith("--comment=exp-17 horus:v1;") and args[1:] == ["--container-image", "nvcr.io/x:1",
+                                                                              str(script)], args
+    assert asked.read_text().count("\n") == 1
+    # no option it does not know: sbatch is not asked
+    asked.unlink()
+    hsubmit(["--container-image=nvcr.io/x:1", *model, str(script)], env)
+    assert not asked.exists()
+    # an option sbatch does not list: no hint, one line saying why, no hsubmit option to sbatch
+    cp = hsubmit(["--container-imag3", "nvcr.io/x:1", *model, str(script)], env)
+    assert cp.returncode == 0 and "--container-imag3 is not sbatch's own" in cp.stderr, cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1
+    assert log.read_text().splitlines() == ["--container-imag3", "nvcr.io/x:1", str(script)]
+
+
+def test_sbatch_help_that_fails_costs_only_the_hint(tmp_path, slurm_bin):
+    env, log = slurm_bin
+    _sbatch_with_plugins(env, tmp_path, help_rc=1)
+    cp = hsubmit(["--container-image", "img", "--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8",
+                  "-p", "gpu", "--gres=gpu:1", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "no hint is attached" in cp.stderr, cp.stderr
+    assert log.read_text().splitlines() == ["--container-image", "img", "-p", "gpu", "--gres=gpu:1",
+                                            "--wrap", "true"]
+
+
+def test_a_script_on_stdin_leaves_sbatch_the_files_signals_and_status_of_a_direct_run(tmp_path, slurm_bin):
+    """hsubmit ran sbatch as its child with every other file closed (--export-file=<(...), 3<file,
+    --nodefile /dev/fd/N read nothing) and turned its death by a signal into an exit status."""
+    env, log = slurm_bin
+    bin_dir = Path(env["PATH"].split(":")[0])
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}\ncat <&3 > {tmp_path}/fd3\n'
+                                    f"cat > {tmp_path}/script\nexit 7\n")
+    (tmp_path / "extra").write_text("A=1\n")
+    body = "#!/bin/sh\n#SBATCH -p gpu --gres=gpu:1\ntrue\n" * 3000
+    cmd = (f"exec {sys.executable} -m slurm_horus.cli.hsubmit --model {ZOO / 'small_cnn.onnx'} --batch-size 2 "
+           f"--export-file=/dev/fd/3 3<{tmp_path / 'extra'}")
+    cp = subprocess.run(["sh", "-c", cmd], env=env, input=body, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 7, cp.stderr
+    assert (tmp_path / "fd3").read_text() == "A=1\n" and (tmp_path / "script").read_text() == body
+    assert log.read_text().splitlines()[0].startswith("--comment=horus:v1;")
+
+
+def test_a_script_typed_at_a_terminal_gets_no_hint(tmp_path, slurm_bin):
+    """hsubmit cannot read a script sbatch reads from the terminal: its hint had replaced the
+    script's own #SBATCH --comment."""
+    import pty
+
+    env, log = slurm_bin
+    bin_dir = Path(env["PATH"].split(":")[0])
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}\necho "Submitted batch job 42"\n')
+    master, slave = pty.openpty()
+    try:
+        cp = subprocess.run([sys.executable, "-m", "slurm_horus.cli.hsubmit", "--model", str(ZOO / "small_cnn.onnx"),
+                             "--batch-size", "2", "-p", "gpu", "--gres=gpu:1"],
+                            stdin=slave, capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert cp.returncode == 0 and "terminal" in cp.stderr and "no hint is attached" in cp.stderr, cp.stderr
+    assert log.read_text().splitlines() == ["-p", "gpu", "--gres=gpu:1"]
+
+
+def test_the_users_comment_keeps_every_word(tmp_path, slurm_bin):
+    """Every word starting with horus: or horus-job: had been cut from the user's comment, and
+    its spaces trimmed; only an earlier hint or workload token goes now, and a word the hook or
+    sync would read as a second token costs the hint instead."""
+    env, log = slurm_bin
+    model = ["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "2", "-p", "gpu", "--gres=gpu:1"]
+    mine = "  see horus:faq  and horus-job:x "
+    cp = hsubmit([*model, "--comment", mine, "--wrap", "true"], env)
+    assert cp.returncode == 0 and "would read as a second horus token" in cp.stderr, cp.stderr
+    assert log.read_text().splitlines()[:3] == ["-p", "gpu", "--gres=gpu:1"]
+    assert "--comment" in log.read_text().splitlines() and f"{mine}\n" in log.read_text()
+    cp = hsubmit([*model, "--comment", " run  7 horus:v1;a100=1/2/3 ", "--wrap", "true"], env)
+    assert cp.returncode == 0 and log.read_text().splitlines()[0].startswith("--comment= run  7 horus:v1;a100="), \
+        log.read_text()

@@ -778,3 +778,31 @@ def test_the_script_scan_is_bounded_on_hostile_scripts(script):
     (the time: benchmarks/bench_hook.py)."""
     d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": script})
     assert d.rc == 0 and d.action == ("unchanged" if "--gpus=1" in script else "shared"), d.admin_comment
+
+
+@pytest.mark.parametrize("comment,whole", [("horus:v1;a100=95/6000/6900", True),
+                                           ("horus:v1;a100=60/6000/6900", False)],
+                         ids=["kept whole for its util", "capped"])
+def test_the_loop_gives_a_job_shared_for_pressure_what_the_hook_would_have_given(tmp_path, comment, whole):
+    """Under queue pressure the hook tags two jobs reason=pressure: one it would have kept whole
+    (95 %) and one whose 67 shards it caps at 50 (60 %).  Once the queue drained, horus-admin
+    queue spread both to a whole GPU: the 60 % job held an A100 the policy would share.  Its
+    decision token now says what it would have had, and the loop gives exactly that back."""
+    from slurm_horus.ledger.requeue import pressure_actions, write_pressure
+
+    pressure = tmp_path / "pressure"
+    pol = write_policy(tmp_path, BASE_POLICY + f"record_file = {NO_RECORD}\npressure_file = {pressure}\n")
+    job = {"comment": comment, "tres_per_node": "gres:gpu:1"}
+    alone = run(job, pol)  # no pressure file: what the policy gives the job
+    write_pressure(pressure, ["a100"])
+    d = run(job, pol)
+    assert (d.action, d.gpu_type, d.shards, d.reason) == ("shared", "a100", 50, "pressure"), d.admin_comment
+    assert (alone.action, alone.shards) == (("exclusive", None) if whole else ("shared", 67))
+    rec = {"JobId": "7", "JobState": "PENDING", "Reason": "Resources", "Priority": "1",
+           "SubmitTime": "2026-01-01T00:00:00", "TresPerNode": d.job_desc["tres_per_node"],
+           "Features": d.job_desc.get("features") or "", "AdminComment": d.admin_comment, "Comment": comment}
+    idle = [{"NodeName": "n1", "State": "IDLE", "Gres": "gpu:a100:4,shard:a100:400", "GresUsed": ""}]
+    busy = [{**idle[0], "State": "ALLOCATED", "GresUsed": "gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)"}]
+    assert pressure_actions([rec], busy, 50, lambda *a: 1, 0, 1.9e9) == []  # pressure still on
+    acts = pressure_actions([rec], idle, 50, lambda *a: 1, 0, 1.9e9)
+    assert [(a.kind, a.tres) for a in acts] == [("spread", "gres:gpu:a100:1" if whole else "gres:shard:67")]

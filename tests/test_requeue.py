@@ -170,19 +170,51 @@ def test_pressure_is_a_type_where_a_new_job_would_find_no_idle_gpu(tmp_path):
     assert oct(path.stat().st_mode & 0o777) == "0o644" and not list(tmp_path.glob("*.tmp"))
 
 
-def test_a_job_the_hook_packed_under_pressure_is_spread_when_gpus_idle():
-    idle = _node("gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)")
-    pressed = rec(1, "PENDING", "gres/shard:50",
-                  "horus: shared a100 shards=50/100 (util 95%, mem 6900 MiB p90; queue pressure on a100) "
-                  "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure")
-    acts = pressure_actions([pressed], idle, 50, lambda *a: 1, 0, 1.9e9)
-    assert [(a.job_id, a.kind, a.tres) for a in acts] == [(1, "spread", "gres/gpu:a100:1")]
-    # pack_heavy = always: Slurm's least-loaded placement spreads it; reshaping it whole would
-    # undo the policy
-    heavy = rec(2, "PENDING", "gres/shard:50",
-                "horus: shared a100 shards=50/100 (util 95%, mem 6900 MiB p90; pack_heavy = always) "
-                "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pack_heavy")
-    assert pressure_actions([heavy], idle, 50, lambda *a: 1, 0, 1.9e9) == []
+PRESSED = "horus: shared a100 shards=50/100 (queue pressure on a100) " \
+    "horus-decision:v1;action=shared;type=a100;shards=50/100;reason=pressure"
+
+
+def test_a_job_the_hook_shared_for_pressure_gets_back_what_it_would_have_had():
+    """The hook tags two jobs reason=pressure: one it would have kept whole for its utilization
+    (unpressed=gpu) and one it would have shared on more shards, capped (unpressed=67).  Every
+    such job was spread to a whole GPU when the queue drained: a 60 % job the policy shares
+    held a whole A100 the hook never gave it.  A token of an older hook does not say which
+    (left as it is), nor is a pack_heavy job, or one whose request changed since, reshaped."""
+    idle = [{"NodeName": "n1", "State": "IDLE", "Gres": "gpu:a100:8,shard:a100:800", "GresUsed": ""}]
+    whole = rec(1, "PENDING", "gres/shard:50", PRESSED + ";unpressed=gpu", Features="a100")
+    capped = rec(2, "PENDING", "gres/shard:50", PRESSED + ";unpressed=67", Features="a100")
+    old = rec(3, "PENDING", "gres/shard:50", PRESSED, Features="a100")  # which one? unknown
+    heavy = rec(4, "PENDING", "gres/shard:50", PRESSED.replace("pressure", "pack_heavy") + ";unpressed=gpu")
+    changed = rec(5, "PENDING", "gres/shard:30", PRESSED + ";unpressed=gpu")  # not the hook's 50 now
+    acts = pressure_actions([whole, capped, old, heavy, changed], idle, 50, lambda *a: 1, 0, 1.9e9)
+    assert [(a.job_id, a.kind, a.tres, a.fallback, a.features) for a in acts] == [
+        (1, "spread", "gres/gpu:a100:1", "gres/shard:100", None),
+        (2, "spread", "gres/shard:67", None, "a100")]
+    assert queue_tokens(acts[1].token) == [{"action": "spread", "from": "shard:50"}]
+    # while jobs still wait for every A100, each keeps its shards
+    busy = _node("gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)")
+    assert pressure_actions([whole, capped], busy, 50, lambda *a: 1, 0, 1.9e9) == []
+    # spread once: its mark says so
+    again = {**capped, "TresPerNode": "gres/shard:67",
+             "AdminComment": capped["AdminComment"] + " horus-queue:v1;action=spread;from=shard:50;to=shard:67"}
+    assert pressure_actions([again], idle, 50, lambda *a: 1, 0, 1.9e9) == []
+    # on nodes of several types its untyped shards must stay on its type: pinned by its
+    # Features where they name it, else left as it is
+    t4 = {"NodeName": "t", "State": "IDLE", "Gres": "gpu:t4:2,shard:t4:200", "GresUsed": ""}
+    typed = {**capped, "TresPerNode": "gres/shard:a100:50", "Features": ""}
+    acts = pressure_actions([capped, typed], idle + [t4], 50, lambda *a: 1, 0, 1.9e9, type_features=set())
+    assert [(a.job_id, a.tres, a.features) for a in acts] == [(2, "gres/shard:67", "a100")]
+
+
+def test_the_unpressed_part_of_the_hooks_token():
+    assert parse_decision(PRESSED + ";unpressed=67").unpressed_shards == 67
+    assert parse_decision(PRESSED + ";unpressed=gpu").unpressed_whole
+    d = parse_decision(PRESSED)
+    assert (d.reason, d.unpressed_whole, d.unpressed_shards) == ("pressure", False, None)
+    for bad in (PRESSED + ";unpressed=50", PRESSED + ";unpressed=101", PRESSED + ";unpressed=0",
+                PRESSED + ";unpressed=whole", SHARED + ";unpressed=67",  # no pressure, no count
+                EXCL + ";unpressed=gpu"):
+        assert parse_decision(bad) is None, bad
 
 
 def test_the_slowdown_bound_limits_which_jobs_pack_under_pressure():
@@ -339,10 +371,12 @@ def test_the_submit_time_is_squeues_number_not_local_time():
 
 class _Slurm:
     """A stand-in for requeue.run: records each command, answers squeue from ``tres``, fails
-    where ``fail`` says (an argument prefix), and can send a signal during one command."""
+    where ``fail`` says (an argument prefix; with Slurm's ``refusal``), and can send a signal
+    during one command."""
 
-    def __init__(self, tres="gres/shard=50", fail=(), signal_on=None):
+    def __init__(self, tres="gres/shard=50", fail=(), signal_on=None, refusal="refused"):
         self.calls, self.tres, self.fail, self.signal_on = [], tres, fail, signal_on
+        self.refusal = refusal
 
     def __call__(self, args, timeout=30):
         import json as _json
@@ -354,7 +388,7 @@ class _Slurm:
         if self.signal_on and args[:2] == self.signal_on:
             os.kill(os.getpid(), _signal.SIGTERM)
         if any(" ".join(args).startswith(f) for f in self.fail):
-            raise HorusError(f"{args[:2]}: refused")
+            raise HorusError(f"{' '.join(args[:3])}: {self.refusal}")
         if args[0] == "squeue":
             return _json.dumps({"jobs": [{"job_id": 1795, "tres_req_str": self.tres, "user_id": 5,
                                           "array_job_id": 1792, "array_task_id": 3}]})
@@ -665,3 +699,102 @@ def test_a_cpu_job_is_no_gpu_load_and_a_drained_type_still_pins_a_pack():
     acts = pressure_actions([rec(9, "PENDING", "gres:gpu:a100:1", EXCL)], busy + [t4], 50, lambda *a: 1, 0,
                             now=1.9e9, type_features={"a100", "t4"})
     assert [(a.kind, a.features) for a in acts] == [("pack", "a100")]
+
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def _failed_oom_job(**json_fields):
+    """A FAILED job of the hook's shards as 25.11's squeue --json gives it (a recorded job,
+    made this one)."""
+    import json as _json
+
+    with open(os.path.join(FIXTURES, "slurm-25.11", "squeue_json.stdout")) as f:
+        j = _json.load(f)["jobs"][0]
+    return {**j, "job_id": 1795, "job_state": ["FAILED"], "tres_per_node": "gres/shard:30",
+            "admin_comment": SHARED, "user_name": "root", "user_id": 0, **json_fields}
+
+
+def test_squeue_says_whether_slurm_may_requeue_a_job():
+    """squeue --json's requeue and batch_flag (true/false in 22.05's and 25.11's, as recorded;
+    false seen on both clusters for --no-requeue and for an salloc job) as scontrol's 1/0."""
+    import json as _json
+
+    from slurm_horus.slurm.parse import squeue_json_records
+
+    for version in ("slurm", "slurm-25.11"):
+        with open(os.path.join(FIXTURES, version, "squeue_json.stdout")) as f:
+            recs = squeue_json_records(f.read())
+        assert recs and {(r["Requeue"], r["BatchFlag"]) for r in recs} == {("1", "1")}, version
+    jobs = [_failed_oom_job(requeue=False), _failed_oom_job(batch_flag=False)]
+    jobs[1].pop("requeue")  # a JSON without the field says nothing
+    recs = squeue_json_records(_json.dumps({"jobs": jobs}))
+    assert [(r["Requeue"], r["BatchFlag"]) for r in recs] == [("0", "1"), ("", "0")]
+
+
+def _tend_slurm(monkeypatch, tmp_path, jobs):
+    """requeue.run answering one pass of tend(): squeue from ``jobs``, one idle A100 node,
+    each job's StdErr a file with a CUDA OOM in it; requeuehold refused as Slurm refuses a
+    --no-requeue job."""
+    import json as _json
+
+    from slurm_horus.ledger import requeue
+
+    err = tmp_path / "err"
+    err.write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    (tmp_path / "policy.conf").write_text("")
+    monkeypatch.setenv("HORUS_POLICY", str(tmp_path / "policy.conf"))
+    monkeypatch.setattr(requeue, "slurm_version", lambda: "25.11.7")
+    slurm = _Slurm(fail=("scontrol requeuehold",), refusal="Requested operation is presently disabled")
+
+    def run(args, timeout=30):
+        if args[:2] == ["squeue", "--json"] and "--jobs" not in args:
+            slurm.calls.append(args)
+            return _json.dumps({"jobs": jobs})
+        if args[:3] == ["scontrol", "-d", "show"]:
+            return "NodeName=n1 State=IDLE Gres=gpu:a100:4,shard:a100:400 GresUsed=\n"
+        if args[:3] == ["scontrol", "show", "job"]:
+            return f"JobId={args[3]} StdErr={err}\n"
+        return slurm(args, timeout)
+
+    monkeypatch.setattr(requeue, "run", run)
+    return slurm
+
+
+def test_a_job_slurm_will_not_requeue_is_left_alone(monkeypatch, tmp_path):
+    """--no-requeue (or an salloc/srun job) that died of an OOM: every pass journaled a
+    requeue, scontrol refused it ("Requested operation is presently disabled"), heal dropped
+    the entry, and the next pass did it all again, exiting 1 for the job's whole MinJobAge."""
+    from slurm_horus.ledger.requeue import journal_read, tend
+
+    journal = str(tmp_path / "oom-requeues.json")
+    jobs = [_failed_oom_job(requeue=False), {**_failed_oom_job(batch_flag=False), "job_id": 1796}]
+    slurm = _tend_slurm(monkeypatch, tmp_path, jobs)
+    for _ in range(2):
+        errors = []
+        assert tend(on_error=errors.append, journal=journal) == []
+        assert errors == [] and journal_read(journal) == {}
+    assert not [c for c in slurm.calls if c[:2] == ["scontrol", "requeuehold"]]
+
+
+def test_a_requeue_slurm_refuses_for_good_is_final(monkeypatch, tmp_path):
+    """Where squeue does not say (a JSON without the flags), Slurm's refusal is final: no
+    journal entry left for heal to drop and the next pass to write again, no failed pass."""
+    from slurm_horus.ledger.requeue import journal_read, tend
+
+    journal = str(tmp_path / "oom-requeues.json")
+    job = _failed_oom_job()
+    job.pop("requeue")
+    slurm = _tend_slurm(monkeypatch, tmp_path, [job])
+    errors, notes = [], []
+    assert tend(on_error=errors.append, journal=journal) == []
+    assert errors == [] and journal_read(journal) == {}
+    assert [c[:2] for c in slurm.calls if c[0] == "scontrol"] == [["scontrol", "requeuehold"]]
+    # said once a pass, as a note, not as a failure (the pass exits 0)
+    assert tend(on_error=errors.append, journal=journal, on_note=notes.append) == []
+    assert errors == [] and journal_read(journal) == {}
+    assert len(notes) == 1 and "presently disabled" in notes[0] and "1795" in notes[0]
+    # any other failure of requeuehold (a timeout, maybe after Slurm acted) stays journaled
+    slurm.refusal = "timed out after 30 s"
+    assert tend(on_error=errors.append, journal=journal, on_note=notes.append) == []
+    assert len(errors) == 1 and list(journal_read(journal)) == ["1795"]

@@ -65,6 +65,9 @@ def register(admin: click.Group) -> None:
         def warn(msg: str) -> None:
             failed.append(msg)
             click.echo(f"horus-admin queue: warning: {msg}", err=True)
+
+        def note(msg: str) -> None:  # nothing failed: Slurm's final word on a job
+            click.echo(f"horus-admin queue: {msg}", err=True)
         while True:
             try:
                 with pass_lock(dry_run):
@@ -72,7 +75,7 @@ def register(admin: click.Group) -> None:
                     if journal:
                         _adopt_legacy_journal(journal, warn)
                     for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
-                                  job_ids=ids, on_error=warn, journal=journal):
+                                  job_ids=ids, on_error=warn, journal=journal, on_note=note):
                         if as_json:
                             click.echo(json.dumps({"job_id": a.job_id, "action": a.kind,
                                                    "tres": a.tres, "dry_run": dry_run}))

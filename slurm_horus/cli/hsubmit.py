@@ -66,7 +66,8 @@ def _main(argv: list[str]) -> int:
     from slurm_horus.slurm import submit as sub
     from slurm_horus.errors import HorusError
 
-    # a closed stdin (<&-) is None, as is a closed stdout or stderr: sbatch runs without them
+    # a closed stdin (<&-) is None, as is a closed stdout or stderr: sbatch runs without them;
+    # a script typed at a terminal is sbatch's to read (prepare: no hint)
     stdin = sys.stdin.buffer if sys.stdin is not None and not sys.stdin.isatty() else None
     plan = sub.prepare(argv, stdin=stdin)
     for w in plan.warnings:
@@ -93,15 +94,12 @@ def _main(argv: list[str]) -> int:
         sys.stdout.write(sub.explain_text(plan) + "\n")
         return 1 if plan.model is not None and not plan.predictions else 0  # nothing predicted
     # with or without a hint, sbatch answers the user itself
-    if plan.stdin_script is not None:
-        rc = slurm.sbatch(plan.sbatch_argv, stdin=plan.stdin_script).returncode
-        return 128 - rc if rc < 0 else rc  # killed by a signal: as a shell reports it
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    slurm.exec_sbatch(plan.sbatch_argv)  # does not return
+    slurm.exec_sbatch(plan.sbatch_argv, stdin=plan.stdin_script)  # does not return
     return 1
 
 

@@ -7,7 +7,8 @@
 2. Queue pressure: the hook decides at submission; when more jobs wait for a GPU type than
    its GPUs are idle, pending jobs the hook kept whole are reshaped into shards (pack), as many
    as the idle GPUs leave without one; when as many GPUs of the type sit idle as jobs wait, the
-   jobs this loop packed get their whole GPU back (spread).
+   jobs this loop packed get their whole GPU back, and those the hook shared only for the
+   pressure what its decision token says they would have had without it (spread).
 
 Every change is marked in the job's AdminComment with a ``horus-queue:v1;...`` token
 (``slurm.accounting.queue_tokens`` reads them), which is how the loop knows what it did (at
@@ -33,7 +34,7 @@ from slurm_horus.errors import HorusError
 from slurm_horus.ledger.claims import open_as_owner, owner_ids
 from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run, slurm_version
-from slurm_horus.slurm.hint import parse_decision, parse_hint
+from slurm_horus.slurm.hint import HookDecision, parse_decision, parse_hint
 from slurm_horus.slurm.parse import (array_task_count, expand_batch_stdio, parse_gres,
                                      parse_scontrol_records, partition_nodes, squeue_json_records)
 from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, declared_type_features, policy_value
@@ -49,6 +50,14 @@ OOM_RE = re.compile(r"CUDA out of memory|(?<!java\.lang\.)OutOfMemoryError|CUDA_
                     r"OOM when allocating tensor(?![^\n]*(?:device:CPU|allocator cpu))")
 TAIL_BYTES = 256 * 1024  # the end of the error file: where a crash's last words are
 RESTART_DELAY_S = 5  # an OOM rerun starts this long after its requeue (see apply)
+# Slurm's refusals of a requeue that no later pass changes (_job_requeue_op): ESLURM_DISABLED
+# (--no-requeue or JobRequeue=0, the job's partition gone), ESLURM_BATCH_ONLY (salloc, srun)
+REQUEUE_REFUSED_RE = re.compile(r"Requested operation is presently disabled|"
+                                r"Only batch jobs are accepted or processed")
+
+
+class RequeueRefused(HorusError):
+    """Slurm will not requeue the job at all: nothing was changed, nothing is left to finish."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +201,9 @@ def _packed_by_horus(rec: dict) -> bool:
 def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
                 per_gpu: dict[str, int] | None = None, types: set[str] | None = None) -> list[Action]:
     """OOM requeues for ``scontrol show job`` records: FAILED, held shards, never requeued by
-    this loop, and the job's error output names a GPU out-of-memory error.
+    this loop, one Slurm may requeue (not ``Requeue=0``, ``--no-requeue``, nor ``BatchFlag=0``,
+    an salloc or srun job: scontrol refuses both), and the job's error output names a GPU
+    out-of-memory error.
     ``per_gpu``: shards_per_gpu of the nodes, for the fallback; ``types``: the nodes' GPU types
     (node_gpu_types; default per_gpu's)."""
     out = []
@@ -201,7 +212,8 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
         jid = _job_id(rec)
         shards = _shards(rec.get("TresPerNode"))
         if jid is None or shards is None or rec.get("JobState") != "FAILED" \
-                or not _acts_on(rec) or not _packed_by_horus(rec):
+                or not _acts_on(rec) or not _packed_by_horus(rec) \
+                or rec.get("Requeue") == "0" or rec.get("BatchFlag") == "0":
             continue
         if any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))):
             continue
@@ -425,17 +437,28 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                 to_pack -= 1
                 out.append(Action(jid, "pack", _shard_gres(size, tres),
                                   f"{QUEUE_TOKEN};action=pack;from=gpu:1", features=pin))
-            elif (short <= 0 and _shards(tres) is not None
-                  and (last == "pack" or (last is None and _hook_pressed(rec)))):
+            elif short <= 0 and _shards(tres) is not None and last == "pack":
                 out.append(_spread(jid, gtype, tres, per_gpu))
+            elif short <= 0 and last is None:
+                hook = _hook_pressed(rec)
+                if hook and hook.unpressed_whole:
+                    out.append(_spread(jid, gtype, tres, per_gpu))
+                elif hook:  # its own count back, kept on its type as the hook kept it
+                    pin = _type_features(rec, gtype, type_features, types)
+                    if pin is not False:
+                        out.append(_spread(jid, gtype, tres, per_gpu, hook.unpressed_shards, pin))
     return out
 
 
-def _spread(jid: int, gtype: str, tres: str | None, per_gpu: dict[str, int]) -> Action:
-    """Give a job the loop packed its whole GPU (of its type) back."""
+def _spread(jid: int, gtype: str, tres: str | None, per_gpu: dict[str, int],
+            shards: int | None = None, features: str | None = None) -> Action:
+    """Give a job its whole GPU (of its type) back, or the ``shards`` the hook would have given
+    it without queue pressure (with the ``features`` that keep it on its type)."""
+    token = f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}"
+    if shards is not None:
+        return Action(jid, "spread", _shard_gres(shards, tres), token, features=features)
     whole, fallback = _whole_gpu(gtype, tres, per_gpu)
-    return Action(jid, "spread", whole, f"{QUEUE_TOKEN};action=spread;from=shard:{_shards(tres)}",
-                  fallback)
+    return Action(jid, "spread", whole, token, fallback)
 
 
 def _pack_size(mem_shards: int | None, pack_shards: int, per_gpu: int) -> int | None:
@@ -454,10 +477,18 @@ def _hint_util(rec: dict, gtype: str) -> float:
     return float(fields[0]) if fields else float("inf")
 
 
-def _hook_pressed(rec: dict) -> bool:
-    """The hook packed the job at submission because this loop saw its type under pressure."""
+def _hook_pressed(rec: dict) -> HookDecision | None:
+    """The hook's decision where it shared the job at submission only because this loop saw its
+    type under pressure, and the job still asks for those shards: its token says what it would
+    have had without (unpressed), a whole GPU or more shards.  None for an older hook's token,
+    which does not say: a shared job it capped had been spread to a whole GPU it was never
+    given, and a job left as it is stays valid."""
     decision = parse_decision(rec.get("AdminComment"))
-    return bool(decision and decision.action == "shared" and decision.reason == "pressure")
+    if (decision and decision.action == "shared" and decision.reason == "pressure"
+            and (decision.unpressed_whole or decision.unpressed_shards)
+            and decision.shards == _shards(rec.get("TresPerNode"))):
+        return decision
+    return None
 
 
 def _hinted_exclusive(rec: dict) -> bool:
@@ -546,14 +577,15 @@ def marked(admin_comment: str | None, token: str) -> str:
     return f"{text} {token}" if text else token
 
 
-def _requests(job_id: int, name: str) -> bool:
-    """Whether Slurm now holds the job to a request of gres ``name`` (its TRES, not the
-    TresPerNode text, which 22.05 changes without applying).  ``job_id``: its own id (an
-    array task's record in squeue's JSON has its own, not ArrayJobId_TaskId)."""
+def _requests(job_id: int, name: str, count: int) -> bool:
+    """Whether Slurm now holds the job to ``count`` of gres ``name`` (its TRES, not the
+    TresPerNode text, which 22.05 changes without applying; the count too: a job given more
+    shards asked for gres/shard before as well).  ``job_id``: its own id (an array task's
+    record in squeue's JSON has its own, not ArrayJobId_TaskId)."""
     recs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all", "--jobs", str(job_id)]),
                                job_id)
     tres = (recs[0].get("ReqTRES") or recs[0].get("TRES") or "") if recs else ""
-    return f"gres/{name}=" in tres
+    return f"gres/{name}={count}" in tres.split(",")
 
 
 def reshape(jid: str, tres: str, fallback: str | None, job_id: int | None = None,
@@ -562,11 +594,11 @@ def reshape(jid: str, tres: str, fallback: str | None, job_id: int | None = None
     update), else to ``fallback`` where Slurm refuses or ignores the change; -> what it holds
     now. Raises HorusError when neither takes.  ``jid``: how scontrol names it; ``job_id``:
     its own id (default ``jid``)."""
-    name = "gpu" if "gpu:" in tres else "shard"
+    gres = next(g for g in parse_gres(tres) if g["name"] in ("gpu", "shard"))
     try:
         run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={tres}",
              *([f"Features={features}"] if features else [])])
-        if _requests(job_id if job_id is not None else int(jid), name):
+        if _requests(job_id if job_id is not None else int(jid), gres["name"], gres["count"]):
             return tres
     except HorusError:
         if fallback is None:
@@ -643,7 +675,13 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
     journal_set(journal, jid, {"job_id": action.job_id, "tres": action.tres, "token": action.token,
                                "fallback": action.fallback, "admin": admin_comment or "",
                                "at": time.time()})
-    run(["scontrol", "requeuehold", jid])
+    try:
+        run(["scontrol", "requeuehold", jid])
+    except HorusError as e:
+        if not REQUEUE_REFUSED_RE.search(str(e)):
+            raise  # maybe after Slurm acted: the journal lets the next pass finish it
+        journal_set(journal, jid, None)  # final: nothing for heal to finish, nor to retry
+        raise RequeueRefused(f"job {jid}: Slurm refuses to requeue it ({e}): left as it is") from None
     return finish_requeue(jid, action, admin_comment, journal)
 
 
@@ -797,13 +835,16 @@ def hint_mem_shards(rec: dict, gtype: str) -> int | None:
 
 def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_shards: int = 50,
          min_wait_s: float = 60.0, dry_run: bool = False, job_ids: set[int] | None = None,
-         on_error: Callable[[str], None] | None = None, journal: str | None = None) -> list[Action]:
+         on_error: Callable[[str], None] | None = None, journal: str | None = None,
+         on_note: Callable[[str], None] | None = None) -> list[Action]:
     """One pass over the live queue (``squeue --json``; ``scontrol -d`` for the nodes' GresUsed,
     which no user can write): the pressure file for
     the hook (policy ``pressure_file``; not on a dry run or a pass limited to ``job_ids``), OOM
     requeues, then queue pressure on pending jobs; only on ``job_ids`` when given (every job
-    still counts as load).  ``on_error`` hears of what could not be done (the pass goes on).
-    ``journal``: the file of OOM requeues begun (heal finishes them first; not on a dry run)."""
+    still counts as load).  ``on_error`` hears of what could not be done (the pass goes on),
+    ``on_note`` of an OOM requeue Slurm refuses for good (RequeueRefused: no failure, nothing
+    to retry).  ``journal``: the file of OOM requeues begun (heal finishes them first; not on a
+    dry run)."""
     jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
     limit = policy_util_limit(pack_shards)
@@ -834,6 +875,9 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
             got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"), rec.get("TresPerNode"),
                         rec.get("Features"), journal)
             done.append(replace(a, tres=got))
+        except RequeueRefused as e:
+            if on_note:
+                on_note(f"{a.kind} {e}")
         except HorusError as e:  # the job moved on (started, cancelled): next pass sees it again
             if on_error:
                 on_error(f"{a.kind} job {a.job_id}: {e}")

@@ -29,13 +29,15 @@ from slurm_horus.slurm import pyslurm_backend
 from slurm_horus.slurm.accounting import parse_sacct_json
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
-           "default_partition", "node_gpu_types", "sbatch", "exec_sbatch", "private_jobs", "local_cluster", "slurm_config",
+           "default_partition", "node_gpu_types", "sbatch_plugin_options", "exec_sbatch", "private_jobs", "local_cluster", "slurm_config",
            "backend", "slurm_version", "run_sacct", "accounting_jobs", "array_task_job_ids"]
 
 TIMEOUT_S = 30
+HELP_TIMEOUT_S = 10  # sbatch --help, asked while the user waits for their submission
 BACKENDS = ("cli", "pyslurm")
 _chosen: dict[str, str] = {}
 _version: list[str] = []
+_plugin_options: list[dict[str, bool] | None] = []
 
 
 def _cmd(name: str) -> str:
@@ -273,23 +275,46 @@ def _undo_locale_coercion() -> None:
         os.environb[b"LC_CTYPE"] = was
 
 
-def sbatch(argv: list[str], stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    """Run sbatch with ``argv`` (the script on ``stdin``), its output straight through. No
-    timeout of ours, as with exec_sbatch: sbatch bounds its own waits (MessageTimeout, its
-    retries), and killing it after it sent the job would leave the user not knowing whether
-    the job went in."""
-    _undo_locale_coercion()
-    return subprocess.run(["sbatch", *argv], executable=_cmd("sbatch"),  # its messages say "sbatch:"
-                          **({"input": stdin} if stdin is not None else {}))
+def sbatch_plugin_options() -> dict[str, bool] | None:
+    """{name: takes a value} of the options sbatch's SPANK plugins add (``sbatch --help``),
+    asked once per process; None when sbatch cannot say within HELP_TIMEOUT_S.  COLUMNS is
+    left out: spank.c cuts an option's name to fit it."""
+    if not _plugin_options:
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        try:
+            cp = subprocess.run([_cmd("sbatch"), "--help"], stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, errors="replace", timeout=HELP_TIMEOUT_S, env=env)
+            _plugin_options.append(sp.sbatch_plugin_options(cp.stdout) if cp.returncode == 0 else None)
+        except (HorusError, OSError, subprocess.TimeoutExpired):
+            _plugin_options.append(None)
+    return _plugin_options[0]
 
 
-def exec_sbatch(argv: list[str]) -> None:
-    """Replace this process with sbatch (same stdin/stdout/stderr, sbatch's exit code)."""
+def exec_sbatch(argv: list[str], stdin: bytes | None = None) -> None:
+    """Replace this process with sbatch: its stdin (``stdin``'s bytes instead where given: the
+    script hsubmit read, in a memory file), stdout, stderr and every other open file the user
+    gave, its signals and its exit code, as when run directly.  No timeout of ours: sbatch
+    bounds its own waits, and killing it after it sent the job would leave the user not
+    knowing whether the job went in."""
     exe = shutil.which("sbatch")
     if exe is None:
         raise HorusError("sbatch not found on PATH (is Slurm installed?)")
     import signal
 
+    if stdin is not None:
+        try:
+            fd = os.memfd_create("sbatch-script")
+        except (AttributeError, OSError):  # no memfd (a Python built on glibc < 2.27): a file
+            import tempfile
+
+            fd, path = tempfile.mkstemp(prefix="hsubmit-")
+            os.unlink(path)
+        view = memoryview(stdin)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.dup2(fd, 0)
+        os.close(fd)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; sbatch must not
         signal.signal(sig, signal.SIG_DFL)
     _undo_locale_coercion()

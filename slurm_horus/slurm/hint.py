@@ -34,7 +34,7 @@ The hook answers in the job's AdminComment: a human note, then the decision toke
 parse_decision() reads (the note's wording may change, the token's grammar may not)::
 
     horus: shared t4 shards=26/100 (util 20%, mem 3500 MiB p90) horus-decision:v1;action=shared;type=t4;shards=26/100
-    horus-decision:v1;action=<shared|exclusive|unchanged>[;type=<gtype|any>][;shards=<n>/<S>][;reason=<code>]
+    horus-decision:v1;action=<shared|exclusive|unchanged>[;type=<gtype|any>][;shards=<n>/<S>][;reason=<code>][;unpressed=<gpu|m>]
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ _HORUS_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus:[^ \t\n\r\v\f]*")
 _JOB_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus-job:[^ \t\n\r\v\f]*")
 _DECISION_TOKEN_RE = re.compile(r"(?:(?<=[ \t\n\r\v\f])|^)horus-decision:[^ \t\n\r\v\f]*")
 _DECISION_RE = re.compile(r"horus-decision:v1;action=(shared|exclusive|unchanged)(?:;type=([a-z0-9_-]{1,32}))?"
-                          r"(?:;shards=([1-9][0-9]{0,8})/([1-9][0-9]{0,8}))?(?:;reason=([a-z_]{1,16}))?")
+                          r"(?:;shards=([1-9][0-9]{0,8})/([1-9][0-9]{0,8}))?(?:;reason=([a-z_]{1,16}))?"
+                          r"(?:;unpressed=(gpu|[1-9][0-9]{0,8}))?")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _INT_RE = re.compile(r"[1-9][0-9]{0,17}")
 
@@ -210,14 +211,44 @@ def _parse_token(token: str) -> dict[str, HintFields]:
     return out
 
 
+def _is_old_token(word: str) -> bool:
+    """Is ``word`` a hint or workload token (an earlier submission's, to be replaced)?"""
+    try:
+        if word.startswith(HINT_PREFIX):
+            _parse_token(word)
+        elif word.startswith(JOB_PREFIX):
+            _parse_job_token(word)
+        else:
+            return False
+    except HorusError:
+        return False
+    return True
+
+
 def attach_hint(comment: str | None, token: str) -> str:
-    """The comment to submit: the user's comment without any earlier horus or workload token,
-    then a space, then ``token``.  Raises HorusError for a bad token or a too long result."""
+    """The comment to submit: the user's comment as given, less the hint and workload tokens an
+    earlier submission left (each with the whitespace before it, or after it where it starts the
+    comment), then a space where it does not end in one, then ``token``.  Raises HorusError for
+    a bad token, a too long result, or a word of the user's that the hook or sync would read as
+    a second token (a word starting with ``horus:`` or ``horus-job:``): the hint would be lost."""
     _parse_token(token)  # validate what we attach
     if any(c in token for c in _WS):
         raise HorusError("hint token contains whitespace")
-    user = _JOB_TOKEN_RE.sub("", _HORUS_TOKEN_RE.sub("", comment or "")).strip(_WS)
-    result = f"{user} {token}" if user else token
+    parts = re.split(f"([{_WS}]+)", comment or "")  # words at even indexes, whitespace between
+    keep = [True] * len(parts)
+    for i in range(0, len(parts), 2):
+        if _is_old_token(parts[i]):
+            keep[i] = False
+            sep = i - 1 if i > 0 and keep[i - 1] else i + 1
+            if sep < len(parts):
+                keep[sep] = False
+    user = "".join(p for p, k in zip(parts, keep) if k)
+    for word in (w for i, w in enumerate(parts) if keep[i] and i % 2 == 0):
+        if word.startswith(("horus:", "horus-job:")):
+            raise HorusError(f"the comment's word {word[:40]!r} would read as a second horus token "
+                             "beside the hint (job_submit.lua reads one horus: word, sync one "
+                             "horus-job: word)")
+    result = user + (" " if user and user[-1] not in _WS else "") + token
     if len(result.encode("utf-8", "surrogatepass")) > MAX_COMMENT_BYTES:
         raise HorusError(f"comment with hint longer than {MAX_COMMENT_BYTES} bytes")
     return result
@@ -381,7 +412,11 @@ class HookDecision:
     reason: a code for exclusive and unchanged (DECISION_REASONS); for shared None, or
     "pressure" when the job was packed at submission because horus-admin queue saw its GPU type
     under queue pressure, or "pack_heavy" when the policy packs such jobs on every type
-    (``pack_heavy = always``: Slurm's least-loaded placement spreads them).
+    (``pack_heavy = always``: Slurm's least-loaded placement spreads them);
+    unpressed_whole / unpressed_shards (pressure and pack_heavy only): what the job would have
+    had without the pressure, a whole GPU (kept whole for its utilization) or more shards (its
+    count for its utilization, capped at pressure_shards); an older hook's token has neither
+    (it does not say which: horus-admin queue leaves that job as it is).
     """
 
     action: str
@@ -389,6 +424,8 @@ class HookDecision:
     shards: int | None = None
     shards_per_gpu: int | None = None
     reason: str | None = None
+    unpressed_whole: bool = False
+    unpressed_shards: int | None = None
 
 
 def parse_decision(admin_comment: str | None) -> HookDecision | None:
@@ -402,10 +439,15 @@ def parse_decision(admin_comment: str | None) -> HookDecision | None:
     m = _DECISION_RE.fullmatch(tokens[-1]) if tokens else None
     if not m:
         return None
-    action, gtype, shards, per_gpu, reason = m.groups()
+    action, gtype, shards, per_gpu, reason, unpressed = m.groups()
     if (action == "shared") != (shards is not None) or (action == "unchanged") != (gtype is None) \
             or (reason is None and action != "shared") \
             or (reason is not None and reason not in DECISION_REASONS[action]):
         return None
+    more = int(unpressed) if unpressed and unpressed != "gpu" else None
+    # only pressure lowers a count, and never past a whole GPU's shards
+    if unpressed and (reason not in ("pressure", "pack_heavy")
+                      or (more is not None and not int(shards) < more <= int(per_gpu))):
+        return None
     return HookDecision(action, gtype, int(shards) if shards else None,
-                        int(per_gpu) if per_gpu else None, reason)
+                        int(per_gpu) if per_gpu else None, reason, unpressed == "gpu", more)

@@ -275,6 +275,12 @@ def _json_number(v):
     return v
 
 
+def _json_flag(v) -> str:
+    """A yes/no of ``squeue --json`` (``requeue``, ``batch_flag``: true or false in 22.05's and
+    25.11's) as scontrol writes it, 1 or 0; "" where squeue gives none."""
+    return str(int(v)) if isinstance(v, bool) else ""
+
+
 def _array_ids(j: dict) -> dict:
     """ArrayJobId and ArrayTaskId of an array task (none for other jobs; 22.05 gives 0 and
     NO_VAL there, 23.02+ unset numbers)."""
@@ -288,7 +294,8 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
     """``squeue --json`` jobs as ``scontrol -d show job`` records: the keys and value forms
     parse_scontrol_records gives (JobId, UserId ``name(uid)``, JobState, Partition, Features,
     TresPerNode, TRES, ReqTRES, Comment, AdminComment, Restarts, SubmitTime in local ISO time,
-    NodeList, Reason, Priority, the detail lines as ``_details``), and what scontrol shows
+    NodeList, Reason, Priority, Requeue and BatchFlag (1 or 0: whether Slurm may requeue it),
+    the detail lines as ``_details``), and what scontrol shows
     otherwise: ``_submit`` (epoch seconds: local ISO time is ambiguous once a year),
     ``_flags`` (the state's flags, 23.02+), ``_het`` (a hetjob's id), ``_tasks`` (the tasks
     of an array record not split yet), only ``job_id``'s when given (22.05 ignores
@@ -320,6 +327,7 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
             "ReqTRES": j.get("tres_req_str") or "",
             "Comment": j.get("comment") or "", "AdminComment": j.get("admin_comment") or "",
             "Restarts": str(_json_number(j.get("restart_cnt")) or 0),
+            "Requeue": _json_flag(j.get("requeue")), "BatchFlag": _json_flag(j.get("batch_flag")),
             "SubmitTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submit)) if submit else "Unknown",
             "NodeList": nodes, "Reason": j.get("state_reason") or "",
             "StateDesc": j.get("state_description") or "",
@@ -538,3 +546,23 @@ def node_lines(recs: list[dict[str, str]]) -> list[dict[str, str]]:
         else:
             nodes.append({**defaults, **rec})
     return nodes
+
+
+def sbatch_plugin_options(help_text: str) -> dict[str, bool]:
+    """{name: takes a value} of the options SPANK plugins add, from ``sbatch --help``'s section
+    "Options provided by plugins:" (spank_print_options in 25.11's spank.c, as in older
+    releases): each option starts a line as ``"%*s--%s%s%s"`` (a pad of 6, the name,
+    ``=ARGINFO`` where the plugin gives an arginfo: how a plugin shows that it takes a value),
+    its description after it or, when that is 30 columns or more, on the next line, indented 30
+    like its wrapped lines; the section ends at the next heading (a line starting with no space)."""
+    lines = help_text.split("\n")
+    if "Options provided by plugins:" not in lines:
+        return {}
+    out: dict[str, bool] = {}
+    for line in lines[lines.index("Options provided by plugins:") + 1:]:
+        if line[:1] not in ("", " "):
+            break
+        m = re.match(r" {6}--([^\s=]+)(=?)", line)
+        if m:
+            out[m.group(1)] = bool(m.group(2))
+    return out

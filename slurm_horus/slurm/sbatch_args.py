@@ -10,11 +10,17 @@ ever comes as ``--opt=value``.  ``SBATCH_LONG_OPTS`` is the table of sbatch 22.0
 
 Horus's own options (``HORUS_OPTS``) are recognised only by their exact full name and only before
 the script; everything else is sbatch's and passes through unchanged.
+
+A long option the table does not know is a SPANK plugin's (pyxis's ``--container-image IMAGE``):
+in a directive line sbatch refuses any argument that is not an option, so a following word not
+starting with '-' is its value; on the command line that word may be the script, and only
+sbatch's list of its plugins' options (``split_args``'s ``plugin_options``) can tell.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -128,6 +134,8 @@ class SplitArgs:
     parsed: list[SbatchOpt] = field(default_factory=list)
     hetjob: bool = False
     errors: list[str] = field(default_factory=list)
+    # options not sbatch's own whose value sbatch's plugin list did not settle (the split is a guess)
+    unsure: list[str] = field(default_factory=list)
 
     @property
     def script(self) -> str | None:
@@ -163,14 +171,30 @@ class SplitArgs:
         return list(opts) + list(add) + rest
 
 
-def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = frozenset()
-          ) -> tuple[list[str], list[SbatchOpt], int, list[str], bool]:
+def _directive_kind(following: str) -> str:
+    """An unknown option in a directive line: sbatch refuses a non-option argument there, so a
+    following word not starting with '-' can only be the option's value."""
+    return NONE if following.startswith("-") else REQ
+
+
+def _is_horus(tok: str, sbatch_names: frozenset[str]) -> bool:
+    name = tok[2:].partition("=")[0] if tok.startswith("--") else ""
+    return name in HORUS_OPTS and name not in sbatch_names
+
+
+def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = frozenset(),
+          plugin_kind: Callable[[str], str | None] | None = None
+          ) -> tuple[list[str], list[SbatchOpt], int, list[str], bool, list[str]]:
     """getopt_long("+...") over argv.  Returns (sbatch tokens, parsed opts, index of the first
-    non-option in argv, errors, hetjob).  With ``horus`` a list, horus options are taken out
-    (appended to it) instead of being kept."""
+    non-option in argv, errors, hetjob, unsure).  With ``horus`` a list, horus options are taken
+    out (appended to it) instead of being kept.  A long option the table does not know, written
+    without '=' and followed by a word, is read as in a directive line (_directive_kind); with
+    ``plugin_kind`` (the command line) as that says (REQ or NONE), and where it cannot tell
+    (None) as in a directive line, the option's name going to ``unsure``."""
     out: list[str] = []
     parsed: list[SbatchOpt] = []
     errors: list[str] = []
+    unsure: list[str] = []
     hetjob = False
     i, n = 0, len(argv)
     while i < n:
@@ -187,7 +211,7 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
         if tok.startswith("--"):
             body = tok[2:]
             name, eq, val = body.partition("=")
-            if horus is not None and name in HORUS_OPTS and name not in sbatch_names:
+            if horus is not None and _is_horus(tok, sbatch_names):
                 if HORUS_OPTS[name]:
                     if eq:
                         horus.append((name, val))
@@ -209,6 +233,12 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
             out.append(tok)
             i += 1
             kind = SBATCH_LONG_OPTS.get(canon) if canon else None
+            if canon is None and not eq and i < n:
+                kind = plugin_kind(name) if plugin_kind else _directive_kind(argv[i])
+                # an exact hsubmit option is never another's value, nor passed on to sbatch
+                if kind is None or (kind == REQ and _is_horus(argv[i], sbatch_names)):
+                    unsure.append(name)
+                    kind = _directive_kind(argv[i])
             value = val if eq else None
             if kind == REQ and not eq and i < n:
                 out.append(argv[i])
@@ -239,16 +269,35 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
                 j += 1
             continue
         break  # first non-option: the script
-    return out, parsed, i, errors, hetjob
+    return out, parsed, i, errors, hetjob, unsure
 
 
-def split_args(argv: list[str], sbatch_names: frozenset[str] = frozenset()) -> SplitArgs:
+def _plugin_kind(name: str, plugin_opts: dict[str, bool] | None) -> str | None:
+    """Whether the plugin option ``name`` takes a value (REQ or NONE), found by its exact name,
+    else as an unambiguous prefix of one (and of none of sbatch's own), as getopt_long matches;
+    None when sbatch could not say (``plugin_opts`` None) or lists no such option."""
+    if plugin_opts is None:
+        return None
+    hits = [name] if name in plugin_opts else [o for o in plugin_opts if o.startswith(name)]
+    if len(hits) != 1 or (hits[0] != name and any(o.startswith(name) for o in SBATCH_LONG_OPTS)):
+        return None
+    return REQ if plugin_opts[hits[0]] else NONE
+
+
+def split_args(argv: list[str], sbatch_names: frozenset[str] = frozenset(),
+               plugin_options: Callable[[], dict[str, bool] | None] | None = None) -> SplitArgs:
     """Split a hsubmit command line into sbatch's options, horus's options and the script part;
     ``sbatch_names``: horus option names left to sbatch (``task``: sbatch's abbreviation of
-    --tasks-per-node, when the job asks no model)."""
+    --tasks-per-node, when the job asks no model); ``plugin_options``: {name: takes a value} of
+    the options sbatch's SPANK plugins add, None when sbatch cannot say, called only when an
+    unknown option needs it (it runs sbatch); without it such an option is ``unsure``."""
     horus: list[tuple[str, str | None]] = []
-    out, parsed, i, errors, hetjob = _scan(list(argv), horus, sbatch_names)
-    return SplitArgs(out, horus, list(argv[i:]), parsed, hetjob, errors)
+
+    def kind(name: str) -> str | None:
+        return _plugin_kind(name, plugin_options() if plugin_options else None)
+
+    out, parsed, i, errors, hetjob, unsure = _scan(list(argv), horus, sbatch_names, kind)
+    return SplitArgs(out, horus, list(argv[i:]), parsed, hetjob, errors, unsure)
 
 
 def script_path(script: str, chdir: str | None, path_env: str | None, cwd: str) -> str:
@@ -388,7 +437,7 @@ def script_directives(text: str) -> ScriptDirectives:
 def horus_directives(tokens: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
     """#HORUS arguments -> ([(name, value)], errors); only horus options are allowed there."""
     horus: list[tuple[str, str | None]] = []
-    _, parsed, i, errors, _ = _scan(list(tokens), horus)
+    _, parsed, i, errors, _, _ = _scan(list(tokens), horus)
     for o in parsed:
         errors.append(f"#HORUS: unknown option {o.name.lstrip('?')}")
     if i < len(tokens):

@@ -47,8 +47,9 @@ class Plan:
     split: sa.SplitArgs
     script_text: str | None = None          # the batch script, if read
     stdin_script: bytes | None = None       # the script read from stdin (must be re-fed to sbatch)
-    script_unread: bool = False             # a script path hsubmit could not read (a pipe sbatch
-    #                                         must read itself, once; no such file; no access)
+    script_unread: bool = False             # a script hsubmit could not read (a pipe sbatch must
+    #                                         read itself, once; no such file; no access; typed at
+    #                                         a terminal)
     script_hetjob: bool = False             # its #SBATCH lines make a heterogeneous job
     script_translated: str | None = None    # its #PBS/#BSUB directives, which sbatch translates
     answers_only: bool = False              # --help, --usage, --version: sbatch submits nothing
@@ -103,13 +104,19 @@ def _horus_dict(pairs: list[tuple[str, str | None]], into: dict) -> None:
             into[name] = value
 
 
+def _plugin_options() -> dict[str, bool] | None:
+    from slurm_horus.slurm import commands
+
+    return commands.sbatch_plugin_options()
+
+
 def prepare(argv: list[str], env: dict[str, str] | None = None,
             stdin=None) -> Plan:
     """Split ``argv`` and read the script's directives.  ``stdin`` (a binary file) is read for
     the script when there is no script path, no --wrap and no --external, and the command line
-    has a horus option."""
+    has a horus option; without it (None: a terminal, or closed) such a script is unread."""
     env = dict(os.environ if env is None else env)
-    split = sa.split_args(argv)
+    split = sa.split_args(argv, plugin_options=_plugin_options)
     if split.errors:
         raise HorusError(split.errors[0])
     plan = Plan(list(argv), split, env=env)
@@ -132,11 +139,13 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
                     plan.script_unread = True
             except OSError:  # sbatch will say what is wrong with it (or the script is another
                 plan.script_unread = True  # word: an option sbatch reads in a way we do not)
-        else:
+        elif not sa.has_flag(split.parsed, "external"):  # sbatch reads no script with --external
             # read where the command line has horus options (a #HORUS line may name the model
-            # their --task belongs to), not for plain sbatch use: sbatch reads no stdin with
-            # --external or when it refuses an option, and hsubmit must not wait where it returns
-            if stdin is not None and cmd_horus and not sa.has_flag(split.parsed, "external"):
+            # their --task belongs to), not for plain sbatch use: sbatch reads no stdin when it
+            # refuses an option, and hsubmit must not wait where it returns
+            if stdin is None:  # a terminal (or closed): sbatch reads it, hsubmit cannot first
+                plan.script_unread = True
+            elif cmd_horus and not split.unsure:  # unsure: no hint, and the script may be a path
                 data = _read_at_most(stdin, MAX_STDIN_SCRIPT + 1)
                 if len(data) > MAX_STDIN_SCRIPT:  # sbatch's own limit: it would refuse it too
                     raise HorusError(f"script from stdin is too big (over {MAX_STDIN_SCRIPT >> 20} MiB, "
@@ -166,7 +175,7 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
         horus["dim"] = dims
     if "task" in cmd_horus and str(cmd_horus["task"]).strip().isdigit():
         # a count, not train/infer: --task is sbatch's (its abbreviation of --tasks-per-node)
-        plan.split = sa.split_args(argv, frozenset({"task"}))
+        plan.split = sa.split_args(argv, frozenset({"task"}), _plugin_options)
         horus.pop("task")
     unused = [k for k in horus if k not in ("explain", "horus-probe")]
     if "model" not in horus and unused and not answers_only:
@@ -330,8 +339,13 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     if not model.strip():
         raise HorusError("--model is empty (an unset variable?)")
     if plan.script_unread:  # its #SBATCH lines (a --comment, the partition) are unknown
-        raise HorusError(f"script {plan.split.script} could not be read as a regular file before "
-                         "sbatch reads it: its #SBATCH lines are unknown, so no hint is attached")
+        where = (f"script {plan.split.script} could not be read as a regular file before sbatch reads it"
+                 if plan.split.script else "a script typed at the terminal is read by sbatch alone")
+        raise HorusError(f"{where}: its #SBATCH lines are unknown, so no hint is attached")
+    if plan.split.unsure:  # where the script starts, and what is an option's value, is a guess
+        name = plan.split.unsure[0]
+        raise HorusError(f"option --{name} is not sbatch's own, and sbatch --help did not settle whether "
+                         f"the word after it is its value: no hint is attached (--{name}=VALUE settles it)")
     path = Path(str(model))
     if not path.exists():
         raise HorusError(f"model {model}: no such file")
