@@ -741,20 +741,24 @@ def test_plugin_options_on_the_command_line_take_a_value_as_sbatch_lists_them():
     asked.clear()
     sa.split_args(["--container-image=img", "-p", "gpu", "--model", "M", "j.sh"], plugin_options=plugins)
     assert asked == []
-    # not listed, or sbatch could not say: unsure, and no hsubmit option goes on to sbatch
+    # not listed, or sbatch could not say: unsure; an hsubmit option after it may be the
+    # script's argument (the word after the option the script): an error, never a guess
     for opts in (plugins, lambda: None, None):
         s = sa.split_args(["--nosuch", "v", "--model", "M", "j.sh"], plugin_options=opts)
-        assert s.unsure == ["nosuch"] and s.horus == [("model", "M")] and s.rest == ["j.sh"]
+        assert s.unsure[0] == "nosuch" and s.horus == [] and "--nosuch=VALUE if it takes one" in s.errors[0]
+        s = sa.split_args(["--model", "M", "--nosuch", "v", "j.sh"], plugin_options=opts)
+        assert s.unsure == ["nosuch"] and s.horus == [("model", "M")] and not s.errors
+        assert s.sbatch_argv() == ["--nosuch", "v", "j.sh"]
     # an exact hsubmit option is never another option's value
     s = sa.split_args(["--container-image", "--model", "M", "j.sh"], plugin_options=plugins)
-    assert s.unsure == ["container-image"] and s.horus == [("model", "M")]
+    assert s.unsure[0] == "container-image" and s.horus == [] and s.errors
 
 
 def test_an_unsure_plugin_option_costs_the_hint_not_the_job(monkeypatch):
     from slurm_horus.slurm import commands
 
     monkeypatch.setattr(commands, "_plugin_options", [None])  # sbatch --help failed
-    plan = sub.prepare(["--nosuch", "v", "--model", "tests/data/zoo/small_cnn.onnx", "--gres=gpu:1",
+    plan = sub.prepare(["--model", "tests/data/zoo/small_cnn.onnx", "--nosuch", "v", "--gres=gpu:1",
                         "--wrap", "true"], env={})
     with pytest.raises(HorusError, match="--nosuch is not sbatch's own.*no hint"):
         sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")

@@ -730,8 +730,14 @@ def test_plugin_options_keep_the_job_and_its_comment(tmp_path, slurm_bin):
     asked.unlink()
     hsubmit(["--container-image=nvcr.io/x:1", *model, str(script)], env)
     assert not asked.exists()
-    # an option sbatch does not list: no hint, one line saying why, no hsubmit option to sbatch
+    # an option sbatch does not list (sbatch refuses it too), with hsubmit's after it: one line
+    # saying how to settle it, and no hsubmit option to sbatch
+    log.unlink()
     cp = hsubmit(["--container-imag3", "nvcr.io/x:1", *model, str(script)], env)
+    assert cp.returncode == 2 and "--container-imag3 is not sbatch's own" in cp.stderr, cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1 and not log.exists()
+    # hsubmit's options before it: no hint, one line saying why, the rest to sbatch as given
+    cp = hsubmit([*model, "--container-imag3", "nvcr.io/x:1", str(script)], env)
     assert cp.returncode == 0 and "--container-imag3 is not sbatch's own" in cp.stderr, cp.stderr
     assert len(cp.stderr.strip().splitlines()) == 1
     assert log.read_text().splitlines() == ["--container-imag3", "nvcr.io/x:1", str(script)]
@@ -740,11 +746,32 @@ def test_plugin_options_keep_the_job_and_its_comment(tmp_path, slurm_bin):
 def test_sbatch_help_that_fails_costs_only_the_hint(tmp_path, slurm_bin):
     env, log = slurm_bin
     _sbatch_with_plugins(env, tmp_path, help_rc=1)
-    cp = hsubmit(["--container-image", "img", "--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8",
+    cp = hsubmit(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8", "--container-image", "img",
                   "-p", "gpu", "--gres=gpu:1", "--wrap", "true"], env)
     assert cp.returncode == 0 and "no hint is attached" in cp.stderr, cp.stderr
     assert log.read_text().splitlines() == ["--container-image", "img", "-p", "gpu", "--gres=gpu:1",
                                             "--wrap", "true"]
+
+
+def test_an_unsettled_option_before_hsubmits_own_is_an_error_not_a_guess(tmp_path, slurm_bin):
+    """After an option sbatch --help did not settle, --model may be hsubmit's (the option took a
+    value) or the script's argument (it took none: the word after it is the script): the guess
+    that it took a value had dropped a training script's own --model and --batch-size."""
+    env, log = slurm_bin
+    _sbatch_with_plugins(env, tmp_path, help_rc=1)
+    (tmp_path / "train.sh").write_text("#!/bin/sh\ntrue\n")
+    cp = hsubmit(["--gres=gpu:1", "--no-container-entrypoint", str(tmp_path / "train.sh"), "--model",
+                  "resnet50", "--batch-size", "64"], env)
+    assert cp.returncode == 2 and not log.exists(), cp.stderr
+    assert "--no-container-entrypoint=VALUE if it takes one, else put -- before the script" in cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1
+    # with -- before the script, what follows is the script's: passed on as given, no hint
+    cp = hsubmit(["--gres=gpu:1", "--no-container-entrypoint", "--", str(tmp_path / "train.sh"), "--model",
+                  "resnet50", "--batch-size", "64"], env)
+    assert cp.returncode == 0, cp.stderr
+    assert log.read_text().splitlines() == ["--gres=gpu:1", "--no-container-entrypoint", "--",
+                                            str(tmp_path / "train.sh"), "--model", "resnet50",
+                                            "--batch-size", "64"]
 
 
 def test_a_script_on_stdin_leaves_sbatch_the_files_signals_and_status_of_a_direct_run(tmp_path, slurm_bin):

@@ -266,9 +266,9 @@ class Simulator(Placement):
             self.oom_failures += 1
             self._release(j, now)
             if not self.requeued[j]:
-                # requeued once, on a whole GPU (as CARMA does) of any type its request allows,
-                # as horus-admin queue reshapes it: Slurm keeps the job's own type choices (pinned
-                # to the type it failed on, naive's T4 OOMs had waited for a 3.4x slower T4)
+                # requeued once, on a whole GPU (as CARMA does) of any type its request allows:
+                # horus-admin queue reshapes the GRES and Slurm keeps the job's type choices
+                # (pinned to the type it failed on, naive's T4 OOMs had waited for a 3.4x slower T4)
                 self.requeued[j] = True
                 req = self.cur_req[j]
                 self._set_req(j, Request(req.types, self.S, req.gpus))

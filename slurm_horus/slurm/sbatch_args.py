@@ -190,11 +190,15 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
     out (appended to it) instead of being kept.  A long option the table does not know, written
     without '=' and followed by a word, is read as in a directive line (_directive_kind); with
     ``plugin_kind`` (the command line) as that says (REQ or NONE), and where it cannot tell
-    (None) as in a directive line, the option's name going to ``unsure``."""
+    (None) as in a directive line, the option's name going to ``unsure``.  After an unsure
+    option no hsubmit option is taken out: one there may be hsubmit's or the script's argument
+    (the word after the unsure one its value, or the script), so it is an error naming both
+    ways to settle it, never a guess that drops a script's arguments or hands sbatch ours."""
     out: list[str] = []
     parsed: list[SbatchOpt] = []
     errors: list[str] = []
     unsure: list[str] = []
+    unsure_at = -1  # argv index of the first unsure option
     hetjob = False
     i, n = 0, len(argv)
     while i < n:
@@ -211,7 +215,7 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
         if tok.startswith("--"):
             body = tok[2:]
             name, eq, val = body.partition("=")
-            if horus is not None and _is_horus(tok, sbatch_names):
+            if horus is not None and unsure_at < 0 and _is_horus(tok, sbatch_names):
                 if HORUS_OPTS[name]:
                     if eq:
                         horus.append((name, val))
@@ -238,6 +242,7 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
                 # an exact hsubmit option is never another's value, nor passed on to sbatch
                 if kind is None or (kind == REQ and _is_horus(argv[i], sbatch_names)):
                     unsure.append(name)
+                    unsure_at = i if unsure_at < 0 else unsure_at
                     kind = _directive_kind(argv[i])
             value = val if eq else None
             if kind == REQ and not eq and i < n:
@@ -269,6 +274,13 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
                 j += 1
             continue
         break  # first non-option: the script
+    ours = [t for t in argv[unsure_at:i] if _is_horus(t, sbatch_names)] if horus is not None and unsure_at >= 0 else []
+    if ours:
+        name = unsure[0]
+        errors.append(f"option --{name} is not sbatch's own and sbatch --help did not say whether it takes "
+                      f"a value, so {ours[0].partition('=')[0]} after it may be hsubmit's or the script's: "
+                      f"write --{name}=VALUE if it takes one, else put -- before the script (or give "
+                      f"hsubmit's options before --{name})")
     return out, parsed, i, errors, hetjob, unsure
 
 

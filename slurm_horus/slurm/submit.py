@@ -338,14 +338,15 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         raise HorusError("no --model")
     if not model.strip():
         raise HorusError("--model is empty (an unset variable?)")
+    if plan.split.unsure:  # where the script starts, and what is an option's value, is a guess
+        name = plan.split.unsure[0]
+        raise HorusError(f"option --{name} is not sbatch's own, and sbatch --help did not settle whether "
+                         f"the word after it is its value: no hint is attached (--{name}=VALUE settles "
+                         "it if it takes one, -- before the script if it takes none)")
     if plan.script_unread:  # its #SBATCH lines (a --comment, the partition) are unknown
         where = (f"script {plan.split.script} could not be read as a regular file before sbatch reads it"
                  if plan.split.script else "a script typed at the terminal is read by sbatch alone")
         raise HorusError(f"{where}: its #SBATCH lines are unknown, so no hint is attached")
-    if plan.split.unsure:  # where the script starts, and what is an option's value, is a guess
-        name = plan.split.unsure[0]
-        raise HorusError(f"option --{name} is not sbatch's own, and sbatch --help did not settle whether "
-                         f"the word after it is its value: no hint is attached (--{name}=VALUE settles it)")
     path = Path(str(model))
     if not path.exists():
         raise HorusError(f"model {model}: no such file")
