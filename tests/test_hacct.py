@@ -219,9 +219,16 @@ def test_private_data_shows_a_reader_only_their_own_jobs(url, monkeypatch):
         assert "102" not in r.output and "104" in r.output, r.output
     r = CliRunner().invoke(main, [*ALL, "--ledger", url, "--json", "-j", "105"])
     assert json.loads(r.output)[0]["colocated"] == [104]
+    # --summary's jobs far above their prediction too (it had named bob's 102 there)
+    L.record_submission(job_id=106, cluster="c", user=me, predictions={"a100": {"util_pct": 5}})
+    L.record_usage(job_id=106, cluster="c", source="sacct", util_mean=90, mem_peak_mib=100,
+                   colocated=[102, 104], state="COMPLETED")
+    r = CliRunner().invoke(main, [*ALL, "--ledger", url, "--summary", "--json"])
+    far = {x["job_id"]: x["colocated"] for x in json.loads(r.output)["far_exceeding"]}
+    assert far[106] == [104], far
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: "PrivateData = none\n")
     r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "JobID"])
-    assert r.output == "101\n102\n103\n104\n105\n"
+    assert r.output == "101\n102\n103\n104\n105\n106\n"
     r = CliRunner().invoke(main, [*ALL, "--ledger", url, "-P", "-n", "-o", "CoLocated", "-j", "105"])
     assert r.output == "102,104\n"
 

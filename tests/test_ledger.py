@@ -12,6 +12,7 @@ import pytest
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import (SCHEMA_VERSION, Ledger, Spool, record_usage_safely, under_claim,
                                 write_user_extracts)
+from slurm_horus.ledger.extracts import NO_JOBS
 
 PRED = {"a100": {"util_pct": 50.0, "mem_mib": 1000.0, "mem_mib_p90": 1200.0,
                  "predictor": "cold-start"}}
@@ -548,7 +549,10 @@ def test_user_extracts(tmp_path):
     # the user's alone: a shared primary group must not read it
     assert st.st_mode & 0o777 == 0o400 and st.st_uid == me.pw_uid
     assert [j["job_id"] for j in Ledger(f"sqlite:///{ext}", readonly=True).jobs()] == [1]
-    assert not [p for p in (tmp_path / "users").iterdir() if p.name.startswith(".")]
+    # no temp file left; the extract of no jobs, for a user with none, readable by all
+    assert [p.name for p in (tmp_path / "users").iterdir() if p.name.startswith(".")] == [NO_JOBS]
+    none = tmp_path / "users" / NO_JOBS
+    assert none.stat().st_mode & 0o777 == 0o444 and Ledger(f"sqlite:///{none}", readonly=True).jobs() == []
     # where jobs are private, the folder lists no one's: 0711 (each opens their own by name)
     assert (tmp_path / "users").stat().st_mode & 0o777 == 0o711
     # a user no longer known here: their extract goes (the uid may be someone else's next)

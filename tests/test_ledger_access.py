@@ -268,6 +268,13 @@ def test_private_ledger_falls_back_to_the_users_extract(ordinary_user, monkeypat
     r = _as(user, py, "-c", f"import sqlite3; sqlite3.connect({str(ext)!r})"
                             ".execute('DELETE FROM jobs').connection.commit()")
     assert r.returncode != 0 and "readonly" in r.stderr
+    # a user with no jobs rows: none listed, as sacct shows none (hacct had told them to ask
+    # for a sync, which writes no extract of theirs)
+    url = _site_ledger(root / "c", "daemon")
+    assert _publish(url, root / "c", "jobs", monkeypatch)["extracts"] == 1
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01", "-P", "-n", "-o",
+            "JobID,User", path_first=private)
+    assert (r.returncode, r.stdout) == (0, ""), r.stderr
 
 
 def test_a_ledger_whose_folder_is_read_only_is_not_writable(ordinary_user):

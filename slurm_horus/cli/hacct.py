@@ -200,8 +200,10 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
         filters["users"] = [me] if not asked or me in asked else [""]
     elif not asked and not allusers and not named and os.geteuid() != 0:
         filters["users"] = [me]  # as sacct: your own jobs unless -a (or -j: those jobs)
+    # the jobs that shared a GPU with yours are named only where they are yours
+    own = {(r["cluster"], r["job_id"]) for r in ledger.iter_jobs(users=[me])} if private else None
     if summary:
-        s = report.summary(ledger, **filters)
+        s = report.summary(ledger, own=own, **filters)
         if as_json:
             from slurm_horus.cli.common import print_json
 
@@ -220,9 +222,6 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
         return
     # streamed from the ledger a chunk at a time: a window of a million jobs is printed in the
     # memory of a few thousand (it took 3 GB, 8 GB as JSON, all read before the first line)
-    if private:  # the jobs that shared a GPU with yours are named only where they are yours
-        own = {(r["cluster"], r["job_id"]) for r in ledger.iter_jobs(users=[me])}
-
     def listed():
         rows = ledger.iter_jobs(**filters)
         return report.only_own_colocated(rows, own) if private else rows

@@ -30,6 +30,11 @@ def readers_copy(path: Path) -> Path:
     return path.with_name(path.name + ".readers")
 
 
+# in users/ beside the extracts: the schema with no jobs, for a user with none (yet) at a site
+# where jobs are private; no user name starts with "."
+NO_JOBS = ".no-jobs.db"
+
+
 def user_extract(url: str | None, user: str) -> Path | None:
     """Where ``horus-admin sync`` puts ``user``'s extract of a SQLite ledger: users/<user>.db
     beside it (None for a server ledger or a name that is no plain file name)."""
@@ -48,7 +53,8 @@ def open_reader(url: str | None = None, user: str | None = None) -> Ledger:
     path = sqlite_file(url)
     if path is None or os.geteuid() == 0 or os.access(path, os.W_OK):
         return Ledger(url, readonly=True)
-    for copy in (readers_copy(path), user_extract(url, user or current_user())):
+    # a user with no jobs rows has no extract of their own: the empty one, as sacct shows none
+    for copy in (readers_copy(path), user_extract(url, user or current_user()), path.parent / "users" / NO_JOBS):
         if copy is not None and copy.is_file() and os.access(copy, os.R_OK):
             return Ledger(f"sqlite:///{copy}", readonly=True)
     if path.is_file() and os.access(path, os.R_OK):
@@ -102,7 +108,8 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
     user, mode 0400 (a site's users often share one primary group, so a group-readable extract
     showed everyone's jobs to everyone), each replaced atomically, in a folder of root's (own_dir)
     of mode 0711; the extracts of users no longer known here are removed. Users unknown to this host
-    or with names that are not file names are skipped.
+    or with names that are not file names are skipped.  NO_JOBS, the schema without rows (0444),
+    serves a user with none (hacct had told them to ask for a sync, which never wrote one).
     Returns {"written": n, "skipped": [names]}."""
     from sqlalchemy import select
 
@@ -112,6 +119,7 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
     with ledger.engine.connect() as conn:
         users = sorted(r[0] for r in conn.execute(select(j.c.user_name).distinct())
                        if r[0] is not None)
+    _write_extract(ledger, folder, NO_JOBS, None, None, None)
     written, skipped, kept = 0, [], set()
     for user in users:
         try:
@@ -121,29 +129,40 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
         if uid is None or "/" in user or user.startswith("."):
             skipped.append(user)
             continue
-        tmp = folder / f".{user}.db.{os.getpid()}.tmp"
-        tmp.unlink(missing_ok=True)  # left by a crashed run of this pid
-        # root's (0600) until complete: given to the user first, it was theirs to lock or write
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        try:
-            ext = Ledger(f"sqlite:///{tmp}", replay=False)
-            try:
-                with ledger.engine.connect() as src, ext.engine.begin() as dst:
-                    rows = [r._asdict() for r in src.execute(select(j).where(j.c.user_name == user))]
-                    own = {(r["cluster"], r["job_id"]) for r in rows}
-                    upsert(dst, j, list(only_own_colocated(rows, own)), ("cluster", "job_id"))
-            finally:
-                ext.close()
-            os.chmod(tmp, 0o400)  # before it is theirs: never a moment they may write it
-            if os.geteuid() == 0:
-                os.chown(tmp, uid, gid)
-            os.replace(tmp, folder / f"{user}.db")
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        _write_extract(ledger, folder, f"{user}.db", user, uid, gid)
         written += 1
         kept.add(f"{user}.db")
     for old in os.listdir(folder):  # a user gone: their uid may be someone else's next
         if old.endswith(".db") and not old.startswith(".") and old not in kept:
             (folder / old).unlink(missing_ok=True)
     return {"written": written, "skipped": skipped}
+
+
+def _write_extract(ledger: Ledger, folder: Path, name: str, user: str | None, uid: int | None,
+                   gid: int | None) -> None:
+    """``folder/name``: the ledger schema with ``user``'s jobs rows (None: none; then 0444 and
+    root's), root's (0600) until complete, then 0400 and the user's, replaced atomically."""
+    from sqlalchemy import select
+
+    j = tables()["jobs"]
+    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)  # left by a crashed run of this pid
+    # root's (0600) until complete: given to the user first, it was theirs to lock or write
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        ext = Ledger(f"sqlite:///{tmp}", replay=False)
+        try:
+            if user is not None:
+                with ledger.engine.connect() as src, ext.engine.begin() as dst:
+                    rows = [r._asdict() for r in src.execute(select(j).where(j.c.user_name == user))]
+                    own = {(r["cluster"], r["job_id"]) for r in rows}
+                    upsert(dst, j, list(only_own_colocated(rows, own)), ("cluster", "job_id"))
+        finally:
+            ext.close()
+        os.chmod(tmp, 0o444 if user is None else 0o400)  # before it is theirs: never writable by them
+        if user is not None and os.geteuid() == 0:
+            os.chown(tmp, uid, gid)
+        os.replace(tmp, folder / name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

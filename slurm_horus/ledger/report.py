@@ -356,11 +356,13 @@ SUMS = ("measured", "failed", "np90", "inp90", "nu", "su", "squ", "sqm", "far", 
 FLOAT_SUMS = ("su", "squ", "sqm")  # the others are counts (MariaDB sums integers as Decimal)
 
 
-def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
+def summary(ledger, *, far_limit: int = 20, own: set | None = None, **filters) -> dict:
     """Accuracy and under-claims by model family, GPU type, user and predictor source: one
     aggregating scan of the covering index ix_jobs_summary over the terms each jobs row stores
     (ledger.jobs.accuracy_terms), grouped down to the memory-error bin for the medians, plus a
-    top-N query of the jobs far above their prediction."""
+    top-N query of the jobs far above their prediction.  ``own``: where Slurm hides other
+    users' jobs, the reader's (cluster, job id)s, the only ones those rows name as co-located
+    (only_own_colocated)."""
     from sqlalchemy import func, select
 
     j = tables()["jobs"]
@@ -387,7 +389,7 @@ def summary(ledger, *, far_limit: int = 20, **filters) -> dict:
                     g[k] += v
             if b is not None and b >= 0:
                 g["hist"][b] = g["hist"].get(b, 0) + n
-        far_rows = _far_jobs(conn, filters, far_limit)
+        far_rows = _far_jobs(conn, filters, far_limit, own)
         queue = _queue_counts(conn, filters)
     groups: dict[str, dict] = {"all": {}, "model_family": {}, "gpu_type": {}, "user": {},
                                "predictor": {}, "gpu_type_predictor": {}}
@@ -455,7 +457,7 @@ def _finish(g: dict) -> dict:
             "under_claims": g["under"]}
 
 
-def _far_jobs(conn, filters: dict, limit: int) -> list[dict]:
+def _far_jobs(conn, filters: dict, limit: int, own: set | None = None) -> list[dict]:
     """The jobs counted as far above their prediction, the largest memory ratio first."""
     from sqlalchemy import case, func, select
 
@@ -464,7 +466,8 @@ def _far_jobs(conn, filters: dict, limit: int) -> list[dict]:
     uerr = func.coalesce(j.c.act_util_pct - j.c.pred_util_pct, 0)
     stmt = job_filters(select(j).where(j.c.far == 1), submitted_only=True, **filters)
     stmt = stmt.order_by(ratio.desc(), uerr.desc(), j.c.job_id).limit(limit)
-    return [job_json(r._asdict()) for r in conn.execute(stmt)]
+    rows = (r._asdict() for r in conn.execute(stmt))
+    return [job_json(r) for r in (rows if own is None else only_own_colocated(rows, own))]
 
 
 def _queue_counts(conn, filters: dict) -> dict:
