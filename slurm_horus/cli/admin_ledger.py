@@ -141,7 +141,7 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
                f"err {cv['mem_mdape_pct']:.1f}%  util RMSLE {cv['util_rmsle']:.3f}  util MAE "
                f"{cv['util_mae_pct']:.1f} pp")
     if new is not None:
-        click.echo(f"on the {res['held_out_rows']} jobs {res['baseline_version']} never saw "
+        click.echo(f"on the {res['held_out_rows']} jobs of graphs {res['baseline_version']} never saw "
                    "(each user's jobs weighing one user):")
         for name, m in (("new", new), ("serving", base)):
             click.echo(f"  {name:<8}: mem median rel err {m['mem_mdape_pct']:.1f}%  util RMSLE "
