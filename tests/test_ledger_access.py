@@ -275,6 +275,13 @@ def test_private_ledger_falls_back_to_the_users_extract(ordinary_user, monkeypat
     r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", url, "-S", "2000-01-01", "-P", "-n", "-o",
             "JobID,User", path_first=private)
     assert (r.returncode, r.stdout) == (0, ""), r.stderr
+    # a user whose extract they cannot read (an admin's sync could not give it to them): told
+    # so, never shown the empty one as if they had no jobs
+    ext.chmod(0o400)
+    os.chown(ext, 0, 0)
+    r = _as(user, py, "-m", "slurm_horus.cli.hacct", "--ledger", f"sqlite:///{db}", "-S", "2000-01-01",
+            "-P", "-n", path_first=private)
+    assert r.returncode != 0 and "no copy for readers yet" in r.stderr, (r.stdout, r.stderr)
 
 
 def test_a_ledger_whose_folder_is_read_only_is_not_writable(ordinary_user):

@@ -875,3 +875,19 @@ def test_a_kept_models_bounds_outlive_a_retrain_on_a_few_new_jobs(tmp_path):
     r = retrain(L, reg, max_iter=200, log=lambda m: None)
     assert r["held_out_rows"] == 12 and not r["promoted"]
     assert reg.load_json("calibration.json")["quantiles"]["*"]["learned"] == first
+    # a file of before the held-out jobs were chosen by architecture: its bounds, from reruns
+    # of the model's own settings, give way to the new ones however few
+    cal = reg.load_json("calibration.json")
+    del cal["held_out"]
+    reg.save_json("calibration.json", cal)
+    retrain(L, reg, max_iter=200, log=lambda m: None)
+    assert reg.load_json("calibration.json")["quantiles"]["*"]["learned"]["n"] == 12
+
+
+@pytest.mark.parametrize("graphs", [[1e400], "12", [1.9, True], {"a": 1}])
+def test_a_rows_file_of_other_architectures_is_as_if_unrecorded(tmp_path, graphs):
+    from slurm_horus.ledger.retrain import trained_rows
+
+    reg = Registry(tmp_path / "models")
+    reg.save_json("rows-v0001.json", {"version": 1, "keys": ["c/1"], "graphs": graphs})
+    assert trained_rows(reg, "v0001") == ({"c/1"}, None)

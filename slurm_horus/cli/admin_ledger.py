@@ -75,6 +75,11 @@ def sync(url, since, until, all_jobs, from_file, policy, model_dir, history, as_
     ledger = Ledger(url)
     res = do_sync(ledger, sacct_json=data, since=start, until=end, all_jobs=all_jobs)
     res.update(publish(ledger, policy=policy))
+    skipped = res.pop("extracts_skipped", None)
+    if skipped:  # where jobs are private their hacct finds no copy: the admin must know whose
+        res["problems"].append(f"no extract for {len(skipped)} users this host does not know "
+                               f"({', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''}): "
+                               "their hacct finds no copy of the ledger")
     if res["record_kept"]:
         res["problems"].append(f"{res['record_file']} kept: it names under-claimers, and this ledger "
                                "was made here and has never written it (a new or wrong ledger? if it "

@@ -53,8 +53,12 @@ def open_reader(url: str | None = None, user: str | None = None) -> Ledger:
     path = sqlite_file(url)
     if path is None or os.geteuid() == 0 or os.access(path, os.W_OK):
         return Ledger(url, readonly=True)
-    # a user with no jobs rows has no extract of their own: the empty one, as sacct shows none
-    for copy in (readers_copy(path), user_extract(url, user or current_user()), path.parent / "users" / NO_JOBS):
+    mine = user_extract(url, user or current_user())
+    # a user with no jobs rows has no extract of their own: the empty one, as sacct shows none;
+    # never where theirs exists (unreadable: an admin's sync that could not give it to them) or
+    # they are no file name
+    none = path.parent / "users" / NO_JOBS if mine is not None and not mine.exists() else None
+    for copy in (readers_copy(path), mine, none):
         if copy is not None and copy.is_file() and os.access(copy, os.R_OK):
             return Ledger(f"sqlite:///{copy}", readonly=True)
     if path.is_file() and os.access(path, os.R_OK):

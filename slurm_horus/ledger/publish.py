@@ -101,7 +101,9 @@ def publish(ledger, *, policy: str | None = None, now: float | None = None) -> d
         out["readers_copy"] = str(write_readers_copy(db))
     else:
         readers_copy(db).unlink(missing_ok=True)
-        out["extracts"] = write_user_extracts(ledger, db.parent / "users")["written"]
+        written = write_user_extracts(ledger, db.parent / "users")
+        out["extracts"] = written["written"]
+        out["extracts_skipped"] = written["skipped"]  # their hacct finds no copy
     return out
 
 

@@ -46,6 +46,9 @@ IMPORT_COLUMNS = ("model", "features", "gpu_type", "batch_size", "task", "optimi
 QUANTILES = (0.9, 0.95, 0.99)
 MIN_EVAL_ROWS = 10      # unseen rows needed to judge a candidate against the serving model
 CALIBRATION_VERSION = 1
+# how a kept model's held-out jobs were chosen: by architecture (earlier files: by job, reruns of
+# its own settings among them, whose narrow bounds must not outlive the change)
+HELD_OUT_RULE = "architecture"
 
 
 def score(m: dict) -> float:
@@ -111,7 +114,10 @@ def trained_rows(registry, version: str) -> tuple[set, set | None] | None:
     try:
         rec = registry.load_json(f"rows-{version}.json")
         graphs = rec.get("graphs")
-        return set(rec["keys"]), None if graphs is None else {int(g) for g in graphs}
+        if graphs is not None and not (isinstance(graphs, list) and all(
+                isinstance(g, int) and not isinstance(g, bool) for g in graphs)):
+            graphs = None  # not what retrain writes: as if unrecorded
+        return set(rec["keys"]), None if graphs is None else set(graphs)
     except (HorusError, KeyError, TypeError, ValueError, AttributeError):
         return None
 
@@ -276,7 +282,7 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     if promoted:
         registry.promote(version)
     registry.save_json(CALIBRATION_FILE, {"version": CALIBRATION_VERSION, "model": now_serving,
-                                          "quantiles": quantiles})
+                                          "quantiles": quantiles, "held_out": HELD_OUT_RULE})
     return {"version": version, "rows": n, "skipped": ts.skipped, "failed": ts.failed,
             "mem_rows_left_out": left_out,
             "cv": cv, "cv_folds": folds, "held_out": new, "baseline": old, "held_out_rows": int(len(held)),
@@ -292,7 +298,8 @@ def _keep_learned_bounds(registry, serving_version: str, quantiles: dict) -> Non
         before = registry.load_json(CALIBRATION_FILE)
     except HorusError:
         return
-    if not isinstance(before, dict) or before.get("model") != serving_version:
+    if not isinstance(before, dict) or before.get("model") != serving_version \
+            or before.get("held_out") != HELD_OUT_RULE:
         return
     for gtype, entry in (before.get("quantiles") or {}).items():
         if not isinstance(entry, dict) or not isinstance(entry.get("learned"), dict):
