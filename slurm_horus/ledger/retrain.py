@@ -44,7 +44,7 @@ IMPORT_COLUMNS = ("model", "features", "gpu_type", "batch_size", "task", "optimi
                   "cpus_per_gpu", "util_pct", "mem_mib", "util_max_pct", "user", "model_family",
                   "cold_util_pct", "cold_mem_mib", "cold_gpu_ms", "cold_host_ms")
 QUANTILES = (0.9, 0.95, 0.99)
-MIN_EVAL_ROWS = 10      # unseen rows needed to judge a candidate against the serving model
+MIN_EVAL_ROWS = 10      # rows unseen by both needed to judge a candidate against the serving model
 CALIBRATION_VERSION = 1
 # how a kept model's held-out jobs were chosen: by architecture (earlier files: by job, reruns of
 # its own settings among them, whose narrow bounds must not outlive the change)
@@ -226,7 +226,7 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     better = bool(judged and score(new) < score(old))
     baseline = serving_version or "cold-start"
     if not judged:
-        log(f"only {len(held)} measured jobs unseen by {baseline} (need {MIN_EVAL_ROWS}): "
+        log(f"only {len(held)} measured jobs of graphs unseen by {baseline} (need {MIN_EVAL_ROWS}): "
             "the candidate cannot be judged against it")
     cv = accuracy(oof_mem, mem, oof_util, util)
     # the margin of the learned model's own answers, on jobs a learned model may answer (within
@@ -257,8 +257,9 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
                                                 "graphs": sorted(set(ts.graphs))}, mode=0o600)
     promoted = better or force
     # calibration of what serves now: the cold start on every row; the learned model on rows
-    # it did not train on (out-of-fold for the new one, unseen rows for a kept one) and
-    # answered itself: the rows it left to the cold start carry the cold start's errors
+    # it did not train on (out-of-fold for the new one, jobs of architectures it never trained
+    # on for a kept one) and answered itself: the rows it left to the cold start carry the
+    # cold start's errors
     sources = {"cold-start": (list(range(n)), mem, cmem, util, cutil)}
     if promoted:
         own = np.flatnonzero(oof_learned)

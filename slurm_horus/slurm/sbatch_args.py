@@ -274,8 +274,8 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
                 j += 1
             continue
         break  # first non-option: the script
-    ours = [t for t in argv[unsure_at:i] if _is_horus(t, sbatch_names)] if horus is not None and unsure_at >= 0 else []
-    if ours:
+    ours = [t for t in argv[unsure_at:i] if _is_horus(t, sbatch_names)] if unsure_at >= 0 else []
+    if ours and horus is not None:
         name = unsure[0]
         errors.append(f"option --{name} is not sbatch's own and sbatch --help did not say whether it takes "
                       f"a value, so {ours[0].partition('=')[0]} after it may be hsubmit's or the script's: "
