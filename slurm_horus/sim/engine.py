@@ -29,13 +29,14 @@ utilization is its share, not its need), memory from every run times the cold st
 ratio; a job of a graph not measured there gets hsubmit's answer from the site's other graphs
 (its type's site offsets and its family's pooled correction: predict.history.corrected_answer).
 horus reads its tail shares over the prediction's error (``util_sigma``, placement.UTIL_SIGMA;
-none for a measured rerun).
+for a measured rerun the spread of reruns of one graph the site has measured: _rerun_sigma).
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import os
 import time
 from collections import deque
@@ -69,7 +70,8 @@ class Simulator(Placement):
     ``known_sensitivity``: a what-if, the tail budget knows each job's interference sensitivity
     (no real scheduler does; it shows what that knowledge is worth).  ``util_sigma``: the
     relative error of a predicted utilization (the tail budget reads its shares over it;
-    placement.UTIL_SIGMA for horus, 0 for true figures); a measured rerun's is 0."""
+    placement.UTIL_SIGMA for horus, 0 for true figures, which makes every share a point read); a
+    measured rerun's is the measured spread of reruns (_rerun_sigma), or 0 with util_sigma 0."""
 
     def __init__(self, cluster: ClusterSpec, jobs: Sequence[SimJob], requests: Sequence[Request | None],
                  shards_per_gpu: int = 100, *, interference: Interference | None = None,
@@ -320,10 +322,17 @@ class Simulator(Placement):
             rec = hist.get((job.graph, t))
             if rec is None:
                 cu, cm, _ = job.pred[types[t]]
-                rec = hist[job.graph, t] = [0.0, 0, 0.0, 0, cu, cm]
+                rec = hist[job.graph, t] = [0.0, 0, 0.0, 0, cu, cm, 0.0]
                 self.type_graphs[t].append(rec)
                 self.type_families[t].setdefault(self._family(job.model), []).append(rec)
             if u is not None:
+                if u > 0.0:  # Welford on log u: the rerun spread pooled over graphs (rerun_sigma)
+                    x = math.log(u)
+                    mean_before = rec[6]
+                    rec[6] += (x - mean_before) / (rec[1] + 1)
+                    if rec[1]:
+                        self.rerun_m2 += (x - mean_before) * (x - rec[6])
+                        self.rerun_df += 1
                 rec[0] += u
                 rec[1] += 1
             rec[2] += m
@@ -340,7 +349,7 @@ class Simulator(Placement):
         if rec is not None:
             if rec[1]:
                 u = rec[0] / rec[1]
-                self.jsig[j] = 0.0  # measured
+                self.jsig[j] = self._rerun_sigma(rec[1])
             p90 = rec[2] / rec[3] * (cold_p90 / mean if mean > 0 else 1.0)
             self.history_hits += 1
         else:
@@ -355,6 +364,16 @@ class Simulator(Placement):
             u, p90 = a.util_pct, a.mem_mib * cold_p90 / mean
             self.site_hits += 1
         self._set_req(j, Request(req.types, req.shards, req.gpus, (u, p90, rx, lim)))
+
+    def _rerun_sigma(self, n: int) -> float:
+        """The relative error of a rerun's util predicted as the mean of its graph's n measured
+        runs: the spread of runs of one graph, pooled over every graph measured twice or more
+        by now (what a site reads in its ledger), widened by the mean's own error; the cold
+        start's until some graph has run twice.  Taken as exact (0), a rerun's tail had been
+        priced as certain while runs of a graph differ (the traces' jitter)."""
+        if not self.rerun_df or not self.util_sigma:
+            return self.util_sigma
+        return (self.rerun_m2 / self.rerun_df * (1.0 + 1.0 / n)) ** 0.5
 
     def _family(self, model: str) -> str:
         """A trace model's family, as hsubmit names it from the model file (graph.names)."""
@@ -528,6 +547,7 @@ class Simulator(Placement):
         self.pooled_at = [0] * T  # type_runs when pooled last
         self.families: dict[str, str] = {}
         self.history_hits = self.site_hits = 0
+        self.rerun_m2, self.rerun_df = 0.0, 0  # log-util deviations of reruns from their graph's mean
         # the wait queue: a deque, as starts take jobs from its front (and the backfill window)
         self.queue: deque[int] = deque()
         self.qkey = [(j.submit, i) for i, j in enumerate(self.jobs)]
