@@ -70,9 +70,14 @@ def create_site_dirs(folder: str | os.PathLike) -> None:
 
 def own_dir(folder: str | os.PathLike, mode: int) -> None:
     """Create ``folder`` (create_site_dirs) and give it ``mode``, refusing (HorusError) one that
-    is a symbolic link or not this process's user's: root re-moding, or writing users' files
-    into, a folder a link points elsewhere or another user may swap files in."""
+    is a symbolic link or not this process's user's, or one inside a folder another user may
+    change (_others_may_change): root re-moding, or writing users' files into, a folder a link
+    points elsewhere, or another user may swap files in or swap for their own."""
     create_site_dirs(folder)
+    for d in {*Path(os.path.abspath(folder)).parents, *Path(folder).resolve().parents}:
+        if _others_may_change(d):
+            raise HorusError(f"{folder}: inside {d}, which other users may change (its owner or "
+                             "mode): nothing written there")
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as e:
@@ -83,3 +88,15 @@ def own_dir(folder: str | os.PathLike, mode: int) -> None:
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+def _others_may_change(d: Path) -> bool:
+    """Whether a user other than root and this one may rename or replace what folder ``d``
+    holds: its owner, or others (or a group other than root's) with write access and no sticky
+    bit (in a sticky folder such as /tmp only an entry's owner may move it)."""
+    st = d.stat()
+    if st.st_uid not in (0, os.geteuid()):
+        return True
+    if st.st_mode & stat.S_ISVTX:
+        return False
+    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0))

@@ -566,6 +566,14 @@ def test_user_extracts(tmp_path):
     with pytest.raises(HorusError, match="not a plain folder"):
         write_user_extracts(L, tmp_path / "linked")
     assert (tmp_path / "elsewhere").stat().st_mode & 0o777 == 0o755 and not list((tmp_path / "elsewhere").iterdir())
+    # so is one inside a folder other users may write, where they could swap it for their own;
+    # a sticky one (as /tmp) lets only an entry's owner move it
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(HorusError, match="which other users may change"):
+        write_user_extracts(L, tmp_path / "open" / "users")
+    (tmp_path / "open").chmod(0o1777)
+    assert write_user_extracts(L, tmp_path / "open" / "users")["written"] == 1
     # the jobs that shared a GPU with yours: named only where they are yours (2 is another's)
     L.record_submission(job_id=4, cluster="c", user=me.pw_name, predictions=PRED)
     L.record_usage(job_id=1, cluster="c", source="sacct", colocated=[2, 4])

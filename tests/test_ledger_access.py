@@ -349,7 +349,7 @@ def test_an_admin_who_is_not_root_writes_the_extracts(ordinary_user):
     """The extract's mode was set before SQLite wrote into it: only root writes past 0400."""
     user, root, py = ordinary_user
     url = _site_ledger(root / "e", user.pw_name)
-    os.chmod(root / "e" / "lib", 0o777)
+    os.chown(root / "e" / "lib", user.pw_uid, user.pw_gid)  # the admin's site folder
     os.chmod(root / "e" / "lib" / "ledger.db", 0o644)
     code = ("from slurm_horus.ledger import Ledger, write_user_extracts\n"
             f"print(write_user_extracts(Ledger({url!r}, readonly=True), {str(root / 'e' / 'lib' / 'users')!r}))\n")
