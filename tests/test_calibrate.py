@@ -22,7 +22,7 @@ from slurm_horus.calibrate.orchestrate import calibrate
 from slurm_horus.calibrate.plan import Measurement, OutOfMemory, Run, plan, run_id
 from slurm_horus.calibrate.rows import make_row
 from slurm_horus.calibrate.sampler import BackgroundSampler
-from slurm_horus.calibrate.torch_runner import _step, gpu_type_of
+from slurm_horus.calibrate.torch_runner import TorchRunner, _step, gpu_type_of
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.features import FEATURE_NAMES, extract_features
 from slurm_horus.ledger import Ledger
@@ -79,10 +79,10 @@ class FakeRunner:
                                samples=summary["samples"],
                                util_source=summary.get("util_source", "process"))
 
-    def export(self, model, cache_dir):
+    def export(self, model, cache_dir, training):
         self.exports.append(model)
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        dst = Path(cache_dir) / f"{model}.onnx"
+        dst = Path(cache_dir) / f"{model}{'.train' if training else ''}.onnx"
         if not dst.exists():
             shutil.copy(ZOO / "small_cnn.onnx", dst)
         return dst
@@ -433,6 +433,40 @@ def test_real_export_and_feature_row_on_cpu(tmp_path):
     # the zoo's graph of the same net has the same features: calibrate builds the same families
     zoo = extract_features(ZOO / "small_cnn.onnx", batch_size=16)
     assert zoo.values["params"] == feats["params"] and zoo.values["flops"] == feats["flops"]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+def test_training_rows_use_a_training_mode_export(tmp_path):
+    """Training rows were measured with model.train() but described by the eval export, which
+    has no Dropout (nor its masks' memory): graph features and memory came from different jobs."""
+    from torch import nn
+
+    spec = ModelSpec("drop_mlp", "mlp", lambda: nn.Sequential(
+        nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 4)), "vector", 16)
+
+    class CpuTorchRunner(TorchRunner):
+        """TorchRunner's own export; a measurement needs no GPU."""
+
+        gpu_type = "a100-40gb"
+
+        def __init__(self):
+            self.specs = {"drop_mlp": spec}
+
+        def measure(self, run, sampler, seconds):
+            return FakeRunner().measure(run, sampler, seconds)
+
+    out = tmp_path / "c.csv"
+    res = calibrate(CpuTorchRunner(), plan(["drop_mlp"], [8], ["train", "infer"]), out,
+                    sampler_factory=FakeSampler, cache_dir=tmp_path / "cache")
+    assert not res.failed and len(res.done) == 2
+    graphs = {r["task"]: Path(r["model"]) for r in rows(out)}
+    assert {t: g.name for t, g in graphs.items()} == {"train": "drop_mlp.train.onnx",
+                                                      "infer": "drop_mlp.onnx"}
+
+    def ops(path):
+        return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+
+    assert "Dropout" in ops(graphs["train"]) and "Dropout" not in ops(graphs["infer"])
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")

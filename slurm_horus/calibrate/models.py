@@ -232,22 +232,25 @@ def trusted_cache(cache_dir: str | Path) -> None:
                          "pass --cache-dir")
 
 
-def export_spec(spec: ModelSpec, cache_dir: str | Path) -> Path:
-    """cache_dir/NAME.onnx: `spec` exported on the CPU without weights, symbolic batch (and
-    seq for token models); exported once, then taken from the cache."""
+def export_spec(spec: ModelSpec, cache_dir: str | Path, training: bool = False) -> Path:
+    """cache_dir/NAME.onnx (NAME.train.onnx with `training`): `spec` exported on the CPU without
+    weights, symbolic batch (and seq for token models); exported once, then taken from the cache.
+    Training rows get the training-mode export, as README tells users to export a training job:
+    it keeps Dropout and BatchNorm, which the eval export drops or folds away, and with them
+    memory that training keeps."""
     import torch
 
     cache_dir = Path(cache_dir)
     create_site_dirs(cache_dir)  # 0755 whatever the umask: trusted_cache refuses a group-writable one
     trusted_cache(cache_dir)  # again at use: another user may have made it since the start
-    out = cache_dir / f"{spec.name}.onnx"
+    out = cache_dir / f"{spec.name}{'.train' if training else ''}.onnx"  # the modes never mix
     if out.exists():
         return out
     torch.manual_seed(0)
-    model = spec.build().eval()
+    model = spec.build().train(training)
     decorrelate(model)
     in_axes = {0: "batch", 1: "seq"} if spec.kind == "tokens" else {0: "batch"}
     axes = {n: in_axes for n in spec.inputs} | {n: {0: "batch"} for n in spec.outputs}
     export_weightless(model, (example_input(spec, 1),), out, input_names=list(spec.inputs),
-                      output_names=list(spec.outputs), dynamic_axes=axes)
+                      output_names=list(spec.outputs), dynamic_axes=axes, training=training)
     return out

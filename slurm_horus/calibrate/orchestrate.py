@@ -1,7 +1,7 @@
-"""The calibration loop: export each model once, measure every planned run not yet done, and
-write its row; a run that runs out of memory skips the larger batches of its model and task, a
-failed export or measurement only that run's row, and a run another process shared the GPU
-with gives none."""
+"""The calibration loop: export each model once per mode it runs in (eval for inference, training
+for training), measure every planned run not yet done, and write its row; a run that runs out of
+memory skips the larger batches of its model and task, a failed export or measurement only that
+run's row, and a run another process shared the GPU with gives none."""
 
 from __future__ import annotations
 
@@ -124,7 +124,8 @@ def _one(runner: Runner, r: Run, sampler: Sampler, seconds: float, cache: Path, 
     if limit is not None and r.batch_size >= limit:
         raise _Failed(f"skipped: batch {limit} ran out of memory", "skipped (out of memory)")
     try:
-        onnx_path = runner.export(r.model, cache)  # first: a model that cannot export is not run
+        # first: a model that cannot export is not run; training runs get the training-mode graph
+        onnx_path = runner.export(r.model, cache, training=r.task == "train")
     except Exception as e:
         raise _Failed(f"export: {type(e).__name__}: {_first_line(e)}",
                       f"export failed ({type(e).__name__})") from None

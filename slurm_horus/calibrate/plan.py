@@ -51,8 +51,9 @@ class Runner(Protocol):
 
     def measure(self, run: Run, sampler: Sampler, seconds: float) -> Measurement: ...
 
-    def export(self, model: str, cache_dir: Path) -> Path:
-        """The model's weightless ONNX file (symbolic batch) in cache_dir."""
+    def export(self, model: str, cache_dir: Path, training: bool) -> Path:
+        """The model's weightless ONNX file (symbolic batch) in cache_dir, exported in training
+        mode for training runs (their graph features then match their measured memory)."""
 
 
 def run_id(model: str, batch_size: int, task: str, gpu_type: str) -> str:

@@ -183,8 +183,8 @@ class TorchRunner:
                            samples=int(summary.get("samples") or 0),
                            util_source=summary.get("util_source", "process"))
 
-    def export(self, model: str, cache_dir: Path) -> Path:
-        return export_spec(self.specs[model], cache_dir)
+    def export(self, model: str, cache_dir: Path, training: bool) -> Path:
+        return export_spec(self.specs[model], cache_dir, training)
 
 
 def _step(t, model, x, train: bool):

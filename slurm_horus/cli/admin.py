@@ -6,11 +6,10 @@ import os
 
 import click
 
-from slurm_horus.cli.common import Group, one_line_errors, print_json
+from slurm_horus.cli.common import Group, model_dir_option, one_line_errors, print_json
 from slurm_horus.errors import one_line
 
-MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
-                         help="Registry folder (default /var/lib/slurm-horus/models).")
+MODEL_DIR = model_dir_option()
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

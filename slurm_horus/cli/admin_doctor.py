@@ -9,7 +9,7 @@ import os
 
 import click
 
-from slurm_horus.cli.common import one_line_errors, print_json
+from slurm_horus.cli.common import model_dir_option, one_line_errors, print_json
 
 
 def register(main_group: click.Group) -> None:
@@ -23,8 +23,7 @@ def register(main_group: click.Group) -> None:
                   help="Policy file (default: the one the hook reads).")
     @click.option("--ledger", "ledger_url", envvar="HORUS_LEDGER_URL",
                   help="Ledger URL (default $HORUS_LEDGER_URL or the site default).")
-    @click.option("--model-dir", envvar="HORUS_MODEL_DIR",
-                  help="Model registry folder (default /var/lib/slurm-horus/models).")
+    @model_dir_option("Model registry folder")
     @click.option("--json", "as_json", is_flag=True, help="Problems as JSON.")
     @one_line_errors("horus-admin doctor", needs_stdout=True)
     def doctor(slurm_conf, policy, ledger_url, model_dir, as_json):

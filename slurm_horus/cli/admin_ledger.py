@@ -9,7 +9,8 @@ import sys
 
 import click
 
-from slurm_horus.cli.common import Command, one_line_errors, parse_time, print_json
+from slurm_horus.cli.common import (Command, model_dir_option, one_line_errors, parse_time,
+                                    print_json)
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.history_export import export_history
@@ -25,8 +26,7 @@ LEDGER = click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
                       help="Ledger database URL (default $HORUS_LEDGER_URL, else ledger_url in "
                            "/etc/slurm-horus/horus.conf, else "
                            "sqlite:////var/lib/slurm-horus/ledger.db).")
-MODEL_DIR = click.option("--model-dir", envvar="HORUS_MODEL_DIR",
-                         help="Registry folder (default /var/lib/slurm-horus/models).")
+MODEL_DIR = model_dir_option()
 
 
 def _regular_file(value, name: str):

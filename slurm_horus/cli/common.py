@@ -35,6 +35,17 @@ class OneLineUsageError(click.UsageError):
         click.echo(f"{prog}: error: {one_line(self.format_message())} (see {prog} --help)", err=True)
 
 
+# where the registry is when --model-dir is not given: predict/registry.py's default_dir() (not
+# imported here: it brings numpy into every command's start; tests/test_usage.py checks the help)
+MODEL_DIR_DEFAULT = "default $HORUS_MODEL_DIR, else /var/lib/slurm-horus/models"
+
+
+def model_dir_option(what: str = "Registry folder"):
+    """--model-dir as every command takes it, with the one help text of its default."""
+    return click.option("--model-dir", envvar="HORUS_MODEL_DIR",
+                        help=f"{what} ({MODEL_DIR_DEFAULT}).")
+
+
 # click 8.2+ raises its help for a group run bare as a UsageError: that one is shown whole
 _HELP_ERRORS = tuple(e for e in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if e)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import click
 
 from slurm_horus.graph.load import parse_dims
-from slurm_horus.cli.common import Group, human, one_line_errors, print_json
+from slurm_horus.cli.common import Group, human, model_dir_option, one_line_errors, print_json
 from slurm_horus.errors import HorusError, one_line
 from slurm_horus.rounding import shown
 
@@ -106,7 +106,7 @@ def _fmt_dims(dims: dict[str, int]) -> str:
 @click.option("--gpu", "gpu_types", multiple=True, metavar="TYPE",
               help="GPU type or Slurm gres type name (repeatable or comma-separated; default: every "
               "catalog type).")
-@click.option("--model-dir", envvar="HORUS_MODEL_DIR", help="Learned-model registry folder.")
+@model_dir_option("Learned-model registry folder")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object with one --gpu).")
 @one_line_errors("horus predict", needs_stdout=True)
 def predict(model, batch_size, dims, task, optimizer, precision, cpus_per_gpu, gpu_types,

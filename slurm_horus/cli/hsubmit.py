@@ -9,7 +9,8 @@ the script, the command line wins):
     --batch-size N         batch size (binds the symbolic `batch` dimension)
     --dim NAME=VALUE       bind another symbolic dimension (repeatable)
     --task train|infer     --optimizer sgd|momentum|adam|adamw   --precision fp32|fp16|bf16|amp
-    --horus-model-dir DIR  learned-model registry
+    --horus-model-dir DIR  learned-model registry (default $HORUS_MODEL_DIR, else
+                           /var/lib/slurm-horus/models)
     --explain              print features, predictions, hint and the hook's decision; submit nothing
     --horus-probe          accepted and ignored (the site's Prolog measures every job)
 
