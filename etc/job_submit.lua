@@ -474,7 +474,10 @@ local function record_verdict(pol, job, uid)
 			u.name and (u.name .. string.format(" (uid %d)", uid)) or string.format("uid %d", uid),
 			u.uc, u.jobs, limit)
 	end
+	-- slurmctld fills in the user's default account only after this hook: without -A, the
+	-- account the job will run under is its default_account
 	local acct = job.account
+	if not nonempty(acct) then acct = job.default_account end
 	if type(acct) == "string" and acct ~= "" and #acct <= 64 then
 		local a = rec.accounts[string.lower(acct)]
 		if a and a.uc >= limit then
@@ -694,6 +697,23 @@ local function steps_ask_for_gpus(script)
 		end
 	end
 	return false
+end
+
+-- srun reads these from the job's environment as its own GPU options: sbatch puts SLURM_GPUS
+-- and SLURM_GPUS_PER_NODE there for --gpus and --gpus-per-node, and a job submitted from inside
+-- another job carries that job's; a step asking for GPUs fails in a job on shards
+local STEP_GPU_ENV = { "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_SOCKET", "SLURM_GPUS_PER_TASK",
+	"SLURM_CPUS_PER_GPU", "SLURM_MEM_PER_GPU", "SLURM_NTASKS_PER_GPU" }
+
+-- Does the job's environment make its srun steps ask for GPUs?  (slurmctld's job_desc gives
+-- the environment as a table read by variable name)
+local function env_asks_for_gpus(job)
+	local env = job.environment
+	if type(env) ~= "table" then return false end
+	for _, name in ipairs(STEP_GPU_ENV) do
+		if nonempty(env[name]) then return true end
+	end
+	return mentions_gpu(env.SLURM_GRES) or mentions_gpu(env.SLURM_TRES_PER_TASK)
 end
 
 -- Find the job's single-GPU request. Returns a request table or nil and a reason.
@@ -977,6 +997,16 @@ local function hint_plan(job, pol, uid, preds)
 
 	local req, why = find_gpu_request(job)
 	if not req then return unchanged(why) end
+	-- no batch script: an srun or salloc allocation, whose own --gres=gpu:1 (srun's step, or
+	-- salloc's srun) finds no gpu in a job on shards.  slurmctld's job_desc always has an
+	-- environment; a description of an sbatch job (hsubmit --explain, the simulator) may not.
+	if not nonempty(job.script) and job.environment ~= nil then
+		return unchanged("no batch script: an srun or salloc allocation keeps its GPU; sbatch (hsubmit) jobs share")
+	end
+	-- --gpus: sbatch puts SLURM_GPUS in the job's environment, which each srun step reads
+	if req.field == "tres_per_job" then
+		return unchanged("--gpus set: its srun steps would ask for GPUs; use --gres=gpu:1 to share")
+	end
 	-- --exclusive (any kind): Slurm gives the job whole nodes and every GRES on them, which
 	-- shards can never be (it would wait forever); as submitted it runs
 	if is_set_number(job.shared) and job.shared ~= 1 then return unchanged("--exclusive set") end
@@ -985,6 +1015,12 @@ local function hint_plan(job, pol, uid, preds)
 	end
 	if is_set_number(job.ntasks_per_tres) and job.ntasks_per_tres > 0 then
 		return unchanged("--ntasks-per-gpu set")
+	end
+	-- Slurm refuses a GPU frequency for a job that holds no gpu GRES
+	if mentions_gpu(job.tres_freq) then return unchanged("--gpu-freq set") end
+	if env_asks_for_gpus(job) then
+		return unchanged("--gpus-per-node set (or a GPU option in its environment): its srun steps would" ..
+			" ask for GPUs; use --gres=gpu:1 to share")
 	end
 	if steps_ask_for_gpus(job.script) then
 		return unchanged("the script's srun steps ask for GPUs by name, which a job on shards has none of")
@@ -1136,16 +1172,8 @@ local function hint_plan(job, pol, uid, preds)
 		gres, features, err = shard_request(pol, e.prefix, choice.gtype, choice.shards, job.features)
 	end
 	if not gres then return unchanged(err) end
-	if req.field == "tres_per_node" then
-		items[req.index] = gres
-		set.tres_per_node = table.concat(items, ",")
-	else  -- --gpus=1: drop it from tres_per_job, add the shards per node
-		table.remove(items, req.index)
-		set.tres_per_job = table.concat(items, ",")  -- "" clears the field
-		local node = job.tres_per_node
-		if type(node) == "string" and node ~= "" then set.tres_per_node = node .. "," .. gres
-		else set.tres_per_node = gres end
-	end
+	items[req.index] = gres
+	set.tres_per_node = table.concat(items, ",")
 	if features then set.features = features end
 	-- one node, for good: a later task or CPU count (scontrol update NumTasks=) cannot spread
 	-- the job over nodes with shards on each
@@ -1379,8 +1407,9 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 		if modify_uid == 0 or load_policy().admin_uids[modify_uid] then return slurm.SUCCESS end
 		local frozen = job_rec ~= nil and frozen_update(job_desc, job_rec)
 		if frozen then
-			log_info(string.format("horus: update by uid %d refused: %s", modify_uid, frozen))
-			tell_user("horus: update refused: " .. frozen .. " (cancel and resubmit instead)")
+			-- logged only: Slurm before 23.02 takes no user message in job_modify (it logs an error)
+			log_info(string.format("horus: update by uid %d refused: %s (cancel and resubmit instead)",
+				modify_uid, frozen))
 			return slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
 		end
 		if not asks_for_shards(job_desc) then return slurm.SUCCESS end

@@ -284,6 +284,30 @@ def check_regular_files(paths: dict[str, str | Path | None]) -> list[Problem]:
     return out
 
 
+def check_hook_file_folder(path: str | Path, what: str) -> list[Problem]:
+    """The folder of a file the hook opens at every submission (the policy, the claim record, the
+    pressure file), where the path really leads: Lua cannot open a file without waiting, so
+    whoever may make a name there could put a FIFO in the file's place while it is missing, and
+    every submission would wait on it.  Root's, and writable by no one else, the sticky bit or not
+    (it stops renames and deletions, not new names)."""
+    folder = Path(os.path.realpath(path)).parent
+    try:
+        st = folder.stat()
+    except OSError:
+        return []  # no folder, no file: the checks of each say what that means
+    out = []
+    fifo = "a user could put a FIFO in the file's place, and slurmctld would wait on it at every submission"
+    if st.st_uid != 0:
+        out.append(Problem(f"the folder of {what} {folder} is owned by uid {st.st_uid}, not root: {fifo}",
+                           f"chown root {folder}"))
+    if st.st_mode & 0o022:
+        out.append(Problem(f"the folder of {what} {folder} is writable by group or others "
+                           f"(mode {stat.S_IMODE(st.st_mode):04o}): {fifo}",
+                           f"keep {what} in a folder only root can write (as /var/lib/slurm-horus)"
+                           if st.st_mode & stat.S_ISVTX else f"chmod go-w {folder}"))
+    return out
+
+
 def _is_horus_hook(code: str) -> bool:
     return "slurm_job_submit" in code and "horus" in code
 
@@ -598,10 +622,10 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
         out.append(Problem(f"policy {pol} is missing: the hook uses its built-in defaults",
                            f"install {_packaged('horus_policy.conf')} as {pol}"))
     else:
-        out += (_trusted(pol.resolve(), "the policy")
-                + _trusted(pol.resolve().parent, "the policy's folder") + check_policy_lines(pol)
+        out += (_trusted(pol.resolve(), "the policy") + check_policy_lines(pol)
                 + check_policy_known_to_hook(pol, path.parent / "job_submit.lua")
                 + check_policy_cross_keys(pol, path.parent / "job_submit.lua"))
+    out += check_hook_file_folder(pol, "the policy")
     spg = int(policy_value("shards_per_gpu", "100", pol))
     type_via = policy_value("type_via", "features", pol)
     mem_mib = {t: v for t in _policy_gpu_types(pol) if (v := policy_value(f"gpu.{t}.mem_mib", None, pol))}
@@ -614,7 +638,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     out += check_regular_files(hook_files)
     for what, p in hook_files.items():  # the hook believes them: whoever writes them sets policy
         if p:
-            out += _trusted(Path(p), what) + _trusted(Path(p).parent, f"the folder of {what}")
+            out += _trusted(Path(p), what) + check_hook_file_folder(p, what)
     out += check_slurm_user_reads(conf, {"the hook": path.parent / "job_submit.lua", "the policy": pol,
                                          **hook_files})
     out += check_pressure_keys(pol) + check_slowdown_bound(pol)

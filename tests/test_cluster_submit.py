@@ -34,6 +34,10 @@ HSUBMIT = [sys.executable, "-m", "slurm_horus.cli.hsubmit"]
 ADMIN = [sys.executable, "-m", "slurm_horus.cli.admin"]
 HACCT = [sys.executable, "-m", "slurm_horus.cli.hacct"]
 GPU_MEM = {"a100": 40960, "t4": 15360}  # the policy's gpu.<type>.mem_mib (etc/horus_policy.conf)
+# The tests that check sharing submit under root's own account: the hook judges a job without -A
+# under its default account, horus, which the site's claim record flags once
+# tests/test_cluster_trust.py's sync has seen horus-bob's forged jobs in it.
+OWN_ACCOUNT = ["-A", "root"]
 
 
 def _cluster_ok():
@@ -116,7 +120,7 @@ def test_packing_on_real_slurm(workdir):
     heavy = hsubmit(workdir, "--model", str(ZOO / "vgg16.onnx"), "--batch-size", "128",
                     "--gres=gpu:1", "-J", "heavy", "--wrap", "sleep 60").stdout.strip()
     wait_running([multi, plain, heavy])
-    light = [hsubmit(workdir, "--model", str(ZOO / m), "--batch-size", b, "--task", "infer",
+    light = [hsubmit(workdir, *OWN_ACCOUNT, "--model", str(ZOO / m), "--batch-size", b, "--task", "infer",
                      "--gres=gpu:1", "-J", f"light{i}", "--wrap", "sleep 60").stdout.strip()
              for i, (m, b) in enumerate(LIGHT)]
     ids = light + [heavy, multi, plain]
@@ -191,10 +195,15 @@ def _gpu_of(job):
 
 def test_explain_agrees_with_slurmctld(workdir):
     cases = [
-        ["--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer",
+        [*OWN_ACCOUNT, "--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer",
          "--gres=gpu:1", "--comment", "mine"],
         ["--model", str(ZOO / "vgg16.onnx"), "--batch-size", "128", "--gres=gpu:1"],
         ["--model", str(ZOO / "resnet50.onnx"), "--batch-size", "32", "--gpus=1", "-p", "a100"],
+        # whole in slurmctld's hook (srun steps would ask for GPUs; Slurm refuses the frequency)
+        [*OWN_ACCOUNT, "--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer",
+         "--gpus-per-node=1"],
+        [*OWN_ACCOUNT, "--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer",
+         "--gres=gpu:1", "--gpu-freq=high"],
     ]
     for args in cases:
         name = f"explain-{os.getpid()}-{time.time_ns()}"
@@ -354,7 +363,8 @@ def test_a_step_asking_for_a_gpu_by_name_still_runs(workdir):
     """srun --gres=gpu:1 (or --gpus=1) inside a job moved onto shards failed: "Invalid generic
     resource (gres) specification".  The hook leaves such a job as submitted, and --explain
     says so too; a plain srun step is still shared."""
-    model = ["--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer", "--gres=gpu:1"]
+    model = [*OWN_ACCOUNT, "--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer",
+             "--gres=gpu:1"]
     for step, shared in (("srun --gres=gpu:1 true", False), ("srun --gpus=1 true", False), ("srun true", True)):
         exp = subprocess.run([*HSUBMIT, *model, "--explain", "--wrap", step], capture_output=True, text=True,
                              cwd=workdir)
@@ -365,3 +375,42 @@ def test_a_step_asking_for_a_gpu_by_name_still_runs(workdir):
         assert tres(job["TresPerNode"]).startswith("gres:shard:") == shared, job["TresPerNode"]
         assert ("srun steps ask for GPUs" in job["AdminComment"]) == (not shared)
         assert wait_finished(jid) == "COMPLETED", (step, (workdir / f"out-{jid}").read_text())
+
+
+@pytest.mark.parametrize("args,why", [(["--gpus=1"], "--gres=gpu:1"), (["--gpus-per-node=1"], "--gres=gpu:1"),
+                                      (["--gres=gpu:1", "--gpu-freq=high"], "--gpu-freq")],
+                         ids=["gpus", "gpus-per-node", "gpu-freq"])
+def test_gpus_options_and_gpu_freq_keep_the_job_whole(workdir, args, why):
+    """A review: --gpus=1 and --gpus-per-node=1 jobs were put on shards, and sbatch puts
+    SLURM_GPUS / SLURM_GPUS_PER_NODE in the job's environment, which every srun step reads as its
+    own GPU request ("Step requested GRES (gpu:(null)) not found"); a --gpu-freq job on shards was
+    refused by slurmctld ("Invalid generic resource (gres) specification").  Each now runs
+    as submitted, on a whole GPU, and is told why."""
+    model = ["--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer"]
+    cp = hsubmit(workdir, *model, *args, "-t", "1", "-o", str(workdir / "out-%j"), "--wrap", "srun true",
+                 check=False)
+    assert cp.returncode == 0, cp.stderr
+    jid = cp.stdout.strip()
+    job = show(jid)
+    assert tres(job.get("TresPerJob") or job.get("TresPerNode")) == "gres:gpu:1", job
+    assert "horus: unchanged" in job["AdminComment"] and why in job["AdminComment"], job["AdminComment"]
+    assert any(ln.startswith("sbatch: horus: unchanged") for ln in cp.stderr.splitlines()), cp.stderr
+    assert wait_finished(jid) == "COMPLETED", (workdir / f"out-{jid}").read_text()
+
+
+def test_an_srun_allocation_keeps_its_gpu(workdir):
+    """A review: `srun --gres=gpu:1 --comment=<hint> cmd` (an allocation of its own, no batch
+    script) was put on shards, and its step, asking for the gpu:1 again, failed.  srun and salloc
+    allocations stay as submitted."""
+    hint = "horus:v1;t4=20/3000/3500;a100=10/3000/3500"
+    name = f"horus-srun-{os.getpid()}-{time.time_ns()}"
+    try:
+        cp = subprocess.run(["srun", "-J", name, "-t", "1", "--gres=gpu:1", f"--comment={hint}", "true"],
+                            capture_output=True, text=True, cwd=workdir, timeout=90)
+    finally:  # its job, by its unique name: the fixture cancels it should srun have hung
+        MINE.extend(sh("squeue", "-h", "-t", "all", "-n", name, "-o", "%i").stdout.split())
+    assert cp.returncode == 0, cp.stderr
+    (jid,) = MINE
+    job = show(jid)
+    assert tres(job["TresPerNode"]) == "gres:gpu:1" and "no batch script" in job["AdminComment"], job
+    assert "srun: horus: unchanged" in cp.stderr

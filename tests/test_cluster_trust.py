@@ -204,10 +204,11 @@ def test_the_loop_is_closed_and_trusted(jobs, tmp_path):
         line = next(ln.split() for ln in RECORD.read_text().splitlines()
                     if ln.startswith("user ") and ln.split()[1] == str(uid))
         assert int(line[3]) >= 3
-        held = [job_id(as_user(u, "sbatch", "--parsable", "--hold", *common,
+        # (alice in her other account: bob's jobs ran in horus, which the record now flags too)
+        held = [job_id(as_user(u, "sbatch", "--parsable", "--hold", *common, *acct,
                                "--comment", "horus:v1;a100=10/2000/2500;t4=10/2000/2500",
                                "-J", f"trust-next-{tag}", "--wrap", "true"))
-                for u in ("horus-bob", "horus-alice")]
+                for u, acct in (("horus-bob", ()), ("horus-alice", ("-A", "horus-lab")))]
         jobs.extend(held)
         bob_next, alice_next = (sp.parse_scontrol_records(sh("scontrol", "show", "job", j).stdout)[0]
                                 for j in held)

@@ -55,7 +55,9 @@ def submit():
     mine: list[str] = []
 
     def sbatch(*args: str):
-        cp = subprocess.run(["sbatch", "--hold", "--parsable", "-J", "horus-trust-test", *args,
+        # root's own account: tests/test_cluster_trust.py's sync flags account horus (bob's
+        # forged jobs), which the hook applies to every job in it, root's default included
+        cp = subprocess.run(["sbatch", "--hold", "--parsable", "-A", "root", "-J", "horus-trust-test", *args,
                              "--wrap", "true"], capture_output=True, text=True, timeout=60)
         if cp.returncode == 0:
             jid = cp.stdout.strip().split(";")[0]
@@ -201,3 +203,55 @@ def test_a_user_cannot_change_the_hint_or_move_a_shared_job_to_another_gpu_type(
         assert after["Comment"] == f"other note {hint}"
     finally:
         subprocess.run(["scancel", jid], capture_output=True, timeout=60)
+
+
+def test_a_job_without_an_account_is_judged_under_its_default_account(tmp_path):
+    """A review: slurmctld fills in a job's default account only after the hook, so horus-alice's
+    job without -A was shared while the same job with -A horus (her default account, which the
+    claim record flags) got a whole GPU.  Both are judged under that account now."""
+    import pwd
+
+    from slurm_horus.slurm.policy import policy_value
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: submits as the test user horus-alice")
+    try:
+        uid = pwd.getpwnam("horus-alice").pw_uid
+    except KeyError:
+        pytest.skip("no test user horus-alice (tests/cluster/up makes it)")
+    out = subprocess.run(["sacctmgr", "-n", "-P", "show", "user", "horus-alice", "format=defaultaccount"],
+                         capture_output=True, text=True, timeout=30).stdout.split()
+    if not out:
+        pytest.skip("horus-alice has no default account")
+    account = out[0]
+    policy = os.path.join(os.path.dirname(os.environ["SLURM_CONF"]), "horus_policy.conf")
+    limit = int(policy_value("underclaim_limit", "3", path=policy))
+    try:  # read only: other tests' syncs write it
+        lines = [ln.split() for ln in open(policy_value("record_file", path=policy)).read().splitlines()]
+    except OSError:
+        lines = []
+    counts = {(w[0], w[1] if w[0] == "user" else w[2].lower()): int(w[3]) for w in lines if len(w) == 5}
+    if counts.get(("user", str(uid)), 0) >= limit:
+        pytest.skip("the site's claim record flags horus-alice herself: her account's record is not looked at")
+    if counts.get(("account", account.lower()), 0) < limit:
+        pytest.skip(f"the site's claim record does not flag account {account} (tests/test_cluster_trust.py's sync does)")
+    work = tmp_path / "alice"
+    work.mkdir()
+    shutil.chown(work, "horus-alice")
+    hint = "horus:v1;t4=20/3000/3500;a100=10/3000/3500"
+    ids = []
+    try:
+        for extra in (["-A", account], []):
+            cp = subprocess.run(["runuser", "-u", "horus-alice", "--", "env", f"SLURM_CONF={os.environ['SLURM_CONF']}",
+                                 f"PATH={os.environ['PATH']}", "sbatch", "--hold", "--parsable", *extra,
+                                 "-J", "horus-trust-test", "--gres=gpu:1", f"--comment={hint}", "--wrap", "true"],
+                                capture_output=True, text=True, timeout=60, cwd=work)
+            assert cp.returncode == 0, cp.stderr
+            ids.append(cp.stdout.strip().split(";")[0])
+            f = show(ids[-1])
+            assert tres(f["TresPerNode"]) == "gres:gpu:1", (extra, f)
+            assert f"claim record: account {account} has" in f["AdminComment"], (extra, f["AdminComment"])
+            assert parse_decision(f["AdminComment"]).reason == "record"
+    finally:
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True, timeout=60)

@@ -527,3 +527,36 @@ def test_a_registry_beneath_a_folder_others_may_write_says_chmod(tmp_path):
     os.chmod(tmp_path / "site", 0o775)
     found = check_registry(reg)
     assert [p.fix for p in found] == [f"chmod go-w {tmp_path / 'site'}"], found
+
+
+def test_a_folder_where_a_user_could_put_a_fifo_for_the_hook_is_found(site, tmp_path):
+    """A review: slurmctld's hook opens the policy, the claim record and the pressure file at
+    every submission, and Lua cannot open without waiting: a FIFO a user puts in the place of a
+    missing one (a world-writable sticky folder such as /tmp lets anyone make a new name) or in
+    the folder a symlink leads to holds every submission.  Each such folder is a problem, as the
+    folder is where the path really leads."""
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chmod(theirs, 0o775)
+    (theirs / "record").write_text("")
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o755)
+    (ours / "record").symlink_to(theirs / "record")
+    edit(site / "horus_policy.conf", r"^pressure_file\s*=.*$", f"pressure_file = {sticky}/pressure")
+    with open(site / "horus_policy.conf", "a") as f:
+        f.write(f"\nrecord_file = {ours}/record\n")
+    found = problems(site)
+    assert sorted(p.what.split(" (mode")[0] for p in found) == [
+        f"the folder of the claim record (record_file) {theirs} is writable by group or others",
+        f"the folder of the pressure file (pressure_file) {sticky} is writable by group or others"], found
+    assert all("FIFO" in p.what for p in found)
+    fixes = {p.fix for p in found}
+    assert fixes == {f"chmod go-w {theirs}",
+                     "keep the pressure file (pressure_file) in a folder only root can write (as /var/lib/slurm-horus)"}
+    # the policy's own folder, even where the policy is missing (it is then looked for there)
+    (site / "horus_policy.conf").unlink()
+    os.chmod(site, 0o1777)
+    assert any(p.what.startswith(f"the folder of the policy {site} is writable") for p in problems(site))

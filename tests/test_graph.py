@@ -936,3 +936,175 @@ def test_an_einsum_equation_that_is_not_utf8_is_a_model_error(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     with pytest.raises(ModelError, match=r"node 'mix' \(Einsum\): its equation is not UTF-8 text"):
         extract_features(save(graph, tmp_path / "e.onnx"), batch_size=2)
+
+
+def _lm(path, head, bias: bool, table=None, v: int = 50, d: int = 8):
+    """A language model as PyTorch's constant-folded export leaves it: an embedding table
+    Gathered, a tanh layer, a head 'onnx::MatMul_216' of shape (d, v) (a tied one is the
+    table transposed) with an optional bias, LogSoftmax (word_language_model's --tied)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((v, d)).astype(np.float32) if table is None else table
+    head = table.T.copy() if isinstance(head, str) else head
+    inits = [numpy_helper.from_array(table, "encoder.weight"), numpy_helper.from_array(head, "onnx::MatMul_216"),
+             numpy_helper.from_array(rng.standard_normal((d, d)).astype(np.float32), "onnx::MatMul_215")]
+    nodes = [helper.make_node("Gather", ["encoder.weight", "x"], ["e"]),
+             helper.make_node("MatMul", ["e", "onnx::MatMul_215"], ["h0"]), helper.make_node("Tanh", ["h0"], ["h"]),
+             helper.make_node("MatMul", ["h", "onnx::MatMul_216"], ["m"])]
+    if bias:
+        inits.append(numpy_helper.from_array(np.zeros(v, np.float32), "decoder.bias"))
+        nodes.append(helper.make_node("Add", ["m", "decoder.bias"], ["logits"]))
+    nodes.append(helper.make_node("LogSoftmax", ["logits" if bias else "m"], ["y"], axis=-1))
+    graph = helper.make_graph(nodes, "lm", [helper.make_tensor_value_info("x", TensorProto.INT64, ["seq", "batch"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", "batch", v])], inits)
+    return save(graph, path)
+
+
+def test_a_folded_head_is_tied_by_its_values_not_by_its_bias(tmp_path):
+    """A constant-folded export was judged tied or untied by the head's bias alone: PyTorch's
+    word_language_model --tied (its decoder has a bias) counted the table twice, an untied
+    head without a bias (LLaMA's) once (a review).  Inline values decide now."""
+    import numpy as np
+
+    from slurm_horus.graph.features import features_of
+
+    def params(path):
+        return features_of(load_graph(path, batch_size=2, dims={"seq": 4}), 2).values["params"]
+
+    v, d = 50, 8
+    other = np.random.default_rng(1).standard_normal((d, v)).astype(np.float32)
+    assert params(_lm(tmp_path / "tied_bias.onnx", "tied", bias=True)) == v * d + d * d + v
+    assert params(_lm(tmp_path / "untied.onnx", other, bias=False)) == 2 * v * d + d * d
+    assert params(_lm(tmp_path / "tied.onnx", "tied", bias=False)) == v * d + d * d
+    assert params(_lm(tmp_path / "untied_bias.onnx", other, bias=True)) == 2 * v * d + d * d + v
+    # a placeholder table (one value repeated) says nothing: the bias decides, as for weights
+    # kept outside the file
+    zeros = np.zeros((v, d), np.float32)
+    assert params(_lm(tmp_path / "z.onnx", "tied", bias=False, table=zeros)) == v * d + d * d
+    assert params(_lm(tmp_path / "zb.onnx", "tied", bias=True, table=zeros)) == 2 * v * d + d * d + v
+
+
+def _prelu(path, view: str, fold: bool = True):
+    """PReLU's one-element weight as nn.PReLU exports leave it: read directly and through an
+    Identity copy (eval, deduplicated), or each through an Unsqueeze (training mode); ``fold``
+    adds position ids over the sequence (a Range), which leaves a size to shape folding."""
+    w = [helper.make_tensor(n, TensorProto.FLOAT, [1], [0.25]) for n in ("act.weight", "act2.weight")]
+    const = lambda name, v, dims=(): helper.make_node(  # noqa: E731
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, list(dims), v))
+    if view == "identity":
+        nodes = [helper.make_node("Identity", ["act.weight"], ["w_copy"]),
+                 helper.make_node("PRelu", ["x", "act.weight"], ["h"]),
+                 helper.make_node("PRelu", ["h", "w_copy"], ["y0"])]
+        w = w[:1]
+    else:
+        nodes = [const("ax", [0], [1]),
+                 helper.make_node("Unsqueeze", ["act.weight", "ax"], ["u1"]),
+                 helper.make_node("Unsqueeze", ["act2.weight", "ax"], ["u2"]),
+                 helper.make_node("PRelu", ["x", "u1"], ["h"]), helper.make_node("PRelu", ["h", "u2"], ["y0"])]
+    if fold:
+        nodes += [helper.make_node("Shape", ["x"], ["s"], start=1, end=2),
+                  helper.make_node("Squeeze", ["s"], ["n"]), const("zero", [0]), const("one", [1]),
+                  helper.make_node("Range", ["zero", "n", "one"], ["pos"]),
+                  helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+                  helper.make_node("Add", ["y0", "posf"], ["y"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["y0"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])], w)
+    return save(graph, path)
+
+
+@pytest.mark.parametrize("view", ["identity", "unsqueeze"])
+def test_a_small_weight_read_through_a_view_stays_a_parameter_when_folding_runs(tmp_path, view):
+    """Shape folding turned a view of a float weight of 8 elements or fewer into a Constant:
+    nn.PReLU's weight, behind an exporter's Identity copy (eval) or an Unsqueeze (training),
+    stopped being a parameter, and only where a size was left to folding (a review)."""
+    from slurm_horus.graph.features import features_of
+
+    for fold in (True, False):
+        g = load_graph(_prelu(tmp_path / f"p{fold}.onnx", view, fold), batch_size=2, dims={"seq": 16})
+        assert features_of(g, 2).values["params"] == 2, (view, fold)
+
+
+def test_large_integer_weights_are_not_copied_into_every_inference_round(tmp_path, monkeypatch):
+    """An int8 QDQ model kept its weights' values through every round of shape inference: 200
+    MB peaked at 1 GB, and larger ones ran out of the analysis's memory (a review)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from slurm_horus.graph.load import _drop_weight_values
+
+    d, rng = 1024, np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-128, 127, (d, d), dtype=np.int8), "w"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(np.zeros((2, 70000), np.int64), "table"),
+             numpy_helper.from_array(np.zeros((2, 4), np.int64), "small")]
+    nodes = [helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"]),
+             helper.make_node("MatMul", ["x", "wf"], ["y"])]
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = save(graph, tmp_path / "q.onnx")
+    sizes = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda model, *a, **k: sizes.append(model.ByteSize()) or real(model, *a, **k))
+    g = load_graph(path, batch_size=4)
+    assert sizes and max(sizes) < 10_000 and g.tensors["y"].shape == (4, d)
+    assert g.initializers["w"] == g.tensors["w"] and g.initializers["w"].shape == (d, d)
+    model = onnx.load(str(path))
+    _drop_weight_values(model)
+    kept = {t.name for t in model.graph.initializer if t.raw_data}
+    assert kept == {"s", "z", "small"}  # folding reads small ones
+
+
+def test_a_local_function_of_another_onnx_version_is_inlined_where_it_means_the_same(tmp_path):
+    """ONNX's inliner leaves a call of a function importing another ONNX version than the
+    model's: a function of two MatMuls at opset 18 called from an opset-17 model cost 8 FLOPs
+    (one per output element, an op without a rule) instead of 256 (a review)."""
+    def model(path, ops):
+        nodes, prev = [], "a"
+        for i, op in enumerate(ops):
+            nodes.append(helper.make_node(op, [prev, "w"] if op == "MatMul" else [prev], [f"t{i}"]))
+            prev = f"t{i}"
+        fn = helper.make_function("local", "F", ["a", "w"], [prev], nodes, [helper.make_opsetid("", 18)])
+        graph = helper.make_graph([helper.make_node("F", ["x", "w"], ["y"], domain="local")], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                  [helper.make_tensor("w", TensorProto.FLOAT, [4, 4], [0.0] * 16)])
+        m = helper.make_model(graph, functions=[fn], opset_imports=[helper.make_opsetid("", 17),
+                                                                    helper.make_opsetid("local", 1)])
+        m.ir_version = 8
+        path.write_bytes(m.SerializeToString())
+        return path
+
+    r = extract_features(model(tmp_path / "f.onnx", ["MatMul", "MatMul"]), batch_size=4)
+    assert r.values["flops"] == 2 * (2 * 4 * 4 * 4) and r.unknown_ops == [] and r.warnings() == []
+    # ReduceMean takes its axes as an input from opset 18: that function is left as it is
+    r = extract_features(model(tmp_path / "r.onnx", ["MatMul", "ReduceMean"]), batch_size=4)
+    assert r.unknown_ops == ["local.F"]
+
+
+def test_a_tensor_with_two_external_data_locations_is_refused(tmp_path):
+    """Only the first location was checked; ONNX's reader takes the last (a review)."""
+    w = external_tensor("w", [16, 32], "w.bin")
+    w.external_data.add(key="location", value="/etc/shadow")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    with pytest.raises(ModelError, match="2 external-data locations; refusing it"):
+        load_graph(save(graph, tmp_path / "m.onnx"), batch_size=1)
+
+
+def test_an_unbound_dimension_with_a_huge_name_is_refused_in_a_short_line(tmp_path):
+    """A name of a million characters made a 2 MB error line (a review)."""
+    from slurm_horus.errors import HorusError
+
+    name = "s" * 1_000_000
+    r = extract_features(_matmul_inputs(tmp_path / "n.onnx", ["batch", name, 64]), batch_size=2)
+    with pytest.raises(HorusError) as e:
+        r.require_bound()
+    assert len(str(e.value)) < 400 and "s" * 77 + "..." in str(e.value)

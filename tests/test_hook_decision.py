@@ -397,3 +397,41 @@ def test_the_note_is_the_hooks_own_entry_even_when_its_reason_says_horus(tmp_pat
     assert d.note and d.note.startswith("horus: ") and "more than one horus: token" in d.note, d.admin_comment
     d = decide({"comment": two, "tres_per_node": "gres:gpu:1", "admin_comment": "moved by ops"}, policy_path=pol)
     assert d.admin_comment.startswith("moved by ops; horus: ") and d.note == d.admin_comment[len("moved by ops; "):]
+
+
+@pytest.mark.parametrize("extra,want", [
+    ("shards_per_gpu = 40\n", 40),                          # default 50 > 40: held to 40
+    ("shards_per_gpu = 40\npressure_shards = 60\n", 40),
+    ("shards_per_gpu = 40\npressure_shards = 30\n", 30),
+    ("pressure_shards = 150\n", 50),                        # over 100: back to the default
+    ("", 50),
+])
+def test_python_reads_the_pressure_shards_the_hook_packs_with(tmp_path, extra, want):
+    """A review: with shards_per_gpu below 50 the hook holds pressure_shards to it, while
+    policy_values reported nothing (callers took 50).  A heavy job under pressure on t4 (its
+    memory's share below pressure_shards) gets exactly pressure_shards."""
+    text = BASE + f"pressure_file = {_pressure(tmp_path, 't4')}\n" + extra
+    pol = tmp_path / "p.conf"
+    pol.write_text(text)
+    d = decide(HEAVY, policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    assert (d.action, d.reason, d.shards) == ("shared", "pressure", want), d.admin_comment
+    assert int(policy_values(text).get("pressure_shards", "50")) == want
+
+
+def test_python_declares_the_type_features_the_hook_declares(tmp_path):
+    """A review: declared_type_features kept names the hook drops (bad names, types without
+    gpu.<type>.mem_mib, anything past the 16th valid name).  The hook pins a job to a type of its
+    own choosing only where the type's feature is declared: it tells, type by type."""
+    from slurm_horus.slurm.policy import declared_type_features
+
+    types = [f"t{i}" for i in range(20)]
+    names = ["T4", "bad!", "x\u00a0t18", "nomem", *types, "t19"]  # 16 valid: nomem, t0 .. t14
+    text = ("".join(f"gpu.{t}.mem_mib = 16000\n" for t in types) + "type_features = " + ", ".join(names)
+            + "\ntype_order = " + ", ".join(types) + "\n")
+    pol = tmp_path / "p.conf"
+    pol.write_text(text)
+    hook = {t for t in [*types, "nomem"]
+            if decide({"comment": f"horus:v1;{t}=10/1000/1000", "tres_per_node": "gres:gpu:1"}, policy_path=pol,
+                      hook_path=HOOK, submit_uid=UID).action == "shared"}
+    assert hook == set(types[:15])
+    assert declared_type_features(pol) == hook

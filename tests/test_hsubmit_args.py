@@ -648,6 +648,27 @@ def test_the_explained_job_desc_carries_the_script_the_hook_reads(tmp_path):
         assert d.action == action and (action == "shared" or "srun steps" in d.note), d.note
 
 
+def test_the_explained_job_desc_carries_what_makes_srun_steps_ask_for_gpus():
+    """slurmctld's hook leaves whole a job whose environment makes its srun steps ask for GPUs
+    (sbatch's SLURM_GPUS_PER_NODE for --gpus-per-node, or the submitting job's own) and one with
+    --gpu-freq (Slurm refuses it beside shards); --explain had said "shared" for both."""
+    model = ["--model", "tests/data/zoo/small_cnn.onnx", "--batch-size", "8", "--task", "infer"]
+
+    def decision(argv, env):
+        plan = sub.prepare([*model, *argv, "--wrap", "srun python t.py"], env=env)
+        sub.predict(plan, gpu_types={"a100": 4, "t4": 2}, partition="gpu")
+        return sub.job_desc_of(plan), sub.decision_of(plan)
+
+    jd, d = decision(["--gres=gpu:1"], {})
+    assert d.action == "shared" and "environment" not in jd and "tres_freq" not in jd
+    jd, d = decision(["--gpus-per-node=1"], {})
+    assert jd["environment"] == {"SLURM_GPUS_PER_NODE": "1"} and d.action == "unchanged", d.note
+    jd, d = decision(["--gres=gpu:1"], {"SLURM_GPUS": "1", "HOME": "/x"})  # inside another job
+    assert jd["environment"] == {"SLURM_GPUS": "1"} and d.action == "unchanged", d.note
+    jd, d = decision(["--gres=gpu:1", "--gpu-freq=high"], {})
+    assert jd["tres_freq"] == "gpu:high" and d.action == "unchanged" and "--gpu-freq" in d.note
+
+
 def test_only_plain_batch_names_in_dim_are_the_batch_size():
     """--dim n=64 (an axis named n, beside the batch) with --batch-size 8 had become "contradicts
     --batch-size 8", and alone had set the batch to 64: n and b may be other axes, which the

@@ -825,3 +825,14 @@ def test_the_users_comment_keeps_every_word(tmp_path, slurm_bin):
     cp = hsubmit([*model, "--comment", " run  7 horus:v1;a100=1/2/3 ", "--wrap", "true"], env)
     assert cp.returncode == 0 and log.read_text().splitlines()[0].startswith("--comment= run  7 horus:v1;a100="), \
         log.read_text()
+
+
+def test_a_model_path_too_long_for_the_system_is_one_warning_and_the_job_goes(tmp_path, slurm_bin):
+    # checking that the file exists raised ENAMETOOLONG: "internal error: OSError" (a review)
+    env, log = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", "/" + "m" * 5000 + ".onnx", "--wrap", "true"], env)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and "File name too long" in lines[0] and "internal error" not in lines[0], cp.stderr
+    assert "submitting the job unchanged" in lines[0]
+    assert log.read_text().split("\n")[:3] == ["-p", "gpu", "--gres=gpu:1"]

@@ -15,6 +15,7 @@ pytest.importorskip("lupa")
 
 import tempfile  # noqa: E402
 
+from slurm_horus.slurm.hint import parse_decision  # noqa: E402
 from slurm_horus.slurm.hook_runtime import Decision, HookCache, HookRuntime  # noqa: E402
 from slurm_horus.slurm.policy import decide  # noqa: E402
 
@@ -133,24 +134,6 @@ CASES = [
         {"tres_per_node": "gres:nvme:1,gres:shard:26,gres:fpga:2", "features": "t4"},
     ),
     (
-        "--gpus=1 (tres_per_job, 22.05 spelling)",
-        {"comment": LIGHT, "tres_per_job": "gres:gpu:1"},
-        "shared", "t4", 26,
-        {"tres_per_job": None, "tres_per_node": "gres:shard:26", "features": "t4"},
-    ),
-    (
-        "--gpus=1 (tres_per_job, 23.11 spelling) with other per-node GRES",
-        {"comment": LIGHT, "tres_per_job": "gres/gpu:1", "tres_per_node": "gres/nvme:1"},
-        "shared", "t4", 26,
-        {"tres_per_job": None, "tres_per_node": "gres/nvme:1,gres/shard:26", "features": "t4"},
-    ),
-    (
-        "--gpus=1 exclusive stays in tres_per_job with the type",
-        {"comment": HEAVY, "tres_per_job": "gres:gpu:1"},
-        "exclusive", "t4", None,
-        {"tres_per_job": "gres:gpu:t4:1"},
-    ),
-    (
         "a constraint with the user's type keeps the user's other terms",
         {"comment": LIGHT, "tres_per_node": "gres:gpu:t4:1", "features": "ib&fast"},
         "shared", "t4", 26,
@@ -193,6 +176,16 @@ UNCHANGED_CASES = [
     ("multi-GPU", {"comment": LIGHT, "tres_per_node": "gres:gpu:2"}, "multi-GPU"),
     ("multi-GPU typed", {"comment": LIGHT, "tres_per_node": "gres/gpu:a100:4"}, "multi-GPU"),
     ("--gpus=2", {"comment": LIGHT, "tres_per_job": "gres:gpu:2"}, "multi-GPU"),
+    # --gpus=1 had become shards, but sbatch puts SLURM_GPUS=1 in the job's environment and every
+    # srun step reads it as its own --gpus=1: "Step requested GRES (gpu:(null)) not found" (a review)
+    ("--gpus=1 (22.05 spelling)", {"comment": LIGHT, "tres_per_job": "gres:gpu:1"}, "use --gres=gpu:1 to share"),
+    ("--gpus=1 (23.11 spelling) with other per-node GRES",
+     {"comment": LIGHT, "tres_per_job": "gres/gpu:1", "tres_per_node": "gres/nvme:1"}, "--gpus set"),
+    ("--gpus=1, heavy: not even typed", {"comment": HEAVY, "tres_per_job": "gres:gpu:1"}, "--gpus set"),
+    # Slurm refuses a GPU frequency for a job without gpu GRES (a review: the job was rejected)
+    ("--gpu-freq", {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "tres_freq": "gpu:high"}, "--gpu-freq"),
+    ("--gpu-freq, heavy", {"comment": HEAVY, "tres_per_node": "gres:gpu:1", "tres_freq": "gpu:medium,memory=high"},
+     "--gpu-freq"),
     ("gpu per node and per job", {"comment": LIGHT, "tres_per_node": "gres:gpu:1",
                                   "tres_per_job": "gres:gpu:1"}, "multi-GPU"),
     ("multi-node", {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "min_nodes": 2}, "multi-node"),
@@ -806,3 +799,65 @@ def test_the_loop_gives_a_job_shared_for_pressure_what_the_hook_would_have_given
     assert pressure_actions([rec], busy, 50, lambda *a: 1, 0, 1.9e9) == []  # pressure still on
     acts = pressure_actions([rec], idle, 50, lambda *a: 1, 0, 1.9e9)
     assert [(a.kind, a.tres) for a in acts] == [("spread", "gres:gpu:a100:1" if whole else "gres:shard:67")]
+
+
+def submit_as_slurmctld(job: dict, env: dict[str, str] | None, policy: Path = POLICY):
+    """slurm_job_submit on a job_desc as slurmctld hands it over: with its environment, a table
+    read by variable name (empty for srun and salloc), which decide() cannot pass.  Returns
+    (rc, the fields after, the user's lines)."""
+    from slurm_horus.slurm.hook_runtime import HookRuntime
+
+    rt = HookRuntime(HOOK)
+    g = rt._g
+    g._horus_reset()
+    g._horus_policy_override = str(policy)
+    try:
+        fields = rt._lua.table_from({**job, "environment": rt._lua.table_from(env or {})})
+        jd, backing, _ = g._horus_make_job(fields)
+        rc = g.slurm_job_submit(jd, rt._lua.table(), TEST_UID)
+        return rc, dict(backing.items()), [str(m) for m in g._horus_user_msgs.values()]
+    finally:
+        g._horus_policy_override = None
+
+
+SCRIPT = "#!/bin/sh\nsrun python train.py\n"
+
+
+@pytest.mark.parametrize("env", [
+    {"SLURM_GPUS_PER_NODE": "1"},  # sbatch --gpus-per-node=1: tres_per_node gres:gpu:1, like --gres
+    {"SLURM_GPUS": "1"},
+    # submitted from inside another job's allocation, whose GPU options srun reads too
+    {"SLURM_GPUS_PER_TASK": "1"}, {"SLURM_CPUS_PER_GPU": "4"}, {"SLURM_GRES": "gpu:1"},
+    {"SLURM_TRES_PER_TASK": "gres/gpu:1"},
+], ids=lambda e: next(iter(e)))
+def test_gpu_options_in_the_job_environment_keep_it_whole(env):
+    """A review: --gpus-per-node=1 reaches the hook as tres_per_node gres:gpu:1, as --gres=gpu:1
+    does, and was put on shards; but sbatch puts SLURM_GPUS_PER_NODE=1 in the job's environment,
+    srun reads it as its own option, and every plain srun step failed ("Step requested GRES
+    (gpu:(null)) not found").  The environment says so: the job stays as submitted."""
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": SCRIPT}
+    rc, after, user = submit_as_slurmctld(job, {"PATH": "/usr/bin", **env})
+    assert rc == 0 and after["tres_per_node"] == "gres:gpu:1" and "features" not in after
+    assert parse_decision(after["admin_comment"]).action == "unchanged"
+    assert user == [after["admin_comment"].rsplit(" ", 1)[0]] and "use --gres=gpu:1 to share" in user[0]
+
+
+def test_a_job_environment_without_gpu_options_still_shares():
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": SCRIPT}
+    for env in ({}, {"PATH": "/usr/bin", "SLURM_GRES": "nvme:1", "SLURM_GPUS": "", "SLURM_JOB_GPUS": "0"}):
+        rc, after, _ = submit_as_slurmctld(job, env)
+        assert rc == 0 and after["tres_per_node"] == "gres:shard:26" and after["features"] == "t4", env
+
+
+@pytest.mark.parametrize("script", [None, "", " \n"])
+def test_an_allocation_without_a_batch_script_keeps_its_gpu(script):
+    """A review: `srun --gres=gpu:1 --comment=<hint> cmd`, an allocation of its own, was put on
+    shards, and its step, asking for gpu:1 again, failed.  slurmctld gives srun and salloc
+    allocations no batch script: they stay as submitted, and the user is told why."""
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": script}
+    rc, after, user = submit_as_slurmctld(job, {})
+    assert rc == 0 and after["tres_per_node"] == "gres:gpu:1" and "max_nodes" not in after
+    assert parse_decision(after["admin_comment"]).action == "unchanged"
+    assert len(user) == 1 and "no batch script" in user[0]
+    # hsubmit --explain and the simulator describe sbatch jobs without an environment: decided as such
+    assert run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}).action == "shared"

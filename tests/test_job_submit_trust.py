@@ -274,17 +274,21 @@ def test_a_high_quantile_below_the_p90_is_costed_at_the_p90(site, field):
     assert charged_mem_mib(3000, 12000, 100, 100, path=pol) == (field, 12000)
 
 
-def test_a_gpu_per_job_is_shared_only_where_the_job_keeps_to_one_node(site):
-    """--gpus=1 is one GPU for the whole job; shards are per node: a job of several tasks
-    that may span nodes would get shards on each."""
+def test_a_gpu_per_node_is_shared_only_where_the_job_keeps_to_one_node(site):
+    """Shards are per node: a job of several tasks that may span nodes would get shards on each.
+    (--gpus=1, a GPU per job, is never shared: sbatch's SLURM_GPUS makes each srun step ask
+    for a GPU, tests/test_job_submit_lua.py.)"""
     pol = site()
-    base = {"comment": LIGHT, "tres_per_job": "gres/gpu:1"}
+    base = {"comment": LIGHT, "tres_per_node": "gres/gpu:1"}
     spans = run(dict(base, num_tasks=64, min_nodes=4294967294, max_nodes=4294967294), pol)
     assert spans.written == ("admin_comment",) and spans.action == "unchanged"
     assert "span nodes" in spans.admin_comment
     for ok in (base, dict(base, num_tasks=1), dict(base, num_tasks=64, max_nodes=1)):
         d = run(ok, pol)
-        assert d.action == "shared" and d.job_desc.get("tres_per_job") in ("", None), ok
+        assert d.action == "shared" and d.job_desc["tres_per_node"] == "gres/shard:26", ok
+    gpus = {"comment": LIGHT, "tres_per_job": "gres/gpu:1"}
+    for job in (gpus, dict(gpus, num_tasks=64, max_nodes=1)):
+        assert run(job, pol).action == "unchanged"
 
 
 def test_jobs_without_shards_or_hint_are_never_touched_in_any_mode(site):
@@ -453,7 +457,26 @@ def test_account_record(site):
     d = run({**job, "account": "Physics"}, pol, uid=7)
     assert d.action == "exclusive" and "claim record: account physics has 3 under-claims" in d.admin_comment
     assert run({**job, "account": "chem"}, pol, uid=7).action == "shared"
-    assert run(job, pol, uid=7).action == "shared"  # no --account: the default one is unknown here
+    assert run(job, pol, uid=7).action == "shared"  # no account known at all
+
+
+def test_account_record_applies_to_a_job_without_an_account(site):
+    """A review: slurmctld fills in the user's default account only after the hook, so a job
+    without -A had job.account nil and its account's record was never looked at (-A horus:
+    exclusive; the same job without -A: shared).  The hook reads default_account then, on the
+    hint path and the raw_shards = allow path alike."""
+    pol = site(record_text=RECORD)
+    job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "default_account": "physics"}
+    d = run(job, pol, uid=7)
+    assert d.action == "exclusive" and d.reason == "record", d.admin_comment
+    assert "claim record: account physics has 3 under-claims" in d.admin_comment
+    assert run({**job, "account": "chem"}, pol, uid=7).action == "shared"  # -A names another one
+    assert run({**job, "default_account": "chem"}, pol, uid=7).action == "shared"
+    allow = site("raw_shards = allow\n", RECORD, name="allow.conf")
+    raw = {"tres_per_node": "gres:shard:2", "default_account": "Physics"}
+    d = run(raw, allow, uid=7)
+    assert d.job_desc["tres_per_node"] == "gres:gpu:1" and "account physics" in d.admin_comment
+    assert run({**raw, "default_account": "chem"}, allow, uid=7).written == ()
 
 
 def test_limit_setting(site):
@@ -610,6 +633,19 @@ def test_modify_to_shards_by_a_user(site):
     assert f == {"tres_per_node": "gres:gpu:1"}
     # other updates are not looked at
     assert modify(rt, {"time_limit": 30}, 1002, refuse) == (0, {"time_limit": 30})
+
+
+def test_a_refused_update_is_logged_not_told_to_the_user(site):
+    """Slurm 22.05 takes no user message in job_modify: each refused update made slurmctld log
+    "error: Use of log.user() in job_modify is not supported" (a review)."""
+    rt = HookRuntime(HOOK)
+    pol = site("raw_shards = whole\n")
+    shared = {"comment": "horus:v1;a100=30/4000/12000", "tres_per_node": "gres:shard:34", "features": "a100"}
+    assert modify(rt, {"features": "t4"}, 1002, pol, rec=shared)[0] != 0
+    assert list(rt._g._horus_user_msgs.values()) == []
+    logged = [str(m[2]) for m in rt._g._horus_msgs.values()]
+    assert any(m.startswith("horus: update by uid 1002 refused: a job on GPU shards keeps the GPU type")
+               and "cancel and resubmit" in m for m in logged), logged
 
 
 def test_users_cannot_change_the_hint_or_the_gpu_type_of_a_shared_job(site):

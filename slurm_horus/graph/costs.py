@@ -129,14 +129,17 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
     """Output layers tied to the input embedding, as an exporter leaves them after folding.
 
     A tied language-model head reads the embedding matrix (V, D) transposed; constant folding
-    turns that Transpose into a new anonymous initializer ('onnx::...') of shape (D, V), read by
-    a MatMul with no bias (GPT-2, T5). It is the same parameter and counts once. An untied head
-    of the same shape has its own bias, so a MatMul followed by an Add of a (V,) parameter is
+    turns that Transpose into a new anonymous initializer ('onnx::...') of shape (D, V). It is
+    the same parameter and counts once. Where both are in the file, their values decide
+    (load._tied_heads: the head is the table transposed, or not). Where they are not (external
+    data, stripped weights), its use does: a tied head is read by a MatMul with no bias (GPT-2,
+    T5), an untied one has its own bias, so a MatMul followed by an Add of a (V,) parameter is
     left alone, and so is a weight whose product is not the model's output or its loss's input
     (a layer's bias-free weight shaped like a position table's transpose); an untied head
-    without a bias, and a tied head with its own bias (BERT's masked-LM head: counted twice,
-    D x V parameters high), are the cases this rule cannot tell apart in a folded export. An export without folding (training mode) reads the embedding itself through
-    a Transpose, so a tied head is one parameter there whatever its bias.
+    without a bias (LLaMA's), and a tied head with its own bias (BERT's masked-LM head: counted
+    twice, D x V parameters high), are the cases this rule cannot tell apart. An export without
+    folding (training mode) reads the embedding itself through a Transpose, so a tied head is
+    one parameter there whatever its bias.
     """
     embeddings = {params[n.input[0]].shape for n in graph.nodes
                   if n.op_type == "Gather" and n.input and n.input[0] in params
@@ -151,6 +154,10 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
     for name, info in params.items():
         if not (name.startswith("onnx::") and len(info.shape) == 2
                 and info.shape[0] != info.shape[1] and tuple(reversed(info.shape)) in embeddings):
+            continue
+        if name in graph.tied_heads:
+            if graph.tied_heads[name]:
+                tied.append(name)
             continue
         users = consumers.get(name, [])
         if users and all(u.op_type == "MatMul" and not has_bias(u)

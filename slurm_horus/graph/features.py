@@ -99,14 +99,14 @@ class FeatureReport:
             # bound by its input's name and position (INPUT[POS], as bound_dims names it)
             named = [d for d in self.unknown_dims if not d.startswith("unk__")] + self.unnamed_dims
             if not named:  # a name an exporter gave an input's size, or ONNX a data-dependent one
-                raise HorusError(f"model {self.model}: size(s) {', '.join(self.unknown_dims[:5])} "
-                                 f"unknown: --dim {self.unknown_dims[0]}=VALUE where an input has "
+                raise HorusError(f"model {self.model}: size(s) {_few(self.unknown_dims, 5)} "
+                                 f"unknown: --dim {_cut(self.unknown_dims[0])}=VALUE where an input has "
                                  "it; otherwise it depends on the data (ops such as NonZero or "
                                  "Unique) and the graph alone gives no prediction")
             positional = ("; an input's unnamed dimension is INPUT[POS], its position from 0"
                           if self.unnamed_dims else "")
-            raise HorusError(f"model {self.model}: dimension(s) {', '.join(named[:5])} unbound; "
-                             f"add --dim NAME=VALUE (e.g. --dim {named[0]}=512{positional})")
+            raise HorusError(f"model {self.model}: dimension(s) {_few(named, 5)} unbound; "
+                             f"add --dim NAME=VALUE (e.g. --dim {_cut(named[0])}=512{positional})")
 
     def vector(self) -> list[float]:
         return [float(self.values[n]) for n in FEATURE_NAMES]
@@ -230,7 +230,11 @@ def _few(names: list[str], n: int = 4, width: int = 80) -> str:
     """A few names for a warning, each cut to ``width`` characters (a graph's names are its
     author's: 50 kB each had made every warning line that long)."""
     more = f" and {len(names) - n} more" if len(names) > n else ""
-    return ", ".join(x if len(x) <= width else x[:width - 3] + "..." for x in names[:n]) + more
+    return ", ".join(_cut(x, width) for x in names[:n]) + more
+
+
+def _cut(name: str, width: int = 80) -> str:
+    return name if len(name) <= width else name[:width - 3] + "..."
 
 
 def _activation_bytes(c: NodeCost) -> int:

@@ -59,6 +59,9 @@ _SCHEMA_LOCK = threading.Lock()
 # TensorProto's floating-point types (FLOAT, FLOAT16, DOUBLE, BFLOAT16, the FLOAT8 family):
 # weights, whose values nothing here reads
 FLOAT_TYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20})
+# its integer types of 16 bits and fewer (UINT8, INT8, UINT16, INT16, UINT4, INT4): a quantized
+# model's weights, never a shape
+SMALL_INT_TYPES = frozenset({2, 3, 4, 5, 21, 22})
 BATCH_DIM_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*batch.*)$", re.IGNORECASE)
 # a sequence or time axis: never taken for the batch by its position (nn.LSTM's and
 # nn.Transformer's inputs are (seq, batch, ...) by default)
@@ -121,6 +124,7 @@ class Graph:
     #                                                       left unbound, as INPUT[POS]
     trip_counts: dict[str, int] = field(default_factory=dict)  # Loop trip-count inputs' constant
     #                                                           values, by tensor name
+    tied_heads: dict[str, bool] = field(default_factory=dict)  # see _tied_heads
     opset: int = 0
     producer: str = ""
     sha256: str = ""
@@ -152,6 +156,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     dims = _check_dims(batch_size, dims)
     model, sha256 = _read_model(path, onnx)
     _check_node_count(model.graph, path)
+    tied = _tied_heads(model.graph)  # the last look at the weights' values
     _drop_weight_values(model)  # first: inlining copies the model, weights and all
     if model.functions:
         model = _inline_functions(model, path, onnx)
@@ -224,7 +229,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                  unknown_dims=unknown, missing_external_data=missing,
                  assumed_shapes=sorted(assumed), unused_dims=unused, shapeless=shapeless,
                  fixed_batch=[] if batch_size in fixed else fixed, unnamed_dims=unnamed,
-                 trip_counts=trips, opset=opset,
+                 trip_counts=trips, tied_heads=tied, opset=opset,
                  producer=model.producer_name, sha256=sha256)
 
 
@@ -399,6 +404,7 @@ def _inline_functions(model, path: Path, onnx):
     if total > MAX_GRAPH_NODES:
         raise ModelError(f"{path}: the graph has more than {MAX_GRAPH_NODES:,} nodes once its "
                          "functions are inlined; no real model has as many")
+    _align_function_opsets(model, bodies, onnx)
     try:
         import onnx.inliner
 
@@ -407,15 +413,96 @@ def _inline_functions(model, path: Path, onnx):
         raise ModelError(f"{path}: its local functions cannot be inlined ({type(e).__name__})") from None
 
 
+def _tied_heads(graph) -> dict[str, bool]:
+    """For each inline 2-D floating-point initializer of ``graph`` shaped like the transpose of
+    an inline embedding table (a Gather's, (V, D) with V != D), whether its values are exactly
+    the table's transposed: a tied head as constant folding leaves it, which
+    costs._folded_tied_embeddings could only guess at from its bias (a tied head with a bias
+    counted twice, an untied one without counted once).  Absent where the values are not in
+    the file (external, stripped), or the table is one value repeated (a placeholder says
+    nothing).  Each tensor is read and hashed alone, a table's transpose a slice at a time:
+    one tensor's copy at most is held (protobuf hands raw_data over as a copy)."""
+    inits = {t.name: t for t in graph.initializer}
+    tables: dict[tuple, list] = {}  # (data type, *a head's shape) -> the tables it may be tied to
+    for name in {n.input[0] for n in graph.node if n.op_type == "Gather" and n.input}:
+        t = inits.get(name)
+        if t is not None and t.data_type in FLOAT_TYPES and len(t.dims) == 2 and t.dims[0] != t.dims[1]:
+            tables.setdefault((t.data_type, t.dims[1], t.dims[0]), []).append(t)
+    out, digests = {}, {}
+    for head in graph.initializer:
+        key = (head.data_type, *head.dims)
+        if key not in tables:
+            continue
+        if key not in digests:  # the tables' transposes, digested once a head needs them
+            digests[key] = [_digest(t, transpose=True) for t in tables[key]]
+        mine = _digest(head)
+        if mine is not None and (mine in digests[key] or None not in digests[key]):
+            out[head.name] = mine in digests[key]
+    return out
+
+
+def _digest(t, transpose: bool = False) -> bytes | None:
+    """SHA-256 of a 2-D tensor's values (its transpose's) in row order; None where they are not
+    in the file, or (``transpose``: an embedding table) are one value repeated."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if t.data_location == 1:  # external: never read (nor, by to_array, opened)
+        return None
+    try:
+        a = numpy_helper.to_array(t)
+    except Exception:  # no data (stripped weights), or malformed
+        return None
+    if not a.size:
+        return None
+    rows = a.T if transpose else a
+    step = max(1, (1 << 20) // max(rows.shape[1], 1))  # a slice of about a million values
+    h, varies = hashlib.sha256(), not transpose
+    for i in range(0, rows.shape[0], step):
+        part = np.ascontiguousarray(rows[i:i + step])
+        varies = varies or bool((part != a.flat[0]).any())
+        h.update(part.view(np.uint8))
+    return h.digest() if varies else None
+
+
+def _align_function_opsets(model, bodies: dict, onnx) -> None:
+    """Give each local function importing another version of the ONNX domain than the model's
+    the model's, where every ONNX op it calls (its branches' too) has the same definition at
+    both versions: it then means the same thing at either.  ONNX's inliner leaves a call of a
+    function of another version as it is (an opaque op: a function of two MatMuls cost 8 FLOPs
+    instead of 256), and its version converter is not for files users name."""
+    version = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)
+    if version is None:
+        return
+    for f in model.functions:
+        imports = [o for o in f.opset_import if o.domain in ("", "ai.onnx") and o.version != version]
+        if not imports:
+            continue
+        ops = {n.op_type for n in _nested_nodes(f.node)
+               if n.domain in ("", "ai.onnx") and (n.domain, n.op_type) not in bodies}
+        try:
+            same = all(onnx.defs.get_schema(op, o.version, "").since_version
+                       == onnx.defs.get_schema(op, version, "").since_version for op in ops for o in imports)
+        except Exception:  # an op ONNX does not know, or a version that is none
+            same = False
+        if same:
+            for o in imports:
+                o.version = version
+
+
 def _drop_weight_values(model) -> None:
-    """Forget the values of floating-point tensors too large to fold (weights), keeping their
-    type and dims: shapes never come from them (integer tensors, which ONNX's data propagation
-    may slice into a shape, are kept), and every round of shape inference had copied the
-    whole model, weights included."""
-    fields = ("raw_data", "float_data", "int32_data", "double_data")
+    """Forget the values of tensors too large to fold that no shape comes from, keeping their
+    type and dims: floating-point ones (weights), small integers (a quantized model's
+    weights: a 200 MB int8 model had peaked at 1 GB, over its memory bound when larger) and
+    int32/int64 ones of rank 2 or more; every round of shape inference had copied the whole
+    model, weights included.  An int32/int64 vector is kept: ONNX's data propagation may
+    slice it into a shape."""
+    fields = ("raw_data", "float_data", "int32_data", "int64_data", "double_data")
     for tensor in _all_tensors(model.graph):
-        if (tensor.data_type in FLOAT_TYPES and tensor.data_location != 1
-                and math.prod(tensor.dims) > MAX_FOLD_ELEMENTS):
+        if tensor.data_location == 1 or math.prod(tensor.dims) <= MAX_FOLD_ELEMENTS:
+            continue
+        if (tensor.data_type in FLOAT_TYPES or tensor.data_type in SMALL_INT_TYPES
+                or (tensor.data_type in (6, 7) and len(tensor.dims) >= 2)):  # INT32, INT64
             for f in fields:
                 tensor.ClearField(f)
 
@@ -491,7 +578,11 @@ def _check_external_data(model, folder: Path, onnx) -> list[str]:
     for tensor in _all_tensors(model.graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        locations = [e.value for e in tensor.external_data if e.key == "location"]
+        if len(locations) > 1:  # ONNX's reader takes the last, this check had the first
+            raise ModelError(f"tensor '{tensor.name}': {len(locations)} external-data locations; "
+                             "refusing it")
+        location = locations[0] if locations else ""
         if location in checked:
             continue
         try:

@@ -14,6 +14,8 @@ _EXTERNAL = 1  # TensorProto.EXTERNAL
 # rank 1 or more, is a weight (costs.parameter_tensors), never shape arithmetic's input
 FLOAT_DTYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20, 23})
 _MAX_SHAPE_VECTOR = 8  # ONNX shapes in practice have at most 8 dimensions
+# ops that hand on their first input's values rearranged: of a weight, the weight itself
+WEIGHT_VIEWS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand"})
 
 
 def _inline_array(t):
@@ -37,7 +39,9 @@ def fold_shapes(model, shape_of) -> int:
 
     Weights are never evaluated: a node reading a floating-point initializer of rank 1 or more
     and more than 8 elements (smaller ones are shape arithmetic's vectors) (Linear's W.t() in a training-mode export, a Gather from a position table, the Identity
-    copy of a deduplicated norm weight), or reading what such a node makes, stays as it is.
+    copy of a deduplicated norm weight), or reading what such a node makes, stays as it is;
+    nor is a view (WEIGHT_VIEWS) of any such initializer, whatever its size (a PReLU's weight
+    of one element, read through an Identity copy or an Unsqueeze), or of such a view.
     Folded into a Constant, a weight of up to MAX_FOLD_ELEMENTS had stopped being a parameter,
     and only where folding ran (a graph with a symbolic size left after inference).
     """
@@ -46,7 +50,12 @@ def fold_shapes(model, shape_of) -> int:
 
     graph = model.graph
     values: dict[str, np.ndarray] = {}
+    # float initializers of rank 1 or more, and views of them: costs.parameter_tensors counts
+    # them as parameters wherever a node reads them, so their views stay nodes
+    weights = set()
     for t in graph.initializer:
+        if t.data_type in FLOAT_DTYPES and len(t.dims) > 0:
+            weights.add(t.name)
         # a vector of at most a tensor's rank (a Resize scale, a shape's factors folded by the
         # exporter) is shape arithmetic's; a weight has more elements
         weight = (t.data_type in FLOAT_DTYPES and len(t.dims) > 0
@@ -57,6 +66,9 @@ def fold_shapes(model, shape_of) -> int:
     folded = 0
     for index, node in enumerate(graph.node):
         op = node.op_type
+        if op in WEIGHT_VIEWS and node.input and node.input[0] in weights:
+            weights.update(o for o in node.output if o)
+            continue
         if op == "Constant":
             for a in node.attribute:
                 v = _inline_array(a.t) if a.name == "value" else None

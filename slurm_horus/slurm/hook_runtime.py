@@ -194,6 +194,9 @@ class HookRuntime:
         if submit_uid is None:
             submit_uid = os.getuid()
         given = {k: v for k, v in job_desc.items() if v is not None}
+        env = given.pop("environment", None)  # slurmctld's: a table read by variable name
+        if env is not None and not all(isinstance(x, str) for kv in env.items() for x in kv):
+            raise HorusError("job_desc['environment']: not a {name: value} of strings")
         for k, v in given.items():
             if not isinstance(v, (str, int, float, bool)):
                 raise HorusError(f"job_desc[{k!r}]: unsupported value type {type(v).__name__}")
@@ -203,6 +206,8 @@ class HookRuntime:
             g._horus_reset()
             g._horus_policy_override = None if policy_path is None else str(policy_path)
             try:
+                if env is not None:
+                    fields["environment"] = self._lua.table_from({_lua_text(k): _lua_text(v) for k, v in env.items()})
                 job, backing, writes = g._horus_make_job(self._lua.table_from(fields))
                 rc = g.slurm_job_submit(job, self._lua.table(), submit_uid)
                 after = dict(backing.items())
@@ -215,7 +220,9 @@ class HookRuntime:
         # Keep the caller's Python values for fields the hook did not write.
         result = {}
         for k, v in after.items():
-            if k in given and k not in written:
+            if k == "environment":
+                result[k] = env  # read, never written: the caller's
+            elif k in given and k not in written:
                 result[k] = given[k]
             elif isinstance(v, float) and v.is_integer():
                 result[k] = int(v)

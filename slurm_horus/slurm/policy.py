@@ -68,8 +68,11 @@ def decide(
     policy_path: the policy file to use (as if slurmctld had HORUS_POLICY set); default:
     $HORUS_POLICY, else horus_policy.conf next to the hook.  hook_path: see find_hook().
     submit_uid: the submitting user's uid (default: this process's), which the hook looks up in
-    the claim record named by the policy's ``record_file``; put the job's ``account`` in job_desc
-    for the account's record to apply.
+    the claim record named by the policy's ``record_file``; put the job's ``account`` (-A) or, as
+    slurmctld does for a job without one, the user's ``default_account`` in job_desc for the
+    account's record to apply.  A job_desc with no ``script`` and no ``environment`` is taken for
+    an sbatch job (slurmctld's always has an environment: with no script it is an srun or salloc
+    allocation, which the hook leaves whole).
     """
     rt = (cache or _default_cache).get(find_hook(hook_path))
     return rt.submit(dict(job_desc), policy_path=policy_path, submit_uid=submit_uid)
@@ -140,6 +143,7 @@ _POLICY_KEYS = {
     "underclaim_limit": _int_in(0, 1000000),
     "underclaim_window_days": _int_in(1, 36500),
 }
+_PRESSURE_SHARDS = 50  # the hook's default pressure_shards
 _GPU_MEM_KEY = re.compile(r"gpu\.([a-z0-9_\-]{1,32})\.mem_mib")
 _GPU_KEY = re.compile(r"gpu\..+\.mem_mib", re.S)  # the hook's gpu.<type>.mem_mib: a known key even with a bad type
 
@@ -209,7 +213,8 @@ def policy_values(text: str) -> dict[str, str]:
     """Every key the policy text sets validly, with the value the hook uses (the last accepted
     line's; after a rejected raw_shards line, whole until a valid one; whole too when no line
     names raw_shards and one cannot be read or names an unknown key); keys it leaves at the
-    hook's built-in default are absent."""
+    hook's built-in default are absent (pressure_shards, whose default the hook holds to
+    shards_per_gpu, is there when that is below 50)."""
     if len(text.encode("utf-8", "surrogateescape")) > POLICY_MAX_BYTES:
         return {"raw_shards": "whole"}  # the hook ignores the whole file, failing closed
     values = {}
@@ -221,9 +226,14 @@ def policy_values(text: str) -> dict[str, str]:
             values[key] = "whole"  # the hook fails closed on a bad raw_shards line
     if _fails_closed(entries):
         values["raw_shards"] = "whole"
-    for key in ("min_shards", "pressure_shards"):
-        if int(values.get(key, 1)) > int(values.get("shards_per_gpu", 100)):
-            del values[key]  # the hook's cross-check: back to its default
+    per_gpu = int(values.get("shards_per_gpu", 100))
+    if int(values.get("min_shards", 1)) > per_gpu:
+        del values["min_shards"]  # the hook's cross-check: back to its default
+    if int(values.get("pressure_shards", _PRESSURE_SHARDS)) > per_gpu:
+        # back to its default, which the hook holds to shards_per_gpu too
+        values.pop("pressure_shards", None)
+        if per_gpu < _PRESSURE_SHARDS:
+            values["pressure_shards"] = str(per_gpu)
     return values
 
 
@@ -257,17 +267,32 @@ def policy_value(key: str, default: str | None = None,
     ``default`` when the file is missing, unreadable, over 64 KiB, or sets no acceptable value
     for the key (the hook then uses its built-in default: pass that as ``default``)."""
     try:
-        with open_for_reading(policy_file(path)) as f:
-            data = f.read(POLICY_MAX_BYTES + 1)
+        values = _file_values(path)
     except OSError as e:  # missing: the hook is off; there but unusable: it fails closed
         return "whole" if key == "raw_shards" and e.errno != errno.ENOENT else default
-    return policy_values(data.decode("utf-8", "surrogateescape")).get(key, default)
+    return values.get(key, default)
+
+
+def _file_values(path: str | os.PathLike[str] | None) -> dict[str, str]:
+    """policy_values() of the policy file (see policy_file()); OSError when it cannot be read."""
+    with open_for_reading(policy_file(path)) as f:
+        data = f.read(POLICY_MAX_BYTES + 1)
+    return policy_values(data.decode("utf-8", "surrogateescape"))
+
+
+_TYPE_NAME = re.compile(r"[a-z0-9_\-]{1,32}")  # the hook's is_gtype
 
 
 def declared_type_features(path: str | os.PathLike[str] | None = None) -> set[str]:
     """The node features the policy's ``type_features`` declares for GPU types (the hook pins a
-    shared job to its type with one)."""
-    return set(re.split(r"[,\s]+", policy_value("type_features", "", path) or "")) - {""}
+    shared job to its type with one), as the hook keeps them: of the names split at commas and
+    Lua's blanks, the first 16 valid type names, less those without a gpu.<type>.mem_mib."""
+    try:
+        values = _file_values(path)
+    except OSError:
+        return set()
+    names = [n for n in re.split(f"[,{_LUA_SPACE}]+", values.get("type_features", "")) if _TYPE_NAME.fullmatch(n)]
+    return {n for n in names[:16] if f"gpu.{n}.mem_mib" in values}
 
 
 def charged_mem_mib(expected: float, p90: float, p95: float | None = None,

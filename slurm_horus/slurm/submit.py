@@ -348,9 +348,13 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
                  if plan.split.script else "a script typed at the terminal is read by sbatch alone")
         raise HorusError(f"{where}: its #SBATCH lines are unknown, so no hint is attached")
     path = Path(str(model))
-    if not path.exists():
+    try:
+        exists, regular = path.exists(), path.is_file()
+    except OSError as e:  # a name too long for the system
+        raise HorusError(f"model {model}: {e.strerror or e}") from None
+    if not exists:
         raise HorusError(f"model {model}: no such file")
-    if not path.is_file():
+    if not regular:
         raise HorusError(f"model {model}: not a regular file")
     if not os.access(path, os.R_OK):
         raise HorusError(f"model {model}: not readable")
@@ -532,6 +536,13 @@ def job_desc_of(plan: Plan) -> dict:
     wrap = sa.last_value(plan.split.parsed, "wrap")
     jd["script"] = (f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{wrap}\n"
                     if wrap is not None else plan.script_text)
+    # Slurm refuses a GPU frequency beside shards: the hook leaves such a job whole
+    freq = plan.request("gpu-freq")
+    if freq is not None:
+        jd["tres_freq"] = f"gpu:{freq}"
+    env = _step_gpu_environment(plan)
+    if env and jd["script"]:
+        jd["environment"] = env
     # the task counts the hook decides on too (a GPU per job of several tasks may span nodes)
     for opt, key in (("ntasks", "num_tasks"), ("ntasks-per-gpu", "ntasks_per_tres")):
         n = _count(plan.request(opt) or "")
@@ -543,6 +554,26 @@ def job_desc_of(plan: Plan) -> dict:
     if per_node and plan.request("ntasks") is None and jd.get("min_nodes", 1) == jd.get("max_nodes", 1):
         jd["num_tasks"] = jd.get("min_nodes", 1) * per_node
     return {k: v for k, v in jd.items() if v is not None}
+
+
+# what sbatch puts in a job's environment for its GPU options, which srun steps read as their own
+_STEP_GPU_OPTIONS = {"gpus": "SLURM_GPUS", "gpus-per-node": "SLURM_GPUS_PER_NODE",
+                     "gpus-per-socket": "SLURM_GPUS_PER_SOCKET", "gpus-per-task": "SLURM_GPUS_PER_TASK",
+                     "cpus-per-gpu": "SLURM_CPUS_PER_GPU", "mem-per-gpu": "SLURM_MEM_PER_GPU",
+                     "ntasks-per-gpu": "SLURM_NTASKS_PER_GPU"}
+
+
+def _step_gpu_environment(plan: Plan) -> dict[str, str]:
+    """The variables of the job's environment the hook reads (a step asking for GPUs fails in a
+    job on shards): sbatch's for the job's GPU options, and the submitting shell's own (hsubmit
+    run inside another job's allocation), which sbatch passes on."""
+    env = {v: plan.env[v] for v in (*_STEP_GPU_OPTIONS.values(), "SLURM_GRES", "SLURM_TRES_PER_TASK")
+           if plan.env.get(v)}
+    for opt, var in _STEP_GPU_OPTIONS.items():
+        value = plan.request(opt)
+        if value:
+            env[var] = value
+    return env
 
 
 # job_desc.shared as sbatch sets it: --oversubscribe, --exclusive[=user|mcs|topo]
