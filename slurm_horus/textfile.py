@@ -93,7 +93,10 @@ def own_dir(folder: str | os.PathLike, mode: int) -> None:
 def _others_may_change(d: Path) -> bool:
     """Whether a user other than root and this one may rename or replace what folder ``d``
     holds: its owner, or others (or a group other than root's) with write access and no sticky
-    bit (in a sticky folder such as /tmp only an entry's owner may move it)."""
+    bit (in a sticky folder such as /tmp only an entry's owner may move it); or, for a symbolic
+    link on the way, its owner (who may point it elsewhere)."""
+    if d.is_symlink() and d.lstat().st_uid not in (0, os.geteuid()):
+        return True
     st = d.stat()
     if st.st_uid not in (0, os.geteuid()):
         return True

@@ -667,6 +667,40 @@ def test_the_explained_job_desc_carries_what_makes_srun_steps_ask_for_gpus():
     assert jd["environment"] == {"SLURM_GPUS": "1"} and d.action == "unchanged", d.note
     jd, d = decision(["--gres=gpu:1", "--gpu-freq=high"], {})
     assert jd["tres_freq"] == "gpu:high" and d.action == "unchanged" and "--gpu-freq" in d.note
+    jd, d = decision(["--gres=gpu:1"], {"SBATCH_GPU_FREQ": "low"})  # sbatch reads it too
+    assert jd["tres_freq"] == "gpu:low" and d.action == "unchanged"
+
+
+def test_explain_judges_a_job_without_an_account_under_the_users_default_account(tmp_path, monkeypatch):
+    """slurmctld's hook reads the claim record under a job's default account when it has no -A
+    (slurmctld fills it in after the hook); --explain had said "shared" where slurmctld gave a
+    whole GPU.  The default account is sacctmgr's; where sacctmgr cannot say, none."""
+    import os
+    import stat
+
+    record = tmp_path / "record"
+    record.write_text("# slurm-horus claim record\naccount - physics 5 9\n")
+    policy = tmp_path / "policy.conf"
+    policy.write_text((Path(__file__).parent.parent / "etc" / "horus_policy.conf").read_text()
+                      + f"\nrecord_file = {record}\nunderclaim_limit = 3\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "sacctmgr"  # what sacctmgr -n -P show user U format=defaultaccount prints
+    fake.write_text("#!/bin/sh\necho physics\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    model = ["--model", "tests/data/zoo/small_cnn.onnx", "--batch-size", "8", "--task", "infer"]
+
+    def decision(*argv):
+        plan = sub.prepare([*model, "--gres=gpu:1", *argv, "--wrap", "true"], env={"HORUS_POLICY": str(policy)})
+        sub.predict(plan, gpu_types={"a100": 4, "t4": 2}, partition="gpu")
+        return sub.decision_of(plan)
+
+    d = decision()
+    assert d.action == "exclusive" and "claim record: account physics" in d.note, d.note
+    assert decision("-A", "chem").action == "shared"
+    fake.write_text("#!/bin/sh\necho 'sacctmgr: error: slurmdbd down' >&2\nexit 1\n")
+    assert decision().action == "shared"
 
 
 def test_only_plain_batch_names_in_dim_are_the_batch_size():

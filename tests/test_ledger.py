@@ -574,6 +574,13 @@ def test_user_extracts(tmp_path):
         write_user_extracts(L, tmp_path / "open" / "users")
     (tmp_path / "open").chmod(0o1777)
     assert write_user_extracts(L, tmp_path / "open" / "users")["written"] == 1
+    # a symbolic link on the way that another user owns: they may point it elsewhere
+    if os.geteuid() == 0:  # (only root gives a link to another user)
+        other = pwd.getpwnam("nobody")
+        (tmp_path / "open" / "theirs").symlink_to(tmp_path / "elsewhere")
+        os.lchown(tmp_path / "open" / "theirs", other.pw_uid, other.pw_gid)
+        with pytest.raises(HorusError, match="which other users may change"):
+            write_user_extracts(L, tmp_path / "open" / "theirs" / "users")
     # the jobs that shared a GPU with yours: named only where they are yours (2 is another's)
     L.record_submission(job_id=4, cluster="c", user=me.pw_name, predictions=PRED)
     L.record_usage(job_id=1, cluster="c", source="sacct", colocated=[2, 4])

@@ -322,16 +322,16 @@ class Simulator(Placement):
             rec = hist.get((job.graph, t))
             if rec is None:
                 cu, cm, _ = job.pred[types[t]]
-                rec = hist[job.graph, t] = [0.0, 0, 0.0, 0, cu, cm, 0.0]
+                rec = hist[job.graph, t] = [0.0, 0, 0.0, 0, cu, cm, 0.0, 0]
                 self.type_graphs[t].append(rec)
                 self.type_families[t].setdefault(self._family(job.model), []).append(rec)
             if u is not None:
-                if u > 0.0:  # Welford on log u: the rerun spread pooled over graphs (rerun_sigma)
-                    x = math.log(u)
-                    mean_before = rec[6]
-                    rec[6] += (x - mean_before) / (rec[1] + 1)
-                    if rec[1]:
-                        self.rerun_m2 += (x - mean_before) * (x - rec[6])
+                if u > 0.0:  # Welford on log u (mean, count): the rerun spread pooled over graphs
+                    log_u, mean_before = math.log(u), rec[6]
+                    rec[7] += 1
+                    rec[6] += (log_u - mean_before) / rec[7]
+                    if rec[7] > 1:
+                        self.rerun_m2 += (log_u - mean_before) * (log_u - rec[6])
                         self.rerun_df += 1
                 rec[0] += u
                 rec[1] += 1
@@ -537,7 +537,7 @@ class Simulator(Placement):
         self.timed_out = [False] * N
         self.shared = [False] * N  # ever on a GPU with another job
         self.measured: deque[tuple] = deque()  # (synced at, job, type, util or None, memory)
-        # (graph, type): [util sum, n, memory sum, n, cold util, cold memory]
+        # (graph, type): [util sum, n, memory sum, n, cold util, cold memory, mean log util, n]
         self.hist: dict[tuple[str, int], list] = {}
         T = len(self.types)
         self.type_graphs: list[list[list]] = [[] for _ in range(T)]  # the hist records per type

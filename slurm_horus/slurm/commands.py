@@ -174,6 +174,17 @@ def array_task_job_ids(tasks: list[tuple[int, int]], cluster: str | None = None
     return {r["array"]: r["job_id"] for r in recs if r.get("array") in set(tasks)}
 
 
+def default_account() -> str | None:
+    """This user's default account as slurmdbd has it (what slurmctld gives a job without -A,
+    after the job-submit hook), or None when sacctmgr cannot say."""
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+        out = run(["sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount"], timeout=10)
+    except (KeyError, HorusError):
+        return None
+    return next(iter(out.split()), None)
+
+
 def default_partition() -> str:
     name = sp.default_partition(scontrol_partitions())
     if not name:

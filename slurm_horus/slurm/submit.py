@@ -37,7 +37,7 @@ _ENV_OPTS = {
     "constraint": "SBATCH_CONSTRAINT", "gpus-per-node": "SBATCH_GPUS_PER_NODE",
     "gpus-per-task": "SBATCH_GPUS_PER_TASK", "gpus-per-socket": "SBATCH_GPUS_PER_SOCKET",
     "cpus-per-gpu": "SBATCH_CPUS_PER_GPU", "mem-per-gpu": "SBATCH_MEM_PER_GPU",
-    "tres-per-task": "SBATCH_TRES_PER_TASK",
+    "tres-per-task": "SBATCH_TRES_PER_TASK", "gpu-freq": "SBATCH_GPU_FREQ",
 }
 
 
@@ -613,10 +613,18 @@ def _hook_paths(env: dict[str, str]) -> tuple[str | None, str]:
 
 
 def decision_of(plan: Plan):
+    """The hook's decision as slurmctld will take it, which for a job without -A reads the
+    claim record under the user's default account (sacctmgr's; unknown: none, as before)."""
+    from slurm_horus.slurm import commands
     from slurm_horus.slurm.policy import decide
 
     hook, pol = _hook_paths(plan.env)
-    return decide(job_desc_of(plan), policy_path=pol, hook_path=hook)
+    jd = job_desc_of(plan)
+    if not jd.get("account"):
+        acct = commands.default_account()
+        if acct:
+            jd["default_account"] = acct
+    return decide(jd, policy_path=pol, hook_path=hook)
 
 
 def explain_text(plan: Plan) -> str:
