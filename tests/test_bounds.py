@@ -81,3 +81,21 @@ def test_learned_entries_apply_only_to_the_version_they_were_measured_on(tmp_pat
     assert cal.apply(p) is p
     q = cal.apply(Prediction(**{**p.__dict__, "predictor": "learned:v0002"}))
     assert q.mem_mib_p90 == pytest.approx(1000 * math.exp(0.2))
+
+
+@pytest.mark.parametrize("mem_q", [
+    {"0.9": 0.1, "0.95": 0.9, "0.99": 0.5},   # out of order
+    {"0.95": 0.0, "0.99": 0.01},              # no p90: the predictor's own (x1.15) is above
+    {"0.9": 0.2, "0.99": 0.1},                # a p99 with no p95: the hint carries neither
+])
+def test_bounds_are_in_order_and_as_the_hint_carries_them(tmp_path, mem_q):
+    """Quantiles out of order had horus predict say a p99 of 10,677 MiB fits where the hint,
+    which keeps its bounds in order, carried 15,928; a p95 without a p90 fell below the p90."""
+    models = tmp_path / "models"
+    write(models, {"*": {"cold-start": {**Q, "mem_log_q": mem_q}}})
+    choice, p = predict(models)
+    assert choice.warning is None
+    bounds = [b for b in (p.mem_mib_p90, p.mem_mib_p95, p.mem_mib_p99) if b is not None]
+    assert bounds == sorted(bounds) and (p.mem_mib_p99 is None or p.mem_mib_p95 is not None)
+    _, m, *carried = parse_hint(_hint_of({"a100": p}))["a100"]
+    assert carried == [math.ceil(b) for b in bounds]

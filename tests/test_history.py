@@ -273,8 +273,8 @@ def test_an_estimate_extrapolated_to_nothing_is_no_estimate():
     from slurm_horus.predict.history import exact_estimate
 
     runs = [{"bs": 32, "mem": 1000.0, "util": 50.0}, {"bs": 64, "mem": 3000.0, "util": 60.0}]
-    assert exact_estimate(runs, 1, None, None, 0.0) is None
-    assert exact_estimate(runs, 48, None, None, 0.0)[0] == pytest.approx(2000.0)
+    assert exact_estimate(runs, 1, None, None, 0.0, 0.0) is None
+    assert exact_estimate(runs, 48, None, None, 0.0, 0.0)[0] == pytest.approx(2000.0)
 
 
 def test_calibrated_bounds_start_from_the_base_figure_where_site_offsets_moved_it():
@@ -579,3 +579,59 @@ def test_a_history_answer_is_never_below_a_bare_cuda_context():
     a = h.estimate("ab" * 32, A100.name, Workload(batch_size=8), "", 2180.0, 55.0, None, "u",
                    2180.0, 55.0, "cold-start")
     assert a.tier == "exact" and a.mem_mib == 512.0
+
+
+@pytest.mark.parametrize("offset", [-300.0, 900.0])
+def test_a_graphs_runs_are_moved_on_the_sites_own_baseline(resnet, offset):
+    """A site whose jobs all peak ``offset`` MiB from the cold start: a graph measured at one
+    setting is predicted at another as the cold start there + offset. The cold start's figures
+    had been scaled over the site's fixed cost (the cold start's + offset): at -300 MiB a job
+    the site runs at 10 GB was predicted at 4 GB, and packed as one."""
+    def measured(report, b, sha=None, **workload):
+        run = _run(report, b, 0.0, 50.0, user=None, sha=sha, **workload)
+        return dict(run, mem=run["cold_mem"] + offset)
+
+    runs = [measured(resnet[8], 8)] + [measured(resnet[b], b, sha="f" * 64) for b in (8, 16, 32)]
+    h = HistoryPredictor(user="bob").fit(runs)
+    assert h.offsets["a100-40gb"]["cold-start"]["mem_mib"] == pytest.approx(offset)
+    for b, workload, tier in ((64, {}, "exact"), (32, {"precision": "amp"}, "graph")):
+        w = Workload(batch_size=b, **workload)
+        p = h.predict(resnet[b], A100, w)
+        assert p.predictor == f"history:{tier}"
+        assert p.mem_mib == pytest.approx(COLD.predict(resnet[b], A100, w).mem_mib + offset, rel=1e-6)
+
+
+def test_a_cold_start_figure_below_a_bare_cuda_context_is_refused(tmp_path):
+    """The format took a run's cold-start memory down to 0.001 MiB: one run at 16 TiB scaled by
+    it made history:exact 8.5e13 MiB, past what a hint carries, and hsubmit dropped the hint."""
+    from slurm_horus.errors import HorusError
+
+    run = dict(_sweep([16])[0], mem=2.0**24, cold_mem=0.001)
+    with pytest.raises(HorusError, match="cold-start memory"):
+        HistoryPredictor().fit([run])
+    stored = HistoryPredictor().fit(_sweep([16])).to_dict()
+    stored["graphs"]["ab" * 32][0]["cold_mem"] = 511.0
+    with pytest.raises(HorusError, match="cold-start memory 511.0"):
+        HistoryPredictor.from_dict(stored)
+    stored["graphs"]["ab" * 32][0]["cold_mem"] = 512.0
+    assert HistoryPredictor.from_dict(stored).graphs
+
+
+def test_a_tier_answer_past_what_the_hint_carries_is_no_answer():
+    """A line through two runs (the second at 16 TiB) reached 10^12 MiB at a large batch: the
+    next tier answers (here the graph's amp run), else the base predictor."""
+    from slurm_horus.predict.history_format import MAX_LOG_RATIO
+    from slurm_horus.slurm.hint import MAX_MEM_MIB
+
+    line = [dict(r, user=None) for r in _sweep([8, 16])]
+    line[1]["mem"] = 2.0**24
+    amp = dict(line[0], prec="amp")
+    w = Workload(batch_size=2**20)
+    for runs, tier in ((line + [amp], "graph"), (line, None)):
+        a = HistoryPredictor(user="u").fit(runs).estimate(
+            "ab" * 32, A100.name, w, "", 2e6, 55.0, None, "u", 4e4, 55.0, "cold-start")
+        assert a.tier == tier and a.mem_mib * math.exp(MAX_LOG_RATIO) < MAX_MEM_MIB
+    assert a.mem_mib == pytest.approx(4e4)  # the base predictor's figure
+    from slurm_horus.predict.history import MAX_ANSWER_MIB
+
+    assert MAX_ANSWER_MIB * math.exp(MAX_LOG_RATIO) < MAX_MEM_MIB  # the widest p90 a tier takes

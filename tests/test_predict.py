@@ -18,6 +18,7 @@ from slurm_horus.graph.features import extract_features
 from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.predict.learned import (LearnedEstimator, LearnedModel, accuracy, fit,
                                         input_row, train_holdout)
+from slurm_horus.predict.chain import choose_predictor
 from slurm_horus.predict.registry import Registry
 from slurm_horus.predict.trees import TreeEnsemble
 
@@ -429,6 +430,42 @@ def test_model_files_beyond_what_retrain_writes_are_refused():
     shared = _chain(2 * MAX_DEPTH + 1)
     shared["left"] = [0 if lf else i + 2 for i, lf in enumerate(shared["leaf"])]
     assert TreeEnsemble.from_dict({"baseline": 0.0, "trees": [shared]}, 1, 1.0).flat.depth == MAX_DEPTH
+
+
+def test_a_format_1_tree_is_measured_before_its_lists_are_built():
+    """A format-1 file of one 2-million-node tree was refused only once every list had been
+    copied and converted (5 s, 1 GB): a tree or a tree count past the bounds is refused first."""
+    from slurm_horus.predict.trees import MAX_TREE_NODES, MAX_TREES
+
+    junk = {k: [[1, 2], [3]] * ((MAX_TREE_NODES + 1) // 2) for k in _chain(1)}  # ragged: never built
+    with pytest.raises(HorusError, match=f"a tree of {MAX_TREE_NODES + 1:,} nodes"):
+        TreeEnsemble.from_dict({"baseline": 0.0, "trees": [junk]}, 1, 1.0)
+    with pytest.raises(HorusError, match=f"{MAX_TREES + 1:,} trees"):
+        TreeEnsemble.from_dict({"baseline": 0.0, "trees": [_chain(1)] * MAX_TREES + [{}]}, 1, 1.0)
+
+
+def test_registry_files_past_what_retrain_and_the_export_write_are_refused(trained, tmp_path):
+    """A 63 MiB history.json had cost every hsubmit 9.5 s and 1 GB: each registry file has a cap
+    sized to what retrain or the export writes; past it the next predictor serves, with one
+    warning, and nothing is written that readers would refuse."""
+    root = tmp_path / "models"
+    reg = Registry(root)
+    big = LearnedModel.from_json(trained.to_json())
+    big.meta["pad"] = "x" * (20 << 20)  # a 20 MiB model: retrain's largest is 9.3 MiB
+    with pytest.raises(HorusError, match="not stored"):
+        reg.add(big)
+    reg.promote(reg.add(trained))
+    (root / "v0002.json").write_text(big.to_json())
+    history = {"format": "slurm-horus-history", "format_version": 1, "graphs": {}, "families": {},
+               "users": {}, "offsets": {}, "margins": {}, "pad": "x" * (40 << 20)}
+    (root / "history.json").write_text(json.dumps(history))
+    choice = choose_predictor(str(root))
+    assert "site history refused" in choice.warning and "too large" in choice.warning
+    assert choice.estimator.name == "learned:v0001"
+    with pytest.raises(HorusError, match="too large"):
+        reg.promote("v0002")
+    with pytest.raises(HorusError, match="readers take; not replaced"):
+        reg.save_history(history)
 
 
 def test_registry_refuses_a_symlinked_file(trained, tmp_path):

@@ -875,11 +875,13 @@ def test_a_kept_models_bounds_outlive_a_retrain_on_a_few_new_jobs(tmp_path):
     r = retrain(L, reg, max_iter=200, log=lambda m: None)
     assert r["held_out_rows"] == 12 and not r["promoted"]
     assert reg.load_json("calibration.json")["quantiles"]["*"]["learned"] == first
-    # a file of before the held-out jobs were chosen by architecture: its bounds, from reruns
-    # of the model's own settings, give way to the new ones however few
+    # a file of before the held-out jobs were chosen by architecture (and each version's bounds
+    # had a file): its bounds, from reruns of the model's own settings, give way to the new ones
+    # however few
     cal = reg.load_json("calibration.json")
     del cal["held_out"]
     reg.save_json("calibration.json", cal)
+    (reg.root / "calibration-v0001.json").unlink()
     retrain(L, reg, max_iter=200, log=lambda m: None)
     assert reg.load_json("calibration.json")["quantiles"]["*"]["learned"]["n"] == 12
 
@@ -891,3 +893,49 @@ def test_a_rows_file_of_other_architectures_is_as_if_unrecorded(tmp_path, graphs
     reg = Registry(tmp_path / "models")
     reg.save_json("rows-v0001.json", {"version": 1, "keys": ["c/1"], "graphs": graphs})
     assert trained_rows(reg, "v0001") == ({"c/1"}, None)
+
+
+def test_a_rolled_back_or_promoted_model_serves_with_its_own_bounds(tmp_path):
+    """Promote and rollback left calibration.json as the last retrain wrote it, for the model
+    then serving: rolled back to, the older model served with no p95/p99 (a policy's memory =
+    p95 or p99 charged its p90) and nothing said so. Each version's bounds are its own file;
+    a version without (trained before there were such files) is named, in models list,
+    promote, rollback and horus predict's note."""
+    from slurm_horus.cli.admin import main as admin
+    from slurm_horus.predict.chain import choose_predictor
+    from slurm_horus.predict.coldstart import Prediction
+
+    L, reg = Ledger(f"sqlite:///{tmp_path}/l.db"), Registry(tmp_path / "models")
+    last = _record_site(L, _site_graphs(0, 40), random.Random(1), 0)
+    assert retrain(L, reg, max_iter=200, log=lambda m: None)["promoted"]
+    first = reg.load_json("calibration.json")["quantiles"]["*"]["learned"]["mem_log_q"]
+    _record_site(L, _site_graphs(5, 40), random.Random(2), last)
+    assert retrain(L, reg, max_iter=10, force=True, log=lambda m: None)["promoted"]
+    assert reg.load_json("calibration.json")["model"] == "v0002"
+    job = Prediction(gpu="a100-40gb", util_pct=40.0, mem_mib=1000.0, mem_mib_p90=1100.0,
+                     predictor="learned:v0001")
+
+    def cli(*args):
+        r = CliRunner().invoke(admin, [*args, "--model-dir", str(reg.root)])
+        assert r.exit_code == 0, r.output
+        return r.stdout, r.stderr
+
+    assert cli("models", "rollback") == ("serving v0001\n", "")
+    choice = choose_predictor(str(reg.root))
+    p = choice.calibration.apply(job)
+    assert p.mem_mib_p99 == pytest.approx(max(1000 * math.exp(first["0.99"]), 1000.0))
+    assert "calibrated bounds" not in choice.note
+    out, err = cli("models", "list")
+    assert "* v0001" in out and "bounds=p90/p95/p99" in out and not err
+    # a version of before each had its bounds' file: none for it, and said so
+    (reg.root / "calibration-v0001.json").unlink()
+    choice = choose_predictor(str(reg.root))
+    assert choice.calibration.apply(job).mem_mib_p95 is None and choice.warning is None
+    assert "v0001 has no calibrated bounds" in choice.note
+    out, err = cli("models", "list")
+    lines = {ln[2:].split()[0]: ln for ln in out.splitlines()}
+    assert "bounds=none" in lines["v0001"] and "bounds=p90" in lines["v0002"]
+    assert "warning: v0001 has no calibrated bounds" in err
+    assert cli("models", "promote", "v0002") == ("serving v0002\n", "")
+    out, err = cli("models", "rollback")
+    assert out == "serving v0001\n" and "v0001 has no calibrated bounds" in err

@@ -29,7 +29,8 @@ def models():
 @one_line_errors("horus-admin models list", needs_stdout=True)
 def models_list(model_dir, as_json):
     """List model versions with their cross-validated accuracy (the promotion compares the
-    candidate with the serving model on rows neither saw, as retrain reports); * marks the
+    candidate with the serving model on rows neither saw, as retrain reports) and the calibrated
+    memory bounds each serves with (bounds=p90/p95/p99, none, or ? where refused); * marks the
     serving one."""
     from slurm_horus.errors import HorusError
     from slurm_horus.predict.registry import Registry
@@ -38,7 +39,13 @@ def models_list(model_dir, as_json):
         # a folder named (--model-dir, $HORUS_MODEL_DIR) and not there is a typo, not a site
         # without models yet
         raise HorusError(f"no registry folder {model_dir}")
-    entries = Registry(model_dir).list()
+    registry = Registry(model_dir)
+    entries = registry.list()
+    for e in entries:
+        if e["valid"]:
+            e["bounds"] = _bounds(registry, e["version"])
+            if e["serving"]:
+                _warn_without_bounds("models list", registry, e["version"])
     if as_json:
         print_json(entries)
         return
@@ -56,10 +63,39 @@ def models_list(model_dir, as_json):
             return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
 
         meta = meta if isinstance(meta, dict) else {}
+        bounds = "?" if e["bounds"] is None else "/".join(e["bounds"]) or "none"
         # the registry's files are root's, but what they say is printed, not obeyed
         click.echo(one_line(f"{mark} {e['version']}  rows={meta.get('rows', '?')}  "
                             f"mem_mdape={fig('mem_mdape_pct', '.1f')}%  util_rmsle={fig('util_rmsle', '.3f')}  "
-                            f"util_mae={fig('util_mae_pct', '.1f')}pp  {meta.get('created', '')}"))
+                            f"util_mae={fig('util_mae_pct', '.1f')}pp  bounds={bounds}  "
+                            f"{meta.get('created', '')}"))
+
+
+def _bounds(registry, version: str) -> list[str] | None:
+    """The calibrated memory bounds ``version`` serves with (None: its calibration is refused)."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.predict.chain import load_calibration
+
+    try:
+        cal = load_calibration(registry, version)
+    except HorusError:
+        return None
+    return list(cal.learned_bounds(version)) if cal else []
+
+
+def _warn_without_bounds(command: str, registry, version: str) -> None:
+    """A warning where ``version``, serving, has no calibrated bounds or they are refused: a
+    rollback had served the older model without its p95/p99, and nothing said so."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.predict.chain import load_calibration, no_bounds
+
+    try:
+        cal = load_calibration(registry, version)
+        why = None if cal and cal.learned_bounds(version) else no_bounds(version)
+    except HorusError as e:
+        why = f"calibration refused ({e}); {version}'s bounds are its own"
+    if why:
+        click.echo(one_line(f"horus-admin {command}: warning: {why}"), err=True)
 
 
 @models.command()
@@ -70,8 +106,10 @@ def promote(version, model_dir):
     """Serve VERSION from now on."""
     from slurm_horus.predict.registry import Registry
 
-    Registry(model_dir).promote(version)
+    registry = Registry(model_dir)
+    registry.promote(version)
     click.echo(f"serving {version}")
+    _warn_without_bounds("models promote", registry, version)
 
 
 @models.command()
@@ -81,7 +119,10 @@ def rollback(model_dir):
     """Serve the previously serving version again."""
     from slurm_horus.predict.registry import Registry
 
-    click.echo(f"serving {Registry(model_dir).rollback()}")
+    registry = Registry(model_dir)
+    version = registry.rollback()
+    click.echo(f"serving {version}")
+    _warn_without_bounds("models rollback", registry, version)
 
 
 def _register_subcommands() -> None:

@@ -10,7 +10,8 @@ user's jobs weighing one user: user_weights) is lower, unless forced. Every trai
 kept in the Registry and in predictor_versions.
 
 Bounds: held-out residuals of each predictor source (cold-start, learned) per GPU type give
-split-conformal quantiles, written to the registry's ``calibration.json`` (docs/definitions.md).
+split-conformal quantiles, written to the registry's ``calibration.json`` and each learned
+version's own to ``calibration-<version>.json`` (docs/definitions.md).
 Failed measurements (ledger.failed_measurement) train and score nothing.
 """
 
@@ -36,7 +37,7 @@ from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.chain import MEM_LOG_Q_BOUNDS
 from slurm_horus.predict.learned import MAX_MEM_RATIO, MIN_TRAIN_ROWS, accuracy, fit, mem_in_bounds
-from slurm_horus.predict.registry import CALIBRATION_FILE
+from slurm_horus.predict.registry import CALIBRATION_FILE, calibration_file
 from slurm_horus.predict.workload import workload_dict, workload_from
 from slurm_horus.progress import Progress
 
@@ -256,22 +257,23 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     registry.save_json(f"rows-{version}.json", {"version": 1, "keys": ts.keys,
                                                 "graphs": sorted(set(ts.graphs))}, mode=0o600)
     promoted = better or force
-    # calibration of what serves now: the cold start on every row; the learned model on rows
-    # it did not train on (out-of-fold for the new one, jobs of architectures it never trained
-    # on for a kept one) and answered itself: the rows it left to the cold start carry the
-    # cold start's errors
-    sources = {"cold-start": (list(range(n)), mem, cmem, util, cutil)}
-    if promoted:
-        own = np.flatnonzero(oof_learned)
-        sources["learned"] = (own.tolist(), mem[own], oof_mem[own], util[own], oof_util[own])
-    elif serving is not None and len(held):
-        own = base_why == ""
-        sources["learned"] = (held[own].tolist(), mem[held][own], base_mem[own],
-                              util[held][own], base_util[own])
+    # calibration: the cold start on every row; each learned model on rows it did not train on
+    # (out-of-fold for the new one, jobs of architectures it never trained on for the serving
+    # one) and answered itself: the rows it left to the cold start carry the cold start's
+    # errors. Each version's are its own file, which serves with it whenever it serves (a
+    # rollback had served the older model with no p95/p99, and no word of it)
+    quantiles = calibrate(ts.gpu_types, {"cold-start": (list(range(n)), mem, cmem, util, cutil)})
+    own = np.flatnonzero(oof_learned)
+    bounds = {version: calibrate(ts.gpu_types, {"learned": (own.tolist(), mem[own], oof_mem[own],
+                                                            util[own], oof_util[own])})}
+    if serving is not None:
+        ok = base_why == ""
+        bounds[serving_version] = calibrate(ts.gpu_types, {"learned": (
+            held[ok].tolist(), mem[held][ok], base_mem[ok], util[held][ok], base_util[ok])})
+        _keep_learned_bounds(registry, serving_version, bounds[serving_version])
     now_serving = version if promoted else serving_version
-    quantiles = calibrate(ts.gpu_types, sources)
-    if not promoted and serving_version:
-        _keep_learned_bounds(registry, serving_version, quantiles)
+    for gtype, entry in bounds.get(now_serving, {}).items():
+        quantiles.setdefault(gtype, {}).update(entry)
     # the ledger first: a retrain that fails there (a sync holding the lock past the timeout)
     # has changed nothing that serves, where promoting first served a model the ledger never knew
     ledger.record_predictor_version(version, {"cv": cv, "held_out": new, "baseline": old,
@@ -280,6 +282,9 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
                                               "score": new and score(new),
                                               "baseline_score": old and score(old),
                                               "forced": bool(force and not better)}, n, promoted)
+    for v, q in bounds.items():  # the new version's before it serves: it serves with them
+        registry.save_json(calibration_file(v), {"version": CALIBRATION_VERSION, "model": v,
+                                                 "quantiles": q, "held_out": HELD_OUT_RULE})
     if promoted:
         registry.promote(version)
     registry.save_json(CALIBRATION_FILE, {"version": CALIBRATION_VERSION, "model": now_serving,
@@ -291,16 +296,13 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
 
 
 def _keep_learned_bounds(registry, serving_version: str, quantiles: dict) -> None:
-    """The kept model's calibrated bounds where too few jobs are unseen by it to calibrate them
-    anew: a routine retrain with no new jobs had dropped them, and sites with memory = p95 went
-    back to the p90 without a word.  An entry calibrated anew on fewer jobs than the one before
-    gives way to it (a dozen new jobs had replaced a p90, p95 and p99 of 120 by a p90 alone)."""
-    try:
-        before = registry.load_json(CALIBRATION_FILE)
-    except HorusError:
-        return
-    if not isinstance(before, dict) or before.get("model") != serving_version \
-            or before.get("held_out") != HELD_OUT_RULE:
+    """The serving model's calibrated bounds where too few jobs are unseen by it to calibrate
+    them anew: a routine retrain with no new jobs had dropped them, and sites with memory = p95
+    went back to the p90 without a word.  An entry calibrated anew on fewer jobs than the one
+    before gives way to it (a dozen new jobs had replaced a p90, p95 and p99 of 120 by a p90
+    alone)."""
+    before = _stored_bounds(registry, serving_version)
+    if before is None or before.get("held_out") != HELD_OUT_RULE:
         return
     for gtype, entry in (before.get("quantiles") or {}).items():
         if not isinstance(entry, dict) or not isinstance(entry.get("learned"), dict):
@@ -308,6 +310,19 @@ def _keep_learned_bounds(registry, serving_version: str, quantiles: dict) -> Non
         now = quantiles.get(gtype, {}).get("learned")
         if now is None or _rows_of(now) < _rows_of(entry["learned"]):
             quantiles.setdefault(gtype, {})["learned"] = entry["learned"]
+
+
+def _stored_bounds(registry, version: str) -> dict | None:
+    """The calibration last written for ``version``: its own file, else (a registry of before
+    those) calibration.json where written while it served; None where neither is."""
+    for name in (calibration_file(version), CALIBRATION_FILE):
+        try:
+            before = registry.load_json(name)
+        except HorusError:
+            continue
+        if isinstance(before, dict) and before.get("model") == version:
+            return before
+    return None
 
 
 def _rows_of(entry: dict) -> int:

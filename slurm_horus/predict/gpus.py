@@ -320,8 +320,12 @@ class _Builder:
     def _check(name: str, e: Mapping[str, Any], where: str) -> None:
         def number(key: str) -> float:
             v = e[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise HorusError(f"{where}: '{key}' must be a finite number, got {v!r}")
+            try:  # an int past a float's range (400 digits) raised OverflowError from isfinite
+                finite = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+            except OverflowError:
+                finite = False
+            if not finite:
+                raise HorusError(f"{where}: '{key}' must be a finite number, got {repr(v)[:40]}")
             return v
 
         for key in _POSITIVE_FIELDS:

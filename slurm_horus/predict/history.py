@@ -52,6 +52,9 @@ MIN_LOWERING_USERS = 3   # distinct users a correction needs to lower figures (a
 # minutes); a real graph is measured at a few dozen settings and batch sizes at most
 MAX_MARGIN_RUNS = 100
 NO_OFFSET = {"mem_mib": 0.0, "util_pp": 0.0, "n": 0}
+# The most memory a history tier answers (3.8 TiB, past any GPU's): at the widest p90 a tier
+# takes (20x, MAX_LOG_RATIO) still within the hint's largest figure, 99,999,999 MiB
+MAX_ANSWER_MIB = 4_000_000.0
 
 
 def _context(gpu: str | None = None) -> float:
@@ -62,13 +65,16 @@ def _context(gpu: str | None = None) -> float:
     return est.fixed_overhead_mib(found) if found is not None else est.params.context_mib
 
 
-def _scaled(y0: float, c0: float | None, cq: float | None, ctx: float) -> float | None:
+def _scaled(y0: float, c0: float | None, cq: float | None, ctx: float,
+            cold_ctx: float) -> float | None:
     """A measured peak y0 at a setting the cold start put at c0, moved to a setting it puts at
-    cq: the part above the site's fixed cost ctx scaled by the cold start's ratio."""
+    cq: the part above the site's fixed cost ctx scaled as the cold start's part above its own
+    fixed cost cold_ctx (ctx less the site's offset). The cold start's figures over the site's
+    ctx had mixed the two: with an offset of -300 MiB a 10 GB job was predicted at 4 GB."""
     if c0 is None or cq is None or c0 <= 0 or cq <= 0:
         return None
-    if y0 > ctx and c0 > ctx and cq > ctx:
-        return ctx + (y0 - ctx) * (cq - ctx) / (c0 - ctx)
+    if y0 > ctx and c0 > cold_ctx and cq > cold_ctx:
+        return ctx + (y0 - ctx) * (cq - cold_ctx) / (c0 - cold_ctx)
     return y0 * cq / c0
 
 
@@ -87,13 +93,13 @@ def _by_batch(runs: list[dict], field: str) -> dict[int, float]:
 
 
 def exact_estimate(runs: list[dict], b: int, cq_mem: float | None, cq_util: float | None,
-                   ctx: float) -> tuple[float, float | None] | None:
+                   ctx: float, cold_ctx: float) -> tuple[float, float | None] | None:
     """Memory and utilization at batch b from runs of the very same setting: the measurement
     itself, else a line through the two nearest batch sizes (memory; utilization on log batch
-    between measured ones), else one point moved by the cold start.  Beyond the measured
-    batch sizes, the nearest one moved by the cold start bounds the line from below: two noisy
-    runs (the larger batch measured lower) had drawn it flat, and 16x their batch was given
-    their memory."""
+    between measured ones), else one point moved by the cold start (_scaled; ctx and cold_ctx:
+    the site's and the cold start's fixed cost).  Beyond the measured batch sizes, the nearest
+    one moved by the cold start bounds the line from below: two noisy runs (the larger batch
+    measured lower) had drawn it flat, and 16x their batch was given their memory."""
     mem, util = _by_batch(runs, "mem"), _by_batch(runs, "util")
     if not mem:
         return None
@@ -109,10 +115,10 @@ def exact_estimate(runs: list[dict], b: int, cq_mem: float | None, cq_util: floa
         nb = min(mem, key=lambda x: abs(math.log(x / b)))
         m = max(mem[b0] + slope * (b - b0), min(mem[nb], ctx))
         if not min(mem) < b < max(mem):
-            m = max(m, _scaled(mem[nb], cold_at(nb), cq_mem, ctx) or 0.0)
+            m = max(m, _scaled(mem[nb], cold_at(nb), cq_mem, ctx, cold_ctx) or 0.0)
     else:
         (b0, y0), = mem.items()
-        m = _scaled(y0, cold_at(b0), cq_mem, ctx)
+        m = _scaled(y0, cold_at(b0), cq_mem, ctx, cold_ctx)
     if m is None or not m > 0:  # extrapolated below zero (a site offset beyond the context)
         return None
     return m, _util_at(runs, util, b, cq_util)
@@ -300,9 +306,11 @@ class HistoryPredictor:
         """The GPU type's site offsets against the cold start (zero where unknown)."""
         return self.offsets.get(gpu, {}).get("cold-start", NO_OFFSET)
 
-    def context(self, gpu: str) -> float:
-        """The site's fixed memory cost on a GPU type: the cold start's context + offset."""
-        return max(_context(gpu) + self.cold_offset(gpu)["mem_mib"], 0.0)
+    def contexts(self, gpu: str) -> tuple[float, float]:
+        """The fixed memory cost on a GPU type: the site's (the cold start's context + the
+        site's offset) and the cold start's own."""
+        cold = _context(gpu)
+        return max(cold + self.cold_offset(gpu)["mem_mib"], 0.0), cold
 
     def _pooled(self, runs: list[dict], key: str) -> dict[str, dict[str, dict]]:
         """Per GPU type and family (or user): the pooled correction of its graphs."""
@@ -359,12 +367,12 @@ class HistoryPredictor:
                 same = [o for o in rest if _same_setting(o, r) and o["bs"] != r["bs"]]
                 if same:
                     est = exact_estimate(same, r["bs"], r.get("cold_mem"), r.get("cold_util"),
-                                         self.context(r["gpu"]))
+                                         *self.contexts(r["gpu"]))
                     if est:
                         resid["exact"].append(math.log(r["mem"] / est[0]))
                 other = [o for o in rest if o["gpu"] == r["gpu"] and not _same_setting(o, r)]
                 est = _graph_estimate(other, r["task"], r.get("cold_mem"), r.get("cold_util"),
-                                      self.context(r["gpu"]))
+                                      *self.contexts(r["gpu"]))
                 if est:
                     resid["graph"].append(math.log(r["mem"] / est[0]))
         return {t: float(_quantile(v, 0.9)) for t, v in resid.items()
@@ -403,12 +411,13 @@ class HistoryPredictor:
         setting = {"task": workload.task, "opt": workload.optimizer,
                    "prec": workload.precision, "dims": dims}
         same = [r for r in runs if _same_setting(r, setting)]
-        ctx = self.context(gpu)
+        ctx = self.contexts(gpu)
         used, tier = same, "exact"
-        est = exact_estimate(same, workload.batch_size, cold_mem, cold_util, ctx) if same else None
+        est = _within_hint(exact_estimate(same, workload.batch_size, cold_mem, cold_util, *ctx)
+                           if same else None)
         if est is None:
             used, tier = [r for r in runs if not _same_setting(r, setting)], "graph"
-            est = _graph_estimate(used, workload.task, cold_mem, cold_util, ctx)
+            est = _within_hint(_graph_estimate(used, workload.task, cold_mem, cold_util, *ctx))
         off, cold_off = self.offsets.get(gpu, {}).get(base_name), self.cold_offset(gpu)
         if family and self.family_salt is not None:
             family = family_key(self.family_salt, family)
@@ -466,6 +475,14 @@ class HistoryPredictor:
                           breakdown=b.breakdown)
 
 
+def _within_hint(est: tuple[float, float | None] | None) -> tuple[float, float | None] | None:
+    """A tier's estimate, None (the next predictor answers) where its memory is past what the
+    hint can carry with the widest p90 margin a tier takes: one run's forged or mistyped
+    figures had put a 8.5e13 MiB answer in the hint, which hsubmit then dropped whole, with
+    every other GPU type's sane figures."""
+    return None if est is not None and est[0] > MAX_ANSWER_MIB else est
+
+
 def _floored(a: Answer) -> Answer:
     """A history tier's answer at least a bare CUDA context, below which no real job peaks (a
     run of 0.001 MiB, which the history format takes, gave a 0 MiB history:exact hint); the
@@ -486,15 +503,15 @@ def _same_setting(r: dict, s: dict) -> bool:
     return all(r[k] == s[k] for k in ("task", "opt", "prec", "dims"))
 
 
-def _graph_estimate(runs: list[dict], task: str, cq_mem: float | None,
-                    cq_util: float | None, ctx: float) -> tuple[float, float | None] | None:
+def _graph_estimate(runs: list[dict], task: str, cq_mem: float | None, cq_util: float | None,
+                    ctx: float, cold_ctx: float) -> tuple[float, float | None] | None:
     """The same graph at other settings: each run moved by the cold start, the median taken;
     runs of the same task first (training and inference keep very different memory)."""
     if not runs or not cq_mem:
         return None
     runs = [r for r in runs if r["task"] == task] or runs
     mems = [m for r in runs
-            if (m := _scaled(r["mem"], r.get("cold_mem"), cq_mem, ctx)) is not None]
+            if (m := _scaled(r["mem"], r.get("cold_mem"), cq_mem, ctx, cold_ctx)) is not None]
     if not mems:
         return None
     utils = [r["util"] + cq_util - r["cold_util"] for r in runs

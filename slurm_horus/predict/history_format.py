@@ -12,6 +12,7 @@ import math
 
 from slurm_horus.errors import HorusError
 from slurm_horus.predict.coldstart import OPTIMIZERS, PRECISIONS, TASKS
+from slurm_horus.predict.gpus import BARE_CONTEXT_MIB
 
 FORMAT = "slurm-horus-history"
 FORMAT_VERSION = 1
@@ -115,7 +116,9 @@ def check_run(r, what: str, stored: bool = False) -> dict:
     r["dims"] = r.get("dims", "")
     r["mem"] = _number(r.get("mem"), 1e-3, MAX_MIB, "memory")
     r["util"] = _optional(r.get("util"), 0.0, 100.0, "utilization")
-    r["cold_mem"] = _optional(r.get("cold_mem"), 1e-3, MAX_MIB, "cold-start memory")
+    # the cold start never gives less than a bare CUDA context: a cold start of 0.001 MiB had
+    # scaled its run's memory to another batch size 10^7-fold
+    r["cold_mem"] = _optional(r.get("cold_mem"), BARE_CONTEXT_MIB, MAX_MIB, "cold-start memory")
     r["cold_util"] = _optional(r.get("cold_util"), 0.0, 100.0, "cold-start utilization")
     for k in ("family", "user"):
         if r.get(k) is not None:

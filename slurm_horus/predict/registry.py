@@ -3,7 +3,8 @@
 Layout of the registry folder: `vNNNN.json` (one model each, never rewritten), `current.json`
 ({"serving": "vNNNN", "history": [...]}) which says which version serves, `history.json`
 (the site's measured runs and offsets, see history.py; rewritten by each export),
-`calibration.json` (the bounds' conformal quantiles, see retrain.py), `rows-vNNNN.json` (the
+`calibration.json` (the bounds' conformal quantiles, see retrain.py), `calibration-vNNNN.json`
+(those of version vNNNN's own answers, which serve whenever it serves), `rows-vNNNN.json` (the
 rows each version was trained on; root's alone, 0600), `.pseudonym-key` (root's alone) and
 `users/<name>` (that user's pseudonym in history.json, readable by that user alone). Readers
 never see a half-written file: everything is written to a temporary file and renamed into place.
@@ -43,7 +44,11 @@ VERSION_RE = re.compile(r"v(\d{4,})")  # fullmatch only: with "$", "v0001\n" mat
 HISTORY_FILE = "history.json"
 CALIBRATION_FILE = "calibration.json"
 USERS_DIR = "users"
-MAX_SMALL_JSON = 1 << 20  # current.json, calibration.json: a few kB written; a huge one cost every hsubmit seconds
+MAX_SMALL_JSON = 1 << 20  # current.json, calibration files: a few kB written; a huge one cost every hsubmit seconds
+# history.json: an export of 100,000 jobs, each a setting of its own, is 23 MiB (0.7 s to read);
+# a 63 MiB one had cost every hsubmit 9.5 s and 1 GB
+MAX_HISTORY_BYTES = 32 << 20
+MAX_ROWS_BYTES = 64 << 20  # rows-vNNNN.json, read by retrain alone: 25 bytes a training job
 KEY_FILE = ".pseudonym-key"
 PSEUDONYM_RE = re.compile(r"u-[0-9a-f]{16}")
 
@@ -77,10 +82,7 @@ class Registry:
     def state(self) -> dict:
         path = self.root / "current.json"
         try:
-            data = self._read(path)
-            if len(data) > MAX_SMALL_JSON:
-                raise HorusError(f"{path}: file too large")
-            state = json.loads(data)
+            state = json.loads(self._read(path, MAX_SMALL_JSON))
         except FileNotFoundError:
             return {"serving": None, "history": []}
         except (OSError, ValueError, RecursionError) as e:
@@ -101,25 +103,24 @@ class Registry:
             raise HorusError(f"not a model version: '{version}' (expected e.g. v0003)")
         path = self.root / f"{version}.json"
         try:
-            data = self._read(path)
+            data = self._read(path, MAX_MODEL_BYTES)
         except FileNotFoundError:
             raise HorusError(f"model {version} is not in the registry at {self.root}") from None
         except OSError as e:
             raise HorusError(f"{path}: {e.strerror}") from None
         return LearnedModel.from_json(data, source=str(path))
 
-    def load_json(self, name: str, max_bytes: int = MAX_MODEL_BYTES) -> dict | list | None:
+    def load_json(self, name: str, max_bytes: int | None = None) -> dict | list | None:
         """A registry JSON file's content (None when there is none), under the same trust
-        checks as models; its fields are the caller's to check."""
+        checks as models and within max_bytes (default: its size_cap); its fields are the
+        caller's to check."""
         path = self.root / name
         try:
-            data = self._read(path)
+            data = self._read(path, max_bytes or size_cap(name))
         except FileNotFoundError:
             return None
         except OSError as e:
             raise HorusError(f"{path}: {e.strerror}") from None
-        if len(data) > max_bytes:
-            raise HorusError(f"{path}: file too large")
         try:
             return json.loads(data)
         except (ValueError, RecursionError):
@@ -135,15 +136,15 @@ class Registry:
         if not _plain_name(user):
             return None
         try:
-            text = self._read(self.root / USERS_DIR / user)[:64].decode("ascii").strip()
+            text = self._read(self.root / USERS_DIR / user, 64).decode("ascii").strip()
         except (OSError, HorusError, UnicodeDecodeError):
             return None
         return text if PSEUDONYM_RE.fullmatch(text) else None
 
-    def _read(self, path: Path) -> bytes:
-        """A registry file's bytes, refused unless it and its folders are trusted (see above).
-        The registry writes only regular files, so a symlink there is refused: it could serve
-        a file from a folder nobody checked."""
+    def _read(self, path: Path, max_bytes: int) -> bytes:
+        """A registry file's bytes, refused unless it and its folders are trusted (see above)
+        and it holds at most max_bytes. The registry writes only regular files, so a symlink
+        there is refused: it could serve a file from a folder nobody checked."""
         try:
             f = open_for_reading(path, follow_symlinks=False)  # a FIFO must not hang hsubmit
         except OSError as e:
@@ -155,7 +156,10 @@ class Registry:
                 raise HorusError(f"{path}: not a regular file")
             self._check_folders(path.parent)
             _check_trusted(path, os.fstat(f.fileno()))
-            return f.read(MAX_MODEL_BYTES + 1)
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise HorusError(f"{path}: file too large (at most {max_bytes:,} bytes)")
+        return data
 
     def _check_folders(self, folder: Path | None = None) -> None:
         """HorusError unless ``folder`` (the root, or one inside it: users/), the root and its
@@ -191,7 +195,11 @@ class Registry:
             number = int(versions[-1][1:]) + 1 if versions else 1
             version = f"v{number:04d}"
             model.meta.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            tmp = self._write_temp(model.to_json())
+            text = model.to_json()
+            if len(text) > MAX_MODEL_BYTES:  # every reader would refuse it
+                raise HorusError(f"model of {len(text) / 2**20:.0f} MiB, over the "
+                                 f"{MAX_MODEL_BYTES >> 20} MiB readers take; not stored")
+            tmp = self._write_temp(text)
             try:
                 os.link(tmp, self.root / f"{version}.json")  # fails if another writer took it
                 return version
@@ -266,8 +274,9 @@ class Registry:
     def save_json(self, name: str, obj, mode: int = 0o644) -> None:
         """Replace a registry JSON file atomically (readers see the old or the new file, whole)."""
         text = json.dumps(obj, separators=(",", ":"))
-        if len(text) > MAX_MODEL_BYTES:  # every reader would refuse it: the old one serves
-            raise HorusError(f"{name}: {len(text) / 2**20:.0f} MiB, over the {MAX_MODEL_BYTES >> 20} MiB "
+        cap = size_cap(name)
+        if len(text) > cap:  # every reader would refuse it: the old one serves
+            raise HorusError(f"{name}: {len(text) / 2**20:.1f} MiB, over the {cap / 2**20:g} MiB "
                              "readers take; not replaced")
         self._make_root()
         os.replace(self._write_temp(text, mode), self.root / name)
@@ -328,7 +337,7 @@ class Registry:
                 pass  # another export made it first: theirs it is
             finally:
                 os.unlink(tmp)
-        key = self._read(path)
+        key = self._read(path, 64)
         if len(key) != 32:
             raise HorusError(f"{path}: not a key the registry wrote (remove it: the pseudonyms "
                              "change once)")
@@ -363,6 +372,21 @@ class Registry:
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         return tmp
+
+
+def calibration_file(version: str) -> str:
+    """The file of a learned version's own calibrated bounds (written by retrain)."""
+    return f"calibration-{version}.json"
+
+
+def size_cap(name: str) -> int:
+    """The most bytes registry file ``name`` may hold: readers refuse more, save_json writes
+    no more (docs/ledger.md, Retraining)."""
+    if name == HISTORY_FILE:
+        return MAX_HISTORY_BYTES
+    if name.startswith("rows-"):
+        return MAX_ROWS_BYTES
+    return MAX_MODEL_BYTES if VERSION_RE.fullmatch(name.removesuffix(".json")) else MAX_SMALL_JSON
 
 
 def _plain_name(user: str | None) -> bool:

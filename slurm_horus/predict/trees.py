@@ -56,6 +56,8 @@ def _from_lists(trees) -> tuple:
     """(sizes, columns) of trees stored as lists (format 1, and scikit-learn's nodes)."""
     if not isinstance(trees, list) or not trees:
         raise HorusError("malformed model file (no trees)")
+    if len(trees) > MAX_TREES:
+        raise HorusError(f"model file holds {len(trees):,} trees (at most {MAX_TREES:,})")
     cols: dict[str, list] = {k: [] for k in TREE_KEYS}
     sizes = []
     for t in trees:
@@ -64,6 +66,8 @@ def _from_lists(trees) -> tuple:
         n = len(t["value"]) if isinstance(t["value"], list) else 0
         if n == 0 or any(not isinstance(t[k], list) or len(t[k]) != n for k in TREE_KEYS):
             raise HorusError("malformed tree in model file")
+        if n > MAX_TREE_NODES:  # before its lists are copied: one of 2 million nodes took 5 s
+            raise HorusError(f"model file holds a tree of {n:,} nodes (at most {MAX_TREE_NODES:,})")
         sizes.append(n)
         for k in TREE_KEYS:
             cols[k] += t[k]
