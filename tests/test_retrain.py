@@ -234,6 +234,43 @@ def test_features_without_cold_figures_refused(tmp_path):
     assert len(r.output.splitlines()) == 1
 
 
+def test_a_cold_memory_below_a_cuda_context_is_refused_at_import(tmp_path):
+    """The history leaves out a run whose cold-start memory is below a bare CUDA context, so
+    import refuses such a row in one line (it had taken it, and the row's measurement was then
+    missing from history.json without a word)."""
+    from slurm_horus.cli.admin_ledger import import_
+
+    rng = random.Random(0)
+    feats = json.dumps(_features(rng, 8)).replace(chr(34), chr(34) * 2)
+    src = tmp_path / "f.csv"
+    src.write_text("features,gpu_type,util_pct,mem_mib,cold_util_pct,cold_mem_mib\n"
+                   f"\"{feats}\",t4,40,300,50,450\n")
+    r = CliRunner().invoke(import_, [str(src), "--ledger", f"sqlite:///{tmp_path}/l.db"])
+    assert r.exit_code != 0 and "f.csv:2" in r.output and "bare CUDA context" in r.output, r.output
+    src.write_text(src.read_text().replace(",450\n", ",1500\n"))
+    assert CliRunner().invoke(import_, [str(src), "--ledger", f"sqlite:///{tmp_path}/l.db"]).exit_code == 0
+
+
+def test_a_rows_file_past_its_cap_leaves_the_version_standing(tmp_path, monkeypatch):
+    """A regression review: a rows file past its cap raised after the model was stored, so each
+    retrain left a version with no rows and no bounds. It is now left unwritten, said in the log
+    (a later retrain judges that version on every job, as one of before rows files)."""
+    from slurm_horus.ledger.retrain import import_csv, retrain
+    from slurm_horus.predict import registry as registry_mod
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    reg = Registry(tmp_path / "models")
+    write_csv(tmp_path / "a.csv", n=150, seed=1)
+    import_csv(L, str(tmp_path / "a.csv"))
+    cap = registry_mod.size_cap
+    monkeypatch.setattr(registry_mod, "size_cap", lambda name: 10 if name.startswith("rows-") else cap(name))
+    said = []
+    res = retrain(L, reg, max_iter=30, log=said.append)
+    assert res["promoted"] and reg.serving() == "v0001"
+    assert not (tmp_path / "models" / "rows-v0001.json").exists()
+    assert any("training rows not recorded" in m for m in said)
+
+
 def test_retrain_needs_rows(tmp_path):
     from slurm_horus.ledger.retrain import retrain
 

@@ -168,8 +168,12 @@ def _failed_note(imp: dict) -> str:
 
 
 def _history_line(h: dict) -> str:
-    return (f"history: {h.get('runs', 0)} measured runs of {h.get('graphs', 0)} graphs written "
+    line = (f"history: {h.get('runs', 0)} measured runs of {h.get('graphs', 0)} graphs written "
             f"to {h.get('path')}")
+    if h.get("runs_dropped"):
+        line += (f" (the {h['runs_dropped']} oldest of {h.get('measured_runs', '?')} measured jobs "
+                 "left out: the whole would pass the size readers take)")
+    return line
 
 
 @click.command("import", cls=Command)

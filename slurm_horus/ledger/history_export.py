@@ -26,21 +26,30 @@ from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.history import HistoryPredictor
 from slurm_horus.predict.history_format import MAX_MIB, check_run, family_key
 from slurm_horus.predict.learned import LearnedEstimator, input_row
+from slurm_horus.predict.registry import HISTORY_FILE, size_cap
 from slurm_horus.predict.workload import dims_key, workload_from
 
 CHUNK_ROWS = 5000
+TRIM_TRIES = 3  # fits past the first on fewer runs, at most, to come within the size cap
+TRIM_MARGIN = 0.9  # aim under the cap: bytes per run are measured, not known
 
 
-def ledger_runs(ledger, learned=None) -> list[dict]:
+def ledger_runs(ledger, learned=None, times: list | None = None) -> list[dict]:
     """The ledger's measured jobs as history runs (see HistoryPredictor.fit). With a learned
     estimator, each run with features also carries its prediction (for that model's offsets).
     A run that shared its GPU (``colocated``) gives its memory but not its utilization: NVML
-    measured its share of the GPU beside the other jobs, not what it needs alone."""
+    measured its share of the GPU beside the other jobs, not what it needs alone. With
+    ``times`` (a list), each run's time is appended to it, in the runs' order: the job's end
+    (else its start, its submission, or when its measurement was recorded: imports carry no
+    job times), 0 where none is known; an export over the size cap keeps the newest."""
     t = tables()
-    s, j = t["submissions"], t["jobs"]
+    s, j, u = t["submissions"], t["jobs"], t["usage"]
+    recorded = (select(func.max(u.c.recorded))
+                .where(u.c.cluster == j.c.cluster, u.c.job_id == j.c.job_id).scalar_subquery())
+    when = func.coalesce(j.c.end_time, j.c.start_time, j.c.submit_time, s.c.submit_time, recorded)
     stmt = (select(j.c.cluster, j.c.job_id, s.c.model_sha256, s.c.model_path, s.c.model_family,
                    s.c.user_name, s.c.features, s.c.feature_version, s.c.workload, s.c.predictions,
-                   j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib, j.c.colocated)
+                   j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib, j.c.colocated, when)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
             .where(j.c.act_mem_mib > 0, j.c.gpu_type.isnot(None), completed_run(j),
                    # the graph is the one sync hashed and costed (features), not the sha the
@@ -51,7 +60,7 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
     gpus: dict = {}
     shas: dict = {}
     runs, inputs = [], []
-    for _, _, sha, path, family, user, feats, fv, wl, preds, gtype, util, mem, coloc in \
+    for _, _, sha, path, family, user, feats, fv, wl, preds, gtype, util, mem, coloc, at in \
             _in_chunks(ledger, stmt, j):
         try:
             if gtype not in gpus:
@@ -78,6 +87,8 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
             if run["cold_mem"] is None and values is not None:
                 run["cold_mem"] = _cold_memory(values, gpu, wk)
             runs.append(check_run(run, "ledger row"))
+            if times is not None:
+                times.append(_epoch(at))
             if learned is not None and values is not None:
                 inputs.append((len(runs) - 1, values, gpu, wk, c))
         except ROW_ERRORS:
@@ -85,6 +96,14 @@ def ledger_runs(ledger, learned=None) -> list[dict]:
     if learned is not None and inputs:
         _add_learned(runs, inputs, learned)
     return runs
+
+
+def _epoch(at) -> float:
+    try:
+        v = float(at)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+    return v if math.isfinite(v) else 0.0
 
 
 def _in_chunks(ledger, stmt, jobs, size: int = CHUNK_ROWS):
@@ -168,15 +187,67 @@ def _add_learned(runs: list[dict], inputs: list, learned: LearnedEstimator) -> N
             runs[i].update(base=learned.name, base_mem=float(mem[k]), base_util=float(util[k]))
 
 
-def build_history(ledger, learned=None, pseudonyms=None) -> dict:
+def build_history(ledger, learned=None, pseudonyms=None, max_bytes: int | None = None,
+                  summary: dict | None = None) -> dict:
     """The ledger's measurements as a history (plain JSON-able dict, see HistoryPredictor);
     with ``pseudonyms`` (a callable: user names -> {name: pseudonym}) its users are named by
-    them, as history.json, which everyone reads, must."""
-    runs = ledger_runs(ledger, learned)
+    them, as history.json, which everyone reads, must. With ``max_bytes``, a history whose
+    JSON would be bigger is fitted again on the newest runs alone (the oldest dropped; offsets
+    and pools too from what is kept), so that it fits; ``summary`` (a dict) gets
+    "measured_runs" (all the ledger's) and "runs_dropped"."""
+    times: list = []
+    runs = ledger_runs(ledger, learned, times)
     if pseudonyms is not None:
         alias = pseudonyms(sorted({r["user"] for r in runs if r["user"]}))
         for r in runs:
             r["user"] = alias.get(r["user"])
+    history = _fitted(runs, pseudonyms)
+    dropped = 0
+    if max_bytes is not None:
+        size = _json_size(history)
+        order = None
+        keep = len(runs)
+        for t in range(TRIM_TRIES):  # bounded: each fit is measured, not trusted
+            if size <= max_bytes or keep <= 1:
+                break
+            if order is None:  # newest last; ties in ledger order
+                order = sorted(range(len(runs)), key=times.__getitem__)
+            # its bytes are its settings' (a setting's reruns are one entry): as many settings
+            # as the bytes each measured allow, with a margin that widens at each try
+            entries = sum(len(v) for v in history["graphs"].values())
+            room = max_bytes * (TRIM_MARGIN - 0.1 * t) * entries / size
+            keep = min(keep - 1, _newest_within(runs, order, room))
+            history = _fitted([runs[i] for i in sorted(order[len(runs) - keep:])], pseudonyms)
+            size = _json_size(history)
+        dropped = len(runs) - keep
+    if summary is not None:
+        summary.update(measured_runs=len(runs), runs_dropped=dropped)
+    return history
+
+
+def _newest_within(runs: list[dict], order: list[int], entries: float) -> int:
+    """How many of the newest runs (``order``: oldest first) hold at most ``entries``
+    settings (HistoryPredictor._aggregate's entries), at least one."""
+    seen: set = set()
+    keep = 0
+    for i in reversed(order):
+        r = runs[i]
+        if r.get("sha"):
+            key = (r["sha"], r["gpu"], r["task"], r["opt"], r["prec"], r["dims"], r["bs"])
+            if key not in seen:
+                if len(seen) + 1 > entries:
+                    break
+                seen.add(key)
+        keep += 1
+    return max(keep, 1)
+
+
+def _json_size(history: dict) -> int:
+    """Its size as the registry writes it (Registry.save_json)."""
+    return len(json.dumps(history, separators=(",", ":")))
+
+
+def _fitted(runs: list[dict], pseudonyms) -> dict:
     history = HistoryPredictor().fit(runs).to_dict()
     if pseudonyms is not None:
         history["pseudonymous"] = True
@@ -200,7 +271,9 @@ def export_history(ledger, registry) -> dict:
             learned = LearnedEstimator(registry.load(version), version)
         except HorusError:
             learned = None  # offsets against the cold start still serve
-    history = build_history(ledger, learned, registry.pseudonyms)
+    trim: dict = {}
+    history = build_history(ledger, learned, registry.pseudonyms,
+                            max_bytes=size_cap(HISTORY_FILE), summary=trim)
     runs = sum(len(v) for v in history["graphs"].values())
     if ledger.unproven("history"):
         # a ledger a mistyped --ledger made: its history would erase the site's
@@ -209,7 +282,7 @@ def export_history(ledger, registry) -> dict:
             kept = sum(len(v) for v in old["graphs"].values()) if old else 0
         except (HorusError, AttributeError, KeyError, TypeError):
             kept = 0  # none readable: nothing to keep
-        if kept > runs:
+        if kept > runs and not trim["runs_dropped"]:
             raise HorusError(f"{registry.root / 'history.json'} kept: it holds {kept} measured runs, "
                              f"this ledger, made here and never exported, {runs} (a new or wrong "
                              "ledger? if it is the site's, remove history.json)")
@@ -217,4 +290,5 @@ def export_history(ledger, registry) -> dict:
     ledger.set_state("history", str(int(time.time())))
     return {"graphs": len(history["graphs"]), "runs": runs,
             "gpu_types_with_offsets": sorted(history["offsets"]),
-            "path": str(registry.root / "history.json")}
+            "path": str(registry.root / "history.json"), "runs_dropped": trim["runs_dropped"],
+            "measured_runs": trim["measured_runs"]}

@@ -34,7 +34,7 @@ from slurm_horus.ledger import failed_measurement
 from slurm_horus.ledger.history_export import file_sha256
 from slurm_horus.ledger.training import training_set, training_units, unit_medians
 from slurm_horus.predict.coldstart import ColdStartEstimator
-from slurm_horus.predict.gpus import default_catalog
+from slurm_horus.predict.gpus import BARE_CONTEXT_MIB, default_catalog
 from slurm_horus.predict.chain import MEM_LOG_Q_BOUNDS
 from slurm_horus.predict.learned import MAX_MEM_RATIO, MIN_TRAIN_ROWS, accuracy, fit, mem_in_bounds
 from slurm_horus.predict.registry import CALIBRATION_FILE, calibration_file
@@ -254,8 +254,11 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
                        "source": "horus-admin retrain"})
     model.check()  # before anything is stored: a model the loader refuses is never written
     version = registry.add(model)
-    registry.save_json(f"rows-{version}.json", {"version": 1, "keys": ts.keys,
-                                                "graphs": sorted(set(ts.graphs))}, mode=0o600)
+    try:
+        registry.save_json(f"rows-{version}.json", {"version": 1, "keys": ts.keys,
+                                                    "graphs": sorted(set(ts.graphs))}, mode=0o600)
+    except HorusError as e:  # past its cap: the version stands, judged later as unrecorded
+        log(f"{version}'s training rows not recorded ({e}): a later retrain judges it on every job")
     promoted = better or force
     # calibration: the cold start on every row; each learned model on rows it did not train on
     # (out-of-fold for the new one, jobs of architectures it never trained on for the serving
@@ -443,11 +446,13 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                         "mem_mib": float(row["cold_mem_mib"]),
                         "gpu_ms_per_step": float(row.get("cold_gpu_ms") or 0),
                         "host_ms_per_step": float(row.get("cold_host_ms") or 0)}
-                if not (0 <= cold["util_pct"] <= 100 and 0 < cold["mem_mib"] <= MAX_MEM_MIB
+                # memory from a bare CUDA context up: what the history takes (below it, the
+                # row's measured memory had been dropped from history.json without a word)
+                if not (0 <= cold["util_pct"] <= 100 and BARE_CONTEXT_MIB <= cold["mem_mib"] <= MAX_MEM_MIB
                         and all(_plain_number(cold[k]) for k in ("gpu_ms_per_step",
                                                                  "host_ms_per_step"))):
-                    raise HorusError("cold_* columns must be finite: util 0..100, memory > 0, "
-                                     "times >= 0")
+                    raise HorusError(f"cold_* columns must be finite: util 0..100, memory >= "
+                                     f"{BARE_CONTEXT_MIB:g} MiB (a bare CUDA context), times >= 0")
             elif report is None:
                 raise HorusError("features without cold_util_pct and cold_mem_mib: the cold "
                                  "start needs the model's graph (give model, or those columns)")
