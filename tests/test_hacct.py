@@ -696,3 +696,33 @@ def test_a_state_with_a_window_is_the_state_during_it(url):
     L.record_usage(job_id=200, cluster="c", source="probe", util_mean=10, mem_peak_mib=100,
                    start_time=1700000500, end_time=1700000600)
     assert "200" not in ids("PD", 1700000100, 1700000300)
+
+
+def test_a_figure_past_any_gpu_is_shown_empty_as_json_shows_null(tmp_path):
+    """A review: a row an import or an old predictor wrote with inf or 1e308 printed 'inf' and a
+    309-digit number (and MemRMSLE inf in the summary) where --json shows null."""
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u, spool=str(tmp_path / "sp"))
+    for jid, mem in ((201, float("inf")), (202, 1e308)):
+        L.record_submission(job_id=jid, cluster="c", user="alice", account="ml", submit_time=1700000000,
+                            predictions={"a100": {"util_pct": 40.0, "mem_mib": mem, "predictor": "cold-start"}})
+        L.record_usage(job_id=jid, cluster="c", source="sacct", util_mean=45.0, util_max=99,
+                       mem_peak_mib=5000.0, gpu_index=0, shards=30, colocated=[], state="COMPLETED",
+                       elapsed_s=60, node="n", start_time=1700000200, end_time=1700000260)
+    r = CliRunner().invoke(main, ["--ledger", u, *ALL, "-M", "c", "-P", "-o", "JobID,PredMem,MemErr"])
+    assert r.exit_code == 0 and r.output.splitlines()[1:] == ["201||", "202||"], r.output
+    r = CliRunner().invoke(main, ["--ledger", u, *ALL, "-M", "c", "--summary"])
+    assert r.exit_code == 0 and "inf" not in r.output and "e+" not in r.output, r.output
+
+
+@pytest.mark.parametrize("jobs,said", [("101,abc,102", "-j/--jobs: abc: not a job id"),
+                                       ("101+1", "heterogeneous job components"),
+                                       ("9" * 100, "9" * 40 + "...: not a job id")])
+def test_a_bad_job_id_is_named_in_a_short_line(url, jobs, said):
+    r = CliRunner().invoke(main, ["--ledger", url, "-j", jobs])
+    assert r.exit_code != 0 and said in r.output and len(r.output) < 200, r.output
+
+
+def test_an_output_width_takes_ascii_digits_only(url):
+    r = CliRunner().invoke(main, ["--ledger", url, "-j", "101", "-o", "JobID%\u0661\u0660"])
+    assert r.exit_code != 0 and "bad width" in r.output

@@ -158,8 +158,11 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
             raise HorusError("-j/--jobs: array tasks are looked up in one cluster: give one -M")
         ids, task_ids = [x for x in ids if "_" not in x], _array_tasks(tasks, one)
     job_ids = [int(x) if x.isascii() and x.isdigit() else -1 for x in ids]
-    if not all(0 < j < 2 ** 32 for j in job_ids):  # Slurm's ids are 32-bit
-        raise HorusError(f"-j/--jobs: not a job id list: {','.join(jobs)}")
+    bad = next((x for x, j in zip(ids, job_ids) if not 0 < j < 2 ** 32), None)  # Slurm's: 32-bit
+    if bad is not None:
+        why = ("heterogeneous job components (N+K) are not looked up: give the job's own id"
+               if "+" in bad else "not a job id")
+        raise HorusError(f"-j/--jobs: {bad[:40]}{'...' if len(bad) > 40 else ''}: {why}")
     state_list = [STATE_ABBREV.get(s.upper(), s.upper()) for s in _split(states)]
     unknown = sorted(set(state_list) - set(STATE_ABBREV.values()))
     if unknown:

@@ -104,16 +104,22 @@ def _errs(r: dict) -> tuple[float | None, float | None]:
     return ue, me
 
 
+def _shown(x) -> bool:
+    """A figure worth printing: finite and within what a GPU figure can be (a ledger row written
+    by an import or an old predictor may hold inf or 1e308, which --json already shows as null)."""
+    return x is not None and math.isfinite(x) and abs(x) < 1e12
+
+
 def _f1(x):
-    return "" if x is None else f"{x:.1f}"
+    return f"{x:.1f}" if _shown(x) else ""
 
 
 def _signed(x):
-    return "" if x is None else f"{x:+.1f}"
+    return f"{x:+.1f}" if _shown(x) else ""
 
 
 def _mib(x):
-    return "" if x is None else f"{x:.0f}"
+    return f"{x:.0f}" if _shown(x) else ""
 
 
 def alloc_str(r: dict) -> str:
@@ -224,8 +230,8 @@ def parse_format(fmt: str | None) -> list[tuple[str, int | None]]:
                 raise HorusError(f"field '{name.strip()}': the ledger does not record it "
                                  f"(available: {valid})")
             raise HorusError(f"unknown field '{name.strip()}' (available: {valid})")
-        try:
-            w = int(width) if width else None
+        try:  # ASCII digits, as sacct reads them (int() took '١٠' for 10)
+            w = int(width) if width and width.lstrip("-").isascii() else (None if not width else 0)
         except ValueError:
             w = 0
         if w is not None and not 1 <= abs(w) <= MAX_WIDTH:  # -W: left-justified, as sacct
@@ -491,7 +497,7 @@ def _queue_counts(conn, filters: dict) -> dict:
 
 def summary_text(s: dict) -> str:
     def line(name, g):
-        f = lambda x, fmt: "-" if x is None else fmt.format(x)  # noqa: E731
+        f = lambda x, fmt: fmt.format(x) if _shown(x) else "-"  # noqa: E731  (inf: as --json's null)
         return (f"{str(name)[:24]:<24} {g['jobs']:>9} {f(g['coverage_pct'], '{:.1f}%'):>8} "
                 f"{g['excluded']:>8} "
                 f"{f(g['util_mae_pp'], '{:.1f}'):>8} {f(g['util_rmsle'], '{:.3f}'):>8} "
