@@ -43,9 +43,9 @@ def models_list(model_dir, as_json):
     entries = registry.list()
     for e in entries:
         if e["valid"]:
-            e["bounds"] = _bounds(registry, e["version"])
+            e["bounds"], why = _bounds(registry, e["version"])
             if e["serving"]:
-                _warn_without_bounds("models list", registry, e["version"])
+                _warn_without_bounds("models list", why)
     if as_json:
         print_json(entries)
         return
@@ -71,29 +71,23 @@ def models_list(model_dir, as_json):
                             f"{meta.get('created', '')}"))
 
 
-def _bounds(registry, version: str) -> list[str] | None:
-    """The calibrated memory bounds ``version`` serves with (None: its calibration is refused)."""
-    from slurm_horus.errors import HorusError
-    from slurm_horus.predict.chain import load_calibration
-
-    try:
-        cal = load_calibration(registry, version)
-    except HorusError:
-        return None
-    return list(cal.learned_bounds(version)) if cal else []
-
-
-def _warn_without_bounds(command: str, registry, version: str) -> None:
-    """A warning where ``version``, serving, has no calibrated bounds or they are refused: a
-    rollback had served the older model without its p95/p99, and nothing said so."""
+def _bounds(registry, version: str) -> tuple[list[str] | None, str | None]:
+    """The calibrated memory bounds ``version`` serves with (None: its calibration is refused),
+    and what is wrong when it has none."""
     from slurm_horus.errors import HorusError
     from slurm_horus.predict.chain import load_calibration, no_bounds
 
     try:
         cal = load_calibration(registry, version)
-        why = None if cal and cal.learned_bounds(version) else no_bounds(version)
     except HorusError as e:
-        why = f"calibration refused ({e}); {version}'s bounds are its own"
+        return None, f"calibration refused ({e}); {version}'s bounds are its own"
+    bounds = list(cal.learned_bounds(version)) if cal else []
+    return bounds, None if bounds else no_bounds(version)
+
+
+def _warn_without_bounds(command: str, why: str | None) -> None:
+    """A warning where the serving version has no calibrated bounds or they are refused: a
+    rollback had served the older model without its p95/p99, and nothing said so."""
     if why:
         click.echo(one_line(f"horus-admin {command}: warning: {why}"), err=True)
 
@@ -109,7 +103,7 @@ def promote(version, model_dir):
     registry = Registry(model_dir)
     registry.promote(version)
     click.echo(f"serving {version}")
-    _warn_without_bounds("models promote", registry, version)
+    _warn_without_bounds("models promote", _bounds(registry, version)[1])
 
 
 @models.command()
@@ -122,7 +116,7 @@ def rollback(model_dir):
     registry = Registry(model_dir)
     version = registry.rollback()
     click.echo(f"serving {version}")
-    _warn_without_bounds("models rollback", registry, version)
+    _warn_without_bounds("models rollback", _bounds(registry, version)[1])
 
 
 def _register_subcommands() -> None:

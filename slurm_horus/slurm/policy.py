@@ -144,7 +144,8 @@ _POLICY_KEYS = {
     "underclaim_window_days": _int_in(1, 36500),
 }
 _PRESSURE_SHARDS = 50  # the hook's default pressure_shards
-_GPU_MEM_KEY = re.compile(r"gpu\.([a-z0-9_\-]{1,32})\.mem_mib")
+_TYPE_NAME = re.compile(r"[a-z0-9_\-]{1,32}")  # the hook's is_gtype
+_GPU_MEM_KEY = re.compile(rf"gpu\.({_TYPE_NAME.pattern})\.mem_mib")
 _GPU_KEY = re.compile(r"gpu\..+\.mem_mib", re.S)  # the hook's gpu.<type>.mem_mib: a known key even with a bad type
 
 
@@ -278,9 +279,6 @@ def _file_values(path: str | os.PathLike[str] | None) -> dict[str, str]:
     with open_for_reading(policy_file(path)) as f:
         data = f.read(POLICY_MAX_BYTES + 1)
     return policy_values(data.decode("utf-8", "surrogateescape"))
-
-
-_TYPE_NAME = re.compile(r"[a-z0-9_\-]{1,32}")  # the hook's is_gtype
 
 
 def declared_type_features(path: str | os.PathLike[str] | None = None) -> set[str]:
