@@ -516,7 +516,7 @@ def test_a_digit_python_reads_but_int_does_not_is_no_internal_error(tmp_path, sl
     cp = hsubmit(["-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "resnet50.onnx"),
                   "--batch-size", "\u00b2", "--wrap", "true"], env)
     assert cp.returncode == 2 and "Submitted" not in cp.stdout and not log.exists(), cp.stderr
-    assert "need a positive integer" in cp.stderr and "internal" not in cp.stderr
+    assert "need an integer from 1 to" in cp.stderr and "internal" not in cp.stderr
 
 
 def test_a_job_no_gpu_of_the_partition_can_hold_is_submitted_with_a_warning(tmp_path, slurm_bin):
@@ -607,7 +607,9 @@ def test_explain_with_stdout_closed_is_one_line(slurm_bin):
     (["--precision", "fp8"], "unknown precision 'fp8'"),
     (["--task", "foo"], "unknown task 'foo'"),
     (["--optimizer", "lbfgs"], "unknown optimizer 'lbfgs'"),
-    (["--batch-size", "-3"], "need a positive integer"),
+    (["--batch-size", "-3"], "need an integer from 1 to"),
+    (["--batch-size", "2147483648"], "need an integer from 1 to 2147483647"),  # had warned, submitted
+    (["--batch-size", "9" * 5000], "need an integer from 1 to"),
     (["--dim", "seq=x"], "'x' is not an integer"),
     (["--dim", "seq"], "--dim expects name=value"),
     (["--batch-size", "8", "--dim", "batch=16"], "--dim batch=16 contradicts --batch-size 8"),

@@ -72,7 +72,7 @@ def _main(argv: list[str]) -> int:
     stdin = sys.stdin.buffer if sys.stdin is not None and not sys.stdin.isatty() else None
     plan = sub.prepare(argv, stdin=stdin)
     for w in plan.warnings:
-        sub.warn(w)
+        _warn(plan, sub, w)
     shown = len(plan.warnings)
     if plan.model is not None and not plan.answers_only:
         try:
@@ -104,6 +104,11 @@ def _main(argv: list[str]) -> int:
     return 1
 
 
+def _warn(plan, sub, msg: str) -> None:
+    if not plan.quiet:
+        sub.warn(msg)
+
+
 def _predict_or_warn(plan, sub, shown: int) -> bool:
     """Predict and attach the hint. On failure warn and go on without a hint (the job is still
     submitted), or return False when the site refuses such jobs."""
@@ -115,8 +120,10 @@ def _predict_or_warn(plan, sub, shown: int) -> bool:
         err = HorusError(f"the script's {plan.script_translated} directives are translated by sbatch, "
                          "not read by hsubmit: no prediction attached (write them as #SBATCH lines, "
                          "or submit with --ignore-pbs)")
+    elif why := sub.request_unknown(plan):  # before the GPU question, which it leaves open
+        err = HorusError(why)
     elif not sub.asks_for_gpus(plan):
-        sub.warn("the job asks for no GPU (--gres=gpu:N, --gpus=N): no prediction attached")
+        _warn(plan, sub, "the job asks for no GPU (--gres=gpu:N, --gpus=N): no prediction attached")
         return True
     else:
         err = None
@@ -127,15 +134,15 @@ def _predict_or_warn(plan, sub, shown: int) -> bool:
         except Exception as e:  # a bug or a file nobody foresaw must not cost the user the job
             err = HorusError(f"internal error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
     for w in plan.warnings[shown:]:
-        sub.warn(w)
+        _warn(plan, sub, w)
     if err is not None:
         plan.hint = plan.comment = None
         if problem := sub.on_prediction_error_problem():
-            sub.warn(problem)
+            _warn(plan, sub, problem)
         if sub.on_prediction_error() == "refuse":
             _err(f"error: {err}; job refused (on_prediction_error = refuse)")
             return False
-        sub.warn(f"{err}; " + ("no prediction to explain (without --explain the job would go "
+        _warn(plan, sub, f"{err}; " + ("no prediction to explain (without --explain the job would go "
                                 "unchanged)" if plan.explain else "submitting the job unchanged"))
     return True
 

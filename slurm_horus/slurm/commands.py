@@ -41,10 +41,27 @@ _plugin_options: list[dict[str, bool] | None] = []
 
 
 def _cmd(name: str) -> str:
-    exe = shutil.which(name)
+    exe = _real_sbatch() if name == "sbatch" else shutil.which(name)
     if exe is None:
         raise HorusError(f"{name} not found on PATH (is Slurm installed?)")
     return exe
+
+
+def _real_sbatch() -> str | None:
+    """The first sbatch on PATH that is not slurm-horus's own (hsubmit installed, linked or
+    copied as ``sbatch`` to make it the drop-in): running that one again had looped for ever."""
+    for d in os.get_exec_path():
+        exe = shutil.which("sbatch", path=d)
+        if exe is None:
+            continue
+        try:
+            with open(exe, "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            continue
+        if b"slurm_horus" not in head:  # a console script names its package; Slurm's binary does not
+            return exe
+    return None
 
 
 def run(args: list[str], timeout: float = TIMEOUT_S) -> str:
@@ -307,9 +324,7 @@ def exec_sbatch(argv: list[str], stdin: bytes | None = None) -> None:
     gave, its signals and its exit code, as when run directly.  No timeout of ours: sbatch
     bounds its own waits, and killing it after it sent the job would leave the user not
     knowing whether the job went in."""
-    exe = shutil.which("sbatch")
-    if exe is None:
-        raise HorusError("sbatch not found on PATH (is Slurm installed?)")
+    exe = _cmd("sbatch")
     import signal
 
     if stdin is not None:

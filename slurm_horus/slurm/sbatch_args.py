@@ -20,6 +20,7 @@ sbatch's list of its plugins' options (``split_args``'s ``plugin_options``) can 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -177,17 +178,23 @@ def _directive_kind(following: str) -> str:
     return NONE if following.startswith("-") else REQ
 
 
-def _is_horus(tok: str, sbatch_names: frozenset[str]) -> bool:
+def _is_horus(tok: str) -> bool:
     name = tok[2:].partition("=")[0] if tok.startswith("--") else ""
-    return name in HORUS_OPTS and name not in sbatch_names
+    return name in HORUS_OPTS
 
 
-def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = frozenset(),
+def _is_count(value: str) -> bool:
+    """A --task value that is a count (sbatch's --tasks-per-node), not hsubmit's train/infer."""
+    return value.strip().isdigit()
+
+
+def _scan(argv: list[str], horus: list | None,
           plugin_kind: Callable[[str], str | None] | None = None
           ) -> tuple[list[str], list[SbatchOpt], int, list[str], bool, list[str]]:
     """getopt_long("+...") over argv.  Returns (sbatch tokens, parsed opts, index of the first
     non-option in argv, errors, hetjob, unsure).  With ``horus`` a list, horus options are taken
-    out (appended to it) instead of being kept.  A long option the table does not know, written
+    out (appended to it) instead of being kept; a ``--task`` whose value is a count is sbatch's
+    (its abbreviation of --tasks-per-node), each occurrence judged on its own.  A long option the table does not know, written
     without '=' and followed by a word, is read as in a directive line (_directive_kind); with
     ``plugin_kind`` (the command line) as that says (REQ or NONE), and where it cannot tell
     (None) as in a directive line, the option's name going to ``unsure``.  After an unsure
@@ -215,7 +222,8 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
         if tok.startswith("--"):
             body = tok[2:]
             name, eq, val = body.partition("=")
-            if horus is not None and unsure_at < 0 and _is_horus(tok, sbatch_names):
+            count = name == "task" and _is_count(val if eq else argv[i + 1] if i + 1 < n else "")
+            if horus is not None and unsure_at < 0 and _is_horus(tok) and not count:
                 if HORUS_OPTS[name]:
                     if eq:
                         horus.append((name, val))
@@ -240,7 +248,7 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
             if canon is None and not eq and i < n:
                 kind = plugin_kind(name) if plugin_kind else _directive_kind(argv[i])
                 # an exact hsubmit option is never another's value, nor passed on to sbatch
-                if kind is None or (kind == REQ and _is_horus(argv[i], sbatch_names)):
+                if kind is None or (kind == REQ and _is_horus(argv[i])):
                     unsure.append(name)
                     unsure_at = i if unsure_at < 0 else unsure_at
                     kind = _directive_kind(argv[i])
@@ -274,7 +282,7 @@ def _scan(argv: list[str], horus: list | None, sbatch_names: frozenset[str] = fr
                 j += 1
             continue
         break  # first non-option: the script
-    ours = [t for t in argv[unsure_at:i] if _is_horus(t, sbatch_names)] if unsure_at >= 0 else []
+    ours = [t for t in argv[unsure_at:i] if _is_horus(t)] if unsure_at >= 0 else []
     if ours and horus is not None:
         name = unsure[0]
         errors.append(f"option --{name} is not sbatch's own and sbatch --help did not say whether it takes "
@@ -296,11 +304,10 @@ def _plugin_kind(name: str, plugin_opts: dict[str, bool] | None) -> str | None:
     return REQ if plugin_opts[hits[0]] else NONE
 
 
-def split_args(argv: list[str], sbatch_names: frozenset[str] = frozenset(),
+def split_args(argv: list[str],
                plugin_options: Callable[[], dict[str, bool] | None] | None = None) -> SplitArgs:
     """Split a hsubmit command line into sbatch's options, horus's options and the script part;
-    ``sbatch_names``: horus option names left to sbatch (``task``: sbatch's abbreviation of
-    --tasks-per-node, when the job asks no model); ``plugin_options``: {name: takes a value} of
+    ``plugin_options``: {name: takes a value} of
     the options sbatch's SPANK plugins add, None when sbatch cannot say, called only when an
     unknown option needs it (it runs sbatch); without it such an option is ``unsure``."""
     horus: list[tuple[str, str | None]] = []
@@ -308,7 +315,7 @@ def split_args(argv: list[str], sbatch_names: frozenset[str] = frozenset(),
     def kind(name: str) -> str | None:
         return _plugin_kind(name, plugin_options() if plugin_options else None)
 
-    out, parsed, i, errors, hetjob, unsure = _scan(list(argv), horus, sbatch_names, kind)
+    out, parsed, i, errors, hetjob, unsure = _scan(list(argv), horus, kind)
     return SplitArgs(out, horus, list(argv[i:]), parsed, hetjob, errors, unsure)
 
 
@@ -329,6 +336,16 @@ def script_path(script: str, chdir: str | None, path_env: str | None, cwd: str) 
 def parse_sbatch_tokens(tokens: list[str]) -> list[SbatchOpt]:
     """sbatch options in a token list (a #SBATCH line's arguments), with canonical names."""
     return _scan(list(tokens), None)[1]
+
+
+def env_flag(value: str | None) -> bool:
+    """Whether an sbatch flag's environment variable (SBATCH_QUIET, SBATCH_IGNORE_PBS) sets it,
+    as slurm_process_option reads one: empty, "yes" or a non-zero integer; anything else
+    (0, "no") resets it."""
+    if value is None:
+        return False
+    m = re.fullmatch(r"[ \t\n\v\f\r]*[+-]?([0-9]+)", value)
+    return value == "" or value.lower() == "yes" or (m is not None and int(m.group(1)) != 0)
 
 
 def last_value(opts: list[SbatchOpt], name: str) -> str | None:

@@ -25,7 +25,7 @@ from slurm_horus.slurm import sbatch_args as sa
 from slurm_horus.errors import CONTROL_CHARS, HorusError, one_line
 from slurm_horus.rounding import shown
 
-__all__ = ["Plan", "prepare", "check_options", "asks_for_gpus", "requested_cpus_per_gpu", "predict", "job_desc_of", "explain_text", "on_prediction_error",
+__all__ = ["Plan", "prepare", "check_options", "request_unknown", "asks_for_gpus", "requested_cpus_per_gpu", "predict", "job_desc_of", "explain_text", "on_prediction_error",
            "on_prediction_error_problem"]
 
 MAX_STDIN_SCRIPT = 512 << 20  # sbatch's MAX_BATCH_SCRIPT_SIZE
@@ -73,6 +73,12 @@ class Plan:
     @property
     def explain(self) -> bool:
         return bool(self.horus.get("explain"))
+
+    @property
+    def quiet(self) -> bool:
+        """sbatch -Q (--quiet, SBATCH_QUIET, #SBATCH -Q): errors only, hsubmit's warnings too."""
+        return (sa.has_flag(self.split.parsed, "quiet") or sa.env_flag(self.env.get("SBATCH_QUIET"))
+                or sa.has_flag(self.script_opts, "quiet"))
 
     def request(self, name: str) -> str | None:
         """A request field as sbatch resolves it: command line > environment > #SBATCH."""
@@ -134,7 +140,7 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
                                       os.getcwd())
                 if stat.S_ISREG(os.stat(path).st_mode):
                     with open(path, "rb") as f:
-                        text = f.read(DIRECTIVE_BYTES).decode("utf-8", "replace")
+                        text = f.read(DIRECTIVE_BYTES).decode("utf-8", "surrogateescape")
                 else:
                     plan.script_unread = True
             except OSError:  # sbatch will say what is wrong with it (or the script is another
@@ -152,13 +158,13 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
                                      "sbatch's limit)")
                 plan.stdin_script = data
                 # the directives come first: a 512 MiB script decoded whole took 1.5 GB
-                text = data[:DIRECTIVE_BYTES].decode("utf-8", "replace")
+                text = data[:DIRECTIVE_BYTES].decode("utf-8", "surrogateescape")
     plan.script_text = text
     horus: dict = {}
     if text is not None:
         d = sa.script_directives(text)
         # sbatch sets --ignore-pbs (command line, SBATCH_IGNORE_PBS) before it translates
-        ignore_pbs = sa.has_flag(split.parsed, "ignore-pbs") or "SBATCH_IGNORE_PBS" in env
+        ignore_pbs = sa.has_flag(split.parsed, "ignore-pbs") or sa.env_flag(env.get("SBATCH_IGNORE_PBS"))
         plan.script_hetjob, plan.script_translated = d.hetjob, None if ignore_pbs else d.translated
         plan.script_opts = sa.parse_sbatch_tokens(d.sbatch)
         pairs, errs = sa.horus_directives(d.horus)
@@ -173,10 +179,6 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     horus.update(cmd_horus)
     if dims:
         horus["dim"] = dims
-    if "task" in cmd_horus and str(cmd_horus["task"]).strip().isdigit():
-        # a count, not train/infer: --task is sbatch's (its abbreviation of --tasks-per-node)
-        plan.split = sa.split_args(argv, frozenset({"task"}), _plugin_options)
-        horus.pop("task")
     unused = [k for k in horus if k not in ("explain", "horus-probe")]
     if "model" not in horus and unused and not answers_only:
         # sbatch would refuse them (--task train is its --tasks-per-node): dropped, not passed on
@@ -220,12 +222,13 @@ def _workload(plan: Plan, dims: dict[str, int]):
     (requested_cpus_per_gpu: None, the model's "unknown", where that cannot be told; sync
     records what Slurm allocated).  Without --batch-size, a batch dimension bound with --dim is
     the batch size."""
+    from slurm_horus.graph.load import MAX_DIM
     from slurm_horus.predict.workload import workload_from
 
     h = plan.horus
     bs = (h.get("batch-size") or "").strip()
-    if bs and not (bs.isascii() and bs.isdigit() and int(bs) > 0):
-        raise HorusError(f"--batch-size {bs!r}: need a positive integer")
+    if bs and not (bs.isascii() and bs.isdigit() and len(bs) <= 10 and 0 < int(bs) <= MAX_DIM):
+        raise HorusError(f"--batch-size {one_line(bs)[:40]!r}: need an integer from 1 to {MAX_DIM}")
     # only the plain batch names: "n" or "b" may be another axis, which the loader judges
     named = {k: v for k, v in dims.items() if k.lower() in _BATCH_NAMES}
     for k, v in named.items():
@@ -324,6 +327,21 @@ def _cpus_per_gpu_option(plan: Plan) -> str | None:
     return sa.last_value(plan.script_opts, "cpus-per-gpu")
 
 
+def request_unknown(plan: Plan) -> str | None:
+    """Why the job's request cannot be known before sbatch reads it (then whether it asks for
+    a GPU cannot be told either), or None."""
+    if plan.split.unsure:  # where the script starts, and what is an option's value, is a guess
+        name = plan.split.unsure[0]
+        return (f"option --{name} is not sbatch's own, and sbatch --help did not settle whether "
+                f"the word after it is its value: no hint is attached (--{name}=VALUE settles "
+                "it if it takes one, -- before the script if it takes none)")
+    if plan.script_unread:  # its #SBATCH lines (a --comment, the partition) are unknown
+        where = (f"script {plan.split.script} could not be read as a regular file before sbatch reads it"
+                 if plan.split.script else "a script typed at the terminal is read by sbatch alone")
+        return f"{where}: its #SBATCH lines are unknown, so no hint is attached"
+    return None
+
+
 def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
             partition: str | None = None) -> Plan:
     """Features, predictions per GPU type of the target partition, the hint and the merged
@@ -338,15 +356,8 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         raise HorusError("no --model")
     if not model.strip():
         raise HorusError("--model is empty (an unset variable?)")
-    if plan.split.unsure:  # where the script starts, and what is an option's value, is a guess
-        name = plan.split.unsure[0]
-        raise HorusError(f"option --{name} is not sbatch's own, and sbatch --help did not settle whether "
-                         f"the word after it is its value: no hint is attached (--{name}=VALUE settles "
-                         "it if it takes one, -- before the script if it takes none)")
-    if plan.script_unread:  # its #SBATCH lines (a --comment, the partition) are unknown
-        where = (f"script {plan.split.script} could not be read as a regular file before sbatch reads it"
-                 if plan.split.script else "a script typed at the terminal is read by sbatch alone")
-        raise HorusError(f"{where}: its #SBATCH lines are unknown, so no hint is attached")
+    if why := request_unknown(plan):
+        raise HorusError(why)
     path = Path(str(model))
     try:
         exists, regular = path.exists(), path.is_file()

@@ -1,0 +1,127 @@
+"""hsubmit where it must behave as sbatch does (a review against sbatch 25.11): sbatch's own
+--task (each occurrence judged by its value), a script's comment bytes kept as written, a
+request that cannot be read first, hsubmit installed as ``sbatch``, -Q and sbatch's reading of
+flag variables.  The stand-in sbatch of ``slurm_bin`` records its argv."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_horus.slurm import sbatch_args as sa
+from slurm_horus.slurm import submit as sub
+
+ZOO = Path(__file__).resolve().parent / "data" / "zoo"
+
+
+def hsubmit(args, env, **kw):
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run([sys.executable, "-m", "slurm_horus.cli.hsubmit", *args],
+                          capture_output=True, timeout=120, env=env, **kw)
+
+
+@pytest.mark.parametrize("argv,task,passed", [
+    # a count is sbatch's --tasks-per-node wherever it stands; a word is hsubmit's
+    (["--model", "m.onnx", "--task", "4", "--task", "train", "j.sh"], "train", ["--task", "4"]),
+    (["--model", "m.onnx", "--task", "train", "--task", "4", "j.sh"], "train", ["--task", "4"]),
+    (["--model", "m.onnx", "--task=2", "--task=infer", "j.sh"], "infer", ["--task=2"]),
+    (["--model", "m.onnx", "--task", "infer", "j.sh"], "infer", []),
+])
+def test_each_task_option_goes_where_its_value_says(argv, task, passed):
+    s = sa.split_args(argv)
+    assert dict(s.horus)["task"] == task
+    assert s.sbatch_argv(replace_comment=None) == [*passed, "j.sh"]
+
+
+def test_a_count_on_the_command_line_keeps_the_scripts_horus_task(tmp_path):
+    """--task 1 (sbatch's) beside #HORUS --task infer had dropped the script's task: the job
+    was predicted as training, its hint said task=train."""
+    script = tmp_path / "inf.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --gres=gpu:1\n#HORUS --task infer\ntrue\n")
+    plan = sub.prepare(["--model", "m.onnx", "--batch-size", "8", "--task", "1", str(script)], env={})
+    assert plan.horus["task"] == "infer" and plan.sbatch_argv == ["--task", "1", str(script)]
+
+
+def test_a_scripts_comment_bytes_reach_sbatch_as_written(tmp_path, slurm_bin):
+    env, log = slurm_bin
+    script = tmp_path / "lat.sh"
+    script.write_bytes(b'#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH --comment="caf\xe9 \xb5s"\ntrue\n')
+    cp = hsubmit(["-p", "gpu", "--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8", str(script)], env)
+    assert cp.returncode == 0, cp.stderr
+    sent = log.read_bytes().split(b"\n")
+    comment = next(a for a in sent if a.startswith(b"--comment="))
+    assert comment.startswith(b"--comment=caf\xe9 \xb5s horus:v1;"), comment  # not U+FFFD
+
+
+def test_a_script_sbatch_reads_itself_is_not_taken_for_a_job_without_gpus(tmp_path, slurm_bin):
+    """A script hsubmit cannot read first (a pipe) may ask for a GPU in its #SBATCH lines: it
+    had been told "asks for no GPU", and a site's on_prediction_error = refuse let it through."""
+    env, log = slurm_bin
+    r, w = os.pipe()
+    os.write(w, b"#!/bin/sh\n#SBATCH --gres=gpu:1\ntrue\n")
+    os.close(w)
+    args = ["-p", "gpu", "--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8", f"/dev/fd/{r}"]
+    try:
+        cp = hsubmit(args, env, pass_fds=(r,))
+        assert cp.returncode == 0 and b"asks for no GPU" not in cp.stderr, cp.stderr
+        assert b"could not be read as a regular file" in cp.stderr
+        log.unlink()
+        conf = Path(env["HORUS_CONF"])
+        conf.write_text("on_prediction_error = refuse\n")
+        cp = hsubmit(args, env, pass_fds=(r,))
+        assert cp.returncode == 1 and not log.exists(), cp.stderr
+    finally:
+        os.close(r)
+
+
+def test_hsubmit_installed_as_sbatch_runs_the_real_one(tmp_path, slurm_bin):
+    """An admin who links hsubmit in as `sbatch` (first on PATH) made every submission run
+    itself again, for ever."""
+    env, log = slurm_bin
+    shim = tmp_path / "dropin"
+    shim.mkdir()
+    (shim / "sbatch").write_text(f"#!{sys.executable}\nimport sys\nfrom slurm_horus.cli.hsubmit import main\n"
+                                 "sys.exit(main())\n")
+    (shim / "sbatch").chmod(0o755)
+    env = {**env, "PATH": f"{shim}:{env['PATH']}"}
+    cp = subprocess.run(["sbatch", "-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8",
+                         "--wrap", "true"], capture_output=True, text=True, timeout=60, env=env,
+                        stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    assert "horus:v1;" in log.read_text()
+
+
+@pytest.mark.parametrize("how", [["-Q"], ["--quiet"], "SBATCH_QUIET", "script"])
+def test_quiet_holds_back_hsubmits_warnings(tmp_path, slurm_bin, how):
+    env, log = slurm_bin
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n" + ("#SBATCH -Q\n" if how == "script" else "") + "true\n")
+    opts = how if isinstance(how, list) else []
+    if how == "SBATCH_QUIET":
+        env = {**env, "SBATCH_QUIET": "1"}
+    args = [*opts, "--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8", str(script)]
+    cp = hsubmit(args, env)  # asks for no GPU: a warning, held back
+    assert cp.returncode == 0 and cp.stderr == b"" and log.exists()
+    loud = hsubmit(["--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8", str(script)],
+                   {**slurm_bin[0], "SBATCH_QUIET": "no"})
+    assert b"asks for no GPU" in loud.stderr or how == "script"
+
+
+@pytest.mark.parametrize("value,is_set", [
+    ("", True), ("yes", True), ("YES", True), ("1", True), (" 7", True), ("-1", True),
+    ("0", False), ("no", False), ("true", False), ("1x", False), (None, False),
+])
+def test_flag_variables_are_read_as_sbatch_reads_them(value, is_set):
+    assert sa.env_flag(value) is is_set
+
+
+def test_sbatch_ignore_pbs_no_leaves_pbs_lines_translated(tmp_path):
+    script = tmp_path / "pbs.sh"
+    script.write_text("#!/bin/sh\n#PBS -l walltime=1:00:00\ntrue\n")
+    base = ["--model", "m.onnx", str(script)]
+    assert sub.prepare(base, env={"SBATCH_IGNORE_PBS": "no"}).script_translated
+    assert not sub.prepare(base, env={"SBATCH_IGNORE_PBS": "yes"}).script_translated
