@@ -1,7 +1,8 @@
 """Text files a command is pointed at (a cluster description, a policy, slurm.conf, a GPU
 catalog, an export), read as one-line HorusErrors: missing, a folder, larger than the caller
 allows, or not UTF-8 -- never a traceback, and never an endless read of /dev/zero or a pipe;
-and the folders the site's own files are written to, made 0755 whatever the umask."""
+the folders the site's own files are written to, made 0755 whatever the umask; and the temp
+files writers killed mid-write left there, removed."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ import errno
 import fcntl
 import os
 import stat
+import time
 from pathlib import Path
 from typing import BinaryIO
 
 from slurm_horus.errors import HorusError
 
-__all__ = ["create_site_dirs", "open_for_reading", "read_text"]
+__all__ = ["create_site_dirs", "open_for_reading", "read_text", "remove_stale_temps"]
+
+# a writer's temp file changes while it is filled and is renamed into place within seconds (a
+# minute for a GB ledger's copy): one unchanged for an hour is a killed writer's, and a writer
+# stopped longer (SIGSTOP) fails its rename with an error, losing nothing
+STALE_TEMP_S = 3600
 
 
 def open_for_reading(path: str | os.PathLike, follow_symlinks: bool = True,
@@ -103,3 +110,19 @@ def _others_may_change(d: Path) -> bool:
     if st.st_mode & stat.S_ISVTX:
         return False
     return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0))
+
+
+def remove_stale_temps(folder: str | os.PathLike, pattern: str) -> None:
+    """Remove the files in ``folder`` that match ``pattern`` (a writer's own temp-file names, a
+    glob) and are unchanged for STALE_TEMP_S: a writer killed mid-write (SIGTERM, a crash) leaves
+    its temp file, which nothing else removes (a 108 MB copy of the ledger had stayed), while a
+    concurrent writer's is never that old.  A file it cannot remove is left: a cleanup never
+    fails the write it comes before."""
+    cutoff = time.time() - STALE_TEMP_S
+    for path in Path(folder).glob(pattern):
+        try:
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                path.unlink()
+        except OSError:
+            pass

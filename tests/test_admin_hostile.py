@@ -280,12 +280,13 @@ def test_a_sync_ending_in_the_future_leaves_the_next_window_starting_now_at_the_
     assert since < until and sync_mod.last_sync(L, "c") <= _time.time()
 
 
-def test_sync_keeps_each_clusters_progress_never_goes_back_and_asks_a_day_at_a_time(tmp_path, monkeypatch):
+def test_sync_keeps_each_clusters_progress_never_goes_back_and_asks_an_hour_at_a_time(tmp_path, monkeypatch):
     """One ledger, several clusters: each one's sync kept the ledger's one last_sync and open
     jobs, so a second cluster's sync moved the first's window past jobs it never asked for and
     dropped its running jobs; a backfill (-S/-E of last year) set the next window to a year;
-    a long window was asked in one piece (all of it in memory, failing for good); then the
-    day windows each asked sacct for the carried jobs and replayed the spool."""
+    a long window was asked in one piece (all of it in memory, failing for good), then a day at
+    a time (a busy day's 287 MB of JSON took 1 GB); the windows each asked sacct for the
+    carried jobs and replayed the spool."""
     import time as _time
 
     from slurm_horus.ledger import Ledger
@@ -321,11 +322,11 @@ def test_sync_keeps_each_clusters_progress_never_goes_back_and_asks_a_day_at_a_t
     by_id.clear()
     replays, replay = [], L.spool.replay
     monkeypatch.setattr(L.spool, "replay", lambda ledger: replays.append(1) or replay(ledger))
-    sync_mod.sync(L, since=now - 3 * 86400 - 5, until=now)
-    assert [round(u - s) for _, s, u in windows] == [86400, 86400, 86400, 5]
-    assert by_id == [[700]] and replays == [1]  # once a sync, not once a day
+    sync_mod.sync(L, since=now - 3 * 3600 - 5, until=now)
+    assert [round(u - s) for _, s, u in windows] == [3600, 3600, 3600, 5]
+    assert by_id == [[700]] and replays == [1]  # once a sync, not once a window
     assert sync_mod._open_jobs(L, "alpha") == {("alpha", 700)}
-    assert windows[0][1] == now - 3 * 86400 - 5 and windows[-1][2] == now
+    assert windows[0][1] == now - 3 * 3600 - 5 and windows[-1][2] == now
     windows.clear()
     sync_mod.sync(L, since=_time.time() - 60, until=_time.time() + 365 * 86400)  # nothing ends ahead
     assert len(windows) == 1 and windows[0][2] <= _time.time()
@@ -343,6 +344,54 @@ def test_sync_keeps_each_clusters_progress_never_goes_back_and_asks_a_day_at_a_t
     with pytest.raises(HorusError, match="does not name this cluster"):
         sync_mod.sync(L)
     assert state == {k: L.get_state(k) for k in state}
+
+
+def test_a_window_a_sync_died_reading_is_read_in_halves_by_the_next(tmp_path, monkeypatch):
+    """A sync killed reading a window (out of memory: --mem=1G) had saved no progress in it, and
+    every later sync asked for the same window and died the same way."""
+    import time as _time
+
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.ledger import sync as sync_mod
+    from slurm_horus.slurm import commands as slurm
+
+    class Killed(BaseException):
+        pass
+    now, windows, fits = int(_time.time()), [], [3600]
+
+    def accounting(since, until):
+        windows.append(round(until - since))
+        if until - since > fits[0]:
+            raise Killed
+        return []
+    monkeypatch.setattr(slurm, "accounting_jobs", accounting)
+    monkeypatch.setattr(slurm, "accounting_jobs_by_id", lambda ids: [])
+    monkeypatch.setattr(slurm, "node_gpu_types", lambda: {})
+    monkeypatch.setattr(slurm, "local_cluster", lambda conf=None: "alpha")
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    sync_mod.sync(L, since=now - 7200, until=now - 3600)
+    windows.clear()
+    fits[0] = 900
+    for _ in range(2):
+        with pytest.raises(Killed):
+            sync_mod.sync(L, until=now)
+    assert windows == [3600, 1800] and sync_mod.last_sync(L, "alpha") == now - 3600
+    windows.clear()
+    sync_mod.sync(L, until=now)
+    assert windows == [900] * 4 + [300] and sync_mod.last_sync(L, "alpha") == now
+    # Slurm not answering is no fault of the window's: the next sync reads as much
+    windows.clear()
+
+    def unanswered(since, until):
+        windows.append(0)
+        raise HorusError("sacct --json --allusers: Unable to contact slurm controller")
+    monkeypatch.setattr(slurm, "accounting_jobs", unanswered)
+    with pytest.raises(HorusError):
+        sync_mod.sync(L, since=now - 3600, until=now)
+    monkeypatch.setattr(slurm, "accounting_jobs", accounting)
+    fits[0] = 3600
+    sync_mod.sync(L, since=now - 3600, until=now)
+    assert windows == [0, 3600]
 
 
 def test_sacct_is_asked_in_seconds_before_its_now(monkeypatch):

@@ -6,6 +6,8 @@ import multiprocessing as mp
 import os
 import sqlite3
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -793,6 +795,78 @@ def test_a_probe_of_an_earlier_run_does_not_speak_for_the_rerun(tmp_path):
                    gpu_type="a100", gpu_index=0, gpus=1, start_time=1201, end_time=1899)
     (job,) = L.jobs()
     assert (job["act_util_pct"], job["gpu_index"], job["gpu_type"]) == (85, 0, "a100")
+
+
+def test_a_spooled_probe_record_of_an_earlier_run_never_replaces_the_reruns(tmp_path):
+    """A requeued job's first-run record, spooled while the ledger was locked, was replayed
+    after the rerun's probe wrote its own: it replaced the rerun's row, merge_job dropped it as
+    an earlier run's, and the job was left with no measured use."""
+    spool = tmp_path / "spool"
+    L = Ledger(_url(tmp_path), spool=str(spool))
+    L.record_runs([dict(job_id=500, cluster="c", user="u", submit_time=1000)],
+                  [dict(job_id=500, cluster="c", source="sacct", state="COMPLETED", node="n2",
+                        start_time=2000, end_time=3000, gpus=1)])
+    Spool(spool).put("usage", dict(job_id=500, cluster="c", source="probe", util_mean=5.0,
+                                   mem_peak_mib=1000.0, node="n1", gpus=1, start_time=1100, end_time=1500))
+    rerun = dict(job_id=500, cluster="c", source="probe", util_mean=80.0, mem_peak_mib=30000.0,
+                 node="n2", gpus=1, start_time=2000, end_time=3000)
+    L.record_usage(**rerun)  # its write replays the spool
+    assert Spool(spool).pending() == []
+    (job,) = L.jobs()
+    assert (job["act_util_pct"], job["act_mem_mib"], job["sources"]) == (80.0, 30000.0, "sacct,probe")
+    # the same run's record, replayed twice, is the one row it was
+    before = L.usage("c", 500)
+    Spool(spool).put("usage", rerun)
+    Spool(spool).put("usage", rerun)
+    assert Spool(spool).replay(L).applied == 2
+    after = L.usage("c", 500)
+    assert {k: v for k, v in after["probe"].items() if k != "recorded"} == \
+        {k: v for k, v in before["probe"].items() if k != "recorded"} and set(after) == {"sacct", "probe"}
+
+
+def test_a_replay_killed_mid_file_leaves_it_to_the_next(tmp_path):
+    """A replayer claims a file by renaming it .claim-...: one killed while it waited on the
+    ledger's lock (a sync stopped by its time limit) left its file out of every later replay,
+    and the job's measurement was lost. A live replayer's claim is left alone; one whose pid a
+    later process has is not."""
+    spool = tmp_path / "spool"
+    Spool(spool).put("usage", {"cluster": "c", "job_id": 77, "source": "probe", "util_mean": 60.0})
+    L = Ledger(_url(tmp_path), spool=str(spool))
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom slurm_horus.ledger import Ledger\n"
+         f"L = Ledger({_url(tmp_path)!r}, spool={str(spool)!r}, busy_timeout=60)\n"
+         "print('ready', flush=True)\nsys.stdin.readline()\nL.spool.replay(L)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        con = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
+        con.execute("BEGIN EXCLUSIVE")
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        for _ in range(300):
+            if any(".claim-" in n for n in os.listdir(spool)):
+                break
+            time.sleep(0.1)
+        child.kill()
+        child.wait()
+        assert any(".claim-" in n for n in os.listdir(spool))  # killed with the file claimed
+        con.execute("ROLLBACK")
+        con.close()
+    finally:
+        child.kill()
+    assert Spool(spool).replay(L).applied == 1
+    assert L.jobs()[0]["act_util_pct"] == 60.0 and os.listdir(spool) == []
+    from slurm_horus.ledger.spool import _started
+
+    me = os.getpid()
+    _spool_file(spool, f"00000000000000000002-1-a.claim-{me}-{_started(me)}",  # replaying now
+                json.dumps({"kind": "usage", "data": {"cluster": "c", "job_id": 78, "source": "probe"}}))
+    _spool_file(spool, f"00000000000000000003-1-b.claim-{me}-1",  # its pid, since reused
+                json.dumps({"kind": "usage", "data": {"cluster": "c", "job_id": 79, "source": "probe",
+                                                      "util_mean": 9.0}}))
+    assert Spool(spool).replay(L) == (1, 0, 0, [])
+    assert sorted(j["job_id"] for j in L.jobs()) == [77, 79]
+    assert os.listdir(spool) == [f"00000000000000000002-1-a.claim-{me}-{_started(me)}"]
 
 
 def test_a_multi_node_jobs_probe_is_per_gpu_of_its_own_node(tmp_path):

@@ -419,3 +419,88 @@ def test_the_extract_is_roots_until_it_is_complete(ordinary_user, monkeypatch):
     assert seen and all((st.st_uid, st.st_mode & 0o777) == (0, 0o600) for st in seen)
     st = (folder / f"{user.pw_name}.db").stat()
     assert (st.st_uid, st.st_mode & 0o777) == (user.pw_uid, 0o400)
+
+
+@pytest.mark.parametrize("private, copy", [("none", "readers' copy"), ("jobs", "user extract")])
+def test_a_copy_for_readers_a_full_disk_stops_is_one_line_after_the_jobs_are_recorded(
+        tmp_path, monkeypatch, private, copy):
+    """A review: on a full disk sync recorded the jobs, then said `internal error:
+    OperationalError: database or disk is full` of the readers' copy, as if nothing had been
+    recorded. The error says what was done and what was not, and leaves no temp file."""
+    import sqlalchemy.exc
+
+    from slurm_horus.cli.admin import main as admin
+    from slurm_horus.ledger import extracts
+
+    monkeypatch.setenv("PATH", f"{_fake_scontrol(tmp_path / 'bin', private)}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    if private == "none":
+        real = sqlite3.connect
+
+        def full(path, *a, **kw):  # the copy's temp file on a full disk: SQLite's own error
+            con = real(path, *a, **kw)
+            if str(path).endswith(".tmp"):
+                con.execute("PRAGMA max_page_count = 1")
+            return con
+
+        monkeypatch.setattr(sqlite3, "connect", full)
+    else:
+        def full(*a, **kw):  # filling the job's user's (root's) extract
+            raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("database or disk is full"))
+
+        monkeypatch.setattr(extracts, "upsert", full)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    url = f"sqlite:///{lib}/ledger.db"
+    sacct = REPO / "tests" / "fixtures" / "slurm-25.11" / "sacct_json_finished_gpu.stdout"
+    r = CliRunner().invoke(admin, ["sync", "--all", "--from-file", str(sacct), "--ledger", url])
+    assert r.exit_code != 0 and "internal error" not in r.output, r.output
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("horus-admin sync: error: 1 jobs recorded and 0 spooled records "
+                               f"replayed, but the {copy} "), r.stderr
+    assert "was not refreshed (database or disk is full)" in r.stderr, r.stderr
+    assert len(Ledger(url, readonly=True).jobs()) == 1
+    assert not [p for p in lib.rglob("*") if ".tmp" in p.name]
+
+
+def test_temp_files_of_a_killed_sync_are_removed_by_the_next_never_a_live_ones(tmp_path):
+    """SIGTERM during a sync's copy of a large ledger left its temp file (108 MB) and its
+    journal, which every later sync kept; the next removes those an hour old, never one a
+    concurrent sync is still filling."""
+    from slurm_horus.ledger.extracts import write_readers_copy
+    from slurm_horus.textfile import STALE_TEMP_S
+
+    url = _site_ledger(tmp_path, "daemon")
+    lib = tmp_path / "lib"
+    (lib / "users").mkdir()
+    stale = [lib / ".ledger.db.readers.killed.tmp", lib / ".ledger.db.readers.killed.tmp-journal",
+             lib / "users" / ".daemon.db.1.tmp", lib / "users" / ".daemon.db.1.tmp-journal"]
+    live = [lib / ".ledger.db.readers.live.tmp", lib / "users" / ".daemon.db.2.tmp"]
+    for p in (*stale, *live):
+        p.write_bytes(b"")
+    old = time.time() - STALE_TEMP_S - 60
+    for p in stale:
+        os.utime(p, (old, old))
+    write_readers_copy(lib / "ledger.db")
+    write_user_extracts(Ledger(url), lib / "users")
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in live)
+
+
+def test_a_claim_record_a_full_disk_stops_is_one_line_and_the_last_one_stands(tmp_path, monkeypatch):
+    """The record's OSError on a full disk reached the admin as an internal error."""
+    import errno
+
+    monkeypatch.setenv("PATH", f"{_fake_scontrol(tmp_path / 'bin', 'none')}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    record = tmp_path / "record"
+    record.write_text("old\n")
+    (tmp_path / "policy.conf").write_text(f"record_file = {record}\n")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    L = Ledger(_site_ledger(tmp_path, "daemon"))
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(HorusError, match=r"claim record .*/record was not replaced \(No space left on device\)"):
+        publish(L, policy=str(tmp_path / "policy.conf"))
+    assert record.read_text() == "old\n" and not list(tmp_path.glob(".record-*"))

@@ -594,3 +594,48 @@ def test_hsubmit_submits_past_a_model_file_with_the_old_cpu_input(trained, tmp_p
     assert len(warning) == 1 and "cold-start estimator serves" in warning[0], cp.stderr
     assert "Traceback" not in cp.stderr
     assert any(a.startswith("--comment=horus:v1;a100=") for a in log.read_text().splitlines())
+
+
+def test_a_registry_write_on_a_full_disk_is_one_line_and_leaves_no_temp_file(trained, tmp_path, monkeypatch):
+    """A review: a write that ran out of space left a 0-byte .tmp-*.json behind each time, and
+    the OSError reached the admin as an internal error."""
+    import errno
+    import os
+
+    reg = Registry(tmp_path / "models")
+    reg.save_json("calibration.json", {"kept": 1})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(HorusError, match=r"calibration\.json: not written \(No space left on device\)"):
+        reg.save_json("calibration.json", {"kept": 0})
+    with pytest.raises(HorusError, match=r"v0001\.json: not written"):
+        reg.add(trained)
+    monkeypatch.undo()
+    assert reg.load_json("calibration.json") == {"kept": 1} and reg.versions() == []
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "models").iterdir())
+
+
+def test_temp_files_of_a_killed_registry_writer_are_removed_never_a_live_ones(tmp_path):
+    """A writer killed mid-write leaves its temp file, which nothing removed; the next write
+    removes those an hour old, never one a concurrent writer is still filling."""
+    import os
+    import time
+
+    from slurm_horus.textfile import STALE_TEMP_S
+
+    root = tmp_path / "models"
+    (root / "users").mkdir(parents=True)
+    stale = [root / ".tmp-killed.json", root / "users" / ".tmp-killed.json"]
+    live, other = root / ".tmp-live.json", root / ".tmp-other"
+    for p in (*stale, live, other):
+        p.write_text("")
+    old = time.time() - STALE_TEMP_S - 60
+    for p in (*stale, other):
+        os.utime(p, (old, old))
+    reg = Registry(root)
+    reg.save_json("calibration.json", {})
+    reg.pseudonyms([])
+    assert not any(p.exists() for p in stale) and live.exists() and other.exists()

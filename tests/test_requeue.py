@@ -798,3 +798,29 @@ def test_a_requeue_slurm_refuses_for_good_is_final(monkeypatch, tmp_path):
     slurm.refusal = "timed out after 30 s"
     assert tend(on_error=errors.append, journal=journal, on_note=notes.append) == []
     assert len(errors) == 1 and list(journal_read(journal)) == ["1795"]
+
+
+@pytest.mark.parametrize("answer,failed", [
+    ("scontrol update JobId=1795: Job is no longer pending execution for job 1795", False),  # started
+    ("scontrol update JobId=1795: Job has already finished for job 1795", False),  # 25.11, ended
+    ("scontrol update JobId=1795: Invalid job id specified for job 1795", False),  # purged
+    ("scontrol update JobId=1795: timed out after 30 s", True),
+])
+def test_a_job_that_started_before_its_reshape_is_no_failed_pass(monkeypatch, tmp_path, answer, failed):
+    """A job Slurm started between the pass's read of the queue and its scontrol update (the
+    answers recorded from 25.11) had made the pass exit 1, noisy under cron: it is a note."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.ledger import requeue
+
+    _tend_slurm(monkeypatch, tmp_path, [{**_failed_oom_job(), "job_state": ["PENDING"]}])
+    monkeypatch.setattr(requeue, "oom_actions", lambda *a, **k: [])
+    monkeypatch.setattr(requeue, "pressure_actions", lambda *a, **k: [
+        requeue.Action(1795, "spread", "gres/gpu:1", "horus-queue:v1;action=spread")])
+
+    def apply(*a, **k):
+        raise HorusError(answer)
+
+    monkeypatch.setattr(requeue, "apply", apply)
+    errors, notes = [], []
+    assert requeue.tend(on_error=errors.append, on_note=notes.append, journal=str(tmp_path / "j.json")) == []
+    assert (len(errors), len(notes)) == ((1, 0) if failed else (0, 1)), (errors, notes)

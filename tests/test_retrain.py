@@ -976,3 +976,82 @@ def test_a_rolled_back_or_promoted_model_serves_with_its_own_bounds(tmp_path):
     assert cli("models", "promote", "v0002") == ("serving v0002\n", "")
     out, err = cli("models", "rollback")
     assert out == "serving v0001\n" and "v0001 has no calibrated bounds" in err
+
+
+@pytest.mark.parametrize("failing", ["promote", "record"])
+def test_a_promote_that_fails_leaves_the_ledger_and_the_registry_agreeing(tmp_path, monkeypatch, failing):
+    """A review: on a full disk the promote (current.json) failed after the ledger had recorded
+    the version promoted, with `internal error: OSError`: the ledger named a model that never
+    served. It is recorded promoted once it serves, and a promote the ledger then fails to
+    record (a sync holding its lock) is undone."""
+    import errno
+    import os
+
+    import sqlalchemy.exc
+    from slurm_horus.cli.admin_ledger import import_, retrain
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    src = tmp_path / "m.csv"
+    write_csv(src)
+    assert CliRunner().invoke(import_, [str(src), "--ledger", url]).exit_code == 0
+    if failing == "promote":
+        real_replace = os.replace
+
+        def full(src, dst):
+            if Path(dst).name == "current.json":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", full)
+    else:
+        real_record = Ledger.record_predictor_version
+
+        def locked(self, version, metrics, n_rows, promoted):
+            if promoted:
+                raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("database is locked"))
+            return real_record(self, version, metrics, n_rows, promoted)
+
+        monkeypatch.setattr(Ledger, "record_predictor_version", locked)
+    reg = tmp_path / "models"
+    r = CliRunner().invoke(retrain, ["--ledger", url, "--model-dir", str(reg), "--max-iter", "10", "--force"])
+    assert r.exit_code != 0 and "internal error" not in r.output, r.output
+    said = ("current.json: not written (No space left on device)" if failing == "promote"
+            else "database is locked")
+    assert len(r.stderr.strip().splitlines()) == 1 and said in r.stderr, r.output
+    assert Registry(reg).serving() is None
+    assert [(p["version"], p["promoted"]) for p in Ledger(url).predictor_versions()] == [("v0001", 0)]
+    assert not list(reg.glob(".tmp-*"))
+
+
+def test_a_history_not_refreshed_after_a_promote_is_a_warning(tmp_path, monkeypatch):
+    """A review: a locked ledger or a full disk in the history export, after the model was
+    stored and promoted, was reported as a failed retrain (`internal error`, exit 1)."""
+    import errno
+    import os
+
+    import sqlalchemy.exc
+    from slurm_horus.cli import admin_ledger
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    src = tmp_path / "m.csv"
+    write_csv(src)
+    reg = tmp_path / "models"
+
+    def locked(*a):
+        raise sqlalchemy.exc.OperationalError("SELECT", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(admin_ledger, "export_history", locked)
+    r = CliRunner().invoke(admin_ledger.retrain, ["--ledger", url, "--model-dir", str(reg),
+                                                  "--max-iter", "10", "--force", "--import", str(src)])
+    assert r.exit_code == 0 and "promoted v0001" in r.stdout, r.output
+    assert r.stderr.strip() == ("horus-admin retrain: warning: history not refreshed: ledger: "
+                                "database is locked"), r.output
+    assert Registry(reg).serving() == "v0001" and Ledger(url).predictor_versions()[0]["promoted"] == 1
+
+    def full(*a):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(admin_ledger, "export_history", full)
+    r = CliRunner().invoke(admin_ledger.import_, [str(src), "--ledger", url, "--model-dir", str(reg)])
+    assert r.exit_code == 0 and "imported 120 rows" in r.stdout, r.output
+    assert "warning: history not refreshed: [Errno 28] No space left on device" in r.stderr, r.output

@@ -286,6 +286,20 @@ def test_sync_takes_gpu_index_and_type_from_the_probe(tmp_path):
     assert tuple(got) == (None, None)
 
 
+def test_a_probe_of_a_requeued_jobs_earlier_run_leaves_the_node_its_gpu_type(tmp_path):
+    """Any probe row kept sync from the node's GPU type, and merge_job then dropped an earlier
+    run's row: the job was left with no type (out of history and training) and that run's
+    GPU index."""
+    job = _recorded(SHARD_JOB)
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    L.record_usage(job_id=SHARD_JOB, cluster="horus", source="probe", util_mean=40.0,
+                   mem_peak_mib=3000.0, node="gpu-t4", gpu_type="a100", gpu_index=1, shards=23,
+                   start_time=job["time"]["start"] - 200, end_time=job["time"]["start"] - 100)
+    sync(L, sacct_json={"jobs": [job]}, node_types={"gpu-t4": "t4"})
+    (j,) = L.jobs()
+    assert (j["gpu_type"], j["gpu_index"], j["sources"]) == ("t4", None, "sacct")
+
+
 def test_sync_by_default_jobs_with_claims_or_known(tmp_path):
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
     res = sync(L, sacct_json=F2302.read_text(), node_types={"gpu-a100": "a100"})

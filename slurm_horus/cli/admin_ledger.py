@@ -11,7 +11,7 @@ import click
 
 from slurm_horus.cli.common import (Command, model_dir_option, one_line_errors, parse_time,
                                     print_json)
-from slurm_horus.errors import HorusError
+from slurm_horus.errors import HorusError, one_line
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.history_export import export_history
 from slurm_horus.ledger.publish import publish
@@ -74,7 +74,11 @@ def sync(url, since, until, all_jobs, from_file, policy, model_dir, history, as_
         data = read_text(from_file, "--from-file", MAX_SACCT_JSON)  # bounded; a FIFO: no hang
     ledger = Ledger(url)
     res = do_sync(ledger, sacct_json=data, since=start, until=end, all_jobs=all_jobs)
-    res.update(publish(ledger, policy=policy))
+    try:
+        res.update(publish(ledger, policy=policy))
+    except HorusError as e:  # a full disk: the jobs are in the ledger, what readers get is not
+        raise HorusError(f"{res['recorded']} jobs recorded and {res['replayed']} spooled records "
+                         f"replayed, but {e}") from None
     skipped = res.pop("extracts_skipped", None)
     if skipped:  # where jobs are private their hacct finds no copy: the admin must know whose
         res["problems"].append(f"no extract for {len(skipped)} users this host does not know "
@@ -87,11 +91,9 @@ def sync(url, since, until, all_jobs, from_file, policy, model_dir, history, as_
     res["history"] = None
     registry = Registry(model_dir)
     if history and (res["recorded"] or res["replayed"]) and registry.root.is_dir():
-        try:
-            res["history"] = export_history(ledger, registry)
-        except Exception as e:  # noqa: BLE001  the sync is recorded and kept whatever failed here
-            why = str(e) if isinstance(e, (HorusError, OSError)) else type(e).__name__
-            res["problems"].append(f"history not refreshed: {why}")
+        res["history"], problem = _history(ledger, registry)
+        if problem:
+            res["problems"].append(problem)
     if as_json:
         print_json(res)
         return
@@ -131,11 +133,9 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
     res = do_retrain(ledger, registry, folds=folds, force=force, seed=seed,
                      max_iter=max_iter, progress=sys.stderr.isatty() and not as_json,
                      log=lambda m: click.echo(m, err=True))
-    try:  # the model is stored (and maybe serving): a history not refreshed is a warning
-        res["history"] = export_history(ledger, registry)
-    except HorusError as e:
-        res["history"] = None
-        click.echo(f"horus-admin retrain: warning: history not refreshed: {e}", err=True)
+    res["history"], problem = _history(ledger, registry)
+    if problem:
+        click.echo(f"horus-admin retrain: warning: {problem}", err=True)
     if as_json:
         print_json(res)
         return
@@ -157,7 +157,27 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
     else:
         click.echo(f"kept {res['baseline_version']}: {res['version']} is not shown better "
                    "(stored; --force or `horus-admin models promote` to serve it)")
-    click.echo(_history_line(res["history"]))
+    if res["history"]:
+        click.echo(_history_line(res["history"]))
+
+
+def _history(ledger, registry) -> tuple[dict | None, str | None]:
+    """(export_history's answer, None), else (None, the warning that says why): what the
+    command did (jobs recorded, a model stored and maybe serving) stands whatever fails here, so
+    a failure is its warning, never its error (a locked ledger or a full disk had reported a
+    retrain that promoted as an internal error)."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        return export_history(ledger, registry), None
+    except Exception as e:  # noqa: BLE001
+        if isinstance(e, DBAPIError):
+            why = f"ledger: {e.orig or e}"
+        elif isinstance(e, (HorusError, OSError)):
+            why = str(e)
+        else:  # no environment's message: its kind
+            why = type(e).__name__
+        return None, one_line(f"history not refreshed: {why}")
 
 
 def _failed_note(imp: dict) -> str:
@@ -191,10 +211,11 @@ def import_(csv_file, url, model_dir):
     click.echo(f"imported {imp['rows']} rows{_failed_note(imp)}")
     registry = Registry(model_dir)
     if registry.root.is_dir():
-        try:  # the rows are in: a history not refreshed is a warning, as after a retrain
-            click.echo(_history_line(export_history(ledger, registry)))
-        except HorusError as e:
-            click.echo(f"horus-admin import: warning: history not refreshed: {e}", err=True)
+        history, problem = _history(ledger, registry)
+        if problem:  # the rows are in: a warning, as after a retrain
+            click.echo(f"horus-admin import: warning: {problem}", err=True)
+        else:
+            click.echo(_history_line(history))
 
 
 def register(main_group: click.Group) -> None:

@@ -4,11 +4,14 @@ Users never open the live SQLite file: one holding a read transaction on it stop
 write (sync, the probe) until they let go. It is root's alone (0640), and after each sync
 ``publish`` writes readers a copy: a full snapshot beside it (``<ledger>.readers``) where jobs
 are not private, else each user an extract of their own jobs rows (users/<user>.db). A reader
-holding either open blocks nothing: the next copy replaces it in one rename.
+holding either open blocks nothing: the next copy replaces it in one rename.  Each is written
+to a temp file beside it (and SQLite's ``-journal`` of that), removed where the write fails, and
+those a killed sync left are removed by the next (remove_stale_temps).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import sqlite3
@@ -21,7 +24,7 @@ from slurm_horus.ledger.db import (BUSY_TIMEOUT_S, REFRESH_ADVICE, default_url, 
 from slurm_horus.ledger.report import only_own_colocated
 from slurm_horus.ledger.schema import tables
 from slurm_horus.ledger.store import Ledger
-from slurm_horus.textfile import own_dir
+from slurm_horus.textfile import own_dir, remove_stale_temps
 
 
 def readers_copy(path: Path) -> Path:
@@ -71,32 +74,49 @@ def open_reader(url: str | None = None, user: str | None = None) -> Ledger:
 def write_readers_copy(db: Path) -> Path:
     """Snapshot the live SQLite ledger ``db`` for readers (sqlite3's backup API, one read
     transaction): a root-owned temp file beside it, synced, made 0644, then renamed over the
-    last one, which readers still holding it keep reading."""
+    last one, which readers still holding it keep reading.  HorusError where it cannot be
+    written (a full disk: the last copy stands)."""
     dest = readers_copy(db)
-    fd, tmp = tempfile.mkstemp(dir=db.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
+    remove_stale_temps(db.parent, f".{glob.escape(dest.name)}.*.tmp*")
     try:
-        # not mode=ro: a crashed writer's hot journal needs rolling back before a read
-        src = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
+        fd, tmp = tempfile.mkstemp(dir=db.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        os.close(fd)
         try:
-            dst = sqlite3.connect(tmp)
+            # not mode=ro: a crashed writer's hot journal needs rolling back before a read
+            src = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
             try:
-                src.backup(dst)
+                dst = sqlite3.connect(tmp)
+                try:
+                    src.backup(dst)
+                finally:
+                    dst.close()
             finally:
-                dst.close()
-        finally:
-            src.close()
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.fchmod(fd, 0o644)
-        finally:
-            os.close(fd)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+                src.close()
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.fchmod(fd, 0o644)
+            finally:
+                os.close(fd)
+            os.replace(tmp, dest)
+        except BaseException:
+            _discard(Path(tmp))
+            raise
+    except (OSError, sqlite3.Error) as e:
+        raise HorusError(f"the readers' copy {dest} was not refreshed ({_why(e)})") from None
     return dest
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a SQLite temp file and the rollback journal a failed write left beside it."""
+    for path in (tmp, tmp.with_name(tmp.name + "-journal")):
+        path.unlink(missing_ok=True)
+
+
+def _why(e: Exception) -> str:
+    """What the system or SQLite said (under SQLAlchemy's wrapper), in a few words."""
+    e = getattr(e, "orig", None) or e
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
 def current_user() -> str:
@@ -119,6 +139,7 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
 
     folder = Path(folder)
     own_dir(folder, 0o711)  # each user opens their own extract; nobody lists whose there are
+    remove_stale_temps(folder, ".*.tmp*")
     j = tables()["jobs"]
     with ledger.engine.connect() as conn:
         users = sorted(r[0] for r in conn.execute(select(j.c.user_name).distinct())
@@ -145,28 +166,34 @@ def write_user_extracts(ledger: Ledger, folder: str | os.PathLike) -> dict:
 def _write_extract(ledger: Ledger, folder: Path, name: str, user: str | None, uid: int | None,
                    gid: int | None) -> None:
     """``folder/name``: the ledger schema with ``user``'s jobs rows (None: none; then 0444 and
-    root's), root's (0600) until complete, then 0400 and the user's, replaced atomically."""
+    root's), root's (0600) until complete, then 0400 and the user's, replaced atomically;
+    HorusError where it cannot be written (a full disk: the last one stands)."""
     from sqlalchemy import select
+    from sqlalchemy.exc import DBAPIError
 
     j = tables()["jobs"]
     tmp = folder / f".{name}.{os.getpid()}.tmp"
-    tmp.unlink(missing_ok=True)  # left by a crashed run of this pid
-    # root's (0600) until complete: given to the user first, it was theirs to lock or write
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     try:
-        ext = Ledger(f"sqlite:///{tmp}", replay=False)
+        # left by a crashed run of this pid, its journal too: SQLite would roll that into the new file
+        _discard(tmp)
+        # root's (0600) until complete: given to the user first, it was theirs to lock or write
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
-            if user is not None:
-                with ledger.engine.connect() as src, ext.engine.begin() as dst:
-                    rows = [r._asdict() for r in src.execute(select(j).where(j.c.user_name == user))]
-                    own = {(r["cluster"], r["job_id"]) for r in rows}
-                    upsert(dst, j, list(only_own_colocated(rows, own)), ("cluster", "job_id"))
-        finally:
-            ext.close()
-        os.chmod(tmp, 0o444 if user is None else 0o400)  # before it is theirs: never writable by them
-        if user is not None and os.geteuid() == 0:
-            os.chown(tmp, uid, gid)
-        os.replace(tmp, folder / name)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+            ext = Ledger(f"sqlite:///{tmp}", replay=False)
+            try:
+                if user is not None:
+                    with ledger.engine.connect() as src, ext.engine.begin() as dst:
+                        rows = [r._asdict() for r in src.execute(select(j).where(j.c.user_name == user))]
+                        own = {(r["cluster"], r["job_id"]) for r in rows}
+                        upsert(dst, j, list(only_own_colocated(rows, own)), ("cluster", "job_id"))
+            finally:
+                ext.close()
+            os.chmod(tmp, 0o444 if user is None else 0o400)  # before it is theirs: never writable by them
+            if user is not None and os.geteuid() == 0:
+                os.chown(tmp, uid, gid)
+            os.replace(tmp, folder / name)
+        except BaseException:
+            _discard(tmp)
+            raise
+    except (OSError, sqlite3.Error, DBAPIError) as e:
+        raise HorusError(f"the user extract {folder / name} was not refreshed ({_why(e)})") from None

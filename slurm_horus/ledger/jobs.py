@@ -134,6 +134,14 @@ def _loads(s, default=None):
         return default
 
 
+def earlier_run(probe: dict | None, acct: dict | None) -> bool:
+    """Whether a probe row measured an earlier run of a requeued job than accounting's (it
+    ended before that run started; its row is replaced only when the rerun is probed too):
+    its use, type and GPU are not the recorded run's."""
+    return bool(probe and acct and probe.get("end_time") and acct.get("start_time")
+                and probe["end_time"] < acct["start_time"])
+
+
 def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
     """One jobs row (without its key) from a submission row (or None) and usage rows by source."""
     def first(field, order):
@@ -143,11 +151,7 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
                 return u[field]
         return None
 
-    probe, acct = usages.get("probe"), usages.get("sacct")
-    if probe and acct and probe.get("end_time") and acct.get("start_time") \
-            and probe["end_time"] < acct["start_time"]:
-        # the probe measured an earlier run of a requeued job (its row is replaced only when
-        # the rerun is probed too): accounting's run is the one recorded
+    if earlier_run(usages.get("probe"), usages.get("sacct")):  # accounting's run is recorded
         usages = {src: u for src, u in usages.items() if src != "probe"}
     row = dict.fromkeys(job_fields())
     row["has_submission"] = 1 if sub else 0

@@ -15,6 +15,7 @@ import stat
 import tempfile
 import time
 
+from slurm_horus.errors import HorusError
 from slurm_horus.ledger.extracts import readers_copy, write_readers_copy, write_user_extracts
 from slurm_horus.slurm import commands as slurm
 from slurm_horus.slurm.policy import policy_value
@@ -87,7 +88,10 @@ def publish(ledger, *, policy: str | None = None, now: float | None = None) -> d
     kept = ledger.unproven("published") and _has_entries(path)
     if not kept:  # a ledger a mistyped --ledger made would forgive every under-claimer
         mode, gid = _record_mode(path, private)
-        write_atomically(path, text, mode, gid)
+        try:
+            write_atomically(path, text, mode, gid)
+        except OSError as e:  # a full disk: the hook reads the last record
+            raise HorusError(f"the claim record {path} was not replaced ({e.strerror or e})") from None
         ledger.set_state("published", str(int(now or time.time())))
     out = {"record_file": path, "record_users": users, "record_accounts": accounts,
            "record_kept": kept, "extracts": None, "readers_copy": None}

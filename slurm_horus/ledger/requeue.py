@@ -55,6 +55,11 @@ RESTART_DELAY_S = 5  # an OOM rerun starts this long after its requeue (see appl
 REQUEUE_REFUSED_RE = re.compile(r"Requested operation is presently disabled|"
                                 r"Only batch jobs are accepted or processed")
 
+# scontrol update's answers for a job no longer pending: started, ended or purged since the
+# pass read the queue (22.05 and 25.11)
+JOB_MOVED_ON_RE = re.compile(r"Job is no longer pending execution|Job has already finished|"
+                             r"Job/step already completing or completed|Invalid job id specified")
+
 
 class RequeueRefused(HorusError):
     """Slurm will not requeue the job at all: nothing was changed, nothing is left to finish."""
@@ -878,7 +883,12 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         except RequeueRefused as e:
             if on_note:
                 on_note(f"{a.kind} {e}")
-        except HorusError as e:  # the job moved on (started, cancelled): next pass sees it again
-            if on_error:
+        except HorusError as e:
+            if a.kind != "oom-requeue" and JOB_MOVED_ON_RE.search(str(e)):
+                # it started or ended between the read and the update: nothing to reshape, no
+                # failure (a cron pass had exited 1 for it)
+                if on_note:
+                    on_note(f"{a.kind} job {a.job_id}: no longer pending, left as it is")
+            elif on_error:
                 on_error(f"{a.kind} job {a.job_id}: {e}")
     return done

@@ -277,19 +277,26 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     now_serving = version if promoted else serving_version
     for gtype, entry in bounds.get(now_serving, {}).items():
         quantiles.setdefault(gtype, {}).update(entry)
-    # the ledger first: a retrain that fails there (a sync holding the lock past the timeout)
-    # has changed nothing that serves, where promoting first served a model the ledger never knew
-    ledger.record_predictor_version(version, {"cv": cv, "held_out": new, "baseline": old,
-                                              "baseline_version": baseline,
-                                              "held_out_rows": int(len(held)),
-                                              "score": new and score(new),
-                                              "baseline_score": old and score(old),
-                                              "forced": bool(force and not better)}, n, promoted)
+    # the ledger first, as not promoted: a retrain that fails there (a sync holding the lock past
+    # the timeout) has changed nothing that serves, where promoting first served a model the
+    # ledger never knew; promoted there once the registry serves it (recorded promoted first, a
+    # promote that failed on a full disk left the ledger naming a model that never served), and
+    # the promote undone where that record fails: whatever fails, both say the same model serves
+    metrics = {"cv": cv, "held_out": new, "baseline": old, "baseline_version": baseline,
+               "held_out_rows": int(len(held)), "score": new and score(new),
+               "baseline_score": old and score(old), "forced": bool(force and not better)}
+    ledger.record_predictor_version(version, metrics, n, False)
     for v, q in bounds.items():  # the new version's before it serves: it serves with them
         registry.save_json(calibration_file(v), {"version": CALIBRATION_VERSION, "model": v,
                                                  "quantiles": q, "held_out": HELD_OUT_RULE})
     if promoted:
+        before = registry.state()
         registry.promote(version)
+        try:
+            ledger.record_predictor_version(version, metrics, n, True)
+        except BaseException:
+            registry.restore(before)
+            raise
     registry.save_json(CALIBRATION_FILE, {"version": CALIBRATION_VERSION, "model": now_serving,
                                           "quantiles": quantiles, "held_out": HELD_OUT_RULE})
     return {"version": version, "rows": n, "skipped": ts.skipped, "failed": ts.failed,

@@ -48,6 +48,32 @@ def _trusted(st, uids: tuple[int, ...], *, folder: bool) -> str | None:
     return None
 
 
+CLAIM = ".claim-"  # a file being replayed: NAME.claim-PID-START, the replayer's pid and start
+
+
+def _started(pid) -> str | None:
+    """When process ``pid`` started, in clock ticks after boot (/proc/PID/stat); None when no
+    process has that pid."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            line = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return line[line.rindex(b")") + 2:].split()[19].decode()
+
+
+def _abandoned(claim: Path) -> bool:
+    """Whether the replayer that claimed this file is gone: no process has its pid, or one that
+    started at another time has (the pid reused). A claim named by pid alone (before the start
+    was in the name) is taken back once no process has that pid."""
+    pid, _, start = claim.suffix[len(CLAIM):].partition("-")
+    try:
+        now = _started(pid) if pid.isdigit() else None
+    except OSError:  # cannot tell: left to its replayer
+        return False
+    return now is None or (start != "" and now != start)
+
+
 class Spool:
     """Records that could not reach the ledger: one JSON file each, replayed later."""
 
@@ -68,8 +94,11 @@ class Spool:
         return final
 
     def pending(self) -> list[Path]:
+        """The files to replay: new ones, and those a replayer claimed and died with (killed
+        mid-replay, its file had been left out of every later replay)."""
         try:
-            return sorted(self.root.glob("*.jsonl"))
+            return sorted([*self.root.glob("*.jsonl"),
+                           *(p for p in self.root.glob(f"*{CLAIM}*") if _abandoned(p))])
         except OSError:  # a spool this user may not read is not theirs to replay
             return []
 
@@ -81,6 +110,7 @@ class Spool:
         from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
         uids = tuple({0, os.geteuid()})
+        mine = f"{CLAIM}{os.getpid()}-{_started(os.getpid())}"
         applied = quarantined = skipped = 0
         problems: list[str] = []
         try:
@@ -99,11 +129,12 @@ class Spool:
                 skipped += 1
                 problems.append(f"{path}: skipped, {why}")
                 continue
-            claimed = path.with_suffix(f".claim-{os.getpid()}")
+            claimed = path.with_suffix(mine)
             try:
                 os.rename(path, claimed)  # another replayer may have taken it
             except OSError:
                 continue
+            path = path.with_suffix(".jsonl")  # its name, whoever had claimed it
             try:
                 recs = [json.loads(ln) for ln in claimed.read_text().splitlines() if ln.strip()]
                 for rec in recs:

@@ -155,7 +155,8 @@ class Ledger:
             if subs:
                 upsert(conn, t["submissions"], subs, ("cluster", "job_id"))
             if uses:
-                upsert(conn, t["usage"], uses, ("cluster", "job_id", "source"))
+                upsert(conn, t["usage"], _no_earlier_probe_runs(conn, uses),
+                       ("cluster", "job_id", "source"))
             refresh_jobs(conn, [(r["cluster"], r["job_id"]) for r in (*subs, *uses)])
 
     def set_state(self, name: str, value: str) -> None:
@@ -311,6 +312,29 @@ class Ledger:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _no_earlier_probe_runs(conn, uses: list[dict]) -> list[dict]:
+    """The usage rows less the probe's records of an earlier run than the probe row stored (a
+    spooled record of a requeued job's first run, replayed after the rerun's own was written,
+    had replaced it, and merge_job then dropped both). The same run's record replaces its row:
+    a replay twice stays one row."""
+    from sqlalchemy import select
+
+    u = tables()["usage"]
+    by_cluster: dict[str, list[int]] = {}
+    for r in uses:
+        if r["source"] == "probe" and r.get("start_time") is not None:
+            by_cluster.setdefault(r["cluster"], []).append(r["job_id"])
+    stored = {}
+    for c, ids in by_cluster.items():
+        for i in range(0, len(ids), 900):
+            stored |= {(c, int(r.job_id)): r.start_time for r in conn.execute(
+                select(u.c.job_id, u.c.start_time).where(
+                    u.c.cluster == c, u.c.source == "probe", u.c.job_id.in_(ids[i:i + 900]),
+                    u.c.start_time.isnot(None)))}
+    return [r for r in uses if r["source"] != "probe" or r.get("start_time") is None
+            or r["start_time"] >= stored.get((r["cluster"], r["job_id"]), r["start_time"])]
 
 
 def record_usage_safely(*, url: str | None = None, spool: str | None = None,

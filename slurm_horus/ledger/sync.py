@@ -18,6 +18,7 @@ from sqlalchemy import delete, select, update
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import failed_measurement, refresh_jobs, tables
 from slurm_horus.ledger.claims import ModelFeatures, submission_of
+from slurm_horus.ledger.jobs import earlier_run
 from slurm_horus.ledger.records import MAX_COLOCATED, colocated_text
 from slurm_horus.slurm import commands as slurm
 from slurm_horus.slurm.accounting import FINISHED, parse_sacct_json
@@ -26,8 +27,10 @@ from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
 # jobs carried from one sync to the next while unfinished, at most (the newest ids beyond
 # it): the state is one TEXT value (64 KiB on MariaDB)
 MAX_OPEN_JOBS = 5000
-SYNC_CHUNK_S = 86400  # sacct is asked a day at a time: a long outage's window, whole, held every
-#                       job of it in memory at once (3.6x its JSON) and, failing, failed forever
+SYNC_CHUNK_S = 3600  # sacct is asked an hour at a time: a long outage's window, whole, held every
+#                      job of it in memory at once (3.6x its JSON) and, failing, failed forever;
+#                      a day of 30,000 jobs (287 MB of JSON) took 1 GB, over the scrontab's --mem
+MIN_CHUNK_S = 60  # the shortest window (see _window)
 COUNTS = ("jobs_seen", "recorded", "failed_measurements", "claims", "features",
           "colocated_updates")
 
@@ -104,16 +107,21 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     if node_types is None:
         node_types = slurm.node_gpu_types()
     # jobs a sync saw unfinished, by id wherever their end falls (slurmdbd may record it late,
-    # outside every later window: such a job was never recorded); asked once, with the first day
+    # outside every later window: such a job was never recorded); asked once, with the first window
     carried = _open_jobs(ledger, local)
     extra = [j for j in slurm.accounting_jobs_by_id(sorted({i for _, i in carried}))
              if (j["cluster"], j["job_id"]) in carried] if carried else []
     total = {k: 0 for k in COUNTS} | replayed
     still_open: dict[int, bool] = {}  # job id -> running, over this sync's windows
-    start = since
-    while True:  # a day at a time, each recorded (and its progress kept) before the next
-        end = min(start + SYNC_CHUNK_S, until)
-        accounted = slurm.accounting_jobs(start, end)
+    start, span = since, _window(ledger, local)
+    while True:  # a window at a time, each recorded (and its progress kept) before the next
+        end = min(start + span, until)
+        ledger.set_state(f"sync_window:{local}", str(int(end - start)))  # until it is recorded
+        try:
+            accounted = slurm.accounting_jobs(start, end)
+        except HorusError:  # Slurm did not answer: no fault of the window's
+            ledger.set_state(f"sync_window:{local}", "")
+            raise
         have = {(j["cluster"], j["job_id"]) for j in accounted}
         accounted += [j for j in extra if (j["cluster"], j["job_id"]) not in have]
         extra = []
@@ -132,10 +140,22 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         start = end
 
 
+def _window(ledger, local: str) -> float:
+    """How many seconds of accounting this sync asks sacct for at once: SYNC_CHUNK_S, or half
+    the window a sync of ``local`` was reading when it died (killed out of memory or time before
+    recording it: the same window again would die again, for ever), at least MIN_CHUNK_S."""
+    try:
+        died = float(ledger.get_state(f"sync_window:{local}") or 0)
+    except ValueError:
+        died = 0
+    return max(MIN_CHUNK_S, min(SYNC_CHUNK_S, died / 2)) if died > 0 else SYNC_CHUNK_S
+
+
 def _keep_progress(ledger, local: str, end: float, still_open: dict[int, bool]) -> None:
     """Save ``local``'s open jobs and how far its sync has read, each cluster its own (one
     ledger, several clusters), within one state value's column (MariaDB's TEXT): running jobs
     first (one user's thousands of pending jobs had pushed them out)."""
+    ledger.set_state(f"sync_window:{local}", "")  # recorded
     mine = sorted(still_open, key=lambda i: (still_open[i], i))[-MAX_OPEN_JOBS:]
     ledger.set_state(f"open_jobs:{local}", json.dumps(sorted(mine), separators=(",", ":")))
     # never past now: a sync -E in the future had set every later default window's start after
@@ -274,8 +294,10 @@ def _known_jobs(ledger, jobs: list[dict]) -> set[tuple[str, int]]:
 
 
 def _probe_placement(ledger, jobs: list[dict]) -> dict[tuple[str, int], tuple]:
-    """{(cluster, job id): (GPU index, GPU type)} from the probe's usage rows of these jobs."""
+    """{(cluster, job id): (GPU index, GPU type)} from the probe's usage rows of these jobs'
+    runs (a requeued job's earlier run, probed elsewhere, had kept the node's type away)."""
     u = tables()["usage"]
+    by_key = {(j["cluster"], j["job_id"]): j for j in jobs}
     by_cluster: dict[str, list[int]] = {}
     for j in jobs:
         by_cluster.setdefault(j["cluster"], []).append(j["job_id"])
@@ -283,9 +305,10 @@ def _probe_placement(ledger, jobs: list[dict]) -> dict[tuple[str, int], tuple]:
     with ledger.engine.connect() as conn:
         for c, ids in by_cluster.items():
             for i in range(0, len(ids), 900):
-                for r in conn.execute(select(u.c.job_id, u.c.gpu_index, u.c.gpu_type).where(
+                for r in conn.execute(select(u.c.job_id, u.c.gpu_index, u.c.gpu_type, u.c.end_time).where(
                         u.c.cluster == c, u.c.source == "probe", u.c.job_id.in_(ids[i:i + 900]))):
-                    out[(c, int(r.job_id))] = (r.gpu_index, r.gpu_type)
+                    if not earlier_run(r._asdict(), by_key[(c, int(r.job_id))]):
+                        out[(c, int(r.job_id))] = (r.gpu_index, r.gpu_type)
     return out
 
 

@@ -7,7 +7,9 @@ Layout of the registry folder: `vNNNN.json` (one model each, never rewritten), `
 (those of version vNNNN's own answers, which serve whenever it serves), `rows-vNNNN.json` (the
 rows each version was trained on; root's alone, 0600), `.pseudonym-key` (root's alone) and
 `users/<name>` (that user's pseudonym in history.json, readable by that user alone). Readers
-never see a half-written file: everything is written to a temporary file and renamed into place.
+never see a half-written file: everything is written to a temporary file (`.tmp-*.json`) and
+renamed into place; a write that fails removes its own, and each write first removes those of
+writers killed mid-write (remove_stale_temps).
 Folders are made 0755 whatever the umask: a group-writable one would be refused by every reader.
 
 history.json names users by pseudonyms (an HMAC of the name under the registry's key), never by
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
-from slurm_horus.textfile import create_site_dirs, open_for_reading, own_dir
+from slurm_horus.textfile import create_site_dirs, open_for_reading, own_dir, remove_stale_temps
 from slurm_horus.predict.learned import MAX_MODEL_BYTES, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
@@ -50,6 +52,7 @@ MAX_SMALL_JSON = 1 << 20  # current.json, calibration files: a few kB written; a
 MAX_HISTORY_BYTES = 32 << 20
 MAX_ROWS_BYTES = 64 << 20  # rows-vNNNN.json, read by retrain alone: 25 bytes a training job
 KEY_FILE = ".pseudonym-key"
+TEMP_PREFIX, TEMP_SUFFIX = ".tmp-", ".json"  # _write_temp's names
 PSEUDONYM_RE = re.compile(r"u-[0-9a-f]{16}")
 
 
@@ -199,14 +202,18 @@ class Registry:
             if len(text) > MAX_MODEL_BYTES:  # every reader would refuse it
                 raise HorusError(f"model of {len(text) / 2**20:.0f} MiB, over the "
                                  f"{MAX_MODEL_BYTES >> 20} MiB readers take; not stored")
-            tmp = self._write_temp(text)
+            path = self.root / f"{version}.json"
             try:
-                os.link(tmp, self.root / f"{version}.json")  # fails if another writer took it
-                return version
-            except FileExistsError:
-                continue
-            finally:
-                os.unlink(tmp)
+                tmp = self._write_temp(text)
+                try:
+                    os.link(tmp, path)  # fails if another writer took it
+                    return version
+                except FileExistsError:
+                    continue
+                finally:
+                    os.unlink(tmp)
+            except OSError as e:
+                raise _not_written(path, e) from None
 
     def lock(self):
         """The registry's changes one at a time (retrain, promote, rollback): a retrain that
@@ -246,6 +253,12 @@ class Registry:
         with self.lock():
             self._promote(version)
 
+    def restore(self, state: dict) -> None:
+        """Serve as ``state`` (an earlier state()) said: undoes a promote the ledger could not
+        record, which would otherwise serve a model the ledger says was not promoted."""
+        with self.lock():
+            self._write_state(state)
+
     def _promote(self, version: str) -> None:
         self.load(version)  # refuse to serve a file that does not load
         state = self.state()
@@ -279,7 +292,7 @@ class Registry:
             raise HorusError(f"{name}: {len(text) / 2**20:.1f} MiB, over the {cap / 2**20:g} MiB "
                              "readers take; not replaced")
         self._make_root()
-        os.replace(self._write_temp(text, mode), self.root / name)
+        self._replace(self.root / name, text, mode)
 
     def pseudonyms(self, users) -> dict[str, str]:
         """{name: pseudonym} of ``users`` under the registry's key (made on first use, root's
@@ -289,6 +302,7 @@ class Registry:
         out = {u: "u-" + hmac.new(key, u.encode(), hashlib.sha256).hexdigest()[:16] for u in users}
         folder = self.root / USERS_DIR
         own_dir(folder, 0o711)  # each user opens their own file; nobody lists who has one
+        remove_stale_temps(folder, f"{TEMP_PREFIX}*{TEMP_SUFFIX}")
         for old in os.listdir(folder):  # a user gone: their uid may be someone else's next
             if old not in out and not old.startswith("."):
                 (folder / old).unlink(missing_ok=True)
@@ -310,14 +324,7 @@ class Registry:
                     continue
             except OSError:  # gone, or not to be read now (_head): written anew
                 pass
-            tmp = self._write_temp(name + "\n", 0o400, folder)
-            try:
-                if os.geteuid() == 0:
-                    os.chown(tmp, uid, gid)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            self._replace(path, name + "\n", 0o400, (uid, gid))
         return out
 
     def _key(self) -> bytes:
@@ -344,15 +351,17 @@ class Registry:
         return key
 
     def _make_root(self) -> None:
+        """The folder, made before a write, with the temp files of writers killed mid-write
+        removed (they had stayed for good)."""
         create_site_dirs(self.root)
+        remove_stale_temps(self.root, f"{TEMP_PREFIX}*{TEMP_SUFFIX}")
 
     def save_history(self, history: dict) -> None:
         self.save_json(HISTORY_FILE, history)
 
     def _write_state(self, state: dict) -> None:
         self._make_root()
-        tmp = self._write_temp(json.dumps(state, indent=1))
-        os.replace(tmp, self.root / "current.json")
+        self._replace(self.root / "current.json", json.dumps(state, indent=1))
 
     def check_writable(self) -> None:
         """HorusError unless a file can be written here (what every change of the registry
@@ -364,14 +373,42 @@ class Registry:
             raise HorusError(f"model registry {self.root}: cannot write ({e.strerror or e})") from None
         self._check_folders()  # what every reader will refuse, found now
 
+    def _replace(self, path: Path, text: str, mode: int = 0o644,
+                 owner: tuple[int, int] | None = None) -> None:
+        """Replace ``path`` with ``text`` in one rename, of ``mode`` (and, run as root, ``owner``'s
+        uid and gid); HorusError naming it where it cannot be written (a full disk: the old file
+        stands, and no temp file is left)."""
+        try:
+            tmp = self._write_temp(text, mode, path.parent)
+            try:
+                if owner is not None and os.geteuid() == 0:
+                    os.chown(tmp, *owner)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as e:
+            raise _not_written(path, e) from None
+
     def _write_temp(self, text: str, mode: int = 0o644, folder: Path | None = None) -> str:
-        fd, tmp = tempfile.mkstemp(dir=folder or self.root, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+        """A synced temp file holding ``text`` in ``folder`` (the root); removed where the write
+        fails (a full disk had left an empty one each time)."""
+        fd, tmp = tempfile.mkstemp(dir=folder or self.root, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())
+        except BaseException:
+            os.unlink(tmp)
+            raise
         return tmp
+
+
+def _not_written(path: Path, e: OSError) -> HorusError:
+    """The one-line error of a registry file not written (a full disk, a read-only folder)."""
+    return HorusError(f"{path}: not written ({e.strerror or e})")
 
 
 def calibration_file(version: str) -> str:
