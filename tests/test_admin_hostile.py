@@ -392,6 +392,19 @@ def test_a_window_a_sync_died_reading_is_read_in_halves_by_the_next(tmp_path, mo
     fits[0] = 3600
     sync_mod.sync(L, since=now - 3600, until=now)
     assert windows == [0, 3600]
+    # sacct itself killed (the OOM killer) or timed out on the window: halved next, as above
+    for answer in ("sacct --json --allusers: exit -9", "sacct --json --allusers timed out after 300 s"):
+        windows.clear()
+
+        def dies(since, until, answer=answer):
+            windows.append(round(until - since))
+            raise HorusError(answer)
+        monkeypatch.setattr(slurm, "accounting_jobs", dies)
+        with pytest.raises(HorusError):
+            sync_mod.sync(L, since=now - 3600, until=now)
+        monkeypatch.setattr(slurm, "accounting_jobs", accounting)
+        sync_mod.sync(L, since=now - 3600, until=now)
+        assert windows == [3600, 1800, 1800], answer
 
 
 def test_sacct_is_asked_in_seconds_before_its_now(monkeypatch):

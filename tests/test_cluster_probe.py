@@ -177,6 +177,7 @@ def test_a_rerun_is_predicted_from_its_run_after_one_sync(jobs):
         measured = probe_row(jobs[0])
         assert measured, "the probe recorded nothing"
         ran_on = measured["gpu_type"]  # the hook may give the job any type's whole GPU
+        assert ran_on, measured
         deadline, line = time.time() + 60, ""
         while time.time() < deadline and "history:exact" not in line:  # until accounting has it
             s = sh("horus-admin", "sync", "--ledger", f"sqlite:///{LEDGER_DB}", "--model-dir", str(reg),

@@ -125,3 +125,22 @@ def test_sbatch_ignore_pbs_no_leaves_pbs_lines_translated(tmp_path):
     base = ["--model", "m.onnx", str(script)]
     assert sub.prepare(base, env={"SBATCH_IGNORE_PBS": "no"}).script_translated
     assert not sub.prepare(base, env={"SBATCH_IGNORE_PBS": "yes"}).script_translated
+
+
+def test_explain_prints_a_scripts_undecodable_comment_bytes_on_a_strict_stdout(tmp_path, slurm_bin):
+    """--explain had crashed (UnicodeEncodeError) on them under a UTF-8 locale's strict stdout."""
+    env, log = slurm_bin
+    script = tmp_path / "lat.sh"
+    script.write_bytes(b'#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH --comment="caf\xe9"\ntrue\n')
+    cp = hsubmit(["--explain", "-p", "gpu", "--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8",
+                  str(script)], {**env, "PYTHONIOENCODING": "utf-8:strict"})
+    assert cp.returncode == 0 and b"internal error" not in cp.stderr, cp.stderr
+    assert b"--comment=caf\xe9 horus:v1;" in cp.stdout and not log.exists()
+
+
+def test_sbatch_quiet_0_undoes_a_scripts_quiet_as_sbatch_reads_it(tmp_path):
+    script = tmp_path / "q.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -Q\ntrue\n")
+    assert sub.prepare([str(script)], env={}).quiet
+    assert not sub.prepare([str(script)], env={"SBATCH_QUIET": "0"}).quiet
+    assert sub.prepare(["-Q", str(script)], env={"SBATCH_QUIET": "0"}).quiet  # the command line last

@@ -817,10 +817,10 @@ def test_a_job_that_started_before_its_reshape_is_no_failed_pass(monkeypatch, tm
     monkeypatch.setattr(requeue, "pressure_actions", lambda *a, **k: [
         requeue.Action(1795, "spread", "gres/gpu:1", "horus-queue:v1;action=spread")])
 
-    def apply(*a, **k):
+    def reshape(*a, **k):
         raise HorusError(answer)
 
-    monkeypatch.setattr(requeue, "apply", apply)
+    monkeypatch.setattr(requeue, "reshape", reshape)
     errors, notes = [], []
     assert requeue.tend(on_error=errors.append, on_note=notes.append, journal=str(tmp_path / "j.json")) == []
     assert (len(errors), len(notes)) == ((1, 0) if failed else (0, 1)), (errors, notes)

@@ -92,7 +92,7 @@ def _main(argv: list[str]) -> int:
         if sys.stdout is None:  # started with stdout closed (>&-): nowhere to explain
             _err("error: --explain: standard output is closed")
             return 1
-        sys.stdout.write(sub.explain_text(plan) + "\n")
+        _write_out(sub.explain_text(plan) + "\n")
         return 1 if plan.model is not None and not plan.predictions else 0  # nothing predicted
     # with or without a hint, sbatch answers the user itself
     for stream in (sys.stdout, sys.stderr):
@@ -102,6 +102,22 @@ def _main(argv: list[str]) -> int:
             pass
     slurm.exec_sbatch(plan.sbatch_argv, stdin=plan.stdin_script)  # does not return
     return 1
+
+
+def _write_out(text: str) -> None:
+    """Print ``text`` with the bytes of a script or an argument that were no UTF-8 (decoded
+    with surrogateescape) as they were: a strict stdout had crashed --explain on them."""
+    if not hasattr(sys.stdout, "buffer"):  # a text-only stream put in its place
+        sys.stdout.write(text)
+        return
+    enc = sys.stdout.encoding or "utf-8"
+    try:
+        data = text.encode(enc, "surrogateescape")
+    except UnicodeEncodeError:
+        data = text.encode(enc, "backslashreplace")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
 
 
 def _warn(plan, sub, msg: str) -> None:

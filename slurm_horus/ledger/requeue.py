@@ -61,6 +61,10 @@ JOB_MOVED_ON_RE = re.compile(r"Job is no longer pending execution|Job has alread
                              r"Job/step already completing or completed|Invalid job id specified")
 
 
+class JobMovedOn(HorusError):
+    """The job to reshape is no longer pending (JOB_MOVED_ON_RE): nothing was changed."""
+
+
 class RequeueRefused(HorusError):
     """Slurm will not requeue the job at all: nothing was changed, nothing is left to finish."""
 
@@ -660,13 +664,15 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
 
         try:
             got = reshape(jid, action.tres, action.fallback, action.job_id, action.features)
-        except HorusError:
+        except HorusError as e:
             # its check or update failed, maybe after Slurm applied it: unmarked, no later pass
             # would undo a change that took, so the old request is put back
             try:
                 put_back()
             except HorusError:
                 pass
+            if JOB_MOVED_ON_RE.search(str(e)):
+                raise JobMovedOn(str(e)) from None
             raise
         try:
             run(["scontrol", "update", f"JobId={jid}",
@@ -883,12 +889,12 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         except RequeueRefused as e:
             if on_note:
                 on_note(f"{a.kind} {e}")
+        except JobMovedOn:
+            # it started or ended between the read and the reshape: nothing changed, no failure
+            # (a cron pass had exited 1 for it)
+            if on_note:
+                on_note(f"{a.kind} job {a.job_id}: no longer pending, left as it is")
         except HorusError as e:
-            if a.kind != "oom-requeue" and JOB_MOVED_ON_RE.search(str(e)):
-                # it started or ended between the read and the update: nothing to reshape, no
-                # failure (a cron pass had exited 1 for it)
-                if on_note:
-                    on_note(f"{a.kind} job {a.job_id}: no longer pending, left as it is")
-            elif on_error:
+            if on_error:
                 on_error(f"{a.kind} job {a.job_id}: {e}")
     return done

@@ -11,6 +11,7 @@ gives the GPU index in accounting: sync takes it from the probe.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from sqlalchemy import delete, select, update
@@ -28,6 +29,8 @@ from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
 # it): the state is one TEXT value (64 KiB on MariaDB)
 MAX_OPEN_JOBS = 5000
 SYNC_CHUNK_S = 3600  # sacct is asked an hour at a time: a long outage's window, whole, held every
+# sacct timed out or killed by a signal (the OOM killer): maybe the window's size, halved next
+_WINDOW_TOO_BIG = re.compile(r"timed out after|: exit -\d+$")
 #                      job of it in memory at once (3.6x its JSON) and, failing, failed forever;
 #                      a day of 30,000 jobs (287 MB of JSON) took 1 GB, over the scrontab's --mem
 MIN_CHUNK_S = 60  # the shortest window (see _window)
@@ -119,8 +122,9 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         ledger.set_state(f"sync_window:{local}", str(int(end - start)))  # until it is recorded
         try:
             accounted = slurm.accounting_jobs(start, end)
-        except HorusError:  # Slurm did not answer: no fault of the window's
-            ledger.set_state(f"sync_window:{local}", "")
+        except HorusError as e:
+            if not _WINDOW_TOO_BIG.search(str(e)):  # Slurm did not answer: no fault of the window's
+                ledger.set_state(f"sync_window:{local}", "")
             raise
         have = {(j["cluster"], j["job_id"]) for j in accounted}
         accounted += [j for j in extra if (j["cluster"], j["job_id"]) not in have]

@@ -164,7 +164,7 @@ def find_hint_token(comment: str | None) -> str | None:
     too long, as the hook would ignore the hint then."""
     if not comment or "horus:" not in comment:
         return None
-    if len(comment.encode("utf-8", "surrogatepass")) > MAX_COMMENT_BYTES:
+    if _nbytes(comment) > MAX_COMMENT_BYTES:
         raise HorusError(f"comment longer than {MAX_COMMENT_BYTES} bytes")
     tokens = _HORUS_TOKEN_RE.findall(comment)
     if len(tokens) > 1:
@@ -249,7 +249,7 @@ def attach_hint(comment: str | None, token: str) -> str:
                              "beside the hint (job_submit.lua reads one horus: word, sync one "
                              "horus-job: word)")
     result = user + (" " if user and user[-1] not in _WS else "") + token
-    if len(result.encode("utf-8", "surrogatepass")) > MAX_COMMENT_BYTES:
+    if _nbytes(result) > MAX_COMMENT_BYTES:
         raise HorusError(f"comment with hint longer than {MAX_COMMENT_BYTES} bytes")
     return result
 
@@ -271,7 +271,11 @@ def attach_tokens(comment: str | None, hint: str, job: dict | None = None, *,
 
 
 def _nbytes(s: str) -> int:
-    return len(s.encode("utf-8", "surrogatepass"))
+    """The bytes Slurm gets: an undecodable byte of argv or a script (surrogateescape) is one."""
+    try:
+        return len(s.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # a lone surrogate no byte stands for
+        return len(s.encode("utf-8", "surrogatepass"))
 
 
 def _pct(s: str, extra: str = "") -> str:

@@ -77,8 +77,11 @@ class Plan:
     @property
     def quiet(self) -> bool:
         """sbatch -Q (--quiet, SBATCH_QUIET, #SBATCH -Q): errors only, hsubmit's warnings too."""
-        return (sa.has_flag(self.split.parsed, "quiet") or sa.env_flag(self.env.get("SBATCH_QUIET"))
-                or sa.has_flag(self.script_opts, "quiet"))
+        if sa.has_flag(self.split.parsed, "quiet"):
+            return True
+        if "SBATCH_QUIET" in self.env:  # read after the script: SBATCH_QUIET=0 undoes its -Q
+            return sa.env_flag(self.env["SBATCH_QUIET"])
+        return sa.has_flag(self.script_opts, "quiet")
 
     def request(self, name: str) -> str | None:
         """A request field as sbatch resolves it: command line > environment > #SBATCH."""
