@@ -29,11 +29,11 @@ from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
 # it): the state is one TEXT value (64 KiB on MariaDB)
 MAX_OPEN_JOBS = 5000
 SYNC_CHUNK_S = 3600  # sacct is asked an hour at a time: a long outage's window, whole, held every
-# sacct timed out or killed by a signal (the OOM killer): maybe the window's size, halved next
-_WINDOW_TOO_BIG = re.compile(r"timed out after|: exit -\d+$")
 #                      job of it in memory at once (3.6x its JSON) and, failing, failed forever;
 #                      a day of 30,000 jobs (287 MB of JSON) took 1 GB, over the scrontab's --mem
 MIN_CHUNK_S = 60  # the shortest window (see _window)
+# sacct timed out or killed by a signal (the OOM killer): maybe the window's size, halved next
+_WINDOW_TOO_BIG = re.compile(r"timed out after|: exit -\d+$")
 COUNTS = ("jobs_seen", "recorded", "failed_measurements", "claims", "features",
           "colocated_updates")
 
