@@ -6,6 +6,7 @@
     python benchmarks/bench_simulate.py --skip-sweep          # only the 100k-job CPU time
     python benchmarks/bench_simulate.py --skip-sweep --skip-scale --spread 0.3,0.6,0.9   # a wrong spread
     python benchmarks/bench_simulate.py --skip-sweep --skip-scale --known-sensitivity 1,2,4   # what-if
+    python benchmarks/bench_simulate.py --skip-sweep --skip-scale --mixes philly --rounding 4   # noise floor
 
 Part 1, the sweep: loads 0.5, 1, 2, 4, 8 x mixes philly, llm, pai x seeds 1-3, each the
 equivalent of ``horus-admin simulate --cluster mixed.json --jobs 2000 --trace MIX --load L
@@ -40,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from slurm_horus.errors import HorusError  # noqa: E402
 from slurm_horus.plot import save  # noqa: E402
 from slurm_horus.sim.cluster import SLURM_BF_INTERVAL_S, cluster_from_json, homogeneous_cluster  # noqa: E402
-from slurm_horus.sim.engine import run_policies  # noqa: E402
+from slurm_horus.sim.engine import Simulator, run_policies  # noqa: E402
 from slurm_horus.sim.interference import SENSITIVITY_SIGMA, Interference  # noqa: E402
 from slurm_horus.sim.mix import ModelMix  # noqa: E402
 from slurm_horus.sim.plot import sweep_figure  # noqa: E402
-from slurm_horus.sim.policies import POLICIES, job_table  # noqa: E402
+from slurm_horus.sim.policies import POLICIES, HorusDecider, build_requests, job_table  # noqa: E402
 from slurm_horus.sim.traces import REPEAT_SHARE, generate_trace  # noqa: E402
 
 MIXED = {"nodes": [{"name": "a", "gpu_type": "a100", "gpus": 8, "count": 4},
@@ -233,6 +234,46 @@ def known_sensitivity(mixes, loads, seeds, n_jobs: int, mix: ModelMix, repeat_sh
         "|---|---|---|---|---|---|---|---|---|", *rows, ""])
 
 
+def rounding(mixes, loads, seeds, quanta, n_jobs: int, mix: ModelMix, repeat_share: float,
+             bf_interval: float) -> str:
+    """The noise floor of one run: the oracle with its hint's true utilization rounded up to
+    each of ``quanta`` % (the default 1), the same information to within a rounding no policy
+    could act on, beside naive and horus on the same trace.  How far its mean JCT moves says
+    how far apart two policies of one seed may land by chance alone."""
+    cluster = cluster_from_json(json.dumps(MIXED))
+    types = cluster.gpu_types
+    mem = [cluster.mem_mib(t) for t in types]
+    rows, spans = [], []
+    with HorusDecider(types, mem) as decider:
+        for trace in mixes:
+            for load in loads:
+                for s in seeds:
+                    jobs = _trace(trace, n_jobs, cluster, s, load, mix, repeat_share)
+                    table = job_table(jobs, types, mem)
+                    r = run_policies(cluster, jobs, ("naive", "horus"), table=table)
+                    jct = []
+                    for q in quanta:
+                        reqs, _ = build_requests(jobs, "oracle", types, mem, decider.shards_per_gpu,
+                                                 decider=decider, table=table, oracle_util_q=q)
+                        m = Simulator(cluster, jobs, reqs, decider.shards_per_gpu, table=table,
+                                      history_lag_s=None, bf_interval=bf_interval).run()
+                        jct.append(m["mean_jct_s"])
+                    spans.append(max(jct) / min(jct))
+                    rows.append(f"| {trace} | {load:g} | {s} | {r['naive']['mean_jct_s'] / 1e3:.1f} | "
+                                f"{r['horus']['mean_jct_s'] / 1e3:.1f} | "
+                                + " | ".join(f"{x / 1e3:.1f}" for x in jct) + f" | {max(jct) / min(jct):.2f} |")
+                print(f"  rounding {trace} load {load:g}: done", file=sys.stderr, flush=True)
+    spans.sort()
+    return "\n".join([
+        f"#### The noise floor of one run: the oracle's true utilization rounded up to "
+        f"{', '.join(f'{q:g}' for q in quanta)} % ({n_jobs:,} jobs; mean JCT ks)\n",
+        "| mix | load | seed | naive | horus | " + " | ".join(f"oracle, {q:g} %" for q in quanta)
+        + " | oracle max / min |",
+        "|---|---|---|---|---|" + "---|" * len(quanta) + "---|", *rows, "",
+        f"oracle max / min over the {len(spans)} runs: median {statistics.median(spans):.2f}, "
+        f"max {spans[-1]:.2f}", ""])
+
+
 def plot(res: dict, path: str) -> str:
     """Mean JCT against load, one panel per mix, one line per policy (slurm_horus.sim.plot)."""
     try:
@@ -289,6 +330,10 @@ def main() -> None:
     ap.add_argument("--known-sensitivity", default="", metavar="LOADS",
                     help="loads at which to run horus and the oracle with each job's sensitivity "
                          "known, on --mixes (a what-if; '' to skip, the default)")
+    ap.add_argument("--rounding", default="", metavar="LOADS",
+                    help="loads at which to run the oracle with its true utilization rounded up to "
+                         "0.5, 1 and 2 %% on --mixes and --seeds: the noise floor of a per-seed "
+                         "comparison ('' to skip, the default)")
     ap.add_argument("--limit-noise", type=float, default=0.0,
                     help="time limits as users give them in every generated trace: the exact 2x "
                          "the slowest type's run time times exp(NOISE x |N(0,1)|), rounded up to "
@@ -312,9 +357,10 @@ def main() -> None:
         s_sigmas = [float(x) for x in args.spread.split(",") if x.strip()]
         s_loads = [float(x) for x in args.spread_loads.split(",")]
         k_loads = [float(x) for x in args.known_sensitivity.split(",") if x.strip()]
+        r_loads = [float(x) for x in args.rounding.split(",") if x.strip()]
     except ValueError:
         sys.exit("bench_simulate: --loads, --frontier-loads, --frontier-bounds, --spread, "
-                 "--spread-loads and --known-sensitivity take numbers, --seeds integers, comma-separated")
+                 "--spread-loads, --known-sensitivity and --rounding take numbers, --seeds integers, comma-separated")
     if any(not 0.0 <= x <= 3.0 for x in s_sigmas):
         sys.exit("bench_simulate: --spread takes sigmas in [0, 3]")
     if not 0.0 <= args.bf_interval <= 30 * 86400.0:
@@ -345,6 +391,10 @@ def main() -> None:
         print(out[-1], flush=True)
     if k_loads:
         out.append(known_sensitivity(mixes, k_loads, seeds, args.jobs, mix, args.repeat_share))
+        print(out[-1], flush=True)
+    if r_loads:
+        out.append(rounding(mixes, r_loads, seeds, (0.5, 1.0, 2.0), args.jobs, mix, args.repeat_share,
+                            args.bf_interval))
         print(out[-1], flush=True)
     if not args.skip_scale:
         out.append(scale(args.scale_jobs, args.scale_gpus, args.scale_load, ModelMix()))  # cold cache
