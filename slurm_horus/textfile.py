@@ -1,22 +1,25 @@
 """Text files a command is pointed at (a cluster description, a policy, slurm.conf, a GPU
 catalog, an export), read as one-line HorusErrors: missing, a folder, larger than the caller
 allows, or not UTF-8 -- never a traceback, and never an endless read of /dev/zero or a pipe;
-the folders the site's own files are written to, made 0755 whatever the umask; and the temp
-files writers killed mid-write left there, removed."""
+the folders the site's own files are written to, made 0755 whatever the umask; text files
+written whole, in one rename; and the temp files writers killed mid-write left there, removed."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import stat
+import tempfile
 import time
 from pathlib import Path
 from typing import BinaryIO
 
 from slurm_horus.errors import HorusError
 
-__all__ = ["create_site_dirs", "open_for_reading", "read_text", "remove_stale_temps"]
+__all__ = ["create_site_dirs", "open_for_reading", "read_text", "remove_stale_temps", "replace_text",
+           "write_temp"]
 
 # a writer's temp file changes while it is filled and is renamed into place within seconds (a
 # minute for a GB ledger's copy): one unchanged for an hour is a killed writer's, and a writer
@@ -112,17 +115,58 @@ def _others_may_change(d: Path) -> bool:
     return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0))
 
 
-def remove_stale_temps(folder: str | os.PathLike, pattern: str) -> None:
+def write_temp(folder: str | os.PathLike, text: str, prefix: str, suffix: str = "",
+               mode: int = 0o644, owner: tuple[int, int] | None = None) -> str:
+    """A temp file in ``folder`` (named ``prefix``, random characters, ``suffix``: the names its
+    writer's remove_stale_temps matches) holding ``text``, of ``mode`` and ``owner`` ((uid, gid),
+    -1 leaving one as it is), synced before its writer renames or links it into place; removed
+    where the write fails (a full disk had left an empty one each time).  Raises OSError."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # as read_text reads it, whatever the locale
+            f.write(text)
+            f.flush()
+            if owner is not None:
+                os.fchown(f.fileno(), *owner)
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+    except BaseException:
+        _discard(tmp)
+        raise
+    return tmp
+
+
+def replace_text(path: str | os.PathLike, text: str, prefix: str, suffix: str = "",
+                 mode: int = 0o644, owner: tuple[int, int] | None = None) -> None:
+    """Replace ``path`` with ``text`` in one rename of a temp file beside it (write_temp):
+    readers see the old file or the new one, whole.  Where the write fails (a full disk) the old
+    file stands and no temp file is left.  Raises OSError."""
+    tmp = write_temp(os.path.dirname(os.path.abspath(path)), text, prefix, suffix, mode, owner)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _discard(tmp)
+        raise
+
+
+def _discard(tmp: str) -> None:
+    """Remove a failed write's temp file, keeping the error that failed it."""
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+def remove_stale_temps(folder: str | os.PathLike, pattern: str, owner: int | None = None) -> None:
     """Remove the files in ``folder`` that match ``pattern`` (a writer's own temp-file names, a
     glob) and are unchanged for STALE_TEMP_S: a writer killed mid-write (SIGTERM, a crash) leaves
     its temp file, which nothing else removes (a 108 MB copy of the ledger had stayed), while a
-    concurrent writer's is never that old.  A file it cannot remove is left: a cleanup never
-    fails the write it comes before."""
+    concurrent writer's is never that old.  ``owner``: only that uid's files, where the folder
+    is not the site's own (a sticky /tmp: another user's file of that name is theirs).  A file
+    it cannot remove is left: a cleanup never fails the write it comes before."""
     cutoff = time.time() - STALE_TEMP_S
     for path in Path(folder).glob(pattern):
         try:
             st = path.lstat()
-            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff and owner in (None, st.st_uid):
                 path.unlink()
         except OSError:
             pass

@@ -21,6 +21,29 @@ def _isolated_site(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HORUS_POLICY", str(policy))
 
 
+@pytest.fixture(scope="session")
+def python_for_others():
+    """Skip a test whose code runs as another user (sync's analysis as the job's owner, a user's
+    own hacct) where that user cannot run this Python: an interpreter under a private home
+    (/root 0700).  A site installs slurm-horus where its users can (they run hsubmit)."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv")
+    try:
+        ok = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                             "-c", "import slurm_horus, onnx, numpy, sqlalchemy"], capture_output=True,
+                            timeout=120, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                              "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+                            ).returncode == 0
+    except OSError:
+        ok = False
+    if not ok:
+        pytest.skip(f"{sys.executable} and its packages cannot be run by other users here")
+
+
 @pytest.fixture()
 def simulate_cli():
     """`horus-admin simulate` alone in a click group, for CliRunner."""

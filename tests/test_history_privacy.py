@@ -56,7 +56,7 @@ def _as(user: str, code: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
-def test_history_names_no_user_and_each_user_reads_only_their_own_pseudonym(shared_dir):
+def test_history_names_no_user_and_each_user_reads_only_their_own_pseudonym(shared_dir, python_for_others):
     root = shared_dir / "models"
     export_history(_ledger(shared_dir), Registry(root))
     text = (root / "history.json").read_text()
@@ -201,7 +201,7 @@ def test_history_names_no_model_family_and_the_family_still_answers(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
-def test_a_lease_on_a_pseudonym_file_holds_no_export(shared_dir):
+def test_a_lease_on_a_pseudonym_file_holds_no_export(shared_dir, python_for_others):
     """users/<name> is its user's own file: a write lease on it (F_SETLEASE) had held the export's
     plain open() for lease-break-time (45 s), every export; it is read without waiting now, and
     a file that cannot be read is written anew."""

@@ -91,19 +91,26 @@ def _python_for(user: pwd.struct_passwd, root: Path) -> tuple[str, dict]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/", "LANG": "C.UTF-8",
            "PYTHONPATH": str(REPO)}
     probe = [sys.executable, "-c", "import sqlalchemy, click"]
-    if subprocess.run(probe, user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=env,
-                      capture_output=True).returncode == 0:
-        return sys.executable, env
+    try:
+        if subprocess.run(probe, user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=env,
+                          capture_output=True).returncode == 0:
+            return sys.executable, env
+    except PermissionError:
+        pass  # not even runnable by them (a private home): the system's below
     exe = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}",
                        path="/usr/bin:/usr/local/bin")
     if exe is None:
         pytest.skip("no Python the ordinary user may run")
     site = root / "site"
     import click
+    import markdown_it
+    import mdurl
+    import pygments
+    import rich
     import sqlalchemy
     import typing_extensions
 
-    for mod in (sqlalchemy, click):
+    for mod in (sqlalchemy, click, rich, markdown_it, mdurl, pygments):  # hacct's imports
         shutil.copytree(Path(mod.__file__).parent, site / mod.__name__,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(typing_extensions.__file__, site)
@@ -504,3 +511,42 @@ def test_a_claim_record_a_full_disk_stops_is_one_line_and_the_last_one_stands(tm
     with pytest.raises(HorusError, match=r"claim record .*/record was not replaced \(No space left on device\)"):
         publish(L, policy=str(tmp_path / "policy.conf"))
     assert record.read_text() == "old\n" and not list(tmp_path.glob(".record-*"))
+
+
+def test_temp_files_of_a_killed_record_writer_are_removed_never_a_live_ones_or_others(tmp_path):
+    """A sync killed while writing the claim record (or the loop, the pressure file) left its
+    `.record-*` temp file, which nothing removed; the next write removes those an hour old, never
+    one a concurrent writer is filling, nor another file of the folder it shares."""
+    from slurm_horus.ledger.publish import write_atomically
+    from slurm_horus.textfile import STALE_TEMP_S
+
+    def temp():  # named as the writer names its own
+        fd, path = tempfile.mkstemp(dir=tmp_path, prefix=".record-")
+        os.close(fd)
+        return Path(path)
+
+    stale, live = temp(), temp()
+    others = [tmp_path / ".record-kept-by-hand", tmp_path / ".ledger.db.readers.x.tmp", tmp_path / "record.bak"]
+    for p in others:
+        p.write_text("")
+    old = time.time() - STALE_TEMP_S - 60
+    for p in (stale, *others):
+        os.utime(p, (old, old))
+    write_atomically(tmp_path / "record", "new\n")
+    assert not stale.exists() and live.exists() and all(p.exists() for p in others)
+    assert (tmp_path / "record").read_text() == "new\n"
+
+
+def test_a_stale_record_temp_name_of_another_users_is_theirs(tmp_path):
+    """The record's folder is whatever the admin names (a pressure file in a sticky /tmp): a
+    file of the temp files' name and age that another user owns is theirs, never removed."""
+    from slurm_horus.ledger.publish import write_atomically
+    from slurm_horus.textfile import STALE_TEMP_S
+
+    theirs = tmp_path / ".record-abcdefgh"
+    theirs.write_text("")
+    os.chown(theirs, 65534, 65534)
+    old = time.time() - STALE_TEMP_S - 60
+    os.utime(theirs, (old, old))
+    write_atomically(tmp_path / "pressure", "x\n")
+    assert theirs.exists()

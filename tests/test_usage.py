@@ -451,7 +451,7 @@ def test_sync_drops_rows_users_wrote_under_an_empty_cluster(tmp_path):
     assert L.count("usage") == 1 and L.count("submissions") == 2
 
 
-def test_features_only_for_what_the_jobs_owner_can_read(tmp_path, open_dir):
+def test_features_only_for_what_the_jobs_owner_can_read(tmp_path, open_dir, python_for_others):
     import pwd
 
     model = open_dir / "m.onnx"

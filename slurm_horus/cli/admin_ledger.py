@@ -13,6 +13,7 @@ from slurm_horus.cli.common import (Command, model_dir_option, one_line_errors, 
                                     print_json)
 from slurm_horus.errors import HorusError, one_line
 from slurm_horus.ledger import Ledger
+from slurm_horus.ledger.extracts import failure_reason
 from slurm_horus.ledger.history_export import export_history
 from slurm_horus.ledger.publish import publish
 from slurm_horus.ledger.retrain import import_csv as do_import, retrain as do_retrain
@@ -172,7 +173,7 @@ def _history(ledger, registry) -> tuple[dict | None, str | None]:
         return export_history(ledger, registry), None
     except Exception as e:  # noqa: BLE001
         if isinstance(e, DBAPIError):
-            why = f"ledger: {e.orig or e}"
+            why = f"ledger: {failure_reason(e)}"
         elif isinstance(e, (HorusError, OSError)):
             why = str(e)
         else:  # no environment's message: its kind

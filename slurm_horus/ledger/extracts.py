@@ -103,7 +103,7 @@ def write_readers_copy(db: Path) -> Path:
             _discard(Path(tmp))
             raise
     except (OSError, sqlite3.Error) as e:
-        raise HorusError(f"the readers' copy {dest} was not refreshed ({_why(e)})") from None
+        raise HorusError(f"the readers' copy {dest} was not refreshed ({failure_reason(e)})") from None
     return dest
 
 
@@ -113,8 +113,9 @@ def _discard(tmp: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _why(e: Exception) -> str:
-    """What the system or SQLite said (under SQLAlchemy's wrapper), in a few words."""
+def failure_reason(e: Exception) -> str:
+    """What the system or the database said, in a few words: under SQLAlchemy's wrapper, whose
+    own text adds the statement and its parameters, SQLite's (or the server's) message."""
     e = getattr(e, "orig", None) or e
     return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
@@ -196,4 +197,5 @@ def _write_extract(ledger: Ledger, folder: Path, name: str, user: str | None, ui
             _discard(tmp)
             raise
     except (OSError, sqlite3.Error, DBAPIError) as e:
-        raise HorusError(f"the user extract {folder / name} was not refreshed ({_why(e)})") from None
+        raise HorusError(f"the user extract {folder / name} was not refreshed "
+                         f"({failure_reason(e)})") from None

@@ -8,20 +8,22 @@ under-claimers. It is replaced in one rename, so the hook never reads half a fil
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import stat
-import tempfile
 import time
 
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger.extracts import readers_copy, write_readers_copy, write_user_extracts
 from slurm_horus.slurm import commands as slurm
 from slurm_horus.slurm.policy import policy_value
+from slurm_horus.textfile import remove_stale_temps, replace_text
 
 RECORD_HEADER = "# slurm-horus claim record: written by horus-admin sync, read by job_submit.lua\n"
 _NAME_OK = re.compile(r"[^\s#]{1,128}")
+TEMP_PREFIX = ".record-"  # write_atomically's temp files
+# their names alone (mkstemp's: the prefix and 8 random characters): the folder may hold others'
+TEMP_NAMES = TEMP_PREFIX + "?" * 8
 
 
 def claim_record(rows: list[dict]) -> tuple[str, int, int]:
@@ -50,23 +52,12 @@ def claim_record(rows: list[dict]) -> tuple[str, int, int]:
 def write_atomically(path: str | os.PathLike, text: str, mode: int = 0o644,
                      gid: int | None = None) -> None:
     """Replace ``path`` with ``text`` in one rename (readers see the old or the new file),
-    of ``mode`` and, given one, group ``gid``."""
+    of ``mode`` and, given one, group ``gid``; first removing the temp files of writers killed
+    mid-write, which nothing else removes.  Raises OSError (the old file stands)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".record-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            if gid is not None:
-                os.fchown(f.fileno(), -1, gid)
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    remove_stale_temps(folder, TEMP_NAMES, owner=os.geteuid())  # any folder an admin names
+    replace_text(path, text, TEMP_PREFIX, mode=mode, owner=None if gid is None else (-1, gid))
 
 
 def publish(ledger, *, policy: str | None = None, now: float | None = None) -> dict:

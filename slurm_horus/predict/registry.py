@@ -32,12 +32,12 @@ import pwd
 import re
 import secrets
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
-from slurm_horus.textfile import create_site_dirs, open_for_reading, own_dir, remove_stale_temps
+from slurm_horus.textfile import (create_site_dirs, open_for_reading, own_dir, remove_stale_temps,
+                                  replace_text, write_temp)
 from slurm_horus.predict.learned import MAX_MODEL_BYTES, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
@@ -379,31 +379,15 @@ class Registry:
         uid and gid); HorusError naming it where it cannot be written (a full disk: the old file
         stands, and no temp file is left)."""
         try:
-            tmp = self._write_temp(text, mode, path.parent)
-            try:
-                if owner is not None and os.geteuid() == 0:
-                    os.chown(tmp, *owner)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            replace_text(path, text, TEMP_PREFIX, TEMP_SUFFIX, mode,
+                         owner if os.geteuid() == 0 else None)
         except OSError as e:
             raise _not_written(path, e) from None
 
-    def _write_temp(self, text: str, mode: int = 0o644, folder: Path | None = None) -> str:
-        """A synced temp file holding ``text`` in ``folder`` (the root); removed where the write
-        fails (a full disk had left an empty one each time)."""
-        fd, tmp = tempfile.mkstemp(dir=folder or self.root, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fchmod(f.fileno(), mode)
-                os.fsync(f.fileno())
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        return tmp
+    def _write_temp(self, text: str, mode: int = 0o644) -> str:
+        """A synced temp file holding ``text`` in the root, of the names _make_root removes once
+        stale; removed where the write fails."""
+        return write_temp(self.root, text, TEMP_PREFIX, TEMP_SUFFIX, mode)
 
 
 def _not_written(path: Path, e: OSError) -> HorusError:
