@@ -926,6 +926,72 @@ def test_mariadb_migrates_a_v1_ledger(tmp_path):
     L.close()
 
 
+def _probe_race(url: str, tmp_path, rounds: int) -> list:
+    """Two writers, each with its own connection, record a requeued job's earlier run (start
+    1000) and its rerun (start 2000) at the same instant, ``rounds`` times: half the rounds
+    over no row yet (two inserts of one key), half over a row older than both (two updates).
+    Returns what went wrong: the rounds whose earlier run's row won, and any write that failed."""
+    import threading
+
+    L = Ledger(url, replay=False, spool=str(tmp_path / "spool"))
+    with L.engine.begin() as conn:
+        for t in ("jobs", "`usage`", "submissions"):
+            conn.exec_driver_sql(f"DELETE FROM {t} WHERE cluster = 'race'")
+    writers = [Ledger(url, replay=False, spool=str(tmp_path / f"spool{k}")) for k in (0, 1)]
+    runs = [dict(start_time=1000, end_time=1500, util_mean=10.0, node="n1"),
+            dict(start_time=2000, end_time=2500, util_mean=90.0, node="n2")]
+    wrong: list = []
+
+    def write(k: int, job: int, run: dict, barrier) -> None:
+        barrier.wait()
+        try:
+            writers[k].record_usage(job_id=job, cluster="race", source="probe", gpus=1,
+                                    mem_peak_mib=1000.0, **run)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            wrong.append(f"round {job}: {type(e).__name__}: {e}")
+
+    try:
+        for r in range(rounds):
+            if r % 2:
+                L.record_usage(job_id=r, cluster="race", source="probe", util_mean=1.0,
+                               start_time=500, end_time=900)
+            barrier = threading.Barrier(2)
+            threads = [threading.Thread(target=write, args=(k, r, runs[(k + r // 2) % 2], barrier))
+                       for k in (0, 1)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(120)
+            u = L.usage("race", r)["probe"]
+            (job,) = L.jobs(job_ids=[r], cluster="race")
+            if (u["start_time"], u["util_mean"], job["act_util_pct"]) != (2000, 90.0, 90.0):
+                wrong.append(f"round {r}: row of the run started {u['start_time']}, "
+                             f"job row {job['act_util_pct']}")
+    finally:
+        for w in (*writers, L):
+            w.close()
+    return wrong
+
+
+def test_two_writers_of_one_jobs_probe_rows_leave_the_reruns_sqlite(tmp_path):
+    """The earlier-run rule (a requeued job's first-run probe record never replaces the
+    rerun's) was read, then written: two writers at the same instant could both read nothing
+    stored, or an older row, and the earlier run's row win. SQLite serialises its writers."""
+    assert _probe_race(_url(tmp_path), tmp_path, 60) == []
+
+
+@pytest.mark.cluster
+def test_two_writers_of_one_jobs_probe_rows_leave_the_reruns_mariadb(tmp_path):
+    """The same on MariaDB (InnoDB, REPEATABLE READ), where both writers' reads of the stored
+    row came before either's write: the earlier run's row won about half the rounds, of both
+    kinds (no row yet, an older row)."""
+    pytest.importorskip("pymysql")
+    url = _mariadb_url("horus_test_race", "DROP DATABASE IF EXISTS horus_test_race; ")
+    if url is None:
+        pytest.skip("the local cluster's MariaDB is not running (tests/cluster/up)")
+    assert _probe_race(url, tmp_path, 200) == []
+
+
 def _analysis_child() -> dict:
     """What a run_bounded child is: its ids, parent-death signal and open fds (their targets)."""
     import ctypes

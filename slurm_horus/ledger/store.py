@@ -20,8 +20,8 @@ from itertools import islice
 from typing import Any, Iterable, Iterator
 
 from slurm_horus.errors import HorusError
-from slurm_horus.ledger.db import (BUSY_TIMEOUT_S, default_url, make_engine, mask_url, sqlite_file,
-                                   upsert)
+from slurm_horus.ledger.db import (BUSY_TIMEOUT_S, _within_lengths, default_url, make_engine,
+                                   mask_url, sqlite_file, upsert)
 from slurm_horus.ledger.jobs import job_filters, refresh_jobs
 from slurm_horus.ledger.migrate import check_readable, setup
 from slurm_horus.ledger.records import submission_record, usage_record
@@ -155,8 +155,9 @@ class Ledger:
             if subs:
                 upsert(conn, t["submissions"], subs, ("cluster", "job_id"))
             if uses:
-                upsert(conn, t["usage"], _no_earlier_probe_runs(conn, uses),
+                upsert(conn, t["usage"], [r for r in uses if r["source"] != "probe"],
                        ("cluster", "job_id", "source"))
+                _upsert_probe_runs(conn, [r for r in uses if r["source"] == "probe"])
             refresh_jobs(conn, [(r["cluster"], r["job_id"]) for r in (*subs, *uses)])
 
     def set_state(self, name: str, value: str) -> None:
@@ -314,27 +315,48 @@ class Ledger:
         self.engine.dispose()
 
 
-def _no_earlier_probe_runs(conn, uses: list[dict]) -> list[dict]:
-    """The usage rows less the probe's records of an earlier run than the probe row stored (a
-    spooled record of a requeued job's first run, replayed after the rerun's own was written,
-    had replaced it, and merge_job then dropped both). The same run's record replaces its row:
-    a replay twice stays one row."""
-    from sqlalchemy import select
+def _upsert_probe_runs(conn, rows: list[dict]) -> None:
+    """Upsert probe rows, except that a record of an earlier run than the probe row stored (a
+    spooled record of a requeued job's first run, replayed after the rerun's own was written)
+    never replaces it; the same run's record, or one without a start time, does (a replay
+    twice stays one row).
+
+    The rule is the write's own condition (SQLite: ON CONFLICT DO UPDATE ... WHERE; MariaDB:
+    each ON DUPLICATE KEY UPDATE value a CASE on it), so the database decides it on the row it
+    holds locked (read first, then written, two writers of one job on InnoDB had both read
+    "none" or "older", and the earlier run won).  Where no row exists yet, the second insert
+    of the key waits on the first's record lock, then takes the update branch against the
+    committed row: no locking read (FOR UPDATE) comes first, whose gap locks on the missing
+    row both writers would hold and both inserts then deadlock on.  SQLite's BEGIN IMMEDIATE
+    serialises writers anyway.  The wait is bounded as every statement's is: the busy
+    timeout, or the server connection's read timeout (db.db_timeout)."""
+    if not rows:
+        return
+    from sqlalchemy import case, or_
 
     u = tables()["usage"]
-    by_cluster: dict[str, list[int]] = {}
-    for r in uses:
-        if r["source"] == "probe" and r.get("start_time") is not None:
-            by_cluster.setdefault(r["cluster"], []).append(r["job_id"])
-    stored = {}
-    for c, ids in by_cluster.items():
-        for i in range(0, len(ids), 900):
-            stored |= {(c, int(r.job_id)): r.start_time for r in conn.execute(
-                select(u.c.job_id, u.c.start_time).where(
-                    u.c.cluster == c, u.c.source == "probe", u.c.job_id.in_(ids[i:i + 900]),
-                    u.c.start_time.isnot(None)))}
-    return [r for r in uses if r["source"] != "probe" or r.get("start_time") is None
-            or r["start_time"] >= stored.get((r["cluster"], r["job_id"]), r["start_time"])]
+    rows = _within_lengths(u, rows)
+    keys = ("cluster", "job_id", "source")
+    cols = [c for c in rows[0] if c not in keys]
+    if conn.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+
+        stmt = insert(u)
+        new = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(keys), set_={c: new[c] for c in cols},
+            where=or_(new.start_time.is_(None), u.c.start_time.is_(None),
+                      u.c.start_time <= new.start_time))
+    else:  # MariaDB/MySQL: the only servers make_engine opens
+        from sqlalchemy.dialects.mysql import insert
+
+        stmt = insert(u)
+        new = stmt.inserted
+        keep = or_(new.start_time.is_(None), u.c.start_time.is_(None),
+                   u.c.start_time <= new.start_time)
+        stmt = stmt.on_duplicate_key_update([(c, case((keep, new[c]), else_=u.c[c])) for c in cols])
+    for i in range(0, len(rows), 5000):
+        conn.execute(stmt, rows[i:i + 5000])
 
 
 def record_usage_safely(*, url: str | None = None, spool: str | None = None,
