@@ -716,7 +716,7 @@ def test_a_figure_past_any_gpu_is_shown_empty_as_json_shows_null(tmp_path):
 
 
 @pytest.mark.parametrize("jobs,said", [("101,abc,102", "-j/--jobs: abc: not a job id"),
-                                       ("101+1", "heterogeneous job components"),
+                                       ("101+x", "101+x' is not HetJobId+Offset"),
                                        ("9" * 100, "9" * 40 + "...: not a job id")])
 def test_a_bad_job_id_is_named_in_a_short_line(url, jobs, said):
     r = CliRunner().invoke(main, ["--ledger", url, "-j", jobs])
@@ -726,3 +726,49 @@ def test_a_bad_job_id_is_named_in_a_short_line(url, jobs, said):
 def test_an_output_width_takes_ascii_digits_only(url):
     r = CliRunner().invoke(main, ["--ledger", url, "-j", "101", "-o", "JobID%\u0661\u0660"])
     assert r.exit_code != 0 and "bad width" in r.output
+
+
+@pytest.mark.parametrize("offset", [1, {"set": True, "infinite": False, "number": 1}])  # 22.05, 25.11
+def test_a_het_job_component_is_named_as_sacct_names_it(tmp_path, monkeypatch, offset):
+    """sacct -j N+K shows component K of heterogeneous job N, a job of its own id (the id the
+    ledger keys it by): hacct refused N+K. The component's id comes from Slurm's accounting, as
+    an array task's does; one Slurm does not know names no job. N_K and N.step keep working."""
+    import pwd
+
+    from slurm_horus.slurm import commands as slurm
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u)
+    for jid in (300, 305, 400):  # 300: het job 300's leader (300+0), 305: its component 1
+        L.record_submission(job_id=jid, cluster="c", user=me, account="ml", submit_time=1700000000,
+                            predictions={"a100": {"util_pct": 1}})
+    sacct = {"jobs": [{"job_id": 305, "het": {"job_id": 300, "job_offset": offset}},
+                      {"job_id": 300, "het": {"job_id": 300, "job_offset": 0}},
+                      {"job_id": 400, "het": {"job_id": 0, "job_offset": None}}]}
+    seen = []
+
+    def run(args, timeout=30):
+        if args[0] != "sacct":
+            return "ClusterName = c\nPrivateData = none\n"
+        seen.append(args)
+        return json.dumps(sacct)
+    monkeypatch.setattr(slurm, "run", run)
+
+    def listed(ids):
+        r = CliRunner().invoke(main, ["--ledger", u, "-j", ids, "-P", "-n", "-o", "JobID"])
+        assert r.exit_code == 0, r.output
+        return [int(x) for x in r.output.split()]
+    assert listed("300+1") == [305] and seen[-1][-4:] == ["-M", "c", "-j", "300+1"]
+    assert listed("300+1.batch") == [305]  # a step names its job: the ledger holds no steps
+    assert listed("300+0,400") == [300, 400]
+    assert listed("300+7") == []  # Slurm knows no such component: no job, as in sacct
+    n = len(seen)
+    assert listed("400.0") == [400] and len(seen) == n  # a plain id is not looked up
+    r = CliRunner().invoke(main, ["--ledger", u, "-M", "c,d", "-j", "300+1"])
+    assert r.exit_code != 0 and "looked up in one cluster" in r.output, r.output
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: (_ for _ in ()).throw(
+        slurm.HorusError("sacct: command not found")))
+    r = CliRunner().invoke(main, ["--ledger", u, "-M", "c", "-j", "300+1"])
+    assert r.exit_code != 0 and "looked up in Slurm's accounting" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1

@@ -2,6 +2,7 @@
 
 import io
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -403,10 +404,38 @@ def test_bad_model_raises_horus_error(tmp_path):
 
 @pytest.mark.parametrize("bs", ["0", "-3", "x", "1.5"])
 def test_a_batch_size_that_is_not_a_count_is_an_error_not_batch_1(bs):
-    plan = sub.prepare(["--model", "tests/data/zoo/small_cnn.onnx", "--batch-size", bs,
-                        "--wrap", "true"], env={})
-    with pytest.raises(HorusError, match="--batch-size"):
+    with pytest.raises(HorusError, match="--batch-size"):  # x: at prepare (no number: no value)
+        plan = sub.prepare(["--model", "tests/data/zoo/small_cnn.onnx", "--batch-size", bs,
+                            "--wrap", "true"], env={})
         sub.predict(plan, gpu_types={"t4": 1}, partition="gpu")
+
+
+@pytest.mark.parametrize("argv,word", [
+    (["--batch-size", "job.sh"], "job.sh"),  # no --model: it had been dropped with a warning and
+    (["--batch-size", "./job.sh", "arg"], "./job.sh"),  # sbatch, given no script, read stdin
+    (["--model", "m.onnx", "--batch-size", "job.sh"], "job.sh"),
+    (["--batch-size", "--wrap", "true"], "--wrap"),
+    (["-p", "gpu", "--batch-size", "", "job.sh"], ""),
+])
+def test_a_batch_size_without_its_value_is_an_error_not_the_scripts_name(argv, word, monkeypatch, capsys):
+    """getopt gives a value-taking option the next word whatever it is: --batch-size job.sh
+    took the script for the batch size.  A word that is no number after --batch-size is the
+    script or an option, so the value is missing: one line saying so, nothing submitted."""
+    from slurm_horus.cli import hsubmit
+    from slurm_horus.slurm import commands
+
+    s = sa.split_args(argv)
+    assert s.errors and s.errors[0].startswith(f"option --batch-size needs a value: {word!r} after it")
+    assert ("batch-size", word) not in s.horus
+    sent = []
+    monkeypatch.setattr(commands, "exec_sbatch", lambda a, stdin=None: sent.append(a) or sys.exit(0))
+    monkeypatch.setattr(sys, "stdin", None)  # closed: nothing to read either way
+    assert hsubmit.main(argv) == 2 and not sent
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hsubmit: error: option --batch-size needs a value: "), err
+    for fine in (["--batch-size", "8", "job.sh"], ["--batch-size", "-3", "job.sh"], ["--batch-size=x", "job.sh"],
+                 ["--batch-size", "8\r", "job.sh"], ["--batch-size", "\u00a08\n", "job.sh"]):  # bs=$(cat f)
+        assert not sa.split_args(fine).errors  # a number, right or wrong, is its value (check_options judges)
 
 
 def test_a_directory_as_the_model_is_not_a_missing_file(tmp_path):

@@ -144,3 +144,44 @@ def test_sbatch_quiet_0_undoes_a_scripts_quiet_as_sbatch_reads_it(tmp_path):
     assert sub.prepare([str(script)], env={}).quiet
     assert not sub.prepare([str(script)], env={"SBATCH_QUIET": "0"}).quiet
     assert sub.prepare(["-Q", str(script)], env={"SBATCH_QUIET": "0"}).quiet  # the command line last
+
+
+@pytest.mark.parametrize("asks", [["--gres=help"], ["--gres", "LIST"], ["--hint=help"],
+                                  ["--mem-bind", "verbose,help"], ["-N1", "--gres=help", ":", "-n2"]])
+def test_a_help_value_is_sbatchs_call_alone(asks, monkeypatch):
+    """sbatch answers --gres=help (list, and help in --hint or --mem-bind) with a list and
+    submits nothing: hsubmit read the script from stdin first (there only because of its own
+    options) and predicted for a job that never comes.  The call is now sbatch's, less
+    hsubmit's options, with stdin unread."""
+    from slurm_horus.cli import hsubmit as cli
+    from slurm_horus.slurm import commands
+
+    class Unread:
+        def isatty(self):
+            return False
+
+        @property
+        def buffer(self):
+            raise AssertionError("hsubmit read stdin")
+    sent = []
+    monkeypatch.setattr(commands, "exec_sbatch", lambda a, stdin=None: sent.append((a, stdin)) or sys.exit(0))
+    monkeypatch.setattr(sub, "predict", lambda *a, **k: pytest.fail("predicted"))
+    monkeypatch.setattr(sys, "stdin", Unread())
+    with pytest.raises(SystemExit):
+        cli.main(["--model", "m.onnx", "--batch-size", "8", *asks, "--task", "infer"])
+    assert sent == [(asks, None)]
+    assert sa.help_request(sa.split_args(asks).parsed)
+    for job in (["--gres=gpu:1"], ["--hint=compute_bound"], ["--mem-bind=local"], ["--comment=help"]):
+        assert sa.help_request(sa.split_args(job).parsed) is None, job
+
+
+def test_gres_help_reaches_sbatch_with_its_stdin_and_no_warning(tmp_path, slurm_bin):
+    env, log = slurm_bin
+    fed = tmp_path / "fed"
+    (Path(env["PATH"].split(":")[0]) / "sbatch").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}; cat > {fed}; echo "Valid gres options are:"\n')
+    script = b"#!/bin/sh\n#SBATCH --gres=gpu:1\ntrue\n"
+    cp = hsubmit(["--gres=help", "-p", "gpu", "--model", str(ZOO / "small_cnn.onnx"), "--batch-size", "8"],
+                 env, stdin=None, input=script)
+    assert cp.returncode == 0 and cp.stderr == b"" and cp.stdout == b"Valid gres options are:\n", cp.stderr
+    assert log.read_text().splitlines() == ["--gres=help", "-p", "gpu"] and fed.read_bytes() == script

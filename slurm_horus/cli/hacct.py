@@ -75,8 +75,49 @@ def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
     return [found[p] for p in pairs if p in found]
 
 
+def _het_components(comps: list[str], cluster: str | None) -> list[int]:
+    """The own job ids of heterogeneous job components named HetJobId+Offset (sacct -j N+K:
+    component K of het job N, a job of its own id, which the ledger keys it by; the ledger
+    keeps no het job ids, so they come from Slurm's accounting, as array tasks' do).  A
+    component Slurm does not know names no job, as in sacct: it is left out, not an error."""
+    import json
+
+    from slurm_horus.errors import HorusError
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm.accounting import num
+    from slurm_horus.slurm.parse import json_errors
+
+    pairs = []
+    for x in comps:
+        h, _, k = x.partition("+")
+        if not (h.isascii() and h.isdigit() and k.isascii() and k.isdigit()
+                and 0 < int(h) < 2 ** 32 and int(k) < 2 ** 32):
+            raise HorusError(f"-j/--jobs: {x[:40]!r} is not HetJobId+Offset (a heterogeneous job's component)")
+        pairs.append((int(h), int(k)))
+    where = ["-M", cluster] if cluster else []
+    try:
+        data = json.loads(slurm.run(["sacct", "--json", "--allusers", *where, "-j",
+                                     ",".join(f"{h}+{k}" for h, k in pairs)], timeout=60))
+        json_errors(data, "sacct --json")
+        found = {}
+        for j in data.get("jobs") or []:
+            het = (j.get("het") if isinstance(j, dict) else None) or {}
+            h, k, own = num(het.get("job_id")), num(het.get("job_offset")), num(j.get("job_id"))
+            if h and k is not None and own and 0 < own < 2 ** 32:
+                found[int(h), int(k)] = int(own)
+    except HorusError as e:
+        raise HorusError(f"-j/--jobs: heterogeneous job components are looked up in Slurm's "
+                         f"accounting: {e}") from None
+    except (ValueError, RecursionError, AttributeError, TypeError):
+        raise HorusError("-j/--jobs: heterogeneous job components are looked up in Slurm's "
+                         "accounting: sacct --json: not sacct's JSON") from None
+    return [found[p] for p in pairs if p in found]
+
+
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-j", "--jobs", "jobs", multiple=True, help="Job ids (comma-separated).")
+@click.option("-j", "--jobs", "jobs", multiple=True,
+              help="Job ids (comma-separated), as sacct takes them: N, ArrayJobId_TaskId, "
+              "HetJobId+Offset (the last two looked up in Slurm's accounting); a .step names its job.")
 @click.option("-u", "--user", "--uid", "users", multiple=True,
               help="Users or uids (comma-separated; -1: every user's, as -a).")
 @click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")
@@ -149,30 +190,34 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
     # as sacct: this host's cluster by default (decided below, once the ledger is open)
     local = None if every or names else slurm.local_cluster(config())
     cluster = None if every else (names or local)
-    ids = [x.split(".")[0] for x in _split(jobs)]
-    tasks = [x for x in ids if "_" in x]  # ArrayJobId_TaskId: the ledger keys tasks by their own ids
+    ids = [x.split(".")[0] for x in _split(jobs)]  # N.step: the ledger holds jobs, not steps
+    # ArrayJobId_TaskId and HetJobId+Offset: the ledger keys tasks and het components by their
+    # own ids, which Slurm's accounting gives; each names that job alone
+    tasks = [x for x in ids if "_" in x]
+    comps = [x for x in ids if "+" in x and "_" not in x]
     task_ids = []
-    if tasks:
+    if tasks or comps:
         one = cluster if isinstance(cluster, str) or cluster is None else (cluster[0] if len(cluster) == 1 else None)
         if cluster and one is None:
-            raise HorusError("-j/--jobs: array tasks are looked up in one cluster: give one -M")
-        ids, task_ids = [x for x in ids if "_" not in x], _array_tasks(tasks, one)
+            what = "array tasks" if tasks else "heterogeneous job components"
+            raise HorusError(f"-j/--jobs: {what} are looked up in one cluster: give one -M")
+    ids = [x for x in ids if x not in tasks and x not in comps]
     job_ids = [int(x) if x.isascii() and x.isdigit() else -1 for x in ids]
     bad = next((x for x, j in zip(ids, job_ids) if not 0 < j < 2 ** 32), None)  # Slurm's: 32-bit
     if bad is not None:
-        why = ("heterogeneous job components (N+K) are not looked up: give the job's own id"
-               if "+" in bad else "not a job id")
-        raise HorusError(f"-j/--jobs: {bad[:40]}{'...' if len(bad) > 40 else ''}: {why}")
+        raise HorusError(f"-j/--jobs: {bad[:40]}{'...' if len(bad) > 40 else ''}: not a job id")
+    if tasks or comps:
+        task_ids = (_array_tasks(tasks, one) if tasks else []) + (_het_components(comps, one) if comps else [])
     state_list = [STATE_ABBREV.get(s.upper(), s.upper()) for s in _split(states)]
     unknown = sorted(set(state_list) - set(STATE_ABBREV.values()))
     if unknown:
         raise HorusError(f"-s/--state: unknown state {', '.join(unknown)} (e.g. CD, F, TO, CA, OOM)")
-    named = bool(job_ids or tasks)  # -j: those jobs, whenever and whoever's (a task Slurm lacks: none)
+    named = bool(job_ids or tasks or comps)  # -j: those jobs, whenever and whoever's (a task Slurm lacks: none)
     if starttime is None and not named and not state_list and not summary and plot is None:
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
     # as sacct: -u -1 is every user's, and of -u and -a the later wins (-u bob -a: everyone's)
     users, allusers = _who(given_order(click.get_current_context(), "users", "allusers"), users, allusers)
-    filters = dict(job_ids=job_ids or None, task_ids=task_ids if tasks else None, users=[_user_name(u) for u in _split(users)] or None,
+    filters = dict(job_ids=job_ids or None, task_ids=task_ids if tasks or comps else None, users=[_user_name(u) for u in _split(users)] or None,
                    accounts=[a.lower() for a in _split(accounts)] or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,

@@ -64,9 +64,18 @@ def _main(argv: list[str]) -> int:
         sys.stdout.write(__doc__)
         return 0
     from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm import sbatch_args as sa
     from slurm_horus.slurm import submit as sub
     from slurm_horus.errors import HorusError
 
+    split = sa.split_args(argv, plugin_options=slurm.sbatch_plugin_options)
+    if not split.errors and not split.unsure and sa.help_request(split.parsed):
+        # --gres=help and the like: sbatch prints a list and submits nothing, so the call is
+        # sbatch's alone (less hsubmit's options, which it would refuse): no prediction, no
+        # warning, and no script read here (sbatch reads stdin itself, as it does without us)
+        _flush()
+        slurm.exec_sbatch(split.sbatch_argv())  # does not return
+        return 1
     # a closed stdin (<&-) is None, as is a closed stdout or stderr: sbatch runs without them;
     # a script typed at a terminal is sbatch's to read (prepare: no hint)
     stdin = sys.stdin.buffer if sys.stdin is not None and not sys.stdin.isatty() else None
@@ -95,13 +104,17 @@ def _main(argv: list[str]) -> int:
         _write_out(sub.explain_text(plan) + "\n")
         return 1 if plan.model is not None and not plan.predictions else 0  # nothing predicted
     # with or without a hint, sbatch answers the user itself
+    _flush()
+    slurm.exec_sbatch(plan.sbatch_argv, stdin=plan.stdin_script)  # does not return
+    return 1
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    slurm.exec_sbatch(plan.sbatch_argv, stdin=plan.stdin_script)  # does not return
-    return 1
 
 
 def _write_out(text: str) -> None:

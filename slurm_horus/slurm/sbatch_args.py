@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "SBATCH_LONG_OPTS", "SBATCH_SHORT_OPTS", "HORUS_OPTS", "SbatchOpt", "SplitArgs",
-    "resolve_long", "split_args", "parse_sbatch_tokens", "last_value", "has_flag",
+    "resolve_long", "split_args", "help_request", "parse_sbatch_tokens", "last_value", "has_flag",
     "script_directives", "ScriptDirectives", "script_path", "horus_directives", "gres_to_tres", "gpus_to_tres",
 ]
 
@@ -188,8 +188,17 @@ def _is_count(value: str) -> bool:
     return value.strip().isdigit()
 
 
+def _number_like(value: str) -> bool:
+    """A word meant as a number (``8``, ``-3``, ``1.5``): a --batch-size's value, right or
+    wrong (check_options judges it); any other word after --batch-size is the script or an
+    option, and the value is missing."""
+    v = value.strip()  # as check_options strips it (a value read with its \r)
+    v = v[1:] if v.startswith(("+", "-")) else v
+    return v.replace(".", "", 1).isdigit()  # any digit Python knows ("²" too: judged later)
+
+
 def _scan(argv: list[str], horus: list | None,
-          plugin_kind: Callable[[str], str | None] | None = None
+          plugin_kind: Callable[[str], str | None] | None = None, cmdline: bool = False
           ) -> tuple[list[str], list[SbatchOpt], int, list[str], bool, list[str]]:
     """getopt_long("+...") over argv.  Returns (sbatch tokens, parsed opts, index of the first
     non-option in argv, errors, hetjob, unsure).  With ``horus`` a list, horus options are taken
@@ -200,7 +209,9 @@ def _scan(argv: list[str], horus: list | None,
     (None) as in a directive line, the option's name going to ``unsure``.  After an unsure
     option no hsubmit option is taken out: one there may be hsubmit's or the script's argument
     (the word after the unsure one its value, or the script), so it is an error naming both
-    ways to settle it, never a guess that drops a script's arguments or hands sbatch ours."""
+    ways to settle it, never a guess that drops a script's arguments or hands sbatch ours.
+    ``cmdline``: a --batch-size followed by a word that is no number is missing its value (an
+    error naming the word), never given that word, the script, as getopt would."""
     out: list[str] = []
     parsed: list[SbatchOpt] = []
     errors: list[str] = []
@@ -227,6 +238,10 @@ def _scan(argv: list[str], horus: list | None,
                 if HORUS_OPTS[name]:
                     if eq:
                         horus.append((name, val))
+                        i += 1
+                    elif cmdline and name == "batch-size" and i + 1 < n and not _number_like(argv[i + 1]):
+                        errors.append(f"option --batch-size needs a value: {argv[i + 1][:40]!r} after it "
+                                      "is no number (write --batch-size N, N from 1 up)")
                         i += 1
                     elif i + 1 < n:
                         horus.append((name, argv[i + 1]))
@@ -315,8 +330,23 @@ def split_args(argv: list[str],
     def kind(name: str) -> str | None:
         return _plugin_kind(name, plugin_options() if plugin_options else None)
 
-    out, parsed, i, errors, hetjob, unsure = _scan(list(argv), horus, kind)
+    out, parsed, i, errors, hetjob, unsure = _scan(list(argv), horus, kind, cmdline=True)
     return SplitArgs(out, horus, list(argv[i:]), parsed, hetjob, errors, unsure)
+
+
+def help_request(opts: list[SbatchOpt]) -> str | None:
+    """The first option (as ``--name=value``) whose value asks sbatch for a list, not a job:
+    ``--gres=help`` or ``list``, and ``help`` in ``--hint`` or ``--mem-bind`` (any case;
+    slurm_opt.c's arg_set_gres, proc_args.c's verify_hint and slurm_verify_mem_bind): sbatch
+    prints the list and exits, submitting nothing; None when there is none.  sbatch acts on
+    them only after reading its script (from stdin where none is named): such a call is
+    sbatch's alone, nothing to predict and no script for hsubmit to read."""
+    for o in opts:
+        v = (o.value or "").lower()
+        if (o.name == "gres" and v in ("help", "list")) or \
+                (o.name in ("hint", "mem-bind") and "help" in re.split(r"[,;]", v)):
+            return f"--{o.name}={o.value}"
+    return None
 
 
 def script_path(script: str, chdir: str | None, path_env: str | None, cwd: str) -> str:
