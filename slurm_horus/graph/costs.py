@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 from slurm_horus.graph.flops import ELEMENTWISE, NORMS, RNN_GATES, node_flops, int_attr, numel, shape_of
 from slurm_horus.errors import ModelError
-from slurm_horus.graph.load import (MAX_DIM, MAX_SUBGRAPH_DEPTH, Graph, TensorInfo, _subgraphs, bodies,
-                                    body_names, body_scope)
+from slurm_horus.graph.load import (MAX_DIM, MAX_SUBGRAPH_DEPTH, SMALL_INT_TYPES, Graph, TensorInfo,
+                                    _subgraphs, bodies, body_names, body_scope)
 
 # Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size",
@@ -48,6 +48,36 @@ RULE_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
 FOLDED_PREFIX = "onnx::"
 # Shape arithmetic (tiny integer tensors) runs on the host in the frameworks that train models.
 SHAPE_TENSOR_MAX_ELEMENTS = 64
+# Quantized ops' inputs by position, ONNX's and onnxruntime's (its quantizer's QDQ and QOperator
+# layouts, its dynamic quantization, its n-bit weight-only LLM ops): (the inputs that are the
+# quantized weights, the quantization parameters).  An integer initializer read at a weight
+# position is a parameter (int8/uint8/int16, int4/int2 packed, the int32 biases of
+# DequantizeLinear and QLinearConv); scales, zero points and g_idx are never one, per-channel
+# float vectors included.  A float input at another position (QuantizeLinear's x: a fake-quant
+# QAT weight, Q -> DQ -> Conv) is a parameter as anywhere.
+QUANTIZED_INPUTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "QuantizeLinear": ((), (1, 2)),
+    "DequantizeLinear": ((0,), (1, 2)),
+    "QLinearConv": ((3, 8), (1, 2, 4, 5, 6, 7)),      # x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, B
+    "QLinearMatMul": ((0, 3), (1, 2, 4, 5, 6, 7)),
+    "MatMulInteger": ((0, 1), (2, 3)),                 # A, B, a_zp, b_zp
+    "ConvInteger": ((1,), (2, 3)),                     # x, w, x_zp, w_zp
+    "QLinearAdd": ((0, 3), (1, 2, 4, 5, 6, 7)),
+    "QLinearMul": ((0, 3), (1, 2, 4, 5, 6, 7)),
+    "QGemm": ((0, 3, 6), (1, 2, 4, 5, 7, 8)),          # A, a_s, a_zp, B, b_s, b_zp, C, y_s, y_zp
+    "DynamicQuantizeMatMul": ((1,), (2, 3)),           # A, B, b_s, b_zp, bias
+    "MatMulIntegerToFloat": ((0, 1), (2, 3, 4, 5)),    # A, B, a_s, b_s, a_zp, b_zp, bias
+    "QAttention": ((1,), (3, 4, 6, 7)),                # input, weight, bias, i_s, w_s, mask, i_zp, w_zp
+    "DynamicQuantizeLSTM": ((1, 2), (8, 9, 10, 11)),   # X, W, R, B, ..., W_s, W_zp, R_s, R_zp
+    "MatMulNBits": ((1,), (2, 3, 4)),                  # A, B (packed uint8), scales, zp, g_idx, bias
+    "MatMulBnb4": ((1,), (2,)),                        # A, B (packed uint8), absmax
+    "GatherBlockQuantized": ((0,), (2, 3)),            # data, indices, scales, zero_points
+}
+# ops whose uint8 weight packs 8 / bits values a byte (attribute "bits", default 4; Bnb4: 4)
+PACKED_WEIGHT_OPS = frozenset({"MatMulNBits", "MatMulBnb4", "GatherBlockQuantized"})
+# a quantized weight's types: SMALL_INT_TYPES and INT32 (a quantized bias); a float one
+# (FLOAT8, FLOAT4E2M1) is a weight wherever it is read
+QUANTIZED_WEIGHT_TYPES = SMALL_INT_TYPES | {6}
 
 
 @dataclass(frozen=True)
@@ -78,13 +108,22 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
     An exporter that deduplicated identical initializers feeds each extra copy through an
     Identity node: each Identity output a node reads as a weight is its own parameter (a fresh
     running variance is all ones, like a fresh norm weight, and shares its initializer). An
-    initializer read directly by several nodes (tied weights) is one parameter. Scalars (rank 0), integer tensors and batch-norm
-    running statistics are constants, not parameters.  An initializer only an If, Loop or Scan
-    body reads (by name, from the graph around it, at any depth) is a parameter all the same;
-    a body's own initializers are its constants.
+    initializer read directly by several nodes (tied weights) is one parameter. Scalars (rank 0),
+    integer tensors and batch-norm running statistics are constants, not parameters.  An
+    initializer only an If, Loop or Scan body reads (by name, from the graph around it, at any
+    depth) is a parameter all the same; a body's own initializers are its constants.
+
+    A quantized model's weights are parameters too, at their stored size: an integer
+    initializer a quantized op reads as its weight (QUANTIZED_INPUTS: DequantizeLinear's data,
+    QLinearConv's w and int32 bias, MatMulInteger's B, MatMulNBits' packed B...); they are what
+    its memory holds.  Its scales and zero points are not, nor is an integer tensor read
+    anywhere else (indices, shapes).  A float weight a fake-quant graph quantizes and
+    dequantizes (QAT: W -> QuantizeLinear -> DequantizeLinear -> Conv) is one float parameter.
+    Integer weights cannot train (PyTorch refuses requires_grad on them): features_of reports
+    their count apart (FeatureReport.quantized_params), as the params figure does not tell.
     """
     candidates = ChainMap({name: info for name, info in graph.initializers.items()
-                           if info.is_float and info.shape})
+                           if info.shape and (info.is_float or info.dtype in QUANTIZED_WEIGHT_TYPES)})
     params: dict[str, TensorInfo] = {}
     _read_parameters(graph.nodes, candidates, params, 0)
     for name in _folded_tied_embeddings(graph, params):
@@ -102,15 +141,36 @@ def _read_parameters(nodes, candidates: ChainMap, params: dict, depth: int) -> N
         if node.op_type == "Identity" and node.input and candidates.get(node.input[0]) is not None:
             candidates[node.output[0]] = candidates[node.input[0]]
             continue  # a parameter where a node reads the copy as one (not a running stat)
+        weights, qparams = QUANTIZED_INPUTS.get(op_name(node), ((), ()))
         for i, name in enumerate(node.input):
+            info = candidates.get(name)
             running_stat = node.op_type == "BatchNormalization" and i >= 3
-            if candidates.get(name) is not None and not running_stat:
-                params[name] = candidates[name]
+            if info is None or running_stat or i in qparams:
+                continue
+            if info.is_float:
+                params[name] = info
+            elif i in weights:
+                params[name] = _unpacked(node, info)
         for sub in _subgraphs(node):
             if depth >= MAX_SUBGRAPH_DEPTH:
                 break
             local = {n: None for n in body_names(sub) if n in candidates}
             _read_parameters(sub.node, candidates.new_child(local), params, depth + 1)
+
+
+def _unpacked(node, info: TensorInfo) -> TensorInfo:
+    """A quantized weight as its values: a uint8 tensor of onnxruntime's n-bit ops
+    (PACKED_WEIGHT_OPS) holds 8 / bits of them a byte, so it counts as that many of the packed
+    type (UINT4, UINT2), whose bytes are the stored ones; bits that do not divide a byte
+    (MatMulNBits' 3, 5...) leave it as stored (its bytes right, its count low)."""
+    if node.op_type not in PACKED_WEIGHT_OPS or info.dtype != 2 or not info.shape:
+        return info
+    bits = 4 if node.op_type == "MatMulBnb4" else int_attr({a.name: a for a in node.attribute}, "bits", 4)
+    packed = {4: 21, 2: 25}.get(bits)
+    last = info.shape[-1]
+    if packed is None or not isinstance(last, int):
+        return info
+    return TensorInfo(packed, (*info.shape[:-1], last * (8 // bits)))
 
 
 def weight_views(graph: Graph, params) -> set[str]:

@@ -27,6 +27,9 @@ FEATURE_NAMES = (
     *(f"frac_flops_{c}" for c in MIX_CATEGORIES),
     *(f"n_{c}" for c in MIX_CATEGORIES),
 )
+# outside the vector, in a quantized graph's values alone (FeatureReport.quantized_params): the
+# ledger stores values, so an export's cold start reads them as hsubmit's did; none is 0
+QUANTIZED_NAMES = ("quantized_params", "quantized_param_bytes")
 
 
 @dataclass
@@ -61,6 +64,17 @@ class FeatureReport:
     unnamed_dims: list[str] = field(default_factory=list)  # inputs' unnamed unbound sizes, INPUT[POS]
     version: int = FEATURE_VERSION
 
+    @property
+    def quantized_params(self) -> int:
+        """Of values["params"], the integer (quantized) weights: frozen, as an integer tensor
+        cannot take a gradient, and held at their stored size, not the job's precision."""
+        return int(self.values.get("quantized_params", 0))
+
+    @property
+    def quantized_param_bytes(self) -> int:
+        """Of values["param_bytes"], the integer weights' (their stored size)."""
+        return int(self.values.get("quantized_param_bytes", 0))
+
     def warnings(self) -> list[str]:
         """What makes these figures guesses, one line each: every command that reads a model
         prints them, since an op we cannot cost would otherwise hide a whole network's cost."""
@@ -76,6 +90,13 @@ class FeatureReport:
             out.append(f"trip count of {_few(self.single_trips)} unknown (not a constant in the "
                        "graph, or a condition that may end it sooner): its body is costed as one "
                        "iteration, so the figures are low if it runs more")
+        copies = sum(n.out_bytes for n in self.nodes if n.op_type == "DequantizeLinear" and n.params)
+        if copies:
+            out.append(f"the float copies DequantizeLinear makes of the quantized weights "
+                       f"({copies / 2**20:,.1f} MiB) are costed as activations (for --task train, "
+                       "kept for the backward pass), as a job that dequantizes as the graph does "
+                       "makes them: the memory predicted is high where the runtime fuses them into "
+                       "the ops that read them")
         if self.assumed_shapes:
             out.append(f"shape of {_few(self.assumed_shapes)} assumed equal to its op's largest "
                        "activation input (ONNX cannot infer it)")
@@ -171,6 +192,7 @@ def report_from_dict(d: dict) -> FeatureReport:
 
 def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
     params = parameter_tensors(graph)
+    quantized = [info for info in params.values() if not info.is_float]
     views = weight_views(graph, params)
     single_trips: list[str] = []
     costs = node_costs(graph, params, views, single_trips)
@@ -216,6 +238,9 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         values[f"frac_flops_{cat}"] = flops_by_cat[cat] / flops if flops else 0.0
         values[f"n_{cat}"] = count_by_cat[cat]
     assert set(values) == set(FEATURE_NAMES) and set(flops_by_cat) <= set(CATEGORIES)
+    if quantized:
+        values.update(quantized_params=sum(i.numel for i in quantized),
+                      quantized_param_bytes=sum(i.nbytes for i in quantized))
     return FeatureReport(
         model=str(graph.path), sha256=graph.sha256, values=values, nodes=costs, by_op=by_op,
         unknown_ops=sorted({c.op_type for c in costs if not c.has_rule}),

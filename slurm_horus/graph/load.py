@@ -59,9 +59,9 @@ _SCHEMA_LOCK = threading.Lock()
 # TensorProto's floating-point types (FLOAT, FLOAT16, DOUBLE, BFLOAT16, the FLOAT8 family):
 # weights, whose values nothing here reads
 FLOAT_TYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20})
-# its integer types of 16 bits and fewer (UINT8, INT8, UINT16, INT16, UINT4, INT4): a quantized
-# model's weights, never a shape
-SMALL_INT_TYPES = frozenset({2, 3, 4, 5, 21, 22})
+# its integer types of 16 bits and fewer (UINT8, INT8, UINT16, INT16, UINT4, INT4, UINT2, INT2):
+# a quantized model's weights, never a shape
+SMALL_INT_TYPES = frozenset({2, 3, 4, 5, 21, 22, 25, 26})
 BATCH_DIM_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*batch.*)$", re.IGNORECASE)
 # a sequence or time axis: never taken for the batch by its position (nn.LSTM's and
 # nn.Transformer's inputs are (seq, batch, ...) by default)
@@ -70,8 +70,12 @@ SEQUENCE_DIM_NAMES = re.compile(r"^(t|l|.*(seq|len|time|step|token|frame).*)$", 
 # ONNX TensorProto data types -> bytes per element (strings and unknown types count as 0).
 DTYPE_BYTES = {
     1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8,
-    14: 8, 15: 16, 16: 2, 17: 1, 18: 1, 19: 1, 20: 1, 21: 1, 22: 1, 23: 1,
+    14: 8, 15: 16, 16: 2, 17: 1, 18: 1, 19: 1, 20: 1, 24: 1,
 }
+# the types ONNX packs below a byte (onnx.numpy_helper's _pack_4bitx2, _pack_2bitx4, _pack_6bit)
+# -> bits per element: UINT4, INT4, FLOAT4E2M1 two a byte, UINT2, INT2 four, FLOAT6E2M3,
+# FLOAT6E3M2 four in three bytes; a tensor of n takes ceil(n x bits / 8) bytes
+PACKED_BITS = {21: 4, 22: 4, 23: 4, 25: 2, 26: 2, 27: 6, 28: 6}
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,9 @@ class TensorInfo:
 
     @cached_property
     def nbytes(self) -> int:
+        """Bytes it takes: a packed type's (int4, float4...) the bytes its elements fill."""
+        if self.dtype in PACKED_BITS:
+            return -(-self.numel * PACKED_BITS[self.dtype] // 8)
         return self.numel * DTYPE_BYTES.get(self.dtype, 0)
 
     @property

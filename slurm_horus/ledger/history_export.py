@@ -18,7 +18,7 @@ from sqlalchemy import and_, func, select, tuple_
 
 from slurm_horus.errors import HorusError
 from slurm_horus.textfile import open_for_reading
-from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, FeatureReport
+from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, QUANTIZED_NAMES, FeatureReport
 from slurm_horus.ledger import tables
 from slurm_horus.ledger.training import ROW_ERRORS, completed_run, stored_cold
 from slurm_horus.predict.coldstart import ColdStartEstimator
@@ -148,11 +148,13 @@ def _values_report(values: dict) -> FeatureReport:
 
 def _feature_values(values) -> dict | None:
     """Every feature as a finite float, or None (the run keeps its measurement, not its
-    features): the learned model reads them all."""
+    features): the learned model reads them all; and a quantized graph's QUANTIZED_NAMES,
+    which its cold start reads (a row stored before them has none: 0)."""
     if not isinstance(values, dict):
         return None
     try:
         out = {n: float(values[n]) for n in FEATURE_NAMES}
+        out.update((n, float(values[n])) for n in QUANTIZED_NAMES if n in values)
     except (KeyError, TypeError, ValueError, OverflowError):
         return None
     return out if all(math.isfinite(v) for v in out.values()) else None

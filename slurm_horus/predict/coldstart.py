@@ -142,27 +142,25 @@ class ColdStartEstimator:
     def memory_mib(self, report: FeatureReport, gpu: GPU, w: Workload) -> tuple[float, dict]:
         p = self.params
         v = report.values
-        params = v["params"]
+        trainable, stored = _split_params(report)
         act_scale = _activation_scale(w.precision)
+        # a quantized model's integer weights stay as stored, whatever the job's precision
+        weights = trainable * _weight_bytes(w.precision) + stored
         if w.task == "train":
-            weights = params * _weight_bytes(w.precision)
-            grads = params * (2 if w.precision in ("fp16", "bf16") else 4)
-            optimizer = params * _optimizer_bytes(w.optimizer, w.precision)
+            grads = trainable * (2 if w.precision in ("fp16", "bf16") else 4)
+            optimizer = trainable * _optimizer_bytes(w.optimizer, w.precision)
             activations = v["saved_activation_bytes"] * act_scale * p.activation_factor
             transient = p.workspace_factor * 2 * v["max_activation_bytes"] * act_scale
             # Peak is either the end of the forward pass (all saved activations alive, gradients
             # not yet allocated) or the optimizer step (gradients plus its temporaries).
             forward_peak = weights + optimizer + activations + transient
-            step_peak = weights + optimizer + grads + _optimizer_temp(w.optimizer, params)
+            step_peak = weights + optimizer + grads + _optimizer_temp(w.optimizer, trainable)
             backward_peak = weights + optimizer + grads + 0.5 * activations + transient
             allocated = max(forward_peak, step_peak, backward_peak)
             parts = {"weights_mib": weights / MIB, "grads_mib": grads / MIB,
                      "optimizer_mib": optimizer / MIB, "activations_mib": activations / MIB,
                      "transient_mib": transient / MIB}
         else:
-            # amp: autocast leaves the parameters fp32 and caches their half copies during the
-            # forward pass (2 bytes a parameter had counted a third of them)
-            weights = params * _weight_bytes(w.precision)
             live = v["peak_live_bytes"] * act_scale
             transient = p.workspace_factor * v["max_activation_bytes"] * act_scale
             allocated = weights + live + transient
@@ -197,7 +195,7 @@ class ColdStartEstimator:
             gpu_s += fwd * (3.0 if train and heavy else 2.0 if train else 1.0)
             kernels += node.kernels * (3 if train and heavy else 2 if train else 1)
         if train:
-            opt_kernels, opt_s = _optimizer_time(w.optimizer, report.values["params"], bandwidth, p)
+            opt_kernels, opt_s = _optimizer_time(w.optimizer, _split_params(report)[0], bandwidth, p)
             kernels += opt_kernels
             gpu_s += opt_s
         host_s = kernels * p.launch_us * 1e-6
@@ -220,8 +218,19 @@ def _activation_scale(precision: str) -> float:
     return {"fp32": 1.0, "amp": 0.6, "fp16": 0.5, "bf16": 0.5}[precision]
 
 
+def _split_params(report: FeatureReport) -> tuple[float, float]:
+    """(the float parameters, the integer ones' stored bytes) of values["params"]: a quantized
+    model's integer weights (FeatureReport.quantized_params) keep their stored size and take
+    no gradient nor optimizer state (PyTorch refuses requires_grad on an integer tensor).
+    Bounded by params: a stored report is a ledger row an admin's import wrote."""
+    params = report.values["params"]
+    quantized = min(max(report.quantized_params, 0), params)
+    return params - quantized, max(report.quantized_param_bytes, 0) if quantized else 0
+
+
 def _weight_bytes(precision: str) -> float:
-    """Weights per parameter: amp keeps fp32 masters plus autocast's cached half copies."""
+    """Weights per parameter: amp keeps fp32 masters plus autocast's cached half copies (2
+    bytes a parameter had counted a third of them); integer weights are neither."""
     return {"fp32": 4, "amp": 6, "fp16": 2, "bf16": 2}[precision]
 
 
