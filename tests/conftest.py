@@ -34,7 +34,7 @@ def python_for_others():
         pytest.skip("needs root and setpriv")
     try:
         ok = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                             "-c", "import slurm_horus, onnx, numpy, sqlalchemy"], capture_output=True,
+                             "-c", "import slurm_horus, onnx, numpy, sqlalchemy, lupa"], capture_output=True,
                             timeout=120, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                                               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
                             ).returncode == 0

@@ -223,7 +223,7 @@ def test_a_gres_that_only_contains_shard_is_no_shard_request(site, gres):
     assert d.rc != 0  # a shard count the hook cannot read is still not let through uncosted
 
 
-def test_a_policy_the_hook_may_not_open_fails_closed(site, tmp_path):
+def test_a_policy_the_hook_may_not_open_fails_closed(site, tmp_path, python_for_others):
     """slurmctld runs the hook as SlurmUser: a policy it cannot open (EACCES) is a broken
     policy, not a missing one."""
     import subprocess

@@ -222,10 +222,13 @@ def _split_params(report: FeatureReport) -> tuple[float, float]:
     """(the float parameters, the integer ones' stored bytes) of values["params"]: a quantized
     model's integer weights (FeatureReport.quantized_params) keep their stored size and take
     no gradient nor optimizer state (PyTorch refuses requires_grad on an integer tensor).
-    Bounded by params: a stored report is a ledger row an admin's import wrote."""
-    params = report.values["params"]
-    quantized = min(max(report.quantized_params, 0), params)
-    return params - quantized, max(report.quantized_param_bytes, 0) if quantized else 0
+    Bounded by params and param_bytes: a stored report is a ledger row an admin's import wrote
+    (read from values: the benchmarks' stand-ins for a report hold those alone)."""
+    v = report.values
+    params = v["params"]
+    quantized = min(max(v.get("quantized_params", 0), 0), params)
+    stored = min(max(v.get("quantized_param_bytes", 0), 0), v.get("param_bytes", 0))
+    return params - quantized, stored if quantized else 0
 
 
 def _weight_bytes(precision: str) -> float:
