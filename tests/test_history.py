@@ -277,20 +277,22 @@ def test_an_estimate_extrapolated_to_nothing_is_no_estimate():
     assert exact_estimate(runs, 48, None, None, 0.0, 0.0)[0] == pytest.approx(2000.0)
 
 
-def test_a_stale_cold_figure_scales_a_run_no_faster_than_its_batch():
+def test_a_stale_cold_figure_is_read_in_proportion_alone():
     """A run's cold figure stored from an older release's features (a quantized graph's before
     its integer weights counted: the context and little else) set against today's: the part
     above the fixed cost had grown by (1951.7 - 1751) / 0.6, a measured 1,960 MiB at batch 8
-    put at 70 GB for batch 64.  It grows at most with the batch; a consistent pair is unmoved."""
-    from slurm_horus.predict.history import exact_estimate
+    put at 70 GB for batch 64 (exact) or for batch 8 under another optimizer (the graph's
+    tier).  A run of a graph whose cold figure is its own keeps the fixed-amount reading, one
+    whose activations grow faster than its batch (an in-batch similarity matrix) included."""
+    from slurm_horus.predict.history import _scaled, exact_estimate
 
     ctx = cold_ctx = 1751.0
+    assert _scaled(1960.0, 1751.6, 1951.7, ctx, cold_ctx) == pytest.approx(1960.0 * 1951.7 / 1751.6)
     stale = [{"bs": 8, "mem": 1960.0, "util": 50.0, "cold_mem": 1751.6}]
-    m, _ = exact_estimate(stale, 64, 1951.7, None, ctx, cold_ctx)
-    assert m <= ctx + (1960.0 - ctx) * 64 / 8 + 1e-6
-    fresh = [{"bs": 8, "mem": 1960.0, "util": 50.0, "cold_mem": 1900.0}]
-    m, _ = exact_estimate(fresh, 64, 2500.0, None, ctx, cold_ctx)  # 149 -> 749 MiB: 5x for 8x the batch
-    assert m == pytest.approx(ctx + (1960.0 - ctx) * (2500.0 - cold_ctx) / (1900.0 - cold_ctx))
+    assert exact_estimate(stale, 64, 1951.7, None, ctx, cold_ctx)[0] < 2500.0
+    fresh = [{"bs": 4096, "mem": 2182.0, "util": 50.0, "cold_mem": 2182.0}]  # 431 MiB above: 8x the batch, 55x
+    m, _ = exact_estimate(fresh, 32768, 25955.0, None, ctx, cold_ctx)
+    assert m == pytest.approx(25955.0)
 
 
 def test_calibrated_bounds_start_from_the_base_figure_where_site_offsets_moved_it():

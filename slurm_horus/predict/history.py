@@ -66,7 +66,7 @@ def _context(gpu: str | None = None) -> float:
 
 
 def _scaled(y0: float, c0: float | None, cq: float | None, ctx: float,
-            cold_ctx: float, most: float = math.inf) -> float | None:
+            cold_ctx: float) -> float | None:
     """A measured peak y0 at a setting the cold start put at c0, moved to a setting it puts at
     cq: the part above the site's fixed cost ctx scaled as the cold start's part above its own
     fixed cost cold_ctx (exact where the site differs from the cold start by a fixed amount), or
@@ -74,22 +74,18 @@ def _scaled(y0: float, c0: float | None, cq: float | None, ctx: float,
     is more: which of the two a site's offset is cannot be told from its runs, and memory short
     of the truth is an OOM.  (The cold start's figures over the site's ctx had mixed the two:
     with an offset of -300 MiB a 10 GB job was predicted at 4 GB; the fixed-amount reading alone
-    put a batch 8 of a site at 0.88x the cold start 37 % short.)  ``most``: the largest factor
-    either part may grow by (_batch_growth), whatever the two figures say."""
+    put a batch 8 of a site at 0.88x the cold start 37 % short.)  A run whose part above the
+    fixed cost is over MAX_LOG_RATIO's factor of its cold figure's is read in proportion alone:
+    that cold figure is not the graph's (features an older release stored: a quantized graph's
+    before its integer weights counted, the context and little else, had put a 1,960 MiB run at
+    batch 8 at 70 GB for batch 64, or for the same batch under another optimizer)."""
     if c0 is None or cq is None or c0 <= 0 or cq <= 0:
         return None
-    proportional = y0 * min(cq / c0, most)
-    if y0 > ctx and c0 > cold_ctx and cq > cold_ctx:
-        return max(ctx + (y0 - ctx) * min((cq - cold_ctx) / (c0 - cold_ctx), most), proportional)
+    proportional = y0 * cq / c0
+    if y0 > ctx and c0 > cold_ctx and cq > cold_ctx \
+            and y0 - ctx <= math.exp(MAX_LOG_RATIO) * (c0 - cold_ctx):
+        return max(ctx + (y0 - ctx) * (cq - cold_ctx) / (c0 - cold_ctx), proportional)
     return proportional
-
-
-def _batch_growth(b0: int, b: int) -> float:
-    """The most a peak's part above the fixed cost grows from batch b0 to b: the weights' part
-    stays, the activations' grows with the batch.  A run's cold figure from features an older
-    release stored (a quantized graph's, before its integer weights counted: its figure the
-    context alone) had scaled a measured 1,960 MiB at batch 8 to 70 GB at 64."""
-    return max(1.0, b / b0)
 
 
 def _nearest_two(points: dict[int, float], b: int) -> tuple[int, int]:
@@ -129,10 +125,10 @@ def exact_estimate(runs: list[dict], b: int, cq_mem: float | None, cq_util: floa
         nb = min(mem, key=lambda x: abs(math.log(x / b)))
         m = max(mem[b0] + slope * (b - b0), min(mem[nb], ctx))
         if not min(mem) < b < max(mem):
-            m = max(m, _scaled(mem[nb], cold_at(nb), cq_mem, ctx, cold_ctx, _batch_growth(nb, b)) or 0.0)
+            m = max(m, _scaled(mem[nb], cold_at(nb), cq_mem, ctx, cold_ctx) or 0.0)
     else:
         (b0, y0), = mem.items()
-        m = _scaled(y0, cold_at(b0), cq_mem, ctx, cold_ctx, _batch_growth(b0, b))
+        m = _scaled(y0, cold_at(b0), cq_mem, ctx, cold_ctx)
     if m is None or not m > 0:  # extrapolated below zero (a site offset beyond the context)
         return None
     return m, _util_at(runs, util, b, cq_util)
