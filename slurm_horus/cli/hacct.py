@@ -54,63 +54,32 @@ def _who(order: list[str], users: tuple[str, ...], allusers: bool) -> tuple[tupl
     return (() if every else tuple(names)), every
 
 
-def _array_tasks(tasks: list[str], cluster: str | None) -> list[int]:
-    """The own job ids of array tasks named ArrayJobId_TaskId, from Slurm's accounting (as sacct
-    -j takes them; int() had read 224_5 as 2245).  A task Slurm does not know names no job, as
-    in sacct: it is left out, not an error."""
+# sacct -j's names of a job inside another: its separator, its form, what it is, the lookup
+_MEMBERS = {"_": ("ArrayJobId_TaskId (task ranges are not read)", "array tasks", "array_task_job_ids"),
+            "+": ("HetJobId+Offset (a heterogeneous job's component)", "heterogeneous job components",
+                  "het_component_job_ids")}
+
+
+def _member_jobs(names: list[str], sep: str, cluster: str | None) -> list[int]:
+    """The own job ids of array tasks named ArrayJobId_TaskId (sep "_"; int() had read 224_5
+    as 2245) or heterogeneous job components named HetJobId+Offset ("+"), as sacct -j takes
+    them: the ledger keys each by its own id and keeps no parent's, so they come from Slurm's
+    accounting.  One Slurm does not know names no job, as in sacct: left out, not an error."""
     from slurm_horus.errors import HorusError
     from slurm_horus.slurm import commands as slurm
 
+    form, what, lookup = _MEMBERS[sep]
     pairs = []
-    for x in tasks:
-        a, _, t = x.partition("_")
+    for x in names:
+        a, _, t = x.partition(sep)
         if not (a.isascii() and a.isdigit() and t.isascii() and t.isdigit()
                 and 0 < int(a) < 2 ** 32 and int(t) < 2 ** 32):
-            raise HorusError(f"-j/--jobs: {x!r} is not ArrayJobId_TaskId (task ranges are not read)")
+            raise HorusError(f"-j/--jobs: {x[:40]!r} is not {form}")
         pairs.append((int(a), int(t)))
     try:
-        found = slurm.array_task_job_ids(pairs, cluster)
+        found = getattr(slurm, lookup)(pairs, cluster)
     except HorusError as e:
-        raise HorusError(f"-j/--jobs: array tasks are looked up in Slurm's accounting: {e}") from None
-    return [found[p] for p in pairs if p in found]
-
-
-def _het_components(comps: list[str], cluster: str | None) -> list[int]:
-    """The own job ids of heterogeneous job components named HetJobId+Offset (sacct -j N+K:
-    component K of het job N, a job of its own id, which the ledger keys it by; the ledger
-    keeps no het job ids, so they come from Slurm's accounting, as array tasks' do).  A
-    component Slurm does not know names no job, as in sacct: it is left out, not an error."""
-    import json
-
-    from slurm_horus.errors import HorusError
-    from slurm_horus.slurm import commands as slurm
-    from slurm_horus.slurm.accounting import num
-    from slurm_horus.slurm.parse import json_errors
-
-    pairs = []
-    for x in comps:
-        h, _, k = x.partition("+")
-        if not (h.isascii() and h.isdigit() and k.isascii() and k.isdigit()
-                and 0 < int(h) < 2 ** 32 and int(k) < 2 ** 32):
-            raise HorusError(f"-j/--jobs: {x[:40]!r} is not HetJobId+Offset (a heterogeneous job's component)")
-        pairs.append((int(h), int(k)))
-    where = ["-M", cluster] if cluster else []
-    try:
-        data = json.loads(slurm.run(["sacct", "--json", "--allusers", *where, "-j",
-                                     ",".join(f"{h}+{k}" for h, k in pairs)], timeout=60))
-        json_errors(data, "sacct --json")
-        found = {}
-        for j in data.get("jobs") or []:
-            het = (j.get("het") if isinstance(j, dict) else None) or {}
-            h, k, own = num(het.get("job_id")), num(het.get("job_offset")), num(j.get("job_id"))
-            if h and k is not None and own and 0 < own < 2 ** 32:
-                found[int(h), int(k)] = int(own)
-    except HorusError as e:
-        raise HorusError(f"-j/--jobs: heterogeneous job components are looked up in Slurm's "
-                         f"accounting: {e}") from None
-    except (ValueError, RecursionError, AttributeError, TypeError):
-        raise HorusError("-j/--jobs: heterogeneous job components are looked up in Slurm's "
-                         "accounting: sacct --json: not sacct's JSON") from None
+        raise HorusError(f"-j/--jobs: {what} are looked up in Slurm's accounting: {e}") from None
     return [found[p] for p in pairs if p in found]
 
 
@@ -207,7 +176,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
     if bad is not None:
         raise HorusError(f"-j/--jobs: {bad[:40]}{'...' if len(bad) > 40 else ''}: not a job id")
     if tasks or comps:
-        task_ids = (_array_tasks(tasks, one) if tasks else []) + (_het_components(comps, one) if comps else [])
+        task_ids = (_member_jobs(tasks, "_", one) if tasks else []) + (_member_jobs(comps, "+", one) if comps else [])
     state_list = [STATE_ABBREV.get(s.upper(), s.upper()) for s in _split(states)]
     unknown = sorted(set(state_list) - set(STATE_ABBREV.values()))
     if unknown:

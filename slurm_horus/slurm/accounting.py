@@ -208,17 +208,19 @@ def parse_job(j: dict) -> dict:
         "gpu_index": gidx,
         "comment": comment,
         "admin_comment": admin or None,
-        "array": _array_task(j.get("array")),
+        "array": _member(j.get("array"), "task_id"),
+        "het": _member(j.get("het"), "job_offset"),
         **use,
     }
 
 
-def _array_task(a) -> tuple[int, int] | None:
-    """(ArrayJobId, ArrayTaskId) of an array task; None for other jobs (22.05 gives job_id 0
-    and no task)."""
+def _member(a, place: str) -> tuple[int, int] | None:
+    """(the parent's job id, the job's ``place`` in it) of an array task (ArrayJobId, ArrayTaskId:
+    "task_id") or a heterogeneous job's component (HetJobId, HetJobOffset: "job_offset"); None
+    for other jobs (22.05 gives job_id 0 and no place)."""
     if not isinstance(a, dict):
         return None
-    job, task = num(a.get("job_id")), num(a.get("task_id"))
+    job, task = num(a.get("job_id")), num(a.get(place))
     if not job or task is None or not 0 <= task < 2 ** 32:
         return None
     return _job_id(job), int(task)

@@ -30,7 +30,8 @@ from slurm_horus.slurm.accounting import parse_sacct_json
 
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
            "default_partition", "node_gpu_types", "sbatch_plugin_options", "exec_sbatch", "private_jobs", "local_cluster", "slurm_config",
-           "backend", "slurm_version", "run_sacct", "accounting_jobs", "array_task_job_ids"]
+           "backend", "slurm_version", "run_sacct", "accounting_jobs", "array_task_job_ids",
+           "het_component_job_ids"]
 
 TIMEOUT_S = 30
 HELP_TIMEOUT_S = 10  # sbatch --help, asked while the user waits for their submission
@@ -183,12 +184,24 @@ def array_task_job_ids(tasks: list[tuple[int, int]], cluster: str | None = None
                        ) -> dict[tuple[int, int], int]:
     """{(ArrayJobId, TaskId): the task's own job id} from accounting (``cluster``'s, else the
     local one's), for those it knows."""
-    if not tasks:
+    return _member_job_ids(tasks, "_", "array", cluster)
+
+
+def het_component_job_ids(comps: list[tuple[int, int]], cluster: str | None = None
+                          ) -> dict[tuple[int, int], int]:
+    """{(HetJobId, Offset): the component's own job id} from accounting, as array_task_job_ids."""
+    return _member_job_ids(comps, "+", "het", cluster)
+
+
+def _member_job_ids(pairs: list[tuple[int, int]], sep: str, field: str, cluster: str | None
+                    ) -> dict[tuple[int, int], int]:
+    """The own job ids of the jobs sacct -j names PARENT<sep>PLACE (parse_job's ``field``)."""
+    if not pairs:
         return {}
-    spec = ",".join(f"{a}_{t}" for a, t in tasks)
+    spec = ",".join(f"{a}{sep}{t}" for a, t in pairs)
     where = ["-M", cluster] if cluster else []
     recs = parse_sacct_json(run(["sacct", "--json", "--allusers", *where, "-j", spec], timeout=60))
-    return {r["array"]: r["job_id"] for r in recs if r.get("array") in set(tasks)}
+    return {r[field]: r["job_id"] for r in recs if r.get(field) in set(pairs)}
 
 
 def default_account() -> str | None:
