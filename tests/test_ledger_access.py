@@ -551,3 +551,20 @@ def test_a_stale_record_temp_name_of_another_users_is_theirs(tmp_path):
     os.utime(theirs, (old, old))
     write_atomically(tmp_path / "pressure", "x\n")
     assert theirs.exists()
+
+
+def test_failure_reason_is_one_short_line_of_what_the_database_said():
+    """One reader of SQLAlchemy's wrapper for every message (store, extracts, horus-admin): the
+    driver's first line, never the statement the wrapper adds, and the wrapper's type where it
+    wraps nothing."""
+    from sqlalchemy.exc import OperationalError
+
+    from slurm_horus.ledger.db import failure_reason
+
+    wrapped = OperationalError("INSERT INTO jobs VALUES (?)", (1,),
+                               Exception("database is locked\nsecond line " + "x" * 300))
+    assert failure_reason(wrapped) == "database is locked"
+    assert failure_reason(OperationalError("SELECT 1", (), None)) == "OperationalError"
+    assert failure_reason(OSError(28, "No space left on device")) == "No space left on device"
+    assert failure_reason(Exception("y" * 300)) == "y" * 200
+    assert failure_reason(Exception()) == "Exception"

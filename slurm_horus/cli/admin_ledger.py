@@ -13,7 +13,7 @@ from slurm_horus.cli.common import (Command, model_dir_option, one_line_errors, 
                                     print_json)
 from slurm_horus.errors import HorusError, one_line
 from slurm_horus.ledger import Ledger
-from slurm_horus.ledger.extracts import failure_reason
+from slurm_horus.ledger.db import failure_reason
 from slurm_horus.ledger.history_export import export_history
 from slurm_horus.ledger.publish import publish
 from slurm_horus.ledger.retrain import import_csv as do_import, retrain as do_retrain

@@ -27,6 +27,18 @@ DB_TIMEOUT_S = 10.0
 REFRESH_ADVICE = "ask an admin to run horus-admin sync"
 
 
+def failure_reason(e: Exception) -> str:
+    """What the system or the database said, in a few words (its first line, at most 200
+    characters): under SQLAlchemy's wrapper, whose own text adds the statement and its
+    parameters, SQLite's (or the server's) message; the wrapper's type where it wraps none."""
+    if hasattr(e, "orig"):
+        if e.orig is None:
+            return type(e).__name__
+        e = e.orig
+    text = str(getattr(e, "strerror", None) or e).strip()
+    return (text.splitlines() or [type(e).__name__])[0][:200]
+
+
 def default_url() -> str:
     """$HORUS_LEDGER_URL, else ``ledger_url`` in the site's horus.conf, else the SQLite file."""
     from slurm_horus.siteconf import site_setting

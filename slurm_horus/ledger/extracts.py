@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
-from slurm_horus.ledger.db import (BUSY_TIMEOUT_S, REFRESH_ADVICE, default_url, sqlite_file,
-                                   upsert)
+from slurm_horus.ledger.db import (BUSY_TIMEOUT_S, REFRESH_ADVICE, default_url, failure_reason,
+                                   sqlite_file, upsert)
 from slurm_horus.ledger.report import only_own_colocated
 from slurm_horus.ledger.schema import tables
 from slurm_horus.ledger.store import Ledger
@@ -111,13 +111,6 @@ def _discard(tmp: Path) -> None:
     """Remove a SQLite temp file and the rollback journal a failed write left beside it."""
     for path in (tmp, tmp.with_name(tmp.name + "-journal")):
         path.unlink(missing_ok=True)
-
-
-def failure_reason(e: Exception) -> str:
-    """What the system or the database said, in a few words: under SQLAlchemy's wrapper, whose
-    own text adds the statement and its parameters, SQLite's (or the server's) message."""
-    e = getattr(e, "orig", None) or e
-    return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
 def current_user() -> str:

@@ -20,8 +20,8 @@ from itertools import islice
 from typing import Any, Iterable, Iterator
 
 from slurm_horus.errors import HorusError
-from slurm_horus.ledger.db import (BUSY_TIMEOUT_S, _within_lengths, default_url, make_engine,
-                                   mask_url, sqlite_file, upsert)
+from slurm_horus.ledger.db import (BUSY_TIMEOUT_S, _within_lengths, default_url, failure_reason,
+                                   make_engine, mask_url, sqlite_file, upsert)
 from slurm_horus.ledger.jobs import job_filters, refresh_jobs
 from slurm_horus.ledger.migrate import check_readable, setup
 from slurm_horus.ledger.records import submission_record, usage_record
@@ -57,8 +57,7 @@ class Ledger:
                     setup(conn, self.url)
         except DBAPIError as e:  # unreachable server, bad credentials, unwritable file, ...
             self.engine.dispose()
-            reason = str(e.orig).strip().splitlines()[0] if e.orig else type(e).__name__
-            raise HorusError(f"ledger {mask_url(self.url)}: cannot open it ({reason[:200]})") \
+            raise HorusError(f"ledger {mask_url(self.url)}: cannot open it ({failure_reason(e)})") \
                 from None
         except HorusError:
             self.engine.dispose()
@@ -100,8 +99,7 @@ class Ledger:
                 finally:
                     trans.rollback()
         except DBAPIError as e:
-            reason = str(e.orig).strip().splitlines()[0] if e.orig else type(e).__name__
-            raise HorusError(f"ledger {mask_url(self.url)}: cannot write ({reason[:200]})") from None
+            raise HorusError(f"ledger {mask_url(self.url)}: cannot write ({failure_reason(e)})") from None
 
     def schema_version(self) -> int:
         with self.engine.connect() as conn:
