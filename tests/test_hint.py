@@ -236,6 +236,25 @@ def test_workload_token_malformed(comment):
         parse_workload(comment, strict=True)
 
 
+@pytest.mark.parametrize("comment, reason", [
+    (f"{HINT_T4} x {HINT_T4}", "more than one horus: token in the comment"),
+    (f"horus-job:v1;sha={SHA} horus-job:v1;sha={SHA}", "more than one horus-job: token in the comment"),
+    ("x" * 65_537 + f" {HINT_T4}", "comment longer than 65536 bytes"),
+    ("é" * 32_768 + f" horus-job:v1;sha={SHA}", "comment longer than 65536 bytes"),  # bytes, not characters
+])
+def test_hint_and_workload_token_finders_say_why(comment, reason):
+    """find_hint_token and parse_workload share the finding of their one token: same reasons."""
+    from slurm_horus.slurm.hint import parse_workload
+
+    parse = parse_workload if "horus-job:" in comment else find_hint_token
+    with pytest.raises(HorusError) as e:
+        parse(comment) if parse is find_hint_token else parse(comment, strict=True)
+    assert str(e.value) == reason
+    # each looks for its own kind only: the other's token is not a second one, nor a hint
+    assert find_hint_token(f"horus-job:v1;sha={SHA} {HINT_T4}") == HINT_T4
+    assert parse_workload(f"{HINT_T4} x {HINT_T4}", strict=True) is None
+
+
 def test_workload_encoder_refuses_what_it_cannot_write():
     from slurm_horus.slurm.hint import encode_workload
 

@@ -858,3 +858,27 @@ def test_a_script_from_the_terminal_is_unread():
         sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")
     assert "--comment" not in " ".join(plan.sbatch_argv)
     assert not sub.prepare(["--model", "m.onnx", "--external"], env={}).script_unread  # no script at all
+
+
+class _BrokenPipe(io.StringIO):
+    def write(self, s):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_hsubmits_errors_and_warnings_are_one_line_and_never_fail(monkeypatch):
+    """hsubmit's _err and submit.warn write through one errors.to_stderr: the same one line,
+    and nothing raised when stderr is closed, gone or a broken pipe."""
+    from slurm_horus.cli import hsubmit
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    hsubmit._err("error: bad\nname \x1b[2J")
+    sub.warn("no\tprediction \x9b")
+    assert out.getvalue() == ("hsubmit: error: bad\\nname \\x1b[2J\n"
+                              "hsubmit: warning: no\\tprediction \\x9b\n")
+    closed = io.StringIO()
+    closed.close()
+    for stderr in (None, closed, _BrokenPipe()):
+        monkeypatch.setattr(sys, "stderr", stderr)
+        hsubmit._err("error: lost")
+        sub.warn("lost")

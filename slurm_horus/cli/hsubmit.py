@@ -32,13 +32,9 @@ PROG = "hsubmit"
 
 
 def _err(msg: str) -> None:
-    from slurm_horus.errors import one_line
+    from slurm_horus.errors import to_stderr  # lazily: hsubmit starts as fast as sbatch
 
-    try:
-        sys.stderr.write(f"{PROG}: {one_line(msg)}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass  # stderr closed or a closed pipe: the message is lost, never the job
+    to_stderr(PROG, msg)
 
 
 def main(argv: list[str] | None = None) -> int:

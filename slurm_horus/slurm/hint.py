@@ -162,13 +162,20 @@ def find_hint_token(comment: str | None) -> str | None:
     """The horus token in a comment (a whitespace-delimited word starting with "horus:"),
     or None if there is none.  Raises HorusError if there are several or the comment is
     too long, as the hook would ignore the hint then."""
-    if not comment or "horus:" not in comment:
+    return _one_token(comment, "horus:", _HORUS_TOKEN_RE)
+
+
+def _one_token(comment: str | None, kind: str, token_re: re.Pattern) -> str | None:
+    """The one token of a kind ("horus:", "horus-job:") in a comment, as ``token_re`` finds it,
+    or None if there is none.  Raises HorusError if there are several or the comment is too
+    long."""
+    if not comment or kind not in comment:
         return None
     if _nbytes(comment) > MAX_COMMENT_BYTES:
         raise HorusError(f"comment longer than {MAX_COMMENT_BYTES} bytes")
-    tokens = _HORUS_TOKEN_RE.findall(comment)
+    tokens = token_re.findall(comment)
     if len(tokens) > 1:
-        raise HorusError("more than one horus: token in the comment")
+        raise HorusError(f"more than one {kind} token in the comment")
     return tokens[0] if tokens else None
 
 
@@ -376,14 +383,8 @@ def parse_workload(comment: str | None, *, strict: bool = False) -> dict | None:
     model}, those present), or None when there is none, several, or a malformed one
     (strict=True raises HorusError with the reason instead)."""
     try:
-        if not comment or "horus-job:" not in comment:
-            return None
-        if _nbytes(comment) > MAX_COMMENT_BYTES:
-            raise HorusError(f"comment longer than {MAX_COMMENT_BYTES} bytes")
-        tokens = _JOB_TOKEN_RE.findall(comment)
-        if len(tokens) > 1:
-            raise HorusError("more than one horus-job: token in the comment")
-        return _parse_job_token(tokens[0]) if tokens else None
+        token = _one_token(comment, "horus-job:", _JOB_TOKEN_RE)
+        return None if token is None else _parse_job_token(token)
     except HorusError:
         if strict:
             raise

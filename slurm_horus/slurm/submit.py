@@ -17,12 +17,11 @@ import os
 import re
 import shlex
 import stat
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_horus.slurm import sbatch_args as sa
-from slurm_horus.errors import CONTROL_CHARS, HorusError, one_line
+from slurm_horus.errors import CONTROL_CHARS, HorusError, one_line, to_stderr
 from slurm_horus.rounding import shown
 
 __all__ = ["Plan", "prepare", "check_options", "request_unknown", "asks_for_gpus", "requested_cpus_per_gpu", "predict", "job_desc_of", "explain_text", "on_prediction_error",
@@ -711,8 +710,5 @@ def on_prediction_error_problem(env: dict[str, str] | None = None) -> str | None
 
 
 def warn(msg: str) -> None:
-    try:
-        sys.stderr.write(f"hsubmit: warning: {one_line(msg)}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass  # stderr closed or a closed pipe: the warning is lost, never the job
+    """hsubmit's one-line warning on stderr (lost, never the job, when stderr is closed)."""
+    to_stderr("hsubmit", f"warning: {msg}")
