@@ -723,6 +723,48 @@ def test_a_bad_job_id_is_named_in_a_short_line(url, jobs, said):
     assert r.exit_code != 0 and said in r.output and len(r.output) < 200, r.output
 
 
+def test_a_het_jobs_id_lists_its_components_as_sacct_does(tmp_path, monkeypatch):
+    """sacct -j N lists every component of heterogeneous job N, each a job of its own id; the
+    ledger keeps no HetJobId, and hacct -j N listed the leader alone. The components come from
+    Slurm's accounting in one lookup for all the ids named, on the cluster N+K's would use;
+    where Slurm cannot answer, the ledger's jobs of those ids are listed, as before."""
+    import pwd
+
+    from slurm_horus.slurm import commands as slurm
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u)
+    for jid in (300, 301, 302, 400, 500):  # 301, 302: het job 300's components 1 and 2
+        L.record_submission(job_id=jid, cluster="c", user=me, account="ml", submit_time=1700000000 + jid,
+                            predictions={"a100": {"util_pct": 1}})
+    asked = []
+
+    def components(job_ids, cluster=None):
+        asked.append((list(job_ids), cluster))
+        return {300: [300, 301, 302]} if 300 in job_ids else {}
+    monkeypatch.setattr(slurm, "het_job_component_ids", components)
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: "ClusterName = c\nPrivateData = none\n")
+
+    def listed(*args):
+        r = CliRunner().invoke(main, ["--ledger", u, *args, "-P", "-n", "-o", "JobID"])
+        assert r.exit_code == 0, r.output
+        return [int(x) for x in r.output.split()]
+    assert listed("-j", "300") == [300, 301, 302] and asked == [([300], "c")]
+    assert listed("-j", "400,300.batch") == [300, 301, 302, 400] and asked[-1] == ([400, 300], "c")
+    assert listed("-j", "400") == [400]
+    assert listed("-M", "d", "-j", "300") == [] and asked[-1] == ([300], "d")  # the cluster asked
+    r = CliRunner().invoke(main, ["--ledger", u, "-j", "300", "--json"])
+    assert [j["job_id"] for j in json.loads(r.output)] == [300, 301, 302], r.output
+    n = len(asked)
+    assert listed("-M", "c,d", "-j", "300") == [300] and len(asked) == n  # one cluster only, as N+K
+    assert listed("-S", "2000-01-01") == [300, 301, 302, 400, 500] and len(asked) == n  # no -j: none
+    # Slurm's accounting unreachable: the ledger's jobs of those ids, as before, and no error
+    monkeypatch.setattr(slurm, "het_job_component_ids", lambda job_ids, cluster=None: (_ for _ in ()).throw(
+        HorusError("sacct not found on PATH (is Slurm installed?)")))
+    assert listed("-j", "300,400") == [300, 400]
+
+
 def test_an_output_width_takes_ascii_digits_only(url):
     r = CliRunner().invoke(main, ["--ledger", url, "-j", "101", "-o", "JobID%\u0661\u0660"])
     assert r.exit_code != 0 and "bad width" in r.output
@@ -764,7 +806,8 @@ def test_a_het_job_component_is_named_as_sacct_names_it(tmp_path, monkeypatch, o
     assert listed("300+0,400") == [300, 400]
     assert listed("300+7") == []  # Slurm knows no such component: no job, as in sacct
     n = len(seen)
-    assert listed("400.0") == [400] and len(seen) == n  # a plain id is not looked up
+    assert listed("400.0") == [400]  # a plain id is asked for once, as a heterogeneous job's leader
+    assert [a[-4:] for a in seen[n:]] == [["-M", "c", "-j", "400"]]
     r = CliRunner().invoke(main, ["--ledger", u, "-M", "c,d", "-j", "300+1"])
     assert r.exit_code != 0 and "looked up in one cluster" in r.output, r.output
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: (_ for _ in ()).throw(

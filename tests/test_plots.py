@@ -132,6 +132,22 @@ def test_hacct_png_and_terminal(url, tmp_path):
         assert max(len(line) for line in r.output.splitlines()) <= 80
 
 
+def test_hacct_plot_names_looked_up_jobs_as_jobs(url, monkeypatch):
+    """-j N+K (a heterogeneous job's component) and -j N of a heterogeneous job select jobs by
+    the own ids Slurm's accounting gives, as -j N_T (an array task) does: --plot called them
+    all 'array tasks'. Job 2 stands for het job 1's component 1 here."""
+    from slurm_horus.slurm import commands as slurm
+
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: "ClusterName = c\nPrivateData = none\n")
+    monkeypatch.setattr(slurm, "het_component_job_ids", lambda pairs, cluster=None: {(1, 1): 2})
+    monkeypatch.setattr(slurm, "het_job_component_ids", lambda ids, cluster=None: {1: [1, 2]} if 1 in ids else {})
+    for jobs, said, n in (("1+1", "jobs 2 GPU", "1 measured job"), ("1", "jobs 1,2 GPU", "2 measured jobs")):
+        r = CliRunner().invoke(hacct, ["--ledger", url, "--plot", "-j", jobs])
+        text = " ".join(r.output.split())
+        assert r.exit_code == 0 and said in text and n in text and "array tasks" not in text, r.output
+    assert lplots.describe(url, {"job_ids": [7], "task_ids": [7, 9]}).endswith(", jobs 7,9")
+
+
 def test_hacct_terminal_places_points(url):
     text = _console_text(lplots.terminal(lplots.plot_points(Ledger(url)), "ledger l.db"))
     grid = [line for line in text.splitlines() if "|" in line]

@@ -232,6 +232,42 @@ def test_an_array_task_is_looked_up_on_the_cluster_asked(monkeypatch):
     assert seen[0][-4:] == ["-M", "other", "-j", "7_2"]
 
 
+@pytest.mark.parametrize("fixtures", ["slurm", "slurm-25.11"])
+def test_a_het_jobs_components_are_asked_for_in_one_sacct(monkeypatch, fixtures):
+    """hacct -j N lists heterogeneous job N's components, as sacct -j N does: one sacct for all
+    the ids, on N+K's cluster, within a short timeout. Ordinary jobs and an array's tasks (sacct -j lists
+    them by the array's id) are no job's components. Recorded: sacct --json -j 2173,2175 and
+    -j 2241 (22.05; 196,198 and 2099 on 25.11)."""
+    from slurm_horus.slurm import commands
+
+    idx = {f["name"]: f for f in json.loads((FIX.parent / fixtures / "index.json").read_text())["fixtures"]}
+    for name in ("sacct_json_finished", "sacct_json_finished_array"):
+        f, seen = idx[name], []
+        ids = [int(x) for x in f["command"][-1].split(",")]
+        recorded = (FIX.parent / fixtures / f["stdout"]).read_text()
+        monkeypatch.setattr(commands, "run", lambda args, timeout=None: seen.append((args, timeout)) or recorded)
+        assert commands.het_job_component_ids(ids, "horus") == {}
+        assert seen == [(["sacct", "--json", "--allusers", "-M", "horus", "-j", f["command"][-1]], commands.LOOKUP_TIMEOUT_S)]
+
+
+@pytest.mark.parametrize("fixtures", ["slurm", "slurm-25.11"])
+def test_a_recorded_het_job_is_found_by_its_leaders_id_and_by_its_components(monkeypatch, fixtures):
+    """Recorded: sacct --json -j HETJOBID of a finished job of two components (gpu:1 in shards,
+    one CPU). Each component is a job of its own id with (HetJobId, offset) beside it: -j N
+    finds both (the leader's id is the first's), -j N+1 the second's own id."""
+    from slurm_horus.slurm import commands
+    from slurm_horus.slurm.accounting import parse_sacct_json
+
+    idx = {f["name"]: f for f in json.loads((FIX.parent / fixtures / "index.json").read_text())["fixtures"]}
+    f = idx["sacct_json_finished_het"]
+    hid, recorded = f["het_job_id"], (FIX.parent / fixtures / f["stdout"]).read_text()
+    own = {r["het"]: r["job_id"] for r in parse_sacct_json(recorded)}
+    assert set(own) == {(hid, 0), (hid, 1)} and own[hid, 0] == hid and own[hid, 1] != hid
+    monkeypatch.setattr(commands, "run", lambda args, timeout=None: recorded)
+    assert commands.het_job_component_ids([hid, hid + 1000], None) == {hid: sorted(own.values())}
+    assert commands.het_component_job_ids([(hid, 1), (hid, 2)]) == {(hid, 1): own[hid, 1]}
+
+
 def test_slurmdbd_private_data_hides_jobs_from_sacct_and_so_from_hacct(monkeypatch):
     """sacct's privacy is slurmdbd.conf's PrivateData, which scontrol does not show: a site
     that set it there alone had its ledger treated as public (hacct -a listed every user)."""

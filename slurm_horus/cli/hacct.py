@@ -83,10 +83,26 @@ def _member_jobs(names: list[str], sep: str, cluster: str | None) -> list[int]:
     return [found[p] for p in pairs if p in found]
 
 
+def _het_components(job_ids: list[int], cluster: str | None) -> list[int]:
+    """The components' own ids of those of ``job_ids`` that lead a heterogeneous job, as sacct
+    -j N lists them (the ledger keeps no HetJobId), from Slurm's accounting as N+K's are.
+    Where it cannot answer, none: the ledger's jobs of those ids are still listed (N+K, with
+    nothing else to name it by, is an error there)."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.slurm import commands as slurm
+
+    try:
+        found = slurm.het_job_component_ids(job_ids, cluster)
+    except HorusError:
+        return []
+    return [c for comps in found.values() for c in comps]
+
+
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--jobs", "jobs", multiple=True,
-              help="Job ids (comma-separated), as sacct takes them: N, ArrayJobId_TaskId, "
-              "HetJobId+Offset (the last two looked up in Slurm's accounting); a .step names its job.")
+              help="Job ids (comma-separated), as sacct takes them: N (an array's tasks and a "
+              "heterogeneous job's components too), ArrayJobId_TaskId, HetJobId+Offset (these and "
+              "components looked up in Slurm's accounting); a .step names its job.")
 @click.option("-u", "--user", "--uid", "users", multiple=True,
               help="Users or uids (comma-separated; -1: every user's, as -a).")
 @click.option("-A", "--account", "accounts", multiple=True, help="Accounts (comma-separated).")
@@ -164,12 +180,11 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
     # own ids, which Slurm's accounting gives; each names that job alone
     tasks = [x for x in ids if "_" in x]
     comps = [x for x in ids if "+" in x and "_" not in x]
-    task_ids = []
-    if tasks or comps:
-        one = cluster if isinstance(cluster, str) or cluster is None else (cluster[0] if len(cluster) == 1 else None)
-        if cluster and one is None:
-            what = "array tasks" if tasks else "heterogeneous job components"
-            raise HorusError(f"-j/--jobs: {what} are looked up in one cluster: give one -M")
+    task_ids = None  # the own ids of those: None where none was named so
+    one = cluster if isinstance(cluster, str) or cluster is None else (cluster[0] if len(cluster) == 1 else None)
+    if (tasks or comps) and cluster and one is None:
+        what = "array tasks" if tasks else "heterogeneous job components"
+        raise HorusError(f"-j/--jobs: {what} are looked up in one cluster: give one -M")
     ids = [x for x in ids if x not in tasks and x not in comps]
     job_ids = [int(x) if x.isascii() and x.isdigit() else -1 for x in ids]
     bad = next((x for x, j in zip(ids, job_ids) if not 0 < j < 2 ** 32), None)  # Slurm's: 32-bit
@@ -186,7 +201,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
         starttime = time.strftime("%Y-%m-%dT00:00:00")  # as sacct: since midnight
     # as sacct: -u -1 is every user's, and of -u and -a the later wins (-u bob -a: everyone's)
     users, allusers = _who(given_order(click.get_current_context(), "users", "allusers"), users, allusers)
-    filters = dict(job_ids=job_ids or None, task_ids=task_ids if tasks or comps else None, users=[_user_name(u) for u in _split(users)] or None,
+    filters = dict(job_ids=job_ids or None, task_ids=task_ids, users=[_user_name(u) for u in _split(users)] or None,
                    accounts=[a.lower() for a in _split(accounts)] or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
@@ -201,6 +216,9 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
                        f"end time ({report.sacct_time(end)})")
         e.exit_code = 1  # sacct's
         raise e
+    # as sacct -j N: a heterogeneous job's components too (looked up in one cluster, as N+K)
+    if job_ids and not (cluster and one is None) and (het := _het_components(job_ids, one)):
+        filters["task_ids"] = (task_ids or []) + het
     from slurm_horus.ledger import current_user, open_reader
 
     me = current_user()

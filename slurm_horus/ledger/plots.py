@@ -49,9 +49,10 @@ def plot_points(ledger, limit: int = 20000, **filters) -> list[dict]:
 def describe(url: str, filters: dict) -> str:
     """'ledger sqlite:///l.db, user alice, since 2024-05-01 00:00': where the points came from."""
     parts = [f"ledger {mask_url(url)}"]
-    for key, name in (("users", "user"), ("accounts", "account"), ("states", "state"),
-                      ("job_ids", "jobs"), ("task_ids", "array tasks")):
-        vals = filters.get(key)
+    # task_ids: the own ids of array tasks and heterogeneous job components, jobs as any other
+    jobs = list(dict.fromkeys([*(filters.get("job_ids") or ()), *(filters.get("task_ids") or ())]))
+    for name, vals in (("user", filters.get("users")), ("account", filters.get("accounts")),
+                       ("state", filters.get("states")), ("jobs", jobs)):
         if vals:
             s = ",".join(map(str, vals))
             parts.append(f"{name} {s if len(s) <= 30 else s[:29] + '+'}")

@@ -31,10 +31,11 @@ from slurm_horus.slurm.accounting import parse_sacct_json
 __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types",
            "default_partition", "node_gpu_types", "sbatch_plugin_options", "exec_sbatch", "private_jobs", "local_cluster", "slurm_config",
            "backend", "slurm_version", "run_sacct", "accounting_jobs", "array_task_job_ids",
-           "het_component_job_ids"]
+           "het_component_job_ids", "het_job_component_ids"]
 
 TIMEOUT_S = 30
 HELP_TIMEOUT_S = 10  # sbatch --help, asked while the user waits for their submission
+LOOKUP_TIMEOUT_S = 10  # hacct -j N's look for a heterogeneous job's components, an addition
 BACKENDS = ("cli", "pyslurm")
 _chosen: dict[str, str] = {}
 _version: list[str] = []
@@ -193,15 +194,34 @@ def het_component_job_ids(comps: list[tuple[int, int]], cluster: str | None = No
     return _member_job_ids(comps, "+", "het", cluster)
 
 
+def het_job_component_ids(job_ids: list[int], cluster: str | None = None) -> dict[int, list[int]]:
+    """{HetJobId: its components' own job ids, the leader's too} of those of ``job_ids`` that
+    lead a heterogeneous job, as sacct -j HetJobId lists them (the ledger keeps no HetJobId);
+    from accounting as array_task_job_ids, one sacct for all the ids."""
+    if not job_ids:
+        return {}
+    named, out = set(job_ids), {}
+    # an addition to what the ledger lists: a user waits for it, so not a minute
+    for r in _named_jobs(",".join(str(int(x)) for x in job_ids), cluster, timeout=LOOKUP_TIMEOUT_S):
+        if r["het"] and r["het"][0] in named:
+            out.setdefault(r["het"][0], set()).add(r["job_id"])
+    return {h: sorted(ids) for h, ids in out.items()}
+
+
 def _member_job_ids(pairs: list[tuple[int, int]], sep: str, field: str, cluster: str | None
                     ) -> dict[tuple[int, int], int]:
     """The own job ids of the jobs sacct -j names PARENT<sep>PLACE (parse_job's ``field``)."""
     if not pairs:
         return {}
-    spec = ",".join(f"{a}{sep}{t}" for a, t in pairs)
-    where = ["-M", cluster] if cluster else []
-    recs = parse_sacct_json(run(["sacct", "--json", "--allusers", *where, "-j", spec], timeout=60))
+    recs = _named_jobs(",".join(f"{a}{sep}{t}" for a, t in pairs), cluster)
     return {r[field]: r["job_id"] for r in recs if r.get(field) in set(pairs)}
+
+
+def _named_jobs(spec: str, cluster: str | None, timeout: float = 60) -> list[dict]:
+    """parse_job's records of the jobs ``sacct -j SPEC`` lists, on ``cluster`` (else the local
+    one): a short query, so a minute at most, not run_sacct's five."""
+    where = ["-M", cluster] if cluster else []
+    return parse_sacct_json(run(["sacct", "--json", "--allusers", *where, "-j", spec], timeout=timeout))
 
 
 def default_account() -> str | None:

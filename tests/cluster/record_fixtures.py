@@ -5,7 +5,8 @@
     HORUS_SLURM=25.11 tests/cluster/up && HORUS_SLURM=25.11 source tests/cluster/env.sh \
         && python3 tests/cluster/record_fixtures.py
 
-OUTDIR defaults to tests/fixtures/slurm (22.05) or tests/fixtures/slurm-25.11 (the cluster env.sh
+With a second argument `het` (OUTDIR het) only the heterogeneous job is recorded, into OUTDIR's
+existing index.  OUTDIR defaults to tests/fixtures/slurm (22.05) or tests/fixtures/slurm-25.11 (the cluster env.sh
 pointed at: $HORUS_SLURM). For each interaction it writes NAME.stdout (exact bytes),
 NAME.stderr (only when non-empty) and an entry in index.json (command, exit code, notes).
 Job ids, times and host names are whatever the cluster gave: tests must not hard-code them
@@ -97,6 +98,25 @@ def record_array():
            "by the array's id", array_job_id=int(aid))
 
 
+def record_het():
+    """A finished heterogeneous job of two components (one on a GPU, packed into shards by the
+    hook; one on CPUs) in accounting, asked for by its leader's id: each component's own job id
+    beside its het.job_id and het.job_offset (what hacct -j HETJOBID and -j N+K look up)."""
+    script = JOBDIR / "fixture-het.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -o /dev/null\n#SBATCH --gres=gpu:1\n"
+                      f'#SBATCH --comment="fixture-het {HINT}"\n#SBATCH hetjob\n#SBATCH -c 1\nsleep 1\n')
+    p = sh(["sbatch", "--parsable", str(script)])
+    if p.returncode:
+        raise SystemExit(f"het job not submitted: {p.stderr.decode().strip()}")
+    hid = p.stdout.decode().strip().split(";")[0]
+    OWN_JOBS.append(hid)
+    for k in (0, 1):
+        wait_sacct_done(f"{hid}+{k}")
+    record("sacct_json_finished_het", ["sacct", "--json", "-j", hid],
+           "a finished heterogeneous job of two components (gpu:1 packed into shards by the "
+           "hook, and one CPU), asked for by the leader's id", het_job_id=int(hid))
+
+
 def job_state(jobid):
     p = sh(["squeue", "-h", "-j", str(jobid), "-o", "%T"])
     return p.stdout.decode().strip()
@@ -124,6 +144,8 @@ def wait_sacct_done(jobid, timeout=60):
 
 
 def main():
+    if sys.argv[2:3] == ["het"]:  # OUTDIR het: record the heterogeneous job alone, into its index
+        return record_only(record_het)
     OUT.mkdir(parents=True, exist_ok=True)
     JOBDIR.mkdir(parents=True, exist_ok=True)
     hook = STATE / "etc" / "job_submit.lua"
@@ -219,6 +241,7 @@ def main():
     record("sinfo_text", ["sinfo", "-N", "-o", "%N|%P|%T|%G|%f|%C"], "node|partition|state|gres|features|cpus A/I/O/T")
     record_requeue_held()
     record_array()
+    record_het()
 
     # --- finished job in accounting
     wait_sacct_done(done)
@@ -243,6 +266,22 @@ def main():
         subprocess.run(["scancel", *OWN_JOBS], cwd=JOBDIR)
     (OUT / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     print(f"wrote {len(index['fixtures'])} fixtures to {OUT}", file=sys.stderr)
+
+
+def record_only(recorder):
+    """One recorder's fixtures added to OUT's index (an entry of the same name replaced), the
+    others kept as recorded: a new fixture without recording (and renumbering) every other."""
+    JOBDIR.mkdir(parents=True, exist_ok=True)
+    old = json.loads((OUT / "index.json").read_text())
+    recorder()
+    if OWN_JOBS:
+        subprocess.run(["scancel", *OWN_JOBS], cwd=JOBDIR)
+    names = {f["name"] for f in index["fixtures"]}
+    for f in index["fixtures"]:
+        f["recorded_at"], f["slurm_version"] = index["recorded_at"], sh(["sinfo", "--version"]).stdout.decode().strip()
+    old["fixtures"] = [f for f in old["fixtures"] if f["name"] not in names] + index["fixtures"]
+    (OUT / "index.json").write_text(json.dumps(old, indent=2) + "\n")
+    print(f"added {len(names)} fixtures to {OUT}", file=sys.stderr)
 
 
 if __name__ == "__main__":
