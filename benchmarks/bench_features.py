@@ -28,6 +28,11 @@ from slurm_horus.graph.features import extract_features  # noqa: E402
 DATA = ROOT / "tests" / "data"
 
 
+def _ratio(r: float) -> str:
+    """A speed-up as 20.7x, one below 1 with two digits (0.05x: slower, not 0.0x)."""
+    return f"{r:.1f}x" if r >= 1 else f"{r:.2g}x"
+
+
 def _onnx_tool_copy(entry, folder: Path) -> Path:
     from test_zoo import _with_zero_weights  # the same preparation the agreement test uses
 
@@ -82,12 +87,12 @@ def main() -> int:
         if tool_t:
             tool = statistics.median(tool_t) * 1e3
             ratios.append(tool / ours)
-            print(f"| {entry['name']} | {n_nodes} | {ours:.1f} | {tool:.1f} | {tool / ours:.1f}x |")
+            print(f"| {entry['name']} | {n_nodes} | {ours:.1f} | {tool:.1f} | {_ratio(tool / ours)} |")
         else:
             print(f"| {entry['name']} | {n_nodes} | {ours:.1f} | {tool_err} | - |")
     if ratios:
-        print(f"\nSpeed-up over onnx-tool: median {statistics.median(ratios):.1f}x, "
-              f"min {min(ratios):.1f}x over {len(ratios)} models.")
+        print(f"\nSpeed-up over onnx-tool: median {_ratio(statistics.median(ratios))}, "
+              f"min {_ratio(min(ratios))} over {len(ratios)} models.")
     cli = []
     for _ in range(max(args.repeat, 5)):
         cli.append(_time(lambda: subprocess.run(

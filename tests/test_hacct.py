@@ -3,6 +3,7 @@ GPUs vs shards; the claim audit; PrivateData."""
 
 import json
 import os
+from pathlib import Path
 import time
 
 import pytest
@@ -770,48 +771,54 @@ def test_an_output_width_takes_ascii_digits_only(url):
     assert r.exit_code != 0 and "bad width" in r.output
 
 
-@pytest.mark.parametrize("offset", [1, {"set": True, "infinite": False, "number": 1}])  # 22.05, 25.11
-def test_a_het_job_component_is_named_as_sacct_names_it(tmp_path, monkeypatch, offset):
+@pytest.mark.parametrize("fixtures", ["slurm", "slurm-25.11"])
+def test_a_het_job_component_is_named_as_sacct_names_it(tmp_path, monkeypatch, fixtures):
     """sacct -j N+K shows component K of heterogeneous job N, a job of its own id (the id the
     ledger keys it by): hacct refused N+K. The component's id comes from Slurm's accounting, as
-    an array task's does; one Slurm does not know names no job. N_K and N.step keep working."""
+    an array task's does; one Slurm does not know names no job. N_K and N.step keep working.
+    Slurm's answers: the recorded sacct --json -j HETJOBID of a finished two-component job."""
     import pwd
 
     from slurm_horus.slurm import commands as slurm
 
+    fix = Path(__file__).parent / "fixtures" / fixtures
+    f = next(f for f in json.loads((fix / "index.json").read_text())["fixtures"]
+             if f["name"] == "sacct_json_finished_het")
+    recorded = (fix / f["stdout"]).read_text()
+    het = f["het_job_id"]
+    comp = next(j["job_id"] for j in json.loads(recorded)["jobs"] if j["job_id"] != het)
+    other = max(het, comp) + 100  # a job of no heterogeneous job
     me = pwd.getpwuid(os.getuid()).pw_name
     u = f"sqlite:///{tmp_path}/l.db"
     L = Ledger(u)
-    for jid in (300, 305, 400):  # 300: het job 300's leader (300+0), 305: its component 1
+    for jid in (het, comp, other):
         L.record_submission(job_id=jid, cluster="c", user=me, account="ml", submit_time=1700000000,
                             predictions={"a100": {"util_pct": 1}})
-    sacct = {"jobs": [{"job_id": 305, "het": {"job_id": 300, "job_offset": offset}},
-                      {"job_id": 300, "het": {"job_id": 300, "job_offset": 0}},
-                      {"job_id": 400, "het": {"job_id": 0, "job_offset": None}}]}
     seen = []
 
     def run(args, timeout=30):
         if args[0] != "sacct":
             return "ClusterName = c\nPrivateData = none\n"
         seen.append(args)
-        return json.dumps(sacct)
+        return recorded
     monkeypatch.setattr(slurm, "run", run)
 
     def listed(ids):
         r = CliRunner().invoke(main, ["--ledger", u, "-j", ids, "-P", "-n", "-o", "JobID"])
         assert r.exit_code == 0, r.output
         return [int(x) for x in r.output.split()]
-    assert listed("300+1") == [305] and seen[-1][-4:] == ["-M", "c", "-j", "300+1"]
-    assert listed("300+1.batch") == [305]  # a step names its job: the ledger holds no steps
-    assert listed("300+0,400") == [300, 400]
-    assert listed("300+7") == []  # Slurm knows no such component: no job, as in sacct
+    assert listed(f"{het}+1") == [comp] and seen[-1][-4:] == ["-M", "c", "-j", f"{het}+1"]
+    assert listed(f"{het}+1.batch") == [comp]  # a step names its job: the ledger holds no steps
+    assert listed(f"{het}+0,{other}") == sorted([het, other])
+    assert listed(f"{het}+7") == []  # Slurm knows no such component: no job, as in sacct
     n = len(seen)
-    assert listed("400.0") == [400]  # a plain id is asked for once, as a heterogeneous job's leader
-    assert [a[-4:] for a in seen[n:]] == [["-M", "c", "-j", "400"]]
-    r = CliRunner().invoke(main, ["--ledger", u, "-M", "c,d", "-j", "300+1"])
+    assert listed(f"{other}.0") == [other]  # a plain id is asked for once, as a heterogeneous job's leader
+    assert [a[-4:] for a in seen[n:]] == [["-M", "c", "-j", str(other)]]
+    assert listed(str(het)) == sorted([het, comp])  # the leader's id: every component, as sacct -j N
+    r = CliRunner().invoke(main, ["--ledger", u, "-M", "c,d", "-j", f"{het}+1"])
     assert r.exit_code != 0 and "looked up in one cluster" in r.output, r.output
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: (_ for _ in ()).throw(
         slurm.HorusError("sacct: command not found")))
-    r = CliRunner().invoke(main, ["--ledger", u, "-M", "c", "-j", "300+1"])
+    r = CliRunner().invoke(main, ["--ledger", u, "-M", "c", "-j", f"{het}+1"])
     assert r.exit_code != 0 and "looked up in Slurm's accounting" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1

@@ -113,7 +113,8 @@ def _het_components(job_ids: list[int], cluster: str | None) -> list[int]:
               "(default, as sacct: 00:00 today, unless -j or -s is given; --summary and --plot: "
               "all). sacct's formats: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], HH:MM, today, "
               "midnight, noon, now-2days, now-1weeks, ...")
-@click.option("-E", "--endtime", help="Jobs submitted at or before this time (default: now).")
+@click.option("-E", "--endtime", help="Jobs submitted at or before this time (default: now; "
+              "with -s and -S, -S, as in sacct).")
 @click.option("-s", "--state", "states", multiple=True,
               help="States, e.g. CD,F,TO,CA,OOM (comma-separated).")
 @click.option("-o", "--format", "fmt", help="Columns, e.g. JobID,User,PredMem,ActMem%8, "
