@@ -15,6 +15,7 @@ from slurm_horus.graph.flops import ELEMENTWISE, NORMS, RNN_GATES, node_flops, i
 from slurm_horus.errors import ModelError
 from slurm_horus.graph.load import (MAX_DIM, MAX_SUBGRAPH_DEPTH, SMALL_INT_TYPES, Graph, TensorInfo,
                                     _subgraphs, bodies, body_names, body_scope)
+from slurm_horus.graph.shapefold import SMALL_FLOAT_TYPES
 
 # Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size",
@@ -53,8 +54,8 @@ SHAPE_TENSOR_MAX_ELEMENTS = 64
 # quantized weights, the quantization parameters).  An integer initializer read at a weight
 # position is a parameter (int8/uint8/int16, int4/int2 packed, the int32 biases of
 # DequantizeLinear and QLinearConv); scales, zero points and g_idx are never one, per-channel
-# float vectors included.  A float input at another position (QuantizeLinear's x: a fake-quant
-# QAT weight, Q -> DQ -> Conv) is a parameter as anywhere.
+# float vectors and FLOAT8 zero points included.  A float input at another position
+# (QuantizeLinear's x: a fake-quant QAT weight, Q -> DQ -> Conv) is a parameter as anywhere.
 QUANTIZED_INPUTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "QuantizeLinear": ((), (1, 2)),
     "DequantizeLinear": ((0,), (1, 2)),
@@ -75,9 +76,11 @@ QUANTIZED_INPUTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 # ops whose uint8 weight packs 8 / bits values a byte (attribute "bits", default 4; Bnb4: 4)
 PACKED_WEIGHT_OPS = frozenset({"MatMulNBits", "MatMulBnb4", "GatherBlockQuantized"})
-# a quantized weight's types: SMALL_INT_TYPES and INT32 (a quantized bias); a float one
-# (FLOAT8, FLOAT4E2M1) is a weight wherever it is read
-QUANTIZED_WEIGHT_TYPES = SMALL_INT_TYPES | {6}
+# a quantized weight's types, stored as such and frozen: SMALL_INT_TYPES and INT32 (a quantized
+# bias), weights where a quantized op reads them as one; SMALL_FLOAT_TYPES (FLOAT8, FLOAT4E2M1,
+# FLOAT6), weights wherever read, as any float (a float is never an index or a shape: a Cast
+# that upcasts an FP8 weight reads it as DequantizeLinear does)
+QUANTIZED_WEIGHT_TYPES = SMALL_INT_TYPES | SMALL_FLOAT_TYPES | {6}
 
 
 @dataclass(frozen=True)
@@ -115,12 +118,14 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
 
     A quantized model's weights are parameters too, at their stored size: an integer
     initializer a quantized op reads as its weight (QUANTIZED_INPUTS: DequantizeLinear's data,
-    QLinearConv's w and int32 bias, MatMulInteger's B, MatMulNBits' packed B...); they are what
-    its memory holds.  Its scales and zero points are not, nor is an integer tensor read
-    anywhere else (indices, shapes).  A float weight a fake-quant graph quantizes and
-    dequantizes (QAT: W -> QuantizeLinear -> DequantizeLinear -> Conv) is one float parameter.
-    Integer weights cannot train (PyTorch refuses requires_grad on them): features_of reports
-    their count apart (FeatureReport.quantized_params), as the params figure does not tell.
+    QLinearConv's w and int32 bias, MatMulInteger's B, MatMulNBits' packed B...), and an FP8,
+    FP6 or FP4 one wherever read (QUANTIZED_WEIGHT_TYPES); they are what its memory holds.  Its
+    scales and zero points are not, nor is an integer tensor read anywhere else (indices,
+    shapes).  A float weight a fake-quant graph quantizes and dequantizes (QAT: W ->
+    QuantizeLinear -> DequantizeLinear -> Conv) is one float parameter.  Quantized weights
+    cannot train (PyTorch refuses requires_grad on an integer tensor, and no optimizer steps an
+    FP8 one): features_of reports their count apart (FeatureReport.quantized_params), as the
+    params figure does not tell.
     """
     candidates = ChainMap({name: info for name, info in graph.initializers.items()
                            if info.shape and (info.is_float or info.dtype in QUANTIZED_WEIGHT_TYPES)})

@@ -13,7 +13,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 
 from slurm_horus.errors import HorusError
-from slurm_horus.graph.costs import CATEGORIES, NodeCost, node_costs, parameter_tensors, weight_views
+from slurm_horus.graph.costs import (CATEGORIES, QUANTIZED_WEIGHT_TYPES, NodeCost, node_costs,
+                                     parameter_tensors, weight_views)
 from slurm_horus.graph.load import BATCH_DIM_NAMES, Graph, bodies, body_names, body_scope, load_graph
 from slurm_horus.graph.limits import ANALYSIS_FILE_FACTOR, ANALYSIS_MEM_MIB, run_bounded
 
@@ -66,13 +67,13 @@ class FeatureReport:
 
     @property
     def quantized_params(self) -> int:
-        """Of values["params"], the integer (quantized) weights: frozen, as an integer tensor
-        cannot take a gradient, and held at their stored size, not the job's precision."""
+        """Of values["params"], the quantized weights (integer, FP8, FP6, FP4): frozen, as no
+        framework trains them, and held at their stored size, not the job's precision."""
         return int(self.values.get("quantized_params", 0))
 
     @property
     def quantized_param_bytes(self) -> int:
-        """Of values["param_bytes"], the integer weights' (their stored size)."""
+        """Of values["param_bytes"], the quantized weights' (their stored size)."""
         return int(self.values.get("quantized_param_bytes", 0))
 
     def warnings(self) -> list[str]:
@@ -192,7 +193,7 @@ def report_from_dict(d: dict) -> FeatureReport:
 
 def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
     params = parameter_tensors(graph)
-    quantized = [info for info in params.values() if not info.is_float]
+    quantized = [info for info in params.values() if info.dtype in QUANTIZED_WEIGHT_TYPES]
     views = weight_views(graph, params)
     single_trips: list[str] = []
     costs = node_costs(graph, params, views, single_trips)

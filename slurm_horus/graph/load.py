@@ -27,7 +27,7 @@ from functools import cached_property
 from pathlib import Path
 
 from slurm_horus.errors import HorusError, ModelError
-from slurm_horus.graph.shapefold import FLOAT_DTYPES, MAX_FOLD_ELEMENTS, _inline_array, fold_shapes
+from slurm_horus.graph.shapefold import FLOAT_TYPES, MAX_FOLD_ELEMENTS, _inline_array, fold_shapes
 
 # protobuf cannot parse a message above 2 GiB; bigger models must keep weights in external files.
 MAX_PROTO_BYTES = 2**31 - 1
@@ -56,10 +56,7 @@ MAX_FRAMING_FIELDS = 4096
 OPAQUE_INPUTS_ATTR, OPAQUE_OUTPUTS_ATTR = "horus_opaque_inputs", "horus_opaque_outputs"
 # ONNX's schema registry is the process's: one analysis registers its schemas at a time
 _SCHEMA_LOCK = threading.Lock()
-# TensorProto's floating-point types (FLOAT, FLOAT16, DOUBLE, BFLOAT16, the FLOAT8 family):
-# weights, whose values nothing here reads
-FLOAT_TYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20})
-# its integer types of 16 bits and fewer (UINT8, INT8, UINT16, INT16, UINT4, INT4, UINT2, INT2):
+# TensorProto's integer types of 16 bits and fewer (UINT8, INT8, UINT16, INT16, UINT4, INT4, UINT2, INT2):
 # a quantized model's weights, never a shape
 SMALL_INT_TYPES = frozenset({2, 3, 4, 5, 21, 22, 25, 26})
 BATCH_DIM_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*batch.*)$", re.IGNORECASE)
@@ -106,7 +103,7 @@ class TensorInfo:
 
     @property
     def is_float(self) -> bool:
-        return self.dtype in FLOAT_DTYPES
+        return self.dtype in FLOAT_TYPES
 
 
 @dataclass

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 MAX_FOLD_ELEMENTS = 1 << 16
 _EXTERNAL = 1  # TensorProto.EXTERNAL
-# TensorProto's floating-point types (load reads them from here): an initializer of one, of
-# rank 1 or more, is a weight (costs.parameter_tensors), never shape arithmetic's input
-FLOAT_DTYPES = frozenset({1, 10, 11, 16, 17, 18, 19, 20, 23})
+# TensorProto's floating-point types of 8 bits and fewer (the FLOAT8 family, FLOAT4E2M1,
+# FLOAT6E2M3, FLOAT6E3M2): a low-precision model's stored weights, which no framework trains (no
+# optimizer steps them; PyTorch's float4 is packed bytes), as frozen as its integers.  FLOAT8E8M0,
+# exponents alone, is MX's block scales, never a weight
+SMALL_FLOAT_TYPES = frozenset({17, 18, 19, 20, 23, 27, 28})
+# its floating-point types (FLOAT, FLOAT16, DOUBLE, BFLOAT16 and those; load reads them from
+# here): an initializer of one, of rank 1 or more, is a weight (costs.parameter_tensors), never
+# shape arithmetic's input, and its values nothing here reads
+FLOAT_TYPES = frozenset({1, 10, 11, 16}) | SMALL_FLOAT_TYPES
 _MAX_SHAPE_VECTOR = 8  # ONNX shapes in practice have at most 8 dimensions
 # ops that hand on their first input's values rearranged: of a weight, the weight itself
 WEIGHT_VIEWS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand"})
@@ -54,11 +60,11 @@ def fold_shapes(model, shape_of) -> int:
     # them as parameters wherever a node reads them, so their views stay nodes
     weights = set()
     for t in graph.initializer:
-        if t.data_type in FLOAT_DTYPES and len(t.dims) > 0:
+        if t.data_type in FLOAT_TYPES and len(t.dims) > 0:
             weights.add(t.name)
         # a vector of at most a tensor's rank (a Resize scale, a shape's factors folded by the
         # exporter) is shape arithmetic's; a weight has more elements
-        weight = (t.data_type in FLOAT_DTYPES and len(t.dims) > 0
+        weight = (t.data_type in FLOAT_TYPES and len(t.dims) > 0
                   and _numel(max(int(d), 0) for d in t.dims) > _MAX_SHAPE_VECTOR)
         v = _inline_array(t) if t.data_type != 8 and not weight else None  # 8: strings
         if v is not None:

@@ -144,7 +144,7 @@ class ColdStartEstimator:
         v = report.values
         trainable, stored = _split_params(report)
         act_scale = _activation_scale(w.precision)
-        # a quantized model's integer weights stay as stored, whatever the job's precision
+        # a quantized model's weights (integer, FP8...) stay as stored, whatever the job's precision
         weights = trainable * _weight_bytes(w.precision) + stored
         if w.task == "train":
             grads = trainable * (2 if w.precision in ("fp16", "bf16") else 4)
@@ -219,9 +219,10 @@ def _activation_scale(precision: str) -> float:
 
 
 def _split_params(report: FeatureReport) -> tuple[float, float]:
-    """(the float parameters, the integer ones' stored bytes) of values["params"]: a quantized
-    model's integer weights (FeatureReport.quantized_params) keep their stored size and take
-    no gradient nor optimizer state (PyTorch refuses requires_grad on an integer tensor).
+    """(the trainable parameters, the quantized ones' stored bytes) of values["params"]: a
+    quantized model's weights (FeatureReport.quantized_params: integer, FP8, FP6, FP4) keep
+    their stored size and take no gradient nor optimizer state (PyTorch refuses requires_grad
+    on an integer tensor, and no optimizer steps an FP8 one).
     Bounded by params and param_bytes: a stored report is a ledger row an admin's import wrote
     (read from values: the benchmarks' stand-ins for a report hold those alone)."""
     v = report.values
@@ -233,7 +234,7 @@ def _split_params(report: FeatureReport) -> tuple[float, float]:
 
 def _weight_bytes(precision: str) -> float:
     """Weights per parameter: amp keeps fp32 masters plus autocast's cached half copies (2
-    bytes a parameter had counted a third of them); integer weights are neither."""
+    bytes a parameter had counted a third of them); quantized weights are neither."""
     return {"fp32": 4, "amp": 6, "fp16": 2, "bf16": 2}[precision]
 
 
