@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
-from slurm_horus.textfile import open_for_reading, read_text
+from slurm_horus.textfile import NOT_OWNER, WRITABLE, open_for_reading, read_text, untrusted
 
 # Slurm versions the test suite runs on (tests/cluster/up); shards exist from 22.05.
 TESTED = ("22.05", "25.11")
@@ -297,10 +297,11 @@ def check_hook_file_folder(path: str | Path, what: str) -> list[Problem]:
         return []  # no folder, no file: the checks of each say what that means
     out = []
     fifo = "a user could put a FIFO in the file's place, and slurmctld would wait on it at every submission"
-    if st.st_uid != 0:
+    why = untrusted(st, (0,))  # no sticky_ok: a new name is the harm here
+    if NOT_OWNER in why:
         out.append(Problem(f"the folder of {what} {folder} is owned by uid {st.st_uid}, not root: {fifo}",
                            f"chown root {folder}"))
-    if st.st_mode & 0o022:
+    if WRITABLE in why:
         out.append(Problem(f"the folder of {what} {folder} is writable by group or others "
                            f"(mode {stat.S_IMODE(st.st_mode):04o}): {fifo}",
                            f"keep {what} in a folder only root can write (as /var/lib/slurm-horus)"
@@ -319,10 +320,11 @@ def _trusted(path: Path, what: str) -> list[Problem]:
     except OSError:
         return []
     out = []
-    if st.st_uid != 0:
+    why = untrusted(st, (0,), sticky_ok=True)
+    if NOT_OWNER in why:
         out.append(Problem(f"{what} {path} is owned by uid {st.st_uid}, not root",
                            f"chown root {path}"))
-    if st.st_mode & 0o022 and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+    if WRITABLE in why:
         out.append(Problem(f"{what} {path} is writable by group or others "
                            f"(mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}"))
     return out

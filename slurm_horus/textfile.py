@@ -2,7 +2,8 @@
 catalog, an export), read as one-line HorusErrors: missing, a folder, larger than the caller
 allows, or not UTF-8 -- never a traceback, and never an endless read of /dev/zero or a pipe;
 the folders the site's own files are written to, made 0755 whatever the umask; text files
-written whole, in one rename; and the temp files writers killed mid-write left there, removed."""
+written whole, in one rename; the temp files writers killed mid-write left there, removed; and
+the one rule of which files and folders may be trusted (untrusted)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,48 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Collection
 
 from slurm_horus.errors import HorusError
 
-__all__ = ["create_site_dirs", "open_for_reading", "read_text", "remove_stale_temps", "replace_text",
-           "write_temp"]
+__all__ = ["NOT_FILE", "NOT_FOLDER", "NOT_OWNER", "WRITABLE", "create_site_dirs", "open_for_reading",
+           "read_text", "remove_stale_temps", "replace_text", "untrusted", "write_temp"]
 
 # a writer's temp file changes while it is filled and is renamed into place within seconds (a
 # minute for a GB ledger's copy): one unchanged for an hour is a killed writer's, and a writer
 # stopped longer (SIGSTOP) fails its rename with an error, losing nothing
 STALE_TEMP_S = 3600
+
+# untrusted's reasons, in the order it looks; each caller words its own message from them
+NOT_FILE, NOT_FOLDER = "not a regular file", "not a folder"
+NOT_OWNER = "not owned by an allowed user"
+WRITABLE = "writable by group or others"
+
+
+def untrusted(st: os.stat_result, owners: Collection[int], *, kind: str | None = None,
+              sticky_ok: bool = False, group_ok: Collection[int] = ()) -> tuple[str, ...]:
+    """Why the file or folder of stat ``st`` is not to be trusted, every reason in order
+    (NOT_FILE or NOT_FOLDER, NOT_OWNER, WRITABLE); () when it is.  What slurm-horus takes as
+    measured or as the site's (usage rows, a model, the policy, an export cache) must be
+    changeable by nobody but ``owners`` (uids): owned by one of them, written by neither group nor
+    others.  ``kind``: "file" (a regular one) or "folder" required, None either.  Where a place
+    accepts more, it says so: ``sticky_ok`` a sticky folder others write to (as /tmp: only an
+    entry's owner may rename or remove it; never where a new name alone does harm), ``group_ok``
+    group write where the group is one of these gids (root's: only root's members)."""
+    if kind not in (None, "file", "folder"):
+        raise ValueError(f"kind: {kind!r}")
+    mode = st.st_mode
+    why = []
+    if kind == "file" and not stat.S_ISREG(mode):
+        why.append(NOT_FILE)
+    elif kind == "folder" and not stat.S_ISDIR(mode):
+        why.append(NOT_FOLDER)
+    if st.st_uid not in owners:
+        why.append(NOT_OWNER)
+    if ((mode & 0o002 or (mode & 0o020 and st.st_gid not in group_ok))
+            and not (sticky_ok and stat.S_ISDIR(mode) and mode & stat.S_ISVTX)):
+        why.append(WRITABLE)
+    return tuple(why)
 
 
 def open_for_reading(path: str | os.PathLike, follow_symlinks: bool = True,
@@ -105,14 +137,9 @@ def _others_may_change(d: Path) -> bool:
     holds: its owner, or others (or a group other than root's) with write access and no sticky
     bit (in a sticky folder such as /tmp only an entry's owner may move it); or, for a symbolic
     link on the way, its owner (who may point it elsewhere)."""
-    if d.is_symlink() and d.lstat().st_uid not in (0, os.geteuid()):
+    if d.is_symlink() and d.lstat().st_uid not in (0, os.geteuid()):  # a link's mode means nothing
         return True
-    st = d.stat()
-    if st.st_uid not in (0, os.geteuid()):
-        return True
-    if st.st_mode & stat.S_ISVTX:
-        return False
-    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0))
+    return bool(untrusted(d.stat(), (0, os.geteuid()), sticky_ok=True, group_ok=(0,)))
 
 
 def write_temp(folder: str | os.PathLike, text: str, prefix: str, suffix: str = "",

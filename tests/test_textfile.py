@@ -10,7 +10,8 @@ import pytest
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger.publish import write_atomically
 from slurm_horus.predict.registry import Registry
-from slurm_horus.textfile import replace_text, write_temp
+from slurm_horus.textfile import (NOT_FILE, NOT_FOLDER, NOT_OWNER, WRITABLE, replace_text, untrusted,
+                                  write_temp)
 
 
 def test_a_replaced_file_has_its_text_mode_and_owner_and_no_temp_is_left(tmp_path):
@@ -73,3 +74,41 @@ def test_a_temp_file_is_synced_and_named_for_its_writers_cleanup(tmp_path, monke
     name = os.path.basename(tmp)
     assert name.startswith(".w-") and name.endswith(".json")
     assert open(tmp).read() == "text" and stat.S_IMODE(os.stat(tmp).st_mode) == 0o600
+
+
+def _st(mode, uid=0, gid=0):
+    return os.stat_result((mode, 0, 0, 1, uid, gid, 0, 0, 0, 0))
+
+
+@pytest.mark.parametrize("st, kw, why", [
+    (_st(stat.S_IFREG | 0o644), {}, ()),
+    (_st(stat.S_IFDIR | 0o755), {"kind": "folder"}, ()),
+    (_st(stat.S_IFREG | 0o600, uid=1000), {}, ()),  # one of the owners
+    (_st(stat.S_IFDIR | 0o755), {"kind": "file"}, (NOT_FILE,)),
+    (_st(stat.S_IFLNK | 0o777), {"kind": "file"}, (NOT_FILE, WRITABLE)),
+    (_st(stat.S_IFREG | 0o644), {"kind": "folder"}, (NOT_FOLDER,)),
+    (_st(stat.S_IFREG | 0o644, uid=1001), {}, (NOT_OWNER,)),
+    (_st(stat.S_IFREG | 0o664), {}, (WRITABLE,)),
+    (_st(stat.S_IFREG | 0o646), {}, (WRITABLE,)),
+    (_st(stat.S_IFDIR | 0o777, uid=1001), {"kind": "file"}, (NOT_FILE, NOT_OWNER, WRITABLE)),
+    # sticky_ok: a sticky folder others write to (as /tmp), never a sticky file
+    (_st(stat.S_IFDIR | 0o1777), {}, (WRITABLE,)),
+    (_st(stat.S_IFDIR | 0o1777), {"sticky_ok": True}, ()),
+    (_st(stat.S_IFDIR | 0o1777, uid=1001), {"sticky_ok": True}, (NOT_OWNER,)),
+    (_st(stat.S_IFREG | 0o1666), {"sticky_ok": True}, (WRITABLE,)),
+    # group_ok: group write by those gids alone, never write by others
+    (_st(stat.S_IFDIR | 0o775, gid=0), {"group_ok": (0,)}, ()),
+    (_st(stat.S_IFDIR | 0o775, gid=100), {"group_ok": (0,)}, (WRITABLE,)),
+    (_st(stat.S_IFDIR | 0o757, gid=0), {"group_ok": (0,)}, (WRITABLE,)),
+])
+def test_untrusted_gives_every_reason_in_order(st, kw, why):
+    assert untrusted(st, (0, 1000), **kw) == why
+
+
+def test_untrusted_owners_are_exactly_those_given():
+    st = _st(stat.S_IFREG | 0o644, uid=0)
+    assert untrusted(st, (1000,)) == (NOT_OWNER,)  # root is no owner unless named
+    assert untrusted(st, ()) == (NOT_OWNER,)
+    assert untrusted(st, {0}) == ()
+    with pytest.raises(ValueError):
+        untrusted(st, (0,), kind="dir")

@@ -15,7 +15,7 @@ from typing import Callable
 
 from slurm_horus.calibrate.export import decorrelate, export_weightless
 from slurm_horus.errors import HorusError
-from slurm_horus.textfile import create_site_dirs
+from slurm_horus.textfile import create_site_dirs, untrusted
 
 
 @dataclass
@@ -227,7 +227,7 @@ def trusted_cache(cache_dir: str | Path) -> None:
         st = path.stat()
     except FileNotFoundError:
         return
-    if not path.is_dir() or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+    if untrusted(st, (os.geteuid(),), kind="folder"):
         raise HorusError(f"ONNX cache {path}: not a folder of yours that only you can write; "
                          "pass --cache-dir")
 

@@ -6,7 +6,6 @@ run's row, and a run another process shared the GPU with gives none."""
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -17,6 +16,7 @@ from slurm_horus.calibrate.rows import (CsvAppender, check_header, complete_rows
                                         import_row, make_row)
 from slurm_horus.errors import HorusError
 from slurm_horus.progress import Progress
+from slurm_horus.textfile import untrusted
 
 
 def trusted_rows(out: Path) -> None:
@@ -27,7 +27,7 @@ def trusted_rows(out: Path) -> None:
         st = out.lstat()
     except FileNotFoundError:
         return
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+    if untrusted(st, (os.geteuid(),), kind="file"):
         raise HorusError(f"--resume: {out} is not a file of yours that only you can write; "
                          "its rows would be imported as measured")
 

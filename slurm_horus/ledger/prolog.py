@@ -25,6 +25,7 @@ from slurm_horus.ledger import record_usage_safely
 from slurm_horus.ledger.nvml import Summary
 from slurm_horus.ledger.probe import pid_alive, sampler_factory_from_env
 from slurm_horus.slurm import parse as sp
+from slurm_horus.textfile import NOT_FOLDER, untrusted
 
 DEFAULT_RUN_DIR = "/run/slurm-horus"      # pid files of running probes (root, 0700)
 DEFAULT_SPOOL = "/var/spool/slurm-horus"  # fallback when the ledger is unreachable (root, 0700)
@@ -79,11 +80,10 @@ def _root_folder(path: str) -> str | None:
         st = os.lstat(path)
     except OSError as e:
         return f"{path}: {e.strerror or e}"
-    if not stat.S_ISDIR(st.st_mode):
+    why = untrusted(st, (0,), kind="folder")
+    if NOT_FOLDER in why:
         return f"{path}: not a folder"
-    if st.st_uid != 0 or st.st_mode & 0o022:
-        return f"{path}: must be owned by root and not group/other-writable"
-    return None
+    return f"{path}: must be owned by root and not group/other-writable" if why else None
 
 
 def _run(command: str, args: list[str], env: dict, timeout: float = SLURM_TIMEOUT_S):

@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import NamedTuple
 
+from slurm_horus.textfile import NOT_OWNER, WRITABLE, untrusted
+
 ENV_SPOOL = "HORUS_SPOOL"
 DEFAULT_SPOOL = "/var/spool/slurm-horus"
 
@@ -37,15 +39,11 @@ class Replay(NamedTuple):
 def _trusted(st, uids: tuple[int, ...], *, folder: bool) -> str | None:
     """Why a spool folder or file must not be replayed, or None: only root (or the replaying
     uid) may have put records there, since replayed usage counts as measured."""
-    if folder and not stat.S_ISDIR(st.st_mode):
-        return "not a folder"
-    if not folder and not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_uid not in uids:
-        return f"owned by uid {st.st_uid}"
-    if st.st_mode & 0o022:
-        return f"group/other-writable (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    why = untrusted(st, uids, kind="folder" if folder else "file")
+    if not why:
+        return None
+    return {NOT_OWNER: f"owned by uid {st.st_uid}",
+            WRITABLE: f"group/other-writable (mode {stat.S_IMODE(st.st_mode):04o})"}.get(why[0], why[0])
 
 
 CLAIM = ".claim-"  # a file being replayed: NAME.claim-PID-START, the replayer's pid and start

@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
-from slurm_horus.textfile import (create_site_dirs, open_for_reading, own_dir, remove_stale_temps,
-                                  replace_text, write_temp)
+from slurm_horus.textfile import (NOT_OWNER, create_site_dirs, open_for_reading, own_dir,
+                                  remove_stale_temps, replace_text, untrusted, write_temp)
 from slurm_horus.predict.learned import MAX_MODEL_BYTES, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
@@ -61,10 +61,11 @@ def default_dir() -> Path:
 
 
 def _check_trusted(path: Path, st: os.stat_result, sticky_ok: bool = False) -> None:
-    if st.st_uid not in (0, os.getuid()):
+    why = untrusted(st, (0, os.getuid()), sticky_ok=sticky_ok)  # sticky_ok: a folder above the root
+    if NOT_OWNER in why:
         raise HorusError(f"{path} is owned by uid {st.st_uid}, neither root nor you: "
                          "not trusted")
-    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+    if why:
         raise HorusError(f"{path} is writable by group or others: not trusted")
 
 
