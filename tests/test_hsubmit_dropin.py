@@ -95,6 +95,28 @@ def test_hsubmit_installed_as_sbatch_runs_the_real_one(tmp_path, slurm_bin):
     assert "horus:v1;" in log.read_text()
 
 
+@pytest.mark.parametrize("run", ["exec ", ""])
+def test_a_sites_sbatch_wrapper_that_runs_hsubmit_submits_once(tmp_path, slurm_bin, run):
+    """A shell wrapper named sbatch that runs hsubmit (exec'd or as a child), the usual way to
+    make hsubmit the default: hsubmit took it for Slurm's sbatch and ran it, which ran hsubmit
+    again, for ever.  Now the second hsubmit passes the call on to the next sbatch on PATH as
+    the first made it."""
+    env, log = slurm_bin
+    shim = tmp_path / "wrapper"
+    shim.mkdir()
+    (shim / "hsubmit").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m slurm_horus.cli.hsubmit "$@"\n')
+    (shim / "sbatch").write_text(f'#!/bin/sh\n{run}hsubmit "$@"\n')  # names no package of ours
+    for f in ("hsubmit", "sbatch"):
+        (shim / f).chmod(0o755)
+    env = {**env, "PATH": f"{shim}:{env['PATH']}"}
+    cp = subprocess.run(["sbatch", "-p", "gpu", "--gres=gpu:1", "--model", str(ZOO / "small_cnn.onnx"),
+                         "--batch-size", "8", "--wrap", "true"], capture_output=True, text=True,
+                        timeout=60, env=env, stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0 and "Submitted batch job 42" in cp.stdout, cp.stderr
+    assert cp.stderr == "", cp.stderr  # predicted once: no warning of a hint already there
+    assert log.read_text().count("horus:v1;") == 1 and "--model" not in log.read_text()
+
+
 @pytest.mark.parametrize("how", [["-Q"], ["--quiet"], "SBATCH_QUIET", "script"])
 def test_quiet_holds_back_hsubmits_warnings(tmp_path, slurm_bin, how):
     env, log = slurm_bin

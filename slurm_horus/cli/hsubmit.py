@@ -64,6 +64,10 @@ def _main(argv: list[str]) -> int:
     from slurm_horus.slurm import submit as sub
     from slurm_horus.errors import HorusError
 
+    if slurm.reentered():  # a site's sbatch wrapper ran hsubmit again: the first one predicted
+        _flush()
+        slurm.exec_sbatch(argv)  # does not return
+        return 1
     split = sa.split_args(argv, plugin_options=slurm.sbatch_plugin_options)
     if not split.errors and not split.unsure and sa.help_request(split.parsed):
         # --gres=help and the like: sbatch prints a list and submits nothing, so the call is

@@ -49,12 +49,37 @@ def _cmd(name: str) -> str:
     return exe
 
 
+# "PID\tPATH" lines: the sbatch scripts (not Slurm's binary) hsubmit process PID ran as sbatch
+REENTRY_VAR = "HORUS_SBATCH_VIA"
+
+
+def _ran_by_us() -> set[str]:
+    """The sbatch scripts this process, or its parent, ran as sbatch when it was hsubmit: a site
+    wrapper named sbatch that runs hsubmit (``exec hsubmit "$@"``, or as a child) is such a
+    script, and running it again from the hsubmit it started had looped for ever."""
+    us = {str(os.getpid()), str(os.getppid())}
+    out = set()
+    for line in os.environ.get(REENTRY_VAR, "").splitlines():
+        pid, _, path = line.partition("\t")
+        if pid in us and path:
+            out.add(os.path.realpath(path))
+    return out
+
+
+def reentered() -> bool:
+    """Whether this hsubmit was started by an sbatch script an hsubmit before it ran (see
+    _ran_by_us): that one predicted already, so this one passes the call on as it is."""
+    return bool(_ran_by_us())
+
+
 def _real_sbatch() -> str | None:
     """The first sbatch on PATH that is not slurm-horus's own (hsubmit installed, linked or
-    copied as ``sbatch`` to make it the drop-in): running that one again had looped for ever."""
+    copied as ``sbatch`` to make it the drop-in) nor a script that led back to hsubmit
+    (_ran_by_us): running either again had looped for ever."""
+    skip = _ran_by_us()
     for d in os.get_exec_path():
         exe = shutil.which("sbatch", path=d)
-        if exe is None:
+        if exe is None or os.path.realpath(exe) in skip:
             continue
         try:
             with open(exe, "rb") as f:
@@ -377,5 +402,14 @@ def exec_sbatch(argv: list[str], stdin: bytes | None = None) -> None:
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; sbatch must not
         signal.signal(sig, signal.SIG_DFL)
     _undo_locale_coercion()
+    try:
+        with open(exe, "rb") as f:
+            script = f.read(2) == b"#!"
+    except OSError:
+        script = False
+    if script:  # a site's wrapper: it may lead back to hsubmit (reentered), which then skips it
+        os.environ[REENTRY_VAR] = os.environ.get(REENTRY_VAR, "") + f"{os.getpid()}\t{exe}\n"
+    else:  # Slurm's own: nothing to mark, and nothing of ours in the job's environment
+        os.environ.pop(REENTRY_VAR, None)
     os.execv(exe, ["sbatch", *argv])
 
