@@ -172,6 +172,17 @@ def test_request_precedence_cmdline_env_script(tmp_path):
     assert sub.prepare(["-p", "gpu", str(script)], env={"SBATCH_PARTITION": "t4"}).request("partition") == "gpu"
 
 
+def test_an_empty_input_variable_overrides_the_script_as_in_sbatch(tmp_path):
+    """sbatch applies an SBATCH_* variable that is set but empty over #SBATCH (export
+    SBATCH_GRES=$G with G unset): hsubmit had read the script's request and hinted a job that
+    asked for no GPU."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -p a100\n#SBATCH --gres=gpu:1\nls\n")
+    assert sub.prepare([str(script)], env={"SBATCH_PARTITION": ""}).request("partition") == ""
+    assert sub.asks_for_gpus(sub.prepare([str(script)], env={}))
+    assert not sub.asks_for_gpus(sub.prepare([str(script)], env={"SBATCH_GRES": ""}))
+
+
 def test_stdin_script_is_read_where_the_command_line_has_horus_options():
     data = b"#!/bin/sh\n#SBATCH -p t4\n#HORUS --batch-size=4\nls\n"
     plan = sub.prepare(["--model", "m.onnx"], env={}, stdin=io.BytesIO(data))
@@ -882,3 +893,31 @@ def test_hsubmits_errors_and_warnings_are_one_line_and_never_fail(monkeypatch):
         monkeypatch.setattr(sys, "stderr", stderr)
         hsubmit._err("error: lost")
         sub.warn("lost")
+
+
+@pytest.mark.parametrize("from_stdin", [False, True])
+def test_a_directive_block_past_what_hsubmit_reads_attaches_no_hint(tmp_path, from_stdin):
+    """A script whose leading comment block runs past DIRECTIVE_BYTES: the line the cut halved
+    (#SBATCH --comment=keep_this_whole_comment) had been read as 'keep_thi' and sent on the
+    command line, over the script's whole comment.  Now no half line is read, and as the lines
+    past the cut are unknown, no hint is attached (the job goes unchanged, with a warning)."""
+    import io
+
+    line = b"#SBATCH --comment=keep_this_whole_comment\n"
+    pad = b"#" * 99 + b"\n"
+    head = b"#!/bin/sh\n#SBATCH --gres=gpu:1\n"
+    fill = pad * ((sub.DIRECTIVE_BYTES - len(head) - 8) // len(pad))
+    fill += b"#" * (sub.DIRECTIVE_BYTES - len(head) - len(fill) - 9) + b"\n"
+    data = head + fill + line + b"srun true\n"
+    assert len(head + fill) < sub.DIRECTIVE_BYTES < len(head + fill + line)
+    script = tmp_path / "job.sh"
+    script.write_bytes(data)
+    args = ["--model", "m.onnx", "--batch-size", "8"] + ([] if from_stdin else [str(script)])
+    plan = sub.prepare(args, env={}, stdin=io.BytesIO(data) if from_stdin else None)
+    assert plan.user_comment() is None  # never the cut 'keep_thi'
+    assert "run past the first 4 MiB" in (sub.request_unknown(plan) or "")
+    # a block that ends within the bytes read is read whole, whatever follows it
+    short = head + line + b"srun true\n" + fill * 2
+    script.write_bytes(short)
+    plan = sub.prepare(args, env={}, stdin=io.BytesIO(short) if from_stdin else None)
+    assert plan.user_comment() == "keep_this_whole_comment" and sub.request_unknown(plan) is None

@@ -454,6 +454,7 @@ class ScriptDirectives:
     horus: list[str]
     hetjob: bool = False
     translated: str | None = None
+    ended: bool = False  # a command line ended the block within the text read
 
 
 def script_directives(text: str) -> ScriptDirectives:
@@ -464,6 +465,7 @@ def script_directives(text: str) -> ScriptDirectives:
     hz: list[str] = []
     het = False
     lines = text.split("\n")  # sbatch's lines: splitlines() also breaks at \f, \v, U+2028, ...
+    ended = False
     for line in lines:
         if line.startswith(("#SBATCH", "#SLURM")):  # #SLURM: obsolete spelling sbatch still reads
             rest = line[len("#SBATCH" if line.startswith("#SBATCH") else "#SLURM"):]
@@ -475,6 +477,7 @@ def script_directives(text: str) -> ScriptDirectives:
         else:
             s = line.lstrip(_C_SPACE)
             if s and not s.startswith("#"):
+                ended = True
                 break
     translated = None
     if not has_flag(parse_sbatch_tokens(sb), "ignore-pbs"):
@@ -490,7 +493,7 @@ def script_directives(text: str) -> ScriptDirectives:
                         break
             if translated:
                 break
-    return ScriptDirectives(sb, hz, het, translated)
+    return ScriptDirectives(sb, hz, het, translated, ended)
 
 
 def horus_directives(tokens: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:

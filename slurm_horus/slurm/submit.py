@@ -50,6 +50,7 @@ class Plan:
     #                                         read itself, once; no such file; no access; typed at
     #                                         a terminal)
     script_hetjob: bool = False             # its #SBATCH lines make a heterogeneous job
+    directives_cut: bool = False            # its #SBATCH block runs past DIRECTIVE_BYTES
     script_translated: str | None = None    # its #PBS/#BSUB directives, which sbatch translates
     answers_only: bool = False              # --help, --usage, --version: sbatch submits nothing
     script_opts: list[sa.SbatchOpt] = field(default_factory=list)
@@ -88,7 +89,7 @@ class Plan:
         if v is not None:
             return v
         env = _ENV_OPTS.get(name)
-        if env and self.env.get(env):
+        if env and env in self.env:  # set but empty too: sbatch applies it over #SBATCH
             return self.env[env]
         return sa.last_value(self.script_opts, name)
 
@@ -142,7 +143,7 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
                                       os.getcwd())
                 if stat.S_ISREG(os.stat(path).st_mode):
                     with open(path, "rb") as f:
-                        text = f.read(DIRECTIVE_BYTES).decode("utf-8", "surrogateescape")
+                        text = _directive_text(plan, f.read(DIRECTIVE_BYTES + 1))
                 else:
                     plan.script_unread = True
             except OSError:  # sbatch will say what is wrong with it (or the script is another
@@ -160,7 +161,7 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
                                      "sbatch's limit)")
                 plan.stdin_script = data
                 # the directives come first: a 512 MiB script decoded whole took 1.5 GB
-                text = data[:DIRECTIVE_BYTES].decode("utf-8", "surrogateescape")
+                text = _directive_text(plan, data[:DIRECTIVE_BYTES + 1])
     plan.script_text = text
     horus: dict = {}
     if text is not None:
@@ -168,6 +169,7 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
         # sbatch sets --ignore-pbs (command line, SBATCH_IGNORE_PBS) before it translates
         ignore_pbs = sa.has_flag(split.parsed, "ignore-pbs") or sa.env_flag(env.get("SBATCH_IGNORE_PBS"))
         plan.script_hetjob, plan.script_translated = d.hetjob, None if ignore_pbs else d.translated
+        plan.directives_cut = plan.directives_cut and not d.ended
         plan.script_opts = sa.parse_sbatch_tokens(d.sbatch)
         pairs, errs = sa.horus_directives(d.horus)
         for e in errs:
@@ -190,6 +192,16 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
     if horus.get("horus-probe"):  # drop-in scripts keep working
         plan.warnings.append("--horus-probe is ignored: the site's Prolog measures every job")
     return plan
+
+
+def _directive_text(plan: Plan, head: bytes) -> str:
+    """The script's first DIRECTIVE_BYTES (``head``: one byte more, where the script has it) as
+    text, without a line the cut halves: its last #SBATCH --comment had been read cut short and
+    sent in place of the script's whole one.  plan.directives_cut: the script goes on."""
+    plan.directives_cut = len(head) > DIRECTIVE_BYTES
+    if plan.directives_cut:
+        head = head[:head.rfind(b"\n", 0, DIRECTIVE_BYTES) + 1]
+    return head.decode("utf-8", "surrogateescape")
 
 
 def _read_at_most(stream, limit: int) -> bytes:
@@ -337,6 +349,9 @@ def request_unknown(plan: Plan) -> str | None:
         return (f"option --{name} is not sbatch's own, and sbatch --help did not settle whether "
                 f"the word after it is its value: no hint is attached (--{name}=VALUE settles "
                 "it if it takes one, -- before the script if it takes none)")
+    if plan.directives_cut:  # sbatch reads the block whole; a directive past the cut is unknown
+        return (f"the #SBATCH lines of script {plan.split.script or '(stdin)'} run past the first "
+                f"{DIRECTIVE_BYTES >> 20} MiB hsubmit reads: they are unknown, so no hint is attached")
     if plan.script_unread:  # its #SBATCH lines (a --comment, the partition) are unknown
         where = (f"script {plan.split.script} could not be read as a regular file before sbatch reads it"
                  if plan.split.script else "a script typed at the terminal is read by sbatch alone")
