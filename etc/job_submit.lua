@@ -166,6 +166,17 @@ local function is_set_number(v)
 		and v ~= slurm.NO_VAL64 and v ~= 4294967294 and v ~= 65534
 end
 
+-- May this node list (--nodelist, a Slurm hostlist) name more than one node?  Conservative:
+-- a ",", a blank (Slurm splits at both) or a "[..]" other than one number ("gpu-[03]" is one
+-- node, "gpu-[1-2]" and "gpu-[1,3]" are several) is read as several; so is an unusually long one.
+-- Slurm takes every node of the list, raising the job's node count to match.
+local function names_several_nodes(rn)
+	if type(rn) ~= "string" then return false end
+	if #rn > 1024 or string.find(rn, "[,%s]") then return true end
+	if not string.find(rn, "[", 1, true) then return false end
+	return string.find((string.gsub(rn, "%[%d+%]", "")), "[%[%]]") ~= nil
+end
+
 -------------------------------------------------------------------------------
 -- Policy file
 -------------------------------------------------------------------------------
@@ -203,12 +214,15 @@ local function parse_policy(text)
 		pos = (nl or len) + 1
 		nlines = nlines + 1
 		if nlines > MAX_POLICY_LINES then
+			-- what the rest says (a raw_shards line, perhaps) is unknown: a mistake
 			warn[#warn + 1] = "policy: more than 1000 lines, rest ignored"
+			mistaken = true
 			break
 		end
 		line = string.gsub(line, "#.*$", "")
 		if #line > 1024 then
 			warn[#warn + 1] = "policy: line " .. nlines .. " too long, ignored"
+			if string.find(line, "%S") then mistaken = true end  -- unread, like an unreadable line
 		elseif string.find(line, "%S") then
 			local key, val = string.match(line, "^%s*([%w_%.%-]+)%s*=%s*(.-)%s*$")
 			if not key then
@@ -344,7 +358,19 @@ local function parse_policy(text)
 		warn[#warn + 1] = "policy: type_features not set: no node feature is declared, so type_via = features" ..
 			" pins no job to a GPU type (list the types whose nodes carry Features=<type>)"
 	end
-	pol.gpus, pol.type_order, pol.type_features = gpus, final, declared
+	-- every type the policy defines (gpu.<type>.mem_mib), type_order's first: untyped shards
+	-- (type_choice = any) may land on any of them, so each must be costed
+	local every, listed, rest = {}, {}, {}
+	for _, t in ipairs(final) do every[#every + 1], listed[t] = t, true end
+	for t in pairs(gpus) do
+		if not listed[t] then rest[#rest + 1] = t end
+	end
+	table.sort(rest, function(a, b)
+		if gpus[a] ~= gpus[b] then return gpus[a] < gpus[b] end
+		return a < b
+	end)
+	for _, t in ipairs(rest) do every[#every + 1] = t end
+	pol.gpus, pol.type_order, pol.type_features, pol.all_types = gpus, final, declared, every
 	return pol, warn
 end
 
@@ -607,13 +633,55 @@ local function mentions_gpu(s)
 	return type(s) == "string" and (string.find(s, "gpu", 1, true) ~= nil)
 end
 
+-- srun's long options that ask for GPUs, and those that do when their value names gpu; getopt
+-- takes any unique prefix of a long option ("--cpus-per-g", "--gpus-per-t"), so a prefix of
+-- one of these is read as it (an ambiguous prefix, "--cpus-per-", makes srun fail anyway).
+-- Exact option names win in getopt: --mem and --ntasks are prefixes of --mem-per-gpu and
+-- --ntasks-per-gpu but no GPU request.
+local SRUN_GPU_LONG = { "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "cpus-per-gpu",
+	"mem-per-gpu", "ntasks-per-gpu" }
+local SRUN_GPU_VALUE_LONG = { "gres", "tres-per-task" }
+local SRUN_EXACT_NOT_GPU = { mem = true, ntasks = true }
+
+-- srun's one-letter options that take a value (the rest of the word, or the next word); the
+-- others are flags here (-k and -I, whose optional value is the rest of the word, too: a G
+-- after them is taken for -G, which at worst keeps a job whole)
+local SRUN_SHORT_WITH_VALUE = "ABCDFGJLMNSTWbcdeimnopqrtwx"
+
+local function is_prefix(p, s)
+	return #p <= #s and string.sub(s, 1, #p) == p
+end
+
+-- A bundle of one-letter options ("-lG1" is -l -G 1): read as getopt does, left to right up to
+-- the first letter that takes a value (the rest of the word is that value).  Returns whether it
+-- asks for GPUs (-G) and whether it takes the next word as its value (a value letter last).
+local function short_bundle(name)
+	for i = 2, math.min(#name, 64) do
+		local c = string.sub(name, i, i)
+		if c == "G" then return true, i == #name end
+		if string.find(SRUN_SHORT_WITH_VALUE, c, 1, true) then return false, i == #name end
+	end
+	return false, false
+end
+
 -- Is this srun option (name, its value or nil) a GPU request of the step?  --gpus*,
--- -G, --cpus-per-gpu and the like, a --gres or --tres-per-task naming gpu (long options
--- as getopt takes them, abbreviated too)
+-- -G (bundled too: -lG1), --cpus-per-gpu and the like, a --gres or --tres-per-task naming
+-- gpu (long options as getopt takes them, abbreviated too)
 local function step_gpu_option(name, value)
-	if string.sub(name, 1, 6) == "--gpus" or string.find(name, "^%-%-[%w%-]*per%-gpu")
-		or string.find(name, "^%-G%d*$") then
+	if string.sub(name, 1, 6) == "--gpus" or string.find(name, "^%-%-[%w%-]*per%-gpu") then
 		return true
+	end
+	if string.sub(name, 1, 2) ~= "--" then return (short_bundle(name)) end  -- -G, -G1, -lG1
+	local long = string.sub(name, 3)
+	if long ~= "" and not SRUN_EXACT_NOT_GPU[long] then
+		for _, o in ipairs(SRUN_GPU_LONG) do
+			if is_prefix(long, o) then return true end
+		end
+		if value ~= nil and mentions_gpu(value) then
+			for _, o in ipairs(SRUN_GPU_VALUE_LONG) do
+				if is_prefix(long, o) then return true end
+			end
+		end
 	end
 	if string.sub(name, 1, 5) == "--gre" or string.sub(name, 1, 6) == "--tres" then
 		return value ~= nil and mentions_gpu(value)
@@ -621,8 +689,7 @@ local function step_gpu_option(name, value)
 	return false
 end
 
--- srun's options that take no value (the next word is the program, not their value), and
--- its one-letter options that do
+-- srun's options that take no value (the next word is the program, not their value)
 local SRUN_FLAGS = {}
 for _, o in ipairs({ "--label", "--unbuffered", "--verbose", "--quiet", "--kill-on-bad-exit",
 	"--disable-status", "--no-allocate", "--preserve-env", "--no-kill", "--overcommit", "--hold",
@@ -631,13 +698,13 @@ for _, o in ipairs({ "--label", "--unbuffered", "--verbose", "--quiet", "--kill-
 	"--immediate", "--reboot", "--send-libs", "--help", "--usage", "--version" }) do
 	SRUN_FLAGS[o] = true
 end
-local SRUN_SHORT_WITH_VALUE = "ABCDFGJLMNSTWbcdeimnopqrtwx"
 
 -- Does srun take the next word as this option's value (an option written without "=")?
 local function takes_value(name)
 	if string.sub(name, 1, 2) == "--" then return not SRUN_FLAGS[name] end
-	-- -n 4 takes one; -n4, -lu (a value attached, or several flags) and -l do not
-	return #name == 2 and string.find(SRUN_SHORT_WITH_VALUE, string.sub(name, 2, 2), 1, true) ~= nil
+	-- -n 4 and -ln 4 take one; -n4, -lu (a value attached, or flags only) and -l do not
+	local _, next_word = short_bundle(name)
+	return next_word
 end
 
 -- Do srun's own options on this command line (after the word srun, up to the program it
@@ -742,6 +809,8 @@ local function find_gpu_request(job)
 	if gpus > 1 then return nil, "multi-GPU request" end
 	if is_set_number(job.min_nodes) and job.min_nodes > 1 then return nil, "multi-node job" end
 	if is_set_number(job.max_nodes) and job.max_nodes > 1 then return nil, "multi-node job" end
+	-- slurmctld raises the node count to the list's: shards on each of its nodes
+	if names_several_nodes(job.req_nodes) then return nil, "multi-node job: --nodelist names several nodes" end
 	-- one GPU's shards are costed for one node: a job of several tasks may span nodes (Slurm
 	-- spreads them where one node lacks the CPUs) unless it is held to one (--nodes=1); a GPU
 	-- per node would then be one on each, and shards on every node it spans
@@ -902,11 +971,17 @@ end
 -- simulated horus scheduler pairs under pressure.
 local function evaluate(pol, gtype, pred, pressure)
 	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
-	-- memory = p95 / p99 on a hint without that bound: its p90; never below the p90, which
-	-- the claim audit checks (a hint's bounds are the user's claims, in any order)
-	local field = pol.memory
-	if field ~= "expected" and not pred[field] then field = "p90" end
-	local mem = (field == "expected") and pred.mem or math.max(pred[field], pred.p90)
+	-- memory = p95 / p99: the largest bound the hint gives up to that quantile (a hint without
+	-- the p99 is costed at its p95, one without either at its p90), never below a lower bound
+	-- the user claimed (the claim audit checks the p90; a hint's bounds come in any order);
+	-- field: the highest of those bounds the hint has, as the note names it
+	local field, mem = pol.memory, pred.mem
+	if field ~= "expected" then
+		local want = field
+		field, mem = "p90", pred.p90
+		if want ~= "p90" and pred.p95 then field, mem = "p95", math.max(mem, pred.p95) end
+		if want == "p99" and pred.p99 then field, mem = "p99", math.max(mem, pred.p99) end
+	end
 	if mem < pol.min_mem_mib then mem = pol.min_mem_mib end  -- a CUDA context alone costs more
 	local r = { gtype = gtype, util_milli = pred.util_milli, mem = mem, mem_field = field }
 	-- Shares of one GPU measured against the pack limit, rounded up to whole shards:
@@ -1068,11 +1143,12 @@ local function hint_plan(job, pol, uid, preds)
 		if pol.type_choice == "any" then
 			local worst, whole, fits, n_shared = nil, nil, true, 0
 			-- untyped shards may land on any type the job's partition has (those the hint
-			-- names): each must be one the policy costs
+			-- names): each must be one the policy costs; and on any type the policy defines,
+			-- in type_order or not: the hint must name each, and the job fit each
 			for t in pairs(preds) do
 				if not pol.gpus[t] then fits = false end
 			end
-			for _, t in ipairs(pol.type_order) do
+			for _, t in ipairs(fits and pol.all_types or {}) do
 				local r = preds[t] and evaluate(pol, t, preds[t])
 				if not r or r.kind == "nofit" then fits = false break end
 				if r.kind == "exclusive" then whole = whole or r
@@ -1125,7 +1201,7 @@ local function hint_plan(job, pol, uid, preds)
 			-- whichever type frees first: it packs when every type is pressed and it may
 			-- share on each, at the most shards any of them needs
 			local worst = nil
-			for _, t in ipairs(pol.type_order) do
+			for _, t in ipairs(pol.all_types) do
 				local r = preds[t] and (pressure.all or pressure.types[t]) and evaluate(pol, t, preds[t], pressure)
 				if not r or r.kind ~= "shared" then worst = nil break end
 				if not worst or r.shards > worst.shards then worst = r end
@@ -1389,8 +1465,7 @@ local function frozen_update(job_desc, job_rec)
 			end
 		end
 		-- a node list of several nodes raises the node count with it (Slurm takes them all)
-		local rn = job_desc.req_nodes
-		if type(rn) == "string" and string.find(rn, "[,%[%s]") then  -- Slurm splits at ",", space, tab
+		if names_several_nodes(job_desc.req_nodes) then
 			return "a job on GPU shards stays on one node"
 		end
 	end

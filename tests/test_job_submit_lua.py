@@ -634,6 +634,82 @@ def test_a_job_the_hook_cannot_spread_still_shares():
     assert not d.job_desc.get("features")
 
 
+@pytest.mark.parametrize("nodes", ["gpu-t4,gpu-a100", "gpu-[1-2]", "gpu-[1,3]", "gpu-1 gpu-2", "gpu-[1",
+                                   "gpu-[1]-[1-2]"])
+@pytest.mark.parametrize("job,policy", [
+    ({"tres_per_node": "gres:gpu:a100:1"}, POLICY),  # the user's own type
+    ({"tres_per_node": "gres:gpu:1", "features": "a100"}, POLICY),  # ... in --constraint
+    ({"tres_per_node": "gres:gpu:1"}, SHIPPED_POLICY),  # untyped shards (type_choice = any)
+    ({"tres_per_node": "gres:gpu:1"}, POLICY),  # a type the hook picks
+], ids=["gres type", "constraint type", "any", "order"])
+def test_a_node_list_of_several_nodes_keeps_the_job_as_submitted(nodes, job, policy):
+    """A review: -w gpu-t4,gpu-a100 with the user's own type or under type_choice = any got
+    max_nodes = 1 and shards; slurmctld raises the node count to the list's, so the job was
+    invalid or ran with shards on each node.  A list that may name several nodes is a
+    multi-node job, whoever picks the type (the same reading refuses it in scontrol update)."""
+    job = {"comment": LIGHT, "req_nodes": nodes, **job}
+    d = run(job, policy)
+    assert d.action == "unchanged" and "several nodes" in d.admin_comment, d.admin_comment
+    assert d.written == ("admin_comment",)
+
+
+def test_a_node_list_of_one_node_still_shares_where_the_type_is_known():
+    for nodes in ("gpu-a100", "gpu-[3]", "gpu[03]"):
+        d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:a100:1", "req_nodes": nodes})
+        assert (d.action, d.gpu_type, d.job_desc["max_nodes"]) == ("shared", "a100", 1), nodes
+        d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "req_nodes": nodes}, policy=SHIPPED_POLICY)
+        assert (d.action, d.gpu_type, d.shards) == ("shared", "any", 26), nodes
+
+
+def test_raw_shards_on_several_listed_nodes_are_not_costed_from_the_hint(tmp_path):
+    pol = write_policy(tmp_path, BASE_POLICY + "raw_shards = whole\n")
+    d = run({"comment": LIGHT, "tres_per_node": "gres:shard:a100:10", "req_nodes": "n[1-2]"}, pol)
+    assert (d.action, d.reason) == ("exclusive", "raw_shards") and "several nodes" in d.admin_comment
+    assert d.job_desc["tres_per_node"] == "gres:gpu:a100:1" and "max_nodes" not in d.job_desc
+
+
+def _any_policy(tmp_path, order="a100", extra=""):
+    """type_choice = any where type_order leaves t4 out: the policy still defines it."""
+    return write_policy(tmp_path, BASE_POLICY.replace("type_order = t4, a100", f"type_order = {order}")
+                        + "type_choice = any\n" + extra)
+
+
+def test_any_costs_every_defined_type_not_only_type_order(tmp_path):
+    """A review: type_choice = any costed the types of type_order only, so untyped shards could
+    land on a defined type the job does not fit or was never costed for."""
+    pol = _any_policy(tmp_path)
+    # fits both: the count covers t4 (26) too, not a100's 12 alone
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, pol)
+    assert (d.action, d.gpu_type, d.shards) == ("shared", "any", 26), d.admin_comment
+    assert "on t4, the most of any type" in d.admin_comment
+    # does not fit t4 (14000 MiB > 90 % of 15360): pinned to a100, not untyped 38
+    d = run({"comment": "horus:v1;a100=20/14000/14000;t4=20/14000/14000", "tres_per_node": "gres:gpu:1"}, pol)
+    assert (d.action, d.gpu_type, d.shards, d.job_desc["features"]) == ("shared", "a100", 38, "a100")
+    # a hint without t4 cannot be costed there: pinned, as for a type of type_order it leaves out
+    d = run({"comment": "horus:v1;a100=20/10000/10000", "tres_per_node": "gres:gpu:1"}, pol)
+    assert (d.action, d.gpu_type, d.job_desc["features"]) == ("shared", "a100", "a100")
+    d = run({"comment": "horus:v1;a100=20/10000/10000", "tres_per_node": "gres:gpu:1"},
+            _any_policy(tmp_path, order="t4, a100"))
+    assert (d.action, d.gpu_type) == ("shared", "a100")
+    # heavy everywhere: untyped whole GPU only where every defined type was costed
+    d = run({"comment": HEAVY, "tres_per_node": "gres:gpu:1"}, pol)
+    assert (d.action, d.gpu_type, d.job_desc["tres_per_node"]) == ("exclusive", "any", "gres:gpu:1")
+    d = run({"comment": "horus:v1;a100=85/3000/3500", "tres_per_node": "gres:gpu:1"}, pol)
+    assert (d.action, d.gpu_type, d.job_desc["tres_per_node"]) == ("exclusive", "a100", "gres:gpu:a100:1")
+
+
+def test_any_under_pressure_costs_every_defined_type(tmp_path):
+    """An untyped job packed under pressure asks for the most shards any defined type needs:
+    8000 MiB is 58 shards of a t4 (type_order = a100 leaves it out), 22 of an a100."""
+    from slurm_horus.ledger.requeue import write_pressure
+
+    pressure = tmp_path / "pressure"
+    write_pressure(pressure, [])
+    pol = _any_policy(tmp_path, extra=f"pressure_file = {pressure}\npack_heavy = always\n")
+    d = run({"comment": "horus:v1;t4=85/8000/8000;a100=85/8000/8000", "tres_per_node": "gres:gpu:1"}, pol)
+    assert (d.action, d.gpu_type, d.shards, d.reason) == ("shared", "any", 58, "pack_heavy"), d.admin_comment
+
+
 def test_any_keeps_the_users_type():
     d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:a100:1"}, policy=SHIPPED_POLICY)
     assert d.gpu_type == "a100" and d.shards == 12  # util 10 % of a 90 % limit
@@ -671,8 +747,12 @@ def test_any_leaves_a_job_heavy_everywhere_untyped():
     ("p99", "horus:v1;t4=1/1000/9000", 66, "p90"),
     # hints with the p95 (and p99): ceil(100 * mem / (15360 * 0.9))
     ("p95", "horus:v1;t4=1/1000/9000/10000", 73, "p95"),
-    ("p99", "horus:v1;t4=1/1000/9000/10000", 66, "p90"),
+    # p99 on a hint without the p99: its p95, the largest bound it gives below (a review: its p90)
+    ("p99", "horus:v1;t4=1/1000/9000/10000", 73, "p95"),
     ("p99", "horus:v1;t4=1/1000/9000/10000/12000", 87, "p99"),
+    # a p99 claimed below the p95: never less than the p95 the user claimed (a review: its p90)
+    ("p99", "horus:v1;t4=1/1000/9000/12000/10000", 87, "p99"),
+    ("p95", "horus:v1;t4=1/1000/9000/100/12000", 66, "p95"),  # the p99 is above what p95 asks
     ("p90", "horus:v1;t4=1/1000/9000/10000/12000", 66, "p90"),
     ("expected", "horus:v1;t4=1/1000/9000/10000/12000", 8, "expected"),
 ])
@@ -731,6 +811,14 @@ WRAP = "#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{}\n"
     "time /usr/bin/srun --gpus 1 hostname",
     "srun -n 2 \\\n  --gres=gpu:1 \\\n  python train.py",
     "srun hostname; srun --gpus=1 nvidia-smi",
+    # getopt takes a unique prefix of a long option, and bundled one-letter options (a review)
+    "srun --cpus-per-g=2 python train.py",
+    "srun --mem-per-g=1G python train.py",
+    "srun --ntasks-per-g 1 python train.py",
+    "srun --gr gpu:1 python train.py",
+    "srun -lG1 python train.py",
+    "srun -lG 1 python train.py",
+    "srun -ln 2 --gpus=1 python train.py",  # -ln's value is the next word, not the program
 ])
 def test_a_script_whose_steps_ask_for_gpus_by_name_stays_unchanged(line):
     for script in (f"#!/bin/bash\n#SBATCH -t 5\nmodule load cuda\n{line}\n", WRAP.format(line)):
@@ -752,6 +840,10 @@ def test_a_script_whose_steps_ask_for_gpus_by_name_stays_unchanged(line):
     "srun --exclusive python -m train --gpus 2",
     "srun -lu python train.py --gpus 2",
     "srun -n4 python train.py --gpus 2",
+    "srun --mem=4G python train.py --gpus 1",  # --mem and --ntasks: exact names, not --mem-per-gpu
+    "srun --ntasks 2 python train.py --gpus 1",
+    "srun -lo G.log python train.py",  # G in -o's value
+    "srun --gres-flags=enforce-binding python train.py",
 ])
 def test_a_script_whose_steps_ask_no_gpu_by_name_is_still_shared(line):
     d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": f"#!/bin/bash\n{line}\n"})

@@ -181,14 +181,34 @@ def test_a_policy_line_the_hook_cannot_take_fails_closed_without_raw_shards(site
 
 
 @pytest.mark.parametrize("text,whole", [("gpu.A100.mem_mib = 40960\n", False), ("gpu.a.b.mem_mib = 40960\n", False),
-                                        ("shards_per_gpu = 100\n\u00a0\n", True), ("\u3000\n", True)],
-                         ids=["bad type name", "dotted type", "no-break space line", "ideographic space line"])
+                                        ("shards_per_gpu = 100\n\u00a0\n", True), ("\u3000\n", True),
+                                        ("\n" * 1000 + "raw_shards = allow\n", True),
+                                        ("type_via = gres  " + "x" * 1100 + "\n", True),
+                                        (" " * 1100 + "\n", False), ("# " + "x" * 1100 + "\n", False)],
+                         ids=["bad type name", "dotted type", "no-break space line", "ideographic space line",
+                              "past line 1000", "long line",
+                              "long blank line", "long comment"])
 def test_python_and_the_hook_agree_on_when_a_policy_fails_closed(site, text, whole):
     """A gpu.<type>.mem_mib key with a bad type name is a key the hook knows (it logs the name);
     a line of Unicode spaces is text to Lua's ASCII %s, so unreadable (a regression review)."""
     pol = site(text)
     job = {"tres_per_node": "gres:shard:5"}
     d = run(job, pol)
+    assert (d.job_desc["tres_per_node"] == "gres:gpu:1") is whole, d
+    assert policy_value("raw_shards", "allow", path=pol) == ("whole" if whole else "allow")
+
+
+@pytest.mark.parametrize("text,whole", [("type_via = gres\n" + "\n" * 999, False),
+                                        ("type_via = gres\n" + "\n" * 998 + "# end", False),
+                                        ("type_via = gres\n" + "\n" * 1000, True),
+                                        ("type_via = gres\r\n" * 1000 + "x", True)],
+                         ids=["1000 lines", "1000 lines unended", "1001 lines", "a 1001st line after CRLF"])
+def test_python_and_the_hook_count_a_policys_lines_alike(tmp_path, text, whole):
+    """The hook reads 1000 lines; a 1001st is a mistake of the file (what it says is unknown),
+    which fails closed where no raw_shards line was read; a last line end starts no line."""
+    pol = tmp_path / "policy.conf"
+    pol.write_text(text, newline="")
+    d = run({"tres_per_node": "gres:shard:5"}, pol)
     assert (d.job_desc["tres_per_node"] == "gres:gpu:1") is whole, d
     assert policy_value("raw_shards", "allow", path=pol) == ("whole" if whole else "allow")
 
@@ -221,6 +241,29 @@ def test_a_gres_that_only_contains_shard_is_no_shard_request(site, gres):
     assert d.rc == 0 and d.written == () and d.job_desc == job
     d = run({"tres_per_node": "gres:shard:1k"}, site("raw_shards = whole\n", name="w.conf"))
     assert d.rc != 0  # a shard count the hook cannot read is still not let through uncosted
+
+
+@pytest.mark.parametrize("text", [
+    "# c\n" * 1000 + "raw_shards = refuse\n",  # its raw_shards line past the 1000 lines read
+    "raw_shards = refuse" + " " * 1100 + "\n",  # one line over 1024 characters
+    "x" * 1100 + " = 1\n",
+], ids=["over 1000 lines", "long raw_shards line", "long line"])
+def test_a_policy_over_the_hooks_line_limits_fails_closed(tmp_path, text):
+    """A review: lines past the 1000th, or one over 1024 characters, were skipped without counting
+    as a mistake, so a raw shard request was allowed though the file may have said otherwise."""
+    pol = tmp_path / "p.conf"
+    pol.write_text(BASE + text)
+    d = run({"tres_per_node": "gres:shard:5"}, pol)
+    assert d.rc == 0 and d.job_desc["tres_per_node"] == "gres:gpu:1" and d.reason == "raw_shards", d
+    assert any("1000 lines" in m or "too long" in m for _, m in d.log)
+    assert any("raw_shards = whole" in m for _, m in d.log)
+
+
+def test_a_long_blank_line_is_no_policy_mistake(tmp_path):
+    pol = tmp_path / "p.conf"
+    pol.write_text(BASE + " " * 1100 + "\n" + "# " + "c" * 1100 + "\n")
+    d = run({"tres_per_node": "gres:shard:5"}, pol)
+    assert d.rc == 0 and d.written == ()  # raw_shards' default, allow
 
 
 def test_a_policy_the_hook_may_not_open_fails_closed(site, tmp_path, python_for_others):
@@ -272,6 +315,11 @@ def test_a_high_quantile_below_the_p90_is_costed_at_the_p90(site, field):
     assert forged.action == "shared" and shards[1] >= 87  # 12000 of 15360 MiB at a 90 % pack limit
     assert shards[1] <= shards[0]
     assert charged_mem_mib(3000, 12000, 100, 100, path=pol) == (field, 12000)
+    # a hint without the asked bound: the largest it gives up to that quantile, as the hook
+    assert charged_mem_mib(1000, 9000, 10000, None, path=pol) == ("p95", 10000)
+    assert charged_mem_mib(1000, 9000, None, 11000, path=pol) == (("p99", 11000) if field == "p99" else ("p90", 9000))
+    d = run({"comment": "horus:v1;t4=5/1000/9000/10000", "tres_per_node": "gres:gpu:1"}, pol)
+    assert "10000 MiB p95" in d.job_desc["admin_comment"], d
 
 
 def test_a_gpu_per_node_is_shared_only_where_the_job_keeps_to_one_node(site):
@@ -688,6 +736,8 @@ def test_users_cannot_change_the_hint_or_the_gpu_type_of_a_shared_job(site):
         assert modify(rt, {"req_nodes": nodes}, 1002, pol, rec=shared)[0] != 0, nodes
         assert modify(rt, {"req_nodes": nodes}, 1002, pol, rec=whole)[0] == 0, nodes
     assert modify(rt, {"req_nodes": "n1"}, 1002, pol, rec=shared)[0] == 0
+    assert modify(rt, {"req_nodes": "gpu[3]"}, 1002, pol, rec=shared)[0] == 0  # one node
+    assert modify(rt, {"req_nodes": "gpu[3,4]"}, 1002, pol, rec=shared)[0] != 0
     # a comment too long to parse changes no hint
     long = "horus:x " * 10000
     assert modify(rt, {"comment": long}, 1002, pol, rec=dict(shared, comment=long))[0] != 0

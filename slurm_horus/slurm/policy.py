@@ -167,13 +167,18 @@ def _policy_lines(text: str) -> list[str]:
 
 def _policy_entries(text: str) -> list[tuple[int, str, str, bool]]:
     """(line index, key, value, accepted) of every ``key = value`` line the hook reads, in order:
-    the first 1000 lines, ``#`` comments stripped, lines over 1024 bytes skipped.  accepted:
-    the hook takes the value (an unknown key or a rejected value changes nothing)."""
+    the first 1000 lines, ``#`` comments stripped.  accepted: the hook takes the value (an
+    unknown key or a rejected value changes nothing).  A line it cannot read (key ""): one
+    that is no ``key = value``, one over 1024 bytes that is not blank, and the lines past the
+    1000th (one entry for them all), which the hook counts as mistakes of the file."""
     out = []
     text = text.removeprefix("\ufeff")  # the hook skips a UTF-8 BOM too
-    for n, line in enumerate(_policy_lines(text)[:_POLICY_MAX_LINES]):
+    lines = _policy_lines(text)
+    for n, line in enumerate(lines[:_POLICY_MAX_LINES]):
         line = line.split("#", 1)[0]
         if len(line.encode("utf-8", "surrogateescape")) > _POLICY_MAX_LINE:
+            if line.strip(_LUA_SPACE):
+                out.append((n, "", f"(a line of over {_POLICY_MAX_LINE} bytes)", False))
             continue
         m = _POLICY_LINE_RE.match(line)
         if m:
@@ -182,6 +187,8 @@ def _policy_entries(text: str) -> list[tuple[int, str, str, bool]]:
         elif line.strip(_LUA_SPACE):  # the hook logs it as an unreadable line and reads on
             # (Lua's %s is ASCII: a line of no-break spaces is unreadable to it, not empty)
             out.append((n, "", line.strip(), False))
+    if len(lines) - (lines[-1] == "") > _POLICY_MAX_LINES:  # the hook's lines: none after a last line end
+        out.append((_POLICY_MAX_LINES, "", f"(the lines after line {_POLICY_MAX_LINES}, not read)", False))
     return out
 
 
@@ -296,15 +303,17 @@ def declared_type_features(path: str | os.PathLike[str] | None = None) -> set[st
 def charged_mem_mib(expected: float, p90: float, p95: float | None = None,
                     p99: float | None = None,
                     path: str | os.PathLike[str] | None = None) -> tuple[str, int]:
-    """(bound, MiB): the memory the hook charges a hinted job, as job_submit.lua reads it: the
-    policy's ``memory`` bound (p90 unless set; a hint without that bound is costed at its p90,
-    a p95 or p99 never below its p90), rounded up to whole MiB, at least ``min_mem_mib``."""
-    field = policy_value("memory", "p90", path=path)
-    value = {"expected": expected, "p95": p95, "p99": p99}.get(field, p90)
-    if value is None:
-        field, value = "p90", p90
-    elif field != "expected":
-        value = max(value, p90)
+    """(bound, MiB): the memory the hook charges a hinted job, as job_submit.lua's evaluate
+    reads it: the policy's ``memory`` bound (p90 unless set); for p95 / p99 the largest bound
+    the hint gives up to that quantile (a hint without the p99 is costed at its p95, one without
+    either at its p90), named by the highest of those it has; rounded up to whole MiB, at least
+    ``min_mem_mib``."""
+    want = policy_value("memory", "p90", path=path)
+    field, value = ("expected", expected) if want == "expected" else ("p90", p90)
+    if want in ("p95", "p99") and p95 is not None:
+        field, value = "p95", max(value, p95)
+    if want == "p99" and p99 is not None:
+        field, value = "p99", max(value, p99)
     return field, max(math.ceil(value), int(policy_value("min_mem_mib", "512", path=path)))
 
 
