@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
+from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction, Workload
 from slurm_horus.graph.features import extract_features
 from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.predict.history import HistoryPredictor
@@ -580,11 +580,12 @@ def test_the_margins_of_a_graph_of_thousands_of_batch_sizes_take_no_time(monkeyp
 
     t0 = time.monotonic()
     h = HistoryPredictor().fit(_sweep(range(1, 2001)))
-    assert time.monotonic() - t0 < 3 and h.margins["exact"] == pytest.approx(0.0, abs=1e-9)
+    # (one user's runs: a margin that may raise the base predictor's p90, never lower it)
+    assert time.monotonic() - t0 < 3 and h.raise_margins["exact"] == pytest.approx(0.0, abs=1e-9)
     normal = _sweep(range(1, 61), noise=50)
-    bounded = HistoryPredictor().fit(normal).margins
+    bounded = HistoryPredictor().fit(normal).raise_margins
     monkeypatch.setattr(history, "MAX_MARGIN_RUNS", 10**9)
-    assert HistoryPredictor().fit(normal).margins == bounded and bounded["exact"] > 0
+    assert HistoryPredictor().fit(normal).raise_margins == bounded and bounded["exact"] > 0
     # beyond it, the settings most run are the ones left out, in their order
     runs = [dict(r, n=3 if r["bs"] % 10 == 0 else 1) for r in _sweep(range(1, 21))]
     assert [r["bs"] for r in history._most_run(runs, 4)] == [1, 2, 10, 20]
@@ -718,3 +719,144 @@ def test_a_history_over_the_size_cap_keeps_the_newest_runs(tmp_path, monkeypatch
     assert shas == newest  # the newest runs, none of the oldest
     assert f"{n:064x}" not in shas
     assert reg.load_history()["graphs"].keys() == shas
+
+
+def _margin_run(graph: str, user: str | None, bs: int, mem: float) -> dict:
+    import hashlib
+
+    return {"sha": hashlib.sha256(graph.encode()).hexdigest(), "gpu": A100.name, "bs": bs,
+            "task": "train", "opt": "adam", "prec": "fp32", "dims": "", "mem": mem,
+            "util": 50.0, "cold_mem": 1000.0 + 100 * bs, "cold_util": 50.0, "family": graph,
+            "user": user}
+
+
+def _noisy(users, graphs: int = 4) -> list[dict]:
+    """Honest users' graphs, each measured at 4 batch sizes with -20..+30 % noise."""
+    import random
+
+    rng = random.Random(1)
+    return [_margin_run(f"{u}{g}", u, bs, (1500 + 120 * bs) * rng.uniform(0.8, 1.3))
+            for u in users for g in range(graphs) for bs in (8, 16, 32, 64)]
+
+
+def _exact(user, graphs: int = 30, prefix: str = "m") -> list[dict]:
+    """One user's graphs of memory exactly linear in batch size (her own process sets it)."""
+    return [_margin_run(f"{prefix}{g}", user, bs, 1500 + 120 * bs)
+            for g in range(graphs) for bs in (8, 16, 32, 64)]
+
+
+class _Base:
+    """A base predictor whose p90 is 1.3x its memory."""
+    name = "cold-start"
+
+    def predict(self, report, gpu, workload):
+        mem = 1000.0 + 100 * workload.batch_size
+        return Prediction(gpu=gpu.name, util_pct=50.0, mem_mib=mem, mem_mib_p90=1.3 * mem,
+                          predictor="cold-start")
+
+
+def _p90_ratio(h: HistoryPredictor, graph: str, user: str) -> float:
+    import hashlib
+    from types import SimpleNamespace
+
+    h.base, h.user = _Base(), user
+    report = SimpleNamespace(sha256=hashlib.sha256(graph.encode()).hexdigest(), bound_dims={},
+                             model=None)
+    p = h.predict(report, A100, Workload(batch_size=16))
+    assert p.predictor == "history:exact"
+    return p.mem_mib_p90 / p.mem_mib
+
+
+def test_one_users_runs_cannot_narrow_everyones_p90_margin():
+    """The leave-one-out residuals behind each tier's p90 were pooled over every graph: one
+    user's 30 graphs of memory exactly linear in batch size took the exact tier's margin of
+    three honest users' graphs from +17.8 % to +2.4 %, every history prediction's p90 (the
+    honest users' own reruns included), and the hook packed tighter. Each user's residuals
+    now weigh one user, and a margin from fewer than MIN_LOWERING_USERS users may raise the
+    base predictor's p90 ratio, never lower it."""
+    honest = _noisy(("alice", "bob", "carol"))
+    fair = HistoryPredictor().fit(honest).margins["exact"]
+    assert fair > 0.12
+    flooded = HistoryPredictor().fit(honest + _exact("mallory")).margins["exact"]
+    assert flooded > 0.85 * fair  # one user of four: her share, not the whole quantile
+    assert _p90_ratio(HistoryPredictor().fit(honest + _exact("mallory")), "alice0", "alice") \
+        == pytest.approx(math.exp(flooded))
+
+    # fewer than three users: the base predictor's p90 ratio (1.3) stands, or a wider one
+    for runs in (_exact("mallory"), _noisy(("alice",)) + _exact("mallory")):
+        h = HistoryPredictor().fit(runs)
+        assert "exact" not in h.margins and "exact" in h.raise_margins
+        assert _p90_ratio(h, "m0", "mallory") == pytest.approx(1.3)
+        again = HistoryPredictor.from_dict(json.loads(json.dumps(h.to_dict())))
+        assert again.raise_margins == h.raise_margins and not again.margins
+    wide = [dict(r, mem=r["mem"] * (1.6 if r["bs"] == 32 else 1.0)) for r in _exact("mallory")]
+    h = HistoryPredictor().fit(wide)
+    assert math.exp(h.raise_margins["exact"]) > 1.3
+    assert _p90_ratio(h, "m0", "mallory") == pytest.approx(math.exp(h.raise_margins["exact"]))
+    # the admin's imports (calibration, no user) are trusted to narrow it alone
+    h = HistoryPredictor().fit(_exact(None))
+    assert h.margins["exact"] == pytest.approx(0.0, abs=1e-9)
+
+    # runs of her own at batch sizes around another user's only run of a graph, matching it,
+    # make that run's residual hers to set: such residuals may raise a margin, never lower it
+    lone = [_margin_run(f"d{g}", "dave", 16, 3420.0 * (1.3 if g % 2 else 0.9)) for g in range(20)]
+    inject = [_margin_run(f"d{g}", "mallory", bs, r["mem"] - 3420.0 + 1500 + 120 * bs)
+              for g, r in enumerate(lone) for bs in (8, 32)]
+    base = HistoryPredictor().fit(honest + _exact("mallory") + lone).margins["exact"]
+    assert HistoryPredictor().fit(honest + _exact("mallory") + lone + inject).margins["exact"] \
+        >= base - 1e-12
+
+
+def test_one_users_flood_of_new_settings_cannot_push_the_others_out_of_the_history(tmp_path, monkeypatch):
+    """An export over the size cap kept the newest runs of the site: one user's array jobs of
+    new batch sizes, the newest, pushed every other user's runs out of history.json (their
+    reruns lost their history:exact answers). Each user's newest runs are kept; the users with
+    the most settings lose their oldest first; the admin's imports (no user) go last."""
+    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+    from slurm_horus.ledger import Ledger
+    from slurm_horus.ledger.history_export import build_history, export_history
+    from slurm_horus.predict import registry as registry_mod
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    subs, uses = [], []
+
+    def job(jid, user, sha, bs, end):
+        subs.append({"job_id": jid, "cluster": "c", "user": user, "model_sha256": sha,
+                     "features": {f: 1.0 for f in FEATURE_NAMES}, "feature_version": FEATURE_VERSION,
+                     "workload": {"batch_size": bs, "task": "train"}, "gpu_types": ["a100-40gb"],
+                     "predictions": {"a100-40gb": {"util_pct": 50.0, "mem_mib": 5000.0, "cold": {
+                         "util_pct": 50.0, "mem_mib": 5000.0}}}})
+        uses.append({"job_id": jid, "cluster": "c", "source": "sacct", "util_mean": 50.0,
+                     "mem_peak_mib": 5000.0 + bs, "gpu_type": "a100-40gb", "state": "COMPLETED",
+                     "elapsed_s": 600, "start_time": end - 600, "end_time": end})
+
+    honest = {}
+    for k, user in enumerate(("alice", "bob", "carol", "dave")):
+        for g in range(3):  # three graphs each, run long ago
+            sha = f"{k:032x}{g:032x}"
+            honest[sha] = user
+            job(100 * k + g + 1, user, sha, 32, 1_600_000_000 + 10 * (100 * k + g))
+    flood = 120  # then one user's sweep: a batch size of its own each, every job the newest
+    for b in range(1, flood + 1):
+        job(10_000 + b, "mallory", "ee" * 32, b, 1_700_000_000 + b)
+    L.record_runs(subs, uses)
+    whole = len(json.dumps(build_history(L), separators=(",", ":")))
+    cap = whole // 2
+    monkeypatch.setattr(registry_mod, "MAX_HISTORY_BYTES", cap)
+    reg = Registry(tmp_path / "models")
+    res = export_history(L, reg)
+    assert (tmp_path / "models" / "history.json").stat().st_size <= cap
+    graphs = reg.load_history()["graphs"]
+    assert res["runs_dropped"] > 0 and set(honest) <= set(graphs)  # every other user's runs
+    kept = sorted(r["bs"] for r in graphs["ee" * 32])
+    assert 0 < len(kept) == flood - res["runs_dropped"]
+    assert kept == list(range(flood - len(kept) + 1, flood + 1))  # hers: her newest
+
+    # the order runs are kept in: the admin's imports, then the users' turns, newest first
+    from slurm_horus.ledger.history_export import _fair_order
+
+    runs = [{"sha": "ab" * 32, "gpu": "g", "task": "train", "opt": "adam", "prec": "fp32",
+             "dims": "", "bs": b, "user": u} for b, u in
+            [(1, None), (2, "m"), (3, "m"), (4, "m"), (5, "a"), (6, "m"), (7, "b"), (8, None)]]
+    times = [0, 9, 8, 7, 1, 6, 2, 0]
+    assert [runs[i]["bs"] for i in _fair_order(runs, times)] == [8, 1, 2, 7, 5, 3, 4, 6]

@@ -886,6 +886,47 @@ def test_a_multi_node_jobs_probe_is_per_gpu_of_its_own_node(tmp_path):
     assert (job["act_util_pct"], job["act_mem_mib"]) == (80, 10000)
 
 
+def _multi_node_probes(L, job, order):
+    """A 2-node job's probe records, written in ``order``: the batch node's Prolog ran at the
+    job's start (4 GPUs, each at 90 % and 30000 MiB), the other's at a light step the user
+    started late (1 GPU, 5 %, 900 MiB); both end with the job."""
+    recs = {"batch": dict(util_mean=360.0, util_max=380.0, mem_peak_mib=120000.0, gpus=4,
+                          node="n1", gpu_type="a100", elapsed_s=1000, start_time=1000, end_time=2000),
+            "late": dict(util_mean=5.0, util_max=99.0, mem_peak_mib=900.0, gpus=1, node="n2",
+                         gpu_type="a100", elapsed_s=100, start_time=1900, end_time=2001)}
+    for name in order:
+        L.record_usage(job_id=job, cluster="c", source="probe", **recs[name])
+
+
+@pytest.mark.parametrize("order", [("batch", "late"), ("late", "batch")])
+def test_a_multi_node_jobs_probe_rows_keep_its_heaviest_gpu(tmp_path, order):
+    """Without PrologFlags=Alloc a node's Prolog starts at its first step: the node whose probe
+    started last replaced the others' row (a requeue's rule), and a user who ran heavy on the
+    batch node and a light step late on another chose the light figures, which beat sacct's in
+    the measured use and the under-claim audit.  The same run's rows combine: the largest use
+    per GPU, whichever node wrote first."""
+    L = Ledger(_url(tmp_path), spool=str(tmp_path / "spool"))
+    L.record_submission(job_id=6, cluster="c", user="u", predictions=PRED)
+    L.record_usage(job_id=6, cluster="c", source="sacct", state="COMPLETED", gpus=5,
+                   node="n[1-2]", util_mean=365.0, mem_peak_mib=120900.0, start_time=1000,
+                   end_time=2001)
+    _multi_node_probes(L, 6, order)
+    (job,) = L.jobs()
+    assert (job["act_util_pct"], job["act_util_max"], job["act_mem_mib"]) == (90.0, 99.0, 30000.0)
+    assert (job["under_claim"], job["claim_flags"]) == (1, "mem,util")
+    probe = L.usage("c", 6)["probe"]
+    assert (probe["start_time"], probe["end_time"], probe["elapsed_s"]) == (1000, 2001, 1000)
+    assert probe["node"] == ("n1" if order[0] == "batch" else "n2")  # the first row's placement
+    # a requeued job's rerun still replaces the run before it, and that run's late record is
+    # still kept out
+    L.record_usage(job_id=6, cluster="c", source="probe", util_mean=10.0, mem_peak_mib=800.0,
+                   gpus=1, node="n3", start_time=3000, end_time=4000)
+    _multi_node_probes(L, 6, order[:1])
+    probe = L.usage("c", 6)["probe"]
+    assert (probe["util_mean"], probe["mem_peak_mib"], probe["node"], probe["start_time"]) == \
+        (10.0, 800.0, "n3", 3000)
+
+
 def test_no_memory_and_no_utilization_is_a_failed_measurement():
     # a probe that saw none of the job's processes recorded 0 MiB and no utilization: taken
     # for a measurement, it won over accounting's real figures

@@ -467,6 +467,49 @@ def test_one_users_reruns_count_once_in_training(tmp_path):
     assert res["held_out"]["rows"] == res["cv"]["rows"] == 260 and res["held_out"] != res["cv"]
 
 
+def test_a_colocated_run_teaches_its_memory_not_its_utilization(tmp_path):
+    """NVML measures a run that shared its GPU at its share, not its need: the history export
+    and the simulator left its utilization out, training took it.  Its memory still trains;
+    its utilization is NaN, left out of the utilization model, its scores and calibration."""
+    from pathlib import Path
+
+    from slurm_horus.graph.features import extract_features
+    from slurm_horus.ledger.training import training_set, unit_medians
+
+    assert np.isnan(unit_medians(np.array([0, 0, 1]), [np.nan, np.nan, 3.0])[0])
+    assert unit_medians(np.array([0, 0, 0]), [10.0, np.nan, 20.0]).tolist() == [15.0]
+    zoo = Path(__file__).parent / "data" / "zoo"
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    jid, shared = 0, []
+    for model in ("resnet50", "mobilenet_v2", "small_cnn"):
+        for bs in (8, 16, 32, 64, 128):
+            values = extract_features(zoo / f"{model}.onnx", batch_size=bs).values
+            for user in ("ann", "bob", "cy", "dee"):
+                jid += 1
+                _record_run(L, jid, values, user=user, util=80.0, mem=6000.0)
+            jid += 1  # eve's run beside another job: 5 % of the GPU was hers
+            _record_run(L, jid, values, user="eve", util=5.0, mem=7000.0)
+            L.record_usage(job_id=jid, cluster="c", source="import", util_mean=5.0,
+                           mem_peak_mib=7000.0, gpu_type="a100-40gb", colocated=[jid - 1])
+            shared.append(f"c/{jid}")
+    ts = training_set(L)
+    assert len(ts.keys) == 75 and ts.util_left_out == 15
+    for key, util, mem in zip(ts.keys, ts.util, ts.mem):
+        assert (math.isnan(util), mem) == ((True, 7000.0) if key in shared else (False, 6000.0))
+    reg = Registry(tmp_path / "models")
+    said = []
+    res = retrain(L, reg, folds=3, max_iter=50, log=said.append)
+    assert res["rows"] == 75 and res["util_rows_left_out"] == 15 and res["cv"]["rows"] == 75
+    assert [m for m in said if m.startswith("15 of 75 jobs shared their GPU")]
+    assert all(math.isfinite(res["cv"][k]) for k in ("util_rmsle", "util_mae_pct"))
+    X = np.asarray(ts.X)
+    eve = X[[ts.keys.index(k) for k in shared]]
+    util = reg.load(res["version"]).answer(eve, np.full(len(eve), 5000.0), np.full(len(eve), 50.0))[1]
+    assert (util > 75).all()  # her 5 % pulled every setting's utilization toward it
+    cal = json.loads((reg.root / "calibration.json").read_text())
+    assert cal["quantiles"]["*"]["cold-start"]["util_q"]["0.9"] == 30.0  # 80 - 50, eve's not in it
+
+
 def test_each_users_jobs_weigh_one_user_in_the_promotion_score():
     from slurm_horus.ledger.retrain import user_weights
     from slurm_horus.predict.learned import accuracy

@@ -1,5 +1,6 @@
 """Actual use from sacct --json: 22.05 and 25.11 (recorded), 23.02 (hand-made) layouts; sync."""
 
+import copy
 import json
 import os
 import re
@@ -117,6 +118,130 @@ def test_unset_times_and_typed_tres():
     assert jobs[SHARD_JOB]["start_time"] is None and jobs[SHARD_JOB]["end_time"] is None
     assert (jobs[GPU_JOB]["gpus"], jobs[GPU_JOB]["shards"], jobs[GPU_JOB]["gpu_type"]) == \
         (2, None, "a100")
+
+
+# --- GPU use per GPU from Slurm's per-task TRESUsageIn ---------------------------------------
+# No recording has gres/gpumem or gres/gpuutil (the test clusters have no GPU, so no gpu/nvml):
+# these cases take the recorded 25.11 2-GPU job and MODIFY its parsed structure, each change
+# marked, to the layouts Slurm writes (25.11 source: gpu_nvml.c gpu_p_usage_read sums one
+# process's own memory / SM utilization over the GPUs it uses; common_jag.c sums a task's
+# processes and keeps its latest sample (Tot) and its maximum (Max); jobacct_gather.c takes the
+# max over tasks and sums Tot; as_mysql_job.c stores Ave = Tot / the step's tasks, 1 for batch).
+GIB = 2 ** 30
+
+
+def _gres(name: str, count) -> dict:
+    return {"type": "gres", "name": name, "id": 1003 if name == "gpumem" else 1004, "count": count}
+
+
+def _use_step(base: dict, step: str, *, tasks: int, gpus: int | None, nodes: int = 1,
+              mem_max: int, mem_tot: int, util_max: float, util_tot: float,
+              elapsed: int = 600, shards: int | None = None) -> dict:
+    """MODIFIED copy of a recorded step: id, tasks, nodes, its allocated GPUs (or shards) and
+    TRESUsageIn gpumem/gpuutil (Max per task, Tot summed over tasks, Ave = Tot / tasks)."""
+    st = copy.deepcopy(base)
+    st["step"]["id"] = f"198.{step}"                                          # MODIFIED
+    st["tasks"]["count"] = tasks                                              # MODIFIED
+    st["nodes"]["count"] = nodes                                              # MODIFIED
+    st["time"]["elapsed"] = elapsed                                           # MODIFIED
+    alloc = [t for t in st["tres"]["allocated"] if t["type"] != "gres"]
+    if gpus:
+        alloc.append({"type": "gres", "name": "gpu", "id": 1001, "count": gpus})
+    if shards:
+        alloc.append({"type": "gres", "name": "shard", "id": 1002, "count": shards})
+    st["tres"]["allocated"] = alloc                                           # MODIFIED
+    st["tres"]["requested"] = {                                               # MODIFIED
+        "max": [_gres("gpumem", mem_max), _gres("gpuutil", util_max)],
+        "min": [],
+        "average": [_gres("gpumem", mem_tot // tasks), _gres("gpuutil", util_tot / tasks)],
+        "total": [_gres("gpumem", mem_tot), _gres("gpuutil", util_tot)]}
+    return st
+
+
+def _gpu_job_with(gpus: int, *steps, nodes: int = 1, shards: int | None = None, job_id: int = 198,
+                  comment: str | None = None) -> dict:
+    """The recorded 2-GPU job MODIFIED to hold ``gpus`` GPUs (or ``shards``) on ``nodes`` nodes
+    and to have ``steps`` (each a _use_step keyword dict) instead of its recorded batch step."""
+    j = _recorded(GPU_JOB)
+    base = j["steps"][0]
+    j["job_id"] = job_id                                                      # MODIFIED
+    alloc = [t for t in j["tres"]["allocated"] if t["type"] != "gres"]
+    alloc.append({"type": "gres", "name": "shard", "id": 1002, "count": shards} if shards else
+                 {"type": "gres", "name": "gpu", "id": 1001, "count": gpus})
+    j["tres"]["allocated"] = alloc                                            # MODIFIED
+    j["allocation_nodes"] = nodes                                             # MODIFIED
+    j["steps"] = [_use_step(base, **s) for s in steps]                        # MODIFIED
+    if comment is not None:
+        j["comment"]["job"] = comment                                         # MODIFIED
+    return j
+
+
+def _per_gpu(j: dict) -> tuple:
+    """(util mean, util max, memory MiB) per GPU: parse_job's figures are summed over the
+    job's GPUs, as a usage row holds them (merge_job divides by them)."""
+    p = parse_job(j)
+    n = p["gpus"] if p["gpus"] and p["gpus"] > 1 else 1
+    return tuple(None if p[k] is None else round(p[k] / n, 3)
+                 for k in ("util_mean", "util_max", "mem_peak_mib"))
+
+
+def test_gpu_use_per_gpu_follows_the_steps_layout():
+    """Slurm's Max/Ave are per task: a task's own processes over the GPUs it holds. Divided by
+    the GPUs a task held, never by all the job's GPUs."""
+    # one task (the batch script, e.g. torchrun) on 4 GPUs, 10 GiB and 80 % on each
+    one_task = _gpu_job_with(4, dict(step="batch", tasks=1, gpus=4, mem_max=40 * GIB,
+                                     mem_tot=40 * GIB, util_max=320, util_tot=320))
+    assert _per_gpu(one_task) == (80.0, 80.0, 10240.0)
+    # srun: 4 tasks x 1 GPU, each 10 GiB and 80 % (the review's case: was 2560 MiB and 20 %)
+    four_tasks = _gpu_job_with(4, dict(step="0", tasks=4, gpus=4, mem_max=10 * GIB,
+                                       mem_tot=40 * GIB, util_max=80, util_tot=320))
+    assert _per_gpu(four_tasks) == (80.0, 80.0, 10240.0)
+    # two nodes x 2 GPUs, one task per node on both its GPUs: 8 GiB and 70 % per GPU (was /4)
+    two_nodes = _gpu_job_with(4, dict(step="0", tasks=2, gpus=4, nodes=2, mem_max=16 * GIB,
+                                      mem_tot=32 * GIB, util_max=140, util_tot=280), nodes=2)
+    assert _per_gpu(two_nodes) == (70.0, 70.0, 8192.0)
+    # 8 tasks on 4 GPUs, two per GPU at 5 GiB / 40 % each: a GPU holds their sum
+    shared = _gpu_job_with(4, dict(step="0", tasks=8, gpus=4, mem_max=5 * GIB, mem_tot=40 * GIB,
+                                   util_max=40, util_tot=320))
+    assert _per_gpu(shared) == (80.0, 80.0, 10240.0)
+    # a shard job's two tasks on its one GPU at 3 GiB each
+    on_shards = _gpu_job_with(0, dict(step="0", tasks=2, gpus=None, shards=30, mem_max=3 * GIB,
+                                      mem_tot=6 * GIB, util_max=25, util_tot=50), shards=30)
+    assert _per_gpu(on_shards) == (50.0, 50.0, 6144.0)
+    # 3 tasks on 4 GPUs: which task held 2 is unknown, so none is divided (never under-reports)
+    uneven = _gpu_job_with(4, dict(step="0", tasks=3, gpus=4, mem_max=12 * GIB,
+                                   mem_tot=24 * GIB, util_max=90, util_tot=180))
+    assert _per_gpu(uneven)[2] == 12288.0
+    # a step whose allocation names no GPU: the job's GPUs per node on the step's node
+    no_alloc = _gpu_job_with(4, dict(step="0", tasks=1, gpus=None, nodes=1, mem_max=20 * GIB,
+                                     mem_tot=20 * GIB, util_max=160, util_tot=160), nodes=2)
+    assert _per_gpu(no_alloc) == (80.0, 80.0, 10240.0)
+
+
+def test_a_step_that_never_touched_a_gpu_does_not_dilute_the_mean():
+    """A batch script that only runs srun (its processes hold no GPU memory) and an extern step
+    that pam_slurm_adopt gave a process report gres/gpuutil=0 and gres/gpumem=0 over the whole
+    job: the GPU step's mean stands. A job whose every step says 0 used no GPU."""
+    idle = dict(tasks=1, gpus=2, mem_max=0, mem_tot=0, util_max=0, util_tot=0, elapsed=1000)
+    j = _gpu_job_with(2, dict(step="extern", **{**idle, "tasks": 1}), dict(step="batch", **idle),
+                      dict(step="0", tasks=2, gpus=2, mem_max=6 * GIB, mem_tot=12 * GIB,
+                           util_max=90, util_tot=120, elapsed=500))
+    assert _per_gpu(j) == (60.0, 90.0, 6144.0)
+    nothing = _gpu_job_with(2, dict(step="batch", **idle))
+    assert _per_gpu(nothing) == (0.0, 0.0, 0.0)
+
+
+def test_sync_audits_a_per_task_job_per_gpu(tmp_path):
+    """Through sync and the jobs row: 4 tasks x 1 GPU at 10 GiB each against a 2200 MiB claim
+    is an under-claim (recorded per GPU as 10240 MiB and 80 %)."""
+    j = _gpu_job_with(4, dict(step="0", tasks=4, gpus=4, mem_max=10 * GIB, mem_tot=40 * GIB,
+                              util_max=80, util_tot=320),
+                      comment="horus:v1;a100=80/2200/2200")
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    sync(L, sacct_json={"jobs": [j]}, all_jobs=True, node_types={"gpu-a100": "a100"})
+    (row,) = L.jobs()
+    assert (row["gpus"], row["act_mem_mib"], row["act_util_pct"]) == (4, 10240.0, 80.0)
+    assert row["under_claim"] == 1 and "mem" in row["claim_flags"]
 
 
 def test_colocations_respect_gpu_index():
@@ -828,6 +953,40 @@ def test_one_users_analyses_are_bounded_per_sync(tmp_path, monkeypatch):
     assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=2), 0, {0}) is not None
     assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=3), 0, {0}) is None
     assert mf.get({"model": str(model), "sha": sha}, dict(wl, batch_size=2), 0, {0}) is not None  # cached
+
+
+def test_one_users_analysis_budget_is_the_syncs_not_each_windows(tmp_path, monkeypatch):
+    """A sync reads accounting an hour at a time: each window had its own ModelFeatures, so a
+    3-hour catch-up gave one user three budgets, and a long job listed in every window was
+    analysed again in each.  One budget and one cache for the whole sync."""
+    from slurm_horus.ledger import claims
+    from slurm_horus.slurm import commands as slurm
+
+    model = tmp_path / "m.onnx"
+    shutil.copy(ZOO / "small_cnn.onnx", model)
+    jobs = [_job(600 + bs, _claim(model, bs=bs), shards=10) for bs in range(1, 9)]
+    clock, analyses, analyse = [0.0], [], claims._features
+
+    def slow(path, sha, workload):  # each analysis 100 s of the sync's clock
+        clock[0] += 100.0
+        analyses.append(workload["batch_size"])
+        return analyse(path, sha, workload)
+    monkeypatch.setattr(claims, "_features", slow)
+    monkeypatch.setattr(claims.time, "monotonic", lambda: clock[0])
+    # every job in every window (long jobs, or sacct listing a job in each window it overlaps)
+    monkeypatch.setattr(slurm, "accounting_jobs",
+                        lambda since, until: parse_sacct_json(json.dumps({"jobs": jobs})))
+    monkeypatch.setattr(slurm, "accounting_jobs_by_id", lambda ids: [])
+    monkeypatch.setattr(slurm, "node_gpu_types", lambda: {})
+    monkeypatch.setattr(slurm, "local_cluster", lambda conf=None: "gpucl")
+    L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
+    now = time.time()
+    res = sync(L, since=now - 3 * 3600, until=now)  # three windows
+    budget = claims.USER_ANALYSIS_BUDGET_S
+    assert len(analyses) == len(set(analyses)) == int(budget // 100)  # once each, within budget
+    assert clock[0] <= budget
+    with_features = [j for j in range(601, 609) if L.submission("gpucl", j)["features"]]
+    assert len(with_features) == len(analyses) and res["recorded"] == 3 * len(jobs)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="opens as another user: needs root")

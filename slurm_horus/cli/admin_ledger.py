@@ -192,8 +192,9 @@ def _history_line(h: dict) -> str:
     line = (f"history: {h.get('runs', 0)} measured runs of {h.get('graphs', 0)} graphs written "
             f"to {h.get('path')}")
     if h.get("runs_dropped"):
-        line += (f" (the {h['runs_dropped']} oldest of {h.get('measured_runs', '?')} measured jobs "
-                 "left out: the whole would pass the size readers take)")
+        line += (f" ({h['runs_dropped']} of {h.get('measured_runs', '?')} measured jobs left out, the "
+                 "oldest of the users with the most settings first: the whole would pass the size "
+                 "readers take)")
     return line
 
 

@@ -41,7 +41,7 @@ def ledger_runs(ledger, learned=None, times: list | None = None) -> list[dict]:
     measured its share of the GPU beside the other jobs, not what it needs alone. With
     ``times`` (a list), each run's time is appended to it, in the runs' order: the job's end
     (else its start, its submission, or when its measurement was recorded: imports carry no
-    job times), 0 where none is known; an export over the size cap keeps the newest."""
+    job times), 0 where none is known; an export over the size cap keeps each user's newest."""
     t = tables()
     s, j, u = t["submissions"], t["jobs"], t["usage"]
     recorded = (select(func.max(u.c.recorded))
@@ -194,8 +194,9 @@ def build_history(ledger, learned=None, pseudonyms=None, max_bytes: int | None =
     """The ledger's measurements as a history (plain JSON-able dict, see HistoryPredictor);
     with ``pseudonyms`` (a callable: user names -> {name: pseudonym}) its users are named by
     them, as history.json, which everyone reads, must. With ``max_bytes``, a history whose
-    JSON would be bigger is fitted again on the newest runs alone (the oldest dropped; offsets
-    and pools too from what is kept), so that it fits; ``summary`` (a dict) gets
+    JSON would be bigger is fitted again on fewer runs (offsets and pools too from what is
+    kept), so that it fits: each user's newest, the oldest of the users with the most settings
+    left out first, the admin's imports last (_fair_order); ``summary`` (a dict) gets
     "measured_runs" (all the ledger's) and "runs_dropped"."""
     times: list = []
     runs = ledger_runs(ledger, learned, times)
@@ -212,14 +213,14 @@ def build_history(ledger, learned=None, pseudonyms=None, max_bytes: int | None =
         for t in range(TRIM_TRIES):  # bounded: each fit is measured, not trusted
             if size <= max_bytes or keep <= 1:
                 break
-            if order is None:  # newest last; ties in ledger order
-                order = sorted(range(len(runs)), key=times.__getitem__)
+            if order is None:
+                order = _fair_order(runs, times)
             # its bytes are its settings' (a setting's reruns are one entry): as many settings
             # as the bytes each measured allow, with a margin that widens at each try
             entries = sum(len(v) for v in history["graphs"].values())
             room = max_bytes * (TRIM_MARGIN - 0.1 * t) * entries / size
-            keep = min(keep - 1, _newest_within(runs, order, room))
-            history = _fitted([runs[i] for i in sorted(order[len(runs) - keep:])], pseudonyms)
+            keep = min(keep - 1, _within(runs, order, room))
+            history = _fitted([runs[i] for i in sorted(order[:keep])], pseudonyms)
             size = _json_size(history)
         dropped = len(runs) - keep
     if summary is not None:
@@ -227,19 +228,48 @@ def build_history(ledger, learned=None, pseudonyms=None, max_bytes: int | None =
     return history
 
 
-def _newest_within(runs: list[dict], order: list[int], entries: float) -> int:
-    """How many of the newest runs (``order``: oldest first) hold at most ``entries``
-    settings (HistoryPredictor._aggregate's entries), at least one."""
+def _setting(r: dict) -> tuple | None:
+    """The history entry a run adds to (HistoryPredictor._aggregate's), None for none."""
+    return (r["sha"], r["gpu"], r["task"], r["opt"], r["prec"], r["dims"], r["bs"]) \
+        if r.get("sha") else None
+
+
+def _fair_order(runs: list[dict], times: list) -> list[int]:
+    """The runs in the order a trimmed history keeps them: the admin's imports (no user)
+    first, newest first; then the users' runs, each user's newest first, taken in turns by how
+    many settings (history entries) of their own each user's newer runs hold, the fewest first
+    (on a tie, the newest run first): a history trimmed to a prefix of it keeps every user's
+    newest runs, and leaves out the oldest of the users with the most settings first. (Keeping
+    the newest runs of the site alone had let one user's array jobs of new batch sizes push
+    every other user's runs out.) Two sorts: seconds for a million runs."""
+    newest = sorted(range(len(runs)), key=times.__getitem__)[::-1]  # a tie: later in ledger order first
+    admin, rest, level = [], [], [0] * len(runs)
+    seen: dict = {}
+    for pos, i in enumerate(newest):
+        user = runs[i].get("user")
+        if user is None:
+            admin.append(i)
+            continue
+        own = seen.setdefault(user, set())
+        level[i] = len(own) * len(runs) + pos
+        if (key := _setting(runs[i])) is not None:
+            own.add(key)
+        rest.append(i)
+    rest.sort(key=level.__getitem__)
+    return admin + rest
+
+
+def _within(runs: list[dict], order: list[int], entries: float) -> int:
+    """How many of the runs first in ``order`` hold at most ``entries`` settings
+    (HistoryPredictor._aggregate's entries), at least one."""
     seen: set = set()
     keep = 0
-    for i in reversed(order):
-        r = runs[i]
-        if r.get("sha"):
-            key = (r["sha"], r["gpu"], r["task"], r["opt"], r["prec"], r["dims"], r["bs"])
-            if key not in seen:
-                if len(seen) + 1 > entries:
-                    break
-                seen.add(key)
+    for i in order:
+        key = _setting(runs[i])
+        if key is not None and key not in seen:
+            if len(seen) + 1 > entries:
+                break
+            seen.add(key)
         keep += 1
     return max(keep, 1)
 

@@ -172,8 +172,10 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
               if failed_measurement(u.get("util_mean"), u.get("mem_peak_mib"))}
 
     def per_gpu(field, order):
-        """The first source's figure, per GPU: the probe and Slurm's gpu/nvml plugin sum a
-        job's GPUs, while predictions and claims are for one (an import is per GPU already)."""
+        """The first source's figure, per GPU: the probe's and sacct's rows are sums over a
+        job's GPUs (sacct's: Slurm's per-task figures made per GPU by each step's layout, times
+        the job's GPUs: slurm.accounting._gpu_use), while predictions and claims are for one
+        (an import is per GPU already)."""
         for src in sorted(order, key=missed.__contains__):
             u = usages.get(src)
             if u is not None and u.get(field) is not None:

@@ -67,9 +67,10 @@ def conformal_quantile(residuals, q: float) -> float | None:
 
 def calibration_entry(actual_mem, pred_mem, actual_util, pred_util) -> dict:
     """{"mem_log_q": {q: ..}, "util_q": {q: ..}, "n": N} of one group's held-out residuals:
-    log(actual / predicted) memory and actual - predicted utilization (pp)."""
+    log(actual / predicted) memory and actual - predicted utilization (pp), the latter of the
+    jobs whose utilization is known (NaN: a run that shared its GPU)."""
     mem_r = [math.log(a / p) for a, p in zip(actual_mem, pred_mem)]
-    util_r = [a - p for a, p in zip(actual_util, pred_util)]
+    util_r = [a - p for a, p in zip(actual_util, pred_util) if not math.isnan(a)]
     out: dict = {"mem_log_q": {}, "util_q": {}, "n": len(mem_r)}
     lo, hi = MEM_LOG_Q_BOUNDS
     for q in QUANTILES:
@@ -79,7 +80,8 @@ def calibration_entry(actual_mem, pred_mem, actual_util, pred_util) -> dict:
             # jobs at 25x the cold start had taken every calibrated bound away; clamped, not
             # dropped, the bound stays the widest the reader takes (dropped: the predictor's own)
             out["mem_log_q"][str(q)] = round(min(max(m, lo), hi), 6)
-            out["util_q"][str(q)] = round(u, 4)
+            if u is not None:
+                out["util_q"][str(q)] = round(u, 4)
     return out
 
 
@@ -171,6 +173,9 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     unit, first = training_units(ts.users, X)
     Xu, umem, uutil, ucmem = X[first], unit_medians(unit, mem), unit_medians(unit, util), cmem[first]
     left_out = int((~mem_in_bounds(umem, ucmem))[unit].sum())  # by fit(): its jobs, counted
+    if ts.util_left_out:
+        log(f"{ts.util_left_out} of {n} jobs shared their GPU: their memory trains, their "
+            "utilization (their share of the GPU, not their need) does not")
     if left_out:
         log(f"{left_out} of {n} jobs left out of the memory model's training: measured beyond "
             f"{MAX_MEM_RATIO:g}x of the cold-start estimate, further than a learned answer may "
@@ -300,7 +305,7 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     registry.save_json(CALIBRATION_FILE, {"version": CALIBRATION_VERSION, "model": now_serving,
                                           "quantiles": quantiles, "held_out": HELD_OUT_RULE})
     return {"version": version, "rows": n, "skipped": ts.skipped, "failed": ts.failed,
-            "mem_rows_left_out": left_out,
+            "mem_rows_left_out": left_out, "util_rows_left_out": ts.util_left_out,
             "cv": cv, "cv_folds": folds, "held_out": new, "baseline": old, "held_out_rows": int(len(held)),
             "baseline_version": baseline, "better": better, "promoted": promoted}
 

@@ -314,10 +314,21 @@ class Ledger:
 
 
 def _upsert_probe_runs(conn, rows: list[dict]) -> None:
-    """Upsert probe rows, except that a record of an earlier run than the probe row stored (a
-    spooled record of a requeued job's first run, replayed after the rerun's own was written)
-    never replaces it; the same run's record, or one without a start time, does (a replay
-    twice stays one row).
+    """Upsert probe rows (one row per job: cluster, job id, "probe"), each new record against
+    the stored row by the runs they measured, from their start and end times:
+
+    - a later run (it started after the stored one ended: a requeued job's rerun), or a record
+      or row without a start time, replaces the row (without end times, the later start wins);
+    - an earlier run (it ended before the stored one started: a spooled record of a requeued
+      job's first run, replayed after the rerun's own was written) never replaces it;
+    - the same run (their times overlap: a multi-node job's probe on another node; the same
+      record replayed) is combined into the row: each of utilization mean and peak and memory
+      peak the larger per GPU of the two (the row's figures stay sums over its ``gpus``, the
+      new record's scaled to them), the run's span (earliest start, latest end, longest
+      elapsed), the stored placement.  The job's measured use is its heaviest node's, whatever
+      order the nodes' Prologs started in (without PrologFlags=Alloc a node's Prolog runs at its
+      first step, and the later-started node's record had replaced the batch node's: a user
+      picked which node the audit saw).  A record replayed twice stays the one row.
 
     The rule is the write's own condition (SQLite: ON CONFLICT DO UPDATE ... WHERE; MariaDB:
     each ON DUPLICATE KEY UPDATE value a CASE on it), so the database decides it on the row it
@@ -330,8 +341,6 @@ def _upsert_probe_runs(conn, rows: list[dict]) -> None:
     timeout, or the server connection's read timeout (db.db_timeout)."""
     if not rows:
         return
-    from sqlalchemy import case, or_
-
     u = tables()["usage"]
     rows = _within_lengths(u, rows)
     keys = ("cluster", "job_id", "source")
@@ -340,21 +349,70 @@ def _upsert_probe_runs(conn, rows: list[dict]) -> None:
         from sqlalchemy.dialects.sqlite import insert
 
         stmt = insert(u)
-        new = stmt.excluded
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(keys), set_={c: new[c] for c in cols},
-            where=or_(new.start_time.is_(None), u.c.start_time.is_(None),
-                      u.c.start_time <= new.start_time))
+        replace, merge, values = _probe_run_values(u, stmt.excluded, cols)
+        stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_=dict(values),
+                                          where=replace | merge)
     else:  # MariaDB/MySQL: the only servers make_engine opens
         from sqlalchemy.dialects.mysql import insert
 
         stmt = insert(u)
-        new = stmt.inserted
-        keep = or_(new.start_time.is_(None), u.c.start_time.is_(None),
-                   u.c.start_time <= new.start_time)
-        stmt = stmt.on_duplicate_key_update([(c, case((keep, new[c]), else_=u.c[c])) for c in cols])
+        _, _, values = _probe_run_values(u, stmt.inserted, cols)
+        stmt = stmt.on_duplicate_key_update(values)
     for i in range(0, len(rows), 5000):
         conn.execute(stmt, rows[i:i + 5000])
+
+
+# what _probe_run_values decides by: assigned last, in this order (below)
+_RUN_COLUMNS = ("gpus", "start_time", "end_time")
+_PEAKS = ("util_mean", "util_max", "mem_peak_mib")  # per GPU, the larger of the same run's
+
+
+def _probe_run_values(u, new, cols: list[str]):
+    """(replace, merge, [(column, value)]) of _upsert_probe_runs: the conditions on the stored
+    row ``u`` and the new record ``new``, and each column's value: the new one where it
+    replaces, the combination where the same run is merged, the stored one otherwise.
+
+    Ordered for MariaDB, which assigns ON DUPLICATE KEY UPDATE's values left to right, each
+    later one reading the row as the earlier ones left it (SQLite reads the stored row for
+    all): the figures first (they read gpus, start_time, end_time), then gpus, start_time and
+    end_time last, whose own conditions give the same answer on the row as start_time's value
+    left it (replace: start_time the new one; merge: the earlier of the two, still within the
+    new record's span; only a stored row with an end and no start, which no probe writes, may
+    keep its later end).  Checked on MariaDB 10.11 (tests/test_ledger.py's probe race)."""
+    from sqlalchemy import and_, case, func, or_
+
+    s0, s1, n0, n1 = u.c.start_time, u.c.end_time, new.start_time, new.end_time
+    ends = and_(s1.isnot(None), n1.isnot(None))
+    replace = or_(n0.is_(None), s0.is_(None),
+                  and_(ends, s1 < n0),                    # a later run
+                  and_(~ends, s0 <= n0))                  # no end to tell by: the later start
+    merge = and_(n0.isnot(None), s0.isnot(None), ends, s1 >= n0, n1 >= s0)  # the same run
+
+    def per(g):  # the GPUs a figure is a sum over (none given: one, as merge_job divides)
+        return case((g >= 1, g), else_=1)
+    ug, ng = per(u.c.gpus), per(new.gpus)
+
+    def combined(c: str):
+        if c in _PEAKS:  # the new figure where it is the larger per GPU, scaled to the row's GPUs
+            heavier = and_(new[c].isnot(None), or_(u.c[c].is_(None), new[c] * ug > u.c[c] * ng))
+            scaled = case((ug == ng, new[c]), else_=new[c] * ug / ng)
+            return case((heavier, scaled), else_=u.c[c])
+        if c == "elapsed_s":
+            return case((and_(new[c].isnot(None), or_(u.c[c].is_(None), new[c] > u.c[c])), new[c]),
+                        else_=u.c[c])
+        if c == "start_time":
+            return case((n0 < s0, n0), else_=s0)
+        if c == "end_time":
+            return case((n1 > s1, n1), else_=s1)
+        if c == "recorded":
+            return new[c]
+        if c == "gpus":  # the row's figures are sums over its GPUs: its count stays
+            return u.c[c]
+        return func.coalesce(u.c[c], new[c])  # placement: the stored row's, else the new one's
+
+    order = [c for c in cols if c not in _RUN_COLUMNS] + [c for c in _RUN_COLUMNS if c in cols]
+    values = [(c, case((replace, new[c]), (merge, combined(c)), else_=u.c[c])) for c in order]
+    return replace, merge, values
 
 
 def record_usage_safely(*, url: str | None = None, spool: str | None = None,

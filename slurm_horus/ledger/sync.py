@@ -97,9 +97,13 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
     replay = ledger.spool.replay(ledger)  # the probe's rows first: placement below reads them
     replayed = {"replayed": replay.applied, "quarantined": replay.quarantined,
                 "skipped": replay.skipped, "problems": replay.problems}
+    # one budget of reading and analysis for the whole sync, its windows all sharing it: a
+    # window each had its own (a 24-window catch-up let one user's graphs take 2 h), and a
+    # finished job listed in several windows was analysed again in each
+    models = ModelFeatures()
     if sacct_json is not None:
         res, _ = _record(ledger, parse_sacct_json(sacct_json), all_jobs=all_jobs,
-                         node_types=node_types, cluster=cluster)
+                         node_types=node_types, cluster=cluster, models=models)
         return {**res, **replayed}
     now = time.time()
     if since is None:
@@ -130,7 +134,7 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         accounted += [j for j in extra if (j["cluster"], j["job_id"]) not in have]
         extra = []
         res, unfinished = _record(ledger, accounted, all_jobs=all_jobs, node_types=node_types,
-                                  cluster=cluster)
+                                  cluster=cluster, models=models)
         total.update({k: total[k] + res[k] for k in res})
         for j in accounted:  # a later window's answer is the newer: a job ended meanwhile is not open
             if j["cluster"] == local and j["state"] and j["state"].split()[0] in FINISHED:
@@ -180,9 +184,11 @@ def last_sync(ledger, cluster: str) -> float | None:
         return None
 
 
-def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster) -> tuple[dict, list]:
+def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster,
+            models: ModelFeatures | None = None) -> tuple[dict, list]:
     """Record these accounting rows' finished jobs; returns the counts and (running, cluster,
-    job id) of the unfinished GPU jobs."""
+    job id) of the unfinished GPU jobs.  ``models``: the sync's ModelFeatures (its budget and
+    cache, shared by all its windows)."""
     now = time.time()
     if cluster:
         accounted = [j for j in accounted if j["cluster"] == cluster]
@@ -201,7 +207,7 @@ def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster) -> 
         return bool(hint or claim or (j["cluster"], j["job_id"]) in known
                     or (all_jobs and (j["shards"] or j["gpus"])))
 
-    models = ModelFeatures()
+    models = models if models is not None else ModelFeatures()
     chosen, subs = [], []
     for j in parsed:
         hint, claim = parse_hint(j["comment"]), parse_workload(j["comment"])

@@ -4,7 +4,10 @@ figures each job was predicted with), for retrain and the history export.
 Only what serving saw goes in: the features stored at submission, sync or import and the cold
 start stored with them, never one recomputed here (from stored features alone the graph's nodes
 are gone, and training must see the inputs serving saw). Failed measurements
-(ledger.failed_measurement) are counted and left out.
+(ledger.failed_measurement) are counted and left out. A run that shared its GPU (``colocated``)
+gives its memory but not its utilization (NaN in ``util``; counted in ``util_left_out``): NVML
+measured its share of the GPU beside the other jobs, not what it needs alone (the history
+export and the simulator take the same rule).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class TrainingSet:
     gpu_types: list = field(default_factory=list)
     skipped: int = 0
     failed: int = 0    # failed measurements, excluded
+    util_left_out: int = 0  # co-located runs: their memory in, their utilization NaN
 
 
 def stored_cold(c: dict | None, gpu) -> Prediction:
@@ -77,13 +81,17 @@ def training_units(users: list, X) -> tuple[np.ndarray, np.ndarray]:
 
 
 def unit_medians(unit, values) -> np.ndarray:
-    """The median of ``values`` over each unit's rows (training_units), by unit."""
+    """The median of ``values`` over each unit's rows (training_units), by unit; NaN values (a
+    co-located run's utilization) are not measurements: the median of the others, NaN for a unit
+    of none."""
     order = np.argsort(unit, kind="stable")
     v = np.asarray(values, dtype=float)[order]
     bounds = np.flatnonzero(np.r_[True, np.diff(unit[order]) != 0, True])  # unit k: k-th slice
     out = v[bounds[:-1]]  # a unit of one row: its own value
     for k in np.flatnonzero(np.diff(bounds) > 1):
-        out[k] = np.median(v[bounds[k]:bounds[k + 1]])
+        part = v[bounds[k]:bounds[k + 1]]
+        part = part[~np.isnan(part)]
+        out[k] = np.median(part) if len(part) else np.nan
     return out
 
 
@@ -110,23 +118,25 @@ def _stored_workload(d: dict | None, gpus: int | None, shards: int | None) -> di
 
 
 def training_set(ledger) -> TrainingSet:
-    """Rows of measured jobs (utilization and memory both known, not a failed measurement)
-    with features and the cold-start figures they were predicted with."""
+    """Rows of measured jobs (memory known, and utilization unless the run shared its GPU; not a
+    failed measurement) with features and the cold-start figures they were predicted with.  A
+    co-located run's utilization is NaN: its memory teaches, its utilization does not."""
     t = tables()
     s, j = t["submissions"], t["jobs"]
     stmt = (select(j.c.cluster, j.c.job_id, s.c.features, s.c.workload, s.c.predictions,
                    s.c.feature_version, j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib,
-                   j.c.failed_measurement, j.c.user_name, j.c.gpus, j.c.shards)
+                   j.c.failed_measurement, j.c.user_name, j.c.gpus, j.c.shards, j.c.colocated)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
-            .where(j.c.act_util_pct.isnot(None), j.c.act_mem_mib > 0, s.c.features.isnot(None),
+            .where(or_(j.c.act_util_pct.isnot(None), j.c.colocated.isnot(None)),
+                   j.c.act_mem_mib > 0, s.c.features.isnot(None),
                    j.c.gpu_type.isnot(None), completed_run(j))
             .order_by(j.c.cluster, j.c.job_id))
     catalog = default_catalog()
     gpus: dict = {}
     ts = TrainingSet()
     with ledger.engine.connect() as conn:
-        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed, user, n_gpus, n_shards \
-                in conn.execute(stmt):
+        for cluster, job_id, feats, wl, preds, fv, gtype, util, mem, failed, user, n_gpus, n_shards, \
+                coloc in conn.execute(stmt):
             if failed:
                 ts.failed += 1
                 continue
@@ -153,7 +163,11 @@ def training_set(ledger) -> TrainingSet:
             ts.graphs.append(arch)
             ts.users.append(user)
             ts.mem.append(float(mem))
-            ts.util.append(min(max(float(util), 0.0), 100.0))
+            if coloc or util is None:  # shared its GPU: NVML measured its share, not its need
+                ts.util.append(float("nan"))
+                ts.util_left_out += 1
+            else:
+                ts.util.append(min(max(float(util), 0.0), 100.0))
             ts.cold_mem.append(cold.mem_mib)
             ts.cold_util.append(cold.util_pct)
             ts.gpu_types.append(gpu.name)

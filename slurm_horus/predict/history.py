@@ -15,7 +15,9 @@ and otherwise the base predictor (learned model or cold start) answers, correcte
 type's site offsets: the median residual of every measured graph on that type (CUDA context,
 library workspaces, allocator caching, a utilization bias), which a handful of jobs of any model
 learn. The p90 of each evidence tier is its measured leave-one-out 90th percentile where the
-history holds enough such residuals, else the base predictor's own p90 ratio.
+history holds enough such residuals, each user's weighing one user, else the base predictor's
+own p90 ratio; from fewer than MIN_LOWERING_USERS users' residuals it may widen that ratio,
+never narrow it (raise_margins).
 
 The history is plain JSON (`to_dict` / `from_dict`, format and checks in history_format.py),
 built from the ledger by horus-admin (ledger/history_export.py) and read with the standard
@@ -220,9 +222,39 @@ def _raise_only_unless_many(correction: dict, owners: list, keys: tuple[str, ...
     weighs one in the medians, so two or three users' runs (a graph run starved, inference
     submitted as training) had set a lower prediction, and tighter packing, for everyone.
     Runs the admin imported (no user: calibration measurements) are trusted to lower alone."""
-    if len({o for o in owners if o is not None}) >= MIN_LOWERING_USERS or all(o is None for o in owners):
+    if _lowering_users(owners):
         return correction
     return {**correction, **{k: max(correction[k], 0.0) for k in keys if correction.get(k) is not None}}
+
+
+def _lowering_users(owners: list) -> bool:
+    """Whether figures from these owners' runs may lower what they correct: at least
+    MIN_LOWERING_USERS distinct users, or the admin's imports (no user) alone."""
+    return (len({o for o in owners if o is not None}) >= MIN_LOWERING_USERS
+            or all(o is None for o in owners))
+
+
+def _user_quantile(pairs: list[tuple[float, object]], q: float) -> float:
+    """The q-quantile of (value, user) pairs, each user's values sharing one unit of weight
+    (_user_weights): :func:`weighted_quantile`."""
+    return weighted_quantile(*_by_user(pairs), q)
+
+
+def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
+    """The q-quantile of ``values`` under ``weights``, linear between values placed at their
+    weights' midpoints (the first at 0, the last at 1); with equal weights, linear between
+    order statistics as numpy's default."""
+    pairs = sorted(zip(values, weights))
+    if len(pairs) == 1:
+        return pairs[0][0]
+    span = sum(w for _, w in pairs) - (pairs[0][1] + pairs[-1][1]) / 2.0
+    target, cum = q * span, 0.0
+    for (v0, w0), (v1, w1) in zip(pairs, pairs[1:]):
+        step = (w0 + w1) / 2.0
+        if cum + step >= target:
+            return v0 + (target - cum) / step * (v1 - v0) if step > 0 else v1
+        cum += step
+    return pairs[-1][0]
 
 
 def weighted_median(values: list[float], weights: list[float]) -> float:
@@ -264,6 +296,7 @@ class HistoryPredictor:
         self.users: dict[str, dict[str, dict]] = {}
         self.offsets: dict[str, dict[str, dict]] = {}
         self.margins: dict[str, float] = {}
+        self.raise_margins: dict[str, float] = {}  # margins that may only raise the base's p90
         self.family_salt: str | None = None  # families named by history_format.family_key
         self.created = ""
 
@@ -275,7 +308,7 @@ class HistoryPredictor:
         self.offsets = self._offsets(runs)
         self.families = self._pooled(runs, "family")
         self.users = self._pooled(runs, "user")
-        self.margins = self._margins()
+        self.margins, self.raise_margins = self._margins()
         self.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         return self
 
@@ -368,28 +401,49 @@ class HistoryPredictor:
                 out[gpu][base] = _raise_only_unless_many(off, [owner[g] for g in graphs], ("mem_mib", "util_pp"))
         return dict(out)
 
-    def _margins(self) -> dict[str, float]:
+    def _margins(self) -> tuple[dict[str, float], dict[str, float]]:
         """Leave-one-out 90th percentile of log(measured / estimated) memory per tier, where
         at least MIN_MARGIN_ROWS runs could be left out (of each graph's MAX_MARGIN_RUNS most
-        run settings)."""
-        resid: dict[str, list[float]] = defaultdict(list)
-        for sha, runs in self.graphs.items():
+        run settings): (margins, raise_margins).  Each run left out is estimated as estimate()
+        answers its user, from that user's own runs of the graph on its GPU type where there
+        are any, else from the others'.  Each user's residuals weigh one user in the quantile
+        (_user_weights; admin imports, no user, one between them): one user's 30 graphs of
+        memory exactly linear in batch size had taken the exact tier's margin from +18 % to
+        +2 %, everyone's p90.  A margin from fewer than MIN_LOWERING_USERS users' residuals (or
+        admin imports alone) goes to raise_margins: it may raise the base predictor's p90
+        ratio, never lower it (see predict).  A residual of one user's run estimated from
+        another's (or from a setting several users ran: its figure is the highest of theirs)
+        is either's to set: such residuals may raise a margin, never lower it."""
+        clean: dict[str, list[tuple[float, object]]] = defaultdict(list)
+        mixed: dict[str, list[tuple[float, object]]] = defaultdict(list)
+        for runs in self.graphs.values():
             runs = _most_run(runs, MAX_MARGIN_RUNS)
             for r in runs:
-                rest = [o for o in runs if o is not r]
+                user, ctx = r.get("user"), self.contexts(r["gpu"])
+                rest = [o for o in runs if o is not r and o["gpu"] == r["gpu"]]
+                rest = [o for o in rest if o.get("user") == user] or rest
                 same = [o for o in rest if _same_setting(o, r) and o["bs"] != r["bs"]]
-                if same:
-                    est = exact_estimate(same, r["bs"], r.get("cold_mem"), r.get("cold_util"),
-                                         *self.contexts(r["gpu"]))
+                other = [o for o in rest if not _same_setting(o, r)]
+                for tier, used, est in (
+                        ("exact", same, same and exact_estimate(
+                            same, r["bs"], r.get("cold_mem"), r.get("cold_util"), *ctx)),
+                        ("graph", other, _graph_estimate(
+                            other, r["task"], r.get("cold_mem"), r.get("cold_util"), *ctx))):
                     if est:
-                        resid["exact"].append(math.log(r["mem"] / est[0]))
-                other = [o for o in rest if o["gpu"] == r["gpu"] and not _same_setting(o, r)]
-                est = _graph_estimate(other, r["task"], r.get("cold_mem"), r.get("cold_util"),
-                                      *self.contexts(r["gpu"]))
-                if est:
-                    resid["graph"].append(math.log(r["mem"] / est[0]))
-        return {t: float(_quantile(v, 0.9)) for t, v in resid.items()
-                if len(v) >= MIN_MARGIN_ROWS}
+                        own = all(o.get("users", 1) == 1 and o.get("user") in (user, None)
+                                  for o in (r, *used))
+                        (clean if own else mixed)[tier].append((math.log(r["mem"] / est[0]), user))
+        margins, raise_margins = {}, {}
+        for tier in sorted(set(clean) | set(mixed)):
+            every = clean[tier] + mixed[tier]
+            if len(every) < MIN_MARGIN_ROWS:
+                continue
+            q, trusted = _user_quantile(every, 0.9), False
+            if len(clean[tier]) >= MIN_MARGIN_ROWS:
+                q = max(q, _user_quantile(clean[tier], 0.9))
+                trusted = _lowering_users([u for _, u in clean[tier]])
+            (margins if trusted else raise_margins)[tier] = float(q)
+        return margins, raise_margins
 
     # --- JSON ----------------------------------------------------------------------------
 
@@ -397,6 +451,7 @@ class HistoryPredictor:
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "created": self.created,
                 "context_mib": _context(), "graphs": self.graphs, "families": self.families,
                 "users": self.users, "offsets": self.offsets, "margins": self.margins,
+                "raise_margins": self.raise_margins,
                 **({"family_salt": self.family_salt} if self.family_salt is not None else {})}
 
     @classmethod
@@ -480,8 +535,12 @@ class HistoryPredictor:
                               confidence=b.confidence + (" + site offsets" if corrected else ""),
                               breakdown={**b.breakdown, "base_mem_mib": b.mem_mib,
                                          "base_util_pct": b.util_pct} if corrected else b.breakdown)
-        q = self.margins.get(a.tier)
-        p90 = a.mem_mib * (math.exp(max(q, 0.0)) if q is not None else base_p90)
+        q, raise_q = self.margins.get(a.tier), self.raise_margins.get(a.tier)
+        if q is not None:
+            ratio = math.exp(max(q, 0.0))
+        else:  # too few users' residuals to lower the base's ratio (or too few at all)
+            ratio = max(base_p90, math.exp(raise_q)) if raise_q is not None else base_p90
+        p90 = a.mem_mib * ratio
         return Prediction(gpu=b.gpu, util_pct=min(max(a.util_pct, 0.0), 100.0),
                           mem_mib=a.mem_mib, mem_mib_p90=max(p90, a.mem_mib),
                           predictor=f"history:{a.tier}", confidence=f"history ({a.tier})",
@@ -588,14 +647,6 @@ def _shrunk_median(values: list[float], weights: list[float]) -> float:
     n_eff = sum(weights) ** 2 / sum(w * w for w in weights)
     se = 1.2533 * mad / math.sqrt(n_eff)
     return med * max(0.0, 1.0 - (se / med) ** 2) if med else 0.0
-
-
-def _quantile(values: list[float], q: float) -> float:
-    v = sorted(values)
-    pos = q * (len(v) - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (pos - lo) * (v[hi] - v[lo])
 
 
 def current_user() -> str | None:

@@ -35,7 +35,7 @@ def _count(v) -> bool:
 
 def read_history(d, source: str = "history") -> dict:
     """A history file's content as fit() keeps it: {"created", "graphs", "families", "users",
-    "offsets", "margins", "family_salt"}, each checked; HorusError (naming ``source``)
+    "offsets", "margins", "raise_margins", "family_salt"}, each checked; HorusError (naming ``source``)
     otherwise. family_salt: None where families are named (a file from before they were
     hashed, or fit()'s own), else the salt of their family_key()s."""
     try:
@@ -52,13 +52,22 @@ def read_history(d, source: str = "history") -> dict:
                 "families": _pools(d["families"]), "users": _pools(d["users"]),
                 "offsets": {_name(g): {_name(b): _offset(o) for b, o in _dict(v).items()}
                             for g, v in _dict(d["offsets"]).items()},
-                "margins": {t: _number(v, -MAX_LOG_RATIO, MAX_LOG_RATIO, f"margin {t}")
-                            for t, v in _dict(d["margins"]).items() if t in TIERS},
+                "margins": _margins(d["margins"]),
+                # (a file from before it has none: its margins were taken as they came)
+                "raise_margins": _margins(d.get("raise_margins", {})),
                 "family_salt": _salt(d.get("family_salt"))}
     except HorusError as e:
         raise HorusError(f"{source}: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise HorusError(f"{source}: corrupt history file ({type(e).__name__}: {e})") from None
+
+
+def _margins(d) -> dict[str, float]:
+    """Per tier, a log p90 margin (margins: the tier's own; raise_margins: from fewer users'
+    residuals than may lower the base predictor's, so never below it; an older reader that
+    ignores them falls back to the base's)."""
+    return {t: _number(v, -MAX_LOG_RATIO, MAX_LOG_RATIO, f"margin {t}")
+            for t, v in _dict(d).items() if t in TIERS}
 
 
 def _dict(v) -> dict:

@@ -319,7 +319,9 @@ class LearnedEstimator:
 
 def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
         max_iter: int = 300) -> LearnedModel:
-    """Train both ensembles on input rows (see input_row) and measured memory and utilization."""
+    """Train both ensembles on input rows (see input_row) and measured memory and utilization
+    (NaN where not a measurement of the job's need: a run that shared its GPU; the utilization
+    model learns from the others)."""
     from sklearn.ensemble import HistGradientBoostingRegressor  # training only: not at import
 
     X = np.asarray(rows, dtype=float)
@@ -343,7 +345,11 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
         raise HorusError(f"need at least {MIN_TRAIN_ROWS} measured jobs within {MAX_MEM_RATIO:g}x "
                          f"of the cold-start memory to train, have {int(inside.sum())}")
     mem_est = HistGradientBoostingRegressor(**params).fit(Xv[inside], np.log(mem[inside] / cold[inside]))
-    util_est = HistGradientBoostingRegressor(**params).fit(Xv, np.log1p(util))
+    alone = ~np.isnan(util)
+    if alone.sum() < MIN_TRAIN_ROWS:
+        raise HorusError(f"need at least {MIN_TRAIN_ROWS} measured jobs that had their GPU alone "
+                         f"(utilization) to train, have {int(alone.sum())}")
+    util_est = HistGradientBoostingRegressor(**params).fit(Xv[alone], np.log1p(util[alone]))
     names = input_names()
     ranges = {n: (float(X[:, names.index(n)].min()), float(X[:, names.index(n)].max()))
               for n in RANGE_FEATURES}
@@ -361,18 +367,23 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
 
 def accuracy(pred_mem, mem, pred_util, util, weights=None) -> dict:
     """The figures reports quote: memory median |relative error|, utilization RMSLE and MAE;
-    ``weights``: each row's weight in them (default: every job alike)."""
+    ``weights``: each row's weight in them (default: every job alike).  Utilization only over
+    the rows where it is known (NaN: a run that shared its GPU); 0 where none is."""
     pred_mem, mem = np.asarray(pred_mem, float), np.asarray(mem, float)
     pred_util, util = np.asarray(pred_util, float), np.asarray(util, float)
     rel = np.abs(pred_mem - mem) / mem
-    sq = (np.log1p(pred_util) - np.log1p(util)) ** 2
+    known = ~np.isnan(util)
+    sq = (np.log1p(pred_util[known]) - np.log1p(util[known])) ** 2
+    err = np.abs(pred_util[known] - util[known])
     if weights is None:
-        return {"mem_mdape_pct": float(np.median(rel) * 100), "util_rmsle": float(np.sqrt(np.mean(sq))),
-                "util_mae_pct": float(np.mean(np.abs(pred_util - util))), "rows": int(len(mem))}
+        return {"mem_mdape_pct": float(np.median(rel) * 100),
+                "util_rmsle": float(np.sqrt(np.mean(sq))) if known.any() else 0.0,
+                "util_mae_pct": float(np.mean(err)) if known.any() else 0.0, "rows": int(len(mem))}
     w = np.asarray(weights, float)
+    wu = w[known]
     return {"mem_mdape_pct": weighted_median(rel.tolist(), w.tolist()) * 100,
-            "util_rmsle": float(np.sqrt(np.average(sq, weights=w))),
-            "util_mae_pct": float(np.average(np.abs(pred_util - util), weights=w)),
+            "util_rmsle": float(np.sqrt(np.average(sq, weights=wu))) if known.any() else 0.0,
+            "util_mae_pct": float(np.average(err, weights=wu)) if known.any() else 0.0,
             "rows": int(len(mem))}
 
 

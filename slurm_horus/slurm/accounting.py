@@ -3,11 +3,12 @@
 Layouts handled: openapi v0.0.38 (22.05: scalar ``state.current``, plain numbers) and the
 data_parser layouts v0.0.39 .. v0.0.44 (23.02 .. 25.11: ``state.current`` a list, numbers
 possibly ``{"set", "infinite", "number"}``: ``num`` reads both). GPU use comes from the steps'
-TRESUsageIn (``steps[].tres.requested.max/average``: ``gres/gpuutil`` in percent, ``gres/gpumem``
-in bytes), which Slurm records from 23.02 with AutoDetect=nvml; 22.05 has neither (then util/mem
-stay None and horus-probe is the source). Text forms (``gres/gpumem=36266M``, raw bytes) parse
-too. Neither 22.05 nor 25.11 prints ``gres_detail`` (the GPU index) in ``sacct --json``. Times of
-0 or >= 4294967294 (never started, not ended) are None.
+TRESUsageIn (``steps[].tres.requested.max/average/total``: ``gres/gpuutil`` in percent,
+``gres/gpumem`` in bytes), which Slurm records from 23.02 with AutoDetect=nvml; 22.05 has neither
+(then util/mem stay None and horus-probe is the source). Slurm's figures are per task; they are
+made per GPU by the step's layout (``_gpu_use``). Text forms (``gres/gpumem=36266M``, raw
+bytes) parse too. Neither 22.05 nor 25.11 prints ``gres_detail`` (the GPU index) in
+``sacct --json``. Times of 0 or >= 4294967294 (never started, not ended) are None.
 
 The scheduler layer's marks in a job's AdminComment are read here too (``scheduler_actions``):
 the hook's decision token (``hint.parse_decision``) and the tokens ``horus-admin queue`` appends
@@ -149,26 +150,100 @@ def _epoch(v) -> int | None:
     return None if not v or v >= UNSET_TIME else int(v)
 
 
-def _gpu_use(steps: list) -> dict:
-    """Max util/mem over steps; mean util weighted by step elapsed."""
+def _step_id(st: dict) -> str:
+    """A step's own part of its id: 'batch', 'extern', '0' ('198.batch', 22.05's 'batch')."""
+    s = st.get("step") or {}
+    return str(s.get("id") if isinstance(s, dict) else "").rsplit(".", 1)[-1]
+
+
+def _step_layout(st: dict, job_gpus: int | None, job_nodes: int | None) -> tuple[int, int | None]:
+    """(GPUs the step held, its tasks or None where unknown) from what sacct says of the step.
+
+    The GPUs are the step's own allocated ``gres/gpu`` (a batch step's are those of its node:
+    slurmctld's step_set_alloc_tres); a step on shards, or one whose allocation names no GPU,
+    counts one GPU per node where the job is on shards, else the job's GPUs per node on the
+    step's nodes (rounded down: dividing by fewer GPUs never under-reports; one per node where
+    the job's nodes are unknown). Tasks: the step's
+    ``tasks.count``; the batch step has one (Slurm's own count for it), another step without
+    the field is unknown."""
+    tres = st.get("tres") or {}
+    counts, _ = _gres_counts(_tres_map(tres.get("allocated")))
+    nodes = st.get("nodes")
+    nodes = num(nodes.get("count")) if isinstance(nodes, dict) else None
+    nodes = int(nodes) if nodes and nodes >= 1 else 1
+    if counts.get("gpu"):
+        gpus = counts["gpu"]
+    elif counts.get("shard") or not job_gpus or not job_nodes:
+        gpus = nodes
+    else:
+        gpus = job_gpus * min(nodes, job_nodes) // job_nodes
+    tasks = st.get("tasks")
+    tasks = num(tasks.get("count")) if isinstance(tasks, dict) else num(tasks)
+    if not tasks or tasks < 1:
+        tasks = 1 if _step_id(st) == "batch" else None
+    return max(1, int(gpus)), None if tasks is None else int(tasks)
+
+
+def _step_per_gpu(task_fig, total, gpus: int, tasks: int | None) -> float | None:
+    """One step's figure per GPU from Slurm's per-task one (TRESUsageInMax or Ave: one task's
+    processes summed over every GPU they used) and TRESUsageInTot (all tasks' last samples
+    summed). A task held gpus / tasks GPUs (rounded down, at least one: where tasks share GPUs
+    or the split is uneven the figure is never divided by more GPUs than a task surely held);
+    where several tasks share a GPU it holds at least their sum, so the total over the step's
+    GPUs bounds it from below too. Both are lower bounds of the busiest GPU: the larger wins."""
+    per_task = max(1, gpus // tasks) if tasks else 1
+    out = [float(task_fig) / per_task] if task_fig is not None else []
+    if total is not None:
+        out.append(float(total) / gpus)
+    return max(out) if out else None
+
+
+def _gpu_use(steps: list, job_gpus: int | None = None, job_nodes: int | None = None) -> dict:
+    """The job's GPU use from its steps' TRESUsageIn, summed over its GPUs (each figure per GPU
+    times the job's GPUs), which is what a usage row holds for a job on n GPUs (jobs.merge_job
+    divides by n): max util/mem over steps; mean util weighted by step elapsed.
+
+    What Slurm's figures are (25.11 source): gpu/nvml's gpu_p_usage_read gives a process's own
+    memory (usedGpuMemory) and SM utilization summed over every GPU it runs on, never a
+    device's total; jobacct_gather sums a task's process tree, keeps its latest sample (Tot)
+    and its maximum over time (Max); across tasks Max is the largest task's, Tot the sum, and
+    slurmdbd stores Ave = Tot / the step's tasks (1 for the batch step). So a step's per-GPU
+    figure depends on its layout (``_step_layout``, ``_step_per_gpu``). A step whose processes
+    never held GPU memory nor used a GPU (all its GPU TRES 0: a batch script that only runs
+    srun, the extern step once pam_slurm_adopt or an orphan adds a process to it) says nothing
+    of the job's GPU work and does not dilute its mean; alone, its zeros are the job's."""
     util_max = mem = None
-    wsum = wtot = 0.0
+    means: list[tuple[float, float, bool]] = []
     for st in steps or []:
         req = (st.get("tres") or {}).get("requested") or {}
         mx, av = _tres_map(req.get("max")), _tres_map(req.get("average"))
-        u, a, m = num(mx.get("gres/gpuutil")), num(av.get("gres/gpuutil")), mx.get("gres/gpumem")
-        if u is not None:
-            util_max = max(util_max or 0.0, float(u))
-        if m is not None:
-            mib = size_mib(m)
-            if mib is not None:
-                mem = max(mem or 0.0, mib)
-        if a is not None:
+        tot = _tres_map(req.get("total"))
+        gpus, tasks = _step_layout(st, job_gpus, job_nodes)
+        u, a, ut = (num(m.get("gres/gpuutil")) for m in (mx, av, tot))
+        m, ma, mt = (size_mib(x.get("gres/gpumem")) for x in (mx, av, tot))
+        if ut is None and a is not None and tasks:
+            ut = a * tasks  # Ave = Tot / tasks
+        if mt is None and ma is not None and tasks:
+            mt = ma * tasks
+        if u is None and m is None and a is None:
+            continue
+        idle = not u and not m and not a
+        pu = _step_per_gpu(u, ut, gpus, tasks)
+        if pu is not None:
+            util_max = max(util_max or 0.0, min(pu, 100.0))
+        pm = _step_per_gpu(m, mt, gpus, tasks)
+        if pm is not None:
+            mem = max(mem or 0.0, pm)
+        pa = _step_per_gpu(a, ut, gpus, tasks)
+        if pa is not None:
             w = max(float(num((st.get("time") or {}).get("elapsed")) or 0), 1.0)
-            wsum += float(a) * w
-            wtot += w
-    return {"util_max": util_max, "util_mean": wsum / wtot if wtot else None,
-            "mem_peak_mib": mem}
+            means.append((min(pa, 100.0), w, idle))
+    busy = [x for x in means if not x[2]] or means
+    wtot = sum(w for _, w, _ in busy)
+    n = job_gpus if job_gpus and job_gpus > 1 else 1
+    return {"util_max": None if util_max is None else util_max * n,
+            "util_mean": sum(v * w for v, w, _ in busy) / wtot * n if wtot else None,
+            "mem_peak_mib": None if mem is None else mem * n}
 
 
 def parse_job(j: dict) -> dict:
@@ -188,7 +263,9 @@ def parse_job(j: dict) -> dict:
         nodes = ",".join(nodes)
     if nodes in ("", "None assigned"):
         nodes = None
-    use = _gpu_use(j.get("steps") or [])
+    job_nodes = num(j.get("allocation_nodes"))
+    use = _gpu_use(j.get("steps") or [], counts.get("gpu"),
+                   int(job_nodes) if job_nodes and job_nodes >= 1 else None)
     assoc = j.get("association") or {}
     return {
         "cluster": j.get("cluster") or assoc.get("cluster") or "",
