@@ -358,19 +358,7 @@ local function parse_policy(text)
 		warn[#warn + 1] = "policy: type_features not set: no node feature is declared, so type_via = features" ..
 			" pins no job to a GPU type (list the types whose nodes carry Features=<type>)"
 	end
-	-- every type the policy defines (gpu.<type>.mem_mib), type_order's first: untyped shards
-	-- (type_choice = any) may land on any of them, so each must be costed
-	local every, listed, rest = {}, {}, {}
-	for _, t in ipairs(final) do every[#every + 1], listed[t] = t, true end
-	for t in pairs(gpus) do
-		if not listed[t] then rest[#rest + 1] = t end
-	end
-	table.sort(rest, function(a, b)
-		if gpus[a] ~= gpus[b] then return gpus[a] < gpus[b] end
-		return a < b
-	end)
-	for _, t in ipairs(rest) do every[#every + 1] = t end
-	pol.gpus, pol.type_order, pol.type_features, pol.all_types = gpus, final, declared, every
+	pol.gpus, pol.type_order, pol.type_features = gpus, final, declared
 	return pol, warn
 end
 
@@ -969,6 +957,20 @@ end
 -- (horus-admin queue's pack, at submission); shared, asking for no more than pressure_shards
 -- for its utilization (its memory's share still), so that any two such jobs may pair, as the
 -- simulated horus scheduler pairs under pressure.
+-- The types untyped shards (type_choice = any) may land on, each to be costed: type_order's, and
+-- every other the hint names (hsubmit names the types of the job's partition; a type only
+-- another partition has is in no hint, and must not stop the job sharing where it runs)
+local function any_types(pol, preds)
+	local out, listed, rest = {}, {}, {}
+	for _, t in ipairs(pol.type_order) do out[#out + 1], listed[t] = t, true end
+	for t in pairs(preds) do
+		if not listed[t] and pol.gpus[t] then rest[#rest + 1] = t end
+	end
+	table.sort(rest)
+	for _, t in ipairs(rest) do out[#out + 1] = t end
+	return out
+end
+
 local function evaluate(pol, gtype, pred, pressure)
 	local S, P, G = pol.shards_per_gpu, pol.pack_limit_pct, pol.gpus[gtype]
 	-- memory = p95 / p99: the largest bound the hint gives up to that quantile (a hint without
@@ -1143,12 +1145,12 @@ local function hint_plan(job, pol, uid, preds)
 		if pol.type_choice == "any" then
 			local worst, whole, fits, n_shared = nil, nil, true, 0
 			-- untyped shards may land on any type the job's partition has (those the hint
-			-- names): each must be one the policy costs; and on any type the policy defines,
-			-- in type_order or not: the hint must name each, and the job fit each
+			-- names): each must be one the policy costs, and the job fit each, as on every
+			-- type of type_order (any_types)
 			for t in pairs(preds) do
 				if not pol.gpus[t] then fits = false end
 			end
-			for _, t in ipairs(fits and pol.all_types or {}) do
+			for _, t in ipairs(fits and any_types(pol, preds) or {}) do
 				local r = preds[t] and evaluate(pol, t, preds[t])
 				if not r or r.kind == "nofit" then fits = false break end
 				if r.kind == "exclusive" then whole = whole or r
@@ -1201,7 +1203,7 @@ local function hint_plan(job, pol, uid, preds)
 			-- whichever type frees first: it packs when every type is pressed and it may
 			-- share on each, at the most shards any of them needs
 			local worst = nil
-			for _, t in ipairs(pol.all_types) do
+			for _, t in ipairs(any_types(pol, preds)) do
 				local r = preds[t] and (pressure.all or pressure.types[t]) and evaluate(pol, t, preds[t], pressure)
 				if not r or r.kind ~= "shared" then worst = nil break end
 				if not worst or r.shards > worst.shards then worst = r end

@@ -759,6 +759,7 @@ def test_a_het_jobs_id_lists_its_components_as_sacct_does(tmp_path, monkeypatch)
     assert [j["job_id"] for j in json.loads(r.output)] == [300, 301, 302], r.output
     n = len(asked)
     assert listed("-M", "c,d", "-j", "300") == [300] and len(asked) == n  # one cluster only, as N+K
+    assert listed("-L", "-j", "300") == [300] and len(asked) == n  # every cluster: no one job
     assert listed("-S", "2000-01-01") == [300, 301, 302, 400, 500] and len(asked) == n  # no -j: none
     # Slurm's accounting unreachable: the ledger's jobs of those ids, as before, and no error
     monkeypatch.setattr(slurm, "het_job_component_ids", lambda job_ids, cluster=None: (_ for _ in ()).throw(

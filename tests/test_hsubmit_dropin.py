@@ -117,6 +117,21 @@ def test_a_sites_sbatch_wrapper_that_runs_hsubmit_submits_once(tmp_path, slurm_b
     assert log.read_text().count("horus:v1;") == 1 and "--model" not in log.read_text()
 
 
+def test_a_wrapper_mark_counts_only_for_the_process_that_made_it(monkeypatch):
+    """The mark a job's environment may carry (a wrapper that ran Slurm's sbatch itself) names
+    its hsubmit by pid and start: a later process of that pid (a job's, a container's) had
+    taken it for a re-entry and passed its --model on to sbatch, which refused the job."""
+    from slurm_horus.proc import started
+    from slurm_horus.slurm import commands
+
+    me = os.getpid()
+    for mark, ours in ((f"{me}\t/x/sbatch\n", False), (f"{me} 1\t/x/sbatch\n", False),
+                       (f"{me} {started(me)}\t/x/sbatch\n", True), (f"{me} {started(me)}\t\n", False),
+                       (f"{os.getppid()} {started(os.getppid())}\t/x/sbatch\n", True), ("junk", False)):
+        monkeypatch.setenv(commands.REENTRY_VAR, mark)
+        assert commands.reentered() is ours, mark
+
+
 @pytest.mark.parametrize("how", [["-Q"], ["--quiet"], "SBATCH_QUIET", "script"])
 def test_quiet_holds_back_hsubmits_warnings(tmp_path, slurm_bin, how):
     env, log = slurm_bin

@@ -674,9 +674,11 @@ def _any_policy(tmp_path, order="a100", extra=""):
                         + "type_choice = any\n" + extra)
 
 
-def test_any_costs_every_defined_type_not_only_type_order(tmp_path):
+def test_any_costs_every_type_of_type_order_and_of_the_hint(tmp_path):
     """A review: type_choice = any costed the types of type_order only, so untyped shards could
-    land on a defined type the job does not fit or was never costed for."""
+    land on a type of the job's partition (one its hint names) that the job does not fit.  A
+    type the policy defines for another partition alone (in no hint: hsubmit names the
+    partition's types) does not keep the job from sharing (a regression review)."""
     pol = _any_policy(tmp_path)
     # fits both: the count covers t4 (26) too, not a100's 12 alone
     d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, pol)
@@ -685,20 +687,25 @@ def test_any_costs_every_defined_type_not_only_type_order(tmp_path):
     # does not fit t4 (14000 MiB > 90 % of 15360): pinned to a100, not untyped 38
     d = run({"comment": "horus:v1;a100=20/14000/14000;t4=20/14000/14000", "tres_per_node": "gres:gpu:1"}, pol)
     assert (d.action, d.gpu_type, d.shards, d.job_desc["features"]) == ("shared", "a100", 38, "a100")
-    # a hint without t4 cannot be costed there: pinned, as for a type of type_order it leaves out
+    # a hint without t4 (its partition has none): untyped, costed on the types it can reach
     d = run({"comment": "horus:v1;a100=20/10000/10000", "tres_per_node": "gres:gpu:1"}, pol)
-    assert (d.action, d.gpu_type, d.job_desc["features"]) == ("shared", "a100", "a100")
+    assert (d.action, d.gpu_type) == ("shared", "any"), d.admin_comment
+    # a type of type_order the hint leaves out cannot be costed: pinned, as before
     d = run({"comment": "horus:v1;a100=20/10000/10000", "tres_per_node": "gres:gpu:1"},
             _any_policy(tmp_path, order="t4, a100"))
     assert (d.action, d.gpu_type) == ("shared", "a100")
-    # heavy everywhere: untyped whole GPU only where every defined type was costed
+    # a type defined for another partition alone (h100, in no hint) changes nothing
+    other = _any_policy(tmp_path, order="t4, a100", extra="gpu.h100.mem_mib = 81920\n")
+    d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1"}, other)
+    assert (d.action, d.gpu_type, d.shards) == ("shared", "any", 26), d.admin_comment
+    # heavy on both types: an untyped whole GPU
     d = run({"comment": HEAVY, "tres_per_node": "gres:gpu:1"}, pol)
     assert (d.action, d.gpu_type, d.job_desc["tres_per_node"]) == ("exclusive", "any", "gres:gpu:1")
     d = run({"comment": "horus:v1;a100=85/3000/3500", "tres_per_node": "gres:gpu:1"}, pol)
     assert (d.action, d.gpu_type, d.job_desc["tres_per_node"]) == ("exclusive", "a100", "gres:gpu:a100:1")
 
 
-def test_any_under_pressure_costs_every_defined_type(tmp_path):
+def test_any_under_pressure_costs_every_type_the_hint_names(tmp_path):
     """An untyped job packed under pressure asks for the most shards any defined type needs:
     8000 MiB is 58 shards of a t4 (type_order = a100 leaves it out), 22 of an a100."""
     from slurm_horus.ledger.requeue import write_pressure

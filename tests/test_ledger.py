@@ -856,7 +856,7 @@ def test_a_replay_killed_mid_file_leaves_it_to_the_next(tmp_path):
         child.kill()
     assert Spool(spool).replay(L).applied == 1
     assert L.jobs()[0]["act_util_pct"] == 60.0 and os.listdir(spool) == []
-    from slurm_horus.ledger.spool import _started
+    from slurm_horus.proc import started as _started
 
     me = os.getpid()
     _spool_file(spool, f"00000000000000000002-1-a.claim-{me}-{_started(me)}",  # replaying now

@@ -217,8 +217,9 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
                        f"end time ({report.sacct_time(end)})")
         e.exit_code = 1  # sacct's
         raise e
-    # as sacct -j N: a heterogeneous job's components too (looked up in one cluster, as N+K)
-    if job_ids and not (cluster and one is None) and (het := _het_components(job_ids, one)):
+    # as sacct -j N: a heterogeneous job's components too, looked up in the one cluster listed
+    # (with -L or several -M, an id is no one job: its components are not looked up)
+    if job_ids and not every and not (cluster and one is None) and (het := _het_components(job_ids, one)):
         filters["task_ids"] = (task_ids or []) + het
     from slurm_horus.ledger import current_user, open_reader
 

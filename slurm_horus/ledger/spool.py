@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import NamedTuple
 
+from slurm_horus.proc import started
 from slurm_horus.textfile import NOT_OWNER, WRITABLE, untrusted
 
 ENV_SPOOL = "HORUS_SPOOL"
@@ -49,24 +50,13 @@ def _trusted(st, uids: tuple[int, ...], *, folder: bool) -> str | None:
 CLAIM = ".claim-"  # a file being replayed: NAME.claim-PID-START, the replayer's pid and start
 
 
-def _started(pid) -> str | None:
-    """When process ``pid`` started, in clock ticks after boot (/proc/PID/stat); None when no
-    process has that pid."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            line = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return line[line.rindex(b")") + 2:].split()[19].decode()
-
-
 def _abandoned(claim: Path) -> bool:
     """Whether the replayer that claimed this file is gone: no process has its pid, or one that
     started at another time has (the pid reused). A claim named by pid alone (before the start
     was in the name) is taken back once no process has that pid."""
     pid, _, start = claim.suffix[len(CLAIM):].partition("-")
     try:
-        now = _started(pid) if pid.isdigit() else None
+        now = started(pid) if pid.isdigit() else None
     except OSError:  # cannot tell: left to its replayer
         return False
     return now is None or (start != "" and now != start)
@@ -108,7 +98,7 @@ class Spool:
         from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
         uids = tuple({0, os.geteuid()})
-        mine = f"{CLAIM}{os.getpid()}-{_started(os.getpid())}"
+        mine = f"{CLAIM}{os.getpid()}-{started(os.getpid())}"
         applied = quarantined = skipped = 0
         problems: list[str] = []
         try:

@@ -49,19 +49,24 @@ def _cmd(name: str) -> str:
     return exe
 
 
-# "PID\tPATH" lines: the sbatch scripts (not Slurm's binary) hsubmit process PID ran as sbatch
+# "PID START\tPATH" lines: the sbatch scripts (not Slurm's binary) hsubmit process PID, started
+# at START (proc.started), ran as sbatch
 REENTRY_VAR = "HORUS_SBATCH_VIA"
 
 
 def _ran_by_us() -> set[str]:
     """The sbatch scripts this process, or its parent, ran as sbatch when it was hsubmit: a site
     wrapper named sbatch that runs hsubmit (``exec hsubmit "$@"``, or as a child) is such a
-    script, and running it again from the hsubmit it started had looped for ever."""
-    us = {str(os.getpid()), str(os.getppid())}
+    script, and running it again from the hsubmit it started had looped for ever.  A process
+    is known by its pid and start (an exec keeps both): a job's environment may carry the line
+    of a wrapper that ran Slurm's sbatch itself, and a later process of that pid is another."""
+    from slurm_horus.proc import started
+
+    us = {f"{p} {started(p)}" for p in (os.getpid(), os.getppid())}
     out = set()
     for line in os.environ.get(REENTRY_VAR, "").splitlines():
-        pid, _, path = line.partition("\t")
-        if pid in us and path:
+        who, _, path = line.partition("\t")
+        if who in us and path:
             out.add(os.path.realpath(path))
     return out
 
@@ -408,7 +413,10 @@ def exec_sbatch(argv: list[str], stdin: bytes | None = None) -> None:
     except OSError:
         script = False
     if script:  # a site's wrapper: it may lead back to hsubmit (reentered), which then skips it
-        os.environ[REENTRY_VAR] = os.environ.get(REENTRY_VAR, "") + f"{os.getpid()}\t{exe}\n"
+        from slurm_horus.proc import started
+
+        me = os.getpid()
+        os.environ[REENTRY_VAR] = os.environ.get(REENTRY_VAR, "") + f"{me} {started(me)}\t{exe}\n"
     else:  # Slurm's own: nothing to mark, and nothing of ours in the job's environment
         os.environ.pop(REENTRY_VAR, None)
     os.execv(exe, ["sbatch", *argv])

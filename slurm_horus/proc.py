@@ -1,0 +1,14 @@
+"""What /proc says of a process: enough to tell it from a later one that reuses its pid."""
+
+from __future__ import annotations
+
+
+def started(pid) -> str | None:
+    """When process ``pid`` started, in clock ticks after boot (/proc/PID/stat; an exec keeps
+    it); None when no process has that pid."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            line = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return line[line.rindex(b")") + 2:].split()[19].decode()
