@@ -925,6 +925,13 @@ def test_a_multi_node_jobs_probe_rows_keep_its_heaviest_gpu(tmp_path, order):
     probe = L.usage("c", 6)["probe"]
     assert (probe["util_mean"], probe["mem_peak_mib"], probe["node"], probe["start_time"]) == \
         (10.0, 800.0, "n3", 3000)
+    # a rerun that starts in the second the last run ended replaces it too (a regression
+    # review: the two had been merged, the lighter rerun given the first run's figures)
+    L.record_usage(job_id=6, cluster="c", source="probe", util_mean=5.0, mem_peak_mib=500.0,
+                   gpus=1, node="n4", start_time=4000, end_time=4500)
+    probe = L.usage("c", 6)["probe"]
+    assert (probe["util_mean"], probe["mem_peak_mib"], probe["node"], probe["start_time"]) == \
+        (5.0, 500.0, "n4", 4000)
 
 
 def test_no_memory_and_no_utilization_is_a_failed_measurement():

@@ -467,6 +467,30 @@ def test_one_users_reruns_count_once_in_training(tmp_path):
     assert res["held_out"]["rows"] == res["cv"]["rows"] == 260 and res["held_out"] != res["cv"]
 
 
+def test_a_site_where_most_jobs_share_their_gpu_still_retrains(tmp_path):
+    """Three of four users' runs shared their GPU: 15 runs measured a need. The utilization
+    model had required 20 in each fold, and the whole retrain failed on such a site (a
+    regression review); it learns from the runs there are, memory from all."""
+    from slurm_horus.graph.features import extract_features
+
+    zoo = Path(__file__).parent / "data" / "zoo"
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    jid = 0
+    for model in ("resnet50", "mobilenet_v2", "small_cnn"):
+        for bs in (8, 16, 32, 64, 128):
+            values = extract_features(zoo / f"{model}.onnx", batch_size=bs).values
+            for k, user in enumerate(("ann", "bob", "cy", "dee")):
+                jid += 1
+                _record_run(L, jid, values, user=user, util=60.0 + k, mem=6000.0 + 100 * k)
+                if user != "ann":
+                    L.record_usage(job_id=jid, cluster="c", source="import", util_mean=60.0 + k,
+                                   mem_peak_mib=6000.0 + 100 * k, gpu_type="a100-40gb",
+                                   colocated=[jid + 10000])
+    res = retrain(L, Registry(tmp_path / "models"), folds=3, max_iter=50, log=lambda m: None)
+    assert res["rows"] == 60 and res["util_rows_left_out"] == 45
+    assert all(math.isfinite(v) for v in res["cv"].values()), res["cv"]
+
+
 def test_a_colocated_run_teaches_its_memory_not_its_utilization(tmp_path):
     """NVML measures a run that shared its GPU at its share, not its need: the history export
     and the simulator left its utilization out, training took it.  Its memory still trains;

@@ -345,10 +345,13 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
         raise HorusError(f"need at least {MIN_TRAIN_ROWS} measured jobs within {MAX_MEM_RATIO:g}x "
                          f"of the cold-start memory to train, have {int(inside.sum())}")
     mem_est = HistGradientBoostingRegressor(**params).fit(Xv[inside], np.log(mem[inside] / cold[inside]))
+    # where most jobs share their GPU few runs measured a need: the utilization model learns
+    # from those there are (a handful give the trees one leaf, their mean), and the memory
+    # model from every run (20 alone had been required: a sharing site could never retrain)
     alone = ~np.isnan(util)
-    if alone.sum() < MIN_TRAIN_ROWS:
-        raise HorusError(f"need at least {MIN_TRAIN_ROWS} measured jobs that had their GPU alone "
-                         f"(utilization) to train, have {int(alone.sum())}")
+    if not alone.any():
+        raise HorusError("no measured job had its GPU alone: its utilization is no measure of "
+                         "the job's need, and there is none to train the utilization model on")
     util_est = HistGradientBoostingRegressor(**params).fit(Xv[alone], np.log1p(util[alone]))
     names = input_names()
     ranges = {n: (float(X[:, names.index(n)].min()), float(X[:, names.index(n)].max()))
