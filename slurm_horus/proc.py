@@ -5,10 +5,10 @@ from __future__ import annotations
 
 def started(pid) -> str | None:
     """When process ``pid`` started, in clock ticks after boot (/proc/PID/stat; an exec keeps
-    it); None when no process has that pid."""
+    it); None when no process has that pid or /proc does not show it."""
     try:
         with open(f"/proc/{int(pid)}/stat", "rb") as f:
             line = f.read()
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:  # no such process, or /proc hides it (hidepid, another user's)
         return None
     return line[line.rindex(b")") + 2:].split()[19].decode()

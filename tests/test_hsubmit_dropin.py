@@ -132,6 +132,24 @@ def test_a_wrapper_mark_counts_only_for_the_process_that_made_it(monkeypatch):
         assert commands.reentered() is ours, mark
 
 
+def test_a_parent_proc_hides_is_no_error(monkeypatch):
+    """/proc mounted hidepid=1 hides a parent of another user's (sudo, slurmstepd): reading its
+    start raised PermissionError, and hsubmit stopped with an internal error, nothing submitted."""
+    import builtins
+
+    from slurm_horus.slurm import commands
+
+    real_open = builtins.open
+
+    def hidden(path, *a, **k):
+        if str(path).startswith("/proc/"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *a, **k)
+    monkeypatch.setattr(builtins, "open", hidden)
+    monkeypatch.setenv(commands.REENTRY_VAR, f"{os.getpid()} 1\t/x/sbatch\n")
+    assert commands.reentered() is False
+
+
 @pytest.mark.parametrize("how", [["-Q"], ["--quiet"], "SBATCH_QUIET", "script"])
 def test_quiet_holds_back_hsubmits_warnings(tmp_path, slurm_bin, how):
     env, log = slurm_bin

@@ -932,6 +932,11 @@ def test_a_multi_node_jobs_probe_rows_keep_its_heaviest_gpu(tmp_path, order):
     probe = L.usage("c", 6)["probe"]
     assert (probe["util_mean"], probe["mem_peak_mib"], probe["node"], probe["start_time"]) == \
         (5.0, 500.0, "n4", 4000)
+    # and the run before it, replayed late, ending in the second this one started: kept out
+    L.record_usage(job_id=6, cluster="c", source="probe", util_mean=90.0, mem_peak_mib=9000.0,
+                   gpus=1, node="n3", start_time=3000, end_time=4000)
+    probe = L.usage("c", 6)["probe"]
+    assert (probe["util_mean"], probe["mem_peak_mib"], probe["start_time"]) == (5.0, 500.0, 4000)
 
 
 def test_no_memory_and_no_utilization_is_a_failed_measurement():

@@ -383,12 +383,13 @@ def _probe_run_values(u, new, cols: list[str]):
 
     s0, s1, n0, n1 = u.c.start_time, u.c.end_time, new.start_time, new.end_time
     ends = and_(s1.isnot(None), n1.isnot(None))
-    # a run that starts in the second the stored one ended is a later run (a requeue's rerun):
-    # the runs of one job on several nodes overlap
+    # a run that starts in the second the stored one ended is a later run (a requeue's rerun),
+    # one that ended in the second the stored one started an earlier: the runs of one job on
+    # several nodes overlap
     replace = or_(n0.is_(None), s0.is_(None),
                   and_(ends, s1 <= n0),                   # a later run
                   and_(~ends, s0 <= n0))                  # no end to tell by: the later start
-    merge = and_(n0.isnot(None), s0.isnot(None), ends, s1 > n0, n1 >= s0)  # the same run
+    merge = and_(n0.isnot(None), s0.isnot(None), ends, s1 > n0, n1 > s0)  # the same run
     one = literal_column("1")  # no bound parameter: pymysql's many-row insert fills none in the UPDATE
 
     def per(g):  # the GPUs a figure is a sum over (none given: one, as merge_job divides)
