@@ -8,15 +8,17 @@ import onnx
 from onnx import TensorProto, helper
 
 
-def external_tensor(name: str, dims: list[int], location: str) -> onnx.TensorProto:
-    """A float initializer whose data lives in `location` (which need not exist)."""
+def external_tensor(name: str, dims: list[int], location: str, dtype: int = TensorProto.FLOAT,
+                    nbytes: int | None = None) -> onnx.TensorProto:
+    """An initializer whose data lives in `location` (which need not exist): its shape alone,
+    as costing reads a big weight; ``nbytes`` its stored size (default: 4 bytes a value)."""
     t = onnx.TensorProto()
     t.name = name
-    t.data_type = TensorProto.FLOAT
+    t.data_type = dtype
     t.dims.extend(dims)
     t.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", "0"),
-                       ("length", str(4 * _prod(dims)))):
+                       ("length", str(4 * _prod(dims) if nbytes is None else nbytes))):
         e = t.external_data.add()
         e.key, e.value = key, value
     return t

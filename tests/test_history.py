@@ -681,35 +681,46 @@ def test_a_tier_answer_past_what_the_hint_carries_is_no_answer():
     assert MAX_ANSWER_MIB * math.exp(MAX_LOG_RATIO) < MAX_MEM_MIB  # the widest p90 a tier takes
 
 
+def _measured_job(jid: int, user: str, sha: str, bs: int, end: float, mem: float) -> tuple[dict, dict]:
+    """(submission, usage) of a finished job of graph ``sha`` measured on an A100 by sacct."""
+    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+
+    sub = {"job_id": jid, "cluster": "c", "user": user, "model_sha256": sha,
+           "features": {f: 1.0 for f in FEATURE_NAMES}, "feature_version": FEATURE_VERSION,
+           "workload": {"batch_size": bs, "task": "train"}, "gpu_types": ["a100-40gb"],
+           "predictions": {"a100-40gb": {"util_pct": 50.0, "mem_mib": 5000.0, "cold": {
+               "util_pct": 50.0, "mem_mib": 5000.0}}}}
+    use = {"job_id": jid, "cluster": "c", "source": "sacct", "util_mean": 50.0,
+           "mem_peak_mib": mem, "gpu_type": "a100-40gb", "state": "COMPLETED",
+           "elapsed_s": 600, "start_time": end - 600, "end_time": end}
+    return sub, use
+
+
+def _export_at_half_size(L, tmp_path, monkeypatch):
+    """(export_history's result, the registry, the cap): the ledger's history exported under a
+    size cap of half its whole export."""
+    from slurm_horus.ledger.history_export import build_history, export_history
+    from slurm_horus.predict import registry as registry_mod
+
+    cap = len(json.dumps(build_history(L), separators=(",", ":"))) // 2
+    monkeypatch.setattr(registry_mod, "MAX_HISTORY_BYTES", cap)
+    reg = Registry(tmp_path / "models")
+    return export_history(L, reg), reg, cap
+
+
 def test_a_history_over_the_size_cap_keeps_the_newest_runs(tmp_path, monkeypatch):
     """A site whose export outgrew the 32 MiB readers take had its history.json refused at
     every sync, for good (the ledger only grows): the export now leaves out the oldest runs
     (by when the job ended, not by job id) until it fits, and says how many."""
-    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
     from slurm_horus.ledger import Ledger
-    from slurm_horus.ledger.history_export import build_history, export_history
-    from slurm_horus.predict import registry as registry_mod
 
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
     n = 60
-    subs, uses = [], []
-    for jid in range(1, n + 1):
-        sha = f"{jid:064x}"  # a graph of its own each
-        subs.append({"job_id": jid, "cluster": "c", "user": f"user{jid % 7}", "model_sha256": sha,
-                     "features": {f: 1.0 for f in FEATURE_NAMES}, "feature_version": FEATURE_VERSION,
-                     "workload": {"batch_size": 32, "task": "train"}, "gpu_types": ["a100-40gb"],
-                     "predictions": {"a100-40gb": {"util_pct": 50.0, "mem_mib": 5000.0, "cold": {
-                         "util_pct": 50.0, "mem_mib": 5000.0}}}})
-        end = 1700000000 + 1000 * (n - jid)  # the highest job ids ended first
-        uses.append({"job_id": jid, "cluster": "c", "source": "sacct", "util_mean": 50.0,
-                     "mem_peak_mib": 5000.0 + jid, "gpu_type": "a100-40gb", "state": "COMPLETED",
-                     "elapsed_s": 600, "start_time": end - 600, "end_time": end})
-    L.record_runs(subs, uses)
-    whole = len(json.dumps(build_history(L), separators=(",", ":")))
-    cap = whole // 2
-    monkeypatch.setattr(registry_mod, "MAX_HISTORY_BYTES", cap)
-    reg = Registry(tmp_path / "models")
-    res = export_history(L, reg)
+    jobs = [_measured_job(jid, f"user{jid % 7}", f"{jid:064x}", 32,  # a graph of its own each
+                          1700000000 + 1000 * (n - jid), 5000.0 + jid)  # the highest ids ended first
+            for jid in range(1, n + 1)]
+    L.record_runs([sub for sub, _ in jobs], [use for _, use in jobs])
+    res, reg, cap = _export_at_half_size(L, tmp_path, monkeypatch)
     path = tmp_path / "models" / "history.json"
     assert path.stat().st_size <= cap
     shas = set(json.loads(path.read_text())["graphs"])
@@ -812,23 +823,13 @@ def test_one_users_flood_of_new_settings_cannot_push_the_others_out_of_the_histo
     new batch sizes, the newest, pushed every other user's runs out of history.json (their
     reruns lost their history:exact answers). Each user's newest runs are kept; the users with
     the most settings lose their oldest first; the admin's imports (no user) go last."""
-    from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
     from slurm_horus.ledger import Ledger
-    from slurm_horus.ledger.history_export import build_history, export_history
-    from slurm_horus.predict import registry as registry_mod
 
     L = Ledger(f"sqlite:///{tmp_path}/l.db", spool=str(tmp_path / "sp"))
-    subs, uses = [], []
+    jobs = []
 
     def job(jid, user, sha, bs, end):
-        subs.append({"job_id": jid, "cluster": "c", "user": user, "model_sha256": sha,
-                     "features": {f: 1.0 for f in FEATURE_NAMES}, "feature_version": FEATURE_VERSION,
-                     "workload": {"batch_size": bs, "task": "train"}, "gpu_types": ["a100-40gb"],
-                     "predictions": {"a100-40gb": {"util_pct": 50.0, "mem_mib": 5000.0, "cold": {
-                         "util_pct": 50.0, "mem_mib": 5000.0}}}})
-        uses.append({"job_id": jid, "cluster": "c", "source": "sacct", "util_mean": 50.0,
-                     "mem_peak_mib": 5000.0 + bs, "gpu_type": "a100-40gb", "state": "COMPLETED",
-                     "elapsed_s": 600, "start_time": end - 600, "end_time": end})
+        jobs.append(_measured_job(jid, user, sha, bs, end, 5000.0 + bs))
 
     honest = {}
     for k, user in enumerate(("alice", "bob", "carol", "dave")):
@@ -839,12 +840,8 @@ def test_one_users_flood_of_new_settings_cannot_push_the_others_out_of_the_histo
     flood = 120  # then one user's sweep: a batch size of its own each, every job the newest
     for b in range(1, flood + 1):
         job(10_000 + b, "mallory", "ee" * 32, b, 1_700_000_000 + b)
-    L.record_runs(subs, uses)
-    whole = len(json.dumps(build_history(L), separators=(",", ":")))
-    cap = whole // 2
-    monkeypatch.setattr(registry_mod, "MAX_HISTORY_BYTES", cap)
-    reg = Registry(tmp_path / "models")
-    res = export_history(L, reg)
+    L.record_runs([sub for sub, _ in jobs], [use for _, use in jobs])
+    res, reg, cap = _export_at_half_size(L, tmp_path, monkeypatch)
     assert (tmp_path / "models" / "history.json").stat().st_size <= cap
     graphs = reg.load_history()["graphs"]
     assert res["runs_dropped"] > 0 and set(honest) <= set(graphs)  # every other user's runs

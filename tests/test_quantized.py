@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from graphs import mlp
+from graphs import external_tensor, mlp
 from slurm_horus.graph.features import extract_features
 from slurm_horus.graph.load import TensorInfo
 from slurm_horus.predict.coldstart import MIB, ColdStartEstimator, Workload
@@ -170,17 +169,6 @@ def test_a_fake_quant_float_weight_counts_once_and_its_scales_never(tmp_path):
     assert r.quantized_params == 0 and not any("quantized" in w for w in r.warnings())
 
 
-def _external(name, dtype, dims, nbytes):
-    """An initializer whose data is left out (a big weight's shape alone, as costing reads it)."""
-    t = onnx.TensorProto()
-    t.name, t.data_type, t.data_location = name, dtype, TensorProto.EXTERNAL
-    t.dims.extend(dims)
-    for key, value in (("location", name + ".bin"), ("offset", "0"), ("length", str(nbytes))):
-        e = t.external_data.add()
-        e.key, e.value = key, value
-    return t
-
-
 def _dynamic_linear(src, dst, w):
     """quantize_dynamic's Linear: DynamicQuantizeLinear -> MatMulInteger(int8 w) -> Cast -> Mul."""
     return [helper.make_node("DynamicQuantizeLinear", [src], [src + "_q", src + "_s", src + "_zp"]),
@@ -192,7 +180,7 @@ def _dynamic_linear(src, dst, w):
 
 def big_int8(path: Path) -> Path:
     """A 3 GB int8 weight [60000, 50000] behind quantize_dynamic's Linear (its data left out)."""
-    inits = [_external("w_q", I8, [60_000, 50_000], 3_000_000_000), _t("w_q_s", F, [], 0.01),
+    inits = [external_tensor("w_q", [60_000, 50_000], "w_q.bin", I8, 3_000_000_000), _t("w_q_s", F, [], 0.01),
              _t("w_q_zp", I8, [], 0)]
     return _save(path, _dynamic_linear("x", "y", "w_q"),
                  [helper.make_tensor_value_info("x", F, ["batch", 60_000])],
@@ -202,7 +190,7 @@ def big_int8(path: Path) -> Path:
 def mixed(path: Path) -> Path:
     """x -> MatMul(float W [4096, 2048], 32 MiB) -> quantize_dynamic's Linear(int8 W2
     [2048, 4096], 8 MiB) -> y: a model quantized but for one layer."""
-    inits = [_external("w", F, [4096, 2048], 4 * 2**23), _external("w2_q", I8, [2048, 4096], 2**23),
+    inits = [external_tensor("w", [4096, 2048], "w.bin", F, 4 * 2**23), external_tensor("w2_q", [2048, 4096], "w2_q.bin", I8, 2**23),
              _t("w2_q_s", F, [], 0.01), _t("w2_q_zp", I8, [], 0)]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), *_dynamic_linear("h", "y", "w2_q")]
     return _save(path, nodes, [helper.make_tensor_value_info("x", F, ["batch", 4096])],
@@ -285,7 +273,7 @@ def test_qdq_float_copies_of_the_weights_are_the_warning_left(tmp_path):
     """quantize_static's QDQ layout dequantizes each weight into a float tensor the op reads:
     costed as an activation (4x the int8 weight), which a runtime that fuses the pair never
     makes; the warning says so, and a graph that reads its int8 weights as stored has none."""
-    inits = [_external("w_q", I8, [2048, 4096], 2**23), _t("w_s", F, [4096], 0.01), _t("w_zp", I8, [4096], 0)]
+    inits = [external_tensor("w_q", [2048, 4096], "w_q.bin", I8, 2**23), _t("w_s", F, [4096], 0.01), _t("w_zp", I8, [4096], 0)]
     nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_zp"], ["w"], axis=1),
              helper.make_node("MatMul", ["x", "w"], ["y"])]
     path = _save(tmp_path / "qdq.onnx", nodes, [helper.make_tensor_value_info("x", F, ["batch", 2048])],

@@ -16,6 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from graphs import external_tensor
 from slurm_horus.graph.features import extract_features
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.predict.gpus import get_gpu
@@ -35,17 +36,6 @@ needs_fp6 = pytest.mark.skipif(not FP6 or onnx.defs.onnx_opset_version() < 28,
 
 def _w(name, dtype, dims, value=0.5):
     return helper.make_tensor(name, dtype, dims, [value] * math.prod(dims))
-
-
-def _external(name, dtype, dims, nbytes):
-    """An initializer whose data is left out (a big weight's shape alone, as costing reads it)."""
-    t = onnx.TensorProto()
-    t.name, t.data_type, t.data_location = name, dtype, TensorProto.EXTERNAL
-    t.dims.extend(dims)
-    for key, value in (("location", name + ".bin"), ("offset", "0"), ("length", str(nbytes))):
-        e = t.external_data.add()
-        e.key, e.value = key, value
-    return t
 
 
 def _save(path: Path, nodes, inits, k, n, opset, outputs=()) -> Path:
@@ -125,7 +115,7 @@ def test_an_fp8_model_trains_its_float_bias_alone(tmp_path):
     trainable float parameter it had made 256 MiB of fp32 weights, 256 of gradients and 512
     of Adam's moments."""
     k = n = 8192
-    path = _dq_linear(tmp_path / "big.onnx", FP8[0], k, n, 21, w=_external("w_q", FP8[0], [k, n], k * n))
+    path = _dq_linear(tmp_path / "big.onnx", FP8[0], k, n, 21, w=external_tensor("w_q", [k, n], "w_q.bin", FP8[0], k * n))
     r = extract_features(path, batch_size=1)
     assert r.quantized_param_bytes == k * n and r.values["params"] - r.quantized_params == n
     gpu, est = get_gpu("a100"), ColdStartEstimator()

@@ -390,6 +390,16 @@ def test_an_import_without_a_model_names_its_graph_by_batch_free_features(tmp_pa
     assert len(g) == 3 and g[0] == g[1] != g[2]
 
 
+def _zoo_settings():
+    """(model, batch size, feature values) of the 15 settings the per-user tests run: three zoo
+    graphs at five batch sizes each."""
+    from slurm_horus.graph.features import extract_features
+
+    zoo = Path(__file__).parent / "data" / "zoo"
+    return [(model, bs, extract_features(zoo / f"{model}.onnx", batch_size=bs).values)
+            for model in ("resnet50", "mobilenet_v2", "small_cnn") for bs in (8, 16, 32, 64, 128)]
+
+
 def _record_run(L, jid, values, *, user, util, mem, sha="", gpu="a100-40gb"):
     from slurm_horus.graph.features import FEATURE_VERSION
 
@@ -431,9 +441,6 @@ def test_one_users_reruns_count_once_in_training(tmp_path):
     """Rows had counted per job: one user's 200 runs of a setting set the learned model's answer
     for it, against four other users who ran it at 80 %. A user's runs at one setting are now
     one training row (their medians), and every job is still scored."""
-    from pathlib import Path
-
-    from slurm_horus.graph.features import extract_features
     from slurm_horus.ledger.retrain import retrain
     from slurm_horus.ledger.training import training_set, training_units, unit_medians
 
@@ -441,19 +448,16 @@ def test_one_users_reruns_count_once_in_training(tmp_path):
     assert unit.tolist() == [0, 0, 1, 2] and first.tolist() == [0, 2, 3]
     assert unit_medians(unit, [10, 20, 7, 9]).tolist() == [15, 7, 9]
     assert training_units([None, None], np.ones((2, 1)))[0].tolist() == [0, 1]  # an import's rows
-    zoo = Path(__file__).parent / "data" / "zoo"
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     jid = 0
-    for model in ("resnet50", "mobilenet_v2", "small_cnn"):
-        for bs in (8, 16, 32, 64, 128):
-            values = extract_features(zoo / f"{model}.onnx", batch_size=bs).values
-            for user in ("ann", "bob", "cy", "dee"):
+    for model, bs, values in _zoo_settings():
+        for user in ("ann", "bob", "cy", "dee"):
+            jid += 1
+            _record_run(L, jid, values, user=user, util=80.0, mem=6000.0)
+        if (model, bs) == ("resnet50", 16):
+            for _ in range(200):
                 jid += 1
-                _record_run(L, jid, values, user=user, util=80.0, mem=6000.0)
-            if (model, bs) == ("resnet50", 16):
-                for _ in range(200):
-                    jid += 1
-                    _record_run(L, jid, values, user="mallory", util=5.0, mem=6000.0)
+                _record_run(L, jid, values, user="mallory", util=5.0, mem=6000.0)
     reg = Registry(tmp_path / "models")
     res = retrain(L, reg, folds=3, max_iter=50, log=lambda m: None)
     assert res["rows"] == 260 and res["cv"]["rows"] == 260  # every job scored
@@ -471,21 +475,16 @@ def test_a_site_where_most_jobs_share_their_gpu_still_retrains(tmp_path):
     """Three of four users' runs shared their GPU: 15 runs measured a need. The utilization
     model had required 20 in each fold, and the whole retrain failed on such a site (a
     regression review); it learns from the runs there are, memory from all."""
-    from slurm_horus.graph.features import extract_features
-
-    zoo = Path(__file__).parent / "data" / "zoo"
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     jid = 0
-    for model in ("resnet50", "mobilenet_v2", "small_cnn"):
-        for bs in (8, 16, 32, 64, 128):
-            values = extract_features(zoo / f"{model}.onnx", batch_size=bs).values
-            for k, user in enumerate(("ann", "bob", "cy", "dee")):
-                jid += 1
-                _record_run(L, jid, values, user=user, util=60.0 + k, mem=6000.0 + 100 * k)
-                if user != "ann":
-                    L.record_usage(job_id=jid, cluster="c", source="import", util_mean=60.0 + k,
-                                   mem_peak_mib=6000.0 + 100 * k, gpu_type="a100-40gb",
-                                   colocated=[jid + 10000])
+    for model, bs, values in _zoo_settings():
+        for k, user in enumerate(("ann", "bob", "cy", "dee")):
+            jid += 1
+            _record_run(L, jid, values, user=user, util=60.0 + k, mem=6000.0 + 100 * k)
+            if user != "ann":
+                L.record_usage(job_id=jid, cluster="c", source="import", util_mean=60.0 + k,
+                               mem_peak_mib=6000.0 + 100 * k, gpu_type="a100-40gb",
+                               colocated=[jid + 10000])
     res = retrain(L, Registry(tmp_path / "models"), folds=3, max_iter=50, log=lambda m: None)
     assert res["rows"] == 60 and res["util_rows_left_out"] == 45
     assert all(math.isfinite(v) for v in res["cv"].values()), res["cv"]
@@ -495,27 +494,21 @@ def test_a_colocated_run_teaches_its_memory_not_its_utilization(tmp_path):
     """NVML measures a run that shared its GPU at its share, not its need: the history export
     and the simulator left its utilization out, training took it.  Its memory still trains;
     its utilization is NaN, left out of the utilization model, its scores and calibration."""
-    from pathlib import Path
-
-    from slurm_horus.graph.features import extract_features
     from slurm_horus.ledger.training import training_set, unit_medians
 
     assert np.isnan(unit_medians(np.array([0, 0, 1]), [np.nan, np.nan, 3.0])[0])
     assert unit_medians(np.array([0, 0, 0]), [10.0, np.nan, 20.0]).tolist() == [15.0]
-    zoo = Path(__file__).parent / "data" / "zoo"
     L = Ledger(f"sqlite:///{tmp_path}/l.db")
     jid, shared = 0, []
-    for model in ("resnet50", "mobilenet_v2", "small_cnn"):
-        for bs in (8, 16, 32, 64, 128):
-            values = extract_features(zoo / f"{model}.onnx", batch_size=bs).values
-            for user in ("ann", "bob", "cy", "dee"):
-                jid += 1
-                _record_run(L, jid, values, user=user, util=80.0, mem=6000.0)
-            jid += 1  # eve's run beside another job: 5 % of the GPU was hers
-            _record_run(L, jid, values, user="eve", util=5.0, mem=7000.0)
-            L.record_usage(job_id=jid, cluster="c", source="import", util_mean=5.0,
-                           mem_peak_mib=7000.0, gpu_type="a100-40gb", colocated=[jid - 1])
-            shared.append(f"c/{jid}")
+    for model, bs, values in _zoo_settings():
+        for user in ("ann", "bob", "cy", "dee"):
+            jid += 1
+            _record_run(L, jid, values, user=user, util=80.0, mem=6000.0)
+        jid += 1  # eve's run beside another job: 5 % of the GPU was hers
+        _record_run(L, jid, values, user="eve", util=5.0, mem=7000.0)
+        L.record_usage(job_id=jid, cluster="c", source="import", util_mean=5.0,
+                       mem_peak_mib=7000.0, gpu_type="a100-40gb", colocated=[jid - 1])
+        shared.append(f"c/{jid}")
     ts = training_set(L)
     assert len(ts.keys) == 75 and ts.util_left_out == 15
     for key, util, mem in zip(ts.keys, ts.util, ts.mem):

@@ -317,10 +317,12 @@ def _upsert_probe_runs(conn, rows: list[dict]) -> None:
     """Upsert probe rows (one row per job: cluster, job id, "probe"), each new record against
     the stored row by the runs they measured, from their start and end times:
 
-    - a later run (it started after the stored one ended: a requeued job's rerun), or a record
-      or row without a start time, replaces the row (without end times, the later start wins);
-    - an earlier run (it ended before the stored one started: a spooled record of a requeued
-      job's first run, replayed after the rerun's own was written) never replaces it;
+    - a later run (it started after the stored one ended, or in that second: a requeued job's
+      rerun), or a record or row without a start time, replaces the row (without end times,
+      the later start wins);
+    - an earlier run (it ended before the stored one started, or in that second: a spooled
+      record of a requeued job's first run, replayed after the rerun's own was written) never
+      replaces it;
     - the same run (their times overlap: a multi-node job's probe on another node; the same
       record replayed) is combined into the row: each of utilization mean and peak and memory
       peak the larger per GPU of the two (the row's figures stay sums over its ``gpus``, the

@@ -60,11 +60,14 @@ def _ran_by_us() -> set[str]:
     script, and running it again from the hsubmit it started had looped for ever.  A process
     is known by its pid and start (an exec keeps both): a job's environment may carry the line
     of a wrapper that ran Slurm's sbatch itself, and a later process of that pid is another."""
+    marks = os.environ.get(REENTRY_VAR)
+    if not marks:  # the common case: no /proc read at hsubmit's start
+        return set()
     from slurm_horus.proc import started
 
     us = {f"{p} {started(p)}" for p in (os.getpid(), os.getppid())}
     out = set()
-    for line in os.environ.get(REENTRY_VAR, "").splitlines():
+    for line in marks.splitlines():
         who, _, path = line.partition("\t")
         if who in us and path:
             out.add(os.path.realpath(path))

@@ -69,12 +69,21 @@ def record(name, args, notes, env=None, **extra):
     return p
 
 
+def submit(args) -> str:
+    """The id of the job ``sbatch --parsable ARGS`` submitted (a fixture's job, not recorded
+    itself), among the recorder's own jobs; exits where sbatch refused it."""
+    p = sh(["sbatch", "--parsable", *args])
+    if p.returncode:
+        raise SystemExit(f"sbatch {' '.join(args)}: {p.stderr.decode().strip()}")
+    jid = p.stdout.decode().strip().split(";")[0]
+    OWN_JOBS.append(jid)
+    return jid
+
+
 def record_requeue_held():
     """A job that failed, then root's scontrol requeuehold: what the queue loop's journal must
     recognise as its own hold (JobHeldUser, "job requeued in held state")."""
-    p = sh(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "exit 1"])
-    jid = p.stdout.decode().strip().split(";")[0]
-    OWN_JOBS.append(jid)
+    jid = submit(["-o", "/dev/null", "--wrap", "exit 1"])
     deadline = time.time() + 30
     while job_state(jid) not in ("FAILED", "") and time.time() < deadline:
         time.sleep(1)
@@ -87,10 +96,8 @@ def record_requeue_held():
 def record_array():
     """A finished two-task array job in accounting: each task's own job id beside its
     array.job_id and array.task_id (what sync keeps so that hacct -j ARRAYID lists the tasks)."""
-    p = sh(["sbatch", "--parsable", "-a", "1-2", "--gres=gpu:1", f"--comment=fixture-array {HINT}",
-            "-o", "/dev/null", "--wrap", "sleep 1"])
-    aid = p.stdout.decode().strip().split(";")[0]
-    OWN_JOBS.append(aid)
+    aid = submit(["-a", "1-2", "--gres=gpu:1", f"--comment=fixture-array {HINT}", "-o", "/dev/null",
+                  "--wrap", "sleep 1"])
     for t in (1, 2):
         wait_sacct_done(f"{aid}_{t}")
     record("sacct_json_finished_array", ["sacct", "--json", "-j", aid],
@@ -105,11 +112,7 @@ def record_het():
     script = JOBDIR / "fixture-het.sh"
     script.write_text("#!/bin/sh\n#SBATCH -o /dev/null\n#SBATCH --gres=gpu:1\n"
                       f'#SBATCH --comment="fixture-het {HINT}"\n#SBATCH hetjob\n#SBATCH -c 1\nsleep 1\n')
-    p = sh(["sbatch", "--parsable", str(script)])
-    if p.returncode:
-        raise SystemExit(f"het job not submitted: {p.stderr.decode().strip()}")
-    hid = p.stdout.decode().strip().split(";")[0]
-    OWN_JOBS.append(hid)
+    hid = submit([str(script)])
     for k in (0, 1):
         wait_sacct_done(f"{hid}+{k}")
     record("sacct_json_finished_het", ["sacct", "--json", "-j", hid],
