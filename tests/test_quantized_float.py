@@ -124,3 +124,26 @@ def test_an_fp8_model_trains_its_float_bias_alone(tmp_path):
     for precision in ("amp", "bf16"):
         infer = est.predict(r, gpu, Workload(batch_size=1, task="infer", precision=precision))
         assert infer.breakdown["weights_mib"] == 64.0
+
+
+def test_onnxruntime_gemm_float8_is_a_matmul_over_its_fp8_weight(tmp_path):
+    """onnxruntime's GemmFloat8 (com.microsoft; A, B, C, scaleA, scaleB, scaleY): B transposed
+    is the FP8 weight, costed as a matrix product; its scales (scalars or one-element vectors)
+    are no parameters.  It had
+    been an unknown op (one FLOP per output element) with trainable float scales."""
+    k, n = 64, 32
+    inits = [_w("w_q", FP8[0], [n, k]), _w("x_s", F, [], 0.1), _w("w_s", F, [1], 0.01), _w("y_s", F, [1], 1.0),
+             _w("x_zp", FP8[0], [], 0.0)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_s", "x_zp"], ["x_q"]),
+             helper.make_node("GemmFloat8", ["x_q", "w_q", "", "x_s", "w_s", "y_s"], ["y"],
+                              domain="com.microsoft", transB=1, dtype=F)]
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", F, ["batch", k])],
+                              [helper.make_tensor_value_info("y", F, ["batch", n])], inits)
+    path = tmp_path / "gemm8.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                              helper.make_opsetid("com.microsoft", 1)])
+                     .SerializeToString())
+    r = extract_features(path, batch_size=4)
+    assert r.values["params"] == r.quantized_params == k * n
+    assert r.by_op["GemmFloat8"].flops == 2 * 4 * k * n
+    assert r.values["frac_flops_matmul"] * r.values["flops"] == pytest.approx(2 * 4 * k * n)

@@ -73,6 +73,7 @@ QUANTIZED_INPUTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "MatMulNBits": ((1,), (2, 3, 4)),                  # A, B (packed uint8), scales, zp, g_idx, bias
     "MatMulBnb4": ((1,), (2,)),                        # A, B (packed uint8), absmax
     "GatherBlockQuantized": ((0,), (2, 3)),            # data, indices, scales, zero_points
+    "GemmFloat8": ((1,), (3, 4, 5)),                   # A, B, C, scaleA, scaleB, scaleY
 }
 # ops whose uint8 weight packs 8 / bits values a byte (attribute "bits", default 4; Bnb4: 4)
 PACKED_WEIGHT_OPS = frozenset({"MatMulNBits", "MatMulBnb4", "GatherBlockQuantized"})
@@ -548,7 +549,7 @@ def categorize(op: str, outs: list[TensorInfo | None]) -> str:
     if op in ("Conv", "ConvTranspose", "FusedConv", "QLinearConv", "ConvInteger", "NhwcConv"):
         return "conv"
     if op in ("Gemm", "MatMul", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Einsum",
-              "FusedGemm", "MatMulNBits"):
+              "FusedGemm", "MatMulNBits", "GemmFloat8"):
         return "matmul"
     if op in ATTENTION:
         return "attention"

@@ -115,7 +115,7 @@ def _matmul_flops(op, infos, y, attrs) -> tuple[int | None, bool]:
         return None, True
     if not a:
         return 0, False  # a scalar operand: no matrix product
-    if op in ("Gemm", "FusedGemm"):
+    if op in ("Gemm", "FusedGemm", "GemmFloat8"):
         k = a[0] if int_attr(attrs, "transA") else a[-1]
         macs = numel(y) * k
         bias = numel(y) if len(infos) > 2 and infos[2] is not None else 0
