@@ -77,9 +77,17 @@ def wait(jid, states, timeout=90):
 JOURNAL = f"/tmp/horus-test-queue-{os.getpid()}/oom-requeues.json"  # this run's, not the site's
 
 
+def queue_cp(*args, path=None):
+    """A pass, with ``path`` first on PATH (a stand-in scontrol) when given."""
+    env = {**os.environ, "HORUS_QUEUE_JOURNAL": JOURNAL}
+    if path:
+        env["PATH"] = f"{path}:{env['PATH']}"
+    return subprocess.run([*ADMIN, "queue", "--json", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
 def queue(*args):
-    cp = subprocess.run([*ADMIN, "queue", "--json", *args], capture_output=True, text=True,
-                        timeout=120, env={**os.environ, "HORUS_QUEUE_JOURNAL": JOURNAL})
+    cp = queue_cp(*args)
     assert cp.returncode == 0, cp.stderr
     return [json.loads(x) for x in cp.stdout.splitlines() if x.strip()]
 
@@ -264,18 +272,20 @@ def test_an_oom_rerun_of_a_job_of_no_type_gets_a_whole_gpu(mine, tmp_path):
                  "-o", "/dev/null", "-e", str(tmp_path / "e-%j"), str(script))
     first = wait(jid, {"FAILED"})
     assert re.fullmatch(r"gres[:/]shard:\d+", first.get("TresPerNode", "")), first.get("TresPerNode")
+    gtype = {"gpu-a100": "a100", "gpu-t4": "t4"}[first["NodeList"]]
     acts = [a for a in queue("--min-wait", "100000", "--jobs", jid) if str(a["job_id"]) == jid]
     assert [a["action"] for a in acts] == ["oom-requeue"]
-    assert re.fullmatch(r"gres[:/](gpu:1|shard:100)", acts[0]["tres"]), acts
+    # kept on the type it ran out of memory on (its node's): 22.05's every shard of one GPU,
+    # untyped and unpinned, could have started on the other type
+    assert re.fullmatch(rf"gres[:/](gpu:{gtype}:1|shard:100)", acts[0]["tres"]), acts
+    assert job(jid)["Features"] == gtype
     done = wait(jid, {"COMPLETED"}, timeout=150)
+    assert done["NodeList"] == first["NodeList"]
     alloc = done.get("AllocTRES") or done.get("TRES") or ""
     assert re.search(r"gres/gpu(:\w+)?=1\b|gres/shard(:\w+)?=100\b", alloc), alloc
 
 
 def test_pack_under_pressure_then_spread(mine, tmp_path):
-    if slurm.slurm_version().startswith("22."):
-        pytest.skip("Slurm 22.05 refuses to change a pending job's GRES between gpu and shard "
-                    "(scontrol update: Invalid generic resource); the loop cannot pack there")
     out = ["-o", os.devnull]  # no slurm-N.out in the working tree
     fillers = [submit(mine, "--gres=gpu:a100:1", "-C", "a100", *out, "--wrap", "sleep 300")
                for _ in range(4)]
@@ -286,6 +296,22 @@ def test_pack_under_pressure_then_spread(mine, tmp_path):
     rec = wait(heavy, {"PENDING"})
     assert re.search(r"gpu(:a100)?:1$", rec.get("TresPerNode", "")), rec.get("TresPerNode")
     assert "action=exclusive" in rec.get("AdminComment", "")
+    if slurm.slurm_version().startswith("22."):
+        # 22.05 refuses every pack (scontrol update: Invalid generic resource): every pass
+        # under pressure had tried, failed and exited 1 (the timer's unit failed every
+        # minute); no pack is tried there, and a dry run says the same
+        from slurm_horus.ledger.requeue import pressure_actions
+
+        for f in fillers:
+            wait(f, {"RUNNING"})
+        recs = sp.squeue_json_records(slurm.run(["squeue", "--json", "--all", "--states=all"]))
+        nodes = sp.parse_scontrol_records(slurm.run(["scontrol", "-d", "show", "node"]))
+        assert [a.kind for a in pressure_actions(recs, nodes, 50, lambda *a: 1, 0, time.time(), type_features={"a100", "t4"})
+                if str(a.job_id) == heavy] == ["pack"]  # what the loop had tried
+        assert [a for a in queue("--dry-run", "--min-wait", "0", "--jobs", heavy)] == []
+        assert [a for a in queue("--min-wait", "0", "--jobs", heavy)] == []  # exit status 0
+        assert re.search(r"gpu(:a100)?:1$", job(heavy)["TresPerNode"]) and "horus-queue" not in job(heavy)["AdminComment"]
+        return
     end = time.time() + 60  # every A100 busy (ours, or other tests')
     while time.time() < end and not [a for a in queue("--dry-run", "--min-wait", "0", "--jobs", heavy)
                                      if str(a["job_id"]) == heavy]:
@@ -486,3 +512,69 @@ def test_pack_heavy_always_spreads_while_idle_and_packs_when_full(mine, monkeypa
         write_atomically(site, text)
         if pressure and os.path.exists(pressure):
             os.unlink(pressure)
+
+
+def _failing_scontrol(tmp_path, *fields):
+    """A stand-in scontrol on PATH that fails an update of ``fields`` as a slurmctld too busy
+    to answer does, and runs the real one otherwise."""
+    where = tmp_path / "bin"
+    where.mkdir(exist_ok=True)
+    cases = "|".join(f"{f}=*" for f in fields)
+    (where / "scontrol").write_text(
+        "#!/bin/bash\n"
+        f'for a in "$@"; do case "$a" in {cases}) '
+        'echo "slurm_update error: Socket timed out on send/recv operation" >&2; exit 1;; esac; done\n'
+        f'exec {shutil.which("scontrol")} "$@"\n')
+    os.chmod(where / "scontrol", 0o755)
+    return str(where)
+
+
+def test_an_oom_requeue_happens_once_even_when_its_mark_fails(mine, tmp_path):
+    """A first mark that timed out released the job unmarked (on its whole GPU, or after
+    GIVE_UP_S on its shards), and its next OOM was requeued again (Restarts=2): the pass said
+    nothing and exited 0.  The job stays held until its mark is written; given up on, it is
+    released unmarked and the journal keeps it from a second requeue."""
+    script = tmp_path / "oom.sh"
+    script.write_text(f'#!/bin/bash\necho "{OOM}" >&2\nexit 1\n')  # runs out every time
+    jid = submit(mine, "--gres=gpu:1", f"--comment={hint(30, 6000)}", "-o", "/dev/null",
+                 "-e", str(tmp_path / "e-%j"), str(script))
+    wait(jid, {"FAILED"})
+    no_mark = _failing_scontrol(tmp_path, "AdminComment")
+    for _ in range(2):  # requeued and held; the next pass tries its mark again
+        cp = queue_cp("--min-wait", "100000", "--jobs", jid, path=no_mark)
+        assert cp.returncode == 1 and "did not take its mark" in cp.stderr, cp.stderr
+        rec = job(jid)
+        assert (rec["JobState"], rec["Restarts"]) == ("PENDING", "1") and "held" in rec["Reason"], rec
+        assert "horus-queue" not in rec["AdminComment"]
+    # GIVE_UP_S later, with neither a mark nor a whole GPU taken: released on its shards, said
+    with open(JOURNAL) as f:
+        entries = json.load(f)
+    for e in entries.values():
+        e["at"] -= 3600
+    with open(JOURNAL, "w") as f:
+        json.dump(entries, f)
+    cp = queue_cp("--min-wait", "100000", "--jobs", jid, path=_failing_scontrol(tmp_path, "AdminComment", "TresPerNode"))
+    assert cp.returncode == 1 and "released unmarked" in cp.stderr, cp.stderr
+    again = wait(jid, {"FAILED"}, timeout=150)  # out of memory on its shards again
+    assert "shard" in again["TresPerNode"] and "horus-queue" not in again["AdminComment"]
+    # never requeued a second time, the pass a quiet one
+    assert not [a for a in queue("--min-wait", "100000", "--jobs", jid)]
+    assert job(jid)["Restarts"] == "1"
+    with open(JOURNAL) as f:
+        assert json.load(f)[jid]["given_up"]
+
+
+def test_an_earlier_runs_oom_is_no_evidence(mine, tmp_path):
+    """The loop read the error file's tail whatever wrote it: a job appending to a file
+    (--open-mode=append) that holds an earlier job's OOM, failing for another reason and
+    writing nothing there, was requeued onto a whole GPU."""
+    err = tmp_path / "shared-err"
+    first = submit(mine, "-o", "/dev/null", "-e", str(err), "--wrap", f"echo '{OOM}' >&2")
+    wait(first, {"COMPLETED"})
+    time.sleep(2)  # a later second: StartTime is whole seconds
+    jid = submit(mine, "--gres=gpu:1", f"--comment={hint(30, 6000)}", "-o", "/dev/null", "-e", str(err),
+                 "--open-mode=append", "--wrap", "exit 3")
+    wait(jid, {"FAILED"})
+    assert OOM in err.read_text()
+    assert not [a for a in queue("--min-wait", "100000", "--jobs", jid)]
+    assert job(jid)["Restarts"] == "0"

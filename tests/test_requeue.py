@@ -149,12 +149,29 @@ def test_error_file_read_with_the_owners_rights(tmp_path):
     f = tmp_path / "err"
     f.write_bytes(b"x" * 300_000 + b"CUDA out of memory")
     os.chmod(f, 0o600)
-    r = {"UserId": "root(0)", "GroupId": "root(0)", "StdErr": str(f)}
+    r = {"UserId": "root(0)", "GroupId": "root(0)", "StdErr": str(f), "_start": f.stat().st_mtime - 60}
     tail = read_error_tail(r)
     assert tail.endswith("CUDA out of memory") and len(tail) <= 256 * 1024
     nobody = {"UserId": "nobody(65534)", "GroupId": "nogroup(65534)", "StdErr": str(f)}
     assert read_error_tail(nobody) is None  # 0600 root file: not the owner's to read
     assert read_error_tail({**r, "StdErr": "relative/path"}) is None
+
+
+def test_only_text_written_since_the_run_started_is_evidence(tmp_path):
+    """The tail was read whatever wrote it: an earlier run's OOM (before a requeue, with
+    --open-mode=append, or in a file two jobs share) made this run's other failure an OOM."""
+    old, new = tmp_path / "old-err", tmp_path / "out"
+    old.write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    new.write_text("ValueError: bad learning rate\n")
+    start = 1_800_000_000
+    os.utime(old, (start - 3600, start - 3600))  # the last run's, an hour before this one
+    os.utime(new, (start + 5, start + 5))
+    r = {"UserId": "root(0)", "StdErr": str(old), "StdOut": str(new), "_start": start}
+    assert read_error_tail(r) == "ValueError: bad learning rate\n"  # StdErr is stale: StdOut
+    assert read_error_tail({**r, "StdOut": ""}) is None
+    os.utime(old, (start, start))  # written in the second the run started
+    assert "CUDA out of memory" in read_error_tail(r)
+    assert read_error_tail({**r, "_start": None}) is None  # no run start known: no evidence
 
 
 def test_pressure_is_a_type_where_a_new_job_would_find_no_idle_gpu(tmp_path):
@@ -550,29 +567,83 @@ def test_a_requeue_that_half_fails_is_finished_by_the_next_pass(monkeypatch, tmp
         assert slurm.calls[-1] == ["scontrol", "release", "1795"]
         assert any(c[3].startswith("AdminComment=") and "oom-requeue" in c[3] for c in slurm.calls if len(c) > 3)
 
-    # neither mark nor whole GPU taken: kept held (on its shards it would run out again,
-    # unmarked) until GIVE_UP_S, then released anyway
-    slurm = _Slurm(tres="gres/shard=30", fail=("scontrol update",))
-    monkeypatch.setattr(requeue, "run", slurm)
-    with pytest.raises(HorusError, match="next pass tries again"):
-        apply(a, SHARED, journal=journal)
-    assert ["scontrol", "release", "1795"] not in slurm.calls and list(journal_read(journal)) == ["1795"]
-    errors = []
-    assert heal(journal, [held], errors.append) == [] and "next pass" in errors[0]
-    monkeypatch.setattr(requeue.time, "time", lambda: 1e12)
-    heal(journal, [held], errors.append)
-    assert slurm.calls[-1] == ["scontrol", "release", "1795"] and journal_read(journal) == {}
-
-    # the first mark fails but the whole GPU takes: released on it (never on its shards)
-    monkeypatch.undo()
-    slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol update JobId=1795 AdminComment",))
-    monkeypatch.setattr(requeue, "run", slurm)
-    assert apply(a, SHARED, journal=journal) == "gres/gpu:a100:1"
-    assert slurm.calls[-1] == ["scontrol", "release", "1795"] and journal_read(journal) == {}
-
     # an entry whose job is not held (the requeuehold never took: FAILED still) leaves the journal
     requeue.journal_set(journal, "1795", {"job_id": 1795, "tres": a.tres, "token": a.token, "at": 0.0})
     assert heal(journal, [rec(1795, "FAILED", "gres/shard:30", SHARED)]) == [] and journal_read(journal) == {}
+
+
+def test_a_job_is_released_from_its_oom_requeue_only_once_marked(monkeypatch, tmp_path):
+    """The mark is the commit.  A first mark that timed out while the whole GPU took had
+    released the job unmarked: its next OOM was requeued again (seen on 22.05: Restarts=2,
+    from=shard:100;to=shard:100), and a job Slurm would neither mark nor reshape was released
+    on its shards every GIVE_UP_S, for good; the pass said nothing and exited 0."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import Action, apply, heal, journal_read
+
+    journal = str(tmp_path / "oom-requeues.json")
+    a = Action(1795, "oom-requeue", "gres/gpu:a100:1", "horus-queue:v1;action=oom-requeue;from=shard:30",
+               "gres/shard:100")
+    held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldUser",
+               StateDesc="job requeued in held state", _submit=1_796_000_000)
+    marks = lambda calls: [c for c in calls if len(c) > 3 and c[3].startswith("AdminComment=")]  # noqa: E731
+
+    # the mark times out, the whole GPU would take: held, journaled, said (the pass exits 1)
+    slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol update JobId=1795 AdminComment",),
+                   refusal="timed out after 30 s")
+    monkeypatch.setattr(requeue, "run", slurm)
+    with pytest.raises(HorusError, match="did not take its mark.*next pass tries again"):
+        apply(a, SHARED, journal=journal)
+    assert ["scontrol", "release", "1795"] not in slurm.calls and list(journal_read(journal)) == ["1795"]
+    errors = []
+    assert heal(journal, [held], errors.append) == [] and "did not take its mark" in errors[0]
+    assert ["scontrol", "release", "1795"] not in slurm.calls
+    # the next pass whose mark takes finishes it: marked, on its whole GPU, released
+    slurm.fail = ()
+    assert [x.tres for x in heal(journal, [held])] == ["gres/gpu:a100:1"] and journal_read(journal) == {}
+    assert slurm.calls[-1] == ["scontrol", "release", "1795"]
+    assert marks(slurm.calls)[-1][3].endswith("action=oom-requeue;from=shard:30;to=gpu:1")
+
+    # Slurm takes no mark for GIVE_UP_S: released anyway (on its whole GPU where that takes),
+    # said, and the journal keeps the job from a second requeue while it is in the queue
+    slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol update JobId=1795 AdminComment",))
+    monkeypatch.setattr(requeue, "run", slurm)
+    with pytest.raises(HorusError):
+        apply(a, SHARED, journal=journal)
+    real = requeue.time.time
+    monkeypatch.setattr(requeue.time, "time", lambda: real() + requeue.GIVE_UP_S + 1)
+    errors = []
+    assert heal(journal, [held], errors.append) == []
+    assert "released unmarked" in errors[0] and "gpu:1" in errors[0]
+    assert slurm.calls[-1] == ["scontrol", "release", "1795"]
+    assert ["scontrol", "update", "JobId=1795", "TresPerNode=gres/gpu:a100:1"] in slurm.calls
+    monkeypatch.setattr(requeue.time, "time", real)
+    failed_again = rec(1795, "FAILED", "gres/gpu:a100:1", SHARED, _submit=1_796_000_000)
+    on_shards = rec(1795, "FAILED", "gres/shard:30", SHARED, _submit=1_796_000_000)
+    oom = lambda r: "torch.OutOfMemoryError: CUDA out of memory.\n"  # noqa: E731
+    keys = requeue.given_up_keys(journal)
+    assert oom_actions([failed_again, on_shards], oom, shards_per_gpu(_node("")), given_up=keys) == []
+    # a later job of the same id (Slurm's ids wrap, or its state was reset) is another job
+    later = {**on_shards, "_submit": 1_797_000_000}
+    assert [x.job_id for x in oom_actions([later], oom, shards_per_gpu(_node("")), given_up=keys)] == [1795]
+    # kept while the job is in the queue (heal finishes nothing of it), dropped once it is not
+    slurm.calls.clear()
+    assert heal(journal, [on_shards]) == [] and slurm.calls == [] and list(journal_read(journal)) == ["1795"]
+    assert heal(journal, []) == [] and journal_read(journal) == {}
+
+
+def test_an_oom_rerun_is_never_given_what_the_job_has(monkeypatch, tmp_path):
+    """A job on every shard of one GPU (a rerun released unmarked on 22.05) was requeued again
+    onto the same shard:100: a whole GPU is all a requeue gives."""
+    oom = lambda r: "torch.OutOfMemoryError: CUDA out of memory.\n"  # noqa: E731
+    jobs = [rec(1, "FAILED", "gres:shard:100", SHARED), rec(2, "FAILED", "gres:shard:99", SHARED)]
+    acts = oom_actions(jobs, oom, shards_per_gpu(_node("")))
+    assert [a.job_id for a in acts] == [2]
+    # of no type: what the largest GPU's shards are
+    any_type = "horus: shared any horus-decision:v1;action=shared;type=any;shards=26/100"
+    nodes = [{"NodeName": "a", "Gres": "gpu:a100:1,shard:a100:200"}, {"NodeName": "t", "Gres": "gpu:t4:1,shard:t4:100"}]
+    jobs = [rec(3, "FAILED", "gres:shard:150", any_type), rec(4, "FAILED", "gres:shard:200", any_type)]
+    assert [a.job_id for a in oom_actions(jobs, oom, shards_per_gpu(nodes), node_gpu_types(nodes))] == [3]
 
 
 def test_heal_keeps_a_users_own_hold_and_moves_an_unreadable_journal_aside(monkeypatch, tmp_path):
@@ -748,7 +819,7 @@ def _tend_slurm(monkeypatch, tmp_path, jobs):
     slurm = _Slurm(fail=("scontrol requeuehold",), refusal="Requested operation is presently disabled")
 
     def run(args, timeout=30):
-        if args[:2] == ["squeue", "--json"] and "--jobs" not in args:
+        if args[:2] == ["squeue", "--json"]:
             slurm.calls.append(args)
             return _json.dumps({"jobs": jobs})
         if args[:3] == ["scontrol", "-d", "show"]:
@@ -824,3 +895,119 @@ def test_a_job_that_started_before_its_reshape_is_no_failed_pass(monkeypatch, tm
     errors, notes = [], []
     assert requeue.tend(on_error=errors.append, on_note=notes.append, journal=str(tmp_path / "j.json")) == []
     assert (len(errors), len(notes)) == ((1, 0) if failed else (0, 1)), (errors, notes)
+
+
+def _pressed_slurm(monkeypatch, tmp_path, version):
+    """requeue.run answering one pass of tend() on Slurm ``version``: every A100 busy and a job
+    the hook kept whole for its utilization waiting for one; records the scontrol updates."""
+    import json as _json
+
+    from slurm_horus.ledger import requeue
+
+    (tmp_path / "policy.conf").write_text("")
+    monkeypatch.setenv("HORUS_POLICY", str(tmp_path / "policy.conf"))
+    monkeypatch.setattr(requeue, "slurm_version", lambda: version)
+    job = {**_failed_oom_job(), "job_state": ["PENDING"], "state_reason": "Resources",
+           "tres_per_node": "gres/gpu:a100:1", "admin_comment": EXCL, "submit_time": 1_700_000_000}
+    updates = []
+
+    def run(args, timeout=30):
+        if args[:2] == ["squeue", "--json"]:
+            return _json.dumps({"jobs": [job]})
+        if args[:3] == ["scontrol", "-d", "show"]:
+            return "NodeName=n1 State=MIXED Gres=gpu:a100:4,shard:a100:400 GresUsed=gpu:a100:4(IDX:0-3)\n"
+        updates.append(args)
+        tres = [x.split("=", 1)[1] for x in args if x.startswith("TresPerNode=")]
+        if tres:  # as Slurm 23.02+ applies it: what the job will be allocated
+            job["tres_req_str"] = "{}={}".format(*tres[0].rsplit(":", 1))
+        return ""
+
+    monkeypatch.setattr(requeue, "run", run)
+    return updates
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_no_pack_is_tried_where_slurm_refuses_every_one(monkeypatch, tmp_path, dry_run):
+    """22.05 refuses a pending job's gpu -> shard ("Invalid generic resource"): every pass under
+    pressure tried, failed and exited 1, and the timer's unit failed every minute; a dry run
+    said it would pack."""
+    from slurm_horus.ledger.requeue import tend
+
+    for version, packs in (("22.05.8", []), ("25.11.7", ["pack"])):
+        updates = _pressed_slurm(monkeypatch, tmp_path, version)
+        errors = []
+        done = tend(mem_shards=lambda *a: 1, min_wait_s=0, dry_run=dry_run, job_ids={1795},
+                    on_error=errors.append, journal=str(tmp_path / "j.json"))
+        assert [a.kind for a in done] == packs and errors == [], (version, errors)
+        if not packs:
+            assert updates == []
+
+
+def test_an_oom_rerun_of_a_whole_gpus_shards_stays_on_its_type():
+    """Where Slurm will not turn shards into a gpu (22.05) the rerun gets every shard of one
+    GPU, untyped and with no Features: it could start on a T4 and, marked, never be recovered
+    if it ran out there.  Its type is pinned as a pack's is; for a job the hook left untyped,
+    the type of the node it ran out of memory on."""
+    oom = lambda r: "torch.OutOfMemoryError: CUDA out of memory.\n"  # noqa: E731
+    nodes = [{"NodeName": "gpu-a100", "State": "IDLE", "Gres": "gpu:a100:4,shard:a100:400", "GresUsed": ""},
+             {"NodeName": "gpu-t4", "State": "IDLE", "Gres": "gpu:t4:2,shard:t4:200", "GresUsed": ""}]
+    jobs = [rec(1, "FAILED", "gres:shard:26", ANY_SHARED, NodeList="gpu-a100"),
+            rec(2, "FAILED", "gres:shard:26", ANY_SHARED, NodeList="gpu-t4", Features="ib"),
+            rec(3, "FAILED", "gres:shard:a100:30", SHARED),  # type_via = gres: no Features
+            rec(4, "FAILED", "gres:shard:26", ANY_SHARED, NodeList="gpu-a100,gpu-t4")]  # which one?
+    acts = oom_actions(jobs, oom, shards_per_gpu(nodes), node_gpu_types(nodes), nodes, {"a100", "t4"})
+    assert [(a.job_id, a.tres, a.fallback, a.features) for a in acts] == [
+        (1, "gres:gpu:a100:1", "gres:shard:100", "a100"),
+        (2, "gres:gpu:t4:1", "gres:shard:100", "ib&t4"),
+        (3, "gres:gpu:a100:1", "gres:shard:100", "a100"),
+        (4, "gres:gpu:1", "gres:shard:100", None)]
+
+
+def test_a_fallback_keeps_the_features_that_pin_its_type(monkeypatch, tmp_path):
+    """The OOM rerun's Features went with the refused gpu update only: its fallback shards
+    were asked bare."""
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import Action, apply
+
+    slurm = _Slurm(tres="gres/shard=100", fail=("scontrol update JobId=1795 TresPerNode=gres/gpu",),
+                   refusal="Invalid generic resource (gres) specification")
+    monkeypatch.setattr(requeue, "run", slurm)
+    a = Action(1795, "oom-requeue", "gres/gpu:a100:1", "horus-queue:v1;action=oom-requeue;from=shard:30",
+               "gres/shard:100", features="a100")
+    assert apply(a, SHARED, journal=str(tmp_path / "j.json")) == "gres/shard:100"
+    assert ["scontrol", "update", "JobId=1795", "TresPerNode=gres/shard:100", "Features=a100"] in slurm.calls
+
+
+def test_a_pack_or_spread_leaves_a_job_changed_since_the_pass_read_it(monkeypatch):
+    """The update was computed from the pass's read: a user's scontrol update of the job's
+    GRES, constraint or node count in between was overwritten."""
+    import json as _json
+
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import Action, JobChanged, JobMovedOn, apply
+
+    seen = rec(1795, "PENDING", "gres/gpu:a100:1", EXCL, Features="", NumNodes="1")
+    now = {"job_id": 1795, "job_state": "PENDING", "tres_per_node": "gres/gpu:a100:1",
+           "admin_comment": EXCL, "features": "", "node_count": 1, "tres_req_str": "gres/shard=50"}
+    calls = []
+
+    def run(args, timeout=30):
+        calls.append(args)
+        return _json.dumps({"jobs": [now]}) if args[0] == "squeue" else ""
+
+    monkeypatch.setattr(requeue, "run", run)
+    a = Action(1795, "pack", "gres/shard:50", "horus-queue:v1;action=pack;from=gpu:1", features="a100")
+    for field, value in (("tres_per_node", "gres/gpu:a100:2"), ("features", "ib"), ("node_count", 2),
+                         ("admin_comment", EXCL + " noted")):
+        now.update({field: value})
+        calls.clear()
+        with pytest.raises(JobChanged):
+            apply(a, EXCL, "gres/gpu:a100:1", "", seen=seen)
+        assert [c[0] for c in calls] == ["squeue"], field  # nothing changed
+        now.update({"tres_per_node": "gres/gpu:a100:1", "features": "", "node_count": 1, "admin_comment": EXCL})
+    now["job_state"] = "RUNNING"
+    with pytest.raises(JobMovedOn):
+        apply(a, EXCL, "gres/gpu:a100:1", "", seen=seen)
+    now["job_state"] = "PENDING"
+    assert apply(a, EXCL, "gres/gpu:a100:1", "", seen=seen) == "gres/shard:50"
+    assert ["scontrol", "update", "JobId=1795", "TresPerNode=gres/shard:50", "Features=a100"] in calls

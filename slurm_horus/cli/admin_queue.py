@@ -71,8 +71,8 @@ def register(admin: click.Group) -> None:
         while True:
             try:
                 with pass_lock(dry_run):
-                    journal = None if dry_run else _journal_path()
-                    if journal:
+                    journal = _journal_path()  # a dry run only reads it: the jobs given up on
+                    if not dry_run:
                         _adopt_legacy_journal(journal, warn)
                     for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
                                   job_ids=ids, on_error=warn, journal=journal, on_note=note):

@@ -2,8 +2,11 @@
 
 1. OOM recovery (as CARMA does): a shared job that died of a GPU out-of-memory error is requeued
    once on a whole GPU. The evidence is the job's own error output, read with its owner's
-   permissions (a user can only fake an OOM to get one whole GPU once, which they could have
-   asked for anyway).
+   permissions and only from a file written since its last run started; it is still the
+   user's own text (a job can print the message itself), so a user can fake an OOM to get one
+   whole GPU once, which they could have asked for anyway. Once holds because the mark is the
+   commit: a job held for its rerun is released only once its mark is written, or after
+   GIVE_UP_S unmarked, and then the journal remembers it instead (given_up_keys).
 2. Queue pressure: the hook decides at submission; when more jobs wait for a GPU type than
    its GPUs are idle, pending jobs the hook kept whole are reshaped into shards (pack), as many
    as the idle GPUs leave without one; when as many GPUs of the type sit idle as jobs wait, the
@@ -35,8 +38,8 @@ from slurm_horus.ledger.claims import open_as_owner, owner_ids
 from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run, slurm_version
 from slurm_horus.slurm.hint import HookDecision, parse_decision, parse_hint
-from slurm_horus.slurm.parse import (array_task_count, expand_batch_stdio, parse_gres,
-                                     parse_scontrol_records, partition_nodes, squeue_json_records)
+from slurm_horus.slurm.parse import (array_task_count, expand_batch_stdio, expand_hostlist, gpu_types_of_node,
+                                     parse_gres, parse_scontrol_records, partition_nodes, squeue_json_records)
 from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, declared_type_features, policy_value
 from slurm_horus.sim.interference import Interference, sensitivity_at
 from slurm_horus.textfile import open_for_reading
@@ -65,6 +68,10 @@ class JobMovedOn(HorusError):
     """The job to reshape is no longer pending (JOB_MOVED_ON_RE): nothing was changed."""
 
 
+class JobChanged(HorusError):
+    """The job's request or comment changed since the pass read it: nothing was changed."""
+
+
 class RequeueRefused(HorusError):
     """Slurm will not requeue the job at all: nothing was changed, nothing is left to finish."""
 
@@ -82,7 +89,7 @@ class Action:
     token: str
     fallback: str | None = None
     ref: str | None = None  # how scontrol names the job (an array task: A_T); default job_id
-    features: str | None = None  # Features set with the reshape: a pack's shards keep its type
+    features: str | None = None  # Features set with the reshape (and fallback): untyped shards keep the type
 
 
 def _shards(tres: str | None) -> int | None:
@@ -208,13 +215,19 @@ def _packed_by_horus(rec: dict) -> bool:
 
 
 def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
-                per_gpu: dict[str, int] | None = None, types: set[str] | None = None) -> list[Action]:
-    """OOM requeues for ``scontrol show job`` records: FAILED, held shards, never requeued by
-    this loop, one Slurm may requeue (not ``Requeue=0``, ``--no-requeue``, nor ``BatchFlag=0``,
-    an salloc or srun job: scontrol refuses both), and the job's error output names a GPU
-    out-of-memory error.
+                per_gpu: dict[str, int] | None = None, types: set[str] | None = None,
+                nodes: list[dict] | None = None, type_features: set[str] | None = None,
+                given_up: set[tuple] = frozenset()) -> list[Action]:
+    """OOM requeues for ``scontrol show job`` records: FAILED, held shards, fewer than a whole
+    GPU's (a whole GPU is what the rerun would get), never requeued by this loop (no mark, not
+    in ``given_up``: given_up_keys of the journal), one Slurm may requeue (not ``Requeue=0``,
+    ``--no-requeue``, nor ``BatchFlag=0``, an salloc or srun job: scontrol refuses both), and
+    the job's error output names a GPU out-of-memory error.
     ``per_gpu``: shards_per_gpu of the nodes, for the fallback; ``types``: the nodes' GPU types
-    (node_gpu_types; default per_gpu's)."""
+    (node_gpu_types; default per_gpu's); ``nodes``: their records, for the type of a job the
+    hook left untyped (_ran_on_type); ``type_features``: declared_type_features, to keep the
+    fallback's untyped shards on that type (_type_features; where nothing can, they are left
+    unpinned: a whole GPU of whichever type)."""
     out = []
     known = set(per_gpu or ()) if types is None else types
     for rec in jobs:
@@ -224,17 +237,36 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
                 or not _acts_on(rec) or not _packed_by_horus(rec) \
                 or rec.get("Requeue") == "0" or rec.get("BatchFlag") == "0":
             continue
-        if any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))):
+        if any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))) \
+                or (jid, rec.get("_submit")) in given_up:
             continue
+        gtype = _gpu_type(rec, known) or _ran_on_type(rec, nodes or [])
+        whole, fallback = _whole_gpu(gtype, rec.get("TresPerNode"), per_gpu or {})
+        one_gpu = _shards(fallback)
+        if one_gpu is not None and shards >= one_gpu:
+            continue  # a whole GPU's shards already: its rerun would get nothing more
         text = read_tail(rec)
         # anywhere in the tail: the last exception alone missed torchrun's ChildFailedError
         # after the worker's OOM, chained exceptions, [rankN]: prefixes and shutdown noise; an
         # OOM a batch-size finder caught before the job failed otherwise costs one rerun
         if text and OOM_RE.search(text):
-            whole, fallback = _whole_gpu(_gpu_type(rec, known), rec.get("TresPerNode"), per_gpu or {})
+            pin = _type_features(rec, gtype, type_features, known) if gtype else None
             out.append(Action(jid, "oom-requeue", whole,
-                              f"{QUEUE_TOKEN};action=oom-requeue;from=shard:{shards}", fallback))
+                              f"{QUEUE_TOKEN};action=oom-requeue;from=shard:{shards}", fallback,
+                              features=pin or None))
     return out
+
+
+def _ran_on_type(rec: dict, nodes: list[dict]) -> str | None:
+    """The one GPU type of the nodes the job last ran on (NodeList): where the OOM of a job the
+    hook left untyped happened, and what its rerun is kept on (a whole T4's shards after an
+    A100's had run out again, marked, never to be recovered)."""
+    try:
+        names = set(expand_hostlist(rec.get("NodeList") or ""))
+    except HorusError:
+        return None
+    found = {t for n in nodes if n.get("NodeName") in names for t in gpu_types_of_node(n)}
+    return found.pop() if len(found) == 1 else None
 
 
 def _node_type_free(nodes: list[dict]) -> dict[str, int]:
@@ -403,7 +435,7 @@ def _type_features(rec: dict, gtype: str, declared: set[str] | None, types: set[
 def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                      mem_shards: Callable[[dict, str], int | None], min_wait_s: float,
                      now: float, util_limit_pct: float = 100.0,
-                     type_features: set[str] | None = None) -> list[Action]:
+                     type_features: set[str] | None = None, pack: bool = True) -> list[Action]:
     """Pack or spread pending jobs by queue pressure, per GPU type (the job's Features, which
     the hook sets to the chosen type): with more jobs pending than GPUs idle, as many as the idle
     GPUs leave without one are packed, the longest-waiting first, each only after waiting
@@ -411,7 +443,8 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
     more (``mem_shards(job, type)``: hint_mem_shards; _pack_size), when its hinted utilization
     is within ``util_limit_pct`` (the slowdown bound's:
     policy_util_limit); with as many idle GPUs as pending jobs, the jobs packed are spread back,
-    as is a job packed that no longer waits for GPUs (held, say)."""
+    as is a job packed that no longer waits for GPUs (held, say).  ``pack``: False where Slurm
+    refuses every pack (reshapes_gpu_to_shards): spreads only."""
     free = _node_type_free(nodes)
     per_gpu = shards_per_gpu(nodes)
     types = node_gpu_types(nodes)
@@ -437,7 +470,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
             if jid is None or any(t.get("action") == "oom-requeue" for t in toks) or not _acts_on(rec):
                 continue  # an OOM survivor keeps its whole GPU
             size = None
-            if (to_pack > 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
+            if (pack and to_pack > 0 and _whole(tres) and last != "pack" and _hinted_exclusive(rec)
                     and now - _submitted(rec) >= min_wait_s
                     and (util_limit_pct >= 100.0 or _hint_util(rec, gtype) <= util_limit_pct)):
                 size = _pack_size(mem_shards(rec, gtype), pack_shards, per_gpu.get(gtype, 100))
@@ -457,6 +490,15 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                     if pin is not False:
                         out.append(_spread(jid, gtype, tres, per_gpu, hook.unpressed_shards, pin))
     return out
+
+
+def reshapes_gpu_to_shards() -> bool:
+    """Whether Slurm turns a pending job's gpu request into shards: 23.02+ does; 22.05 refuses
+    every such update ("Invalid generic resource"), so a pack there only failed the pass, every
+    pass under pressure (its shards-to-shards spreads work, and a whole GPU falls back to one
+    GPU's shards)."""
+    major, minor = (int(x) for x in slurm_version().split(".")[:2])
+    return (major, minor) >= (23, 2)
 
 
 def _spread(jid: int, gtype: str, tres: str | None, per_gpu: dict[str, int],
@@ -537,16 +579,23 @@ def stdio_paths(job_id: str) -> dict[str, str]:
 
 def read_error_tail(rec: dict) -> str | None:
     """The last TAIL_BYTES of the job's StdErr (else StdOut), opened only if its owner could
-    (``UserId`` from squeue_json_records: the owner Slurm knows)."""
+    (``UserId`` from squeue_json_records: the owner Slurm knows), and only if written since the
+    job's last run started (``_start``, squeue's StartTime): an earlier run's text (before a
+    requeue, --open-mode=append, a file another job shares) is no evidence of this run's OOM.
+    What the file says is still the user's to write (the mtime assumes clocks in step)."""
     uid, gids = owner_ids((rec.get("UserId") or "").split("(")[0])
-    if uid is None:
+    start = rec.get("_start")
+    if uid is None or not isinstance(start, (int, float)):
         return None
     for key in ("StdErr", "StdOut"):
         fd = open_as_owner(rec.get(key) or "", uid, gids)
         if fd is None:
             continue
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if st.st_mtime < start:
+                continue
+            size = st.st_size
             os.lseek(fd, max(0, size - TAIL_BYTES), os.SEEK_SET)
             return os.read(fd, TAIL_BYTES).decode("utf-8", "replace")
         except OSError:
@@ -586,27 +635,32 @@ def marked(admin_comment: str | None, token: str) -> str:
     return f"{text} {token}" if text else token
 
 
+def _job_now(job_id: int) -> dict | None:
+    """The job's squeue record as it is now (``job_id``: its own id; an array task's record in
+    squeue's JSON has its own, not ArrayJobId_TaskId); None once Slurm has forgotten it."""
+    recs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all", "--jobs", str(job_id)]),
+                               job_id)
+    return recs[0] if recs else None
+
+
 def _requests(job_id: int, name: str, count: int) -> bool:
     """Whether Slurm now holds the job to ``count`` of gres ``name`` (its TRES, not the
     TresPerNode text, which 22.05 changes without applying; the count too: a job given more
-    shards asked for gres/shard before as well).  ``job_id``: its own id (an array task's
-    record in squeue's JSON has its own, not ArrayJobId_TaskId)."""
-    recs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all", "--jobs", str(job_id)]),
-                               job_id)
-    tres = (recs[0].get("ReqTRES") or recs[0].get("TRES") or "") if recs else ""
-    return f"gres/{name}={count}" in tres.split(",")
+    shards asked for gres/shard before as well)."""
+    rec = _job_now(job_id) or {}
+    return f"gres/{name}={count}" in (rec.get("ReqTRES") or rec.get("TRES") or "").split(",")
 
 
 def reshape(jid: str, tres: str, fallback: str | None, job_id: int | None = None,
             features: str | None = None) -> str:
     """Set the job's TresPerNode to ``tres`` (and its Features to ``features`` in the same
-    update), else to ``fallback`` where Slurm refuses or ignores the change; -> what it holds
-    now. Raises HorusError when neither takes.  ``jid``: how scontrol names it; ``job_id``:
-    its own id (default ``jid``)."""
+    update), else to ``fallback`` (with them too: its untyped shards stay on the type) where
+    Slurm refuses or ignores the change; -> what it holds now. Raises HorusError when neither
+    takes.  ``jid``: how scontrol names it; ``job_id``: its own id (default ``jid``)."""
     gres = next(g for g in parse_gres(tres) if g["name"] in ("gpu", "shard"))
+    pin = [f"Features={features}"] if features else []
     try:
-        run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={tres}",
-             *([f"Features={features}"] if features else [])])
+        run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={tres}", *pin])
         if _requests(job_id if job_id is not None else int(jid), gres["name"], gres["count"]):
             return tres
     except HorusError:
@@ -614,7 +668,7 @@ def reshape(jid: str, tres: str, fallback: str | None, job_id: int | None = None
             raise
     if fallback is None:
         raise HorusError(f"job {jid}: Slurm did not apply TresPerNode={tres}")
-    run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={fallback}"])
+    run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={fallback}", *pin])
     return fallback
 
 
@@ -640,20 +694,37 @@ def _signals_held():
             signal.raise_signal(n)  # now, to the handler the loop had
 
 
+# what a pack or spread is computed from: a user's update since the pass read them is kept
+_SEEN_FIELDS = ("TresPerNode", "Features", "AdminComment", "NumNodes")
+
+
+def _unchanged(job_id: int, seen: dict) -> None:
+    """Raise JobMovedOn or JobChanged unless the job still pends as the pass ``seen`` it: an
+    update computed from a stale read had overwritten a user's change of its GRES, its
+    constraint or its node count (and an admin's comment)."""
+    now = _job_now(job_id)
+    if now is None or now.get("JobState") != "PENDING":
+        raise JobMovedOn(f"job {job_id}: no longer pending")
+    changed = [k for k in _SEEN_FIELDS if (now.get(k) or "") != (seen.get(k) or "")]
+    if changed:
+        raise JobChanged(f"job {job_id}: {', '.join(changed)} changed since this pass read it: left as it is")
+
+
 def apply(action: Action, admin_comment: str | None, old_tres: str | None = None,
-          old_features: str | None = None, journal: str | None = None) -> str:
+          old_features: str | None = None, journal: str | None = None, seen: dict | None = None) -> str:
     """Carry one action out with scontrol; -> the TresPerNode the job got. An OOM requeue
     holds the job while it is reshaped, so it never starts again on its old shards unless
-    Slurm refuses every reshape and every mark for GIVE_UP_S (finish_requeue); marked, it is
-    requeued at most once.
+    Slurm refuses every reshape and every mark for GIVE_UP_S (finish_requeue); it is requeued
+    at most once.
     A pack or spread whose mark cannot be written is undone (``old_tres``): unmarked, no later
-    pass would undo it.  Signals that stop the loop wait until the action is whole."""
+    pass would undo it; one of a job no longer as the pass read it (``seen``: its record then)
+    is not done.  Signals that stop the loop wait until the action is whole."""
     with _signals_held():
-        return _apply(action, admin_comment, old_tres, old_features, journal)
+        return _apply(action, admin_comment, old_tres, old_features, journal, seen)
 
 
 def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
-           old_features: str | None, journal: str | None) -> str:
+           old_features: str | None, journal: str | None, seen: dict | None) -> str:
     jid = action.ref or str(action.job_id)
     if action.kind != "oom-requeue":
 
@@ -662,6 +733,8 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
                 run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={old_tres}",
                      *([f"Features={old_features or ''}"] if action.features else [])])
 
+        if seen is not None:
+            _unchanged(action.job_id, seen)
         try:
             got = reshape(jid, action.tres, action.fallback, action.job_id, action.features)
         except HorusError as e:
@@ -684,8 +757,8 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
     # journaled first: a requeuehold that times out after Slurm acted, or a release that
     # fails, left the job held for good; the next pass finishes what is journaled (finish_requeue)
     journal_set(journal, jid, {"job_id": action.job_id, "tres": action.tres, "token": action.token,
-                               "fallback": action.fallback, "admin": admin_comment or "",
-                               "at": time.time()})
+                               "fallback": action.fallback, "features": action.features,
+                               "admin": admin_comment or "", "at": time.time()})
     try:
         run(["scontrol", "requeuehold", jid])
     except HorusError as e:
@@ -697,19 +770,25 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
 
 
 def finish_requeue(jid: str, action: Action, admin_comment: str | None, journal: str | None,
-                   give_up: bool = False) -> str:
+                   give_up: bool = False, submit: float | None = None) -> str:
     """The rest of an OOM requeue, on a job held by requeuehold: marked (Slurm takes no update of
-    a finished job, so not before the requeue; marked, it is never requeued a second time),
-    reshaped to a whole GPU, restarted a moment later, released, and dropped from the journal.
-    A job neither marked nor reshaped stays held for the next pass (released on its old shards
-    it would run out of memory again, unmarked) unless ``give_up`` (journaled GIVE_UP_S ago)."""
+    a finished job, so not before the requeue), reshaped to a whole GPU, restarted a moment
+    later, released, and dropped from the journal.  The mark is the commit: a job whose mark
+    Slurm does not take stays held and journaled for the next pass (released unmarked, on a
+    whole GPU or not, its next OOM was requeued again) unless ``give_up`` (journaled GIVE_UP_S
+    ago); then it is released anyway and its journal entry kept as given up (``submit``: its
+    SubmitTime, which tells it from a later job of the same id; given_up_keys) until it leaves
+    the queue."""
     try:
         run(["scontrol", "update", f"JobId={jid}", f"AdminComment={marked(admin_comment, action.token)}"])
         is_marked = True
-    except HorusError:
+    except HorusError as e:
+        if not give_up:
+            raise HorusError(f"job {jid}: held for its OOM rerun, but Slurm did not take its mark "
+                             f"({e}); the next pass tries again") from None
         is_marked = False
     try:
-        got = reshape(jid, action.tres, action.fallback, action.job_id)
+        got = reshape(jid, action.tres, action.fallback, action.job_id, action.features)
     except HorusError:
         got = None
     try:
@@ -723,11 +802,14 @@ def finish_requeue(jid: str, action: Action, admin_comment: str | None, journal:
         run(["scontrol", "update", f"JobId={jid}", f"StartTime=now+{RESTART_DELAY_S}"])
     except HorusError:
         pass  # the mark already says it was requeued; a start at once only risks that kill
-    if not (is_marked or got or give_up):
-        raise HorusError(f"job {jid}: held for its OOM rerun, but Slurm took neither its mark nor "
-                         "its whole GPU; the next pass tries again")
     run(["scontrol", "release", jid])  # a failure keeps it journaled: the next pass releases it
-    journal_set(journal, jid, None)
+    journal_set(journal, jid, None if is_marked else {
+        "job_id": action.job_id, "tres": got or "", "token": action.token,
+        "given_up": True, "submit": submit, "at": time.time()})
+    if not is_marked:
+        raise HorusError(f"job {jid}: released unmarked after {GIVE_UP_S} s held for its OOM rerun "
+                         f"({'on ' + _short(got) if got else 'on its old shards'}); the journal keeps "
+                         "it from a second requeue")
     if got is None:
         raise HorusError(f"job {jid}: requeued, but Slurm kept its shards")
     return got
@@ -737,8 +819,8 @@ GIVE_UP_S = 600  # a journaled requeue Slurm will not finish is released after t
 
 
 def journal_read(path: str | None) -> dict:
-    """The OOM requeues begun and not finished ({job ref: entry}); {} without one.  Root's own
-    regular file, read without following a link."""
+    """The OOM requeues begun and not finished, and those given up on (``given_up``), as
+    {job ref: entry}; {} without one.  Root's own regular file, read without following a link."""
     if not path:
         return {}
     try:
@@ -792,10 +874,22 @@ def _held(rec: dict) -> bool:
             and rec.get("StateDesc") == REQUEUE_HELD)
 
 
+def given_up_keys(journal: str | None) -> set[tuple]:
+    """(job id, SubmitTime) of the jobs released unmarked (finish_requeue's give_up): never to
+    be requeued again (oom_actions); none where the journal cannot be read (heal has said so;
+    a dry run by another user)."""
+    try:
+        entries = journal_read(journal)
+    except HorusError:
+        return set()
+    return {(e["job_id"], e.get("submit")) for e in entries.values() if e.get("given_up")}
+
+
 def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] | None = None) -> list[Action]:
-    """Finish the journaled OOM requeues a pass could not (a requeuehold or release that failed,
-    maybe after Slurm acted): a job still held is marked, reshaped and released; one that is
-    not (never requeued, or gone on) leaves the journal, and a FAILED one is requeued anew."""
+    """Finish the journaled OOM requeues a pass could not (a requeuehold, mark or release that
+    failed, maybe after Slurm acted): a job still held is marked, reshaped and released; one
+    that is not (never requeued, or gone on) leaves the journal, and a FAILED one is requeued
+    anew.  A job given up on stays in it until it leaves the queue."""
     done = []
     by_id = {_job_id(r): r for r in jobs}
     try:
@@ -811,13 +905,19 @@ def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] 
         return done
     for ref, e in entries.items():
         rec = by_id.get(e["job_id"])
+        if e.get("given_up"):
+            if rec is None:
+                journal_set(journal, ref, None)
+            continue
         if rec is None or not _held(rec):
             journal_set(journal, ref, None)
             continue
-        a = Action(e["job_id"], "oom-requeue", e["tres"], e["token"], fallback=e.get("fallback"), ref=ref)
+        a = Action(e["job_id"], "oom-requeue", e["tres"], e["token"], fallback=e.get("fallback"), ref=ref,
+                   features=e.get("features"))
         try:
             with _signals_held():
-                got = finish_requeue(ref, a, e.get("admin"), journal, give_up=time.time() - e["at"] > GIVE_UP_S)
+                got = finish_requeue(ref, a, e.get("admin"), journal, give_up=time.time() - e["at"] > GIVE_UP_S,
+                                     submit=rec.get("_submit"))
             done.append(replace(a, tres=got))
         except HorusError as err:
             if on_error:
@@ -855,7 +955,8 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
     still counts as load).  ``on_error`` hears of what could not be done (the pass goes on),
     ``on_note`` of an OOM requeue Slurm refuses for good (RequeueRefused: no failure, nothing
     to retry).  ``journal``: the file of OOM requeues begun (heal finishes them first; not on a
-    dry run)."""
+    dry run) and given up.  No pack where Slurm refuses them (reshapes_gpu_to_shards), dry run
+    or not."""
     jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
     limit = policy_util_limit(pack_shards)
@@ -869,11 +970,11 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
     if healed:  # the queue changed: the actions are read from it as it is now
         jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
-    actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
-                          shards_per_gpu(nodes), node_gpu_types(nodes))
     declared = declared_type_features() if policy_value("type_via", "features") == "features" else set()
+    actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
+                          shards_per_gpu(nodes), node_gpu_types(nodes), nodes, declared, given_up_keys(journal))
     actions += [a for a in pressure_actions(jobs, nodes, pack_shards, mem_shards, min_wait_s, time.time(),
-                                            limit, type_features=declared)
+                                            limit, type_features=declared, pack=reshapes_gpu_to_shards())
                 if job_ids is None or a.job_id in job_ids]  # every pending job counts in the pressure
     done = healed
     by_id = {_job_id(r): r for r in jobs}
@@ -884,7 +985,7 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         rec = by_id[a.job_id]
         try:
             got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"), rec.get("TresPerNode"),
-                        rec.get("Features"), journal)
+                        rec.get("Features"), journal, seen=rec)
             done.append(replace(a, tres=got))
         except RequeueRefused as e:
             if on_note:
@@ -894,6 +995,9 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
             # (a cron pass had exited 1 for it)
             if on_note:
                 on_note(f"{a.kind} job {a.job_id}: no longer pending, left as it is")
+        except JobChanged as e:  # its owner changed it meanwhile: theirs is kept, no failure
+            if on_note:
+                on_note(f"{a.kind} {e}")
         except HorusError as e:
             if on_error:
                 on_error(f"{a.kind} job {a.job_id}: {e}")
