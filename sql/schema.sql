@@ -53,6 +53,8 @@ CREATE TABLE IF NOT EXISTS `usage` (
     gpus INTEGER,                     -- whole GPUs allocated (gres/gpu)
     array_job_id BIGINT,              -- v9: an array task's ArrayJobId, from accounting (sacct -j takes it)
     array_task_id BIGINT,             -- v10: and its ArrayTaskId (sacct's JobID ARRAY_TASK)
+    het_job_id BIGINT,                -- v11: a heterogeneous job component's HetJobId (its leader's id), from accounting
+    het_job_offset BIGINT,            -- v11: and its HetJobOffset (sacct's JobID HETJOB+OFFSET)
     PRIMARY KEY (cluster, job_id, source)
 );
 
@@ -115,6 +117,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     queue_actions VARCHAR(255),       -- horus-admin queue's, in order: 'pack,spread', 'oom-requeue'
     array_job_id BIGINT,              -- v9: an array task's ArrayJobId (hacct -j names the array)
     array_task_id BIGINT,             -- v10: and its ArrayTaskId (hacct's ArrayTaskID)
+    het_job_id BIGINT,                -- v11: a heterogeneous job component's HetJobId (hacct -j names the whole job)
+    het_job_offset BIGINT,            -- v11: and its HetJobOffset (hacct's JobID HETJOB+OFFSET, as sacct's)
     PRIMARY KEY (cluster, job_id)
 );
 
@@ -127,6 +131,7 @@ CREATE INDEX IF NOT EXISTS ix_jobs_submit ON jobs (submit_time);
 CREATE INDEX IF NOT EXISTS ix_jobs_user ON jobs (user_name);
 CREATE INDEX IF NOT EXISTS ix_jobs_end ON jobs (end_time);
 CREATE INDEX IF NOT EXISTS ix_jobs_array ON jobs (array_job_id);
+CREATE INDEX IF NOT EXISTS ix_jobs_het ON jobs (het_job_id);
 -- Covering index for hacct --summary: groups stream out in index order, no sort of all jobs,
 -- and every term it adds up is in the index.
 CREATE INDEX IF NOT EXISTS ix_jobs_summary ON jobs (has_submission, model_family, gpu_type,

@@ -85,7 +85,7 @@ def test_of_p_and_P_the_last_given_wins_as_in_sacct(url):
 
 
 GOLDEN_JSON = [
-    {"job_id": 101, "array_job_id": None, "array_task_id": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
+    {"job_id": 101, "array_job_id": None, "array_task_id": None, "het_job_id": None, "het_job_offset": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
      "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 30,
      "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000101, "pred_util_pct": 40.0, "pred_mem_mib": 5000.0,
@@ -93,7 +93,7 @@ GOLDEN_JSON = [
      "util_err_pp": -5.0, "mem_err_pct": -4.4, "colocated": [102], "predictor": "cold-start",
      "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": False, "claim_flags": None,
      "hook_action": "shared", "hook_reason": None, "queue_actions": []},
-    {"job_id": 102, "array_job_id": None, "array_task_id": None, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
+    {"job_id": 102, "array_job_id": None, "array_task_id": None, "het_job_id": None, "het_job_offset": None, "cluster": "c", "user": "bob", "account": "ml", "model_family": "bert",
      "gpu_type": "a100", "gpu_index": 0, "node": "gpu-a100", "gpus": None, "shards": 50,
      "state": "COMPLETED",
      "elapsed_s": 3725, "submit_time": 1700000102, "pred_util_pct": 65.0, "pred_mem_mib": 30000.0,
@@ -101,7 +101,7 @@ GOLDEN_JSON = [
      "util_err_pp": -5.0, "mem_err_pct": -17.26, "colocated": [101], "predictor": "cold-start",
      "sources": "sacct", "pred_mem_p90_mib": None, "under_claim": True, "claim_flags": "mem",
      "hook_action": "exclusive", "hook_reason": "util", "queue_actions": ["pack"]},
-    {"job_id": 103, "array_job_id": None, "array_task_id": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
+    {"job_id": 103, "array_job_id": None, "array_task_id": None, "het_job_id": None, "het_job_offset": None, "cluster": "c", "user": "alice", "account": "ml", "model_family": "resnet50",
      "gpu_type": None, "gpu_index": None, "node": None, "gpus": None, "shards": None,
      "state": None,
      "elapsed_s": None, "submit_time": 1700000103, "pred_util_pct": 20.0, "pred_mem_mib": 2000.0,
@@ -823,3 +823,55 @@ def test_a_het_job_component_is_named_as_sacct_names_it(tmp_path, monkeypatch, f
     r = CliRunner().invoke(main, ["--ledger", u, "-M", "c", "-j", f"{het}+1"])
     assert r.exit_code != 0 and "looked up in Slurm's accounting" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("fixtures", ["slurm", "slurm-25.11"])
+def test_a_synced_het_jobs_components_show_as_sacct_names_them(tmp_path, monkeypatch, fixtures):
+    """sacct's JobID names a heterogeneous job's component HetJobId+HetJobOffset (1234+0, the
+    leader, and 1234+1); hacct showed each component's own id, and nothing said which job it
+    was part of. Sync keeps accounting's HetJobId and HetJobOffset (schema v11): JobID shows
+    N+K, JobIDRaw the own id, --json both; -j N lists the components from the ledger (Slurm
+    unreachable here), -j of a component's own id that component, and -j N+K (looked up in
+    Slurm's accounting, as sacct takes it) that one. Slurm's answers: the recorded sacct --json
+    -j HETJOBID of a finished two-component job (22.05: plain numbers; 25.11: set/number)."""
+    from slurm_horus.ledger.sync import sync
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm.accounting import parse_sacct_json
+
+    fix = Path(__file__).parent / "fixtures" / fixtures
+    f = next(f for f in json.loads((fix / "index.json").read_text())["fixtures"]
+             if f["name"] == "sacct_json_finished_het")
+    recorded = (fix / f["stdout"]).read_text()
+    het = f["het_job_id"]
+    jobs = {j["het"][1]: j for j in parse_sacct_json(recorded)}
+    lead, comp = jobs[0]["job_id"], jobs[1]["job_id"]
+    assert lead == het != comp and jobs[1]["het"] == (het, 1)
+    cluster = jobs[0]["cluster"]
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u, spool=str(tmp_path / "sp"))
+    for jid in (lead, comp):  # hsubmit's records: sync records the runs of jobs it knows
+        L.record_submission(job_id=jid, cluster=cluster, user="root", submit_time=1700000000,
+                            predictions={"t4": {"util_pct": 10.0, "mem_mib": 1000.0}})
+    assert sync(L, sacct_json=recorded, node_types={"gpu-t4": "t4"})["recorded"] == 2
+    L.close()
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: (
+        f"ClusterName = {cluster}\nPrivateData = none\n" if args[0] != "sacct"
+        else (_ for _ in ()).throw(HorusError("sacct: command not found"))))
+
+    def listed(*args):
+        r = CliRunner().invoke(main, ["--ledger", u, *args, "-P", "-n", "-o", "JobID,JobIDRaw"])
+        assert r.exit_code == 0, r.output
+        return sorted(r.output.split())
+    both = [f"{het}+0|{lead}", f"{het}+1|{comp}"]
+    assert listed("-j", str(het)) == both  # from the ledger: Slurm cannot answer here
+    assert listed("-a", *ALL) == both
+    assert listed("-j", str(comp)) == [f"{het}+1|{comp}"]
+    r = CliRunner().invoke(main, ["--ledger", u, "-j", str(het), "--json"])
+    assert sorted((j["job_id"], j["het_job_id"], j["het_job_offset"]) for j in json.loads(r.output)) == \
+        [(lead, het, 0), (comp, het, 1)]
+    r = CliRunner().invoke(main, ["--ledger", u, "-j", str(het), "-o", "JobID%12,JobIDRaw"])
+    assert r.exit_code == 0 and f"{het}+1".rjust(12) in r.output, r.output
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30: (
+        recorded if args[0] == "sacct" else f"ClusterName = {cluster}\nPrivateData = none\n"))
+    assert listed("-j", f"{het}+1") == [f"{het}+1|{comp}"]
+    assert listed("-j", f"{het}+0") == [f"{het}+0|{lead}"]

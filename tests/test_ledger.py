@@ -285,7 +285,7 @@ def test_migrate_v3_file(tmp_path):
     with pytest.raises(HorusError, match="older than this slurm-horus.*horus-admin sync"):
         Ledger(f"sqlite:///{db}", readonly=True)  # a reader cannot migrate it
     L = Ledger(f"sqlite:///{db}")
-    assert L.schema_version() == SCHEMA_VERSION == 10
+    assert L.schema_version() == SCHEMA_VERSION == 11
     (job,) = L.jobs()
     assert job["pred_mem_p90_mib"] == 1200 and (job["under_claim"], job["claim_flags"]) == \
         (1, "mem,util")  # 2000 > 1200 * 1.1 + 256 and 80 > 50 * 1.25 + 10
@@ -361,7 +361,7 @@ def test_migrate_v5_file_same_summary_and_schema(tmp_path):
     with pytest.raises(HorusError, match="schema version 5 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)
     M = Ledger(f"sqlite:///{old}")
-    assert M.schema_version() == SCHEMA_VERSION == 10
+    assert M.schema_version() == SCHEMA_VERSION == 11
     assert summary(M) == want
     assert want["all"]["far_exceeding"] == 2 and want["all"]["excluded"] == 1
     assert _schema_of(old) == _schema_of(new)
@@ -439,7 +439,7 @@ def test_migrate_v9_file_gains_array_task_ids(tmp_path):
                       "UPDATE schema_version SET version = 9;")
     con.close()
     M = Ledger(f"sqlite:///{old}")
-    assert M.schema_version() == SCHEMA_VERSION == 10 and _schema_of(old) == _schema_of(new)
+    assert M.schema_version() == SCHEMA_VERSION == 11 and _schema_of(old) == _schema_of(new)
     assert [(r["job_id"], r["array_job_id"], r["array_task_id"]) for r in M.jobs()] == [(7, 5, None)]
     M.record_usage(job_id=7, cluster="c", source="sacct", state="COMPLETED", shards=30, array_job_id=5,
                    array_task_id=2)
@@ -1135,3 +1135,29 @@ def test_a_cpu_job_on_a_gpu_node_is_no_gpu_job(tmp_path):
     sync(L, sacct_json=json.dumps(data), all_jobs=True, node_types={job["nodes"]: "t4"})
     cpu_row = next(r for r in L.jobs() if r["job_id"] == job["job_id"])
     assert cpu_row["gpu_type"] is None and cpu_row["gpus"] is None
+
+
+def test_migrate_v10_file_gains_het_job_ids(tmp_path):
+    """v11 keeps a heterogeneous job component's HetJobId and HetJobOffset (hacct's JobID
+    N+K, -j N from the ledger): a v10 file gains the columns and the index and keeps its rows,
+    which a later sync fills; a reader cannot migrate it."""
+    new = tmp_path / "new.db"
+    L = Ledger(f"sqlite:///{new}")
+    L.record_usage(job_id=92, cluster="c", source="sacct", state="COMPLETED", shards=30)
+    L.close()
+    old = tmp_path / "v10.db"
+    old.write_bytes(new.read_bytes())
+    con = sqlite3.connect(old)
+    con.executescript("DROP INDEX ix_jobs_het; ALTER TABLE jobs DROP COLUMN het_job_id; "
+                      "ALTER TABLE jobs DROP COLUMN het_job_offset; ALTER TABLE usage DROP COLUMN het_job_id; "
+                      "ALTER TABLE usage DROP COLUMN het_job_offset; UPDATE schema_version SET version = 10;")
+    con.close()
+    assert "het_job_id" not in str(_schema_of(old))
+    with pytest.raises(HorusError, match="schema version 10 is older"):
+        Ledger(f"sqlite:///{old}", readonly=True)
+    M = Ledger(f"sqlite:///{old}")
+    assert M.schema_version() == SCHEMA_VERSION == 11 and _schema_of(old) == _schema_of(new)
+    assert [(r["job_id"], r["het_job_id"], r["het_job_offset"]) for r in M.jobs()] == [(92, None, None)]
+    M.record_usage(job_id=92, cluster="c", source="sacct", state="COMPLETED", shards=30,
+                   het_job_id=91, het_job_offset=1)
+    assert [(r["job_id"], r["het_job_id"], r["het_job_offset"]) for r in M.jobs(job_ids=[91])] == [(92, 91, 1)]

@@ -527,6 +527,147 @@ def test_a_colocated_run_teaches_its_memory_not_its_utilization(tmp_path):
     assert cal["quantiles"]["*"]["cold-start"]["util_q"]["0.9"] == 30.0  # 80 - 50, eve's not in it
 
 
+def _alone_and_shared(L, alone_models=("resnet50",), shared_util=30.0):
+    """The 15 zoo settings run by four users: the runs of ``alone_models`` had their GPU alone
+    (80 %), every other run shared its GPU (``shared_util``, its share)."""
+    jid = 0
+    for model, bs, values in _zoo_settings():
+        for k, user in enumerate(("ann", "bob", "cy", "dee")):
+            jid += 1
+            _record_run(L, jid, values, user=user, util=80.0, mem=6000.0 + 100 * k)
+            if model not in alone_models:
+                L.record_usage(job_id=jid, cluster="c", source="import", util_mean=shared_util,
+                               mem_peak_mib=6000.0 + 100 * k, gpu_type="a100-40gb",
+                               colocated=[jid + 10000])
+    return jid
+
+
+def test_a_fold_with_no_run_alone_in_training_answers_utilization_with_the_cold_start(tmp_path):
+    """Every run that had its GPU alone is of one graph, and graph_folds keeps a graph's runs in
+    one fold: the fold holding it out trained on no run alone, fit raised "no measured job had
+    its GPU alone", and the whole retrain failed. That fold's utilization answers are now the
+    cold start's (what serves where no learned utilization exists), scored as such; its memory
+    model is learned, the log names the fold, and the learned bounds take none of its
+    utilization residuals (they are the cold start's). The final fit still needs a run alone."""
+    from slurm_horus.ledger.training import training_set
+
+    L = Ledger(f"sqlite:///{tmp_path}/l.db")
+    _alone_and_shared(L)
+    reg = Registry(tmp_path / "models")
+    said = []
+    res = retrain(L, reg, folds=3, max_iter=50, log=said.append)
+    assert res["rows"] == 60 and res["cv_folds"] == 3 and len(res["cold_util_folds"]) == 1
+    k = res["cold_util_folds"][0]
+    assert [m for m in said if m.startswith(f"fold {k}/3: none of its 40 training settings had its GPU alone")]
+    # the runs alone (resnet50's, 80 %) are all in fold k, answered by the cold start's 50 %
+    assert res["cv"]["util_mae_pct"] == pytest.approx(30.0)
+    assert res["cv"]["util_rmsle"] == pytest.approx(math.log1p(80) - math.log1p(50))
+    ts = training_set(L)
+    X = np.asarray(ts.X)
+    alone = [i for i, u in enumerate(ts.util) if not math.isnan(u)]
+    util = reg.load(res["version"]).answer(X[alone], np.asarray(ts.cold_mem)[alone],
+                                           np.asarray(ts.cold_util)[alone])[1]
+    assert (util > 75).all()  # the final model learned them
+    own = json.loads((reg.root / f"calibration-{res['version']}.json").read_text())["quantiles"]
+    assert own["*"]["learned"]["mem_log_q"] and own["*"]["learned"]["util_q"] == {}
+    # no run alone at all: nothing to learn utilization from, the final fit's error stands
+    L2 = Ledger(f"sqlite:///{tmp_path}/l2.db")
+    _alone_and_shared(L2, alone_models=())
+    with pytest.raises(HorusError, match="no measured job had its GPU alone"):
+        retrain(L2, Registry(tmp_path / "m2"), folds=3, max_iter=20, log=lambda m: None)
+
+
+def test_fit_without_a_run_alone_has_no_utilization_model_only_where_asked():
+    """fit's contract: no run alone is an error, unless need_util=False (a fold's): that model
+    answers every row's utilization with the cold start's, memory through the same gates, and
+    can be neither checked nor stored."""
+    from slurm_horus.predict.learned import LearnedModel, fit, input_names
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (40, len(input_names())))
+    cold = np.full(40, 4000.0)
+    mem = cold * 1.3
+    with pytest.raises(HorusError, match="no measured job had its GPU alone"):
+        fit(X, mem, np.full(40, np.nan), cold, max_iter=10)
+    m = fit(X, mem, np.full(40, np.nan), cold, max_iter=10, need_util=False)
+    assert m.util is None
+    pm, pu, why = m.answer(X, cold, np.full(40, 42.0))
+    assert set(why) == {""} and (pu == 42.0).all() and pm == pytest.approx(mem, rel=0.05)
+    for refused in (m.check, m.to_json):
+        with pytest.raises(HorusError, match="no utilization model"):
+            refused()
+    assert fit(X, mem, np.full(40, 60.0), cold, max_iter=10, need_util=False).util is not None
+    assert isinstance(LearnedModel.from_json(fit(X, mem, np.full(40, 60.0), cold, max_iter=10).to_json()),
+                      LearnedModel)
+
+
+def test_utilization_figures_where_none_is_known_are_none_not_a_perfect_score():
+    """accuracy() gave utilization RMSLE and MAE 0.0 where every scored job shared its GPU: a
+    perfect score that was none. They are None (not measured), and the promotion rule compares
+    a candidate and a baseline on memory alone where either lacks them."""
+    from slurm_horus.predict.learned import accuracy
+
+    mem, pred = np.full(4, 1000.0), np.array([1000.0, 1100.0, 900.0, 1000.0])
+    for w in (None, np.ones(4)):
+        a = accuracy(pred, mem, np.full(4, 50.0), np.full(4, np.nan), w)
+        assert a["util_rmsle"] is None and a["util_mae_pct"] is None and a["rows"] == 4
+        assert a["mem_mdape_pct"] == pytest.approx(5.0)
+    from slurm_horus.ledger.retrain import beats, score, util_scored
+
+    good = {"mem_mdape_pct": 5.0, "util_rmsle": None, "util_mae_pct": None}
+    bad = {"mem_mdape_pct": 8.0, "util_rmsle": None, "util_mae_pct": None}
+    assert score(good) == pytest.approx(0.05) and beats(good, bad) and not beats(bad, good)
+    assert not util_scored(good, bad)
+    # one with a figure and one without: memory alone, a missing figure neither 0 nor a loss
+    measured = {"mem_mdape_pct": 6.0, "util_rmsle": 0.5, "util_mae_pct": 20.0}
+    assert beats(good, measured) and not beats(measured, good)
+    both = {"mem_mdape_pct": 6.0, "util_rmsle": 0.01, "util_mae_pct": 1.0}
+    assert util_scored(measured, both) and beats(both, measured)
+
+
+def test_a_retrain_judged_on_jobs_that_all_shared_their_gpu_says_so(tmp_path):
+    """v0001 serves; the jobs of graphs it never saw all shared their GPU. The candidate and
+    v0001 are judged on those jobs on memory alone (their utilization figures there are None,
+    not a perfect 0.0), and the CLI, the ledger's record and `horus-admin models list` say so."""
+    from slurm_horus.cli.admin import main as admin
+    from slurm_horus.cli.admin_ledger import retrain as retrain_cli
+    from slurm_horus.graph.features import extract_features
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(url)
+    jid = _alone_and_shared(L, alone_models=("resnet50", "mobilenet_v2", "small_cnn"))
+    reg = tmp_path / "models"
+    assert retrain(L, Registry(reg), folds=3, max_iter=50, log=lambda m: None)["promoted"]
+    zoo = Path(__file__).parent / "data" / "zoo"
+    for model in ("vgg16", "unet"):
+        for bs in (8, 16, 32, 64, 128):
+            values = extract_features(zoo / f"{model}.onnx", batch_size=bs).values
+            for k, user in enumerate(("ann", "bob", "cy", "dee")):
+                jid += 1
+                _record_run(L, jid, values, user=user, util=30.0, mem=6000.0 + 100 * k)
+                L.record_usage(job_id=jid, cluster="c", source="import", util_mean=30.0,
+                               mem_peak_mib=6000.0 + 100 * k, gpu_type="a100-40gb",
+                               colocated=[jid + 10000])
+    r = CliRunner().invoke(retrain_cli, ["--ledger", url, "--model-dir", str(reg), "--max-iter", "50"])
+    assert r.exit_code == 0, r.output + r.stderr
+    assert "judged against it on memory alone" in r.stderr
+    assert "40 jobs of graphs v0001 never saw (each user's jobs weighing one user; compared on " \
+           "memory alone)" in r.stdout
+    assert r.stdout.count("util not measured (every job scored shared its GPU)") == 2, r.stdout
+    rec = json.loads(Ledger(url).predictor_versions()[-1]["metrics"])  # stored as JSON text
+    assert rec["held_out"]["util_rmsle"] is None and rec["baseline"]["util_mae_pct"] is None
+    assert rec["util_scored"] is False
+    assert rec["score"] == pytest.approx(rec["held_out"]["mem_mdape_pct"] / 100)
+    # a stored model whose figures say "not measured" is listed so, not as a bad file's '?'
+    R = Registry(reg)
+    m = R.load("v0002")
+    m.metrics = {**m.metrics, "util_rmsle": None, "util_mae_pct": None}
+    v = R.add(m)
+    r = CliRunner().invoke(admin, ["models", "list", "--model-dir", str(reg)])
+    line = next(ln for ln in r.output.splitlines() if v in ln)
+    assert "util_rmsle=none  util_mae=none " in line, line
+
+
 def test_each_users_jobs_weigh_one_user_in_the_promotion_score():
     from slurm_horus.ledger.retrain import user_weights
     from slurm_horus.predict.learned import accuracy

@@ -58,16 +58,18 @@ def models_list(model_dir, as_json):
             continue
         m, meta = e["metrics"], e["meta"]
 
-        def fig(key, fmt):  # a figure the file holds as something else prints as ?
+        def fig(key, fmt, unit=""):  # a figure the file holds as something else prints as ?
             v = m.get(key) if isinstance(m, dict) else None
-            return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
+            if v is None and isinstance(m, dict) and key in m:
+                return "none"  # not measured: every job scored shared its GPU (util figures)
+            return (format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "?") + unit
 
         meta = meta if isinstance(meta, dict) else {}
         bounds = "?" if e["bounds"] is None else "/".join(e["bounds"]) or "none"
         # the registry's files are root's, but what they say is printed, not obeyed
         click.echo(one_line(f"{mark} {e['version']}  rows={meta.get('rows', '?')}  "
                             f"mem_mdape={fig('mem_mdape_pct', '.1f')}%  util_rmsle={fig('util_rmsle', '.3f')}  "
-                            f"util_mae={fig('util_mae_pct', '.1f')}pp  bounds={bounds}  "
+                            f"util_mae={fig('util_mae_pct', '.1f', 'pp')}  bounds={bounds}  "
                             f"{meta.get('created', '')}"))
 
 

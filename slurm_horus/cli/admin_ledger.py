@@ -143,15 +143,13 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
     cv, new, base = res["cv"], res["held_out"], res["baseline"]
     click.echo(f"trained {res['version']} on {res['rows']} jobs ({res['skipped']} unusable, "
                f"{res['failed']} failed measurements excluded), {res['cv_folds']}-fold CV by "
-               "graph: mem median rel "
-               f"err {cv['mem_mdape_pct']:.1f}%  util RMSLE {cv['util_rmsle']:.3f}  util MAE "
-               f"{cv['util_mae_pct']:.1f} pp")
+               f"graph: mem median rel err {cv['mem_mdape_pct']:.1f}%  {_util_figures(cv)}")
     if new is not None:
         click.echo(f"on the {res['held_out_rows']} jobs of graphs {res['baseline_version']} never saw "
-                   "(each user's jobs weighing one user):")
+                   "(each user's jobs weighing one user"
+                   + ("" if res.get("util_scored") else "; compared on memory alone") + "):")
         for name, m in (("new", new), ("serving", base)):
-            click.echo(f"  {name:<8}: mem median rel err {m['mem_mdape_pct']:.1f}%  util RMSLE "
-                       f"{m['util_rmsle']:.3f}  util MAE {m['util_mae_pct']:.1f} pp"
+            click.echo(f"  {name:<8}: mem median rel err {m['mem_mdape_pct']:.1f}%  {_util_figures(m)}"
                        + (f" ({res['baseline_version']})" if name == "serving" else ""))
     if res["promoted"]:
         click.echo(f"promoted {res['version']}" + ("" if res["better"] else " (--force)"))
@@ -160,6 +158,14 @@ def retrain(url, model_dir, import_csv, folds, max_iter, force, seed, as_json):
                    "(stored; --force or `horus-admin models promote` to serve it)")
     if res["history"]:
         click.echo(_history_line(res["history"]))
+
+
+def _util_figures(m: dict) -> str:
+    """'util RMSLE 0.123  util MAE 4.5 pp' of accuracy() figures, or that none was measured
+    (None: every job scored shared its GPU, so none of its utilization measures its need)."""
+    if m.get("util_rmsle") is None or m.get("util_mae_pct") is None:
+        return "util not measured (every job scored shared its GPU)"
+    return f"util RMSLE {m['util_rmsle']:.3f}  util MAE {m['util_mae_pct']:.1f} pp"
 
 
 def _history(ledger, registry) -> tuple[dict | None, str | None]:

@@ -85,9 +85,10 @@ def _member_jobs(names: list[str], sep: str, cluster: str | None) -> list[int]:
 
 def _het_components(job_ids: list[int], cluster: str | None) -> list[int]:
     """The components' own ids of those of ``job_ids`` that lead a heterogeneous job, as sacct
-    -j N lists them (the ledger keeps no HetJobId), from Slurm's accounting as N+K's are.
-    Where it cannot answer, none: the ledger's jobs of those ids are still listed (N+K, with
-    nothing else to name it by, is an error there)."""
+    -j N lists them, from Slurm's accounting as N+K's are: the ledger lists those it keeps a
+    HetJobId for itself (schema v11), this finds the ones synced before. Where it cannot
+    answer, none: the ledger's jobs of those ids are still listed (N+K, with nothing else to
+    name it by, is an error there)."""
     from slurm_horus.errors import HorusError
     from slurm_horus.slurm import commands as slurm
 

@@ -162,7 +162,8 @@ def merge_job(sub: dict | None, usages: dict[str, dict]) -> dict:
         preds = _loads(sub.get("predictions"), {}) or {}
         row.update(scheduler_actions(sub.get("policy_decision")))
     for f in ("gpu_type", "gpu_index", "node", "gpus", "shards", "state", "elapsed_s",
-              "start_time", "end_time", "colocated", "array_job_id", "array_task_id"):
+              "start_time", "end_time", "colocated", "array_job_id", "array_task_id",
+              "het_job_id", "het_job_offset"):
         row[f] = first(f, PLACE_ORDER)
     n = row["gpus"] if isinstance(row["gpus"], int) and row["gpus"] > 1 else 1
 
@@ -253,7 +254,8 @@ def job_filters(stmt, *, job_ids=None, task_ids=None, users=None, accounts=None,
                 start=None, end=None, cluster=None, submitted_only=False, under_claims=False):
     """sacct-like filters on the jobs table: -j, -u, -A, -s, -S/-E (submit or end in window;
     with -s, each state's own time test instead: _state_in_window), and hacct's
-    --under-claims. job_ids: as sacct -j N, an array's id names its tasks too; task_ids: the own ids of tasks named ArrayJobId_TaskId, each that task alone (one task of
+    --under-claims. job_ids: as sacct -j N, an array's id names its tasks too, and a
+    heterogeneous job's (its leader's) its components; task_ids: the own ids of tasks named ArrayJobId_TaskId, each that task alone (one task of
     every array has the array's id; an empty list: tasks were named and none exists, so
     those name no job)."""
     from sqlalchemy import false, func, or_
@@ -262,7 +264,7 @@ def job_filters(stmt, *, job_ids=None, task_ids=None, users=None, accounts=None,
     named = []
     if job_ids:
         ids = [int(x) for x in job_ids]
-        named += [j.c.job_id.in_(ids), j.c.array_job_id.in_(ids)]
+        named += [j.c.job_id.in_(ids), j.c.array_job_id.in_(ids), j.c.het_job_id.in_(ids)]
     if task_ids is not None:
         named.append(j.c.job_id.in_([int(x) for x in task_ids]) if task_ids else false())
     if named:

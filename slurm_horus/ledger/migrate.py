@@ -115,9 +115,19 @@ def _migrate_9_to_10(conn) -> None:
     _add_columns(conn, "jobs", {"array_task_id": "BIGINT"})
 
 
+def _migrate_10_to_11(conn) -> None:
+    """v11 keeps a heterogeneous job component's HetJobId and HetJobOffset from accounting:
+    hacct's JobID shows it as sacct's HETJOB+OFFSET (it had shown the component's own id, and
+    nothing said which job it was part of) and -j HETJOB lists its components from the ledger
+    (rows synced before stay without them: sync them again to fill them); the index comes from
+    schema.sql."""
+    _add_columns(conn, "usage", {"het_job_id": "BIGINT", "het_job_offset": "BIGINT"})
+    _add_columns(conn, "jobs", {"het_job_id": "BIGINT", "het_job_offset": "BIGINT"})
+
+
 MIGRATIONS = {2: _migrate_1_to_2, 3: _migrate_2_to_3, 4: _migrate_3_to_4, 5: _migrate_4_to_5,
               6: _migrate_5_to_6, 7: _migrate_6_to_7, 8: _migrate_7_to_8, 9: _migrate_8_to_9,
-              10: _migrate_9_to_10}
+              10: _migrate_9_to_10, 11: _migrate_10_to_11}
 
 
 def _finish_migration(conn) -> None:

@@ -78,9 +78,12 @@ MAX_MEM_MIB = float(1 << 24)  # 16 TiB: beyond any GPU's memory, on any number o
 def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, mem_peak_mib=None,
                  elapsed_s=None, state=None, node=None, gpu_type=None, gpu_index=None,
                  gpus=None, shards=None, colocated=None, start_time=None, end_time=None,
-                 recorded=None, array_job_id=None, array_task_id=None) -> dict:
+                 recorded=None, array_job_id=None, array_task_id=None, het_job_id=None,
+                 het_job_offset=None) -> dict:
     """A usage row: ``gpus`` whole GPUs allocated (gres/gpu), ``shards`` shards (gres/shard),
-    ``array_job_id`` and ``array_task_id`` an array task's ArrayJobId and ArrayTaskId."""
+    ``array_job_id`` and ``array_task_id`` an array task's ArrayJobId and ArrayTaskId,
+    ``het_job_id`` and ``het_job_offset`` a heterogeneous job component's HetJobId and
+    HetJobOffset (all from Slurm's accounting)."""
     if source not in SOURCES:
         raise HorusError(f"ledger: usage source must be one of {', '.join(SOURCES)}, not {source!r}")
     if isinstance(colocated, (list, tuple, set)):
@@ -106,4 +109,5 @@ def usage_record(*, job_id, source, cluster="", util_mean=None, util_max=None, m
             "colocated": colocated,
             "start_time": i(start_time), "end_time": i(end_time),
             "recorded": int(recorded if recorded is not None else time.time()),
-            "array_job_id": i(array_job_id), "array_task_id": i(array_task_id)}
+            "array_job_id": i(array_job_id), "array_task_id": i(array_task_id),
+            "het_job_id": i(het_job_id), "het_job_offset": i(het_job_offset)}

@@ -20,7 +20,9 @@ exceeded the job's hint, ``no`` when it did not, empty when there was nothing to
 
 Of sacct's own fields, those whose values the ledger holds as Slurm facts are columns under
 sacct's names (JobIDRaw, Start, End, ElapsedRaw, NodeList: the nodes Slurm's accounting gave
-the job, as Node); another of sacct's fields (JobName, Partition, ExitCode, ...) is refused with
+the job, as Node); ``JobID`` is the job's own id (JobIDRaw) but for a heterogeneous job's
+component, which sacct's JobID names HetJobId+HetJobOffset (``1234+1``) from what accounting
+gave sync (schema v11; a component synced before shows its own id); another of sacct's fields (JobName, Partition, ExitCode, ...) is refused with
 a message saying the ledger does not record it.
 """
 
@@ -144,11 +146,22 @@ def hook_act_str(r: dict) -> str:
     return r["hook_action"] + (f":{r['hook_reason']}" if r.get("hook_reason") else "")
 
 
+def job_id_str(r: dict) -> str:
+    """sacct's JobID of a ledger row: a heterogeneous job's component as HetJobId+HetJobOffset
+    (``1234+0``, ``1234+1``: the leader is +0), as accounting gave it; any other job, an array
+    task too (ArrayJobID and ArrayTaskID say which), by its own id."""
+    if r.get("het_job_id") is not None and r.get("het_job_offset") is not None:
+        return f"{r['het_job_id']}+{r['het_job_offset']}"
+    return str(r["job_id"])
+
+
 def cell(r: dict, col: str) -> str:
     """One column of one job as sacct would print it (empty when unknown)."""
     ue, me = _errs(r)
     c = col.lower()
-    if c in ("jobid", "jobidraw"):  # the ledger keys array tasks by their own ids
+    if c == "jobid":
+        return job_id_str(r)
+    if c == "jobidraw":  # the ledger keys array tasks and het components by their own ids
         return str(r["job_id"])
     if c == "cluster":
         return r.get("cluster") or ""
@@ -259,6 +272,7 @@ def job_json(r: dict) -> dict:
     ue, me = _errs(r)
     co = [int(x) for x in (r.get("colocated") or "").split(",") if x.strip()]
     return {"job_id": r["job_id"], "array_job_id": r.get("array_job_id"), "array_task_id": r.get("array_task_id"),
+            "het_job_id": r.get("het_job_id"), "het_job_offset": r.get("het_job_offset"),
             "cluster": r.get("cluster"), "user": r.get("user_name"),
             "account": r.get("account"), "model_family": r.get("model_family"),
             "gpu_type": r.get("gpu_type"), "gpu_index": r.get("gpu_index"),

@@ -6,8 +6,11 @@ rows are listed in the registry's ``rows-<version>.json``); the candidate's pred
 are out-of-fold (5-fold cross-validation over every row). With no serving model, the cold-start
 estimator (never trained on site data) is the baseline on every row. The candidate is promoted
 only when its score (memory median |relative error| as a fraction + utilization RMSLE, each
-user's jobs weighing one user: user_weights) is lower, unless forced. Every trained model is
-kept in the Registry and in predictor_versions.
+user's jobs weighing one user: user_weights; memory alone where no scored job's utilization is
+known: beats) is lower, unless forced. Every trained model is kept in the Registry and in
+predictor_versions.  A fold whose training jobs include none that had its GPU alone (every such
+job is of the fold's own architectures) answers utilization with the cold start's; its memory
+model is learned.
 
 Bounds: held-out residuals of each predictor source (cold-start, learned) per GPU type give
 split-conformal quantiles, written to the registry's ``calibration.json`` and each learned
@@ -52,8 +55,28 @@ CALIBRATION_VERSION = 1
 HELD_OUT_RULE = "architecture"
 
 
-def score(m: dict) -> float:
-    return m["mem_mdape_pct"] / 100.0 + m["util_rmsle"]
+def score(m: dict, util: bool = True) -> float:
+    """The promotion score of accuracy() figures (lower is better): memory median |relative
+    error| as a fraction, plus the utilization RMSLE where ``util`` and it was measured (None:
+    no scored job's utilization is known, each shared its GPU), else memory alone."""
+    rmsle = m.get("util_rmsle")
+    return m["mem_mdape_pct"] / 100.0 + (rmsle if util and rmsle is not None else 0.0)
+
+
+def util_scored(new: dict, old: dict) -> bool:
+    """Whether a candidate's and a baseline's scores include utilization: only where both
+    measured it."""
+    return new.get("util_rmsle") is not None and old.get("util_rmsle") is not None
+
+
+def beats(new: dict, old: dict) -> bool:
+    """Whether the candidate's figures ``new`` score lower than the baseline's ``old`` (both
+    from the same jobs).  The rule: memory median |relative error| (a fraction) + utilization
+    RMSLE where both have a utilization figure; where either lacks one (no scored job's
+    utilization is known: every one shared its GPU), on memory alone: a missing figure counts
+    as neither 0 (a perfect score) nor a loss."""
+    util = util_scored(new, old)
+    return score(new, util) < score(old, util)
 
 
 def conformal_quantile(residuals, q: float) -> float | None:
@@ -201,16 +224,27 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     folds = len(parts)  # fewer than asked where there are fewer graphs
     oof_mem, oof_util = np.zeros(n), np.zeros(n)
     oof_learned = np.zeros(n, bool)  # the fold's learned model answered (not the cold start)
+    oof_util_learned = np.zeros(n, bool)  # and its utilization too (its fold had a util model)
+    cold_util_folds = []
     with Progress("retrain", folds + 1, enabled=progress) as bar:
         for k, test_units in enumerate(parts):
             train = np.setdiff1d(order, test_units, assume_unique=True)
+            # where every run that had its GPU alone is of this fold's architectures, its
+            # training rows teach no utilization (the whole retrain had failed): its answers are
+            # what serves without a learned one, the cold start's, its memory model learned
             m = fit(Xu[train], umem[train], uutil[train], ucmem[train], seed=seed,
-                    max_iter=max_iter)
+                    max_iter=max_iter, need_util=False)
+            if m.util is None:
+                cold_util_folds.append(k + 1)
+                log(f"fold {k + 1}/{folds}: none of its {len(train)} training settings had its "
+                    "GPU alone (every such run is of its own held-out architectures): its "
+                    "utilization answers are the cold start's, its memory model is learned")
             # every job of the held-out units, through the gate that serves
             # (LearnedModel.answer): scored as it would answer
             test = np.flatnonzero(np.isin(unit, test_units))
             oof_mem[test], oof_util[test], why = m.answer(X[test], cmem[test], cutil[test])
             oof_learned[test] = why == ""
+            oof_util_learned[test] = (why == "") & (m.util is not None)
             bar.advance(f"fold {k + 1}/{folds}")
         model = fit(Xu, umem, uutil, ucmem, seed=seed, max_iter=max_iter)
         bar.advance("final fit")
@@ -229,11 +263,16 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     new = accuracy(oof_mem[held], mem[held], oof_util[held], util[held], w) if len(held) else None
     old = accuracy(base_mem, mem[held], base_util, util[held], w) if len(held) else None
     judged = len(held) >= MIN_EVAL_ROWS
-    better = bool(judged and score(new) < score(old))
+    better = bool(judged and beats(new, old))
+    with_util = bool(new and old and util_scored(new, old))
     baseline = serving_version or "cold-start"
     if not judged:
         log(f"only {len(held)} measured jobs of graphs unseen by {baseline} (need {MIN_EVAL_ROWS}): "
             "the candidate cannot be judged against it")
+    elif not with_util:
+        log(f"none of the {len(held)} measured jobs of graphs unseen by {baseline} had its GPU "
+            "alone (their utilization is no measure of their need): the candidate is judged "
+            "against it on memory alone")
     cv = accuracy(oof_mem, mem, oof_util, util)
     # the margin of the learned model's own answers, on jobs a learned model may answer (within
     # MAX_MEM_RATIO of the cold start): with the cold start's fallbacks and one user's reruns at
@@ -272,8 +311,10 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     # rollback had served the older model with no p95/p99, and no word of it)
     quantiles = calibrate(ts.gpu_types, {"cold-start": (list(range(n)), mem, cmem, util, cutil)})
     own = np.flatnonzero(oof_learned)
+    # utilization residuals only where the learned model answered it (not a fold's cold start)
+    own_util = np.where(oof_util_learned[own], util[own], np.nan)
     bounds = {version: calibrate(ts.gpu_types, {"learned": (own.tolist(), mem[own], oof_mem[own],
-                                                            util[own], oof_util[own])})}
+                                                            own_util, oof_util[own])})}
     if serving is not None:
         ok = base_why == ""
         bounds[serving_version] = calibrate(ts.gpu_types, {"learned": (
@@ -288,8 +329,9 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     # promote that failed on a full disk left the ledger naming a model that never served), and
     # the promote undone where that record fails: whatever fails, both say the same model serves
     metrics = {"cv": cv, "held_out": new, "baseline": old, "baseline_version": baseline,
-               "held_out_rows": int(len(held)), "score": new and score(new),
-               "baseline_score": old and score(old), "forced": bool(force and not better)}
+               "held_out_rows": int(len(held)), "score": new and score(new, with_util),
+               "baseline_score": old and score(old, with_util), "util_scored": with_util,
+               "cold_util_folds": cold_util_folds, "forced": bool(force and not better)}
     ledger.record_predictor_version(version, metrics, n, False)
     for v, q in bounds.items():  # the new version's before it serves: it serves with them
         registry.save_json(calibration_file(v), {"version": CALIBRATION_VERSION, "model": v,
@@ -306,8 +348,9 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
                                           "quantiles": quantiles, "held_out": HELD_OUT_RULE})
     return {"version": version, "rows": n, "skipped": ts.skipped, "failed": ts.failed,
             "mem_rows_left_out": left_out, "util_rows_left_out": ts.util_left_out,
-            "cv": cv, "cv_folds": folds, "held_out": new, "baseline": old, "held_out_rows": int(len(held)),
-            "baseline_version": baseline, "better": better, "promoted": promoted}
+            "cv": cv, "cv_folds": folds, "cold_util_folds": cold_util_folds, "held_out": new,
+            "baseline": old, "held_out_rows": int(len(held)), "baseline_version": baseline,
+            "util_scored": with_util, "better": better, "promoted": promoted}
 
 
 def _keep_learned_bounds(registry, serving_version: str, quantiles: dict) -> None:

@@ -14,7 +14,7 @@ from slurm_horus.errors import HorusError
 
 # 6: per-job accuracy terms stored for hacct --summary (ledger.jobs.accuracy_terms).
 # 7: what the hook and horus-admin queue did to each job (jobs.hook_action, queue_actions).
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 KEYS = {"submissions": ("cluster", "job_id"), "usage": ("cluster", "job_id", "source"),
         "jobs": ("cluster", "job_id"), "predictor_versions": ("version",),
         "ledger_state": ("name",)}

@@ -244,6 +244,7 @@ def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster,
         gtype = j["gpu_type"] or (None if ptype or not (j["gpus"] or j["shards"])
                                   else node_types.get(j["node"] or ""))
         array_job_id, array_task_id = j.get("array") or (None, None)
+        het_job_id, het_job_offset = j.get("het") or (None, None)
         records.append({"job_id": j["job_id"], "cluster": j["cluster"], "source": "sacct",
                         "util_mean": j["util_mean"], "util_max": j["util_max"],
                         "mem_peak_mib": j["mem_peak_mib"], "elapsed_s": j["elapsed_s"],
@@ -251,7 +252,8 @@ def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster,
                         "gpu_index": j["gpu_index"], "shards": j["shards"], "gpus": j["gpus"],
                         "colocated": sorted(co.get((j["cluster"], j["job_id"]), ())) or None,
                         "start_time": j["start_time"], "end_time": j["end_time"],
-                        "recorded": int(now), "array_job_id": array_job_id, "array_task_id": array_task_id})
+                        "recorded": int(now), "array_job_id": array_job_id, "array_task_id": array_task_id,
+                        "het_job_id": het_job_id, "het_job_offset": het_job_offset})
     # earlier jobs whose co-located set grew: update their sacct rows too
     changed = []
     for o in others:

@@ -74,6 +74,8 @@ UTIL_LOG_SLACK = 0.5
 PROBE_JOBS = ((1, 0.05, 0.1, 2, 30, "conv"), (32, 262, 25.6, 2600, 470, "conv"),
               (32, 700, 110, 6000, 900, "matmul"))
 PROBE_GPUS = ("a100", "t4")
+NO_UTIL_MODEL = ("no utilization model (a cross-validation fold's, trained where no job had its "
+                 "GPU alone): never stored")
 
 
 @lru_cache(maxsize=1)
@@ -116,10 +118,14 @@ def input_row(report_values: dict, gpu: GPU, w: Workload, cold: Prediction) -> l
 
 @dataclass
 class LearnedModel:
-    """A trained predictor: two ensembles, training ranges, error quantiles and metrics."""
+    """A trained predictor: two ensembles, training ranges, error quantiles and metrics.
+
+    ``util`` is None only in a cross-validation fold's model whose training rows held no run
+    that had its GPU alone (fit's ``need_util``): it answers utilization with the cold start's,
+    memory with its own, and is never stored (check() and to_json() refuse it)."""
 
     mem: TreeEnsemble    # predicts log(actual_mem / cold_mem)
-    util: TreeEnsemble   # predicts log1p(actual_util_pct)
+    util: TreeEnsemble | None  # predicts log1p(actual_util_pct)
     ranges: dict[str, tuple[float, float]]
     mem_log_q90: float   # 90th percentile of held-out log(actual / predicted) memory
     metrics: dict
@@ -127,6 +133,8 @@ class LearnedModel:
     seen: dict[str, list[list[float]]] | None = None  # SEEN_COLUMNS' distinct training rows
 
     def to_json(self) -> str:
+        if self.util is None:
+            raise HorusError(NO_UTIL_MODEL)
         return json.dumps({
             "format": FORMAT, "format_version": FORMAT_VERSION, "feature_version": FEATURE_VERSION,
             "inputs": input_names(), "mem": self.mem.to_dict(), "util": self.util.to_dict(),
@@ -179,6 +187,8 @@ class LearnedModel:
     def check(self) -> None:
         """Refuse a model whose ranges or p90 margin are not sane, or whose answers on the probe
         set are out of bounds (see PROBE_JOBS)."""
+        if self.util is None:
+            raise HorusError(NO_UTIL_MODEL)
         names = input_names()
         for name, (lo, hi) in self.ranges.items():
             if name not in names or not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
@@ -217,28 +227,35 @@ class LearnedModel:
         cold_mem / cold_util: the model's answer where the row is familiar and the outputs in
         bounds (why ""), else the cold start's (why says which gate refused). The one place
         that decides where the learned model serves: hsubmit, retrain and the history's
-        offsets all go through it."""
+        offsets all go through it. A model without a utilization ensemble (a cross-validation
+        fold's: ``util`` None) answers every row's utilization with the cold start's, and
+        memory through the same gates (its bound on memory alone)."""
         X = np.asarray(X, float)
         mem = np.array(cold_mem, float)
         util = np.array(cold_util, float)
         why = np.full(len(X), "unlike the training data", dtype=object)
         rows = np.flatnonzero(self.familiar(X))
         if len(rows):
-            mem_log, util_log = self.mem.predict(X[rows]), self.util.predict(X[rows])
+            mem_log = self.mem.predict(X[rows])
+            util_log = None if self.util is None else self.util.predict(X[rows])
             ok = _in_bounds(util_log, mem_log)
             why[rows] = np.where(ok, "", "learned model out of bounds")
             rows = rows[ok]
             mem[rows] *= np.exp(mem_log[ok])
-            util[rows] = np.clip(np.expm1(util_log[ok]), 0.0, 100.0)
+            if util_log is not None:
+                util[rows] = np.clip(np.expm1(util_log[ok]), 0.0, 100.0)
         return mem, util, why
 
 
 def _in_bounds(util_log, mem_log) -> np.ndarray:
     """Per output: utilization within 0..100 % (with slack) and memory within MAX_MEM_RATIO
-    of the cold start (NaN is out)."""
+    of the cold start (NaN is out); memory alone where ``util_log`` is None (no utilization
+    model: the cold start's utilization is in bounds)."""
     with np.errstate(invalid="ignore"):
-        return ((util_log >= -UTIL_LOG_SLACK) & (util_log <= math.log1p(100 + UTIL_SLACK))
-                & (np.abs(mem_log) <= math.log(MAX_MEM_RATIO)))
+        ok = np.abs(mem_log) <= math.log(MAX_MEM_RATIO)
+        if util_log is None:
+            return ok
+        return ok & (util_log >= -UTIL_LOG_SLACK) & (util_log <= math.log1p(100 + UTIL_SLACK))
 
 
 def mem_in_bounds(mem_mib, cold_mem_mib) -> np.ndarray:
@@ -318,10 +335,13 @@ class LearnedEstimator:
 
 
 def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
-        max_iter: int = 300) -> LearnedModel:
+        max_iter: int = 300, need_util: bool = True) -> LearnedModel:
     """Train both ensembles on input rows (see input_row) and measured memory and utilization
     (NaN where not a measurement of the job's need: a run that shared its GPU; the utilization
-    model learns from the others)."""
+    model learns from the others).  Where no row had its GPU alone: an error, unless
+    ``need_util`` is False, when the model has no utilization ensemble (``util`` None: it
+    answers with the cold start's utilization, and can be neither checked nor stored; for a
+    cross-validation fold, whose other folds hold every such run)."""
     from sklearn.ensemble import HistGradientBoostingRegressor  # training only: not at import
 
     X = np.asarray(rows, dtype=float)
@@ -349,17 +369,19 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
     # from those there are (a handful give the trees one leaf, their mean), and the memory
     # model from every run (20 alone had been required: a sharing site could never retrain)
     alone = ~np.isnan(util)
-    if not alone.any():
+    if not alone.any() and need_util:
         raise HorusError("no measured job had its GPU alone: its utilization is no measure of "
                          "the job's need, and there is none to train the utilization model on")
-    util_est = HistGradientBoostingRegressor(**params).fit(Xv[alone], np.log1p(util[alone]))
+    util_est = (HistGradientBoostingRegressor(**params).fit(Xv[alone], np.log1p(util[alone]))
+                if alone.any() else None)
     names = input_names()
     ranges = {n: (float(X[:, names.index(n)].min()), float(X[:, names.index(n)].max()))
               for n in RANGE_FEATURES}
     seen = {k: np.unique(X[:, [names.index(c) for c in cols]], axis=0).tolist()
             for k, cols in SEEN_COLUMNS.items()}
     model = LearnedModel(mem=TreeEnsemble.from_sklearn(mem_est, len(names), columns),
-                         util=TreeEnsemble.from_sklearn(util_est, len(names), columns),
+                         util=(None if util_est is None
+                               else TreeEnsemble.from_sklearn(util_est, len(names), columns)),
                          ranges=ranges,
                          mem_log_q90=0.0, metrics={},
                          meta={"rows": int(len(X)), "seed": seed,
@@ -371,7 +393,8 @@ def fit(rows: list[list[float]], mem_mib, util_pct, cold_mem_mib, seed: int = 0,
 def accuracy(pred_mem, mem, pred_util, util, weights=None) -> dict:
     """The figures reports quote: memory median |relative error|, utilization RMSLE and MAE;
     ``weights``: each row's weight in them (default: every job alike).  Utilization only over
-    the rows where it is known (NaN: a run that shared its GPU); 0 where none is."""
+    the rows where it is known (NaN: a run that shared its GPU); None (not measured) where
+    none is (0 there read as a perfect score in retrain's figures, records and log)."""
     pred_mem, mem = np.asarray(pred_mem, float), np.asarray(mem, float)
     pred_util, util = np.asarray(pred_util, float), np.asarray(util, float)
     rel = np.abs(pred_mem - mem) / mem
@@ -380,13 +403,13 @@ def accuracy(pred_mem, mem, pred_util, util, weights=None) -> dict:
     err = np.abs(pred_util[known] - util[known])
     if weights is None:
         return {"mem_mdape_pct": float(np.median(rel) * 100),
-                "util_rmsle": float(np.sqrt(np.mean(sq))) if known.any() else 0.0,
-                "util_mae_pct": float(np.mean(err)) if known.any() else 0.0, "rows": int(len(mem))}
+                "util_rmsle": float(np.sqrt(np.mean(sq))) if known.any() else None,
+                "util_mae_pct": float(np.mean(err)) if known.any() else None, "rows": int(len(mem))}
     w = np.asarray(weights, float)
     wu = w[known]
     return {"mem_mdape_pct": weighted_median(rel.tolist(), w.tolist()) * 100,
-            "util_rmsle": float(np.sqrt(np.average(sq, weights=wu))) if known.any() else 0.0,
-            "util_mae_pct": float(np.average(err, weights=wu)) if known.any() else 0.0,
+            "util_rmsle": float(np.sqrt(np.average(sq, weights=wu))) if known.any() else None,
+            "util_mae_pct": float(np.average(err, weights=wu)) if known.any() else None,
             "rows": int(len(mem))}
 
 
