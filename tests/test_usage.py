@@ -301,17 +301,18 @@ def test_hacct_j_names_an_arrays_tasks_as_sacct_does(tmp_path, version, monkeypa
     L.close()
 
     def listed(ids):
-        r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", ids, "-P", "-n", "-o", "JobID"])
+        r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", ids, "-P", "-n", "-o", "JobIDRaw"])
         assert r.exit_code == 0, r.output
         return sorted(int(x) for x in r.output.split())
     assert listed(str(aid)) == sorted(tasks.values())
     assert listed(str(tasks[aid, 1])) == [tasks[aid, 1]]
-    r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", str(aid), "-P", "-n", "-o", "JobID,ArrayJobID"])
+    r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", str(aid), "-P", "-n", "-o", "JobIDRaw,ArrayJobID"])
     assert sorted(r.output.split()) == sorted(f"{t}|{aid}" for t in tasks.values())
-    # and which task each row is (v10: the row whose own id is the array's is not task 1 here)
+    # and which task each row is (v10: the row whose own id is the array's is not task 1 here),
+    # its JobID as sacct prints it, ArrayJobId_ArrayTaskId (it had been the task's own id)
     r = CliRunner().invoke(main, ["--ledger", url, "-M", "all", "-j", str(aid), "-P", "-n", "-o",
-                                  "JobID,ArrayJobID,ArrayTaskID"])
-    assert sorted(r.output.split()) == sorted(f"{own}|{a}|{t}" for (a, t), own in tasks.items())
+                                  "JobID,JobIDRaw,ArrayJobID,ArrayTaskID"])
+    assert sorted(r.output.split()) == sorted(f"{a}_{t}|{own}|{a}|{t}" for (a, t), own in tasks.items())
 
     # the task that has the array's id, named ArrayJobId_TaskId, is that task alone (it listed
     # the whole array, as -j ARRAYID does); the ids come from accounting, here the recording

@@ -148,10 +148,13 @@ def hook_act_str(r: dict) -> str:
 
 def job_id_str(r: dict) -> str:
     """sacct's JobID of a ledger row: a heterogeneous job's component as HetJobId+HetJobOffset
-    (``1234+0``, ``1234+1``: the leader is +0), as accounting gave it; any other job, an array
-    task too (ArrayJobID and ArrayTaskID say which), by its own id."""
+    (``1234+0``, ``1234+1``: the leader is +0), an array task as ArrayJobId_ArrayTaskId
+    (``1234_7``), as accounting gave them; any other job, and a row synced before its schema
+    kept them, by its own id (JobIDRaw)."""
     if r.get("het_job_id") is not None and r.get("het_job_offset") is not None:
         return f"{r['het_job_id']}+{r['het_job_offset']}"
+    if r.get("array_job_id") is not None and r.get("array_task_id") is not None:
+        return f"{r['array_job_id']}_{r['array_task_id']}"
     return str(r["job_id"])
 
 
