@@ -1011,3 +1011,26 @@ def test_a_pack_or_spread_leaves_a_job_changed_since_the_pass_read_it(monkeypatc
     now["job_state"] = "PENDING"
     assert apply(a, EXCL, "gres/gpu:a100:1", "", seen=seen) == "gres/shard:50"
     assert ["scontrol", "update", "JobId=1795", "TresPerNode=gres/shard:50", "Features=a100"] in calls
+
+
+def test_pressure_counts_the_idle_gpus_of_the_jobs_own_partitions():
+    """Idle A100s of another partition are none of a job's: summed over the cluster, they had
+    kept three jobs waiting for a full partition whole (and spread a packed one back) while
+    its own A100s were all busy."""
+    full = {"NodeName": "a", "State": "MIXED", "Partitions": "lab-a", "Gres": "gpu:a100:4,shard:a100:400",
+            "GresUsed": "gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)"}
+    idle = {"NodeName": "b", "State": "IDLE", "Partitions": "lab-b", "Gres": "gpu:a100:4,shard:a100:400",
+            "GresUsed": ""}
+    waiting = [rec(i, "PENDING", "gres:gpu:a100:1", EXCL, Partition="lab-a") for i in (1, 2, 3)]
+    acts = pressure_actions(waiting, [full, idle], 50, lambda *a: 1, 0, now=1.9e9)
+    assert sorted((a.job_id, a.kind) for a in acts) == [(1, "pack"), (2, "pack"), (3, "pack")]
+    packed = rec(4, "PENDING", "gres/shard:a100:50", EXCL + " horus-queue:v1;action=pack;from=gpu:1",
+                 Partition="lab-a")
+    assert [a.kind for a in pressure_actions([packed], [full, idle], 50, lambda *a: 1, 0, now=1.9e9)] == []
+    # in the partition of the idle node, or in both, the idle A100s are theirs
+    assert pressure_actions([{**r, "Partition": "lab-b"} for r in waiting], [full, idle], 50,
+                            lambda *a: 1, 0, now=1.9e9) == []
+    assert [a.kind for a in pressure_actions([{**packed, "Partition": "lab-a,lab-b"}], [full, idle], 50,
+                                             lambda *a: 1, 0, now=1.9e9)] == ["spread"]
+    # the hook's pressure file is per type over the cluster, as the hook reads it
+    assert pressure_types(waiting, [full, idle]) == []

@@ -307,28 +307,50 @@ def _waiting(recs: list[dict]) -> int:
     return sum(array_task_count(r["_tasks"]) if r.get("_tasks") else 1 for r in recs)
 
 
-def _pending_by_type(jobs: list[dict], free: dict[str, int],
-                     nodes: list[dict]) -> tuple[dict[str, list[dict]], dict[str, int]]:
-    """Pending jobs that wait for GPUs (_waits_for_gpus), per GPU type the nodes have, in
-    submission order (an array's tasks not split yet in one record: _waiting counts them), and
-    per type how many jobs the hook left without one (``type=any``) wait where it is: each takes
-    whichever type its partition has frees first, so it is load on each (the loop leaves it as
-    is).  A plain --gres=gpu:1 on nodes of several types is typed by no one: no load, as before."""
+def _pending_by_type(jobs: list[dict], nodes: list[dict], by_partition: bool = True
+                     ) -> tuple[dict[tuple, list[dict]], dict[tuple, int], dict[tuple, int]]:
+    """Pending jobs that wait for GPUs (_waits_for_gpus), per pool of GPUs they compete for,
+    (the node names of their partitions, GPU type), in submission order (an array's tasks not
+    split yet in one record: _waiting counts them); per pool how many jobs the hook left
+    without a type (``type=any``) wait there: each takes whichever type its partition has frees
+    first, so it is load on each (the loop leaves it as is); and per pool its idle GPUs
+    (_node_type_free).  A plain --gres=gpu:1 on nodes of several types is typed by no one: no
+    load, as before.  Idle GPUs of a partition the job cannot use are none of its: summed over
+    the cluster, they had kept its jobs whole and spread packed ones back while it stayed full.
+    ``by_partition`` False: one pool per type over every node (the hook's view)."""
     types = node_gpu_types(nodes)  # of every node: a drained type is still a type
-    pending: dict[str, list[dict]] = {}
-    untyped: dict[str, int] = {}
+    pending: dict[tuple, list[dict]] = {}
+    untyped: dict[tuple, int] = {}
+    everyone = tuple(sorted(n.get("NodeName") or "" for n in nodes))
+    free = {(everyone, t): c for t, c in _node_type_free(nodes).items()}
+    pools: dict[str, tuple[tuple[str, ...], set[str]]] = {}
+
+    def pool_of(rec: dict) -> tuple[tuple[str, ...], set[str]]:
+        """The job's pool (its partitions' node names; every node where the records name none,
+        or not ``by_partition``), its idle GPUs counted once, and its partitions' GPU types."""
+        partition = rec.get("Partition") or ""
+        if partition not in pools:
+            mine = partition_nodes(nodes, partition) if partition.strip(",") else []
+            key = tuple(sorted(n.get("NodeName") or "" for n in mine)) if mine and by_partition else everyone
+            if not any(k[0] == key for k in free):
+                free.update({(key, t): c for t, c in _node_type_free(mine).items()})
+            pools[partition] = key, node_gpu_types(mine or nodes)
+        return pools[partition]
+
     for rec in jobs:
         if not _waits_for_gpus(rec):
             continue
+        key, partition_types = pool_of(rec)
         gtype = _gpu_type(rec, types)
-        if gtype in free:
-            pending.setdefault(gtype, []).append(rec)
+        if (key, gtype) in free:
+            pending.setdefault((key, gtype), []).append(rec)
         elif gtype is None and _left_untyped(rec) and _asks_for_gpus(rec):
-            for t in _partition_types(rec, nodes) & set(free):
-                untyped[t] = untyped.get(t, 0) + _waiting([rec])
+            for t in partition_types:
+                if (key, t) in free:
+                    untyped[key, t] = untyped.get((key, t), 0) + _waiting([rec])
     for recs in pending.values():
         recs.sort(key=_submitted)
-    return pending, untyped
+    return pending, untyped, free
 
 
 def _left_untyped(rec: dict) -> bool:
@@ -337,20 +359,12 @@ def _left_untyped(rec: dict) -> bool:
     return bool(decision and decision.gpu_type == "any" and decision.action in ("shared", "exclusive"))
 
 
-def _partition_types(rec: dict, nodes: list[dict]) -> set[str]:
-    """The GPU types of the nodes in the job's partitions (all nodes' where the records say
-    none)."""
-    partition = rec.get("Partition") or ""
-    return node_gpu_types(partition_nodes(nodes, partition) if partition.strip(",") else nodes)
-
-
 def pressure_types(jobs: list[dict], nodes: list[dict]) -> list[str]:
     """GPU types where a job submitted now would find no idle GPU the pending jobs leave: as
     many jobs pending for them as their GPUs idle, or more (the hook's view of pressure: the
     new job counts itself, as a pending job does in pressure_actions)."""
-    free = _node_type_free(nodes)
-    pending, untyped = _pending_by_type(jobs, free, nodes)
-    return sorted(t for t in free if _waiting(pending.get(t, [])) + untyped.get(t, 0) + 1 > free[t])
+    pending, untyped, free = _pending_by_type(jobs, nodes, by_partition=False)
+    return sorted(k[1] for k in free if _waiting(pending.get(k, [])) + untyped.get(k, 0) + 1 > free[k])
 
 
 def pack_util_limit(bound: float, group: int, itf: Interference | None = None,
@@ -445,7 +459,6 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
     policy_util_limit); with as many idle GPUs as pending jobs, the jobs packed are spread back,
     as is a job packed that no longer waits for GPUs (held, say).  ``pack``: False where Slurm
     refuses every pack (reshapes_gpu_to_shards): spreads only."""
-    free = _node_type_free(nodes)
     per_gpu = shards_per_gpu(nodes)
     types = node_gpu_types(nodes)
     out = []
@@ -458,9 +471,10 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
             # the pressure that packed it is no reason to keep a job that waits for no GPU on
             # shards: its own request back
             out.append(_spread(_job_id(rec), gtype, tres, per_gpu))
-    pending, untyped = _pending_by_type(jobs, free, nodes)
-    for gtype, recs in pending.items():
-        short = _waiting(recs) + untyped.get(gtype, 0) - free[gtype]  # pending jobs the idle GPUs leave without one
+    pending, untyped, free = _pending_by_type(jobs, nodes)
+    for (pool, gtype), recs in pending.items():
+        # pending jobs the idle GPUs of their partitions leave without one
+        short = _waiting(recs) + untyped.get((pool, gtype), 0) - free[pool, gtype]
         to_pack = short
         for rec in recs:
             jid = _job_id(rec)
