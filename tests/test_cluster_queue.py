@@ -163,8 +163,8 @@ def test_an_oom_requeue_of_an_array_task_moves_that_task_only(mine, tmp_path):
 
 
 def test_hacct_names_an_array_and_its_tasks_as_sacct_does(mine, tmp_path):
-    """`hacct -j A_T`: the ledger keys the task by its own id, found in Slurm's accounting (it
-    was refused; int() had read 224_5 as 2245)."""
+    """`hacct -j A_T`: the ledger keys the task by its own id (JobIDRaw), found in Slurm's
+    accounting (it was refused; int() had read 224_5 as 2245), and shows it as sacct, A_T."""
     aid = submit(mine, "-a", "1-2", "--gres=gpu:1", f"--comment={hint(30, 6000)}", "-o", "/dev/null",
                  "--wrap", "true")
     for t in (1, 2):
@@ -176,18 +176,18 @@ def test_hacct_names_an_array_and_its_tasks_as_sacct_does(mine, tmp_path):
         sacct_finished(own[t], "COMPLETED")
     cp = subprocess.run([*ADMIN, "sync", "-S", "now-1hours"], capture_output=True, text=True, env=env, timeout=120)
     assert cp.returncode == 0, cp.stdout + cp.stderr
-    cp = subprocess.run([*HACCT, "-j", f"{aid}_1,{aid}_2", "-P", "-n", "-o", "JobID"], capture_output=True,
+    cp = subprocess.run([*HACCT, "-j", f"{aid}_1,{aid}_2", "-P", "-n", "-o", "JobID,JobIDRaw"], capture_output=True,
                         text=True, env=env)
-    assert sorted(cp.stdout.split()) == sorted([own[1], own[2]]), cp.stdout + cp.stderr
+    assert sorted(cp.stdout.split()) == [f"{aid}_1|{own[1]}", f"{aid}_2|{own[2]}"], cp.stdout + cp.stderr
     # the array's own id names every task, as in sacct -j (one task keeps that id as its own)
-    cp = subprocess.run([*HACCT, "-j", aid, "-P", "-n", "-o", "JobID,ArrayJobID"], capture_output=True,
+    cp = subprocess.run([*HACCT, "-j", aid, "-P", "-n", "-o", "JobIDRaw,ArrayJobID"], capture_output=True,
                         text=True, env=env)
     assert sorted(cp.stdout.split()) == sorted([f"{own[1]}|{aid}", f"{own[2]}|{aid}"]), cp.stdout + cp.stderr
     # a task Slurm does not know names no job, as in sacct (it had been an error): alone, none
     # is listed (not every job since midnight); beside a known one, that one
     cp = subprocess.run([*HACCT, "-j", f"{aid}_7", "-P", "-n", "-o", "JobID"], capture_output=True, text=True, env=env)
     assert cp.returncode == 0 and cp.stdout == "" and cp.stderr == "", cp.stdout + cp.stderr
-    cp = subprocess.run([*HACCT, "-j", f"{aid}_7,{aid}_2", "-P", "-n", "-o", "JobID"], capture_output=True,
+    cp = subprocess.run([*HACCT, "-j", f"{aid}_7,{aid}_2", "-P", "-n", "-o", "JobIDRaw"], capture_output=True,
                         text=True, env=env)
     assert cp.returncode == 0 and cp.stdout.split() == [own[2]], cp.stdout + cp.stderr
 

@@ -623,13 +623,42 @@ def test_a_job_is_released_from_its_oom_requeue_only_once_marked(monkeypatch, tm
     oom = lambda r: "torch.OutOfMemoryError: CUDA out of memory.\n"  # noqa: E731
     keys = requeue.given_up_keys(journal)
     assert oom_actions([failed_again, on_shards], oom, shards_per_gpu(_node("")), given_up=keys) == []
-    # a later job of the same id (Slurm's ids wrap, or its state was reset) is another job
+    # requeued since by someone else (a node failure, its owner), with the new SubmitTime Slurm
+    # gives a requeued job: the same job, still never requeued again (keyed by submit time too,
+    # it had been)
     later = {**on_shards, "_submit": 1_797_000_000}
-    assert [x.job_id for x in oom_actions([later], oom, shards_per_gpu(_node("")), given_up=keys)] == [1795]
+    assert oom_actions([later], oom, shards_per_gpu(_node("")), given_up=keys) == []
     # kept while the job is in the queue (heal finishes nothing of it), dropped once it is not
     slurm.calls.clear()
     assert heal(journal, [on_shards]) == [] and slurm.calls == [] and list(journal_read(journal)) == ["1795"]
     assert heal(journal, []) == [] and journal_read(journal) == {}
+    assert oom_actions([later], oom, shards_per_gpu(_node("")), given_up=requeue.given_up_keys(journal)) != []
+
+
+def test_a_held_job_its_owner_releases_unmarked_is_never_requeued_again(monkeypatch, tmp_path):
+    """While its mark fails the job waits held as JobHeldUser, which its owner may release: heal
+    then dropped its journal entry, and its next OOM on its old shards was requeued a second
+    time.  One never requeued (FAILED still) or marked leaves the journal as before."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import Action, apply, heal, journal_read
+
+    journal = str(tmp_path / "oom-requeues.json")
+    a = Action(1795, "oom-requeue", "gres/gpu:a100:1", "horus-queue:v1;action=oom-requeue;from=shard:30",
+               "gres/shard:100")
+    slurm = _Slurm(tres="gres/gpu=1", fail=("scontrol update JobId=1795 AdminComment",))
+    monkeypatch.setattr(requeue, "run", slurm)
+    with pytest.raises(HorusError):
+        apply(a, SHARED, journal=journal)
+    released = rec(1795, "RUNNING", "gres/shard:30", SHARED)
+    assert heal(journal, [released]) == [] and journal_read(journal)["1795"]["given_up"]
+    oom = lambda r: "torch.OutOfMemoryError: CUDA out of memory.\n"  # noqa: E731
+    again = rec(1795, "FAILED", "gres/shard:30", SHARED)
+    assert oom_actions([again], oom, shards_per_gpu(_node("")), given_up=requeue.given_up_keys(journal)) == []
+    for state, note in (("FAILED", SHARED), ("RUNNING", SHARED + " " + a.token)):
+        with pytest.raises(HorusError):
+            apply(a, SHARED, journal=journal)
+        assert heal(journal, [rec(1795, state, "gres/shard:30", note)]) == [] and journal_read(journal) == {}
 
 
 def test_an_oom_rerun_is_never_given_what_the_job_has(monkeypatch, tmp_path):
@@ -658,13 +687,15 @@ def test_heal_keeps_a_users_own_hold_and_moves_an_unreadable_journal_aside(monke
     journal_set(journal, "1795", {"job_id": 1795, "tres": "gres/gpu:a100:1",
                                   "token": "horus-queue:v1;action=oom-requeue;from=shard:30", "at": 0.0})
     user_held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldUser")
-    assert heal(journal, [user_held]) == [] and slurm.calls == [] and journal_read(journal) == {}
+    # left held, and kept from an OOM requeue of ours while it is in the queue: it may have
+    # been requeued, unmarked
+    assert heal(journal, [user_held]) == [] and slurm.calls == [] and journal_read(journal)["1795"]["given_up"]
     # nor an admin's hold placed on a requeued job (the description stays, the reason changes)
     journal_set(journal, "1795", {"job_id": 1795, "tres": "gres/gpu:a100:1",
                                   "token": "horus-queue:v1;action=oom-requeue;from=shard:30", "at": 0.0})
     admin_held = rec(1795, "PENDING", "gres/shard:30", SHARED, Priority="0", Reason="JobHeldAdmin",
                      StateDesc="job requeued in held state")
-    assert heal(journal, [admin_held]) == [] and slurm.calls == [] and journal_read(journal) == {}
+    assert heal(journal, [admin_held]) == [] and slurm.calls == [] and journal_read(journal)["1795"]["given_up"]
     (tmp_path / "oom-requeues.json").write_text('{"1795": {"job_id": 1795}}')
     errors = []
     assert heal(journal, [user_held], errors.append) == []
@@ -980,13 +1011,14 @@ def test_a_fallback_keeps_the_features_that_pin_its_type(monkeypatch, tmp_path):
 
 def test_a_pack_or_spread_leaves_a_job_changed_since_the_pass_read_it(monkeypatch):
     """The update was computed from the pass's read: a user's scontrol update of the job's
-    GRES, constraint or node count in between was overwritten."""
+    GRES or constraint in between was overwritten; the node count squeue shows a pending job,
+    Slurm's own estimate, is no change of the user's."""
     import json as _json
 
     from slurm_horus.ledger import requeue
     from slurm_horus.ledger.requeue import Action, JobChanged, JobMovedOn, apply
 
-    seen = rec(1795, "PENDING", "gres/gpu:a100:1", EXCL, Features="", NumNodes="1")
+    seen = rec(1795, "PENDING", "gres/gpu:a100:1", EXCL, Features="")
     now = {"job_id": 1795, "job_state": "PENDING", "tres_per_node": "gres/gpu:a100:1",
            "admin_comment": EXCL, "features": "", "node_count": 1, "tres_req_str": "gres/shard=50"}
     calls = []
@@ -997,7 +1029,7 @@ def test_a_pack_or_spread_leaves_a_job_changed_since_the_pass_read_it(monkeypatc
 
     monkeypatch.setattr(requeue, "run", run)
     a = Action(1795, "pack", "gres/shard:50", "horus-queue:v1;action=pack;from=gpu:1", features="a100")
-    for field, value in (("tres_per_node", "gres/gpu:a100:2"), ("features", "ib"), ("node_count", 2),
+    for field, value in (("tres_per_node", "gres/gpu:a100:2"), ("features", "ib"),
                          ("admin_comment", EXCL + " noted")):
         now.update({field: value})
         calls.clear()
@@ -1008,7 +1040,7 @@ def test_a_pack_or_spread_leaves_a_job_changed_since_the_pass_read_it(monkeypatc
     now["job_state"] = "RUNNING"
     with pytest.raises(JobMovedOn):
         apply(a, EXCL, "gres/gpu:a100:1", "", seen=seen)
-    now["job_state"] = "PENDING"
+    now.update({"job_state": "PENDING", "node_count": 2})  # the scheduler's estimate moved
     assert apply(a, EXCL, "gres/gpu:a100:1", "", seen=seen) == "gres/shard:50"
     assert ["scontrol", "update", "JobId=1795", "TresPerNode=gres/shard:50", "Features=a100"] in calls
 
@@ -1034,3 +1066,22 @@ def test_pressure_counts_the_idle_gpus_of_the_jobs_own_partitions():
                                              lambda *a: 1, 0, now=1.9e9)] == ["spread"]
     # the hook's pressure file is per type over the cluster, as the hook reads it
     assert pressure_types(waiting, [full, idle]) == []
+
+
+def test_an_unknown_slurm_version_stops_packing_not_the_oom_requeues(monkeypatch, tmp_path):
+    """The version decides only whether a pack may be tried: a `sinfo --version` that failed had
+    stopped the whole pass, the OOM requeues (which need no version) with it."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import tend
+
+    slurm = _tend_slurm(monkeypatch, tmp_path, [_failed_oom_job()])
+
+    def no_version():
+        raise HorusError("sinfo --version: timed out after 30 s")
+
+    monkeypatch.setattr(requeue, "slurm_version", no_version)
+    errors = []
+    tend(on_error=errors.append, journal=str(tmp_path / "oom-requeues.json"))
+    assert any(c[:2] == ["scontrol", "requeuehold"] for c in slurm.calls)
+    assert any(e.startswith("no pack this pass: sinfo --version") for e in errors), errors

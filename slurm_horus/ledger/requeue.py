@@ -217,7 +217,7 @@ def _packed_by_horus(rec: dict) -> bool:
 def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
                 per_gpu: dict[str, int] | None = None, types: set[str] | None = None,
                 nodes: list[dict] | None = None, type_features: set[str] | None = None,
-                given_up: set[tuple] = frozenset()) -> list[Action]:
+                given_up: set[int] = frozenset()) -> list[Action]:
     """OOM requeues for ``scontrol show job`` records: FAILED, held shards, fewer than a whole
     GPU's (a whole GPU is what the rerun would get), never requeued by this loop (no mark, not
     in ``given_up``: given_up_keys of the journal), one Slurm may requeue (not ``Requeue=0``,
@@ -238,7 +238,7 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
                 or rec.get("Requeue") == "0" or rec.get("BatchFlag") == "0":
             continue
         if any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))) \
-                or (jid, rec.get("_submit")) in given_up:
+                or jid in given_up:
             continue
         gtype = _gpu_type(rec, known) or _ran_on_type(rec, nodes or [])
         whole, fallback = _whole_gpu(gtype, rec.get("TresPerNode"), per_gpu or {})
@@ -708,14 +708,15 @@ def _signals_held():
             signal.raise_signal(n)  # now, to the handler the loop had
 
 
-# what a pack or spread is computed from: a user's update since the pass read them is kept
-_SEEN_FIELDS = ("TresPerNode", "Features", "AdminComment", "NumNodes")
+# what a pack or spread is computed from: a user's update since the pass read them is kept (not
+# the node count squeue shows a pending job: Slurm's own estimate, which changes untouched)
+_SEEN_FIELDS = ("TresPerNode", "Features", "AdminComment")
 
 
 def _unchanged(job_id: int, seen: dict) -> None:
     """Raise JobMovedOn or JobChanged unless the job still pends as the pass ``seen`` it: an
-    update computed from a stale read had overwritten a user's change of its GRES, its
-    constraint or its node count (and an admin's comment)."""
+    update computed from a stale read had overwritten a user's change of its GRES or its
+    constraint (and an admin's comment)."""
     now = _job_now(job_id)
     if now is None or now.get("JobState") != "PENDING":
         raise JobMovedOn(f"job {job_id}: no longer pending")
@@ -784,15 +785,14 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
 
 
 def finish_requeue(jid: str, action: Action, admin_comment: str | None, journal: str | None,
-                   give_up: bool = False, submit: float | None = None) -> str:
+                   give_up: bool = False) -> str:
     """The rest of an OOM requeue, on a job held by requeuehold: marked (Slurm takes no update of
     a finished job, so not before the requeue), reshaped to a whole GPU, restarted a moment
     later, released, and dropped from the journal.  The mark is the commit: a job whose mark
     Slurm does not take stays held and journaled for the next pass (released unmarked, on a
     whole GPU or not, its next OOM was requeued again) unless ``give_up`` (journaled GIVE_UP_S
-    ago); then it is released anyway and its journal entry kept as given up (``submit``: its
-    SubmitTime, which tells it from a later job of the same id; given_up_keys) until it leaves
-    the queue."""
+    ago); then it is released anyway and its journal entry kept as given up (given_up_keys)
+    until it leaves the queue."""
     try:
         run(["scontrol", "update", f"JobId={jid}", f"AdminComment={marked(admin_comment, action.token)}"])
         is_marked = True
@@ -819,7 +819,7 @@ def finish_requeue(jid: str, action: Action, admin_comment: str | None, journal:
     run(["scontrol", "release", jid])  # a failure keeps it journaled: the next pass releases it
     journal_set(journal, jid, None if is_marked else {
         "job_id": action.job_id, "tres": got or "", "token": action.token,
-        "given_up": True, "submit": submit, "at": time.time()})
+        "given_up": True, "at": time.time()})
     if not is_marked:
         raise HorusError(f"job {jid}: released unmarked after {GIVE_UP_S} s held for its OOM rerun "
                          f"({'on ' + _short(got) if got else 'on its old shards'}); the journal keeps "
@@ -888,22 +888,25 @@ def _held(rec: dict) -> bool:
             and rec.get("StateDesc") == REQUEUE_HELD)
 
 
-def given_up_keys(journal: str | None) -> set[tuple]:
-    """(job id, SubmitTime) of the jobs released unmarked (finish_requeue's give_up): never to
-    be requeued again (oom_actions); none where the journal cannot be read (heal has said so;
-    a dry run by another user)."""
+def given_up_keys(journal: str | None) -> set[int]:
+    """The ids of the jobs released unmarked (finish_requeue's give_up, or by someone else while
+    held: heal): never to be requeued again (oom_actions) while they are in the queue (heal
+    drops them after, so a later job of a reused id is not one); none where the journal cannot
+    be read (heal has said so; a dry run by another user).  By id alone: Slurm gives a requeued
+    job a new SubmitTime, and a node failure's requeue had made it another job."""
     try:
         entries = journal_read(journal)
     except HorusError:
         return set()
-    return {(e["job_id"], e.get("submit")) for e in entries.values() if e.get("given_up")}
+    return {e["job_id"] for e in entries.values() if e.get("given_up")}
 
 
 def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] | None = None) -> list[Action]:
     """Finish the journaled OOM requeues a pass could not (a requeuehold, mark or release that
     failed, maybe after Slurm acted): a job still held is marked, reshaped and released; one
-    that is not (never requeued, or gone on) leaves the journal, and a FAILED one is requeued
-    anew.  A job given up on stays in it until it leaves the queue."""
+    gone from the queue, or marked, or FAILED (never requeued: requeued anew) leaves the journal;
+    one requeued but released unmarked by someone else (its owner may release a user hold) is
+    kept as given up, as is a job given up on, until it leaves the queue."""
     done = []
     by_id = {_job_id(r): r for r in jobs}
     try:
@@ -924,14 +927,16 @@ def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] 
                 journal_set(journal, ref, None)
             continue
         if rec is None or not _held(rec):
-            journal_set(journal, ref, None)
+            marked_done = any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))) \
+                if rec is not None else True
+            released = not marked_done and rec.get("JobState") != "FAILED"
+            journal_set(journal, ref, {**e, "given_up": True} if released else None)
             continue
         a = Action(e["job_id"], "oom-requeue", e["tres"], e["token"], fallback=e.get("fallback"), ref=ref,
                    features=e.get("features"))
         try:
             with _signals_held():
-                got = finish_requeue(ref, a, e.get("admin"), journal, give_up=time.time() - e["at"] > GIVE_UP_S,
-                                     submit=rec.get("_submit"))
+                got = finish_requeue(ref, a, e.get("admin"), journal, give_up=time.time() - e["at"] > GIVE_UP_S)
             done.append(replace(a, tres=got))
         except HorusError as err:
             if on_error:
@@ -987,8 +992,14 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
     declared = declared_type_features() if policy_value("type_via", "features") == "features" else set()
     actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
                           shards_per_gpu(nodes), node_gpu_types(nodes), nodes, declared, given_up_keys(journal))
+    try:
+        can_pack = reshapes_gpu_to_shards()
+    except HorusError as e:  # the OOM requeues need no version: only packing waits for one
+        can_pack = False
+        if on_error:
+            on_error(f"no pack this pass: {e}")
     actions += [a for a in pressure_actions(jobs, nodes, pack_shards, mem_shards, min_wait_s, time.time(),
-                                            limit, type_features=declared, pack=reshapes_gpu_to_shards())
+                                            limit, type_features=declared, pack=can_pack)
                 if job_ids is None or a.job_id in job_ids]  # every pending job counts in the pressure
     done = healed
     by_id = {_job_id(r): r for r in jobs}

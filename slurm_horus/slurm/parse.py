@@ -295,7 +295,7 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
     parse_scontrol_records gives (JobId, UserId ``name(uid)``, JobState, Partition, Features,
     TresPerNode, TRES, ReqTRES, Comment, AdminComment, Restarts, SubmitTime in local ISO time,
     NodeList, Reason, Priority, Requeue and BatchFlag (1 or 0: whether Slurm may requeue it),
-    NumNodes, the detail lines as ``_details``), and what scontrol shows
+    the detail lines as ``_details``), and what scontrol shows
     otherwise: ``_submit`` and ``_start`` (epoch seconds: local ISO time is ambiguous once a
     year; ``_start`` the last run's start, for a pending job the expected one),
     ``_flags`` (the state's flags, 23.02+), ``_het`` (a hetjob's id), ``_tasks`` (the tasks
@@ -334,7 +334,6 @@ def squeue_json_records(text: str, job_id: int | str | None = None) -> list[dict
             "StateDesc": j.get("state_description") or "",
             "Priority": "" if _json_number(j.get("priority")) is None else str(_json_number(j.get("priority"))),
             "_details": [{"Nodes": h, "GRES": g} for h, g in zip(hosts, detail)],
-            "NumNodes": str(_json_number(j.get("node_count")) or ""),
             "_submit": submit, "_start": _json_number(j.get("start_time")) or None,
             "_flags": _json_state_flags(j),
             "_het": _json_number(j.get("het_job_id")) or None,
