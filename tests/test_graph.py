@@ -192,6 +192,42 @@ def test_fused_op_takes_its_activation_shape_not_its_weight_shape(tmp_path):
     r = extract_features(tmp_path / "f.onnx", batch_size=4)
     assert r.assumed_shapes == ["a"] and r.by_op["MatMul"].flops == 2 * 4 * 768 * 768
 
+@pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_onnxruntime_fused_products_give_the_op_after_them_their_product_shape(tmp_path, trans_a, trans_b):
+    # FusedMatMul (MatMul's broadcasting, its last two sizes transposed by transA, transB) and
+    # FusedGemm had taken A's shape, as any op ONNX has no schema for: the Relu after them was
+    # misshaped; a symbolic size (seq, unbound) flows through; transBatchA is not ruled: A's
+    import numpy as np
+    from onnx import numpy_helper
+
+    k, n = 64, 32
+    fm = np.zeros((1, n, k) if trans_b else (1, k, n), np.float32)
+    fg = np.zeros((n, k) if trans_b else (k, n), np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("FusedMatMul", ["x", "fm"], ["m"], domain="com.microsoft", transA=trans_a,
+                          transB=trans_b, alpha=1.0),
+         helper.make_node("Relu", ["m"], ["y"]),
+         helper.make_node("FusedGemm", ["g", "fg"], ["h"], domain="com.microsoft", transA=trans_a,
+                          transB=trans_b, activation="Relu"),
+         helper.make_node("Relu", ["h"], ["z"]),
+         helper.make_node("FusedMatMul", ["x", "x"], ["t"], domain="com.microsoft", transBatchA=1)], "fused",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch"] + ([k, "seq"] if trans_a else ["seq", k])),
+         helper.make_tensor_value_info("g", TensorProto.FLOAT, [k, "batch"] if trans_a else ["batch", k])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "z", "t")],
+        [numpy_helper.from_array(fm, "fm"), numpy_helper.from_array(fg, "fg")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    (tmp_path / "f.onnx").write_bytes(model.SerializeToString())
+    g = load_graph(tmp_path / "f.onnx", batch_size=4)
+    assert g.tensors["y"].shape == (4, "seq", n) and g.tensors["z"].shape == (4, n)
+    assert g.assumed_shapes == ["t"] and g.tensors["t"].shape == g.tensors["x"].shape
+    r = extract_features(tmp_path / "f.onnx", batch_size=4, dims={"seq": 8})
+    assert [c.flops for c in r.nodes if c.outputs == ("m",)] == [2 * 4 * 8 * k * n]
+    assert r.by_op["FusedGemm"].flops == 2 * 4 * k * n
+    assert r.by_op["Relu"].activation_bytes == 4 * (4 * 8 * n + 4 * n)
+
+
 # --- bad input through the CLI: one line on stderr, non-zero exit, bounded time and memory ---
 
 def _cycle(tmp_path):

@@ -156,6 +156,37 @@ def test_matmul_nbits_and_gather_block_quantized_count_their_packed_values(tmp_p
     assert r.quantized_params == 100 * k + n * k
 
 
+@pytest.mark.parametrize("schemas", [True, False])
+def test_matmul_nbits_and_bnb4_give_the_op_after_them_their_product_shape(tmp_path, monkeypatch, schemas):
+    """MatMulNBits' and MatMulBnb4's output, declared nowhere, is A's shape with its last size
+    the attribute N (ONNX has no schema for them): it had taken A's [..., K], costed
+    2·M·K·K and misshaped the Relu after it.  Without schemas from Python, the rounds apply
+    the same rule."""
+    from slurm_horus.graph.load import load_graph
+
+    if not schemas:
+        import onnx
+
+        monkeypatch.setattr(onnx.defs, "register_schema", lambda schema: 1 / 0)
+    n, k, block = 32, 64, 32
+    inits = [_t("b_q", U8, [n, k // block, block // 2]), _t("b_s", F, [n * k // block], 0.01),
+             _t("b_zp", U8, [n], 0x88), _t("c_q", U8, [n * k // 2]), _t("c_s", F, [n * k // block], 0.01)]
+    nodes = [helper.make_node("MatMulNBits", ["x", "b_q", "b_s", "b_zp"], ["m"], domain="com.microsoft",
+                              K=k, N=n, bits=4, block_size=block),
+             helper.make_node("Relu", ["m"], ["y"]),
+             helper.make_node("MatMulBnb4", ["x", "c_q", "c_s"], ["b"], domain="com.microsoft",
+                              K=k, N=n, block_size=block, quant_type=1),
+             helper.make_node("Relu", ["b"], ["z"])]
+    path = _save(tmp_path / "nbits.onnx", nodes, [helper.make_tensor_value_info("x", F, ["batch", 8, k])],
+                 [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("z", F, None)],
+                 inits, ms=True)
+    g = load_graph(path, batch_size=4)
+    assert g.tensors["y"] == g.tensors["z"] == TensorInfo(F, (4, 8, n)) and g.assumed_shapes == []
+    r = extract_features(path, batch_size=4)
+    assert r.by_op["MatMulNBits"].flops == 2 * 4 * 8 * k * n
+    assert r.by_op["Relu"].activation_bytes == 2 * 4 * 4 * 8 * n
+
+
 def test_a_fake_quant_float_weight_counts_once_and_its_scales_never(tmp_path):
     """A QAT export: float W -> QuantizeLinear -> DequantizeLinear -> Conv, per-channel scales."""
     inits = [_t("w", F, [16, 3, 3, 3], 0.01), _t("w_s", F, [16], 0.01), _t("w_zp", I8, [16], 0),

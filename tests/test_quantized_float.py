@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 
 from graphs import external_tensor
 from slurm_horus.graph.features import extract_features
+from slurm_horus.graph.load import TensorInfo, load_graph
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.predict.gpus import get_gpu
 
@@ -107,6 +108,36 @@ def test_a_low_precision_weight_upcast_by_a_cast_is_one_all_the_same(tmp_path, d
     r = extract_features(path, batch_size=1)
     assert r.values["params"] == r.quantized_params == k * n
     assert r.by_op["Cast"].params == k * n and r.by_op["MatMul"].flops == 2 * k * n
+
+
+@pytest.mark.parametrize("trans_a, trans_b, dtype", [(0, 0, F), (0, 1, F), (1, 0, TensorProto.FLOAT16),
+                                                     (1, 1, TensorProto.BFLOAT16)])
+@pytest.mark.parametrize("schemas", [True, False])
+def test_gemm_float8_gives_the_op_after_it_its_product_shape(tmp_path, monkeypatch, trans_a, trans_b, dtype,
+                                                             schemas):
+    """GemmFloat8's output, declared nowhere, is [M, N] of its dtype (ONNX has no schema for
+    it): it had taken A's shape and type, [M, K] FP8, costed 2·M·K·K and misshaped the Relu
+    after it.  Without schemas from Python, the rounds apply the same rule."""
+    k, n = 64, 32
+    if not schemas:
+        monkeypatch.setattr(onnx.defs, "register_schema", lambda schema: 1 / 0)
+    inits = [_w("w_q", FP8[0], [n, k] if trans_b else [k, n]), _w("x_s", F, [], 0.1), _w("w_s", F, [1], 0.01),
+             _w("y_s", F, [1], 1.0), _w("x_zp", FP8[0], [], 0.0)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_s", "x_zp"], ["x_q"]),
+             helper.make_node("GemmFloat8", ["x_q", "w_q", "", "x_s", "w_s", "y_s"], ["g"], domain="com.microsoft",
+                              transA=trans_a, transB=trans_b, dtype=dtype),
+             helper.make_node("Relu", ["g"], ["y"])]
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", F, [k, "batch"] if trans_a else ["batch", k])],
+                              [helper.make_tensor_value_info("y", dtype, None)], inits)
+    path = tmp_path / "gemm8.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                              helper.make_opsetid("com.microsoft", 1)])
+                     .SerializeToString())
+    g = load_graph(path, batch_size=4)
+    assert g.tensors["g"] == g.tensors["y"] == TensorInfo(dtype, (4, n)) and g.assumed_shapes == []
+    r = extract_features(path, batch_size=4)
+    assert r.by_op["GemmFloat8"].flops == 2 * 4 * k * n
+    assert r.by_op["Relu"].activation_bytes == 4 * n * (4 if dtype == F else 2)
 
 
 def test_an_fp8_model_trains_its_float_bias_alone(tmp_path):

@@ -122,6 +122,8 @@ def _matmul_flops(op, infos, y, attrs) -> tuple[int | None, bool]:
         return 2 * macs + bias, True
     if op == "MatMulNBits":
         k = int_attr(attrs, "K", a[-1])
+    elif op == "FusedMatMul" and int_attr(attrs, "transA") and len(a) > 1:
+        k = a[-2]  # A's last two sizes transposed
     else:
         k = a[-1]
     return 2 * numel(y) * k, True

@@ -7,14 +7,18 @@ outside its own folder.
 
 Ops that ONNX cannot infer (custom domains, unknown ops) would leave every tensor after them
 without a shape, and a whole network would cost nothing: their outputs are assumed to have the
-shape and type of their largest input (listed in `Graph.assumed_shapes`), so shapes keep flowing.
+shape and type of their largest input (listed in `Graph.assumed_shapes`), so shapes keep flowing;
+onnxruntime's matrix products (GemmFloat8, MatMulNBits, FusedMatMul...: PRODUCT_SHAPES) take
+their product's shape instead, where their inputs' shapes tell it, and are not listed.
 The rule runs inside ONNX's inference, as a schema registered for the time of the analysis, so
 one pass carries shapes past every such op; where that fails, a round of inference per op does.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import math
 import os
 import re
@@ -119,7 +123,8 @@ class Graph:
     bound_dims: dict[str, int]
     unknown_dims: list[str]
     missing_external_data: list[str] = field(default_factory=list)
-    assumed_shapes: list[str] = field(default_factory=list)  # outputs of ops ONNX cannot infer
+    assumed_shapes: list[str] = field(default_factory=list)  # outputs of ops ONNX cannot infer,
+    #                                                            shaped as their largest input
     unused_dims: list[str] = field(default_factory=list)  # --dim names the graph does not have
     fixed_batch: list[int] = field(default_factory=list)  # the inputs' fixed leading sizes, where
     #                                                      the batch size asked bound nothing
@@ -214,6 +219,10 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
             tensors = _collect_tensors(inferred.graph, onnx)
     _adopt_body_types(graph, inferred.graph, 0)  # If, Loop and Scan bodies' shapes, for costing
     tensors.update(initializers)
+    # a matrix product's output shaped by its own rule (PRODUCT_SHAPES) is not assumed
+    assumed -= {node.output[0] for node in opaque_nodes if node.output and node.output[0] in tensors
+                and (product := _node_product(node, tensors)) is not None
+                and tensors[node.output[0]].shape == product.shape}
     for name, info in tensors.items():
         if any(isinstance(d, int) and d < 0 for d in info.shape or ()):
             raise ModelError(f"{path}: tensor '{name}' would have a negative dimension "
@@ -743,8 +752,9 @@ def _assume_opaque_outputs(graph, opaque, tensors: dict[str, TensorInfo], assume
     nothing else moved: a fold may still settle a size) takes the largest input with a shape so
     far instead, symbolic sizes included, activations first (weights first, when an activation
     had only symbolic sizes, gave BERT's LayerNorm its weight's (768,) at a symbolic sequence
-    length); written into `graph.value_info` for the next inference (where it stays); returns
-    how many."""
+    length).  A matrix product of PRODUCT_SHAPES gives its first output its own shape instead,
+    where its inputs' shapes tell it.  Written into `graph.value_info` for the next inference
+    (where it stays); returns how many."""
     declared = {vi.name: vi for vi in (*graph.value_info, *graph.output)}
     weights = {t.name for t in graph.initializer}
     count = 0
@@ -760,20 +770,94 @@ def _assume_opaque_outputs(graph, opaque, tensors: dict[str, TensorInfo], assume
         if not known:
             continue  # a later round may know the rest
         largest = max(known, key=lambda info: info.nbytes)
+        product = _node_product(node, tensors)
         for index, name in enumerate(node.output):
             info = tensors.get(name)
             if not name or (info is not None and info.shape is not None):
                 continue
-            dtype = info.dtype if info is not None and info.dtype else largest.dtype
+            given = product if index == 0 and product is not None else largest
+            dtype = info.dtype if info is not None and info.dtype else given.dtype or largest.dtype
             vi = declared.get(name) or graph.value_info.add()
-            vi.CopyFrom(onnx.helper.make_tensor_value_info(name, dtype, largest.shape))
-            tensors[name] = TensorInfo(dtype, largest.shape)  # the next op in this pass sees it
+            vi.CopyFrom(onnx.helper.make_tensor_value_info(name, dtype, given.shape))
+            tensors[name] = TensorInfo(dtype, given.shape)  # the next op in this pass sees it
             assumed.add(name)
             count += 1
             for attr in node.attribute:  # declared now: _infer_opaque leaves it
                 if attr.name == OPAQUE_OUTPUTS_ATTR:
                     attr.ints[index] = -1
     return count
+
+
+def _gemm_shape(attr, shapes, b_index=1) -> tuple | None:
+    """Gemm's [M, N]: of A [M, K] and B [K, N] (input ``b_index``), each transposed by its
+    attribute (transA, transB)."""
+    a, b = shapes[0], shapes[b_index] if len(shapes) > b_index else None
+    if a is None or b is None or len(a) != 2 or len(b) != 2:
+        return None
+    return (a[1] if attr("transA") else a[0], b[0] if attr("transB") else b[1])
+
+
+def _matmul_shape(attr, shapes) -> tuple | None:
+    """MatMul's shape (numpy's matmul) of A and B of two dimensions or more, the last two of
+    either transposed by transA, transB; FusedMatMul's transBatchA, transBatchB are not ruled."""
+    a, b = shapes[0], shapes[1] if len(shapes) > 1 else None
+    if a is None or b is None or min(len(a), len(b)) < 2 or attr("transBatchA") or attr("transBatchB"):
+        return None
+    batch = []
+    for x, y in itertools.zip_longest(reversed(a[:-2]), reversed(b[:-2]), fillvalue=1):
+        # a size of 1 stretches to the other; a number names a size the other must have
+        batch.append(y if x == 1 else x if y == 1 or x == y or isinstance(x, int)
+                     else y if isinstance(y, int) else None)
+    return (*reversed(batch), a[-1] if attr("transA") else a[-2], b[-2] if attr("transB") else b[-1])
+
+
+def _n_shape(attr, shapes) -> tuple | None:
+    """A [..., K] times the weight [K, N] packed as the op packs it: A's shape, its last size
+    the attribute N."""
+    n = attr("N")
+    return None if not shapes[0] or n is None or not 0 < n <= MAX_DIM else (*shapes[0][:-1], n)
+
+
+# onnxruntime's matrix products (com.microsoft), which ONNX has no schema for: the shape of
+# their output from (an int attribute by name, the inputs' shapes); the largest input's (A's
+# [M, K]) cost a GemmFloat8 2·M·K·K and misshaped every op after it
+PRODUCT_SHAPES = {
+    "GemmFloat8": _gemm_shape, "FusedGemm": _gemm_shape,
+    "QGemm": functools.partial(_gemm_shape, b_index=3),  # A, a_scale, a_zp, B, ...
+    "FusedMatMul": _matmul_shape, "MatMulIntegerToFloat": _matmul_shape,
+    "DynamicQuantizeMatMul": _matmul_shape,
+    "MatMulNBits": _n_shape, "MatMulBnb4": _n_shape,
+}
+
+
+def _product_rule(op: str, domain: str):
+    """The PRODUCT_SHAPES rule of an op of ``domain`` (as _schema_domain names it), else None."""
+    return PRODUCT_SHAPES.get(op) if domain == "com.microsoft" else None
+
+
+def _int_value(attr) -> int | None:
+    """An AttributeProto's integer (None for another kind, or no attribute)."""
+    return attr.i if attr is not None and attr.type == attr.INT else None
+
+
+def _product_output(rule, attr, shapes: list) -> TensorInfo | None:
+    """What ``rule`` (of PRODUCT_SHAPES, or None) makes of an op's first output, from ``attr``
+    (an int attribute by name) and its inputs' shapes (None where unknown): its shape, and its
+    element type where the attribute dtype (GemmFloat8's) names one (else 0); None where the
+    rule cannot tell."""
+    shape = rule(attr, shapes) if rule is not None and shapes else None
+    if shape is None:
+        return None
+    dtype = attr("dtype")
+    return TensorInfo(dtype if dtype in DTYPE_BYTES or dtype in PACKED_BITS else 0, shape)
+
+
+def _node_product(node, tensors) -> TensorInfo | None:
+    """_product_output for ``node``, its inputs' shapes as ``tensors`` has them."""
+    attrs = {a.name: a for a in node.attribute}
+    return _product_output(_product_rule(node.op_type, _schema_domain(node)),
+                           lambda name: _int_value(attrs.get(name)),
+                           [tensors[n].shape if n in tensors else None for n in node.input])
 
 
 def _schema_domain(node) -> str:
@@ -859,7 +943,8 @@ def _opaque_schema(defs, op: str, domain: str):
     schema = defs.OpSchema(op, domain, 1, inputs=[defs.OpSchema.FormalParameter("in", "T", **variadic)],
                            outputs=[defs.OpSchema.FormalParameter("out", "T", **variadic)],
                            type_constraints=[("T", any_type, "")])
-    schema.set_type_and_shape_inference_function(_infer_opaque)
+    schema.set_type_and_shape_inference_function(
+        functools.partial(_infer_opaque, rule=_product_rule(op, domain)))
     return schema
 
 
@@ -896,32 +981,31 @@ def _alarm_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _infer_opaque(ctx) -> None:
-    """ONNX's inference of an opaque op (_opaque_schemas): each output takes the shape of the
-    largest activation input, once every activation input has a shape (a weight's where the op
-    reads none), as _assume_opaque_outputs gives it; nothing otherwise."""
+def _infer_opaque(ctx, rule=None) -> None:
+    """ONNX's inference of an opaque op (_opaque_schemas): as _assume_opaque_outputs gives them,
+    once every activation input has a shape (a weight's where the op reads none), its first
+    output the shape ``rule`` (a PRODUCT_SHAPES rule) gives, and every other output the shape
+    of the largest activation input; nothing otherwise."""
     try:
+        import onnx
+
         kinds = list(ctx.get_attribute(OPAQUE_INPUTS_ATTR).ints)
         codes = list(ctx.get_attribute(OPAQUE_OUTPUTS_ATTR).ints)
         active = [i for i, k in enumerate(kinds) if k == 0] or [i for i, k in enumerate(kinds) if k < 2]
-        largest, size = None, -1
-        for i in active:
-            t = ctx.get_input_type(i) if i < ctx.get_num_inputs() else None
-            tt = t.tensor_type if t is not None and t.HasField("tensor_type") else None
-            if tt is None or not tt.HasField("shape"):
-                return  # wait: a later round may know it
-            nbytes = _info_of(tt).nbytes  # as the rounds' rule sizes it
-            if nbytes > size:
-                largest, size = t, nbytes
-        if largest is None:
-            return
+        types = [ctx.get_input_type(i) if k < 2 and i < ctx.get_num_inputs() else None
+                 for i, k in enumerate(kinds)]
+        infos = [_info_of(t.tensor_type) if t is not None and t.HasField("tensor_type") else None
+                 for t in types]
+        if not active or any(infos[i] is None or infos[i].shape is None for i in active):
+            return  # wait: a later round may know it
+        largest = max((infos[i] for i in active), key=lambda info: info.nbytes)  # the rounds' size
+        product = _product_output(rule, lambda name: _int_value(ctx.get_attribute(name)),
+                                  [None if i is None else i.shape for i in infos])
         for o, code in enumerate(codes[:ctx.get_num_outputs()]):
             if code >= 0:
-                out = type(largest)()
-                out.CopyFrom(largest)
-                if code:
-                    out.tensor_type.elem_type = code
-                ctx.set_output_type(o, out)
+                given = product if o == 0 and product is not None else largest
+                ctx.set_output_type(o, onnx.helper.make_tensor_type_proto(
+                    code or given.dtype or largest.dtype, given.shape))
     except Exception:  # noqa: BLE001 - an error here must not stop the analysis: the rounds remain
         return
 
