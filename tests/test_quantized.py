@@ -318,3 +318,29 @@ def test_qdq_float_copies_of_the_weights_are_the_warning_left(tmp_path):
         "into the ops that read them"]
     for model in (qop_cnn(tmp_path / "qop.onnx"), mixed(tmp_path / "mixed.onnx")):
         assert not [x for x in extract_features(model, batch_size=1).warnings() if "quantized" in x]
+
+
+def test_onnxruntime_integer_products_are_costed_as_matrix_products(tmp_path):
+    """QGemm (B at input 3), MatMulIntegerToFloat and DynamicQuantizeMatMul (MatMul's layout)
+    and MatMulBnb4 (K an attribute) are matrix products: 2·M·K·N FLOPs each.  They had no cost
+    rule (one FLOP per output element)."""
+    m, k, n = 4, 64, 32
+    inits = [_t("w", I8, [k, n]), _t("w_s", F, [], 0.01), _t("w_zp", I8, [], 0), _t("a_s", F, [], 0.1),
+             _t("a_zp", U8, [], 0), _t("y_s", F, [], 0.1), _t("y_zp", U8, [], 0), _t("c", I32, [n]),
+             _t("bnb", U8, [n * k // 2]), _t("absmax", F, [n * k // 64], 1.0), _t("ws", F, [n], 0.01)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "a_s", "a_zp"], ["xq"]),
+             helper.make_node("QGemm", ["xq", "a_s", "a_zp", "w", "w_s", "w_zp", "c", "y_s", "y_zp"], ["g"],
+                              domain="com.microsoft"),
+             helper.make_node("MatMulIntegerToFloat", ["xq", "w", "a_s", "ws", "a_zp", "w_zp"], ["i"],
+                              domain="com.microsoft"),
+             helper.make_node("DynamicQuantizeMatMul", ["x", "w", "ws", "w_zp"], ["d"], domain="com.microsoft"),
+             helper.make_node("MatMulBnb4", ["x", "bnb", "absmax"], ["b"], domain="com.microsoft",
+                              K=k, N=n, block_size=64, quant_type=1)]
+    nodes += [helper.make_node("Relu", [o], [o + "_r"]) for o in ("g", "i", "d", "b")]
+    outs = [helper.make_tensor_value_info(o + "_r", F, None) for o in ("g", "i", "d", "b")]
+    path = _save(tmp_path / "products.onnx", nodes, [helper.make_tensor_value_info("x", F, [m, k])], outs,
+                 inits, ms=True)
+    r = extract_features(path, batch_size=m)
+    for op in ("QGemm", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulBnb4"):
+        assert r.by_op[op].flops >= 2 * m * k * n, (op, r.by_op[op].flops)
+        assert r.by_op[op].flops <= 2 * m * k * n + m * n, (op, r.by_op[op].flops)

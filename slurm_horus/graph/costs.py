@@ -549,7 +549,8 @@ def categorize(op: str, outs: list[TensorInfo | None]) -> str:
     if op in ("Conv", "ConvTranspose", "FusedConv", "QLinearConv", "ConvInteger", "NhwcConv"):
         return "conv"
     if op in ("Gemm", "MatMul", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Einsum",
-              "FusedGemm", "MatMulNBits", "GemmFloat8"):
+              "FusedGemm", "MatMulNBits", "GemmFloat8", "QGemm", "MatMulIntegerToFloat",
+              "DynamicQuantizeMatMul", "MatMulBnb4"):
         return "matmul"
     if op in ATTENTION:
         return "attention"

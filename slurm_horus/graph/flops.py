@@ -108,19 +108,20 @@ def _rule_flops(op, category, infos, outs, attrs) -> tuple[int | None, bool]:
 def _matmul_flops(op, infos, y, attrs) -> tuple[int | None, bool]:
     if op == "Einsum":
         return _einsum_flops(infos, attrs)
-    b_index = 3 if op == "QLinearMatMul" else 1
+    b_index = 3 if op in ("QLinearMatMul", "QGemm") else 1
     a = shape_of(infos[0]) if infos else None
     b = shape_of(infos[b_index]) if len(infos) > b_index else None
     if a is None or b is None or y is None:
         return None, True
     if not a:
         return 0, False  # a scalar operand: no matrix product
-    if op in ("Gemm", "FusedGemm", "GemmFloat8"):
+    if op in ("Gemm", "FusedGemm", "GemmFloat8", "QGemm"):
         k = a[0] if int_attr(attrs, "transA") else a[-1]
         macs = numel(y) * k
-        bias = numel(y) if len(infos) > 2 and infos[2] is not None else 0
+        c = 6 if op == "QGemm" else 2  # the bias C
+        bias = numel(y) if len(infos) > c and infos[c] is not None else 0
         return 2 * macs + bias, True
-    if op == "MatMulNBits":
+    if op in ("MatMulNBits", "MatMulBnb4"):
         k = int_attr(attrs, "K", a[-1])
     elif op == "FusedMatMul" and int_attr(attrs, "transA") and len(a) > 1:
         k = a[-2]  # A's last two sizes transposed
