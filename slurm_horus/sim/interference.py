@@ -13,11 +13,11 @@ Each Lucid bin's median is placed at the bin's middle (the ">175 %" bin at 187.5
 last point the speed stays constant.  A job alone on its GPU always runs at speed 1.0.
 
 The spread: the curve gives the MEDIAN loss of a pair with that summed utilization; each job
-carries a sensitivity k (lognormal, mean 1, drawn per job by the trace generator), and its loss is
-k x the median loss, floored at the worst case (1/3.2).  Two jobs with the same summed util thus
-slow each other differently, and a pair's outcome depends on who is in it.  Over Lucid's mix of
-sums the pair speeds have p10 0.81 (Lucid: 0.78) and reach the 1/3.2 floor (Lucid's minimum:
-0.44); p10 hardly moves with the sensitivity sigma, because a third of Lucid's pairs lose nothing.
+carries a sensitivity k (lognormal, median 1, drawn per job by the trace generator), and its loss
+is k x the median loss, floored at the worst case (1/3.2), so the median job of a bin runs at the
+bin's median speed.  Two jobs with the same summed util thus slow each other differently, and a
+pair's outcome depends on who is in it.  Over Lucid's mix of sums the pair speeds have p10 0.78
+(Lucid: 0.78) and reach the 1/3.2 floor (Lucid's minimum: 0.44).
 
 Beyond pairs (a stated assumption, no group measurement exists): k >= 3 jobs use the same curve
 at their summed utilization, and each job beyond the second multiplies every job's speed by
@@ -39,10 +39,11 @@ from slurm_horus.errors import HorusError
 
 __all__ = ["Interference", "LUCID_POINTS", "SENSITIVITY_SIGMA", "parse_points", "sensitivity_at", "share_above"]
 
-# The spread: each job's sensitivity k is lognormal with mean 1 and this sigma, the value at which
-# the pair speeds over Lucid's mix of sums have Lucid's p10 (0.81 against 0.78).  Traces draw each
-# job's k from it; the horus scheduler knows only the distribution (Interference.exceed_share),
-# never a job's k.
+# The spread: each job's sensitivity k is lognormal with median 1 (Lucid's pairs: k_obs median
+# 1.04, BENCHMARKS.md; a mean of 1 had put the median job's loss 17 % below the measured median)
+# and this sigma, at which the pair speeds over Lucid's mix of sums have Lucid's p10 (0.78).
+# Traces draw each job's k from it; the horus scheduler knows only the distribution
+# (Interference.exceed_share), never a job's k.
 SENSITIVITY_SIGMA = 0.6
 
 LUCID_POINTS: tuple[tuple[float, float], ...] = (
@@ -208,16 +209,16 @@ class Interference:
 
 
 def sensitivity_at(q: float, sigma: float = SENSITIVITY_SIGMA) -> float:
-    """The q-quantile of the sensitivity k (lognormal with mean 1 and ``sigma``): the job that
+    """The q-quantile of the sensitivity k (lognormal with median 1 and ``sigma``): the job that
     a share q of jobs are less sensitive than."""
-    return math.exp(-sigma * sigma / 2 + sigma * NormalDist().inv_cdf(q))
+    return math.exp(sigma * NormalDist().inv_cdf(q))
 
 
 def share_above(k_star: float, sigma: float = SENSITIVITY_SIGMA) -> float:
-    """P(k > k_star) for the sensitivity k, lognormal with mean 1 and ``sigma``."""
+    """P(k > k_star) for the sensitivity k, lognormal with median 1 and ``sigma``."""
     if k_star <= 0.0:
         return 1.0
-    return 0.5 * math.erfc((math.log(k_star) + sigma * sigma / 2) / (sigma * math.sqrt(2.0)))
+    return 0.5 * math.erfc(math.log(k_star) / (sigma * math.sqrt(2.0)))
 
 
 def parse_points(text: str) -> tuple[tuple[float, float], ...]:

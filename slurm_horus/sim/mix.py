@@ -17,6 +17,7 @@ import numpy as np
 
 from slurm_horus.errors import HorusError
 from slurm_horus.graph.features import extract_features
+from slurm_horus.graph.names import family_of
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.predict.gpus import get_gpu
 
@@ -96,6 +97,16 @@ def _site_tables(site) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], di
     return util, mem, {str(t): tables(doc, f" on {t}") for t, doc in by_type.items()}
 
 
+def _site_get(table: Mapping[str, np.ndarray], model: str | None) -> np.ndarray | None:
+    """The site's residuals of the mix's ``model`` in ``table``: under its own name (rows that
+    name it so), else under its family, the ledger's ``model_family`` (graph.names.family_of:
+    mobilenet_v2 -> mobilenet, vit_b_16 -> vit_b); None where the site has neither."""
+    if not model:
+        return None
+    got = table.get(model)
+    return got if got is not None else table.get(family_of(model))
+
+
 class ModelMix:
     """Predictions of the model mix per (model, batch, task, GPU type), and the predictor's
     measured memory residuals.
@@ -129,14 +140,14 @@ class ModelMix:
     def mem_residuals(self, model: str) -> np.ndarray:
         """log(measured / predicted) memory of ``model``: the site's runs of it (``site``), else
         GPUMemNet's, else pooled over all models GPUMemNet measured."""
-        got = self._site_mem.get(model)
+        got = _site_get(self._site_mem, model)
         return got if got is not None else self._res_model.get(model, self._res_pooled)
 
     def util_residuals(self, model: str | None = None) -> np.ndarray:
         """log(measured / predicted) utilization: the site's solo runs of ``model`` (``site``),
         else of all its models, else the cold start's on held-out GPUMemNet MLP runs (the only
         utilization measurements shipped)."""
-        got = self._site_util.get(model) if model else None
+        got = _site_get(self._site_util, model)
         if got is None:
             got = self._site_util.get(SITE_POOLED)
         return got if got is not None else self._util_res
@@ -145,7 +156,7 @@ class ModelMix:
         """(util, memory) residuals of the site's runs of ``model`` on ``gpu_type``; None where
         it has too few (the shipped residuals were measured on one A100 only)."""
         util, mem = self._site_types.get(gpu_type, ({}, {}))
-        return util.get(model), mem.get(model)
+        return _site_get(util, model), _site_get(mem, model)
 
     def _zoo_dims(self) -> dict[str, dict[str, int]]:
         if self._dims is None:

@@ -145,8 +145,9 @@ def _job_extras(rng: np.random.Generator, types: list[str], duration: float,
                 sens_sigma: float) -> tuple[dict[str, float], float, float]:
     """(runtime factor per type, interference sensitivity, time limit on the slowest type)."""
     rx = {t: runtime_factor(t) for t in types}
-    # lognormal, mean 1; one draw whatever the spread, so the rest of the trace stays the same
-    sens = float(np.exp(sens_sigma * rng.standard_normal() - sens_sigma ** 2 / 2))
+    # lognormal, median 1 (the median job loses the curve's median); one draw whatever the
+    # spread, so the rest of the trace stays the same
+    sens = float(np.exp(sens_sigma * rng.standard_normal()))
     return rx, sens, time_limit(duration * max(rx.values()), limit_factor, limit_cap_s)
 
 
