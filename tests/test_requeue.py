@@ -641,7 +641,7 @@ def test_a_held_job_its_owner_releases_unmarked_is_never_requeued_again(monkeypa
     time.  One never requeued (FAILED still) or marked leaves the journal as before."""
     from slurm_horus.errors import HorusError
     from slurm_horus.ledger import requeue
-    from slurm_horus.ledger.requeue import Action, apply, heal, journal_read
+    from slurm_horus.ledger.requeue import Action, apply, heal, journal_read, journal_set
 
     journal = str(tmp_path / "oom-requeues.json")
     a = Action(1795, "oom-requeue", "gres/gpu:a100:1", "horus-queue:v1;action=oom-requeue;from=shard:30",
@@ -655,6 +655,12 @@ def test_a_held_job_its_owner_releases_unmarked_is_never_requeued_again(monkeypa
     oom = lambda r: "torch.OutOfMemoryError: CUDA out of memory.\n"  # noqa: E731
     again = rec(1795, "FAILED", "gres/shard:30", SHARED)
     assert oom_actions([again], oom, shards_per_gpu(_node("")), given_up=requeue.given_up_keys(journal)) == []
+    # released, run and out of memory again before the next pass: FAILED, but started since
+    with pytest.raises(HorusError):
+        apply(a, SHARED, journal=journal)
+    failed_since = rec(1795, "FAILED", "gres/shard:30", SHARED, _start=journal_read(journal)["1795"]["at"] + 5)
+    assert heal(journal, [failed_since]) == [] and journal_read(journal)["1795"]["given_up"]
+    journal_set(journal, "1795", None)
     for state, note in (("FAILED", SHARED), ("RUNNING", SHARED + " " + a.token)):
         with pytest.raises(HorusError):
             apply(a, SHARED, journal=journal)
@@ -1085,3 +1091,22 @@ def test_an_unknown_slurm_version_stops_packing_not_the_oom_requeues(monkeypatch
     tend(on_error=errors.append, journal=str(tmp_path / "oom-requeues.json"))
     assert any(c[:2] == ["scontrol", "requeuehold"] for c in slurm.calls)
     assert any(e.startswith("no pack this pass: sinfo --version") for e in errors), errors
+
+
+def test_overlapping_partitions_share_one_pool_of_idle_gpus():
+    """A scavenger partition over a lab's nodes: counted apart, each partition took the one idle
+    A100 they share as its own (one job waiting in each: no pressure), so two of three waiting
+    jobs stayed whole where only one can start, and a packed one was spread back."""
+    a = {"NodeName": "a", "State": "MIXED", "Partitions": "short,all", "Gres": "gpu:a100:4,shard:a100:400",
+         "GresUsed": "gpu:a100:3(IDX:0-2),shard:a100:0(IDX:N/A)"}
+    b = {"NodeName": "b", "State": "MIXED", "Partitions": "all", "Gres": "gpu:a100:4,shard:a100:400",
+         "GresUsed": "gpu:a100:4(IDX:0-3),shard:a100:0(IDX:N/A)"}
+    jobs = [rec(1, "PENDING", "gres:gpu:a100:1", EXCL, Partition="short", SubmitTime="2026-01-01T00:00:01"),
+            rec(2, "PENDING", "gres:gpu:a100:1", EXCL, Partition="all", SubmitTime="2026-01-01T00:00:02"),
+            rec(3, "PENDING", "gres:gpu:a100:1", EXCL, Partition="all", SubmitTime="2026-01-01T00:00:03")]
+    acts = pressure_actions(jobs, [a, b], 50, lambda *z: 1, 0, now=1.9e9)
+    assert sorted((x.job_id, x.kind) for x in acts) == [(1, "pack"), (2, "pack")]
+    packed = rec(4, "PENDING", "gres/shard:a100:50", EXCL + " horus-queue:v1;action=pack;from=gpu:1",
+                 Partition="short")
+    acts = pressure_actions([packed, *jobs[1:]], [a, b], 50, lambda *z: 1, 0, now=1.9e9)
+    assert 4 not in [x.job_id for x in acts]  # still three waiting for the one idle GPU: kept packed

@@ -310,42 +310,52 @@ def _waiting(recs: list[dict]) -> int:
 def _pending_by_type(jobs: list[dict], nodes: list[dict], by_partition: bool = True
                      ) -> tuple[dict[tuple, list[dict]], dict[tuple, int], dict[tuple, int]]:
     """Pending jobs that wait for GPUs (_waits_for_gpus), per pool of GPUs they compete for,
-    (the node names of their partitions, GPU type), in submission order (an array's tasks not
-    split yet in one record: _waiting counts them); per pool how many jobs the hook left
-    without a type (``type=any``) wait there: each takes whichever type its partition has frees
-    first, so it is load on each (the loop leaves it as is); and per pool its idle GPUs
-    (_node_type_free).  A plain --gres=gpu:1 on nodes of several types is typed by no one: no
-    load, as before.  Idle GPUs of a partition the job cannot use are none of its: summed over
-    the cluster, they had kept its jobs whole and spread packed ones back while it stayed full.
-    ``by_partition`` False: one pool per type over every node (the hook's view)."""
+    (node names, GPU type), in submission order (an array's tasks not split yet in one record:
+    _waiting counts them); per pool how many jobs the hook left without a type (``type=any``)
+    wait there: each takes whichever type its partition has frees first, so it is load on each
+    (the loop leaves it as is); and per pool its idle GPUs (_node_type_free).  A plain
+    --gres=gpu:1 on nodes of several types is typed by no one: no load, as before.  A pool is
+    the nodes of the waiting jobs' partitions that share a node (a scavenger partition over a
+    lab's nodes joins them): idle GPUs of a partition no job of the pool can use are none of
+    its (summed over the cluster, they had kept a full partition's jobs whole and spread packed
+    ones back), and overlapping partitions counted apart had each taken the shared idle GPUs
+    as their own.  ``by_partition`` False: one pool per type over every node (the hook's view)."""
     types = node_gpu_types(nodes)  # of every node: a drained type is still a type
+    waiting = [rec for rec in jobs if _waits_for_gpus(rec)]
+    # the node names of each waiting job's partitions (every node where the records name none)
+    named: dict[str, frozenset[str]] = {}
+    for rec in waiting:
+        partition = rec.get("Partition") or "" if by_partition else ""
+        if partition not in named:
+            mine = partition_nodes(nodes, partition) if partition.strip(",") else []
+            named[partition] = frozenset(n.get("NodeName") or "" for n in (mine or nodes))
+    # pools: the unions of those sets that share a node
+    pools: list[frozenset[str]] = []
+    for names in set(named.values()):
+        joined = [p for p in pools if p & names]
+        pools = [p for p in pools if not p & names] + [frozenset().union(names, *joined)]
+    pool_of = {partition: tuple(sorted(next(p for p in pools if names <= p)))
+               for partition, names in named.items()}
+    free: dict[tuple, int] = {}
+    partition_types: dict[str, set[str]] = {}
+    for key in set(pool_of.values()) | {tuple(sorted(n.get("NodeName") or "" for n in nodes))}:
+        members = set(key)
+        free.update({(key, t): c for t, c in
+                     _node_type_free([n for n in nodes if (n.get("NodeName") or "") in members]).items()})
     pending: dict[tuple, list[dict]] = {}
     untyped: dict[tuple, int] = {}
-    everyone = tuple(sorted(n.get("NodeName") or "" for n in nodes))
-    free = {(everyone, t): c for t, c in _node_type_free(nodes).items()}
-    pools: dict[str, tuple[tuple[str, ...], set[str]]] = {}
-
-    def pool_of(rec: dict) -> tuple[tuple[str, ...], set[str]]:
-        """The job's pool (its partitions' node names; every node where the records name none,
-        or not ``by_partition``), its idle GPUs counted once, and its partitions' GPU types."""
-        partition = rec.get("Partition") or ""
-        if partition not in pools:
-            mine = partition_nodes(nodes, partition) if partition.strip(",") else []
-            key = tuple(sorted(n.get("NodeName") or "" for n in mine)) if mine and by_partition else everyone
-            if not any(k[0] == key for k in free):
-                free.update({(key, t): c for t, c in _node_type_free(mine).items()})
-            pools[partition] = key, node_gpu_types(mine or nodes)
-        return pools[partition]
-
-    for rec in jobs:
-        if not _waits_for_gpus(rec):
-            continue
-        key, partition_types = pool_of(rec)
+    for rec in waiting:
+        partition = rec.get("Partition") or "" if by_partition else ""
+        key = pool_of[partition]
         gtype = _gpu_type(rec, types)
         if (key, gtype) in free:
             pending.setdefault((key, gtype), []).append(rec)
         elif gtype is None and _left_untyped(rec) and _asks_for_gpus(rec):
-            for t in partition_types:
+            own = rec.get("Partition") or ""  # its types, in the hook's view too
+            if own not in partition_types:
+                mine = partition_nodes(nodes, own) if own.strip(",") else []
+                partition_types[own] = node_gpu_types(mine or nodes)
+            for t in partition_types[own]:
                 if (key, t) in free:
                     untyped[key, t] = untyped.get((key, t), 0) + _waiting([rec])
     for recs in pending.values():
@@ -929,7 +939,10 @@ def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] 
         if rec is None or not _held(rec):
             marked_done = any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))) \
                 if rec is not None else True
-            released = not marked_done and rec.get("JobState") != "FAILED"
+            # FAILED still from before the requeue, it was never requeued (requeued anew); a run
+            # started since was a release of ours unmarked, however it ended
+            ran_since = isinstance(rec.get("_start"), (int, float)) and rec["_start"] > e["at"]
+            released = not marked_done and (rec.get("JobState") != "FAILED" or ran_since)
             journal_set(journal, ref, {**e, "given_up": True} if released else None)
             continue
         a = Action(e["job_id"], "oom-requeue", e["tres"], e["token"], fallback=e.get("fallback"), ref=ref,
