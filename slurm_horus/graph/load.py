@@ -821,12 +821,30 @@ def _n_shape(attr, shapes) -> tuple | None:
 # onnxruntime's matrix products (com.microsoft), which ONNX has no schema for: the shape of
 # their output from (an int attribute by name, the inputs' shapes); the largest input's (A's
 # [M, K]) cost a GemmFloat8 2·M·K·K and misshaped every op after it
+def _as_a(attr, shapes) -> int:
+    return 0  # A's element type
+
+
+def _float(attr, shapes) -> int:
+    return 1  # FLOAT: an integer product given back as float
+
+
+def _gemm8_type(attr, shapes) -> int:
+    return attr("dtype") or 1  # its dtype attribute, FLOAT by default
+
+
+def _qgemm_type(attr, shapes) -> int:
+    return 1 if len(shapes) <= 7 or shapes[7] is None else 0  # FLOAT without y_scale, else A's
+
+
+# (its output's shape, its element type: 0 for A's) from (an int attribute by name, the
+# inputs' shapes); a float product typed as its integer input had failed the next op's inference
 PRODUCT_SHAPES = {
-    "GemmFloat8": _gemm_shape, "FusedGemm": _gemm_shape,
-    "QGemm": functools.partial(_gemm_shape, b_index=3),  # A, a_scale, a_zp, B, ...
-    "FusedMatMul": _matmul_shape, "MatMulIntegerToFloat": _matmul_shape,
-    "DynamicQuantizeMatMul": _matmul_shape,
-    "MatMulNBits": _n_shape, "MatMulBnb4": _n_shape,
+    "GemmFloat8": (_gemm_shape, _gemm8_type), "FusedGemm": (_gemm_shape, _as_a),
+    "QGemm": (functools.partial(_gemm_shape, b_index=3), _qgemm_type),  # A, a_scale, a_zp, B, ...
+    "FusedMatMul": (_matmul_shape, _as_a), "MatMulIntegerToFloat": (_matmul_shape, _float),
+    "DynamicQuantizeMatMul": (_matmul_shape, _float),
+    "MatMulNBits": (_n_shape, _as_a), "MatMulBnb4": (_n_shape, _as_a),
 }
 
 
@@ -843,12 +861,11 @@ def _int_value(attr) -> int | None:
 def _product_output(rule, attr, shapes: list) -> TensorInfo | None:
     """What ``rule`` (of PRODUCT_SHAPES, or None) makes of an op's first output, from ``attr``
     (an int attribute by name) and its inputs' shapes (None where unknown): its shape, and its
-    element type where the attribute dtype (GemmFloat8's) names one (else 0); None where the
-    rule cannot tell."""
-    shape = rule(attr, shapes) if rule is not None and shapes else None
+    element type where the rule names one (else 0: A's); None where the rule cannot tell."""
+    shape = rule[0](attr, shapes) if rule is not None and shapes else None
     if shape is None:
         return None
-    dtype = attr("dtype")
+    dtype = rule[1](attr, shapes)
     return TensorInfo(dtype if dtype in DTYPE_BYTES or dtype in PACKED_BITS else 0, shape)
 
 
