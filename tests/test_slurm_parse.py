@@ -301,13 +301,12 @@ def test_slurmdbd_private_data_hides_jobs_from_sacct_and_so_from_hacct(monkeypat
 def test_the_queue_loop_knows_its_own_requeuehold_in_recorded_squeue_json():
     """Root's scontrol requeuehold leaves JobHeldUser and "job requeued in held state" (not
     JobHeldAdmin): the journal's heal had dropped exactly the jobs it exists for."""
-    from slurm_horus.ledger.requeue import _held
-
     jid = INDEX["squeue_json_requeue_held"]["job_id"]
     (rec,) = [r for r in sp.squeue_json_records(out("squeue_json_requeue_held")) if r["JobId"] == str(jid)]
     assert rec["JobState"] == "PENDING" and rec["Reason"] == "JobHeldUser"
-    assert _held(rec)
-    assert not _held({**rec, "Reason": "JobHeldAdmin"}) and not _held({**rec, "StateDesc": ""})
+    assert sp.held_by_requeue(rec)
+    assert not sp.held_by_requeue({**rec, "Reason": "JobHeldAdmin"})
+    assert not sp.held_by_requeue({**rec, "StateDesc": ""})
 
 
 def test_an_array_records_tasks_are_counted_never_expanded():

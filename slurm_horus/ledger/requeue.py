@@ -39,7 +39,9 @@ from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run, slurm_version
 from slurm_horus.slurm.hint import HookDecision, parse_decision, parse_hint
 from slurm_horus.slurm.parse import (array_task_count, expand_batch_stdio, expand_hostlist, gpu_types_of_node,
-                                     parse_gres, parse_scontrol_records, partition_nodes, squeue_json_records)
+                                     held_by_requeue, job_moved_on, node_takes_jobs, parse_gres,
+                                     parse_scontrol_records, partition_nodes, requeue_refused,
+                                     squeue_json_records, tres_requests)
 from slurm_horus.slurm.policy import SLOWDOWN_TAILS, charged_mem_mib, declared_type_features, policy_value
 from slurm_horus.sim.interference import Interference, sensitivity_at
 from slurm_horus.textfile import open_for_reading
@@ -53,19 +55,10 @@ OOM_RE = re.compile(r"CUDA out of memory|(?<!java\.lang\.)OutOfMemoryError|CUDA_
                     r"OOM when allocating tensor(?![^\n]*(?:device:CPU|allocator cpu))")
 TAIL_BYTES = 256 * 1024  # the end of the error file: where a crash's last words are
 RESTART_DELAY_S = 5  # an OOM rerun starts this long after its requeue (see apply)
-# Slurm's refusals of a requeue that no later pass changes (_job_requeue_op): ESLURM_DISABLED
-# (--no-requeue or JobRequeue=0, the job's partition gone), ESLURM_BATCH_ONLY (salloc, srun)
-REQUEUE_REFUSED_RE = re.compile(r"Requested operation is presently disabled|"
-                                r"Only batch jobs are accepted or processed")
-
-# scontrol update's answers for a job no longer pending: started, ended or purged since the
-# pass read the queue (22.05 and 25.11)
-JOB_MOVED_ON_RE = re.compile(r"Job is no longer pending execution|Job has already finished|"
-                             r"Job/step already completing or completed|Invalid job id specified")
 
 
 class JobMovedOn(HorusError):
-    """The job to reshape is no longer pending (JOB_MOVED_ON_RE): nothing was changed."""
+    """The job to reshape is no longer pending (parse.job_moved_on): nothing was changed."""
 
 
 class JobChanged(HorusError):
@@ -273,10 +266,7 @@ def _node_type_free(nodes: list[dict]) -> dict[str, int]:
     """{gpu type: GPUs with nothing allocated on them} over nodes that can run jobs."""
     free: dict[str, int] = {}
     for n in nodes:
-        state = (n.get("State") or "").upper()
-        # a reserved or maintenance node's GPUs are no pending job's: they counted as idle, and
-        # packed jobs were spread back to GPUs they could not use
-        if any(s in state for s in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "RESERVED", "MAINT")):
+        if not node_takes_jobs(n.get("State")):
             continue
         total = {g["type"]: g["count"] for g in parse_gres(n.get("Gres")) if g["name"] == "gpu"}
         used = parse_gres(n.get("GresUsed"))
@@ -672,7 +662,7 @@ def _requests(job_id: int, name: str, count: int) -> bool:
     TresPerNode text, which 22.05 changes without applying; the count too: a job given more
     shards asked for gres/shard before as well)."""
     rec = _job_now(job_id) or {}
-    return f"gres/{name}={count}" in (rec.get("ReqTRES") or rec.get("TRES") or "").split(",")
+    return tres_requests(rec.get("ReqTRES") or rec.get("TRES"), name, count)
 
 
 def reshape(jid: str, tres: str, fallback: str | None, job_id: int | None = None,
@@ -769,7 +759,7 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
                 put_back()
             except HorusError:
                 pass
-            if JOB_MOVED_ON_RE.search(str(e)):
+            if job_moved_on(str(e)):
                 raise JobMovedOn(str(e)) from None
             raise
         try:
@@ -787,7 +777,7 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
     try:
         run(["scontrol", "requeuehold", jid])
     except HorusError as e:
-        if not REQUEUE_REFUSED_RE.search(str(e)):
+        if not requeue_refused(str(e)):
             raise  # maybe after Slurm acted: the journal lets the next pass finish it
         journal_set(journal, jid, None)  # final: nothing for heal to finish, nor to retry
         raise RequeueRefused(f"job {jid}: Slurm refuses to requeue it ({e}): left as it is") from None
@@ -886,18 +876,6 @@ def journal_set(path: str | None, ref: str, entry: dict | None) -> None:
         raise HorusError(f"requeue journal {path}: {e.strerror or e}") from None
 
 
-REQUEUE_HELD = "job requeued in held state"  # the state description requeuehold leaves
-
-
-def _held(rec: dict) -> bool:
-    """Held as requeuehold leaves a job, root's included: JobHeldUser with the description
-    "job requeued in held state" (seen on the 22.05 test cluster; Slurm's _job_requeue_op): a
-    journaled requeue still to finish.  A hold anyone placed afterwards (an admin's
-    JobHeldAdmin, a user's plain hold) is not the loop's to release."""
-    return (rec.get("JobState") == "PENDING" and rec.get("Reason") == "JobHeldUser"
-            and rec.get("StateDesc") == REQUEUE_HELD)
-
-
 def given_up_keys(journal: str | None) -> set[int]:
     """The ids of the jobs released unmarked (finish_requeue's give_up, or by someone else while
     held: heal): never to be requeued again (oom_actions) while they are in the queue (heal
@@ -936,7 +914,7 @@ def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] 
             if rec is None:
                 journal_set(journal, ref, None)
             continue
-        if rec is None or not _held(rec):
+        if rec is None or not held_by_requeue(rec):  # (a hold placed after it is not the loop's)
             marked_done = any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))) \
                 if rec is not None else True
             # FAILED still from before the requeue, it was never requeued (requeued anew); a run

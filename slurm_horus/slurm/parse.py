@@ -568,3 +568,47 @@ def sbatch_plugin_options(help_text: str) -> dict[str, bool]:
         if m:
             out[m.group(1)] = bool(m.group(2))
     return out
+
+
+# Slurm's refusals of a requeue that no later pass changes (_job_requeue_op): ESLURM_DISABLED
+# (--no-requeue or JobRequeue=0, the job's partition gone), ESLURM_BATCH_ONLY (salloc, srun)
+_REQUEUE_REFUSED_RE = re.compile(r"Requested operation is presently disabled|"
+                                 r"Only batch jobs are accepted or processed")
+# scontrol update's answers for a job no longer pending: started, ended or purged since it was
+# read (22.05 and 25.11)
+_JOB_MOVED_ON_RE = re.compile(r"Job is no longer pending execution|Job has already finished|"
+                              r"Job/step already completing or completed|Invalid job id specified")
+_REQUEUE_HELD = "job requeued in held state"  # the state description requeuehold leaves
+# node states whose GPUs no pending job gets: down, draining or drained, failing, reserved or
+# in maintenance (a reserved node's idle GPUs had counted as free)
+_UNAVAILABLE_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "RESERVED", "MAINT")
+
+
+def requeue_refused(message: str) -> bool:
+    """Whether scontrol's error says Slurm will never requeue the job (not a transient failure)."""
+    return bool(_REQUEUE_REFUSED_RE.search(message))
+
+
+def job_moved_on(message: str) -> bool:
+    """Whether scontrol update's error says the job is no longer pending."""
+    return bool(_JOB_MOVED_ON_RE.search(message))
+
+
+def held_by_requeue(rec: dict) -> bool:
+    """A squeue_json_records job held as requeuehold leaves it, root's included: JobHeldUser with
+    the description "job requeued in held state" (seen on the 22.05 test cluster; Slurm's
+    _job_requeue_op)."""
+    return (rec.get("JobState") == "PENDING" and rec.get("Reason") == "JobHeldUser"
+            and rec.get("StateDesc") == _REQUEUE_HELD)
+
+
+def node_takes_jobs(state: str | None) -> bool:
+    """Whether a node of this ``State=`` (scontrol's, flags joined by +) can run a pending job."""
+    upper = (state or "").upper()
+    return not any(s in upper for s in _UNAVAILABLE_NODE_STATES)
+
+
+def tres_requests(tres: str | None, name: str, count: int) -> bool:
+    """Whether a TRES string (ReqTRES, TRES: ``cpu=2,gres/shard=50,...``) holds ``count`` of
+    gres ``name``."""
+    return f"gres/{name}={count}" in (tres or "").split(",")
