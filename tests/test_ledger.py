@@ -338,6 +338,17 @@ V6_JOB_COLUMNS = ("predictor_source", "measured", "util_abs_err_pp", "util_sq_lo
 V7_JOB_COLUMNS = ("hook_action", "hook_reason", "queue_actions")
 
 
+def _older_copy(new, version: int, ddl: str):
+    """A copy of the ledger file ``new`` taken back to schema ``version`` by ``ddl`` (what the
+    migrations after it add, dropped again), beside it as vVERSION.db."""
+    old = new.with_name(f"v{version}.db")
+    old.write_bytes(new.read_bytes())
+    con = sqlite3.connect(old)
+    con.executescript(f"{ddl} UPDATE schema_version SET version = {version};")
+    con.close()
+    return old
+
+
 def test_migrate_v5_file_same_summary_and_schema(tmp_path):
     """A v5 ledger (the same jobs, without the stored summary terms) upgrades to the schema a new
     ledger gets from sql/schema.sql, and gives the same summary."""
@@ -348,15 +359,11 @@ def test_migrate_v5_file_same_summary_and_schema(tmp_path):
     _varied_jobs(L)
     want = summary(L)
     L.close()
-    old = tmp_path / "v5.db"
-    old.write_bytes(new.read_bytes())
-    con = sqlite3.connect(old)
-    con.executescript("DROP INDEX ix_jobs_summary; DROP INDEX ix_jobs_far; "
-                      "DROP INDEX ix_jobs_queue; "
-                      + "".join(f"ALTER TABLE jobs DROP COLUMN {c};"
-                                for c in V6_JOB_COLUMNS + V7_JOB_COLUMNS)
-                      + V5_SUMMARY_INDEX + "; UPDATE schema_version SET version = 5;")
-    con.close()
+    old = _older_copy(new, 5, "DROP INDEX ix_jobs_summary; DROP INDEX ix_jobs_far; "
+                              "DROP INDEX ix_jobs_queue; "
+                              + "".join(f"ALTER TABLE jobs DROP COLUMN {c};"
+                                        for c in V6_JOB_COLUMNS + V7_JOB_COLUMNS)
+                              + V5_SUMMARY_INDEX + ";")
     assert "far" not in dict(_schema_of(old)["jobs"])
     with pytest.raises(HorusError, match="schema version 5 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)
@@ -386,13 +393,8 @@ def test_migrate_v6_file_fills_scheduler_actions_from_stored_admin_comments(tmp_
     assert want == {1: ("shared", None, "oom-requeue"), 2: ("exclusive", "util", "pack,spread"),
                     3: (None, None, None), 4: (None, None, None)}
     L.close()
-    old = tmp_path / "v6.db"
-    old.write_bytes(new.read_bytes())
-    con = sqlite3.connect(old)
-    con.executescript("DROP INDEX ix_jobs_queue; "
-                      + "".join(f"ALTER TABLE jobs DROP COLUMN {c};" for c in V7_JOB_COLUMNS)
-                      + "UPDATE schema_version SET version = 6;")
-    con.close()
+    old = _older_copy(new, 6, "DROP INDEX ix_jobs_queue; "
+                              + "".join(f"ALTER TABLE jobs DROP COLUMN {c};" for c in V7_JOB_COLUMNS))
     with pytest.raises(HorusError, match="schema version 6 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)
     M = Ledger(f"sqlite:///{old}")
@@ -409,13 +411,9 @@ def test_migrate_v8_file_gains_array_ids(tmp_path):
     L = Ledger(f"sqlite:///{new}")
     L.record_usage(job_id=7, cluster="c", source="sacct", state="COMPLETED", shards=30)
     L.close()
-    old = tmp_path / "v8.db"
-    old.write_bytes(new.read_bytes())
-    con = sqlite3.connect(old)
-    con.executescript("DROP INDEX ix_jobs_array; ALTER TABLE jobs DROP COLUMN array_job_id; "
-                      "ALTER TABLE usage DROP COLUMN array_job_id; ALTER TABLE jobs DROP COLUMN array_task_id; "
-                      "ALTER TABLE usage DROP COLUMN array_task_id; UPDATE schema_version SET version = 8;")
-    con.close()
+    old = _older_copy(new, 8, "DROP INDEX ix_jobs_array; ALTER TABLE jobs DROP COLUMN array_job_id; "
+                              "ALTER TABLE usage DROP COLUMN array_job_id; ALTER TABLE jobs DROP COLUMN array_task_id; "
+                              "ALTER TABLE usage DROP COLUMN array_task_id;")
     with pytest.raises(HorusError, match="schema version 8 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)
     M = Ledger(f"sqlite:///{old}")
@@ -432,12 +430,7 @@ def test_migrate_v9_file_gains_array_task_ids(tmp_path):
     L = Ledger(f"sqlite:///{new}")
     L.record_usage(job_id=7, cluster="c", source="sacct", state="COMPLETED", shards=30, array_job_id=5)
     L.close()
-    old = tmp_path / "v9.db"
-    old.write_bytes(new.read_bytes())
-    con = sqlite3.connect(old)
-    con.executescript("ALTER TABLE jobs DROP COLUMN array_task_id; ALTER TABLE usage DROP COLUMN array_task_id; "
-                      "UPDATE schema_version SET version = 9;")
-    con.close()
+    old = _older_copy(new, 9, "ALTER TABLE jobs DROP COLUMN array_task_id; ALTER TABLE usage DROP COLUMN array_task_id;")
     M = Ledger(f"sqlite:///{old}")
     assert M.schema_version() == SCHEMA_VERSION == 11 and _schema_of(old) == _schema_of(new)
     assert [(r["job_id"], r["array_job_id"], r["array_task_id"]) for r in M.jobs()] == [(7, 5, None)]
@@ -1145,13 +1138,9 @@ def test_migrate_v10_file_gains_het_job_ids(tmp_path):
     L = Ledger(f"sqlite:///{new}")
     L.record_usage(job_id=92, cluster="c", source="sacct", state="COMPLETED", shards=30)
     L.close()
-    old = tmp_path / "v10.db"
-    old.write_bytes(new.read_bytes())
-    con = sqlite3.connect(old)
-    con.executescript("DROP INDEX ix_jobs_het; ALTER TABLE jobs DROP COLUMN het_job_id; "
-                      "ALTER TABLE jobs DROP COLUMN het_job_offset; ALTER TABLE usage DROP COLUMN het_job_id; "
-                      "ALTER TABLE usage DROP COLUMN het_job_offset; UPDATE schema_version SET version = 10;")
-    con.close()
+    old = _older_copy(new, 10, "DROP INDEX ix_jobs_het; ALTER TABLE jobs DROP COLUMN het_job_id; "
+                               "ALTER TABLE jobs DROP COLUMN het_job_offset; ALTER TABLE usage DROP COLUMN het_job_id; "
+                               "ALTER TABLE usage DROP COLUMN het_job_offset;")
     assert "het_job_id" not in str(_schema_of(old))
     with pytest.raises(HorusError, match="schema version 10 is older"):
         Ledger(f"sqlite:///{old}", readonly=True)

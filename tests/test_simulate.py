@@ -482,14 +482,7 @@ def test_residuals_from_a_real_ledger_reach_every_generated_model(tmp_path):
     n = 0
     for m in models:
         for _ in range(5):
-            led.record_submission(job_id=n, cluster="c", user="u", submit_time=1000 + 60 * n,
-                                  model_path=f"/zoo/{m}.onnx",
-                                  predictions={"a100": {"util_pct": 60.0, "mem_mib": 4000.0,
-                                                        "mem_mib_p90": 4500.0}},
-                                  hint="horus:v1;a100=60/4000/4500")
-            led.record_usage(job_id=n, cluster="c", source="sacct", util_mean=30.0,
-                             mem_peak_mib=6000.0, elapsed_s=600, state="COMPLETED", gpu_type="a100",
-                             start_time=1000 + 60 * n, end_time=1600 + 60 * n)
+            _measured_a100_job(led, n, 60.0, 30.0, 6000.0, model_path=f"/zoo/{m}.onnx")
             n += 1
     cluster = homogeneous_cluster(16, "a100")
     jobs = build_trace(cluster, "philly", 300, 3, 1.0, 0.0, 0.0, None, None, None,
@@ -722,6 +715,18 @@ def test_bf_interval_spaces_backfill_passes():
     assert by_id(sim, jobs)[3] == (30, 530) and by_id(sim, jobs)[1] == (1000, 1100)
 
 
+def _measured_a100_job(led, job_id: int, pred_util: float, util: float, mem_mib: float,
+                       model_path: str | None = None) -> None:
+    """A job a site's ledger holds: hinted at ``pred_util`` % and 4,000 MiB (p90 4,500) on an
+    A100, then measured there alone by sacct, 600 s from 1000 + 60 x ``job_id``."""
+    start = 1000 + 60 * job_id
+    led.record_submission(job_id=job_id, cluster="c", user="u", submit_time=start, model_path=model_path,
+                          predictions={"a100": {"util_pct": pred_util, "mem_mib": 4000.0, "mem_mib_p90": 4500.0}},
+                          hint=f"horus:v1;a100={pred_util:g}/4000/4500")
+    led.record_usage(job_id=job_id, cluster="c", source="sacct", util_mean=util, mem_peak_mib=mem_mib,
+                     elapsed_s=600, state="COMPLETED", gpu_type="a100", start_time=start, end_time=start + 600)
+
+
 def test_replays_a_real_ledger(tmp_path):
     """--ledger URL: the measured jobs of the site's own ledger become the trace."""
     import json as _json
@@ -734,13 +739,7 @@ def test_replays_a_real_ledger(tmp_path):
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     led = Ledger(url, spool=str(tmp_path / "spool"))
     for i in range(12):
-        led.record_submission(job_id=i, cluster="c", user="u", submit_time=1000 + 60 * i,
-                              predictions={"a100": {"util_pct": 30.0, "mem_mib": 4000.0,
-                                                    "mem_mib_p90": 4500.0}},
-                              hint="horus:v1;a100=30/4000/4500")
-        led.record_usage(job_id=i, cluster="c", source="sacct", util_mean=35.0,
-                         mem_peak_mib=4200.0, elapsed_s=600, state="COMPLETED", gpu_type="a100",
-                         start_time=1000 + 60 * i, end_time=1600 + 60 * i)
+        _measured_a100_job(led, i, 30.0, 35.0, 4200.0)
     res = CliRunner().invoke(admin, ["simulate", "--ledger", url, "--gpus", "2", "--json"])
     assert res.exit_code == 0, res.output
     out = _json.loads(res.output)
