@@ -20,9 +20,9 @@ exceeded the job's hint, ``no`` when it did not, empty when there was nothing to
 
 Of sacct's own fields, those whose values the ledger holds as Slurm facts are columns under
 sacct's names (JobIDRaw, Start, End, ElapsedRaw, NodeList: the nodes Slurm's accounting gave
-the job, as Node); ``JobID`` is the job's own id (JobIDRaw) but for a heterogeneous job's
-component, which sacct's JobID names HetJobId+HetJobOffset (``1234+1``) from what accounting
-gave sync (schema v11; a component synced before shows its own id); another of sacct's fields (JobName, Partition, ExitCode, ...) is refused with
+the job, as Node); ``JobID`` is sacct's: a heterogeneous job's component as
+HetJobId+HetJobOffset (``1234+1``), an array task as ArrayJobId_ArrayTaskId (``1234_7``), from
+what accounting gave sync (job_id_str), any other job by its own id (JobIDRaw); another of sacct's fields (JobName, Partition, ExitCode, ...) is refused with
 a message saying the ledger does not record it.
 """
 

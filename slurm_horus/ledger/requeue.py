@@ -312,13 +312,21 @@ def _pending_by_type(jobs: list[dict], nodes: list[dict], by_partition: bool = T
     as their own.  ``by_partition`` False: one pool per type over every node (the hook's view)."""
     types = node_gpu_types(nodes)  # of every node: a drained type is still a type
     waiting = [rec for rec in jobs if _waits_for_gpus(rec)]
-    # the node names of each waiting job's partitions (every node where the records name none)
-    named: dict[str, frozenset[str]] = {}
-    for rec in waiting:
-        partition = rec.get("Partition") or "" if by_partition else ""
-        if partition not in named:
-            mine = partition_nodes(nodes, partition) if partition.strip(",") else []
-            named[partition] = frozenset(n.get("NodeName") or "" for n in (mine or nodes))
+    of_partition: dict[str, list[dict]] = {}
+    types_of: dict[str, set[str]] = {}
+
+    def nodes_of(partition: str) -> list[dict]:
+        """The nodes of a job's partitions (a comma list: their union; every node where the
+        records name none)."""
+        if partition not in of_partition:
+            of_partition[partition] = (partition_nodes(nodes, partition) if partition.strip(",") else []) or nodes
+        return of_partition[partition]
+
+    def pool_partition(rec: dict) -> str:
+        return (rec.get("Partition") or "") if by_partition else ""
+
+    named = {pool_partition(rec): frozenset(n.get("NodeName") or "" for n in nodes_of(pool_partition(rec)))
+             for rec in waiting}
     # pools: the unions of those sets that share a node
     pools: list[frozenset[str]] = []
     for names in set(named.values()):
@@ -327,7 +335,6 @@ def _pending_by_type(jobs: list[dict], nodes: list[dict], by_partition: bool = T
     pool_of = {partition: tuple(sorted(next(p for p in pools if names <= p)))
                for partition, names in named.items()}
     free: dict[tuple, int] = {}
-    partition_types: dict[str, set[str]] = {}
     for key in set(pool_of.values()) | {tuple(sorted(n.get("NodeName") or "" for n in nodes))}:
         members = set(key)
         free.update({(key, t): c for t, c in
@@ -335,17 +342,15 @@ def _pending_by_type(jobs: list[dict], nodes: list[dict], by_partition: bool = T
     pending: dict[tuple, list[dict]] = {}
     untyped: dict[tuple, int] = {}
     for rec in waiting:
-        partition = rec.get("Partition") or "" if by_partition else ""
-        key = pool_of[partition]
+        key = pool_of[pool_partition(rec)]
         gtype = _gpu_type(rec, types)
         if (key, gtype) in free:
             pending.setdefault((key, gtype), []).append(rec)
         elif gtype is None and _left_untyped(rec) and _asks_for_gpus(rec):
             own = rec.get("Partition") or ""  # its types, in the hook's view too
-            if own not in partition_types:
-                mine = partition_nodes(nodes, own) if own.strip(",") else []
-                partition_types[own] = node_gpu_types(mine or nodes)
-            for t in partition_types[own]:
+            if own not in types_of:
+                types_of[own] = node_gpu_types(nodes_of(own))
+            for t in types_of[own]:
                 if (key, t) in free:
                     untyped[key, t] = untyped.get((key, t), 0) + _waiting([rec])
     for recs in pending.values():
