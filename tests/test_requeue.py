@@ -852,7 +852,7 @@ def _tend_slurm(monkeypatch, tmp_path, jobs):
     err.write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
     (tmp_path / "policy.conf").write_text("")
     monkeypatch.setenv("HORUS_POLICY", str(tmp_path / "policy.conf"))
-    monkeypatch.setattr(requeue, "slurm_version", lambda: "25.11.7")
+    monkeypatch.setattr(requeue, "slurm_version", lambda fresh=False: "25.11.7")
     slurm = _Slurm(fail=("scontrol requeuehold",), refusal="Requested operation is presently disabled")
 
     def run(args, timeout=30):
@@ -943,7 +943,7 @@ def _pressed_slurm(monkeypatch, tmp_path, version):
 
     (tmp_path / "policy.conf").write_text("")
     monkeypatch.setenv("HORUS_POLICY", str(tmp_path / "policy.conf"))
-    monkeypatch.setattr(requeue, "slurm_version", lambda: version)
+    monkeypatch.setattr(requeue, "slurm_version", lambda fresh=False: version)
     job = {**_failed_oom_job(), "job_state": ["PENDING"], "state_reason": "Resources",
            "tres_per_node": "gres/gpu:a100:1", "admin_comment": EXCL, "submit_time": 1_700_000_000}
     updates = []
@@ -978,6 +978,26 @@ def test_no_pack_is_tried_where_slurm_refuses_every_one(monkeypatch, tmp_path, d
         assert [a.kind for a in done] == packs and errors == [], (version, errors)
         if not packs:
             assert updates == []
+
+
+def test_a_loop_sees_slurm_upgraded_under_it(monkeypatch, tmp_path):
+    """`horus-admin queue --interval` is one process for every pass: the version was read once,
+    so a loop started on 22.05 never packed after an upgrade to 25.11 (and would have gone on
+    packing after a downgrade)."""
+    from slurm_horus.ledger import requeue
+    from slurm_horus.ledger.requeue import tend
+    from slurm_horus.slurm import commands
+
+    versions = iter(["slurm-wlm 22.05.8\n", "slurm 25.11.7\n"])
+    monkeypatch.setattr(commands, "_version", [])
+    monkeypatch.setattr(commands, "run", lambda args, timeout=30: next(versions))
+    kinds = []
+    for _ in range(2):
+        _pressed_slurm(monkeypatch, tmp_path, None)
+        monkeypatch.setattr(requeue, "slurm_version", commands.slurm_version)
+        kinds.append([a.kind for a in tend(mem_shards=lambda *a: 1, min_wait_s=0, dry_run=True,
+                                          job_ids={1795}, journal=str(tmp_path / "j.json"))])
+    assert kinds == [[], ["pack"]]
 
 
 def test_an_oom_rerun_of_a_whole_gpus_shards_stays_on_its_type():
@@ -1083,7 +1103,7 @@ def test_an_unknown_slurm_version_stops_packing_not_the_oom_requeues(monkeypatch
 
     slurm = _tend_slurm(monkeypatch, tmp_path, [_failed_oom_job()])
 
-    def no_version():
+    def no_version(fresh=False):
         raise HorusError("sinfo --version: timed out after 30 s")
 
     monkeypatch.setattr(requeue, "slurm_version", no_version)

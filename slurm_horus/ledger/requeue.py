@@ -511,12 +511,12 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
     return out
 
 
-def reshapes_gpu_to_shards() -> bool:
-    """Whether Slurm turns a pending job's gpu request into shards: 23.02+ does; 22.05 refuses
-    every such update ("Invalid generic resource"), so a pack there only failed the pass, every
-    pass under pressure (its shards-to-shards spreads work, and a whole GPU falls back to one
-    GPU's shards)."""
-    major, minor = (int(x) for x in slurm_version().split(".")[:2])
+def reshapes_gpu_to_shards(version: str) -> bool:
+    """Whether Slurm ``version`` turns a pending job's gpu request into shards: 23.02+ does;
+    22.05 refuses every such update ("Invalid generic resource"), so a pack there only failed
+    the pass, every pass under pressure (its shards-to-shards spreads work, and a whole GPU
+    falls back to one GPU's shards)."""
+    major, minor = (int(x) for x in version.split(".")[:2])
     return (major, minor) >= (23, 2)
 
 
@@ -568,21 +568,19 @@ def _hinted_exclusive(rec: dict) -> bool:
     return bool(decision and decision.action == "exclusive" and decision.reason == "util")
 
 
-def stdio_paths(job_id: str) -> dict[str, str]:
-    """The job's StdErr and StdOut as Slurm expands them (``scontrol show job``: squeue's JSON
-    has them unexpanded). A user can forge these lines, but only for a file they can read:
-    read_error_tail opens it with the rights of the owner squeue names."""
+def stdio_paths(job_id: str, version: str | None) -> dict[str, str]:
+    """The job's StdErr and StdOut as Slurm (``version``; None: unknown) expands them
+    (``scontrol show job``: squeue's JSON has them unexpanded). A user can forge these lines,
+    but only for a file they can read: read_error_tail opens it with the rights of the owner
+    squeue names."""
     try:
         recs = parse_scontrol_records(run(["scontrol", "show", "job", str(job_id)]))
     except HorusError:
         return {}  # gone meanwhile: nothing to read
     rec = recs[0] if recs and recs[0].get("JobId") == str(job_id) else {}
     out = {k: rec[k] for k in ("StdErr", "StdOut") if rec.get(k)}
-    try:
-        if not slurm_version().startswith("22."):
-            return out  # later scontrols expand every pattern themselves (25.11: checked)
-    except HorusError:
-        return out
+    if version is None or not version.startswith("22."):
+        return out  # later scontrols expand every pattern themselves (25.11: checked)
     host = None
     if any(re.search(r"%\d*N", v) for v in out.values()) and rec.get("BatchHost"):
         try:  # %N is the batch host's hostname, which 22.05's scontrol leaves unexpanded
@@ -986,14 +984,15 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     declared = declared_type_features() if policy_value("type_via", "features") == "features" else set()
-    actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"])}),
-                          shards_per_gpu(nodes), node_gpu_types(nodes), nodes, declared, given_up_keys(journal))
-    try:
-        can_pack = reshapes_gpu_to_shards()
+    try:  # read at every pass: a --interval loop outlives an upgrade of Slurm
+        version = slurm_version(fresh=True)
     except HorusError as e:  # the OOM requeues need no version: only packing waits for one
-        can_pack = False
+        version = None
         if on_error:
             on_error(f"no pack this pass: {e}")
+    actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"], version)}),
+                          shards_per_gpu(nodes), node_gpu_types(nodes), nodes, declared, given_up_keys(journal))
+    can_pack = version is not None and reshapes_gpu_to_shards(version)
     actions += [a for a in pressure_actions(jobs, nodes, pack_shards, mem_shards, min_wait_s, time.time(),
                                             limit, type_features=declared, pack=can_pack)
                 if job_ids is None or a.job_id in job_ids]  # every pending job counts in the pressure

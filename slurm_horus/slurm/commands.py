@@ -114,13 +114,14 @@ def run(args: list[str], timeout: float = TIMEOUT_S) -> str:
     return cp.stdout
 
 
-def slurm_version() -> str:
-    """``X.Y.Z`` of the Slurm whose tools are on PATH (``sinfo --version``), once per process."""
-    if not _version:
+def slurm_version(fresh: bool = False) -> str:
+    """``X.Y.Z`` of the Slurm whose tools are on PATH (``sinfo --version``), once per process;
+    ``fresh``: read again (a long-running loop must see an upgrade of Slurm under it)."""
+    if fresh or not _version:
         m = re.search(r"(\d+\.\d+\.\d+)", run(["sinfo", "--version"]))
         if not m:
             raise HorusError("sinfo --version: no version in its output")
-        _version.append(m.group(1))
+        _version[:] = [m.group(1)]
     return _version[0]
 
 
