@@ -152,6 +152,21 @@ def test_far_exceeding(tmp_path):
     assert s["all"]["far_exceeding"] == 1 and s["far_exceeding"][0]["job_id"] == 1
 
 
+def test_a_far_jobs_unknown_figure_reads_as_unknown_and_its_id_as_sacct_names_it(tmp_path):
+    """A job far above its prediction on memory alone, its hint with no utilization, was
+    listed as 'util None->90.0'; an array task by its own id, not the JobID hacct lists."""
+    u = f"sqlite:///{tmp_path}/l.db"
+    L = Ledger(u)
+    L.record_submission(job_id=7, cluster="c", user="x", predictions={"t4": {"util_pct": None,
+                                                                           "mem_mib": 1000}})
+    L.record_usage(job_id=7, cluster="c", source="sacct", util_mean=90, mem_peak_mib=4000, gpu_type="t4",
+                   array_job_id=5, array_task_id=2)
+    r = CliRunner().invoke(main, ["--ledger", u, "--summary"])
+    assert r.exit_code == 0, r.output
+    far = r.output.splitlines()[-1].split()
+    assert far == ["5_2", "x", "t4", "util", "-", "->", "90.0", "mem", "1000", "->", "4000", "MiB"]
+
+
 def test_plot_png(url, tmp_path):
     """The filters reach the plot (tests/test_plots.py checks the figure itself)."""
     r = CliRunner().invoke(main, ["--ledger", url, "--plot", "-u", "bob"])

@@ -1150,3 +1150,54 @@ def test_migrate_v10_file_gains_het_job_ids(tmp_path):
     M.record_usage(job_id=92, cluster="c", source="sacct", state="COMPLETED", shards=30,
                    het_job_id=91, het_job_offset=1)
     assert [(r["job_id"], r["het_job_id"], r["het_job_offset"]) for r in M.jobs(job_ids=[91])] == [(92, 91, 1)]
+
+
+def test_a_window_holding_only_a_requeued_jobs_earlier_run_keeps_the_rerun(tmp_path):
+    """A sync over a window that lists only a requeued job's earlier run (sync -E inside that
+    run, or a replayed file) replaced the rerun the ledger held with the earlier run: its state,
+    times and measured use (recorded 22.05 output, the earlier run made from it)."""
+    from slurm_horus.ledger.sync import sync
+
+    fix = os.path.join(os.path.dirname(__file__), "fixtures", "slurm", "sacct_json_finished_gpu.stdout")
+    (rerun,) = json.loads(open(fix).read())["jobs"]
+    rerun["comment"]["job"] = "horus:v1;t4=60/3000/3500"
+    earlier = json.loads(json.dumps(rerun))
+    earlier["time"]["submission"] -= 5000
+    earlier["time"]["start"], earlier["time"]["end"] = rerun["time"]["start"] - 4000, rerun["time"]["start"] - 3000
+    earlier["state"]["current"] = "NODE_FAIL"
+    L = Ledger(_url(tmp_path), spool=str(tmp_path / "sp"))
+    sync(L, sacct_json={"jobs": [rerun, earlier]})
+    recorded = [(j["state"], j["submit_time"], j["start_time"]) for j in L.jobs()]
+    assert recorded == [("COMPLETED", rerun["time"]["submission"], rerun["time"]["start"])]
+    res = sync(L, sacct_json={"jobs": [earlier]})
+    assert [(j["state"], j["submit_time"], j["start_time"]) for j in L.jobs()] == recorded
+    assert res["recorded"] == 0
+    sync(L, sacct_json={"jobs": [rerun]})  # the same run again: recorded again, idempotent
+    assert [(j["state"], j["submit_time"], j["start_time"]) for j in L.jobs()] == recorded
+
+
+def test_a_job_running_across_a_syncs_windows_is_recorded_and_counted_once(tmp_path, monkeypatch):
+    """sacct lists a job in every window it ran in: a catch-up sync of three hourly windows
+    counted one finished job three times ("3 of 3 finished jobs recorded, 3 with claims")
+    and wrote it three times (recorded 22.05 output, each window's answer)."""
+    from slurm_horus.ledger.sync import sync
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm.accounting import parse_sacct_json
+
+    fix = os.path.join(os.path.dirname(__file__), "fixtures", "slurm", "sacct_json_finished_gpu.stdout")
+    data = json.loads(open(fix).read())
+    data["jobs"][0]["comment"]["job"] = "horus:v1;t4=60/3000/3500"
+    windows = []
+
+    def accounting_jobs(since, until):
+        windows.append((since, until))
+        return parse_sacct_json(json.dumps(data))
+    monkeypatch.setattr(slurm, "accounting_jobs", accounting_jobs)
+    monkeypatch.setattr(slurm, "accounting_jobs_by_id", lambda ids: [])
+    monkeypatch.setattr(slurm, "node_gpu_types", lambda: {})
+    monkeypatch.setattr(slurm, "local_cluster", lambda conf=None: data["jobs"][0]["cluster"])
+    L = Ledger(_url(tmp_path), spool=str(tmp_path / "sp"))
+    now = time.time()
+    res = sync(L, since=now - 3 * 3600, until=now)
+    assert len(windows) == 3 and L.count("jobs") == 1
+    assert (res["jobs_seen"], res["recorded"], res["claims"]) == (1, 1, 1)

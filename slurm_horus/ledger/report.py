@@ -540,8 +540,9 @@ def summary_text(s: dict) -> str:
     far = s["far_exceeding"]
     out.append(f"-- jobs whose actual use far exceeds the prediction (util > +"
                f"{FAR_UTIL_PP:.0f} pp or memory > x{FAR_MEM_FACTOR}): {len(far)} shown")
-    for r in far:
-        out.append(f"{r['job_id']:>10} {r['user'] or '':<10} {r['gpu_type'] or '':<10} "
-                   f"util {r['pred_util_pct']}->{r['actual_util_pct']}  "
-                   f"mem {r['pred_mem_mib']}->{r['actual_mem_mib']} MiB")
+    for r in far:  # a figure not known (a job far above on memory alone): '-', never 'None'
+        out.append(f"{job_id_str(r):>10} {printable(r['user'] or ''):<10} "
+                   f"{printable(r['gpu_type'] or ''):<10} "
+                   f"util {_f1(r['pred_util_pct']) or '-'} -> {_f1(r['actual_util_pct']) or '-'}  "
+                   f"mem {_mib(r['pred_mem_mib']) or '-'} -> {_mib(r['actual_mem_mib']) or '-'} MiB")
     return "\n".join(out) + "\n"

@@ -120,6 +120,9 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
              if (j["cluster"], j["job_id"]) in carried] if carried else []
     total = {k: 0 for k in COUNTS} | replayed
     still_open: dict[int, bool] = {}  # job id -> running, over this sync's windows
+    # a job that ran across windows is in each one's answer: recorded and counted once (a
+    # 10-hour job of a catch-up sync was "10 of 10 finished jobs recorded")
+    done: set[tuple] = set()  # (cluster, job id, _run) of the finished runs recorded so far
     start, span = since, _window(ledger, local)
     while True:  # a window at a time, each recorded (and its progress kept) before the next
         end = min(start + span, until)
@@ -133,11 +136,13 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         have = {(j["cluster"], j["job_id"]) for j in accounted}
         accounted += [j for j in extra if (j["cluster"], j["job_id"]) not in have]
         extra = []
-        res, unfinished = _record(ledger, accounted, all_jobs=all_jobs, node_types=node_types,
+        fresh = [j for j in accounted if (j["cluster"], j["job_id"], _run(j)) not in done]
+        res, unfinished = _record(ledger, fresh, all_jobs=all_jobs, node_types=node_types,
                                   cluster=cluster, models=models)
         total.update({k: total[k] + res[k] for k in res})
+        done |= {(j["cluster"], j["job_id"], _run(j)) for j in fresh if _finished(j)}
         for j in accounted:  # a later window's answer is the newer: a job ended meanwhile is not open
-            if j["cluster"] == local and j["state"] and j["state"].split()[0] in FINISHED:
+            if j["cluster"] == local and _finished(j):
                 still_open.pop(j["job_id"], None)
         for running, c, i in unfinished:
             if c == local:
@@ -194,14 +199,16 @@ def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster,
         accounted = [j for j in accounted if j["cluster"] == cluster]
     newest: dict[tuple[str, int], dict] = {}
     for j in accounted:  # one record per job: its newest run (sacct -D lists every one, oldest last)
-        k, run = (j["cluster"], j["job_id"]), (j.get("submit_time") or 0, j.get("start_time") or 0)
-        if k not in newest or run >= (newest[k].get("submit_time") or 0, newest[k].get("start_time") or 0):
+        k = (j["cluster"], j["job_id"])
+        if k not in newest or _run(j) >= _run(newest[k]):
             newest[k] = j
-    accounted = list(newest.values())
-    parsed = [j for j in accounted if j["state"] and j["state"].split()[0] in FINISHED]
-    unfinished = [j for j in accounted if j["state"] and j["state"].split()[0] not in FINISHED]
+    known = _known_jobs(ledger, list(newest.values()))
+    # a window that holds only an earlier run of a requeued job (a sync -E inside that run,
+    # a replayed file) had replaced the rerun the ledger already holds
+    accounted = [j for k, j in newest.items() if k not in known or _run(j) >= known[k]]
+    parsed = [j for j in accounted if _finished(j)]
+    unfinished = [j for j in accounted if j["state"] and not _finished(j)]
     node_types = node_types or {}
-    known = _known_jobs(ledger, accounted)
 
     def wanted(j, hint, claim) -> bool:
         return bool(hint or claim or (j["cluster"], j["job_id"]) in known
@@ -290,18 +297,32 @@ def _open_jobs(ledger, cluster: str) -> set[tuple[str, int]]:
         return set()
 
 
-def _known_jobs(ledger, jobs: list[dict]) -> set[tuple[str, int]]:
-    """(cluster, job id) of these jobs that the ledger already has (e.g. a probe measured)."""
+def _finished(j: dict) -> bool:
+    """Whether an accounting row is of a run that ended (its state one of FINISHED)."""
+    return bool(j["state"]) and j["state"].split()[0] in FINISHED
+
+
+def _run(j: dict) -> tuple[int, int]:
+    """Which run of a job an accounting row or a jobs row is, to order them: a requeued job's
+    rerun is submitted (and starts) after its earlier run."""
+    return j.get("submit_time") or 0, j.get("start_time") or 0
+
+
+def _known_jobs(ledger, jobs: list[dict]) -> dict[tuple[str, int], tuple[int, int]]:
+    """{(cluster, job id): the run recorded (_run)} of these jobs that the ledger already has
+    (e.g. a probe measured; a row without a submission, a probe's alone, is no run of Slurm's
+    to compare: (0, 0))."""
     t = tables()["jobs"]
     by_cluster: dict[str, list[int]] = {}
     for j in jobs:
         by_cluster.setdefault(j["cluster"], []).append(j["job_id"])
-    found = set()
+    found = {}
     with ledger.engine.connect() as conn:
         for c, ids in by_cluster.items():
             for i in range(0, len(ids), 900):
-                found |= {(c, int(r[0])) for r in conn.execute(
-                    select(t.c.job_id).where(t.c.cluster == c, t.c.job_id.in_(ids[i:i + 900])))}
+                for r in conn.execute(select(t.c.job_id, t.c.submit_time, t.c.start_time).where(
+                        t.c.cluster == c, t.c.job_id.in_(ids[i:i + 900]))):
+                    found[(c, int(r.job_id))] = (0, 0) if r.submit_time is None else _run(r._asdict())
     return found
 
 
