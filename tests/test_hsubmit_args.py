@@ -172,6 +172,18 @@ def test_request_precedence_cmdline_env_script(tmp_path):
     assert sub.prepare(["-p", "gpu", str(script)], env={"SBATCH_PARTITION": "t4"}).request("partition") == "gpu"
 
 
+def test_sbatch_account_overrides_the_scripts_account_as_in_sbatch(tmp_path):
+    """sbatch reads SBATCH_ACCOUNT after #SBATCH -A: --explain had judged the job under the
+    script's account (and its claim record), not the one the job goes under."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -A proj\nls\n")
+    assert sub.job_desc_of(sub.prepare([str(script)], env={}))["account"] == "proj"
+    assert sub.job_desc_of(sub.prepare([str(script)], env={"SBATCH_ACCOUNT": "other"}))["account"] == "other"
+    assert sub.job_desc_of(sub.prepare(["-A", "cli", str(script)], env={"SBATCH_ACCOUNT": "other"}))["account"] == "cli"
+    # set but empty: sbatch sends none, and slurmctld takes the user's default account
+    assert "account" not in sub.job_desc_of(sub.prepare([str(script)], env={"SBATCH_ACCOUNT": ""}))
+
+
 def test_an_empty_input_variable_overrides_the_script_as_in_sbatch(tmp_path):
     """sbatch applies an SBATCH_* variable that is set but empty over #SBATCH (export
     SBATCH_GRES=$G with G unset): hsubmit had read the script's request and hinted a job that

@@ -679,6 +679,27 @@ def test_a_job_that_asks_for_no_gpu_gets_no_hint(slurm_bin):
     assert any(a.startswith("--comment=horus:v1;") for a in log.read_text().splitlines())
 
 
+@pytest.mark.parametrize("request_,asks", [
+    (["--gres=gpu:0"], False), (["--gres=gpu:a100:0"], False), (["--gpus=0"], False),
+    (["--gres=shard:0"], False), (["--gres=gpu:0,gpu:a100:1"], True), (["--gres=gpu"], True),
+    (["--gres=gpu:1"], True), (["--gres=shard:a100:10"], True),
+])
+def test_a_gpu_count_of_zero_asks_for_no_gpu(request_, asks):
+    """--gres=gpu:0 (a template's way to ask for none) is no GPU to the hook, yet it had been
+    given a hint (a CPU job counted as a GPU one in the ledger) and, with on_prediction_error =
+    refuse, been refused when its model could not be read."""
+    plan = sub.prepare(["-p", "gpu", *request_, "--model", "m.onnx", "--wrap", "true"], env={})
+    assert sub.asks_for_gpus(plan) is asks
+
+
+def test_a_cpu_job_with_gpu_zero_goes_unchanged_even_where_errors_refuse(slurm_bin):
+    env, log = slurm_bin
+    cp = hsubmit(["-p", "gpu", "--gres=gpu:0", "--model", "missing.onnx", "--wrap", "true"],
+                 {**env, "HORUS_ON_PREDICTION_ERROR": "refuse"})
+    assert cp.returncode == 0 and "asks for no GPU" in cp.stderr, cp.stderr
+    assert log.read_text().splitlines() == ["-p", "gpu", "--gres=gpu:0", "--wrap", "true"]
+
+
 def test_explain_shows_the_cpus_per_gpu_the_job_asks_for_and_unknown_ones_still_submit(slurm_bin):
     """The learned model's CPU input is the job's CPUs per GPU (it had been its --cpus-per-task,
     8 here, where the model trained on the job's CPUs in all, 32); where it cannot be told the

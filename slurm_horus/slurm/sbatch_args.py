@@ -369,7 +369,7 @@ def parse_sbatch_tokens(tokens: list[str]) -> list[SbatchOpt]:
 
 
 def env_flag(value: str | None) -> bool:
-    """Whether an sbatch flag's environment variable (SBATCH_QUIET, SBATCH_IGNORE_PBS) sets it,
+    """Whether an sbatch flag's environment variable (SBATCH_IGNORE_PBS) sets it,
     as slurm_process_option reads one: empty, "yes" or a non-zero integer; anything else
     (0, "no") resets it."""
     if value is None:

@@ -36,7 +36,7 @@ _ENV_OPTS = {
     "constraint": "SBATCH_CONSTRAINT", "gpus-per-node": "SBATCH_GPUS_PER_NODE",
     "gpus-per-task": "SBATCH_GPUS_PER_TASK", "gpus-per-socket": "SBATCH_GPUS_PER_SOCKET",
     "cpus-per-gpu": "SBATCH_CPUS_PER_GPU", "mem-per-gpu": "SBATCH_MEM_PER_GPU",
-    "tres-per-task": "SBATCH_TRES_PER_TASK", "gpu-freq": "SBATCH_GPU_FREQ",
+    "tres-per-task": "SBATCH_TRES_PER_TASK", "gpu-freq": "SBATCH_GPU_FREQ", "account": "SBATCH_ACCOUNT",
 }
 
 
@@ -76,12 +76,9 @@ class Plan:
 
     @property
     def quiet(self) -> bool:
-        """sbatch -Q (--quiet, SBATCH_QUIET, #SBATCH -Q): errors only, hsubmit's warnings too."""
-        if sa.has_flag(self.split.parsed, "quiet"):
-            return True
-        if "SBATCH_QUIET" in self.env:  # read after the script: SBATCH_QUIET=0 undoes its -Q
-            return sa.env_flag(self.env["SBATCH_QUIET"])
-        return sa.has_flag(self.script_opts, "quiet")
+        """sbatch -Q (--quiet, #SBATCH -Q): errors only, hsubmit's warnings too.  There is no
+        SBATCH_QUIET: neither 22.05's sbatch nor 25.11's reads one."""
+        return sa.has_flag(self.split.parsed, "quiet") or sa.has_flag(self.script_opts, "quiet")
 
     def request(self, name: str) -> str | None:
         """A request field as sbatch resolves it: command line > environment > #SBATCH."""
@@ -478,9 +475,23 @@ _TRES_KEYS = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket
 def asks_for_gpus(plan: Plan) -> bool:
     """Does the job ask for a GPU (or shards) in any form sbatch reads (command line,
     environment, #SBATCH lines)?  A CPU job is left alone by the hook, and a hint would make
-    it a GPU job in the ledger."""
+    it a GPU job in the ledger.  A count of 0 (--gres=gpu:0, a template's way to ask for
+    none) asks for nothing, as the hook reads it."""
     jd = job_desc_of(plan)
-    return any("gpu" in (jd.get(k) or "") or "shard" in (jd.get(k) or "") for k in _TRES_KEYS)
+    return any(_asks_for_some(item) for k in _TRES_KEYS for item in (jd.get(k) or "").split(","))
+
+
+def _asks_for_some(item: str) -> bool:
+    """Whether one item of a TRES string names GPUs or shards, other than a count of 0."""
+    from slurm_horus.slurm.parse import parse_gres
+
+    if "gpu" not in item and "shard" not in item:
+        return False
+    try:
+        [g] = parse_gres(item)
+    except (HorusError, ValueError, IndexError, TypeError):
+        return True  # what does not read as GRES is sbatch's to judge
+    return not (g["name"] in ("gpu", "shard") and g["count"] == 0)
 
 
 def _requested_gpu_types(plan: Plan) -> set[str]:
@@ -543,7 +554,7 @@ def job_desc_of(plan: Plan) -> dict:
         "features": plan.request("constraint"),
         "partition": plan.partition or plan.request("partition"),
         "comment": plan.comment if plan.hint else plan.user_comment(),
-        "account": plan.request("account") or plan.env.get("SBATCH_ACCOUNT") or None,
+        "account": plan.request("account") or None,
     }
     cpg = _cpus_per_gpu_option(plan)
     if cpg:
