@@ -29,7 +29,8 @@ local MAX_TOKEN = 600         -- hint token length
 local MAX_TYPES = 16          -- GPU types in one hint
 local MAX_TYPE_LEN = 32       -- gres type name length
 local MAX_MEM_MIB = 99999999  -- largest memory value in a hint (MiB)
-local MAX_GRES_LEN = 1024     -- longer tres_per_* strings: job left alone
+local MAX_GRES_LEN = 1024     -- Slurm's limit on tres_per_* and --constraint: longer ones are
+                              -- left alone, and never written (see over_slurm_limit)
 local MAX_GRES_ITEMS = 32
 local MAX_POLICY_BYTES = 65536
 local MAX_POLICY_LINES = 1000
@@ -590,6 +591,24 @@ local function split_list(s)
 	return items
 end
 
+-- The GRES name of a request item as slurmctld reads it (case and all), or nil: the name after
+-- the item's first "gres", wherever it stands (slurm_get_next_tres: "xgres/shard:1" and
+-- "gresshard:1" ask for shards), past one "/" or ":"; an item without "gres" by its first word.
+-- Blanks and repeated gres:/gres/ prefixes are passed over, in case Slurm does too (an item the
+-- hook cannot name is no shard request).
+local function entry_name(item)
+	local rest = item
+	local g = string.find(item, "gres", 1, true)
+	if g then rest = string.gsub(string.sub(item, g + 4), "^[/:]", "") end
+	for _ = 1, 8 do
+		rest = string.gsub(rest, "^%s+", "")
+		local head = string.sub(rest, 1, 5)
+		if head ~= "gres:" and head ~= "gres/" then break end
+		rest = string.sub(rest, 6)
+	end
+	return string.match(rest, "^([%w_%-%.]+)")
+end
+
 -- Parse one entry. Returns {prefix=, name=, gtype=, count=} or nil if unreadable.
 -- prefix keeps the spelling: "gres:" (<= 23.02), "gres/" (>= 23.11) or "".
 local function parse_entry(e)
@@ -614,6 +633,8 @@ local function parse_entry(e)
 		end
 		if not r.count then return nil end
 	end
+	-- an item Slurm reads another GRES in ("xgresshard:4": 4 shards) is one the hook cannot read
+	if entry_name(e) ~= name then return nil end
 	return r
 end
 
@@ -817,20 +838,6 @@ local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_pe
 
 local function mentions_shard(s)
 	return type(s) == "string" and (string.find(s, "shard", 1, true) ~= nil)
-end
-
--- The GRES name of a request item parse_entry cannot read ("shard" of "gres:shard:1k"), as
--- Slurm names it (case and all), or nil; blanks and repeated gres:/gres/ prefixes are passed
--- over, in case Slurm does too (an item the hook cannot name is no shard request)
-local function entry_name(item)
-	local rest = item
-	for _ = 1, 8 do
-		rest = string.gsub(rest, "^%s+", "")
-		local head = string.sub(rest, 1, 5)
-		if head ~= "gres:" and head ~= "gres/" then break end
-		rest = string.sub(rest, 6)
-	end
-	return string.match(rest, "^([%w_%-%.]+)")
 end
 
 -- Run on every submission (a plain string search first): does the job ask for shards, an
@@ -1053,6 +1060,17 @@ local function shard_request(pol, prefix, gtype, shards, features)
 	return prefix .. "shard:" .. count(shards), features .. "&" .. gtype
 end
 
+-- Does the plan write a --constraint or tres_per_* string longer than Slurm takes?  slurmctld
+-- checks their lengths after this hook (job_mgr.c _test_job_desc_fields) and refuses the job.
+local function over_slurm_limit(set)
+	for _, f in ipairs({ "features", "tres_per_node", "tres_per_job" }) do
+		if type(set[f]) == "string" and #set[f] > MAX_GRES_LEN then return true end
+	end
+	return false
+end
+
+local TOO_LONG = "the request would grow past Slurm's 1024 characters"
+
 local function unchanged(why)
 	return { rc = slurm.SUCCESS, set = {}, note = "horus: unchanged (" .. why .. ")", kind = "unchanged", why = why,
 		reason = "not_handled" }
@@ -1238,6 +1256,7 @@ local function hint_plan(job, pol, uid, preds)
 			items[req.index] = e.prefix .. "gpu:" .. choice.gtype .. ":1"
 			set[req.field] = table.concat(items, ",")
 		end
+		if over_slurm_limit(set) then return unchanged(TOO_LONG) end
 		return { rc = slurm.SUCCESS, set = set, note = note, kind = "exclusive",
 			gtype = choice.any and "any" or choice.gtype, reason = choice.code }
 	end
@@ -1270,6 +1289,7 @@ local function hint_plan(job, pol, uid, preds)
 			if dropped then set[f] = table.concat(keep, ",") end
 		end
 	end
+	if over_slurm_limit(set) then return unchanged(TOO_LONG) end
 	local note = string.format("horus: shared %s shards=%d/%d (util %s%%, mem %d MiB %s%s%s)",
 		choice.any and "any" or choice.gtype, choice.shards, pol.shards_per_gpu,
 		fmt_milli(choice.util_milli), choice.mem, choice.mem_field,
@@ -1497,7 +1517,9 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 		if pol.raw_shards == "allow" then
 			local acct = job_desc.account
 			if acct == nil and job_rec ~= nil then acct = job_rec.account end
-			verdict = record_verdict(pol, { account = acct }, modify_uid)
+			-- the owner's record: an operator or account coordinator may update another's job
+			local owner = job_rec ~= nil and is_set_number(job_rec.user_id) and job_rec.user_id or modify_uid
+			verdict = record_verdict(pol, { account = acct }, owner)
 			if not verdict then return slurm.SUCCESS end
 		end
 		if pol.raw_shards == "refuse" or not conv then

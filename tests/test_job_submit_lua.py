@@ -799,6 +799,23 @@ def test_a_shard_count_from_the_policy_is_an_integer_on_every_lua(lua, tmp_path)
     assert d.action == "shared" and d.job_desc["tres_per_node"] == "gres:shard:30", d.job_desc
 
 
+
+def test_the_hook_never_writes_a_field_past_slurms_1024_characters():
+    """slurmctld checks --constraint and the tres_per_* strings at 1024 characters after the hook
+    ("Pathname too long", job_mgr.c _test_job_desc_fields): "&a100" added to a 1022-character
+    constraint, or gres:shard:26 / gres:gpu:t4:1 in place of gres:gpu:1 in a 1024-character
+    GRES list, made a valid job invalid (a review)."""
+    features = "&".join(f"f{i:03d}" for i in range(300))[:1022].rstrip("&")
+    gres = "gres:gpu:1,gres:" + "x" * 1006 + ":1"
+    assert len(features) == 1022 and len(gres) == 1024
+    for job in ({"comment": LIGHT, "tres_per_node": "gres:gpu:a100:1", "features": features},
+                {"comment": LIGHT, "tres_per_node": gres},   # shared: shard:26
+                {"comment": HEAVY, "tres_per_node": gres}):  # whole: pinned to gpu:t4:1
+        d = run(job)
+        assert d.rc == 0 and d.action == "unchanged", d
+        assert {k: v for k, v in d.job_desc.items() if k != "admin_comment"} == job
+        assert "1024" in d.note
+
 # a step asking for GPUs by name finds no gpu GRES in a job on shards: srun fails with
 # "Invalid generic resource (gres) specification" (seen on the 22.05 cluster)
 WRAP = "#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{}\n"

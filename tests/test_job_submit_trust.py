@@ -231,6 +231,24 @@ def test_a_shard_item_with_blanks_or_a_doubled_prefix_is_still_a_shard_request(s
     assert d.rc != 0 and d.action == "rejected"
 
 
+@pytest.mark.parametrize("gres", ["xgres/shard:50", "gresshard:50", "gpu_gres/shard:50", "xgresshard:50",
+                                  "gres/nvme:1,my.gres/shard:50"])
+def test_a_shard_item_slurm_reads_after_other_text_is_a_shard_request(site, gres):
+    """slurmctld reads a GRES item's name after the first "gres" in it, wherever that is
+    (slurm_get_next_tres: "xgres/shard:50" and "gresshard:50" ask for 50 shards).  The hook read
+    such an item by its own first word, no shard, so a job description written through libslurm
+    or slurmrestd got uncosted shards past raw_shards = whole / refuse (a review)."""
+    for mode in ("refuse", "whole"):  # whole: a request it cannot read is refused, never passed
+        d = run({"tres_per_node": gres}, site(f"raw_shards = {mode}\n", name=f"{mode}.conf"))
+        assert d.rc != 0 and d.action == "rejected", (mode, d)
+    rt = HookRuntime(HOOK)
+    assert modify(rt, {"tres_per_node": gres}, 1002, site("raw_shards = whole\n", name="m.conf"))[0] != 0
+    # a GRES whose own name holds "gres" is read by it, as Slurm reads it
+    for other in ("gres/egress:1", "gres:progress_shard:2"):
+        job = {"tres_per_node": other}
+        d = run(job, site("raw_shards = refuse\n", name="o.conf"))
+        assert d.rc == 0 and d.written == () and d.job_desc == job, other
+
 @pytest.mark.parametrize("gres", ["gres:shardfs:1k", "gres:nvme:shard0:2G", "gres/bandwidth:shardnet:4G"])
 def test_a_gres_that_only_contains_shard_is_no_shard_request(site, gres):
     """Slurm names a GRES exactly (gres.c _get_next_gres, case and all): a site GRES whose name
@@ -682,6 +700,16 @@ def test_modify_to_shards_by_a_user(site):
     # other updates are not looked at
     assert modify(rt, {"time_limit": 30}, 1002, refuse) == (0, {"time_limit": 30})
 
+
+def test_an_update_to_shards_is_judged_by_the_record_of_the_jobs_owner(site):
+    """An operator or account coordinator may update another user's job: the claim record was
+    looked up under the updater's uid, so a user with under-claims got raw shards on their job
+    through a clean coordinator (and a clean user's job lost them through a flagged one)."""
+    rt = HookRuntime(HOOK)
+    allow = site("raw_shards = allow\n", RECORD)
+    ask = {"tres_per_node": "gres:shard:1"}
+    assert modify(rt, ask, 1003, allow, rec={"user_id": 54321}) == (0, {"tres_per_node": "gres:gpu:1"})
+    assert modify(rt, ask, 54321, allow, rec={"user_id": 1003}) == (0, ask)
 
 def test_a_refused_update_is_logged_not_told_to_the_user(site):
     """Slurm 22.05 takes no user message in job_modify: each refused update made slurmctld log
