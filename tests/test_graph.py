@@ -192,6 +192,60 @@ def test_fused_op_takes_its_activation_shape_not_its_weight_shape(tmp_path):
     r = extract_features(tmp_path / "f.onnx", batch_size=4)
     assert r.assumed_shapes == ["a"] and r.by_op["MatMul"].flops == 2 * 4 * 768 * 768
 
+# onnxruntime's attention ops, laid out as its contrib op docs say (B 2, S 16 queries, L 24 keys,
+# P 40 past keys, N 8 heads of H 32, KV 2 key and value heads): (op, attributes, inputs by
+# name and shape, "" for an absent one) -> the keys each query attends to, and the queries
+# where not 16
+_N, _H, _KV = 8, 32, 2
+ATTENTION_LAYOUTS = {
+    "mha": ("MultiHeadAttention", {}, [("q", [2, 16, _N * _H]), ("k", [2, 24, _N * _H]), ("v", [2, 24, _N * _H])], 24),
+    "mha_bnsh_kv": ("MultiHeadAttention", {}, [("q", [2, 16, _N * _H]), ("k", [2, _N, 24, _H]),
+                                                ("v", [2, _N, 24, _H])], 24),
+    "mha_packed_qkv": ("MultiHeadAttention", {}, [("q", [2, 16, _N, 3, _H])], 16),
+    "mha_packed_kv": ("MultiHeadAttention", {}, [("q", [2, 16, _N * _H]), ("k", [2, 24, _N, 2, _H])], 24),
+    "mha_past": ("MultiHeadAttention", {}, [("q", [2, 16, _N * _H]), ("k", [2, 16, _N * _H]), ("v", [2, 16, _N * _H]),
+                                             ("", None), ("", None), ("", None), ("pk", [2, _N, 40, _H]),
+                                             ("pv", [2, _N, 40, _H])], 56),
+    "gqa": ("GroupQueryAttention", {"kv_num_heads": _KV},
+            [("q", [2, 16, _N * _H]), ("k", [2, 16, _KV * _H]), ("v", [2, 16, _KV * _H])], 16),
+    "gqa_packed": ("GroupQueryAttention", {"kv_num_heads": _KV}, [("q", [2, 16, (_N + 2 * _KV) * _H])], 16),
+    "gqa_past": ("GroupQueryAttention", {"kv_num_heads": _KV},
+                 [("q", [2, 16, _N * _H]), ("k", [2, 16, _KV * _H]), ("v", [2, 16, _KV * _H]),
+                  ("pk", [2, _KV, 40, _H]), ("pv", [2, _KV, 40, _H])], 56),
+    "decoder_cross": ("DecoderMaskedMultiHeadAttention", {}, [("q", [2, 1, _N * _H]), ("k", [2, _N, 24, _H]),
+                                                               ("v", [2, _N, 24, _H])], 24, 1),
+}
+
+
+@pytest.mark.parametrize("layout", ATTENTION_LAYOUTS)
+def test_onnxruntime_attention_costs_its_heads_and_gives_the_projection_after_it_its_shape(tmp_path, layout):
+    """Scores and context of 2·B·N·S·L·H each and a softmax of 5·B·N·S·L, whatever the layout:
+    GroupQueryAttention's values of kv_num_heads heads had been taken for N heads (H / 4), its
+    QKV packed query for N heads of (N + 2·KV)·H / N, a [B, N, L, H] value's last size for N
+    heads' width, a packed query's 3 for its length, and past keys were not attended to.  The
+    output [B, S, N·H] (the largest input's had been a packed query's) feeds the projection."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    op, attrs, inputs, keys, *queries = ATTENTION_LAYOUTS[layout]
+    queries = queries[0] if queries else 16
+    w = numpy_helper.from_array(np.zeros((_N * _H, 64), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node(op, [n for n, _ in inputs], ["a"], domain="com.microsoft", num_heads=_N, **attrs),
+         helper.make_node("MatMul", ["a", "w"], ["y"])], "attention",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in inputs if n],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    (tmp_path / "a.onnx").write_bytes(model.SerializeToString())
+    r = extract_features(tmp_path / "a.onnx")
+    probs = 2 * _N * queries * keys  # B·N·S·L
+    assert r.by_op[op].flops == 2 * (2 * probs * _H) + 5 * probs
+    assert r.nodes[0].extra_saved_bytes == 4 * probs
+    assert r.by_op["MatMul"].flops == 2 * 2 * queries * _N * _H * 64 and r.assumed_shapes == []
+
+
 @pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
 def test_onnxruntime_fused_products_give_the_op_after_them_their_product_shape(tmp_path, trans_a, trans_b):
     # FusedMatMul (MatMul's broadcasting, its last two sizes transposed by transA, transB) and
@@ -574,6 +628,21 @@ def test_a_local_function_is_costed_as_its_body(tmp_path):
     assert v["flops"] == 2 * (2 * 64 * 256 * 256)
 
 
+@pytest.mark.parametrize("equation, shapes, macs", [
+    ("bhqd,bhkd->bhqk", [[2, 4, 8, 16], [2, 4, 12, 16]], 2 * 4 * 8 * 12 * 16),
+    ("...ij,jk->...ik", [[2, 3, 4, 5], [5, 6]], 2 * 3 * 4 * 5 * 6),  # a Linear on any leading sizes
+    ("...ij,...jk->...ik", [[3, 1, 4, 5], [7, 5, 6]], 3 * 7 * 4 * 5 * 6),  # broadcast batches
+])
+def test_einsum_costs_every_index_its_ellipsis_included(tmp_path, equation, shapes, macs):
+    # an ellipsis had left Einsum without a rule: one FLOP per output element, a contraction
+    # over j (5) and the op reported as one no rule costs
+    graph = helper.make_graph([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)], "g",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in zip("ab", shapes)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    r = extract_features(save(graph, tmp_path / "e.onnx"))
+    assert r.by_op["Einsum"].flops == 2 * macs and r.unknown_ops == []
+
+
 @pytest.mark.parametrize("node,says", [
     (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[-1000, 1]), "MaxPool"),
     (helper.make_node("Einsum", ["x", "x", "x", "x"], ["y"], equation="ab,cd,ef,gh->"), "Einsum"),
@@ -806,6 +875,21 @@ def test_shape_arithmetic_through_a_small_float_vector_still_folds(tmp_path):
                                helper.make_tensor("W", TensorProto.FLOAT, [16, 8], [0.0] * 128)])
     r = features_of(load_graph(save(graph, tmp_path / "f.onnx"), batch_size=8), 8)
     assert r.values["params"] == 128 and r.values["flops"] == 2 * 8 * 16 * 8
+
+
+def test_folding_a_reduce_with_no_axes_and_noop_with_empty_axes_keeps_its_input(tmp_path):
+    # ReduceMax(shape, axes=[]) with noop_with_empty_axes is the shape itself: folded as a
+    # reduction over every axis, it had reshaped x [batch, 6] into [6]
+    import numpy as np
+    from onnx import numpy_helper
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("ReduceMax", ["s", "none"], ["r"], noop_with_empty_axes=1),
+             helper.make_node("Reshape", ["x", "r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.zeros(0, np.int64), "none")])
+    assert load_graph(save(graph, tmp_path / "r.onnx", opset=18), batch_size=2).tensors["y"].shape == (2, 6)
 
 
 def test_an_if_costs_its_costlier_branch_and_counts_both_branches_weights(tmp_path):

@@ -187,6 +187,37 @@ def test_matmul_nbits_and_bnb4_give_the_op_after_them_their_product_shape(tmp_pa
     assert r.by_op["Relu"].activation_bytes == 2 * 4 * 4 * 8 * n
 
 
+@pytest.mark.parametrize("schemas", [True, False])
+def test_gather_block_quantized_gives_a_gather_shape_unpacked_and_its_scales_type(tmp_path, monkeypatch,
+                                                                                   schemas):
+    """GatherBlockQuantized's output (onnxruntime's contrib op docs) is Gather's shape, indices'
+    sizes in place of data's gather_axis, a uint8 table's last size unpacked (8 / bits values
+    a byte), typed as its scales: it had taken its int64 ids' shape, [batch, 8], and the
+    layers after the embedding lookup cost nothing.  An int4 table's sizes are its values'."""
+    from slurm_horus.graph.load import load_graph
+
+    if not schemas:
+        import onnx
+
+        monkeypatch.setattr(onnx.defs, "register_schema", lambda schema: 1 / 0)
+    k, block, f16 = 64, 32, TensorProto.FLOAT16
+    inits = [_t("emb_q", U8, [100, k // 2]), _t("emb_s", f16, [100, k // block], 0.01),
+             _t("emb_8", U8, [100, k]), _t("emb_4", I4, [100, k]),
+             _t("pos_4", I4, [2, 50, k]), _t("pos_s", f16, [2, 50, k // block], 0.01)]
+    lookup = dict(domain="com.microsoft", block_size=block, quantize_axis=-1)
+    nodes = [helper.make_node("GatherBlockQuantized", ["emb_q", "ids", "emb_s"], ["e"], **lookup),
+             helper.make_node("GatherBlockQuantized", ["emb_8", "ids", "emb_s"], ["e8"], bits=8, **lookup),
+             helper.make_node("GatherBlockQuantized", ["emb_4", "ids", "emb_s"], ["e4"], **lookup),
+             helper.make_node("GatherBlockQuantized", ["pos_4", "ids", "pos_s"], ["p"], gather_axis=1, **lookup),
+             helper.make_node("Relu", ["e"], ["y"])]
+    path = _save(tmp_path / "gbq.onnx", nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 8])],
+                 [helper.make_tensor_value_info(n, f16, None) for n in ("y", "e8", "e4", "p")],
+                 inits, opset=21, ms=True)
+    g = load_graph(path, batch_size=4)
+    assert g.tensors["y"] == g.tensors["e8"] == g.tensors["e4"] == TensorInfo(f16, (4, 8, k))
+    assert g.tensors["p"] == TensorInfo(f16, (2, 4, 8, k)) and g.assumed_shapes == []
+
+
 def test_a_fake_quant_float_weight_counts_once_and_its_scales_never(tmp_path):
     """A QAT export: float W -> QuantizeLinear -> DequantizeLinear -> Conv, per-channel scales."""
     inits = [_t("w", F, [16, 3, 3, 3], 0.01), _t("w_s", F, [16], 0.01), _t("w_zp", I8, [16], 0),

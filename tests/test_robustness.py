@@ -193,6 +193,17 @@ def test_impossible_static_dimensions_are_refused(tmp_path, make, message):
         assert len(cp.stderr.strip().splitlines()) == 1 and "error:" in cp.stderr
 
 
+@pytest.mark.parametrize("x_shape, w_shape", [([8], [1, 12, 8]), (["batch", 4, 8], [12])])
+def test_a_recurrent_layer_of_the_wrong_rank_is_costed_without_its_rule(tmp_path, x_shape, w_shape):
+    # an LSTM whose X or W has not the rank of its layout had failed the analysis (IndexError)
+    w = helper.make_tensor("w", TensorProto.FLOAT, w_shape, [0.0] * math.prod(w_shape))
+    graph = helper.make_graph([helper.make_node("LSTM", ["x", "w"], ["y"], hidden_size=3)], "lstm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    r = extract_features(save(graph, tmp_path / "lstm.onnx"), batch_size=2)
+    assert r.unknown_ops == ["LSTM"] and r.nodes[0].extra_saved_bytes == 0
+
+
 def test_negative_initializer_dimension_is_refused(tmp_path):
     path = _conv(tmp_path, ["batch", 4, 16, 16])
     model = onnx.load(path)

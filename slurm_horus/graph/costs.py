@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from slurm_horus.graph.flops import ELEMENTWISE, NORMS, RNN_GATES, node_flops, int_attr, numel, shape_of
 from slurm_horus.errors import ModelError
 from slurm_horus.graph.load import (MAX_DIM, MAX_SUBGRAPH_DEPTH, SMALL_INT_TYPES, Graph, TensorInfo,
-                                    _subgraphs, bodies, body_names, body_scope)
+                                    _int_value, _subgraphs, attention_dims, bodies, body_names,
+                                    body_scope)
 from slurm_horus.graph.shapefold import SMALL_FLOAT_TYPES
 
 # Ops that only relabel a tensor: no kernel, no traffic, nothing kept for backward.
@@ -605,20 +606,19 @@ def _saved_for_backward(op, category, node, activations, infos, outs, attrs, par
         return [ctx.root[node.output[0]]], 0
     if category in ("matmul", "attention"):
         saved = list(activations)
-        if category == "attention":  # the softmax probabilities stay too
-            q = shape_of(infos[0]) if infos else None
-            if q:
-                heads = q[1] if len(q) == 4 else max(int_attr(attrs, "num_heads", 1), 1)
-                extra = q[0] * heads * q[-2] * q[-2] * 4
+        dims = attention_dims(op, lambda name: _int_value(attrs.get(name)),
+                              [shape_of(i) for i in infos]) if category == "attention" else None
+        if dims is not None:  # the softmax probabilities stay too
+            batch, heads, sq, skv, _, _ = dims
+            extra = batch * heads * sq * skv * 4
         return saved, extra
     if category == "rnn":
-        x = shape_of(infos[0]) or (1, 1, 1)
+        x = shape_of(infos[0]) if infos else None
         w = shape_of(infos[1]) if len(infos) > 1 else None
-        gates = w[1] if w else 0
-        directions = w[0] if w else 1
-        hidden = gates // RNN_GATES[op] if gates else 0
-        # cuDNN's training reserve: every step's gates and cell/hidden states
-        extra = x[0] * x[1] * directions * (gates + 2 * hidden) * 4
+        if x is not None and w is not None and len(x) == len(w) == 3:  # else a layout no rule reads
+            directions, gates = w[0], w[1]
+            # cuDNN's training reserve: every step's gates and cell/hidden states
+            extra = x[0] * x[1] * directions * (gates + 2 * (gates // RNN_GATES[op])) * 4
         return list(activations) + [n for n in node.output if n], extra
     if category in ("norm",):
         return activations[:1], 0

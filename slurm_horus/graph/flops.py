@@ -3,10 +3,11 @@ model figures), with whether the count is exact or a floor."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from slurm_horus.errors import ModelError
-from slurm_horus.graph.load import TensorInfo
+from slurm_horus.graph.load import TensorInfo, _int_value, attention_dims
 
 # Element-wise ops and their FLOPs per output element (transcendentals cost more than a multiply).
 ELEMENTWISE = {
@@ -131,47 +132,42 @@ def _matmul_flops(op, infos, y, attrs) -> tuple[int | None, bool]:
 
 
 def _einsum_flops(infos, attrs) -> tuple[int | None, bool]:
+    """2 per multiply over every index of the equation's inputs, an ellipsis' sizes broadcast
+    over the terms that have one (numpy's einsum: a size of 1 stretches to the other)."""
     try:
         eq = attrs["equation"].s.decode() if "equation" in attrs else ""
     except UnicodeDecodeError:
         raise ModelError("its equation is not UTF-8 text") from None
     lhs = eq.replace(" ", "").split("->")[0].split(",")
     sizes: dict[str, int] = {}
+    ellipsis: list[int] = []  # the broadcast sizes, last first
     for term, info in zip(lhs, infos):
         shape = shape_of(info)
         if shape is None:
             return None, True
-        if "." in term or len(term) != len(shape):
-            return 0, False  # an ellipsis, or a term that does not match its input: no rule
-        sizes.update(zip(term, shape))
-    return 2 * math.prod(sizes.values()), True
+        letters = term.replace("...", "", 1)
+        rest = len(shape) - len(letters)  # the ellipsis' dimensions
+        if "." in letters or rest < 0 or (rest and "..." not in term):
+            return 0, False  # a term that does not match its input: no rule
+        at = term.find("...") if "..." in term else len(term)
+        ellipsis = [max(a, b) for a, b in itertools.zip_longest(ellipsis, reversed(shape[at:at + rest]),
+                                                                fillvalue=1)]
+        for letter, d in zip(letters, shape[:at] + shape[at + rest:]):
+            sizes[letter] = max(sizes.get(letter, 1), d)
+    return 2 * math.prod(sizes.values()) * math.prod(ellipsis), True
 
 
 def _attention_flops(op, infos, attrs) -> tuple[int | None, bool]:
     """Scores (Q K^T) and context (P V) matmuls, softmax, and packed projections if present."""
-    q = shape_of(infos[0]) if infos else None
-    if q is None:
-        return None, True
-    heads = max(int_attr(attrs, "num_heads", 1), 1)
-    flops = 0
-    if op == "Attention" and len(infos) > 1 and infos[1] is not None and len(q) == 3 \
-            and len(shape_of(infos[1]) or ()) == 2:
-        w = shape_of(infos[1])  # com.microsoft Attention: packed QKV projection [hidden, 3*hidden]
-        batch, seq, _ = q
-        flops += 2 * batch * seq * math.prod(w)
-        hidden = w[1] // 3
-        return flops + 4 * batch * seq * seq * hidden + 5 * batch * heads * seq * seq, True
-    k = shape_of(infos[1]) if len(infos) > 1 else None
-    v = shape_of(infos[2]) if len(infos) > 2 else None
-    k = k or q
-    v = v or k
-    if len(q) == 4:  # [batch, heads, seq, head_dim]
-        batch, heads, sq, dq = q
-        skv, dv = k[-2], v[-1]
-    else:  # [batch, seq, heads * head_dim]
-        batch, sq, dq = q[0], q[-2], q[-1] // heads
-        skv, dv = k[-2], v[-1] // heads
+    if not infos or infos[0] is None or any(i is not None and i.shape is None for i in infos[:3]):
+        return None, True  # (a key or value without a shape is no absent one)
+    dims = attention_dims(op, lambda name: _int_value(attrs.get(name)), [shape_of(i) for i in infos])
+    if dims is None:
+        return 0, False  # a layout no rule reads
+    batch, heads, sq, skv, dq, dv = dims
     flops = 2 * batch * heads * sq * skv * (dq + dv) + 5 * batch * heads * sq * skv
+    if op == "Attention":  # its packed QKV projection [hidden, 3*hidden]
+        flops += 2 * batch * sq * math.prod(shape_of(infos[1]))
     return flops, True
 
 

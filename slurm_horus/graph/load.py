@@ -8,8 +8,9 @@ outside its own folder.
 Ops that ONNX cannot infer (custom domains, unknown ops) would leave every tensor after them
 without a shape, and a whole network would cost nothing: their outputs are assumed to have the
 shape and type of their largest input (listed in `Graph.assumed_shapes`), so shapes keep flowing;
-onnxruntime's matrix products (GemmFloat8, MatMulNBits, FusedMatMul...: PRODUCT_SHAPES) take
-their product's shape instead, where their inputs' shapes tell it, and are not listed.
+onnxruntime's matrix products (GemmFloat8, MatMulNBits, FusedMatMul...), attention ops and
+GatherBlockQuantized (PRODUCT_SHAPES) take their own rule's shape instead, where their inputs'
+shapes tell it, and are not listed.
 The rule runs inside ONNX's inference, as a schema registered for the time of the analysis, so
 one pass carries shapes past every such op; where that fails, a round of inference per op does.
 """
@@ -788,7 +789,7 @@ def _assume_opaque_outputs(graph, opaque, tensors: dict[str, TensorInfo], assume
     return count
 
 
-def _gemm_shape(attr, shapes, b_index=1) -> tuple | None:
+def _gemm_shape(attr, shapes, types, b_index=1) -> tuple | None:
     """Gemm's [M, N]: of A [M, K] and B [K, N] (input ``b_index``), each transposed by its
     attribute (transA, transB)."""
     a, b = shapes[0], shapes[b_index] if len(shapes) > b_index else None
@@ -797,7 +798,7 @@ def _gemm_shape(attr, shapes, b_index=1) -> tuple | None:
     return (a[1] if attr("transA") else a[0], b[0] if attr("transB") else b[1])
 
 
-def _matmul_shape(attr, shapes) -> tuple | None:
+def _matmul_shape(attr, shapes, types) -> tuple | None:
     """MatMul's shape (numpy's matmul) of A and B of two dimensions or more, the last two of
     either transposed by transA, transB; FusedMatMul's transBatchA, transBatchB are not ruled."""
     a, b = shapes[0], shapes[1] if len(shapes) > 1 else None
@@ -811,40 +812,121 @@ def _matmul_shape(attr, shapes) -> tuple | None:
     return (*reversed(batch), a[-1] if attr("transA") else a[-2], b[-2] if attr("transB") else b[-1])
 
 
-def _n_shape(attr, shapes) -> tuple | None:
+def _n_shape(attr, shapes, types) -> tuple | None:
     """A [..., K] times the weight [K, N] packed as the op packs it: A's shape, its last size
     the attribute N."""
     n = attr("N")
     return None if not shapes[0] or n is None or not 0 < n <= MAX_DIM else (*shapes[0][:-1], n)
 
 
-# onnxruntime's matrix products (com.microsoft), which ONNX has no schema for: the shape of
-# their output from (an int attribute by name, the inputs' shapes); the largest input's (A's
-# [M, K]) cost a GemmFloat8 2·M·K·K and misshaped every op after it
-def _as_a(attr, shapes) -> int:
-    return 0  # A's element type
+def attention_dims(op: str, attr, shapes) -> tuple[int, int, int, int, int, int] | None:
+    """(batch, heads, query length, key length, query and key head size, value head size) of
+    one of onnxruntime's attention ops, from ``attr`` (an int attribute by name) and its
+    inputs' sizes (ints; None where absent or unknown), laid out as its contrib op docs say:
+    Attention's input [B, S, D] and packed QKV weight [D, 3·N·H] (a past [2, B, N, P, H]
+    ahead of its keys); otherwise a query [B, S, N·H], [B, N, S, H] or QKV packed
+    [B, S, N, 3, H] (GroupQueryAttention's [B, S, (N + 2·kv_num_heads)·H] where it has no
+    key), keys and values [B, L, N·H] (kv_num_heads heads for GroupQueryAttention),
+    [B, N, L, H] or KV packed [B, L, N, 2, H], and MultiHeadAttention's or
+    GroupQueryAttention's past keys [B, N, P, H] ahead of them.  None for another layout."""
+    heads = max(attr("num_heads") or 1, 1)
+    q, k, v = (shapes[i] if len(shapes) > i else None for i in range(3))
+    if op == "Attention":
+        past = shapes[4] if len(shapes) > 4 and shapes[4] is not None and len(shapes[4]) == 5 else None
+        if q is None or len(q) != 3 or k is None or len(k) != 2:
+            return None
+        head = k[1] // 3 // heads
+        return q[0], heads, q[1], q[1] + (past[3] if past else 0), head, head
+    kv_heads = max(attr("kv_num_heads") or heads, 1) if op == "GroupQueryAttention" else None
+    if q is None or len(q) not in (3, 4, 5):
+        return None
+    if len(q) == 5:  # QKV packed
+        batch, sq, heads, dq = q[0], q[1], max(q[2], 1), q[4]
+    elif len(q) == 4:
+        batch, heads, sq, dq = q[0], max(q[1], 1), q[2], q[3]
+    else:
+        packed = op == "GroupQueryAttention" and k is None
+        batch, sq, dq = q[0], q[1], q[2] // (heads + 2 * kv_heads if packed else heads)
+    skv, dv = sq, dq
+    if k is not None and len(k) in (3, 4, 5):
+        skv = k[2] if len(k) == 4 else k[1]
+        dv = k[4] if len(k) == 5 else dv  # KV packed
+    if v is not None and len(v) in (3, 4):
+        dv = v[3] if len(v) == 4 else v[2] // (kv_heads or heads)
+    past_at = {"MultiHeadAttention": 6, "GroupQueryAttention": 3}.get(op)
+    past = shapes[past_at] if past_at is not None and len(shapes) > past_at else None
+    if past is not None and len(past) == 4 and (k is None or len(k) != 4):
+        skv += past[2]
+    return batch, heads, sq, skv, dq, dv
 
 
-def _float(attr, shapes) -> int:
+def _gather_block_shape(attr, shapes, types) -> tuple | None:
+    """GatherBlockQuantized's: Gather's (data's sizes before gather_axis, the indices', data's
+    after it), a uint8 table's last size unpacked to its 8 / bits values a byte (an int4 or
+    uint4 table's sizes are its values')."""
+    data, indices = shapes[0], shapes[1] if len(shapes) > 1 else None
+    axis, bits = attr("gather_axis") or 0, attr("bits") or 4
+    if data is None or indices is None or not -len(data) <= axis < len(data):
+        return None
+    axis %= len(data)
+    out = [*data[:axis], *indices, *data[axis + 1:]]
+    if types[0] == 2 and axis < len(data) - 1:  # UINT8: packed along its last axis
+        if bits not in (2, 4, 8) or not isinstance(out[-1], int):
+            return None
+        out[-1] *= 8 // bits
+    return tuple(out)
+
+
+def _attention_shape(attr, shapes, types, op: str) -> tuple | None:
+    """An attention op's output, [B, S, N·H] of its values' heads (attention_dims): its largest
+    input's had been a QKV packed query's ([B, S, (N + 2·kv_num_heads)·H] for
+    GroupQueryAttention) or a [B, N, L, H] key cache's, and the projection after it had no shape."""
+    q = shapes[0]
+    if any(shapes[i] is None and types[i] for i in (1, 2) if i < len(shapes)):
+        return None  # a key or value without a shape yet, not an absent one
+    dims = attention_dims(op, attr, [None if s is None else tuple(d if isinstance(d, int) else 0 for d in s)
+                                     for s in shapes])  # 0: a size no width is made of
+    if q is None or len(q) not in (3, 5) or dims is None or not dims[1] * dims[5] > 0:
+        return None
+    return q[0], q[1], dims[1] * dims[5]
+
+
+# onnxruntime's contrib ops (com.microsoft), which ONNX has no schema for: the shape of their
+# output from (an int attribute by name, the inputs' shapes, their element types); the largest
+# input's (A's [M, K]) cost a GemmFloat8 2·M·K·K and misshaped every op after it, and a
+# GatherBlockQuantized's indices' gave an embedding lookup no hidden size
+def _as_a(attr, shapes, types) -> int:
+    return types[0]  # A's element type
+
+
+def _float(attr, shapes, types) -> int:
     return 1  # FLOAT: an integer product given back as float
 
 
-def _gemm8_type(attr, shapes) -> int:
+def _gemm8_type(attr, shapes, types) -> int:
     return attr("dtype") or 1  # its dtype attribute, FLOAT by default
 
 
-def _qgemm_type(attr, shapes) -> int:
-    return 1 if len(shapes) <= 7 or shapes[7] is None else 0  # FLOAT without y_scale, else A's
+def _qgemm_type(attr, shapes, types) -> int:
+    return 1 if len(shapes) <= 7 or shapes[7] is None else types[0]  # FLOAT without y_scale, else A's
 
 
-# (its output's shape, its element type: 0 for A's) from (an int attribute by name, the
-# inputs' shapes); a float product typed as its integer input had failed the next op's inference
+def _scales_type(attr, shapes, types) -> int:
+    return types[2] if len(types) > 2 else 0  # a dequantized value's: its scales'
+
+
+# (its output's shape, its element type: 0 where unknown) from (an int attribute by name, the
+# inputs' shapes, their element types: 0 where unknown); a float product typed as its integer
+# input had failed the next op's inference
 PRODUCT_SHAPES = {
     "GemmFloat8": (_gemm_shape, _gemm8_type), "FusedGemm": (_gemm_shape, _as_a),
     "QGemm": (functools.partial(_gemm_shape, b_index=3), _qgemm_type),  # A, a_scale, a_zp, B, ...
     "FusedMatMul": (_matmul_shape, _as_a), "MatMulIntegerToFloat": (_matmul_shape, _float),
     "DynamicQuantizeMatMul": (_matmul_shape, _float),
     "MatMulNBits": (_n_shape, _as_a), "MatMulBnb4": (_n_shape, _as_a),
+    "GatherBlockQuantized": (_gather_block_shape, _scales_type),  # data, indices, scales, zp
+    **{op: (functools.partial(_attention_shape, op=op), _as_a)
+       for op in ("MultiHeadAttention", "GroupQueryAttention", "DecoderMaskedMultiHeadAttention")},
 }
 
 
@@ -858,23 +940,25 @@ def _int_value(attr) -> int | None:
     return attr.i if attr is not None and attr.type == attr.INT else None
 
 
-def _product_output(rule, attr, shapes: list) -> TensorInfo | None:
+def _product_output(rule, attr, inputs: list) -> TensorInfo | None:
     """What ``rule`` (of PRODUCT_SHAPES, or None) makes of an op's first output, from ``attr``
-    (an int attribute by name) and its inputs' shapes (None where unknown): its shape, and its
-    element type where the rule names one (else 0: A's); None where the rule cannot tell."""
-    shape = rule[0](attr, shapes) if rule is not None and shapes else None
+    (an int attribute by name) and its inputs (None where unknown): its shape, and its
+    element type where the rule knows it (else 0: the largest input's); None where the rule
+    cannot tell."""
+    shapes = [None if i is None else i.shape for i in inputs]
+    types = [0 if i is None else i.dtype for i in inputs]
+    shape = rule[0](attr, shapes, types) if rule is not None and shapes else None
     if shape is None:
         return None
-    dtype = rule[1](attr, shapes)
+    dtype = rule[1](attr, shapes, types)
     return TensorInfo(dtype if dtype in DTYPE_BYTES or dtype in PACKED_BITS else 0, shape)
 
 
 def _node_product(node, tensors) -> TensorInfo | None:
-    """_product_output for ``node``, its inputs' shapes as ``tensors`` has them."""
+    """_product_output for ``node``, its inputs as ``tensors`` has them."""
     attrs = {a.name: a for a in node.attribute}
     return _product_output(_product_rule(node.op_type, _schema_domain(node)),
-                           lambda name: _int_value(attrs.get(name)),
-                           [tensors[n].shape if n in tensors else None for n in node.input])
+                           lambda name: _int_value(attrs.get(name)), [tensors.get(n) for n in node.input])
 
 
 def _schema_domain(node) -> str:
@@ -1016,8 +1100,7 @@ def _infer_opaque(ctx, rule=None) -> None:
         if not active or any(infos[i] is None or infos[i].shape is None for i in active):
             return  # wait: a later round may know it
         largest = max((infos[i] for i in active), key=lambda info: info.nbytes)  # the rounds' size
-        product = _product_output(rule, lambda name: _int_value(ctx.get_attribute(name)),
-                                  [None if i is None else i.shape for i in infos])
+        product = _product_output(rule, lambda name: _int_value(ctx.get_attribute(name)), infos)
         for o, code in enumerate(codes[:ctx.get_num_outputs()]):
             if code >= 0:
                 given = product if o == 0 and product is not None else largest

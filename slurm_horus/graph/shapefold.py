@@ -224,7 +224,10 @@ def _expand(inputs, attrs, shape):
 
 def _reduce(fn):
     def run(inputs, attrs, shape):
-        axes = _axes(inputs, attrs) or None
+        """No axes reduce every one, or none with noop_with_empty_axes (opset 13 and later)."""
+        axes = _axes(inputs, attrs)
+        if not axes and attrs.get("noop_with_empty_axes", 0):
+            return inputs[0]
         return fn(inputs[0], axis=tuple(axes) if axes else None,
                   keepdims=bool(attrs.get("keepdims", 1)))
     return run
