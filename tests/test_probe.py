@@ -481,3 +481,55 @@ def test_a_probe_interval_out_of_range_is_kept_in_range_not_a_silent_stop():
         == [0.2, 5.0, 3600.0, 5.0, 5.0, 7.0]
     interval = next(p for p in probe_main.params if p.name == "interval")
     assert interval.envvar is None  # the variable is read, clamped, above: not refused by click
+
+
+@root_only
+def test_the_probe_log_writes_only_into_a_regular_file_of_roots(tmp_path):
+    """HORUS_PROBE_LOG in a folder users write to: a user's FIFO at its name had hung the probe
+    at its first line (never to stop itself), a user's own file had been handed every line."""
+    import pwd
+
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    code = f"from slurm_horus.ledger.prolog import ProbeLog; ProbeLog({str(fifo)!r}, 7)('hello')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert r.returncode == 0 and r.stderr == ""
+    users = tmp_path / "users.log"
+    users.write_text("")
+    os.chown(users, pwd.getpwnam("nobody").pw_uid, -1)
+    pl.ProbeLog(str(users), 7)("hello")
+    assert users.read_text() == ""
+    pl.ProbeLog(str(tmp_path / "root.log"), 7)("hello")
+    assert (tmp_path / "root.log").read_text().endswith("job 7: hello\n")
+
+
+@root_only
+def test_the_epilog_stops_no_other_probe_that_took_a_dead_probes_pid(tmp_path):
+    """A probe killed (OOM, SIGKILL) leaves its pid file; the pid, reused by root's probe of
+    another job, took this job's SIGTERM: that job's measurement ended early, its own Epilog
+    found nothing to stop. The pid file names the process by its start too."""
+    from slurm_horus.proc import started
+
+    env = _prolog_env(tmp_path, 97, "gpu-t4")
+    other = subprocess.Popen(["bash", "-c", "exec -a 'horus-probe --prolog' sleep 30"])
+    try:
+        time.sleep(0.3)
+        pidf = tmp_path / "run" / "97.gpu-t4.pid"
+        pidf.parent.mkdir(mode=0o700, exist_ok=True)
+        dead_start = int(started(other.pid)) - 1  # the dead probe's: it started earlier
+        pidf.write_text(f"{other.pid} 97 {dead_start}\n")
+        assert pl.epilog(dict(env, HORUS_PROBE_EPILOG_WAIT="5")) == 0
+        time.sleep(0.2)
+        assert other.poll() is None and not pidf.exists()
+        # the probe itself, exited but not yet reaped: nothing to wait for
+        zombie = subprocess.Popen(["true"])
+        time.sleep(0.3)
+        pidf.write_text(f"{zombie.pid} 97 {started(zombie.pid)}\n")
+        t0 = time.time()
+        assert pl.epilog(dict(env, HORUS_PROBE_EPILOG_WAIT="5")) == 0
+        assert time.time() - t0 < 2
+        zombie.wait()
+    finally:
+        other.kill()
+        other.wait()

@@ -23,9 +23,10 @@ import time
 
 from slurm_horus.ledger import record_usage_safely
 from slurm_horus.ledger.nvml import Summary
-from slurm_horus.ledger.probe import pid_alive, sampler_factory_from_env
+from slurm_horus.ledger.probe import sampler_factory_from_env
+from slurm_horus.proc import started
 from slurm_horus.slurm import parse as sp
-from slurm_horus.textfile import NOT_FOLDER, untrusted
+from slurm_horus.textfile import NOT_FILE, NOT_FOLDER, NOT_OWNER, untrusted
 
 DEFAULT_RUN_DIR = "/run/slurm-horus"      # pid files of running probes (root, 0700)
 DEFAULT_SPOOL = "/var/spool/slurm-horus"  # fallback when the ledger is unreachable (root, 0700)
@@ -39,7 +40,9 @@ LIVE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING", "STOPPED", "
 
 class ProbeLog:
     """One-line messages to $HORUS_PROBE_LOG (appended; root's file), else nowhere: a detached
-    probe has no terminal, and the Prolog/Epilog must print nothing."""
+    probe has no terminal, and the Prolog/Epilog must print nothing. Only into a regular file of
+    root's: a user's FIFO at that name had hung the probe at its first line (never to stop),
+    a user's file had been handed every job's lines."""
 
     def __init__(self, path: str | None, job_id=None, node=None):
         self.path = path or None
@@ -49,8 +52,11 @@ class ProbeLog:
         if not self.path:
             return
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                         | os.O_NONBLOCK, 0o600)
             with os.fdopen(fd, "a") as f:
+                if {NOT_FILE, NOT_OWNER} & set(untrusted(os.fstat(fd), (os.geteuid(),), kind="file")):
+                    return
                 f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} horus-probe[{os.getpid()}] "
                         f"{self.tag}: {msg}\n")
         except Exception:
@@ -238,7 +244,7 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
     pidf = pid_file(env, job_id, node)
     tmp = f"{pidf}.{os.getpid()}.tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
-        f.write(f"{os.getpid()} {job_id}\n")
+        f.write(f"{os.getpid()} {job_id} {started(os.getpid())}\n")
     os.replace(tmp, pidf)
     place = placement(job_id, node, env)
     sampler = None
@@ -342,18 +348,17 @@ def _remove_own(pidf: str) -> None:
             pass
 
 
-def _is_probe(pid: int) -> bool:
-    """Whether pid is a root probe: its command line says so, and root owns it (any process
-    can set its own command line: a user's reusing a dead probe's pid took root's SIGTERM and
-    held the Epilog its full wait)."""
+def _same_probe(pid: int, start: str | None) -> bool:
+    """Whether pid is still the probe that wrote the pid file: the process that started then,
+    not exited (a zombie has recorded). A killed probe's pid, reused by a user's process that
+    named itself a probe, took root's SIGTERM and held the Epilog its full wait; reused by
+    another job's probe, that job's measurement ended early."""
     try:
-        if os.stat(f"/proc/{pid}").st_uid != 0:
-            return False
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
-    except OSError:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return False
-    return b"--prolog" in cmd and b"probe" in cmd
+    return start is not None and state != b"Z" and started(pid) == start
 
 
 def epilog(env: dict | None = None, *, wait: float | None = None) -> int:
@@ -373,10 +378,11 @@ def epilog(env: dict | None = None, *, wait: float | None = None) -> int:
     try:
         st = os.lstat(pidf)
         with open(pidf) as f:
-            pid = int(f.read().split()[0])
+            fields = f.read().split()
+        pid, start = int(fields[0]), (fields[2] if len(fields) > 2 else None)
     except (OSError, ValueError, IndexError):
         return 0  # not probed (no GPU here, no NVML), or already done
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or not _is_probe(pid):
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or not _same_probe(pid, start):
         log(f"stale pid file {pidf}: removed")
         try:
             os.unlink(pidf)
@@ -388,8 +394,8 @@ def epilog(env: dict | None = None, *, wait: float | None = None) -> int:
     except OSError:
         return 0
     end = time.time() + wait
-    while time.time() < end and pid_alive(pid) and _is_probe(pid):
+    while time.time() < end and _same_probe(pid, start):
         time.sleep(0.05)
-    if pid_alive(pid) and _is_probe(pid):
+    if _same_probe(pid, start):
         log(f"probe {pid} still writing after {wait:g}s; left to finish")
     return 0
