@@ -679,6 +679,40 @@ def test_mariadb_ledger():
 
 
 @pytest.mark.cluster
+def test_mariadb_ledger_is_created_or_migrated_by_one_process_at_a_time(monkeypatch):
+    """Each DDL statement commits on MariaDB: the first writers after an upgrade (every node's
+    probe at its job's end) all read the old version and all but one failed on a duplicate
+    column or version row.  An open waits while another process holds the setup lock, and
+    says so in one line when it waits too long."""
+    import threading
+
+    from sqlalchemy import create_engine
+
+    from slurm_horus.ledger.migrate import SETUP_LOCK
+
+    pytest.importorskip("pymysql")
+    url = _mariadb_url("horus_test_lock", "DROP DATABASE IF EXISTS horus_test_lock; ")
+    if url is None:
+        pytest.skip("local cluster MariaDB not running (tests/cluster/up)")
+    holder = create_engine(url).connect()
+    assert holder.exec_driver_sql(f"SELECT GET_LOCK({SETUP_LOCK}, 0)").scalar() == 1
+    opened = []
+    t = threading.Thread(target=lambda: opened.append(Ledger(url)))
+    t.start()
+    t.join(1.5)
+    assert t.is_alive() and not opened  # waiting for the lock, not creating beside its holder
+    holder.exec_driver_sql(f"SELECT RELEASE_LOCK({SETUP_LOCK})")
+    t.join(30)
+    assert opened and opened[0].count("jobs") == 0
+    opened[0].engine.dispose()
+    monkeypatch.setenv("HORUS_DB_TIMEOUT", "3")
+    holder.exec_driver_sql(f"SELECT GET_LOCK({SETUP_LOCK}, 0)")
+    with pytest.raises(HorusError, match="another process is creating or migrating it"):
+        Ledger(url)
+    holder.close()
+
+
+@pytest.mark.cluster
 def test_mariadb_ledger_in_a_latin1_database_keeps_any_model_path():
     """A database in latin1 (MariaDB's default before 11.6): a job whose model path is in CJK
     was refused (Incorrect string value), and every later sync failed on it. New tables are

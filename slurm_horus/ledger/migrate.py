@@ -8,11 +8,12 @@ only used on a complete schema. Readers never migrate: they need the current ver
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 
 from slurm_horus.errors import HorusError
-from slurm_horus.ledger.db import REFRESH_ADVICE, mask_url, upsert
+from slurm_horus.ledger.db import REFRESH_ADVICE, db_timeout, mask_url, upsert
 from slurm_horus.ledger.jobs import refresh_jobs
 from slurm_horus.ledger.schema import MYSQL_CHARSET, SCHEMA_VERSION, exec_script, schema_text, tables, views_text
 
@@ -160,9 +161,40 @@ def _create_views(conn) -> None:
            ("name",))
 
 
+# the MariaDB/MySQL lock one creator or migrator of a database holds (a name is server-wide)
+SETUP_LOCK = "LEFT(CONCAT('slurm-horus setup ', DATABASE()), 64)"
+
+
 def setup(conn, url: str) -> None:
     """Create the schema in an empty database, or migrate an older one to SCHEMA_VERSION; and
     recreate the views when views.sql changed."""
+    with _setup_lock(conn, url):
+        _setup(conn, url)
+
+
+@contextlib.contextmanager
+def _setup_lock(conn, url: str):
+    """One creator or migrator at a time on MariaDB/MySQL, where each DDL statement commits:
+    the first writers after an upgrade (every GPU node's probe at its job's end) all read the
+    old version, and all but one failed on a duplicate column or version row.  SQLite's BEGIN
+    IMMEDIATE already queues them.  The wait stays within the connection's read timeout."""
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        yield
+        return
+    wait = max(int(db_timeout()) - 1, 1)
+    if conn.exec_driver_sql(f"SELECT GET_LOCK({SETUP_LOCK}, {wait})").scalar() != 1:
+        raise HorusError(f"ledger {mask_url(url)}: another process is creating or migrating it "
+                         f"(waited {wait} s); try again")
+    try:
+        yield
+    finally:
+        try:
+            conn.exec_driver_sql(f"SELECT RELEASE_LOCK({SETUP_LOCK})")
+        except Exception:  # the session is gone, and its lock with it, or it must go
+            conn.invalidate()
+
+
+def _setup(conn, url: str) -> None:
     t = tables()
     names = set(_inspect(conn).get_table_names())
     if "schema_version" not in names and "submissions" not in names:
