@@ -302,14 +302,15 @@ def test_the_quantized_counts_survive_every_stored_form_of_the_report(tmp_path):
     features are as they were, and a row stored before the counts reads none."""
     from slurm_horus.graph.features import FEATURE_NAMES, FeatureReport, report_from_dict, report_to_dict
     from slurm_horus.ledger import Ledger
-    from slurm_horus.ledger.history_export import _feature_values, _values_report, ledger_runs
+    from slurm_horus.ledger.history_export import _values_report, ledger_runs
+    from slurm_horus.ledger.training import feature_values
 
     r = extract_features(mixed(tmp_path / "mixed.onnx"), batch_size=1)
     gpu, w = get_gpu("a100"), Workload(batch_size=1, task="train")
     live = ColdStartEstimator().predict(r, gpu, w)
     assert live.breakdown["grads_mib"] == 32.0
     back = report_from_dict(json.loads(json.dumps(report_to_dict(r))))
-    stored = _values_report(_feature_values(json.loads(json.dumps(r.to_dict()["features"]))))
+    stored = _values_report(feature_values(json.loads(json.dumps(r.to_dict()["features"]))))
     for again in (back, stored):
         assert (again.quantized_params, again.quantized_param_bytes) == (2**23, 2**23)
         assert ColdStartEstimator().predict(again, gpu, w).mem_mib == live.mem_mib

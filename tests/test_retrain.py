@@ -763,6 +763,34 @@ def test_rows_with_json_of_the_wrong_kind_are_skipped_not_fatal(tmp_path):
     assert sum("base" in r for r in runs) < len(runs)
 
 
+def test_rows_with_nan_or_infinite_features_or_cold_figures_are_skipped_not_fatal(tmp_path):
+    # JSON takes NaN and 1e400 (infinity): one such feature or stored cold-start figure stopped
+    # every retrain ("bad training range for 'log_flops': nan..nan", or scikit-learn's error)
+    import sqlite3
+
+    from slurm_horus.cli.admin_ledger import import_, retrain
+    from slurm_horus.ledger.training import training_set
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    write_csv(tmp_path / "m.csv")
+    assert CliRunner().invoke(import_, [str(tmp_path / "m.csv"), "--ledger", url]).exit_code == 0
+    con = sqlite3.connect(tmp_path / "l.db")
+    rows = con.execute("SELECT job_id, features, predictions FROM submissions ORDER BY job_id LIMIT 5").fetchall()
+    for (jid, feats, _), bad in zip(rows, ("NaN", "1e400", "-1e400")):
+        con.execute("UPDATE submissions SET features = ? WHERE job_id = ?",
+                    (json.dumps({**json.loads(feats), "flops": 7.0}).replace("7.0", bad), jid))
+    for (jid, _, preds), bad in zip(rows[3:], ("NaN", "1e400")):
+        con.execute("UPDATE submissions SET predictions = ? WHERE job_id = ?",
+                    (preds.replace('"mem_mib": ', f'"mem_mib": {bad}, "x": ', 1), jid))
+    con.commit()
+    con.close()
+    ts = training_set(Ledger(url))
+    assert ts.skipped == 5 and np.isfinite(np.asarray(ts.X, float)).all()
+    r = CliRunner().invoke(retrain, ["--ledger", url, "--model-dir", str(tmp_path / "reg"),
+                                     "--max-iter", "20"])
+    assert r.exit_code == 0 and "promoted v0001" in r.output, r.output
+
+
 def con_rows(db, query):
     import sqlite3
 

@@ -18,9 +18,9 @@ from sqlalchemy import and_, func, select, tuple_
 
 from slurm_horus.errors import HorusError
 from slurm_horus.textfile import open_for_reading
-from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, QUANTIZED_NAMES, FeatureReport
+from slurm_horus.graph.features import FEATURE_VERSION, FeatureReport
 from slurm_horus.ledger import tables
-from slurm_horus.ledger.training import ROW_ERRORS, completed_run, stored_cold
+from slurm_horus.ledger.training import ROW_ERRORS, completed_run, feature_values, stored_cold
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.history import HistoryPredictor
@@ -81,7 +81,7 @@ def ledger_runs(ledger, learned=None, times: list | None = None) -> list[dict]:
             values = json.loads(feats) if feats and (fv is None or int(fv) == FEATURE_VERSION) \
                 else None
             if values is not None:
-                values = _feature_values(values)
+                values = feature_values(values)
             run["cold_mem"] = float(c["mem_mib"]) if c.get("mem_mib") else None
             run["cold_util"] = float(c["util_pct"]) if c.get("util_pct") is not None else None
             if run["cold_mem"] is None and values is not None:
@@ -144,20 +144,6 @@ def file_sha256(path: str | None, cache: dict) -> str | None:
 def _values_report(values: dict) -> FeatureReport:
     return FeatureReport(model="", sha256="", values=values, nodes=[], by_op={},
                          unknown_ops=[], unknown_dims=[], bound_dims={})
-
-
-def _feature_values(values) -> dict | None:
-    """Every feature as a finite float, or None (the run keeps its measurement, not its
-    features): the learned model reads them all; and a quantized graph's QUANTIZED_NAMES,
-    which its cold start reads (a row stored before them has none: 0)."""
-    if not isinstance(values, dict):
-        return None
-    try:
-        out = {n: float(values[n]) for n in FEATURE_NAMES}
-        out.update((n, float(values[n])) for n in QUANTIZED_NAMES if n in values)
-    except (KeyError, TypeError, ValueError, OverflowError):
-        return None
-    return out if all(math.isfinite(v) for v in out.values()) else None
 
 
 def _cold_memory(values: dict, gpu, w) -> float:

@@ -13,6 +13,7 @@ export and the simulator take the same rule).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 from sqlalchemy import and_, or_, select
 
 from slurm_horus.errors import HorusError
-from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION
+from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, QUANTIZED_NAMES
 from slurm_horus.ledger import tables
 from slurm_horus.predict.coldstart import Prediction
 from slurm_horus.predict.gpus import default_catalog
@@ -47,13 +48,32 @@ class TrainingSet:
 def stored_cold(c: dict | None, gpu) -> Prediction:
     """The cold-start prediction a job was served with, from the figures stored beside its
     prediction for a GPU type ({"mem_mib", "util_pct", "gpu_ms_per_step", "host_ms_per_step"});
-    ValueError when they are not there."""
+    ValueError when they are not there, or not finite figures in range."""
     if not (isinstance(c, dict) and c.get("mem_mib") and c.get("util_pct") is not None):
         raise ValueError("no cold-start figures stored")
-    return Prediction(gpu=gpu.name, util_pct=float(c["util_pct"]), mem_mib=float(c["mem_mib"]),
-                      mem_mib_p90=float(c["mem_mib"]), predictor="cold-start",
-                      breakdown={"gpu_ms_per_step": float(c.get("gpu_ms_per_step") or 0),
-                                 "host_ms_per_step": float(c.get("host_ms_per_step") or 0)})
+    mem, util = float(c["mem_mib"]), float(c["util_pct"])
+    times = [float(c.get(k) or 0) for k in ("gpu_ms_per_step", "host_ms_per_step")]
+    # (NaN or infinity, which JSON takes, in one stored row had stopped every retrain)
+    if not (0 < mem < math.inf and 0 <= util <= 100 and all(0 <= t < math.inf for t in times)):
+        raise ValueError("cold-start figures out of range")
+    return Prediction(gpu=gpu.name, util_pct=util, mem_mib=mem, mem_mib_p90=mem,
+                      predictor="cold-start",
+                      breakdown={"gpu_ms_per_step": times[0], "host_ms_per_step": times[1]})
+
+
+def feature_values(values) -> dict | None:
+    """Every feature as a finite float, or None (the row trains nothing; a history run keeps its
+    measurement, not its features): the learned model reads them all, and a NaN or infinity
+    (JSON takes both) in one row had stopped every retrain; and a quantized graph's
+    QUANTIZED_NAMES, which its cold start reads (a row stored before them has none: 0)."""
+    if not isinstance(values, dict):
+        return None
+    try:
+        out = {n: float(values[n]) for n in FEATURE_NAMES}
+        out.update((n, float(values[n])) for n in QUANTIZED_NAMES if n in values)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return out if all(math.isfinite(v) for v in out.values()) else None
 
 
 def architecture(values: dict) -> int:
@@ -143,8 +163,8 @@ def training_set(ledger) -> TrainingSet:
             try:
                 if fv is not None and int(fv) != FEATURE_VERSION:
                     raise ValueError("feature version")
-                values = json.loads(feats)
-                if any(n not in values for n in FEATURE_NAMES):
+                values = feature_values(json.loads(feats))
+                if values is None:
                     raise ValueError("features")
                 if gtype not in gpus:
                     gpus[gtype] = catalog.find(gtype)
