@@ -36,7 +36,7 @@ def _run(report, b, mem, util, family="resnet50", user="alice", sha=None, **work
     w = Workload(batch_size=b, **workload)
     c = COLD.predict(report, A100, w)
     return {"sha": sha or report.sha256, "gpu": A100.name, "bs": b, "task": w.task,
-            "opt": w.optimizer, "prec": w.precision, "dims": dims_key(report.bound_dims, b),
+            "opt": w.optimizer, "prec": w.precision, "dims": dims_key(report.given_dims, b),
             "mem": mem, "util": util, "cold_mem": c.mem_mib, "cold_util": c.util_pct,
             "family": family, "user": user}
 
@@ -771,7 +771,7 @@ def _p90_ratio(h: HistoryPredictor, graph: str, user: str) -> float:
     from types import SimpleNamespace
 
     h.base, h.user = _Base(), user
-    report = SimpleNamespace(sha256=hashlib.sha256(graph.encode()).hexdigest(), bound_dims={},
+    report = SimpleNamespace(sha256=hashlib.sha256(graph.encode()).hexdigest(), given_dims={},
                              model=None)
     p = h.predict(report, A100, Workload(batch_size=16))
     assert p.predictor == "history:exact"
@@ -857,3 +857,29 @@ def test_one_users_flood_of_new_settings_cannot_push_the_others_out_of_the_histo
             [(1, None), (2, "m"), (3, "m"), (4, "m"), (5, "a"), (6, "m"), (7, "b"), (8, None)]]
     times = [0, 9, 8, 7, 1, 6, 2, 0]
     assert [runs[i]["bs"] for i in _fair_order(runs, times)] == [8, 1, 2, 7, 5, 3, 4, 6]
+
+
+def test_a_graph_whose_batch_dimension_has_an_authors_name_is_found_by_its_exact_runs(tmp_path):
+    """An input [images, 16]: the batch size binds `images` by position, and bound_dims says
+    images=32.  The prediction had keyed the runs by it, the history export by what the job's
+    record stores (its --dim bindings: none), so the job's own measured runs never answered
+    as history:exact."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from graphs import mlp
+
+    path = mlp(tmp_path / "m.onnx", batch="images")
+    reports = {b: extract_features(path, batch_size=b) for b in (8, 32, 128)}
+    assert reports[32].bound_dims == {"images": 32}
+    runs = []
+    for b in (8, 32, 128):
+        w = Workload(batch_size=b)
+        c = COLD.predict(reports[b], A100, w)
+        runs.append({"sha": reports[b].sha256, "gpu": A100.name, "bs": b, "task": w.task,
+                     "opt": w.optimizer, "prec": w.precision,
+                     "dims": dims_key({}, b),  # as history_export keys it: the stored --dims
+                     "mem": 3000.0 + b, "util": 40.0, "cold_mem": c.mem_mib,
+                     "cold_util": c.util_pct, "family": "mlp", "user": "alice"})
+    p = HistoryPredictor(user="bob").fit(runs).predict(reports[32], A100, Workload(batch_size=32))
+    assert p.predictor == "history:exact" and abs(p.mem_mib - 3032.0) < 0.02 * 3032.0

@@ -63,6 +63,9 @@ class FeatureReport:
     unshaped_ops: list[str] = field(default_factory=list)  # ops whose rule lacked input shapes
     single_trips: list[str] = field(default_factory=list)  # Loops and Scans costed as one iteration
     unnamed_dims: list[str] = field(default_factory=list)  # inputs' unnamed unbound sizes, INPUT[POS]
+    # the user's --dim bindings: what a job's record stores, so what the history keys its runs
+    # by (bound_dims holds the batch's too, by name or position: "images=32" had keyed no run)
+    given_dims: dict[str, int] = field(default_factory=dict)
     version: int = FEATURE_VERSION
 
     @property
@@ -160,9 +163,11 @@ def extract_features(model: str | os.PathLike, batch_size: int | None = None,
         size = os.stat(model).st_size
     except OSError:
         size = 0  # load_graph says what is wrong with it
-    return run_bounded(str(model), lambda: features_of(load_graph(model, batch_size=batch_size, dims=dims),
-                                                       batch_size),
-                       report_to_dict, report_from_dict, ANALYSIS_MEM_MIB + ANALYSIS_FILE_FACTOR * (size >> 20))
+    report = run_bounded(str(model), lambda: features_of(load_graph(model, batch_size=batch_size, dims=dims),
+                                                         batch_size),
+                         report_to_dict, report_from_dict, ANALYSIS_MEM_MIB + ANALYSIS_FILE_FACTOR * (size >> 20))
+    report.given_dims = dict(dims or {})
+    return report
 
 
 _NODE_FIELDS = [f.name for f in fields(NodeCost)]

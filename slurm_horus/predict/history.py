@@ -519,7 +519,7 @@ class HistoryPredictor:
         else:
             b = c = base.predict(report, gpu, workload)
         a = self.estimate(report.sha256, gpu.name, workload,
-                          dims_key(report.bound_dims, workload.batch_size), c.mem_mib,
+                          dims_key(report.given_dims, workload.batch_size), c.mem_mib,
                           c.util_pct, family_of(report.model) if report.model else None,
                           current_user() if self.user is None else self.user,
                           b.mem_mib, b.util_pct, b.predictor)
