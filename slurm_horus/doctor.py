@@ -23,6 +23,7 @@ from slurm_horus.textfile import NOT_OWNER, WRITABLE, open_for_reading, read_tex
 # Slurm versions the test suite runs on (tests/cluster/up); shards exist from 22.05.
 TESTED = ("22.05", "25.11")
 SLURM_CONF_MAX_BYTES = 64 << 20  # the largest sites' slurm.conf are a few MiB
+MAX_INCLUDES = 1000  # files read through Include lines (a site's: a few)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ def read_slurm_conf(path: Path) -> SlurmConf:
     from slurm_horus.slurm.parse import node_lines, parse_conf_lines
 
     # a stray byte (a name in a comment, in Latin-1) is Slurm's to ignore, and doctor's
-    text = _with_includes(path, read_text(path, "slurm.conf", SLURM_CONF_MAX_BYTES, "replace"), 0)
+    text = read_text(path, "slurm.conf", SLURM_CONF_MAX_BYTES, "replace")
+    text = _with_includes(path, text, 0, [0, len(text)])
     if "\x00" in text or text.count("\ufffd") > max(16, len(text) // 100):
         raise HorusError(f"{path}: not a text file (binary bytes): not a slurm.conf")
     recs = parse_conf_lines(text)
@@ -53,12 +55,12 @@ def read_slurm_conf(path: Path) -> SlurmConf:
     return SlurmConf(settings, node_lines(recs), path)
 
 
-def _with_includes(path: Path, text: str, depth: int) -> str:
+def _with_includes(path: Path, text: str, depth: int, read: list[int]) -> str:
     """slurm.conf with its ``Include`` files in place, as slurmctld reads it (paths relative to
     slurm.conf's folder, glob patterns allowed); a site that keeps its NodeName lines in
-    nodes.conf had been told GresTypes lacked gpu,shard."""
-    import glob
-
+    nodes.conf had been told GresTypes lacked gpu,shard.  ``read``: [files, bytes] read so far,
+    at most MAX_INCLUDES and SLURM_CONF_MAX_BYTES in all: files that include each other many
+    times over (no loop, so within the depth) had doctor read millions of them."""
     out = []
     for line in text.splitlines():
         words = line.split("#", 1)[0].split(None, 1)
@@ -73,8 +75,13 @@ def _with_includes(path: Path, text: str, depth: int) -> str:
                                  "start)")
             for name in names:
                 sub = Path(name)
-                out.append(_with_includes(sub, read_text(sub, "slurm.conf Include",
-                                                         SLURM_CONF_MAX_BYTES, "replace"), depth + 1))
+                sub_text = read_text(sub, "slurm.conf Include", SLURM_CONF_MAX_BYTES, "replace")
+                read[0] += 1
+                read[1] += len(sub_text)
+                if read[0] > MAX_INCLUDES or read[1] > SLURM_CONF_MAX_BYTES:
+                    raise HorusError(f"{path}: Include: more than {MAX_INCLUDES:,} files or "
+                                     f"{SLURM_CONF_MAX_BYTES:,} bytes in all: not a slurm.conf to check")
+                out.append(_with_includes(sub, sub_text, depth + 1, read))
             continue
         out.append(line)
     return "\n".join(out)
@@ -313,20 +320,26 @@ def _is_horus_hook(code: str) -> bool:
     return "slurm_job_submit" in code and "horus" in code
 
 
-def _trusted(path: Path, what: str) -> list[Problem]:
-    """A file slurm-horus trusts must be root's and not writable by group or others."""
+def _trusted(path: Path, what: str, sticky_ok: bool = False) -> list[Problem]:
+    """A file or folder slurm-horus trusts must be root's and not writable by group or others.
+    ``sticky_ok`` only for a folder above the one that holds it (as /tmp above a registry): in
+    the holding folder itself the sticky bit stops no one making a name (a ledger's -wal
+    journal, a registry's current.json, a gres.conf beside the hook)."""
     try:
         st = path.stat()
     except OSError:
         return []
     out = []
-    why = untrusted(st, (0,), sticky_ok=True)
+    why = untrusted(st, (0,), sticky_ok=sticky_ok)
     if NOT_OWNER in why:
         out.append(Problem(f"{what} {path} is owned by uid {st.st_uid}, not root",
                            f"chown root {path}"))
     if WRITABLE in why:
         out.append(Problem(f"{what} {path} is writable by group or others "
-                           f"(mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}"))
+                           f"(mode {stat.S_IMODE(st.st_mode):04o})",
+                           f"use a folder only root can write instead of {path} (as "
+                           "/var/lib/slurm-horus)" if st.st_mode & stat.S_ISVTX  # /tmp: not to chmod
+                           else f"chmod go-w {path}"))
     return out
 
 
@@ -406,6 +419,8 @@ def check_ledger(url: str) -> list[Problem]:
                         f"give the absolute path: sqlite:////{str(db).lstrip('/')}")]
     if db is not None:
         out += _trusted(db.parent, "the ledger folder") if db.parent.exists() else []
+        for d in db.parent.resolve().parents:  # whoever may rename one swaps the ledger for theirs
+            out += _trusted(d, "a folder above the ledger", sticky_ok=True)
         out += _trusted(db, "the ledger")
         out += _trusted(readers_copy(db), "the readers' copy of the ledger")
         if out or not db.exists():
@@ -585,7 +600,7 @@ def check_registry(root: Path) -> list[Problem]:
         return []
     out = _trusted(root, "the model registry")
     for d in root.resolve().parents:  # hsubmit trusts no file beneath a folder others may write
-        out += _trusted(d, "a folder above the model registry")
+        out += _trusted(d, "a folder above the model registry", sticky_ok=True)
     for f in sorted(root.glob("*.json")):
         if f.is_symlink():  # hsubmit refuses it (it could serve a file no check covers)
             out.append(Problem(f"the model registry file {f} is a symlink: hsubmit refuses it",
@@ -656,7 +671,9 @@ def check_site_settings(env: dict[str, str] | None = None) -> list[Problem]:
     """horus.conf's on_prediction_error is submit or refuse: a misspelt 'refuse' submits every
     job whose model cannot be read, while the admin believes they are refused (the users'
     environment variable is theirs, not the site's: not read here); its keys are ones a
-    command reads; HORUS_SLURM_BACKEND, where set, names a backend that works."""
+    command reads; HORUS_SLURM_BACKEND, where set, names a backend that works; and only root
+    may write it or make it in its folder: root's sync, probe and queue take their ledger from
+    its ledger_url, so whoever writes it points them at a ledger of their own."""
     from slurm_horus.siteconf import CONF_PATH, ENV_CONF, SITE_KEYS, unknown_site_keys
     from slurm_horus.slurm.commands import BACKENDS, backend
     from slurm_horus.slurm.submit import on_prediction_error_problem
@@ -665,6 +682,8 @@ def check_site_settings(env: dict[str, str] | None = None) -> list[Problem]:
     conf = env.get(ENV_CONF) or CONF_PATH
     problem = on_prediction_error_problem(env)
     out = [Problem(problem, f"write on_prediction_error = refuse (or submit) in {conf}")] if problem else []
+    out += (_trusted(Path(conf), "the site settings")
+            + _trusted(Path(conf).resolve().parent, "the folder of the site settings"))
     out += [Problem(f"{conf} line {n}: {key!r} is no setting: nothing reads it (a misspelt key leaves "
                     "its default in force)", f"the settings are {', '.join(SITE_KEYS)}")
             for n, key in unknown_site_keys(env)]

@@ -1,7 +1,7 @@
 """hacct and horus-admin against odd input and sacct's conventions (a review's findings, kept as
 cases): hacct's default window, -p/-X/-V, unknown states, local times, plot paths; sync's
 --policy, --from-file and bad accounting records; simulate --ledger read-only and multi-GPU;
-NaN options."""
+NaN options; doctor on folders others may write and on Include files that multiply."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ def ledger(tmp_path):
                        state="COMPLETED", elapsed_s=600, gpus=1, start_time=submit + 10,
                        end_time=submit + 610)
     return u
+
+
+# doctor judges files by whether they are root's
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="doctor's checks want root's files")
 
 
 def ids(out: str) -> list[int]:
@@ -554,3 +558,66 @@ def test_a_ledger_a_mistyped_url_makes_replaces_neither_record_nor_history(tmp_p
     assert not (tmp_path / "var").exists()
     from slurm_horus.doctor import check_ledger
     assert "relative path" in check_ledger("sqlite:///var/lib/ledger.db")[0].what
+
+
+@as_root
+def test_doctor_finds_a_sticky_ledger_or_registry_folder_and_folders_others_may_rename(tmp_path):
+    """A sticky world-writable folder (/tmp) lets anyone make a new name in it: a ledger's -wal
+    journal SQLite replays on open, a registry's current.json or model file; and whoever may
+    rename a folder above the ledger swaps it for their own.  doctor had passed all three."""
+    from slurm_horus.doctor import check_ledger, check_registry
+
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    (p,) = check_ledger(f"sqlite:///{sticky}/ledger.db")
+    assert p.what.startswith(f"the ledger folder {sticky} is writable by group or others"), p
+    assert "folder only root can write" in p.fix and "chmod" not in p.fix
+    (p,) = check_registry(sticky)
+    assert p.what.startswith(f"the model registry {sticky} is writable"), p
+    theirs = tmp_path / "theirs"
+    (theirs / "horus").mkdir(parents=True)
+    os.chmod(theirs, 0o777)
+    (p,) = check_ledger(f"sqlite:///{theirs}/horus/ledger.db")
+    assert p.what.startswith(f"a folder above the ledger {theirs} is writable"), p
+    assert p.fix == f"chmod go-w {theirs}"
+    os.chmod(theirs, 0o1777)  # above the folder the sticky bit does stop a rename
+    assert check_ledger(f"sqlite:///{theirs}/horus/ledger.db") == []
+
+
+def test_doctor_stops_on_include_files_that_include_each_other_many_times_over(tmp_path):
+    """No loop, so within the nesting depth, but eight Include lines a level read 8**n files:
+    five levels of 25 had doctor reading ten million of them for minutes."""
+    from slurm_horus.doctor import read_slurm_conf
+
+    (tmp_path / "L4.conf").write_text("PartitionName=p Nodes=n1\n")
+    for level in range(4):
+        (tmp_path / f"L{level}.conf").write_text(f"Include L{level + 1}.conf\n" * 8)
+    (tmp_path / "slurm.conf").write_text("SlurmctldHost=ctl\nInclude L0.conf\n")
+    t0 = time.monotonic()
+    with pytest.raises(HorusError, match="Include: more than 1,000 files"):
+        read_slurm_conf(tmp_path / "slurm.conf")
+    assert time.monotonic() - t0 < 10
+    (tmp_path / "L0.conf").write_text("Include L4.conf\n" * 3)  # a few: read as slurmctld does
+    assert read_slurm_conf(tmp_path / "slurm.conf").settings["slurmctldhost"] == "ctl"
+
+
+@as_root
+def test_doctor_finds_site_settings_others_may_write(tmp_path):
+    """Root's sync, probe and queue take the ledger from horus.conf's ledger_url: a file (or a
+    folder) others may write lets them point root at a ledger of their own; doctor had said
+    nothing."""
+    from slurm_horus.doctor import check_site_settings
+
+    conf = tmp_path / "etc" / "horus.conf"
+    conf.parent.mkdir(mode=0o755)
+    conf.write_text("ledger_url = sqlite:////var/lib/slurm-horus/ledger.db\n")
+    os.chmod(conf, 0o644)
+    assert check_site_settings({"HORUS_CONF": str(conf)}) == []
+    os.chmod(conf, 0o666)
+    (p,) = check_site_settings({"HORUS_CONF": str(conf)})
+    assert p.what.startswith(f"the site settings {conf} is writable by group or others"), p
+    os.chmod(conf, 0o644)
+    os.chmod(conf.parent, 0o1777)  # a missing horus.conf anyone could make
+    (p,) = check_site_settings({"HORUS_CONF": str(conf)})
+    assert p.what.startswith(f"the folder of the site settings {conf.parent} is writable"), p

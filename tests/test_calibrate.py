@@ -329,6 +329,41 @@ def test_an_export_cache_others_can_write_is_refused(tmp_path):
                   sampler_factory=FakeSampler, cache_dir=cache)
 
 
+def test_links_planted_at_out_or_the_cache_are_not_followed(tmp_path):
+    """Root had created (and chmodded) the file a dangling link at --out named, written to one
+    it named that was empty, and exported graphs into the folder a link named as the cache."""
+    runs = plan(["small_cnn"], [8], ["train"])
+    victim, empty = tmp_path / "victim", tmp_path / "empty"
+    empty.write_text("")
+    empty.chmod(0o600)
+    for name, target in (("dangling.csv", victim), ("to_empty.csv", empty)):
+        (tmp_path / name).symlink_to(target)
+        with pytest.raises(HorusError, match="symbolic link"):
+            calibrate(FakeRunner(), runs, tmp_path / name, sampler_factory=FakeSampler,
+                      cache_dir=tmp_path / "cache")
+    assert not victim.exists() and empty.read_text() == "" and empty.stat().st_mode & 0o777 == 0o600
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "horus-calibrate-onnx").symlink_to(elsewhere)
+    with pytest.raises(HorusError, match="not a folder of yours"):
+        calibrate(FakeRunner(), runs, tmp_path / "linked" / "c.csv", sampler_factory=FakeSampler)
+    assert not list(elsewhere.iterdir())
+
+
+def test_an_empty_out_file_another_user_owns_is_refused(tmp_path):
+    """Its owner could add forged rows to what root wrote there before `horus-admin import`."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the file away")
+    out = tmp_path / "c.csv"
+    out.write_text("")
+    out.chmod(0o666)
+    os.chown(out, 65534, 65534)
+    with pytest.raises(HorusError, match="not a file of yours"):
+        calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train"]), out, sampler_factory=FakeSampler)
+    assert out.read_text() == ""
+
+
 def test_gpu_type_from_device_name():
     assert gpu_type_of("NVIDIA A100-SXM4-40GB", "a100-40gb") == "a100-40gb"
     assert gpu_type_of("NVIDIA H200") == "h200"

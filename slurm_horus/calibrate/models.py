@@ -221,10 +221,11 @@ def example_input(spec: ModelSpec, batch: int, device=None):
 
 def trusted_cache(cache_dir: str | Path) -> None:
     """HorusError unless the export cache is this user's alone (or not there yet): a graph
-    found there is taken as exported, and its features go into the rows root imports."""
+    found there is taken as exported, and its features go into the rows root imports.  A
+    symbolic link is refused, whoever made it: root had exported into the folder it names."""
     path = Path(cache_dir)
     try:
-        st = path.stat()
+        st = path.lstat()
     except FileNotFoundError:
         return
     if untrusted(st, (os.geteuid(),), kind="folder"):

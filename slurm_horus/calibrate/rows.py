@@ -4,9 +4,11 @@ a CSV that survives interruptions (and --resume continues), and optionally to th
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from slurm_horus.graph.features import extract_features
 from slurm_horus.ledger.retrain import IMPORT_COLUMNS, import_csv
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.predict.gpus import get_gpu
+from slurm_horus.textfile import untrusted
 
 # The import format's columns first (unchanged), then calibration's own, which
 # `horus-admin import` ignores.
@@ -95,13 +98,33 @@ class CsvAppender:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        new = not _regular(self.path) or self.path.stat().st_size == 0
-        if not new:
-            check_header(self.path)
-        if new:  # 0644 whatever the umask: --resume takes only a file no one else can write
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
-            os.chmod(self.path, 0o644)
-        self.f = open(self.path, "a", newline="", encoding="utf-8")  # what import reads
+        # never through a link, nor into a file another user may write: root had created (or
+        # appended to) whatever a link planted at --out named, and rows in a file its owner may
+        # change are forged once imported
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                         | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENXIO):  # ENXIO: a FIFO nobody reads
+                raise
+            raise HorusError(f"{path}: a symbolic link or not a regular file; choose another "
+                             "--out") from None
+        try:
+            st = os.fstat(fd)
+            new = st.st_size == 0
+            if new and st.st_uid == os.geteuid() and stat.S_ISREG(st.st_mode):
+                # 0644 whatever the umask: --resume takes only a file no one else can write
+                os.fchmod(fd, 0o644)
+                st = os.fstat(fd)
+            if untrusted(st, (os.geteuid(),), kind="file"):
+                raise HorusError(f"{path}: not a file of yours that only you can write; choose "
+                                 "another --out")
+            if not new:
+                check_header(self.path)
+            self.f = os.fdopen(fd, "a", newline="", encoding="utf-8")  # what import reads
+        except BaseException:
+            os.close(fd)
+            raise
         self.w = csv.DictWriter(self.f, fieldnames=CSV_COLUMNS)
         if new:
             self.w.writeheader()
