@@ -88,3 +88,14 @@ def test_hostlist_match():
     assert not sp._hostlist_has("gpu[01-03]", "gpu04")
     assert not sp._hostlist_has("gpu[01-03]", "gpu2")
     assert sp._hostlist_has("gpu-t4", "gpu-t4") and not sp._hostlist_has(None, "x")
+
+
+def test_a_hostlist_of_more_names_than_any_cluster_is_refused_in_one_line():
+    """Each range is capped, their product was not: NodeName=a[1-3000]b[1-3000] took doctor
+    44 s (9 million names), a[1-100000]b[1-100000] would have filled memory in doctor, sync
+    and anything that expands a node list."""
+    from slurm_horus.errors import HorusError
+
+    with pytest.raises(HorusError, match="more than 1,000,000 names"):
+        sp.expand_hostlist("a[1-2000]b[1-1000]")
+    assert len(sp.expand_hostlist("a[1-100]b[1-100]")) == 10_000

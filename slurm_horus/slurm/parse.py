@@ -484,6 +484,11 @@ def config_user_id(value: str) -> int | None:
 
 # --------------------------------------------------------------------------- slurm.conf
 
+# the most names one hostlist expands to (the simulator's cluster: a million GPUs); ranges are
+# capped one by one, and a[1-100000]b[1-100000] had filled memory with 10^10 names
+MAX_HOSTLIST_NAMES = 1_000_000
+
+
 def expand_hostlist(expr: str) -> list[str]:
     """Slurm hostlist: ``gpu[01-03,07],login1`` -> gpu01 gpu02 gpu03 gpu07 login1."""
     items, depth, cur = [], 0, ""
@@ -514,6 +519,9 @@ def expand_hostlist(expr: str) -> list[str]:
                 raise HorusError(f"hostlist: bad range in '{item}'")
             for k in range(lo, hi + 1):
                 out.extend(expand_hostlist(f"{head}{str(k).zfill(len(a))}{tail}"))
+                if len(out) > MAX_HOSTLIST_NAMES:
+                    raise HorusError(f"hostlist: more than {MAX_HOSTLIST_NAMES:,} names in "
+                                     f"'{expr[:80]}'")
     return out
 
 
