@@ -705,11 +705,15 @@ def test_mariadb_ledger_is_created_or_migrated_by_one_process_at_a_time(monkeypa
     t.join(30)
     assert opened and opened[0].count("jobs") == 0
     opened[0].engine.dispose()
-    monkeypatch.setenv("HORUS_DB_TIMEOUT", "3")
     holder.exec_driver_sql(f"SELECT GET_LOCK({SETUP_LOCK}, 0)")
-    with pytest.raises(HorusError, match="another process is creating or migrating it"):
-        Ledger(url)
+    for timeout in ("3", "1", "0.5"):  # a wait of 1 s had outlasted these reads (connection lost)
+        monkeypatch.setenv("HORUS_DB_TIMEOUT", timeout)
+        with pytest.raises(HorusError, match="another process is creating or migrating it"):
+            Ledger(url)
     holder.close()
+    # no database, no lock name (NULL): that is the URL's fault, not another process's
+    with pytest.raises(HorusError, match="the URL names no database"):
+        Ledger(url.rsplit("/", 1)[0] + "/")
 
 
 @pytest.mark.cluster

@@ -177,12 +177,17 @@ def _setup_lock(conn, url: str):
     """One creator or migrator at a time on MariaDB/MySQL, where each DDL statement commits:
     the first writers after an upgrade (every GPU node's probe at its job's end) all read the
     old version, and all but one failed on a duplicate column or version row.  SQLite's BEGIN
-    IMMEDIATE already queues them.  The wait stays within the connection's read timeout."""
+    IMMEDIATE already queues them.  The wait stays half a second or more within the
+    connection's read timeout (whole seconds: MySQL rounds a fraction), else a short timeout
+    (HORUS_DB_TIMEOUT=1) lost the connection instead of saying why."""
     if conn.dialect.name not in ("mysql", "mariadb"):
         yield
         return
-    wait = max(int(db_timeout()) - 1, 1)
-    if conn.exec_driver_sql(f"SELECT GET_LOCK({SETUP_LOCK}, {wait})").scalar() != 1:
+    wait = max(int(db_timeout() - 0.5), 0)
+    database, got = conn.exec_driver_sql(f"SELECT DATABASE(), GET_LOCK({SETUP_LOCK}, {wait})").one()
+    if database is None:  # no lock name (NULL), and no schema to set up: not another's doing
+        raise HorusError(f"ledger {mask_url(url)}: the URL names no database (.../DBNAME)")
+    if got != 1:
         raise HorusError(f"ledger {mask_url(url)}: another process is creating or migrating it "
                          f"(waited {wait} s); try again")
     try:
