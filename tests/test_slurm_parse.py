@@ -315,3 +315,73 @@ def test_an_array_records_tasks_are_counted_never_expanded():
     cases = {"1-100": 100, "1-99:2": 50, "3,5,7-9": 5, "0-31%4": 4, "1-3%0": 3, "7": 1,
              "0-4294967294": 4294967295, "": 1, "9-1": 1, "1-5:0": 1, "a-b": 1}
     assert {t: array_task_count(t) for t in cases} == cases
+
+
+def test_the_cli_backend_reads_hidden_partitions_as_pyslurm_does(monkeypatch):
+    """pyslurm loads nodes and partitions with SHOW_ALL; a user's scontrol without --all leaves
+    out Hidden partitions (and those their AllowGroups exclude), their names in a node's
+    Partitions= and nodes in no other (slurmctld's _node_is_hidden, scontrol's
+    slurm_populate_node_partitions): ``hsubmit -p debug`` found "no node" on the CLI alone."""
+    from slurm_horus.slurm import commands as slurm
+
+    def scontrol(args, timeout=30):  # what Slurm shows a user, by its show flags
+        every = "--all" in args or "-a" in args
+        if args[:3] == ["scontrol", "show", "partition"]:
+            return ("PartitionName=gpu Default=YES Hidden=NO Nodes=gpu-[1-2]\n"
+                    + ("PartitionName=debug Default=NO Hidden=YES Nodes=gpu-2,h100-1\n" if every else ""))
+        assert args[:3] == ["scontrol", "show", "node"], args
+        return ("NodeName=gpu-1 Gres=gpu:a100:4 Partitions=gpu State=IDLE\n"
+                f"NodeName=gpu-2 Gres=gpu:t4:2 Partitions={'gpu,debug' if every else 'gpu'} State=IDLE\n"
+                + ("NodeName=h100-1 Gres=gpu:h100:8 Partitions=debug State=IDLE\n" if every else ""))
+    monkeypatch.setenv("HORUS_SLURM_BACKEND", "cli")
+    monkeypatch.setattr(slurm, "_chosen", {})
+    monkeypatch.setattr(slurm, "run", scontrol)
+    assert slurm.partition_gpu_types("debug") == ("debug", {"t4": 2, "h100": 8})
+    assert [p["PartitionName"] for p in slurm.scontrol_partitions()] == ["gpu", "debug"]
+    assert slurm.node_gpu_types() == {"gpu-1": "a100", "gpu-2": "t4", "h100-1": "h100"}
+
+
+def test_sacct_j_lookups_of_many_array_tasks_stay_within_one_arguments_limit(tmp_path, monkeypatch):
+    """Linux refuses one argument over 128 KiB (E2BIG): 20,000 array tasks named in one sacct -j
+    had made the lookup fail ("Argument list too long"). Slurm's stand-in is a real program, so
+    the kernel's limit is the real one; it answers for the two tasks accounting knows."""
+    import os
+    import sys
+    from slurm_horus.slurm import commands as slurm
+
+    sacct = tmp_path / "sacct"
+    sacct.write_text(f"#!{sys.executable}\n" + """import json, sys
+names = sys.argv[sys.argv.index("-j") + 1].split(",")
+known = {"9_1": 10, "9_19999": 11}
+print(json.dumps({"jobs": [{"job_id": known[n], "array": {"job_id": 9, "task_id": int(n[2:])}}
+                           for n in names if n in known]}))
+""")
+    sacct.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert slurm.array_task_job_ids([(9, t) for t in range(20000)]) == {(9, 1): 10, (9, 19999): 11}
+
+
+def test_a_gpu_type_of_digits_is_read_by_the_tools_not_as_pyslurms_count(monkeypatch):
+    """pyslurm 25.11.2's to_gres_dict reads Gres=gpu:3090:2,shard:3090:200 as
+    {"gpu": 3090, "shard": 3090} (untyped, the type as the count): the pyslurm backend gave the
+    partition no GPU type, so no prediction, where scontrol gives 3090:2. An untyped GPU from
+    pyslurm is ambiguous: the tools read that node (auto), forced pyslurm says so in one line."""
+    from types import SimpleNamespace
+
+    from slurm_horus.errors import HorusError
+    from slurm_horus.slurm import commands as slurm
+    from slurm_horus.slurm import pyslurm_backend
+
+    node = SimpleNamespace(name="n1", configured_gres={"gpu": 3090, "shard": 3090},
+                           partitions=["gpu"], available_features=[], active_features=[])
+    fake = SimpleNamespace(PyslurmError=type("PyslurmError", (Exception,), {}),
+                           Nodes=SimpleNamespace(load=lambda: {"n1": node}))
+    monkeypatch.setattr(pyslurm_backend, "load", lambda: fake)
+    monkeypatch.setattr(slurm, "run", lambda args, timeout=30:
+                        "NodeName=n1 Gres=gpu:3090:2,shard:3090:200 Partitions=gpu State=IDLE\n")
+    monkeypatch.setattr(slurm, "_chosen", {"auto": "pyslurm", "pyslurm": "pyslurm"})
+    monkeypatch.setenv("HORUS_SLURM_BACKEND", "auto")
+    assert slurm.partition_gpu_types("gpu") == ("gpu", {"3090": 2})
+    monkeypatch.setenv("HORUS_SLURM_BACKEND", "pyslurm")
+    with pytest.raises(HorusError, match="type of digits"):
+        slurm.scontrol_nodes()

@@ -36,6 +36,9 @@ __all__ = ["run", "scontrol_nodes", "scontrol_partitions", "partition_gpu_types"
 TIMEOUT_S = 30
 HELP_TIMEOUT_S = 10  # sbatch --help, asked while the user waits for their submission
 LOOKUP_TIMEOUT_S = 10  # hacct -j N's look for a heterogeneous job's components, an addition
+# job names per sacct -j: Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN, E2BIG), and
+# 20,000 array tasks named at once had made every lookup of them fail
+SACCT_J_CHUNK = 1000
 BACKENDS = ("cli", "pyslurm")
 _chosen: dict[str, str] = {}
 _version: list[str] = []
@@ -179,14 +182,17 @@ def scontrol_partitions() -> list[dict]:
 
 def _records(read_with_pyslurm, kind: str) -> list[dict]:
     """``scontrol show KIND`` records from the chosen backend; in auto mode those pyslurm's
-    parsers cannot read are read with scontrol (HORUS_SLURM_BACKEND=pyslurm: no fallback)."""
+    parsers cannot read are read with scontrol (HORUS_SLURM_BACKEND=pyslurm: no fallback).
+    ``--all``, as pyslurm's SHOW_ALL: without it a user's scontrol leaves out Hidden partitions
+    (and those their AllowGroups exclude), their names in a node's Partitions and nodes in no
+    other, and hsubmit -p of a hidden partition found "no node" on the CLI backend alone."""
     if backend() == "pyslurm":
         try:
             return read_with_pyslurm()
         except pyslurm_backend.UnreadableRecord:
             if (os.environ.get("HORUS_SLURM_BACKEND") or "").strip().lower() == "pyslurm":
                 raise
-    return sp.parse_scontrol_records(run(["scontrol", "show", kind, "-o"]))
+    return sp.parse_scontrol_records(run(["scontrol", "show", kind, "-o", "--all"]))
 
 
 def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:
@@ -206,13 +212,9 @@ def accounting_jobs(since: float, until: float) -> list[dict]:
     return parse_sacct_json(run_sacct(since, until))
 
 
-def accounting_jobs_by_id(job_ids: list[int], chunk: int = 1000) -> list[dict]:
+def accounting_jobs_by_id(job_ids: list[int]) -> list[dict]:
     """These jobs from Slurm accounting, whenever they ran (sacct -j has no time window)."""
-    out: list[dict] = []
-    for i in range(0, len(job_ids), chunk):
-        ids = ",".join(str(int(x)) for x in job_ids[i:i + chunk])
-        out += parse_sacct_json(run(["sacct", "--json", "--allusers", "-j", ids], timeout=300))
-    return out
+    return _named_jobs([str(int(x)) for x in job_ids], None, timeout=300)
 
 
 def array_task_job_ids(tasks: list[tuple[int, int]], cluster: str | None = None
@@ -236,7 +238,7 @@ def het_job_component_ids(job_ids: list[int], cluster: str | None = None) -> dic
         return {}
     named, out = set(job_ids), {}
     # an addition to what the ledger lists: a user waits for it, so not a minute
-    for r in _named_jobs(",".join(str(int(x)) for x in job_ids), cluster, timeout=LOOKUP_TIMEOUT_S):
+    for r in _named_jobs([str(int(x)) for x in job_ids], cluster, timeout=LOOKUP_TIMEOUT_S):
         if r["het"] and r["het"][0] in named:
             out.setdefault(r["het"][0], set()).add(r["job_id"])
     return {h: sorted(ids) for h, ids in out.items()}
@@ -247,15 +249,21 @@ def _member_job_ids(pairs: list[tuple[int, int]], sep: str, field: str, cluster:
     """The own job ids of the jobs sacct -j names PARENT<sep>PLACE (parse_job's ``field``)."""
     if not pairs:
         return {}
-    recs = _named_jobs(",".join(f"{a}{sep}{t}" for a, t in pairs), cluster)
-    return {r[field]: r["job_id"] for r in recs if r.get(field) in set(pairs)}
+    wanted = set(pairs)
+    recs = _named_jobs([f"{a}{sep}{t}" for a, t in pairs], cluster)
+    return {r[field]: r["job_id"] for r in recs if r.get(field) in wanted}
 
 
-def _named_jobs(spec: str, cluster: str | None, timeout: float = 60) -> list[dict]:
-    """parse_job's records of the jobs ``sacct -j SPEC`` lists, on ``cluster`` (else the local
-    one): a short query, so a minute at most, not run_sacct's five."""
+def _named_jobs(names: list[str], cluster: str | None, timeout: float = 60) -> list[dict]:
+    """parse_job's records of the jobs ``sacct -j NAME,...`` lists, on ``cluster`` (else the
+    local one), SACCT_J_CHUNK names per sacct: a short query, so a minute each at most, not
+    run_sacct's five."""
     where = ["-M", cluster] if cluster else []
-    return parse_sacct_json(run(["sacct", "--json", "--allusers", *where, "-j", spec], timeout=timeout))
+    out: list[dict] = []
+    for i in range(0, len(names), SACCT_J_CHUNK):
+        spec = ",".join(names[i:i + SACCT_J_CHUNK])
+        out += parse_sacct_json(run(["sacct", "--json", "--allusers", *where, "-j", spec], timeout=timeout))
+    return out
 
 
 def default_account() -> str | None:

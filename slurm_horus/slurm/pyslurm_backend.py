@@ -4,6 +4,8 @@ Gives the records the CLI backend gives (see ``commands``): nodes and partitions
 record shape. Checked on pyslurm 25.11.2 with Slurm 25.11.7. What pyslurm cannot give, and so
 is read with the tools:
 
+* a node's untyped GPUs (``gpu:4``): pyslurm reads a GPU type of digits (``gpu:3090:2``) as
+  that many untyped GPUs, so such a node is an ``UnreadableRecord`` (``_gres_text``);
 * the GPU index of a running *shard* job: pyslurm's GRES parser drops Slurm's per-GPU counts
   (``shard:66(0/100,66/100)`` becomes ``{"shard": 66}``);
 * GPU usage from accounting (TRESUsageIn ``gres/gpuutil``, ``gres/gpumem``, Slurm 23.02+ with
@@ -50,7 +52,12 @@ def _one_line_errors(fn):
 
 
 def _gres_text(gres: dict) -> str:
-    """pyslurm's ``{"gpu:a100": 4, "shard:a100": 400}`` back to ``gpu:a100:4,shard:a100:400``."""
+    """pyslurm's ``{"gpu:a100": 4, "shard:a100": 400}`` back to ``gpu:a100:4,shard:a100:400``.
+    An untyped GPU there is no answer: pyslurm 25.11.2 reads a type of digits as the count
+    (``gpu:3090:2`` is ``{"gpu": 3090}``), and Slurm's ``gpu:3090`` reads the same (a
+    ValueError: the tools read that node)."""
+    if "gpu" in gres:
+        raise ValueError(f"untyped GPUs ({gres['gpu']}) may be a type of digits pyslurm read as a count")
     return ",".join(f"{k}:{v['count'] if isinstance(v, dict) else v}" for k, v in gres.items())
 
 
