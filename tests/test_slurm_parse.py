@@ -385,3 +385,20 @@ def test_a_gpu_type_of_digits_is_read_by_the_tools_not_as_pyslurms_count(monkeyp
     monkeypatch.setenv("HORUS_SLURM_BACKEND", "pyslurm")
     with pytest.raises(HorusError, match="type of digits"):
         slurm.scontrol_nodes()
+
+
+def test_slurm_queries_ignore_the_callers_display_defaults(tmp_path, monkeypatch):
+    """squeue honours SQUEUE_USERS, sinfo SINFO_PARTITION...: an admin who keeps one in their
+    shell narrowed `horus-admin queue`'s view of the queue to those users' jobs."""
+    import os
+
+    from slurm_horus.slurm import commands
+
+    fake = tmp_path / "squeue"
+    fake.write_text('#!/bin/sh\necho "users=$SQUEUE_USERS states=$SQUEUE_STATES conf=$SLURM_CONF"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SQUEUE_USERS", "alice")
+    monkeypatch.setenv("SQUEUE_STATES", "R")
+    monkeypatch.setenv("SLURM_CONF", "/etc/x/slurm.conf")
+    assert commands.run(["squeue", "--json"]).strip() == "users= states= conf=/etc/x/slurm.conf"
