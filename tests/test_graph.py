@@ -214,6 +214,10 @@ ATTENTION_LAYOUTS = {
                   ("pk", [2, _KV, 40, _H]), ("pv", [2, _KV, 40, _H])], 56),
     "decoder_cross": ("DecoderMaskedMultiHeadAttention", {}, [("q", [2, 1, _N * _H]), ("k", [2, _N, 24, _H]),
                                                                ("v", [2, _N, 24, _H])], 24, 1),
+    "decoder_past": ("DecoderMaskedMultiHeadAttention", {}, [("q", [2, 1, _N * _H]), ("k", [2, 1, _N * _H]),
+                                                              ("v", [2, 1, _N * _H]), ("", None), ("", None),
+                                                              ("pk", [2, _N, 40, _H]), ("pv", [2, _N, 40, _H])], 41, 1),
+    "decoder_packed_qkv": ("DecoderMaskedMultiHeadAttention", {}, [("q", [2, 1, 3 * _N * _H])], 1, 1),
 }
 
 
@@ -244,6 +248,42 @@ def test_onnxruntime_attention_costs_its_heads_and_gives_the_projection_after_it
     assert r.by_op[op].flops == 2 * (2 * probs * _H) + 5 * probs
     assert r.nodes[0].extra_saved_bytes == 4 * probs
     assert r.by_op["MatMul"].flops == 2 * 2 * queries * _N * _H * 64 and r.assumed_shapes == []
+
+
+def test_a_packed_query_of_unbound_heads_gives_no_one_head_width(tmp_path):
+    # its heads unbound (a 0 placeholder) had been taken for one: the output [B, S, H], a
+    # confident shape an eighth of the real one, listed nowhere as assumed
+    graph = helper.make_graph(
+        [helper.make_node("MultiHeadAttention", ["q"], ["a"], domain="com.microsoft", num_heads=_N)], "attention",
+        [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["batch", 16, "heads", 3, _H])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    (tmp_path / "a.onnx").write_bytes(model.SerializeToString())
+    g = load_graph(tmp_path / "a.onnx", batch_size=2)
+    assert g.tensors["a"].shape != (2, 16, _H) and g.assumed_shapes == ["a"]
+
+
+@pytest.mark.parametrize("inputs, attrs, keys", [
+    ([("q", [2, _N, 16, _H]), ("k", [2, _KV, 24, _H]), ("v", [2, _KV, 24, _H])], {}, 24),
+    ([("q", [2, 16, _N * _H]), ("k", [2, 16, _KV * _H]), ("v", [2, 16, _KV * _H]), ("", None),
+      ("pk", [2, _KV, 40, _H]), ("pv", [2, _KV, 40, _H])], {"q_num_heads": _N, "kv_num_heads": _KV}, 56),
+])
+def test_onnx_own_attention_is_costed_by_its_heads_and_past_keys(tmp_path, inputs, attrs, keys):
+    """ONNX's Attention (opset 23) shares onnxruntime's name: its [B, N, S, H] or [B, S, N·H]
+    keys had been read as onnxruntime's packed QKV weight, no layout, and the op left uncosted."""
+    graph = helper.make_graph(
+        [helper.make_node("Attention", [n for n, _ in inputs], ["y"], **attrs)], "attention",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in inputs if n],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    (tmp_path / "a.onnx").write_bytes(model.SerializeToString())
+    r = extract_features(tmp_path / "a.onnx")
+    probs = 2 * _N * 16 * keys  # B·N·S·L
+    assert r.by_op["Attention"].flops == 2 * (2 * probs * _H) + 5 * probs and r.unknown_ops == []
+    assert r.nodes[0].extra_saved_bytes == 4 * probs
 
 
 @pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])

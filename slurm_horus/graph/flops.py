@@ -166,7 +166,7 @@ def _attention_flops(op, infos, attrs) -> tuple[int | None, bool]:
         return 0, False  # a layout no rule reads
     batch, heads, sq, skv, dq, dv = dims
     flops = 2 * batch * heads * sq * skv * (dq + dv) + 5 * batch * heads * sq * skv
-    if op == "Attention":  # its packed QKV projection [hidden, 3*hidden]
+    if op == "Attention" and len(shape_of(infos[1])) == 2:  # onnxruntime's packed QKV projection
         flops += 2 * batch * sq * math.prod(shape_of(infos[1]))
     return flops, True
 

@@ -827,17 +827,24 @@ def attention_dims(op: str, attr, shapes) -> tuple[int, int, int, int, int, int]
     ahead of its keys); otherwise a query [B, S, N·H], [B, N, S, H] or QKV packed
     [B, S, N, 3, H] (GroupQueryAttention's [B, S, (N + 2·kv_num_heads)·H] where it has no
     key), keys and values [B, L, N·H] (kv_num_heads heads for GroupQueryAttention),
-    [B, N, L, H] or KV packed [B, L, N, 2, H], and MultiHeadAttention's or
-    GroupQueryAttention's past keys [B, N, P, H] ahead of them.  None for another layout."""
+    [B, N, L, H] or KV packed [B, L, N, 2, H], and MultiHeadAttention's, GroupQueryAttention's
+    or DecoderMaskedMultiHeadAttention's past keys [B, N, P, H] ahead of them
+    (DecoderMaskedMultiHeadAttention's QKV packed [B, 1, 3·N·H] where it has no key).  ONNX's
+    own Attention (opset 23: a key [B, L, kv_num_heads·H] or [B, kv_num_heads, L, H], its query
+    of q_num_heads) shares its name with onnxruntime's and reads as MultiHeadAttention, its past
+    keys always ahead.  None for another layout."""
     heads = max(attr("num_heads") or 1, 1)
     q, k, v = (shapes[i] if len(shapes) > i else None for i in range(3))
-    if op == "Attention":
+    onnx_own = op == "Attention" and k is not None and len(k) in (3, 4)
+    if onnx_own:
+        heads = max(attr("q_num_heads") or 1, 1)
+    elif op == "Attention":
         past = shapes[4] if len(shapes) > 4 and shapes[4] is not None and len(shapes[4]) == 5 else None
         if q is None or len(q) != 3 or k is None or len(k) != 2:
             return None
         head = k[1] // 3 // heads
         return q[0], heads, q[1], q[1] + (past[3] if past else 0), head, head
-    kv_heads = max(attr("kv_num_heads") or heads, 1) if op == "GroupQueryAttention" else None
+    kv_heads = max(attr("kv_num_heads") or heads, 1) if op == "GroupQueryAttention" or onnx_own else None
     if q is None or len(q) not in (3, 4, 5):
         return None
     if len(q) == 5:  # QKV packed
@@ -845,17 +852,19 @@ def attention_dims(op: str, attr, shapes) -> tuple[int, int, int, int, int, int]
     elif len(q) == 4:
         batch, heads, sq, dq = q[0], max(q[1], 1), q[2], q[3]
     else:
-        packed = op == "GroupQueryAttention" and k is None
-        batch, sq, dq = q[0], q[1], q[2] // (heads + 2 * kv_heads if packed else heads)
+        packed = {"GroupQueryAttention": heads + 2 * (kv_heads or 0),
+                  "DecoderMaskedMultiHeadAttention": 3 * heads}.get(op) if k is None else None
+        batch, sq, dq = q[0], q[1], q[2] // (packed or heads)
     skv, dv = sq, dq
     if k is not None and len(k) in (3, 4, 5):
         skv = k[2] if len(k) == 4 else k[1]
         dv = k[4] if len(k) == 5 else dv  # KV packed
     if v is not None and len(v) in (3, 4):
         dv = v[3] if len(v) == 4 else v[2] // (kv_heads or heads)
-    past_at = {"MultiHeadAttention": 6, "GroupQueryAttention": 3}.get(op)
+    past_at = 4 if onnx_own else {"MultiHeadAttention": 6, "GroupQueryAttention": 3,
+                                  "DecoderMaskedMultiHeadAttention": 5}.get(op)
     past = shapes[past_at] if past_at is not None and len(shapes) > past_at else None
-    if past is not None and len(past) == 4 and (k is None or len(k) != 4):
+    if past is not None and len(past) == 4 and (onnx_own or k is None or len(k) != 4):
         skv += past[2]
     return batch, heads, sq, skv, dq, dv
 
@@ -886,7 +895,8 @@ def _attention_shape(attr, shapes, types, op: str) -> tuple | None:
         return None  # a key or value without a shape yet, not an absent one
     dims = attention_dims(op, attr, [None if s is None else tuple(d if isinstance(d, int) else 0 for d in s)
                                      for s in shapes])  # 0: a size no width is made of
-    if q is None or len(q) not in (3, 5) or dims is None or not dims[1] * dims[5] > 0:
+    if q is None or len(q) not in (3, 5) or dims is None or not dims[1] * dims[5] > 0 \
+            or len(q) == 5 and not isinstance(q[2], int):  # (a packed query's unbound heads: not 1)
         return None
     return q[0], q[1], dims[1] * dims[5]
 
