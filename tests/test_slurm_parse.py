@@ -326,10 +326,11 @@ def test_the_cli_backend_reads_hidden_partitions_as_pyslurm_does(monkeypatch):
 
     def scontrol(args, timeout=30):  # what Slurm shows a user, by its show flags
         every = "--all" in args or "-a" in args
-        if args[:3] == ["scontrol", "show", "partition"]:
+        kind = args[args.index("show") + 1]
+        if kind == "partition":
             return ("PartitionName=gpu Default=YES Hidden=NO Nodes=gpu-[1-2]\n"
                     + ("PartitionName=debug Default=NO Hidden=YES Nodes=gpu-2,h100-1\n" if every else ""))
-        assert args[:3] == ["scontrol", "show", "node"], args
+        assert args[0] == "scontrol" and kind == "node", args
         return ("NodeName=gpu-1 Gres=gpu:a100:4 Partitions=gpu State=IDLE\n"
                 f"NodeName=gpu-2 Gres=gpu:t4:2 Partitions={'gpu,debug' if every else 'gpu'} State=IDLE\n"
                 + ("NodeName=h100-1 Gres=gpu:h100:8 Partitions=debug State=IDLE\n" if every else ""))
@@ -402,3 +403,28 @@ def test_slurm_queries_ignore_the_callers_display_defaults(tmp_path, monkeypatch
     monkeypatch.setenv("SQUEUE_STATES", "R")
     monkeypatch.setenv("SLURM_CONF", "/etc/x/slurm.conf")
     assert commands.run(["squeue", "--json"]).strip() == "users= states= conf=/etc/x/slurm.conf"
+
+
+def test_the_cli_backend_reads_nodes_under_posixly_correct(tmp_path, monkeypatch):
+    """scontrol parses its options with getopt_long, which stops at the first word when
+    POSIXLY_CORRECT is set: ``scontrol show node -o --all`` then has two words too many
+    ("too many arguments for keyword:show", 22.05.8 and 25.11's scontrol.c), and hsubmit of a
+    user who set it found no node.  The stand-in parses as scontrol does (Python's gnu_getopt
+    honours POSIXLY_CORRECT as glibc's does) and answers with the recorded nodes."""
+    import os
+    import sys
+    from slurm_horus.slurm import commands as slurm
+
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!{sys.executable}\n" + f"""import getopt, sys
+opts, words = getopt.gnu_getopt(sys.argv[1:], "adhM:FoQu:vV", ["all", "oneliner", "details"])
+if words[:1] == ["show"] and len(words) > 3:
+    sys.exit("too many arguments for keyword:show")
+sys.stdout.write(open({str(FIX / "scontrol_show_node.stdout")!r}).read())
+""")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("POSIXLY_CORRECT", "1")
+    monkeypatch.setenv("HORUS_SLURM_BACKEND", "cli")
+    monkeypatch.setattr(slurm, "_chosen", {})
+    assert {n["NodeName"] for n in slurm.scontrol_nodes()} >= {"gpu-a100", "gpu-t4"}

@@ -170,7 +170,7 @@ def test_auto_backend_reads_with_the_tools_what_pyslurms_parser_cannot(monkeypat
     monkeypatch.setattr(slurm, "run", lambda args, timeout=30: asked.append(args) or out("scontrol_show_node"))
     monkeypatch.setenv("HORUS_SLURM_BACKEND", "auto")
     nodes = slurm.scontrol_nodes()
-    assert asked == [["scontrol", "show", "node", "-o", "--all"]] and {n["NodeName"] for n in nodes} >= {"gpu-a100"}
+    assert asked == [["scontrol", "-o", "--all", "show", "node"]] and {n["NodeName"] for n in nodes} >= {"gpu-a100"}
     monkeypatch.setenv("HORUS_SLURM_BACKEND", "pyslurm")  # forced: its error, in one line
     with pytest.raises(HorusError, match="pyslurm nodes: ValueError: invalid literal .*'1K'"):
         slurm.scontrol_nodes()

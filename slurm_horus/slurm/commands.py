@@ -192,14 +192,16 @@ def _records(read_with_pyslurm, kind: str) -> list[dict]:
     parsers cannot read are read with scontrol (HORUS_SLURM_BACKEND=pyslurm: no fallback).
     ``--all``, as pyslurm's SHOW_ALL: without it a user's scontrol leaves out Hidden partitions
     (and those their AllowGroups exclude), their names in a node's Partitions and nodes in no
-    other, and hsubmit -p of a hidden partition found "no node" on the CLI backend alone."""
+    other, and hsubmit -p of a hidden partition found "no node" on the CLI backend alone.
+    The options go before ``show``: under POSIXLY_CORRECT getopt stops at the first word, and
+    scontrol had refused ``show node -o --all`` ("too many arguments for keyword:show")."""
     if backend() == "pyslurm":
         try:
             return read_with_pyslurm()
         except pyslurm_backend.UnreadableRecord:
             if (os.environ.get("HORUS_SLURM_BACKEND") or "").strip().lower() == "pyslurm":
                 raise
-    return sp.parse_scontrol_records(run(["scontrol", "show", kind, "-o", "--all"]))
+    return sp.parse_scontrol_records(run(["scontrol", "-o", "--all", "show", kind]))
 
 
 def run_sacct(since: float, until: float, extra: Iterable[str] = ()) -> str:
@@ -240,7 +242,7 @@ def het_component_job_ids(comps: list[tuple[int, int]], cluster: str | None = No
 def het_job_component_ids(job_ids: list[int], cluster: str | None = None) -> dict[int, list[int]]:
     """{HetJobId: its components' own job ids, the leader's too} of those of ``job_ids`` that
     lead a heterogeneous job, as sacct -j HetJobId lists them (the ledger keeps no HetJobId);
-    from accounting as array_task_job_ids, one sacct for all the ids."""
+    from accounting as array_task_job_ids (SACCT_J_CHUNK ids per sacct)."""
     if not job_ids:
         return {}
     named, out = set(job_ids), {}
