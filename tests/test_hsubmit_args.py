@@ -933,3 +933,28 @@ def test_a_directive_block_past_what_hsubmit_reads_attaches_no_hint(tmp_path, fr
     script.write_bytes(short)
     plan = sub.prepare(args, env={}, stdin=io.BytesIO(short) if from_stdin else None)
     assert plan.user_comment() == "keep_this_whole_comment" and sub.request_unknown(plan) is None
+
+
+@pytest.mark.parametrize("argv, env, hinted", [
+    (["-M", "far"], {}, False),
+    (["--clusters=here,far"], {}, False),
+    ([], {"SLURM_CLUSTERS": "far"}, False),
+    ([], {"SBATCH_CLUSTERS": "far"}, False),
+    (["-M", "here"], {"SLURM_CLUSTERS": "far"}, True),
+    ([], {"SBATCH_CLUSTERS": "here"}, True),
+    ([], {}, True),
+])
+def test_a_job_sent_to_another_cluster_gets_no_hint(monkeypatch, argv, env, hinted):
+    """hsubmit reads this cluster's partitions: -M far had been given a hint for this
+    cluster's GPU types, which pins the job, on far, to a type its partition may lack."""
+    from slurm_horus.slurm import commands
+
+    monkeypatch.setattr(commands, "local_cluster", lambda conf=None: "here")
+    plan = sub.prepare([*argv, "--model", "tests/data/zoo/small_cnn.onnx", "--batch-size", "8",
+                        "--gres=gpu:1", "--wrap", "true"], env=env)
+    if hinted:
+        sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")
+        assert set(parse_hint(plan.comment)) == {"a100"}
+    else:
+        with pytest.raises(HorusError, match="goes to cluster .*far.*no hint is attached"):
+            sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")

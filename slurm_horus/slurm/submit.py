@@ -24,7 +24,7 @@ from slurm_horus.slurm import sbatch_args as sa
 from slurm_horus.errors import CONTROL_CHARS, HorusError, one_line, to_stderr
 from slurm_horus.rounding import shown
 
-__all__ = ["Plan", "prepare", "check_options", "request_unknown", "asks_for_gpus", "requested_cpus_per_gpu", "predict", "job_desc_of", "explain_text", "on_prediction_error",
+__all__ = ["Plan", "prepare", "check_options", "request_unknown", "other_clusters", "asks_for_gpus", "requested_cpus_per_gpu", "predict", "job_desc_of", "explain_text", "on_prediction_error",
            "on_prediction_error_problem"]
 
 MAX_STDIN_SCRIPT = 512 << 20  # sbatch's MAX_BATCH_SCRIPT_SIZE
@@ -356,6 +356,25 @@ def request_unknown(plan: Plan) -> str | None:
     return None
 
 
+def other_clusters(plan: Plan) -> str | None:
+    """The clusters the job is sent to (-M/--clusters as sbatch resolves it: command line >
+    SLURM_CLUSTERS > SBATCH_CLUSTERS > #SBATCH), when they are not just this one; else None.
+    hsubmit reads this cluster's partitions: a hint for types another cluster's partition
+    lacks pins the job to a type it can never get there."""
+    from slurm_horus.slurm.commands import local_cluster
+
+    def last(opts):
+        return next((o.value for o in reversed(opts) if o.name in ("clusters", "cluster")), None)
+
+    given = last(plan.split.parsed)
+    if given is None:
+        given = plan.env.get("SLURM_CLUSTERS", plan.env.get("SBATCH_CLUSTERS"))
+    if given is None:
+        given = last(plan.script_opts)
+    names = {c.strip() for c in (given or "").split(",") if c.strip()}
+    return None if not names or names == {local_cluster()} else given
+
+
 def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
             partition: str | None = None) -> Plan:
     """Features, predictions per GPU type of the target partition, the hint and the merged
@@ -372,6 +391,9 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         raise HorusError("--model is empty (an unset variable?)")
     if why := request_unknown(plan):
         raise HorusError(why)
+    if other := other_clusters(plan):
+        raise HorusError(f"the job goes to cluster {other}: hsubmit predicts for this cluster's "
+                         "partitions only, so no hint is attached")
     path = Path(str(model))
     try:
         exists, regular = path.exists(), path.is_file()
