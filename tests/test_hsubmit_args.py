@@ -941,6 +941,7 @@ def test_a_directive_block_past_what_hsubmit_reads_attaches_no_hint(tmp_path, fr
     ([], {"SLURM_CLUSTERS": "far"}, False),
     ([], {"SBATCH_CLUSTERS": "far"}, False),
     (["-M", "here"], {"SLURM_CLUSTERS": "far"}, True),
+    (["--cluster", " HERE,"], {}, True),  # sbatch trims and lowercases the names (slurm_addto_char_list)
     ([], {"SBATCH_CLUSTERS": "here"}, True),
     ([], {}, True),
 ])

@@ -428,3 +428,19 @@ sys.stdout.write(open({str(FIX / "scontrol_show_node.stdout")!r}).read())
     monkeypatch.setenv("HORUS_SLURM_BACKEND", "cli")
     monkeypatch.setattr(slurm, "_chosen", {})
     assert {n["NodeName"] for n in slurm.scontrol_nodes()} >= {"gpu-a100", "gpu-t4"}
+
+
+def test_slurm_queries_ask_this_cluster_whatever_slurm_clusters_says(tmp_path, monkeypatch):
+    """scontrol, sinfo and squeue ask the cluster SLURM_CLUSTERS names (pyslurm never does): a
+    user's SLURM_CLUSTERS=far had made ``scontrol show config`` answer far's ClusterName, so
+    hsubmit took far for this cluster and hinted a job sent there for this one's GPU types."""
+    import os
+
+    from slurm_horus.slurm import commands
+
+    fake = tmp_path / "scontrol"
+    fake.write_text('#!/bin/sh\necho "ClusterName = ${SLURM_CLUSTERS:-here}"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_CLUSTERS", "far")
+    assert commands.local_cluster() == "here"

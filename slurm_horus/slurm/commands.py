@@ -105,12 +105,16 @@ def _real_sbatch() -> str | None:
 # the caller's defaults for Slurm's own displays (SQUEUE_USERS, SINFO_PARTITION,
 # SACCT_FEDERATION...): an admin's SQUEUE_USERS had narrowed the queue loop's whole view
 _DISPLAY_ENV = ("SQUEUE_", "SINFO_", "SACCT_", "SCONTROL_")
+# scontrol, sinfo and squeue ask the cluster it names (pyslurm always this one): a user's
+# SLURM_CLUSTERS=far had made scontrol show config give far's ClusterName as this cluster's
+_OTHER_CLUSTER_ENV = "SLURM_CLUSTERS"
 
 
 def run(args: list[str], timeout: float = TIMEOUT_S) -> str:
-    """Run a Slurm query command, without the caller's display defaults (_DISPLAY_ENV); its
-    stdout, or HorusError with its stderr's first line."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_DISPLAY_ENV)}
+    """Run a Slurm query command on this cluster, without the caller's display defaults
+    (_DISPLAY_ENV); its stdout, or HorusError with its stderr's first line."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_DISPLAY_ENV) and k != _OTHER_CLUSTER_ENV}
     try:
         cp = subprocess.run([_cmd(args[0]), *args[1:]], capture_output=True, text=True, env=env,
                             errors="replace", timeout=timeout)  # a node's Reason may be any bytes

@@ -371,7 +371,7 @@ def other_clusters(plan: Plan) -> str | None:
         given = plan.env.get("SLURM_CLUSTERS", plan.env.get("SBATCH_CLUSTERS"))
     if given is None:
         given = last(plan.script_opts)
-    names = {c.strip() for c in (given or "").split(",") if c.strip()}
+    names = {c.strip().lower() for c in (given or "").split(",") if c.strip()}  # as sbatch reads them
     return None if not names or names == {local_cluster()} else given
 
 
