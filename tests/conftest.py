@@ -21,6 +21,19 @@ def _isolated_site(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HORUS_POLICY", str(policy))
 
 
+@pytest.fixture(autouse=True)
+def _own_signal_handlers():
+    """Each test leaves SIGTERM and SIGINT as it found them: code run in-process (a probe, a
+    command) installs its own, and a forked pool worker that inherits one that does not exit
+    hangs the pool's terminate (a CI run hung there)."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
 @pytest.fixture(scope="session")
 def python_for_others():
     """Skip a test whose code runs as another user (sync's analysis as the job's owner, a user's

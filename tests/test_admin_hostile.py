@@ -621,3 +621,16 @@ def test_doctor_finds_site_settings_others_may_write(tmp_path):
     os.chmod(conf.parent, 0o1777)  # a missing horus.conf anyone could make
     (p,) = check_site_settings({"HORUS_CONF": str(conf)})
     assert p.what.startswith(f"the folder of the site settings {conf.parent} is writable"), p
+
+
+def test_the_queue_command_gives_sigterm_back_to_its_caller(monkeypatch):
+    """horus-admin queue makes SIGTERM end its pass through its cleanups; run in-process it
+    had left that handler behind, and a fork pool made later in the process hung at exit (its
+    workers caught the pool's SIGTERM and went on waiting)."""
+    import signal
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no Slurm: the pass fails at once, in one line
+    before = signal.getsignal(signal.SIGTERM)
+    r = CliRunner().invoke(admin, ["queue", "--dry-run"])
+    assert r.exit_code != 0 and "squeue not found" in r.output
+    assert signal.getsignal(signal.SIGTERM) is before

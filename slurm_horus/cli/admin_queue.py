@@ -57,42 +57,52 @@ def register(admin: click.Group) -> None:
             click.echo(f"slowdown_bound {policy_value('slowdown_bound', '2')} for the "
                        f"{policy_value('slowdown_tail', 'median')} job: under queue pressure, "
                        f"jobs up to {policy_util_limit(pack_shards):.1f} % predicted utilization pack")
-        # SIGTERM (systemd's stop or timeout) ends the pass through its cleanups: a job held
-        # for its OOM rerun is released, not left held by a stopped pass
-        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-        failed = []
+        with _term_exits():
+            failed = []
 
-        def warn(msg: str) -> None:
-            failed.append(msg)
-            click.echo(f"horus-admin queue: warning: {msg}", err=True)
+            def warn(msg: str) -> None:
+                failed.append(msg)
+                click.echo(f"horus-admin queue: warning: {msg}", err=True)
 
-        def note(msg: str) -> None:  # nothing failed: Slurm's final word on a job
-            click.echo(f"horus-admin queue: {msg}", err=True)
-        while True:
-            try:
-                with pass_lock(dry_run):
-                    journal = _journal_path()  # a dry run only reads it: the jobs given up on
-                    if not dry_run:
-                        _adopt_legacy_journal(journal, warn)
-                    for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
-                                  job_ids=ids, on_error=warn, journal=journal, on_note=note):
-                        if as_json:
-                            click.echo(json.dumps({"job_id": a.job_id, "action": a.kind,
-                                                   "tres": a.tres, "dry_run": dry_run}))
-                        else:
-                            click.echo(f"{'would ' if dry_run else ''}{a.kind} job {a.job_id} -> {a.tres}")
-            except HorusError as e:
+            def note(msg: str) -> None:  # nothing failed: Slurm's final word on a job
+                click.echo(f"horus-admin queue: {msg}", err=True)
+            while True:
+                try:
+                    with pass_lock(dry_run):
+                        journal = _journal_path()  # a dry run only reads it: the jobs given up on
+                        if not dry_run:
+                            _adopt_legacy_journal(journal, warn)
+                        for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
+                                      job_ids=ids, on_error=warn, journal=journal, on_note=note):
+                            if as_json:
+                                click.echo(json.dumps({"job_id": a.job_id, "action": a.kind,
+                                                       "tres": a.tres, "dry_run": dry_run}))
+                            else:
+                                click.echo(f"{'would ' if dry_run else ''}{a.kind} job {a.job_id} -> {a.tres}")
+                except HorusError as e:
+                    if interval is None:
+                        raise
+                    warn(str(e))  # a loop outlives a pass that failed (slurmctld away, a full disk)
+                except Exception as e:  # noqa: BLE001 - and one that met what it did not expect
+                    if interval is None:
+                        raise
+                    warn(f"internal error: {type(e).__name__}: {str(e)[:200]}")
                 if interval is None:
-                    raise
-                warn(str(e))  # a loop outlives a pass that failed (slurmctld away, a full disk)
-            except Exception as e:  # noqa: BLE001 - and one that met what it did not expect
-                if interval is None:
-                    raise
-                warn(f"internal error: {type(e).__name__}: {str(e)[:200]}")
-            if interval is None:
-                sys.exit(1 if failed else 0)
-            failed.clear()
-            time.sleep(interval)
+                    sys.exit(1 if failed else 0)
+                failed.clear()
+                time.sleep(interval)
+
+
+@contextlib.contextmanager
+def _term_exits():
+    """SIGTERM (systemd's stop or timeout) ends the pass through its cleanups: a job held for
+    its OOM rerun is released, not left held by a stopped pass.  The caller's handler is put
+    back after: one left in a test process made a later multiprocessing pool hang at exit."""
+    old = signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @contextlib.contextmanager
