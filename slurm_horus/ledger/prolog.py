@@ -353,12 +353,7 @@ def _same_probe(pid: int, start: str | None) -> bool:
     not exited (a zombie has recorded). A killed probe's pid, reused by a user's process that
     named itself a probe, took root's SIGTERM and held the Epilog its full wait; reused by
     another job's probe, that job's measurement ended early."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return start is not None and state != b"Z" and started(pid) == start
+    return start is not None and started(pid, running=True) == start
 
 
 def epilog(env: dict | None = None, *, wait: float | None = None) -> int:
