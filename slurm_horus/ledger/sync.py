@@ -275,11 +275,18 @@ def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster,
     if changed:
         _update_colocated(ledger, changed)
     return {"jobs_seen": len(parsed), "recorded": len(records),
-            "failed_measurements": sum(1 for r in records if failed_measurement(
-                r["util_mean"], r["mem_peak_mib"])),
+            "failed_measurements": sum(1 for r in records if _failed_per_gpu(r)),
             "claims": sum(1 for s in subs if s["hint"] or s["model_sha256"]),
             "features": sum(1 for s in subs if s["features"]),
             "colocated_updates": len(changed)}, still_open
+
+
+def _failed_per_gpu(r: dict) -> bool:
+    """Whether a sacct usage row is a failed measurement as its jobs row is flagged: per GPU
+    (its figures are sums over the job's GPUs; two bare CUDA contexts had read as use)."""
+    n = r["gpus"] if r["gpus"] and r["gpus"] > 1 else 1
+    return bool(failed_measurement(*(None if x is None else x / n
+                                     for x in (r["util_mean"], r["mem_peak_mib"]))))
 
 
 def _open_jobs(ledger, cluster: str) -> set[tuple[str, int]]:

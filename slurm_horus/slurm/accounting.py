@@ -132,16 +132,18 @@ def gres_placement(details) -> tuple[str | None, int | None]:
 def _gres_counts(alloc: dict) -> tuple[dict[str, int], str | None]:
     """({"gpu": n, "shard": m}, gpu type) from allocated TRES: a whole-GPU job counts GPUs, a
     shared one shards, never one as the other. The untyped ``gres/gpu`` is the total where
-    Slurm lists it; else the typed ones (``gres/gpu:a100``) are summed."""
+    Slurm lists it; else the typed ones (``gres/gpu:a100``) are summed. The type is None where
+    the job held GPUs of several types (a multi-node job on an A100 node and a T4 node): the
+    first one listed had been recorded as the type of all its GPUs."""
     per: dict[str, dict[str, float]] = {}
-    gtype = None
+    types = set()
     for k, v in alloc.items():
         m = re.fullmatch(r"gres/(gpu|shard)(?::([A-Za-z0-9_.-]+))?", k)
         if m and num(v):
             per.setdefault(m.group(1), {})[m.group(2) or ""] = num(v)
-            gtype = gtype or m.group(2)
+            types |= {m.group(2)} if m.group(2) else set()
     counts = {name: int(d[""] if "" in d else sum(d.values())) for name, d in per.items()}
-    return counts, gtype
+    return counts, types.pop() if len(types) == 1 else None
 
 
 def _epoch(v) -> int | None:
