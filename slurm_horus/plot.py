@@ -2,7 +2,7 @@
 
 hacct --plot and horus-admin simulate --plot draw through here, so both pictures share one
 backend, one missing-library message, one palette and one character canvas. matplotlib is
-imported only when a file is asked for: it is optional (`pip install 'slurm-horus[plot]'`) and
+imported only when a file is asked for: it is optional (the ``[plot]`` extra: ``pip install matplotlib``) and
 slow to import. The terminal rendering needs only rich, a core dependency.
 """
 
@@ -17,7 +17,7 @@ from rich.text import Text
 
 from slurm_horus.errors import HorusError
 
-INSTALL_HINT = "pip install 'slurm-horus[plot]' (or: pip install matplotlib)"
+INSTALL_HINT = "pip install matplotlib (the [plot] extra)"
 TERM_WIDTH = 80  # what the terminal renderings are laid out for
 
 # One colour per named series: matplotlib colours for files, the nearest rich names for terminals.

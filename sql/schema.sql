@@ -1,4 +1,4 @@
--- slurm-horus ledger schema, version 10: the one definition of the ledger's tables (the code
+-- slurm-horus ledger schema, version 11: the one definition of the ledger's tables (the code
 -- reflects its tables from this file; slurm_horus/ledger/schema.py SCHEMA_VERSION, migrate.py).
 -- Portable DDL: the same file runs on SQLite (>= 3.25) and MariaDB/MySQL. `usage` is quoted with
 -- backticks because USAGE is a reserved word in MariaDB (SQLite accepts backticks too).

@@ -531,8 +531,8 @@ def test_package_and_cli_import_without_torch(tmp_path, extra):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
-        "horus-admin calibrate: error: calibrate needs PyTorch: "
-        "pip install 'slurm-horus[calibrate]' (torch with CUDA)"]
+        "horus-admin calibrate: error: calibrate needs PyTorch with CUDA: "
+        "pip install torch (the [calibrate] extra)"]
 
 
 class FakeNvml:

@@ -182,8 +182,8 @@ def test_hacct_without_matplotlib(url, tmp_path, monkeypatch):
     r = CliRunner().invoke(hacct, ["--ledger", url, "--plot", str(png)])
     assert r.exit_code != 0 and not png.exists()
     assert r.output.strip().splitlines() == [
-        "hacct: error: --plot FILE.png needs matplotlib: pip install 'slurm-horus[plot]' "
-        "(or: pip install matplotlib); or --plot - to draw in the terminal"]
+        "hacct: error: --plot FILE.png needs matplotlib: pip install matplotlib (the [plot] extra); "
+        "or --plot - to draw in the terminal"]
     r = CliRunner().invoke(hacct, ["--ledger", url, "--plot", "-"])  # the terminal needs none
     assert r.exit_code == 0 and "GPU util %" in r.output
 
@@ -256,5 +256,5 @@ def test_simulate_plot_terminal_and_errors(simulate_cli, tmp_path, monkeypatch):
     assert r.exit_code != 0 and "with --json name a FILE.png" in r.output
     _no_matplotlib(monkeypatch)
     r = CliRunner().invoke(simulate_cli, [*args, "--plot", str(tmp_path / "s.png")])
-    assert r.exit_code != 0 and "pip install 'slurm-horus[plot]'" in r.output
+    assert r.exit_code != 0 and "pip install matplotlib (the [plot] extra)" in r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "s.png").exists()

@@ -13,5 +13,5 @@ the ledger). The modules, in the order a run goes through them:
 - ``rows``: the CSV row, the resumable CSV writer, the ledger import;
 - ``orchestrate``: ``calibrate()``, the loop over the plan.
 
-Nothing here imports torch at import time: `pip install 'slurm-horus[calibrate]'` adds it.
+Nothing here imports torch at import time: the ``[calibrate]`` extra (``pip install torch``) adds it.
 """

@@ -1,5 +1,5 @@
 """The real runner: PyTorch on one CUDA GPU. torch is imported when a TorchRunner is made
-(``pip install 'slurm-horus[calibrate]'``); without torch or a GPU, one HorusError says so.
+(the ``[calibrate]`` extra: ``pip install torch``); without torch or a GPU, one HorusError says so.
 
 Training is forward + cross-entropy + backward + an Adam step in fp32, inference a forward pass
 under no_grad; after WARMUP_STEPS the sampler runs while the model steps for the given seconds.
@@ -26,8 +26,8 @@ def import_torch():
     try:
         import torch
     except ImportError:
-        raise HorusError("calibrate needs PyTorch: pip install 'slurm-horus[calibrate]' "
-                         "(torch with CUDA)") from None
+        raise HorusError("calibrate needs PyTorch with CUDA: pip install torch "
+                         "(the [calibrate] extra)") from None
     return torch
 
 
