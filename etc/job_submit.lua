@@ -752,18 +752,18 @@ local SRUN_WINDOW = 512
 local function steps_ask_for_gpus(script)
 	if type(script) ~= "string" then return false end
 	local pos, line_start, comment = 1, 1, nil
-	local next_nl = string.find(script, "\n", 1, true) or (#script + 1)
 	for _ = 1, MAX_SRUN_WORDS do
 		local s, e = string.find(script, "srun", pos, true)
 		if not s then return false end
+		-- the line it is on: the last newline since the previous srun word, found in one
+		-- match (a Lua loop over each newline took 1 s on 4 MB of them)
+		local nl = string.match(string.sub(script, pos, s - 1), "^.*()\n")
+		if nl then line_start, comment = pos + nl, nil end
 		pos = e + 1
-		while next_nl < s do  -- the line it is on: each newline is found once
-			line_start = next_nl + 1
-			next_nl = string.find(script, "\n", line_start, true) or (#script + 1)
-			comment = nil
-		end
 		if comment == nil then comment = string.find(script, "^[ \t]*#", line_start) ~= nil end
 		local before, after = string.sub(script, s - 1, s - 1), string.sub(script, e + 1, e + 1)
+		-- a quoted command word ("srun" --gres=gpu:1, "$dir/srun" ...) is srun to the shell
+		if after == '"' or after == "'" then e = e + 1; after = string.sub(script, e + 1, e + 1) end
 		-- the command word srun (or a path to it), not a part of another word, on no comment line
 		if not comment and (before == "" or string.find(before, "[%s;&|(`/\"'{]"))
 			and (after == "" or string.find(after, "%s")) then
@@ -782,14 +782,27 @@ local STEP_GPU_ENV = { "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_SOCK
 	"SLURM_CPUS_PER_GPU", "SLURM_MEM_PER_GPU", "SLURM_NTASKS_PER_GPU" }
 
 -- Does the job's environment make its srun steps ask for GPUs?  (slurmctld's job_desc gives
--- the environment as a table read by variable name)
+-- the environment as a table read by variable name)  srun also reads each variable with the
+-- suffix _HET_GROUP_<n> (and the older _PACK_GROUP_<n>) of the het group it runs in, 0 without
+-- --het-group: sbatch writes a het job's options that way (SLURM_GPUS_PER_NODE_HET_GROUP_0)
 local function env_asks_for_gpus(job)
 	local env = job.environment
 	if type(env) ~= "table" then return false end
-	for _, name in ipairs(STEP_GPU_ENV) do
-		if nonempty(env[name]) then return true end
+	local suffixes = { "", "_HET_GROUP_0", "_PACK_GROUP_0" }
+	local off = job.het_job_offset
+	if is_set_number(off) and off > 0 and off < 128 and off == math.floor(off) then
+		suffixes[4] = string.format("_HET_GROUP_%d", off)
+		suffixes[5] = string.format("_PACK_GROUP_%d", off)
 	end
-	return mentions_gpu(env.SLURM_GRES) or mentions_gpu(env.SLURM_TRES_PER_TASK)
+	for _, sfx in ipairs(suffixes) do
+		for _, name in ipairs(STEP_GPU_ENV) do
+			if nonempty(env[name .. sfx]) then return true end
+		end
+		if mentions_gpu(env["SLURM_GRES" .. sfx]) or mentions_gpu(env["SLURM_TRES_PER_TASK" .. sfx]) then
+			return true
+		end
+	end
+	return false
 end
 
 -- Find the job's single-GPU request. Returns a request table or nil and a reason.
@@ -1057,7 +1070,8 @@ local function shard_request(pol, prefix, gtype, shards, features)
 		return nil, nil, "type_via = features, no node feature " .. gtype .. " declared"
 	end
 	if #toks == 0 then return prefix .. "shard:" .. count(shards), gtype end
-	return prefix .. "shard:" .. count(shards), features .. "&" .. gtype
+	-- Slurm takes a trailing "&" ("ib&" is ib) but refuses "&&": join at the user's last term
+	return prefix .. "shard:" .. count(shards), (string.gsub(features, "&+$", "")) .. "&" .. gtype
 end
 
 -- Does the plan write a --constraint or tres_per_* string longer than Slurm takes?  slurmctld
