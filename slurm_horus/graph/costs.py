@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from slurm_horus.graph.flops import ELEMENTWISE, NORMS, RNN_GATES, node_flops, int_attr, numel, shape_of
 from slurm_horus.errors import ModelError
 from slurm_horus.graph.load import (MAX_DIM, MAX_SUBGRAPH_DEPTH, SMALL_INT_TYPES, Graph, TensorInfo,
-                                    _int_value, _subgraphs, attention_dims, bodies, body_names,
+                                    _subgraphs, attention_dims, bodies, body_names, int_attr_reader,
                                     body_scope)
 from slurm_horus.graph.shapefold import SMALL_FLOAT_TYPES
 
@@ -606,7 +606,7 @@ def _saved_for_backward(op, category, node, activations, infos, outs, attrs, par
         return [ctx.root[node.output[0]]], 0
     if category in ("matmul", "attention"):
         saved = list(activations)
-        dims = attention_dims(op, lambda name: _int_value(attrs.get(name)),
+        dims = attention_dims(op, int_attr_reader(attrs),
                               [shape_of(i) for i in infos]) if category == "attention" else None
         if dims is not None:  # the softmax probabilities stay too
             batch, heads, sq, skv, _, _ = dims

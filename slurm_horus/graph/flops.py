@@ -7,7 +7,7 @@ import itertools
 import math
 
 from slurm_horus.errors import ModelError
-from slurm_horus.graph.load import TensorInfo, _int_value, attention_dims
+from slurm_horus.graph.load import TensorInfo, attention_dims, int_attr_reader
 
 # Element-wise ops and their FLOPs per output element (transcendentals cost more than a multiply).
 ELEMENTWISE = {
@@ -161,7 +161,7 @@ def _attention_flops(op, infos, attrs) -> tuple[int | None, bool]:
     """Scores (Q K^T) and context (P V) matmuls, softmax, and packed projections if present."""
     if not infos or infos[0] is None or any(i is not None and i.shape is None for i in infos[:3]):
         return None, True  # (a key or value without a shape is no absent one)
-    dims = attention_dims(op, lambda name: _int_value(attrs.get(name)), [shape_of(i) for i in infos])
+    dims = attention_dims(op, int_attr_reader(attrs), [shape_of(i) for i in infos])
     if dims is None:
         return 0, False  # a layout no rule reads
     batch, heads, sq, skv, dq, dv = dims

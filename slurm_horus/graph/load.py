@@ -233,8 +233,9 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
             raise ModelError(f"{path}: tensor '{name}' would have {info.numel:.3g} elements; "
                              "the model's dimensions are not plausible")
     unknown = sorted({d for t in tensors.values() for d in (t.shape or ()) if isinstance(d, str)})
+    shaped_sequences = _shaped_sequences(inferred.graph)
     shapeless = [n for node in nodes for n in node.output
-                 if n and (tensors.get(n) is None or tensors[n].shape is None)]
+                 if n and (tensors.get(n) is None or tensors[n].shape is None) and n not in shaped_sequences]
     shapeless += _body_shapeless(graph, tensors)
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     return Graph(path=path, nodes=nodes, tensors=tensors, initializers=initializers,
@@ -950,6 +951,13 @@ def _int_value(attr) -> int | None:
     return attr.i if attr is not None and attr.type == attr.INT else None
 
 
+def int_attr_reader(attrs: dict):
+    """The ``attr`` callable that attention_dims and the PRODUCT_SHAPES rules take: an int
+    attribute by name from a node's ``attrs`` ({name: AttributeProto}), None where it is
+    absent or not an integer."""
+    return lambda name: _int_value(attrs.get(name))
+
+
 def _product_output(rule, attr, inputs: list) -> TensorInfo | None:
     """What ``rule`` (of PRODUCT_SHAPES, or None) makes of an op's first output, from ``attr``
     (an int attribute by name) and its inputs (None where unknown): its shape, and its
@@ -968,7 +976,7 @@ def _node_product(node, tensors) -> TensorInfo | None:
     """_product_output for ``node``, its inputs as ``tensors`` has them."""
     attrs = {a.name: a for a in node.attribute}
     return _product_output(_product_rule(node.op_type, _schema_domain(node)),
-                           lambda name: _int_value(attrs.get(name)), [tensors.get(n) for n in node.input])
+                           int_attr_reader(attrs), [tensors.get(n) for n in node.input])
 
 
 def _schema_domain(node) -> str:
@@ -1283,6 +1291,21 @@ def _adopt_body_types(graph, inferred, depth: int) -> None:
             _adopt_body_types(sub, sub_done, depth + 1)
 
 
+def _shaped_sequences(graph) -> set[str]:
+    """The tensors of ``graph`` (its own scope) typed as a sequence, optional or map whose
+    elements' sizes are all known: no tensor of their own to shape (a SplitToSequence's output,
+    the legacy exporter's dynamic torch.split), so never "shapeless"; what reads them (SequenceAt)
+    has the elements' shape.  One whose elements' sizes are unknown stays shapeless."""
+    out = set()
+    for vi in (*graph.value_info, *graph.output):
+        if vi.type.WhichOneof("value") in (None, "tensor_type"):
+            continue
+        elements = _tensor_types(vi.type)
+        if elements and all(_info_of(tt).known for tt in elements):
+            out.add(vi.name)
+    return out
+
+
 def _body_shapeless(graph, known) -> list[str]:
     """The outputs of the nodes of ``graph``'s If, Loop and Scan bodies, at any depth, that have
     no shape (their readers cost nothing)."""
@@ -1291,8 +1314,9 @@ def _body_shapeless(graph, known) -> list[str]:
         for _, body in bodies(node):
             inits = {t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in body.initializer}
             scope = _child(known, {**_collect_tensors(body, None), **inits})
+            sequences = _shaped_sequences(body)
             out += [n for b in body.node for n in b.output
-                    if n and (scope.get(n) is None or scope[n].shape is None)]
+                    if n and (scope.get(n) is None or scope[n].shape is None) and n not in sequences]
             out += _body_shapeless(body, scope)
     return out
 

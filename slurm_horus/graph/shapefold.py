@@ -20,8 +20,9 @@ SMALL_FLOAT_TYPES = frozenset({17, 18, 19, 20, 23, 27, 28})
 # shape arithmetic's input, and its values nothing here reads
 FLOAT_TYPES = frozenset({1, 10, 11, 16}) | SMALL_FLOAT_TYPES
 _MAX_SHAPE_VECTOR = 8  # ONNX shapes in practice have at most 8 dimensions
-# ops that hand on their first input's values rearranged: of a weight, the weight itself
-WEIGHT_VIEWS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand"})
+# ops that hand on their first input's values rearranged (or repeated): of a weight, the weight itself
+WEIGHT_VIEWS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand",
+                          "Tile"})
 
 
 def _inline_array(t):
@@ -130,6 +131,8 @@ def _result_bound(op: str, inputs, attrs) -> int:
         return (data.size // max(data.shape[axis], 1) if data.ndim else 1) * max(idx.size, 1)
     if op == "Concat":
         return sum(x.size for x in inputs if x is not None)
+    if op == "Tile":
+        return inputs[0].size * _numel(max(int(r), 0) for r in inputs[1].ravel())
     return 0
 
 
@@ -174,6 +177,18 @@ def _reshape(inputs, attrs, shape):
     if not attrs.get("allowzero", 0):
         target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
     return x.reshape(target)
+
+
+def _tile(inputs, attrs, shape):
+    """Tile's repeats, one per dimension of its input (the legacy exporter writes a dynamic
+    torch.split's sizes as Tile(size, n), its repeats of shape (1, 1): Mamba's scan had left
+    every size after it unknown, and no prediction)."""
+    import numpy as np
+
+    x, repeats = inputs[0], [int(r) for r in inputs[1].ravel()]
+    if len(repeats) != x.ndim or min(repeats, default=0) < 0:
+        raise ValueError("repeats do not match the input")
+    return np.tile(x, repeats)
 
 
 def _div(inputs, attrs, shape):
@@ -271,6 +286,7 @@ def _build():
         "ConstantOfShape": _constant_of_shape,
         "Range": _range,
         "Expand": _expand,
+        "Tile": _tile,
         "ReduceProd": _reduce(np.prod),
         "ReduceSum": _reduce(np.sum),
         "ReduceMax": _reduce(np.max),
