@@ -6,6 +6,7 @@
     python benchmarks/bench_simulate.py --skip-sweep          # only the 100k-job CPU time
     python benchmarks/bench_simulate.py --skip-sweep --skip-scale --spread 0.3,0.6,0.9   # a wrong spread
     python benchmarks/bench_simulate.py --skip-sweep --skip-scale --known-sensitivity 1,2,4   # what-if
+    python benchmarks/bench_simulate.py --skip-sweep --skip-scale --mixes llm,philly --config-sensitivity 1,2,4   # history of k
     python benchmarks/bench_simulate.py --skip-sweep --skip-scale --mixes philly --rounding 4   # noise floor
 
 Part 1, the sweep: loads 0.5, 1, 2, 4, 8 x mixes philly, llm, pai x seeds 1-3, each the
@@ -56,12 +57,12 @@ KEYS = ("mean_jct_s", "p95_jct_s", "p95_slowdown", "oom_failures", "timeouts", "
 
 def _trace(trace: str, n: int, cluster, seed: int, load: float, mix: ModelMix,
            repeat_share: float = REPEAT_SHARE, sensitivity_sigma: float = SENSITIVITY_SIGMA,
-           limit_noise: float = 0.0):
+           limit_noise: float = 0.0, config_share: float = 0.0):
     mem_cap = 0.97 * max(cluster.mem_mib(t) for t in cluster.gpu_types)  # as horus-admin simulate
     return generate_trace(trace, n, cluster.gpu_types, cluster.total_gpus, seed=seed, load=load, mix=mix,
                           max_gpus_per_job=cluster.max_gpus_per_node, mem_cap_mib=mem_cap,
                           repeat_share=repeat_share, sensitivity_sigma=sensitivity_sigma,
-                          limit_noise=limit_noise)
+                          limit_noise=limit_noise, sensitivity_config_share=config_share)
 
 
 def _run(cluster, jobs) -> dict:
@@ -206,6 +207,40 @@ def spread(mixes, loads, seeds, sigmas, n_jobs: int, mix: ModelMix, repeat_share
         "|---|---|---|---|---|---|---|", *rows, ""])
 
 
+def config_sensitivity(mixes, loads, seeds, shares, n_jobs: int, mix: ModelMix, repeat_share: float) -> str:
+    """What-if: a share of log k belongs to the job's configuration (the trace draws it so), and
+    the tail budget knows each configuration's median k, the most a history of the site's
+    sensitivities could learn, with the rest of the spread left: horus and the oracle so,
+    beside themselves blind and exclusive/naive on the same trace."""
+    cluster = cluster_from_json(json.dumps(MIXED))
+    rows = []
+    for trace in mixes:
+        for load in loads:
+            for share in shares:
+                runs = []
+                for s in seeds:
+                    jobs = _trace(trace, n_jobs, cluster, s, load, mix, repeat_share, config_share=share)
+                    r = run_policies(cluster, jobs)
+                    known = run_policies(cluster, jobs, ["horus", "oracle"], known_sensitivity=True,
+                                         known_config_share=share)
+                    r.update({f"{p} known": m for p, m in known.items()})
+                    runs.append(r)
+                pols = ("exclusive", "naive", "horus", "oracle", "horus known", "oracle known")
+                cells = [_jct_p95(runs, p) for p in pols]
+                lowest, _, within, _ = _goals(runs, "horus known")
+                rows.append(f"| {trace} | {load:g} | {share:g} | {' | '.join(cells)} | {lowest}/{len(runs)} "
+                            f"| {within}/{len(runs)} |")
+                print(f"  configuration sensitivity {trace} load {load:g} share {share:g}: done",
+                      file=sys.stderr, flush=True)
+    return "\n".join([
+        f"#### What-if: each configuration's median sensitivity known to the tail budget, {n_jobs:,} jobs, "
+        f"means of seeds {', '.join(map(str, seeds))} (mean JCT ks / p95 slowdown; bound {BOUND:g}; "
+        "share: of log k's variance, the configuration's)\n",
+        "| mix | load | share | exclusive | naive | horus | oracle | horus, configuration's k known "
+        "| oracle, configuration's k known | seeds horus known lowest of e/n/h | seeds horus known p95 <= bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""])
+
+
 def known_sensitivity(mixes, loads, seeds, n_jobs: int, mix: ModelMix, repeat_share: float) -> str:
     """What-if: horus and the oracle with each job's true interference sensitivity known to the
     tail budget, beside themselves blind (the default) and naive: how much of the gap to naive
@@ -330,6 +365,14 @@ def main() -> None:
     ap.add_argument("--known-sensitivity", default="", metavar="LOADS",
                     help="loads at which to run horus and the oracle with each job's sensitivity "
                          "known, on --mixes (a what-if; '' to skip, the default)")
+    ap.add_argument("--config-sensitivity", default="", metavar="LOADS",
+                    help="loads at which to run horus and the oracle knowing each configuration's "
+                         "median sensitivity, with --config-shares of log k set by the "
+                         "configuration, on --mixes (a what-if; '' to skip, the default)")
+    ap.add_argument("--config-shares", default="0.25,0.39",
+                    help="shares of log k's variance the configuration sets (default: Lucid's "
+                         "pairs, lucid_sensitivity.py: 0.25 with the jobs a partner sped up left "
+                         "out, 0.39 with them clipped in)")
     ap.add_argument("--rounding", default="", metavar="LOADS",
                     help="loads at which to run the oracle with its true utilization rounded up to "
                          "0.5, 1 and 2 %% on --mixes and --seeds: the noise floor of a per-seed "
@@ -358,9 +401,14 @@ def main() -> None:
         s_loads = [float(x) for x in args.spread_loads.split(",")]
         k_loads = [float(x) for x in args.known_sensitivity.split(",") if x.strip()]
         r_loads = [float(x) for x in args.rounding.split(",") if x.strip()]
+        c_loads = [float(x) for x in args.config_sensitivity.split(",") if x.strip()]
+        c_shares = [float(x) for x in args.config_shares.split(",") if x.strip()]
     except ValueError:
         sys.exit("bench_simulate: --loads, --frontier-loads, --frontier-bounds, --spread, "
-                 "--spread-loads, --known-sensitivity and --rounding take numbers, --seeds integers, comma-separated")
+                 "--spread-loads, --known-sensitivity, --config-sensitivity, --config-shares and "
+                 "--rounding take numbers, --seeds integers, comma-separated")
+    if any(not 0.0 <= x < 1.0 for x in c_shares):
+        sys.exit("bench_simulate: --config-shares takes shares in [0, 1)")
     if any(not 0.0 <= x <= 3.0 for x in s_sigmas):
         sys.exit("bench_simulate: --spread takes sigmas in [0, 3]")
     if not 0.0 <= args.bf_interval <= 30 * 86400.0:
@@ -391,6 +439,9 @@ def main() -> None:
         print(out[-1], flush=True)
     if k_loads:
         out.append(known_sensitivity(mixes, k_loads, seeds, args.jobs, mix, args.repeat_share))
+        print(out[-1], flush=True)
+    if c_loads:
+        out.append(config_sensitivity(mixes, c_loads, seeds, c_shares, args.jobs, mix, args.repeat_share))
         print(out[-1], flush=True)
     if r_loads:
         out.append(rounding(mixes, r_loads, seeds, (0.5, 1.0, 2.0), args.jobs, mix, args.repeat_share,

@@ -1136,6 +1136,60 @@ def test_simulate_known_sensitivity_is_a_what_if_for_generated_traces_only(tmp_p
     assert r.exit_code == 2 and "applies to generated traces" in r.output
 
 
+def test_a_configurations_share_of_the_sensitivity_is_drawn_and_the_rest_stays(mix):
+    """sensitivity_config_share: that share of log k's variance belongs to the job's
+    configuration (its mix entry), the rest to the job; log k keeps its spread, the jobs of a
+    configuration share its median, and at share 0 the trace is the one without it."""
+    base = generate_trace("philly", 2000, ["a100"], 64, seed=4, mix=mix)
+    zero = generate_trace("philly", 2000, ["a100"], 64, seed=4, mix=mix, sensitivity_config_share=0.0)
+    assert [j.sens for j in zero] == [j.sens for j in base] and {j.sens_config for j in zero} == {1.0}
+    half = generate_trace("philly", 2000, ["a100"], 64, seed=4, mix=mix, sensitivity_config_share=0.5)
+    assert [(j.submit, j.duration, j.limit, j.pred, j.true, j.graph) for j in half] == \
+        [(j.submit, j.duration, j.limit, j.pred, j.true, j.graph) for j in base]
+    medians: dict[str, set] = {}
+    for j in half:
+        medians.setdefault(j.model, set()).add(j.sens_config)
+    assert len(medians) > 10 and all(len(m) == 1 for m in medians.values())
+    assert float(np.std(np.log([j.sens for j in half]))) == pytest.approx(0.6, abs=0.1)
+    own = np.log([j.sens / j.sens_config for j in half])
+    assert float(np.std(own)) == pytest.approx(0.6 * 0.5 ** 0.5, abs=0.04)
+    with pytest.raises(HorusError, match="configuration share"):
+        generate_trace("philly", 10, ["a100"], 64, mix=mix, sensitivity_config_share=1.5)
+
+
+def test_a_known_median_leaves_the_rest_of_the_spread():
+    """What a history of k would know: a job's median with a spread left around it.  Known at
+    the population's median with the population's spread it is the blind share; a more
+    sensitive median gives a larger share, a narrower spread a share nearer the exact one."""
+    itf = Interference()
+    for su in (110.0, 150.0, 198.0):
+        blind = itf.exceed_shares(su, 2, (2.0,))[0]
+        assert itf.exceed_shares(su, 2, (2.0,), sens=(1.0,), known_sigma=0.6)[0] == pytest.approx(blind)
+        touchy = itf.exceed_shares(su, 2, (2.0,), sens=(2.0,), known_sigma=0.6)[0]
+        exact = itf.exceed_shares(su, 2, (2.0,), sens=(2.0,))[0]
+        narrow = itf.exceed_shares(su, 2, (2.0,), sens=(2.0,), known_sigma=0.05)[0]
+        assert touchy >= blind and abs(narrow - exact) <= abs(touchy - exact)
+    assert 0.0 < itf.exceed_shares(198.0, 2, (2.0,))[0] < itf.exceed_shares(198.0, 2, (2.0,), sens=(2.0,),
+                                                                             known_sigma=0.6)[0]
+
+
+def test_knowing_a_configuration_that_sets_none_of_k_is_knowing_nothing(mix):
+    """The what-if known_config_share: on a trace where the configuration sets no part of k,
+    its median (1) with the whole spread left is what the blind budget assumes, run for run;
+    knowing each job's own k is not."""
+    c = homogeneous_cluster(16)
+    jobs = generate_trace("llm", 300, ["a100"], 16, seed=1, load=4.0, mix=mix, max_gpus_per_job=8)
+    kw = {"history_lag_s": None}
+    blind = run_policies(c, jobs, ["horus"], **kw)["horus"]
+    nothing = run_policies(c, jobs, ["horus"], known_sensitivity=True, known_config_share=0.0, **kw)["horus"]
+    own = run_policies(c, jobs, ["horus"], known_sensitivity=True, **kw)["horus"]
+    for k in ("mean_jct_s", "p95_slowdown", "makespan_s", "shared_starts"):
+        assert nothing[k] == blind[k], k
+    assert own["mean_jct_s"] != blind["mean_jct_s"]
+    with pytest.raises(HorusError, match="known configuration share"):
+        run_policies(c, jobs[:5], ["horus"], known_sensitivity=True, known_config_share=1.0)
+
+
 @pytest.mark.parametrize("trace,seed,policy,known", [("llm", 1, "horus", False), ("philly", 2, "horus", False),
                                                     ("llm", 7, "oracle", True), ("pai", 1, "oracle", False)])
 def test_the_backfill_memo_skips_no_job_that_would_start(trace, seed, policy, known, mix, monkeypatch):

@@ -68,7 +68,9 @@ POOL_GROWTH = 1.1
 class Simulator(Placement):
     """One policy on one cluster and trace.  ``run()`` returns the metrics (a dict).
     ``known_sensitivity``: a what-if, the tail budget knows each job's interference sensitivity
-    (no real scheduler does; it shows what that knowledge is worth).  ``util_sigma``: the
+    (no real scheduler does; it shows what that knowledge is worth); with ``known_config_share``
+    it knows only its configuration's median k (SimJob.sens_config: the most a history of the
+    configuration could learn), that share of log k's variance, and the rest stays a spread.  ``util_sigma``: the
     relative error of a predicted utilization (the tail budget reads its shares over it;
     placement.UTIL_SIGMA for horus, 0 for true figures, which makes every share a point read); a
     measured rerun's is the measured spread of reruns (_rerun_sigma), or 0 with util_sigma 0."""
@@ -79,7 +81,8 @@ class Simulator(Placement):
                  backfill: bool = True, slowdown_bound: float = 2.0, max_group: int = 4,
                  slowdown_quantile: float = 0.95, window_s: float | None = None,
                  history_lag_s: float | None = None, table: JobTable | None = None,
-                 known_sensitivity: bool = False, util_sigma: float = 0.0):
+                 known_sensitivity: bool = False, known_config_share: float | None = None,
+                 util_sigma: float = 0.0):
         if len(jobs) != len(requests):
             raise HorusError("one request per job needed")
         self.cluster, self.jobs, self.reqs = cluster, list(jobs), list(requests)
@@ -105,6 +108,9 @@ class Simulator(Placement):
             raise HorusError("--history-lag must be >= 0")
         self.history_lag = history_lag_s
         self.known_sensitivity = bool(known_sensitivity)
+        if known_config_share is not None and not 0.0 <= known_config_share < 1.0:
+            raise HorusError("the known configuration share of the sensitivity must be in [0, 1)")
+        self.known_config_share = known_config_share
         if not 0.0 <= util_sigma <= 3.0:
             raise HorusError("the utilization error sigma must be in [0, 3]")
         self.util_sigma = float(util_sigma)

@@ -160,14 +160,16 @@ class Interference:
                                   None if sens is None else (sens,))[0]
 
     def exceed_shares(self, sum_util_pct: float, n_jobs: int, bounds: Sequence[float],
-                      sigma: float = SENSITIVITY_SIGMA, sens: Sequence[float] | None = None) -> list[float]:
+                      sigma: float = SENSITIVITY_SIGMA, sens: Sequence[float] | None = None,
+                      known_sigma: float = 0.0) -> list[float]:
         """:meth:`exceed_share` for each of ``bounds`` in one group (the curve read once);
-        ``sens``: each one's known sensitivity, or None (the spread)."""
-        return self.mean_exceed_shares(((1.0, sum_util_pct),), n_jobs, bounds, sigma, sens)
+        ``sens``: each one's known sensitivity, or None (the spread); ``known_sigma``: the spread
+        left around a known one (its configuration's median: lognormal; 0: the job's own)."""
+        return self.mean_exceed_shares(((1.0, sum_util_pct),), n_jobs, bounds, sigma, sens, known_sigma)
 
     def mean_exceed_shares(self, weighted_sums: Sequence[tuple[float, float]], n_jobs: int,
                            bounds: Sequence[float], sigma: float = SENSITIVITY_SIGMA,
-                           sens: Sequence[float] | None = None) -> list[float]:
+                           sens: Sequence[float] | None = None, known_sigma: float = 0.0) -> list[float]:
         """:meth:`exceed_shares` averaged over (weight, summed util) points: the shares read over
         the error of a predicted sum (the tail budget prices every candidate join this way)."""
         if n_jobs <= 1:
@@ -186,6 +188,8 @@ class Interference:
                     r = 0.0  # no loss, or even the worst case stays within the bound
                 elif sens is None:
                     r = share_above((1.0 - need) / loss, sigma)
+                elif known_sigma > 0.0:
+                    r = share_above((1.0 - need) / loss / sens[i], known_sigma)
                 else:
                     r = 1.0 if sens[i] > (1.0 - need) / loss else 0.0
                 total += w * r

@@ -18,7 +18,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from slurm_horus.sim.interference import Interference, share_above
+from slurm_horus.sim.interference import SENSITIVITY_SIGMA, Interference, share_above
 from slurm_horus.sim.policies import Request
 
 # co-location needs the predicted p90 memories plus this per job to fit (CARMA: estimate + 2 GiB)
@@ -106,6 +106,11 @@ class Placement:
         # the per-type util / mem / runtime of each job, indexed by type index
         self.jtrue, self.jdur = self.table.true, self.table.dur
         self.jsens = [j.sens for j in self.jobs]
+        # what the tail budget knows of each job's k in a what-if: its own (known_sigma 0), or
+        # its configuration's median with the rest of the spread left (engine.Simulator)
+        self.jknown = self.jsens if self.known_config_share is None else [j.sens_config for j in self.jobs]
+        self.known_sigma = (0.0 if self.known_config_share is None
+                            else SENSITIVITY_SIGMA * (1.0 - self.known_config_share) ** 0.5)
         self.jlim = [j.limit for j in self.jobs]
         # co-location state of the horus scheduler: predicted util / p90 memory summed over each
         # GPU's shareable jobs, and their count (ns, a float).  pu and ns are rows of gcols,
@@ -336,7 +341,7 @@ class Placement:
         res, group_var, longest = self._group(g)
         sd = (group_var + (u * self.jsig[j]) ** 2) ** 0.5
         jrisk, jlim = self.jrisk, self.jlim
-        known = self.jsens if self.known_sensitivity else None
+        known = self.jknown if self.known_sensitivity else None
         # the newcomer's share first, then each partner's (one reading of the curve)
         shares = self._tail(su, sd, n, [1.0 + (b - 1.0) / min(1.0, longest / lim)]
                             + [1.0 + (b - 1.0) / min(1.0, lim / jlim[x]) for x in res],
@@ -370,9 +375,9 @@ class Placement:
         """Interference.exceed_shares of a group of n whose predicted utils sum to su, averaged
         over the sum's error (sd; _quad_sums)."""
         if sd <= 0.0:
-            return self.itf.exceed_shares(su, n, bounds, sens=sens)
+            return self.itf.exceed_shares(su, n, bounds, sens=sens, known_sigma=self.known_sigma)
         points = [(w, s) for (_, w), s in zip(QUAD, _quad_sums(su, sd, n))]
-        return self.itf.mean_exceed_shares(points, n, bounds, sens=sens)
+        return self.itf.mean_exceed_shares(points, n, bounds, sens=sens, known_sigma=self.known_sigma)
 
     def _fails_budget(self, added: float, var: float, budget: float) -> bool:
         """The budget's test: a join adding ``added`` expected jobs beyond the bound (and
@@ -465,7 +470,11 @@ class Placement:
         """The chance that job j is beyond the bound when its integrated c x L is lost_k."""
         if lost_k > 0.0:
             k_star = spare / lost_k
-            return float(self.jsens[j] > k_star) if self.known_sensitivity else share_above(k_star)
+            if not self.known_sensitivity:
+                return share_above(k_star)
+            if self.known_sigma > 0.0:
+                return share_above(k_star / self.jknown[j], self.known_sigma)
+            return float(self.jknown[j] > k_star)
         return 1.0 if spare < 0.0 else 0.0
 
     def _place(self, j: int, exclude: set | None) -> list[int] | None:

@@ -64,6 +64,7 @@ class SimJob:
     runtime_x: dict[str, float] = field(default_factory=dict)  # runtime factor per type (default 1)
     sens: float = 1.0  # interference sensitivity (1 = the pair curve's median)
     graph: str = ""
+    sens_config: float = 1.0  # its configuration's median sensitivity: what a history could know
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,15 @@ def truth(rng: np.random.Generator, pred: Mapping[str, tuple[float, float, float
 
 def _job_extras(rng: np.random.Generator, types: list[str], duration: float,
                 limit_factor: float, limit_cap_s: float,
-                sens_sigma: float) -> tuple[dict[str, float], float, float]:
-    """(runtime factor per type, interference sensitivity, time limit on the slowest type)."""
+                sens_sigma: float, log_k_config: float = 0.0
+                ) -> tuple[dict[str, float], float, float]:
+    """(runtime factor per type, interference sensitivity, time limit on the slowest type).
+    ``log_k_config``: the part of log k the job's configuration sets; ``sens_sigma``: the
+    spread of the job's own part."""
     rx = {t: runtime_factor(t) for t in types}
     # lognormal, median 1 (the median job loses the curve's median); one draw whatever the
     # spread, so the rest of the trace stays the same
-    sens = float(np.exp(sens_sigma * rng.standard_normal()))
+    sens = float(np.exp(log_k_config + sens_sigma * rng.standard_normal()))
     return rx, sens, time_limit(duration * max(rx.values()), limit_factor, limit_cap_s)
 
 
@@ -158,7 +162,8 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
                    limit_cap_s: float = 7 * 86400.0, mem_cap_mib: float | None = None,
                    max_duration_s: float = MAX_DURATION_S,
                    repeat_share: float = REPEAT_SHARE,
-                   sensitivity_sigma: float = SENSITIVITY_SIGMA, limit_noise: float = 0.0) -> list[SimJob]:
+                   sensitivity_sigma: float = SENSITIVITY_SIGMA, limit_noise: float = 0.0,
+                   sensitivity_config_share: float = 0.0) -> list[SimJob]:
     """A synthetic trace of ``n_jobs`` jobs like ``trace`` (philly, helios, pai).
 
     Arrivals are Poisson with the rate that offers ``load`` times the cluster's GPU capacity
@@ -170,6 +175,9 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
     uniformly), else a new graph with residuals of its own.  ``sensitivity_sigma``: the spread
     of the jobs' interference sensitivity; the horus scheduler assumes SENSITIVITY_SIGMA
     whatever it is, so another value shows a tail budget misled by its assumption.
+    ``sensitivity_config_share``: the share of log k's variance that belongs to the job's
+    configuration (its mix entry: model, batch, task; Lucid's pairs: 0.13-0.39, BENCHMARKS.md),
+    the rest the job's own; each job's ``sens_config`` is its configuration's median k.
     ``limit_noise``: time limits as users give them, :func:`loose_limit` (0: the exact multiple).
     """
     if trace not in TRACES:
@@ -186,6 +194,8 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         raise HorusError("--sensitivity-sigma must be in [0, 3]")
     if not 0.0 <= limit_noise <= 3.0:
         raise HorusError("--limit-noise must be in [0, 3]")
+    if not 0.0 <= sensitivity_config_share <= 1.0:
+        raise HorusError("the sensitivity's configuration share must be in [0, 1]")
     spec = TRACES[trace]
     types = list(dict.fromkeys(gpu_types))
     if not types:
@@ -209,6 +219,12 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
     submits = np.cumsum(gaps)
     items, p = mix.entries(trace)
     picks = rng.choice(len(items), size=n_jobs, p=p)
+    # each configuration's term of log k, from a stream of its own (the rest of the trace stays
+    # the same); a job's own term keeps its draw, scaled so that log k keeps its variance
+    c_share = sensitivity_config_share
+    log_k_configs = (np.random.default_rng([seed, 2]).standard_normal(len(items))
+                     * sensitivity_sigma * c_share ** 0.5 if c_share > 0 else np.zeros(len(items)))
+    own_sigma = sensitivity_sigma * (1.0 - c_share) ** 0.5
     graphs: dict[int, list[tuple[str, dict]]] = {}  # per mix entry: (name, residuals)
     jobs = []
     for i in range(n_jobs):
@@ -222,12 +238,13 @@ def generate_trace(trace: str, n_jobs: int, gpu_types: Iterable[str], total_gpus
         pred = {t: mix.predict(m, b, task, t) for t in types}
         true = truth(rng, pred, res, sigma_util, sigma_mem, mem_cap_mib)
         d = float(durations[i])
-        rx, sens, limit = _job_extras(rng, types, d, limit_factor, limit_cap_s, sensitivity_sigma)
+        log_kc = float(log_k_configs[picks[i]])
+        rx, sens, limit = _job_extras(rng, types, d, limit_factor, limit_cap_s, own_sigma, log_kc)
         if limit_rng is not None:
             limit = loose_limit(limit, float(limit_rng.standard_normal()), limit_noise, limit_cap_s)
         jobs.append(SimJob(id=i, submit=float(submits[i]), duration=d, gpus=int(gpus[i]), limit=limit,
                            model=f"{m}/b{b}/{task}", pred=pred, true=true, runtime_x=rx, sens=sens,
-                           graph=graph))
+                           sens_config=math.exp(log_kc), graph=graph))
     return jobs
 
 
