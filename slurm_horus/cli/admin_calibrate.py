@@ -15,12 +15,15 @@ from slurm_horus.calibrate.orchestrate import calibrate as run_calibration
 from slurm_horus.calibrate.plan import DEFAULT_BATCH_SIZES, DEFAULT_TASKS, plan
 from slurm_horus.calibrate.sampler import BackgroundSampler
 from slurm_horus.calibrate.torch_runner import TorchRunner, check_device, import_torch, require_torch_gpu
-from slurm_horus.cli.common import Command, FiniteFloatRange, one_line_errors
+from slurm_horus.cli.common import Command, FiniteFloatRange, not_empty, one_line_errors
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.nvml import NvmlSampler
 from slurm_horus.predict.coldstart import TASKS
 from slurm_horus.predict.gpus import default_catalog
+
+
+MAX_BATCH = 2**31 - 1  # the largest dimension a graph is bound to (graph.load.MAX_DIM)
 
 
 def _csv_list(value: str | None, what: str, cast=str) -> list:
@@ -38,9 +41,9 @@ def _csv_list(value: str | None, what: str, cast=str) -> list:
 @click.option("--out", "out", type=click.Path(dir_okay=False),
               help="CSV to write the rows to (the `horus-admin import` format; an existing file "
                    "only with --resume); required to run.")
-@click.option("--ledger", "url", envvar="HORUS_LEDGER_URL", default=None,
+@click.option("--ledger", "url", envvar="HORUS_LEDGER_URL", default=None, callback=not_empty,
               help="Also record each row in this ledger (as `horus-admin import` would).")
-@click.option("--models", help="Comma-separated model names (default: a ~10 minute set; "
+@click.option("--models", callback=not_empty, help="Comma-separated model names (default: a ~10 minute set; "
                                 "--list-models shows all).")
 @click.option("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), show_default=True)
 @click.option("--tasks", default=",".join(DEFAULT_TASKS), show_default=True)
@@ -48,7 +51,7 @@ def _csv_list(value: str | None, what: str, cast=str) -> list:
               help="Measured time per run (after 3 warm-up steps).")
 @click.option("--device", default="cuda:0", show_default=True)
 @click.option("--gpu-type", help="Catalog name of the GPU (default: from the device name).")
-@click.option("--cache-dir", type=click.Path(file_okay=False),
+@click.option("--cache-dir", type=click.Path(file_okay=False), callback=not_empty,
               help="Where exported ONNX graphs are kept (default: next to --out).")
 @click.option("--resume", is_flag=True, help="Continue --out: skip runs already in it.")
 @click.option("--list-models", is_flag=True, help="List the models calibrate can build here.")
@@ -59,8 +62,8 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
     and memory via NVML, and append one import-format row per (model, batch size, task).
     Needs `pip install 'slurm-horus[calibrate,probe]'` and a CUDA GPU."""
     bs = _csv_list(batch_sizes, "--batch-sizes", int)
-    if any(b < 1 for b in bs):
-        raise HorusError("--batch-sizes: must be positive integers")
+    if any(not 1 <= b <= MAX_BATCH for b in bs):
+        raise HorusError(f"--batch-sizes: must be integers from 1 to {MAX_BATCH:,}")
     ts = _csv_list(tasks, "--tasks")
     if bad := [t for t in ts if t not in TASKS]:
         raise HorusError(f"--tasks: unknown {', '.join(bad)} (choose from {', '.join(TASKS)})")
@@ -73,6 +76,7 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
         raise HorusError("--out CSV is required (where the rows go)")
     # every option and dependency first, the GPU next (nothing is opened or created before
     # it): "no CUDA GPU" then means the options are right and only the node is wrong
+    _check_paths(out, cache_dir, resume)
     check_device(device)
     import_torch()
     available = list(model_specs())
@@ -108,6 +112,30 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
         click.echo(f"next: horus-admin import {out} && horus-admin retrain")
     if res.failed and not res.done:
         raise HorusError(f"every run failed ({len(res.failed)}); nothing was measured")
+
+
+def _check_paths(out: str, cache_dir: str | None, resume: bool) -> None:
+    """--out and --cache-dir as the run will need them, judged before the GPU is (a FIFO, a
+    full CSV without --resume or a missing folder had been reported only on a GPU node, after
+    "no CUDA GPU" elsewhere: the options seemed right).  Only looks: nothing is created."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise HorusError(f"--out {out}: {e.strerror or e}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise HorusError(f"--out {out}: not a regular file; choose another --out")
+    if st is not None and st.st_size > 0 and not resume:
+        raise HorusError(f"{out} exists: pass --resume to continue it, or choose another --out")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise HorusError(f"--out {out}: no folder {folder}")
+    if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        raise HorusError(f"--cache-dir {cache_dir}: not a folder")
 
 
 def register(main_group: click.Group) -> None:

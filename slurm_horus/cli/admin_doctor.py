@@ -9,19 +9,35 @@ import os
 
 import click
 
-from slurm_horus.cli.common import model_dir_option, one_line_errors, print_json
+from slurm_horus.cli.common import model_dir_option, not_empty, one_line_errors, print_json
+
+
+def _conf_file(ctx, param, value):
+    """--slurm-conf: given, a regular file where it exists (a FIFO or /dev/null had been checked
+    as an empty slurm.conf, a list of problems of a file that is not there); one missing is the
+    doctor's own error."""
+    import stat
+
+    value = not_empty(ctx, param, value)
+    try:
+        mode = os.stat(value).st_mode if value is not None else None
+    except OSError:
+        return value
+    if mode is not None and not stat.S_ISREG(mode):
+        raise click.BadParameter(f"{value}: not a regular file", ctx, param)
+    return value
 
 
 def register(main_group: click.Group) -> None:
     """Add the `doctor` command to ``main_group`` (horus-admin)."""
 
     @main_group.command("doctor")
-    @click.option("--slurm-conf", type=click.Path(dir_okay=False),
+    @click.option("--slurm-conf", type=click.Path(dir_okay=False), callback=_conf_file,
                   help="slurm.conf to check (default $SLURM_CONF, else /etc/slurm/slurm.conf); "
                        "gres.conf and job_submit.lua are read from its folder.")
-    @click.option("--policy", type=click.Path(dir_okay=False),
+    @click.option("--policy", type=click.Path(dir_okay=False), callback=not_empty,
                   help="Policy file (default: the one the hook reads).")
-    @click.option("--ledger", "ledger_url", envvar="HORUS_LEDGER_URL",
+    @click.option("--ledger", "ledger_url", envvar="HORUS_LEDGER_URL", callback=not_empty,
                   help="Ledger URL (default $HORUS_LEDGER_URL or the site default).")
     @model_dir_option("Model registry folder")
     @click.option("--json", "as_json", is_flag=True, help="Problems as JSON.")

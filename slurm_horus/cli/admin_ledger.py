@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from slurm_horus.cli.common import (Command, model_dir_option, one_line_errors, parse_time,
-                                    print_json)
+from slurm_horus.cli.common import (Command, model_dir_option, not_empty, one_line_errors,
+                                    parse_time, print_json)
 from slurm_horus.errors import HorusError, one_line
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.db import failure_reason
@@ -23,7 +23,7 @@ from slurm_horus.textfile import read_text
 
 MAX_SACCT_JSON = 2 << 30  # sacct --json of a busy day is hundreds of MB; /dev/zero is endless
 
-LEDGER = click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
+LEDGER = click.option("--ledger", "url", envvar="HORUS_LEDGER_URL", callback=not_empty,
                       help="Ledger database URL (default $HORUS_LEDGER_URL, else ledger_url in "
                            "/etc/slurm-horus/horus.conf, else "
                            "sqlite:////var/lib/slurm-horus/ledger.db).")
@@ -47,7 +47,7 @@ def _regular_file(value, name: str):
 @click.option("-E", "--until", help="Window end (default now).")
 @click.option("--all", "all_jobs", is_flag=True,
               help="Also record GPU jobs whose comment carries no hint or workload token.")
-@click.option("--from-file", type=click.Path(dir_okay=False),
+@click.option("--from-file", type=click.Path(dir_okay=False), callback=not_empty,
               help="Read sacct --json output from this file instead of running sacct.")
 @click.option("--policy", envvar="HORUS_POLICY", type=click.Path(exists=True, dir_okay=False),
               callback=lambda ctx, param, v: _regular_file(v, "--policy"),
@@ -114,7 +114,7 @@ def sync(url, since, until, all_jobs, from_file, policy, model_dir, history, as_
 @click.command("retrain", cls=Command)
 @LEDGER
 @MODEL_DIR
-@click.option("--import", "import_csv", type=click.Path(dir_okay=False),
+@click.option("--import", "import_csv", type=click.Path(dir_okay=False), callback=not_empty,
               help="First import measurements from this CSV (see `horus-admin import`).")
 @click.option("--folds", type=click.IntRange(2, 20), default=5, show_default=True)
 @click.option("--max-iter", type=click.IntRange(10, 2000), default=200, show_default=True,

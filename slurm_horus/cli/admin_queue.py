@@ -15,10 +15,16 @@ import click
 from slurm_horus.cli.common import FiniteFloatRange, one_line_errors
 
 
+# a pass at least once a day: time.sleep() overflowed on a huge --interval (1e308) after the
+# first pass, an internal error
+MAX_INTERVAL_S = 86400
+
+
 def register(admin: click.Group) -> None:
     @admin.command("queue")
-    @click.option("--interval", type=FiniteFloatRange(min=5), default=None,
-                  help="Repeat every this many seconds (default: one pass, for scrontab/systemd).")
+    @click.option("--interval", type=FiniteFloatRange(min=5, max=MAX_INTERVAL_S), default=None,
+                  help="Repeat every this many seconds, 5 to 86,400 (default: one pass, for "
+                       "scrontab/systemd).")
     @click.option("--pack-shards", type=click.IntRange(min=1), default=None,
                   help="Shards a packed job gets under queue pressure, fewer than the policy's "
                        "shards_per_gpu [default: the policy's pressure_shards, 50].")
@@ -43,7 +49,7 @@ def register(admin: click.Group) -> None:
             raise HorusError(f"--pack-shards {pack_shards}: must be 1..{per_gpu - 1} (the policy's "
                              f"shards_per_gpu is {per_gpu}: a pack is less than a whole GPU)")
         ids = None
-        if job_list:
+        if job_list is not None:  # given empty (an unset variable) is no list: not every job
             parts = [x.strip() for x in job_list.split(",") if x.strip()]
             if not parts or not all(x.isascii() and x.isdigit() and 0 < int(x) < 2 ** 32 for x in parts):
                 raise HorusError(f"--jobs {job_list!r}: expected job ids like 12,15")

@@ -13,7 +13,7 @@ import os
 import click
 from click.core import ParameterSource
 
-from slurm_horus.cli.common import one_line_errors, print_json
+from slurm_horus.cli.common import not_empty, one_line_errors, print_json
 
 SUMMARY = (("completed", "completed jobs", "{:,}"), ("failed_jobs", "failed jobs", "{:,}"),
            ("unschedulable", "unschedulable", "{:,}"), ("rejected", "rejected by the hook", "{:,}"),
@@ -145,18 +145,18 @@ def register(main_group: click.Group) -> None:
     @click.option("--gpus", type=int, default=64, show_default=True, help="Homogeneous cluster size.")
     @click.option("--gpu-type", default="a100", show_default=True, help="GPU type of --gpus.")
     @click.option("--gpus-per-node", type=int, default=8, show_default=True)
-    @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
+    @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), callback=not_empty,
                   help='Cluster JSON: {"nodes": [{"name", "gpu_type", "gpus", "count"}]}.')
-    @click.option("--slurm-conf", type=click.Path(dir_okay=False),
+    @click.option("--slurm-conf", type=click.Path(dir_okay=False), callback=not_empty,
                   help="Read nodes' Gres, and the backfill settings (SchedulerType, bf_interval, "
                        "bf_max_job_test), from slurm.conf.")
-    @click.option("--gres-conf", type=click.Path(dir_okay=False), help="gres.conf for untyped GPUs (with --slurm-conf).")
-    @click.option("--sacct", type=click.Path(dir_okay=False), help="Replay a `sacct --json` dump.")
-    @click.option("--ledger", metavar="URL|FILE",
+    @click.option("--gres-conf", type=click.Path(dir_okay=False), callback=not_empty, help="gres.conf for untyped GPUs (with --slurm-conf).")
+    @click.option("--sacct", type=click.Path(dir_okay=False), callback=not_empty, help="Replay a `sacct --json` dump.")
+    @click.option("--ledger", metavar="URL|FILE", callback=not_empty,
                   help="Replay the measured jobs of a ledger (its SQLAlchemy URL, e.g. "
                        "sqlite:////var/lib/slurm-horus/ledger.db), or a JSON list of rows "
                        "{submit_time, elapsed_s, gpus, pred_util, pred_mem, true_util, true_mem}.")
-    @click.option("--residuals-from", metavar="URL|FILE",
+    @click.option("--residuals-from", metavar="URL|FILE", callback=not_empty,
                   help="Draw the generated (or --sacct) jobs' prediction errors from the site's "
                        "own measured jobs (a ledger URL or rows as for --ledger): per model (and GPU "
                        "type) where it ran at least 5 times, utilization from runs that had their "
@@ -192,7 +192,7 @@ def register(main_group: click.Group) -> None:
                   show_default=True, help="Comma-separated policies to run.")
     @click.option("--naive-shards", type=int, default=50, show_default=True,
                   help="Shards per 1-GPU job under the naive policy.")
-    @click.option("--policy-file", type=click.Path(dir_okay=False),
+    @click.option("--policy-file", type=click.Path(dir_okay=False), callback=not_empty,
                   help="horus_policy.conf for the hook's decisions and the bound (default: the "
                        "site's, as horus-admin queue reads it: $HORUS_POLICY, which must exist when "
                        "set; else the one beside the hook).")
@@ -204,7 +204,7 @@ def register(main_group: click.Group) -> None:
                        "backfill) [default: --slurm-conf's, else Slurm's 30].")
     @click.option("--oom-delay", type=float, default=60.0, show_default=True,
                   help="Seconds an OOM-failing job holds its GPU before it dies.")
-    @click.option("--interference", "itf_points",
+    @click.option("--interference", "itf_points", callback=not_empty,
                   help='Speed curve "sum:speed,..." (default: Lucid medians, see docs/simulator.md).')
     @click.option("--mem-bw-penalty", type=float, default=0.0, show_default=True,
                   help="Extra slowdown factor per additional co-located job.")
@@ -216,7 +216,7 @@ def register(main_group: click.Group) -> None:
                        "given the measured spread of interference.")
     @click.option("--max-group", type=int, default=4, show_default=True,
                   help="horus/oracle: most jobs co-located on one GPU.")
-    @click.option("--zoo", type=click.Path(file_okay=False),
+    @click.option("--zoo", type=click.Path(file_okay=False), callback=not_empty,
                   help="Predict the mix from this folder of ONNX graphs (default: the shipped table).")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object keyed by policy.")
     @click.option("--plot", is_flag=False, flag_value="-", default=None, metavar="[FILE.png|-]",
@@ -293,7 +293,7 @@ def register(main_group: click.Group) -> None:
             raise HorusError("--slowdown-quantile must be between 0 and 1 (e.g. 0.95)")
         if plot == "-" and as_json:
             raise HorusError("--plot - draws in the terminal; with --json name a FILE.png")
-        if plot and plot != "-":
+        if plot is not None and plot != "-":  # --plot '' too: no FILE.png named, as hacct says
             plot = check_path(plot)  # a missing matplotlib or a file it cannot write fails before the simulation
         pols = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
         if not pols:

@@ -40,9 +40,21 @@ class OneLineUsageError(click.UsageError):
 MODEL_DIR_DEFAULT = "default $HORUS_MODEL_DIR, else /var/lib/slurm-horus/models"
 
 
+def not_empty(ctx, param, value):
+    """click callback: a file, folder or URL option given as '' (``--model-dir "$DIR"`` with DIR
+    unset) is a usage error.  The code behind each took '' as "not given" and went on with the
+    site's default: a retrain or promote acted on the site's registry, sync ran sacct instead of
+    reading the file, simulate ran a generated trace instead of the replay.  (An empty
+    environment variable is no value to click: the default, as before.)"""
+    if value == "":
+        raise click.BadParameter("empty (an unset variable?): give a value or leave the option out",
+                                 ctx, param)
+    return value
+
+
 def model_dir_option(what: str = "Registry folder"):
     """--model-dir as every command takes it, with the one help text of its default."""
-    return click.option("--model-dir", envvar="HORUS_MODEL_DIR",
+    return click.option("--model-dir", envvar="HORUS_MODEL_DIR", callback=not_empty,
                         help=f"{what} ({MODEL_DIR_DEFAULT}).")
 
 

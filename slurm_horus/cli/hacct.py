@@ -15,13 +15,27 @@ from itertools import chain, islice
 
 import click
 
-from slurm_horus.cli.common import Command, given_order, last_given, one_line_errors, parse_time
+from slurm_horus.cli.common import (Command, given_order, last_given, not_empty, one_line_errors,
+                                    parse_time)
 
 
-def _split(values) -> list[str]:
+def _split(values, what: str | None = None) -> list[str]:
+    """Comma lists, as sacct's.  ``what`` names an option whose words are matched as text in
+    the ledger (-u, -A, -M): a word with bytes that are no UTF-8 (the shell's $'\\xff', which
+    Python holds as lone surrogates) is an error naming it; the database driver had failed on it
+    after the header was printed, an internal error."""
     out = []
     for v in values or ():
         out += [x.strip() for x in v.split(",") if x.strip()]
+    if what is not None:
+        from slurm_horus.errors import HorusError, one_line
+
+        for x in out:
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = one_line(x.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+                raise HorusError(f"{what}: '{shown[:40]}' is not UTF-8 text") from None
     return out
 
 
@@ -146,7 +160,7 @@ def _het_components(job_ids: list[int], cluster: str | None) -> list[int]:
               help="Clusters (comma-separated), or all (default, as sacct: this host's cluster; "
               "every cluster where Slurm cannot say).")
 @click.option("-L", "--allclusters", is_flag=True, help="Every cluster's jobs (-M all).")
-@click.option("--ledger", "url", envvar="HORUS_LEDGER_URL",
+@click.option("--ledger", "url", envvar="HORUS_LEDGER_URL", callback=not_empty,
               help="Ledger database URL (default $HORUS_LEDGER_URL or the site ledger); "
               "opened read-only.")
 @one_line_errors("hacct", needs_stdout=lambda o: o.get("plot") in (None, "-") or o.get("summary")
@@ -172,7 +186,8 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
 
     # scontrol show config, asked at most once (the cluster's name, its privacy)
     config = functools.cache(slurm.slurm_config)
-    names = [c.lower() for c in _split(clusters)]
+    _split(users, "-u/--user"), _split(accounts, "-A/--account")  # matched as text: UTF-8, checked first
+    names = [c.lower() for c in _split(clusters, "-M/--clusters")]
     every = allclusters or "all" in names
     # as sacct: this host's cluster by default (decided below, once the ledger is open)
     local = None if every or names else slurm.local_cluster(config())
