@@ -40,7 +40,8 @@ def workload_from(d: dict | None) -> Workload:
             raise HorusError(f"{key.replace('_', ' ')} '{v}' is not an integer") from None
 
     def text(key: str) -> str:
-        return str(d.get(key) or DEFAULTS[key]).strip()
+        v = given(key)  # whitespace alone is missing, as for the counts
+        return str(v).strip() if v else DEFAULTS[key]
 
     cpg = given("cpus_per_gpu")
     if cpg is not None:

@@ -219,7 +219,7 @@ _BATCH_NAMES = ("batch", "batch_size", "batchsize", "bs")
 
 def check_options(plan: Plan):
     """(Workload, dims) of hsubmit's own options (command line and #HORUS lines).  A value they
-    cannot take (--precision fp8, --batch-size -3, --dim seq=x) is a HorusError, as sbatch
+    cannot take (--precision fp8, --batch-size -3, --dim seq=x, an empty one) is a HorusError, as sbatch
     refuses its own options' bad values: hsubmit stops before anything is submitted, where a
     model that cannot be used later only costs the job its hint."""
     from slurm_horus.graph.load import parse_dims
@@ -234,11 +234,17 @@ def _workload(plan: Plan, dims: dict[str, int]):
     records what Slurm allocated).  Without --batch-size, a batch dimension bound with --dim is
     the batch size."""
     from slurm_horus.graph.load import MAX_DIM
+    from slurm_horus.predict.coldstart import OPTIMIZERS, PRECISIONS, TASKS
     from slurm_horus.predict.workload import workload_from
 
     h = plan.horus
+    # given but empty (an unset variable): an error, never the default (workload_from's "missing")
+    for key, allowed in (("task", TASKS), ("optimizer", OPTIMIZERS), ("precision", PRECISIONS)):
+        if h.get(key) is not None and not str(h[key]).strip():
+            raise HorusError(f"--{key} is empty (an unset variable?): choose one of {', '.join(allowed)}")
     bs = (h.get("batch-size") or "").strip()
-    if bs and not (bs.isascii() and bs.isdigit() and len(bs) <= 10 and 0 < int(bs) <= MAX_DIM):
+    if h.get("batch-size") is not None and not (bs.isascii() and bs.isdigit() and len(bs) <= 10
+                                                and 0 < int(bs) <= MAX_DIM):
         raise HorusError(f"--batch-size {one_line(bs)[:40]!r}: need an integer from 1 to {MAX_DIM}")
     # only the plain batch names: "n" or "b" may be another axis, which the loader judges
     named = {k: v for k, v in dims.items() if k.lower() in _BATCH_NAMES}
@@ -389,6 +395,9 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
         raise HorusError("no --model")
     if not model.strip():
         raise HorusError("--model is empty (an unset variable?)")
+    model_dir = plan.horus.get("horus-model-dir")
+    if model_dir is not None and not str(model_dir).strip():  # "" would be the site's registry
+        raise HorusError("--horus-model-dir is empty (an unset variable?)")
     if why := request_unknown(plan):
         raise HorusError(why)
     if other := other_clusters(plan):
@@ -451,7 +460,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
     if not gpus:
         raise HorusError(f"partition {plan.partition}: no GPU type the catalog knows"
                          + (" that runs bf16" if workload.precision == "bf16" else ""))
-    choice = choose_predictor(plan.horus.get("horus-model-dir"))
+    choice = choose_predictor(model_dir)
     if choice.warning:
         plan.warnings.append(choice.warning)
     plan.predictor_note = choice.note
