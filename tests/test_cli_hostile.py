@@ -122,7 +122,7 @@ def test_calibrate_plans_each_run_once():
     ("cold_mem_mib", "nan", "cold_"),
     ("mem_mib", "inf", "mem_mib"),
     ("util_max_pct", "1e308", "util_max_pct"),
-    ("batch_size", "99999999999999999999999", "out of range"),
+    ("batch_size", "99999999999999999999999", "batch size must be an integer from 1 to"),
 ])
 def test_an_import_refuses_rows_that_would_break_every_retrain(tmp_path, field, value, why):
     import csv

@@ -9,6 +9,7 @@ the input pipeline, which dominate small models. docs/cold-start.md explains eac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from slurm_horus.errors import HorusError
@@ -28,6 +29,14 @@ MAX_THREADS_PER_SM = {"3.5": 2048, "3.7": 2048, "5.0": 2048, "5.2": 2048, "6.0":
                       "12.0": 1536}
 STACK_BYTES_PER_THREAD = 1024  # cudaLimitStackSize default
 MAX_CPUS_PER_GPU = 1 << 20  # beyond any node; a count past it is a typo or a forgery
+# the largest batch size (graph.load.MAX_DIM: no dimension is bound past it, hsubmit takes no
+# more); a Workload past it had reached the history as 10**400, whose log scale raised
+MAX_BATCH_SIZE = 2**31 - 1
+# the report values the cold start reads: each a finite number >= 0 (a stored report is a
+# ledger row; NaN, infinity or a negative size had given NaN or negative memory)
+READ_VALUES = ("params", "param_bytes", "quantized_params", "quantized_param_bytes",
+               "saved_activation_bytes", "max_activation_bytes", "peak_live_bytes", "input_bytes")
+OPTIONAL_VALUES = ("param_bytes", "quantized_params", "quantized_param_bytes")  # 0 where absent
 
 
 @dataclass(frozen=True)
@@ -43,8 +52,10 @@ class Workload:
     cpus_per_gpu: float | None = None
 
     def __post_init__(self):
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise HorusError(f"batch size must be a positive integer, got {self.batch_size}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
+                or not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise HorusError(f"batch size must be an integer from 1 to {MAX_BATCH_SIZE}, "
+                             f"got {str(self.batch_size)[:40]}")
         for value, allowed, what in ((self.task, TASKS, "task"),
                                      (self.optimizer, OPTIMIZERS, "optimizer"),
                                      (self.precision, PRECISIONS, "precision")):
@@ -120,6 +131,12 @@ class ColdStartEstimator:
     def predict(self, report: FeatureReport, gpu: GPU, workload: Workload) -> Prediction:
         mem, mem_parts = self.memory_mib(report, gpu, workload)
         util, util_parts = self.utilization_pct(report, gpu, workload)
+        if not (math.isfinite(mem) and mem > 0 and math.isfinite(util) and 0 <= util <= 100):
+            # a graph or GPU figure past what the arithmetic holds (a catalog's 5e-324 TFLOPS
+            # had given a NaN utilization, which no hint can carry)
+            raise HorusError(f"cold start for {gpu.name}: no finite prediction (utilization "
+                             f"{util:.3g} %, memory {mem:.3g} MiB): the graph's or the GPU "
+                             "type's figures are out of range")
         p = self.params
         return Prediction(gpu=gpu.name, util_pct=util, mem_mib=mem,
                           mem_mib_p90=mem * p.p90_factor + p.p90_extra_mib,
@@ -141,8 +158,8 @@ class ColdStartEstimator:
 
     def memory_mib(self, report: FeatureReport, gpu: GPU, w: Workload) -> tuple[float, dict]:
         p = self.params
-        v = report.values
-        trainable, stored = _split_params(report)
+        v = _read_values(report)
+        trainable, stored = _split_params(v)
         act_scale = _activation_scale(w.precision)
         # a quantized model's weights (integer, FP8...) stay as stored, whatever the job's precision
         weights = trainable * _weight_bytes(w.precision) + stored
@@ -194,12 +211,13 @@ class ColdStartEstimator:
             heavy = node.category in ("conv", "matmul", "attention", "rnn")
             gpu_s += fwd * (3.0 if train and heavy else 2.0 if train else 1.0)
             kernels += node.kernels * (3 if train and heavy else 2 if train else 1)
+        values = _read_values(report)
         if train:
-            opt_kernels, opt_s = _optimizer_time(w.optimizer, _split_params(report)[0], bandwidth, p)
+            opt_kernels, opt_s = _optimizer_time(w.optimizer, _split_params(values)[0], bandwidth, p)
             kernels += opt_kernels
             gpu_s += opt_s
         host_s = kernels * p.launch_us * 1e-6
-        input_s = report.values["input_bytes"] * byte_scale / (p.input_gbs * 1e9)
+        input_s = values["input_bytes"] * byte_scale / (p.input_gbs * 1e9)
         step_s = max(gpu_s, host_s) + p.step_overhead_us * 1e-6 + input_s
         util = 100.0 * gpu_s / step_s if step_s > 0 else 0.0
         return min(util, 99.0), {"gpu_ms_per_step": round(gpu_s * 1e3, 3),
@@ -218,14 +236,34 @@ def _activation_scale(precision: str) -> float:
     return {"fp32": 1.0, "amp": 0.6, "fp16": 0.5, "bf16": 0.5}[precision]
 
 
-def _split_params(report: FeatureReport) -> tuple[float, float]:
+def _read_values(report: FeatureReport) -> dict[str, float]:
+    """The report values the cold start reads (READ_VALUES; OPTIONAL_VALUES 0 where absent),
+    each a finite float >= 0 (the quantized ones finite); HorusError naming the first that is
+    not."""
+    v = report.values
+    out = {}
+    for name in READ_VALUES:
+        x = v.get(name, 0) if name in OPTIONAL_VALUES else v[name]
+        try:
+            # (a quantized count out of range is clamped by _split_params, as it always was)
+            ok = not isinstance(x, bool) and math.isfinite(float(x)) \
+                and (float(x) >= 0 or name.startswith("quantized_"))
+        except (TypeError, ValueError, OverflowError):  # an int past a float's range
+            ok = False
+        if not ok:
+            raise HorusError(f"feature {name} = {str(x)[:40]}: not a finite number >= 0")
+        out[name] = float(x)
+    return out
+
+
+def _split_params(v: dict) -> tuple[float, float]:
     """(the trainable parameters, the quantized ones' stored bytes) of values["params"]: a
     quantized model's weights (FeatureReport.quantized_params: integer, FP8, FP6, FP4) keep
     their stored size and take no gradient nor optimizer state (PyTorch refuses requires_grad
     on an integer tensor, and no optimizer steps an FP8 one).
     Bounded by params and param_bytes: a stored report is a ledger row an admin's import wrote
-    (read from values: the benchmarks' stand-ins for a report hold those alone)."""
-    v = report.values
+    (``v``: _read_values of the report; the benchmarks' stand-ins for a report hold values
+    alone)."""
     params = v["params"]
     quantized = min(max(v.get("quantized_params", 0), 0), params)
     stored = min(max(v.get("quantized_param_bytes", 0), 0), v.get("param_bytes", 0))

@@ -62,6 +62,13 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
 _INT_FIELDS = ("mem_mib", "sm_count")
 _POSITIVE_FIELDS = ("mem_mib", "mem_bw_gbs", "sm_count", "fp32_tflops", "fp16_tflops", "tdp_w")
 _NULLABLE_POSITIVE_FIELDS = ("tf32_tflops", "bf16_tflops")
+# The most any GPU's figure may be (a thousand times past the largest made): a site entry's
+# 1e300 GB/s or 10**308 SMs had made the cold start's arithmetic overflow (a traceback in
+# horus predict) or its memory 1e303 MiB; and the least a positive rate may be, whose
+# 5e-324 TFLOPS had made every utilization NaN
+_MAX_FIELD = {"mem_mib": 2**30, "mem_bw_gbs": 1e7, "sm_count": 10**6, "fp32_tflops": 1e7,
+              "tf32_tflops": 1e7, "fp16_tflops": 1e7, "bf16_tflops": 1e7, "tdp_w": 1e6}
+_MIN_RATE = 1e-6  # TFLOPS, GB/s: a million operations or bytes a second
 _STRING_FIELDS = ("vendor", "source", "notes")
 
 
@@ -159,8 +166,11 @@ class Catalog:
         builder = _Builder()
         builder.add_file_text(text, "packaged gpus.json", packaged=True)
         paths: list[Path] = []
-        if site_file is not None and Path(site_file).is_file():
-            paths.append(Path(site_file))
+        try:  # a folder on its way the reader may not search (0700): a one-line error
+            if site_file is not None and Path(site_file).is_file():
+                paths.append(Path(site_file))
+        except OSError as e:  # (is_file() had raised it, PermissionError, out of every command)
+            raise HorusError(f"GPU catalog {site_file}: {e.strerror or e}") from None
         env = os.environ if environ is None else environ
         paths.extend(Path(p) for p in env.get(ENV_VAR, "").split(":") if p.strip())
         paths.extend(Path(p) for p in extra_paths)
@@ -328,15 +338,25 @@ class _Builder:
                 raise HorusError(f"{where}: '{key}' must be a finite number, got {repr(v)[:40]}")
             return v
 
+        def in_range(key: str) -> None:
+            low = _MIN_RATE if key.endswith(("_tflops", "_gbs")) else 0
+            if not number(key) <= _MAX_FIELD[key]:
+                raise HorusError(f"{where}: '{key}' must be at most {_MAX_FIELD[key]:g}, got {repr(e[key])[:40]}")
+            if e[key] < low:
+                raise HorusError(f"{where}: '{key}' must be at least {low:g}, got {e[key]!r}")
+
         for key in _POSITIVE_FIELDS:
             if number(key) <= 0:
                 raise HorusError(f"{where}: '{key}' must be positive, got {e[key]!r}")
+            in_range(key)
         for key in _INT_FIELDS:
             if not isinstance(e[key], int):
                 raise HorusError(f"{where}: '{key}' must be an integer, got {e[key]!r}")
         for key in _NULLABLE_POSITIVE_FIELDS:
             if e.get(key) is not None and number(key) <= 0:
                 raise HorusError(f"{where}: '{key}' must be positive or null, got {e[key]!r}")
+            if e.get(key) is not None:
+                in_range(key)
         for key in _STRING_FIELDS:
             if not isinstance(e.get(key, ""), str):
                 raise HorusError(f"{where}: '{key}' must be a string")

@@ -491,8 +491,12 @@ class HistoryPredictor:
             family = family_key(self.family_salt, family)
         pools = (("family", self.families.get(gpu, {}).get(family) if family else None, FAMILY_WEIGHT),
                  ("user", self.users.get(gpu, {}).get(user) if user else None, USER_WEIGHT))
+        def corrected(pools) -> Answer:
+            return _within_reach(corrected_answer(base_mem, base_util, off, cold_mem, cold_util,
+                                                  cold_off, pools), base_mem, base_util)
+
         if est is None:
-            return _floored(corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, pools))
+            return _floored(corrected(pools))
         mem, util = est
         util = base_util if util is None else util
         if not own and any(r.get("users", 1) == 1 and r.get("user") is not None for r in used):
@@ -501,8 +505,7 @@ class HistoryPredictor:
             # predictor's, with the site's offsets, with the pools (the family's may hold those
             # very runs, so it lowers nothing here); a graph file is anyone's to name, and its
             # sole runner could have run it starved to get the next user's job packed tight
-            bare = corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, ())
-            pooled = corrected_answer(base_mem, base_util, off, cold_mem, cold_util, cold_off, pools)
+            bare, pooled = corrected(()), corrected(pools)
             floor_mem = max(base_mem, bare.mem_mib, pooled.mem_mib)
             floor_util = max(base_util, bare.util_pct, pooled.util_pct)
             if mem <= floor_mem and util <= floor_util:
@@ -553,6 +556,17 @@ def _within_hint(est: tuple[float, float | None] | None) -> tuple[float, float |
     figures had put a 8.5e13 MiB answer in the hint, which hsubmit then dropped whole, with
     every other GPU type's sane figures."""
     return None if est is not None and est[0] > MAX_ANSWER_MIB else est
+
+
+def _within_reach(a: Answer, base_mem: float, base_util: float) -> Answer:
+    """A corrected answer, or the base predictor's own where the site's offsets and pools took
+    its memory past MAX_ANSWER_MIB (as a tier past it does not answer, _within_hint): an offset
+    of 16 TiB and a family pool at 20x, both within the history format, had put 124 million MiB
+    in one GPU type's prediction, and hsubmit, which no hint can carry that in, dropped the
+    hint of every type."""
+    if a.mem_mib <= MAX_ANSWER_MIB or a.mem_mib <= base_mem:  # NaN is neither
+        return a
+    return Answer(base_mem, base_util, None)
 
 
 def _floored(a: Answer) -> Answer:

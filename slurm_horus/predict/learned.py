@@ -320,7 +320,10 @@ class LearnedEstimator:
                           workload: Workload) -> tuple[Prediction, Prediction]:
         """The prediction and the cold-start one it corrects (history needs both)."""
         cold = self.cold.predict(report, gpu, workload)
-        row = input_row(report.values, gpu, workload, cold)
+        try:
+            row = input_row(report.values, gpu, workload, cold)
+        except (OverflowError, ValueError, TypeError):  # a feature past a float (10**400)
+            row = [math.nan] * len(_input_names())    # is like no training row: the cold start
         (mem,), (util,), (why,) = self.model.answer([row], [cold.mem_mib], [cold.util_pct])
         if why:
             return Prediction(gpu=cold.gpu, util_pct=cold.util_pct, mem_mib=cold.mem_mib,
