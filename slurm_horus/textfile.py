@@ -1,9 +1,10 @@
 """Text files a command is pointed at (a cluster description, a policy, slurm.conf, a GPU
 catalog, an export), read as one-line HorusErrors: missing, a folder, larger than the caller
-allows, or not UTF-8 -- never a traceback, and never an endless read of /dev/zero or a pipe;
-the folders the site's own files are written to, made 0755 whatever the umask; text files
-written whole, in one rename; the temp files writers killed mid-write left there, removed; and
-the one rule of which files and folders may be trusted (untrusted)."""
+allows, not UTF-8, or (where what it says is acted on as fact) one another user may change --
+never a traceback, and never an endless read of /dev/zero or a pipe; the folders the site's own
+files are written to, made 0755 whatever the umask; text files written whole, in one rename;
+the temp files writers killed mid-write left there, removed; and the one rule of which files and
+folders may be trusted (untrusted)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import pwd
 import stat
 import tempfile
 import time
@@ -78,11 +80,19 @@ def open_for_reading(path: str | os.PathLike, follow_symlinks: bool = True,
         raise
 
 
-def read_text(path: str | os.PathLike, what: str, max_bytes: int, errors: str = "strict") -> str:
+def read_text(path: str | os.PathLike, what: str, max_bytes: int, errors: str = "strict", *,
+              owners: Collection[int] | None = None) -> str:
     """The file's text; HorusError("<what> <path>: ...") when it cannot be had (``errors``:
-    "replace" reads a file with a stray byte as Slurm does, bytes it does not care about)."""
+    "replace" reads a file with a stray byte as Slurm does, bytes it does not care about).
+    ``owners`` (uids): only a regular file of one of them that no one else can write is read
+    (untrusted), judged on the descriptor read, so no rename after the check swaps the file."""
     try:
         with open_for_reading(path) as f:
+            why = untrusted(os.fstat(f.fileno()), owners, kind="file") if owners is not None else ()
+            if why:
+                raise HorusError(f"{what} {path}: {', '.join(why)}: only a regular file of "
+                                 f"{' or '.join(_user_name(u) for u in sorted(set(owners)))} that "
+                                 "no one else can write is read")
             data = f.read(max_bytes + 1)
     except OSError as e:
         raise HorusError(f"{what} {path}: {e.strerror or e}") from None
@@ -92,6 +102,14 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int, errors: str = 
         return data.decode("utf-8-sig", errors)  # a leading BOM (Excel's "CSV UTF-8") is no content
     except UnicodeDecodeError:
         raise HorusError(f"{what} {path}: not UTF-8 text") from None
+
+
+def _user_name(uid: int) -> str:
+    """A uid's user name, else the number."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def create_site_dirs(folder: str | os.PathLike) -> None:

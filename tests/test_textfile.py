@@ -112,3 +112,27 @@ def test_untrusted_owners_are_exactly_those_given():
     assert untrusted(st, {0}) == ()
     with pytest.raises(ValueError):
         untrusted(st, (0,), kind="dir")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "other-writable"])
+def test_read_text_with_owners_refuses_what_it_may_not_trust_without_reading_it(tmp_path, kind):
+    """read_text(owners=...) judges the file it opened: a FIFO (nobody writing: no wait), a
+    folder or a file others may write is one line, never its text."""
+    from slurm_horus.textfile import read_text
+
+    path = tmp_path / "f"
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    elif kind == "folder":
+        path.mkdir(0o755)
+    else:
+        path.write_text("forged\n")
+        os.chmod(path, 0o646)
+    with pytest.raises(HorusError) as e:
+        read_text(path, "rows", 100, owners=(os.geteuid(),))
+    assert {"fifo": NOT_FILE, "folder": "Is a directory", "other-writable": WRITABLE}[kind] in str(e.value)
+    assert "\n" not in str(e.value) and "forged" not in str(e.value)
+    if kind == "other-writable":
+        os.chmod(path, 0o644)
+        assert read_text(path, "rows", 100, owners=(os.geteuid(),)) == "forged\n"
+        assert read_text(path, "rows", 100) == "forged\n"  # no owners: no check, as before

@@ -13,13 +13,14 @@ import re
 import stat
 import time
 
-from slurm_horus.errors import HorusError
+from slurm_horus.errors import HorusError, to_stderr
 from slurm_horus.ledger.extracts import readers_copy, write_readers_copy, write_user_extracts
 from slurm_horus.slurm import commands as slurm
-from slurm_horus.slurm.policy import policy_value
-from slurm_horus.textfile import remove_stale_temps, replace_text
+from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_lines, policy_file, policy_values
+from slurm_horus.textfile import open_for_reading, read_text, remove_stale_temps, replace_text
 
 RECORD_HEADER = "# slurm-horus claim record: written by horus-admin sync, read by job_submit.lua\n"
+DEFAULT_RECORD = "/var/lib/slurm-horus/record"  # the hook's built-in record_file
 _NAME_OK = re.compile(r"[^\s#]{1,128}")
 TEMP_PREFIX = ".record-"  # write_atomically's temp files
 # their names alone (mkstemp's: the prefix and 8 random characters): the folder may hold others'
@@ -67,12 +68,15 @@ def publish(ledger, *, policy: str | None = None, now: float | None = None) -> d
     get a snapshot (``<ledger>.readers``, 0644) where Slurm shows jobs to everyone, else each
     user an extract of their own, the snapshot removed: where Slurm cannot say, extracts too
     (never a leak). The record, which names under-claimers, is SlurmUser's group's (0640)
-    where jobs are private, 0644 where they are not, and keeps its mode where Slurm cannot say."""
-    path = policy_value("record_file", "/var/lib/slurm-horus/record", policy)
-    try:
-        days = float(policy_value("underclaim_window_days", "30", policy))
-    except (TypeError, ValueError):
-        days = 30.0
+    where jobs are private, 0644 where they are not, and keeps its mode where Slurm cannot say.
+    A policy file the hook cannot use as written is said in one line on stderr (policy_warning
+    in the answer), the sync going on with the defaults of what it could not read."""
+    values, warning = _policy(policy)
+    path = values.get("record_file", DEFAULT_RECORD)
+    days = float(values.get("underclaim_window_days", "30"))  # the hook's check: an integer
+    if warning:
+        warning += f"; the claim record is written to {path}"
+        to_stderr("horus-admin sync", f"warning: {warning}")
     text, users, accounts = claim_record(
         ledger.under_claims((now or time.time()) - days * 86400))
     private = slurm.private_jobs(unknown=None)
@@ -85,7 +89,7 @@ def publish(ledger, *, policy: str | None = None, now: float | None = None) -> d
             raise HorusError(f"the claim record {path} was not replaced ({e.strerror or e})") from None
         ledger.set_state("published", str(int(now or time.time())))
     out = {"record_file": path, "record_users": users, "record_accounts": accounts,
-           "record_kept": kept, "extracts": None, "readers_copy": None}
+           "record_kept": kept, "extracts": None, "readers_copy": None, "policy_warning": warning}
     db = ledger.sqlite_path()
     if db is None:
         return out
@@ -102,24 +106,48 @@ def publish(ledger, *, policy: str | None = None, now: float | None = None) -> d
     return out
 
 
-def _has_entries(path: str) -> bool:
-    """Whether the record file names anyone (an unreadable one: no)."""
+def _policy(policy: str | None) -> tuple[dict[str, str], str | None]:
+    """(what the hook takes from the policy file: policy_values, a warning or None).  A file
+    that is there but that the hook cannot read as written (binary, UTF-16, over 64 KiB: its
+    lines ignored) had sent the record to the default path unsaid; one another user may change
+    gives nothing, since root writes the record where it says.  No file: the hook is off."""
+    path = policy_file(policy)
+    if not os.path.lexists(path):
+        return {}, None
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return any(line.startswith(("user ", "account ")) for line in f.read(1 << 16).splitlines())
+        text = read_text(path, "policy file", POLICY_MAX_BYTES, "surrogateescape",
+                         owners={0, os.geteuid()})
+    except HorusError as e:
+        return {}, f"{e}: none of its settings used"
+    ignored = ignored_policy_lines(text)
+    if not ignored:
+        return policy_values(text), None
+    n, key, value = ignored[0]
+    first = f"{key} = {value[:60]!r}" if key else repr(value[:60])
+    return policy_values(text), (f"the hook ignores {len(ignored):,} line{'s' * (len(ignored) > 1)} "
+                                 f"of policy file {path} (line {n}: {first})")
+
+
+def _has_entries(path: str) -> bool:
+    """Whether the record file names anyone (an unreadable one, or a FIFO: no, without waiting)."""
+    try:
+        with open_for_reading(path) as f:
+            text = f.read(1 << 16).decode("utf-8", "replace")
     except OSError:
         return False
+    return any(line.startswith(("user ", "account ")) for line in text.splitlines())
 
 
 def _record_mode(path: str, private: bool | None) -> tuple[int, int | None]:
-    """(mode, group) of the record file: see publish."""
+    """(mode, group) of the record file: see publish.  A kept mode never lets group or others
+    write (a record its users may change names no under-claimer the hook should see)."""
     if private:
         gid = slurm.slurm_user_gid()
         return (0o640, gid) if gid is not None and os.geteuid() == 0 else (0o644, None)
     if private is None:
         try:
             st = os.stat(path)
-            return stat.S_IMODE(st.st_mode), st.st_gid
+            return stat.S_IMODE(st.st_mode) & 0o644, st.st_gid
         except OSError:
             pass
     return 0o644, None

@@ -436,8 +436,10 @@ _USER_NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,128}")
 
 def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
     """Load measurements (see IMPORT_COLUMNS / docs/ledger.md) as submissions + usage 'import'.
-    Failed measurements (ledger.failed_measurement) are kept, flagged, and counted."""
-    text = read_text(path, "import file", MAX_IMPORT_BYTES)
+    Failed measurements (ledger.failed_measurement) are kept, flagged, and counted.  Only a file
+    of root's or this user's that no one else can write is read: its rows are taken as measured,
+    and the model files it names are opened with this process's rights."""
+    text = read_text(path, "import file", MAX_IMPORT_BYTES, owners={0, os.geteuid()})
     catalog = default_catalog()
     subs, usages = [], []
     reports: dict = {}
@@ -462,9 +464,7 @@ def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
                 raise HorusError("batch_size 0: a step holds at least one sample (leave it empty for 1)")
             if row.get("user") and not _USER_NAME.fullmatch(row["user"]):
                 raise HorusError(f"user {row['user']!r}: not a user name (no blanks or control characters)")
-            w = workload_from(row)
-            if not 0 < w.batch_size < 2 ** 31:
-                raise HorusError(f"batch_size {w.batch_size} out of range")
+            w = workload_from(row)  # Workload refuses a batch size past 2**31-1
             util, mem = float(row["util_pct"]), float(row["mem_mib"])
             if not (0 <= util <= 100) or not (0 < mem <= MAX_MEM_MIB):
                 raise HorusError(f"util_pct must be 0..100 and mem_mib 0..{MAX_MEM_MIB:,}")

@@ -14,7 +14,7 @@ import json
 import re
 import time
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, or_, select, update
 
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import failed_measurement, refresh_jobs, tables
@@ -24,6 +24,7 @@ from slurm_horus.ledger.records import MAX_COLOCATED, colocated_text
 from slurm_horus.slurm import commands as slurm
 from slurm_horus.slurm.accounting import FINISHED, parse_sacct_json
 from slurm_horus.slurm.hint import find_hint_token, parse_hint, parse_workload
+from slurm_horus.slurm.parse import expand_hostlist
 
 # jobs carried from one sync to the next while unfinished, at most (the newest ids beyond
 # it): the state is one TEXT value (64 KiB on MariaDB)
@@ -38,33 +39,46 @@ COUNTS = ("jobs_seen", "recorded", "failed_measurements", "claims", "features",
           "colocated_updates")
 
 
+def node_names(node: str) -> list[str]:
+    """The node names of a job's node list (a multi-node job's ``gpu[1-2]``); one that cannot
+    be read (cut to its column's length) counts as one name."""
+    try:
+        return expand_hostlist(node) or [node]
+    except HorusError:
+        return [node]
+
+
 def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
-    """{(cluster, job id): other job ids on the same node and GPU overlapping in time}.
+    """{(cluster, job id): other job ids on a node and GPU of theirs overlapping in time}.
 
     Only shard jobs share a GPU: Slurm gives a GPU allocated as ``gpu`` (whole) to that job
     alone, and its shards to no one. Two shard jobs on one node share a GPU unless both GPU
-    indices are known and differ (an unknown index may be any GPU of the node)."""
+    indices are known and differ (an unknown index may be any GPU of the node). A raw shard
+    request (``raw_shards = allow``) may span nodes: such a job meets the jobs of each of its
+    nodes, its one index (the first node's, or a probed node's) known on none of them."""
     def whole(j):
         return bool(j.get("gpus")) and not j.get("shards")
 
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[tuple[dict, int | None]]] = {}
     for j in jobs:
         if (j.get("node") and j.get("start_time") is not None and j.get("end_time") is not None
                 and not whole(j)):
-            groups.setdefault((j["cluster"], j["node"]), []).append(j)
+            names = set(node_names(j["node"]))
+            idx = j.get("gpu_index") if len(names) == 1 else None
+            for name in names:
+                groups.setdefault((j["cluster"], name), []).append((j, idx))
     out: dict[tuple[str, int], set[int]] = {}
     for _g, js in groups.items():
-        js.sort(key=lambda x: x["start_time"])
-        active: list[dict] = []
-        for j in js:
-            active = [a for a in active if a["end_time"] > j["start_time"]]
-            for a in active:
-                ia, ij = a.get("gpu_index"), j.get("gpu_index")
+        js.sort(key=lambda x: x[0]["start_time"])
+        active: list[tuple[dict, int | None]] = []
+        for j, ij in js:
+            active = [(a, ia) for a, ia in active if a["end_time"] > j["start_time"]]
+            for a, ia in active:
                 if ia is not None and ij is not None and ia != ij:
                     continue
                 out.setdefault((j["cluster"], j["job_id"]), set()).add(a["job_id"])
                 out.setdefault((a["cluster"], a["job_id"]), set()).add(j["job_id"])
-            active.append(j)
+            active.append((j, ij))
     return out
 
 
@@ -367,15 +381,27 @@ def _drop_legacy(ledger, jobs: list[dict]) -> None:
 
 
 def _ledger_jobs_on(ledger, nodes: set, start: int, end: int) -> list[dict]:
-    """Jobs rows already in the ledger on these nodes overlapping [start, end] (co-location)."""
-    if not nodes:
+    """Jobs rows already in the ledger on any of these node lists' nodes overlapping [start,
+    end] (co-location): a row of one of those names, or one of several nodes (``n[1-2]``,
+    ``a1,b1``) that names one of them."""
+    names = sorted({n for node in nodes for n in node_names(node)})
+    if not names:
         return []
     j = tables()["jobs"]
-    stmt = select(j.c.cluster, j.c.job_id, j.c.node, j.c.gpu_index, j.c.gpus, j.c.start_time,
-                  j.c.end_time, j.c.colocated).where(
-        j.c.node.in_(sorted(nodes)), j.c.start_time < end, j.c.end_time > start)
+    cols = (j.c.cluster, j.c.job_id, j.c.node, j.c.gpu_index, j.c.gpus, j.c.shards, j.c.start_time,
+            j.c.end_time, j.c.colocated)
+    when = (j.c.start_time < end, j.c.end_time > start)
+    found: dict[tuple[str, int], dict] = {}
     with ledger.engine.connect() as conn:
-        return [dict(r._asdict()) for r in conn.execute(stmt)]
+        for i in range(0, len(names), 900):  # SQLite's bound parameters, before 3.32: 999
+            for r in conn.execute(select(*cols).where(j.c.node.in_(names[i:i + 900]), *when)):
+                found[(r.cluster, r.job_id)] = r._asdict()
+        wanted = set(names)
+        for r in conn.execute(select(*cols).where(or_(j.c.node.contains("["), j.c.node.contains(",")),
+                                                  *when)):
+            if wanted.intersection(node_names(r.node)):
+                found[(r.cluster, r.job_id)] = r._asdict()
+    return list(found.values())
 
 
 def _update_colocated(ledger, changed: list) -> None:
