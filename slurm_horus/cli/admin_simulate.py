@@ -123,16 +123,10 @@ def sacct_warning(report: dict) -> str | None:
 def policy_warning(path, text: str) -> str | None:
     """The policy file's lines the hook ignores, in one line, or None."""
     from slurm_horus.errors import one_line
-    from slurm_horus.slurm.policy import ignored_policy_lines
+    from slurm_horus.slurm.policy import ignored_policy_summary
 
-    ignored = ignored_policy_lines(text)
-    if not ignored:
-        return None
-    n, key, value = ignored[0]
-    first = f"{key} = {value[:60]!r}" if key else repr(value[:60])
-    return one_line(f"the hook ignores {len(ignored):,} line{'s' * (len(ignored) > 1)} of policy file "
-                    f"{path} (line {n}: {first}; an unknown key, a value it does not take or no "
-                    "'key = value' line)")
+    summary = ignored_policy_summary(path, text)
+    return one_line(summary) if summary else None
 
 
 def register(main_group: click.Group) -> None:

@@ -16,7 +16,7 @@ import time
 from slurm_horus.errors import HorusError, to_stderr
 from slurm_horus.ledger.extracts import readers_copy, write_readers_copy, write_user_extracts
 from slurm_horus.slurm import commands as slurm
-from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_lines, policy_file, policy_values
+from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_summary, policy_file, policy_values
 from slurm_horus.textfile import open_for_reading, read_text, remove_stale_temps, replace_text
 
 RECORD_HEADER = "# slurm-horus claim record: written by horus-admin sync, read by job_submit.lua\n"
@@ -119,13 +119,7 @@ def _policy(policy: str | None) -> tuple[dict[str, str], str | None]:
                          owners={0, os.geteuid()})
     except HorusError as e:
         return {}, f"{e}: none of its settings used"
-    ignored = ignored_policy_lines(text)
-    if not ignored:
-        return policy_values(text), None
-    n, key, value = ignored[0]
-    first = f"{key} = {value[:60]!r}" if key else repr(value[:60])
-    return policy_values(text), (f"the hook ignores {len(ignored):,} line{'s' * (len(ignored) > 1)} "
-                                 f"of policy file {path} (line {n}: {first})")
+    return policy_values(text), ignored_policy_summary(path, text)
 
 
 def _has_entries(path: str) -> bool:

@@ -198,6 +198,19 @@ def ignored_policy_lines(text: str) -> list[tuple[int, str, str]]:
     return [(n + 1, key, value) for n, key, value, ok in _policy_entries(text) if not ok]
 
 
+def ignored_policy_summary(path, text: str) -> str | None:
+    """The lines of the policy file at ``path`` that the hook ignores, said in one line (the
+    count and the first), or None: what simulate and sync warn of."""
+    ignored = ignored_policy_lines(text)
+    if not ignored:
+        return None
+    n, key, value = ignored[0]
+    first = f"{key} = {value[:60]!r}" if key else repr(value[:60])
+    return (f"the hook ignores {len(ignored):,} line{'s' * (len(ignored) > 1)} of policy file "
+            f"{path} (line {n}: {first}; an unknown key, a value it does not take or no "
+            "'key = value' line)")
+
+
 def accepted_policy_keys(text: str) -> list[str]:
     """The keys of the ``key = value`` lines the hook takes, once each, in file order (the
     twin of ignored_policy_lines)."""
