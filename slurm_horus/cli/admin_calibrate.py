@@ -60,7 +60,7 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
               list_models):
     """Run real PyTorch models (random weights, synthetic data) on a GPU, measure utilization
     and memory via NVML, and append one import-format row per (model, batch size, task).
-    Needs `pip install 'slurm-horus[calibrate,probe]'` and a CUDA GPU."""
+    Needs torch and nvidia-ml-py (the [calibrate] and [probe] extras) and a CUDA GPU."""
     bs = _csv_list(batch_sizes, "--batch-sizes", int)
     if any(not 1 <= b <= MAX_BATCH for b in bs):
         raise HorusError(f"--batch-sizes: must be integers from 1 to {MAX_BATCH:,}")
@@ -92,7 +92,7 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
             raise HorusError(f"--gpu-type: {e}") from None
     if importlib.util.find_spec("pynvml") is None:
         raise HorusError("calibrate samples the GPU through NVML: "
-                         "pip install 'slurm-horus[probe]' (nvidia-ml-py)")
+                         "pip install nvidia-ml-py (the [probe] extra)")
     require_torch_gpu(device)
     runner = TorchRunner(device, gpu_type)
     ledger = Ledger(url) if url else None

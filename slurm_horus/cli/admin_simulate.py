@@ -215,7 +215,7 @@ def register(main_group: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object keyed by policy.")
     @click.option("--plot", is_flag=False, flag_value="-", default=None, metavar="[FILE.png|-]",
                   help="The policies side by side per metric: in the terminal (no file, or -), "
-                       "else into FILE.png (needs matplotlib: pip install 'slurm-horus[plot]').")
+                       "else into FILE.png (needs matplotlib: pip install matplotlib, the [plot] extra).")
     @one_line_errors("horus-admin simulate", needs_stdout=True)  # the table, a plot beside it
     def simulate_cmd(n_jobs, trace, gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf, gres_conf,
                      sacct, ledger, residuals_from, seed, load, sigma_util, sigma_mem, repeat_share,

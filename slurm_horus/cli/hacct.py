@@ -153,7 +153,7 @@ def _het_components(job_ids: list[int], cluster: str | None) -> list[int]:
 @click.option("--plot", "plot", is_flag=False, flag_value="-", default=None,
               metavar="[FILE.png|-]", help="Predicted vs measured utilization and memory, and "
               "the error over time: in the terminal (no file, or -), else into FILE.png "
-              "(needs matplotlib: pip install 'slurm-horus[plot]').")
+              "(needs matplotlib: pip install matplotlib, the [plot] extra).")
 @click.option("--under-claims", "under_claims", is_flag=True,
               help="Only jobs whose measured use exceeded their hint (the claim audit).")
 @click.option("-M", "--clusters", "--cluster", "clusters", multiple=True,

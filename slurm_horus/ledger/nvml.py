@@ -1,4 +1,4 @@
-"""The one place that talks to NVML (nvidia-ml-py, ``pip install slurm-horus[probe]``): a job's
+"""The one place that talks to NVML (nvidia-ml-py, the ``[probe]`` extra): a job's
 (or a process's) GPU use, per process, and the summary of a run of samples.
 
 horus-probe's loops and calibrate's background sampler both call ``NvmlSampler.sample(pids)``
