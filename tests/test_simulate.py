@@ -1296,7 +1296,7 @@ def test_a_predicted_sum_is_read_over_its_error():
     # whole GPU), so the error lowers it there; no error reads it at the point, as before
     from slurm_horus.sim.placement import Placement
     p = object.__new__(Placement)
-    p.itf = Interference()
+    p.itf, p.known_sigma = Interference(), 0.0
     for su in (110.0, 130.0, 150.0, 195.0):
         at_point = p.itf.exceed_shares(su, 2, (2.0,))[0]
         assert p._tail(su, 0.0, 2, (2.0,), None)[0] == at_point
