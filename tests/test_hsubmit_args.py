@@ -959,3 +959,16 @@ def test_a_job_sent_to_another_cluster_gets_no_hint(monkeypatch, argv, env, hint
     else:
         with pytest.raises(HorusError, match="goes to cluster .*far.*no hint is attached"):
             sub.predict(plan, gpu_types={"a100": 4}, partition="gpu")
+
+
+@pytest.mark.parametrize("var", ["SLURM_GPUS_PER_NODE_HET_GROUP_0", "SLURM_GRES_PACK_GROUP_0"])
+def test_explain_passes_the_het_group_gpu_variables_the_hook_reads(var):
+    """The hook reads srun's GPU options with a het group's suffix too (hsubmit run inside a het
+    job's allocation: sbatch passes SLURM_GPUS_PER_NODE_HET_GROUP_0 on) and keeps the job whole;
+    --explain passed the plain names alone and said "shared"."""
+    plan = sub.prepare(["--model", "tests/data/zoo/small_cnn.onnx", "--batch-size", "8", "--task", "infer",
+                        "--gres=gpu:1", "--wrap", "srun python t.py"], env={var: "gpu:1", "HOME": "/x"})
+    sub.predict(plan, gpu_types={"a100": 4, "t4": 2}, partition="gpu")
+    assert sub.job_desc_of(plan)["environment"] == {var: "gpu:1"}
+    d = sub.decision_of(plan)
+    assert d.action == "unchanged" and "srun steps" in d.note, d.note

@@ -482,6 +482,10 @@ def test_a_pack_keeps_the_jobs_gpu_type_on_a_cluster_of_several():
     # the user's own constraint names the type already: kept as it is
     own = [rec(3, "PENDING", "gres/gpu:a100:1", EXCL, Features="a100&ib")]
     assert [a.features for a in pressure_actions(own, two, 50, lambda *a: 1, 0, 1.9e9)] == ["a100&ib"]
+    # a trailing "&", which Slurm takes, is not doubled into the "&&" it refuses (as the hook)
+    trailing = [rec(4, "PENDING", "gres/gpu:a100:1", EXCL, Features="ib&")]
+    acts = pressure_actions(trailing, two, 50, lambda *a: 1, 0, 1.9e9, type_features={"a100", "t4"})
+    assert [a.features for a in acts] == ["ib&a100"]
 
 
 def test_real_ooms_are_recognised_wherever_the_tail_names_them():

@@ -448,6 +448,7 @@ def _type_features(rec: dict, gtype: str, declared: set[str] | None, types: set[
         return None
     if declared is None or gtype not in declared or not re.fullmatch(r"[\w.&-]*", feats):
         return False
+    feats = feats.rstrip("&")  # Slurm takes a trailing "&" ("ib&" is ib) but refuses "&&"
     return f"{feats}&{gtype}" if feats else gtype
 
 

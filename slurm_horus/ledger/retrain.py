@@ -434,12 +434,23 @@ def _lines(text: str):
 _USER_NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,128}")
 
 
+def _importers() -> set[int]:
+    """The uids whose CSV an import reads: root, this user and, under sudo, the user who ran it
+    (calibrate runs as the admin on a GPU node, and `sudo horus-admin import` of its CSV had
+    been refused; sudo sets SUDO_UID itself, whatever the caller's environment)."""
+    uids = {0, os.geteuid()}
+    sudo = os.environ.get("SUDO_UID", "")
+    if os.geteuid() == 0 and sudo.isascii() and sudo.isdigit() and len(sudo) <= 10:
+        uids.add(int(sudo))
+    return uids
+
+
 def import_csv(ledger, path: str, *, cluster: str = "import") -> dict:
     """Load measurements (see IMPORT_COLUMNS / docs/ledger.md) as submissions + usage 'import'.
     Failed measurements (ledger.failed_measurement) are kept, flagged, and counted.  Only a file
-    of root's or this user's that no one else can write is read: its rows are taken as measured,
-    and the model files it names are opened with this process's rights."""
-    text = read_text(path, "import file", MAX_IMPORT_BYTES, owners={0, os.geteuid()})
+    of root's or the importer's (_importers) that no one else can write is read: its rows are
+    taken as measured, and the model files it names are opened with this process's rights."""
+    text = read_text(path, "import file", MAX_IMPORT_BYTES, owners=_importers())
     catalog = default_catalog()
     subs, usages = [], []
     reports: dict = {}

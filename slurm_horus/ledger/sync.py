@@ -397,8 +397,11 @@ def _ledger_jobs_on(ledger, nodes: set, start: int, end: int) -> list[dict]:
             for r in conn.execute(select(*cols).where(j.c.node.in_(names[i:i + 900]), *when)):
                 found[(r.cluster, r.job_id)] = r._asdict()
         wanted = set(names)
+        # a whole-GPU job shares no GPU (colocations): its node list, a multi-node job's hundreds
+        # of names, is not expanded (20,000 such rows had taken a sync 15 s)
+        shares = or_(j.c.gpus.is_(None), j.c.gpus == 0, j.c.shards > 0)
         for r in conn.execute(select(*cols).where(or_(j.c.node.contains("["), j.c.node.contains(",")),
-                                                  *when)):
+                                                  shares, *when)):
             if wanted.intersection(node_names(r.node)):
                 found[(r.cluster, r.job_id)] = r._asdict()
     return list(found.values())

@@ -633,12 +633,18 @@ _STEP_GPU_OPTIONS = {"gpus": "SLURM_GPUS", "gpus-per-node": "SLURM_GPUS_PER_NODE
                      "ntasks-per-gpu": "SLURM_NTASKS_PER_GPU"}
 
 
+# the names srun reads as its own GPU options, each also with its het group's suffix (the hook's
+# env_asks_for_gpus): the submitting shell's, which sbatch passes on
+_STEP_GPU_ENV = re.compile("(?:{})(?:_(?:HET|PACK)_GROUP_[0-9]+)?".format(
+    "|".join((*_STEP_GPU_OPTIONS.values(), "SLURM_GRES", "SLURM_TRES_PER_TASK"))))
+
+
 def _step_gpu_environment(plan: Plan) -> dict[str, str]:
     """The variables of the job's environment the hook reads (a step asking for GPUs fails in a
     job on shards): sbatch's for the job's GPU options, and the submitting shell's own (hsubmit
-    run inside another job's allocation), which sbatch passes on."""
-    env = {v: plan.env[v] for v in (*_STEP_GPU_OPTIONS.values(), "SLURM_GRES", "SLURM_TRES_PER_TASK")
-           if plan.env.get(v)}
+    run inside another job's allocation, a het one's SLURM_GPUS_PER_NODE_HET_GROUP_0 too),
+    which sbatch passes on."""
+    env = {v: x for v, x in plan.env.items() if x and _STEP_GPU_ENV.fullmatch(v)}
     for opt, var in _STEP_GPU_OPTIONS.items():
         value = plan.request(opt)
         if value:
