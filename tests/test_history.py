@@ -119,6 +119,18 @@ def test_scattered_residuals_give_no_offset():
     assert abs(off) < 250
 
 
+def test_a_run_past_the_largest_batch_size_is_malformed():
+    """A history run is held to the batch sizes a Workload takes (1..2**31-1): one of 2**31
+    had passed the file's check and failed where the history builds its workload."""
+    from slurm_horus.errors import HorusError
+    from slurm_horus.predict.history_format import check_run
+    run = {"sha": f"{1:064x}", "gpu": "a100-40gb", "bs": 2**31 - 1, "task": "train", "opt": "adam",
+           "prec": "fp32", "dims": "", "mem": 5000.0, "util": None, "cold_mem": 5000.0, "cold_util": None}
+    assert check_run(run, "run")["bs"] == 2**31 - 1
+    with pytest.raises(HorusError, match="batch size 2147483648"):
+        check_run({**run, "bs": 2**31}, "run")
+
+
 def _saved(tmp_path, resnet) -> Path:
     root = tmp_path / "models"
     reg = Registry(root)

@@ -19,11 +19,8 @@ from slurm_horus.cli.common import Command, FiniteFloatRange, not_empty, one_lin
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import Ledger
 from slurm_horus.ledger.nvml import NvmlSampler
-from slurm_horus.predict.coldstart import TASKS
+from slurm_horus.predict.coldstart import MAX_BATCH_SIZE, TASKS
 from slurm_horus.predict.gpus import default_catalog
-
-
-MAX_BATCH = 2**31 - 1  # the largest dimension a graph is bound to (graph.load.MAX_DIM)
 
 
 def _csv_list(value: str | None, what: str, cast=str) -> list:
@@ -62,8 +59,8 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
     and memory via NVML, and append one import-format row per (model, batch size, task).
     Needs torch and nvidia-ml-py (the [calibrate] and [probe] extras) and a CUDA GPU."""
     bs = _csv_list(batch_sizes, "--batch-sizes", int)
-    if any(not 1 <= b <= MAX_BATCH for b in bs):
-        raise HorusError(f"--batch-sizes: must be integers from 1 to {MAX_BATCH:,}")
+    if any(not 1 <= b <= MAX_BATCH_SIZE for b in bs):
+        raise HorusError(f"--batch-sizes: must be integers from 1 to {MAX_BATCH_SIZE:,}")
     ts = _csv_list(tasks, "--tasks")
     if bad := [t for t in ts if t not in TASKS]:
         raise HorusError(f"--tasks: unknown {', '.join(bad)} (choose from {', '.join(TASKS)})")

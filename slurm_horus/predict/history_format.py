@@ -11,7 +11,7 @@ import hashlib
 import math
 
 from slurm_horus.errors import HorusError
-from slurm_horus.predict.coldstart import OPTIMIZERS, PRECISIONS, TASKS
+from slurm_horus.predict.coldstart import MAX_BATCH_SIZE, OPTIMIZERS, PRECISIONS, TASKS
 from slurm_horus.predict.gpus import BARE_CONTEXT_MIB
 
 FORMAT = "slurm-horus-history"
@@ -114,7 +114,7 @@ def _optional(v, lo, hi, what):
 def check_run(r, what: str, stored: bool = False) -> dict:
     """A run with every field checked (types, ranges, known workload values)."""
     r = dict(_dict(r))
-    if not isinstance(r.get("bs"), int) or not 1 <= r["bs"] <= 2**31:
+    if not isinstance(r.get("bs"), int) or not 1 <= r["bs"] <= MAX_BATCH_SIZE:
         raise HorusError(f"malformed history file ({what}: batch size {r.get('bs')!r})")
     for k, allowed in (("task", TASKS), ("opt", OPTIMIZERS), ("prec", PRECISIONS)):
         if r.get(k) not in allowed:
