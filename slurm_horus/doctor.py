@@ -178,11 +178,23 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
     for rec in parse_conf_lines(gres_conf or ""):
         if rec.get("name") == "shard" and rec.get("count") and "file" not in rec:
             count = gres_count(rec["count"])
-            for host in _hosts(rec["nodename"]) if rec.get("nodename") else [None]:
+            try:
+                hosts = _hosts(rec["nodename"]) if rec.get("nodename") else [None]
+            except HorusError as e:  # one line's finding, not the end of every other check
+                out.append(Problem(f"gres.conf: NodeName={rec['nodename']}: {e}",
+                                   "write the node names as a Slurm hostlist (gpu[01-04])"))
+                continue
+            for host in hosts:
                 if count is not None:
                     shard_lines[host] = count
     for node in conf.nodes:
-        gres = parse_gres(node.get("gres"))
+        try:
+            gres, hosts = parse_gres(node.get("gres")), _hosts(node["nodename"])
+        except (HorusError, ValueError) as e:  # an odd line: its finding, the others still checked
+            out.append(Problem(f"node {node['nodename']}: cannot read its NodeName= or Gres= "
+                               f"({e})", "write NodeName= as a Slurm hostlist (gpu[01-04]) and "
+                               "Gres= as gpu:<type>:<count>,shard:<count>"))
+            continue
         gpus = [g for g in gres if g["name"] == "gpu"]
         if not gpus:
             continue
@@ -195,13 +207,14 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
                                f"shards_per_gpu={shards_per_gpu} needs {want}",
                                f"set shard:{want} in {name}'s Gres= (and its gres.conf shard "
                                "Count)"))
-        for host in _hosts(name):
+        for host in hosts:
             line = shard_lines.get(host, shard_lines.get(None))
             if line is not None and line != want:
                 out.append(Problem(f"gres.conf: Name=shard Count={line} on {host}, "
                                    f"expected {want}", f"set Count={want} on {host}'s shard line"))
         # as Slurm matches them: case and all (a job's --constraint=a100 fits no Features=A100)
-        feats = {w.strip() for w in (node.get("features") or node.get("availablefeatures") or "").split(",")}
+        feats = {w.strip() for w in (node.get("features") or node.get("feature")  # both are Slurm's
+                                     or node.get("availablefeatures") or "").split(",")}
         for g in gpus:
             if not g["type"]:
                 out.append(Problem(f"node {name}: untyped GPUs (gpu:{g['count']}): no "

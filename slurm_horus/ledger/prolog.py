@@ -55,7 +55,11 @@ class ProbeLog:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                          | os.O_NONBLOCK, 0o600)
             with os.fdopen(fd, "a") as f:
-                if {NOT_FILE, NOT_OWNER} & set(untrusted(os.fstat(fd), (os.geteuid(),), kind="file")):
+                st = os.fstat(fd)
+                # a second name: a hard link a user made, in a world-writable folder, to a file
+                # of root's (/etc/shadow) had been appended every job's lines
+                if {NOT_FILE, NOT_OWNER} & set(untrusted(st, (os.geteuid(),), kind="file")) \
+                        or st.st_nlink != 1:
                     return
                 f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} horus-probe[{os.getpid()}] "
                         f"{self.tag}: {msg}\n")
@@ -123,15 +127,19 @@ def job_record(job_id: str, env: dict, tries: int = 3) -> dict | None:
 
 def job_state(job_id: str, env: dict) -> str | None:
     """The job's state, GONE when slurmctld no longer knows it (purged after MinJobAge), or None
-    when Slurm does not answer: ``squeue -o %T`` prints that one field (server-side filtered,
-    unlike 22.05's JSON), which nothing the user wrote can mimic."""
-    cp = _run("squeue", ["-h", "--states=all", "--jobs", str(job_id), "-o", "%T"], env)
+    when Slurm does not answer: ``squeue -o "%A %T"`` prints the job id and state (server-side
+    filtered, unlike 22.05's JSON), which nothing the user wrote can mimic. ``--jobs`` of an
+    array's own id lists every task of the array (a hetjob leader's, every component): the line
+    of this job id is the job's (a probe read several lines as no answer, and stopped after
+    UNANSWERED_LIMIT_S while its job ran on)."""
+    cp = _run("squeue", ["-h", "--states=all", "--jobs", str(job_id), "-o", "%A %T"], env)
     if cp is None:
         return None
     if cp.returncode != 0:
         return "GONE" if "invalid job id" in cp.stderr.lower() else None
-    words = cp.stdout.split()
-    return words[0] if len(words) == 1 else None
+    states = [w[1] for w in (line.split() for line in cp.stdout.splitlines())
+              if len(w) == 2 and w[0] == str(job_id)]
+    return states[0] if len(states) == 1 else None
 
 
 def placement(job_id: str, node: str | None, env: dict) -> dict | None:
