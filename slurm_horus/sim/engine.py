@@ -110,6 +110,9 @@ class Simulator(Placement):
         self.known_sensitivity = bool(known_sensitivity)
         if known_config_share is not None and not 0.0 <= known_config_share < 1.0:
             raise HorusError("the known configuration share of the sensitivity must be in [0, 1)")
+        if known_config_share is not None and not self.known_sensitivity:
+            # without it the tail budget reads no job's k: the share had been silently ignored
+            raise HorusError("known_config_share is a what-if of known_sensitivity: give both")
         self.known_config_share = known_config_share
         if not 0.0 <= util_sigma <= 3.0:
             raise HorusError("the utilization error sigma must be in [0, 3]")
