@@ -2,7 +2,6 @@
 a hard-linked probe log."""
 
 import os
-from pathlib import Path
 
 from slurm_horus.doctor import check_nodes, read_slurm_conf
 from slurm_horus.ledger import prolog as pl
