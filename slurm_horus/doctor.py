@@ -190,7 +190,7 @@ def check_nodes(conf: SlurmConf, gres_conf: str | None, shards_per_gpu: int, typ
     for node in conf.nodes:
         try:
             gres, hosts = parse_gres(node.get("gres")), _hosts(node["nodename"])
-        except (HorusError, ValueError) as e:  # an odd line: its finding, the others still checked
+        except HorusError as e:  # an odd line: its finding, the others still checked
             out.append(Problem(f"node {node['nodename']}: cannot read its NodeName= or Gres= "
                                f"({e})", "write NodeName= as a Slurm hostlist (gpu[01-04]) and "
                                "Gres= as gpu:<type>:<count>,shard:<count>"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 
-from slurm_horus.errors import HorusError
+from slurm_horus.errors import HorusError, one_line
 
 __all__ = [
     "parse_scontrol_records", "parse_gres", "gpu_types_of_node", "partition_nodes", "partition_gpu_types",
@@ -104,6 +104,9 @@ def gres_count(text: str) -> int | None:
     return int(m.group(1)) * 1024 ** "_KMGTP".index((m.group(2) or "_").upper()) if m else None
 
 
+_IDX_LIST = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
+
+
 def parse_gres(text: str | None) -> list[dict]:
     """``gpu:a100:4,shard:a100:400`` / ``shard:30(IDX:0)`` / ``gres:gpu:1`` ->
     [{name, type, count, idx}].  idx: the GPU indices of ``(IDX:0-1,3)``, or of a shared gres's
@@ -129,6 +132,8 @@ def parse_gres(text: str | None) -> list[dict]:
         idx = None
         m = re.search(r"IDX:([0-9,\-]+|N/A)", paren)
         if m and m.group(1) != "N/A":
+            if not _IDX_LIST.fullmatch(m.group(1)):  # "(IDX:-)": a HorusError, not int('')'s
+                raise HorusError(f"GRES {one_line(raw)[:80]!r}: unreadable GPU index list")
             idx = []
             for part in m.group(1).split(","):
                 a, _, b = part.partition("-")
