@@ -186,7 +186,9 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
 
     # scontrol show config, asked at most once (the cluster's name, its privacy)
     config = functools.cache(slurm.slurm_config)
-    _split(users, "-u/--user"), _split(accounts, "-A/--account")  # matched as text: UTF-8, checked first
+    # matched as text: UTF-8, checked first (the users again after _who, which may change them)
+    _split(users, "-u/--user")
+    account_list = _split(accounts, "-A/--account")
     names = [c.lower() for c in _split(clusters, "-M/--clusters")]
     every = allclusters or "all" in names
     # as sacct: this host's cluster by default (decided below, once the ledger is open)
@@ -219,7 +221,7 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
     # as sacct: -u -1 is every user's, and of -u and -a the later wins (-u bob -a: everyone's)
     users, allusers = _who(given_order(click.get_current_context(), "users", "allusers"), users, allusers)
     filters = dict(job_ids=job_ids or None, task_ids=task_ids, users=[_user_name(u) for u in _split(users)] or None,
-                   accounts=[a.lower() for a in _split(accounts)] or None, states=state_list or None,
+                   accounts=[a.lower() for a in account_list] or None, states=state_list or None,
                    start=parse_time(starttime, "-S/--starttime"),
                    end=parse_time(endtime, "-E/--endtime"), cluster=cluster,
                    under_claims=under_claims)
