@@ -635,7 +635,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
              version_text: str | None = None) -> list[Problem]:
     """Every problem found. ``version_text``: the Slurm version (``25.11.7``; None: unknown)."""
     from slurm_horus.ledger import default_url
-    from slurm_horus.slurm.policy import declared_type_features, policy_file, policy_value
+    from slurm_horus.slurm.policy import DEFAULT_RECORD, declared_type_features, policy_file, policy_value
     from slurm_horus.predict.registry import default_dir
 
     path = Path(slurm_conf)
@@ -663,7 +663,7 @@ def diagnose(slurm_conf: str | os.PathLike, *, policy: str | os.PathLike | None 
     out += check_nodes(conf, gres_conf, spg, type_via, set(mem_mib), declared)
     out += check_gpu_memory(mem_mib)
     hook_files = {"the claim record (record_file)":
-                  policy_value("record_file", "/var/lib/slurm-horus/record", pol),
+                  policy_value("record_file", DEFAULT_RECORD, pol),
                   "the pressure file (pressure_file)": policy_value("pressure_file", "", pol)}
     out += check_regular_files(hook_files)
     for what, p in hook_files.items():  # the hook believes them: whoever writes them sets policy

@@ -16,11 +16,11 @@ import time
 from slurm_horus.errors import HorusError, to_stderr
 from slurm_horus.ledger.extracts import readers_copy, write_readers_copy, write_user_extracts
 from slurm_horus.slurm import commands as slurm
-from slurm_horus.slurm.policy import POLICY_MAX_BYTES, ignored_policy_summary, policy_file, policy_values
+from slurm_horus.slurm.policy import (DEFAULT_RECORD, POLICY_MAX_BYTES, ignored_policy_summary, policy_file,
+                                      policy_values)
 from slurm_horus.textfile import open_for_reading, read_text, remove_stale_temps, replace_text
 
 RECORD_HEADER = "# slurm-horus claim record: written by horus-admin sync, read by job_submit.lua\n"
-DEFAULT_RECORD = "/var/lib/slurm-horus/record"  # the hook's built-in record_file
 _NAME_OK = re.compile(r"[^\s#]{1,128}")
 TEMP_PREFIX = ".record-"  # write_atomically's temp files
 # their names alone (mkstemp's: the prefix and 8 random characters): the folder may hold others'

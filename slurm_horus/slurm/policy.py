@@ -82,6 +82,7 @@ def decide(
 # The line grammar and value checks of parse_policy() in job_submit.lua (keep in step).
 
 POLICY_MAX_BYTES = 65536
+DEFAULT_RECORD = "/var/lib/slurm-horus/record"  # the hook's built-in record_file
 _POLICY_MAX_LINES = 1000
 _POLICY_MAX_LINE = 1024
 _POLICY_LINE_RE = re.compile(r"^[ \t\r\n\v\f]*([A-Za-z0-9_.\-]+)[ \t\r\n\v\f]*=[ \t\r\n\v\f]*(.*?)[ \t\r\n\v\f]*$",
