@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 from slurm_horus.errors import HorusError
 
-__all__ = ["Interference", "LUCID_POINTS", "SENSITIVITY_SIGMA", "parse_points", "sensitivity_at", "share_above"]
+__all__ = ["Interference", "LUCID_POINTS", "SENSITIVITY_SIGMA", "known_above", "parse_points", "sensitivity_at",
+           "share_above"]
 
 # The spread: each job's sensitivity k is lognormal with median 1 (Lucid's pairs: k_obs median
 # 1.04, BENCHMARKS.md; a mean of 1 had put the median job's loss 17 % below the measured median)
@@ -188,10 +189,8 @@ class Interference:
                     r = 0.0  # no loss, or even the worst case stays within the bound
                 elif sens is None:
                     r = share_above((1.0 - need) / loss, sigma)
-                elif known_sigma > 0.0:
-                    r = share_above((1.0 - need) / loss / sens[i], known_sigma)
                 else:
-                    r = 1.0 if sens[i] > (1.0 - need) / loss else 0.0
+                    r = known_above((1.0 - need) / loss, sens[i], known_sigma)
                 total += w * r
             out.append(total)
         return out
@@ -223,6 +222,14 @@ def share_above(k_star: float, sigma: float = SENSITIVITY_SIGMA) -> float:
     if k_star <= 0.0:
         return 1.0
     return 0.5 * math.erfc(math.log(k_star) / (sigma * math.sqrt(2.0)))
+
+
+def known_above(k_star: float, sens: float, known_sigma: float) -> float:
+    """P(k > k_star) for a job whose k is known as ``sens``: exactly (``known_sigma`` 0: 1 or 0),
+    or as a median with that lognormal spread left around it (its configuration's)."""
+    if known_sigma > 0.0:
+        return share_above(k_star / sens, known_sigma)
+    return 1.0 if sens > k_star else 0.0
 
 
 def parse_points(text: str) -> tuple[tuple[float, float], ...]:

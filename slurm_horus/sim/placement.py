@@ -18,7 +18,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from slurm_horus.sim.interference import SENSITIVITY_SIGMA, Interference, share_above
+from slurm_horus.sim.interference import SENSITIVITY_SIGMA, Interference, known_above, share_above
 from slurm_horus.sim.policies import Request
 
 # co-location needs the predicted p90 memories plus this per job to fit (CARMA: estimate + 2 GiB)
@@ -472,9 +472,7 @@ class Placement:
             k_star = spare / lost_k
             if not self.known_sensitivity:
                 return share_above(k_star)
-            if self.known_sigma > 0.0:
-                return share_above(k_star / self.jknown[j], self.known_sigma)
-            return float(self.jknown[j] > k_star)
+            return known_above(k_star, self.jknown[j], self.known_sigma)
         return 1.0 if spare < 0.0 else 0.0
 
     def _place(self, j: int, exclude: set | None) -> list[int] | None:
