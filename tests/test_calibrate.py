@@ -647,3 +647,29 @@ def test_resume_on_a_file_that_is_not_calibrates_changes_nothing(tmp_path):
         calibrate(FakeRunner(), plan(["small_cnn"], [8], ["train"]), notes, sampler_factory=FakeSampler,
                   resume=True, ledger=L)
     assert notes.read_text() == "l1\nimportant last line" and L.count("usage") == 0
+
+
+def test_calibrate_and_its_command_judge_the_paths_with_one_check(tmp_path):
+    """The command had its own copy of the library's "exists: pass --resume" check, and more
+    checks the library lacked: a missing folder was a bare FileNotFoundError there, after the
+    GPU had been opened."""
+    from slurm_horus.calibrate import orchestrate
+    from slurm_horus.cli import admin_calibrate
+
+    assert admin_calibrate.check_paths is orchestrate.check_paths
+    opened = []
+
+    def sampler():
+        opened.append(1)
+        return FakeSampler()
+    runs = plan(["small_cnn"], [8], ["train"])
+    full = tmp_path / "full.csv"
+    full.write_text("calib_id,mem_mib\n")
+    fifo = tmp_path / "cache"
+    os.mkfifo(fifo)
+    for out, cache, says in ((tmp_path / "none" / "c.csv", None, "no folder"),
+                             (full, None, "exists: pass --resume"),
+                             (tmp_path / "c.csv", fifo, "--cache-dir .*: not a folder")):
+        with pytest.raises(HorusError, match=says):
+            calibrate(FakeRunner(), runs, out, sampler_factory=sampler, cache_dir=cache)
+    assert not opened and not (tmp_path / "c.csv").exists()

@@ -6,6 +6,7 @@ run's row, and a run another process shared the GPU with gives none."""
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,28 @@ def trusted_rows(out: Path) -> None:
                          "its rows would be imported as measured")
 
 
+def check_paths(out: str | os.PathLike, cache_dir: str | os.PathLike | None, resume: bool) -> None:
+    """HorusError unless --out and --cache-dir are as the run will need them. ``horus-admin
+    calibrate`` asks before the GPU (a FIFO, a full CSV without --resume or a missing folder
+    had been reported only on a GPU node, after "no CUDA GPU" elsewhere: the options seemed
+    right), ``calibrate`` again before it writes. Only looks: nothing is created."""
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise HorusError(f"--out {out}: {e.strerror or e}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise HorusError(f"--out {out}: not a regular file; choose another --out")
+    if st is not None and st.st_size > 0 and not resume:
+        raise HorusError(f"{out} exists: pass --resume to continue it, or choose another --out")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise HorusError(f"--out {out}: no folder {folder}")
+    if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        raise HorusError(f"--cache-dir {cache_dir}: not a folder")
+
+
 @dataclass
 class Result:
     """What one calibrate call did."""
@@ -50,8 +73,7 @@ def calibrate(runner: Runner, runs: list[Run], out: str | os.PathLike, *,
     out = Path(out)
     cache = Path(cache_dir) if cache_dir else out.parent / "horus-calibrate-onnx"
     specs = specs if specs is not None else getattr(runner, "specs", {})
-    if not resume and out.exists() and out.stat().st_size > 0:
-        raise HorusError(f"{out} exists: pass --resume to continue it, or choose another --out")
+    check_paths(out, cache_dir, resume)
     trusted_cache(cache)
     if resume:
         trusted_rows(out)  # its rows are taken as measured, and imported

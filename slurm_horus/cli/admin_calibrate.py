@@ -11,7 +11,7 @@ import sys
 import click
 
 from slurm_horus.calibrate.models import default_models, model_specs
-from slurm_horus.calibrate.orchestrate import calibrate as run_calibration
+from slurm_horus.calibrate.orchestrate import calibrate as run_calibration, check_paths
 from slurm_horus.calibrate.plan import DEFAULT_BATCH_SIZES, DEFAULT_TASKS, plan
 from slurm_horus.calibrate.sampler import BackgroundSampler
 from slurm_horus.calibrate.torch_runner import TorchRunner, check_device, import_torch, require_torch_gpu
@@ -73,7 +73,7 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
         raise HorusError("--out CSV is required (where the rows go)")
     # every option and dependency first, the GPU next (nothing is opened or created before
     # it): "no CUDA GPU" then means the options are right and only the node is wrong
-    _check_paths(out, cache_dir, resume)
+    check_paths(out, cache_dir, resume)
     check_device(device)
     import_torch()
     available = list(model_specs())
@@ -109,30 +109,6 @@ def calibrate(out, url, models, batch_sizes, tasks, seconds, device, gpu_type, c
         click.echo(f"next: horus-admin import {out} && horus-admin retrain")
     if res.failed and not res.done:
         raise HorusError(f"every run failed ({len(res.failed)}); nothing was measured")
-
-
-def _check_paths(out: str, cache_dir: str | None, resume: bool) -> None:
-    """--out and --cache-dir as the run will need them, judged before the GPU is (a FIFO, a
-    full CSV without --resume or a missing folder had been reported only on a GPU node, after
-    "no CUDA GPU" elsewhere: the options seemed right).  Only looks: nothing is created."""
-    import os
-    import stat
-
-    try:
-        st = os.stat(out)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise HorusError(f"--out {out}: {e.strerror or e}") from None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise HorusError(f"--out {out}: not a regular file; choose another --out")
-    if st is not None and st.st_size > 0 and not resume:
-        raise HorusError(f"{out} exists: pass --resume to continue it, or choose another --out")
-    folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        raise HorusError(f"--out {out}: no folder {folder}")
-    if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
-        raise HorusError(f"--cache-dir {cache_dir}: not a folder")
 
 
 def register(main_group: click.Group) -> None:

@@ -6,8 +6,24 @@ import os
 import sys
 
 import click
+from click.core import ParameterSource
 
 from slurm_horus.cli.common import Command, FiniteFloatRange
+
+
+def job_id_option(ctx, param, value):
+    """--job-id as a number. Typed by hand, anything else is a usage error (exit 2, as click
+    gives ``--pid abc``): it had been measured, then dropped at the record, with exit 0. From
+    $SLURM_JOB_ID (the environment of a job, or of slurmd's Prolog/Epilog) it is never an
+    error, for a probe must never fail a job: the probe records nothing (``numeric_job_id``)."""
+    if value is None or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+        return value
+    from slurm_horus.ledger.probe import numeric_job_id  # as main's: never before a job's try
+
+    if numeric_job_id(value):
+        return value
+    raise click.BadParameter(f"{value!r} is not a job id (a number)", ctx, param)
+
 
 NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jobs "
             "(slurmd's Prolog runs `horus-probe --prolog`, see docs/ledger.md)")
@@ -27,7 +43,8 @@ NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jo
 @click.option("--interval", type=FiniteFloatRange(0.2, 3600),
               help="Seconds between samples (default $HORUS_PROBE_INTERVAL, kept within "
                    "0.2..3600, else 5).")
-@click.option("--job-id", envvar="SLURM_JOB_ID", help="Job id (default $SLURM_JOB_ID).")
+@click.option("--job-id", envvar="SLURM_JOB_ID", callback=job_id_option,
+              help="Job id (default $SLURM_JOB_ID).")
 @click.option("--cluster", envvar="SLURM_CLUSTER_NAME",
               help="Cluster (default $SLURM_CLUSTER_NAME).")
 @click.option("--ledger", "url", envvar="HORUS_LEDGER_URL", help="Ledger database URL.")

@@ -52,6 +52,13 @@ def process_tree(root: int) -> set[int]:
     return out
 
 
+def numeric_job_id(value) -> str | None:
+    """``value`` as a job id: Slurm's, ASCII digits (spaces about them dropped), else None.
+    (``str.isdigit`` alone takes '²', which ``int`` refuses.)"""
+    text = str(value or "").strip()
+    return text if text.isascii() and text.isdigit() else None
+
+
 def job_gpu_ids(env: dict | None = None) -> list[str]:
     """The job's GPUs as NVML can find them: physical indices (SLURM_JOB_GPUS) or UUIDs/indices
     from CUDA_VISIBLE_DEVICES."""
@@ -140,8 +147,10 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
               job_id: str | None = None, cluster: str | None = None, url: str | None = None,
               sampler_factory=None, env: dict | None = None) -> int:
     """The whole probe. Returns the exit code: the command's (127 when it cannot be started,
-    as a shell says), else 0. Never raises."""
+    as a shell says), else 0. Never raises. A job id that is not a number is no job: nothing is
+    recorded (its record had raised after the command ran, and its exit code was lost)."""
     env = dict(os.environ if env is None else env)
+    job = numeric_job_id(job_id or env.get("SLURM_JOB_ID"))
     proc = None
     if command:
         try:
@@ -152,8 +161,7 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
         pid = proc.pid
     pid = pid or os.getppid()
     try:
-        factory = sampler_factory or sampler_factory_from_env(
-            env, job_id or env.get("SLURM_JOB_ID"))
+        factory = sampler_factory or sampler_factory_from_env(env, job)
         sampler = factory(job_gpu_ids(env))
     except Exception:
         sampler = None  # no NVML / no GPU: never harm the job
@@ -182,7 +190,6 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
     except Exception:
         pass
     rc = proc.wait() if proc is not None else 0
-    job = job_id or env.get("SLURM_JOB_ID")
     r = summary.result()
     if job and r["samples"]:
         record_usage_safely(url=url, job_id=int(job), source="probe",

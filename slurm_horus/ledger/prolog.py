@@ -23,7 +23,7 @@ import time
 
 from slurm_horus.ledger import record_usage_safely
 from slurm_horus.ledger.nvml import Summary
-from slurm_horus.ledger.probe import sampler_factory_from_env
+from slurm_horus.ledger.probe import numeric_job_id, sampler_factory_from_env
 from slurm_horus.proc import started
 from slurm_horus.slurm import parse as sp
 from slurm_horus.textfile import NOT_FILE, NOT_FOLDER, NOT_OWNER, untrusted
@@ -31,6 +31,8 @@ from slurm_horus.textfile import NOT_FILE, NOT_FOLDER, NOT_OWNER, untrusted
 DEFAULT_RUN_DIR = "/run/slurm-horus"      # pid files of running probes (root, 0700)
 DEFAULT_SPOOL = "/var/spool/slurm-horus"  # fallback when the ledger is unreachable (root, 0700)
 DEFAULT_INTERVAL = 5.0
+DEFAULT_EPILOG_WAIT = 10.0                # seconds the Epilog waits for the probe to record
+EPILOG_WAIT_MAX_S = 300.0                 # ... at most: a longer Epilog holds the node
 SLURM_TIMEOUT_S = 10.0
 JOB_CHECK_EVERY_S = 60.0                  # a probe whose job is gone (Epilog missed) stops itself
 UNANSWERED_LIMIT_S = 1800.0               # ... and one that Slurm stops answering about, after this
@@ -68,9 +70,11 @@ class ProbeLog:
 
 
 def _env_job(env: dict) -> tuple[str | None, str | None, str]:
-    job = (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "").strip()
+    """(job id, node, cluster) slurmd gave the Prolog/Epilog; a job id that is not a number is
+    none (nothing probed, nothing failed)."""
+    job = numeric_job_id(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
     node = (env.get("SLURMD_NODENAME") or "").strip() or None
-    return (job if job.isdigit() else None), node, (env.get("SLURM_CLUSTER_NAME") or "").strip()
+    return job, node, (env.get("SLURM_CLUSTER_NAME") or "").strip()
 
 
 def run_dir(env: dict) -> str:
@@ -225,14 +229,37 @@ def prolog(env: dict | None = None, *, detach: bool = True, sampler_factory=None
     return 0
 
 
-def probe_interval(env) -> float:
+def env_seconds(env, name: str, default: float, low: float, high: float, log=None) -> float:
+    """Seconds from ``env[name]``, kept within low..high; ``default`` when unset, not a number,
+    nan or infinite. A value not used as written is one line in ``log`` (the probe log: the
+    Prolog/Epilog print nothing), never an error: a setting must not stop a probe or an Epilog."""
+    text = (env.get(name) or "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    used = min(max(value, low), high) if math.isfinite(value) else default
+    if used != value and log is not None:
+        log(f"{name}={text[:40]!r} is not a number of seconds from {low:g} to {high:g}: "
+            f"using {used:g}")
+    return used
+
+
+def probe_interval(env, log=None) -> float:
     """HORUS_PROBE_INTERVAL, at least 0.2 s and at most an hour; DEFAULT_INTERVAL when unset or
     not a number (a value the command line refused had stopped every probe, silently)."""
-    try:
-        value = float(env.get("HORUS_PROBE_INTERVAL") or DEFAULT_INTERVAL)
-    except ValueError:
-        return DEFAULT_INTERVAL
-    return min(max(value, 0.2), 3600.0) if math.isfinite(value) else DEFAULT_INTERVAL
+    return env_seconds(env, "HORUS_PROBE_INTERVAL", DEFAULT_INTERVAL, 0.2, 3600.0, log)
+
+
+def epilog_wait(env, log=None) -> float:
+    """HORUS_PROBE_EPILOG_WAIT, 0 to EPILOG_WAIT_MAX_S; DEFAULT_EPILOG_WAIT when unset or not a
+    number: a huge value (or inf), taken as it was, could hold the Epilog, and the node with
+    it, until Slurm drained the node. A probe not waited for still records: the Epilog only
+    stops waiting for it."""
+    return env_seconds(env, "HORUS_PROBE_EPILOG_WAIT", DEFAULT_EPILOG_WAIT, 0.0,
+                       EPILOG_WAIT_MAX_S, log)
 
 
 def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) -> None:
@@ -269,7 +296,7 @@ def _measure(env, job_id, node, cluster, log, sampler_factory, interval, url) ->
         _remove_own(pidf)
         return
     if interval is None:
-        interval = probe_interval(env)
+        interval = probe_interval(env, log)
     log(f"probing GPU {place['indices']} type {place['type']} every {interval:g}s "
         f"({type(sampler).__name__})")
     start = time.time()
@@ -366,17 +393,15 @@ def _same_probe(pid: int, start: str | None) -> bool:
 
 def epilog(env: dict | None = None, *, wait: float | None = None) -> int:
     """``horus-probe --epilog``: stop this job's probe (SIGTERM) and wait, at most ``wait``
-    seconds ($HORUS_PROBE_EPILOG_WAIT, default 10), for it to record. Always 0."""
+    seconds (``epilog_wait``: $HORUS_PROBE_EPILOG_WAIT, 0-300, default 10), for it to record.
+    Always 0."""
     env = dict(os.environ if env is None else env)
     job_id, node, _ = _env_job(env)
     log = ProbeLog(env.get("HORUS_PROBE_LOG"), job_id, node)
     if job_id is None:
         return 0
     if wait is None:
-        try:
-            wait = float(env.get("HORUS_PROBE_EPILOG_WAIT") or 10)
-        except ValueError:
-            wait = 10.0
+        wait = epilog_wait(env, log)
     pidf = pid_file(env, job_id, node)
     try:
         st = os.lstat(pidf)

@@ -48,6 +48,19 @@ def node_names(node: str) -> list[str]:
         return [node]
 
 
+def node_list_gpu_type(node: str, node_types: dict[str, str]) -> str | None:
+    """The GPU type of a job's node list: its node's, or the one every node of a multi-node
+    job has (``gpu[1-2]``, both a100: a100); none when a node has another type or none known
+    (a job on two GPU types has no type). Only a list of several nodes is expanded (at most
+    expand_hostlist's MAX_HOSTLIST_NAMES names; one it cannot read has no type), and looked up
+    no further than its first node of another type."""
+    if "[" not in node and "," not in node:
+        return node_types.get(node)
+    names = node_names(node)
+    first = node_types.get(names[0])
+    return first if all(node_types.get(n) == first for n in names[1:]) else None
+
+
 def colocations(jobs: list[dict]) -> dict[tuple[str, int], set[int]]:
     """{(cluster, job id): other job ids on a node and GPU of theirs overlapping in time}.
 
@@ -258,12 +271,18 @@ def _record(ledger, accounted: list[dict], *, all_jobs, node_types, cluster,
     seen = {(j["cluster"], j["job_id"]) for j in chosen}
     pool = placed + [o for o in others if (o["cluster"], o["job_id"]) not in seen]
     co = colocations(pool)
+    list_types: dict[str, str | None] = {}  # each node list looked up once per batch
+
+    def node_type(node: str) -> str | None:
+        if node not in list_types:
+            list_types[node] = node_list_gpu_type(node, node_types)
+        return list_types[node]
     records = []
     for j in chosen:
         _pidx, ptype = probed.get((j["cluster"], j["job_id"]), (None, None))
-        # the node's type only for a job that held a GPU or shards there (a CPU job is no GPU job)
-        gtype = j["gpu_type"] or (None if ptype or not (j["gpus"] or j["shards"])
-                                  else node_types.get(j["node"] or ""))
+        # the nodes' type only for a job that held a GPU or shards there (a CPU job is no GPU job)
+        gtype = j["gpu_type"] or (None if ptype or not (j["gpus"] or j["shards"]) or not j["node"]
+                                  else node_type(j["node"]))
         array_job_id, array_task_id = j.get("array") or (None, None)
         het_job_id, het_job_offset = j.get("het") or (None, None)
         records.append({"job_id": j["job_id"], "cluster": j["cluster"], "source": "sacct",
