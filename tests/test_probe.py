@@ -533,3 +533,32 @@ def test_the_epilog_stops_no_other_probe_that_took_a_dead_probes_pid(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.parametrize("name,setting,value,limit", [
+    ("horus-prolog", "HORUS_PROBE_PROLOG_TIMEOUT", "30", "30"),
+    ("horus-prolog", "HORUS_PROBE_PROLOG_TIMEOUT", "0", "1"),  # 0: no limit at all to timeout(1)
+    ("horus-prolog", "HORUS_PROBE_PROLOG_TIMEOUT", "007", "7"),
+    ("horus-prolog", "HORUS_PROBE_PROLOG_TIMEOUT", "61", "60"),
+    ("horus-prolog", "HORUS_PROBE_PROLOG_TIMEOUT", "9" * 30, "60"),
+    ("horus-prolog", "HORUS_PROBE_PROLOG_TIMEOUT", "-5", "10"),
+    ("horus-prolog", "HORUS_PROBE_PROLOG_TIMEOUT", "1e9", "10"),
+    ("horus-epilog", "HORUS_PROBE_EPILOG_WAIT", "7", "12"),
+    ("horus-epilog", "HORUS_PROBE_EPILOG_WAIT", "0", "5"),
+    ("horus-epilog", "HORUS_PROBE_EPILOG_WAIT", "301", "305"),
+    ("horus-epilog", "HORUS_PROBE_EPILOG_WAIT", "9" * 30, "305"),  # had overflowed $((W + 5))
+    ("horus-epilog", "HORUS_PROBE_EPILOG_WAIT", "x", "15"),
+])
+def test_the_scripts_bound_their_time_whatever_they_are_told(tmp_path, name, setting, value, limit):
+    """slurmd waits for its Prolog and Epilog: each script's limit stays within its range."""
+    bin_, seen = tmp_path / "bin", tmp_path / "seen"
+    bin_.mkdir()
+    (bin_ / "timeout").write_text(f"#!/bin/sh\necho \"$@\" > '{seen}'\n")
+    (bin_ / "timeout").chmod(0o755)
+    script = Path(__file__).parent.parent / "etc" / name
+    r = subprocess.run([str(script)], env={"PATH": f"{bin_}:/usr/bin:/bin", "HORUS_PROBE": "true",
+                                           "HORUS_ADMIN_ENV": str(tmp_path / "none"), setting: value},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == r.stderr == ""
+    flag = "--prolog" if name == "horus-prolog" else "--epilog"
+    assert seen.read_text() == f"-k 2 {limit} true {flag}\n"
