@@ -420,8 +420,11 @@ def main() -> None:
     _trace = functools.partial(_trace, limit_noise=args.limit_noise)
     mixes = [x.strip() for x in args.mixes.split(",") if x.strip()]
     mix = ModelMix()
+    import slurm_horus.sim.engine as engine
+
+    core = "compiled (mypyc)" if not engine.__file__.endswith(".py") else "pure Python"
     out = [f"python {platform.python_version()}, {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs, "
-           f"backfill every {args.bf_interval:g} s, limit noise {args.limit_noise:g}\n"]
+           f"simulator core {core}, backfill every {args.bf_interval:g} s, limit noise {args.limit_noise:g}\n"]
     print(out[0], flush=True)
     if not args.skip_sweep:
         t = time.process_time()

@@ -1264,7 +1264,7 @@ def test_budget_shortcut_never_refuses_a_join_the_exact_test_takes():
     # full test (_fails_budget: risk + added + z x sd <= budget, over any partners) would take
     from slurm_horus.sim.placement import Placement
     rng = np.random.default_rng(7)
-    p = object.__new__(Placement)
+    p = Placement.__new__(Placement)
     refused = 0
     for _ in range(20000):
         p.risk = float(rng.uniform(0, 50))
@@ -1295,7 +1295,7 @@ def test_a_predicted_sum_is_read_over_its_error():
     # Near two jobs of 100 % the truth can only be lower than the sum (no job uses more than a
     # whole GPU), so the error lowers it there; no error reads it at the point, as before
     from slurm_horus.sim.placement import Placement
-    p = object.__new__(Placement)
+    p = Placement.__new__(Placement)
     p.itf, p.known_sigma = Interference(), 0.0
     for su in (110.0, 130.0, 150.0, 195.0):
         at_point = p.itf.exceed_shares(su, 2, (2.0,))[0]
@@ -1309,7 +1309,7 @@ def test_a_settled_charge_averages_its_groups_loss_over_the_error():
     # 20 / 28 / 36 (c x L at the three QUAD points): its charge is the weighted chance over them
     from slurm_horus.sim.interference import share_above
     from slurm_horus.sim.placement import QUAD, Placement
-    p = object.__new__(Placement)
+    p = Placement.__new__(Placement)
     p.itf, p.bound, p.known_sensitivity = Interference(), 2.0, False
     p.timed_out, p.resubmitted, p.jsens, p.jrisk, p.risk, p.risk_var = [False], [False], [1.0], [0.0], 0.0, 0.0
     p.rate, p.rate_since = [(1.0, (0.0, 0.0, 0.0))], [100.0]

@@ -29,33 +29,27 @@ def _run(args, cwd, env, ok=True, timeout=300):
     return p
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    """The wheel `python -m build --wheel` makes of a copy of the checkout."""
-    pytest.importorskip("build")
-    base = tmp_path_factory.mktemp("build")
+def _build_wheel(base: Path, env: dict) -> Path:
+    """The wheel `python -m build --wheel` makes of a copy of the checkout under ``base``."""
     dist = base / "dist"
     src = base / "src"  # build from a copy: nothing of the checkout's build/ or egg-info leaks in
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info",
-                                                                "__pycache__", ".pytest_cache"))
+                                                                "__pycache__", ".pytest_cache", "*.so"))
     _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist),
-          str(src)], cwd=base, env=os.environ.copy(), timeout=600)
+          str(src)], cwd=base, env=env, timeout=600)
     wheels = list(dist.glob("slurm_horus-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory, wheel):
-    """(bin folder, env, a work folder outside the checkout) of a venv holding only the wheel
-    on top of the system's dependencies."""
-    wheels = [wheel]
-    base = tmp_path_factory.mktemp("wheel")
+def _install(base: Path, wheel: Path) -> tuple[Path, dict, Path]:
+    """(bin folder, env, a work folder outside the checkout) of a venv under ``base`` holding
+    only ``wheel`` on top of the system's dependencies."""
     env_dir = base / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
     _run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-          "--disable-pip-version-check", str(wheels[0])], cwd=base, env=os.environ.copy())
+          "--disable-pip-version-check", str(wheel)], cwd=base, env=os.environ.copy())
     work = base / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items()
@@ -65,6 +59,21 @@ def installed(tmp_path_factory, wheel):
     where = _run([str(py), "-c", "import slurm_horus; print(slurm_horus.__file__)"], work, env)
     assert where.stdout.strip().startswith(str(env_dir)), where.stdout  # the wheel, not the checkout
     return env_dir / "bin", env, work
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """The wheel as users get it: pure Python."""
+    pytest.importorskip("build")
+    env = {k: v for k, v in os.environ.items() if k != "HORUS_COMPILE"}
+    return _build_wheel(tmp_path_factory.mktemp("build"), env)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, wheel):
+    """(bin folder, env, a work folder outside the checkout) of a venv holding only the wheel
+    on top of the system's dependencies."""
+    return _install(tmp_path_factory.mktemp("wheel"), wheel)
 
 
 def test_wheel_holds_data_and_no_tests(installed):
@@ -161,3 +170,39 @@ def test_installed_under_another_scheme_finds_its_sql_and_hook(wheel, tmp_path):
     where, sql, hook = json.loads(_run([sys.executable, "-c", code], tmp_path, env).stdout)
     assert where.startswith(str(site)) and sql == str(share / "sql/schema.sql")
     assert hook == str(share / "etc/job_submit.lua")
+
+
+MIXED_CLUSTER = {"nodes": [{"name": "a", "gpu_type": "a100", "gpus": 8, "count": 2},
+                           {"name": "t", "gpu_type": "t4", "gpus": 4, "count": 4}]}
+
+
+def test_the_compiled_simulator_gives_the_pure_ones_figures(tmp_path_factory):
+    """HORUS_COMPILE=1 builds the simulator's core with mypyc (setup.py) from the same sources:
+    its every figure must be the pure Python's, bit for bit, on runs that take each path (two
+    GPU types and their OOMs, the LLM mix's multi-GPU jobs, the what-if of a known k, backfill at
+    every event); only the CPU and wall times may differ, and where the policy file is."""
+    pytest.importorskip("build")
+    pytest.importorskip("mypyc")
+    base = tmp_path_factory.mktemp("compiled")
+    wheel = _build_wheel(base, dict(os.environ, HORUS_COMPILE="1"))
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name  # a platform wheel
+    bin_, env, work = _install(base, wheel)
+    engine = _run([str(bin_ / "python"), "-c", "import slurm_horus.sim.engine as e; print(e.__file__)"],
+                  work, env).stdout.strip()
+    assert engine.endswith(".so"), engine
+    (work / "cluster.json").write_text(json.dumps(MIXED_CLUSTER))
+    runs = [["--trace", "philly", "--jobs", "700", "--load", "4", "--cluster", "cluster.json", "--seed", "3"],
+            ["--trace", "llm", "--jobs", "400", "--load", "2", "--gpus", "32", "--seed", "1"],
+            ["--trace", "pai", "--jobs", "500", "--load", "1", "--gpus", "16", "--known-sensitivity",
+             "--bf-interval", "0", "--seed", "2"]]
+    pure_env = {k: v for k, v in env.items() if k != "PATH"}
+    pure_env.update(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT))
+    for args in runs:
+        got = [json.loads(_run([py, "-m", "slurm_horus.cli.admin", "simulate", "--json", *args],
+                               work, e, timeout=600).stdout)
+               for py, e in ((str(bin_ / "python"), env), (sys.executable, pure_env))]
+        for res in got:
+            for m in res.values():
+                for key in [k for k in m if k.endswith(("_cpu_s", "_wall_s")) or k == "policy_file"]:
+                    del m[key]
+        assert got[0] == got[1], args

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Sequence
 
@@ -71,6 +71,9 @@ class Interference:
     points: tuple[tuple[float, float], ...] = LUCID_POINTS
     mem_bw_penalty: float = 0.0
     beyond_pairs: float = 0.05
+    # derived in __post_init__ and speed_table (declared fields: the compiled build has no __dict__)
+    _xs: list[float] = field(init=False, repr=False, compare=False)
+    _tables: tuple | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         pts = tuple((float(x), float(y)) for x, y in self.points)
@@ -87,6 +90,7 @@ class Interference:
             raise HorusError("interference: mem_bw_penalty and beyond_pairs must be in [0, 1)")
         object.__setattr__(self, "points", pts)
         object.__setattr__(self, "_xs", [p[0] for p in pts])
+        object.__setattr__(self, "_tables", None)
 
     def speed(self, sum_util_pct: float, n_jobs: int = 2, sens: float = 1.0) -> float:
         """Per-job speed (0..1] of a job of sensitivity ``sens`` among ``n_jobs`` co-located jobs
@@ -122,7 +126,7 @@ class Interference:
         numpy is imported here: the queue loop reads this module too and needs none of it."""
         import numpy as np
 
-        tables = self.__dict__.get("_tables")
+        tables = self._tables
         if tables is None or max_jobs >= len(tables[2]):
             size = max(1025, max_jobs + 1)  # _crowd by group size
             tables = (np.array(self._xs), np.array([p[1] for p in self.points]),

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from slurm_horus.sim.interference import SENSITIVITY_SIGMA, Interference, known_above, share_above
-from slurm_horus.sim.policies import Request
+from slurm_horus.sim.policies import JobTable, Request
+
+if TYPE_CHECKING:
+    from slurm_horus.sim.cluster import ClusterSpec
+    from slurm_horus.sim.traces import SimJob
 
 # co-location needs the predicted p90 memories plus this per job to fit (CARMA: estimate + 2 GiB)
 MEM_HEADROOM_MIB = 2048.0
@@ -59,13 +65,102 @@ class Placement:
     """Per-GPU and per-node free resources; set up by ``_setup`` from ``cluster``, ``types``,
     ``tmem``, ``S``, ``max_group``, ``umax``, ``jobs`` and ``table`` (set by the Simulator)."""
 
-    def _setup(self):
+    # set by the Simulator before _setup (the attributes are declared for the compiled build:
+    # docs/simulator.md, "Speed")
+    cluster: ClusterSpec
+    jobs: list[SimJob]
+    types: list[str]
+    tmem: list[float]
+    S: int
+    max_group: int
+    umax: list[float]
+    itf: Interference
+    table: JobTable
+    bound: float
+    risk_share: float
+    known_sensitivity: bool
+    known_config_share: float | None
+    # the Simulator's, read here
+    cur_req: list[Any]  # [job]: its Request (None before it is first queued)
+    alloc: list[Any]  # [job]: its GPUs while it runs, else None
+    queue: deque[int]
+    ends: list[tuple[float, int]]
+    limit_end: list[float]
+    timed_out: list[bool]
+    resubmitted: list[bool]
+    now: float
+    # GPUs and nodes (_setup)
+    G: int
+    gtype: list[int]
+    gnode: list[int]
+    gslot: list[int]
+    gmem_cap: list[float]
+    node_gpus: list[list[int]]
+    node_type: list[int]
+    type_nodes: list[list[int]]
+    maxk: int
+    ff: list[list[float]]
+    ffs: list[list[float]]
+    kheaps: list[dict[int, list[tuple[float, int]]]]
+    free: list[int]
+    n_avail: int
+    n_idle: int
+    gjobs: list[list[int]]
+    groups: list[tuple[list[int], float, float] | None]
+    gutil: list[float]
+    gmemu: list[float]
+    ghealthy: list[int]
+    gspeed: list[float]
+    gcontrib: list[float]
+    node_idle: list[set[int]]
+    part: list[list[set[int]]]
+    n_part: list[int]
+    nodeb: list[list[set[int]]]
+    whole_req: list[Request]
+    # jobs (_setup)
+    jtrue: list[list[tuple[float, float]]]
+    jdur: list[list[float]]
+    jsens: list[float]
+    jknown: list[float]
+    known_sigma: float
+    jlim: list[float]
+    jsig: list[float]
+    # the horus scheduler's co-location state (numpy rows by GPU)
+    curve: tuple[np.ndarray, np.ndarray, np.ndarray]
+    gcols: np.ndarray
+    pu: np.ndarray
+    ns: np.ndarray
+    pspeed: np.ndarray
+    crowd_next: np.ndarray
+    pm: np.ndarray
+    gcap: np.ndarray
+    gtype_np: np.ndarray
+    mroom: np.ndarray
+    uroom: np.ndarray
+    rank: np.ndarray
+    lone_pu: np.ndarray
+    lone_min: float | None
+    free_sum: float
+    # the slowdown tail budget
+    risk: float
+    risk_var: float
+    jrisk: list[float]
+    n_first: int
+    last_risk: tuple[int, int, Any]
+    no_room: bool
+    lost_c: list[float]
+    lossy: list[float]
+    lost_k: list[tuple[float, float, float]]
+    rate: list[tuple[float, tuple[float, ...]]]
+    rate_since: list[float]
+
+    def _setup(self) -> None:
         S, types = self.S, self.types
         tix = {t: i for i, t in enumerate(types)}
         self.gtype, self.gnode, self.gmem_cap = [], [], []
         self.node_gpus, self.node_type, self.gslot = [], [], []
         for n, node in enumerate(self.cluster.nodes):
-            ids = []
+            ids: list[int] = []
             for _ in range(node.gpus):
                 g = len(self.gtype)
                 self.gtype.append(tix[node.gpu_type])
@@ -209,7 +304,7 @@ class Placement:
         self.pspeed[g] = self.itf.speed(pu, n)
         self.crowd_next[g] = self.curve[2][n + 1]
 
-    def _share_place(self, j: int, req: Request, exclude: set | None) -> list[int] | None:
+    def _share_place(self, j: int, req: Request, share: tuple, exclude: set | None) -> list[int] | None:
         """The horus scheduler.  A job that a lone partner on its fastest type would not slow
         down (the pair's predicted sum within the curve's no-loss range) joins it: packing costs
         nothing there and keeps whole GPUs and nodes free.  Otherwise an idle GPU while every
@@ -222,7 +317,7 @@ class Placement:
         (_join_risk; no other group is tried when it does not) and,
         against an idle GPU of a slower type, the join adds less predicted time than that GPU
         takes (else the idle GPU)."""
-        u, m, rx, lim = req.share
+        u, m, rx, lim = share
         self.no_room = False
         if u < self.free_sum and self._lone_min() <= self.free_sum - u:
             cand = np.flatnonzero(self.lone_pu <= self.free_sum - u)
@@ -286,7 +381,7 @@ class Placement:
         # co-locate on a faster type rather than run alone on a slower one when the join adds
         # less predicted time than the slower GPU does; when the chosen group is on the slower
         # type, an idle GPU of that type costs no tail budget
-        if cost[i] >= best_cost and not (pressure and self.gtype[g] == self.gtype[best[0]]):
+        if cost[i] >= best_cost and not (pressure and best and self.gtype[g] == self.gtype[best[0]]):
             return best
         self.last_risk = (g, j, risk)  # what _start charges when the job starts there
         return [g]
@@ -309,6 +404,7 @@ class Placement:
         for c in range(1, self.maxk + 1):
             for n in self.nodeb[t][c]:
                 k = len(node_gpus[n])
+                key: tuple[int, float, int]
                 if c == k:
                     key = (2, k, n)
                 else:
@@ -396,7 +492,9 @@ class Placement:
     def _charge_risk(self, j: int, g: int, share: tuple) -> None:
         """Charge the tail budget for job j joining GPU g's group (before it is counted there)."""
         lg, lj, risk = self.last_risk  # _share_place has usually just priced this very join
-        shares = (risk if (lg, lj) == (g, j) else self._join_risk(g, j, share[0], share[3]))[0]
+        priced = risk if (lg, lj) == (g, j) else self._join_risk(g, j, share[0], share[3])
+        assert priced is not None  # priced without a budget: never refused
+        shares = priced[0]
         for x, r in shares:
             x = j if x < 0 else x
             if r > self.jrisk[x]:
@@ -479,7 +577,7 @@ class Placement:
         """GPUs for job j's request now (best fit), avoiding ``exclude``; None if it does not fit."""
         S, req = self.S, self.cur_req[j]
         if req.share is not None:
-            return self._share_place(j, req, exclude)
+            return self._share_place(j, req, req.share, exclude)
         k = req.gpus
         for t in req.types:
             if k == 1 and req.shards < S and self.n_part[t]:
