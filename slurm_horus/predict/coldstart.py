@@ -129,8 +129,9 @@ class ColdStartEstimator:
         self.params = params or ColdStartParams()
 
     def predict(self, report: FeatureReport, gpu: GPU, workload: Workload) -> Prediction:
-        mem, mem_parts = self.memory_mib(report, gpu, workload)
-        util, util_parts = self.utilization_pct(report, gpu, workload)
+        values = _read_values(report)  # checked once, for both halves
+        mem, mem_parts = self._memory(values, gpu, workload)
+        util, util_parts = self._utilization(report, values, gpu, workload)
         if not (math.isfinite(mem) and mem > 0 and math.isfinite(util) and 0 <= util <= 100):
             # a graph or GPU figure past what the arithmetic holds (a catalog's 5e-324 TFLOPS
             # had given a NaN utilization, which no hint can carry)
@@ -157,8 +158,11 @@ class ColdStartEstimator:
         return self.params.context_mib + gpu.sm_count * threads * STACK_BYTES_PER_THREAD / MIB
 
     def memory_mib(self, report: FeatureReport, gpu: GPU, w: Workload) -> tuple[float, dict]:
+        return self._memory(_read_values(report), gpu, w)
+
+    def _memory(self, v: dict[str, float], gpu: GPU, w: Workload) -> tuple[float, dict]:
+        """memory_mib from the report's values (_read_values)."""
         p = self.params
-        v = _read_values(report)
         trainable, stored = _split_params(v)
         act_scale = _activation_scale(w.precision)
         # a quantized model's weights (integer, FP8...) stay as stored, whatever the job's precision
@@ -191,6 +195,11 @@ class ColdStartEstimator:
     # --- utilization --------------------------------------------------------------------------
 
     def utilization_pct(self, report: FeatureReport, gpu: GPU, w: Workload) -> tuple[float, dict]:
+        return self._utilization(report, _read_values(report), gpu, w)
+
+    def _utilization(self, report: FeatureReport, values: dict[str, float], gpu: GPU,
+                     w: Workload) -> tuple[float, dict]:
+        """utilization_pct from the report's nodes and values (_read_values)."""
         p = self.params
         matmul_peak = gpu.peak_flops("fp32" if w.precision == "fp32" else _tensor_precision(w, gpu))
         conv_peak = gpu.peak_flops("tf32" if w.precision == "fp32" else _tensor_precision(w, gpu))
@@ -211,7 +220,6 @@ class ColdStartEstimator:
             heavy = node.category in ("conv", "matmul", "attention", "rnn")
             gpu_s += fwd * (3.0 if train and heavy else 2.0 if train else 1.0)
             kernels += node.kernels * (3 if train and heavy else 2 if train else 1)
-        values = _read_values(report)
         if train:
             opt_kernels, opt_s = _optimizer_time(w.optimizer, _split_params(values)[0], bandwidth, p)
             kernels += opt_kernels

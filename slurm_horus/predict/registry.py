@@ -50,6 +50,15 @@ MAX_SMALL_JSON = 1 << 20  # current.json, calibration files: a few kB written; a
 # history.json: an export of 100,000 jobs, each a setting of its own, is 23 MiB (0.7 s to read);
 # a 63 MiB one had cost every hsubmit 9.5 s and 1 GB
 MAX_HISTORY_BYTES = 32 << 20
+# and its values and its objects and lists, counted in its bytes before parsing (commas, braces
+# and brackets; those in a string only add to the counts): fit's smallest run entry is one
+# object of 13 fields in 154 bytes (11 bytes a value), its graph's list 70 more, and a real
+# export's run 250 (16 bytes a value), so an export within the byte cap holds under 3.1 million
+# values and 300,000 objects and lists. Millions of tiny ones within the byte cap ([] or "ab")
+# had cost every hsubmit up to 5 s and 1.3 GB; within these caps a file costs at most about
+# twice what an export at the byte cap does (2 s, 240 MB peak)
+MAX_HISTORY_VALUES = MAX_HISTORY_BYTES // 8
+MAX_HISTORY_CONTAINERS = MAX_HISTORY_BYTES // 64
 MAX_ROWS_BYTES = 64 << 20  # rows-vNNNN.json, read by retrain alone: 25 bytes a training job
 KEY_FILE = ".pseudonym-key"
 TEMP_PREFIX, TEMP_SUFFIX = ".tmp-", ".json"  # _write_temp's names
@@ -125,6 +134,8 @@ class Registry:
             return None
         except OSError as e:
             raise HorusError(f"{path}: {e.strerror}") from None
+        if name == HISTORY_FILE and (why := _history_shape_problem(data)):
+            raise HorusError(f"{path}: {why}")
         try:
             return json.loads(data)
         except (ValueError, RecursionError):
@@ -292,6 +303,8 @@ class Registry:
         if len(text) > cap:  # every reader would refuse it: the old one serves
             raise HorusError(f"{name}: {len(text) / 2**20:.1f} MiB, over the {cap / 2**20:g} MiB "
                              "readers take; not replaced")
+        if name == HISTORY_FILE and (why := _history_shape_problem(text.encode())):
+            raise HorusError(f"{name}: {why}; not replaced")
         self._make_root()
         self._replace(self.root / name, text, mode)
 
@@ -409,6 +422,19 @@ def size_cap(name: str) -> int:
     if name.startswith("rows-"):
         return MAX_ROWS_BYTES
     return MAX_MODEL_BYTES if VERSION_RE.fullmatch(name.removesuffix(".json")) else MAX_SMALL_JSON
+
+
+def _history_shape_problem(data: bytes) -> str | None:
+    """Why history.json's bytes are not an export's (more values, or objects and lists, than
+    one within the byte cap holds), told by counting, before parsing them builds millions of
+    objects; None where they may be."""
+    containers = data.count(b"{") + data.count(b"[")
+    values = containers + data.count(b",")
+    if containers > MAX_HISTORY_CONTAINERS:
+        return f"{containers:,} objects and lists, more than readers take ({MAX_HISTORY_CONTAINERS:,})"
+    if values > MAX_HISTORY_VALUES:
+        return f"{values:,} values, more than readers take ({MAX_HISTORY_VALUES:,})"
+    return None
 
 
 def _plain_name(user: str | None) -> bool:

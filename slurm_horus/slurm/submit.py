@@ -472,7 +472,7 @@ def predict(plan: Plan, gpu_types: dict[str, int] | None = None,
                              f"every GPU type of partition {plan.partition} (the largest, {largest.name}, "
                              f"has {largest.mem_mib:,} MiB): the job will likely run out of GPU memory "
                              "(a smaller --batch-size, another partition, or more GPUs)")
-    plan.hint = _hint_of(plan.predictions)
+    plan.hint = _hint_of(plan.predictions, plan.warnings)
     # what sync needs to recompute the features itself, as the admin
     job = {"sha": report.sha256, "bs": workload.batch_size, "task": workload.task,
            "opt": workload.optimizer, "prec": workload.precision, "dims": dims,
@@ -549,9 +549,12 @@ def _gpu_requests(jd: dict) -> dict[str, list[dict]] | None:
     return out
 
 
-def _hint_of(predictions: dict) -> str:
+def _hint_of(predictions: dict, warnings: list[str] | None = None) -> str:
     """The hint token: p95 (and p99) memory where calibrated (for policies that ask for them),
-    dropped when the token would not fit: what horus predict's fit column reads too."""
+    dropped when the token would not fit: what horus predict's fit column reads too.  A GPU type
+    whose own figures no hint carries (NaN, past MAX_MEM_MIB) is left out, with a warning in
+    ``warnings``, so that it does not cost the other types theirs (the hook pins the job to a
+    type the hint names); HorusError, as encode_hint says, where every type is such."""
     from slurm_horus.slurm.hint import encode_hint
 
     def fields(p, bounds: bool):
@@ -563,10 +566,21 @@ def _hint_of(predictions: dict) -> str:
                 out.append(max(p.mem_mib_p99, out[3]))
         return tuple(out)
 
+    carried, left_out = {}, []
+    for gtype, p in predictions.items():
+        try:
+            encode_hint({gtype: fields(p, False)})
+            carried[gtype] = p
+        except HorusError as e:
+            left_out.append(f"{e}: the hint leaves {gtype} out (the other GPU types keep theirs)")
+    if not carried:
+        carried = predictions  # no hint: encode_hint says why, as it always did
+    elif warnings is not None:
+        warnings.extend(left_out)
     try:
-        return encode_hint({g: fields(p, True) for g, p in predictions.items()})
+        return encode_hint({g: fields(p, True) for g, p in carried.items()})
     except HorusError:
-        return encode_hint({g: fields(p, False) for g, p in predictions.items()})
+        return encode_hint({g: fields(p, False) for g, p in carried.items()})
 
 
 def job_desc_of(plan: Plan) -> dict:
