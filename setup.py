@@ -1,5 +1,5 @@
 """The build, pure Python by default.  ``HORUS_COMPILE=1`` compiles the simulator's core (its
-event loop, placement and interference model) with mypyc, from the same sources, for
+event loop, placement, interference model and requests) with mypyc, from the same sources, for
 ``horus-admin simulate`` at scale (BENCHMARKS.md, docs/simulator.md "Speed"); it needs mypy and
 a C compiler in the build environment:
 
@@ -11,7 +11,8 @@ import os
 
 from setuptools import setup
 
-COMPILED = ["slurm_horus/sim/interference.py", "slurm_horus/sim/placement.py", "slurm_horus/sim/engine.py"]
+COMPILED = ["slurm_horus/sim/interference.py", "slurm_horus/sim/placement.py", "slurm_horus/sim/engine.py",
+            "slurm_horus/sim/policies.py"]
 
 ext_modules = []
 if os.environ.get("HORUS_COMPILE") == "1":

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -37,7 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if importlib.util.find_spec("slurm_horus") is None:  # the installed package (a compiled build:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # setup.py), else the checkout's
 
 from slurm_horus.errors import HorusError  # noqa: E402
 from slurm_horus.plot import save  # noqa: E402
@@ -422,7 +424,8 @@ def main() -> None:
     mix = ModelMix()
     import slurm_horus.sim.engine as engine
 
-    core = "compiled (mypyc)" if not engine.__file__.endswith(".py") else "pure Python"
+    where = Path(engine.__file__).parent.parent.parent
+    core = ("compiled (mypyc)" if not engine.__file__.endswith(".py") else "pure Python") + f" from {where}"
     out = [f"python {platform.python_version()}, {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs, "
            f"simulator core {core}, backfill every {args.bf_interval:g} s, limit noise {args.limit_noise:g}\n"]
     print(out[0], flush=True)

@@ -594,7 +594,7 @@ class Simulator(Placement):
         rejected = 0
         unschedulable = 0
         arrivals: list[tuple] = []
-        for i, j in enumerate(self.jobs):
+        for i, job in enumerate(self.jobs):
             r = self.reqs[i]
             if r is None:
                 rejected += 1
@@ -604,7 +604,7 @@ class Simulator(Placement):
                 unschedulable += 1
                 continue
             self._set_req(i, r)
-            arrivals.append((j.submit, _ARRIVE, i, i, 0))
+            arrivals.append((job.submit, _ARRIVE, i, i, 0))
         self.seq = N
         # arrivals stay in their own sorted list, merged with the heap of the other events in
         # the same (time, kind, seq) order: the heap then holds only the running jobs' events

@@ -107,7 +107,7 @@ class HorusDecider:
         self._tmp = tempfile.TemporaryDirectory(prefix="horus-sim-")
         self.policy_path = Path(self._tmp.name) / "horus_policy.conf"
         self.policy_path.write_text(_policy_text(base, self.types, self.mem))
-        self.cache: dict[tuple[str, str], tuple[str, str | None, int | None]] = {}
+        self.cache: dict[tuple[str, str], tuple[str, str | None, int | None, int | None]] = {}
         self._by_pred: dict[tuple, tuple[str, str | None, int | None]] = {}
         self.calls = 0
         self.shards_per_gpu = self._probe_shards()
@@ -188,6 +188,7 @@ def build_requests(jobs: Sequence[SimJob], policy: str, types: list[str], mem: l
                     u, m = j.true[t]
                     mq = _ceil_to(m, oracle_mem_q)
                     preds[t] = (min(100.0, _ceil_to(u, oracle_util_q)), mq, mq)
+            assert decider is not None  # checked above
             action, gtype, shards = decider.decide(preds, j.gpus)
             stats[action] = stats.get(action, 0) + 1
             if action == "rejected":
