@@ -147,3 +147,91 @@ def test_the_densest_export_at_the_byte_cap_is_within_the_value_caps(graphs):
     at_the_cap = registry_mod.MAX_HISTORY_BYTES / len(text)
     assert containers * at_the_cap <= registry_mod.MAX_HISTORY_CONTAINERS
     assert (containers + text.count(",")) * at_the_cap <= registry_mod.MAX_HISTORY_VALUES
+
+
+def _json_counts(obj) -> tuple[int, int]:
+    """(objects and lists, values) of a parsed JSON value, as the caps count them (a container
+    and each comma between its members)."""
+    if not isinstance(obj, (dict, list)):
+        return 0, 0
+    members = list(obj.values()) if isinstance(obj, dict) else obj
+    containers, values = 1, 1 + max(len(members) - 1, 0)
+    for m in members:
+        c, v = _json_counts(m)
+        containers, values = containers + c, values + v
+    return containers, values
+
+
+def _bert_history(runs: int = 1000) -> dict:
+    # a graph whose sequence dimensions have no name: each is keyed by its input's position
+    dims = "attention_mask[1]=512,input_ids[1]=512,token_type_ids[1]=512"
+    history = HistoryPredictor().fit([
+        {"sha": f"{i % 50:064x}", "gpu": "t4", "bs": i // 50 + 1, "task": "train", "opt": "sgd",
+         "prec": "fp32", "dims": dims, "mem": 1.0, "util": None, "cold_mem": None,
+         "cold_util": None, "user": None} for i in range(runs)]).to_dict()
+    for r in (r for rs in history["graphs"].values() for r in rs):
+        r.pop("family")
+    return history
+
+
+def test_an_export_whose_dims_keys_hold_commas_and_brackets_is_not_refused(tmp_path, monkeypatch):
+    """A dims key's commas and brackets are in a string: counted, a real export of 31 MiB (a
+    BERT's settings at the byte cap) had been refused by every reader, and by save_json, so
+    that the site's history was never replaced again."""
+    history = _bert_history()
+    text = json.dumps(history, separators=(",", ":"))
+    containers, values = _json_counts(history)
+    assert text.count("[") + text.count("{") > 1.5 * containers  # its strings hold more
+    monkeypatch.setattr(registry_mod, "MAX_HISTORY_CONTAINERS", containers)
+    monkeypatch.setattr(registry_mod, "MAX_HISTORY_VALUES", values)
+    reg = Registry(tmp_path / "models")
+    reg.save_history(history)
+    assert reg.load_history() == history
+    # one object more than the caps is still refused, before parsing
+    monkeypatch.setattr(registry_mod, "MAX_HISTORY_CONTAINERS", containers - 1)
+    monkeypatch.setattr(registry_mod.json, "loads", lambda *a, **k: pytest.fail("parsed"))
+    with pytest.raises(HorusError, match=f"{containers:,} objects and lists, more than readers"):
+        reg.load_history()
+
+
+def test_the_densest_export_with_positional_dims_at_the_byte_cap_is_within_the_caps():
+    history = _bert_history()
+    containers, values = _json_counts(history)
+    at_the_cap = registry_mod.MAX_HISTORY_BYTES / len(json.dumps(history, separators=(",", ":")))
+    assert containers * at_the_cap <= registry_mod.MAX_HISTORY_CONTAINERS
+    assert values * at_the_cap <= registry_mod.MAX_HISTORY_VALUES
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": ["x\\\\", "[,{", 1], "b\\"[,": {"c": "\\\\\\"]{,,"}}',
+    '["\\u005b,", "\\\\\\\\", [[], {}], ",,,"]',
+])
+def test_the_caps_count_what_the_parser_builds_escapes_too(text, monkeypatch):
+    monkeypatch.setattr(registry_mod, "MAX_HISTORY_CONTAINERS", 0)  # counted outside strings
+    monkeypatch.setattr(registry_mod, "_COUNT_CHUNK", 3)  # strings across chunks
+    containers, values = _json_counts(json.loads(text))
+    why = registry_mod._history_shape_problem(text.encode())
+    assert why.startswith(f"{containers:,} objects and lists")
+    monkeypatch.setattr(registry_mod, "MAX_HISTORY_CONTAINERS", containers)
+    monkeypatch.setattr(registry_mod, "MAX_HISTORY_VALUES", values - 1)
+    assert registry_mod._history_shape_problem(text.encode()).startswith(f"{values:,} values")
+    monkeypatch.setattr(registry_mod, "MAX_HISTORY_VALUES", values)
+    assert registry_mod._history_shape_problem(text.encode()) is None
+
+
+def test_one_gpu_types_absurd_bounds_cost_that_type_alone_its_bounds(monkeypatch):
+    """An a100 p95 past what a hint carries had dropped every type's p95 and p99."""
+    real = chain.predict_for
+    a100 = get_gpu("a100").name
+
+    def predict_for(report, gpus, workload, choice=None):
+        return [dataclasses.replace(p, mem_mib_p95=2e8 if g.name == a100 else p.mem_mib_p90 + 10,
+                                    mem_mib_p99=p.mem_mib_p90 + 20)
+                for p, g in zip(real(report, gpus, workload, choice), gpus)]
+
+    monkeypatch.setattr(chain, "predict_for", predict_for)
+    plan = _plan()
+    sub.predict(plan, gpu_types={"a100": 4, "t4": 2}, partition="gpu")
+    hint = parse_hint(plan.hint)
+    assert len(hint["a100"]) == 3 and len(hint["t4"]) == 5
+    assert hint["t4"][3] >= plan.predictions["t4"].mem_mib_p90 + 10

@@ -562,3 +562,32 @@ def test_the_scripts_bound_their_time_whatever_they_are_told(tmp_path, name, set
     assert r.returncode == 0 and r.stdout == r.stderr == ""
     flag = "--prolog" if name == "horus-prolog" else "--epilog"
     assert seen.read_text() == f"-k 2 {limit} true {flag}\n"
+
+
+@pytest.mark.parametrize("value,limit,wait", [
+    ("1e2", "15", 10.0),      # the probe had waited 100 s, killed by timeout(1) at 15
+    (" 300", "305", 300.0),   # blanks about it: the probe had read it, the script had not
+    ("250.5", "256", 251.0),  # a fraction: its next whole second, within the script's limit
+    (".5", "6", 1.0),
+    ("7", "12", 7.0),
+    ("0400", "305", 300.0),
+    ("-5", "15", 10.0),
+])
+def test_the_epilog_script_gives_the_probe_the_wait_it_bounds(tmp_path, value, limit, wait):
+    """timeout(1)'s limit is the wait + 5 s: the probe must read the same wait, else it is killed
+    while it waits for its probe to record (the Epilog's log then says nothing)."""
+    bin_, seen = tmp_path / "bin", tmp_path / "seen"
+    bin_.mkdir()
+    (bin_ / "timeout").write_text(f"#!/bin/sh\necho \"$3\" > '{seen}'\nshift 3\nexec \"$@\"\n")
+    (bin_ / "timeout").chmod(0o755)
+    (bin_ / "probe").write_text(f"#!/bin/sh\necho \"$HORUS_PROBE_EPILOG_WAIT\" >> '{seen}'\n")
+    (bin_ / "probe").chmod(0o755)
+    script = Path(__file__).parent.parent / "etc" / "horus-epilog"
+    r = subprocess.run([str(script)], env={"PATH": f"{bin_}:/usr/bin:/bin", "HORUS_PROBE": "probe",
+                                           "HORUS_ADMIN_ENV": str(tmp_path / "none"),
+                                           "HORUS_PROBE_EPILOG_WAIT": value},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == r.stderr == ""
+    got_limit, got_wait = seen.read_text().split("\n")[:2]
+    assert got_limit == limit
+    assert pl.epilog_wait({"HORUS_PROBE_EPILOG_WAIT": got_wait}) == wait <= int(limit) - 5

@@ -51,7 +51,9 @@ MAX_SMALL_JSON = 1 << 20  # current.json, calibration files: a few kB written; a
 # a 63 MiB one had cost every hsubmit 9.5 s and 1 GB
 MAX_HISTORY_BYTES = 32 << 20
 # and its values and its objects and lists, counted in its bytes before parsing (commas, braces
-# and brackets; those in a string only add to the counts): fit's smallest run entry is one
+# and brackets outside its strings: a run's dims key, "input_ids[1]=512,attention_mask[1]=512",
+# holds a comma and a bracket a dimension, which had made a BERT's export past 24 MiB, a
+# real one, be refused by every reader and by save_json): fit's smallest run entry is one
 # object of 13 fields in 154 bytes (11 bytes a value), its graph's list 70 more, and a real
 # export's run 250 (16 bytes a value), so an export within the byte cap holds under 3.1 million
 # values and 300,000 objects and lists. Millions of tiny ones within the byte cap ([] or "ab")
@@ -424,12 +426,39 @@ def size_cap(name: str) -> int:
     return MAX_MODEL_BYTES if VERSION_RE.fullmatch(name.removesuffix(".json")) else MAX_SMALL_JSON
 
 
+_STRUCTURE = b'"{[,'
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in _STRUCTURE)
+_COUNT_CHUNK = 1 << 20
+
+
+def _structure_counts(data: bytes) -> tuple[int, int]:
+    """(objects and lists, values) of JSON ``data``: its braces and brackets, and those with its
+    commas, outside its strings (as the parser tokenizes them; what it parses of a file it
+    then refuses is counted too). Counted in all its bytes first (fast: a real export has few
+    in its strings); only past a cap are its strings left out, a megabyte at a time."""
+    containers = data.count(b"{") + data.count(b"[")
+    values = containers + data.count(b",")
+    if containers <= MAX_HISTORY_CONTAINERS and values <= MAX_HISTORY_VALUES:
+        return containers, values
+    if b"\\" in data:  # escapes: a backslash's own, then a quote's (no string's end)
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    compact = data.translate(None, _NOT_STRUCTURE)  # quotes, braces, brackets, commas
+    containers = commas = 0
+    inside = False  # within a string where a chunk starts
+    for start in range(0, len(compact), _COUNT_CHUNK):
+        parts = compact[start:start + _COUNT_CHUNK].split(b'"')
+        outside = b"".join(parts[int(inside)::2])
+        containers += outside.count(b"{") + outside.count(b"[")
+        commas += outside.count(b",")
+        inside ^= len(parts) % 2 == 0  # an odd number of quotes in the chunk
+    return containers, containers + commas
+
+
 def _history_shape_problem(data: bytes) -> str | None:
     """Why history.json's bytes are not an export's (more values, or objects and lists, than
     one within the byte cap holds), told by counting, before parsing them builds millions of
     objects; None where they may be."""
-    containers = data.count(b"{") + data.count(b"[")
-    values = containers + data.count(b",")
+    containers, values = _structure_counts(data)
     if containers > MAX_HISTORY_CONTAINERS:
         return f"{containers:,} objects and lists, more than readers take ({MAX_HISTORY_CONTAINERS:,})"
     if values > MAX_HISTORY_VALUES:

@@ -554,7 +554,9 @@ def _hint_of(predictions: dict, warnings: list[str] | None = None) -> str:
     dropped when the token would not fit: what horus predict's fit column reads too.  A GPU type
     whose own figures no hint carries (NaN, past MAX_MEM_MIB) is left out, with a warning in
     ``warnings``, so that it does not cost the other types theirs (the hook pins the job to a
-    type the hint names); HorusError, as encode_hint says, where every type is such."""
+    type the hint names); HorusError, as encode_hint says, where every type is such. A type
+    whose p95/p99 alone are past them goes without its own bounds (every type's had been
+    dropped)."""
     from slurm_horus.slurm.hint import encode_hint
 
     def fields(p, bounds: bool):
@@ -566,19 +568,25 @@ def _hint_of(predictions: dict, warnings: list[str] | None = None) -> str:
                 out.append(max(p.mem_mib_p99, out[3]))
         return tuple(out)
 
-    carried, left_out = {}, []
+    carried, bounded, left_out = {}, set(), []
     for gtype, p in predictions.items():
         try:
             encode_hint({gtype: fields(p, False)})
             carried[gtype] = p
         except HorusError as e:
             left_out.append(f"{e}: the hint leaves {gtype} out (the other GPU types keep theirs)")
+            continue
+        try:  # its own p95/p99 past what a hint carries cost it alone its bounds
+            encode_hint({gtype: fields(p, True)})
+            bounded.add(gtype)
+        except HorusError:
+            pass
     if not carried:
         carried = predictions  # no hint: encode_hint says why, as it always did
     elif warnings is not None:
         warnings.extend(left_out)
     try:
-        return encode_hint({g: fields(p, True) for g, p in carried.items()})
+        return encode_hint({g: fields(p, g in bounded) for g, p in carried.items()})
     except HorusError:
         return encode_hint({g: fields(p, False) for g, p in carried.items()})
 
