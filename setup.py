@@ -1,9 +1,10 @@
 """The build, pure Python by default.  ``HORUS_COMPILE=1`` compiles the simulator's core (its
 event loop, placement, interference model and requests) with mypyc, from the same sources, for
-``horus-admin simulate`` at scale (BENCHMARKS.md, docs/simulator.md "Speed"); it needs mypy and
-a C compiler in the build environment:
+``horus-admin simulate`` at scale (BENCHMARKS.md section 6; docs/admin-guide.md, "Before turning
+sharing on: simulate"); it needs mypy and a C compiler in the build environment:
 
-    pip install mypy && HORUS_COMPILE=1 pip install --no-build-isolation .
+    pip install mypy build "setuptools>=68"
+    HORUS_COMPILE=1 python3 -m build --wheel --no-isolation    # then pip install dist/*.whl
 
 Not with ``pip install -e``: the compiled modules would shadow later edits of the sources."""
 

@@ -38,8 +38,18 @@ import sys
 import time
 from pathlib import Path
 
-if importlib.util.find_spec("slurm_horus") is None:  # the installed package (a compiled build:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # setup.py), else the checkout's
+
+def _installed_compiled() -> bool:
+    """Whether the installed slurm_horus is a compiled build (setup.py): then it is the one
+    benchmarked, else this checkout (an older installed copy would have been measured)."""
+    spec = importlib.util.find_spec("slurm_horus")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any((Path(spec.submodule_search_locations[0]) / "sim").glob("engine.*.so"))
+
+
+if not _installed_compiled():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from slurm_horus.errors import HorusError  # noqa: E402
 from slurm_horus.plot import save  # noqa: E402

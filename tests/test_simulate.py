@@ -1669,3 +1669,28 @@ def test_a_resubmitted_job_keeps_the_tail_charge_of_its_killed_run():
     sim, m = run(one_node(1), jobs, [Request((0,), 1, 1, share)] * 2, interference=itf, max_group=2)
     assert (m["resubmitted"], m["completed"]) == (1, 2) and sim.end[0] == pytest.approx(2200)
     assert sim.jrisk[0] == 1.0  # its killed run's charge (a TIMEOUT: 1), not its lone rerun's 0
+
+
+def test_a_trace_of_numpy_numbers_runs_as_one_of_python_numbers():
+    """A trace built with numpy's numbers (np.int64 GPUs, float32 k and utilizations) is the
+    same trace: it had run in float32 where its values were, and the compiled core (setup.py)
+    had refused an np.int64."""
+    rng = np.random.default_rng(5)
+    rows = [(float(rng.uniform(0, 3000)), float(rng.uniform(300, 4000)), float(rng.uniform(10, 95)),
+             float(rng.uniform(1000, 30000)), float(rng.lognormal(0, 0.6))) for _ in range(60)]
+    f32 = np.float32
+    numpy_made = [SimJob(i, np.float64(s), np.float64(d), np.int64(1), np.float64(2 * d), "m",
+                         {"a100": (f32(u), f32(m), f32(m))}, {"a100": (f32(u), f32(m))}, sens=f32(k))
+                  for i, (s, d, u, m, k) in enumerate(rows)]
+    for j in numpy_made:
+        assert type(j.gpus) is int and type(j.sens) is float and type(j.true["a100"][0]) is float
+    # the float32 values, read as doubles, are the trace: run the plain one with the same values
+    same = [SimJob(i, s, d, 1, 2 * d, "m", {"a100": (float(f32(u)), float(f32(m)), float(f32(m)))},
+                   {"a100": (float(f32(u)), float(f32(m)))}, sens=float(f32(k)))
+            for i, (s, d, u, m, k) in enumerate(rows)]
+    cluster = one_node(4)
+    got = run_policies(cluster, numpy_made, ["naive", "oracle"])
+    want = run_policies(cluster, same, ["naive", "oracle"])
+    for p in got:
+        for key in ("mean_jct_s", "p95_slowdown", "timeouts", "oom_failures"):
+            assert got[p][key] == want[p][key], (p, key)

@@ -197,6 +197,9 @@ def test_the_compiled_simulator_gives_the_pure_ones_figures(tmp_path_factory):
              "--bf-interval", "0", "--seed", "2"]]
     pure_env = {k: v for k, v in env.items() if k != "PATH"}
     pure_env.update(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT))
+    pure = _run([sys.executable, "-c", "import slurm_horus.sim.engine as e; print(e.__file__)"],
+                work, pure_env).stdout.strip()
+    assert pure.endswith(".py"), pure  # a checkout with in-place compiled modules compares nothing
     for args in runs:
         got = [json.loads(_run([py, "-m", "slurm_horus.cli.admin", "simulate", "--json", *args],
                                work, e, timeout=600).stdout)

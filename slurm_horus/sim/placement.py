@@ -66,7 +66,7 @@ class Placement:
     ``tmem``, ``S``, ``max_group``, ``umax``, ``jobs`` and ``table`` (set by the Simulator)."""
 
     # set by the Simulator before _setup (the attributes are declared for the compiled build:
-    # docs/simulator.md, "Speed")
+    # setup.py)
     cluster: ClusterSpec
     jobs: list[SimJob]
     types: list[str]

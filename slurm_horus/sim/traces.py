@@ -17,6 +17,7 @@ then predict from measurements.  Traces of a site's own jobs: :mod:`slurm_horus.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -65,6 +66,16 @@ class SimJob:
     sens: float = 1.0  # interference sensitivity (1 = the pair curve's median)
     graph: str = ""
     sens_config: float = 1.0  # its configuration's median sensitivity: what a history could know
+
+    def __post_init__(self) -> None:
+        """Plain Python numbers: a trace built with numpy's had run in float32 where its values
+        were (k, a utilization), and the compiled simulator (setup.py) refuses an np.int64."""
+        self.gpus = operator.index(self.gpus)
+        self.submit, self.duration, self.limit = float(self.submit), float(self.duration), float(self.limit)
+        self.sens, self.sens_config = float(self.sens), float(self.sens_config)
+        self.pred = {t: (float(u), float(m), float(p)) for t, (u, m, p) in self.pred.items()}
+        self.true = {t: (float(u), float(m)) for t, (u, m) in self.true.items()}
+        self.runtime_x = {t: float(x) for t, x in self.runtime_x.items()}
 
 
 @dataclass(frozen=True)
