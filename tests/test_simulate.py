@@ -563,6 +563,8 @@ def test_interference_curve_through_lucid_medians():
     assert parse_points("0:1, 100:0.5") == ((0, 1), (100, 0.5))
     with pytest.raises(HorusError):
         parse_points("0:1,50:1.5")
+    with pytest.raises(HorusError, match="must not rise"):  # its last speed had been taken as the floor
+        parse_points("0:1,100:0.5,200:0.9")
 
 
 def test_png_is_a_valid_image(tmp_path):

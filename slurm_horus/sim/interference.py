@@ -86,6 +86,10 @@ class Interference:
                 raise HorusError(f"interference: speed {y} at {x} % is not in (0, 1]")
             if x < 0 or (i and x <= pts[i - 1][0]):
                 raise HorusError("interference: utilization sums must be >= 0 and increasing")
+            if i and y > pts[i - 1][1]:
+                # the bound's limits bisect a falling curve, and its last speed is the floor
+                raise HorusError(f"interference: speed {y} at {x} % is above {pts[i - 1][1]} before it: "
+                                 "the speed must not rise with the summed utilization")
         if not (0.0 <= self.mem_bw_penalty < 1.0) or not (0.0 <= self.beyond_pairs < 1.0):
             raise HorusError("interference: mem_bw_penalty and beyond_pairs must be in [0, 1)")
         object.__setattr__(self, "points", pts)
