@@ -3,7 +3,7 @@ event loop, placement, interference model and requests) with mypyc, from the sam
 ``horus-admin simulate`` at scale (BENCHMARKS.md section 6; docs/admin-guide.md, "Before turning
 sharing on: simulate"); it needs mypy and a C compiler in the build environment:
 
-    pip install mypy build "setuptools>=68"
+    pip install "mypy>=1.15" build "setuptools>=68"
     HORUS_COMPILE=1 python3 -m build --wheel --no-isolation    # then pip install dist/*.whl
 
 Not with ``pip install -e``: the compiled modules would shadow later edits of the sources."""

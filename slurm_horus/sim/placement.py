@@ -399,7 +399,8 @@ class Placement:
         fewest idle GPUs first), else on the node it extends least; a node with no job last
         (kept whole for multi-GPU jobs), the smallest first.  Spreading onto the fullest node
         alone put long 1-GPU jobs on every node, and 8-GPU jobs waited days for a node to drain."""
-        best, best_key = None, None
+        best: int | None = None
+        best_key: tuple[int, float, int] | None = None
         ffs, node_gpus, node_idle = self.ffs, self.node_gpus, self.node_idle
         for c in range(1, self.maxk + 1):
             for n in self.nodeb[t][c]:
