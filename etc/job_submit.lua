@@ -1445,12 +1445,16 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 		end
 		local plan = make_plan(job_desc, load_policy(), submit_uid)
 		if not plan then return slurm.SUCCESS end
+		-- the log names the submitter: a refused job leaves no record of whose it was, and a
+		-- job id is given only after this hook
+		local by = " (submitted by uid " ..
+			(type(submit_uid) == "number" and string.format("%d", submit_uid) or "unknown") .. ")"
 		if plan.rc ~= slurm.SUCCESS then
-			log_info(plan.user)
+			log_info(plan.user .. by)
 			tell_user(plan.user)
 			return plan.rc
 		end
-		log_info(plan.note)
+		log_info(plan.note .. by)
 		tell_user(plan.note)
 		apply_plan(job_desc, plan)  -- last step: on failure it restores what it wrote
 		return slurm.SUCCESS

@@ -133,6 +133,17 @@ def _lua_text(v: str) -> str:
         return "".join("?" if 0xD800 <= ord(c) <= 0xDFFF else c for c in v)
 
 
+def _lua_value(v: str | int | float | bool) -> str | int | float | bool:
+    """A job_desc value as slurmctld pushes it (lua_pushnumber: every number a double): an int
+    past 64 bits (NO_VAL64, Slurm's unset pn_min_memory), which lupa refuses with an
+    OverflowError, as a float; text as _lua_text."""
+    if isinstance(v, str):
+        return _lua_text(v)
+    if isinstance(v, int) and not isinstance(v, bool) and not -2 ** 63 <= v < 2 ** 63:
+        return float(v)
+    return v
+
+
 def _make_decision(rc, job, user, log, written) -> Decision:
     admin = job.get("admin_comment")
     token = (parse_decision(admin) if "admin_comment" in written else None) or HookDecision("unchanged")
@@ -200,7 +211,7 @@ class HookRuntime:
         for k, v in given.items():
             if not isinstance(v, (str, int, float, bool)):
                 raise HorusError(f"job_desc[{k!r}]: unsupported value type {type(v).__name__}")
-        fields = {k: _lua_text(v) if isinstance(v, str) else v for k, v in given.items()}
+        fields = {k: _lua_value(v) for k, v in given.items()}
         with self._lock:
             g = self._g
             g._horus_reset()

@@ -111,6 +111,13 @@ def _one_of(*names: str):
     return lambda v: v in names
 
 
+def _absolute_path(v: str) -> bool:
+    """The hook's absolute_path(): from "/", no control character, at most 1000 bytes (Lua's
+    length: characters had let a longer path of accented names pass here)."""
+    return (len(v.encode("utf-8", "surrogateescape")) <= 1000 and v.startswith("/")
+            and not re.search(r"[\x00-\x1f\x7f]", v))
+
+
 # policy slowdown_tail -> the job of horus-admin queue's worst group the slowdown bound is for:
 # the curve's median pair loss (sensitivity 1), or this quantile of the measured spread
 SLOWDOWN_TAILS = {"median": None, "p90": 0.90, "p95": 0.95, "p99": 0.99}
@@ -130,10 +137,8 @@ _POLICY_KEYS = {
     "type_features": lambda v: True,  # bad names are dropped one by one, like type_order's
     "raw_shards": _one_of("allow", "whole", "refuse"),
     "min_mem_mib": _int_in(0, _MAX_MEM_MIB),
-    "record_file": lambda v: len(v) <= 1000 and v.startswith("/")
-    and not re.search(r"[\x00-\x1f\x7f]", v),
-    "pressure_file": lambda v: v == "" or (len(v) <= 1000 and v.startswith("/")
-                                          and not re.search(r"[\x00-\x1f\x7f]", v)),
+    "record_file": _absolute_path,
+    "pressure_file": lambda v: v == "" or _absolute_path(v),
     "pressure_shards": _int_in(1, 1000000),
     "pressure_max_age_s": _int_in(1, 86400),
     "pack_heavy": _one_of("pressure", "always"),
