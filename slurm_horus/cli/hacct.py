@@ -269,7 +269,8 @@ def main(jobs, users, accounts, allusers, starttime, endtime, states, fmt, helpf
     if plot is not None:
         from slurm_horus.plot import console, save
 
-        points, where = plots.plot_points(ledger, **filters), plots.describe(ledger.url, filters)
+        points = plots.plot_points(ledger, **filters)
+        where = plots.describe(ledger.url, filters, shown=len(points))
         if plot == "-":
             console().print(plots.terminal(points, where), end="")
         else:

@@ -10,6 +10,7 @@ same in characters for a login node.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from datetime import datetime, timezone
 
@@ -18,17 +19,19 @@ from sqlalchemy import func, or_, select
 
 from slurm_horus.errors import HorusError
 from slurm_horus.ledger import job_filters, mask_url, tables
-from slurm_horus.ledger.report import predictor_source
+from slurm_horus.ledger.report import predictor_source, printable
 from slurm_horus.plot import Canvas, TERM_STYLES, bars, color, legend, pyplot, side_by_side
 
 SOURCES = ("cold-start", "learned", "history")  # the order of the legends
 GLYPHS = {"cold-start": "c", "learned": "L", "history": "h"}
 MEM_CLIP_PCT = 500.0  # memory errors above this are drawn at the panel's edge
+PLOT_LIMIT = 20000  # the latest measured jobs drawn (describe says so when it is reached)
 
 
-def plot_points(ledger, limit: int = 20000, **filters) -> list[dict]:
-    """The latest ``limit`` measured jobs, oldest first: submit time, predictor source,
-    predicted and measured utilization and memory (p50 and p90)."""
+def plot_points(ledger, limit: int | None = None, **filters) -> list[dict]:
+    """The latest ``limit`` (PLOT_LIMIT) measured jobs, oldest first: submit time, predictor
+    source, predicted and measured utilization and memory (p50 and p90)."""
+    limit = limit or PLOT_LIMIT
     j = tables()["jobs"]
     stmt = select(j.c.submit_time, j.c.predictor, j.c.pred_util_pct, j.c.act_util_pct,
                   j.c.pred_mem_mib, j.c.pred_mem_p90_mib, j.c.act_mem_mib)
@@ -39,15 +42,19 @@ def plot_points(ledger, limit: int = 20000, **filters) -> list[dict]:
     with ledger.engine.connect() as conn:
         rows = [r._asdict() for r in conn.execute(stmt)][::-1]
     for r in rows:
-        r["source"] = predictor_source(r.pop("predictor")) or "unknown"
+        # a predictor named in a user's hint: printable, as hacct's list prints it (the legend
+        # drove the reader's terminal)
+        r["source"] = printable(predictor_source(r.pop("predictor")) or "unknown")
         for k, v in r.items():  # a damaged ledger's inf or nan: no point (it had overflowed)
             if isinstance(v, float) and not math.isfinite(v):
                 r[k] = None
     return [r for r in rows if r["submit_time"] is not None]
 
 
-def describe(url: str, filters: dict) -> str:
-    """'ledger sqlite:///l.db, user alice, since 2024-05-01 00:00': where the points came from."""
+def describe(url: str, filters: dict, shown: int | None = None) -> str:
+    """'ledger sqlite:///l.db, user alice, since 2024-05-01 00:00': where the points came from;
+    with ``shown`` points at PLOT_LIMIT, that they are the latest (the titles' job counts and the
+    p90 coverage are of those, not of every job that matched)."""
     parts = [f"ledger {mask_url(url)}"]
     # task_ids: the own ids of array tasks and heterogeneous job components, jobs as any other
     jobs = list(dict.fromkeys([*(filters.get("job_ids") or ()), *(filters.get("task_ids") or ())]))
@@ -64,6 +71,8 @@ def describe(url: str, filters: dict) -> str:
         parts.append(f"cluster {c if isinstance(c, str) else ','.join(c)}")
     if filters.get("under_claims"):
         parts.append("under-claims only")
+    if shown is not None and shown >= PLOT_LIMIT:
+        parts.append(f"the latest {shown} by submit time")
     return ", ".join(parts)
 
 
@@ -259,11 +268,15 @@ def _error_table(points: list[dict], bins: int) -> Text:
         if not g:
             continue
         ue = [abs(p["pred_util_pct"] - p["act_util_pct"]) for p in _util(g)]
-        me = sorted(abs(_mem_err(p)) for p in _mem(g))
+        me = [abs(_mem_err(p)) for p in _mem(g)]
         when = time.strftime(fmt, time.gmtime(t0 + span * k / nb))
+        # a period with no utilization (or memory) measured has no error to show: '-', as for
+        # memory, never 0.0 (it read as a perfect prediction); an even count's median is the
+        # mean of the middle two, as the summary's
         mean_u = sum(ue) / len(ue) if ue else 0.0
-        mem_s = f"{me[len(me) // 2]:5.1f} %" if me else "     - "
-        rows.append((when, mean_u, f"{mean_u:5.1f} pp {mem_s} {len(g):>6}"))
+        util_s = f"{mean_u:5.1f} pp" if ue else "    -   "
+        mem_s = f"{statistics.median(me):5.1f} %" if me else "     - "
+        rows.append((when, mean_u, f"{util_s} {mem_s} {len(g):>6}"))
     out = Text("\n  by submit time (UTC): mean |util error| (bars), median |mem error|, jobs\n",
                style="bold")
     out.append_text(bars(rows, width=26, style_of=lambda _: "dodger_blue1"))

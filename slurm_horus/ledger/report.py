@@ -513,16 +513,16 @@ def _queue_counts(conn, filters: dict) -> dict:
 
 
 def summary_text(s: dict) -> str:
-    def line(name, g):
+    def line(name, g):  # a family or predictor from a user's hint: printable, as in the list
         f = lambda x, fmt: fmt.format(x) if _shown(x) else "-"  # noqa: E731  (inf: as --json's null)
-        return (f"{str(name)[:24]:<24} {g['jobs']:>9} {f(g['coverage_pct'], '{:.1f}%'):>8} "
+        return (f"{printable(str(name))[:24]:<24} {g['jobs']:>9} {f(g['coverage_pct'], '{:.1f}%'):>8} "
                 f"{g['excluded']:>8} "
-                f"{f(g['util_mae_pp'], '{:.1f}'):>8} {f(g['util_rmsle'], '{:.3f}'):>8} "
+                f"{f(g['util_mae_pp'], '{:.1f}'):>8} {f(g['util_rmsle'], '{:.3f}'):>9} "
                 f"{f(g['mem_median_rel_err_pct'], '{:.1f}%'):>9} {f(g['mem_rmsle'], '{:.3f}'):>8} "
                 f"{f(g['p90_coverage_pct'], '{:.1f}%'):>7} "
                 f"{g['far_exceeding']:>6} {g['under_claims']:>10}")
     head = (f"{'':<24} {'Jobs':>9} {'Measured':>8} {'Excluded':>8} {'UtilMAE':>8} "
-            f"{'UtilRMSLE':>8} {'MemMdRE':>9} {'MemRMSLE':>8} {'P90Cov':>7} {'Far':>6} "
+            f"{'UtilRMSLE':>9} {'MemMdRE':>9} {'MemRMSLE':>8} {'P90Cov':>7} {'Far':>6} "
             f"{'UnderClaim':>10}")
     out = [head, line("all", s["all"])]
     for dim, title in (("model_family", "by model family"), ("gpu_type", "by GPU type"),
