@@ -72,19 +72,21 @@ def register(admin: click.Group) -> None:
 
             def note(msg: str) -> None:  # nothing failed: Slurm's final word on a job
                 click.echo(f"horus-admin queue: {msg}", err=True)
+
+            def show(a) -> None:  # as each is done: a pass stopped later still says it
+                if as_json:
+                    click.echo(json.dumps({"job_id": a.job_id, "action": a.kind, "tres": a.tres,
+                                           "dry_run": dry_run}))
+                else:
+                    click.echo(f"{'would ' if dry_run else ''}{a.kind} job {a.job_id} -> {a.tres}")
             while True:
                 try:
                     with pass_lock(dry_run):
                         journal = _journal_path()  # a dry run only reads it: the jobs given up on
                         if not dry_run:
                             _adopt_legacy_journal(journal, warn)
-                        for a in tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run,
-                                      job_ids=ids, on_error=warn, journal=journal, on_note=note):
-                            if as_json:
-                                click.echo(json.dumps({"job_id": a.job_id, "action": a.kind,
-                                                       "tres": a.tres, "dry_run": dry_run}))
-                            else:
-                                click.echo(f"{'would ' if dry_run else ''}{a.kind} job {a.job_id} -> {a.tres}")
+                        tend(pack_shards=pack_shards, min_wait_s=min_wait, dry_run=dry_run, job_ids=ids,
+                             on_error=warn, journal=journal, on_note=note, on_action=show)
                 except HorusError as e:
                     if interval is None:
                         raise

@@ -472,8 +472,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
         toks = queue_tokens(rec.get("AdminComment"))
         tres, gtype = rec.get("TresPerNode"), _gpu_type(rec, types)
         if (rec.get("JobState") == "PENDING" and not _waits_for_gpus(rec) and _acts_on(rec)
-                and toks and toks[-1].get("action") == "pack" and _shards(tres) is not None
-                and _job_id(rec) is not None and gtype):
+                and _still_packed(toks, tres) and _job_id(rec) is not None and gtype):
             # the pressure that packed it is no reason to keep a job that waits for no GPU on
             # shards: its own request back
             out.append(_spread(_job_id(rec), gtype, tres, per_gpu))
@@ -499,7 +498,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                 to_pack -= 1
                 out.append(Action(jid, "pack", _shard_gres(size, tres),
                                   f"{QUEUE_TOKEN};action=pack;from=gpu:1", features=pin))
-            elif short <= 0 and _shards(tres) is not None and last == "pack":
+            elif short <= 0 and _still_packed(toks, tres):
                 out.append(_spread(jid, gtype, tres, per_gpu))
             elif short <= 0 and last is None:
                 hook = _hook_pressed(rec)
@@ -510,6 +509,17 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
                     if pin is not False:
                         out.append(_spread(jid, gtype, tres, per_gpu, hook.unpressed_shards, pin))
     return out
+
+
+def _still_packed(toks: list[dict[str, str]], tres: str | None) -> bool:
+    """The job's last queue mark is this loop's pack and it still asks for the shards that pack
+    gave it (``to=shard:N``; a mark that names none says nothing): shards another admin set
+    since are theirs, and a spread had given the job a whole GPU over them."""
+    shards = _shards(tres)
+    if shards is None or not toks or toks[-1].get("action") != "pack":
+        return False
+    to = re.search(r"\bshard:(\d+)", toks[-1].get("to") or "")
+    return to is None or int(to.group(1)) == shards
 
 
 def reshapes_gpu_to_shards(version: str) -> bool:
@@ -656,8 +666,15 @@ def marked(admin_comment: str | None, token: str) -> str:
 def _job_now(job_id: int) -> dict | None:
     """The job's squeue record as it is now (``job_id``: its own id; an array task's record in
     squeue's JSON has its own, not ArrayJobId_TaskId); None once Slurm has forgotten it."""
-    recs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all", "--jobs", str(job_id)]),
-                               job_id)
+    try:
+        text = run(["squeue", "--json", "--all", "--states=all", "--jobs", str(job_id)])
+    except HorusError as e:
+        # 23.02+ applies --jobs and fails on a purged job ("slurm_load_jobs error: Invalid
+        # job id specified", 25.11): a job gone, not a failed pass
+        if job_moved_on(str(e)):
+            return None
+        raise
+    recs = squeue_json_records(text, job_id)
     return recs[0] if recs else None
 
 
@@ -893,12 +910,14 @@ def given_up_keys(journal: str | None) -> set[int]:
     return {e["job_id"] for e in entries.values() if e.get("given_up")}
 
 
-def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] | None = None) -> list[Action]:
+def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] | None = None,
+         on_action: Callable[[Action], None] | None = None) -> list[Action]:
     """Finish the journaled OOM requeues a pass could not (a requeuehold, mark or release that
     failed, maybe after Slurm acted): a job still held is marked, reshaped and released; one
     gone from the queue, or marked, or FAILED (never requeued: requeued anew) leaves the journal;
     one requeued but released unmarked by someone else (its owner may release a user hold) is
-    kept as given up, as is a job given up on, until it leaves the queue."""
+    kept as given up, as is a job given up on, until it leaves the queue.  ``on_action`` hears
+    of each requeue finished as tend's does."""
     done = []
     by_id = {_job_id(r): r for r in jobs}
     try:
@@ -932,7 +951,9 @@ def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] 
         try:
             with _signals_held():
                 got = finish_requeue(ref, a, e.get("admin"), journal, give_up=time.time() - e["at"] > GIVE_UP_S)
-            done.append(replace(a, tres=got))
+                done.append(replace(a, tres=got))
+                if on_action:
+                    on_action(done[-1])
         except HorusError as err:
             if on_error:
                 on_error(f"oom-requeue job {e['job_id']}: {err}")
@@ -961,14 +982,17 @@ def hint_mem_shards(rec: dict, gtype: str) -> int | None:
 def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_shards: int = 50,
          min_wait_s: float = 60.0, dry_run: bool = False, job_ids: set[int] | None = None,
          on_error: Callable[[str], None] | None = None, journal: str | None = None,
-         on_note: Callable[[str], None] | None = None) -> list[Action]:
+         on_note: Callable[[str], None] | None = None,
+         on_action: Callable[[Action], None] | None = None) -> list[Action]:
     """One pass over the live queue (``squeue --json``; ``scontrol -d`` for the nodes' GresUsed,
     which no user can write): the pressure file for
     the hook (policy ``pressure_file``; not on a dry run or a pass limited to ``job_ids``), OOM
     requeues, then queue pressure on pending jobs; only on ``job_ids`` when given (every job
     still counts as load).  ``on_error`` hears of what could not be done (the pass goes on),
     ``on_note`` of an OOM requeue Slurm refuses for good (RequeueRefused: no failure, nothing
-    to retry).  ``journal``: the file of OOM requeues begun (heal finishes them first; not on a
+    to retry), ``on_action`` of each action once it is done (on a dry run, found), before a stop
+    it held off: a pass stopped (SIGTERM) or failed later had said nothing of what it changed.
+    ``journal``: the file of OOM requeues begun (heal finishes them first; not on a
     dry run) and given up.  No pack where Slurm refuses them (reshapes_gpu_to_shards), dry run
     or not."""
     jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
@@ -980,7 +1004,7 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         except HorusError as e:  # the hook ignores a stale file: the actions still run
             if on_error:
                 on_error(str(e))
-    healed = [] if dry_run else heal(journal, jobs, on_error)
+    healed = [] if dry_run else heal(journal, jobs, on_error, on_action)
     if healed:  # the queue changed: the actions are read from it as it is now
         jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
@@ -999,15 +1023,21 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
                 if job_ids is None or a.job_id in job_ids]  # every pending job counts in the pressure
     done = healed
     by_id = {_job_id(r): r for r in jobs}
+
+    def did(a: Action) -> None:
+        done.append(a)
+        if on_action:
+            on_action(a)
     for a in actions:
         if dry_run:
-            done.append(a)
+            did(a)
             continue
         rec = by_id[a.job_id]
         try:
-            got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"), rec.get("TresPerNode"),
-                        rec.get("Features"), journal, seen=rec)
-            done.append(replace(a, tres=got))
+            with _signals_held():  # the stop apply holds off waits until the action is said too
+                got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"), rec.get("TresPerNode"),
+                            rec.get("Features"), journal, seen=rec)
+                did(replace(a, tres=got))
         except RequeueRefused as e:
             if on_note:
                 on_note(f"{a.kind} {e}")
