@@ -107,3 +107,20 @@ def test_a_family_or_predictor_a_user_wrote_cannot_drive_the_readers_terminal(tm
         assert "\x1b" not in r.output and "\x07" not in r.output, (mode, r.output)
         assert "?[2Jevil" in r.output, r.output
     assert "?]0;pwn?x" in CliRunner().invoke(main, ["--ledger", u, "--summary", "-a"]).output
+
+
+def test_a_field_name_is_taken_as_sacct_takes_it(url):
+    """sacct takes any prefix of a field name (the first in its alphabetical table) and ALL
+    (a, al) for every field; hacct had refused 'elap' as an unknown field."""
+    from slurm_horus.ledger.report import COLUMNS, parse_format
+
+    assert parse_format("jobid,elap,Pred,ActU%7") == [("jobid", None), ("elapsed", None),
+                                                      ("predictor", None), ("actutil", 7)]
+    assert parse_format("job,sub") == [("jobid", None), ("submit", None)]
+    assert parse_format("ALL%9") == [(k, 9) for k in COLUMNS] == parse_format("a%9")
+    r = CliRunner().invoke(main, ["--ledger", url, "-S", "2000-01-01", "-P", "-o", "jobid,stat,memerr"])
+    assert r.exit_code == 0 and r.output.splitlines()[0] == "JobID|State|MemErr", r.output
+    for name, said in (("Part", "field 'Part': the ledger does not record it"),
+                       ("Bogus", "unknown field 'Bogus'")):
+        r = CliRunner().invoke(main, ["--ledger", url, "-o", f"JobID,{name}"])
+        assert r.exit_code == 2 and said in r.output and len(r.output.strip().splitlines()) == 1, r.output

@@ -231,28 +231,40 @@ def cell(r: dict, col: str) -> str:
     raise KeyError(col)
 
 
+def _columns_named(name: str) -> list[str]:
+    """The columns ``name`` asks for, as sacct reads a field name: case-insensitive, any prefix
+    of one, the first in alphabetical order (sacct's table), and ALL (or a, al) for every one."""
+    key = name.lower()
+    if key in COLUMNS:
+        return [key]
+    if key and "all".startswith(key):
+        return list(COLUMNS)
+    hits = sorted(k for k in COLUMNS if k.startswith(key)) if key else []
+    if hits:
+        return hits[:1]
+    valid = ", ".join(COLUMNS.values())
+    if key and any(f.startswith(key) for f in SACCT_FIELDS):
+        raise HorusError(f"field '{name}': the ledger does not record it (available: {valid})")
+    raise HorusError(f"unknown field '{name}' (available: {valid})")
+
+
 def parse_format(fmt: str | None) -> list[tuple[str, int | None]]:
-    """'JobID,User%12' -> [('jobid', None), ('user', 12)]; unknown names raise HorusError."""
+    """'JobID,User%12' -> [('jobid', None), ('user', 12)]; 'elap' is Elapsed, as in sacct;
+    unknown names raise HorusError."""
     out = []
     for part in (fmt or DEFAULT_FORMAT).split(","):
         part = part.strip()
         if not part:
             continue
         name, _, width = part.partition("%")
-        key = name.strip().lower()
-        if key not in COLUMNS:
-            valid = ", ".join(COLUMNS.values())
-            if key in SACCT_FIELDS:
-                raise HorusError(f"field '{name.strip()}': the ledger does not record it "
-                                 f"(available: {valid})")
-            raise HorusError(f"unknown field '{name.strip()}' (available: {valid})")
+        keys = _columns_named(name.strip())
         try:  # ASCII digits, as sacct reads them (int() took '١٠' for 10)
             w = int(width) if width and width.lstrip("-").isascii() else (None if not width else 0)
         except ValueError:
             w = 0
         if w is not None and not 1 <= abs(w) <= MAX_WIDTH:  # -W: left-justified, as sacct
             raise HorusError(f"bad width in '{part}' (1..{MAX_WIDTH}, or -{MAX_WIDTH}..-1 left-justified)")
-        out.append((key, w))
+        out.extend((key, w) for key in keys)
     if not out:
         raise HorusError("empty --format")
     return out
