@@ -117,3 +117,18 @@ def test_tend_says_each_action_as_it_is_done(monkeypatch, tmp_path):
     said = []
     done = tend(min_wait_s=0, on_action=said.append, journal=str(tmp_path / "j.json"))
     assert said == done and [a.kind for a in said] == ["pack"] and updates
+
+
+@pytest.mark.parametrize("var", ["HORUS_QUEUE_LOCK", "HORUS_QUEUE_JOURNAL"])
+def test_a_relative_lock_or_journal_path_is_one_clear_line(monkeypatch, tmp_path, var):
+    """A relative HORUS_QUEUE_LOCK failed with 'No such file or directory' (its folder was '');
+    either had named a file in whatever folder the pass ran from."""
+    if os.geteuid() != 0:
+        pytest.skip("a changing pass runs as root")
+    monkeypatch.setenv("HORUS_QUEUE_LOCK", str(tmp_path / "run" / "queue.lock"))
+    monkeypatch.setenv("HORUS_QUEUE_JOURNAL", str(tmp_path / "oom-requeues.json"))
+    monkeypatch.setenv(var, "queue.state")
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(admin, ["queue"])
+    assert r.exit_code != 0 and f"{var}='queue.state': give an absolute path" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "queue.state").exists()

@@ -142,8 +142,19 @@ def pass_lock(dry_run: bool):
         os.close(fd)
 
 
+def _state_path(var: str, default: str) -> str:
+    """$var, else ``default``: an absolute path (a relative one had named a file in whatever
+    folder the pass ran from, and a lock there failed with 'No such file or directory')."""
+    from slurm_horus.errors import HorusError
+
+    path = os.environ.get(var) or default
+    if not os.path.isabs(path):
+        raise HorusError(f"{var}={path!r}: give an absolute path")
+    return path
+
+
 def _lock_path() -> str:
-    return os.environ.get("HORUS_QUEUE_LOCK") or "/run/slurm-horus/queue.lock"
+    return _state_path("HORUS_QUEUE_LOCK", "/run/slurm-horus/queue.lock")
 
 
 def _adopt_legacy_journal(journal: str, warn) -> None:
@@ -181,4 +192,4 @@ def _adopt_legacy_journal(journal: str, warn) -> None:
 def _journal_path() -> str:
     """The OOM requeues begun and not finished: on disk, not in /run beside the lock (a reboot
     mid-requeue had lost it, and its job waited held for an admin)."""
-    return os.environ.get("HORUS_QUEUE_JOURNAL") or "/var/lib/slurm-horus/oom-requeues.json"
+    return _state_path("HORUS_QUEUE_JOURNAL", "/var/lib/slurm-horus/oom-requeues.json")
