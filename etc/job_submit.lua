@@ -647,8 +647,10 @@ end
 -- one of these is read as it (an ambiguous prefix, "--cpus-per-", makes srun fail anyway).
 -- Exact option names win in getopt: --mem and --ntasks are prefixes of --mem-per-gpu and
 -- --ntasks-per-gpu but no GPU request.
+-- --gpu-bind (any value, none too): Slurm 25.11 gives such a step of a job on shards no GPU
+-- (CUDA_VISIBLE_DEVICES empty, seen on the local cluster)
 local SRUN_GPU_LONG = { "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "cpus-per-gpu",
-	"mem-per-gpu", "ntasks-per-gpu" }
+	"mem-per-gpu", "ntasks-per-gpu", "gpu-bind" }
 local SRUN_GPU_VALUE_LONG = { "gres", "tres-per-task" }
 local SRUN_EXACT_NOT_GPU = { mem = true, ntasks = true }
 
@@ -777,9 +779,10 @@ end
 
 -- srun reads these from the job's environment as its own GPU options: sbatch puts SLURM_GPUS
 -- and SLURM_GPUS_PER_NODE there for --gpus and --gpus-per-node, and a job submitted from inside
--- another job carries that job's; a step asking for GPUs fails in a job on shards
+-- another job carries that job's; a step asking for GPUs fails in a job on shards, and one
+-- binding them (SLURM_GPU_BIND: srun's --gpu-bind) runs without its GPU
 local STEP_GPU_ENV = { "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_SOCKET", "SLURM_GPUS_PER_TASK",
-	"SLURM_CPUS_PER_GPU", "SLURM_MEM_PER_GPU", "SLURM_NTASKS_PER_GPU" }
+	"SLURM_CPUS_PER_GPU", "SLURM_MEM_PER_GPU", "SLURM_NTASKS_PER_GPU", "SLURM_GPU_BIND" }
 
 -- Does the job's environment make its srun steps ask for GPUs?  (slurmctld's job_desc gives
 -- the environment as a table read by variable name)  srun also reads each variable with the
@@ -1127,6 +1130,8 @@ local function hint_plan(job, pol, uid, preds)
 	end
 	-- Slurm refuses a GPU frequency for a job that holds no gpu GRES
 	if mentions_gpu(job.tres_freq) then return unchanged("--gpu-freq set") end
+	-- Slurm 25.11 gives the srun steps of a job on shards with a GPU binding no GPU at all
+	if mentions_gpu(job.tres_bind) then return unchanged("--gpu-bind set") end
 	if env_asks_for_gpus(job) then
 		return unchanged("--gpus-per-node set (or a GPU option in its environment): its srun steps would" ..
 			" ask for GPUs; use --gres=gpu:1 to share")

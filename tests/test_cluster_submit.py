@@ -365,7 +365,10 @@ def test_a_step_asking_for_a_gpu_by_name_still_runs(workdir):
     says so too; a plain srun step is still shared."""
     model = [*OWN_ACCOUNT, "--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer",
              "--gres=gpu:1"]
-    for step, shared in (("srun --gres=gpu:1 true", False), ("srun --gpus=1 true", False), ("srun true", True)):
+    # a GPU binding too: 25.11 gave such a step of a job on shards no GPU (CUDA_VISIBLE_DEVICES empty)
+    seen = 'srun --gpu-bind=none sh -c "test -n \\"\\$CUDA_VISIBLE_DEVICES\\""'
+    for step, shared in (("srun --gres=gpu:1 true", False), ("srun --gpus=1 true", False), (seen, False),
+                         ("srun true", True)):
         exp = subprocess.run([*HSUBMIT, *model, "--explain", "--wrap", step], capture_output=True, text=True,
                              cwd=workdir)
         decision = next(ln for ln in exp.stdout.splitlines() if ln.startswith("decision: "))
@@ -378,17 +381,19 @@ def test_a_step_asking_for_a_gpu_by_name_still_runs(workdir):
 
 
 @pytest.mark.parametrize("args,why", [(["--gpus=1"], "--gres=gpu:1"), (["--gpus-per-node=1"], "--gres=gpu:1"),
-                                      (["--gres=gpu:1", "--gpu-freq=high"], "--gpu-freq")],
-                         ids=["gpus", "gpus-per-node", "gpu-freq"])
+                                      (["--gres=gpu:1", "--gpu-freq=high"], "--gpu-freq"),
+                                      (["--gres=gpu:1", "--gpu-bind=closest"], "--gpu-bind")],
+                         ids=["gpus", "gpus-per-node", "gpu-freq", "gpu-bind"])
 def test_gpus_options_and_gpu_freq_keep_the_job_whole(workdir, args, why):
     """A review: --gpus=1 and --gpus-per-node=1 jobs were put on shards, and sbatch puts
     SLURM_GPUS / SLURM_GPUS_PER_NODE in the job's environment, which every srun step reads as its
     own GPU request ("Step requested GRES (gpu:(null)) not found"); a --gpu-freq job on shards was
-    refused by slurmctld ("Invalid generic resource (gres) specification").  Each now runs
-    as submitted, on a whole GPU, and is told why."""
+    refused by slurmctld ("Invalid generic resource (gres) specification"); a --gpu-bind job on
+    shards ran its steps without a GPU on 25.11 (CUDA_VISIBLE_DEVICES empty).  Each now runs as
+    submitted, on a whole GPU its steps see, and is told why."""
     model = ["--model", str(ZOO / "mobilenet_v2.onnx"), "--batch-size", "8", "--task", "infer"]
-    cp = hsubmit(workdir, *model, *args, "-t", "1", "-o", str(workdir / "out-%j"), "--wrap", "srun true",
-                 check=False)
+    cp = hsubmit(workdir, *model, *args, "-t", "1", "-o", str(workdir / "out-%j"), "--wrap",
+                 'srun sh -c "test -n \\"\\$CUDA_VISIBLE_DEVICES\\""', check=False)
     assert cp.returncode == 0, cp.stderr
     jid = cp.stdout.strip()
     job = show(jid)

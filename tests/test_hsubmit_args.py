@@ -721,6 +721,13 @@ def test_the_explained_job_desc_carries_what_makes_srun_steps_ask_for_gpus():
     assert jd["tres_freq"] == "gpu:high" and d.action == "unchanged" and "--gpu-freq" in d.note
     jd, d = decision(["--gres=gpu:1"], {"SBATCH_GPU_FREQ": "low"})  # sbatch reads it too
     assert jd["tres_freq"] == "gpu:low" and d.action == "unchanged"
+    # --gpu-bind: 25.11 gives a job on shards with it no GPU in its steps
+    jd, d = decision(["--gres=gpu:1", "--gpu-bind=closest"], {})
+    assert jd["tres_bind"] == "gres/gpu:closest" and d.action == "unchanged" and "--gpu-bind" in d.note
+    jd, d = decision(["--gres=gpu:1"], {"SBATCH_GPU_BIND": "none"})
+    assert jd["tres_bind"] == "gres/gpu:none" and d.action == "unchanged"
+    jd, d = decision(["--gres=gpu:1"], {"SLURM_GPU_BIND": "closest"})  # the submitting shell's
+    assert jd["environment"] == {"SLURM_GPU_BIND": "closest"} and d.action == "unchanged"
 
 
 def test_explain_judges_a_job_without_an_account_under_the_users_default_account(tmp_path, monkeypatch):

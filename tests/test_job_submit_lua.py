@@ -859,7 +859,6 @@ def test_a_script_whose_steps_ask_for_gpus_by_name_stays_unchanged(line):
     "python train.py --gpus 1",
     "mysrun --gpus=1 x",
     "srun --gres=shard:10 python train.py",
-    "srun --gpu-bind=closest python train.py",
     "srun -u python -u train.py --gpus 1",  # a flag of srun's: the next word is the program
     "srun --exclusive python -m train --gpus 2",
     "srun -lu python train.py --gpus 2",

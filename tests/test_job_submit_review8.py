@@ -67,3 +67,21 @@ def test_a_job_desc_number_past_64_bits_is_passed_as_slurmctld_passes_it(tmp_pat
                policy_path=pol, hook_path=HOOK, submit_uid=UID)
     assert (d.action, d.shards) == ("shared", 26)
     assert d.job_desc["pn_min_memory"] == no_val64  # not written: the caller's value
+
+
+@pytest.mark.parametrize("job", [
+    {"tres_bind": "gres/gpu:closest"},  # sbatch --gpu-bind (or SBATCH_GPU_BIND)
+    {"script": "#!/bin/sh\nsrun --gpu-bind=none python train.py\n"},
+    {"script": "#!/bin/sh\nsrun --gpu-b closest python train.py\n"},  # getopt's prefix
+    {"environment": {"SLURM_GPU_BIND": "closest"}},  # srun reads it as --gpu-bind
+], ids=["job", "step", "step-prefix", "environment"])
+def test_a_gpu_binding_keeps_the_job_whole(tmp_path, job):
+    """Slurm 25.11 gives the srun steps of a job on shards with a GPU binding (any, none too) no
+    GPU: CUDA_VISIBLE_DEVICES empty (seen on the local cluster); such a job was put on shards."""
+    pol = write_policy(tmp_path, BASE)
+    d = decide({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": SCRIPT, **job},
+               policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    assert d.action == "unchanged" and ("--gpu-bind" in d.note or "srun steps" in d.note), d.note
+    plain = decide({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": SCRIPT,
+                    "tres_bind": "cpu:cores"}, policy_path=pol, hook_path=HOOK, submit_uid=UID)
+    assert plain.action == "shared", plain.note  # a binding of no GPU shares as before

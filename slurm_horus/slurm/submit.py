@@ -37,6 +37,7 @@ _ENV_OPTS = {
     "gpus-per-task": "SBATCH_GPUS_PER_TASK", "gpus-per-socket": "SBATCH_GPUS_PER_SOCKET",
     "cpus-per-gpu": "SBATCH_CPUS_PER_GPU", "mem-per-gpu": "SBATCH_MEM_PER_GPU",
     "tres-per-task": "SBATCH_TRES_PER_TASK", "gpu-freq": "SBATCH_GPU_FREQ", "account": "SBATCH_ACCOUNT",
+    "gpu-bind": "SBATCH_GPU_BIND",
 }
 
 
@@ -632,6 +633,10 @@ def job_desc_of(plan: Plan) -> dict:
     freq = plan.request("gpu-freq")
     if freq is not None:
         jd["tres_freq"] = f"gpu:{freq}"
+    # and 25.11 gives a job on shards with a GPU binding no GPU in its steps: left whole too
+    bind = plan.request("gpu-bind")
+    if bind is not None:
+        jd["tres_bind"] = f"gres/gpu:{bind}"
     env = _step_gpu_environment(plan)
     if env and jd["script"]:
         jd["environment"] = env
@@ -658,7 +663,7 @@ _STEP_GPU_OPTIONS = {"gpus": "SLURM_GPUS", "gpus-per-node": "SLURM_GPUS_PER_NODE
 # the names srun reads as its own GPU options, each also with its het group's suffix (the hook's
 # env_asks_for_gpus): the submitting shell's, which sbatch passes on
 _STEP_GPU_ENV = re.compile("(?:{})(?:_(?:HET|PACK)_GROUP_[0-9]+)?".format(
-    "|".join((*_STEP_GPU_OPTIONS.values(), "SLURM_GRES", "SLURM_TRES_PER_TASK"))))
+    "|".join((*_STEP_GPU_OPTIONS.values(), "SLURM_GRES", "SLURM_TRES_PER_TASK", "SLURM_GPU_BIND"))))
 
 
 def _step_gpu_environment(plan: Plan) -> dict[str, str]:
