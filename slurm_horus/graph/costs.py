@@ -213,9 +213,13 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
                   and len(params[n.input[0]].shape) == 2}
     consumers = graph.consumers
 
+    biased: dict[int, bool] = {}  # by node: a product read by many heads is looked at once
+
     def has_bias(matmul) -> bool:
-        return any(c.op_type == "Add" and any(i in params for i in c.input)
-                   for o in matmul.output for c in consumers.get(o, ()))
+        if id(matmul) not in biased:
+            biased[id(matmul)] = any(c.op_type == "Add" and any(i in params for i in c.input)
+                                     for o in matmul.output for c in consumers.get(o, ()))
+        return biased[id(matmul)]
 
     tied, ends = [], {}
     for name, info in params.items():
@@ -390,7 +394,7 @@ def _control_flow_costs(node, graph: Graph, params, views: _Names, claimed: _Nam
     if times * trips > MAX_TRIPS:
         raise ModelError(f"{graph.path}: node '{prefix}{name}' ({op}) would run its body "
                          f"{times * trips:.3g} times; the model's trip counts are not plausible")
-    own = [n for n in node.input if n in params and n not in claimed]
+    own = [n for n in dict.fromkeys(node.input) if n in params and n not in claimed]
     claimed.own.update(own)
     runs = []  # (body costs, its claims, its outputs)
     for _, body in bodies(node):
@@ -447,7 +451,6 @@ class _BackwardContext:
     PROB_PASSTHROUGH = frozenset({"Where", "Dropout", "Cast", "IsNaN", "Add"})
 
     def __init__(self, graph: Graph, params, constants, views: set[str]):
-        consumers = graph.consumers
         self.root: dict[str, str] = {}
         for node in graph.nodes:
             if op_name(node) in ELEMENTWISE and op_name(node) != "Dropout" and node.output:
@@ -470,6 +473,14 @@ class _BackwardContext:
                          and self.root[a] == self.root[out]]
                 if inner:
                     self.fused.update([out, *inner])
+        # each tensor's readers looked at once for all the walks below: 5,000 Softmaxes whose
+        # walks met one tensor of 5,000 readers took 30 s
+        to_matmul = {n for c in graph.nodes if op_name(c) == "MatMul" for n in c.input}
+        passed: dict[str, list[str]] = {}
+        for c in graph.nodes:
+            if op_name(c) in self.PROB_PASSTHROUGH and c.output:
+                for n in dict.fromkeys(c.input):
+                    passed.setdefault(n, []).append(c.output[0])
         self.probs: set[str] = set()
         for node in graph.nodes:
             if op_name(node) == "Softmax" and node.output:
@@ -477,11 +488,9 @@ class _BackwardContext:
                 while frontier and len(chain) < 8:
                     name = frontier.pop()
                     chain.append(name)
-                    for c in consumers.get(name, ()):
-                        if op_name(c) == "MatMul":
-                            self.probs.update(chain)
-                        elif op_name(c) in self.PROB_PASSTHROUGH and c.output:
-                            frontier.append(c.output[0])
+                    if name in to_matmul:
+                        self.probs.update(chain)
+                    frontier += passed.get(name, ())[-8:]  # (no more than 8 are ever popped)
         self.param_views = views
         self.folded_norm = {
             node.output[0] for node in graph.nodes
@@ -501,7 +510,8 @@ def _cost(node, graph: Graph, params, claimed: _Names, constants: _Names,
     infos = [graph.info(n) if n else None for n in node.input]
     outs = [graph.info(n) for n in node.output if n]
     out_bytes = sum(o.nbytes for o in outs if o)
-    own_params = [n for n in node.input if n in params and n not in claimed]
+    # once each: a node reading a weight twice (W * W) had counted it twice
+    own_params = [n for n in dict.fromkeys(node.input) if n in params and n not in claimed]
     claimed.own.update(own_params)
     n_params = sum(params[n].numel for n in own_params)
     param_bytes = sum(params[n].nbytes for n in own_params)

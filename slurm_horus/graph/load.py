@@ -144,10 +144,11 @@ class Graph:
 
     @cached_property
     def consumers(self) -> dict[str, list]:
-        """Tensor name -> the nodes that read it, in order."""
+        """Tensor name -> the nodes that read it, in order, each once (a node listing its input
+        20,000 times had every walk over its readers take minutes)."""
         out: dict[str, list] = {}
         for node in self.nodes:
-            for name in node.input:
+            for name in dict.fromkeys(node.input):
                 out.setdefault(name, []).append(node)
         return out
 
@@ -598,6 +599,9 @@ def _check_external_data(model, folder: Path, onnx) -> list[str]:
             raise ModelError(f"tensor '{tensor.name}': {len(locations)} external-data locations; "
                              "refusing it")
         location = locations[0] if locations else ""
+        if not isinstance(location, str):  # not UTF-8: protobuf hands it over as bytes
+            raise ModelError(f"tensor '{tensor.name}': external-data path {location[:80]!r} is not "
+                             "UTF-8 text; refusing it")
         if location in checked:
             continue
         try:
