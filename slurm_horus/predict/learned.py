@@ -29,7 +29,7 @@ from slurm_horus.predict.coldstart import (OPTIMIZERS, PRECISIONS, ColdStartEsti
                                            Prediction, Workload)
 from slurm_horus.predict.gpus import GPU, get_gpu
 from slurm_horus.predict.history import weighted_median
-from slurm_horus.predict.trees import TreeEnsemble
+from slurm_horus.predict.trees import MAX_TREES, TREE_KEYS, TreeEnsemble
 
 MIN_TRAIN_ROWS = 20  # fewer rows cannot fill the trees' leaves (min_samples_leaf 10)
 
@@ -60,6 +60,12 @@ SEEN_COLUMNS = {
     "workload": ("task_train", *(f"opt_{o}" for o in OPTIMIZERS), *(f"prec_{p}" for p in PRECISIONS)),
 }
 MAX_SEEN = 1000  # distinct GPU or workload rows a model file may list
+SEEN_BLOCK = 1 << 16  # (input row, seen row) pairs compared at once
+# Objects and lists a model file may hold, counted before it is parsed (registry.py): two
+# ensembles of MAX_TREES trees as lists (format 1: an object and a list per array), the seen
+# rows, and some for ranges, metrics and meta; 16 MiB of empty lists had cost every hsubmit
+# 2 s and 390 MB
+MAX_MODEL_CONTAINERS = 2 * MAX_TREES * (1 + len(TREE_KEYS)) + 2 * MAX_SEEN + 1000
 # Bounds of a sane model. Its outputs are logs (memory: of the ratio to the cold-start estimate;
 # utilization: log1p of a percentage), so no baseline, leaf or sum of them goes near +-MAX_LOG;
 # the learned memory stays within MAX_MEM_RATIO of the physics either way; utilization within
@@ -216,10 +222,13 @@ class LearnedModel:
             ok &= (x >= lo - RANGE_MARGIN) & (x <= hi + RANGE_MARGIN)
         for kind, cols in (SEEN_COLUMNS.items() if self.seen is not None else ()):
             got = X[:, [names.index(c) for c in cols]]
-            seen = np.zeros(len(X), bool)
-            for row in self.seen[kind]:  # a few dozen rows: one pass each, no N x rows array
-                seen |= np.isclose(got, row, rtol=1e-9, atol=1e-12).all(axis=1)
-            ok &= seen
+            seen = np.asarray(self.seen[kind], float)
+            # blocks of rows x every seen row at once: one pass per seen row (a file may list
+            # MAX_SEEN) had cost 100 ms an answer; a block bounds the N x rows array
+            step = max(SEEN_BLOCK // len(seen), 1)
+            for i in range(0, len(X), step):
+                ok[i:i + step] &= np.isclose(got[i:i + step, None], seen, rtol=1e-9,
+                                             atol=1e-12).all(axis=2).any(axis=1)
         return ok
 
     def answer(self, X, cold_mem, cold_util) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import math
 import os
 import pwd
 import re
@@ -38,10 +39,13 @@ from pathlib import Path
 from slurm_horus.errors import HorusError
 from slurm_horus.textfile import (NOT_OWNER, create_site_dirs, open_for_reading, own_dir,
                                   remove_stale_temps, replace_text, untrusted, write_temp)
-from slurm_horus.predict.learned import MAX_MODEL_BYTES, LearnedModel
+from slurm_horus.predict.learned import MAX_MODEL_BYTES, MAX_MODEL_CONTAINERS, LearnedModel
 
 ENV_VAR = "HORUS_MODEL_DIR"
 DEFAULT_DIR = Path("/var/lib/slurm-horus/models")
+# what an admin does about a damaged current.json: every command that reads it had only failed
+STATE_REPAIR = ("an admin may remove it: the cold start serves until `horus-admin models promote "
+                "VERSION`")
 VERSION_RE = re.compile(r"v(\d{4,})")  # fullmatch only: with "$", "v0001\n" matched too
 HISTORY_FILE = "history.json"
 CALIBRATION_FILE = "calibration.json"
@@ -101,13 +105,13 @@ class Registry:
         except FileNotFoundError:
             return {"serving": None, "history": []}
         except (OSError, ValueError, RecursionError) as e:
-            raise HorusError(f"{path}: unreadable registry state ({type(e).__name__})") from None
+            raise HorusError(f"{path}: unreadable registry state ({type(e).__name__}); {STATE_REPAIR}") from None
         if not (isinstance(state, dict) and "serving" in state
                 and (state["serving"] is None
                      or (isinstance(state["serving"], str) and VERSION_RE.fullmatch(state["serving"])))
                 and isinstance(state.get("history", []), list)
                 and all(isinstance(v, str) and VERSION_RE.fullmatch(v) for v in state.get("history", []))):
-            raise HorusError(f"{path}: not a registry state file")
+            raise HorusError(f"{path}: not a registry state file; {STATE_REPAIR}")
         return state
 
     def serving(self) -> str | None:
@@ -123,6 +127,8 @@ class Registry:
             raise HorusError(f"model {version} is not in the registry at {self.root}") from None
         except OSError as e:
             raise HorusError(f"{path}: {e.strerror}") from None
+        if why := _shape_problem(data, MAX_MODEL_CONTAINERS):
+            raise HorusError(f"{path}: {why}")
         return LearnedModel.from_json(data, source=str(path))
 
     def load_json(self, name: str, max_bytes: int | None = None) -> dict | list | None:
@@ -431,14 +437,14 @@ _NOT_STRUCTURE = bytes(b for b in range(256) if b not in _STRUCTURE)
 _COUNT_CHUNK = 1 << 20
 
 
-def _structure_counts(data: bytes) -> tuple[int, int]:
+def _structure_counts(data: bytes, max_containers: int, max_values: float) -> tuple[int, int]:
     """(objects and lists, values) of JSON ``data``: its braces and brackets, and those with its
     commas, outside its strings (as the parser tokenizes them; what it parses of a file it
-    then refuses is counted too). Counted in all its bytes first (fast: a real export has few
+    then refuses is counted too). Counted in all its bytes first (fast: a real file has few
     in its strings); only past a cap are its strings left out, a megabyte at a time."""
     containers = data.count(b"{") + data.count(b"[")
     values = containers + data.count(b",")
-    if containers <= MAX_HISTORY_CONTAINERS and values <= MAX_HISTORY_VALUES:
+    if containers <= max_containers and values <= max_values:
         return containers, values
     if b"\\" in data:  # escapes: a backslash's own, then a quote's (no string's end)
         data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
@@ -456,13 +462,18 @@ def _structure_counts(data: bytes) -> tuple[int, int]:
 
 def _history_shape_problem(data: bytes) -> str | None:
     """Why history.json's bytes are not an export's (more values, or objects and lists, than
-    one within the byte cap holds), told by counting, before parsing them builds millions of
-    objects; None where they may be."""
-    containers, values = _structure_counts(data)
-    if containers > MAX_HISTORY_CONTAINERS:
-        return f"{containers:,} objects and lists, more than readers take ({MAX_HISTORY_CONTAINERS:,})"
-    if values > MAX_HISTORY_VALUES:
-        return f"{values:,} values, more than readers take ({MAX_HISTORY_VALUES:,})"
+    one within the byte cap holds); None where they may be."""
+    return _shape_problem(data, MAX_HISTORY_CONTAINERS, MAX_HISTORY_VALUES)
+
+
+def _shape_problem(data: bytes, max_containers: int, max_values: float = math.inf) -> str | None:
+    """Why JSON ``data`` holds more objects and lists, or values, than its readers take, told by
+    counting before parsing it builds millions of objects; None where it may not."""
+    containers, values = _structure_counts(data, max_containers, max_values)
+    if containers > max_containers:
+        return f"{containers:,} objects and lists, more than readers take ({max_containers:,})"
+    if values > max_values:
+        return f"{values:,} values, more than readers take ({max_values:,})"
     return None
 
 
