@@ -29,13 +29,16 @@ SUMMARY = (("completed", "completed jobs", "{:,}"), ("failed_jobs", "failed jobs
            ("sim_cpu_s", "sim CPU (s)", "{:.2f}"))
 
 
-MAX_INPUT_BYTES = 1 << 30  # a trace, an export or a cluster description: never endless
+MAX_INPUT_BYTES = 1 << 30  # a trace or an export: never endless
+# a cluster description, slurm.conf or gres.conf: a GB of `{"nodes": [{}, {}, ...]}` had taken
+# 25 GB to parse (23 bytes of memory a byte); 64 MiB name a million nodes one by one
+MAX_CONF_BYTES = 64 << 20
 
 
-def _read(path: str, what: str) -> str:
+def _read(path: str, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
     from slurm_horus.textfile import read_text
 
-    return read_text(path, what, MAX_INPUT_BYTES)
+    return read_text(path, what, max_bytes)
 
 
 def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf_text, gres_conf):
@@ -44,9 +47,9 @@ def build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, slurm_conf_text, 
     from slurm_horus.sim.cluster import cluster_from_json, cluster_from_slurm_conf, homogeneous_cluster
 
     if cluster_file:
-        return cluster_from_json(_read(cluster_file, "cluster file"))
+        return cluster_from_json(_read(cluster_file, "cluster file", MAX_CONF_BYTES))
     if slurm_conf_text is not None:
-        gres = _read(gres_conf, "gres.conf") if gres_conf else None
+        gres = _read(gres_conf, "gres.conf", MAX_CONF_BYTES) if gres_conf else None
         return cluster_from_slurm_conf(slurm_conf_text, gres)
     return homogeneous_cluster(gpus, gpu_type.lower(), gpus_per_node)
 
@@ -230,6 +233,7 @@ def register(main_group: click.Group) -> None:
         from slurm_horus.sim.cluster import MAX_BF_MAX_JOB_TEST, SLURM_BF_INTERVAL_S, backfill_from_slurm_conf
         from slurm_horus.sim.engine import run_policies
         from slurm_horus.sim.plot import figure, terminal
+        from slurm_horus.sim.policies import POLICIES
         from slurm_horus.slurm.policy import POLICY_MAX_BYTES, find_hook, policy_values
         from slurm_horus.slurm.policy import policy_file as site_policy_file
         from slurm_horus.textfile import read_text
@@ -259,7 +263,7 @@ def register(main_group: click.Group) -> None:
                              "takes at most that too)")
         conf_text = None
         if slurm_conf:
-            conf_text = _read(slurm_conf, "slurm.conf")
+            conf_text = _read(slurm_conf, "slurm.conf", MAX_CONF_BYTES)
         sched = backfill_from_slurm_conf(conf_text) if conf_text is not None else None
         if bf_window is None:
             bf_window = sched.max_job_test if sched else 100
@@ -292,6 +296,12 @@ def register(main_group: click.Group) -> None:
         pols = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
         if not pols:
             raise HorusError("--policies: none given")
+        # what run_policies and the Simulator check only after the trace is built (minutes for
+        # 2,000,000 jobs), checked before it (and the bounds below); the upper bounds need the
+        # hook's shards per GPU
+        unknown = [p for p in pols if p not in POLICIES]
+        if unknown:
+            raise HorusError(f"unknown policy '{unknown[0]}'; choose from {', '.join(POLICIES)}")
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
         # one policy file for the hook's decisions and the bound: the site's (as horus-admin queue
         # reads it), else the one beside the hook that runs (the bound had been the site's while
@@ -307,6 +317,9 @@ def register(main_group: click.Group) -> None:
                                 POLICY_MAX_BYTES)
         if slowdown_bound is None:
             slowdown_bound = float(policy_values(policy_text).get("slowdown_bound", "2"))
+        if slowdown_bound < 1 or max_group < 1 or naive_shards < 1:
+            raise HorusError("--slowdown-bound (or the policy file's slowdown_bound) must be >= 1, "
+                             "--max-group and --naive-shards >= 1")
         cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, conf_text, gres_conf)
         replayed: dict = {}
         jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,
@@ -357,11 +370,9 @@ def register(main_group: click.Group) -> None:
         table.add_column("metric")
         for p in results:
             table.add_column(p, justify="right")
-        for key, label, fmt in SUMMARY:  # a time over no completed job, a rate over no window: '-'
-            table.add_row(label, *("-" if (key.endswith(("jct_s", "slowdown")) and not results[p]["ended"])
-                                   or (key in ("throughput_per_h", "sm_busy", "gpus_alloc")
-                                       and not results[p]["window_s"])
-                                   else fmt.format(results[p][key]) for p in results))
+        for key, label, fmt in SUMMARY:  # a figure over no job or no time (None): '-'
+            table.add_row(label, *("-" if results[p][key] is None else fmt.format(results[p][key])
+                                   for p in results))
         Console().print(table)
         if plot == "-":
             console().print(terminal(results, what), end="")

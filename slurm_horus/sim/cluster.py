@@ -16,6 +16,9 @@ MAX_CLUSTER_GPUS = 1_000_000  # the simulator keeps per-GPU arrays: a bound on w
 # them: 20 million slots are about 320 MB)
 MAX_NODE_SLOTS = 20_000_000
 MAX_GPU_MEM_MIB = 16 * 1024 * 1024  # 16 TiB: no GPU has more (a bound on what the file says)
+# no GPU a job is packed on has less than 1 GiB: "mem_mib": 40 is 40 GB written in the wrong
+# unit, and had run every job in a 40 MiB GPU (true memory capped to fit, no OOM)
+MIN_GPU_MEM_MIB = 1024
 
 # sched/backfill's defaults and limits (Slurm 25.11, src/plugins/sched/backfill/backfill.c)
 SLURM_BF_INTERVAL_S, SLURM_BF_MAX_JOB_TEST = 30, 500
@@ -127,9 +130,9 @@ def cluster_from_json(text: str) -> ClusterSpec:
             raise HorusError(f"cluster file: node #{i}: gpus and count must be positive integers")
         mem = e.get("mem_mib")
         if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (int, float))
-                                or not 0 < mem <= MAX_GPU_MEM_MIB):
+                                or not MIN_GPU_MEM_MIB <= mem <= MAX_GPU_MEM_MIB):
             raise HorusError(f"cluster file: node #{i}: mem_mib must be a number of MiB in "
-                             f"(0, {MAX_GPU_MEM_MIB:,}]")
+                             f"[{MIN_GPU_MEM_MIB:,}, {MAX_GPU_MEM_MIB:,}] (MiB, not GB)")
         if mem is not None and mems.setdefault(gtype, mem) != mem:
             raise HorusError(f"cluster file: node #{i}: {gtype} GPUs with mem_mib {mem} and "
                              f"{mems[gtype]}: one size per type (name the other type apart)")

@@ -26,7 +26,9 @@ def run_slowdown(ran: float, solo: float, timed_out: bool, remaining: float) -> 
 
 
 def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> dict[str, Any]:
-    """Per-policy figures of the Simulator ``sim`` after its run (t0: the first submit)."""
+    """Per-policy figures of the Simulator ``sim`` after its run (t0: the first submit).  A
+    figure over no job (no job ended) or over no time (an empty window or makespan) is None,
+    not 0: a mean JCT of 0 or a slowdown of 1 had read as true."""
     end, start, timed_out, w_end = sim.end, sim.start, sim.timed_out, sim.w_end
     submit = [j.submit for j in sim.jobs]
     done = [i for i, (e, f) in enumerate(zip(end, sim.failed)) if e >= 0 and not f]
@@ -52,21 +54,21 @@ def metrics(sim, t0: float, rejected: int, unschedulable: int, wall: float) -> d
         "completed": sum(1 for i in done if not timed_out[i]),
         "ended": len(done),
         "makespan_s": span,
-        "mean_jct_s": sum(jct) / len(jct) if jct else 0.0,
-        "median_jct_s": pct(jct, 0.5),
-        "p95_jct_s": pct(jct, 0.95),
-        "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
-        "gpu_util": sim.acc_util / (G * span) if span > 0 else 0.0,
-        "gpus_busy": sim.acc_busy / span if span > 0 else 0.0,
-        "gpus_busy_frac": sim.acc_busy / (G * span) if span > 0 else 0.0,
-        "mean_slowdown": sum(slow) / len(slow) if slow else 1.0,
-        "p50_slowdown": pct(slow, 0.5) if slow else 1.0,
-        "p95_slowdown": pct(slow, 0.95) if slow else 1.0,
-        "p99_slowdown": pct(slow, 0.99) if slow else 1.0,
+        "mean_jct_s": sum(jct) / len(jct) if jct else None,
+        "median_jct_s": pct(jct, 0.5) if jct else None,
+        "p95_jct_s": pct(jct, 0.95) if jct else None,
+        "mean_wait_s": sum(waits) / len(waits) if waits else None,
+        "gpu_util": sim.acc_util / (G * span) if span > 0 else None,
+        "gpus_busy": sim.acc_busy / span if span > 0 else None,
+        "gpus_busy_frac": sim.acc_busy / (G * span) if span > 0 else None,
+        "mean_slowdown": sum(slow) / len(slow) if slow else None,
+        "p50_slowdown": pct(slow, 0.5) if slow else None,
+        "p95_slowdown": pct(slow, 0.95) if slow else None,
+        "p99_slowdown": pct(slow, 0.99) if slow else None,
         "window_s": win,
-        "throughput_per_h": 3600.0 * in_win / win if win > 0 else 0.0,
-        "sm_busy": sim.w_util / (G * win) if win > 0 else 0.0,
-        "gpus_alloc": sim.w_busy / (G * win) if win > 0 else 0.0,
+        "throughput_per_h": 3600.0 * in_win / win if win > 0 else None,
+        "sm_busy": sim.w_util / (G * win) if win > 0 else None,
+        "gpus_alloc": sim.w_busy / (G * win) if win > 0 else None,
         "oom_failures": sim.oom_failures,
         "failed_jobs": sum(sim.failed),
         "timeouts": sim.timeouts,

@@ -37,17 +37,21 @@ def time_unit(seconds: float) -> tuple[str, float]:
     return ("min", 60.0) if seconds >= 120 else ("s", 1.0)
 
 
-def _values(results: Results, metric: str, kind: str) -> tuple[list[float], str]:
-    vals = [float(results[p].get(metric) or 0.0) for p in results]
+def _values(results: Results, metric: str, kind: str) -> tuple[list[float | None], str]:
+    """The policies' values of ``metric`` in its unit; None where a policy has none (a time
+    over no ended job, a share over no time: metrics' None)."""
+    vals = [None if results[p].get(metric) is None else float(results[p][metric]) for p in results]
     if kind == "time":
-        unit, div = time_unit(max(vals, default=0.0))
-        return [v / div for v in vals], unit
+        unit, div = time_unit(max((v for v in vals if v is not None), default=0.0))
+        return [None if v is None else v / div for v in vals], unit
     if kind == "share":
-        return [100.0 * v for v in vals], "%"
+        return [None if v is None else 100.0 * v for v in vals], "%"
     return vals, "jobs"
 
 
-def _fmt(v: float, unit: str) -> str:
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:  # drawn as an empty bar, labelled '-': not a 0
+        return "-"
     if unit == "jobs":
         return f"{v:.0f}"
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
@@ -65,8 +69,10 @@ def figure(results: Results, title: str):
     cols = [color(p, i) for i, p in enumerate(pols)]
     for ax, (metric, name, kind) in zip(axes.flat, PANELS):
         vals, unit = _values(results, metric, kind)
+        labels = [_fmt(v, unit) for v in vals]
+        vals = [v or 0.0 for v in vals]
         bars_ = ax.bar(range(len(pols)), vals, color=cols)
-        ax.bar_label(bars_, labels=[_fmt(v, unit) for v in vals], fontsize=8, padding=2)
+        ax.bar_label(bars_, labels=labels, fontsize=8, padding=2)
         ax.set_xticks(range(len(pols)), pols, fontsize=9)
         ax.set_ylabel(f"{name.split(',')[0]} ({unit})")
         better = BETTER_METRIC.get(metric) or BETTER.get(kind)
@@ -91,7 +97,7 @@ def terminal(results: Results, title: str, width: int = 36) -> Text:
         vals, unit = _values(results, metric, kind)
         better = BETTER_METRIC.get(metric) or BETTER.get(kind)
         out.append(f"\n{name} ({unit})" + (f", {better}" if better else "") + "\n")
-        out.append_text(bars([(p, v, _fmt(v, unit)) for p, v in zip(results, vals)], width,
+        out.append_text(bars([(p, v or 0.0, _fmt(v, unit)) for p, v in zip(results, vals)], width,
                              style_of=lambda p: TERM_STYLES.get(p, "magenta"),
                              top=100.0 if unit == "%" else None))
     return out
@@ -110,8 +116,9 @@ def _sweep_table(sweep: Sweep) -> tuple[list[str], list[float], list[str], dict]
         for p in runs[0]:
             if p not in pols:
                 pols.append(p)
-            v = [float(r[p]["mean_jct_s"]) for r in runs]
-            cells[mix, load, p] = sum(v) / len(v)
+            v = [r[p]["mean_jct_s"] for r in runs]
+            if None not in v:  # a seed where no job ended has no JCT: no cell ('-'), not a mean of the rest
+                cells[mix, load, p] = sum(map(float, v)) / len(v)
     return mixes, loads, pols, cells
 
 

@@ -16,8 +16,9 @@ from slurm_horus.errors import HorusError, one_line
 from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.slurm.accounting import RECORD_ERRORS, UNSET_TIME, num, parse_job
 from slurm_horus.slurm.parse import json_errors
+from slurm_horus.sim.cluster import MAX_GPU_MEM_MIB
 from slurm_horus.sim.mix import SITE_POOLED, ModelMix
-from slurm_horus.sim.traces import SimJob, graph_residuals, time_limit, truth
+from slurm_horus.sim.traces import MAX_TRACE_JOBS, SimJob, graph_residuals, time_limit, truth
 
 __all__ = ["from_sacct_json", "from_rows", "rows_from_ledger_jobs", "site_residuals", "skip_summary",
            "ROW_KEYS", "MIN_SITE_RUNS", "SKIP_REASONS"]
@@ -74,6 +75,7 @@ def from_sacct_json(text: str, gpu_types: Iterable[str], *, seed: int = 0, trace
     if not rows:
         raise HorusError("sacct json: no finished GPU job with submit and elapsed times"
                          + (f" (of {len(raw):,} rows: {skip_summary(said)})" if raw else ""))
+    _cap(len(rows), "sacct json")
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
     jobs = []
@@ -145,6 +147,13 @@ def _sacct_row(j: dict) -> tuple[float, float, int, float | None] | str:
     # a limit that is no finite positive number counts as none given (documented)
     lim = lim * 60.0 if lim is not None and math.isfinite(lim) and lim > 0 else None
     return submit, elapsed, int(gpus), lim
+
+
+def _cap(n: int, what: str) -> None:
+    """A replay is simulated in memory as a generated trace is: at most MAX_TRACE_JOBS jobs."""
+    if n > MAX_TRACE_JOBS:
+        raise HorusError(f"{what}: {n:,} jobs to replay, at most {MAX_TRACE_JOBS:,} (replay a "
+                         "shorter period)")
 
 
 def skip_summary(report: Mapping[str, Any]) -> str:
@@ -220,6 +229,12 @@ def _parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[tuple[dict, float, fl
                              f"{MAX_ELAPSED_S:,.0f} (366 days)")
         if vals["elapsed_s"] <= 0 or vals["gpus"] < 1 or min(vals.values()) < 0:
             raise HorusError(f"row {n}: need elapsed_s > 0, gpus >= 1 and no negative value")
+        if isinstance(r["gpus"], bool) or not vals["gpus"].is_integer():
+            raise HorusError(f"row {n}: gpus must be a whole number")  # 2.5 had run as 2, true as 1
+        if max(vals["pred_mem"], vals["true_mem"], p90) > MAX_GPU_MEM_MIB:
+            # no GPU holds more; beyond the hint's bound it had failed in the hook, naming no row
+            raise HorusError(f"row {n}: pred_mem, pred_mem_p90 and true_mem must be at most "
+                             f"{MAX_GPU_MEM_MIB:,} MiB")
         colocated = r.get("colocated", False)
         if not isinstance(colocated, bool):
             raise HorusError(f"row {n}: colocated must be true or false")
@@ -277,6 +292,7 @@ def from_rows(rows: Iterable[Mapping[str, Any]], gpu_types: Iterable[str], *, se
     of the same model that had their GPU alone (else of all such runs; else the prediction)."""
     types = list(dict.fromkeys(gpu_types))
     parsed = _parse_rows(rows)
+    _cap(len(parsed), "ledger rows")
     solo = _residuals(parsed, min_runs=1)["util"] if any(x[4] for x in parsed) else {}
     rng = np.random.default_rng(seed)
     order = sorted(range(len(parsed)), key=lambda i: parsed[i][0]["submit_time"])
