@@ -439,7 +439,9 @@ def check_ledger(url: str) -> list[Problem]:
         if out or not db.exists():
             return out  # one problem at a time: who may write it first
         if os.geteuid() != 0 and not os.access(db, os.R_OK):
-            return out  # root's alone, as it should be: only root can look further
+            # root's alone, as it should be, so unchecked: no answer must read as a sound ledger
+            return [Problem(f"the ledger {db} was not checked (its schema, whether it opens): "
+                            "this user cannot read it", "run horus-admin doctor as root")]
     try:
         engine = make_engine(url, busy_timeout=5.0, readonly=True)
         try:

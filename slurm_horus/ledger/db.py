@@ -14,6 +14,7 @@ Prolog, which must not pay for it.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from slurm_horus.errors import HorusError
@@ -56,13 +57,14 @@ def db_timeout() -> float:
 
 
 def mask_url(url: str) -> str:
-    """The URL without its password, for messages."""
+    """The URL without its password, for messages; one SQLAlchemy cannot parse (a mistyped
+    port) without anything between ``://`` and its last ``@``."""
     try:
         from sqlalchemy.engine import make_url
 
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
-        return "<ledger url>"
+        return re.sub(r"://.*@", "://***@", str(url), flags=re.S)
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -115,7 +117,7 @@ def make_engine(url: str, busy_timeout: float, readonly: bool = False):
     try:
         u = make_url(url)
     except Exception:
-        raise HorusError(f"ledger: not a database URL: {url!r}") from None
+        raise HorusError(f"ledger: not a database URL: {mask_url(url)!r}") from None
     if u.get_backend_name() == "sqlite":
         path = sqlite_file(url)
         if readonly and path is not None:
@@ -133,11 +135,15 @@ def make_engine(url: str, busy_timeout: float, readonly: bool = False):
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _rec):
             cur = dbapi_conn.cursor()
-            cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-            try:  # a rollback journal, not WAL: WAL readers need write access to -shm
+            # a rollback journal, not WAL: WAL readers need write access to -shm.  Tried without
+            # waiting (the next connection tries again): it waits for a lock another writer may
+            # hold, and an open had waited the busy timeout twice, here and at BEGIN IMMEDIATE
+            cur.execute("PRAGMA busy_timeout = 0")
+            try:
                 cur.execute("PRAGMA journal_mode = DELETE")
             except Exception:
                 pass
+            cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             cur.execute("PRAGMA synchronous = FULL")
             cur.close()
             _sqlite_functions(dbapi_conn)

@@ -214,10 +214,14 @@ def _setup(conn, url: str) -> None:
     if version < SCHEMA_VERSION:
         for v in range(version + 1, SCHEMA_VERSION + 1):
             MIGRATIONS[v](conn)
-            conn.execute(t["schema_version"].insert(),
-                         [{"version": v, "applied": int(time.time())}])
         _finish_migration(conn)
         _create_views(conn)
+        # the new versions last: on MariaDB/MySQL each DDL statement commits what came before,
+        # and a migration killed in refresh_jobs had left a ledger at the new version without
+        # its jobs rows; killed anywhere, it now runs again (each step adds only what is missing)
+        conn.execute(t["schema_version"].insert(),
+                     [{"version": v, "applied": int(time.time())}
+                      for v in range(version + 1, SCHEMA_VERSION + 1)])
     elif conn.exec_driver_sql(
             "SELECT value FROM ledger_state WHERE name = 'views_sha'").scalar() != _views_sha():
         _create_views(conn)
