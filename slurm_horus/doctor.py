@@ -340,8 +340,10 @@ def _trusted(path: Path, what: str, sticky_ok: bool = False) -> list[Problem]:
     journal, a registry's current.json, a gres.conf beside the hook)."""
     try:
         st = path.stat()
-    except OSError:
-        return []
+    except (FileNotFoundError, NotADirectoryError):
+        return []  # none there: what must exist is checked where it is needed
+    except OSError as e:  # a folder on the way this user cannot search: unchecked, not sound
+        return [Problem(f"{what} {path} was not checked: {e.strerror}", "run horus-admin doctor as root")]
     out = []
     why = untrusted(st, (0,), sticky_ok=sticky_ok)
     if NOT_OWNER in why:

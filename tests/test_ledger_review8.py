@@ -111,3 +111,25 @@ def test_doctor_that_cannot_read_the_ledger_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)
     (p,) = check_ledger(f"sqlite:///{db}")
     assert "was not checked" in p.what and "as root" in p.fix
+
+
+def test_doctor_that_cannot_look_at_a_trusted_path_says_so(tmp_path, monkeypatch):
+    """A file or folder doctor could not stat (a folder on the way this user cannot search) had
+    passed as sound: no problem, exit 0."""
+    from pathlib import Path
+
+    from slurm_horus import doctor
+
+    target = tmp_path / "models"
+    target.mkdir()
+    real_stat = Path.stat
+
+    def stat(self, *a, **kw):
+        if self == target:
+            raise PermissionError(13, "Permission denied")
+        return real_stat(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    (problem,) = doctor._trusted(target, "the model registry")
+    assert "was not checked: Permission denied" in problem.what and "as root" in problem.fix
+    assert doctor._trusted(tmp_path / "absent", "the model registry") == []
