@@ -183,3 +183,22 @@ def test_simulate_plot_given_empty_is_refused_as_hacct_refuses_it(tmp_path, monk
     monkeypatch.setattr(engine, "run_policies", lambda *a, **kw: pytest.fail("simulated"))
     r = CliRunner().invoke(admin, ["simulate", "--jobs", "10", "--plot", ""], prog_name="horus-admin")
     assert r.exit_code == 2 and r.output.strip() == "horus-admin simulate: error: --plot '': name a FILE.png", r.output
+
+
+@pytest.mark.parametrize("err", [OSError(28, "No space left on device", "/var/lib/slurm-horus/x"),
+                                 OSError(30, "Read-only file system", "/x"), ConnectionRefusedError(111, "Connection refused")])
+def test_a_full_disk_or_a_refused_connection_is_the_systems_reason_not_an_internal_error(err):
+    """ENOSPC, EROFS and the like had read 'internal error: OSError: [Errno 28] ...'."""
+    import click
+
+    from slurm_horus.cli.common import one_line_errors
+
+    @click.command()
+    @one_line_errors("horus-x")
+    def cmd():
+        raise err
+
+    r = CliRunner().invoke(cmd, [])
+    assert r.exit_code == 1 and "internal error" not in r.output, r.output
+    assert r.output.startswith(f"horus-x: error: {err.strerror}") and len(r.output.splitlines()) == 1
+    assert (err.filename or "") in r.output

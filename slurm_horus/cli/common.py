@@ -199,9 +199,10 @@ def one_line_errors(prog: str, needs_stdout=False):
             except MemoryError:
                 click.echo(f"{prog}: error: out of memory", err=True)
                 sys.exit(1)
-            except (PermissionError, IsADirectoryError, NotADirectoryError, FileNotFoundError) as e:
-                # a file the command may not write or read, or a folder where a file goes: the
-                # system's own reason and the path, not an "internal error"
+            except OSError as e:
+                # a file the command may not write or read, a folder where a file goes, a full
+                # or read-only disk, a refused connection: the system's own reason and the path,
+                # not an "internal error"
                 if os.environ.get("HORUS_DEBUG"):
                     raise
                 where = f": {e.filename}" if e.filename else ""
