@@ -46,22 +46,13 @@ def test_a_model_file_of_millions_of_empty_lists_is_refused_before_it_is_parsed(
 def test_a_format_1_model_of_the_most_trees_the_loader_takes_still_loads(model_json, tmp_path):
     """The cap on objects and lists leaves every file the tree checks take: two ensembles of
     MAX_TREES trees as lists (format 1), the most objects and lists a model may hold."""
-    import base64
+    from test_robustness import _as_lists
 
-    from slurm_horus.predict.trees import PACKED
-
-    d = json.loads(model_json)
+    d = _as_lists(json.loads(model_json))
+    leaf = {"feature": [0], "threshold": [0.0], "missing_left": [0], "left": [0],
+            "right": [0], "leaf": [1], "value": [0.0]}  # adds nothing to any answer
     for part in ("mem", "util"):
-        a = {k: np.frombuffer(base64.b64decode(v), PACKED[k]).tolist()
-             for k, v in d[part].pop("packed").items()}
-        trees, at = [], 0
-        for n in a.pop("sizes"):
-            trees.append({k: v[at:at + n] for k, v in a.items()})
-            at += n
-        leaf = {"feature": [0], "threshold": [0.0], "missing_left": [0], "left": [0],
-                "right": [0], "leaf": [1], "value": [0.0]}  # adds nothing to any answer
-        d[part]["trees"] = trees + [leaf] * (MAX_TREES - len(trees))
-    d["format_version"] = 1
+        d[part]["trees"] += [leaf] * (MAX_TREES - len(d[part]["trees"]))
     text = json.dumps(d)
     assert len(text) <= MAX_MODEL_BYTES
     root = _registry(tmp_path / "models", text)
