@@ -174,7 +174,7 @@ def sync(ledger, *, sacct_json: str | bytes | dict | None = None, since: float |
         for running, c, i in unfinished:
             if c == local:
                 still_open[i] = still_open.get(i, False) or running
-        _keep_progress(ledger, local, end, still_open)
+        _keep_progress(ledger, local, start, end, still_open)
         if end >= until:
             return total
         start = end
@@ -191,19 +191,22 @@ def _window(ledger, local: str) -> float:
     return max(MIN_CHUNK_S, min(SYNC_CHUNK_S, died / 2)) if died > 0 else SYNC_CHUNK_S
 
 
-def _keep_progress(ledger, local: str, end: float, still_open: dict[int, bool]) -> None:
-    """Save ``local``'s open jobs and how far its sync has read, each cluster its own (one
-    ledger, several clusters), within one state value's column (MariaDB's TEXT): running jobs
-    first (one user's thousands of pending jobs had pushed them out)."""
+def _keep_progress(ledger, local: str, start: float, end: float, still_open: dict[int, bool]) -> None:
+    """Save ``local``'s open jobs and how far its sync has read (the window [start, end] just
+    recorded), each cluster its own (one ledger, several clusters), within one state value's
+    column (MariaDB's TEXT): running jobs first (one user's thousands of pending jobs had pushed
+    them out)."""
     ledger.set_state(f"sync_window:{local}", "")  # recorded
     mine = sorted(still_open, key=lambda i: (still_open[i], i))[-MAX_OPEN_JOBS:]
     ledger.set_state(f"open_jobs:{local}", json.dumps(sorted(mine), separators=(",", ":")))
     # never past now: a sync -E in the future had set every later default window's start after
     # its end, and sacct refused them all; never back: a backfill (-S/-E of last year) had set
-    # the next default window to a year
+    # the next default window to a year; never over a gap: a sync -S/-E of a later hour had
+    # moved the next default window past the jobs that ended before that hour
     end = min(end, time.time())
     before = last_sync(ledger, local)
-    ledger.set_state(f"last_sync:{local}", str(int(end if before is None else max(before, end))))
+    if before is None or int(start) <= before:  # kept in whole seconds
+        ledger.set_state(f"last_sync:{local}", str(int(end if before is None else max(before, end))))
 
 
 def last_sync(ledger, cluster: str) -> float | None:
