@@ -112,7 +112,7 @@ _OTHER_CLUSTER_ENV = "SLURM_CLUSTERS"
 
 def run(args: list[str], timeout: float = TIMEOUT_S) -> str:
     """Run a Slurm query command on this cluster, without the caller's display defaults
-    (_DISPLAY_ENV); its stdout, or HorusError with its stderr's first line."""
+    (_DISPLAY_ENV); its stdout, or HorusError with its stderr's last line (Slurm's summary of what failed)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(_DISPLAY_ENV) and k != _OTHER_CLUSTER_ENV}
     try:
