@@ -213,13 +213,9 @@ def _folded_tied_embeddings(graph: Graph, params: dict[str, TensorInfo]) -> list
                   and len(params[n.input[0]].shape) == 2}
     consumers = graph.consumers
 
-    biased: dict[int, bool] = {}  # by node: a product read by many heads is looked at once
-
     def has_bias(matmul) -> bool:
-        if id(matmul) not in biased:
-            biased[id(matmul)] = any(c.op_type == "Add" and any(i in params for i in c.input)
-                                     for o in matmul.output for c in consumers.get(o, ()))
-        return biased[id(matmul)]
+        return any(c.op_type == "Add" and any(i in params for i in c.input)
+                   for o in matmul.output for c in consumers.get(o, ()))
 
     tied, ends = [], {}
     for name, info in params.items():
@@ -473,14 +469,13 @@ class _BackwardContext:
                          and self.root[a] == self.root[out]]
                 if inner:
                     self.fused.update([out, *inner])
-        # each tensor's readers looked at once for all the walks below: 5,000 Softmaxes whose
-        # walks met one tensor of 5,000 readers took 30 s
-        to_matmul = {n for c in graph.nodes if op_name(c) == "MatMul" for n in c.input}
-        passed: dict[str, list[str]] = {}
-        for c in graph.nodes:
-            if op_name(c) in self.PROB_PASSTHROUGH and c.output:
-                for n in dict.fromkeys(c.input):
-                    passed.setdefault(n, []).append(c.output[0])
+        # each tensor's readers (graph.consumers) looked at once for all the walks below: 5,000
+        # Softmaxes whose walks met one tensor of 5,000 readers took 30 s
+        to_matmul, passed = set(), {}
+        for n, readers in graph.consumers.items():
+            if any(op_name(c) == "MatMul" for c in readers):
+                to_matmul.add(n)
+            passed[n] = [c.output[0] for c in readers if op_name(c) in self.PROB_PASSTHROUGH and c.output]
         self.probs: set[str] = set()
         for node in graph.nodes:
             if op_name(node) == "Softmax" and node.output:
