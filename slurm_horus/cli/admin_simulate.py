@@ -233,7 +233,7 @@ def register(main_group: click.Group) -> None:
         from slurm_horus.sim.cluster import MAX_BF_MAX_JOB_TEST, SLURM_BF_INTERVAL_S, backfill_from_slurm_conf
         from slurm_horus.sim.engine import run_policies
         from slurm_horus.sim.plot import figure, terminal
-        from slurm_horus.sim.policies import POLICIES
+        from slurm_horus.sim.policies import check_policies
         from slurm_horus.slurm.policy import POLICY_MAX_BYTES, find_hook, policy_values
         from slurm_horus.slurm.policy import policy_file as site_policy_file
         from slurm_horus.textfile import read_text
@@ -299,9 +299,7 @@ def register(main_group: click.Group) -> None:
         # what run_policies and the Simulator check only after the trace is built (minutes for
         # 2,000,000 jobs), checked before it (and the bounds below); the upper bounds need the
         # hook's shards per GPU
-        unknown = [p for p in pols if p not in POLICIES]
-        if unknown:
-            raise HorusError(f"unknown policy '{unknown[0]}'; choose from {', '.join(POLICIES)}")
+        check_policies(pols)
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
         # one policy file for the hook's decisions and the bound: the site's (as horus-admin queue
         # reads it), else the one beside the hook that runs (the bound had been the site's while

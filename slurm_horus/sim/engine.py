@@ -51,7 +51,8 @@ from slurm_horus.sim.cluster import SLURM_BF_INTERVAL_S, ClusterSpec
 from slurm_horus.sim.interference import Interference
 from slurm_horus.sim.metrics import metrics, run_slowdown
 from slurm_horus.sim.placement import INF, UTIL_SIGMA, Placement, pair_limits
-from slurm_horus.sim.policies import POLICIES, HorusDecider, JobTable, Request, build_requests, job_table
+from slurm_horus.sim.policies import (POLICIES, HorusDecider, JobTable, Request, build_requests, check_policies,
+                                      job_table)
 from slurm_horus.sim.traces import SimJob
 
 __all__ = ["HISTORY_LAG_S", "Simulator", "simulate", "run_policies"]
@@ -697,9 +698,7 @@ def run_policies(cluster: ClusterSpec, jobs: Sequence[SimJob], policies: Iterabl
     """Every policy on the same trace: {policy: metrics}.  One hook runtime and one
     :func:`~slurm_horus.sim.policies.job_table` (``table``, built here when not given) serve all."""
     policies = list(policies)
-    for p in policies:
-        if p not in POLICIES:
-            raise HorusError(f"unknown policy '{p}'; choose from {', '.join(POLICIES)}")
+    check_policies(policies)
     types = cluster.gpu_types
     mem = [cluster.mem_mib(t) for t in types]
     table = job_table(jobs, types, mem, table)

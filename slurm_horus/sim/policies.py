@@ -12,7 +12,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from slurm_horus.errors import HorusError
 from slurm_horus.slurm.hint import encode_hint
@@ -21,9 +21,16 @@ from slurm_horus.slurm.policy import POLICY_MAX_BYTES, find_hook, policy_values,
 from slurm_horus.sim.traces import SimJob
 from slurm_horus.textfile import read_text
 
-__all__ = ["POLICIES", "Request", "JobTable", "job_table", "HorusDecider", "build_requests"]
+__all__ = ["POLICIES", "check_policies", "Request", "JobTable", "job_table", "HorusDecider", "build_requests"]
 
 POLICIES = ("exclusive", "naive", "horus", "oracle")
+
+
+def check_policies(names: Iterable[str]) -> None:
+    """HorusError naming the first of ``names`` that is no policy."""
+    for p in names:
+        if p not in POLICIES:
+            raise HorusError(f"unknown policy '{p}'; choose from {', '.join(POLICIES)}")
 
 
 @dataclass(frozen=True)
