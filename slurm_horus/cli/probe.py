@@ -11,18 +11,20 @@ from click.core import ParameterSource
 from slurm_horus.cli.common import Command, FiniteFloatRange
 
 
-def job_id_option(ctx, param, value):
+def check_job_id(ctx, value) -> None:
     """--job-id as a number. Typed by hand, anything else is a usage error (exit 2, as click
     gives ``--pid abc``): it had been measured, then dropped at the record, with exit 0. From
     $SLURM_JOB_ID (the environment of a job, or of slurmd's Prolog/Epilog) it is never an
-    error, for a probe must never fail a job: the probe records nothing (``numeric_job_id``)."""
-    if value is None or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
-        return value
+    error, for a probe must never fail a job: the probe records nothing (``numeric_job_id``).
+    Checked in the command, not an option callback: click 8.4 records where a value came from
+    only after its callback ran, so there every value had looked typed by none."""
+    if value is None or ctx.get_parameter_source("job_id") is not ParameterSource.COMMANDLINE:
+        return
     from slurm_horus.ledger.probe import numeric_job_id  # as main's: never before a job's try
 
-    if numeric_job_id(value):
-        return value
-    raise click.BadParameter(f"{value!r} is not a job id (a number)", ctx, param)
+    if not numeric_job_id(value):
+        param = next(p for p in ctx.command.params if p.name == "job_id")
+        raise click.BadParameter(f"{value!r} is not a job id (a number)", ctx, param)
 
 
 NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jobs "
@@ -43,7 +45,7 @@ NOT_ROOT = ("horus-probe: refusing to record as uid {uid}: only root measures jo
 @click.option("--interval", type=FiniteFloatRange(0.2, 3600),
               help="Seconds between samples (default $HORUS_PROBE_INTERVAL, kept within "
                    "0.2..3600, else 5).")
-@click.option("--job-id", envvar="SLURM_JOB_ID", callback=job_id_option,
+@click.option("--job-id", envvar="SLURM_JOB_ID",
               help="Job id (default $SLURM_JOB_ID).")
 @click.option("--cluster", envvar="SLURM_CLUSTER_NAME",
               help="Cluster (default $SLURM_CLUSTER_NAME).")
@@ -56,6 +58,7 @@ def main(mode, pid, interval, job_id, cluster, url, command):
     comes only from a probe running as root. Only root records: anyone else gets a one-line error
     and exit code 2 (`horus-probe -- CMD` still runs CMD, unmeasured, and returns its code).
     Without NVML (or a GPU) it records nothing and prints nothing."""
+    check_job_id(click.get_current_context(), job_id)
     uid = os.geteuid()
     if uid != 0:
         click.echo(NOT_ROOT.format(uid=uid), err=True)
