@@ -412,10 +412,12 @@ class _Slurm:
         return ""
 
 
-@pytest.mark.parametrize("failing", ["scontrol update JobId=1795 AdminComment", "squeue"])
+@pytest.mark.parametrize("failing", [f"scontrol update JobId=1795 AdminComment={EXCL} horus-queue:v1;action=",
+                                     "squeue"])
 def test_a_pack_whose_mark_or_check_fails_is_put_back(monkeypatch, failing):
     """Unmarked, no later pass would undo it: a mark that fails, or a verifying squeue (or a
-    timed-out update Slurm applied) that fails, had left the job on shards."""
+    timed-out update Slurm applied) that fails, had left the job on shards.  Its request is put
+    back, then its comment (the intent mark written before the reshape goes)."""
     from slurm_horus.errors import HorusError
     from slurm_horus.ledger import requeue
     from slurm_horus.ledger.requeue import Action, apply
@@ -425,9 +427,16 @@ def test_a_pack_whose_mark_or_check_fails_is_put_back(monkeypatch, failing):
     a = Action(1795, "pack", "gres/shard:50", "horus-queue:v1;action=pack;from=gpu:1")
     with pytest.raises(HorusError):
         apply(a, EXCL, "gres/gpu:a100:1")
-    assert slurm.calls[-1] == ["scontrol", "update", "JobId=1795", "TresPerNode=gres/gpu:a100:1"]
+    assert slurm.calls[-2:] == [["scontrol", "update", "JobId=1795", "TresPerNode=gres/gpu:a100:1"],
+                                ["scontrol", "update", "JobId=1795", f"AdminComment={EXCL}"]]
     if failing == "squeue":  # never marked: the check failed before the mark
-        assert not any(len(c) > 3 and c[3].startswith("AdminComment=") for c in slurm.calls)
+        assert not any(len(c) > 3 and ";action=pack" in c[3] for c in slurm.calls)
+    # an intent Slurm does not take: nothing changed, nothing tried
+    slurm = _Slurm(fail=("scontrol update JobId=1795 AdminComment",))
+    monkeypatch.setattr(requeue, "run", slurm)
+    with pytest.raises(HorusError):
+        apply(a, EXCL, "gres/gpu:a100:1")
+    assert not any(len(c) > 3 and c[3] == "TresPerNode=gres/shard:50" for c in slurm.calls)
 
 
 def test_an_array_tasks_reshape_is_checked_on_its_own_record(monkeypatch):

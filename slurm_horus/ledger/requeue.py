@@ -14,7 +14,8 @@
    pressure what its decision token says they would have had without it (spread).
 
 Every change is marked in the job's AdminComment with a ``horus-queue:v1;...`` token
-(``slurm.accounting.queue_tokens`` reads them), which is how the loop knows what it did (at
+(``slurm.accounting.queue_tokens`` reads them; a pack or spread writes an intent first, which
+the next pass settles: _settled), which is how the loop knows what it did (at
 most one OOM requeue per job) and how ``horus-admin sync`` records it in the ledger
 (``jobs.queue_actions``). Run it as root (scontrol update of other users' jobs, which the hook
 takes from no other uid), from scrontab or a systemd timer (etc/horus-queue.*). Jobs are read from ``squeue --json``
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import threading
 import time
@@ -55,6 +57,9 @@ OOM_RE = re.compile(r"CUDA out of memory|(?<!java\.lang\.)OutOfMemoryError|CUDA_
                     r"OOM when allocating tensor(?![^\n]*(?:device:CPU|allocator cpu))")
 TAIL_BYTES = 256 * 1024  # the end of the error file: where a crash's last words are
 RESTART_DELAY_S = 5  # an OOM rerun starts this long after its requeue (see apply)
+# a job's error file that has not answered by then is on a hung mount (NFS): the pass goes on
+# without it; unbounded, the pass waited until systemd's TimeoutStartSec killed it, every pass
+ERROR_READ_TIMEOUT_S = 5.0
 
 
 class JobMovedOn(HorusError):
@@ -67,6 +72,15 @@ class JobChanged(HorusError):
 
 class RequeueRefused(HorusError):
     """Slurm will not requeue the job at all: nothing was changed, nothing is left to finish."""
+
+
+class ErrorFileHung(HorusError):
+    """A job's error file did not answer within ERROR_READ_TIMEOUT_S: no evidence of its OOM."""
+
+    def __init__(self, path: str):
+        super().__init__(f"{path} did not answer in {ERROR_READ_TIMEOUT_S:g} s (a hung mount?): "
+                         "no evidence of an OOM")
+        self.path = path
 
 
 @dataclass(frozen=True)
@@ -204,7 +218,7 @@ def _packed_by_horus(rec: dict) -> bool:
     to recover (a raw shard request, or another partition's job, is not)."""
     decision = parse_decision(rec.get("AdminComment"))
     return bool((decision and decision.action == "shared")
-                or any(t.get("action") == "pack" for t in queue_tokens(rec.get("AdminComment"))))
+                or any(t.get("action") == "pack" for t in _marks(rec)))
 
 
 def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
@@ -230,8 +244,7 @@ def oom_actions(jobs: list[dict], read_tail: Callable[[dict], str | None],
                 or not _acts_on(rec) or not _packed_by_horus(rec) \
                 or rec.get("Requeue") == "0" or rec.get("BatchFlag") == "0":
             continue
-        if any(t.get("action") == "oom-requeue" for t in queue_tokens(rec.get("AdminComment"))) \
-                or jid in given_up:
+        if any(t.get("action") == "oom-requeue" for t in _marks(rec)) or jid in given_up:
             continue
         gtype = _gpu_type(rec, known) or _ran_on_type(rec, nodes or [])
         whole, fallback = _whole_gpu(gtype, rec.get("TresPerNode"), per_gpu or {})
@@ -469,7 +482,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
     types = node_gpu_types(nodes)
     out = []
     for rec in jobs:  # held (or waiting on something else) after this loop packed it
-        toks = queue_tokens(rec.get("AdminComment"))
+        toks = _marks(rec)
         tres, gtype = rec.get("TresPerNode"), _gpu_type(rec, types)
         if (rec.get("JobState") == "PENDING" and not _waits_for_gpus(rec) and _acts_on(rec)
                 and _still_packed(toks, tres) and _job_id(rec) is not None and gtype):
@@ -483,7 +496,7 @@ def pressure_actions(jobs: list[dict], nodes: list[dict], pack_shards: int,
         to_pack = short
         for rec in recs:
             jid = _job_id(rec)
-            toks = queue_tokens(rec.get("AdminComment"))
+            toks = _marks(rec)
             last = toks[-1].get("action") if toks else None
             tres = rec.get("TresPerNode")
             if jid is None or any(t.get("action") == "oom-requeue" for t in toks) or not _acts_on(rec):
@@ -610,27 +623,94 @@ def read_error_tail(rec: dict) -> str | None:
     (``UserId`` from squeue_json_records: the owner Slurm knows), and only if written since the
     job's last run started (``_start``, squeue's StartTime): an earlier run's text (before a
     requeue, --open-mode=append, a file another job shares) is no evidence of this run's OOM.
-    What the file says is still the user's to write (the mtime assumes clocks in step)."""
+    What the file says is still the user's to write (the mtime assumes clocks in step).
+    Raises ErrorFileHung where a file does not answer in ERROR_READ_TIMEOUT_S."""
     uid, gids = owner_ids((rec.get("UserId") or "").split("(")[0])
     start = rec.get("_start")
     if uid is None or not isinstance(start, (int, float)):
         return None
     for key in ("StdErr", "StdOut"):
-        fd = open_as_owner(rec.get(key) or "", uid, gids)
-        if fd is None:
-            continue
+        path = rec.get(key) or ""
         try:
-            st = os.fstat(fd)
-            if st.st_mtime < start:
-                continue
-            size = st.st_size
-            os.lseek(fd, max(0, size - TAIL_BYTES), os.SEEK_SET)
-            return os.read(fd, TAIL_BYTES).decode("utf-8", "replace")
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
+            found = _in_child(lambda: _tail_since(path, uid, gids, start), ERROR_READ_TIMEOUT_S)
+        except TimeoutError:
+            raise ErrorFileHung(path) from None
+        if found is not None:
+            return found.decode("utf-8", "replace")
     return None
+
+
+def _tail_since(path: str, uid: int, gids: set[int], start: float) -> bytes | None:
+    """The file's last TAIL_BYTES, if its owner ``uid`` may open it and it was written since
+    ``start``; else None."""
+    fd = open_as_owner(path, uid, gids)
+    if fd is None:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_mtime < start:
+            return None
+        os.lseek(fd, max(0, st.st_size - TAIL_BYTES), os.SEEK_SET)
+        return os.read(fd, TAIL_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+_killed_children: set[int] = set()  # killed on a hung read: reaped once the kernel lets them go
+
+
+def _in_child(read: Callable[[], bytes | None], timeout_s: float) -> bytes | None:
+    """``read()`` in a forked child, its bytes back through a pipe; TimeoutError, the child
+    killed, where it has not finished in ``timeout_s``.  A child, not a thread: as root,
+    open_as_owner sets the effective uid, which glibc sets for every thread of the process, so
+    a thread stuck in the kernel on a hung mount had left the whole pass acting as the job's
+    owner (and, stuck unkillable, kept the process from exiting)."""
+    for pid in list(_killed_children):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                _killed_children.discard(pid)
+        except ChildProcessError:
+            _killed_children.discard(pid)
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only os._exit leaves it (no cleanup of the parent's runs twice)
+        try:
+            # none of the pass's files kept: the lock's flock had outlived the pass in a child
+            # stuck on the mount, and every later pass skipped
+            os.closerange(3, wfd)
+            os.closerange(wfd + 1, os.sysconf("SC_OPEN_MAX"))
+            data = read()
+            if data is not None:
+                view = memoryview(b"+" + data)  # "+": found, even when empty
+                while view:
+                    view = view[os.write(wfd, view):]
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    finished = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([rfd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(rfd, 1 << 16)
+            if not chunk:
+                finished = True
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(rfd)
+        if finished:
+            os.waitpid(pid, 0)
+        else:  # timed out, or a signal's exception: never waited for
+            os.kill(pid, signal.SIGKILL)
+            _killed_children.add(pid)
+    data = b"".join(chunks)
+    return data[1:] if data else None
 
 
 def _submitted(rec: dict) -> float:
@@ -661,6 +741,63 @@ def marked(admin_comment: str | None, token: str) -> str:
     drop = set(swings[:max(0, len(swings) - (MAX_QUEUE_MARKS - 1))])
     text = " ".join(w for i, w in enumerate(words) if i not in drop)
     return f"{text} {token}" if text else token
+
+
+def _gpu_request(tres: str | None) -> str:
+    """The job's GPU request as the marks name it (``gpu:1``, ``shard:50``); its other GRES,
+    whose commas no mark may hold, left out."""
+    return next((f"{g['name']}:{g['count']}" for g in parse_gres(tres) if g["name"] in ("gpu", "shard")), "")
+
+
+def _intent(action: Action) -> str:
+    """The mark a pack or spread writes before its reshape: the action's as ``intent=``, with
+    what the reshape may give (``to``, else the fallback's ``or``); _settled reads it."""
+    token = action.token.replace(";action=", ";intent=", 1) + f";to={_gpu_request(action.tres)}"
+    return token + (f";or={_gpu_request(action.fallback)}" if action.fallback else "")
+
+
+_INTENT_RE = re.compile(rf"{re.escape(QUEUE_TOKEN)};intent=\S*")
+
+
+def _settled(admin_comment: str | None, tres: str | None) -> str:
+    """AdminComment with each intent mark (_intent) settled by what the job asks for now: the
+    action's mark where it holds what the reshape gives (a pass stopped between the reshape and
+    the mark), else dropped (the reshape never took, or someone changed the job since: nothing
+    of this loop's to undo).  hacct and sync read no intent: it is no action (yet)."""
+    words = []
+    for word in (admin_comment or "").split(" "):
+        if not _INTENT_RE.fullmatch(word):
+            words.append(word)
+            continue
+        intent = queue_tokens(word)[0]
+        if _gpu_request(tres) in (intent.get("to"), intent.get("or")):
+            words.append(f"{QUEUE_TOKEN};action={intent['intent']};from={intent.get('from', '')};"
+                         f"to={_short(tres or '')}")
+    return " ".join(words)
+
+
+def _marks(rec: dict) -> list[dict[str, str]]:
+    """The job's queue marks, its intent marks settled (_settled)."""
+    return queue_tokens(_settled(rec.get("AdminComment"), rec.get("TresPerNode")))
+
+
+def settle_intents(jobs: list[dict], on_error: Callable[[str], None] | None = None) -> bool:
+    """Write the settled AdminComment (_settled) of each job with an intent mark that Slurm
+    still takes an update of (pending or running), so that sync and hacct see the action a
+    stopped pass took; -> whether any job changed."""
+    changed = False
+    for rec in jobs:
+        text = rec.get("AdminComment") or ""
+        settled = _settled(text, rec.get("TresPerNode"))
+        if settled == text or rec.get("JobState") not in ("PENDING", "RUNNING"):
+            continue
+        try:
+            run(["scontrol", "update", f"JobId={job_ref(rec)}", f"AdminComment={settled}"])
+            changed = True
+        except HorusError as e:
+            if on_error:
+                on_error(f"job {rec.get('JobId')}: its intent mark not settled: {e}")
+    return changed
 
 
 def _job_now(job_id: int) -> dict | None:
@@ -764,18 +901,24 @@ def _apply(action: Action, admin_comment: str | None, old_tres: str | None,
     jid = action.ref or str(action.job_id)
     if action.kind != "oom-requeue":
 
-        def put_back() -> None:  # the job's old request (a no-op where no change took)
+        def put_back() -> None:  # the old request, then the old comment (no-ops where none changed)
             if old_tres:
                 run(["scontrol", "update", f"JobId={jid}", f"TresPerNode={old_tres}",
                      *([f"Features={old_features or ''}"] if action.features else [])])
+            run(["scontrol", "update", f"JobId={jid}", f"AdminComment={admin_comment or ''}"])
 
         if seen is not None:
             _unchanged(action.job_id, seen)
         try:
+            # the intent first: a pass killed between the reshape and its mark (SIGKILL, power
+            # loss) had left the job reshaped and unmarked, never spread back; the next pass
+            # settles an intent by what the job then asks for (settle_intents)
+            run(["scontrol", "update", f"JobId={jid}",
+                 f"AdminComment={marked(admin_comment, _intent(action))}"])
             got = reshape(jid, action.tres, action.fallback, action.job_id, action.features)
         except HorusError as e:
-            # its check or update failed, maybe after Slurm applied it: unmarked, no later pass
-            # would undo a change that took, so the old request is put back
+            # an update or its check failed, maybe after Slurm applied it: the old request is
+            # put back (where that fails too, the intent stays for the next pass to settle)
             try:
                 put_back()
             except HorusError:
@@ -854,7 +997,8 @@ GIVE_UP_S = 600  # a journaled requeue Slurm will not finish is released after t
 
 
 def journal_read(path: str | None) -> dict:
-    """The OOM requeues begun and not finished, and those given up on (``given_up``), as
+    """The OOM requeues begun and not finished, those given up on (``given_up``), and the jobs
+    whose error file hung a pass (``hung``: its path; ``start``: the run it was of), as
     {job ref: entry}; {} without one.  Root's own regular file, read without following a link."""
     if not path:
         return {}
@@ -870,9 +1014,10 @@ def journal_read(path: str | None) -> dict:
         raise HorusError(f"requeue journal {path}: {e.strerror or e}") from None
     except ValueError:
         raise HorusError(f"requeue journal {path}: corrupt: check the jobs it names, then remove it") from None
-    ok = isinstance(data, dict) and all(isinstance(e, dict) and isinstance(e.get("job_id"), int)
-                                        and isinstance(e.get("tres"), str) and isinstance(e.get("token"), str)
-                                        and isinstance(e.get("at"), (int, float)) for e in data.values())
+    ok = isinstance(data, dict) and all(
+        isinstance(e, dict) and isinstance(e.get("job_id"), int) and isinstance(e.get("at"), (int, float))
+        and (isinstance(e.get("hung"), str) or isinstance(e.get("tres"), str) and isinstance(e.get("token"), str))
+        for e in data.values())
     if not ok:
         raise HorusError(f"requeue journal {path}: corrupt: check the jobs it names, then remove it")
     return data
@@ -910,14 +1055,53 @@ def given_up_keys(journal: str | None) -> set[int]:
     return {e["job_id"] for e in entries.values() if e.get("given_up")}
 
 
+def _hung_reads(journal: str | None) -> dict[int, float]:
+    """{job id: the run start} of the jobs whose error file hung a pass (_tail_reader); none where
+    the journal cannot be read (as given_up_keys)."""
+    try:
+        entries = journal_read(journal)
+    except HorusError:
+        return {}
+    return {e["job_id"]: e.get("start") for e in entries.values() if "hung" in e}
+
+
+def _tail_reader(journal: str | None, version: str | None, dry_run: bool,
+                 on_error: Callable[[str], None] | None) -> Callable[[dict], str | None]:
+    """oom_actions' ``read_tail``: read_error_tail, except of a run whose file hung a pass
+    already (no evidence; a second wait on the same mount had cost every pass its timeout);
+    a file that hangs now is said and journaled (not on a dry run) until the job leaves the
+    queue (heal)."""
+    hung = _hung_reads(journal)
+
+    def read_tail(rec: dict) -> str | None:
+        jid = _job_id(rec)
+        if jid in hung and hung[jid] == rec.get("_start"):
+            return None
+        try:
+            return read_error_tail({**rec, **stdio_paths(rec["JobId"], version)})
+        except ErrorFileHung as e:
+            said = f"oom-requeue job {jid}: {e}"
+            if not dry_run and journal:
+                try:
+                    journal_set(journal, job_ref(rec), {"job_id": jid, "hung": e.path,
+                                                        "start": rec.get("_start"), "at": time.time()})
+                    said += "; not read again while the job is in the queue"
+                except HorusError as err:
+                    said += f"; {err}"
+            if on_error:
+                on_error(said)
+            return None
+    return read_tail
+
+
 def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] | None = None,
          on_action: Callable[[Action], None] | None = None) -> list[Action]:
     """Finish the journaled OOM requeues a pass could not (a requeuehold, mark or release that
     failed, maybe after Slurm acted): a job still held is marked, reshaped and released; one
     gone from the queue, or marked, or FAILED (never requeued: requeued anew) leaves the journal;
     one requeued but released unmarked by someone else (its owner may release a user hold) is
-    kept as given up, as is a job given up on, until it leaves the queue.  ``on_action`` hears
-    of each requeue finished as tend's does."""
+    kept as given up, as is a job given up on or whose error file hung, until it leaves the
+    queue.  ``on_action`` hears of each requeue finished as tend's does."""
     done = []
     by_id = {_job_id(r): r for r in jobs}
     try:
@@ -933,7 +1117,7 @@ def heal(journal: str | None, jobs: list[dict], on_error: Callable[[str], None] 
         return done
     for ref, e in entries.items():
         rec = by_id.get(e["job_id"])
-        if e.get("given_up"):
+        if e.get("given_up") or "hung" in e:
             if rec is None:
                 journal_set(journal, ref, None)
             continue
@@ -993,8 +1177,9 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
     to retry), ``on_action`` of each action once it is done (on a dry run, found), before a stop
     it held off: a pass stopped (SIGTERM) or failed later had said nothing of what it changed.
     ``journal``: the file of OOM requeues begun (heal finishes them first; not on a
-    dry run) and given up.  No pack where Slurm refuses them (reshapes_gpu_to_shards), dry run
-    or not."""
+    dry run) and given up, and of error files that hung (_tail_reader).  A pack or spread's
+    intent mark a stopped pass left is settled first (settle_intents; not on a dry run).  No
+    pack where Slurm refuses them (reshapes_gpu_to_shards), dry run or not."""
     jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     nodes = parse_scontrol_records(run(["scontrol", "-d", "show", "node"]))
     limit = policy_util_limit(pack_shards)
@@ -1005,9 +1190,11 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
             if on_error:
                 on_error(str(e))
     healed = [] if dry_run else heal(journal, jobs, on_error, on_action)
-    if healed:  # the queue changed: the actions are read from it as it is now
-        jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
+    settled = not dry_run and settle_intents(mine, on_error)
+    if healed or settled:  # the queue changed: the actions are read from it as it is now
+        jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
+        mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
     declared = declared_type_features() if policy_value("type_via", "features") == "features" else set()
     try:  # read at every pass: a --interval loop outlives an upgrade of Slurm
         version = slurm_version(fresh=True)
@@ -1015,7 +1202,7 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         version = None
         if on_error:
             on_error(f"no pack this pass: {e}")
-    actions = oom_actions(mine, lambda rec: read_error_tail({**rec, **stdio_paths(rec["JobId"], version)}),
+    actions = oom_actions(mine, _tail_reader(journal, version, dry_run, on_error),
                           shards_per_gpu(nodes), node_gpu_types(nodes), nodes, declared, given_up_keys(journal))
     can_pack = version is not None and reshapes_gpu_to_shards(version)
     actions += [a for a in pressure_actions(jobs, nodes, pack_shards, mem_shards, min_wait_s, time.time(),
@@ -1035,7 +1222,8 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         rec = by_id[a.job_id]
         try:
             with _signals_held():  # the stop apply holds off waits until the action is said too
-                got = apply(replace(a, ref=job_ref(rec)), rec.get("AdminComment"), rec.get("TresPerNode"),
+                admin_comment = _settled(rec.get("AdminComment"), rec.get("TresPerNode"))
+                got = apply(replace(a, ref=job_ref(rec)), admin_comment, rec.get("TresPerNode"),
                             rec.get("Features"), journal, seen=rec)
                 did(replace(a, tres=got))
         except RequeueRefused as e:
