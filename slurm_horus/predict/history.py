@@ -371,6 +371,8 @@ class HistoryPredictor:
             pooled = pooled_correction(list(graphs.values()), owners, off)
             if pooled:
                 out[gpu][name] = _raise_only_unless_many(pooled, owners, ("mem_log_ratio", "util_shift"))
+                if not _lowering_users(owners):  # a base above the cold start too (corrected_answer)
+                    out[gpu][name]["raise_only"] = True
         return dict(out)
 
     @staticmethod
@@ -498,7 +500,8 @@ class HistoryPredictor:
         if est is None:
             return _floored(corrected(pools))
         mem, util = est
-        util = base_util if util is None else util
+        if util is None:  # no run measured it alone: the base's, corrected as where no run answers
+            util = corrected(pools).util_pct
         if not own and any(r.get("users", 1) == 1 and r.get("user") is not None for r in used):
             # a setting one other user alone ran (not an admin's import) may raise a newcomer's
             # figures, never lower them below what they would be without its runs: the base
@@ -635,10 +638,16 @@ def corrected_answer(base_mem: float, base_util: float, off: dict | None, cold_m
         if not p or not cold_mem:
             continue
         w = strength * p["n"] / (p["n"] + 1)
-        log_mem += w * (math.log(_shifted(cold_mem, cold_off)) + p["mem_log_ratio"])
+        mem_to = math.log(_shifted(cold_mem, cold_off)) + p["mem_log_ratio"]
+        if p.get("raise_only"):
+            # from few users' graphs (_pooled): it may raise what it pulls, never lower it (its
+            # figures, clamped at the cold start's, had pulled a learned model above them down)
+            mem_to = max(mem_to, log_mem / weight)
+        log_mem += w * mem_to
         weight += w
         if p["util_shift"] is not None and cold_util is not None:
-            util += w * min(max(cold_util + cold_off["util_pp"] + p["util_shift"], 0.0), 100.0)
+            util_to = min(max(cold_util + cold_off["util_pp"] + p["util_shift"], 0.0), 100.0)
+            util += w * (max(util_to, util / w_util) if p.get("raise_only") else util_to)
             w_util += w
         tier = tier or kind
     return Answer(math.exp(log_mem / weight), util / w_util, tier)

@@ -154,6 +154,12 @@ def _pools(d) -> dict[str, dict[str, dict]]:
                                          "memory ratio"),
                 "util_shift": _optional(p.get("util_shift"), -100.0, 100.0, "utilization shift"),
                 "n": p["n"]}
+            # a pool from too few users' graphs to lower what it corrects (a file from before
+            # the flag has none: its pools pull either way, as that release's did)
+            if not isinstance(p.get("raise_only", False), bool):
+                raise HorusError("malformed history file (pool raise_only)")
+            if p.get("raise_only"):
+                out[gpu][name]["raise_only"] = True
     return out
 
 
