@@ -54,3 +54,53 @@ def save(graph, path: Path, opset: int = 17) -> Path:
     model.ir_version = 8
     path.write_bytes(model.SerializeToString())
     return path
+
+
+def tiny_lm():
+    """A two-layer Transformer language model built from torch.nn, its head tied to its
+    embedding, as freshly initialised (all-one norm weights, all-zero attention biases): what
+    the dynamo exporter merges, folds and drops.  Dev-only: torch is no dependency."""
+    import torch
+    from torch import nn
+
+    class TinyLM(nn.Module):
+        def __init__(self, d=32, heads=4, vocab=100, layers=2, positions=16):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.pos = nn.Embedding(positions, d)
+            self.layers = nn.ModuleList(nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True)
+                                        for _ in range(layers))
+            self.ln = nn.LayerNorm(d)
+            self.head = nn.Linear(d, vocab, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids):
+            x = self.emb(ids) + self.pos(torch.arange(ids.shape[1]))
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(self.ln(x))
+
+    torch.manual_seed(0)
+    return TinyLM().train()
+
+
+def dynamo_tiny_lm(path: Path) -> Path:
+    """tiny_lm exported by torch.onnx.export(dynamo=True) (needs onnxscript), its weights of
+    1 KiB or more left out as tests/data/make_zoo.py leaves them (external data, deleted):
+    tests/data/zoo/dynamo_tiny_lm.onnx is `python3 -c 'import tests.graphs as g, pathlib;
+    g.dynamo_tiny_lm(pathlib.Path("tests/data/zoo/dynamo_tiny_lm.onnx"))'`."""
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / path.name
+        torch.onnx.export(tiny_lm(), (torch.randint(0, 100, (2, 8)),), str(raw), dynamo=True,
+                          input_names=["ids"], dynamic_axes={"ids": {0: "batch", 1: "seq"}},
+                          external_data=False)
+        model = onnx.load(str(raw))
+    data = path.with_name(path.name + ".data")
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    data.unlink()
+    return path

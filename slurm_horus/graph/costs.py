@@ -116,7 +116,9 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
     initializer read directly by several nodes (tied weights) is one parameter. Scalars (rank 0),
     integer tensors and batch-norm running statistics are constants, not parameters.  An
     initializer only an If, Loop or Scan body reads (by name, from the graph around it, at any
-    depth) is a parameter all the same; a body's own initializers are its constants.
+    depth) is a parameter all the same; a body's own initializers are its constants.  The dynamo
+    exporter merges without an Identity: load.load_graph undoes that where its metadata tells
+    (graph.dynamo), and what its optimizer folded from weights is a constant.
 
     A quantized model's weights are parameters too, at their stored size: an integer
     initializer a quantized op reads as its weight (QUANTIZED_INPUTS: DequantizeLinear's data,
@@ -130,7 +132,8 @@ def parameter_tensors(graph: Graph) -> dict[str, TensorInfo]:
     params figure does not tell.
     """
     candidates = ChainMap({name: info for name, info in graph.initializers.items()
-                           if info.shape and (info.is_float or info.dtype in QUANTIZED_WEIGHT_TYPES)})
+                           if info.shape and (info.is_float or info.dtype in QUANTIZED_WEIGHT_TYPES)
+                           and name not in graph.folded_constants})
     params: dict[str, TensorInfo] = {}
     _read_parameters(graph.nodes, candidates, params, 0)
     for name in _folded_tied_embeddings(graph, params):

@@ -63,6 +63,7 @@ class FeatureReport:
     unshaped_ops: list[str] = field(default_factory=list)  # ops whose rule lacked input shapes
     single_trips: list[str] = field(default_factory=list)  # Loops and Scans costed as one iteration
     unnamed_dims: list[str] = field(default_factory=list)  # inputs' unnamed unbound sizes, INPUT[POS]
+    unsized_params: list[str] = field(default_factory=list)  # a dynamo export's, graph.dynamo
     # the user's --dim bindings: what a job's record stores, so what the history keys its runs
     # by (bound_dims holds the batch's too, by name or position: "images=32" had keyed no run)
     given_dims: dict[str, int] = field(default_factory=dict)
@@ -110,6 +111,10 @@ class FeatureReport:
         if self.unused_dims:
             out.append(f"--dim {_few(self.unused_dims)}: the model has no dimension of that name; "
                        "ignored")
+        if self.unsized_params:
+            out.append(f"parameter(s) {_few(self.unsized_params)} fused or folded away by the dynamo "
+                       "exporter, their size lost: the parameter count is low (export with "
+                       "dynamo=False, or dynamic shapes for a folded position table)")
         if self.fixed_batch:
             out.append(f"batch size {self.values.get('batch_size')} not applied: the model's inputs "
                        f"have a fixed leading size ({', '.join(map(str, self.fixed_batch))}; "
@@ -254,7 +259,7 @@ def features_of(graph: Graph, batch_size: int | None = None) -> FeatureReport:
         missing_external_data=graph.missing_external_data, assumed_shapes=graph.assumed_shapes,
         unused_dims=graph.unused_dims, shapeless=graph.shapeless, fixed_batch=graph.fixed_batch,
         unshaped_ops=sorted({c.op_type for c in costs if c.has_rule and not c.shapes_known}),
-        single_trips=single_trips, unnamed_dims=graph.unnamed_dims)
+        single_trips=single_trips, unnamed_dims=graph.unnamed_dims, unsized_params=graph.unsized_params)
 
 
 def _few(names: list[str], n: int = 4, width: int = 80) -> str:

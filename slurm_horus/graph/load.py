@@ -135,6 +135,10 @@ class Graph:
     trip_counts: dict[str, int] = field(default_factory=dict)  # Loop trip-count inputs' constant
     #                                                           values, by tensor name
     tied_heads: dict[str, bool] = field(default_factory=dict)  # see _tied_heads
+    # a dynamo export's (graph.dynamo): initializers folded from weights, which are no parameter,
+    # and the parameters whose size its optimizer lost
+    folded_constants: set[str] = field(default_factory=set)
+    unsized_params: list[str] = field(default_factory=list)
     opset: int = 0
     producer: str = ""
     sha256: str = ""
@@ -162,6 +166,8 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
     dimensions by name and wins over `batch_size`.
     """
     import onnx
+
+    from slurm_horus.graph.dynamo import separate_parameters  # it imports TensorInfo from here
 
     path = Path(path)
     dims = _check_dims(batch_size, dims)
@@ -239,6 +245,7 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                  if n and (tensors.get(n) is None or tensors[n].shape is None) and n not in shaped_sequences]
     shapeless += _body_shapeless(graph, tensors)
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    dynamo = separate_parameters(graph, nodes, tensors, initializers)  # after inference: it renames inputs
     return Graph(path=path, nodes=nodes, tensors=tensors, initializers=initializers,
                  graph_inputs=[i.name for i in graph.input if i.name not in initializers],
                  graph_outputs=[o.name for o in graph.output], bound_dims=bound,
@@ -246,7 +253,8 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                  assumed_shapes=sorted(assumed), unused_dims=unused, shapeless=shapeless,
                  fixed_batch=[] if batch_size in fixed else fixed, unnamed_dims=unnamed,
                  trip_counts=trips, tied_heads=tied, opset=opset,
-                 producer=model.producer_name, sha256=sha256)
+                 producer=model.producer_name, sha256=sha256,
+                 folded_constants=dynamo.constants, unsized_params=dynamo.unsized)
 
 
 def _check_dims(batch_size, dims):
