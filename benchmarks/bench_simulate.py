@@ -65,6 +65,8 @@ MIXED = {"nodes": [{"name": "a", "gpu_type": "a100", "gpus": 8, "count": 4},
                    {"name": "t", "gpu_type": "t4", "gpus": 4, "count": 8}]}
 BOUND = 2.0  # run_policies' default --slowdown-bound, the bound the p95 slowdown is held to
 KEYS = ("mean_jct_s", "p95_jct_s", "p95_slowdown", "oom_failures", "timeouts", "failed_jobs")
+# a run that ends no job (or covers no time) has no such figure (None, slurm_horus/sim/metrics.py)
+NONE_NOTE = "'-': no seed's run has the figure (it ended no job); a mean leaves out the seeds without it"
 
 
 def _trace(trace: str, n: int, cluster, seed: int, load: float, mix: ModelMix,
@@ -96,13 +98,27 @@ def sweep(mixes, loads, seeds, n_jobs: int, mix: ModelMix, repeat_share: float) 
     return out
 
 
-def _mean(runs: list[dict], p: str, key: str) -> float:
-    return sum(r[p][key] for r in runs) / len(runs)
+def _mean(runs: list[dict], p: str, key: str) -> float | None:
+    """Policy p's mean of ``key`` over the seeds whose run has it (NONE_NOTE); None where none has."""
+    xs = [r[p][key] for r in runs if r[p][key] is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _fmt(x: float | None, fmt: str, scale: float = 1.0) -> str:
+    """A table figure, '-' where there is none: formatting None had stopped the whole run."""
+    return "-" if x is None else fmt.format(x / scale)
+
+
+def _below(a: float | None, b: float | None, k: float = 1.0, strict: bool = False) -> bool:
+    """a <= k b (a < k b where ``strict``) where both figures are known: a missing one meets no goal."""
+    if a is None or b is None:
+        return False
+    return a < k * b if strict else a <= k * b
 
 
 def _jct_p95(runs: list[dict], p: str) -> str:
     """A table cell: policy p's mean JCT (ks) / p95 slowdown over the seeds."""
-    return f"{_mean(runs, p, 'mean_jct_s') / 1e3:.1f} / {_mean(runs, p, 'p95_slowdown'):.2f}"
+    return f"{_fmt(_mean(runs, p, 'mean_jct_s'), '{:.1f}', 1e3)} / {_fmt(_mean(runs, p, 'p95_slowdown'), '{:.2f}')}"
 
 
 def _goals(runs: list[dict], h: str = "horus") -> tuple[int, int, int, int]:
@@ -110,16 +126,17 @@ def _goals(runs: list[dict], h: str = "horus") -> tuple[int, int, int, int]:
     12's tolerance), seeds where its mean JCT is within 5 % of the oracle's, seeds where its
     p95 slowdown is within the bound, and seeds where it is strictly the lowest (the tolerance
     counts a run naive wins by under 2 % as horus's)."""
-    others = [min(r[p]["mean_jct_s"] for p in ("exclusive", "naive")) for r in runs]
-    best = sum(r[h]["mean_jct_s"] <= 1.02 * o for r, o in zip(runs, others))
-    near = sum(r[h]["mean_jct_s"] <= 1.05 * r["oracle"]["mean_jct_s"] for r in runs)
-    bound = sum(r[h]["p95_slowdown"] <= BOUND + 1e-9 for r in runs)  # float times
-    strict = sum(r[h]["mean_jct_s"] < o for r, o in zip(runs, others))
+    others = [min((r[p]["mean_jct_s"] for p in ("exclusive", "naive") if r[p]["mean_jct_s"] is not None),
+                  default=None) for r in runs]
+    best = sum(_below(r[h]["mean_jct_s"], o, 1.02) for r, o in zip(runs, others))
+    near = sum(_below(r[h]["mean_jct_s"], r["oracle"]["mean_jct_s"], 1.05) for r in runs)
+    bound = sum(_below(r[h]["p95_slowdown"], BOUND + 1e-9) for r in runs)  # float times
+    strict = sum(_below(r[h]["mean_jct_s"], o, strict=True) for r, o in zip(runs, others))
     return best, near, bound, strict
 
 
 def _cells(m: dict, key: str, fmt: str, scale: float = 1.0, pols=POLICIES) -> str:
-    return " / ".join(fmt.format(m[p][key] / scale) for p in pols)
+    return " / ".join(_fmt(m[p][key], fmt, scale) for p in pols)
 
 
 def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
@@ -128,7 +145,7 @@ def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
     tot = [0, 0, 0, 0]
     for trace in mixes:
         lines += [f"#### {trace}: {n_jobs:,} jobs on 32 A100 + 32 T4, means of seeds "
-                  f"{', '.join(map(str, seeds))}\n",
+                  f"{', '.join(map(str, seeds))} ({NONE_NOTE})\n",
                   "| load | mean JCT (ks) excl | naive | horus | oracle | horus w/o history "
                   "| p95 JCT ks (e/n/h/o) "
                   "| p95 slowdown (n/h/o) | OOMs (e/n/h/o) | timeouts (e/n/h/o) | lost (n/h) "
@@ -142,21 +159,23 @@ def sweep_tables(res: dict, mixes, loads, seeds, n_jobs: int) -> str:
             tot = [a + b for a, b in zip(tot, (best, near, bound, strict))]
             cold = _mean(runs, "horus-cold", "mean_jct_s")
             lines.append(
-                f"| {load:g} | " + " | ".join(f"{m[p]['mean_jct_s'] / 1e3:.1f}" for p in POLICIES)
-                + f" | {cold / 1e3:.1f}"
+                f"| {load:g} | " + " | ".join(_fmt(m[p]['mean_jct_s'], '{:.1f}', 1e3) for p in POLICIES)
+                + f" | {_fmt(cold, '{:.1f}', 1e3)}"
                 + f" | {_cells(m, 'p95_jct_s', '{:.0f}', 1e3)}"
                 + f" | {_cells(m, 'p95_slowdown', '{:.2f}', pols=('naive', 'horus', 'oracle'))}"
                 + f" | {_cells(m, 'oom_failures', '{:.1f}')} | {_cells(m, 'timeouts', '{:.1f}')}"
                 + f" | {_cells(m, 'failed_jobs', '{:.1f}', pols=('naive', 'horus'))}"
                 + f" | {best}/{ns} ({strict}) | {near}/{ns} | {bound}/{ns} |")
         runs = [r for load in loads for r in res[trace, load]]
-        ratios = sorted(r["horus"]["mean_jct_s"] / r["oracle"]["mean_jct_s"] for r in runs)
+        ratios = sorted(h / o for r in runs
+                        if (h := r["horus"]["mean_jct_s"]) is not None and (o := r["oracle"]["mean_jct_s"]))
         tail = "; ".join(f"{p} expected {sum(r[p]['expected_beyond'] for r in runs):.0f}, were "
                          f"{sum(r[p]['beyond_bound'] for r in runs)}" for p in ("horus", "oracle"))
         lines += ["", f"horus / oracle mean JCT over the {len(ratios)} runs: min {ratios[0]:.2f}, "
                   f"median {statistics.median(ratios):.2f}, max {ratios[-1]:.2f}; horus below the oracle "
                   f"in {sum(x < 1 for x in ratios)} (the oracle runs the same heuristic on the truth: "
-                  "not a lower bound)", "",
+                  "not a lower bound)" if ratios else "horus / oracle mean JCT: no run where both ended a job",
+                  "",
                   f"jobs beyond the bound over the {len(runs)} runs, the tail budget's expected count "
                   f"(on its predictions) against the simulated truth: {tail}", ""]
     n = ns * len(loads) * len(mixes)
@@ -189,7 +208,7 @@ def frontier(trace: str, loads, seeds, bounds, n_jobs: int, mix: ModelMix, repea
              f"can pass it (the curve's worst speed, {worst:.3f})" for b in bounds]
     return "\n".join([
         f"#### What the slowdown bound costs: {trace}, {n_jobs:,} jobs, means of seeds "
-        f"{', '.join(map(str, seeds))} (mean JCT ks / p95 slowdown)\n",
+        f"{', '.join(map(str, seeds))} (mean JCT ks / p95 slowdown; {NONE_NOTE})\n",
         "| load | bound | horus | oracle | naive (no bound) |", "|---|---|---|---|---|", *rows, "",
         "The measured curve (slurm_horus.sim.interference) at these bounds:", "",
         *[f"- {c}" for c in curve], ""])
@@ -208,13 +227,13 @@ def spread(mixes, loads, seeds, sigmas, n_jobs: int, mix: ModelMix, repeat_share
                 runs = [run_policies(cluster, _trace(trace, n_jobs, cluster, s, load, mix, repeat_share, sg), pols)
                         for s in seeds]
                 cells = [_jct_p95(runs, p) for p in pols]
-                within = sum(r["horus"]["p95_slowdown"] <= BOUND + 1e-9 for r in runs)
+                within = sum(_below(r["horus"]["p95_slowdown"], BOUND + 1e-9) for r in runs)
                 rows.append(f"| {trace} | {load:g} | {sg:g} | {' | '.join(cells)} | {within}/{len(runs)} |")
             print(f"  spread {trace} load {load:g}: done", file=sys.stderr, flush=True)
     return "\n".join([
         f"#### A wrong spread: the truth's sensitivity sigma against the {SENSITIVITY_SIGMA:g} the "
         f"scheduler assumes, {n_jobs:,} jobs, means of seeds {', '.join(map(str, seeds))} "
-        f"(mean JCT ks / p95 slowdown; bound {BOUND:g})\n",
+        f"(mean JCT ks / p95 slowdown; bound {BOUND:g}; {NONE_NOTE})\n",
         "| mix | load | truth sigma | naive | horus | oracle | seeds horus p95 <= bound |",
         "|---|---|---|---|---|---|---|", *rows, ""])
 
@@ -247,7 +266,7 @@ def config_sensitivity(mixes, loads, seeds, shares, n_jobs: int, mix: ModelMix, 
     return "\n".join([
         f"#### What-if: each configuration's median sensitivity known to the tail budget, {n_jobs:,} jobs, "
         f"means of seeds {', '.join(map(str, seeds))} (mean JCT ks / p95 slowdown; bound {BOUND:g}; "
-        "share: of log k's variance, the configuration's)\n",
+        f"share: of log k's variance, the configuration's; {NONE_NOTE})\n",
         "| mix | load | share | exclusive | naive | horus | oracle | horus, configuration's k known "
         "| oracle, configuration's k known | seeds horus known lowest of e/n/h | seeds horus known p95 <= bound |",
         "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""])
@@ -275,7 +294,8 @@ def known_sensitivity(mixes, loads, seeds, n_jobs: int, mix: ModelMix, repeat_sh
             print(f"  known sensitivity {trace} load {load:g}: done", file=sys.stderr, flush=True)
     return "\n".join([
         f"#### What-if: each job's interference sensitivity known to the tail budget, {n_jobs:,} jobs, "
-        f"means of seeds {', '.join(map(str, seeds))} (mean JCT ks / p95 slowdown; bound {BOUND:g})\n",
+        f"means of seeds {', '.join(map(str, seeds))} (mean JCT ks / p95 slowdown; bound {BOUND:g}; "
+        f"{NONE_NOTE})\n",
         "| mix | load | naive | horus | oracle | horus, sensitivity known | oracle, sensitivity known "
         "| seeds horus known lowest of e/n/h | seeds horus known p95 <= bound |",
         "|---|---|---|---|---|---|---|---|---|", *rows, ""])
@@ -305,10 +325,12 @@ def rounding(mixes, loads, seeds, quanta, n_jobs: int, mix: ModelMix, repeat_sha
                         m = Simulator(cluster, jobs, reqs, decider.shards_per_gpu, table=table,
                                       history_lag_s=None, bf_interval=bf_interval).run()
                         jct.append(m["mean_jct_s"])
-                    spans.append(max(jct) / min(jct))
-                    rows.append(f"| {trace} | {load:g} | {s} | {r['naive']['mean_jct_s'] / 1e3:.1f} | "
-                                f"{r['horus']['mean_jct_s'] / 1e3:.1f} | "
-                                + " | ".join(f"{x / 1e3:.1f}" for x in jct) + f" | {max(jct) / min(jct):.2f} |")
+                    span = max(jct) / min(jct) if None not in jct and min(jct) > 0 else None
+                    if span is not None:
+                        spans.append(span)
+                    rows.append(f"| {trace} | {load:g} | {s} | {_fmt(r['naive']['mean_jct_s'], '{:.1f}', 1e3)} | "
+                                f"{_fmt(r['horus']['mean_jct_s'], '{:.1f}', 1e3)} | "
+                                + " | ".join(_fmt(x, '{:.1f}', 1e3) for x in jct) + f" | {_fmt(span, '{:.2f}')} |")
                 print(f"  rounding {trace} load {load:g}: done", file=sys.stderr, flush=True)
     spans.sort()
     return "\n".join([
@@ -317,8 +339,9 @@ def rounding(mixes, loads, seeds, quanta, n_jobs: int, mix: ModelMix, repeat_sha
         "| mix | load | seed | naive | horus | " + " | ".join(f"oracle, {q:g} %" for q in quanta)
         + " | oracle max / min |",
         "|---|---|---|---|---|" + "---|" * len(quanta) + "---|", *rows, "",
-        f"oracle max / min over the {len(spans)} runs: median {statistics.median(spans):.2f}, "
-        f"max {spans[-1]:.2f}", ""])
+        f"oracle max / min over the {len(spans)} runs where each rounding ended a job: median "
+        f"{statistics.median(spans):.2f}, max {spans[-1]:.2f}" if spans else
+        "oracle max / min: no run where each rounding ended a job", ""])
 
 
 def plot(res: dict, path: str) -> str:
@@ -346,7 +369,7 @@ def scale(n_jobs: int, gpus: int, load: float, mix: ModelMix) -> str:
         cpu, wall = time.process_time() - c, time.perf_counter() - w
         total += cpu
         rows.append(f"| {p} | {m['request_cpu_s']:.1f} | {m['sim_cpu_s']:.1f} | {cpu:.1f} | {wall:.1f} "
-                    f"| {m['mean_jct_s'] / 1e3:.1f} | {m['p95_slowdown']:.2f} | {m['timeouts']} |")
+                    f"| {_fmt(m['mean_jct_s'], '{:.1f}', 1e3)} | {_fmt(m['p95_slowdown'], '{:.2f}')} | {m['timeouts']} |")
     return "\n".join([
         f"#### {n_jobs:,} jobs (philly, seed 1) on {gpus:,} A100 at load {load:g}\n",
         f"trace generation {t_gen:.1f} s CPU; the trace's job table, shared by the policies, "

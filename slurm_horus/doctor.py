@@ -437,6 +437,8 @@ def check_ledger(url: str) -> list[Problem]:
         for d in db.parent.resolve().parents:  # whoever may rename one swaps the ledger for theirs
             out += _trusted(d, "a folder above the ledger", sticky_ok=True)
         out += _trusted(db, "the ledger")
+        for side in _sqlite_side_files(db):  # a hot journal a user wrote is rolled into the ledger
+            out += _trusted(side, f"SQLite's {side.name[len(db.name):]} file beside the ledger")
         out += _trusted(readers_copy(db), "the readers' copy of the ledger")
         if out or not db.exists():
             return out  # one problem at a time: who may write it first
@@ -458,12 +460,66 @@ def check_ledger(url: str) -> list[Problem]:
         out.append(Problem(f"cannot read the ledger: {msg}",
                            "check ledger_url in /etc/slurm-horus/horus.conf or $HORUS_LEDGER_URL; "
                            "horus-admin sync (as root) creates and migrates it"))
-    if not out and db is not None and db.stat().st_mode & 0o004:
+    if not out and db is not None:
+        out += check_ledger_readers(db)
+    return out
+
+
+def _sqlite_side_files(db: Path) -> list[Path]:
+    """The files SQLite keeps beside ``db`` (a rollback journal a killed write left; -wal and
+    -shm where something opened it in WAL mode): each holds pages of the ledger."""
+    return [db.with_name(db.name + suffix) for suffix in ("-journal", "-wal", "-shm")]
+
+
+def check_ledger_readers(db: Path) -> list[Problem]:
+    """Who may read a SQLite ledger (root's: checked before) and the files SQLite keeps beside
+    it.  It holds every user's jobs, which users see only through what hacct reads (the readers'
+    copy or their own extract), and a reader holding a read transaction on it stops every write:
+    root:root 0640, as each sync sets it.  A group other than root's (gid 0) is taken as one of
+    ordinary users, as for the folders users' files are written under; a -journal, -wal or -shm
+    file may let no more read it than the ledger does (0640 at most)."""
+    from slurm_horus.ledger.extracts import readers_copy
+
+    st = db.stat()
+    mode = stat.S_IMODE(st.st_mode)
+    out = []
+    if mode & 0o004:
         out.append(Problem(f"the ledger {db} is readable by others: a user holding a read "
                            "transaction on it stops every sync and probe write",
                            f"chmod 0640 {db} (horus-admin sync does, and publishes "
                            f"{readers_copy(db).name} or users' extracts for hacct)"))
+    out += _group_readers(db, "the ledger", st, "every user's jobs, which users see only through "
+                          "hacct's own copies, and one holding a read transaction stops every sync "
+                          "and probe write", "horus-admin sync does")
+    allowed = mode & 0o640
+    for side in _sqlite_side_files(db):
+        try:
+            side_st = side.stat()
+        except FileNotFoundError:
+            continue
+        side_mode = stat.S_IMODE(side_st.st_mode)
+        what = f"SQLite's {side.name[len(db.name):]} file beside the ledger"
+        if side_mode & 0o777 & ~allowed:
+            out.append(Problem(f"{what} {side} is mode {side_mode:04o}, wider than {allowed:04o} (the "
+                               "ledger's, at most 0640): it holds pages of the ledger, every user's jobs",
+                               f"chmod {allowed:04o} {side}"))
+        out += _group_readers(side, what, side_st, "pages of the ledger, every user's jobs",
+                              "as the ledger's")
     return out
+
+
+def _group_readers(path: Path, what: str, st: os.stat_result, holds: str, note: str) -> list[Problem]:
+    """``path`` (of stat ``st``, which ``holds``) readable by a group other than root's."""
+    import grp
+
+    if not st.st_mode & 0o040 or st.st_gid == 0:
+        return []
+    try:
+        group = f"{grp.getgrgid(st.st_gid).gr_name} (gid {st.st_gid})"
+    except KeyError:
+        group = f"gid {st.st_gid}"
+    return [Problem(f"{what} {path} is readable by group {group}, not root's: its members read "
+                    f"{holds}", f"chgrp root {path} ({note})")]
 
 
 def _policy_bytes(pol: Path) -> bytes | None:

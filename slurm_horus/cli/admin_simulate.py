@@ -297,8 +297,8 @@ def register(main_group: click.Group) -> None:
         if not pols:
             raise HorusError("--policies: none given")
         # what run_policies and the Simulator check only after the trace is built (minutes for
-        # 2,000,000 jobs), checked before it (and the bounds below); the upper bounds need the
-        # hook's shards per GPU
+        # 2,000,000 jobs), checked before it (and the bounds below, the upper ones once the
+        # policy file is read)
         check_policies(pols)
         itf = Interference(parse_points(itf_points) if itf_points else LUCID_POINTS, mem_bw_penalty)
         # one policy file for the hook's decisions and the bound: the site's (as horus-admin queue
@@ -318,6 +318,14 @@ def register(main_group: click.Group) -> None:
         if slowdown_bound < 1 or max_group < 1 or naive_shards < 1:
             raise HorusError("--slowdown-bound (or the policy file's slowdown_bound) must be >= 1, "
                              "--max-group and --naive-shards >= 1")
+        # the hook's shards per GPU as it reads them from this file (HorusDecider asks the hook
+        # itself, after the trace is built): --max-group 200 had failed only then
+        per_gpu = int(policy_values(policy_text).get("shards_per_gpu", "100"))
+        if max_group > per_gpu:
+            raise HorusError(f"--slowdown-bound must be >= 1 and --max-group in 1..{per_gpu} "
+                             "(each job holds at least one shard)")
+        if "naive" in pols and naive_shards > per_gpu:
+            raise HorusError(f"--naive-shards must be in 1..{per_gpu}")
         cluster = build_cluster(gpus, gpu_type, gpus_per_node, cluster_file, conf_text, gres_conf)
         replayed: dict = {}
         jobs = build_trace(cluster, trace, n_jobs, seed, load, sigma_util, sigma_mem, sacct, ledger, zoo,

@@ -36,7 +36,7 @@ from slurm_horus.graph.features import FEATURE_NAMES, FEATURE_VERSION, extract_f
 from slurm_horus.ledger import failed_measurement
 from slurm_horus.ledger.history_export import file_sha256
 from slurm_horus.ledger.training import training_set, training_units, unit_medians
-from slurm_horus.predict.coldstart import ColdStartEstimator
+from slurm_horus.predict.coldstart import ColdStartEstimator, ColdStartParams
 from slurm_horus.predict.gpus import BARE_CONTEXT_MIB, default_catalog
 from slurm_horus.predict.chain import MEM_LOG_Q_BOUNDS
 from slurm_horus.predict.learned import MAX_MEM_RATIO, MIN_TRAIN_ROWS, accuracy, fit, mem_in_bounds
@@ -281,9 +281,19 @@ def _retrain(ledger, registry, *, folds, force, seed, max_iter, progress, log) -
     bound = math.log(MAX_MEM_RATIO)
     scored = oof_learned & mem_in_bounds(mem, cmem)
     resid = np.log(mem[scored] / oof_mem[scored])
-    q90 = conformal_quantile(resid, 0.9)
     model.metrics = {**cv, "cv_folds": folds}
-    q90 = float(q90 if q90 is not None else (np.max(resid) if len(resid) else 0.0))
+    if len(resid):
+        q90 = conformal_quantile(resid, 0.9)
+        q90 = float(q90 if q90 is not None else np.max(resid))
+    else:
+        # no fold's learned model answered a job: its errors are unknown, and a margin of 0 had
+        # made its upper bounds claim to be exact (a forced promotion served them); it carries
+        # the cold start's, what the site's bounds were before any learned model
+        cold_p90 = ColdStartParams().p90_factor
+        q90 = math.log(cold_p90)
+        log(f"no cross-validation fold's learned model answered a held-out job within "
+            f"{MAX_MEM_RATIO:g}x of the cold start: its memory errors are unknown, and its p90 "
+            f"margin is the cold start's (+{(cold_p90 - 1) * 100:.0f} %)")
     if abs(q90) > bound:
         # a learned answer within 10x of the cold start and a job within 10x of it can be 100x
         # apart: a margin past the loader's bound had stopped every retrain while such jobs
