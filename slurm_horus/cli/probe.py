@@ -63,13 +63,9 @@ def main(mode, pid, interval, job_id, cluster, url, command):
     if uid != 0:
         click.echo(NOT_ROOT.format(uid=uid), err=True)
         if command and not mode:
-            import subprocess
+            from slurm_horus.ledger.probe import run_unmeasured
 
-            try:
-                sys.exit(subprocess.call(list(command)))
-            except OSError as e:
-                click.echo(f"horus-probe: {command[0]}: {e.strerror}", err=True)
-                sys.exit(127)
+            sys.exit(run_unmeasured(list(command)))
         sys.exit(2)
     try:
         from slurm_horus.ledger import probe, prolog

@@ -143,11 +143,35 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def exit_status(rc: int) -> int:
+    """A child's status as a shell gives it: 128+N where signal N ended it (Popen's -N had
+    been exit status 256-N)."""
+    return 128 - rc if rc < 0 else rc
+
+
+def run_unmeasured(command: list[str]) -> int:
+    """CMD run as a shell runs one in the foreground, for a probe that may not record: a
+    Ctrl-C (SIGINT, SIGQUIT) reaches CMD from the terminal, which signals the whole process
+    group, and is CMD's to answer; here it is waited out, neither forwarded (CMD had got it
+    twice) nor raised (CMD had been killed, and horus-probe ended with a traceback or
+    "Aborted!"). CMD's status (exit_status); 127 when it cannot be started."""
+    # a handler, not SIG_IGN, which CMD would inherit: exec gives it the default
+    old = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    try:
+        return exit_status(subprocess.Popen(command).wait())
+    except OSError as e:
+        sys.stderr.write(f"horus-probe: {command[0]}: {e.strerror or e}\n")
+        return 127
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def run_probe(*, pid: int | None = None, command: list[str] | None = None, interval: float = 5.0,
               job_id: str | None = None, cluster: str | None = None, url: str | None = None,
               sampler_factory=None, env: dict | None = None) -> int:
-    """The whole probe. Returns the exit code: the command's (127 when it cannot be started,
-    as a shell says), else 0. Never raises. A job id that is not a number is no job: nothing is
+    """The whole probe. Returns the exit code: the command's (exit_status; 127 when it cannot
+    be started, as a shell says), else 0. Never raises. A job id that is not a number is no job: nothing is
     recorded (its record had raised after the command ran, and its exit code was lost)."""
     env = dict(os.environ if env is None else env)
     job = numeric_job_id(job_id or env.get("SLURM_JOB_ID"))
@@ -180,7 +204,7 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
         except ValueError:
             pass
     if sampler is None:
-        return proc.wait() if proc is not None else 0
+        return exit_status(proc.wait()) if proc is not None else 0
     start = time.time()
     alive = (lambda: proc.poll() is None) if proc is not None else None
     summary = monitor(sampler, pid, interval=interval, alive=alive,
@@ -189,7 +213,7 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
         sampler.close()
     except Exception:
         pass
-    rc = proc.wait() if proc is not None else 0
+    rc = exit_status(proc.wait()) if proc is not None else 0
     r = summary.result()
     if job and r["samples"]:
         record_usage_safely(url=url, job_id=int(job), source="probe",

@@ -96,15 +96,39 @@ def _split_gres(text: str) -> list[str]:
 # Slurm writes a count that is a multiple of 1024 with a suffix (gres.c, _get_suffix: 1K = 1024)
 # and reads one in either case (slurm.conf, gres.conf Count=)
 _GRES_COUNT = re.compile(r"([0-9]+)([KMGTPkmgtp]?)")
+MAX_GRES_COUNT = 2 ** 64 - 1  # Slurm holds a count in a uint64
 
 
 def gres_count(text: str) -> int | None:
-    """A GRES count as Slurm reads it ('400', '1K', '2m'), else None."""
+    """A GRES count as Slurm reads it ('400', '1K', '2m'), else None; None too past a uint64,
+    which no Slurm holds (a gres.conf Count= of 5,000 digits had been int()'s ValueError)."""
     m = _GRES_COUNT.fullmatch(text.strip())
-    return int(m.group(1)) * 1024 ** "_KMGTP".index((m.group(2) or "_").upper()) if m else None
+    if not m or len(m.group(1).lstrip("0")) > 20:
+        return None
+    n = int(m.group(1)) * 1024 ** "_KMGTP".index((m.group(2) or "_").upper())
+    return n if n <= MAX_GRES_COUNT else None
 
 
 _IDX_LIST = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
+# the most GPU indices one IDX list may name: 64 times the most GPUs Slurm indexes on a node
+# (MAX_GRES_BITMAP, 1024, in gres.c); "IDX:0-99999999999", which no Slurm writes, had been built
+# into a list until memory ran out, before hsubmit could hand the job to sbatch
+MAX_GRES_INDICES = 64 * 1024
+
+
+def _gres_indices(text: str, raw: str) -> list[int]:
+    """The indices of an IDX list (``0-1,3``), each range counted before it is built."""
+    idx: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        try:
+            lo, hi = int(a), int(b or a)
+        except ValueError:  # past int()'s 4,300 digits: past the cap too
+            lo, hi = 0, MAX_GRES_INDICES
+        if len(idx) + max(hi - lo + 1, 0) > MAX_GRES_INDICES:
+            raise HorusError(f"GRES {one_line(raw)[:80]!r}: more than {MAX_GRES_INDICES:,} GPU indices")
+        idx.extend(range(lo, hi + 1))
+    return idx
 
 
 def parse_gres(text: str | None) -> list[dict]:
@@ -125,8 +149,10 @@ def parse_gres(text: str | None) -> list[dict]:
             fields[0] = fields[0].split("/", 1)[1]
         name, gtype, count = fields[0], None, 1
         rest = fields[1:]
-        if rest and gres_count(rest[-1]) is not None:
+        if rest and _GRES_COUNT.fullmatch(rest[-1].strip()):
             count = gres_count(rest.pop())
+            if count is None:
+                raise HorusError(f"GRES {one_line(raw)[:80]!r}: a count past {MAX_GRES_COUNT:,}")
         if rest:
             gtype = rest[0]
         idx = None
@@ -134,12 +160,9 @@ def parse_gres(text: str | None) -> list[dict]:
         if m and m.group(1) != "N/A":
             if not _IDX_LIST.fullmatch(m.group(1)):  # "(IDX:-)": a HorusError, not int('')'s
                 raise HorusError(f"GRES {one_line(raw)[:80]!r}: unreadable GPU index list")
-            idx = []
-            for part in m.group(1).split(","):
-                a, _, b = part.partition("-")
-                idx.extend(range(int(a), int(b or a) + 1))
-        elif re.fullmatch(r"\d+/\d+(?:,\d+/\d+)*", paren):
-            idx = [i for i, used in enumerate(paren.split(",")) if int(used.split("/")[0]) > 0]
+            idx = _gres_indices(m.group(1), raw)
+        elif re.fullmatch(r"[0-9]+/[0-9]+(?:,[0-9]+/[0-9]+)*", paren):
+            idx = [i for i, used in enumerate(paren.split(",")) if used.split("/")[0].strip("0")]
         items.append({"name": name, "type": gtype, "count": count, "idx": idx})
     return items
 
@@ -399,11 +422,11 @@ def job_gpus_on_node(job: dict, node: str | None) -> dict | None:
     gres = [g for g in parse_gres(details[0].get("GRES")) if g["name"] in ("gpu", "shard")]
     if not gres:
         return None
-    indices: list[int] = []
+    indices: set[int] = set()
     gtype = None
     shards = gpus = None
     for g in gres:
-        indices.extend(i for i in (g["idx"] or []) if i not in indices)
+        indices.update(g["idx"] or [])
         gtype = gtype or g["type"]
         if g["name"] == "shard":
             shards = (shards or 0) + g["count"]
@@ -492,6 +515,10 @@ def config_user_id(value: str) -> int | None:
 # the most names one hostlist expands to (the simulator's cluster: a million GPUs); ranges are
 # capped one by one, and a[1-100000]b[1-100000] had filled memory with 10^10 names
 MAX_HOSTLIST_NAMES = 1_000_000
+# the widest range (Slurm's own is 64K, MAX_RANGE in hostlist.h), and the most bracketed ranges
+# in one name (each a level of recursion: 1,500 had been a RecursionError)
+MAX_HOSTLIST_RANGE = 100_000
+MAX_HOSTLIST_BRACKETS = 16
 
 
 def expand_hostlist(expr: str) -> list[str]:
@@ -515,13 +542,17 @@ def expand_hostlist(expr: str) -> list[str]:
             out.append(item)
             continue
         head, ranges, tail = m.groups()
+        if item.count("[") > MAX_HOSTLIST_BRACKETS:
+            raise HorusError(f"hostlist: more than {MAX_HOSTLIST_BRACKETS} ranges in '{item[:80]}'")
         for part in ranges.split(","):
             a, sep, b = part.partition("-")
             if not (a.isascii() and a.isdigit()) or (sep and not (b.isascii() and b.isdigit())):
-                raise HorusError(f"hostlist: cannot read '{item}'")
+                raise HorusError(f"hostlist: cannot read '{item[:80]}'")
+            if max(len(a), len(b)) > 18:  # int() refuses 4,300 digits with a ValueError
+                raise HorusError(f"hostlist: bad range in '{item[:80]}'")
             lo, hi = int(a), int(b) if sep else int(a)
-            if hi < lo or hi - lo > 100000:
-                raise HorusError(f"hostlist: bad range in '{item}'")
+            if hi < lo or hi - lo > MAX_HOSTLIST_RANGE:
+                raise HorusError(f"hostlist: bad range in '{item[:80]}'")
             for k in range(lo, hi + 1):
                 out.extend(expand_hostlist(f"{head}{str(k).zfill(len(a))}{tail}"))
                 if len(out) > MAX_HOSTLIST_NAMES:

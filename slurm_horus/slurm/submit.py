@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shlex
 import stat
 from dataclasses import dataclass, field
@@ -153,7 +154,12 @@ def prepare(argv: list[str], env: dict[str, str] | None = None,
             if stdin is None:  # a terminal (or closed): sbatch reads it, hsubmit cannot first
                 plan.script_unread = True
             elif cmd_horus and not split.unsure:  # unsure: no hint, and the script may be a path
-                data = _read_at_most(stdin, MAX_STDIN_SCRIPT + 1)
+                try:
+                    data = _read_at_most(stdin, MAX_STDIN_SCRIPT + 1)
+                except OSError as e:  # "< /tmp": sbatch's read fails too ("Batch script is empty!", exit 1)
+                    err = HorusError(f"cannot read the batch script from standard input: {e.strerror or e}")
+                    err.exit_code = 1
+                    raise err from None
                 if len(data) > MAX_STDIN_SCRIPT:  # sbatch's own limit: it would refuse it too
                     raise HorusError(f"script from stdin is too big (over {MAX_STDIN_SCRIPT >> 20} MiB, "
                                      "sbatch's limit)")
@@ -204,10 +210,14 @@ def _directive_text(plan: Plan, head: bytes) -> str:
 
 def _read_at_most(stream, limit: int) -> bytes:
     """Up to ``limit`` bytes, a MiB at a time: read(limit) reserved the whole 512 MiB first,
-    a MemoryError under a login node's ulimit -v."""
+    a MemoryError under a login node's ulimit -v.  A non-blocking stream with nothing yet
+    (read gives None) is waited on: it had ended the script there, and sbatch got its head."""
     parts, n = [], 0
     while n < limit:
         chunk = stream.read(min(1 << 20, limit - n))
+        if chunk is None:
+            select.select([stream], [], [])
+            continue
         if not chunk:
             break
         parts.append(chunk)
