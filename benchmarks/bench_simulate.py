@@ -66,7 +66,7 @@ MIXED = {"nodes": [{"name": "a", "gpu_type": "a100", "gpus": 8, "count": 4},
 BOUND = 2.0  # run_policies' default --slowdown-bound, the bound the p95 slowdown is held to
 KEYS = ("mean_jct_s", "p95_jct_s", "p95_slowdown", "oom_failures", "timeouts", "failed_jobs")
 # a run that ends no job (or covers no time) has no such figure (None, slurm_horus/sim/metrics.py)
-NONE_NOTE = "'-': no seed's run has the figure (it ended no job); a mean leaves out the seeds without it"
+NONE_NOTE = "'-': a seed's run has no such figure (it ended no job): no mean of the other seeds, as the plot's"
 
 
 def _trace(trace: str, n: int, cluster, seed: int, load: float, mix: ModelMix,
@@ -99,9 +99,10 @@ def sweep(mixes, loads, seeds, n_jobs: int, mix: ModelMix, repeat_share: float) 
 
 
 def _mean(runs: list[dict], p: str, key: str) -> float | None:
-    """Policy p's mean of ``key`` over the seeds whose run has it (NONE_NOTE); None where none has."""
-    xs = [r[p][key] for r in runs if r[p][key] is not None]
-    return sum(xs) / len(xs) if xs else None
+    """Policy p's mean of ``key`` over the seeds; None where a seed's run has none (NONE_NOTE: a
+    mean of the seeds that ended a job would flatter the policy that ended none in the rest)."""
+    xs = [r[p][key] for r in runs]
+    return None if not xs or None in xs else sum(xs) / len(xs)
 
 
 def _fmt(x: float | None, fmt: str, scale: float = 1.0) -> str:
