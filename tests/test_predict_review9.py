@@ -91,3 +91,25 @@ def test_memory_measured_on_a_shared_gpu_keeps_the_sites_utilization_offset(resn
     assert p.predictor == "history:exact" and not never_run.predictor.endswith("exact")
     assert never_run.util_pct > COLD.predict(resnet[16], A100, w).util_pct + 10
     assert p.util_pct == pytest.approx(never_run.util_pct)
+
+
+def test_hsubmits_chain_answers_a_job_at_other_cpus_per_gpu_as_history_graph(resnet, tmp_path):
+    """history.json in the registry, its runs at 8 CPUs per GPU (95 %): hsubmit's chain gives a
+    job at 8 the measurement (history:exact), a job at 1 no exact answer."""
+    from slurm_horus.predict.chain import choose_predictor, predict_for
+    from slurm_horus.predict.registry import Registry
+    from slurm_horus.predict.workload import dims_key
+
+    w = Workload(batch_size=16)
+    c = COLD.predict(resnet[16], A100, w)
+    run = {"sha": resnet[16].sha256, "gpu": A100.name, "bs": 16, "task": "train", "opt": "adam",
+           "prec": "fp32", "dims": dims_key(resnet[16].given_dims, 16), "mem": 5000.0,
+           "util": 95.0, "cold_mem": c.mem_mib, "cold_util": c.util_pct, "user": None,
+           "cpus_per_gpu": 8}
+    Registry(tmp_path).save_history(HistoryPredictor().fit([run]).to_dict())
+    choice = choose_predictor(tmp_path)
+    at = {cpus: predict_for(resnet[16], [A100], dataclasses.replace(w, cpus_per_gpu=cpus), choice)[0]
+          for cpus in (1, 8)}
+    assert (at[8].predictor, at[8].util_pct) == ("history:exact", 95.0)
+    assert at[1].predictor == "history:graph" and at[1].util_pct < 95.0
+    assert at[1].mem_mib == at[8].mem_mib == 5000.0

@@ -20,7 +20,8 @@ from slurm_horus.errors import HorusError
 from slurm_horus.textfile import open_for_reading
 from slurm_horus.graph.features import FEATURE_VERSION, FeatureReport
 from slurm_horus.ledger import tables
-from slurm_horus.ledger.training import ROW_ERRORS, completed_run, feature_values, stored_cold
+from slurm_horus.ledger.training import (ROW_ERRORS, stored_workload, completed_run,
+                                         feature_values, stored_cold)
 from slurm_horus.predict.coldstart import ColdStartEstimator
 from slurm_horus.predict.gpus import default_catalog
 from slurm_horus.predict.history import HistoryPredictor
@@ -49,7 +50,8 @@ def ledger_runs(ledger, learned=None, times: list | None = None) -> list[dict]:
     when = func.coalesce(j.c.end_time, j.c.start_time, j.c.submit_time, s.c.submit_time, recorded)
     stmt = (select(j.c.cluster, j.c.job_id, s.c.model_sha256, s.c.model_path, s.c.model_family,
                    s.c.user_name, s.c.features, s.c.feature_version, s.c.workload, s.c.predictions,
-                   j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib, j.c.colocated, when)
+                   j.c.gpu_type, j.c.act_util_pct, j.c.act_mem_mib, j.c.colocated, j.c.gpus,
+                   j.c.shards, when)
             .join(j, and_(j.c.cluster == s.c.cluster, j.c.job_id == s.c.job_id))
             .where(j.c.act_mem_mib > 0, j.c.gpu_type.isnot(None), completed_run(j),
                    # the graph is the one sync hashed and costed (features), not the sha the
@@ -60,8 +62,8 @@ def ledger_runs(ledger, learned=None, times: list | None = None) -> list[dict]:
     gpus: dict = {}
     shas: dict = {}
     runs, inputs = [], []
-    for _, _, sha, path, family, user, feats, fv, wl, preds, gtype, util, mem, coloc, at in \
-            _in_chunks(ledger, stmt, j):
+    for _, _, sha, path, family, user, feats, fv, wl, preds, gtype, util, mem, coloc, n_gpus, \
+            n_shards, at in _in_chunks(ledger, stmt, j):
         try:
             if gtype not in gpus:
                 gpus[gtype] = catalog.find(gtype)
@@ -69,10 +71,11 @@ def ledger_runs(ledger, learned=None, times: list | None = None) -> list[dict]:
             w = json.loads(wl) if wl else {}
             if gpu is None or mem is None or not 0 < float(mem) <= MAX_MIB:
                 continue
-            wk = workload_from(w)
+            # the CPUs per GPU Slurm allocated, as the learned model trains on them
+            wk = workload_from(stored_workload(w, n_gpus, n_shards))
             run = {"sha": sha or file_sha256(path, shas), "gpu": gpu.name,
                    "bs": wk.batch_size, "task": wk.task, "opt": wk.optimizer,
-                   "prec": wk.precision, "mem": float(mem),
+                   "prec": wk.precision, "cpus_per_gpu": wk.cpus_per_gpu, "mem": float(mem),
                    "util": None if util is None or coloc else min(max(float(util), 0.0), 100.0),
                    "family": family or None, "user": user or None}
             run["dims"] = dims_key(w.get("dims"), run["bs"])

@@ -128,7 +128,7 @@ def completed_run(jobs):
 ROW_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError, HorusError)
 
 
-def _stored_workload(d: dict | None, gpus: int | None, shards: int | None) -> dict | None:
+def stored_workload(d: dict | None, gpus: int | None, shards: int | None) -> dict | None:
     """A submissions row's workload as workload_from reads it.  One synced before the CPU input
     was CPUs per GPU holds the job's allocated CPUs as ``cpus_per_task``: with the GPUs its jobs
     row says Slurm allocated (one for a job on shards) it gives the same CPUs per GPU."""
@@ -171,7 +171,7 @@ def training_set(ledger) -> TrainingSet:
                 gpu = gpus[gtype]
                 if gpu is None:
                     raise ValueError("gpu")
-                w = workload_from(_stored_workload(json.loads(wl) if wl else None, n_gpus, n_shards))
+                w = workload_from(stored_workload(json.loads(wl) if wl else None, n_gpus, n_shards))
                 pred = (json.loads(preds) if preds else {}).get(gtype)
                 cold = stored_cold(pred.get("cold") if isinstance(pred, dict) else None, gpu)
                 arch = architecture(values)

@@ -6,8 +6,11 @@ sizes give a line, and one gives a point from which the cold start's non-context
 (its batch, precision and optimizer dependence carried over, its level corrected). Evidence, from
 strongest to weakest, names the predictor that answered:
 
-    history:exact    same graph, GPU type, task, optimizer, precision and other dimensions
-    history:graph    same graph and GPU type, other settings (precision, optimizer, dimensions)
+    history:exact    same graph, GPU type, task, optimizer, precision and other dimensions,
+                     its utilization measured at the job's CPUs per GPU (power-of-two buckets)
+    history:graph    same graph and GPU type, other settings (precision, optimizer, dimensions,
+                     or CPUs per GPU: the nearest count's utilization moved by the learned
+                     model's ratio between the two, else the base predictor's)
     history:family   other graphs of the same model family on the GPU type  } shrunk towards
     history:user     other graphs of the same user on the GPU type          } the base predictor
 
@@ -32,12 +35,12 @@ import pwd
 import statistics
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_horus.predict.coldstart import ColdStartEstimator, Prediction
 from slurm_horus.predict.gpus import BARE_CONTEXT_MIB, default_catalog
 from slurm_horus.predict.history_format import (FORMAT, FORMAT_VERSION, MAX_LOG_RATIO, check_run,
-                                                family_key, read_history)
+                                                cpu_bucket, family_key, read_history)
 from slurm_horus.graph.names import family_of
 from slurm_horus.predict.workload import dims_key
 
@@ -283,9 +286,10 @@ class HistoryPredictor:
 
     fit(runs) takes run dicts: sha, gpu (catalog name), bs, task, opt, prec, dims (see
     dims_key), mem (MiB), util (% or None), cold_mem / cold_util (the cold start at that
-    setting, or None), family, user, and optionally base_mem / base_util / base (another base
-    predictor's figures, e.g. "learned:v0003", for its own offsets). predict() follows the
-    estimator interface (report, gpu, workload) -> Prediction.
+    setting, or None), family, user, cpus_per_gpu (None: unknown; each setting's entry keeps
+    its utilization per CPUs-per-GPU bucket too, util_cpus), and optionally base_mem /
+    base_util / base (another base predictor's figures, e.g. "learned:v0003", for its own
+    offsets). predict() follows the estimator interface (report, gpu, workload) -> Prediction.
     """
 
     def __init__(self, base=None, user: str | None = None):
@@ -328,16 +332,23 @@ class HistoryPredictor:
                 vals = [r[field] for r in rs if r.get(field) is not None]
                 return statistics.median(vals) if vals else None
 
-            def highest_user_median(field):
+            def highest_user_median(field, rs=rs):
                 by_user = defaultdict(list)
                 for r in rs:
                     by_user[r.get("user")].append(r)
                 vals = [v for v in (med(field, u) for u in by_user.values()) if v is not None]
                 return max(vals) if vals else None
 
+            by_cpus = defaultdict(list)  # utilization depends on the CPUs feeding the GPU
+            for r in rs:
+                if r.get("cpus_per_gpu"):
+                    by_cpus[cpu_bucket(r["cpus_per_gpu"])].append(r)
+            util_cpus = {k: u for k in sorted(by_cpus, key=float)
+                         if (u := highest_user_median("util", by_cpus[k])) is not None}
             graphs[sha].append({
                 "gpu": gpu, "bs": bs, "task": task, "opt": opt, "prec": prec, "dims": dims,
                 "mem": highest_user_median("mem"), "util": highest_user_median("util"),
+                **({"util_cpus": util_cpus} if util_cpus else {}),
                 "cold_mem": med("cold_mem"),
                 "cold_util": med("cold_util"), "n": len(rs),
                 "family": Counter(r.get("family") for r in rs).most_common(1)[0][0],
@@ -473,8 +484,10 @@ class HistoryPredictor:
 
     def estimate(self, sha: str, gpu: str, workload, dims: str, cold_mem: float | None,
                  cold_util: float | None, family: str | None, user: str | None,
-                 base_mem: float, base_util: float, base_name: str) -> Answer:
-        """The answer for one job from primitives (the benchmark's entry point too)."""
+                 base_mem: float, base_util: float, base_name: str, util_at=None) -> Answer:
+        """The answer for one job from primitives (the benchmark's entry point too).
+        ``util_at``: the base predictor's utilization for this job at a given CPUs per GPU,
+        None where it has no answer that depends on them (see _util_elsewhere)."""
         runs = [r for r in self.graphs.get(sha, ()) if r["gpu"] == gpu]
         own = [r for r in runs if user and r.get("user") == user]
         runs = own or runs  # a user's own runs of a graph answer for them: no one else's can
@@ -482,12 +495,19 @@ class HistoryPredictor:
                    "prec": workload.precision, "dims": dims}
         same = [r for r in runs if _same_setting(r, setting)]
         ctx = self.contexts(gpu)
+        cpus = cpu_bucket(workload.cpus_per_gpu) if workload.cpus_per_gpu else None
         used, tier = same, "exact"
-        est = _within_hint(exact_estimate(same, workload.batch_size, cold_mem, cold_util, *ctx)
-                           if same else None)
+        est = _within_hint(exact_estimate(_at_cpus(same, cpus), workload.batch_size, cold_mem,
+                                          cold_util, *ctx) if same else None)
+        if est is not None and est[1] is None and _elsewhere(same, cpus):
+            # the setting measured alone at other CPUs per GPU only: memory is the same, its
+            # utilization is not this job's (the next tier's evidence, named so)
+            tier = "graph"
+            est = (est[0], _util_elsewhere(same, cpus, workload, cold_util, util_at))
         if est is None:
             used, tier = [r for r in runs if not _same_setting(r, setting)], "graph"
-            est = _within_hint(_graph_estimate(used, workload.task, cold_mem, cold_util, *ctx))
+            est = _within_hint(_graph_estimate(_at_cpus(used, cpus), workload.task, cold_mem,
+                                               cold_util, *ctx))
         off, cold_off = self.offsets.get(gpu, {}).get(base_name), self.cold_offset(gpu)
         if family and self.family_salt is not None:
             family = family_key(self.family_salt, family)
@@ -501,7 +521,8 @@ class HistoryPredictor:
             return _floored(corrected(pools))
         mem, util = est
         if util is None:  # no run measured it alone: the base's, corrected as where no run answers
-            util = corrected(pools).util_pct
+            # (but by no pool where the runs were at other CPUs: the pools hold those very runs)
+            util = corrected(() if _elsewhere(used, cpus) else pools).util_pct
         if not own and any(r.get("users", 1) == 1 and r.get("user") is not None for r in used):
             # a setting one other user alone ran (not an admin's import) may raise a newcomer's
             # figures, never lower them below what they would be without its runs: the base
@@ -524,11 +545,20 @@ class HistoryPredictor:
             b, c = base.predict_with_cold(report, gpu, workload)
         else:
             b = c = base.predict(report, gpu, workload)
+
+        def util_at(cpus_per_gpu: float) -> float | None:
+            """The learned model's utilization at other CPUs per GPU (None where it does not
+            answer there, or never learned that they matter)."""
+            if not _learned_cpus(base):
+                return None
+            o = base.predict_with_cold(report, gpu, replace(workload, cpus_per_gpu=cpus_per_gpu))[0]
+            return o.util_pct if o.predictor == base.name else None
+
         a = self.estimate(report.sha256, gpu.name, workload,
                           dims_key(report.given_dims, workload.batch_size), c.mem_mib,
                           c.util_pct, family_of(report.model) if report.model else None,
                           current_user() if self.user is None else self.user,
-                          b.mem_mib, b.util_pct, b.predictor)
+                          b.mem_mib, b.util_pct, b.predictor, util_at)
         base_p90 = b.mem_mib_p90 / b.mem_mib if b.mem_mib > 0 else 1.0
         if a.tier is None:
             # (exp(log(x)) need not be x: no offset is no correction)
@@ -586,6 +616,48 @@ def _most_run(runs: list[dict], k: int) -> list[dict]:
         return runs
     keep = set(sorted(range(len(runs)), key=lambda i: -runs[i].get("n", 1))[:k])
     return [r for i, r in enumerate(runs) if i in keep]
+
+
+def _at_cpus(runs: list[dict], cpus: str | None) -> list[dict]:
+    """The runs with the utilization each measured at CPUs-per-GPU bucket ``cpus`` (None where
+    only others were measured); runs of unknown CPUs (a file from before they were kept), and
+    every run for a job of unknown CPUs, keep the one they have."""
+    if cpus is None:
+        return runs
+    return [{**r, "util": r["util_cpus"].get(cpus)} if r.get("util_cpus") else r for r in runs]
+
+
+def _elsewhere(runs: list[dict], cpus: str | None) -> bool:
+    """Whether ``runs`` hold utilization measured at CPUs per GPU (so, where none answers at
+    the job's bucket ``cpus``, they were measured at other counts)."""
+    return cpus is not None and any(r.get("util_cpus") for r in runs)
+
+
+def _util_elsewhere(runs: list[dict], cpus: str, workload, cold_util: float | None,
+                    util_at) -> float | None:
+    """A setting's utilization at CPUs-per-GPU bucket ``cpus`` from its runs at other CPU
+    counts: the nearest count's (log scale), times the learned model's ratio between the
+    job's CPUs and those; None (the base predictor answers) without such a ratio: the cold
+    start, and a learned model that never learned CPUs, answer alike at every count."""
+    measured = {k for r in runs for k in r.get("util_cpus", ())}
+    near = min(measured, key=lambda k: (abs(math.log(float(k) / float(cpus))), float(k)))
+    there = _at_cpus(runs, near)
+    util = _util_at(there, _by_batch(there, "util"), workload.batch_size, cold_util)
+    here, then = (util_at(workload.cpus_per_gpu), util_at(float(near))) if util_at else (None, None)
+    if util is None or here is None or not then:
+        return None
+    return min(max(util * here / then, 0.0), 100.0)
+
+
+def _learned_cpus(base) -> bool:
+    """Whether ``base`` is a learned model whose utilization trees split on CPUs per GPU (one
+    trained where every job had the same CPUs, like the cold start, gives no ratio)."""
+    trees = getattr(getattr(base, "model", None), "util", None)
+    if trees is None or not hasattr(base, "predict_with_cold"):
+        return False
+    from slurm_horus.predict.learned import input_names  # (it imports this module)
+
+    return input_names().index("cpus_per_gpu") in trees.flat.feature[~trees.flat.leaf]
 
 
 def _same_setting(r: dict, s: dict) -> bool:

@@ -11,7 +11,8 @@ import hashlib
 import math
 
 from slurm_horus.errors import HorusError
-from slurm_horus.predict.coldstart import MAX_BATCH_SIZE, OPTIMIZERS, PRECISIONS, TASKS
+from slurm_horus.predict.coldstart import (MAX_BATCH_SIZE, MAX_CPUS_PER_GPU, OPTIMIZERS, PRECISIONS,
+                                          TASKS)
 from slurm_horus.predict.gpus import BARE_CONTEXT_MIB
 
 FORMAT = "slurm-horus-history"
@@ -20,6 +21,7 @@ TIERS = ("exact", "graph", "family", "user")
 MAX_MIB = 2.0**24        # 16 TiB: anything above is not a measurement
 MAX_LOG_RATIO = math.log(20.0)
 MAX_COUNT = 10**12        # runs or users: a count past any site's (a huge one overflowed a weight)
+MAX_CPU_BUCKETS = 64      # CPUs-per-GPU buckets one entry may hold (a site has a handful)
 
 
 def family_key(salt: str, family: str) -> str:
@@ -27,6 +29,13 @@ def family_key(salt: str, family: str) -> str:
     history.json can look up a family they name (their own file's) but not list the site's
     (family names are users' model file names: 'acquisition-target-llm')."""
     return "f-" + hashlib.sha256(f"{salt}:{family}".encode()).hexdigest()[:32]
+
+
+def cpu_bucket(cpus_per_gpu: float) -> str:
+    """The CPUs-per-GPU bucket a run's utilization is kept under, its nearest power of two
+    ("8"): 6 and 8 CPUs feed a GPU's input pipeline alike, 1 and 8 do not, and a measurement
+    at 8 had answered a job that asks for 1 as exactly its own."""
+    return f"{2.0 ** round(math.log2(cpus_per_gpu)):.17g}"
 
 
 def _count(v) -> bool:
@@ -132,13 +141,32 @@ def check_run(r, what: str, stored: bool = False) -> dict:
     for k in ("family", "user"):
         if r.get(k) is not None:
             r[k] = _name(r[k])
+    if r.get("cpus_per_gpu") is not None:  # 0: unknown, as workload_from reads a job's
+        r["cpus_per_gpu"] = _number(r["cpus_per_gpu"], 0.0, MAX_CPUS_PER_GPU, "CPUs per GPU") or None
     if stored:
         for k in ("n", "users"):
             if not _count(r.get(k, 1)):
                 raise HorusError(f"malformed history file ({what}: {k})")
+        if "util_cpus" in r:  # (a file from before it has none: its runs' CPUs are unknown)
+            r["util_cpus"] = _cpu_utils(r["util_cpus"], what)
     elif r.get("sha") is not None:
         r["sha"] = _sha(r["sha"])
     return r
+
+
+def _cpu_utils(d, what: str) -> dict[str, float]:
+    """A stored entry's utilization by CPUs-per-GPU bucket (cpu_bucket's keys, 0..100 %)."""
+    d = _dict(d)
+    if not 0 < len(d) <= MAX_CPU_BUCKETS:
+        raise HorusError(f"malformed history file ({what}: util_cpus)")
+    for k in d:
+        try:
+            ok = isinstance(k, str) and 0 < float(k) <= MAX_CPUS_PER_GPU and k == cpu_bucket(float(k))
+        except (ValueError, OverflowError):  # nan, inf
+            ok = False
+        if not ok:
+            raise HorusError(f"malformed history file ({what}: CPUs-per-GPU bucket {str(k)[:40]!r})")
+    return {k: _number(v, 0.0, 100.0, "utilization") for k, v in d.items()}
 
 
 def _pools(d) -> dict[str, dict[str, dict]]:
