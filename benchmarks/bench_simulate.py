@@ -66,7 +66,7 @@ MIXED = {"nodes": [{"name": "a", "gpu_type": "a100", "gpus": 8, "count": 4},
 BOUND = 2.0  # run_policies' default --slowdown-bound, the bound the p95 slowdown is held to
 KEYS = ("mean_jct_s", "p95_jct_s", "p95_slowdown", "oom_failures", "timeouts", "failed_jobs")
 # a run that ends no job (or covers no time) has no such figure (None, slurm_horus/sim/metrics.py)
-NONE_NOTE = "'-': a seed's run has no such figure (it ended no job): no mean of the other seeds, as the plot's"
+NONE_NOTE = "'-': a seed's run has no such figure (it ended no job), so no mean"
 
 
 def _trace(trace: str, n: int, cluster, seed: int, load: float, mix: ModelMix,
