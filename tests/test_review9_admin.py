@@ -71,8 +71,8 @@ def test_a_journal_beside_the_ledger_wider_than_it_is_a_problem(tmp_path):
 
 
 @pytest.mark.parametrize("policy, args, words", [
-    ("", ["--max-group", "101"], "--max-group in 1..100 (each job holds at least one shard)"),
-    ("shards_per_gpu = 8\n", ["--max-group", "9"], "--max-group in 1..8"),
+    ("", ["--max-group", "101"], "--max-group must be in 1..100, the policy's shards per GPU"),
+    ("shards_per_gpu = 8\n", ["--max-group", "9"], "--max-group must be in 1..8,"),
     ("shards_per_gpu = 8\n", ["--naive-shards", "9", "--max-group", "2"], "--naive-shards must be in 1..8")])
 def test_bounds_past_the_policys_shards_per_gpu_fail_before_the_trace(simulate_cli, monkeypatch, tmp_path,
                                                                       policy, args, words):

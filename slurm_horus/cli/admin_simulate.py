@@ -322,7 +322,7 @@ def register(main_group: click.Group) -> None:
         # itself, after the trace is built): --max-group 200 had failed only then
         per_gpu = int(policy_values(policy_text).get("shards_per_gpu", "100"))
         if max_group > per_gpu:
-            raise HorusError(f"--slowdown-bound must be >= 1 and --max-group in 1..{per_gpu} "
+            raise HorusError(f"--max-group must be in 1..{per_gpu}, the policy's shards per GPU "
                              "(each job holds at least one shard)")
         if "naive" in pols and naive_shards > per_gpu:
             raise HorusError(f"--naive-shards must be in 1..{per_gpu}")
