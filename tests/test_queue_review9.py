@@ -186,3 +186,59 @@ def test_every_reader_takes_an_intent_by_what_the_job_asks_for():
     spread = "horus-queue:v1;intent=spread;from=shard:50;to=gpu:1;or=shard:100"
     assert requeue._settled(f"{EXCL} {spread}", "gres/shard:100").endswith("action=spread;from=shard:50;to=shard:100")
     assert requeue._settled(f"{EXCL} {spread}", "gres/shard:80") == EXCL
+
+
+def test_an_intent_settled_in_the_pass_that_heals_its_oom_requeue_keeps_the_requeues_mark(monkeypatch, tmp_path):
+    """A job packed by a pass killed before its mark, failed of an OOM before the next pass
+    settled the intent, and held for its rerun by a pass killed before the mark: the next pass
+    heals it (its mark written) and settles its intent.  Settled from the queue as read before
+    heal, the intent had overwritten the requeue's mark: the job could be requeued again, and
+    sync saw no oom-requeue."""
+    intent = "horus-queue:v1;intent=pack;from=gpu:1;to=shard:50"
+    pack = "horus-queue:v1;action=pack;from=gpu:1;to=shard:50"
+    held = {"job_id": 1795, "job_state": ["PENDING"], "state_reason": "JobHeldUser",
+            "state_description": "job requeued in held state", "priority": 0, "user_id": 0,
+            "tres_per_node": "gres/shard:50", "admin_comment": f"{EXCL} {intent}",
+            "submit_time": 1_700_000_000, "comment": "horus:v1;a100=30/6000/6900"}
+    cluster = _setup(monkeypatch, tmp_path, held, IDLE)
+    journal = str(tmp_path / "j.json")
+    with open(journal, "w") as f:
+        json.dump({"1795": {"job_id": 1795, "tres": "gres/gpu:a100:1", "fallback": "gres/shard:100",
+                            "token": "horus-queue:v1;action=oom-requeue;from=shard:50", "features": None,
+                            "admin": f"{EXCL} {pack}", "at": time.time()}}, f)
+    os.chmod(journal, 0o600)
+    errors = []
+    tend(min_wait_s=0, on_error=errors.append, journal=journal)
+    assert errors == [] and journal_read(journal) == {}
+    assert cluster.job["tres_per_node"] == "gres/gpu:a100:1"
+    assert scheduler_actions(cluster.job["admin_comment"])["queue_actions"] == "pack,oom-requeue"
+
+
+def test_a_fork_that_fails_leaks_no_pipe(monkeypatch):
+    """fork() fails at a pids limit (EAGAIN) or without memory: its pipe had stayed open, two
+    fds more for every such read of a --interval loop."""
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(requeue.os, "fork", no_fork)
+    fds = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(OSError):
+            requeue._in_child(lambda: b"", 1.0)
+    assert sorted(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_read_under_an_ignored_sigchld_is_no_internal_error(tmp_path):
+    """A pass started with SIGCHLD ignored (a disposition exec keeps from whatever started it)
+    has its children reaped by the kernel: waitpid's ECHILD had failed the pass ("internal
+    error: ChildProcessError") at every failed job's read."""
+    import signal
+
+    f = tmp_path / "err"
+    f.write_text("CUDA out of memory\n")
+    r = {"UserId": "root(0)", "StdErr": str(f), "_start": f.stat().st_mtime - 60}
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert read_error_tail(r) == "CUDA out of memory\n"
+    finally:
+        signal.signal(signal.SIGCHLD, old)

@@ -631,6 +631,8 @@ def read_error_tail(rec: dict) -> str | None:
         return None
     for key in ("StdErr", "StdOut"):
         path = rec.get(key) or ""
+        if not path:
+            continue  # nothing to open: no child to fork
         try:
             found = _in_child(lambda: _tail_since(path, uid, gids, start), ERROR_READ_TIMEOUT_S)
         except TimeoutError:
@@ -674,7 +676,12 @@ def _in_child(read: Callable[[], bytes | None], timeout_s: float) -> bytes | Non
         except ChildProcessError:
             _killed_children.discard(pid)
     rfd, wfd = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # EAGAIN at a pids limit, ENOMEM: the pipe had leaked, each pass of a loop
+        os.close(rfd)
+        os.close(wfd)
+        raise
     if pid == 0:  # the child: only os._exit leaves it (no cleanup of the parent's runs twice)
         try:
             # none of the pass's files kept: the lock's flock had outlived the pass in a child
@@ -692,10 +699,12 @@ def _in_child(read: Callable[[], bytes | None], timeout_s: float) -> bytes | Non
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout_s
     finished = False
+    poller = select.poll()  # (select.select fails on a descriptor past 1023)
+    poller.register(rfd, select.POLLIN)
     try:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([rfd], [], [], left)[0]:
+            if left <= 0 or not poller.poll(left * 1000.0):
                 raise TimeoutError
             chunk = os.read(rfd, 1 << 16)
             if not chunk:
@@ -705,7 +714,10 @@ def _in_child(read: Callable[[], bytes | None], timeout_s: float) -> bytes | Non
     finally:
         os.close(rfd)
         if finished:
-            os.waitpid(pid, 0)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # SIGCHLD ignored (inherited so): reaped by the kernel
+                pass
         else:  # timed out, or a signal's exception: never waited for
             os.kill(pid, signal.SIGKILL)
             _killed_children.add(pid)
@@ -1189,9 +1201,11 @@ def tend(mem_shards: Callable[[dict, str], int | None] = hint_mem_shards, pack_s
         except HorusError as e:  # the hook ignores a stale file: the actions still run
             if on_error:
                 on_error(str(e))
-    healed = [] if dry_run else heal(journal, jobs, on_error, on_action)
     mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
+    # before heal: settled from this read after heal had marked a job, it had written the
+    # job's comment as read, its OOM requeue's mark lost (and a second requeue let through)
     settled = not dry_run and settle_intents(mine, on_error)
+    healed = [] if dry_run else heal(journal, jobs, on_error, on_action)
     if healed or settled:  # the queue changed: the actions are read from it as it is now
         jobs = squeue_json_records(run(["squeue", "--json", "--all", "--states=all"]))
         mine = jobs if job_ids is None else [r for r in jobs if _job_id(r) in job_ids]
