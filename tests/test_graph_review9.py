@@ -58,3 +58,25 @@ def test_a_weight_folded_with_constants_is_warned_not_guessed(tmp_path):
     report = extract_features(graphs.save(graph, tmp_path / "folded.onnx"))
     assert report.values["params"] == 16
     assert any("pos.weight" in w and "dynamo" in w for w in report.warnings())
+
+
+def test_a_node_of_many_inputs_and_reads_loads_in_linear_time(tmp_path):
+    """A crafted node of 150,000 inputs whose fx_node names 150,000 placeholders (7 MB): each
+    input was looked up in the list of its reads, 2 * 10**10 steps, minutes of hsubmit (and
+    of each sync) before the analysis timer refused the file; a set answers in a second.  The
+    guard is the analysis's own timer (60 s), generous by far."""
+    from slurm_horus.graph.limits import analysis_limits
+
+    k = 150_000
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], [1.0] * 16)
+    cat = helper.make_node("Concat", ["w"] * k, ["c"], axis=0)
+    helper.set_metadata_props(cat, {"pkg.torch.onnx.fx_node": " ".join(f"%p{i}" for i in range(k))})
+    graph = helper.make_graph([cat], "g", [x], [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)], [w])
+    helper.set_metadata_props(graph, {"pkg.torch.export.ExportedProgram.graph_signature":
+                                      "".join(f"p{i}: PARAMETER target='q{i}'\n" for i in range(k))
+                                      + "pw: PARAMETER target='w'\n"})
+    path = graphs.save(graph, tmp_path / "wide.onnx")
+    with analysis_limits("wide.onnx", timeout_s=60.0):
+        g = load_graph(path)
+    assert len(g.nodes[0].input) == k

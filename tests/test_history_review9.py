@@ -185,3 +185,18 @@ def test_other_settings_answer_utilization_only_at_the_jobs_cpus(resnet):
     assert p.util_pct == pytest.approx(COLD.predict(r, A100, _job(16, 1)).util_pct)
     p = HistoryPredictor(user="alice").fit(runs).predict(r, A100, _job(16, 8))
     assert p.util_pct > COLD.predict(r, A100, _job(16, 8)).util_pct + 10
+
+
+def test_the_smallest_bucket_the_file_takes_answers_without_raising(resnet):
+    """A bucket at the bottom of the floats (2**-1074, which the reader takes as any bucket in
+    0..MAX_CPUS_PER_GPU) against a job's 8 CPUs: their quotient is 0, and log(0) had raised
+    ValueError in every hsubmit of the graph (one warning, its hint lost); now the nearest
+    count is told by logs apart, and the learned model's ratio moves it as any other's."""
+    r = resnet[16]
+    d = HistoryPredictor().fit([_run(r, 16, 5000.0, 30.0, 5e-324)]).to_dict()
+    assert list(d["graphs"][r.sha256][0]["util_cpus"]) == ["4.9406564584124654e-324"]
+    h = HistoryPredictor.from_dict(json.loads(json.dumps(d)), base=_Learned(), user="alice")
+    for cpus in (8, 2.0 ** 20):
+        p = h.predict(r, A100, _job(16, cpus))
+        assert (p.predictor, p.mem_mib) == ("history:graph", 5000.0)
+        assert p.util_pct == pytest.approx(30.0 * 60.0 / 20.0)

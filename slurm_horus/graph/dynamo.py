@@ -77,8 +77,9 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
             continue
         rule = node_meta.get(RULE)
         if rule is None:  # the node lowers the call as written: its merged inputs are the pending
+            read = set(reads)  # (a list: a crafted node of 10**5 inputs and reads took minutes)
             stand_ins = [i for i, n in enumerate(node.input) if n in lifted and n in initializers
-                         and n not in reads and stands_for.get(n) not in reads]
+                         and n not in read and stands_for.get(n) not in read]
             if len(stand_ins) == len(pending) and len({initializers[node.input[i]] for i in stand_ins}) == 1:
                 for target, i in zip(pending, stand_ins):
                     tensors[target] = initializers[target] = initializers[node.input[i]]

@@ -640,7 +640,8 @@ def _util_elsewhere(runs: list[dict], cpus: str, workload, cold_util: float | No
     job's CPUs and those; None (the base predictor answers) without such a ratio: the cold
     start, and a learned model that never learned CPUs, answer alike at every count."""
     measured = {k for r in runs for k in r.get("util_cpus", ())}
-    near = min(measured, key=lambda k: (abs(math.log(float(k) / float(cpus))), float(k)))
+    # (logs apart, not of the quotient: 2**-1074 / 8 is 0, and log(0) had raised in hsubmit)
+    near = min(measured, key=lambda k: (abs(math.log2(float(k)) - math.log2(float(cpus))), float(k)))
     there = _at_cpus(runs, near)
     util = _util_at(there, _by_batch(there, "util"), workload.batch_size, cold_util)
     here, then = (util_at(workload.cpus_per_gpu), util_at(float(near))) if util_at else (None, None)
