@@ -104,3 +104,74 @@ def dynamo_tiny_lm(path: Path) -> Path:
                     location=data.name, size_threshold=1024)
     data.unlink()
     return path
+
+
+def bn_cnn():
+    """A small BatchNorm CNN built from torch.nn, in training mode, what the dynamo exporter's
+    optimizer fuses (FuseBatchNormIntoConv, FuseBatchNormIntoGemm) and drops
+    (RemoveOptionalBiasFromConv): a Conv with its own bias before a norm (the fused bias keeps
+    the conv bias's name), a bias-free Conv before a norm whose shift is not zero (the fused bias
+    is a new '<weight>_bias' initializer), a bias-free Conv before a fresh norm (the fused bias
+    is zero and dropped), a residual Add, a 1x1 Conv whose bias is zero (dropped), a Linear
+    before a BatchNorm1d.  Dev-only: torch is no dependency."""
+    import torch
+    from torch import nn
+
+    class BnCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+            self.c2, self.b2 = nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16)
+            self.c3, self.b3 = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+            self.c4 = nn.Conv2d(16, 24, 1)
+            self.fc1, self.bf = nn.Linear(24, 32), nn.BatchNorm1d(32)
+            self.fc2 = nn.Linear(32, 10)
+            nn.init.normal_(self.b2.weight)
+            nn.init.normal_(self.b2.bias)
+            nn.init.zeros_(self.c4.bias)
+
+        def forward(self, x):
+            x = torch.relu(self.b1(self.c1(x)))
+            x = torch.relu(self.b2(self.c2(x)))
+            x = torch.relu(self.b3(self.c3(x)) + x)
+            x = self.c4(x).mean((2, 3))
+            return self.fc2(torch.relu(self.bf(self.fc1(x))))
+
+    torch.manual_seed(0)
+    return BnCNN().train()
+
+
+BN_CNN_EXAMPLE = (2, 3, 16, 16)  # the example input's shape, batch 2
+
+
+def export_bn_cnn(path: Path, dynamo: bool) -> Path:
+    """bn_cnn exported with its batch dynamic ('x': (batch, 3, 16, 16)): by the dynamo exporter
+    (needs onnxscript), its weights of 1 KiB or more left out as dynamo_tiny_lm's are, or by
+    the TorchScript exporter as README asks (training mode, no constant folding), whole.
+    tests/data/zoo/dynamo_bn_cnn.onnx is `python3 -c 'import tests.graphs as g, pathlib;
+    g.export_bn_cnn(pathlib.Path("tests/data/zoo/dynamo_bn_cnn.onnx"), True)'`."""
+    import contextlib
+    import io
+    import tempfile
+    import warnings
+
+    import torch
+
+    names = dict(input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), \
+            contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        raw = Path(tmp) / path.name
+        example = (torch.randn(*BN_CNN_EXAMPLE),)
+        if not dynamo:
+            torch.onnx.export(bn_cnn(), example, str(path), dynamo=False, opset_version=17,
+                              training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                              **names)
+            return path
+        torch.onnx.export(bn_cnn(), example, str(raw), dynamo=True, external_data=False, **names)
+        model = onnx.load(str(raw))
+    data = path.with_name(path.name + ".data")
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    data.unlink()
+    return path

@@ -5,17 +5,24 @@ Its optimizer treats weights as constants: it merges initializers of equal bytes
 all-ones norm weights, all-zero biases) into one that several nodes read, with no Identity node
 between; it folds W.t() into a new initializer ('val_N', its sources in the value's
 'pkg.onnxscript.optimizer.folded_from'), a tied head's too; and it drops a Gemm's all-zero bias
-('RemoveOptionalBiasFromGemm').  What tells them apart: the graph's
+('RemoveOptionalBiasFromGemm') or a Conv's ('RemoveOptionalBiasFromConv'); and it fuses a
+BatchNorm into the Conv (or ConvTranspose, Gemm) before it ('FuseBatchNormIntoConv'), even in
+training mode, leaving a Conv whose 'fx_node' is the batch-norm call and whose bias is the
+fused one (the conv's own bias's name, or '<weight>_bias', a new initializer).  What tells them
+apart: the graph's
 'pkg.torch.export.ExportedProgram.graph_signature' lists every parameter (placeholder and name:
 initializers keep the names), and each node's 'pkg.torch.onnx.fx_node' is the PyTorch call it
 lowers, naming the placeholders it read.  A tied weight's calls all name one placeholder (the
 signature lists its other name, unread), so it counts once; a merged one's name their own.
+A fused training-mode BatchNorm is put back (restore_batch_norm), so that it costs as in a
+TorchScript export.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import count
 
 from slurm_horus.graph.load import TensorInfo
 
@@ -27,6 +34,12 @@ RULE = "pkg.onnxscript.rewriter.rule_name"
 _INPUT_SPEC = re.compile(r"^(\w+): (PARAMETER|BUFFER|CONSTANT_TENSOR) target='([^']+)'", re.M)
 _PLACEHOLDER = re.compile(r"%(\w+)")
 _QUOTED = re.compile(r"'([^']*)'")
+# a batch-norm call's target and arguments in an fx_node: (input, weight, bias, running_mean,
+# running_var, training, ...) for every overload but no_stats (input, weight, bias, training, ...)
+_BN_CALL = re.compile(r"target=(?:torch\.ops\.)?aten\.(_native_batch_norm_legit_functional|"
+                      r"_native_batch_norm_legit|native_batch_norm|batch_norm|cudnn_batch_norm)"
+                      r"(?:\.\w+)?\]\(args = \(([^()]*)\)")
+FUSED_INTO = frozenset({"Conv", "ConvTranspose", "Gemm"})  # FuseBatchNormInto{Conv,ConvTranspose,Gemm}
 
 
 @dataclass
@@ -46,7 +59,7 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
     A parameter still without a size (fused into a convolution, folded with constants) is listed
     in ``unsized``.  A name the graph already uses for another tensor is never taken (the
     metadata is the file's claim)."""
-    meta = {p.key: p.value for p in graph.metadata_props}
+    meta = {p.key: p.value for p in getattr(graph, "metadata_props", ())}
     specs = _INPUT_SPEC.findall(meta.get(SIGNATURE, ""))
     if not specs:
         return DynamoParameters()
@@ -58,8 +71,10 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
     sized = set(stands_for.values())
     used = set(sized)
     folded = {vi.name: _QUOTED.findall(m.value) for vi in graph.value_info if vi.name in initializers
-              for m in vi.metadata_props if m.key == FOLDED_FROM}
+              for m in getattr(vi, "metadata_props", ()) if m.key == FOLDED_FROM}
     out = DynamoParameters()
+    fresh = _FreshNames(tensors, nodes)
+    restored: list[tuple[object, object]] = []  # (fused node, the BatchNormalization after it)
     for name, sources in sorted(folded.items(), key=lambda kv: len(kv[1])):
         used.update(s for s in sources if s in params)
         if len(sources) == 1 and sources[0] in params and sources[0] not in sized:
@@ -68,14 +83,21 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
         else:
             out.constants.add(name)
     for node in nodes:
-        node_meta = {p.key: p.value for p in node.metadata_props}
+        node_meta = {p.key: p.value for p in getattr(node, "metadata_props", ())}
         reads = list(dict.fromkeys(targets[p] for p in _PLACEHOLDER.findall(node_meta.get(FX_NODE, ""))
                                    if p in targets))
         used.update(t for t in reads if t in params)
+        rule = node_meta.get(RULE)
+        rules = {r.strip() for r in rule.split(",")} if rule is not None else set()
+        if f"FuseBatchNormInto{node.op_type}" in rules and node.op_type in FUSED_INTO:
+            bn = restore_batch_norm(node, node_meta.get(FX_NODE, ""), params, targets, sized,
+                                    tensors, initializers, fresh, out.constants)
+            if bn is not None:
+                restored.append((node, bn))
+            continue
         pending = [t for t in reads if t in params and t not in sized]
         if not pending or any(t in tensors for t in pending):
             continue
-        rule = node_meta.get(RULE)
         if rule is None:  # the node lowers the call as written: its merged inputs are the pending
             read = set(reads)  # (a list: a crafted node of 10**5 inputs and reads took minutes)
             stand_ins = [i for i, n in enumerate(node.input) if n in lifted and n in initializers
@@ -85,11 +107,102 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
                     tensors[target] = initializers[target] = initializers[node.input[i]]
                     node.input[i] = target
                     sized.add(target)
-        elif rule == "RemoveOptionalBiasFromGemm" and node.op_type == "Gemm" and len(pending) == 1 \
-                and len(node.input) == 2 and (y := tensors.get(node.output[0])) is not None \
-                and y.shape and isinstance(y.shape[-1], int):
-            tensors[pending[0]] = initializers[pending[0]] = TensorInfo(y.dtype, (y.shape[-1],))
-            node.input.append(pending[0])  # C broadcast along the rows: Linear's (N,) bias
+        elif f"RemoveOptionalBiasFrom{node.op_type}" in rules and node.op_type in ("Gemm", "Conv") \
+                and len(pending) == 1 and len(node.input) == 2 and node.output \
+                and (channels := _channels(tensors.get(node.output[0]), node.op_type)) is not None:
+            # Gemm: C broadcast along the rows, Linear's (N,) bias; Conv: B, (C_out,), dim 1 of Y
+            tensors[pending[0]] = initializers[pending[0]] = TensorInfo(tensors[node.output[0]].dtype,
+                                                                        (channels,))
+            node.input.append(pending[0])
             sized.add(pending[0])
+    if restored:
+        after = {id(fused): bn for fused, bn in restored}
+        nodes[:] = [m for n in nodes for m in ((n, after[id(n)]) if id(n) in after else (n,))]
     out.unsized = sorted(used - sized)
     return out
+
+
+def _channels(y: TensorInfo | None, op: str) -> int | None:
+    """The channels of a node's output: dim 1 of a Conv's (N, C, ...) or a Gemm's (N, C)."""
+    if y is None or not y.shape or (op != "Gemm" and len(y.shape) < 2):
+        return None
+    c = y.shape[-1] if op == "Gemm" else y.shape[1]
+    return c if isinstance(c, int) else None
+
+
+class _FreshNames:
+    """Tensor names no node, initializer or value of the graph has: the tensors of the nodes
+    put back are new ones (a crafted graph may name its own tensors as ours would be)."""
+
+    def __init__(self, tensors: dict, nodes):
+        self.tensors, self.nodes, self.taken = tensors, nodes, None
+        self.counter = count()
+
+    def __call__(self, stem: str) -> str:
+        if self.taken is None:  # on first use: most graphs have no node put back
+            self.taken = set(self.tensors)
+            for node in self.nodes:
+                self.taken.update(node.input)
+                self.taken.update(node.output)
+        name = stem
+        while name in self.taken:
+            name = f"{stem}.{next(self.counter)}"
+        self.taken.add(name)
+        return name
+
+
+def restore_batch_norm(node, fx_node: str, params: set[str], targets: dict[str, str],
+                       sized: set[str], tensors: dict[str, TensorInfo],
+                       initializers: dict[str, TensorInfo], fresh: _FreshNames, constants: set[str]):
+    """The training-mode BatchNormalization the optimizer fused into ``node``, put back after
+    it as a new node (returned; None where the metadata does not tell one): ``node`` writes a
+    new tensor, which the norm reads, with its weight and bias (the call's parameters, sized
+    (C,) under their own names, as the TorchScript exporter names them) and running statistics,
+    and writes the node's output, as the TorchScript export's BatchNormalization (training_mode
+    1, three outputs).  costs then costs it as it costs that one: its FLOPs, its 2*C
+    parameters, its input kept for the backward pass.  The fused bias is dropped from ``node``
+    unless it is a parameter of the model (the conv's own bias, renamed in place): a new
+    initializer ('<weight>_bias') is the norm's shift, no parameter.  Only a call in training
+    mode is put back: an eval-mode norm is folded by the TorchScript exporter too."""
+    import onnx
+
+    call = _BN_CALL.search(fx_node)
+    if call is None or not node.output or not node.output[0]:
+        return None
+    args = [a.strip() for a in call.group(2).split(",")]
+    no_stats = call.group(1) == "_native_batch_norm_legit" and len(args) > 3 and args[3] in ("True", "False")
+    flag = args[3] if no_stats else (args[5] if len(args) > 5 else "")
+    y = tensors.get(node.output[0])
+    channels = _channels(y, node.op_type)
+    if flag != "True" or channels is None:
+        return None
+    names = ([a[1:] if a.startswith("%") else "" for a in args[1:(3 if no_stats else 5)]] + [""] * 4)[:4]
+    stat = TensorInfo(y.dtype, (channels,))
+    inputs = []
+    for i, ph in enumerate(names):
+        target = targets.get(ph)
+        if i < 2 and target in params:  # the norm's weight or bias
+            if target not in sized and target not in tensors:
+                tensors[target] = initializers[target] = stat
+                sized.add(target)
+            if target in sized:
+                inputs.append(target)
+                continue
+        name = fresh(target or f"{node.output[0]}.{('scale', 'shift', 'mean', 'var')[i]}")
+        tensors[name] = initializers[name] = stat
+        constants.add(name)  # a running statistic, or a norm without its own weight: no parameter
+        inputs.append(name)
+    if len(node.input) > 2 and node.input[2] and node.input[2] not in params:
+        if node.input[2] in initializers:
+            constants.add(node.input[2])  # the norm's shift, the weight's own name + '_bias'
+        del node.input[2:]
+    out = node.output[0]
+    raw = fresh(f"{out}.pre_norm")
+    tensors[raw] = y
+    node.output[0] = raw
+    stats_out = [fresh(f"{out}.running_mean"), fresh(f"{out}.running_var")]
+    for name in stats_out:
+        tensors[name] = stat
+    return onnx.helper.make_node("BatchNormalization", [raw, *inputs], [out, *stats_out],
+                                 name=fresh(f"{node.name or out}/BatchNormalization"),
+                                 epsilon=1e-5, momentum=0.9, training_mode=1)
