@@ -100,6 +100,10 @@ MODELS = {
     "resnet-50": (_hf("ResNetForImageClassification", "ResNetConfig"), IMAGE, 224, 32, {}),
     "convnext-tiny": (_hf("ConvNextForImageClassification", "ConvNextConfig"), IMAGE, 224, 32, {}),
     "plain CNN (torch.nn)": (_plain_cnn, IMAGE, 32, 128, {}),
+    # transformers' TF padding: an F.pad before each Conv, which dynamo's optimizer fuses into it
+    "mobilenet-v2": (_hf("MobileNetV2ForImageClassification", "MobileNetV2Config"), IMAGE, 224, 32, {}),
+    "efficientnet-b0": (_hf("EfficientNetForImageClassification", "EfficientNetConfig", width_coefficient=1.0,
+                            depth_coefficient=1.0, image_size=224, hidden_dim=1280), IMAGE, 224, 32, {}),
 }
 
 

@@ -150,6 +150,54 @@ def export_bn_cnn(path: Path, dynamo: bool) -> Path:
     the TorchScript exporter as README asks (training mode, no constant folding), whole.
     tests/data/zoo/dynamo_bn_cnn.onnx is `python3 -c 'import tests.graphs as g, pathlib;
     g.export_bn_cnn(pathlib.Path("tests/data/zoo/dynamo_bn_cnn.onnx"), True)'`."""
+    return _export_cnn(bn_cnn, BN_CNN_EXAMPLE, path, dynamo)
+
+
+def pad_cnn():
+    """A small CNN with TensorFlow-style explicit padding (F.pad before a Conv of padding 0, as
+    transformers' MobileNetV2 and EfficientNet pad), what the dynamo exporter's optimizer fuses
+    into the Conv (FuseConvPad) though PyTorch's pad copies: an asymmetric pad before a
+    stride-2 Conv and a BatchNorm, a zero pad before a 1x1 Conv (still a copy), a pad before a
+    Conv with no norm; and a BatchNorm its module keeps in eval mode (frozen statistics, as
+    fine-tuning code does in train()), which the optimizer fuses too (its weight and bias
+    trainable all the same).  Dev-only: torch is no dependency."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class PadCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(3, 8, 3, stride=2, bias=False), nn.BatchNorm2d(8)
+            self.c2, self.b2 = nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16)
+            self.c3 = nn.Conv2d(16, 16, 3)
+            self.c4, self.b4 = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+            self.fc = nn.Linear(16, 10)
+
+        def train(self, mode: bool = True):
+            super().train(mode)
+            self.b4.eval()  # frozen: its running statistics are not updated
+            return self
+
+        def forward(self, x):
+            x = torch.relu(self.b1(self.c1(F.pad(x, (0, 1, 0, 1)))))
+            x = torch.relu(self.b2(self.c2(F.pad(x, (0, 0, 0, 0)))))
+            x = torch.relu(self.c3(F.pad(x, (1, 1, 1, 1))))
+            x = torch.relu(self.b4(self.c4(x)))
+            return self.fc(x.mean((2, 3)))
+
+    torch.manual_seed(0)
+    return PadCNN().train()
+
+
+def export_pad_cnn(path: Path, dynamo: bool) -> Path:
+    """pad_cnn exported as export_bn_cnn exports bn_cnn.  tests/data/zoo/dynamo_pad_cnn.onnx is
+    `python3 -c 'import tests.graphs as g, pathlib;
+    g.export_pad_cnn(pathlib.Path("tests/data/zoo/dynamo_pad_cnn.onnx"), True)'`."""
+    return _export_cnn(pad_cnn, BN_CNN_EXAMPLE, path, dynamo)
+
+
+def _export_cnn(build, shape, path: Path, dynamo: bool) -> Path:
     import contextlib
     import io
     import tempfile
@@ -162,13 +210,13 @@ def export_bn_cnn(path: Path, dynamo: bool) -> Path:
             contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         raw = Path(tmp) / path.name
-        example = (torch.randn(*BN_CNN_EXAMPLE),)
+        example = (torch.randn(*shape),)
         if not dynamo:
-            torch.onnx.export(bn_cnn(), example, str(path), dynamo=False, opset_version=17,
+            torch.onnx.export(build(), example, str(path), dynamo=False, opset_version=17,
                               training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                               **names)
             return path
-        torch.onnx.export(bn_cnn(), example, str(raw), dynamo=True, external_data=False, **names)
+        torch.onnx.export(build(), example, str(raw), dynamo=True, external_data=False, **names)
         model = onnx.load(str(raw))
     data = path.with_name(path.name + ".data")
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,

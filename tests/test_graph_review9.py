@@ -149,14 +149,15 @@ def _bn_call(i: int, tail: str = "True, 0.1, 1e-05", target: str = "_native_batc
 
 
 def test_crafted_fusion_metadata_is_read_safely(tmp_path):
-    """A file's claims of fused norms move its own figures only: an eval-mode call, a call cut
-    short, a rule on a node of another op put nothing back; a norm whose tensor names the graph
+    """A file's claims of fused norms move its own figures only: a call cut short, a rule on a
+    node of another op put nothing back; an eval-mode call is put back as an eval-mode norm (one
+    output, training_mode 0: review 9's stress pass); a norm whose tensor names the graph
     uses already gets fresh ones; a claimed weight whose name another tensor has is left
     unsized (warned), its norm reading a constant; nothing crashes."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])
     calls = [
         _bn_call(0),                                               # put back
-        _bn_call(1, target="_native_batch_norm_legit_no_training.default", tail="0.1, 1e-05"),  # eval
+        _bn_call(1, target="_native_batch_norm_legit_no_training.default", tail="0.1, 1e-05"),  # eval: put back
         "%bn2 = call_function[target=torch.ops.aten.batch_norm.default](args = (%conv2, %p_bn2_weight",
         _bn_call(3),                                               # put back, names taken
         _bn_call(4),                                               # weight's name taken
@@ -182,14 +183,16 @@ def test_crafted_fusion_metadata_is_read_safely(tmp_path):
     path = graphs.save(graph, tmp_path / "crafted.onnx")
     g = load_graph(path, batch_size=2)
     norms = [n for n in g.nodes if n.op_type == "BatchNormalization"]
-    assert [n.output[0] for n in norms] == ["y0.pre_norm", "y3.running_mean", "y4"]
+    assert [n.output[0] for n in norms] == ["y0.pre_norm", "y1", "y3.running_mean", "y4"]
+    assert [len(n.output) for n in norms] == [3, 1, 3, 3]
+    assert [n.attribute[-1].i for n in norms] == [1, 0, 1, 1]  # training_mode
     names = [o for n in g.nodes for o in n.output]
     assert len(names) == len(set(names))  # every tensor written once
     params = parameter_tensors(g)
-    assert {"bn0.weight", "bn0.bias", "bn3.weight", "bn4.bias"} <= set(params)
-    assert "bn4.weight" not in params and not {"bn1.weight", "bn2.weight", "bn9.weight"} & set(params)
+    assert {"bn0.weight", "bn0.bias", "bn1.weight", "bn1.bias", "bn3.weight", "bn4.bias"} <= set(params)
+    assert "bn4.weight" not in params and not {"bn2.weight", "bn9.weight"} & set(params)
     report = extract_features(path, batch_size=2)
-    assert report.values["n_norm"] == 3 and report.values["params"] == 6 * 16 + 3 * 2 * 4 - 4  # bn4.weight unsized
+    assert report.values["n_norm"] == 4 and report.values["params"] == 6 * 16 + 4 * 2 * 4 - 4  # bn4.weight unsized
     assert any("bn4.weight" in w for w in report.warnings())
 
 
@@ -211,3 +214,85 @@ def test_many_fused_norms_load_in_linear_time(tmp_path):
         g = load_graph(path, batch_size=2)
     assert sum(n.op_type == "BatchNormalization" for n in g.nodes) == k
     assert len(parameter_tensors(g)) == 3 * k
+
+
+# Review 9's stress pass (MobileNetV2, EfficientNet with transformers' TF padding; a BatchNorm
+# kept in eval mode by its module's train()): graphs.pad_cnn from the dynamo exporter, whose
+# optimizer fused three F.pad calls into the Conv after them (FuseConvPad) and an eval-mode
+# BatchNorm into its Conv; the features of its TorchScript export at batch 8, which
+# test_pad_cnn_figures_are_its_torchscript_exports checks where torch is installed.
+PAD_CNN = Path(__file__).parent / "data" / "zoo" / "dynamo_pad_cnn.onnx"
+PAD_CNN_TS = {"params": 5218, "saved_activation_bytes": 292_448, "flops": 5_200_464, "n_norm": 3,
+              "activation_bytes": 407_648}
+
+
+def test_pad_cnn_costs_as_its_torchscript_export():
+    """Before: 5,186 parameters (the frozen norm's 32 lost, warned), saved activations x0.646
+    (the padded copies each Conv keeps, and the frozen norm's input, gone), 2 norms."""
+    report = extract_features(PAD_CNN, batch_size=8)
+    assert {k: int(report.values[k]) for k in PAD_CNN_TS} == PAD_CNN_TS
+    assert report.warnings() == []
+
+
+def test_pad_cnn_figures_are_its_torchscript_exports(tmp_path):
+    pytest.importorskip("torch")
+    ts = graphs.export_pad_cnn(tmp_path / "ts.onnx", dynamo=False)
+    v = extract_features(ts, batch_size=8).values
+    assert {k: int(v[k]) for k in PAD_CNN_TS} == PAD_CNN_TS
+    assert sum(p.numel() for p in graphs.pad_cnn().parameters()) == PAD_CNN_TS["params"]
+
+
+def test_fused_pads_and_eval_norms_are_put_back():
+    graph = load_graph(PAD_CNN, batch_size=8)
+    producers = {o: n for n in graph.nodes for o in n.output}
+    pads = [n for n in graph.nodes if n.op_type == "Pad"]
+    assert len(pads) == 3
+    for pad in pads:
+        (conv,) = [n for n in graph.nodes if pad.output[0] in n.input]
+        assert conv.op_type == "Conv"
+        assert [list(a.ints) for a in conv.attribute if a.name == "pads"] in ([], [[0, 0, 0, 0]])
+        assert graph.info(pad.input[0]).shape[:2] == graph.info(pad.output[0]).shape[:2]
+    shapes = sorted(graph.info(p.output[0]).shape[2:] for p in pads)
+    assert shapes == [(8, 8), (10, 10), (17, 17)]  # 8x8 padded by 0, by 1 all round; 16x16 by (0, 1)
+    norms = [n for n in graph.nodes if n.op_type == "BatchNormalization"]
+    modes = sorted([a.i for a in n.attribute if a.name == "training_mode"][0] for n in norms)
+    assert modes == [0, 1, 1]
+    (frozen,) = [n for n in norms if len(n.output) == 1]
+    assert frozen.input[1:3] == ["b4.weight", "b4.bias"]
+    assert producers[frozen.input[0]].op_type == "Conv"
+    assert graph.info(frozen.input[0]).shape == graph.info(frozen.output[0]).shape
+    assert {"b4.weight", "b4.bias"} <= set(parameter_tensors(graph))
+
+
+def test_crafted_fused_pads_are_read_safely(tmp_path):
+    """A FuseConvPad claim on a Conv whose shapes do not tell the pad (a symbolic spatial
+    dimension, auto_pad, pads of the wrong length) puts nothing back; one that does gets a Pad
+    with fresh names; nothing crashes."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 4, "h", "w"])
+    convs = [
+        helper.make_node("Conv", ["x", "w0"], ["y0"], name="c0", pads=[1, 1, 1, 1]),  # put back
+        helper.make_node("Conv", ["s", "w1"], ["y1"], name="c1", pads=[1, 1, 1, 1]),  # symbolic
+        helper.make_node("Conv", ["x", "w2"], ["y2"], name="c2", auto_pad="SAME_UPPER"),
+        helper.make_node("Conv", ["x", "w3"], ["y3"], name="c3", pads=[1, 1]),  # malformed
+        helper.make_node("Conv", ["x", "w4"], ["x.padded"], name="c4"),  # our name taken
+    ]
+    for c in convs:
+        helper.set_metadata_props(c, {"pkg.onnxscript.rewriter.rule_name": "FuseConvPad"})
+    weights = [helper.make_tensor(f"w{i}", TensorProto.FLOAT, [4, 4, 3, 3], [0.5] * 144) for i in range(5)]
+    graph = helper.make_graph(convs, "g", [x, s], [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None)
+                                                   for i in range(4)], weights)
+    helper.set_metadata_props(graph, {"pkg.torch.export.ExportedProgram.graph_signature":
+                                      "".join(f"p_w{i}: PARAMETER target='w{i}'\n" for i in range(5))})
+    path = graphs.save(graph, tmp_path / "pads.onnx")
+    try:
+        g = load_graph(path, batch_size=2)
+    except Exception as e:  # a malformed Conv the shape inference refuses is the loader's to report
+        pytest.skip(f"refused before the dynamo pass: {e}")
+    pads = [n for n in g.nodes if n.op_type == "Pad"]
+    names = [o for n in g.nodes for o in n.output]
+    assert len(names) == len(set(names))
+    convs = {n.name: n for n in g.nodes if n.op_type == "Conv"}
+    assert [c for c in convs if convs[c].input[0] in {p.output[0] for p in pads}] == ["c0", "c4"]
+    assert [g.info(p.output[0]).shape for p in pads] == [(2, 4, 10, 10), (2, 4, 8, 8)]
+    assert pads[1].output[0] != "x.padded" and convs["c1"].input[0] == "s"

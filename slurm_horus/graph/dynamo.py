@@ -14,8 +14,10 @@ apart: the graph's
 initializers keep the names), and each node's 'pkg.torch.onnx.fx_node' is the PyTorch call it
 lowers, naming the placeholders it read.  A tied weight's calls all name one placeholder (the
 signature lists its other name, unread), so it counts once; a merged one's name their own.
-A fused training-mode BatchNorm is put back (restore_batch_norm), so that it costs as in a
-TorchScript export.
+A fused BatchNorm is put back (restore_batch_norm: training mode, or eval mode where its
+module's train() keeps it frozen), and so is a zero Pad fused into the Conv after it
+('FuseConvPad', restore_pad: F.pad's copy, which the convolution keeps), so that each costs as
+in a TorchScript export.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ _PLACEHOLDER = re.compile(r"%(\w+)")
 _QUOTED = re.compile(r"'([^']*)'")
 # a batch-norm call's target and arguments in an fx_node: (input, weight, bias, running_mean,
 # running_var, training, ...) for every overload but no_stats (input, weight, bias, training, ...)
+# and no_training (input, weight, bias, running_mean, running_var, momentum, eps: eval mode)
 _BN_CALL = re.compile(r"target=(?:torch\.ops\.)?aten\.(_native_batch_norm_legit_functional|"
+                      r"_native_batch_norm_legit_no_training|"
                       r"_native_batch_norm_legit|native_batch_norm|batch_norm|cudnn_batch_norm)"
                       r"(?:\.\w+)?\]\(args = \(([^()]*)\)")
 FUSED_INTO = frozenset({"Conv", "ConvTranspose", "Gemm"})  # FuseBatchNormInto{Conv,ConvTranspose,Gemm}
@@ -75,6 +79,7 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
     out = DynamoParameters()
     fresh = _FreshNames(tensors, nodes)
     restored: list[tuple[object, object]] = []  # (fused node, the BatchNormalization after it)
+    before: list[tuple[object, object]] = []  # (fused Conv, the Pad before it)
     for name, sources in sorted(folded.items(), key=lambda kv: len(kv[1])):
         used.update(s for s in sources if s in params)
         if len(sources) == 1 and sources[0] in params and sources[0] not in sized:
@@ -89,6 +94,10 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
         used.update(t for t in reads if t in params)
         rule = node_meta.get(RULE)
         rules = {r.strip() for r in rule.split(",")} if rule is not None else set()
+        if "FuseConvPad" in rules and node.op_type == "Conv":
+            pad = restore_pad(node, tensors, initializers, fresh, out.constants)
+            if pad is not None:
+                before.append((node, pad))
         if f"FuseBatchNormInto{node.op_type}" in rules and node.op_type in FUSED_INTO:
             bn = restore_batch_norm(node, node_meta.get(FX_NODE, ""), params, targets, sized,
                                     tensors, initializers, fresh, out.constants)
@@ -115,9 +124,11 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
                                                                         (channels,))
             node.input.append(pending[0])
             sized.add(pending[0])
-    if restored:
+    if restored or before:
         after = {id(fused): bn for fused, bn in restored}
-        nodes[:] = [m for n in nodes for m in ((n, after[id(n)]) if id(n) in after else (n,))]
+        pads = {id(fused): pad for fused, pad in before}
+        nodes[:] = [m for n in nodes for m in ((pads[id(n)],) if id(n) in pads else ())
+                    + ((n, after[id(n)]) if id(n) in after else (n,))]
     out.unsized = sorted(used - sized)
     return out
 
@@ -151,19 +162,57 @@ class _FreshNames:
         return name
 
 
+def restore_pad(node, tensors: dict[str, TensorInfo], initializers: dict[str, TensorInfo],
+                fresh: _FreshNames, constants: set[str]):
+    """The constant zero Pad the optimizer fused into the Conv ``node`` ('FuseConvPad': its
+    spatial pads added to the Conv's), put back before it as a new node (returned; None where
+    the shapes do not tell it): the Pad reads the Conv's input and writes a new tensor, padded
+    by the Conv's pads, which the Conv reads with pads 0, as the TorchScript export's Pad and
+    Conv (PyTorch's F.pad copies its input, a zero pad too, and the convolution keeps the copy
+    for its backward pass; a MobileNetV2 with TF padding's saved activations had been 35 % low).
+    The metadata does not tell the Conv's own padding from the Pad's: all of it is the Pad's,
+    the copy at most the Conv's own padding larger."""
+    import onnx
+
+    x = tensors.get(node.input[0]) if node.input and node.input[0] else None
+    attrs = {a.name: a for a in node.attribute}
+    spatial = len(x.shape) - 2 if x is not None and x.shape is not None else -1
+    pads = list(attrs["pads"].ints) if "pads" in attrs else [0] * (2 * max(spatial, 0))
+    auto_pad = attrs["auto_pad"].s if "auto_pad" in attrs else b"NOTSET"
+    if spatial < 1 or len(pads) != 2 * spatial or auto_pad not in (b"", b"NOTSET") \
+            or any(p < 0 for p in pads) or not all(isinstance(d, int) for d in x.shape[2:]):
+        return None
+    padded = TensorInfo(x.dtype, (*x.shape[:2], *(d + pads[i] + pads[i + spatial]
+                                                  for i, d in enumerate(x.shape[2:]))))
+    amounts = fresh(f"{node.name or node.output[0]}.pads")
+    tensors[amounts] = initializers[amounts] = TensorInfo(onnx.TensorProto.INT64, (2 * len(x.shape),))
+    constants.add(amounts)
+    out = fresh(f"{node.input[0]}.padded")
+    tensors[out] = padded
+    pad = onnx.helper.make_node("Pad", [node.input[0], amounts], [out], mode="constant",
+                                name=fresh(f"{node.name or out}/Pad"))
+    node.input[0] = out
+    if "pads" in attrs:
+        del attrs["pads"].ints[:]
+        attrs["pads"].ints.extend([0] * len(pads))
+    return pad
+
+
 def restore_batch_norm(node, fx_node: str, params: set[str], targets: dict[str, str],
                        sized: set[str], tensors: dict[str, TensorInfo],
                        initializers: dict[str, TensorInfo], fresh: _FreshNames, constants: set[str]):
-    """The training-mode BatchNormalization the optimizer fused into ``node``, put back after
+    """The BatchNormalization the optimizer fused into ``node``, put back after
     it as a new node (returned; None where the metadata does not tell one): ``node`` writes a
     new tensor, which the norm reads, with its weight and bias (the call's parameters, sized
     (C,) under their own names, as the TorchScript exporter names them) and running statistics,
     and writes the node's output, as the TorchScript export's BatchNormalization (training_mode
-    1, three outputs).  costs then costs it as it costs that one: its FLOPs, its 2*C
+    1, three outputs; eval mode below).  costs then costs it as it costs that one: its FLOPs, its 2*C
     parameters, its input kept for the backward pass.  The fused bias is dropped from ``node``
     unless it is a parameter of the model (the conv's own bias, renamed in place): a new
-    initializer ('<weight>_bias') is the norm's shift, no parameter.  Only a call in training
-    mode is put back: an eval-mode norm is folded by the TorchScript exporter too."""
+    initializer ('<weight>_bias') is the norm's shift, no parameter.  A call in eval mode
+    (_native_batch_norm_legit_no_training: a norm whose module's train() keeps it frozen) is
+    put back too, as the TorchScript export in training mode keeps it: training_mode 0, one
+    output, its weight and bias still parameters (the optimizer's fusion had lost them)."""
     import onnx
 
     call = _BN_CALL.search(fx_node)
@@ -171,11 +220,15 @@ def restore_batch_norm(node, fx_node: str, params: set[str], targets: dict[str, 
         return None
     args = [a.strip() for a in call.group(2).split(",")]
     no_stats = call.group(1) == "_native_batch_norm_legit" and len(args) > 3 and args[3] in ("True", "False")
-    flag = args[3] if no_stats else (args[5] if len(args) > 5 else "")
+    if call.group(1) == "_native_batch_norm_legit_no_training":
+        flag = "False" if len(args) >= 5 else ""
+    else:
+        flag = args[3] if no_stats else (args[5] if len(args) > 5 else "")
     y = tensors.get(node.output[0])
     channels = _channels(y, node.op_type)
-    if flag != "True" or channels is None:
+    if flag not in ("True", "False") or channels is None:
         return None
+    training = flag == "True"
     names = ([a[1:] if a.startswith("%") else "" for a in args[1:(3 if no_stats else 5)]] + [""] * 4)[:4]
     stat = TensorInfo(y.dtype, (channels,))
     inputs = []
@@ -200,9 +253,9 @@ def restore_batch_norm(node, fx_node: str, params: set[str], targets: dict[str, 
     raw = fresh(f"{out}.pre_norm")
     tensors[raw] = y
     node.output[0] = raw
-    stats_out = [fresh(f"{out}.running_mean"), fresh(f"{out}.running_var")]
+    stats_out = [fresh(f"{out}.running_mean"), fresh(f"{out}.running_var")] if training else []
     for name in stats_out:
         tensors[name] = stat
     return onnx.helper.make_node("BatchNormalization", [raw, *inputs], [out, *stats_out],
                                  name=fresh(f"{node.name or out}/BatchNormalization"),
-                                 epsilon=1e-5, momentum=0.9, training_mode=1)
+                                 epsilon=1e-5, momentum=0.9, training_mode=int(training))
