@@ -99,6 +99,12 @@ def dynamo_tiny_lm(path: Path) -> Path:
                           input_names=["ids"], dynamic_axes={"ids": {0: "batch", 1: "seq"}},
                           external_data=False)
         model = onnx.load(str(raw))
+    return _save_stripped(model, path)
+
+
+def _save_stripped(model, path: Path) -> Path:
+    """``model`` at ``path`` without the weights' bytes (a missing external file, as make_zoo
+    strips them): the graph stage reads shapes, never values."""
     data = path.with_name(path.name + ".data")
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)
@@ -218,8 +224,36 @@ def _export_cnn(build, shape, path: Path, dynamo: bool) -> Path:
             return path
         torch.onnx.export(build(), example, str(raw), dynamo=True, external_data=False, **names)
         model = onnx.load(str(raw))
-    data = path.with_name(path.name + ".data")
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
-    data.unlink()
-    return path
+    return _save_stripped(model, path)
+
+
+def dropouts(path: Path, forms: list[dict], opset: int = 17, n: int = 64) -> Path:
+    """x[2, n] -> one Dropout per entry of ``forms``, chained -> y, as the TorchScript exporter
+    writes nn.Dropout in training mode: each form gives its ``ratio`` (a number, "input": a
+    graph input, None: absent) and ``mode`` (its training_mode: a bool, "input" or None), as
+    Constant nodes (``via="constant"``, the exporter's) or initializers; in an ``opset`` below
+    12 the ratio is an attribute (None: absent, 0.5 by default)."""
+    nodes, inits, inputs = [], [], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, n])]
+    prev = "x"
+    for i, form in enumerate(forms):
+        args = [prev]
+        for key, dtype in (("ratio", TensorProto.FLOAT), ("mode", TensorProto.BOOL)):
+            value = form.get(key)
+            if opset < 12 or (value is None and key == "mode"):
+                continue
+            name = f"{key}{i}" if value is not None else ""
+            if value == "input":
+                inputs.append(helper.make_tensor_value_info(name, dtype, []))
+            elif value is not None:
+                t = helper.make_tensor(name, dtype, [], [value])
+                if form.get("via", "constant") == "constant":
+                    nodes.append(helper.make_node("Constant", [], [name], value=t))
+                else:
+                    inits.append(t)
+            args.append(name)
+        attrs = {"ratio": float(form["ratio"])} if opset < 12 and form.get("ratio") is not None else {}
+        nodes.append(helper.make_node("Dropout", args, [f"d{i}", f"mask{i}"], **attrs))
+        prev = f"d{i}"
+    graph = helper.make_graph(nodes, "dropouts", inputs,
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [2, n])], inits)
+    return save(graph, path, opset)

@@ -296,3 +296,58 @@ def test_crafted_fused_pads_are_read_safely(tmp_path):
     assert [c for c in convs if convs[c].input[0] in {p.output[0] for p in pads}] == ["c0", "c4"]
     assert [g.info(p.output[0]).shape for p in pads] == [(2, 4, 10, 10), (2, 4, 8, 8)]
     assert pads[1].output[0] != "x.padded" and convs["c1"].input[0] == "s"
+
+
+# nn.Dropout(p=0.0) (ViT's, DeiT's configs) exported in training mode: a Dropout whose ratio is
+# a constant 0, which PyTorch runs as its input (at::dropout returns it): no mask, no kernel
+MASK = 2 * 64  # a kept Dropout's byte mask over x[2, 64]
+
+
+def _dropouts(tmp_path, forms, opset=17):
+    path = graphs.dropouts(tmp_path / f"dropouts{opset}.onnx", forms, opset)
+    return load_graph(path), extract_features(path)
+
+
+@pytest.mark.parametrize("via", ["constant", "initializer"])
+def test_a_dropout_of_ratio_zero_keeps_no_mask(tmp_path, via):
+    graph, report = _dropouts(tmp_path, [{"ratio": 0.0, "mode": True, "via": via},
+                                         {"ratio": 0.1, "mode": True, "via": via}])
+    assert report.values["saved_activation_bytes"] == MASK  # 2 masks before
+    assert graph.noop_dropouts == {"d0"}
+    assert report.values["kernels"] == 1 and report.values["activation_bytes"] == 2 * 64 * 4 + MASK
+
+
+def test_a_dropout_not_training_keeps_no_mask_and_unknown_ones_keep_theirs(tmp_path):
+    graph, report = _dropouts(tmp_path, [
+        {"ratio": 0.1, "mode": False},  # training_mode false: its input
+        {"ratio": 0.1},  # no training_mode: false by ONNX's rules, but no word on the job's
+        {"ratio": None, "mode": True},  # no ratio: 0.5
+        {"ratio": "input", "mode": True},  # not a constant: unknown
+        {"ratio": 0.0, "mode": "input"},  # p = 0, whatever the mode
+    ])
+    assert report.values["saved_activation_bytes"] == 3 * MASK
+    assert graph.noop_dropouts == {"d0", "d4"}
+
+
+def test_an_attribute_ratio_of_zero_keeps_no_mask(tmp_path):
+    """Before opset 12 the ratio is an attribute, 0.5 where absent."""
+    graph, report = _dropouts(tmp_path, [{"ratio": 0.0}, {"ratio": 0.25}, {}], opset=11)
+    assert report.values["saved_activation_bytes"] == 2 * MASK
+    assert graph.noop_dropouts == {"d0"}
+
+
+def test_a_tensor_kept_past_a_dropout_of_ratio_zero_counts_once(tmp_path):
+    """x read by a MatMul and, through Dropout(p=0), by another: one tensor kept, x."""
+    zero = helper.make_tensor("p", TensorProto.FLOAT, [], [0.0])
+    train = helper.make_tensor("t", TensorProto.BOOL, [], [True])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], [0.0] * 64 * 64)
+    nodes = [helper.make_node("Constant", [], ["p"], value=zero),
+             helper.make_node("Constant", [], ["t"], value=train),
+             helper.make_node("Dropout", ["x", "p", "t"], ["d", "mask"]),
+             helper.make_node("MatMul", ["x", "w"], ["a"]),
+             helper.make_node("MatMul", ["d", "w"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], [w])
+    report = extract_features(graphs.save(graph, tmp_path / "alias.onnx"))
+    assert report.values["saved_activation_bytes"] == 2 * 64 * 4  # x, not x, d and a mask

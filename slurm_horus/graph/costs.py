@@ -429,7 +429,8 @@ class _BackwardContext:
     - An exported activation function is often a chain of element-wise ops on one tensor
       (GELU = Div, Erf, Add, Mul, Mul; SiLU = Sigmoid, Mul): the framework runs it as one op
       that keeps only that tensor, its `root`. Dropout is never part of one: the framework
-      runs it as its own op (native_dropout), which keeps its mask.
+      runs it as its own op (native_dropout), which keeps its mask; one of p = 0
+      (graph.noop_dropouts) returns its input, a view of no kernel and no mask (`same`).
     - Attention probabilities (a Softmax whose output reaches a MatMul through masking or
       dropout) are not kept by the fused attention kernels PyTorch uses for training
       (scaled_dot_product_attention); they are recomputed in the backward pass, and so is the
@@ -490,6 +491,13 @@ class _BackwardContext:
                         self.probs.update(chain)
                     frontier += passed.get(name, ())[-8:]  # (no more than 8 are ever popped)
         self.param_views = views
+        # the output of a Dropout that returns its input (p = 0) -> that input, through chains
+        # of them: a tensor kept past one is its input's storage, counted once
+        self.same: dict[str, str] = {}
+        for node in graph.nodes:
+            if (op_name(node) == "Dropout" and node.input and node.input[0] and node.output
+                    and node.output[0] in graph.noop_dropouts):
+                self.same[node.output[0]] = self.same.get(node.input[0], node.input[0])
         self.folded_norm = {
             node.output[0] for node in graph.nodes
             if op_name(node) in ("Conv", "ConvTranspose") and len(node.input) > 2 and node.output
@@ -515,7 +523,9 @@ def _cost(node, graph: Graph, params, claimed: _Names, constants: _Names,
     param_bytes = sum(params[n].nbytes for n in own_params)
     # a weight read through a view (W.t()) is no tensor of its own: no kernel, no bytes moved
     param_view = bool(node.output) and node.output[0] in ctx.param_views
-    category = "view" if param_view else categorize(op, outs)
+    # a Dropout that is its input (graph.noop_dropouts: p = 0) is no kernel either, nor a mask
+    noop = op == "Dropout" and bool(node.output) and node.output[0] in ctx.same
+    category = "view" if param_view or noop else categorize(op, outs)
     attrs = {a.name: a for a in node.attribute}
     try:
         flops, has_rule, shapes_known = node_flops(op, category, infos, outs, attrs)
@@ -536,7 +546,7 @@ def _cost(node, graph: Graph, params, claimed: _Names, constants: _Names,
         # such node cancelled a network's FLOPs, or gave it an exaflop
         raise ModelError(f"{graph.path}: node '{node.name or op}' ({op}) would cost {flops:.3g} "
                          f"FLOPs and keep {extra:.3g} bytes; its attributes are not plausible")
-    saved = [n for n in saved if n not in ctx.probs]
+    saved = [ctx.same.get(n, n) for n in saved if n not in ctx.probs]
     return NodeCost(name=node.name or f"{op}:{node.output[0] if node.output else ''}",
                     op_type=op, category=category, inputs=tuple(n for n in node.input if n),
                     outputs=tuple(n for n in node.output if n), flops=int(flops), params=n_params,

@@ -139,6 +139,7 @@ class Graph:
     # and the parameters whose size its optimizer lost
     folded_constants: set[str] = field(default_factory=set)
     unsized_params: list[str] = field(default_factory=list)
+    noop_dropouts: set[str] = field(default_factory=set)  # see _noop_dropouts
     opset: int = 0
     producer: str = ""
     sha256: str = ""
@@ -254,7 +255,8 @@ def load_graph(path: str | os.PathLike, batch_size: int | None = None,
                  fixed_batch=[] if batch_size in fixed else fixed, unnamed_dims=unnamed,
                  trip_counts=trips, tied_heads=tied, opset=opset,
                  producer=model.producer_name, sha256=sha256,
-                 folded_constants=dynamo.constants, unsized_params=dynamo.unsized)
+                 folded_constants=dynamo.constants, unsized_params=dynamo.unsized,
+                 noop_dropouts=_noop_dropouts(graph))
 
 
 def _check_dims(batch_size, dims):
@@ -1175,7 +1177,8 @@ def body_scope(parent: Graph, body) -> Graph:
                  graph_inputs=[i.name for i in body.input if i.name not in inits],
                  graph_outputs=[o.name for o in body.output], bound_dims=parent.bound_dims,
                  unknown_dims=[], trip_counts=parent.trip_counts,
-                 opset=parent.opset, producer=parent.producer, sha256=parent.sha256)
+                 opset=parent.opset, producer=parent.producer, sha256=parent.sha256,
+                 noop_dropouts=parent.noop_dropouts)
 
 
 def _check_nesting(graph, path: Path, depth: int) -> None:
@@ -1207,20 +1210,63 @@ def _trip_counts(graph) -> dict[str, int]:
     folded shape arithmetic's, an initializer's), by tensor name, at any depth."""
     wanted = {n.input[0] for g in _graphs(graph) for n in g.node
               if n.op_type == "Loop" and n.domain in ("", "ai.onnx") and n.input and n.input[0]}
-    out: dict[str, int] = {}
-    if not wanted:
-        return out
+    return _constant_scalars(graph, wanted, _int_scalar) if wanted else {}
+
+
+def _constant_scalars(graph, wanted: set[str], scalar, floats: bool = False) -> dict:
+    """The values of the ``wanted`` tensors that are one-element constants (an initializer's or
+    a Constant node's, read by ``scalar``; a value_float too where ``floats``), at any depth."""
+    out: dict = {}
     for g in _graphs(graph):
         for t in g.initializer:
-            if t.name in wanted and (v := _int_scalar(t)) is not None:
+            if t.name in wanted and (v := scalar(t)) is not None:
                 out.setdefault(t.name, v)
         for n in g.node:
             if n.op_type != "Constant" or not n.output or n.output[0] not in wanted:
                 continue
             for a in n.attribute:
-                v = _int_scalar(a.t) if a.name == "value" else a.i if a.name == "value_int" else None
+                v = (scalar(a.t) if a.name == "value" else a.i if a.name == "value_int"
+                     else float(a.f) if a.name == "value_float" and floats else None)
                 if v is not None:
                     out.setdefault(n.output[0], v)
+    return out
+
+
+def _scalar(t) -> float | None:
+    """The value of a one-element numeric or boolean tensor written in the file, else None."""
+    if math.prod(t.dims) != 1 or not (t.data_type in _INT_TYPES or t.data_type in FLOAT_TYPES
+                                      or t.data_type == 9):  # BOOL
+        return None
+    value = _inline_array(t)  # None: external, no data (stripped), or malformed
+    try:
+        return None if value is None else float(value.ravel()[0])
+    except (TypeError, ValueError):
+        return None
+
+
+def _noop_dropouts(graph) -> set[str]:
+    """The first outputs of the Dropout nodes that are their input, at any depth: a constant
+    ratio of exactly 0 (an input, opset 12 on, or the attribute before it; absent, it is 0.5),
+    a constant training_mode of false or an is_test attribute of 1 (opset 6 and before).
+    PyTorch's dropout returns its input when p == 0 (at::dropout, training or not), and the
+    TorchScript exporter in training mode keeps nn.Dropout(p=0.0) as such a node (ViT's and
+    DeiT's configs); it runs no kernel and keeps no mask.  A ratio or mode that is no constant
+    here is unknown: the node keeps its mask, and so does one whose training_mode is absent
+    (false by ONNX's rules, but a graph exported for inference says nothing of the job's)."""
+    drops = [n for g in _graphs(graph) for n in g.node
+             if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and n.output and n.output[0]]
+    if not drops:
+        return set()
+    wanted = {name for n in drops for name in n.input[1:3] if name}
+    values = _constant_scalars(graph, wanted, _scalar, floats=True) if wanted else {}
+    out = set()
+    for n in drops:
+        attrs = {a.name: a for a in n.attribute}
+        ratio = (values.get(n.input[1]) if len(n.input) > 1 and n.input[1]
+                 else attrs["ratio"].f if "ratio" in attrs else None)
+        mode = values.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+        if ratio == 0 or mode == 0 or ("is_test" in attrs and attrs["is_test"].i == 1):
+            out.add(n.output[0])
     return out
 
 
