@@ -351,3 +351,56 @@ def test_a_tensor_kept_past_a_dropout_of_ratio_zero_counts_once(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], [w])
     report = extract_features(graphs.save(graph, tmp_path / "alias.onnx"))
     assert report.values["saved_activation_bytes"] == 2 * 64 * 4  # x, not x, d and a mask
+
+
+def _pad_claim(conv, tmp_path, name):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])
+    helper.set_metadata_props(conv, {"pkg.onnxscript.rewriter.rule_name": "FuseConvPad"})
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4, 3, 3], [0.5] * 144)
+    graph = helper.make_graph([conv, helper.make_node("Relu", ["x"], ["y"])], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    helper.set_metadata_props(graph, {"pkg.torch.export.ExportedProgram.graph_signature":
+                                      "p_w: PARAMETER target='w'\n"})
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)])
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return load_graph(path)
+
+
+def test_a_fused_pad_claim_on_a_conv_of_no_output_is_ignored(tmp_path):
+    """A custom-domain Conv of no output and no name (no shape inference refuses it) had
+    raised IndexError in restore_pad."""
+    g = _pad_claim(helper.make_node("Conv", ["x", "w"], [], domain="custom", pads=[1, 1, 1, 1]), tmp_path, "noout")
+    assert not [n for n in g.nodes if n.op_type == "Pad"]
+
+
+def test_a_fused_pad_past_the_loaders_bound_is_not_put_back(tmp_path):
+    """Pads of 10**9 under a stride of as much: a small output, but the restored copy had been
+    10**18 elements, past the loader's plausibility bound it had never met (6.4e19 bytes)."""
+    conv = helper.make_node("Conv", ["x", "w"], ["z"], name="c", pads=[10**9] * 4, strides=[10**9] * 2)
+    g = _pad_claim(conv, tmp_path, "huge")
+    assert not [n for n in g.nodes if n.op_type == "Pad"]
+    assert max(t.numel for t in g.tensors.values() if t.shape is not None) < 10**6
+
+
+def test_a_dropout_ratio_is_read_in_its_own_scope(tmp_path):
+    """The top Dropout's ratio is the graph input 'r'; an If body's Constant of the same name
+    is 0 and its Dropout, writing 'd' too, is a no-op there: the top one keeps its mask (it had
+    been taken for a no-op through the body's names)."""
+    zero = helper.make_tensor("z", TensorProto.FLOAT, [], [0.0])
+    body = helper.make_graph([helper.make_node("Constant", [], ["r"], value=zero),
+                              helper.make_node("Dropout", ["r", "r"], ["d"]),
+                              helper.make_node("Identity", ["d"], ["o"])], "b", [],
+                             [helper.make_tensor_value_info("o", TensorProto.FLOAT, [])])
+    nodes = [helper.make_node("Constant", [], ["t"], value=helper.make_tensor("tv", TensorProto.BOOL, [], [True])),
+             helper.make_node("If", ["c"], ["io"], then_branch=body, else_branch=body),
+             helper.make_node("Dropout", ["x", "r", "t"], ["d", "m"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64]),
+                                           helper.make_tensor_value_info("r", TensorProto.FLOAT, []),
+                                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2, 64]),
+                               helper.make_tensor_value_info("io", TensorProto.FLOAT, [])])
+    path = graphs.save(graph, tmp_path / "scoped.onnx")
+    assert load_graph(path).noop_dropouts == set()
+    # and the body's, whose name the top one writes too, keeps its own (1 byte): the safe side
+    assert extract_features(path).values["saved_activation_bytes"] == MASK + 1

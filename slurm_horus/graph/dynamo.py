@@ -22,11 +22,12 @@ in a TorchScript export.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from itertools import count
 
-from slurm_horus.graph.load import TensorInfo
+from slurm_horus.graph.load import MAX_TENSOR_ELEMENTS, TensorInfo
 
 SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
@@ -94,11 +95,11 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
         used.update(t for t in reads if t in params)
         rule = node_meta.get(RULE)
         rules = {r.strip() for r in rule.split(",")} if rule is not None else set()
-        if "FuseConvPad" in rules and node.op_type == "Conv":
+        if "FuseConvPad" in rules and node.op_type == "Conv" and node.output:
             pad = restore_pad(node, tensors, initializers, fresh, out.constants)
             if pad is not None:
                 before.append((node, pad))
-        if f"FuseBatchNormInto{node.op_type}" in rules and node.op_type in FUSED_INTO:
+        if f"FuseBatchNormInto{node.op_type}" in rules and node.op_type in FUSED_INTO and node.output:
             bn = restore_batch_norm(node, node_meta.get(FX_NODE, ""), params, targets, sized,
                                     tensors, initializers, fresh, out.constants)
             if bn is not None:
@@ -184,6 +185,8 @@ def restore_pad(node, tensors: dict[str, TensorInfo], initializers: dict[str, Te
         return None
     padded = TensorInfo(x.dtype, (*x.shape[:2], *(d + pads[i] + pads[i + spatial]
                                                   for i, d in enumerate(x.shape[2:]))))
+    if math.prod(d for d in padded.shape if isinstance(d, int)) > MAX_TENSOR_ELEMENTS:
+        return None  # the loader's bound: a crafted pad of 10**9 under a stride of as much
     amounts = fresh(f"{node.name or node.output[0]}.pads")
     tensors[amounts] = initializers[amounts] = TensorInfo(onnx.TensorProto.INT64, (2 * len(x.shape),))
     constants.add(amounts)

@@ -17,6 +17,7 @@ one pass carries shapes past every such op; where that fails, a round of inferen
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import itertools
@@ -1210,26 +1211,29 @@ def _trip_counts(graph) -> dict[str, int]:
     folded shape arithmetic's, an initializer's), by tensor name, at any depth."""
     wanted = {n.input[0] for g in _graphs(graph) for n in g.node
               if n.op_type == "Loop" and n.domain in ("", "ai.onnx") and n.input and n.input[0]}
-    return _constant_scalars(graph, wanted, _int_scalar) if wanted else {}
-
-
-def _constant_scalars(graph, wanted: set[str], scalar, floats: bool = False) -> dict:
-    """The values of the ``wanted`` tensors that are one-element constants (an initializer's or
-    a Constant node's, read by ``scalar``; a value_float too where ``floats``), at any depth."""
-    out: dict = {}
+    out: dict[str, int] = {}
+    if not wanted:
+        return out
     for g in _graphs(graph):
         for t in g.initializer:
-            if t.name in wanted and (v := scalar(t)) is not None:
+            if t.name in wanted and (v := _int_scalar(t)) is not None:
                 out.setdefault(t.name, v)
         for n in g.node:
-            if n.op_type != "Constant" or not n.output or n.output[0] not in wanted:
-                continue
-            for a in n.attribute:
-                v = (scalar(a.t) if a.name == "value" else a.i if a.name == "value_int"
-                     else float(a.f) if a.name == "value_float" and floats else None)
-                if v is not None:
-                    out.setdefault(n.output[0], v)
+            if n.op_type == "Constant" and n.output and n.output[0] in wanted \
+                    and (v := _constant_value(n, _int_scalar)) is not None:
+                out.setdefault(n.output[0], v)
     return out
+
+
+def _constant_value(node, scalar, floats: bool = False):
+    """A Constant node's one-element value (its tensor read by ``scalar``, a value_int, and a
+    value_float where ``floats``), else None."""
+    value = None
+    for a in node.attribute:
+        v = (scalar(a.t) if a.name == "value" else a.i if a.name == "value_int"
+             else float(a.f) if a.name == "value_float" and floats else None)
+        value = v if v is not None else value
+    return value
 
 
 def _scalar(t) -> float | None:
@@ -1253,21 +1257,40 @@ def _noop_dropouts(graph) -> set[str]:
     DeiT's configs); it runs no kernel and keeps no mask.  A ratio or mode that is no constant
     here is unknown: the node keeps its mask, and so does one whose training_mode is absent
     (false by ONNX's rules, but a graph exported for inference says nothing of the job's)."""
-    drops = [n for g in _graphs(graph) for n in g.node
-             if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and n.output and n.output[0]]
-    if not drops:
-        return set()
-    wanted = {name for n in drops for name in n.input[1:3] if name}
-    values = _constant_scalars(graph, wanted, _scalar, floats=True) if wanted else {}
-    out = set()
-    for n in drops:
-        attrs = {a.name: a for a in n.attribute}
-        ratio = (values.get(n.input[1]) if len(n.input) > 1 and n.input[1]
-                 else attrs["ratio"].f if "ratio" in attrs else None)
-        mode = values.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
-        if ratio == 0 or mode == 0 or ("is_test" in attrs and attrs["is_test"].i == 1):
-            out.add(n.output[0])
-    return out
+    wanted = {name for g in _graphs(graph) for n in g.node
+              if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") for name in n.input[1:3] if name}
+    noop: set[str] = set()
+    kept: set[str] = set()  # a name two scopes' Dropouts write is kept unless both are no-ops
+
+    def walk(g, outer):
+        # the names this scope defines shadow its parents': a constant's value, else None
+        # (a body's input, a node's output, a larger initializer); a top-level input with an
+        # initializer is the initializer, as everywhere in the loader
+        local: dict = {i.name: None for i in g.input}
+        for t in g.initializer:
+            local[t.name] = _scalar(t) if t.name in wanted else None
+        for n in g.node:
+            value = None
+            if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output and n.output[0] in wanted:
+                value = _constant_value(n, _scalar, floats=True)
+            for o in n.output:
+                local[o] = value
+        scope = collections.ChainMap(local, *outer.maps)
+        for n in g.node:
+            if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and n.output and n.output[0]:
+                attrs = {a.name: a for a in n.attribute}
+                ratio = (scope.get(n.input[1]) if len(n.input) > 1 and n.input[1]
+                         else attrs["ratio"].f if "ratio" in attrs else None)
+                mode = scope.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+                if ratio == 0 or mode == 0 or ("is_test" in attrs and attrs["is_test"].i == 1):
+                    noop.add(n.output[0])
+                else:
+                    kept.add(n.output[0])
+            for sub in _subgraphs(n):
+                walk(sub, scope)
+
+    walk(graph, collections.ChainMap())
+    return noop - kept
 
 
 def _declare(vi, info: TensorInfo) -> int:
