@@ -92,3 +92,13 @@ def slurm_bin(tmp_path):
            "HORUS_CONF": str(tmp_path / "no.conf")}
     env.pop("SLURM_CONF", None)
     return env, log
+
+
+@pytest.fixture(scope="session")
+def resnet():
+    """ResNet-50's features at the batch sizes the history tests measure, by batch (the graph
+    analysed once per session: each is a forked child's work)."""
+    from slurm_horus.graph.features import extract_features
+
+    zoo = Path(__file__).parent / "data" / "zoo"
+    return {b: extract_features(zoo / "resnet50.onnx", batch_size=b) for b in (8, 16, 32, 64)}

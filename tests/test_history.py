@@ -41,11 +41,6 @@ def _run(report, b, mem, util, family="resnet50", user="alice", sha=None, **work
             "family": family, "user": user}
 
 
-@pytest.fixture(scope="module")
-def resnet():
-    return {b: extract_features(ZOO / "resnet50.onnx", batch_size=b) for b in (8, 16, 32, 64)}
-
-
 def test_exact_history_beats_cold_start_on_a_held_out_batch_size(resnet):
     runs = [_run(resnet[b], b, *_site(b)) for b in (8, 32, 64)]
     h = HistoryPredictor(user="bob").fit(runs)

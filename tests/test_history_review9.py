@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from slurm_horus.errors import HorusError
-from slurm_horus.graph.features import extract_features
 from slurm_horus.predict.chain import choose_predictor, predict_for
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.predict.gpus import get_gpu
@@ -21,14 +19,8 @@ from slurm_horus.predict.learned import input_names
 from slurm_horus.predict.registry import Registry
 from slurm_horus.predict.workload import dims_key
 
-ZOO = Path(__file__).parent / "data" / "zoo"
 A100 = get_gpu("a100-40gb")
 COLD = ColdStartEstimator()
-
-
-@pytest.fixture(scope="module")
-def resnet():
-    return {b: extract_features(ZOO / "resnet50.onnx", batch_size=b) for b in (8, 16, 32)}
 
 
 def _run(report, b, mem, util, cpus, user="alice"):

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
 from slurm_horus.errors import HorusError
-from slurm_horus.graph.features import extract_features
 from slurm_horus.predict.coldstart import ColdStartEstimator, Workload
 from slurm_horus.predict.gpus import get_gpu
 from slurm_horus.predict.history import HistoryPredictor
 
-ZOO = Path(__file__).parent / "data" / "zoo"
 A100 = get_gpu("a100-40gb")
 COLD = ColdStartEstimator()
-
-
-@pytest.fixture(scope="module")
-def resnet():
-    return {b: extract_features(ZOO / "resnet50.onnx", batch_size=b) for b in (8, 16, 32)}
 
 
 class _Learned:
