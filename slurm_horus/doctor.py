@@ -437,8 +437,8 @@ def check_ledger(url: str) -> list[Problem]:
         for d in db.parent.resolve().parents:  # whoever may rename one swaps the ledger for theirs
             out += _trusted(d, "a folder above the ledger", sticky_ok=True)
         out += _trusted(db, "the ledger")
-        for side in _sqlite_side_files(db):  # a hot journal a user wrote is rolled into the ledger
-            out += _trusted(side, f"SQLite's {side.name[len(db.name):]} file beside the ledger")
+        for side, what in _sqlite_side_files(db):  # a hot journal a user wrote is rolled into the ledger
+            out += _trusted(side, what)
         out += _trusted(readers_copy(db), "the readers' copy of the ledger")
         if out or not db.exists():
             return out  # one problem at a time: who may write it first
@@ -465,10 +465,12 @@ def check_ledger(url: str) -> list[Problem]:
     return out
 
 
-def _sqlite_side_files(db: Path) -> list[Path]:
+def _sqlite_side_files(db: Path) -> list[tuple[Path, str]]:
     """The files SQLite keeps beside ``db`` (a rollback journal a killed write left; -wal and
-    -shm where something opened it in WAL mode): each holds pages of the ledger."""
-    return [db.with_name(db.name + suffix) for suffix in ("-journal", "-wal", "-shm")]
+    -shm where something opened it in WAL mode), each named as doctor says it: each holds pages
+    of the ledger."""
+    return [(db.with_name(db.name + suffix), f"SQLite's {suffix} file beside the ledger")
+            for suffix in ("-journal", "-wal", "-shm")]
 
 
 def check_ledger_readers(db: Path) -> list[Problem]:
@@ -492,13 +494,12 @@ def check_ledger_readers(db: Path) -> list[Problem]:
                           "hacct's own copies, and one holding a read transaction stops every sync "
                           "and probe write", "horus-admin sync does")
     allowed = mode & 0o640
-    for side in _sqlite_side_files(db):
+    for side, what in _sqlite_side_files(db):
         try:
             side_st = side.stat()
         except FileNotFoundError:
             continue
         side_mode = stat.S_IMODE(side_st.st_mode)
-        what = f"SQLite's {side.name[len(db.name):]} file beside the ledger"
         if side_mode & 0o777 & ~allowed:
             out.append(Problem(f"{what} {side} is mode {side_mode:04o}, wider than {allowed:04o} (the "
                                "ledger's, at most 0640): it holds pages of the ledger, every user's jobs",
