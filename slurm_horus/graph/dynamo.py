@@ -79,8 +79,8 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
               for m in getattr(vi, "metadata_props", ()) if m.key == FOLDED_FROM}
     out = DynamoParameters()
     fresh = _FreshNames(tensors, nodes)
-    restored: list[tuple[object, object]] = []  # (fused node, the BatchNormalization after it)
-    before: list[tuple[object, object]] = []  # (fused Conv, the Pad before it)
+    after: dict[int, object] = {}  # id(fused node): the BatchNormalization put back after it
+    before: dict[int, object] = {}  # id(fused Conv): the Pad put back before it
     for name, sources in sorted(folded.items(), key=lambda kv: len(kv[1])):
         used.update(s for s in sources if s in params)
         if len(sources) == 1 and sources[0] in params and sources[0] not in sized:
@@ -98,12 +98,12 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
         if "FuseConvPad" in rules and node.op_type == "Conv" and node.output:
             pad = restore_pad(node, tensors, initializers, fresh, out.constants)
             if pad is not None:
-                before.append((node, pad))
+                before[id(node)] = pad
         if f"FuseBatchNormInto{node.op_type}" in rules and node.op_type in FUSED_INTO and node.output:
             bn = restore_batch_norm(node, node_meta.get(FX_NODE, ""), params, targets, sized,
                                     tensors, initializers, fresh, out.constants)
             if bn is not None:
-                restored.append((node, bn))
+                after[id(node)] = bn
             continue
         pending = [t for t in reads if t in params and t not in sized]
         if not pending or any(t in tensors for t in pending):
@@ -125,10 +125,8 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
                                                                         (channels,))
             node.input.append(pending[0])
             sized.add(pending[0])
-    if restored or before:
-        after = {id(fused): bn for fused, bn in restored}
-        pads = {id(fused): pad for fused, pad in before}
-        nodes[:] = [m for n in nodes for m in ((pads[id(n)],) if id(n) in pads else ())
+    if after or before:
+        nodes[:] = [m for n in nodes for m in ((before[id(n)],) if id(n) in before else ())
                     + ((n, after[id(n)]) if id(n) in after else (n,))]
     out.unsized = sorted(used - sized)
     return out
