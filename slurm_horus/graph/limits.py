@@ -204,7 +204,7 @@ def _child_setup(pipe: int, confinement: tuple | None) -> None:
     line."""
     if confinement is not None:
         keep_fds, uid, gid, groups = confinement
-        _close_fds_except({0, 1, 2, pipe, *keep_fds})
+        close_fds_except({0, 1, 2, pipe, *keep_fds})
         if uid is not None and os.geteuid() == 0:
             os.setgroups(list(groups))
             os.setgid(gid)
@@ -221,7 +221,7 @@ def _child_setup(pipe: int, confinement: tuple | None) -> None:
         faulthandler.disable()
 
 
-def _close_fds_except(keep: set[int]) -> None:
+def close_fds_except(keep: set[int]) -> None:
     """Close every fd below the fd limit but ``keep``'s (an empty range is skipped:
     os.closerange(0, 0) asks close_range(2) for 0..UINT_MAX, every fd)."""
     lo = 0

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from slurm_horus.errors import HorusError
+from slurm_horus.graph.limits import close_fds_except
 from slurm_horus.ledger.claims import open_as_owner, owner_ids
 from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run, slurm_version
@@ -686,8 +687,7 @@ def _in_child(read: Callable[[], bytes | None], timeout_s: float) -> bytes | Non
         try:
             # none of the pass's files kept: the lock's flock had outlived the pass in a child
             # stuck on the mount, and every later pass skipped
-            os.closerange(3, wfd)
-            os.closerange(wfd + 1, os.sysconf("SC_OPEN_MAX"))
+            close_fds_except({0, 1, 2, wfd})
             data = read()
             if data is not None:
                 view = memoryview(b"+" + data)  # "+": found, even when empty
