@@ -20,7 +20,6 @@ import faulthandler
 import json
 import os
 import resource
-import select
 import signal
 import threading
 import time
@@ -29,6 +28,7 @@ from contextvars import ContextVar
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from slurm_horus.errors import HorusError, ModelError
+from slurm_horus.proc_child import run_in_child
 
 __all__ = ["ANALYSIS_FILE_FACTOR", "ANALYSIS_MEM_MIB", "ANALYSIS_TIMEOUT_S", "analysis_limits",
            "confined", "run_bounded"]
@@ -127,63 +127,35 @@ def confined(keep_fds: Iterable[int], uid: int | None = None, gid: int | None = 
 
 def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], decode: Callable[[Any], T],
                 mem_mib: int = ANALYSIS_MEM_MIB, timeout_s: float = ANALYSIS_TIMEOUT_S) -> T:
-    """``fn()`` in a forked child under analysis_limits(what, mem_mib, timeout_s), its result
-    crossing back as JSON (``encode`` there, ``decode`` here: never pickle).  A HorusError of
-    fn's is raised here as itself (a ModelError or a HorusError, its message); the child's
-    crash, abort, hang past the timer or any other error is a ModelError.  Import what fn needs
-    before: the child then starts warm, and imports map memory outside the limit."""
-    r, w = os.pipe()
-    try:
-        pid = os.fork()
-    except OSError as e:
-        os.close(r)
-        os.close(w)
-        raise ModelError(f"{what}: cannot start the analysis ({e.strerror or e})") from None
-    if pid == 0:  # the child: never returns, never runs the caller's cleanup or flushes its output
+    """``fn()`` in a forked child (proc_child.run_in_child) under analysis_limits(what, mem_mib,
+    timeout_s), its result crossing back as JSON (``encode`` there, ``decode`` here: never
+    pickle).  A HorusError of fn's is raised here as itself (a ModelError or a HorusError, its
+    message); the child's crash, abort, hang past the timer or any other error is a ModelError.
+    Import what fn needs before: the child then starts warm, and imports map memory outside the
+    limit."""
+    confinement = _CONFINEMENT.get()
+
+    def produce() -> bytes:
         try:
-            os.close(r)
-            try:
-                _child_setup(w, _CONFINEMENT.get())
-                with analysis_limits(what, mem_mib, timeout_s):
-                    data = _dumps({"ok": encode(fn())})
-            except HorusError as e:
-                data = _dumps({"error": _text(e), "model": isinstance(e, ModelError)})
-            except BaseException as e:  # noqa: BLE001 - a bug's or a library's error: one line
-                data = _dumps({"error": f"{what}: the analysis failed ({type(e).__name__}: {_text(e)[:200]})",
-                               "model": True})
-            view = memoryview(data)
-            while view:
-                view = view[os.write(w, view):]
-        finally:
-            os._exit(0)
-    os.close(w)
-    data, done = bytearray(), False
+            _child_setup(confinement)
+            with analysis_limits(what, mem_mib, timeout_s):
+                return _dumps({"ok": encode(fn())})
+        except HorusError as e:
+            return _dumps({"error": _text(e), "model": isinstance(e, ModelError)})
+        except BaseException as e:  # noqa: BLE001 - a bug's or a library's error: one line
+            return _dumps({"error": f"{what}: the analysis failed ({type(e).__name__}: {_text(e)[:200]})",
+                           "model": True})
     try:
-        poller = select.poll()  # not select(): a caller may hold fds past 1024
-        poller.register(r, select.POLLIN)
-        deadline = time.monotonic() + timeout_s + KILL_GRACE_S
-        while (left := deadline - time.monotonic()) > 0:
-            if poller.poll(max(1, int(left * 1000))):
-                chunk = os.read(r, 1 << 20)
-                if not chunk:
-                    done = True
-                    break
-                data += chunk
-                if len(data) > MAX_RESULT_BYTES:
-                    break  # the child is killed below
-    finally:
-        os.close(r)
-        if not done:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:  # reaped already (SIGCHLD ignored)
-                pass
-        status = _reap(pid)
+        data, status = run_in_child(produce, timeout_s + KILL_GRACE_S,
+                                    keep_fds={0, 1, 2, *confinement[0]} if confinement else None,
+                                    max_bytes=MAX_RESULT_BYTES)
+    except TimeoutError:  # (an OSError: before it)
+        raise ModelError(f"{what}: analysing the graph took more than {timeout_s:g} s") from None
+    except OSError as e:
+        raise ModelError(f"{what}: cannot start the analysis ({e.strerror or e})") from None
     if len(data) > MAX_RESULT_BYTES:
         raise ModelError(f"{what}: the analysis's result is larger than {MAX_RESULT_BYTES >> 20} MiB "
                          "(names or nodes no real model has); not analysed")
-    if not done:
-        raise ModelError(f"{what}: analysing the graph took more than {timeout_s:g} s")
     try:
         out = json.loads(data) if data else None
     except ValueError:
@@ -196,15 +168,14 @@ def run_bounded(what: str, fn: Callable[[], T], encode: Callable[[T], Any], deco
     raise (ModelError if out.get("model", True) else HorusError)(str(out.get("error")))
 
 
-def _child_setup(pipe: int, confinement: tuple | None) -> None:
-    """The child confined (see confined(); a failure is the analysis's, never an analysis as
-    root), dies with its parent (a killed hsubmit leaves no analysis running), writes no core
-    file (one per crafted graph, per sync), and keeps native libraries' own messages (an
-    abort's) off the caller's terminal unless HORUS_DEBUG: the caller says what failed, in one
-    line."""
+def _child_setup(confinement: tuple | None) -> None:
+    """The child confined (see confined(): run_in_child has closed the fds it does not keep; a
+    failure is the analysis's, never an analysis as root), dies with its parent (a killed
+    hsubmit leaves no analysis running), writes no core file (one per crafted graph, per sync),
+    and keeps native libraries' own messages (an abort's) off the caller's terminal unless
+    HORUS_DEBUG: the caller says what failed, in one line."""
     if confinement is not None:
-        keep_fds, uid, gid, groups = confinement
-        close_fds_except({0, 1, 2, pipe, *keep_fds})
+        _, uid, gid, groups = confinement
         if uid is not None and os.geteuid() == 0:
             os.setgroups(list(groups))
             os.setgid(gid)
@@ -219,16 +190,6 @@ def _child_setup(pipe: int, confinement: tuple | None) -> None:
     if not os.environ.get("HORUS_DEBUG"):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         faulthandler.disable()
-
-
-def close_fds_except(keep: set[int]) -> None:
-    """Close every fd below the fd limit but ``keep``'s (an empty range is skipped:
-    os.closerange(0, 0) asks close_range(2) for 0..UINT_MAX, every fd)."""
-    lo = 0
-    for hi in [*sorted(keep), os.sysconf("SC_OPEN_MAX")]:
-        if lo < hi:
-            os.closerange(lo, hi)
-        lo = max(lo, hi + 1)
 
 
 def _dumps(value) -> bytes:
@@ -261,12 +222,3 @@ def _how(status: int | None) -> str:
         except ValueError:  # a real-time signal
             return f"signal {n}"
     return f"exit status {os.WEXITSTATUS(status)}"
-
-
-def _reap(pid: int) -> int | None:
-    """The child's exit status; None where a SIGCHLD set to be ignored reaped it already
-    (waitpid itself retries when a signal interrupts it)."""
-    try:
-        return os.waitpid(pid, 0)[1]
-    except ChildProcessError:
-        return None

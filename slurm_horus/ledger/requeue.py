@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import signal
 import threading
 import time
@@ -36,8 +35,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from slurm_horus.errors import HorusError
-from slurm_horus.graph.limits import close_fds_except
 from slurm_horus.ledger.claims import open_as_owner, owner_ids
+from slurm_horus.proc_child import run_in_child
 from slurm_horus.slurm.accounting import QUEUE_TOKEN, queue_tokens
 from slurm_horus.slurm.commands import run, slurm_version
 from slurm_horus.slurm.hint import HookDecision, parse_decision, parse_hint
@@ -661,67 +660,18 @@ def _tail_since(path: str, uid: int, gids: set[int], start: float) -> bytes | No
         os.close(fd)
 
 
-_killed_children: set[int] = set()  # killed on a hung read: reaped once the kernel lets them go
-
-
 def _in_child(read: Callable[[], bytes | None], timeout_s: float) -> bytes | None:
-    """``read()`` in a forked child, its bytes back through a pipe; TimeoutError, the child
-    killed, where it has not finished in ``timeout_s``.  A child, not a thread: as root,
-    open_as_owner sets the effective uid, which glibc sets for every thread of the process, so
-    a thread stuck in the kernel on a hung mount had left the whole pass acting as the job's
-    owner (and, stuck unkillable, kept the process from exiting)."""
-    for pid in list(_killed_children):
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                _killed_children.discard(pid)
-        except ChildProcessError:
-            _killed_children.discard(pid)
-    rfd, wfd = os.pipe()
-    try:
-        pid = os.fork()
-    except OSError:  # EAGAIN at a pids limit, ENOMEM: the pipe had leaked, each pass of a loop
-        os.close(rfd)
-        os.close(wfd)
-        raise
-    if pid == 0:  # the child: only os._exit leaves it (no cleanup of the parent's runs twice)
-        try:
-            # none of the pass's files kept: the lock's flock had outlived the pass in a child
-            # stuck on the mount, and every later pass skipped
-            close_fds_except({0, 1, 2, wfd})
-            data = read()
-            if data is not None:
-                view = memoryview(b"+" + data)  # "+": found, even when empty
-                while view:
-                    view = view[os.write(wfd, view):]
-        finally:
-            os._exit(0)
-    os.close(wfd)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    finished = False
-    poller = select.poll()  # (select.select fails on a descriptor past 1023)
-    poller.register(rfd, select.POLLIN)
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not poller.poll(left * 1000.0):
-                raise TimeoutError
-            chunk = os.read(rfd, 1 << 16)
-            if not chunk:
-                finished = True
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(rfd)
-        if finished:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:  # SIGCHLD ignored (inherited so): reaped by the kernel
-                pass
-        else:  # timed out, or a signal's exception: never waited for
-            os.kill(pid, signal.SIGKILL)
-            _killed_children.add(pid)
-    data = b"".join(chunks)
+    """``read()`` in a forked child (proc_child.run_in_child), None where it found nothing;
+    TimeoutError, the child killed, where it has not finished in ``timeout_s``.  A child, not a
+    thread: as root, open_as_owner sets the effective uid, which glibc sets for every thread of
+    the process, so a thread stuck in the kernel on a hung mount had left the whole pass acting
+    as the job's owner (and, stuck unkillable, kept the process from exiting).  The child keeps
+    none of the pass's files: the lock's flock had outlived the pass in a child stuck on the
+    mount, and every later pass skipped."""
+    def produce() -> bytes | None:
+        data = read()
+        return None if data is None else b"+" + data  # "+": found, even when empty
+    data, _ = run_in_child(produce, timeout_s, keep_fds={0, 1, 2})
     return data[1:] if data else None
 
 
