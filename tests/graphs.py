@@ -108,7 +108,7 @@ def _save_stripped(model, path: Path) -> Path:
     data = path.with_name(path.name + ".data")
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)
-    data.unlink()
+    data.unlink(missing_ok=True)  # none where every weight is under 1 KiB
     return path
 
 
@@ -203,7 +203,116 @@ def export_pad_cnn(path: Path, dynamo: bool) -> Path:
     return _export_cnn(pad_cnn, BN_CNN_EXAMPLE, path, dynamo)
 
 
-def _export_cnn(build, shape, path: Path, dynamo: bool) -> Path:
+def zero_bias_bn_cnn():
+    """A CNN whose Conv, ConvTranspose and Linear have a bias of their own, all zero (as a model
+    initialised with zero biases), each before a BatchNorm in training mode: the dynamo exporter's
+    optimizer drops each zero bias (RemoveOptionalBiasFrom*) before it fuses the norm into the
+    node (FuseBatchNormInto*), so no call reads the bias any more.  Dev-only: torch is no
+    dependency."""
+    import torch
+    from torch import nn
+
+    class ZeroBiasBnCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.conv_bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+            self.up, self.up_bn = nn.ConvTranspose2d(8, 6, 2, stride=2), nn.BatchNorm2d(6)
+            self.fc, self.fc_bn = nn.Linear(6, 16), nn.BatchNorm1d(16)
+            self.head = nn.Linear(16, 4)
+            for layer in (self.conv, self.up, self.fc):
+                nn.init.zeros_(layer.bias)
+
+        def forward(self, x):
+            x = torch.relu(self.conv_bn(self.conv(x)))
+            x = torch.relu(self.up_bn(self.up(x))).mean((2, 3))
+            return self.head(torch.relu(self.fc_bn(self.fc(x))))
+
+    torch.manual_seed(0)
+    return ZeroBiasBnCNN().train()
+
+
+def export_zero_bias_bn_cnn(path: Path, dynamo: bool) -> Path:
+    """zero_bias_bn_cnn exported as export_bn_cnn exports bn_cnn.
+    tests/data/zoo/dynamo_zero_bias_bn_cnn.onnx is `python3 -c 'import tests.graphs as g, pathlib;
+    g.export_zero_bias_bn_cnn(pathlib.Path("tests/data/zoo/dynamo_zero_bias_bn_cnn.onnx"), True)'`."""
+    return _export_cnn(zero_bias_bn_cnn, BN_CNN_EXAMPLE, path, dynamo)
+
+
+def tiny_deit():
+    """transformers' DeiTForImageClassificationWithTeacher from a one-layer config, freshly
+    initialised: its class and distillation tokens are both zeros (1, 1, 32), which the dynamo
+    exporter's optimizer merges into one initializer, and then the two expand calls that read
+    them into one.  Dev-only: torch and transformers are no dependency."""
+    import torch
+    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
+
+    config = DeiTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, image_size=32, patch_size=8, num_labels=5)
+    torch.manual_seed(0)
+    return DeiTForImageClassificationWithTeacher(config).train()
+
+
+DEIT_EXAMPLE = (2, 3, 32, 32)
+
+
+def export_tiny_deit(path: Path, dynamo: bool) -> Path:
+    """tiny_deit exported as export_bn_cnn exports bn_cnn, without the dynamo exporter's stack
+    traces (a fixture under 100 KB).  tests/data/zoo/dynamo_tiny_deit.onnx is
+    `python3 -c 'import tests.graphs as g, pathlib;
+    g.export_tiny_deit(pathlib.Path("tests/data/zoo/dynamo_tiny_deit.onnx"), True)'`."""
+    return _export_cnn(tiny_deit, DEIT_EXAMPLE, path, dynamo, stack_traces=False)
+
+
+def unused_token_net():
+    """A patch embedding whose mask token forward reads only with a mask (ViT's, for masked
+    image modelling), its output added to a dropout of itself, in eval mode: the exporter drops
+    the dropout (the identity, out of training), so the Add reads the embedding's output twice
+    where its call names %linear and %clone, the latter computed by no node.  Nothing was merged:
+    the unread token is no lost parameter (the TorchScript export has no such tensor either).
+    Dev-only: torch is no dependency."""
+    import torch
+    from torch import nn
+
+    class Embedding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = nn.Parameter(torch.randn(16, 8)), nn.Parameter(torch.randn(16))
+            self.mask_token = nn.Parameter(torch.zeros(16))
+            self.dropout = nn.Dropout(0.1)
+
+        def forward(self, x, mask=None):
+            h = nn.functional.linear(x, self.weight, self.bias)
+            if mask is not None:
+                h = torch.where(mask[..., None], self.mask_token, h)
+            return h + self.dropout(h)
+
+    class UnusedTokenNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = Embedding(), nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.embed(x))
+
+    torch.manual_seed(0)
+    return UnusedTokenNet().eval()
+
+
+UNUSED_TOKEN_EXAMPLE = (2, 8)
+
+
+def export_unused_token_net(path: Path, dynamo: bool) -> Path:
+    """unused_token_net exported as export_bn_cnn exports bn_cnn (the TorchScript export in
+    training mode).  tests/data/zoo/dynamo_unused_token_net.onnx is `python3 -c 'import
+    tests.graphs as g, pathlib; g.export_unused_token_net(pathlib.Path(
+    "tests/data/zoo/dynamo_unused_token_net.onnx"), True)'`."""
+    return _export_cnn(unused_token_net, UNUSED_TOKEN_EXAMPLE, path, dynamo, stack_traces=False)
+
+
+def _export_cnn(build, shape, path: Path, dynamo: bool, stack_traces: bool = True) -> Path:
+    """``build()`` exported by the TorchScript or the dynamo exporter; ``stack_traces`` False
+    leaves out the dynamo exporter's per-node Python stack traces (most of a transformers
+    model's bytes, and no part of what the graph stage reads)."""
     import contextlib
     import io
     import tempfile
@@ -224,6 +333,11 @@ def _export_cnn(build, shape, path: Path, dynamo: bool) -> Path:
             return path
         torch.onnx.export(build(), example, str(raw), dynamo=True, external_data=False, **names)
         model = onnx.load(str(raw))
+    if not stack_traces:
+        for node in model.graph.node:
+            kept = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
     return _save_stripped(model, path)
 
 

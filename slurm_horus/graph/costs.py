@@ -495,8 +495,7 @@ class _BackwardContext:
         # of them: a tensor kept past one is its input's storage, counted once
         self.same: dict[str, str] = {}
         for node in graph.nodes:
-            if (op_name(node) == "Dropout" and node.input and node.input[0] and node.output
-                    and node.output[0] in graph.noop_dropouts):
+            if is_noop_dropout(node, graph):
                 self.same[node.output[0]] = self.same.get(node.input[0], node.input[0])
         self.folded_norm = {
             node.output[0] for node in graph.nodes
@@ -553,6 +552,13 @@ def _cost(node, graph: Graph, params, claimed: _Names, constants: _Names,
                     param_bytes=param_bytes, out_bytes=out_bytes, read_bytes=read,
                     write_bytes=write, kernels=kernels, saved=tuple(saved),
                     extra_saved_bytes=int(extra), has_rule=has_rule, shapes_known=shapes_known)
+
+
+def is_noop_dropout(node, graph: Graph) -> bool:
+    """Is ``node`` a Dropout that returns its input (graph.noop_dropouts: p = 0, or not
+    training)?  Its first output is that input, as an Identity's: no kernel, no mask, no tensor."""
+    return (op_name(node) == "Dropout" and bool(node.input) and bool(node.input[0])
+            and bool(node.output) and node.output[0] in graph.noop_dropouts)
 
 
 def op_name(node) -> str:

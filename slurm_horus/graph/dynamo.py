@@ -8,12 +8,14 @@ between; it folds W.t() into a new initializer ('val_N', its sources in the valu
 ('RemoveOptionalBiasFromGemm') or a Conv's ('RemoveOptionalBiasFromConv'); and it fuses a
 BatchNorm into the Conv (or ConvTranspose, Gemm) before it ('FuseBatchNormIntoConv'), even in
 training mode, leaving a Conv whose 'fx_node' is the batch-norm call and whose bias is the
-fused one (the conv's own bias's name, or '<weight>_bias', a new initializer).  What tells them
-apart: the graph's
-'pkg.torch.export.ExportedProgram.graph_signature' lists every parameter (placeholder and name:
-initializers keep the names), and each node's 'pkg.torch.onnx.fx_node' is the PyTorch call it
-lowers, naming the placeholders it read.  A tied weight's calls all name one placeholder (the
-signature lists its other name, unread), so it counts once; a merged one's name their own.
+fused one (the conv's own bias's name, or '<weight>_bias', a new initializer, where the conv's
+own bias was zero and dropped first).  Equal calls on merged initializers are merged too (DeiT's
+expands of its two all-zero tokens), the parameter of the one removed read by no node.  What
+tells them apart: the graph's 'pkg.torch.export.ExportedProgram.graph_signature' lists every
+parameter (placeholder and name: initializers keep the names), and each node's
+'pkg.torch.onnx.fx_node' is the PyTorch call it lowers, naming the placeholders it read.  A
+tied weight's calls all name one placeholder (the signature lists its other name, unread), so
+it counts once; a merged one's name their own.
 A fused BatchNorm is put back (restore_batch_norm: training mode, or eval mode where its
 module's train() keeps it frozen), and so is a zero Pad fused into the Conv after it
 ('FuseConvPad', restore_pad: F.pad's copy, which the convolution keeps), so that each costs as
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -58,11 +61,13 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
     """Undo the dynamo exporter's merges where its metadata tells them, so that costs counts
     each PyTorch parameter once: a node whose call names a parameter it reads through another's
     initializer reads it under the parameter's own name (added to ``tensors`` and
-    ``initializers``, the node's input renamed), and a Gemm whose zero bias the optimizer
-    dropped gets it back.  A folded initializer is a constant unless it is the only tensor of a
-    weight that has no initializer of its own (W.t() of a Linear's; a tied head's is a copy).
-    A parameter still without a size (fused into a convolution, folded with constants) is listed
-    in ``unsized``.  A name the graph already uses for another tensor is never taken (the
+    ``initializers``, the node's input renamed), and a Gemm or Conv whose zero bias the optimizer
+    dropped gets it back, a norm fused into it or not.  A folded initializer is a constant
+    unless it is the only tensor of a weight that has no initializer of its own (W.t() of a
+    Linear's; a tied head's is a copy).
+    A parameter still without a size (fused into a convolution, folded with constants, or read
+    by no node since a call that read it was merged into another: _merged_call_modules) is
+    listed in ``unsized``.  A name the graph already uses for another tensor is never taken (the
     metadata is the file's claim)."""
     meta = {p.key: p.value for p in getattr(graph, "metadata_props", ())}
     specs = _INPUT_SPEC.findall(meta.get(SIGNATURE, ""))
@@ -81,6 +86,10 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
     fresh = _FreshNames(tensors, nodes)
     after: dict[int, object] = {}  # id(fused node): the BatchNormalization put back after it
     before: dict[int, object] = {}  # id(fused Conv): the Pad put back before it
+    unbiased = []  # the fused nodes whose own zero bias the optimizer had dropped before fusing
+    calls: set[str] = set()  # the fx values the graph's nodes compute ('%cat : ...')
+    param_reads: dict[str, tuple[str, list[str]]] = {}  # a node's output: its call, the parameters read
+    twice_read = []  # (node, the fx values its call names): nodes that read a tensor twice
     for name, sources in sorted(folded.items(), key=lambda kv: len(kv[1])):
         used.update(s for s in sources if s in params)
         if len(sources) == 1 and sources[0] in params and sources[0] not in sized:
@@ -90,9 +99,14 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
             out.constants.add(name)
     for node in nodes:
         node_meta = {p.key: p.value for p in getattr(node, "metadata_props", ())}
-        reads = list(dict.fromkeys(targets[p] for p in _PLACEHOLDER.findall(node_meta.get(FX_NODE, ""))
-                                   if p in targets))
+        named = _PLACEHOLDER.findall(node_meta.get(FX_NODE, ""))  # the call's value, then its arguments
+        reads = list(dict.fromkeys(targets[p] for p in named if p in targets))
         used.update(t for t in reads if t in params)
+        calls.update(named[:1])
+        if node.output and any(t in params for t in reads):
+            param_reads[node.output[0]] = (named[0], [t for t in reads if t in params])
+        if len(set(node.input)) < len(node.input):
+            twice_read.append((node, named[1:]))
         rule = node_meta.get(RULE)
         rules = {r.strip() for r in rule.split(",")} if rule is not None else set()
         if "FuseConvPad" in rules and node.op_type == "Conv" and node.output:
@@ -104,6 +118,8 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
                                     tensors, initializers, fresh, out.constants)
             if bn is not None:
                 after[id(node)] = bn
+                if f"RemoveOptionalBiasFrom{node.op_type}" in rules:
+                    unbiased.append(node)
             continue
         pending = [t for t in reads if t in params and t not in sized]
         if not pending or any(t in tensors for t in pending):
@@ -125,11 +141,68 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
                                                                         (channels,))
             node.input.append(pending[0])
             sized.add(pending[0])
+    unread = params - used
+    for node in unbiased:  # a bias found but not sized is listed unsized
+        used.update(_restore_fused_bias(node, stands_for.get(node.input[1], node.input[1]), unread,
+                                        sized, tensors, initializers))
     if after or before:
         nodes[:] = [m for n in nodes for m in ((before[id(n)],) if id(n) in before else ())
                     + ((n, after[id(n)]) if id(n) in after else (n,))]
-    out.unsized = sorted(used - sized)
+    merged = _merged_call_modules(twice_read, calls | set(targets) | set(tensors), param_reads)
+    lost = {t for t in params - used - sized if _module(t) in merged}
+    out.unsized = sorted((used | lost) - sized)
     return out
+
+
+def _merged_call_modules(twice_read, known: set[str],
+                         param_reads: dict[str, tuple[str, list[str]]]) -> set[str]:
+    """The modules whose parameter the optimizer may have taken away with the call that read
+    it: it merges equal initializers (two all-zero tokens), then equal calls on them (their
+    expands), so one node reads the survivor's output twice where its call names two values,
+    one computed by no node and of the survivor's op (DeiT's cat of %expand and %expand_1, the
+    distillation token's).  One of another op is a call the optimizer dropped as the identity
+    (x + x.clone(), a dropout in eval mode), no merge.
+    A parameter of the survivor's module that no call reads may be the merged one, its size
+    untold; one no call reads elsewhere is a tied weight's other name (its calls name the kept
+    one), counted once as PyTorch counts it."""
+    modules: set[str] = set()
+    for node, named in twice_read:
+        gone = {_op(v) for v in named if v not in known}
+        for i in (i for i, n in Counter(node.input).items() if i and n > 1 and i in param_reads):
+            call, targets = param_reads[i]
+            if _op(call) in gone:
+                modules.update(_module(t) for t in targets)
+    return modules
+
+
+def _op(value: str) -> str:
+    """The op an fx value is named after: 'expand' of 'expand_1' (torch.fx numbers its names)."""
+    return re.sub(r"_\d+$", "", value)
+
+
+def _module(target: str) -> str:
+    """The module a parameter belongs to: 'deit.embeddings' of 'deit.embeddings.cls_token'."""
+    return target.rpartition(".")[0]
+
+
+def _restore_fused_bias(node, weight: str, unread: set[str], sized: set[str],
+                        tensors: dict[str, TensorInfo], initializers: dict[str, TensorInfo]) -> list[str]:
+    """Give the Conv, ConvTranspose or Gemm ``node``, whose BatchNormalization restore_batch_norm
+    put back, its own bias, where the optimizer had dropped it as zero before fusing the norm
+    (RemoveOptionalBiasFrom*, then FuseBatchNormInto*, whose bias is then '<weight>_bias'): the
+    parameter beside its ``weight`` ('c.bias' of 'c.weight') that no call reads, its module's
+    convolution call gone with the fusion; sized (C_out,) as the call's output's channels.
+    Returns that parameter, if any (unsized where the output's channels are unknown)."""
+    bias = weight[:-len("weight")] + "bias"
+    if len(node.input) != 2 or not weight.endswith("weight") or bias not in unread \
+            or bias in sized or bias in tensors:
+        return []
+    channels = _channels(tensors.get(node.output[0]), node.op_type)
+    if channels is not None:
+        tensors[bias] = initializers[bias] = TensorInfo(tensors[node.output[0]].dtype, (channels,))
+        node.input.append(bias)
+        sized.add(bias)
+    return [bias]
 
 
 def _channels(y: TensorInfo | None, op: str) -> int | None:

@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 
 from slurm_horus.errors import HorusError
-from slurm_horus.graph.costs import (CATEGORIES, QUANTIZED_WEIGHT_TYPES, NodeCost, node_costs,
-                                     parameter_tensors, weight_views)
+from slurm_horus.graph.costs import (CATEGORIES, QUANTIZED_WEIGHT_TYPES, NodeCost, is_noop_dropout,
+                                     node_costs, parameter_tensors, weight_views)
 from slurm_horus.graph.load import BATCH_DIM_NAMES, Graph, bodies, body_names, body_scope, load_graph
 from slurm_horus.graph.limits import ANALYSIS_FILE_FACTOR, ANALYSIS_MEM_MIB, run_bounded
 
@@ -112,8 +112,8 @@ class FeatureReport:
             out.append(f"--dim {_few(self.unused_dims)}: the model has no dimension of that name; "
                        "ignored")
         if self.unsized_params:
-            out.append(f"parameter(s) {_few(self.unsized_params)} fused or folded away by the dynamo "
-                       "exporter, their size lost: the parameter count is low (export with "
+            out.append(f"parameter(s) {_few(self.unsized_params)} fused, folded or merged away by the "
+                       "dynamo exporter, their size lost: the parameter count is low (export with "
                        "dynamo=False, or dynamic shapes for a folded position table)")
         if self.fixed_batch:
             out.append(f"batch size {self.values.get('batch_size')} not applied: the model's inputs "
@@ -297,7 +297,8 @@ def graph_depth(costs: list[NodeCost]) -> int:
 def peak_live_bytes(graph: Graph, weights: set[str], _reads: dict | None = None) -> int:
     """Largest total of activations alive at once in a forward pass (inference working set).
 
-    Each tensor lives from the node that makes it to its last reader; view ops alias their input.
+    Each tensor lives from the node that makes it to its last reader; view ops alias their input,
+    and so does a Dropout that returns it (costs.is_noop_dropout), as costs counts it.
     Parameters are not counted (they are accounted separately), nor a copy or view of one
     (``weights``: the parameters and costs.weight_views, as the W.t() of an unfolded export is
     the weight, not a tensor).
@@ -323,8 +324,8 @@ def peak_live_bytes(graph: Graph, weights: set[str], _reads: dict | None = None)
             if name and name in made and not is_init(name):
                 root = alias.get(name, name)
                 last_use[root] = step
-        if node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity") \
-                and node.input and not is_init(node.input[0]):
+        if (node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+                or is_noop_dropout(node, graph)) and node.input and not is_init(node.input[0]):
             alias[node.output[0]] = alias.get(node.input[0], node.input[0])
     for name in graph.graph_outputs:
         last_use[alias.get(name, name)] = len(graph.nodes)
