@@ -648,7 +648,8 @@ end
 -- Exact option names win in getopt: --mem and --ntasks are prefixes of --mem-per-gpu and
 -- --ntasks-per-gpu but no GPU request.
 -- --gpu-bind (any value, none too): Slurm 25.11 gives such a step of a job on shards no GPU
--- (CUDA_VISIBLE_DEVICES empty, seen on the local cluster)
+-- (CUDA_VISIBLE_DEVICES empty, seen on the local cluster); so does --tres-bind=gres/gpu:...,
+-- which step_gpu_option reads as any --tres... option naming gpu
 local SRUN_GPU_LONG = { "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "cpus-per-gpu",
 	"mem-per-gpu", "ntasks-per-gpu", "gpu-bind" }
 local SRUN_GPU_VALUE_LONG = { "gres", "tres-per-task" }
@@ -801,7 +802,8 @@ local function env_asks_for_gpus(job)
 		for _, name in ipairs(STEP_GPU_ENV) do
 			if nonempty(env[name .. sfx]) then return true end
 		end
-		if mentions_gpu(env["SLURM_GRES" .. sfx]) or mentions_gpu(env["SLURM_TRES_PER_TASK" .. sfx]) then
+		if mentions_gpu(env["SLURM_GRES" .. sfx]) or mentions_gpu(env["SLURM_TRES_PER_TASK" .. sfx])
+			or mentions_gpu(env["SLURM_TRES_BIND" .. sfx]) then
 			return true
 		end
 	end
@@ -1131,7 +1133,7 @@ local function hint_plan(job, pol, uid, preds)
 	-- Slurm refuses a GPU frequency for a job that holds no gpu GRES
 	if mentions_gpu(job.tres_freq) then return unchanged("--gpu-freq set") end
 	-- Slurm 25.11 gives the srun steps of a job on shards with a GPU binding no GPU at all
-	if mentions_gpu(job.tres_bind) then return unchanged("--gpu-bind set") end
+	if mentions_gpu(job.tres_bind) then return unchanged("--gpu-bind (or --tres-bind=gres/gpu) set") end
 	if env_asks_for_gpus(job) then
 		return unchanged("--gpus-per-node set (or a GPU option in its environment): its srun steps would" ..
 			" ask for GPUs; use --gres=gpu:1 to share")

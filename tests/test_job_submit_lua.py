@@ -830,6 +830,7 @@ WRAP = "#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{}\n"
     "srun --gpus-per-task=1 -n1 python train.py",
     "srun --cpus-per-gpu=4 python train.py",
     "srun --tres-per-task=gres/gpu:1 python train.py",
+    "srun --tres-bind=gres/gpu:closest python train.py",  # 25.11's spelling of --gpu-bind
     "srun --gre=gpu:1 python train.py",  # getopt's abbreviation
     "cd /x && srun -l --gres=gpu:a100:1 python train.py",
     "time /usr/bin/srun --gpus 1 hostname",
@@ -867,6 +868,7 @@ def test_a_script_whose_steps_ask_for_gpus_by_name_stays_unchanged(line):
     "srun --ntasks 2 python train.py --gpus 1",
     "srun -lo G.log python train.py",  # G in -o's value
     "srun --gres-flags=enforce-binding python train.py",
+    "srun --tres-bind=gres/nic:closest python train.py",  # binds no GPU
 ])
 def test_a_script_whose_steps_ask_no_gpu_by_name_is_still_shared(line):
     d = run({"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": f"#!/bin/bash\n{line}\n"})
@@ -944,6 +946,7 @@ SCRIPT = "#!/bin/sh\nsrun python train.py\n"
     # submitted from inside another job's allocation, whose GPU options srun reads too
     {"SLURM_GPUS_PER_TASK": "1"}, {"SLURM_CPUS_PER_GPU": "4"}, {"SLURM_GRES": "gpu:1"},
     {"SLURM_TRES_PER_TASK": "gres/gpu:1"},
+    {"SLURM_TRES_BIND": "gres/gpu:closest"},  # 25.11 srun's --tres-bind, from a parent job
 ], ids=lambda e: next(iter(e)))
 def test_gpu_options_in_the_job_environment_keep_it_whole(env):
     """A review: --gpus-per-node=1 reaches the hook as tres_per_node gres:gpu:1, as --gres=gpu:1
@@ -959,7 +962,8 @@ def test_gpu_options_in_the_job_environment_keep_it_whole(env):
 
 def test_a_job_environment_without_gpu_options_still_shares():
     job = {"comment": LIGHT, "tres_per_node": "gres:gpu:1", "script": SCRIPT}
-    for env in ({}, {"PATH": "/usr/bin", "SLURM_GRES": "nvme:1", "SLURM_GPUS": "", "SLURM_JOB_GPUS": "0"}):
+    for env in ({}, {"PATH": "/usr/bin", "SLURM_GRES": "nvme:1", "SLURM_GPUS": "", "SLURM_JOB_GPUS": "0",
+                                     "SLURM_TRES_BIND": "gres/nic:closest"}):
         rc, after, _ = submit_as_slurmctld(job, env)
         assert rc == 0 and after["tres_per_node"] == "gres:shard:26" and after["features"] == "t4", env
 

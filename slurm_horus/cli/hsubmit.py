@@ -19,8 +19,12 @@ The prediction travels in the job's comment only: hsubmit writes nothing anywher
 A model that cannot be used gives a one-line warning and the job is submitted unchanged, or
 refused (exit 1) with HORUS_ON_PREDICTION_ERROR=refuse (or on_prediction_error = refuse in
 /etc/slurm-horus/horus.conf).  A value these options cannot take (--precision fp8) is an
-error, as sbatch's own options' are: nothing is submitted (exit 2).  --explain exits 1 when
-it has no prediction to explain.
+error, as sbatch's own options' are: nothing is submitted (exit 2, which SLURM_EXIT_ERROR
+leaves alone, as sbatch's exit on a bad option is).  Where SLURM_EXIT_ERROR is set to a number
+(read as sbatch reads it), hsubmit's other errors where nothing is submitted (a job refused, a
+script unreadable on stdin, an internal error) exit with it instead, as sbatch's failed
+submission does.  --explain exits 1 when it has no prediction to explain (as sbatch
+--test-only does when the job could not run).
 """
 
 from __future__ import annotations
@@ -52,7 +56,28 @@ def main(argv: list[str] | None = None) -> int:
         code = getattr(e, "exit_code", 1) if isinstance(e, HorusError) else 1
         _err(f"error: {e}" if isinstance(e, HorusError) else
              f"internal error: {type(e).__name__}: {str(e).strip()[:300]}")
-        return code
+        # a usage error (a bad option or value, exit 2) keeps its code: sbatch exits 255 on
+        # its own (exit(-1)) whatever SLURM_EXIT_ERROR says, as it does on a too-big script (1)
+        return code if code == 2 else error_exit(code)
+
+
+def error_exit(default: int) -> int:
+    """The exit code of an error of hsubmit's own (nothing submitted): $SLURM_EXIT_ERROR as
+    sbatch reads it (C's atoi: blanks, a sign and digits, the rest ignored; strtol's clamp to a
+    long), else ``default``.  sbatch ignores a zero (or a value that is no number) with a
+    complaint; a value whose exit status is 0 (256: sbatch's exit() keeps the low 8 bits) would
+    report the error as a success, so it is ignored here too."""
+    val = os.environ.get("SLURM_EXIT_ERROR")
+    if val is None:
+        return default
+    import re
+
+    m = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", val)
+    status = min(max(int(m.group(1)), -2**63), 2**63 - 1) & 0xFF if m else 0
+    if status == 0:
+        _err(f"SLURM_EXIT_ERROR={val!r} gives no non-zero exit status: ignored")
+        return default
+    return status
 
 
 def _main(argv: list[str]) -> int:
@@ -91,7 +116,7 @@ def _main(argv: list[str]) -> int:
         except Exception:  # a bug: _predict_or_warn meets it again and submits the job unchanged
             pass
         if not _predict_or_warn(plan, sub, shown):
-            return 1
+            return error_exit(1)
     if plan.explain:
         if plan.partition is None:
             try:
@@ -100,7 +125,7 @@ def _main(argv: list[str]) -> int:
                 pass
         if sys.stdout is None:  # started with stdout closed (>&-): nowhere to explain
             _err("error: --explain: standard output is closed")
-            return 1
+            return error_exit(1)
         _write_out(sub.explain_text(plan) + "\n")
         return 1 if plan.model is not None and not plan.predictions else 0  # nothing predicted
     # with or without a hint, sbatch answers the user itself

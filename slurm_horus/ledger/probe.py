@@ -156,7 +156,7 @@ def run_unmeasured(command: list[str]) -> int:
     twice) nor raised (CMD had been killed, and horus-probe ended with a traceback or
     "Aborted!"). CMD's status (exit_status); 127 when it cannot be started."""
     # a handler, not SIG_IGN, which CMD would inherit: exec gives it the default
-    old = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    old = _install(dict.fromkeys((signal.SIGINT, signal.SIGQUIT), lambda *_: None))
     try:
         return exit_status(subprocess.Popen(command).wait())
     except OSError as e:
@@ -167,6 +167,52 @@ def run_unmeasured(command: list[str]) -> int:
             signal.signal(sig, handler)
 
 
+def _install(handlers: dict, keep_ignored: bool = True) -> dict:
+    """Install ``handlers``; the handlers they replace. A signal ignored on entry stays ignored
+    where CMD inherits it (``keep_ignored``), as a shell leaves it: sh starts a script's
+    background job (`horus-probe -- CMD &`) with SIGINT and SIGQUIT ignored, and a handler of
+    ours had made exec give CMD the default, which a Ctrl-C of the script kills (SIGQUIT: with
+    a core dump)."""
+    old = {}
+    for sig, handler in handlers.items():
+        try:
+            if not (keep_ignored and signal.getsignal(sig) == signal.SIG_IGN):
+                old[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+    return old
+
+
+def _signal_handlers(with_command: bool, env: dict, stopping: dict, child) -> dict:
+    """The probe's handlers. Watching a --pid: SIGTERM and SIGINT end the sampling (the summary
+    is then recorded). Running CMD: a signal is forwarded only where CMD did not get it too,
+    for a second one (Python's second SIGINT) kills CMD in the middle of its handler. SIGINT
+    and SIGQUIT of a terminal reach its whole foreground process group, CMD's too, and srun's
+    reach every process of the step (slurmstepd signals its whole container): both are CMD's
+    to answer, and sampling goes on while CMD runs. SIGTERM ends the sampling; slurmstepd
+    (scancel, a time limit, preemption) sends it to every process of the step, so it is
+    forwarded only outside one (no SLURMD_NODENAME, which slurmstepd gives every task and
+    batch script): there a `kill` of the probe reaches it alone."""
+    def stop(_signum, _frame):
+        stopping["flag"] = True
+
+    if not with_command:
+        return {signal.SIGTERM: stop, signal.SIGINT: stop}
+
+    def stop_and_forward(signum, frame):
+        stop(signum, frame)
+        proc = child("proc")
+        if proc is not None:
+            try:
+                proc.send_signal(signum)
+            except Exception:
+                pass
+
+    in_step = bool(env.get("SLURMD_NODENAME"))
+    return {signal.SIGTERM: stop if in_step else stop_and_forward,
+            signal.SIGINT: lambda *_: None, signal.SIGQUIT: lambda *_: None}
+
+
 def run_probe(*, pid: int | None = None, command: list[str] | None = None, interval: float = 5.0,
               job_id: str | None = None, cluster: str | None = None, url: str | None = None,
               sampler_factory=None, env: dict | None = None) -> int:
@@ -175,10 +221,25 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
     recorded (its record had raised after the command ran, and its exit code was lost)."""
     env = dict(os.environ if env is None else env)
     job = numeric_job_id(job_id or env.get("SLURM_JOB_ID"))
+    stopping = {"flag": False}
+    child: dict = {}
+    # before CMD starts, so that no signal finds the probe without its handlers (exec gives
+    # CMD the default ones); put back at the end, for a caller that goes on (tests)
+    handlers = _signal_handlers(bool(command), env, stopping, child.get)
+    old = _install(handlers, keep_ignored=bool(command))  # watching a --pid: no CMD inherits them
+    try:
+        return _probe(pid, command, interval, job, cluster, url, sampler_factory, env, stopping, child)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _probe(pid, command, interval, job, cluster, url, sampler_factory, env, stopping, child) -> int:
+    """run_probe's work, under its signal handlers: CMD started goes in child["proc"]."""
     proc = None
     if command:
         try:
-            proc = subprocess.Popen(command)
+            proc = child["proc"] = subprocess.Popen(command)
         except OSError as e:
             sys.stderr.write(f"horus-probe: {command[0]}: {e.strerror or e}\n")
             return 127
@@ -189,20 +250,6 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
         sampler = factory(job_gpu_ids(env))
     except Exception:
         sampler = None  # no NVML / no GPU: never harm the job
-    stopping = {"flag": False}
-
-    def on_term(signum, _frame):
-        stopping["flag"] = True
-        if proc is not None:
-            try:
-                proc.send_signal(signum)
-            except Exception:
-                pass
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            signal.signal(sig, on_term)
-        except ValueError:
-            pass
     if sampler is None:
         return exit_status(proc.wait()) if proc is not None else 0
     start = time.time()

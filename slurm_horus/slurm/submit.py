@@ -38,7 +38,7 @@ _ENV_OPTS = {
     "gpus-per-task": "SBATCH_GPUS_PER_TASK", "gpus-per-socket": "SBATCH_GPUS_PER_SOCKET",
     "cpus-per-gpu": "SBATCH_CPUS_PER_GPU", "mem-per-gpu": "SBATCH_MEM_PER_GPU",
     "tres-per-task": "SBATCH_TRES_PER_TASK", "gpu-freq": "SBATCH_GPU_FREQ", "account": "SBATCH_ACCOUNT",
-    "gpu-bind": "SBATCH_GPU_BIND",
+    "gpu-bind": "SBATCH_GPU_BIND", "tres-bind": "SBATCH_TRES_BIND",
 }
 
 
@@ -644,9 +644,7 @@ def job_desc_of(plan: Plan) -> dict:
     if freq is not None:
         jd["tres_freq"] = f"gpu:{freq}"
     # and 25.11 gives a job on shards with a GPU binding no GPU in its steps: left whole too
-    bind = plan.request("gpu-bind")
-    if bind is not None:
-        jd["tres_bind"] = f"gres/gpu:{bind}"
+    jd["tres_bind"] = _tres_bind(plan)
     env = _step_gpu_environment(plan)
     if env and jd["script"]:
         jd["environment"] = env
@@ -663,6 +661,21 @@ def job_desc_of(plan: Plan) -> dict:
     return {k: v for k, v in jd.items() if v is not None}
 
 
+def _tres_bind(plan: Plan) -> str | None:
+    """job_desc.tres_bind as sbatch 25.11 sets it (slurm_opt.c): --gpu-bind=X sets it to
+    gres/gpu:X and --tres-bind=Y to Y, each over the other's, so the last of either that sbatch
+    reads wins: the #SBATCH lines, then the environment (SBATCH_GPU_BIND, then
+    SBATCH_TRES_BIND: the order of sbatch's table), then the command line."""
+    names = ("gpu-bind", "tres-bind")
+    read = [(o.name, o.value) for o in plan.script_opts if o.name in names]
+    read += [(n, plan.env[_ENV_OPTS[n]]) for n in names if _ENV_OPTS[n] in plan.env]
+    read += [(o.name, o.value) for o in plan.split.parsed if o.name in names]
+    if not read or read[-1][1] is None:
+        return None
+    name, value = read[-1]
+    return f"gres/gpu:{value}" if name == "gpu-bind" else value
+
+
 # what sbatch puts in a job's environment for its GPU options, which srun steps read as their own
 _STEP_GPU_OPTIONS = {"gpus": "SLURM_GPUS", "gpus-per-node": "SLURM_GPUS_PER_NODE",
                      "gpus-per-socket": "SLURM_GPUS_PER_SOCKET", "gpus-per-task": "SLURM_GPUS_PER_TASK",
@@ -673,7 +686,8 @@ _STEP_GPU_OPTIONS = {"gpus": "SLURM_GPUS", "gpus-per-node": "SLURM_GPUS_PER_NODE
 # the names srun reads as its own GPU options, each also with its het group's suffix (the hook's
 # env_asks_for_gpus): the submitting shell's, which sbatch passes on
 _STEP_GPU_ENV = re.compile("(?:{})(?:_(?:HET|PACK)_GROUP_[0-9]+)?".format(
-    "|".join((*_STEP_GPU_OPTIONS.values(), "SLURM_GRES", "SLURM_TRES_PER_TASK", "SLURM_GPU_BIND"))))
+    "|".join((*_STEP_GPU_OPTIONS.values(), "SLURM_GRES", "SLURM_TRES_PER_TASK", "SLURM_GPU_BIND",
+              "SLURM_TRES_BIND"))))  # 25.11 srun's --tres-bind (sbatch writes it for a --gpu-bind)
 
 
 def _step_gpu_environment(plan: Plan) -> dict[str, str]:
