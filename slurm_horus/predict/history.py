@@ -17,10 +17,11 @@ strongest to weakest, names the predictor that answered:
 and otherwise the base predictor (learned model or cold start) answers, corrected by the GPU
 type's site offsets: the median residual of every measured graph on that type (CUDA context,
 library workspaces, allocator caching, a utilization bias), which a handful of jobs of any model
-learn. The p90 of each evidence tier is its measured leave-one-out 90th percentile where the
-history holds enough such residuals, each user's weighing one user, else the base predictor's
-own p90 ratio; from fewer than MIN_LOWERING_USERS users' residuals it may widen that ratio,
-never narrow it (raise_margins).
+learn; utilization's, and the pools', from the runs at the job's CPUs per GPU alone (a site's
+input-bound jobs at 2 had lowered a job asking for 16). The p90 of each evidence tier is its
+measured leave-one-out 90th percentile where the history holds enough such residuals, each
+user's weighing one user, else the base predictor's own p90 ratio; from fewer than
+MIN_LOWERING_USERS users' residuals it may widen that ratio, never narrow it (raise_margins).
 
 The history is plain JSON (`to_dict` / `from_dict`, format and checks in history_format.py),
 built from the ledger by horus-admin (ledger/history_export.py) and read with the standard
@@ -237,6 +238,75 @@ def _lowering_users(owners: list) -> bool:
             or all(o is None for o in owners))
 
 
+def _raise_only_flagged(pool: dict, owners: list, keys: tuple[str, ...]) -> dict:
+    """A pooled correction under _raise_only_unless_many, flagged raise_only where its owners
+    may not lower: then it may not pull a base above the cold start down either
+    (corrected_answer)."""
+    pool = _raise_only_unless_many(pool, owners, keys)
+    return pool if _lowering_users(owners) else {**pool, "raise_only": True}
+
+
+def _run_bucket(r: dict) -> str | None:
+    """The CPUs-per-GPU bucket a run was measured at, None where unknown."""
+    return cpu_bucket(r["cpus_per_gpu"]) if r.get("cpus_per_gpu") else None
+
+
+def _util_offsets_by_cpus(graphs: dict[str, list[tuple]]) -> dict[str, float]:
+    """A site's utilization offset per CPUs-per-GPU bucket, each from the runs measured at it
+    alone, as site_offset takes them (MIN_OFFSET_JOBS, MIN_OFFSET_GRAPHS; each graph owned by
+    who ran it most there, raise-only unless enough users did): utilization depends on the CPUs
+    feeding the GPU, which the cold start does not model, and a site whose jobs ran input-bound
+    at 2 CPUs per GPU had lowered a job asking for 16 by as much. ``graphs``: (memory,
+    utilization, bucket, user) residuals per graph; runs of unknown CPUs count in the offset
+    for jobs of unknown CPUs alone."""
+    out = {}
+    for k in sorted({k for v in graphs.values() for _, _, k, _ in v if k}, key=float):
+        at = {g: rs for g, v in graphs.items() if (rs := [(u, o) for _, u, b, o in v
+                                                          if b == k and u is not None])}
+        util = [(statistics.median(u for u, _ in rs), _owner(o for _, o in rs)) for rs in at.values()]
+        if sum(map(len, at.values())) >= MIN_OFFSET_JOBS and len(util) >= MIN_OFFSET_GRAPHS:
+            off = {"util_pp": _shrunk_median(*_by_user(util))}
+            out[k] = _raise_only_unless_many(off, [o for _, o in util], ("util_pp",))["util_pp"]
+    return out
+
+
+def _pooled_util_by_cpus(graphs: list[list[dict]], off: dict) -> dict[str, dict]:
+    """A pool's utilization shift per CPUs-per-GPU bucket: its graphs' runs at that bucket
+    alone against the cold start moved by the site's offset there (_offset_at), with their own
+    count of graphs, owners (who ran each most there) and raise-only rule (a family run
+    input-bound at 2 CPUs per GPU had pulled a job asking for 16 towards its utilization)."""
+    out = {}
+    for k in sorted({b for rs in graphs for r in rs if (b := _run_bucket(r))}, key=float):
+        at = _offset_at(off, k)
+        shifts = [(s, _owner(r.get("user") for r in there)) for rs in graphs
+                  if (s := _graph_summary(there := [r for r in rs if _run_bucket(r) == k], at)[1])
+                  is not None]
+        if shifts:
+            out[k] = _raise_only_flagged({"util_shift": weighted_median(*_by_user(shifts)),
+                                          "n": len(shifts)}, [o for _, o in shifts], ("util_shift",))
+    return out
+
+
+def _offset_at(off: dict | None, cpus: str | None) -> dict | None:
+    """A site offset as it applies at CPUs-per-GPU bucket ``cpus``: its utilization the offset
+    measured there; where too few runs were (_util_offsets_by_cpus), the all-runs offset if it
+    raises the answer, else none (runs fed by fewer CPUs lower it; a site's positive offset
+    from runs of unknown CPUs was dropped for every job at a bucket one run had opened); as it
+    is for unknown CPUs, and from a file that keeps no offset per bucket (older)."""
+    if not off or cpus is None or "util_cpus" not in off:
+        return off
+    return {**off, "util_pp": off["util_cpus"].get(cpus, max(0.0, off["util_pp"]))}
+
+
+def _pool_at(p: dict | None, cpus: str | None) -> dict | None:
+    """A pooled correction as it applies at CPUs-per-GPU bucket ``cpus``: its utilization pull
+    that bucket's graphs' (util_at_cpus, corrected_answer), none where none ran there; as it is
+    for unknown CPUs, and from a file that keeps no pool per bucket."""
+    if not p or cpus is None or "util_cpus" not in p:
+        return p
+    return {**p, "util_at_cpus": p["util_cpus"].get(cpus, {"util_shift": None, "n": 1})}
+
+
 def _user_quantile(pairs: list[tuple[float, object]], q: float) -> float:
     """The q-quantile of (value, user) pairs, each user's values sharing one unit of weight
     (_user_weights): :func:`weighted_quantile`."""
@@ -381,9 +451,9 @@ class HistoryPredictor:
             owners = [_owner(r.get("user") for r in rs) for rs in graphs.values()]
             pooled = pooled_correction(list(graphs.values()), owners, off)
             if pooled:
-                out[gpu][name] = _raise_only_unless_many(pooled, owners, ("mem_log_ratio", "util_shift"))
-                if not _lowering_users(owners):  # a base above the cold start too (corrected_answer)
-                    out[gpu][name]["raise_only"] = True
+                out[gpu][name] = _raise_only_flagged(pooled, owners, ("mem_log_ratio", "util_shift"))
+                if any(_run_bucket(r) for rs in graphs.values() for r in rs):
+                    out[gpu][name]["util_cpus"] = _pooled_util_by_cpus(list(graphs.values()), off)
         return dict(out)
 
     @staticmethod
@@ -395,23 +465,26 @@ class HistoryPredictor:
         for i, r in enumerate(runs):
             graph = r.get("sha") or f"#{i}"
             users[graph].append(r.get("user"))
+            at = (_run_bucket(r), r.get("user"))
             if r.get("cold_mem"):
                 by[(r["gpu"], "cold-start")][graph].append(
                     (r["mem"] - r["cold_mem"], None if r.get("util") is None
-                     or r.get("cold_util") is None else r["util"] - r["cold_util"]))
+                     or r.get("cold_util") is None else r["util"] - r["cold_util"], *at))
             if r.get("base") and r.get("base_mem"):
                 by[(r["gpu"], r["base"])][graph].append(
                     (r["mem"] - r["base_mem"], None if r.get("util") is None
-                     or r.get("base_util") is None else r["util"] - r["base_util"]))
+                     or r.get("base_util") is None else r["util"] - r["base_util"], *at))
         owner = {g: _owner(u) for g, u in users.items()}
         out: dict[str, dict[str, dict]] = defaultdict(dict)
         for (gpu, base), graphs in sorted(by.items()):
-            mem = [(statistics.median(m for m, _ in v), owner[g]) for g, v in graphs.items()]
+            mem = [(statistics.median(m for m, *_ in v), owner[g]) for g, v in graphs.items()]
             util = [(statistics.median(us), owner[g]) for g, v in graphs.items()
-                    if (us := [u for _, u in v if u is not None])]
+                    if (us := [u for _, u, *_ in v if u is not None])]
             off = site_offset(mem, util, sum(len(v) for v in graphs.values()))
             if off:
                 out[gpu][base] = _raise_only_unless_many(off, [owner[g] for g in graphs], ("mem_mib", "util_pp"))
+                if any(k for v in graphs.values() for _, _, k, _ in v):
+                    out[gpu][base]["util_cpus"] = _util_offsets_by_cpus(graphs)
         return dict(out)
 
     def _margins(self) -> tuple[dict[str, float], dict[str, float]]:
@@ -508,11 +581,15 @@ class HistoryPredictor:
             used, tier = [r for r in runs if not _same_setting(r, setting)], "graph"
             est = _within_hint(_graph_estimate(_at_cpus(used, cpus), workload.task, cold_mem,
                                                cold_util, *ctx))
-        off, cold_off = self.offsets.get(gpu, {}).get(base_name), self.cold_offset(gpu)
+        # the site's utilization offsets and pools as measured at the job's CPUs per GPU
+        off = _offset_at(self.offsets.get(gpu, {}).get(base_name), cpus)
+        cold_off = _offset_at(self.cold_offset(gpu), cpus)
         if family and self.family_salt is not None:
             family = family_key(self.family_salt, family)
-        pools = (("family", self.families.get(gpu, {}).get(family) if family else None, FAMILY_WEIGHT),
-                 ("user", self.users.get(gpu, {}).get(user) if user else None, USER_WEIGHT))
+        pools = (("family", _pool_at(self.families.get(gpu, {}).get(family), cpus) if family else None,
+                  FAMILY_WEIGHT),
+                 ("user", _pool_at(self.users.get(gpu, {}).get(user), cpus) if user else None,
+                  USER_WEIGHT))
         def corrected(pools) -> Answer:
             return _within_reach(corrected_answer(base_mem, base_util, off, cold_mem, cold_util,
                                                   cold_off, pools), base_mem, base_util)
@@ -700,7 +777,8 @@ def corrected_answer(base_mem: float, base_util: float, off: dict | None, cold_m
     """The answer where no run of the graph itself answers: the base predictor's figures moved
     by the GPU type's site offsets against it (``off``), then pulled, in log memory and in
     utilization, towards each pooled correction of other graphs (``pools``: (tier, pool or
-    None, strength), e.g. the family's) applied to the offset-corrected cold start; tier: the
+    None, strength), e.g. the family's) applied to the offset-corrected cold start, its
+    utilization by its graphs at the job's CPUs per GPU where _pool_at gave them; tier: the
     first pool that pulled, None for the base alone (the simulator's horus uses it too)."""
     if off:
         base_mem = _shifted(base_mem, off)
@@ -718,9 +796,11 @@ def corrected_answer(base_mem: float, base_util: float, off: dict | None, cold_m
             mem_to = max(mem_to, log_mem / weight)
         log_mem += w * mem_to
         weight += w
-        if p["util_shift"] is not None and cold_util is not None:
-            util_to = min(max(cold_util + cold_off["util_pp"] + p["util_shift"], 0.0), 100.0)
-            util += w * (max(util_to, util / w_util) if p.get("raise_only") else util_to)
+        u = p.get("util_at_cpus", p)  # (its graphs' at the job's CPUs per GPU: _pool_at)
+        if u["util_shift"] is not None and cold_util is not None:
+            w = strength * u["n"] / (u["n"] + 1)
+            util_to = min(max(cold_util + cold_off["util_pp"] + u["util_shift"], 0.0), 100.0)
+            util += w * (max(util_to, util / w_util) if u.get("raise_only") else util_to)
             w_util += w
         tier = tier or kind
     return Answer(math.exp(log_mem / weight), util / w_util, tier)

@@ -156,8 +156,13 @@ def check_run(r, what: str, stored: bool = False) -> dict:
 
 def _cpu_utils(d, what: str) -> dict[str, float]:
     """A stored entry's utilization by CPUs-per-GPU bucket (cpu_bucket's keys, 0..100 %)."""
+    return {k: _number(v, 0.0, 100.0, "utilization") for k, v in _buckets(d, what, 1).items()}
+
+
+def _buckets(d, what: str, least: int) -> dict:
+    """A dict keyed by CPUs-per-GPU bucket (cpu_bucket's keys), at least ``least`` of them."""
     d = _dict(d)
-    if not 0 < len(d) <= MAX_CPU_BUCKETS:
+    if not least <= len(d) <= MAX_CPU_BUCKETS:
         raise HorusError(f"malformed history file ({what}: util_cpus)")
     for k in d:
         try:
@@ -166,7 +171,7 @@ def _cpu_utils(d, what: str) -> dict[str, float]:
             ok = False
         if not ok:
             raise HorusError(f"malformed history file ({what}: CPUs-per-GPU bucket {str(k)[:40]!r})")
-    return {k: _number(v, 0.0, 100.0, "utilization") for k, v in d.items()}
+    return d
 
 
 def _pools(d) -> dict[str, dict[str, dict]]:
@@ -175,26 +180,43 @@ def _pools(d) -> dict[str, dict[str, dict]]:
         out[_name(gpu)] = {}
         for name, p in _dict(v).items():
             p = _dict(p)
-            if not _count(p.get("n")):
-                raise HorusError("malformed history file (pool count)")
             out[gpu][_name(name)] = {
                 "mem_log_ratio": _number(p["mem_log_ratio"], -MAX_LOG_RATIO, MAX_LOG_RATIO,
-                                         "memory ratio"),
-                "util_shift": _optional(p.get("util_shift"), -100.0, 100.0, "utilization shift"),
-                "n": p["n"]}
-            # a pool from too few users' graphs to lower what it corrects (a file from before
-            # the flag has none: its pools pull either way, as that release's did)
-            if not isinstance(p.get("raise_only", False), bool):
-                raise HorusError("malformed history file (pool raise_only)")
-            if p.get("raise_only"):
-                out[gpu][name]["raise_only"] = True
+                                         "memory ratio"), **_util_pool(p)}
+            # per CPUs-per-GPU bucket, the utilization of the pool's runs there (a file from
+            # before has none: its pools' utilization pulls every job alike, as it did)
+            if "util_cpus" in p:
+                out[gpu][name]["util_cpus"] = {k: _util_pool(u) for k, u in
+                                               _buckets(p["util_cpus"], "pool", 0).items()}
     return out
+
+
+def _util_pool(p) -> dict:
+    """A pool's utilization shift, its count of graphs and its raise_only flag (a pool from too
+    few users' graphs to lower what it corrects; a file from before the flag has none: its
+    pools pull either way, as that release's did)."""
+    p = _dict(p)
+    if not _count(p.get("n")):
+        raise HorusError("malformed history file (pool count)")
+    if not isinstance(p.get("raise_only", False), bool):
+        raise HorusError("malformed history file (pool raise_only)")
+    # (a shift is a graph's residual less the site's offset, each within +-100 points: one of
+    # 110, a family measured 30 points above a cold start the site ran 80 below, had made fit's
+    # own file unreadable, and hsubmit dropped the whole history)
+    return {"util_shift": _optional(p.get("util_shift"), -200.0, 200.0, "utilization shift"),
+            "n": p["n"], **({"raise_only": True} if p.get("raise_only") else {})}
 
 
 def _offset(o) -> dict:
     o = _dict(o)
     if not _count(o.get("n")):
         raise HorusError("malformed history file (offset count)")
+    # per CPUs-per-GPU bucket, the utilization offset of the runs there (a file from before
+    # has none: its offset moves every job's utilization alike, as it did)
+    at = {"util_cpus": {k: _number(v, -100.0, 100.0, "utilization offset")
+                        for k, v in _buckets(o["util_cpus"], "offset", 0).items()}} \
+        if "util_cpus" in o else {}
     return {"mem_mib": _number(o["mem_mib"], -MAX_MIB, MAX_MIB, "memory offset"),
-            "util_pp": _number(o["util_pp"], -100.0, 100.0, "utilization offset"), "n": o["n"]}
+            "util_pp": _number(o["util_pp"], -100.0, 100.0, "utilization offset"), "n": o["n"],
+            **at}
 
