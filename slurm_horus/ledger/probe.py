@@ -167,16 +167,17 @@ def run_unmeasured(command: list[str]) -> int:
             signal.signal(sig, handler)
 
 
-def _install(handlers: dict, keep_ignored: bool = True) -> dict:
+def _install(handlers: dict, keep_ignored=None) -> dict:
     """Install ``handlers``; the handlers they replace. A signal ignored on entry stays ignored
-    where CMD inherits it (``keep_ignored``), as a shell leaves it: sh starts a script's
-    background job (`horus-probe -- CMD &`) with SIGINT and SIGQUIT ignored, and a handler of
-    ours had made exec give CMD the default, which a Ctrl-C of the script kills (SIGQUIT: with
-    a core dump)."""
+    where CMD inherits it (``keep_ignored``: those signals; default all), as a shell leaves it:
+    sh starts a script's background job (`horus-probe -- CMD &`) with SIGINT and SIGQUIT
+    ignored, and a handler of ours had made exec give CMD the default, which a Ctrl-C of the
+    script kills (SIGQUIT: with a core dump); nohup ignores SIGHUP."""
+    keep = handlers if keep_ignored is None else keep_ignored
     old = {}
     for sig, handler in handlers.items():
         try:
-            if not (keep_ignored and signal.getsignal(sig) == signal.SIG_IGN):
+            if not (sig in keep and signal.getsignal(sig) == signal.SIG_IGN):
                 old[sig] = signal.signal(sig, handler)
         except ValueError:  # not the main thread
             pass
@@ -184,23 +185,31 @@ def _install(handlers: dict, keep_ignored: bool = True) -> dict:
 
 
 def _signal_handlers(with_command: bool, env: dict, stopping: dict, child) -> dict:
-    """The probe's handlers. Watching a --pid: SIGTERM and SIGINT end the sampling (the summary
-    is then recorded). Running CMD: a signal is forwarded only where CMD did not get it too,
-    for a second one (Python's second SIGINT) kills CMD in the middle of its handler. SIGINT
-    and SIGQUIT of a terminal reach its whole foreground process group, CMD's too, and srun's
-    reach every process of the step (slurmstepd signals its whole container): both are CMD's
-    to answer, and sampling goes on while CMD runs. SIGTERM ends the sampling; slurmstepd
-    (scancel, a time limit, preemption) sends it to every process of the step, so it is
-    forwarded only outside one (no SLURMD_NODENAME, which slurmstepd gives every task and
-    batch script): there a `kill` of the probe reaches it alone."""
+    """The probe's handlers: none of these signals kills it, for a dead probe records nothing
+    (and under srun its death ends the step). Watching a --pid: SIGTERM, SIGINT and SIGHUP end
+    the sampling (the summary is then recorded); SIGUSR1 and SIGUSR2 are not the probe's.
+    Running CMD: a signal is forwarded only where CMD did not get it too, for a second one
+    (Python's second SIGINT) kills CMD in the middle of its handler. SIGINT and SIGQUIT of a
+    terminal reach its whole foreground process group, CMD's too, and srun's reach every
+    process of the step (slurmstepd signals its whole container): both are CMD's to answer,
+    and sampling goes on while CMD runs. SIGHUP ends the sampling and is never forwarded: a
+    hangup reaches CMD's process group itself (the shell's SIGHUP to each of its jobs, the
+    kernel's to the foreground group), as slurmstepd's reaches the step. SIGTERM ends the
+    sampling; slurmstepd (scancel, a time limit, preemption) sends it, and SIGUSR1/SIGUSR2
+    (--signal=USR1@60, scancel --signal), to every process of the step, so they are forwarded
+    only outside one (no SLURMD_NODENAME, which slurmstepd gives every task and batch
+    script): there a `kill` of the probe reaches it alone. SIGUSR1/SIGUSR2 leave sampling on."""
     def stop(_signum, _frame):
         stopping["flag"] = True
 
-    if not with_command:
-        return {signal.SIGTERM: stop, signal.SIGINT: stop}
+    def ignore(_signum, _frame):
+        pass
 
-    def stop_and_forward(signum, frame):
-        stop(signum, frame)
+    if not with_command:
+        return {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: stop,
+                signal.SIGUSR1: ignore, signal.SIGUSR2: ignore}
+
+    def forward(signum, _frame):
         proc = child("proc")
         if proc is not None:
             try:
@@ -208,9 +217,15 @@ def _signal_handlers(with_command: bool, env: dict, stopping: dict, child) -> di
             except Exception:
                 pass
 
+    def stop_and_forward(signum, frame):
+        stop(signum, frame)
+        forward(signum, frame)
+
     in_step = bool(env.get("SLURMD_NODENAME"))
-    return {signal.SIGTERM: stop if in_step else stop_and_forward,
-            signal.SIGINT: lambda *_: None, signal.SIGQUIT: lambda *_: None}
+    return {signal.SIGTERM: stop if in_step else stop_and_forward, signal.SIGHUP: stop,
+            signal.SIGUSR1: ignore if in_step else forward,
+            signal.SIGUSR2: ignore if in_step else forward,
+            signal.SIGINT: ignore, signal.SIGQUIT: ignore}
 
 
 def run_probe(*, pid: int | None = None, command: list[str] | None = None, interval: float = 5.0,
@@ -226,7 +241,8 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
     # before CMD starts, so that no signal finds the probe without its handlers (exec gives
     # CMD the default ones); put back at the end, for a caller that goes on (tests)
     handlers = _signal_handlers(bool(command), env, stopping, child.get)
-    old = _install(handlers, keep_ignored=bool(command))  # watching a --pid: no CMD inherits them
+    # watching a --pid no CMD inherits them, but one run under nohup goes on after a hangup
+    old = _install(handlers, keep_ignored=None if command else {signal.SIGHUP})
     try:
         return _probe(pid, command, interval, job, cluster, url, sampler_factory, env, stopping, child)
     finally:
