@@ -150,12 +150,13 @@ def _probe_as_user(cmd: list[str]) -> subprocess.Popen:
 @pytest.mark.parametrize("cmd,rc", [
     ([sys.executable, "-c", "import signal, sys, time\n"
       "signal.signal(signal.SIGINT, lambda *a: sys.exit(7))\nprint('ready', flush=True)\ntime.sleep(60)"], 7),
-    (["sh", "-c", "echo ready; exec sleep 60"], 130),
+    (["sh", "-c", "echo ready; exec sleep 60"], -signal.SIGINT),
 ])
 def test_ctrl_c_under_a_users_probe_is_cmds_to_answer(cmd, rc):
     """The terminal's SIGINT reaches the whole process group: horus-probe ended with
     "Aborted!" (or a traceback), exit 1, and killed CMD, which may have had cleanup to do.
-    As a plain run: CMD answers, and its status (128+N for signal N) is horus-probe's."""
+    As a plain run: CMD answers, and its status (a death by SIGINT too) is horus-probe's,
+    CMD having taken its place."""
     p = _probe_as_user(cmd)
     try:
         assert p.stdout.readline() == "ready\n"
@@ -169,11 +170,42 @@ def test_ctrl_c_under_a_users_probe_is_cmds_to_answer(cmd, rc):
     assert err.count("\n") == 1 and "refusing to record as uid 1234" in err, err
 
 
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGHUP])
+def test_a_signal_to_a_users_probe_is_cmds_to_answer(sig):
+    """slurmstepd sends --signal=USR1@60 (and scancel's) to every process of the step, a
+    hangup reaches the whole group: the waiting probe died of them (no handler), its status
+    -N where CMD had answered and ended well, and under srun its death ended the step. CMD
+    now takes the probe's place, so the answer and the status are CMD's."""
+    p = _probe_as_user([sys.executable, "-c", "import signal, sys, time\n"
+                        f"signal.signal({int(sig)}, lambda *a: sys.exit(7))\n"
+                        "print('ready', flush=True)\ntime.sleep(60)"])
+    try:
+        assert p.stdout.readline() == "ready\n"
+        os.killpg(p.pid, sig)
+        p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 7
+
+
+def test_a_cmd_that_cannot_run_gives_a_shells_status(tmp_path):
+    p = _probe_as_user([str(tmp_path / "missing")])
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 127 and f"horus-probe: {tmp_path / 'missing'}:" in err
+    (tmp_path / "data").write_text("not a program\n")  # found, not executable
+    p = _probe_as_user([str(tmp_path / "data")])
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 126 and f"horus-probe: {tmp_path / 'data'}:" in err
+
+
 def test_a_cmd_ended_by_a_signal_gives_128_plus_n_as_a_shell_does():
-    """Popen's -15 had been exit status 241, as user and as root (no NVML: no sampler)."""
+    """Popen's -15 had been exit status 241, as root (no NVML: no sampler); as a user CMD
+    takes the probe's place, and its death by the signal is the probe's status."""
     p = _probe_as_user(["sh", "-c", "kill -TERM $$"])
     p.communicate(timeout=60)
-    assert p.returncode == 143
+    assert p.returncode == -signal.SIGTERM
     env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
     code = ("import sys; sys.modules['pynvml'] = None; os = __import__('os'); os.geteuid = lambda: 0;"
             "from slurm_horus.cli.probe import main; main(['--', 'sh', '-c', 'kill -TERM $$'])")

@@ -237,9 +237,12 @@ def test_not_root_refuses_to_record(monkeypatch, tmp_path):
         assert r.exit_code == 2, args
         assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
         assert "refusing to record as uid 1234" in r.stderr
-    # an in-job `horus-probe -- CMD` still runs the command, unmeasured, with its exit code
-    r = CliRunner().invoke(probe_main, ["--", "sh", "-c", "exit 4"])
-    assert r.exit_code == 4 and "refusing" in r.stderr
+    # an in-job `horus-probe -- CMD` still runs the command, unmeasured, with its exit code (in
+    # a process of its own: CMD takes the probe's place)
+    code = "import os; os.geteuid = lambda: 1234; from slurm_horus.cli.probe import main; main()"
+    cp = subprocess.run([sys.executable, "-c", code, "--", "sh", "-c", "exit 4"], capture_output=True,
+                        text=True, timeout=60)
+    assert cp.returncode == 4 and "refusing" in cp.stderr
 
 
 def _fake_slurm(tmp_path, listpids_fixture):

@@ -154,18 +154,23 @@ def test_signals_ignored_on_entry_stay_ignored_for_cmd(tmp_path, measured):
     from slurm_horus.ledger import probe
 
     cmd = [sys.executable, "-c", IGNORED]
+
+    def run() -> int:
+        if measured:
+            return probe.run_probe(command=cmd, job_id="5", env={}, sampler_factory=lambda ids: None)
+        # unmeasured, CMD takes the probe's place (exec): in a process of its own
+        code = "import sys; from slurm_horus.ledger.probe import run_unmeasured; sys.exit(run_unmeasured(sys.argv[1:]))"
+        return subprocess.run([sys.executable, "-c", code, *cmd], timeout=60).returncode
+
     old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
     try:
-        rc = (probe.run_probe(command=cmd, job_id="5", env={}, sampler_factory=lambda ids: None)
-              if measured else probe.run_unmeasured(cmd))
-        assert rc == 3
+        assert run() == 3
         assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in old)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
     # not ignored on entry: CMD gets the default ones, the probe's handlers put back
-    assert (probe.run_probe(command=cmd, job_id="5", env={}, sampler_factory=lambda ids: None)
-            if measured else probe.run_unmeasured(cmd)) == 0
+    assert run() == 0
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the probe measures (and signals) only as root")

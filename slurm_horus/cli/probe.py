@@ -56,7 +56,7 @@ def main(mode, pid, interval, job_id, cluster, url, command):
 
     Sites install it in slurmd's Prolog/Epilog (etc/horus-prolog, etc/horus-epilog): measured use
     comes only from a probe running as root. Only root records: anyone else gets a one-line error
-    and exit code 2 (`horus-probe -- CMD` still runs CMD, unmeasured, and returns its code).
+    and exit code 2 (`horus-probe -- CMD` still runs CMD, unmeasured, in its place).
     Without NVML (or a GPU) it records nothing and prints nothing."""
     check_job_id(click.get_current_context(), job_id)
     uid = os.geteuid()

@@ -150,21 +150,22 @@ def exit_status(rc: int) -> int:
 
 
 def run_unmeasured(command: list[str]) -> int:
-    """CMD run as a shell runs one in the foreground, for a probe that may not record: a
-    Ctrl-C (SIGINT, SIGQUIT) reaches CMD from the terminal, which signals the whole process
-    group, and is CMD's to answer; here it is waited out, neither forwarded (CMD had got it
-    twice) nor raised (CMD had been killed, and horus-probe ended with a traceback or
-    "Aborted!"). CMD's status (exit_status); 127 when it cannot be started."""
-    # a handler, not SIG_IGN, which CMD would inherit: exec gives it the default
-    old = _install(dict.fromkeys((signal.SIGINT, signal.SIGQUIT), lambda *_: None))
+    """CMD in the probe's place (exec), for a probe that may not record: every signal (a
+    terminal's Ctrl-C or hangup, scancel's, --signal=USR1@60's), the exit status and the pid
+    are then CMD's own, as without the probe. A probe waiting on CMD had to choose which
+    signals to pass on, and died of those it had no handler for (SIGHUP, SIGUSR1), ending an
+    srun step. Returns only where CMD cannot be started: 127, or 126 where it is found but
+    cannot be run, as a shell says."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Python ignores these for itself; CMD gets the defaults, as a shell's child (and Popen's) does
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
     try:
-        return exit_status(subprocess.Popen(command).wait())
+        os.execvp(command[0], command)
     except OSError as e:
         sys.stderr.write(f"horus-probe: {command[0]}: {e.strerror or e}\n")
-        return 127
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        return 127 if isinstance(e, FileNotFoundError) else 126
 
 
 def _install(handlers: dict, keep_ignored=None) -> dict:
