@@ -191,3 +191,33 @@ def test_a_rerun_is_predicted_from_its_run_after_one_sync(jobs):
     finally:
         model.unlink(missing_ok=True)
         shutil.rmtree(reg, ignore_errors=True)
+
+
+def test_a_users_probe_in_a_step_leaves_slurms_signal_to_cmd(jobs):
+    """`srun horus-probe -- CMD` as a user, and the job's signal (scancel --signal=USR1, as
+    --signal=USR1@60 sends it to every process of the step): the waiting probe died of it and
+    srun reported "task 0: User defined signal 1" though CMD had trapped it and exited 7 (seen
+    on this cluster). The unmeasured probe now execs CMD: the step ends with CMD's 7."""
+    ready = D / "jobs" / "usr1-$SLURM_JOB_ID.ready"
+    cmd = f"trap 'exit 7' USR1; touch {ready}; sleep 60 & wait"
+    r = as_user("horus-alice", "sbatch", "--parsable", "-t", "2", "-o", "/dev/null", "-J", "horus-probe-usr1",
+                "--wrap", f"srun horus-probe -- sh -c \"{cmd}\"")
+    assert r.returncode == 0, r.stderr
+    job = sp.parse_sbatch_stdout(r.stdout)
+    jobs.append(job)
+    marker = D / "jobs" / f"usr1-{job}.ready"
+    deadline = time.time() + 90
+    while time.time() < deadline and not marker.exists():
+        time.sleep(0.5)
+    assert marker.exists(), sh("scontrol", "show", "job", job).stdout
+    marker.unlink()
+    assert as_user("horus-alice", "scancel", "--signal=USR1", job).returncode == 0
+    rec = {}
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        recs = sp.parse_scontrol_records(sh("scontrol", "show", "job", job).stdout)
+        rec = recs[0] if recs else {}
+        if sp.job_state(rec) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            break
+        time.sleep(0.5)
+    assert rec.get("ExitCode") == "7:0", rec
