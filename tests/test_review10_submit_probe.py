@@ -269,3 +269,62 @@ def test_slurmstepds_sigterm_reaches_the_probes_cmd_once(tmp_path):
 def test_a_sigterm_of_the_probe_alone_outside_a_step_still_reaches_cmd(tmp_path):
     """Outside a Slurm step a `kill` of the probe reaches the probe alone: it is forwarded."""
     assert _probe_and_signal(tmp_path, "SIGTERM", {}, group=False) == (0, "1")
+
+
+# --------------------------------------------------------------------------- CMD as without the probe
+
+USER_PROBE = ("import os, sys; os.geteuid = lambda: 1234; from slurm_horus.cli.probe import main; "
+              "main()")
+ROOT_PROBE = ("import os, sys; sys.modules['pynvml'] = None; os.geteuid = lambda: 0; "
+              "from slurm_horus.cli.probe import main; main()")
+
+
+@pytest.mark.parametrize("code", [USER_PROBE, ROOT_PROBE], ids=["user", "root"])
+def test_cmd_gets_the_locale_and_fds_it_was_given(tmp_path, code):
+    """Python's start sets LC_CTYPE=C.UTF-8 where the locale is C (PEP 538), and CMD inherited
+    it (`wc -m` then counts characters); the root probe's Popen closed the fds a caller had
+    passed (`horus-probe -- CMD 3>log`). CMD gets them as without the probe."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LC_ALL", "LC_CTYPE", "LANG", "SLURM_JOB_ID")}
+    r, w = os.pipe()
+    try:
+        cp = subprocess.run([sys.executable, "-c", code, "--", "sh", "-c",
+                             f'echo "${{LC_CTYPE-unset}} $LANG"; echo passed >/proc/self/fd/{w}'],
+                            env={**env, "LANG": "C"}, capture_output=True, text=True, timeout=60,
+                            pass_fds=(w,))
+        os.close(w)
+        w = None
+        assert cp.returncode == 0, cp.stderr
+        assert cp.stdout == "unset C\n"
+        assert os.read(r, 64) == b"passed\n"
+    finally:
+        os.close(r)
+        if w is not None:
+            os.close(w)
+
+
+def test_a_user_probe_with_stdout_or_stderr_closed_still_runs_cmd():
+    """A closed stdout (`>&-`) is sys.stdout None: flushing it before exec raised, so CMD never
+    ran and the probe ended with a traceback, exit 1."""
+    for fd in (1, 2):
+        cp = subprocess.run(["sh", "-c", f'exec "$@" {fd}>&-', "sh", sys.executable, "-c",
+                             USER_PROBE, "--", "sh", "-c", "exit 4"], capture_output=True,
+                            timeout=60)
+        assert cp.returncode == 4, (fd, cp.stderr)
+
+
+def test_a_sigterm_to_forward_before_cmd_starts_reaches_cmd(monkeypatch):
+    """Outside a step a SIGTERM of the probe is CMD's; one arriving before Popen had set the
+    probe's stop and found no CMD to pass it to: CMD, never told, ran to its end."""
+    from slurm_horus.ledger import probe
+
+    popen = subprocess.Popen
+
+    def late_popen(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, before CMD exists
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(probe.subprocess, "Popen", late_popen)
+    rc = probe.run_probe(command=[sys.executable, "-c", "import time; time.sleep(30)"],
+                         job_id="5", env={}, sampler_factory=lambda ids: None)
+    assert rc == 128 + signal.SIGTERM

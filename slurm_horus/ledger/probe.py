@@ -149,6 +149,31 @@ def exit_status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
+# what Python sets LC_CTYPE to at start where the locale is C or POSIX (PEP 538)
+_COERCED_LOCALES = ("C.UTF-8", "C.utf8", "UTF-8")
+
+
+def command_environ() -> dict:
+    """The environment for CMD: the probe's, less the LC_CTYPE that Python's start set (PEP
+    538: LANG=C or no locale at all gives LC_CTYPE=C.UTF-8), which CMD would not have had
+    without the probe (`wc -m` counts characters, not bytes). The value at start comes from
+    /proc/self/environ, which setenv leaves as exec gave it."""
+    env = dict(os.environ)
+    if env.get("LC_CTYPE") not in _COERCED_LOCALES:
+        return env
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            start = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+    except OSError:
+        return env
+    was = start.get(b"LC_CTYPE")
+    if was is None:
+        del env["LC_CTYPE"]
+    else:
+        env["LC_CTYPE"] = os.fsdecode(was)
+    return env
+
+
 def run_unmeasured(command: list[str]) -> int:
     """CMD in the probe's place (exec), for a probe that may not record: every signal (a
     terminal's Ctrl-C or hangup, scancel's, --signal=USR1@60's), the exit status and the pid
@@ -156,15 +181,17 @@ def run_unmeasured(command: list[str]) -> int:
     signals to pass on, and died of those it had no handler for (SIGHUP, SIGUSR1), ending an
     srun step. Returns only where CMD cannot be started: 127, or 126 where it is found but
     cannot be run, as a shell says."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None where the caller closed it (`>&-`): CMD had never run
+            stream.flush()
     # Python ignores these for itself; CMD gets the defaults, as a shell's child (and Popen's) does
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
     try:
-        os.execvp(command[0], command)
+        os.execvpe(command[0], command, command_environ())
     except OSError as e:
-        sys.stderr.write(f"horus-probe: {command[0]}: {e.strerror or e}\n")
+        if sys.stderr is not None:
+            sys.stderr.write(f"horus-probe: {command[0]}: {e.strerror or e}\n")
         return 127 if isinstance(e, FileNotFoundError) else 126
 
 
@@ -212,7 +239,9 @@ def _signal_handlers(with_command: bool, env: dict, stopping: dict, child) -> di
 
     def forward(signum, _frame):
         proc = child("proc")
-        if proc is not None:
+        if proc is None:  # CMD not started yet: _probe sends it once started, or it had never
+            child("pending").append(signum)  # known of a SIGTERM that ended the sampling
+        else:
             try:
                 proc.send_signal(signum)
             except Exception:
@@ -238,7 +267,7 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
     env = dict(os.environ if env is None else env)
     job = numeric_job_id(job_id or env.get("SLURM_JOB_ID"))
     stopping = {"flag": False}
-    child: dict = {}
+    child: dict = {"pending": []}
     # before CMD starts, so that no signal finds the probe without its handlers (exec gives
     # CMD the default ones); put back at the end, for a caller that goes on (tests)
     handlers = _signal_handlers(bool(command), env, stopping, child.get)
@@ -252,14 +281,17 @@ def run_probe(*, pid: int | None = None, command: list[str] | None = None, inter
 
 
 def _probe(pid, command, interval, job, cluster, url, sampler_factory, env, stopping, child) -> int:
-    """run_probe's work, under its signal handlers: CMD started goes in child["proc"]."""
+    """run_probe's work, under its signal handlers: CMD started goes in child["proc"], and
+    gets the signals forwarded before (child["pending"])."""
     proc = None
     if command:
         try:
-            proc = child["proc"] = subprocess.Popen(command)
+            proc = child["proc"] = subprocess.Popen(command, env=command_environ(), close_fds=False)
         except OSError as e:
             sys.stderr.write(f"horus-probe: {command[0]}: {e.strerror or e}\n")
             return 127
+        for sig in child["pending"]:
+            proc.send_signal(sig)
         pid = proc.pid
     pid = pid or os.getppid()
     try:
