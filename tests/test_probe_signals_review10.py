@@ -11,106 +11,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from slurm_horus.ledger import Ledger
+# the signal-counting CMD and its helpers, as the Ctrl-C tests use them
+from test_review10_submit_probe import _probe_and_signal, _recorded, root_only
 
 ROOT = Path(__file__).resolve().parent.parent
-
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the probe measures (and signals) only as root")
-
-# CMD: counts the signals ``argv[2]`` delivered to it (the wakeup fd gets a byte for each); after
-# the first it says so (.got) and "cleans up" a while, when a second one would arrive, then
-# writes the count and exits 0
-CHILD = r"""
-import os, signal, sys, time
-out, sig = sys.argv[1], getattr(signal, sys.argv[2])
-r, w = os.pipe()
-os.set_blocking(w, False)
-signal.set_wakeup_fd(w)
-signal.signal(sig, lambda *_: None)
-open(out + ".ready", "w").close()
-got = os.read(r, 64)
-open(out + ".got", "w").close()
-time.sleep(2.0)
-os.set_blocking(r, False)
-try:
-    got += os.read(r, 64)
-except BlockingIOError:
-    pass
-with open(out, "w") as f:
-    f.write(str(len(got)))
-"""
-
-
-def _caught(pid: int, sig: int) -> bool:
-    """Whether process ``pid`` has a handler for ``sig`` (/proc's SigCgt)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
-    except (OSError, StopIteration):
-        return False
-    return bool(mask >> (sig - 1) & 1)
-
-
-def _wait_for(cond, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not cond():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.02)
-
-
-def _env(tmp_path, **extra) -> dict:
-    """The probe's environment: job 5 of cluster c, a fake sampler, a ledger in tmp_path."""
-    (tmp_path / "fake").mkdir()
-    (tmp_path / "fake" / "5.json").write_text('{"util_pct": 10, "mem_mib": 100}')
-    env = {k: v for k, v in os.environ.items() if k != "SLURMD_NODENAME"}
-    env.update(PYTHONPATH=str(ROOT), SLURM_JOB_ID="5", SLURM_CLUSTER_NAME="c",
-               HORUS_PROBE_SAMPLER=f"fake:{tmp_path / 'fake'}", HORUS_SPOOL=str(tmp_path / "spool"),
-               HORUS_LEDGER_URL=f"sqlite:///{tmp_path / 'l.db'}", **extra)
-    Ledger(env["HORUS_LEDGER_URL"])  # the site's ledger (the probe never makes one)
-    return env
-
-
-def _recorded(tmp_path) -> dict | None:
-    return Ledger(f"sqlite:///{tmp_path / 'l.db'}").usage("c", 5).get("probe")
-
-
-def _probe_and_signal(tmp_path, signame: str, extra_env: dict, group: bool) -> tuple[int, str]:
-    """Run the root probe over CHILD in a session of their own (as a terminal's foreground job)
-    and send ``signame``: to the whole group (a terminal's hangup, slurmstepd), else to the probe
-    alone; the probe's status and the number of signals CHILD got. For the group the probe is
-    held stopped until CHILD has had its copy, so that a copy the probe forwards comes after it,
-    not merged into it while still pending. A probe the signal kills leaves CHILD behind: the
-    group is killed at the end whatever happened."""
-    out = tmp_path / "count"
-    env = _env(tmp_path, **extra_env)
-    sig = getattr(signal, signame)
-    probe = subprocess.Popen([sys.executable, "-m", "slurm_horus.cli.probe", "--interval", "0.2", "--",
-                              sys.executable, "-c", CHILD, str(out), signame],
-                             env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    try:
-        # all the probe's handlers are in place (with its SIGTERM's, before CMD starts), and CMD's
-        _wait_for(lambda: _caught(probe.pid, signal.SIGTERM) and Path(f"{out}.ready").exists(), "ready")
-        if group:
-            os.kill(probe.pid, signal.SIGSTOP)
-            os.killpg(probe.pid, sig)
-            _wait_for(Path(f"{out}.got").exists, "CMD's signal")
-            os.kill(probe.pid, signal.SIGCONT)
-        else:
-            os.kill(probe.pid, sig)
-        probe.wait(timeout=120)
-    finally:
-        try:
-            os.killpg(probe.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        probe.wait()
-    return probe.returncode, out.read_text() if out.exists() else "no count"
 
 
 @root_only

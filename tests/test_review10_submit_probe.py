@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_horus.cli import hsubmit as hs
+from slurm_horus.ledger import Ledger
 from slurm_horus.slurm import submit as sub
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,24 +217,38 @@ def _wait_for(cond, what: str) -> None:
         time.sleep(0.02)
 
 
-def _probe_and_signal(tmp_path, signame: str, extra_env: dict, group: bool) -> tuple[int, str]:
-    """Run the root probe over CHILD in a process group of their own (as a terminal's foreground
-    job) and send it ``signame``: to the whole group (a terminal, slurmstepd), else to the probe
-    alone; the probe's status and the number of signals CHILD got.  For the group the probe is
-    held stopped until CHILD has had its copy, so that a copy the probe forwards comes after it,
-    not merged into it while it is still pending."""
-    out = tmp_path / "count"
+def _env(tmp_path, **extra) -> dict:
+    """The probe's environment: job 5 of cluster c, a fake sampler, a ledger in tmp_path."""
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / "5.json").write_text('{"util_pct": 10, "mem_mib": 100}')
     env = {k: v for k, v in os.environ.items() if k != "SLURMD_NODENAME"}
-    env.update(PYTHONPATH=str(ROOT), SLURM_JOB_ID="5", HORUS_PROBE_SAMPLER=f"fake:{tmp_path / 'fake'}",
-               HORUS_LEDGER_URL=f"sqlite:///{tmp_path / 'l.db'}", **extra_env)
+    env.update(PYTHONPATH=str(ROOT), SLURM_JOB_ID="5", SLURM_CLUSTER_NAME="c",
+               HORUS_PROBE_SAMPLER=f"fake:{tmp_path / 'fake'}", HORUS_SPOOL=str(tmp_path / "spool"),
+               HORUS_LEDGER_URL=f"sqlite:///{tmp_path / 'l.db'}", **extra)
+    Ledger(env["HORUS_LEDGER_URL"])  # the site's ledger (the probe never makes one)
+    return env
+
+
+def _recorded(tmp_path) -> dict | None:
+    return Ledger(f"sqlite:///{tmp_path / 'l.db'}").usage("c", 5).get("probe")
+
+
+def _probe_and_signal(tmp_path, signame: str, extra_env: dict, group: bool) -> tuple[int, str]:
+    """Run the root probe over CHILD in a session of their own (as a terminal's foreground job)
+    and send ``signame``: to the whole group (a terminal's hangup, slurmstepd), else to the probe
+    alone; the probe's status and the number of signals CHILD got. For the group the probe is
+    held stopped until CHILD has had its copy, so that a copy the probe forwards comes after it,
+    not merged into it while still pending. A probe the signal kills leaves CHILD behind: the
+    group is killed at the end whatever happened."""
+    out = tmp_path / "count"
+    env = _env(tmp_path, **extra_env)
     sig = getattr(signal, signame)
     probe = subprocess.Popen([sys.executable, "-m", "slurm_horus.cli.probe", "--interval", "0.2", "--",
                               sys.executable, "-c", CHILD, str(out), signame],
-                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
     try:
-        # the probe's own SIGTERM handler (Python has none of its own) and CMD's are in place
+        # all the probe's handlers are in place (with its SIGTERM's, before CMD starts), and CMD's
         _wait_for(lambda: _caught(probe.pid, signal.SIGTERM) and Path(f"{out}.ready").exists(), "ready")
         if group:
             os.kill(probe.pid, signal.SIGSTOP)
@@ -242,12 +257,14 @@ def _probe_and_signal(tmp_path, signame: str, extra_env: dict, group: bool) -> t
             os.kill(probe.pid, signal.SIGCONT)
         else:
             os.kill(probe.pid, sig)
-        _, err = probe.communicate(timeout=120)
+        probe.wait(timeout=120)
     finally:
-        if probe.poll() is None:
+        try:
             os.killpg(probe.pid, signal.SIGKILL)
-            probe.wait()
-    return probe.returncode, out.read_text() if out.exists() else f"no count; probe: {err!r}"
+        except ProcessLookupError:
+            pass
+        probe.wait()
+    return probe.returncode, out.read_text() if out.exists() else "no count"
 
 
 @root_only
