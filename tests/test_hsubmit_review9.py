@@ -141,7 +141,11 @@ def test_a_non_blocking_stdin_is_read_to_its_end():
 
 
 def _probe_as_user(cmd: list[str]) -> subprocess.Popen:
-    code = ("import os, sys; os.geteuid = lambda: 1234; sys.argv[0] = 'horus-probe';"
+    """The probe as a user's foreground job: SIGINT and SIGQUIT not ignored, whatever this
+    test's runner had (a background job's are)."""
+    code = ("import os, signal, sys; os.geteuid = lambda: 1234; sys.argv[0] = 'horus-probe';"
+            "signal.signal(signal.SIGINT, signal.default_int_handler);"
+            "signal.signal(signal.SIGQUIT, signal.SIG_DFL);"
             "from slurm_horus.cli.probe import main; main()")
     return subprocess.Popen([sys.executable, "-c", code, "--", *cmd], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
