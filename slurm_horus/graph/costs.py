@@ -523,8 +523,7 @@ def _cost(node, graph: Graph, params, claimed: _Names, constants: _Names,
     # a weight read through a view (W.t()) is no tensor of its own: no kernel, no bytes moved
     param_view = bool(node.output) and node.output[0] in ctx.param_views
     # a Dropout that is its input (graph.noop_dropouts: p = 0) is no kernel either, nor a mask
-    noop = op == "Dropout" and bool(node.output) and node.output[0] in ctx.same
-    category = "view" if param_view or noop else categorize(op, outs)
+    category = "view" if param_view or is_noop_dropout(node, graph) else categorize(op, outs)
     attrs = {a.name: a for a in node.attribute}
     try:
         flops, has_rule, shapes_known = node_flops(op, category, infos, outs, attrs)

@@ -136,11 +136,7 @@ def separate_parameters(graph, nodes, tensors: dict[str, TensorInfo],
         elif f"RemoveOptionalBiasFrom{node.op_type}" in rules and node.op_type in ("Gemm", "Conv") \
                 and len(pending) == 1 and len(node.input) == 2 and node.output \
                 and (channels := _channels(tensors.get(node.output[0]), node.op_type)) is not None:
-            # Gemm: C broadcast along the rows, Linear's (N,) bias; Conv: B, (C_out,), dim 1 of Y
-            tensors[pending[0]] = initializers[pending[0]] = TensorInfo(tensors[node.output[0]].dtype,
-                                                                        (channels,))
-            node.input.append(pending[0])
-            sized.add(pending[0])
+            _append_bias(node, pending[0], channels, tensors, initializers, sized)
     unread = params - used
     for node in unbiased:  # a bias found but not sized is listed unsized
         used.update(_restore_fused_bias(node, stands_for.get(node.input[1], node.input[1]), unread,
@@ -199,10 +195,17 @@ def _restore_fused_bias(node, weight: str, unread: set[str], sized: set[str],
         return []
     channels = _channels(tensors.get(node.output[0]), node.op_type)
     if channels is not None:
-        tensors[bias] = initializers[bias] = TensorInfo(tensors[node.output[0]].dtype, (channels,))
-        node.input.append(bias)
-        sized.add(bias)
+        _append_bias(node, bias, channels, tensors, initializers, sized)
     return [bias]
+
+
+def _append_bias(node, bias: str, channels: int, tensors: dict[str, TensorInfo],
+                 initializers: dict[str, TensorInfo], sized: set[str]) -> None:
+    """``bias`` the Gemm's or Conv's third input, sized (C_out,) as its output's channels
+    (Gemm: C broadcast along the rows, Linear's (N,) bias; Conv: B, dim 1 of Y)."""
+    tensors[bias] = initializers[bias] = TensorInfo(tensors[node.output[0]].dtype, (channels,))
+    node.input.append(bias)
+    sized.add(bias)
 
 
 def _channels(y: TensorInfo | None, op: str) -> int | None:

@@ -1200,10 +1200,7 @@ def _child(outer, local: dict) -> ChainMap:
 
 def _int_scalar(t) -> int | None:
     """The value of a one-element integer tensor written in the file, else None."""
-    if t.data_type not in _INT_TYPES or math.prod(t.dims) != 1:
-        return None
-    value = _inline_array(t)  # None: external, no data (stripped), or malformed
-    return None if value is None else int(value.ravel()[0])
+    return _scalar(t) if t.data_type in _INT_TYPES else None
 
 
 def _trip_counts(graph) -> dict[str, int]:
@@ -1236,14 +1233,15 @@ def _constant_value(node, scalar, floats: bool = False):
     return value
 
 
-def _scalar(t) -> float | None:
-    """The value of a one-element numeric or boolean tensor written in the file, else None."""
+def _scalar(t) -> int | float | bool | None:
+    """The value of a one-element numeric or boolean tensor written in the file, as Python's
+    int, float or bool (an int64's exact, a trip count of 2**63 - 1 too), else None."""
     if math.prod(t.dims) != 1 or not (t.data_type in _INT_TYPES or t.data_type in FLOAT_TYPES
                                       or t.data_type == 9):  # BOOL
         return None
     value = _inline_array(t)  # None: external, no data (stripped), or malformed
     try:
-        return None if value is None else float(value.ravel()[0])
+        return None if value is None else value.ravel()[0].item()
     except (TypeError, ValueError):
         return None
 

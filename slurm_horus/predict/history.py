@@ -253,7 +253,7 @@ def _run_bucket(r: dict) -> str | None:
 
 def _util_offsets_by_cpus(graphs: dict[str, list[tuple]]) -> dict[str, float]:
     """A site's utilization offset per CPUs-per-GPU bucket, each from the runs measured at it
-    alone, as site_offset takes them (MIN_OFFSET_JOBS, MIN_OFFSET_GRAPHS; each graph owned by
+    alone, as site_offset takes them (_site_median; each graph owned by
     who ran it most there, raise-only unless enough users did): utilization depends on the CPUs
     feeding the GPU, which the cold start does not model, and a site whose jobs ran input-bound
     at 2 CPUs per GPU had lowered a job asking for 16 by as much. ``graphs``: (memory,
@@ -264,9 +264,9 @@ def _util_offsets_by_cpus(graphs: dict[str, list[tuple]]) -> dict[str, float]:
         at = {g: rs for g, v in graphs.items() if (rs := [(u, o) for _, u, b, o in v
                                                           if b == k and u is not None])}
         util = [(statistics.median(u for u, _ in rs), _owner(o for _, o in rs)) for rs in at.values()]
-        if sum(map(len, at.values())) >= MIN_OFFSET_JOBS and len(util) >= MIN_OFFSET_GRAPHS:
-            off = {"util_pp": _shrunk_median(*_by_user(util))}
-            out[k] = _raise_only_unless_many(off, [o for _, o in util], ("util_pp",))["util_pp"]
+        shift = _site_median(util, sum(map(len, at.values())))
+        if shift is not None:
+            out[k] = _raise_only_unless_many({"util_pp": shift}, [o for _, o in util], ("util_pp",))["util_pp"]
     return out
 
 
@@ -766,10 +766,19 @@ def site_offset(mem: list[tuple[float, object]], util: list[tuple[float, object]
     """A GPU type's site offsets against one base predictor from its measured graphs' median
     residuals, (value, owner) pairs of memory and of utilization, over ``jobs`` jobs; None
     while too few jobs or graphs (one graph's error is not the site's)."""
-    if jobs < MIN_OFFSET_JOBS or len(mem) < MIN_OFFSET_GRAPHS:
+    mem_mib = _site_median(mem, jobs)
+    if mem_mib is None:
         return None
-    return {"mem_mib": _shrunk_median(*_by_user(mem)), "util_pp": _shrunk_median(*_by_user(util)),
-            "n": len(mem)}
+    return {"mem_mib": mem_mib, "util_pp": _shrunk_median(*_by_user(util)), "n": len(mem)}
+
+
+def _site_median(pairs: list[tuple[float, object]], jobs: int) -> float | None:
+    """The site's figure from its graphs' median residuals ((value, owner) pairs, one per
+    graph, over ``jobs`` jobs): their shrunk median, each user weighing one; None while too few
+    jobs or graphs (one graph's error is not the site's)."""
+    if jobs < MIN_OFFSET_JOBS or len(pairs) < MIN_OFFSET_GRAPHS:
+        return None
+    return _shrunk_median(*_by_user(pairs))
 
 
 def corrected_answer(base_mem: float, base_util: float, off: dict | None, cold_mem: float | None,
